@@ -1,0 +1,63 @@
+"""The seam between the scheduler (pure Python) and whatever runs one step (a model, or a cost model)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+@dataclass(slots=True)
+class SeqChunk:
+    """One sequence's share of a step.
+
+    The executor computes `token_ids` at positions start_pos .. start_pos+len-1, writing their K/V into the
+    slots given by `block_table` (slot = block_table[pos // block_size] * block_size + pos % block_size),
+    and attends over positions 0 .. start_pos+len-1 (never beyond: KV past that is not written yet).
+    """
+
+    seq_id: int
+    token_ids: list[int]
+    start_pos: int
+    block_table: list[int]
+    sample: bool  # True when this chunk ends at the sequence's last known token: sample the next one
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    num_generated: int = 0  # tokens generated so far (seeded sampling uses it to stay reproducible)
+
+
+@dataclass(slots=True)
+class StepBatch:
+    chunks: list[SeqChunk]
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.chunks if not (c.sample and len(c.token_ids) == 1))
+
+    @property
+    def num_decode_seqs(self) -> int:
+        return sum(1 for c in self.chunks if c.sample and len(c.token_ids) == 1)
+
+    @property
+    def num_context_tokens(self) -> int:
+        return sum(c.start_pos + len(c.token_ids) for c in self.chunks)
+
+
+@dataclass(slots=True)
+class StepResult:
+    tokens: list[int | None]  # one per chunk: the sampled token, or None where chunk.sample is False
+    modeled_s: float | None = None  # a modeled executor's step time; None when the step really ran
+
+
+class Executor(Protocol):
+    block_size: int
+    num_blocks: int
+    vocab_size: int
+    eos_token_id: int | None
+
+    def execute(self, batch: StepBatch) -> StepResult: ...

@@ -1,0 +1,3 @@
+from slobench.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,201 @@
+"""Request specs, request records, and the run directory: the one place that knows the file formats.
+
+A run directory holds:
+  manifest.json        written at start: schema version, slobench version, workload, seed, target, SLO, clock anchor
+  requests.jsonl       one line per request as it finishes (failures and cancellations included)
+  server_metrics.jsonl optional: scraped Prometheus samples over time
+  summary.json         written at the end (also after Ctrl-C)
+All times in a record are seconds since the run's origin on one monotonic clock (see `slobench.clock`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from slobench.errors import UsageError
+
+SCHEMA_VERSION = 1
+
+MANIFEST = "manifest.json"
+REQUESTS = "requests.jsonl"
+SUMMARY = "summary.json"
+SERVER_METRICS = "server_metrics.jsonl"
+
+Status = Literal["ok", "error", "timeout", "cancelled"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """What to send and when. `prompt` is token ids (completions API) or text (chat or completions)."""
+
+    request_id: int
+    arrival_s: float  # scheduled send time, seconds from run start
+    prompt: str | tuple[int, ...]
+    input_tokens: int  # intended prompt length in tokens (the server's usage is the truth)
+    max_tokens: int
+    min_tokens: int | None = None
+    ignore_eos: bool = True
+    tag: str = ""  # request class / phase label, carried to the record
+    session_id: int | None = None
+    extra_body: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.arrival_s < 0:
+            raise ValueError(f"arrival_s must be >= 0 (got {self.arrival_s!r})")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1 (got {self.max_tokens!r})")
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What happened to one request. Filled in place by a target, so a cancelled send keeps its partial times."""
+
+    request_id: int
+    scheduled_s: float
+    tag: str = ""
+    sent_s: float | None = None
+    first_token_s: float | None = None
+    done_s: float | None = None
+    chunk_times_s: list[float] = field(default_factory=list)  # arrival of each content chunk
+    chunk_tokens: list[int] = field(default_factory=list)  # tokens carried by each content chunk
+    input_tokens: int = 0  # intended
+    prompt_tokens: int | None = None  # from server usage when reported
+    output_tokens: int = 0  # server usage when reported, else counted chunks
+    max_tokens: int = 0
+    status: Status = "ok"
+    error: str | None = None
+    http_status: int | None = None
+    is_warmup: bool = False
+    queued_s: float = 0.0  # time spent waiting for an in-flight cap / closed-loop slot before send
+
+    def fail(self, status: Status, error: str, now_s: float | None = None) -> None:
+        self.status = status
+        self.error = error
+        if now_s is not None and self.done_s is None:
+            self.done_s = now_s
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["chunk_times_s"] = [round(t, 9) for t in self.chunk_times_s]
+        return json.dumps(d, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RequestRecord:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=_json_default) + "\n")
+    os.replace(tmp, path)
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "item"):  # numpy scalar
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+class RunWriter:
+    """Writes a run directory as the run goes: each record is flushed when it finishes."""
+
+    def __init__(self, run_dir: Path, manifest: dict[str, Any]) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        manifest = {"schema_version": SCHEMA_VERSION, **manifest}
+        write_json_atomic(self.run_dir / MANIFEST, manifest)
+        self._fh: IO[str] | None = open(self.run_dir / REQUESTS, "w", buffering=1 << 16)
+
+    def write(self, rec: RequestRecord) -> None:
+        assert self._fh is not None, "RunWriter already closed"
+        self._fh.write(rec.to_json() + "\n")
+
+    def flush(self) -> None:
+        if self._fh is not None:
+            self._fh.flush()
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        self.close()
+        write_json_atomic(self.run_dir / SUMMARY, {"schema_version": SCHEMA_VERSION, **summary})
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+@dataclass(slots=True)
+class Run:
+    """A run directory read back."""
+
+    run_dir: Path
+    manifest: dict[str, Any]
+    records: list[RequestRecord]
+    summary: dict[str, Any] | None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{path}: missing (is this a slobench run directory?)") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}: not valid JSON ({e})") from None
+
+
+def iter_records(path: Path) -> Iterator[RequestRecord]:
+    with open(path) as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield RequestRecord.from_dict(json.loads(line))
+            except (json.JSONDecodeError, TypeError) as e:
+                # A torn last line after a crash is expected; anything else is corruption.
+                raise UsageError(f"{path}:{lineno}: bad request record ({e})") from None
+
+
+def load_run(run_dir: str | Path) -> Run:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UsageError(f"{run_dir}: not a directory")
+    manifest = _read_json(run_dir / MANIFEST)
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise UsageError(
+            f"{run_dir / MANIFEST}: schema_version {manifest.get('schema_version')!r}, "
+            f"this slobench reads {SCHEMA_VERSION}"
+        )
+    req_path = run_dir / REQUESTS
+    records = list(_iter_tolerant(req_path)) if req_path.exists() else []
+    summary = _read_json(run_dir / SUMMARY) if (run_dir / SUMMARY).exists() else None
+    return Run(run_dir, manifest, records, summary)
+
+
+def _iter_tolerant(path: Path) -> Iterable[RequestRecord]:
+    """Like iter_records, but forgives a torn *final* line (a crash mid-write loses at most that one)."""
+    lines = path.read_text().splitlines()
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield RequestRecord.from_dict(json.loads(line))
+        except (json.JSONDecodeError, TypeError) as e:
+            if lineno == len(lines):
+                return
+            raise UsageError(f"{path}:{lineno}: bad request record ({e})") from None
+
+
+def write_records(path: Path, records: Sequence[RequestRecord]) -> None:
+    with open(path, "w") as fh:
+        for r in records:
+            fh.write(r.to_json() + "\n")

@@ -1,0 +1,5 @@
+"""Targets: one class per kind of server, each turning a RequestSpec into a RequestRecord."""
+
+from slobench.targets.base import Target
+
+__all__ = ["Target"]
