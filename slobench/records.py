@@ -112,9 +112,13 @@ class RunWriter:
     def __init__(self, run_dir: Path, manifest: dict[str, Any]) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        manifest = {"schema_version": SCHEMA_VERSION, **manifest}
-        write_json_atomic(self.run_dir / MANIFEST, manifest)
+        self.manifest = {"schema_version": SCHEMA_VERSION, **manifest}
+        write_json_atomic(self.run_dir / MANIFEST, self.manifest)
         self._fh: IO[str] | None = open(self.run_dir / REQUESTS, "w", buffering=1 << 16)
+
+    def update_manifest(self, extra: dict[str, Any]) -> None:
+        self.manifest.update(extra)
+        write_json_atomic(self.run_dir / MANIFEST, self.manifest)
 
     def write(self, rec: RequestRecord) -> None:
         assert self._fh is not None, "RunWriter already closed"

@@ -1,0 +1,350 @@
+"""The `slobench` command. Thin: parses, calls the library, prints.
+
+Exit codes (each means one thing):
+  0  ok
+  1  SLO not met (run) / gate found a regression
+  2  bad usage or bad input (workload file, SLO string, trace, baseline)
+  3  target unreachable (preflight failed: wrong URL, server down, wrong model)
+  4  gate inconclusive (more replicates needed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from slobench import __version__
+from slobench.errors import SlobenchError, UsageError
+
+EXIT_CODES = __doc__.split("Exit codes", 1)[1].split("\n", 1)[1] if __doc__ else ""
+
+EPILOG = "exit codes:\n" + EXIT_CODES
+
+
+def _add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
+    g = p.add_argument_group("target")
+    g.add_argument("--url", default="http://127.0.0.1:8000/v1", help="base URL of an OpenAI-compatible API")
+    g.add_argument("--model", default=None, help="model name (default: the first one the server lists)")
+    g.add_argument("--api", choices=("completions", "chat"), default=None, help="default: the workload's")
+    g.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
+    g.add_argument("--header", action="append", default=[], metavar="K:V", help="extra HTTP header (repeatable)")
+    g.add_argument("--extra-body", default=None, metavar="JSON", help="extra JSON fields merged into every body")
+    g.add_argument("--no-stream", action="store_true", help="non-streaming requests (TTFT = E2E)")
+    g.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
+    g.add_argument("--transport", choices=("aiohttp", "httpx"), default="aiohttp")
+    g.add_argument("--http2", action="store_true", help="HTTP/2 (implies --transport httpx)")
+    w = p.add_argument_group("workload")
+    w.add_argument("--workload", default="chat", help="a bundled workload name or a TOML path")
+    if sweep:
+        w.add_argument("--rates", required=False, default=None, help="1,2,4 or geometric START:STOP:COUNT")
+    w.add_argument("--rate", type=float, default=None, help="offered rate, req/s (default: the workload's)")
+    w.add_argument("--num-requests", type=int, default=None)
+    w.add_argument("--duration", type=float, default=None, help="seconds of arrivals")
+    w.add_argument("--input-len", type=int, default=None, help="fixed prompt length, overriding the workload")
+    w.add_argument("--output-len", type=int, default=None, help="fixed output length, overriding the workload")
+    w.add_argument("--seed", type=int, default=0)
+    r = p.add_argument_group("run")
+    r.add_argument("--slo", default=None, help="e.g. ttft=500ms,tpot=50ms[,target=0.9] or a TOML file")
+    r.add_argument("--out", default=None, help="run directory (default: runs/<time>)")
+    r.add_argument("--warmup", type=int, default=0, help="requests sent first and excluded from metrics")
+    r.add_argument("--max-in-flight", type=int, default=None, help="cap on requests in flight (waits counted)")
+    r.add_argument("--concurrency", type=int, default=None, help="closed loop: N users instead of open-loop")
+    r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--report", default=None, metavar="HTML", help="also write the HTML report here")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="slobench",
+        description="SLO-aware open-loop load testing for LLM inference servers.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"slobench {__version__}")
+    sub = p.add_subparsers(dest="verb", required=True)
+    fmt = argparse.RawDescriptionHelpFormatter
+
+    run_p = sub.add_parser("run", help="one open-loop run at one rate", epilog=EPILOG, formatter_class=fmt)
+    _add_load_flags(run_p)
+    sweep_p = sub.add_parser("sweep", help="one run per offered rate, a table at the end", epilog=EPILOG, formatter_class=fmt)
+    _add_load_flags(sweep_p, sweep=True)
+    sum_p = sub.add_parser("summarize", help="recompute and print a run's summary", epilog=EPILOG, formatter_class=fmt)
+    sum_p.add_argument("run_dir")
+    sum_p.add_argument("--slo", default=None, help="re-judge against another SLO")
+
+    from slobench import engine_cli
+
+    engine_cli.add_parsers(sub, epilog=EPILOG)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.verb == "run":
+            return asyncio.run(_run(args))
+        if args.verb == "sweep":
+            return asyncio.run(_sweep(args))
+        if args.verb == "summarize":
+            return _summarize(args)
+        from slobench import engine_cli
+
+        return engine_cli.dispatch(args)
+    except SlobenchError as e:
+        print(f"slobench: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("slobench: interrupted", file=sys.stderr)
+        return 130
+
+
+# --- helpers shared by the verbs that send load ---------------------------------------------------
+
+
+def load_slo(text: str | None) -> Any:
+    from slobench.slo import SLO
+
+    if text is None:
+        return None
+    if text.endswith(".toml") or Path(text).is_file():
+        return SLO.from_toml(text)
+    return SLO.parse(text)
+
+
+def _parse_headers(items: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for h in items:
+        if ":" not in h:
+            raise UsageError(f"--header: expected K:V (got {h!r})")
+        k, v = h.split(":", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def _parse_extra_body(text: str | None) -> dict[str, Any] | None:
+    import json
+
+    if text is None:
+        return None
+    try:
+        v = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--extra-body: not valid JSON ({e})") from None
+    if not isinstance(v, dict):
+        raise UsageError(f"--extra-body: expected a JSON object (got {text!r})")
+    return v
+
+
+def default_out(prefix: str) -> Path:
+    import time
+
+    return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+class LoadSetup:
+    """What every load-sending verb builds from the common flags."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from slobench.workload import load_workload
+
+        self.args = args
+        self.workload = load_workload(args.workload)
+        self.slo = load_slo(args.slo)
+        self.api = args.api or self.workload.api
+        self.headers = _parse_headers(args.header)
+        self.extra_body = _parse_extra_body(args.extra_body)
+        for flag in ("num_requests", "input_len", "output_len"):
+            v = getattr(args, flag)
+            if v is not None and v < 1:
+                raise UsageError(f"--{flag.replace('_', '-')}: must be >= 1 (got {v})")
+        if args.rate is not None and args.rate <= 0:
+            raise UsageError(f"--rate: must be positive (got {args.rate})")
+
+    def specs(self, rate_rps: float | None) -> list[Any]:
+        from slobench.workload import generate
+
+        a = self.args
+        return generate(
+            self.workload,
+            rate_rps=rate_rps,
+            num_requests=a.num_requests,
+            duration_s=a.duration,
+            seed=a.seed,
+            input_len=a.input_len,
+            output_len=a.output_len,
+            api=self.api,
+        )
+
+    def target(self, clock: Any) -> Any:
+        from slobench.targets.openai import OpenAITarget
+
+        a = self.args
+        return OpenAITarget(
+            a.url,
+            a.model,
+            api=self.api,
+            clock=clock,
+            stream=not a.no_stream,
+            api_key_env=a.api_key_env,
+            headers=self.headers,
+            extra_body=self.extra_body,
+            timeout_s=a.timeout,
+            transport="httpx" if a.http2 else a.transport,
+            http2=a.http2,
+        )
+
+    def manifest(self, target: Any, served: str) -> dict[str, Any]:
+        from dataclasses import asdict, is_dataclass
+
+        a = self.args
+        wl = self.workload.to_dict() if hasattr(self.workload, "to_dict") else (
+            asdict(self.workload) if is_dataclass(self.workload) else str(self.workload)
+        )
+        return {
+            "slobench_version": __version__,
+            "command": sys.argv[1:],
+            "workload": wl,
+            "workload_name": getattr(self.workload, "name", a.workload),
+            "seed": a.seed,
+            "target": {"url": a.url, "model": target.model, "api": self.api, "stream": not a.no_stream, "served": served},
+            "slo": self.slo.to_dict() if self.slo else None,
+            "options": {
+                "num_requests": a.num_requests, "duration_s": a.duration, "input_len": a.input_len,
+                "output_len": a.output_len, "warmup": a.warmup, "max_in_flight": a.max_in_flight,
+                "concurrency": a.concurrency,
+            },
+        }
+
+    def run_options(self) -> Any:
+        from slobench.runner import RunOptions
+
+        a = self.args
+        return RunOptions(
+            max_in_flight=a.max_in_flight,
+            warmup_requests=a.warmup,
+            duration_s=a.duration,
+            closed_loop_users=a.concurrency,
+            closed_loop_rate_rps=a.rate if a.concurrency else None,
+            progress=not a.no_progress,
+        )
+
+
+async def _start_target(setup: LoadSetup) -> tuple[Any, Any, str]:
+    from slobench.clock import Clock
+
+    clock = Clock()
+    target = setup.target(clock)
+    await target.start()
+    try:
+        served = await target.preflight()
+    except BaseException:
+        await target.close()
+        raise
+    return target, clock, served
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from slobench import runner
+    from slobench.report.terminal import print_run
+
+    setup = LoadSetup(args)
+    specs = setup.specs(args.rate)
+    out = Path(args.out) if args.out else default_out("run")
+    target, clock, served = await _start_target(setup)
+    try:
+        res = await runner.run(
+            specs, target, clock=clock, opts=setup.run_options(), slo=setup.slo, run_dir=out,
+            manifest={**setup.manifest(target, served), "rate_rps": args.rate}, seed=args.seed,
+        )
+    finally:
+        await target.close()
+    print_run(res.summary, title=f"{served} · {setup.workload.name} · {out}")
+    print(f"run directory: {out}")
+    _maybe_report(args, [out])
+    att = res.summary.get("attainment")
+    if att and setup.slo and att["value"] < setup.slo.target:
+        return 1
+    return 0
+
+
+async def _sweep(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from slobench.sweep import parse_rates, run_sweep
+
+    if not args.rates:
+        raise UsageError("--rates is required for sweep (e.g. --rates 1,2,4 or --rates 1:16:5)")
+    rates = parse_rates(args.rates)
+    setup = LoadSetup(args)
+    out = Path(args.out) if args.out else default_out("sweep")
+    console = Console()
+    target, clock, served = await _start_target(setup)
+    try:
+        doc = await run_sweep(
+            rates, setup.specs, target, out_dir=out, slo=setup.slo, opts=setup.run_options(),
+            manifest=setup.manifest(target, served), seed=args.seed,
+            on_run=lambda row: console.print(
+                f"rate {row['rate_rps']:g} req/s done: "
+                f"{row['summary']['num_ok']}/{row['summary']['num_requests']} ok"
+            ),
+        )
+    finally:
+        await target.close()
+    print_sweep(doc, console, title=f"{served} · {setup.workload.name} · {out}")
+    _maybe_report(args, [out])
+    return 0
+
+
+def print_sweep(doc: dict[str, Any], console: Any, title: str) -> None:
+    from slobench.report.terminal import sweep_table
+
+    console.print(sweep_table(doc["runs"], title=title))
+    h = doc.get("headline")
+    if h:
+        if h["max_rate_meeting_rps"] is None:
+            console.print(f"[bold red]attainment is below {h['target']:.0%} at every rate tried[/bold red]")
+        else:
+            lo, hi = h["interval_rps"]
+            lb = " (a lower bound: no rate tried missed)" if h["is_lower_bound"] else ""
+            rng = f" [{'-' if lo is None else f'{lo:.2f}'}, {'-' if hi is None else f'{hi:.2f}'}]"
+            console.print(
+                f"[bold]headline: attainment stays >= {h['target']:.0%} up to "
+                f"{h['max_rate_meeting_rps']:.2f} req/s{rng}{lb}[/bold]"
+            )
+
+
+def _maybe_report(args: argparse.Namespace, run_dirs: Sequence[Path]) -> None:
+    if getattr(args, "report", None):
+        from slobench.report import build_report
+
+        path = build_report([str(d) for d in run_dirs], args.report)
+        print(f"report: {path}")
+
+
+def _summarize(args: argparse.Namespace) -> int:
+    from slobench.records import load_run
+    from slobench.report.terminal import print_run
+    from slobench.summary import summarize
+
+    run = load_run(args.run_dir)
+    if args.slo:
+        slo = load_slo(args.slo)
+    elif run.manifest.get("slo"):
+        from slobench.slo import SLO
+
+        slo = SLO.from_dict(run.manifest["slo"])
+    else:
+        slo = None
+    summary = summarize(run.records, slo, seed=run.manifest.get("seed", 0))
+    summary["interrupted"] = bool(run.summary and run.summary.get("interrupted"))
+    print_run(summary, title=str(args.run_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,91 @@
+"""The terminal summary (rich): one run, or a sweep's table with the headline."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1e3:.1f}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None or v != v else f"{v:.1%}"
+
+
+def attainment_text(s: dict[str, Any]) -> str:
+    att = s.get("attainment")
+    if not att:
+        return "-"
+    return f"{_pct(att['value'])} [{_pct(att['ci_low'])}, {_pct(att['ci_high'])}]"
+
+
+def print_run(summary: dict[str, Any], console: Console | None = None, title: str = "run") -> None:
+    console = console or Console()
+    t = Table(title=title, show_header=True, header_style="bold")
+    t.add_column("metric")
+    for c in ("mean", "p50", "p90", "p99", "max"):
+        t.add_column(c, justify="right")
+    for key, label in (
+        ("ttft_s", "TTFT ms (from sent)"),
+        ("ttft_from_scheduled_s", "TTFT ms (from scheduled)"),
+        ("tpot_s", "TPOT ms"),
+        ("itl_s", "ITL ms"),
+        ("e2e_s", "E2E ms"),
+    ):
+        d = summary.get(key) or {}
+        t.add_row(label, *(_ms(d.get(c)) for c in ("mean", "p50", "p90", "p99", "max")))
+    console.print(t)
+    lat = summary["client"]["lateness_s"]
+    console.print(
+        f"requests {summary['num_requests']} (ok {summary['num_ok']}, warm-up {summary['num_warmup']})  "
+        f"offered {summary['offered_rps']:.2f} req/s  sent {summary['achieved_send_rps']:.2f} req/s  "
+        f"completed {summary['request_throughput_rps']:.2f} req/s  "
+        f"output {summary['output_token_throughput_tps']:.0f} tok/s"
+    )
+    console.print(f"client lateness p50 {_ms(lat.get('p50'))} ms  p99 {_ms(lat.get('p99'))} ms")
+    if summary.get("attainment"):
+        att = summary["attainment"]
+        console.print(
+            f"SLO {summary['slo_text'] if 'slo_text' in summary else ''} attainment {attainment_text(summary)}  "
+            f"good throughput {att['good_throughput_rps']:.2f} req/s"
+        )
+    if summary.get("error_counts"):
+        console.print(f"[yellow]errors: {summary['error_counts']}[/yellow]")
+    if summary["client"].get("warning"):
+        console.print(f"[bold red]{summary['client']['warning']}[/bold red]")
+    if summary.get("interrupted"):
+        console.print("[yellow]interrupted: in-flight requests after the grace period were marked cancelled[/yellow]")
+
+
+def sweep_table(rows: Sequence[dict[str, Any]], title: str = "sweep") -> Table:
+    t = Table(title=title, header_style="bold")
+    for c in (
+        "rate req/s", "sent req/s", "done req/s", "attainment [95% CI]", "goodput req/s",
+        "TTFT p50/p90/p99 ms", "TPOT p50/p90/p99 ms", "errors", "lateness p99 ms",
+    ):
+        t.add_column(c, justify="right")
+    for r in rows:
+        s = r["summary"]
+        ttft = s.get("ttft_from_scheduled_s") or {}
+        tpot = s.get("tpot_s") or {}
+        att = s.get("attainment") or {}
+        errors = s["num_requests"] - s["num_ok"]
+        late = s["client"]["lateness_s"].get("p99")
+        bottleneck = " (client!)" if s["client"]["is_bottleneck"] else ""
+        t.add_row(
+            f"{r['rate_rps']:g}",
+            f"{s['achieved_send_rps']:.2f}",
+            f"{s['request_throughput_rps']:.2f}",
+            attainment_text(s),
+            f"{att.get('good_throughput_rps', 0.0):.2f}",
+            "/".join(_ms(ttft.get(k)) for k in ("p50", "p90", "p99")),
+            "/".join(_ms(tpot.get(k)) for k in ("p50", "p90", "p99")),
+            str(errors),
+            _ms(late) + bottleneck,
+        )
+    return t

@@ -1,0 +1,285 @@
+"""The dispatcher: open-loop (each request at its scheduled time, however many are in flight) or closed-loop.
+
+Every timestamp is on the run's one monotonic clock. Records are written to the run directory as each
+request finishes, so a crash or Ctrl-C loses at most the requests in flight; Ctrl-C stops sending, gives
+in-flight requests a short grace, marks the rest cancelled and still writes summary.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slobench.clock import Clock
+from slobench.errors import SpecError
+from slobench.records import RequestRecord, RequestSpec, RunWriter
+from slobench.slo import SLO
+from slobench.summary import summarize
+from slobench.targets.base import Target
+
+# Start the schedule a little in the future so the first requests are not late by the set-up time.
+START_LEAD_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    max_in_flight: int | None = None  # open loop: cap on requests in flight; waits are counted (queued_s)
+    warmup_requests: int = 0  # the first N requests are sent but excluded from metrics
+    duration_s: float | None = None  # send nothing scheduled after this many seconds
+    grace_s: float = 5.0  # after Ctrl-C, how long in-flight requests may still finish
+    closed_loop_users: int | None = None  # closed loop: N users, each sends its next request when one ends
+    closed_loop_rate_rps: float | None = None  # optional cap on the closed loop's total send rate
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_in_flight is not None and self.max_in_flight < 1:
+            raise SpecError("max_in_flight", self.max_in_flight, "must be >= 1")
+        if self.warmup_requests < 0:
+            raise SpecError("warmup_requests", self.warmup_requests, "must be >= 0")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise SpecError("duration", self.duration_s, "must be positive")
+        if self.closed_loop_users is not None and self.closed_loop_users < 1:
+            raise SpecError("concurrency", self.closed_loop_users, "must be >= 1")
+        if self.closed_loop_rate_rps is not None and self.closed_loop_rate_rps <= 0:
+            raise SpecError("rate", self.closed_loop_rate_rps, "must be positive")
+
+
+@dataclass(slots=True)
+class Progress:
+    """Counters the progress display reads; plain ints, updated on the event loop."""
+
+    total: int
+    sent: int = 0
+    finished: int = 0
+    errors: int = 0
+    max_lateness_s: float = 0.0
+
+    @property
+    def in_flight(self) -> int:
+        return self.sent - self.finished
+
+
+@dataclass(slots=True)
+class RunResult:
+    records: list[RequestRecord]
+    summary: dict[str, Any]
+    interrupted: bool = False
+    progress: Progress = field(default_factory=lambda: Progress(0))
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        target: Target,
+        clock: Clock,
+        opts: RunOptions,
+        on_record: Callable[[RequestRecord], None] | None = None,
+    ) -> None:
+        self.target = target
+        self.clock = clock
+        self.opts = opts
+        self.on_record = on_record
+        self.records: list[RequestRecord] = []
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.progress = Progress(0)
+        self._sem = asyncio.Semaphore(opts.max_in_flight) if opts.max_in_flight else None
+
+    def _new_record(self, i: int, spec: RequestSpec, scheduled_s: float) -> RequestRecord:
+        return RequestRecord(
+            request_id=spec.request_id,
+            scheduled_s=scheduled_s,
+            tag=spec.tag,
+            input_tokens=spec.input_tokens,
+            max_tokens=spec.max_tokens,
+            is_warmup=i < self.opts.warmup_requests,
+        )
+
+    async def _send_one(self, spec: RequestSpec, rec: RequestRecord) -> None:
+        clock = self.clock
+        try:
+            if self._sem is not None:
+                t0 = clock.now_s()
+                await self._sem.acquire()
+                rec.queued_s = clock.now_s() - t0
+            try:
+                self.progress.sent += 1
+                await self.target.send(spec, rec)
+            finally:
+                if self._sem is not None:
+                    self._sem.release()
+        except asyncio.CancelledError:
+            rec.fail("cancelled", "cancelled: the run stopped before this request finished", clock.now_s())
+            raise
+        except Exception as e:  # a target bug must not lose the record or stop the run
+            rec.fail("error", f"internal: {type(e).__name__}: {e}", clock.now_s())
+        finally:
+            self._finish(rec)
+
+    def _finish(self, rec: RequestRecord) -> None:
+        p = self.progress
+        p.finished += 1
+        if rec.status != "ok":
+            p.errors += 1
+        if rec.sent_s is not None:
+            late = rec.sent_s - rec.scheduled_s - rec.queued_s
+            if late > p.max_lateness_s:
+                p.max_lateness_s = late
+        self.records.append(rec)
+        if self.on_record is not None:
+            self.on_record(rec)
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def open_loop(self, specs: Sequence[RequestSpec]) -> None:
+        """Send each spec at its arrival time. Returns once all are sent (not finished)."""
+        clock = self.clock
+        limit = self.opts.duration_s
+        for i, spec in enumerate(specs):
+            if limit is not None and spec.arrival_s > limit:
+                break
+            delay = spec.arrival_s - clock.now_s()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self._spawn(self._send_one(spec, self._new_record(i, spec, spec.arrival_s)))
+
+    async def closed_loop(self, specs: Sequence[RequestSpec]) -> None:
+        """N users; each sends its next request when its last one ends. Returns when all are finished."""
+        users = self.opts.closed_loop_users or 1
+        rate = self.opts.closed_loop_rate_rps
+        limit = self.opts.duration_s
+        it: Iterator[tuple[int, RequestSpec]] = iter(enumerate(specs))
+        next_slot = [self.clock.now_s()]  # pacing for the optional rate cap: one slot per request
+
+        async def user() -> None:
+            for i, spec in it:
+                now = self.clock.now_s()
+                if limit is not None and now > limit:
+                    return
+                scheduled = now
+                if rate is not None:
+                    scheduled = max(now, next_slot[0])
+                    next_slot[0] = scheduled + 1.0 / rate
+                    if scheduled > now:
+                        await asyncio.sleep(scheduled - now)
+                await self._send_one(spec, self._new_record(i, spec, scheduled))
+
+        await asyncio.gather(*(user() for _ in range(users)))
+
+    async def drain(self, grace_s: float | None) -> None:
+        """Wait for in-flight requests; after `grace_s` (if given) cancel the rest."""
+        if not self.tasks:
+            return
+        _, pending = await asyncio.wait(set(self.tasks), timeout=grace_s)
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def run(
+    specs: Sequence[RequestSpec],
+    target: Target,
+    *,
+    clock: Clock | None = None,
+    opts: RunOptions | None = None,
+    slo: SLO | None = None,
+    run_dir: str | Path | None = None,
+    manifest: dict[str, Any] | None = None,
+    monitors: Sequence[Callable[[Clock], Awaitable[None]]] = (),
+    handle_sigint: bool = True,
+    seed: int = 0,
+) -> RunResult:
+    """Run one load test against an already started target and return its records and summary.
+
+    `monitors` are coroutines started beside the run (e.g. a /metrics scraper) and cancelled at its end.
+    """
+    opts = opts or RunOptions()
+    clock = clock or Clock()
+    specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
+    writer = RunWriter(Path(run_dir), {**(manifest or {})}) if run_dir is not None else None
+    disp = Dispatcher(target, clock, opts, on_record=writer.write if writer else None)
+    disp.progress.total = len(specs) if opts.duration_s is None else sum(
+        1 for s in specs if s.arrival_s <= opts.duration_s
+    )
+    interrupted = False
+    loop = asyncio.get_running_loop()
+
+    clock.reset()
+    clock.origin_ns += int(START_LEAD_S * 1e9)
+    if writer is not None:
+        writer.update_manifest({"clock": {"wall_anchor_unix_s": clock.wall_anchor_unix_s + START_LEAD_S}})
+    if opts.closed_loop_users:
+        sender = asyncio.ensure_future(disp.closed_loop(specs))
+    else:
+        sender = asyncio.ensure_future(disp.open_loop(specs))
+    monitor_tasks = [asyncio.ensure_future(m(clock)) for m in monitors]
+
+    def on_sigint() -> None:
+        nonlocal interrupted
+        if interrupted:  # second Ctrl-C: stop waiting at once
+            for t in list(disp.tasks):
+                t.cancel()
+        interrupted = True
+        sender.cancel()
+
+    installed = False
+    if handle_sigint:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGINT, on_sigint)
+            installed = True
+    live = _start_live(disp.progress) if opts.progress else None
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await sender
+        if interrupted or sender.cancelled():
+            interrupted = True
+            await disp.drain(opts.grace_s)
+        else:
+            await disp.drain(None)
+    finally:
+        if installed:
+            loop.remove_signal_handler(signal.SIGINT)
+        for m in monitor_tasks:
+            m.cancel()
+        await asyncio.gather(*monitor_tasks, return_exceptions=True)
+        if live is not None:
+            live.stop()
+        if writer is not None:
+            writer.flush()
+
+    summary = summarize(disp.records, slo, seed=seed)
+    summary["interrupted"] = interrupted
+    summary["num_scheduled"] = disp.progress.total
+    if writer is not None:
+        writer.finish(summary)
+    return RunResult(disp.records, summary, interrupted, disp.progress)
+
+
+def _start_live(p: Progress) -> Any:
+    """A rich live line: sent, finished, in flight, errors, worst lateness. None when not a terminal."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        return None
+
+    class _View:
+        def __rich__(self) -> Text:
+            return Text(
+                f"sent {p.sent}/{p.total}  finished {p.finished}  in flight {p.in_flight}  "
+                f"errors {p.errors}  worst lateness {p.max_lateness_s * 1e3:.1f} ms"
+            )
+
+    live = Live(_View(), console=console, refresh_per_second=4, transient=True)
+    live.start()
+    return live

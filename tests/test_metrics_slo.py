@@ -1,0 +1,111 @@
+import json
+
+import numpy as np
+import pytest
+
+from slobench.errors import SpecError
+from slobench.metrics import RecordArrays, quantiles, throughput
+from slobench.records import RequestRecord
+from slobench.slo import SLO, attainment, block_length, bootstrap_mean_ci, bootstrap_quantile_ci
+from slobench.summary import summarize
+
+
+def rec(i, sched, sent, first, done, out, status="ok", chunks=None, warm=False):
+    r = RequestRecord(request_id=i, scheduled_s=sched, sent_s=sent, first_token_s=first, done_s=done,
+                      output_tokens=out, status=status, is_warmup=warm)
+    r.chunk_times_s = chunks or []
+    return r
+
+
+def test_definitions_match_vllm():
+    r = rec(0, 1.0, 1.5, 2.0, 3.0, 11, chunks=[2.0, 2.1, 2.3])
+    a = RecordArrays.from_records([r])
+    assert a.ttft_s[0] == pytest.approx(0.5)
+    assert a.ttft_from_scheduled_s[0] == pytest.approx(1.0)
+    assert a.tpot_s[0] == pytest.approx(0.1)  # (3-2)/(11-1)
+    assert a.e2e_s[0] == pytest.approx(1.5)
+    np.testing.assert_allclose(a.itl_s, [0.1, 0.2])
+    assert a.lateness_s[0] == pytest.approx(0.5)
+
+
+def test_tpot_single_token_is_zero_and_failures_are_nan():
+    a = RecordArrays.from_records([rec(0, 0, 0, 1, 1, 1), rec(1, 0, 0, None, None, 0, status="error")])
+    assert a.tpot_s[0] == 0.0
+    assert np.isnan(a.tpot_s[1]) and np.isnan(a.ttft_s[1])
+
+
+def test_warmup_excluded():
+    a = RecordArrays.from_records([rec(0, 0, 0, 1, 2, 5, warm=True), rec(1, 1, 1, 2, 3, 5)])
+    assert list(a.request_id) == [1]
+
+
+def test_slo_parse_and_errors():
+    s = SLO.parse("ttft=500ms,tpot=50ms,target=95%")
+    assert s.ttft_s == 0.5 and s.tpot_s == 0.05 and s.target == 0.95
+    assert SLO.from_dict(s.to_dict()) == s
+    with pytest.raises(SpecError, match="slo.ttft"):
+        SLO.parse("ttft=fast")
+    with pytest.raises(SpecError, match="unknown key"):
+        SLO.parse("ttfb=1s")
+    with pytest.raises(SpecError, match="slo.target"):
+        SLO.parse("ttft=1s,target=1.5")
+    with pytest.raises(SpecError, match="at least one"):
+        SLO.parse("target=0.9")
+
+
+def test_attainment_counts_failures_as_misses():
+    recs = [rec(i, i, i, i + 0.1, i + 0.2, 3) for i in range(8)]
+    recs.append(rec(8, 8, 8, 9.0, 9.5, 3))  # TTFT miss
+    recs.append(rec(9, 9, 9, None, None, 0, status="timeout"))
+    a = RecordArrays.from_records(recs)
+    slo = SLO(ttft_s=0.5, tpot_s=0.1)
+    att = attainment(a, slo, duration_s=10.0)
+    assert att.value == pytest.approx(0.8)
+    assert att.num_met == 8 and att.num_requests == 10
+    assert att.good_throughput_rps == pytest.approx(0.8)
+    assert att.ci_low <= 0.8 <= att.ci_high
+
+
+def test_scheduled_clock_catches_client_lag():
+    # Sent 1 s late: from-sent TTFT meets, from-scheduled does not.
+    a = RecordArrays.from_records([rec(0, 0.0, 1.0, 1.1, 1.2, 2)])
+    assert SLO(ttft_s=0.5).meets(a)[0] == False  # noqa: E712
+    assert SLO(ttft_s=0.5, clock="sent").meets(a)[0] == True  # noqa: E712
+
+
+def test_block_bootstrap_wider_than_iid_for_correlated_data():
+    rng = np.random.default_rng(1)
+    # long runs of misses: strongly autocorrelated
+    x = np.repeat(rng.random(40) < 0.5, 50).astype(float)
+    lo, hi = bootstrap_mean_ci(x)
+    iid_half = 1.96 * np.sqrt(x.mean() * (1 - x.mean()) / len(x))
+    assert (hi - lo) / 2 > 2 * iid_half
+    assert block_length(2000) == 200
+
+
+def test_quantile_ci_covers_truth():
+    rng = np.random.default_rng(0)
+    x = rng.exponential(1.0, 5000)
+    lo, hi = bootstrap_quantile_ci(x, 0.9)
+    assert lo < np.log(10) < hi
+    assert hi - lo < 0.3
+
+
+def test_throughput_and_summary_json_roundtrip():
+    recs = [rec(i, i * 0.1, i * 0.1, i * 0.1 + 0.05, i * 0.1 + 0.2, 10, chunks=[i * 0.1 + 0.05, i * 0.1 + 0.07]) for i in range(50)]
+    a = RecordArrays.from_records(recs)
+    tp = throughput(a)
+    assert tp.offered_rps == pytest.approx(10.0)
+    assert tp.request_rps == pytest.approx(50 / (4.9 + 0.2))
+    s = summarize(recs, SLO(ttft_s=0.1))
+    json.dumps(s)  # serialisable
+    assert s["attainment"]["value"] == 1.0
+    assert s["client"]["is_bottleneck"] is False
+    assert quantiles(np.array([np.nan]))["p50"] is None
+
+
+def test_client_bottleneck_flagged():
+    recs = [rec(i, i * 0.01, i * 0.01 + 0.05, i * 0.01 + 0.1, i * 0.01 + 0.2, 2) for i in range(100)]
+    s = summarize(recs, SLO(ttft_s=0.1))
+    assert s["client"]["is_bottleneck"] is True
+    assert "BOTTLENECK" in s["client"]["warning"]
