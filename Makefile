@@ -1,0 +1,22 @@
+# The README's two commands: `make demo` and `make test`. Both build .venv from nothing.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# exactly this torch first: an open range would pull a multi-GB CUDA build
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[engine,dev]'
+	touch $(STAMP)
+
+.PHONY: install demo test lint
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/slobench demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check slobench reference_engine tests benchmarks
+	$(PY) -m pytest -q -ra
