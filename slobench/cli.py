@@ -76,10 +76,20 @@ def build_parser() -> argparse.ArgumentParser:
     sum_p.add_argument("run_dir")
     sum_p.add_argument("--slo", default=None, help="re-judge against another SLO")
 
-    from slobench import engine_cli
-
-    engine_cli.add_parsers(sub, epilog=EPILOG)
+    for mod in _verb_modules():
+        mod.add_parsers(sub, epilog=EPILOG)
     return p
+
+
+# Verbs that live beside the capability they drive. Each module has `VERBS` (the names it adds),
+# `add_parsers(sub, *, epilog)` and `dispatch(args) -> int`.
+VERB_MODULES = ("slobench.engine_cli",)
+
+
+def _verb_modules() -> list[Any]:
+    import importlib
+
+    return [importlib.import_module(m) for m in VERB_MODULES]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -92,9 +102,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_sweep(args))
         if args.verb == "summarize":
             return _summarize(args)
-        from slobench import engine_cli
-
-        return engine_cli.dispatch(args)
+        for mod in _verb_modules():
+            if args.verb in mod.VERBS:
+                return int(mod.dispatch(args))
+        parser.error(f"unknown verb {args.verb!r}")
+        return 2
     except SlobenchError as e:
         print(f"slobench: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+VERBS: frozenset[str] = frozenset()
+
 
 def add_parsers(sub: Any, *, epilog: str) -> None:
     """Add the engine/report verbs. Filled in as those capabilities land."""

@@ -1,0 +1,98 @@
+"""Attention and KV-cache kernels: Triton on CUDA, plain torch elsewhere.
+
+The dispatchers below pick the Triton kernel when the tensors are on a CUDA device (or when
+`SLOBENCH_FORCE_TRITON=1`, which the tests use with `TRITON_INTERPRET=1` on the CPU) and the torch
+equivalent in `torch_ref` otherwise. Triton is imported only when a Triton kernel is first used, so this
+package imports cleanly without it.
+
+Call order in a step, per layer: `write_kv` for every token of the step, then `extend_attention` for
+chunks with more than one new token (or any chunk) and `paged_decode_attention` for one-token chunks.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import torch
+
+from reference_engine.kernels import torch_ref
+
+__all__ = ["extend_attention", "paged_decode_attention", "triton_available", "uses_triton", "write_kv"]
+
+
+@functools.cache
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def uses_triton(t: torch.Tensor) -> bool:
+    """Whether the dispatchers run Triton kernels for tensors on `t`'s device."""
+    if not triton_available():
+        return False
+    return t.is_cuda or os.environ.get("SLOBENCH_FORCE_TRITON") == "1"
+
+
+def write_kv(
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = skip
+) -> None:
+    if uses_triton(k):
+        from reference_engine.kernels.kv_write import write_kv as impl
+    else:
+        impl = torch_ref.write_kv
+    impl(k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_decode_attention(
+    q: torch.Tensor,  # [num_seqs, n_heads, head_dim]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32, >= 1, including the token being decoded
+    scale: float,
+    *,
+    num_splits: int | None = None,
+    max_context_len: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    if uses_triton(q):
+        from reference_engine.kernels.decode_attention import paged_decode_attention as impl
+    else:
+        impl = torch_ref.paged_decode_attention
+    return impl(
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        scale,
+        num_splits=num_splits,
+        max_context_len=max_context_len,
+        out=out,
+    )
+
+
+def extend_attention(
+    q: torch.Tensor,  # [total_new_tokens, n_heads, head_dim]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,  # [num_seqs + 1] int32
+    prefix_lens: torch.Tensor,  # [num_seqs] int32
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    scale: float,
+    *,
+    max_seqlen_q: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    if uses_triton(q):
+        from reference_engine.kernels.prefill_attention import extend_attention as impl
+    else:
+        impl = torch_ref.extend_attention
+    return impl(
+        q, k_cache, v_cache, cu_seqlens_q, prefix_lens, block_tables, scale, max_seqlen_q=max_seqlen_q, out=out
+    )
