@@ -1,0 +1,147 @@
+"""Poll a target's Prometheus `/metrics` while a run goes, into `server_metrics.jsonl` in the run directory.
+
+One JSON line per scrape, on the run's clock, so server state lines up with the request records:
+    {"t_s": 12.0, "samples": {"vllm:num_requests_waiting{model_name=\"m\"}": 3.0, ...}}
+Gauges, counters, and the `_sum`/`_count` of histograms and summaries are kept; `_bucket` and `_created`
+samples are dropped (they are most of the text and say nothing a timeline needs).
+
+Used as a runner monitor: `run(..., monitors=[MetricsScraper(url, run_dir / SERVER_METRICS)])`.
+A target without the endpoint (first scrape 404, refused, timed out, or not Prometheus text) leaves no
+file and no error: the report then simply has no server-state panel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from slobench.clock import Clock
+from slobench.records import SERVER_METRICS
+
+_SKIP_SUFFIXES = ("_bucket", "_created", "_gcount_created")
+_KEEP_OF_DISTRIBUTIONS = ("_sum", "_count", "_gsum", "_gcount")
+
+
+def metrics_url_for(base_url: str) -> str:
+    """`http://host:8000/v1` -> `http://host:8000/metrics` (vLLM, SGLang, TGI serve it at the root)."""
+    base = base_url.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[: -len("/v1")]
+    return base + "/metrics"
+
+
+def sample_key(name: str, labels: dict[str, str]) -> str:
+    """`name{a="x",b="y"}` with sorted labels, values escaped as in the exposition format."""
+    if not labels:
+        return name
+    inner = ",".join(f'{k}="{_escape_label(v)}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{inner}}}"
+
+
+def _escape_label(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def parse_samples(text: str) -> dict[str, float]:
+    """Prometheus text -> {sample key: value}, without buckets. Raises ValueError on text that is not metrics."""
+    # Bucket lines are dropped before parsing only to spare the load generator's CPU: they are ~90% of a
+    # vLLM /metrics page and the parser is pure Python. The parser still reads everything that is kept.
+    kept = "\n".join(ln for ln in text.splitlines() if not _line_name(ln).endswith("_bucket"))
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(kept):
+        is_distribution = fam.type in ("histogram", "gaugehistogram", "summary")
+        for s in fam.samples:
+            if s.name.endswith(_SKIP_SUFFIXES):
+                continue
+            if is_distribution and not s.name.endswith(_KEEP_OF_DISTRIBUTIONS):
+                continue  # summary quantiles
+            v = float(s.value)
+            if math.isfinite(v):
+                out[sample_key(s.name, s.labels)] = v
+    return out
+
+
+def _line_name(line: str) -> str:
+    if line.startswith("#"):
+        return ""
+    return line.split("{", 1)[0].split(" ", 1)[0]
+
+
+class MetricsScraper:
+    """A runner monitor: `await scraper(clock)` scrapes every `interval_s` on absolute deadlines until cancelled."""
+
+    def __init__(
+        self,
+        metrics_url: str,
+        out_path: str | Path,
+        interval_s: float = 1.0,
+        *,
+        headers: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+    ) -> None:
+        if not (interval_s > 0 and math.isfinite(interval_s)):
+            raise ValueError(f"interval_s must be a positive number of seconds (got {interval_s!r})")
+        out = Path(out_path)
+        self.metrics_url = metrics_url
+        self.out_path = out / SERVER_METRICS if out.is_dir() else out
+        self.interval_s = interval_s
+        self.headers = dict(headers or {})
+        # A scrape slower than the interval would only pile up; give up on it and take the next tick.
+        self.timeout_s = timeout_s if timeout_s is not None else max(0.5, min(5.0, interval_s))
+        self._sleep = sleep
+        self.num_scrapes = 0
+        self.num_failed = 0
+        self.disabled_reason: str | None = None  # why the first scrape found no endpoint
+
+    async def __call__(self, clock: Clock) -> None:
+        fh: IO[str] | None = None
+        try:
+            async with httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers) as client:
+                start_s = clock.now_s()
+                tick = 0
+                while True:
+                    t_s = clock.now_s()
+                    samples, why = await self._scrape(client)
+                    if samples is None:
+                        if fh is None and self.num_scrapes == 0:
+                            self.disabled_reason = why
+                            return  # no endpoint: silently absent
+                        self.num_failed += 1
+                    else:
+                        if fh is None:
+                            fh = open(self.out_path, "w")
+                        fh.write(json.dumps({"t_s": round(t_s, 6), "samples": samples}, separators=(",", ":")) + "\n")
+                        fh.flush()  # a crash loses at most the scrape in progress, like requests.jsonl
+                        self.num_scrapes += 1
+                    # Absolute deadlines: tick k is due at start + k*interval, however long scrapes take;
+                    # a scrape that overran skips the ticks it missed instead of drifting.
+                    tick = max(tick + 1, math.floor((clock.now_s() - start_s) / self.interval_s) + 1)
+                    await self._sleep(max(0.0, start_s + tick * self.interval_s - clock.now_s()))
+        finally:
+            if fh is not None:
+                fh.close()
+
+    async def _scrape(self, client: httpx.AsyncClient) -> tuple[dict[str, float] | None, str]:
+        try:
+            resp = await client.get(self.metrics_url)
+        except httpx.HTTPError as e:
+            return None, f"{type(e).__name__}: {e}"
+        if resp.status_code != 200:
+            return None, f"HTTP {resp.status_code}"
+        try:
+            # Off the event loop: parsing must not delay the requests the runner is sending.
+            samples = await asyncio.to_thread(parse_samples, resp.text)
+        except ValueError as e:
+            return None, f"not Prometheus text: {e}"
+        if not samples:
+            return None, "no samples"
+        return samples, ""
+
