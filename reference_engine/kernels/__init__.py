@@ -94,5 +94,13 @@ def extend_attention(
     else:
         impl = torch_ref.extend_attention
     return impl(
-        q, k_cache, v_cache, cu_seqlens_q, prefix_lens, block_tables, scale, max_seqlen_q=max_seqlen_q, out=out
+        q,
+        k_cache,
+        v_cache,
+        cu_seqlens_q,
+        prefix_lens,
+        block_tables,
+        scale,
+        max_seqlen_q=max_seqlen_q,
+        out=out,
     )
