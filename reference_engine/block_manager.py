@@ -1,0 +1,280 @@
+"""Paged KV-cache bookkeeping: fixed-size blocks, reference counts, prefix caching, LRU eviction.
+
+Every block is in exactly one of three states:
+- in use: ref_count > 0 (held by one or more running sequences, shared when a prefix is cached);
+- cached: ref_count == 0 but still reachable by its prefix hash, kept in an LRU list until reused;
+- free: ref_count == 0 and unreachable.
+Allocation takes free blocks first, then evicts the least recently used cached one.
+
+A full, computed block is keyed by a keyed hash of (parent block's hash, its token ids). The key is secret
+per process (or given in the config), so one tenant cannot predict another's hashes. A lookup hit is only
+trusted after comparing the stored token ids and the identity of the parent's content, so even a forced hash
+collision can never serve another prompt's KV.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from array import array
+from collections import OrderedDict, deque
+from collections.abc import Sequence as SequenceABC
+from dataclasses import dataclass
+
+from reference_engine.sequence import Sequence
+
+
+class BlockAccountingError(RuntimeError):
+    """The block bookkeeping broke an invariant (a leak, a double free, a negative reference count)."""
+
+
+def block_hash(key: bytes, parent_hash: bytes | None, token_ids: SequenceABC[int]) -> bytes:
+    """Keyed hash of one full block chained to its parent. Blocks are always full, so the input length
+    alone tells a root block (no parent) from a child one."""
+    h = hashlib.blake2b(key=key, digest_size=16)
+    if parent_hash is not None:
+        h.update(parent_hash)
+    h.update(array("q", token_ids).tobytes())
+    return h.digest()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(slots=True, eq=False)
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: bytes | None = None
+    token_ids: tuple[int, ...] | None = None
+    # Identity of the prefix content this block holds (0 = none). Equal ids mean equal whole prefixes; new
+    # ids are never reused, so a child cannot be matched under a parent whose content was replaced.
+    content_id: int = 0
+    parent_content_id: int = 0
+
+    def forget(self) -> None:
+        self.hash = None
+        self.token_ids = None
+        self.content_id = 0
+        self.parent_content_id = 0
+
+
+class BlockManager:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = True,
+        hash_key: bytes | None = None,
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._key = hash_key if hash_key is not None else os.urandom(32)
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._free: deque[int] = deque(range(num_blocks))
+        self._cached: OrderedDict[int, None] = OrderedDict()  # least recently used first
+        self._by_hash: dict[bytes, int] = {}
+        self._next_content_id = 1
+        self.num_in_use = 0
+        # Counted separately (NOTES bug 10): a preempted request re-hitting its own blocks inflates hits.
+        self.num_prefix_query_tokens = 0
+        self.num_prefix_hit_tokens = 0
+
+    # ---- sizes -------------------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._cached)
+
+    @property
+    def num_allocatable(self) -> int:
+        return len(self._free) + len(self._cached)
+
+    @property
+    def usage(self) -> float:
+        return self.num_in_use / self.num_blocks
+
+    # ---- prefix cache ------------------------------------------------------------------------------
+    def match_prefix(self, token_ids: SequenceABC[int]) -> list[int]:
+        """Block ids of the longest cached prefix of `token_ids`. No side effects.
+
+        Capped below a 100% hit (NOTES bug 1): at least the last token is always computed, so the step that
+        admits the request has something to run and a logit to sample from.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        max_hit_blocks = (len(token_ids) - 1) // bs
+        hits: list[int] = []
+        parent_hash: bytes | None = None
+        parent_cid = 0
+        for i in range(max_hit_blocks):
+            toks = tuple(token_ids[i * bs : (i + 1) * bs])
+            h = block_hash(self._key, parent_hash, toks)
+            bid = self._by_hash.get(h)
+            if bid is None:
+                break
+            block = self.blocks[bid]
+            if block.token_ids != toks or block.parent_content_id != parent_cid:
+                break  # a hash collision: never serve another prompt's KV
+            hits.append(bid)
+            parent_hash, parent_cid = h, block.content_id
+        return hits
+
+    def num_blocks_to_admit(self, num_tokens: int, hits: list[int]) -> int:
+        """Blocks the allocatable pool loses when a request of `num_tokens` is admitted with these hits:
+        its new blocks plus the cached hits that leave the LRU list."""
+        reused_idle = sum(1 for bid in hits if self.blocks[bid].ref_count == 0)
+        return cdiv(num_tokens, self.block_size) - len(hits) + reused_idle
+
+    def can_admit(self, num_tokens: int, hits: list[int]) -> bool:
+        return self.num_blocks_to_admit(num_tokens, hits) <= self.num_allocatable
+
+    def admit(self, seq: Sequence, hits: list[int]) -> None:
+        """Give `seq` blocks for all its known tokens, reusing `hits`; reset its computed count to match.
+
+        The computed count is recomputed from the allocation (NOTES bug 2), never carried over from before a
+        preemption.
+        """
+        if seq.block_table:
+            raise BlockAccountingError(f"seq {seq.seq_id} admitted while still holding {seq.block_table}")
+        if not self.can_admit(seq.num_tokens, hits):
+            raise BlockAccountingError(f"seq {seq.seq_id} admitted without room")
+        table = [self._take_hit(bid) for bid in hits]
+        for _ in range(cdiv(seq.num_tokens, self.block_size) - len(hits)):
+            table.append(self._take_fresh())
+        seq.block_table = table
+        seq.num_computed_tokens = len(hits) * self.block_size
+        seq.num_hashed_blocks = len(hits)
+        seq.num_cached_tokens = seq.num_computed_tokens
+        if self.enable_prefix_caching:
+            self.num_prefix_query_tokens += seq.num_tokens
+            self.num_prefix_hit_tokens += seq.num_computed_tokens
+
+    def num_blocks_to_grow(self, seq: Sequence, num_new_tokens: int) -> int:
+        """New blocks needed to write KV for the next `num_new_tokens` of `seq`."""
+        need = cdiv(seq.num_computed_tokens + num_new_tokens, self.block_size) - len(seq.block_table)
+        return max(need, 0)
+
+    def grow(self, seq: Sequence, num_new_tokens: int) -> None:
+        need = self.num_blocks_to_grow(seq, num_new_tokens)
+        if need > self.num_allocatable:
+            raise BlockAccountingError(f"seq {seq.seq_id} grown by {need} blocks with {self.num_allocatable} left")
+        for _ in range(need):
+            seq.block_table.append(self._take_fresh())
+
+    def register_computed(self, seq: Sequence) -> None:
+        """Make every full block whose KV is now written findable by its prefix hash."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        table = seq.block_table
+        for i in range(seq.num_hashed_blocks, seq.num_computed_tokens // bs):
+            block = self.blocks[table[i]]
+            parent = self.blocks[table[i - 1]] if i else None
+            parent_hash = parent.hash if parent is not None else None
+            parent_cid = parent.content_id if parent is not None else 0
+            toks = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            h = block_hash(self._key, parent_hash, toks)
+            existing_id = self._by_hash.get(h)
+            if existing_id is None:
+                self._by_hash[h] = block.block_id
+                cid = self._new_content_id()
+            else:
+                existing = self.blocks[existing_id]
+                if existing.token_ids == toks and existing.parent_content_id == parent_cid:
+                    cid = existing.content_id  # same prefix computed twice: share its identity
+                else:
+                    cid = self._new_content_id()  # collision: the first owner keeps the hash
+            block.hash, block.token_ids = h, toks
+            block.content_id, block.parent_content_id = cid, parent_cid
+        seq.num_hashed_blocks = max(seq.num_hashed_blocks, seq.num_computed_tokens // bs)
+
+    def free(self, seq: Sequence) -> None:
+        """Release `seq`'s blocks tail-first, so a shared prefix is the last thing the LRU evicts."""
+        for bid in reversed(seq.block_table):
+            block = self.blocks[bid]
+            if block.ref_count <= 0:
+                raise BlockAccountingError(f"block {bid} freed twice (seq {seq.seq_id})")
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.num_in_use -= 1
+                if block.hash is not None and self._by_hash.get(block.hash) == bid:
+                    self._cached[bid] = None
+                else:
+                    block.forget()
+                    self._free.append(bid)
+        seq.block_table = []
+        seq.num_hashed_blocks = 0
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every idle cached block (e.g. between benchmark runs)."""
+        while self._cached:
+            bid, _ = self._cached.popitem(last=False)
+            self._evict(bid)
+            self._free.append(bid)
+
+    # ---- invariants --------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise BlockAccountingError unless free + in use + cached == total and every state is coherent."""
+        free, cached = set(self._free), set(self._cached)
+        if len(free) != len(self._free):
+            raise BlockAccountingError("a block is on the free list twice")
+        if free & cached:
+            raise BlockAccountingError(f"blocks both free and cached: {sorted(free & cached)}")
+        in_use = 0
+        for b in self.blocks:
+            if b.ref_count < 0:
+                raise BlockAccountingError(f"block {b.block_id} has ref_count {b.ref_count}")
+            if b.ref_count > 0:
+                in_use += 1
+                if b.block_id in free or b.block_id in cached:
+                    raise BlockAccountingError(f"block {b.block_id} in use but listed as idle")
+            elif b.block_id not in free and b.block_id not in cached:
+                raise BlockAccountingError(f"block {b.block_id} leaked: ref_count 0 but neither free nor cached")
+        for bid in cached:
+            b = self.blocks[bid]
+            if b.hash is None or self._by_hash.get(b.hash) != bid:
+                raise BlockAccountingError(f"cached block {bid} is unreachable by its hash")
+        if in_use != self.num_in_use:
+            raise BlockAccountingError(f"in-use count {self.num_in_use} but {in_use} blocks referenced")
+        if len(free) + len(cached) + in_use != self.num_blocks:
+            raise BlockAccountingError(
+                f"free {len(free)} + cached {len(cached)} + in use {in_use} != total {self.num_blocks}"
+            )
+
+    # ---- internals ---------------------------------------------------------------------------------
+    def _new_content_id(self) -> int:
+        cid = self._next_content_id
+        self._next_content_id += 1
+        return cid
+
+    def _take_hit(self, bid: int) -> int:
+        block = self.blocks[bid]
+        if block.ref_count == 0:
+            del self._cached[bid]
+            self.num_in_use += 1
+        block.ref_count += 1
+        return bid
+
+    def _take_fresh(self) -> int:
+        if self._free:
+            bid = self._free.popleft()
+        else:
+            bid, _ = self._cached.popitem(last=False)
+            self._evict(bid)
+        self.blocks[bid].ref_count = 1
+        self.num_in_use += 1
+        return bid
+
+    def _evict(self, bid: int) -> None:
+        block = self.blocks[bid]
+        if block.hash is not None and self._by_hash.get(block.hash) == bid:
+            del self._by_hash[block.hash]
+        block.forget()

@@ -1,0 +1,150 @@
+"""An executor with no model: each step takes the time a cost model gives for the step's composition.
+
+    step_s = a + b * prefill_tokens + c * decode_seqs + d * context_tokens
+
+It lets the real scheduler and block manager run at GPU-like speed on any machine (the engine waits until
+step start + step_s on its clock). Sampled tokens are deterministic pseudo-random ids from (seq_id, position),
+so runs repeat exactly; EOS is never produced unless `eos_probability` > 0.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from reference_engine.executor.base import StepBatch, StepResult
+from slobench.errors import SpecError
+
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class CostProfile:
+    name: str
+    step_overhead_s: float  # a: fixed cost of a step (weights read once, launch and Python overhead)
+    per_prefill_token_s: float  # b: compute per prompt token
+    per_decode_seq_s: float  # c: per decoding sequence (sampling, its share of the batch)
+    per_context_token_s: float  # d: attention reads of the KV of every token in context
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("step_overhead_s", "per_prefill_token_s", "per_decode_seq_s", "per_context_token_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+                raise SpecError(name, value, "must be a number >= 0 (seconds)")
+
+    def step_s(self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int) -> float:
+        return (
+            self.step_overhead_s
+            + self.per_prefill_token_s * num_prefill_tokens
+            + self.per_decode_seq_s * num_decode_seqs
+            + self.per_context_token_s * num_context_tokens
+        )
+
+    @classmethod
+    def load(cls, name_or_path: str | Path) -> CostProfile:
+        """A bundled profile by name (`h100-llama-1b`, `cpu-tiny`) or a JSON file by path."""
+        path = Path(name_or_path)
+        if not path.suffix:
+            path = PROFILES_DIR / f"{name_or_path}.json"
+        if not path.is_file():
+            known = sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+            raise SpecError("profile", str(name_or_path), f"no such profile file; bundled ones: {known}")
+        raw = json.loads(path.read_text())
+        fields = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw}
+        fields.setdefault("name", path.stem)
+        try:
+            return cls(**fields)
+        except TypeError as e:
+            raise SpecError("profile", str(path), f"missing coefficients: {e}") from e
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def fit(cls, name: str, samples: Iterable[tuple[float, int, int, int]]) -> CostProfile:
+        """Least-squares fit from measured steps: (step_s, prefill_tokens, decode_seqs, context_tokens).
+
+        Calibrate by timing real steps (e.g. the torch executor with the device synchronised) over a mix of
+        batch sizes, prompt chunks and context lengths; negative coefficients are clipped to zero.
+        """
+        import numpy as np  # only the calibration path needs it
+
+        rows = np.asarray(list(samples), dtype=float)
+        if rows.ndim != 2 or rows.shape[0] < 4 or rows.shape[1] != 4:
+            raise SpecError("samples", rows.shape, "need at least 4 rows of (step_s, prefill, decode, context)")
+        design = np.column_stack([np.ones(len(rows)), rows[:, 1:]])
+        coef, *_ = np.linalg.lstsq(design, rows[:, 0], rcond=None)
+        a, b, c, d = (max(float(x), 0.0) for x in coef)
+        return cls(name, a, b, c, d, note=f"fitted by least squares on {len(rows)} measured steps")
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a cheap, well-spread integer hash."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+class ModeledExecutor:
+    def __init__(
+        self,
+        profile: CostProfile,
+        *,
+        block_size: int,
+        num_blocks: int,
+        vocab_size: int = 32000,
+        eos_token_id: int | None = None,
+        eos_probability: float = 0.0,
+        token_id_range: tuple[int, int] | None = None,
+        seed: int = 0,
+    ) -> None:
+        """`token_id_range` (lo, hi): sample ids in [lo, hi) only, e.g. a byte tokenizer's printable ASCII,
+        so that every streamed token is visible text."""
+        if not 0.0 <= eos_probability <= 1.0:
+            raise SpecError("eos_probability", eos_probability, "must be in [0, 1]")
+        if eos_probability > 0 and eos_token_id is None:
+            raise SpecError("eos_token_id", None, "is needed when eos_probability > 0")
+        lo, hi = token_id_range if token_id_range is not None else (0, vocab_size)
+        if not 0 <= lo < hi <= vocab_size:
+            raise SpecError("token_id_range", token_id_range, f"must satisfy 0 <= lo < hi <= {vocab_size}")
+        self.profile = profile
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
+        self._eos_threshold = int(eos_probability * (1 << 32))
+        self._lo, self._span = lo, hi - lo
+        self._seed = seed
+        self.num_steps = 0
+        self.total_modeled_s = 0.0
+
+    def token_at(self, seq_id: int, position: int) -> int:
+        """The token sampled after `position` tokens of sequence `seq_id` (a pure function)."""
+        r = _mix64(_mix64(seq_id ^ (self._seed << 32)) ^ position)
+        if self._eos_threshold and (r & 0xFFFFFFFF) < self._eos_threshold:
+            return self.eos_token_id  # type: ignore[return-value]
+        token = self._lo + (r >> 32) % self._span
+        if token == self.eos_token_id:
+            token = self._lo + (token - self._lo + 1) % self._span
+        return token
+
+    def execute(self, batch: StepBatch) -> StepResult:
+        tokens: list[int | None] = []
+        prefill = decode = context = 0
+        for c in batch.chunks:
+            n = len(c.token_ids)
+            context += c.start_pos + n
+            if c.sample and n == 1:
+                decode += 1
+            else:
+                prefill += n
+            tokens.append(self.token_at(c.seq_id, c.start_pos + n) if c.sample else None)
+        step_s = self.profile.step_s(prefill, decode, context)
+        self.num_steps += 1
+        self.total_modeled_s += step_s
+        return StepResult(tokens, modeled_s=step_s)

@@ -1,0 +1,240 @@
+"""The OpenAI request bodies this engine accepts, validated by hand, and the response shapes it sends.
+
+Validation is explicit rather than by pydantic models so that every wrong type is a 400 (pydantic's lax mode
+would turn "5" into 5) and the error names the offending field, in OpenAI's error shape.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from reference_engine.executor.base import SamplingParams
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # the OpenAI completions default
+DEFAULT_CHAT_MAX_TOKENS = 256
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
+class BadRequest(Exception):
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        *,
+        status: int = 400,
+        type: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.message, self.param, self.code, self.status, self.type = message, param, code, status, type
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | int | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+class TextTokenizer:
+    """What the server needs of a tokenizer (reference_engine.tokenizer.ByteTokenizer fits)."""
+
+    vocab_size: int
+    eos_token_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    prompt_token_ids: list[int]
+    max_tokens: int
+    min_tokens: int
+    ignore_eos: bool
+    sampling: SamplingParams
+    stream: bool
+    include_usage: bool
+
+
+# ---- field readers -------------------------------------------------------------------------------------
+_MISSING = object()
+
+
+def _get(body: dict[str, Any], name: str, kind: str, check: Callable[[Any], bool], default: Any) -> Any:
+    value = body.get(name, _MISSING)
+    if value is _MISSING or value is None:
+        return default
+    ok_type = {
+        "integer": isinstance(value, int) and not isinstance(value, bool),
+        "number": isinstance(value, int | float) and not isinstance(value, bool),
+        "boolean": isinstance(value, bool),
+        "string": isinstance(value, str),
+        "object": isinstance(value, dict),
+    }[kind]
+    if not ok_type:
+        raise BadRequest(f"'{name}' must be {'an' if kind[0] in 'aeiou' else 'a'} {kind}, got {json.dumps(value)[:80]}",
+                         name, "invalid_type")
+    if not check(value):
+        raise BadRequest(f"'{name}' has an invalid value: {json.dumps(value)[:80]}", name, "invalid_value")
+    return value
+
+
+def _common(body: Any, model_name: str) -> None:
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object", None, "invalid_json")
+    model = _get(body, "model", "string", lambda v: True, model_name)
+    if model != model_name:
+        raise BadRequest(f"The model `{model}` does not exist. This server serves `{model_name}`.",
+                         "model", "model_not_found")
+    _get(body, "n", "integer", lambda v: v == 1, 1)
+    if body.get("stop") not in (None, [], ""):
+        raise BadRequest("'stop' sequences are not supported by this engine", "stop", "unsupported")
+
+
+def _generation(body: dict[str, Any], prompt: list[int], default_max_tokens: int, max_tokens_name: str,
+                max_model_len: int) -> GenerationRequest:
+    max_tokens = _get(body, max_tokens_name, "integer", lambda v: v >= 1, None)
+    if max_tokens is None:
+        max_tokens = max(1, min(default_max_tokens, max_model_len - len(prompt)))
+    min_tokens = _get(body, "min_tokens", "integer", lambda v: 0 <= v <= max_tokens, 0)
+    temperature = _get(body, "temperature", "number", lambda v: 0 <= v <= 2, 1.0)
+    top_p = _get(body, "top_p", "number", lambda v: 0 < v <= 1, 1.0)
+    seed = _get(body, "seed", "integer", lambda v: True, None)
+    stream = _get(body, "stream", "boolean", lambda v: True, False)
+    options = _get(body, "stream_options", "object", lambda v: True, {})
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise BadRequest("'stream_options.include_usage' must be a boolean", "stream_options", "invalid_type")
+    return GenerationRequest(
+        prompt_token_ids=prompt,
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        ignore_eos=_get(body, "ignore_eos", "boolean", lambda v: True, False),
+        sampling=SamplingParams(temperature=float(temperature), top_p=float(top_p), seed=seed),
+        stream=stream,
+        include_usage=include_usage and stream,
+    )
+
+
+def parse_completion(body: Any, model_name: str, tokenizer: TextTokenizer, max_model_len: int) -> GenerationRequest:
+    _common(body, model_name)
+    if "prompt" not in body:
+        raise BadRequest("'prompt' is required", "prompt", "missing_field")
+    raw = body["prompt"]
+    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
+        raw = raw[0]  # a batch of one text prompt
+    if isinstance(raw, str):
+        prompt = tokenizer.encode(raw)
+    elif isinstance(raw, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+        bad = [t for t in raw if not 0 <= t < tokenizer.vocab_size]
+        if bad:
+            raise BadRequest(f"prompt token id {bad[0]} is outside the vocabulary 0..{tokenizer.vocab_size - 1}",
+                             "prompt", "invalid_value")
+        prompt = list(raw)
+    else:
+        raise BadRequest("'prompt' must be a string or a list of token ids (integers)", "prompt", "invalid_type")
+    if not prompt:
+        raise BadRequest("'prompt' is empty", "prompt", "invalid_value")
+    return _generation(body, prompt, DEFAULT_COMPLETION_MAX_TOKENS, "max_tokens", max_model_len)
+
+
+def chat_prompt(messages: list[dict[str, Any]]) -> str:
+    """A deliberately simple template: each turn as `<|role|>` then its text, then the assistant's cue."""
+    turns = [f"<|{m['role']}|>\n{m['content']}\n" for m in messages]
+    return "".join(turns) + "<|assistant|>\n"
+
+
+def parse_chat(body: Any, model_name: str, tokenizer: TextTokenizer, max_model_len: int) -> GenerationRequest:
+    _common(body, model_name)
+    messages = body.get("messages")
+    if messages is None:
+        raise BadRequest("'messages' is required", "messages", "missing_field")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list", "messages", "invalid_type")
+    flat: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES:
+            raise BadRequest(f"messages[{i}] must be an object with a role in {sorted(CHAT_ROLES)}",
+                             f"messages[{i}].role", "invalid_value")
+        flat.append({"role": m["role"], "content": _message_text(m.get("content"), i)})
+    prompt = tokenizer.encode(chat_prompt(flat))
+    max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    return _generation(body, prompt, DEFAULT_CHAT_MAX_TOKENS, max_name, max_model_len)
+
+
+def _message_text(content: Any, i: int) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise BadRequest(f"messages[{i}].content: only text parts are supported",
+                                 f"messages[{i}].content", "invalid_value")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise BadRequest(f"messages[{i}].content must be a string or a list of text parts",
+                     f"messages[{i}].content", "invalid_type")
+
+
+# ---- responses ---------------------------------------------------------------------------------------
+def usage(num_prompt_tokens: int, num_completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": num_prompt_tokens,
+        "completion_tokens": num_completion_tokens,
+        "total_tokens": num_prompt_tokens + num_completion_tokens,
+    }
+
+
+@dataclass(slots=True)
+class ResponseShape:
+    """Builds the JSON objects of one response, completion or chat."""
+
+    request_id: str
+    model: str
+    is_chat: bool
+    created: int = 0
+
+    def __post_init__(self) -> None:
+        self.created = int(time.time())
+
+    def _head(self, object_name: str) -> dict[str, Any]:
+        return {"id": self.request_id, "object": object_name, "created": self.created, "model": self.model}
+
+    def chunk(self, text: str | None, finish_reason: str | None, *, role: bool = False) -> dict[str, Any]:
+        if self.is_chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+            if text:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            return {**self._head("chat.completion.chunk"), "choices": [choice]}
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        return {**self._head("text_completion"), "choices": [choice]}
+
+    def usage_chunk(self, num_prompt_tokens: int, num_completion_tokens: int) -> dict[str, Any]:
+        head = self._head("chat.completion.chunk" if self.is_chat else "text_completion")
+        return {**head, "choices": [], "usage": usage(num_prompt_tokens, num_completion_tokens)}
+
+    def whole(self, text: str, finish_reason: str | None, num_prompt_tokens: int, num_completion_tokens: int
+              ) -> dict[str, Any]:
+        if self.is_chat:
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                      "logprobs": None, "finish_reason": finish_reason}
+            head = self._head("chat.completion")
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            head = self._head("text_completion")
+        return {**head, "choices": [choice], "usage": usage(num_prompt_tokens, num_completion_tokens)}
+
+
+def sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"

@@ -1,0 +1,65 @@
+"""One request as the scheduler sees it: its tokens, how many of them have KV written, and its blocks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from reference_engine.executor.base import SamplingParams
+
+
+class SeqStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason:
+    """The `finish_reason` strings of the OpenAI API (and vLLM's `request_success_total` label)."""
+
+    LENGTH = "length"
+    STOP = "stop"
+    ABORT = "abort"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """`token_ids` holds the prompt then every sampled token. KV exists for the first `num_computed_tokens`;
+    the last sampled token never has KV until the next step computes it (that step samples its successor)."""
+
+    seq_id: int
+    token_ids: list[int]
+    max_tokens: int
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    num_prompt_tokens: int = 0
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    status: SeqStatus = SeqStatus.WAITING
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prefix-cache hit on the latest admission
+    # Prefix-cache bookkeeping: how many leading blocks of `block_table` carry a registered hash.
+    num_hashed_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_prompt_tokens == 0:
+            self.num_prompt_tokens = len(self.token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def max_kv_tokens(self) -> int:
+        """The most KV slots this request can ever hold: its final sampled token is never computed."""
+        return self.num_prompt_tokens + self.max_tokens - 1

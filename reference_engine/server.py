@@ -1,0 +1,408 @@
+"""The OpenAI-compatible HTTP server around an LLMEngine (FastAPI + uvicorn, as vLLM and SGLang).
+
+The engine steps in its own thread; each request gets an asyncio.Queue that the engine feeds through
+`loop.call_soon_threadsafe`. A request's KV blocks are freed the moment its client goes away: Starlette
+cancels a streaming response on disconnect (we abort in a finally), but a plain handler is never cancelled
+(NOTES bug 5), so non-streaming handlers race the result against the client's disconnect message.
+
+    python -m reference_engine.server --executor modeled --port 0   # prints "LISTENING <port>" once bound
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable
+from collections.abc import Sequence as SequenceABC
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from reference_engine.config import EngineConfig
+from reference_engine.engine import ERROR_FINISH_REASON, LLMEngine, TokenEvent
+from reference_engine.metrics import CONTENT_TYPE, EngineMetrics
+from reference_engine.protocol import (
+    SSE_DONE,
+    BadRequest,
+    GenerationRequest,
+    ResponseShape,
+    TextTokenizer,
+    error_body,
+    parse_chat,
+    parse_completion,
+    sse,
+)
+from reference_engine.scheduler import RequestRejected
+from reference_engine.tokenizer import ByteTokenizer, IncrementalDecoder
+from slobench.errors import SpecError
+
+log = logging.getLogger(__name__)
+
+PRINTABLE_ASCII = (32, 127)  # a modeled executor emits these byte ids, so every token is visible text
+
+
+def _error(status: int, message: str, type: str, param: str | None = None, code: str | int | None = None
+           ) -> JSONResponse:
+    return JSONResponse(error_body(message, type, param, code), status_code=status)
+
+
+class _AbortingStreamingResponse(StreamingResponse):
+    """Runs `on_close` however the response ends: finished, cancelled by a disconnect, or failed to send."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+@dataclass(slots=True)
+class _Live:
+    """One in-flight request on the server side."""
+
+    request_id: int
+    queue: asyncio.Queue[TokenEvent]
+    finished: bool = False
+
+
+def build_app(
+    engine: LLMEngine,
+    model_name: str,
+    tokenizer: TextTokenizer,
+    api_key: str | None = None,
+    *,
+    on_ready: Callable[[], None] | None = None,
+) -> FastAPI:
+    """The app; its lifespan starts the engine's thread (and stops it on shutdown)."""
+    metrics = EngineMetrics(model_name, engine.stats)
+    engine.observer = metrics
+    max_model_len = engine.config.max_model_len
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        if on_ready is not None:
+            on_ready()
+        try:
+            yield
+        finally:
+            engine.stop()
+
+    app = FastAPI(title="slobench reference engine", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.engine = engine
+    app.state.metrics = metrics
+
+    # ---- errors, all in OpenAI's shape -----------------------------------------------------------------
+    @app.exception_handler(BadRequest)
+    async def _bad_request(request: Request, exc: BadRequest) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return _error(400, f"invalid request: {first.get('msg', 'validation failed')}", "invalid_request_error",
+                      param, "invalid_value")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error(exc.status_code, str(exc.detail), kind, None, exc.status_code)
+
+    def check_auth(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
+            raise BadRequest("Incorrect API key provided.", None, "invalid_api_key", status=401)
+
+    async def json_body(request: Request) -> Any:
+        raw = await request.body()
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise BadRequest(f"malformed JSON body: {e}", None, "invalid_json") from None
+
+    # ---- routes ----------------------------------------------------------------------------------------
+    @app.get("/health")
+    async def health() -> Response:
+        if engine.is_healthy():
+            return Response(status_code=200)
+        return _error(503, "the engine loop has stopped", "server_error", None, 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        check_auth(request)
+        card = {"id": model_name, "object": "model", "created": 0, "owned_by": "slobench",
+                "max_model_len": max_model_len}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        check_auth(request)
+        req = parse_completion(await json_body(request), model_name, tokenizer, max_model_len)
+        return await generate(request, req, is_chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        check_auth(request)
+        req = parse_chat(await json_body(request), model_name, tokenizer, max_model_len)
+        return await generate(request, req, is_chat=True)
+
+    # ---- the bridge to the engine ----------------------------------------------------------------------
+    async def generate(request: Request, req: GenerationRequest, *, is_chat: bool) -> Response:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+
+        def on_token(ev: TokenEvent) -> None:  # engine thread
+            loop.call_soon_threadsafe(queue.put_nowait, ev)
+
+        try:
+            rid = engine.add_request(
+                req.prompt_token_ids, req.max_tokens, min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
+                sampling=req.sampling, on_token=on_token,
+            )
+        except RequestRejected as e:
+            raise BadRequest(str(e), e.param, "invalid_value") from None
+        except RuntimeError as e:
+            return _error(503, str(e), "server_error", None, 503)
+        live = _Live(rid, queue)
+        shape = ResponseShape(f"{'chatcmpl' if is_chat else 'cmpl'}-{rid}", model_name, is_chat)
+
+        def abort_unless_finished() -> None:
+            if not live.finished:
+                live.finished = True
+                engine.abort(rid)
+
+        if req.stream:
+            return _AbortingStreamingResponse(
+                stream(live, shape, len(req.prompt_token_ids), req.include_usage), abort_unless_finished
+            )
+        try:
+            return await whole(request, live, shape, len(req.prompt_token_ids))
+        finally:
+            abort_unless_finished()
+
+    async def stream(live: _Live, shape: ResponseShape, num_prompt: int, include_usage: bool) -> AsyncIterator[str]:
+        decoder = IncrementalDecoder()
+        num_tokens = 0
+        if shape.is_chat:
+            yield sse(shape.chunk(None, None, role=True))
+        while not live.finished:
+            events = [await live.queue.get()]
+            while not live.queue.empty():  # tokens that arrived together go out in one write
+                events.append(live.queue.get_nowait())
+            out = []
+            for ev in events:
+                if ev.finish_reason == ERROR_FINISH_REASON:
+                    live.finished = True
+                    out.append(sse(error_body("the engine failed while generating", "server_error", None, 500)))
+                    break
+                text = ""
+                if ev.token_id is not None:
+                    num_tokens += 1
+                    text = decoder.push((ev.token_id,))
+                if ev.finish_reason is not None:
+                    live.finished = True
+                    text += decoder.flush()
+                if text or ev.finish_reason is not None:
+                    out.append(sse(shape.chunk(text, ev.finish_reason)))
+                if live.finished:
+                    break
+            yield "".join(out)
+        if include_usage:
+            yield sse(shape.usage_chunk(num_prompt, num_tokens))
+        yield SSE_DONE
+
+    async def whole(request: Request, live: _Live, shape: ResponseShape, num_prompt: int) -> Response:
+        collect = asyncio.ensure_future(_collect(live))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait((collect, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not collect.done():
+                collect.cancel()
+        if not collect.done() or collect.cancelled():
+            return Response(status_code=499)  # client closed request; nobody will read this
+        token_ids, reason = collect.result()
+        if reason == ERROR_FINISH_REASON:
+            return _error(500, "the engine failed while generating", "server_error", None, 500)
+        text = tokenizer_decode(token_ids)
+        return JSONResponse(shape.whole(text, reason, num_prompt, len(token_ids)))
+
+    async def _collect(live: _Live) -> tuple[list[int], str | None]:
+        tokens: list[int] = []
+        while True:
+            ev = await live.queue.get()
+            if ev.token_id is not None:
+                tokens.append(ev.token_id)
+            if ev.finish_reason is not None:
+                live.finished = True
+                return tokens, ev.finish_reason
+
+    def tokenizer_decode(token_ids: list[int]) -> str:
+        decoder = IncrementalDecoder()
+        return decoder.push(token_ids) + decoder.flush()
+
+    return app
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client goes away. The body is read already, so `receive` only waits for that."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+# ---- building and serving ------------------------------------------------------------------------------
+def build_engine(
+    *,
+    model: str = "tiny",
+    executor: str = "modeled",
+    profile: str = "cpu-tiny",
+    kv_blocks: int | None = None,
+    block_size: int = 16,
+    max_num_seqs: int = 64,
+    max_batched_tokens: int = 2048,
+    max_model_len: int | None = None,
+    enable_prefix_caching: bool = True,
+    dtype: str = "float32",
+    device: str = "cpu",
+    seed: int = 0,
+) -> tuple[LLMEngine, TextTokenizer]:
+    """An engine and its tokenizer from CLI-style knobs. The modeled path never imports torch."""
+    if executor == "modeled":
+        from reference_engine.executor.modeled_executor import CostProfile, ModeledExecutor
+
+        num_blocks = kv_blocks or 2048
+        tokenizer = ByteTokenizer()
+        ex: Any = ModeledExecutor(
+            CostProfile.load(profile), block_size=block_size, num_blocks=num_blocks,
+            vocab_size=tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_id,
+            token_id_range=PRINTABLE_ASCII, seed=seed,
+        )
+        model_max_len = 1 << 30
+    elif executor == "torch":
+        import torch  # only the torch path pays for it
+
+        from reference_engine.executor.torch_executor import TorchExecutor
+
+        num_blocks = kv_blocks or 1024
+        ex = TorchExecutor(model, num_blocks, block_size, dtype=getattr(torch, dtype), device=device, seed=seed)
+        tokenizer = ex.tokenizer
+        model_max_len = ex.config.max_seq_len
+    else:
+        raise SpecError("executor", executor, "must be 'torch' or 'modeled'")
+    config = EngineConfig(
+        block_size=block_size,
+        num_blocks=num_blocks,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_batched_tokens,
+        max_model_len=min(max_model_len or 4096, model_max_len),
+        enable_prefix_caching=enable_prefix_caching,
+    )
+    return LLMEngine(config, ex), tokenizer
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    api_key: str | None = None,
+    served_model_name: str | None = None,
+    log_level: str = "warning",
+    **engine_knobs: Any,
+) -> None:
+    """Build the engine, bind (port 0 picks a free one), print `LISTENING <port>` once ready, serve."""
+    import uvicorn
+
+    engine, tokenizer = build_engine(**engine_knobs)
+    name = served_model_name or engine_knobs.get("model", "tiny")
+    sock = _bind(host, port)
+    bound_port = sock.getsockname()[1]
+
+    def ready() -> None:
+        print(f"LISTENING {bound_port}", flush=True)
+
+    app = build_app(engine, name, tokenizer, api_key, on_ready=ready)
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """The knobs that shape the latency cliff; `slobench serve` reuses this."""
+    a = parser.add_argument
+    a("--model", default="tiny", help="model config name (torch) / served model name (default: tiny)")
+    a("--executor", choices=("torch", "modeled"), default="modeled",
+      help="torch: a real model; modeled: no model, step times from a cost profile (default: modeled)")
+    a("--profile", default="cpu-tiny", help="cost profile name or JSON path for --executor modeled")
+    a("--kv-blocks", type=int, default=None, help="KV cache size in blocks (default: 2048 modeled, 1024 torch)")
+    a("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+    a("--max-num-seqs", type=int, default=64, help="most requests in a batch (default: 64)")
+    a("--max-batched-tokens", type=int, default=2048, help="token budget per step (default: 2048)")
+    a("--max-model-len", type=int, default=None, help="context length limit (default: 4096, capped by the model)")
+    a("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    a("--dtype", default="float32", help="torch dtype for --executor torch (default: float32)")
+    a("--device", default="cpu", help="torch device for --executor torch (default: cpu)")
+    a("--seed", type=int, default=0)
+    a("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, local only)")
+    a("--port", type=int, default=8000, help="port; 0 picks a free one (default: 8000)")
+    a("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    a("--served-model-name", default=None, help="model name in the API (default: --model)")
+    a("--log-level", default="warning")
+
+
+def serve_from_args(args: argparse.Namespace) -> None:
+    serve(
+        args.host, args.port, api_key=args.api_key, served_model_name=args.served_model_name,
+        log_level=args.log_level, model=args.model, executor=args.executor, profile=args.profile,
+        kv_blocks=args.kv_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+        max_batched_tokens=args.max_batched_tokens, max_model_len=args.max_model_len,
+        enable_prefix_caching=not args.no_prefix_caching, dtype=args.dtype, device=args.device, seed=args.seed,
+    )
+
+
+def main(argv: SequenceABC[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m reference_engine.server", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_serve_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
+    serve_from_args(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
