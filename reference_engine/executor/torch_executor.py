@@ -1,0 +1,242 @@
+"""Runs one scheduler step on a real model: selective batching over a paged KV cache, in plain torch.
+
+Every token of the step (prefill chunks and decode tokens, concatenated) goes through the dense layers at
+once; attention is per request: each layer writes the step's K/V into the slots of each sequence's block
+table, then each query attends over its own sequence's positions 0 .. start_pos+len-1 only. Decode tokens
+of all sequences share one padded SDPA call (a mask keeps each on its own context); prefill chunks get one
+call each. Index tensors are built once per step, not per layer or per token.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from reference_engine.executor.base import SamplingParams, SeqChunk, StepBatch, StepResult
+from reference_engine.model import ModelConfig, build_model, get_config
+from reference_engine.tokenizer import ByteTokenizer
+from slobench.errors import SpecError
+
+
+def kv_bytes_per_token(model_config: str | ModelConfig, dtype: torch.dtype = torch.float32) -> int:
+    cfg = get_config(model_config)
+    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * dtype.itemsize
+
+
+def num_blocks_for_memory(
+    memory_bytes: int, model_config: str | ModelConfig, block_size: int, dtype: torch.dtype = torch.float32
+) -> int:
+    """How many KV blocks fit in `memory_bytes` (e.g. free GPU memory less a safety margin)."""
+    return max(0, memory_bytes // (kv_bytes_per_token(model_config, dtype) * block_size))
+
+
+@dataclass(slots=True)
+class _DecodeGroup:
+    rows: Tensor  # [D] rows of the step's token axis that are single-token chunks
+    ctx_slots: Tensor  # [D, max_ctx] cache slot of each context position, padding repeats a valid slot
+    mask: Tensor  # [D, 1, 1, max_ctx] additive: 0 inside the context, -inf on padding
+
+
+@dataclass(slots=True)
+class _PrefillChunk:
+    first_row: int
+    num_tokens: int
+    ctx_slots: Tensor  # [ctx_len]
+    mask: Tensor | None  # [num_tokens, ctx_len] additive causal mask; None when plain is_causal applies
+
+
+class _StepAttention:
+    """The `attend` function the model calls per layer, holding this step's index tensors."""
+
+    def __init__(self, executor: TorchExecutor, slots: Tensor, decode: _DecodeGroup | None,
+                 prefills: list[_PrefillChunk]) -> None:  # fmt: skip
+        self.k_flat, self.v_flat = executor._k_flat, executor._v_flat
+        self.slots, self.decode, self.prefills = slots, decode, prefills
+        self.group = executor.config.n_heads // executor.config.n_kv_heads
+
+    def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        k_cache, v_cache = self.k_flat[layer_idx], self.v_flat[layer_idx]  # [num_slots, kv_heads, head_dim]
+        k_cache.index_copy_(0, self.slots, k)
+        v_cache.index_copy_(0, self.slots, v)
+        if self.decode is not None and not self.prefills:
+            return self._decode(q, k_cache, v_cache, self.decode)  # the common all-decode step: no scatter
+        out = torch.empty_like(q)
+        if self.decode is not None:
+            out.index_copy_(
+                0, self.decode.rows, self._decode(q[self.decode.rows], k_cache, v_cache, self.decode)
+            )
+        for p in self.prefills:
+            rows = slice(p.first_row, p.first_row + p.num_tokens)
+            qp = q[rows].transpose(0, 1)  # [heads, n, hd]
+            kp, vp = k_cache[p.ctx_slots].transpose(0, 1), v_cache[p.ctx_slots].transpose(0, 1)  # [kv, L, hd]
+            o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, is_causal=p.mask is None,
+                                               enable_gqa=True)  # fmt: skip
+            out[rows] = o.transpose(0, 1)
+        return out
+
+    def _decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, d: _DecodeGroup) -> Tensor:
+        num_seqs, n_heads, head_dim = q.shape
+        n_kv = n_heads // self.group
+        # The query heads sharing a KV head become that head's "query length": no K/V repeat needed.
+        qg = q.view(num_seqs, n_kv, self.group, head_dim)
+        kd = k_cache[d.ctx_slots].transpose(1, 2)  # [D, kv, L, hd]
+        vd = v_cache[d.ctx_slots].transpose(1, 2)
+        # An additive float mask keeps SDPA on its fast CPU kernel; a bool mask falls back to the slow path.
+        o = F.scaled_dot_product_attention(qg, kd, vd, attn_mask=d.mask)
+        return o.reshape(num_seqs, n_heads, head_dim)
+
+
+class TorchExecutor:
+    def __init__(
+        self,
+        model_config: str | ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+        weights_path: str | Path | None = None,
+    ) -> None:
+        """With `weights_path`, the checkpoint's config.json decides the model's shape, not `model_config`."""
+        if num_blocks < 1:
+            raise SpecError("num_blocks", num_blocks, "must be >= 1")
+        if block_size < 1:
+            raise SpecError("block_size", block_size, "must be >= 1")
+        self.device = torch.device(device)
+        if weights_path is not None:
+            from reference_engine.weights import load_model  # safetensors is only needed here
+
+            self.model = load_model(weights_path, dtype=dtype, device=self.device)
+        else:
+            self.model = build_model(model_config, dtype=dtype, device=self.device, seed=seed)
+        cfg = self.config = self.model.config
+        self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
+        self.vocab_size = cfg.vocab_size
+        self.tokenizer = ByteTokenizer(cfg.vocab_size)
+        self.eos_token_id: int | None = self.tokenizer.eos_token_id
+        self.kv_bytes_per_token = kv_bytes_per_token(cfg, dtype)
+        num_slots = num_blocks * block_size
+        shape = (cfg.n_layers, num_slots, cfg.n_kv_heads, cfg.head_dim)
+        self._k_flat = torch.zeros(shape, dtype=dtype, device=self.device)
+        self._v_flat = torch.zeros(shape, dtype=dtype, device=self.device)
+        block_shape = (num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
+        # Per layer [num_blocks, block_size, n_kv_heads, head_dim], views of the same memory.
+        self.k_cache = [self._k_flat[i].view(block_shape) for i in range(cfg.n_layers)]
+        self.v_cache = [self._v_flat[i].view(block_shape) for i in range(cfg.n_layers)]
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+
+    @torch.inference_mode()
+    def execute(self, batch: StepBatch) -> StepResult:
+        chunks = batch.chunks
+        if not chunks:
+            return StepResult(tokens=[])
+        token_ids, positions, attention = self._prepare(chunks)
+        hidden = self.model(token_ids, positions, attention)  # [T, dim]
+        sampled = [i for i, c in enumerate(chunks) if c.sample]
+        tokens: list[int | None] = [None] * len(chunks)
+        if sampled:
+            ends = list(itertools.accumulate(len(c.token_ids) for c in chunks))
+            last_rows = torch.tensor([ends[i] - 1 for i in sampled], device=self.device)
+            logits = self.model.logits(hidden[last_rows])  # [S, vocab]: project only what is sampled
+            for i, token in zip(sampled, self._sample(logits, [chunks[i] for i in sampled]), strict=True):
+                tokens[i] = token
+        return StepResult(tokens=tokens)
+
+    def _prepare(self, chunks: list[SeqChunk]) -> tuple[Tensor, Tensor, _StepAttention]:
+        bs, dev = self.block_size, self.device
+        lens = [len(c.token_ids) for c in chunks]
+        starts = [c.start_pos for c in chunks]
+        ctx_lens = [s + n for s, n in zip(starts, lens, strict=True)]
+        num_ctx_blocks = [-(-n // bs) for n in ctx_lens]
+        for c, n, nb in zip(chunks, lens, num_ctx_blocks, strict=True):
+            if n < 1:
+                raise ValueError(f"seq {c.seq_id}: a chunk must hold at least one token")
+            if len(c.block_table) < nb:
+                raise ValueError(f"seq {c.seq_id}: block_table has {len(c.block_table)} blocks, "
+                                 f"positions up to {c.start_pos + n - 1} need {nb}")  # fmt: skip
+            if c.start_pos + n > self.config.max_seq_len:
+                raise ValueError(f"seq {c.seq_id}: position {c.start_pos + n - 1} is past max_seq_len")
+        max_blocks = max(num_ctx_blocks)
+        tables = torch.tensor([c.block_table[:nb] + [0] * (max_blocks - nb)
+                               for c, nb in zip(chunks, num_ctx_blocks, strict=True)], device=dev)  # fmt: skip
+        token_ids = torch.tensor(list(itertools.chain.from_iterable(c.token_ids for c in chunks)), device=dev)
+
+        all_decode = max(lens) == 1
+        if all_decode:
+            positions = torch.tensor(starts, device=dev)
+            slots = tables[torch.arange(len(chunks), device=dev), positions // bs] * bs + positions % bs
+        else:
+            lens_t = torch.tensor(lens, device=dev)
+            chunk_of_token = torch.repeat_interleave(torch.arange(len(chunks), device=dev), lens_t)
+            first_row = torch.cumsum(lens_t, 0) - lens_t
+            offset = torch.arange(len(token_ids), device=dev) - first_row[chunk_of_token]
+            positions = torch.tensor(starts, device=dev)[chunk_of_token] + offset
+            slots = tables[chunk_of_token, positions // bs] * bs + positions % bs
+
+        decode_idx = [i for i, n in enumerate(lens) if n == 1]
+        decode = None
+        if decode_idx:
+            ctx = torch.tensor([ctx_lens[i] for i in decode_idx], device=dev)
+            pos = torch.arange(max(ctx_lens[i] for i in decode_idx), device=dev)
+            # Padding re-reads position 0 of the same sequence (always written) rather than stale slots.
+            valid = pos[None, :] < ctx[:, None]
+            pos = torch.where(valid, pos[None, :], 0)
+            rows_tables = tables if all_decode else tables[decode_idx]
+            ctx_slots = torch.gather(rows_tables, 1, pos // bs) * bs + pos % bs
+            mask = torch.zeros(valid.shape, dtype=self.dtype, device=dev).masked_fill_(~valid, -math.inf)
+            rows = torch.arange(len(chunks), device=dev) if all_decode else torch.tensor(
+                list(itertools.accumulate([0, *lens]))[:-1], device=dev)[decode_idx]  # fmt: skip
+            decode = _DecodeGroup(rows=rows, ctx_slots=ctx_slots, mask=mask[:, None, None, :])
+
+        prefills: list[_PrefillChunk] = []
+        if not all_decode:
+            first = 0
+            for i, (start, n, ctx_len) in enumerate(zip(starts, lens, ctx_lens, strict=True)):
+                if n > 1:
+                    pos = torch.arange(ctx_len, device=dev)
+                    ctx_slots = tables[i, pos // bs] * bs + pos % bs
+                    mask = None
+                    if start > 0:  # queries sit at the end of the context: causal aligned bottom-right
+                        q_pos = torch.arange(start, ctx_len, device=dev)
+                        mask = torch.zeros(n, ctx_len, dtype=self.dtype, device=dev)
+                        mask.masked_fill_(pos[None, :] > q_pos[:, None], -math.inf)
+                    prefills.append(_PrefillChunk(first, n, ctx_slots, mask))
+                first += n
+        return token_ids, positions, _StepAttention(self, slots, decode, prefills)
+
+    def _sample(self, logits: Tensor, chunks: list[SeqChunk]) -> list[int]:
+        greedy = logits.argmax(dim=-1).tolist()
+        if all(c.sampling.temperature <= 0 for c in chunks):
+            return greedy
+        out: list[int] = []
+        for row, (c, g) in enumerate(zip(chunks, greedy, strict=True)):
+            if c.sampling.temperature <= 0:
+                out.append(g)
+                continue
+            gen = self._generator if c.sampling.seed is None else self._request_generator(c)
+            out.append(_sample_top_p(logits[row], c.sampling, gen))
+        return out
+
+    def _request_generator(self, chunk: SeqChunk) -> torch.Generator:
+        # The same (seed, position in the output) always draws the same token, across batches and restarts.
+        assert chunk.sampling.seed is not None
+        mixed = (chunk.sampling.seed * 0x9E3779B97F4A7C15 + chunk.num_generated) % (1 << 63)
+        return torch.Generator(device=self.device).manual_seed(mixed)
+
+
+def _sample_top_p(logits: Tensor, sampling: SamplingParams, gen: torch.Generator) -> int:
+    probs = torch.softmax(logits / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True)
+        # Keep the smallest prefix whose mass reaches top_p; the most likely token always survives.
+        drop = (sorted_probs.cumsum(0) - sorted_probs) >= sampling.top_p
+        choice = torch.multinomial(sorted_probs.masked_fill(drop, 0.0), 1, generator=gen)
+        return int(order[choice])
+    return int(torch.multinomial(probs, 1, generator=gen))

@@ -1,0 +1,223 @@
+"""The paged, selectively batched executor gives exactly the tokens of the dense model (fp32, CPU)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from reference_engine.executor.base import SamplingParams, SeqChunk, StepBatch
+from reference_engine.executor.torch_executor import TorchExecutor, kv_bytes_per_token, num_blocks_for_memory
+from reference_engine.model import Transformer
+
+torch.set_num_threads(2)
+
+NUM_BLOCKS = 96
+
+
+def dense_greedy(model: Transformer, prompt: list[int], num_new: int) -> list[int]:
+    ids = list(prompt)
+    for _ in range(num_new):
+        ids.append(int(model.forward_dense(ids)[-1].argmax()))
+    return ids[len(prompt) :]
+
+
+@dataclass
+class Seq:
+    seq_id: int
+    tokens: list[int]  # prompt, then generated tokens as they come
+    block_table: list[int]
+    num_prompt: int
+    num_new: int
+    num_computed: int = 0
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.num_prompt :]
+
+    @property
+    def done(self) -> bool:
+        return len(self.generated) >= self.num_new
+
+
+def step(ex: TorchExecutor, seqs: list[Seq], rng: random.Random, max_chunk: int) -> None:
+    """One step: every unfinished sequence contributes a chunk (a prefill piece of random size, or its
+    decode token), in a shuffled order, all in one StepBatch."""
+    live = [s for s in seqs if not s.done]
+    rng.shuffle(live)
+    chunks = []
+    for s in live:
+        n = min(len(s.tokens) - s.num_computed, rng.randint(1, max_chunk))
+        sample = s.num_computed + n == len(s.tokens)
+        chunks.append(SeqChunk(s.seq_id, s.tokens[s.num_computed : s.num_computed + n], s.num_computed,
+                               s.block_table, sample, s.sampling, len(s.generated)))  # fmt: skip
+    result = ex.execute(StepBatch(chunks))
+    assert len(result.tokens) == len(chunks)
+    for s, c, token in zip(live, chunks, result.tokens, strict=True):
+        s.num_computed += len(c.token_ids)
+        assert (token is None) == (not c.sample)
+        if token is not None:
+            s.tokens.append(token)
+
+
+def run_all(ex: TorchExecutor, seqs: list[Seq], rng: random.Random, max_chunk: int = 6) -> None:
+    for _ in range(1000):
+        if all(s.done for s in seqs):
+            return
+        step(ex, seqs, rng, max_chunk)
+    raise AssertionError("sequences did not finish")
+
+
+def make_seqs(prompts: list[list[int]], num_new: int, block_size: int, rng: random.Random) -> list[Seq]:
+    free = list(range(NUM_BLOCKS))
+    rng.shuffle(free)  # non-contiguous, out-of-order block tables
+    seqs = []
+    for i, prompt in enumerate(prompts):
+        nb = -(-(len(prompt) + num_new) // block_size)
+        table, free = free[:nb], free[nb:]
+        seqs.append(Seq(i, list(prompt), table, len(prompt), num_new))
+    return seqs
+
+
+def poison(ex: TorchExecutor) -> None:
+    """NaN in every slot: reading any KV the step has not written turns the tokens into garbage."""
+    for cache in (*ex.k_cache, *ex.v_cache):
+        cache.fill_(float("nan"))
+
+
+def random_prompt(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(256) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def executors() -> dict[int, TorchExecutor]:
+    return {bs: TorchExecutor("tiny", NUM_BLOCKS, bs, seed=0) for bs in (4, 16)}
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_concurrent_greedy_matches_dense(executors: dict[int, TorchExecutor], block_size: int) -> None:
+    ex = executors[block_size]
+    poison(ex)
+    rng = random.Random(block_size)
+    # 1-token prompt, prompts of exactly one and two blocks, and ones that cross boundaries while decoding.
+    lengths = [1, block_size, 2 * block_size, block_size + 3, 13, 29]
+    prompts = [random_prompt(rng, n) for n in lengths]
+    seqs = make_seqs(prompts, num_new=7, block_size=block_size, rng=rng)
+    run_all(ex, seqs, rng)
+    for s, prompt in zip(seqs, prompts, strict=True):
+        assert s.generated == dense_greedy(ex.model, prompt, s.num_new), f"prompt length {len(prompt)}"
+
+
+def test_whole_prompt_prefill_then_batched_decode(executors: dict[int, TorchExecutor]) -> None:
+    """Prefill in one chunk per sequence (is_causal path), then pure decode steps (the all-decode path)."""
+    ex = executors[4]
+    poison(ex)
+    rng = random.Random(7)
+    prompts = [random_prompt(rng, n) for n in (3, 8, 11, 1)]
+    seqs = make_seqs(prompts, num_new=9, block_size=4, rng=rng)
+    run_all(ex, seqs, rng, max_chunk=64)
+    for s, prompt in zip(seqs, prompts, strict=True):
+        assert s.generated == dense_greedy(ex.model, prompt, 9)
+
+
+def test_prefix_shared_blocks_give_the_same_tokens(executors: dict[int, TorchExecutor]) -> None:
+    ex = executors[4]
+    poison(ex)
+    rng = random.Random(3)
+    shared = random_prompt(rng, 8)  # two full blocks
+    a_prompt, b_prompt = shared + random_prompt(rng, 5), shared + random_prompt(rng, 3)
+    a, b = make_seqs([a_prompt, b_prompt], num_new=6, block_size=4, rng=rng)
+    b.block_table[:2] = a.block_table[:2]  # b reuses a's prefix blocks, as a prefix-cache hit does
+    run_all(ex, [a], rng)  # a writes the shared KV (and finishes)
+    b.num_computed = len(shared)  # b starts right after the cached prefix
+    c_prompt = shared + [b_prompt[8]]  # the prefix plus one token: only one token left to compute
+    spare = [x for x in range(NUM_BLOCKS) if x not in set(a.block_table) | set(b.block_table)]
+    c = Seq(2, list(c_prompt), a.block_table[:2] + spare[:2], len(c_prompt), 6, num_computed=len(shared))
+    run_all(ex, [b, c], rng)
+    assert a.generated == dense_greedy(ex.model, a_prompt, 6)
+    assert b.generated == dense_greedy(ex.model, b_prompt, 6)
+    assert c.generated == dense_greedy(ex.model, c_prompt, 6)
+
+
+@pytest.mark.parametrize("new_blocks", [False, True])
+def test_recompute_after_preemption_gives_the_same_tokens(
+    executors: dict[int, TorchExecutor], new_blocks: bool
+) -> None:
+    ex = executors[4]
+    poison(ex)
+    rng = random.Random(11)
+    prompt = random_prompt(rng, 10)
+    (s,) = make_seqs([prompt], num_new=12, block_size=4, rng=rng)
+    s.num_new = 5
+    run_all(ex, [s], rng)  # 5 tokens in, the sequence is preempted: its KV is thrown away
+    for block in s.block_table:
+        for cache in (*ex.k_cache, *ex.v_cache):
+            cache[block].normal_()
+    if new_blocks:
+        s.block_table = [b for b in range(NUM_BLOCKS) if b not in s.block_table][::-7][: len(s.block_table)]
+    s.num_computed, s.num_new = 0, 12  # recompute prompt + generated tokens from scratch, then go on
+    other = make_seqs([random_prompt(rng, 6)], num_new=4, block_size=4, rng=random.Random(5))[0]
+    other.seq_id, other.block_table = 1, [b for b in range(NUM_BLOCKS) if b not in s.block_table][:3]
+    run_all(ex, [s, other], rng)
+    assert s.generated == dense_greedy(ex.model, prompt, 12)
+
+
+def test_seeded_sampling_is_reproducible_across_batches(executors: dict[int, TorchExecutor]) -> None:
+    ex = executors[16]
+    rng = random.Random(1)
+    prompt = random_prompt(rng, 9)
+
+    def sample_run(seed: int | None, with_company: bool, top_p: float = 0.9) -> list[int]:
+        sp = SamplingParams(temperature=1.0, top_p=top_p, seed=seed)
+        prompts = [prompt] + ([random_prompt(rng, 17)] if with_company else [])
+        seqs = make_seqs(prompts, num_new=12, block_size=16, rng=random.Random(2))
+        seqs[0].sampling = sp
+        run_all(ex, seqs, random.Random(4 if with_company else 5))
+        return seqs[0].generated
+
+    first = sample_run(seed=42, with_company=False)
+    assert sample_run(seed=42, with_company=True) == first  # batch composition and chunking do not matter
+    assert sample_run(seed=43, with_company=False) != first
+    assert first != dense_greedy(ex.model, prompt, 12)  # temperature 1 really samples
+    unseeded = sample_run(seed=None, with_company=False)
+    assert all(0 <= t < ex.vocab_size for t in unseeded)
+    # A top_p so small that only the most likely token survives is greedy decoding.
+    assert sample_run(seed=7, with_company=True, top_p=1e-6) == dense_greedy(ex.model, prompt, 12)
+
+
+def test_only_chunks_marked_sample_get_a_token(executors: dict[int, TorchExecutor]) -> None:
+    ex = executors[4]
+    chunks = [SeqChunk(0, [1, 2, 3], 0, [5], False), SeqChunk(1, [4], 0, [6], True)]
+    assert ex.execute(StepBatch(chunks)).tokens[0] is None
+    assert isinstance(ex.execute(StepBatch([SeqChunk(1, [4], 0, [6], True)])).tokens[0], int)
+    assert ex.execute(StepBatch([])).tokens == []
+
+
+def test_block_table_too_short_is_a_clear_error(executors: dict[int, TorchExecutor]) -> None:
+    ex = executors[4]
+    with pytest.raises(ValueError, match="seq 9: block_table has 1 blocks"):
+        ex.execute(StepBatch([SeqChunk(9, [1, 2, 3, 4, 5], 0, [3], True)]))
+
+
+def test_sizes_and_protocol_attributes(executors: dict[int, TorchExecutor]) -> None:
+    ex = executors[4]
+    assert ex.kv_bytes_per_token == kv_bytes_per_token("tiny") == 2 * 4 * 2 * 32 * 4
+    assert kv_bytes_per_token("llama-3.2-1b", torch.bfloat16) == 32 * 1024  # 32 KiB per token, as NOTES say
+    assert num_blocks_for_memory(ex.kv_bytes_per_token * 16 * 10 + 5, "tiny", 16) == 10
+    assert (ex.num_blocks, ex.block_size, ex.vocab_size, ex.eos_token_id) == (NUM_BLOCKS, 4, 512, 257)
+    assert ex.k_cache[0].shape == (NUM_BLOCKS, 4, 2, 32) and len(ex.v_cache) == 4
+
+
+def test_executor_loads_a_checkpoint(tmp_path, executors: dict[int, TorchExecutor]) -> None:
+    from reference_engine.weights import save_hf_checkpoint
+
+    save_hf_checkpoint(executors[4].model, tmp_path)
+    ex = TorchExecutor("tiny", 16, 4, weights_path=tmp_path)
+    prompt = [10, 20, 30, 40, 50]
+    (s,) = make_seqs([prompt], num_new=5, block_size=4, rng=random.Random(0))
+    s.block_table = [b % 16 for b in s.block_table]
+    run_all(ex, [s], random.Random(0))
+    assert s.generated == dense_greedy(executors[4].model, prompt, 5)
