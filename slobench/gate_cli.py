@@ -1,0 +1,260 @@
+"""CLI verbs `capacity` (search, or replicates at fixed rates) and `gate` (the CI verdict)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+VERBS: frozenset[str] = frozenset({"capacity", "gate"})
+
+CAPACITY_HELP = """\
+Finds the largest offered rate whose SLO attainment (share of all requests meeting every SLO) is at or
+above the SLO's target (default 90%). Probes upward geometrically from --start-rate until attainment
+breaks, bisects until the bracket is narrower than --tolerance, then runs --replicates seeds at both
+bracket edges: the capacity's interval comes from those replicates. With --rates it skips the search and
+runs --replicates seeds at each fixed rate (for gating at the same offered load). Writes OUT/capacity.json
+and one run directory per probe (probe-XX-rate-R-seed-S).
+"""
+
+GATE_HELP = """\
+Compares a candidate with a baseline (capacity.json, sweep.json, or a committed baseline file; several
+files per side are merged as replicates). A metric fails only when its change is beyond the threshold AND
+significant across replicates (one-sided t-test, paired by seed when both sides share seeds).
+Thresholds: --max-drop capacity=5%  --max-drop attainment@4=2pt  --max-rise ttft.p99=10%  --max-rise
+tpot.p99@4=5ms. A metric without @RATE is checked at every rate both sides measured. Default: capacity
+-5%, attainment -2pt, ttft.p99 and tpot.p99 +10% where measured. Exit 0 pass, 1 regression, 4
+inconclusive (the message says how many replicates would decide), 2 bad input (different workloads or
+SLOs, missing or corrupt file).
+"""
+
+
+def add_parsers(sub: Any, *, epilog: str) -> None:
+    from slobench.cli import _add_load_flags
+
+    fmt = argparse.RawDescriptionHelpFormatter
+    cap = sub.add_parser("capacity", help="largest rate meeting the SLO, with an interval from replicates",
+                         description=CAPACITY_HELP, epilog=epilog, formatter_class=fmt)
+    _add_load_flags(cap, sweep=True)
+    s = cap.add_argument_group("search")
+    s.add_argument("--start-rate", type=float, default=1.0, help="first probe, req/s (default 1)")
+    s.add_argument("--factor", type=float, default=2.0, help="geometric step while bracketing (default 2)")
+    s.add_argument("--tolerance", default="5%", help="stop when (hi-lo)/lo is below this (default 5%%)")
+    s.add_argument("--max-probes", type=int, default=12, help="search probes, replicates not counted")
+    s.add_argument("--max-rate", type=float, default=None, help="never offer more than this, req/s")
+    s.add_argument("--replicates", type=int, default=5, help="seeds run at each bracket edge (default 5)")
+    s.add_argument("--level", type=float, default=0.95, help="confidence level of the interval")
+    s.add_argument("--gpus", type=int, default=None, help="also report goodput per GPU (capacity / N)")
+    s.add_argument("--slo-scale", action="store_true",
+                   help="also the tightest SLO scale still meeting the target, per replicate at the lower edge")
+    s.add_argument("--baseline-out", default=None, metavar="FILE", help="also write a committable baseline file")
+
+    g = sub.add_parser("gate", help="CI verdict: candidate vs baseline (exit 0/1/4)", description=GATE_HELP,
+                       epilog=epilog, formatter_class=fmt)
+    g.add_argument("--baseline", action="append", default=[], metavar="FILE", help="repeatable")
+    g.add_argument("--candidate", action="append", default=[], metavar="FILE", help="repeatable")
+    g.add_argument("--max-drop", action="append", default=[], metavar="METRIC=AMOUNT")
+    g.add_argument("--max-rise", action="append", default=[], metavar="METRIC=AMOUNT")
+    g.add_argument("--alpha", type=float, default=0.01, help="significance for a regression (default 0.01)")
+    g.add_argument("--pass-confidence", type=float, default=0.9,
+                   help="confidence that the change is within the threshold needed to pass (default 0.9)")
+    g.add_argument("--junit", default=None, metavar="XML")
+    g.add_argument("--markdown", default=None, metavar="MD", help="also appended to $GITHUB_STEP_SUMMARY")
+    g.add_argument("--json", default=None, metavar="FILE", help="the verdict and every number, as JSON")
+    g.add_argument("--write-baseline", default=None, metavar="FILE",
+                   help="write the --candidate's replicate values as a committable baseline file and exit")
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    if args.verb == "capacity":
+        return asyncio.run(_capacity(args))
+    return _gate(args)
+
+
+# --- gate -----------------------------------------------------------------------------------------------
+
+
+def _gate(args: argparse.Namespace) -> int:
+    from slobench.errors import UsageError
+    from slobench.gate import Threshold, gate, junit_xml, load_samples, markdown
+    from slobench.records import write_json_atomic
+
+    if not args.candidate:
+        raise UsageError("--candidate is required")
+    cand = load_samples(args.candidate)
+    if args.write_baseline:
+        out = Path(args.write_baseline)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out, cand.to_baseline())
+        print(f"baseline written: {out} ({len(cand.metrics)} metrics from {cand.source})")
+        return 0
+    if not args.baseline:
+        raise UsageError("--baseline is required (or --write-baseline to make one)")
+    base = load_samples(args.baseline)
+    ths = [Threshold.parse(t, "drop") for t in args.max_drop] + [Threshold.parse(t, "rise") for t in args.max_rise]
+    res = gate(base, cand, ths, alpha=args.alpha, pass_confidence=args.pass_confidence)
+    md = markdown(res)
+    print(md, end="")
+    if args.markdown:
+        Path(args.markdown).write_text(md)
+    summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary_path:
+        with open(summary_path, "a") as fh:
+            fh.write(md + "\n")
+    if args.junit:
+        Path(args.junit).write_text(junit_xml(res))
+    if args.json:
+        write_json_atomic(Path(args.json), res.to_dict())
+    return res.exit_code
+
+
+# --- capacity -------------------------------------------------------------------------------------------
+
+
+def _tolerance(text: str) -> float:
+    from slobench.errors import SpecError
+
+    s = str(text).strip()
+    try:
+        return float(s[:-1]) / 100 if s.endswith("%") else float(s)
+    except ValueError:
+        raise SpecError("tolerance", text, "expected a fraction like 0.05 or 5%") from None
+
+
+async def _capacity(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from slobench.capacity import (
+        CAPACITY,
+        RunMeasure,
+        SearchOptions,
+        replicate_at_rates,
+        search_capacity,
+        t_interval,
+    )
+    from slobench.cli import LoadSetup, _start_target, default_out
+    from slobench.errors import UsageError
+    from slobench.gate import load_samples, workload_identity
+    from slobench.records import write_json_atomic
+    from slobench.sweep import parse_rates
+    from slobench.workload import generate
+
+    if args.concurrency:
+        raise UsageError("--concurrency: capacity searches offered (open-loop) rates; drop --concurrency")
+    if args.gpus is not None and args.gpus < 1:
+        raise UsageError(f"--gpus: must be >= 1 (got {args.gpus})")
+    setup = LoadSetup(args)
+    if setup.slo is None:
+        raise UsageError("--slo is required for capacity (e.g. --slo ttft=500ms,tpot=50ms)")
+    fixed = parse_rates(args.rates) if args.rates else None
+    opts = SearchOptions(
+        target=setup.slo.target, start_rps=args.start_rate, factor=args.factor, rel_tol=_tolerance(args.tolerance),
+        max_probes=args.max_probes, max_rate_rps=args.max_rate, replicates=args.replicates, level=args.level,
+        seed=args.seed,
+    )
+    if fixed and opts.replicates < 2:
+        raise UsageError("--rates needs --replicates >= 2: fixed-rate replicates are what the gate compares")
+    out = Path(args.out) if args.out else default_out("capacity")
+    out.mkdir(parents=True, exist_ok=True)
+    console = Console(stderr=True)
+    a = args
+
+    def make_specs(rate: float, seed: int) -> list[Any]:
+        return generate(setup.workload, rate_rps=rate, num_requests=a.num_requests, duration_s=a.duration,
+                        seed=seed, input_len=a.input_len, output_len=a.output_len, api=setup.api)
+
+    def on_probe(rate: float, seed: int, summary: dict[str, Any]) -> None:
+        att = (summary.get("attainment") or {}).get("value")
+        console.print(f"rate {rate:8.3f} req/s  seed {seed:3d}  attainment "
+                      f"{'-' if att is None else f'{att:6.1%}'}  ({summary['run_dir']})")
+
+    target, clock, served = await _start_target(setup)
+    try:
+        manifest = setup.manifest(target, served)
+        measure = RunMeasure(make_specs, target, out_dir=out, slo=setup.slo, opts=setup.run_options(),
+                             manifest=manifest, clock=clock, on_probe=on_probe)
+        if fixed:
+            seeds = [opts.seed + 1 + i for i in range(opts.replicates)]
+            probes = await replicate_at_rates(measure, fixed, seeds, target=opts.target)
+            doc: dict[str, Any] = {
+                "kind": "capacity", "mode": "fixed-rates", "target": opts.target, "capacity_rps": None,
+                "interval_rps": None, "rates_rps": fixed, "probes": [p.to_dict() for p in probes],
+                "replicates": [], "notes": [],
+            }
+        else:
+            res = await search_capacity(measure, opts)
+            doc = {"mode": "search", **res.to_dict()}
+    finally:
+        await target.close()
+
+    doc["schema_version"] = 1
+    doc["slo"] = setup.slo.to_dict()
+    doc["workload"] = workload_identity(manifest)
+    doc["target"] = manifest["target"]
+    doc["manifest"] = manifest
+    if args.gpus and doc.get("capacity_rps") is not None:
+        doc["gpus"] = args.gpus
+        doc["goodput_per_gpu_rps"] = doc["capacity_rps"] / args.gpus
+        if doc.get("interval_rps"):
+            doc["goodput_per_gpu_interval_rps"] = [x / args.gpus for x in doc["interval_rps"]]
+    if args.slo_scale:
+        doc["slo_scale"] = _slo_scales(out, doc, setup.slo, t_interval)
+    write_json_atomic(out / CAPACITY, doc)
+    if args.baseline_out:
+        bpath = Path(args.baseline_out)
+        bpath.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(bpath, load_samples([out / CAPACITY]).to_baseline())
+        console.print(f"baseline written: {bpath}")
+    _print_capacity(doc, out)
+    if doc["mode"] == "search" and doc["capacity_rps"] is None:
+        return 1
+    return 0
+
+
+def _slo_scales(out: Path, doc: dict[str, Any], slo: Any, t_interval: Any) -> list[dict[str, Any]]:
+    """Per rate: the tightest SLO scale each replicate run still meets the target at (DistServe's view)."""
+    from slobench.capacity import tightest_slo_scale
+    from slobench.records import load_run
+
+    reps = [p for p in doc["probes"] if p["phase"] == "replicate" and p.get("run_dir")]
+    if doc.get("bracket_rps"):
+        reps = [p for p in reps if p["rate_rps"] == doc["bracket_rps"][0]]
+    by_rate: dict[float, list[dict[str, Any]]] = {}
+    for p in reps:
+        scale = tightest_slo_scale(load_run(out / p["run_dir"]).records, slo)
+        by_rate.setdefault(p["rate_rps"], []).append({"seed": p["seed"], "scale": scale})
+    rows = []
+    for rate, per in sorted(by_rate.items()):
+        vals = [r["scale"] for r in per]
+        finite = all(v < float("inf") for v in vals)
+        rows.append({
+            "rate_rps": rate, "replicates": per, "scale": sum(vals) / len(vals),
+            "interval": list(t_interval(vals, doc.get("level", 0.95))) if finite and len(vals) > 1 else None,
+        })
+    return rows
+
+
+def _print_capacity(doc: dict[str, Any], out: Path) -> None:
+    if doc["mode"] == "fixed-rates":
+        by_rate: dict[float, list[float]] = {}
+        for p in doc["probes"]:
+            by_rate.setdefault(p["rate_rps"], []).append(p["attainment"])
+        for rate, vals in sorted(by_rate.items()):
+            print(f"rate {rate:g} req/s: attainment {min(vals):.1%} .. {max(vals):.1%} over {len(vals)} seeds")
+    elif doc["capacity_rps"] is None:
+        print(f"capacity: attainment is below {doc['target']:.0%} at every rate tried")
+    else:
+        iv = doc.get("interval_rps")
+        rng = f" [{iv[0]:.3g}, {iv[1]:.3g}] ({doc['level']:.0%}, {len(doc['replicates'])} replicates)" if iv else ""
+        lb = " (a lower bound)" if doc["is_lower_bound"] else ""
+        print(f"capacity: {doc['capacity_rps']:.3g} req/s at >= {doc['target']:.0%} attainment{rng}{lb}")
+        if "goodput_per_gpu_rps" in doc:
+            print(f"goodput per GPU: {doc['goodput_per_gpu_rps']:.3g} req/s over {doc['gpus']} GPU(s)")
+    for row in doc.get("slo_scale") or []:
+        print(f"tightest SLO scale at {row['rate_rps']:g} req/s: {row['scale']:.3g}")
+    for note in doc.get("notes") or []:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"result: {out / 'capacity.json'}")

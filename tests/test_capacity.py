@@ -1,0 +1,210 @@
+"""Capacity search against synthetic, seeded attainment curves (no server, milliseconds)."""
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+
+from slobench.capacity import (
+    RunMeasure,
+    SearchOptions,
+    flat_metrics,
+    probe_dir_name,
+    replicate_crossings,
+    search_capacity,
+    tightest_slo_scale,
+)
+from slobench.clock import Clock
+from slobench.errors import SpecError
+from slobench.records import RequestRecord, RequestSpec, load_run
+from slobench.runner import RunOptions
+from slobench.slo import SLO
+
+LN9 = math.log(9.0)
+
+
+def logistic_curve(r0=20.0, width_rps=1.5, seed_sd=0.02, white_sd=0.01, calls=None):
+    """Attainment = logistic with 0.9 exactly at r0 for the median seed; each seed shifts the curve by a
+    relative N(0, seed_sd) (one seed's arrivals are burstier than another's), plus white noise per probe."""
+
+    async def measure(rate, seed):
+        if calls is not None:
+            calls.append((rate, seed))
+        shift = np.random.default_rng([seed, 7]).normal(0, seed_sd)
+        white = np.random.default_rng([seed, int(rate * 1e6)]).normal(0, white_sd)
+        x = (r0 * (1 + shift) - rate) / width_rps + LN9
+        a = float(np.clip(1 / (1 + math.exp(min(-x, 700))) + white, 0, 1))
+        return {"attainment": {"value": a, "ci_low": a - 0.02, "ci_high": a + 0.02}, "run_dir": f"r{rate:g}-s{seed}"}
+
+    return measure
+
+
+async def test_brackets_bisects_and_converges():
+    calls = []
+    res = await search_capacity(logistic_curve(calls=calls), SearchOptions(start_rps=1.0))
+    lo, hi = res.bracket_rps
+    assert (hi - lo) / lo <= 0.05
+    assert res.capacity_rps == pytest.approx(20.0, rel=0.05)
+    lo_i, hi_i = res.interval_rps
+    assert lo_i < res.capacity_rps < hi_i
+    assert not res.is_lower_bound
+    # 5 replicates, each run at both edges, with fresh seeds 1..5 paired across the edges
+    reps = [p for p in res.probes if p.phase == "replicate"]
+    assert len(reps) == 10 and len(res.replicates) == 5
+    assert sorted({p.seed for p in reps}) == [1, 2, 3, 4, 5]
+    assert {p.rate_rps for p in reps} == {lo, hi}
+    assert all(r["lo"]["rate_rps"] == lo and r["hi"]["rate_rps"] == hi for r in res.replicates)
+    assert len(calls) == len(res.probes)
+
+
+async def test_probes_are_monotone_sensible():
+    res = await search_capacity(logistic_curve(), SearchOptions(start_rps=1.0, factor=2.0))
+    up = [p for p in res.probes if p.phase == "up"]
+    assert [p.rate_rps for p in up] == [1, 2, 4, 8, 16, 32]
+    assert all(p.meets(0.9) for p in up[:-1]) and not up[-1].meets(0.9)
+    lo, hi = 16.0, 32.0
+    for p in (p for p in res.probes if p.phase == "bisect"):
+        assert lo < p.rate_rps < hi  # every bisection probe lies inside the current bracket
+        assert p.rate_rps == pytest.approx((lo + hi) / 2)
+        lo, hi = (p.rate_rps, hi) if p.meets(0.9) else (lo, p.rate_rps)
+    assert (lo, hi) == res.bracket_rps
+
+
+async def test_replicate_interval_covers_true_crossing_in_most_runs():
+    covered = 0
+    trials = 60
+    for master in range(trials):
+        res = await search_capacity(logistic_curve(), SearchOptions(start_rps=3.0, seed=1000 * master))
+        lo, hi = res.interval_rps
+        covered += lo <= 20.0 <= hi
+    # a 95% t-interval from 5 replicates; allow for the interpolation's small bias
+    assert covered >= 0.85 * trials, covered
+
+
+async def test_start_above_capacity_probes_down():
+    res = await search_capacity(logistic_curve(), SearchOptions(start_rps=100.0, replicates=2))
+    down = [p.rate_rps for p in res.probes if p.phase == "down"]
+    assert down == [50.0, 25.0, 12.5]
+    assert res.capacity_rps == pytest.approx(20.0, rel=0.06)
+
+
+async def test_never_breaks_is_a_lower_bound():
+    res = await search_capacity(logistic_curve(r0=1e6), SearchOptions(start_rps=1.0, max_rate_rps=10.0))
+    assert res.is_lower_bound and res.capacity_rps == 10.0 and res.interval_rps is None
+    assert max(p.rate_rps for p in res.probes) == 10.0
+    assert any("at least" in n for n in res.notes)
+
+
+async def test_never_meets_gives_none():
+    res = await search_capacity(logistic_curve(r0=0.01, width_rps=0.001), SearchOptions(start_rps=1.0))
+    assert res.capacity_rps is None and res.bracket_rps is None
+    assert min(p.rate_rps for p in res.probes) >= SearchOptions(start_rps=1.0).floor_rps
+    assert "below 90%" in res.notes[0]
+
+
+async def test_max_probes_stops_the_search_and_says_so():
+    res = await search_capacity(logistic_curve(), SearchOptions(start_rps=1.0, max_probes=7, replicates=2))
+    assert sum(p.phase != "replicate" for p in res.probes) == 7
+    assert any("still wider" in n for n in res.notes)
+
+
+async def test_no_replicates_no_interval():
+    res = await search_capacity(logistic_curve(), SearchOptions(replicates=0))
+    assert res.interval_rps is None and res.capacity_rps == pytest.approx(20.0, rel=0.05)
+
+
+def test_pooled_slope_falls_back_when_replicates_are_flat():
+    crossings, slope = replicate_crossings((10.0, 10.5), [(0.9, 0.95), (0.92, 0.93)], 0.9, fallback_slope=0.2)
+    assert slope == 0.2
+    assert crossings[0] == pytest.approx(10.25 + (0.925 - 0.9) / 0.2)
+
+
+def test_crossings_are_linear_interpolation_with_a_pooled_slope():
+    crossings, slope = replicate_crossings((10.0, 11.0), [(0.95, 0.85), (0.93, 0.83)], 0.9, fallback_slope=1.0)
+    assert slope == pytest.approx(0.1)
+    assert crossings == pytest.approx([10.5, 10.3])
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [dict(target=0), dict(start_rps=0), dict(factor=1.0), dict(rel_tol=0), dict(replicates=1),
+     dict(max_probes=1), dict(max_rate_rps=0.5), dict(level=1.0)],
+)
+def test_search_options_validated(kw):
+    with pytest.raises(SpecError):
+        SearchOptions(**kw)
+
+
+def _rec(i, ttft, tpot, n=11, status="ok"):
+    r = RequestRecord(request_id=i, scheduled_s=float(i), sent_s=float(i), output_tokens=n)
+    if status == "ok":
+        r.first_token_s = i + ttft
+        r.done_s = i + ttft + tpot * (n - 1)
+    else:
+        r.fail(status, "boom", float(i))
+    return r
+
+
+def test_tightest_slo_scale_is_exact():
+    slo = SLO(ttft_s=1.0, tpot_s=0.1, target=0.9)
+    # needs: max(ttft/1, tpot/0.1) -> 0.5, 1, ..., 5.0 (10 requests); 90% -> the 9th smallest = 4.5
+    recs = [_rec(i, ttft=0.5 * (i + 1), tpot=0.01) for i in range(10)]
+    k = tightest_slo_scale(recs, slo)
+    assert k == pytest.approx(4.5)
+    scaled = SLO(ttft_s=k, tpot_s=0.1 * k, target=0.9)
+    from slobench.metrics import RecordArrays
+
+    a = RecordArrays.from_records(recs)
+    assert scaled.meets(a).mean() >= 0.9
+    tighter = SLO(ttft_s=k * 0.99, tpot_s=0.1 * k * 0.99, target=0.9)
+    assert tighter.meets(a).mean() < 0.9
+
+
+def test_slo_scale_failures_are_infinite_need():
+    slo = SLO(ttft_s=1.0, target=0.9)
+    recs = [_rec(i, 0.1, 0.01) for i in range(5)] + [_rec(i, 0, 0, status="error") for i in range(5, 10)]
+    assert tightest_slo_scale(recs, slo) == math.inf
+    assert tightest_slo_scale(recs[:5], slo) == pytest.approx(0.1)
+
+
+def test_flat_metrics_names():
+    s = {"attainment": {"value": 0.9, "good_throughput_rps": 3.0}, "ttft_s": {"p99": 0.2, "mean": None},
+         "tpot_s": {"p50": 0.01}, "request_throughput_rps": 4.0}
+    assert flat_metrics(s) == {"attainment": 0.9, "good_throughput": 3.0, "throughput": 4.0,
+                               "ttft.p99": 0.2, "tpot.p50": 0.01}
+
+
+class InstantTarget:
+    def __init__(self, clock):
+        self.clock = clock
+
+    async def send(self, spec, rec):
+        rec.sent_s = self.clock.now_s()
+        await asyncio.sleep(0)
+        t = self.clock.now_s()
+        rec.first_token_s = t
+        rec.chunk_times_s = [t, t]
+        rec.chunk_tokens = [1, 1]
+        rec.output_tokens = 2
+        rec.done_s = t
+
+
+async def test_run_measure_writes_one_run_dir_per_probe(tmp_path):
+    clock = Clock()
+    seen = []
+
+    def make_specs(rate, seed):
+        return [RequestSpec(i, i / rate, (1, 2, 3), 3, 2) for i in range(5)]
+
+    m = RunMeasure(make_specs, InstantTarget(clock), out_dir=tmp_path, slo=SLO(ttft_s=1.0),
+                   opts=RunOptions(progress=False), manifest={"workload_name": "t"}, clock=clock,
+                   on_probe=lambda r, s, summ: seen.append((r, s)))
+    s1 = await m(500.0, 3)
+    s2 = await m(1000.0, 4)
+    assert s1["run_dir"] == probe_dir_name(0, 500.0, 3) == "probe-00-rate-500-seed-3"
+    assert s2["run_dir"] == "probe-01-rate-1000-seed-4"
+    run = load_run(tmp_path / s1["run_dir"])
+    assert run.manifest["rate_rps"] == 500.0 and run.manifest["seed"] == 3
+    assert len(run.records) == 5 and s1["attainment"]["value"] == 1.0
+    assert seen == [(500.0, 3), (1000.0, 4)]
