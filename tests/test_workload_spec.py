@@ -224,7 +224,7 @@ def test_text_prompt_spec_gives_text_on_completions():
 def test_tiny_spec_uses_its_id_range():
     reqs = generate(load_workload("tiny"))
     assert len(reqs) == 64
-    assert all(16 <= t < 512 for r in reqs for t in r.prompt)
+    assert all(32 <= t < 256 for r in reqs for t in r.prompt)
     assert all(32 <= r.input_tokens <= 256 and 8 <= r.max_tokens <= 64 for r in reqs)
 
 
