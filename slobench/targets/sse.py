@@ -1,0 +1,115 @@
+"""An incremental Server-Sent Events parser: raw bytes in, in any split; events out. Pure, no I/O.
+
+Follows the WHATWG event-stream rules: lines end in `\\n`, `\\r\\n` or a lone `\\r`; a line starting with `:`
+is a comment (keep-alives); `field: value` drops one space after the colon; several `data:` lines join
+with `\\n`; a blank line dispatches the event (an event with no data is not dispatched); an incomplete
+event at end of stream is discarded. A leading UTF-8 BOM is skipped. Bytes that are not UTF-8 raise
+`SSEDecodeError`, since the spec's replacement-character decoding would hide a broken server.
+
+Speed matters: every streamed token passes through `feed`. Line endings are found on bytes (they are
+ASCII, so a split can never fall inside them and a UTF-8 character can never contain one), the
+complete lines of a feed are decoded once, and the common `data: ...` line takes the first branch.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+DONE = "[DONE]"  # the OpenAI end-of-stream sentinel, carried as an event's data
+_BOM = b"\xef\xbb\xbf"
+
+
+class SSEEvent(NamedTuple):
+    data: str
+    event: str = "message"
+    id: str | None = None  # the last event id seen on the stream (it persists across events, per spec)
+
+
+class SSEDecodeError(ValueError):
+    """The stream held bytes that are not UTF-8. `events` holds those completed before the bad line."""
+
+    def __init__(self, message: str, events: list[SSEEvent]) -> None:
+        super().__init__(message)
+        self.events = events
+
+
+class SSEParser:
+    """Feed it bytes as they arrive; it returns the events each feed completes."""
+
+    __slots__ = ("_tail", "_skip_lf", "_at_start", "_data", "_event", "_last_id")
+
+    def __init__(self) -> None:
+        self._tail = b""  # bytes after the last line ending seen (never holds \r or \n)
+        self._skip_lf = False  # the previous feed ended in \r: a \n opening the next one ends no line
+        self._at_start = True  # a BOM may still be coming
+        self._data: list[str] = []
+        self._event = ""
+        self._last_id: str | None = None
+
+    @property
+    def has_pending(self) -> bool:
+        """True if an unfinished line or event is buffered (a stream that stops here was cut short)."""
+        return bool(self._tail or self._data or self._event)
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        if not chunk:
+            return []  # and keeps _skip_lf: the \n may still be coming
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+        buf = self._tail + chunk if self._tail else chunk
+        if self._at_start:
+            if len(buf) < 3 and _BOM.startswith(buf):
+                self._tail = buf
+                return []
+            self._at_start = False
+            if buf.startswith(_BOM):
+                buf = buf[3:]
+        if b"\r" in buf:
+            if buf[-1:] == b"\r":
+                self._skip_lf = True
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        end = buf.rfind(b"\n")
+        if end < 0:
+            self._tail = buf
+            return []
+        self._tail = buf[end + 1 :]
+        try:
+            text = buf[:end].decode("utf-8")
+        except UnicodeDecodeError as e:
+            # Lines before the bad one are good: hand their events over with the error.
+            good = buf.rfind(b"\n", 0, e.start)
+            events = self._lines(buf[:good].decode("utf-8").split("\n")) if good >= 0 else []
+            snippet = buf[max(0, e.start - 20) : e.start + 20]
+            raise SSEDecodeError(
+                f"SSE stream is not UTF-8: byte {buf[e.start]:#04x} in {snippet!r}", events
+            ) from None
+        return self._lines(text.split("\n"))
+
+    def _lines(self, lines: list[str]) -> list[SSEEvent]:
+        events: list[SSEEvent] = []
+        data = self._data
+        for line in lines:
+            if line.startswith("data:"):
+                data.append(line[6:] if line[5:6] == " " else line[5:])
+            elif not line:
+                if data:
+                    events.append(SSEEvent("\n".join(data), self._event or "message", self._last_id))
+                    data.clear()
+                self._event = ""
+            elif line[0] == ":":
+                continue
+            else:
+                name, colon, value = line.partition(":")
+                if colon and value[:1] == " ":
+                    value = value[1:]
+                if name == "event":
+                    self._event = value
+                elif name == "id":
+                    if "\0" not in value:
+                        self._last_id = value
+                elif name == "data":  # "data" with no colon: an empty data line
+                    data.append(value)
+                # "retry" and unknown fields are ignored, as the spec says.
+        return events

@@ -1,0 +1,206 @@
+"""The HTTP seam under the OpenAI target: POST a body, get a status and a stream of raw byte chunks.
+
+aiohttp is the default because it was measured to cost about a third of httpx's CPU per streamed request
+and to hold 400 req/s where httpx's pool fell over (issue 2). httpx stays available for HTTP/2 targets.
+
+Pool sizing: aiohttp's connector is built with `limit=0, limit_per_host=0` (no cap), httpx's with an
+explicit large `max_connections`, so the client never silently queues requests behind a pool limit;
+open-loop load must reach the server when it is scheduled. Keep-alive is on, so a finished stream's
+connection is reused by the next request.
+
+Every exception from aiohttp, httpx or the socket layer is turned into a `TransportError(status, reason)`
+in exactly one place, `translate_error`, so the target above handles one kind of failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Literal, Protocol
+
+import aiohttp
+import httpx
+
+from slobench.errors import UsageError
+from slobench.records import Status
+
+TransportName = Literal["aiohttp", "httpx"]
+_HTTPX_MAX_CONNECTIONS = 65_536  # "no cap" for httpx; its `None` was measured to collapse under load
+
+
+class TransportError(Exception):
+    """A request failed below HTTP: connect, reset, timeout. `status` goes straight onto the record."""
+
+    def __init__(self, status: Status, reason: str) -> None:
+        super().__init__(reason)
+        self.status: Status = status
+        self.reason = reason
+
+
+class Response(Protocol):
+    status: int
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive, in whatever pieces the network delivers."""
+        ...
+
+    async def read(self) -> bytes: ...
+
+
+class Transport(Protocol):
+    def post(
+        self, url: str, body: bytes, headers: Mapping[str, str]
+    ) -> AbstractAsyncContextManager[Response]: ...
+
+    async def close(self) -> None: ...
+
+
+class _AiohttpResponse:
+    __slots__ = ("status", "_resp")
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self.status = resp.status
+        self._resp = resp
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        return self._resp.content.iter_any()
+
+    async def read(self) -> bytes:
+        return await self._resp.read()
+
+
+class AiohttpTransport:
+    def __init__(self, *, timeout_s: float, connect_timeout_s: float) -> None:
+        self._timeouts = (timeout_s, connect_timeout_s)
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s),
+            raise_for_status=False,
+        )
+
+    @asynccontextmanager
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> AsyncIterator[Response]:
+        try:
+            async with self._session.post(url, data=body, headers=headers) as resp:
+                yield _AiohttpResponse(resp)
+        except Exception as e:
+            t = translate_error(e, *self._timeouts)
+            if t is e:
+                raise
+            raise t from e
+
+    async def close(self) -> None:
+        await self._session.close()
+
+
+class _HttpxResponse:
+    __slots__ = ("status", "_resp")
+
+    def __init__(self, resp: httpx.Response) -> None:
+        self.status = resp.status_code
+        self._resp = resp
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        return self._resp.aiter_raw()
+
+    async def read(self) -> bytes:
+        return await self._resp.aread()
+
+
+class HttpxTransport:
+    def __init__(self, *, timeout_s: float, connect_timeout_s: float, http2: bool = False) -> None:
+        if http2:
+            try:
+                import h2  # noqa: F401
+            except ImportError:
+                raise UsageError("http2=True needs the h2 package: pip install 'httpx[http2]'") from None
+        self._timeouts = (timeout_s, connect_timeout_s)
+        limits = httpx.Limits(
+            max_connections=_HTTPX_MAX_CONNECTIONS, max_keepalive_connections=_HTTPX_MAX_CONNECTIONS
+        )
+        # httpx has no total timeout, only per-operation ones; the total is enforced with asyncio.timeout.
+        self._client = httpx.AsyncClient(
+            http2=http2, limits=limits, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        )
+
+    @asynccontextmanager
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> AsyncIterator[Response]:
+        try:
+            async with asyncio.timeout(self._timeouts[0]):
+                async with self._client.stream("POST", url, content=body, headers=headers) as resp:
+                    yield _HttpxResponse(resp)
+        except Exception as e:
+            t = translate_error(e, *self._timeouts)
+            if t is e:
+                raise
+            raise t from e
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def make_transport(
+    name: TransportName, *, timeout_s: float, connect_timeout_s: float, http2: bool = False
+) -> AiohttpTransport | HttpxTransport:
+    """Build a transport; must be called inside a running event loop (aiohttp binds to it)."""
+    if name == "aiohttp":
+        if http2:
+            raise UsageError("http2=True needs transport='httpx' (aiohttp speaks HTTP/1.1 only)")
+        return AiohttpTransport(timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
+    if name == "httpx":
+        return HttpxTransport(timeout_s=timeout_s, connect_timeout_s=connect_timeout_s, http2=http2)
+    raise UsageError(f"transport: must be 'aiohttp' or 'httpx' (got {name!r})")
+
+
+def translate_error(e: Exception, timeout_s: float, connect_timeout_s: float) -> Exception:
+    """The one place lower-library exceptions become TransportError. Anything else passes through."""
+    if isinstance(e, TransportError):
+        return e
+    # Connect timeouts first: aiohttp's ConnectionTimeoutError is also a TimeoutError.
+    if isinstance(e, aiohttp.ConnectionTimeoutError | httpx.ConnectTimeout | httpx.PoolTimeout):
+        return TransportError("timeout", f"connect timed out after {connect_timeout_s:g} s")
+    if isinstance(e, TimeoutError | httpx.TimeoutException):
+        return TransportError("timeout", f"request timed out after {timeout_s:g} s")
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return TransportError("error", f"cannot connect to {e.host}:{e.port}: {_os_reason(e.os_error)}")
+    if isinstance(e, httpx.ConnectError):
+        return TransportError("error", f"cannot connect: {_chain_reason(e)}")
+    if isinstance(e, aiohttp.ServerDisconnectedError):
+        return TransportError("error", "server closed the connection before the response ended")
+    if isinstance(e, aiohttp.ClientPayloadError):
+        # aiohttp keeps the socket error only as text inside its message.
+        is_reset = "reset by peer" in str(e).lower()
+        why = "connection reset by peer" if is_reset else "connection closed before the body ended"
+        return TransportError("error", f"connection lost mid-response ({why})")
+    if isinstance(e, httpx.RemoteProtocolError | httpx.ReadError):
+        return TransportError("error", f"connection lost mid-response ({_chain_reason(e)})")
+    if isinstance(e, aiohttp.ClientError | httpx.HTTPError):
+        return TransportError("error", f"{type(e).__name__}: {_chain_reason(e)}")
+    if isinstance(e, OSError):  # a reset surfacing raw from the socket layer
+        return TransportError("error", f"connection error: {_os_reason(e)}")
+    return e
+
+
+def _os_reason(e: BaseException) -> str:
+    # asyncio puts "Connect call failed (addr)" in strerror; the errno says why in plain words.
+    if isinstance(e, OSError) and e.errno:
+        return os.strerror(e.errno).lower()
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror.lower()
+    return str(e) or type(e).__name__
+
+
+def _chain_reason(e: BaseException) -> str:
+    """The most specific message in the exception chain (libraries wrap the socket error)."""
+    seen: list[BaseException] = []
+    cur: BaseException | None = e
+    while cur is not None and cur not in seen:
+        seen.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    for exc in reversed(seen):
+        if isinstance(exc, OSError) and (exc.errno or exc.strerror):
+            return _os_reason(exc)
+    return str(e) or type(e).__name__

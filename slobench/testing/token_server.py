@@ -1,0 +1,403 @@
+"""A small, fast OpenAI-compatible server that emits tokens on a known schedule, with faults on request.
+
+    python -m slobench.testing.token_server --host 127.0.0.1 --port 0 --ttft-ms 50 --itl-ms 5 [--log FILE]
+
+It prints `LISTENING <port>` on stdout once bound. Every request gets exactly `max_tokens` content chunks of
+one token each: the first at receive + TTFT, then one every ITL, each slept to its absolute deadline (so
+lateness never accumulates). Streaming responses end with a usage chunk (when `stream_options.include_usage`)
+and `data: [DONE]`; chat streams open with an empty role chunk at once, which is not a content token.
+
+Per-request knobs in the JSON body (a target's `extra_body` or a spec's `extra_body` sets them):
+  x_fault       one of FAULTS below
+  x_ttft_ms, x_itl_ms   override the server's schedule for this request
+  x_request_id  echoed into the log line, to match client records with server times
+
+`--log FILE` appends one JSON line per finished request: `recv_s` (handler entry) and `chunk_s` (each
+content chunk handed to the kernel) on `time.perf_counter()`. On Linux that is CLOCK_MONOTONIC, one clock
+for the whole machine, so a client in another process reading `time.perf_counter_ns()` (as
+`slobench.clock.Clock` does) can subtract the two directly. The line is written when the request ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import socket
+import struct
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from aiohttp import web
+
+FAULTS = frozenset(
+    {
+        "status_500",  # HTTP 500 with an OpenAI-style error body
+        "status_429",  # HTTP 429 with Retry-After
+        "echo_auth",  # HTTP 401 whose message echoes the Authorization header (leak test)
+        "reset_after_3",  # 3 tokens, then a TCP reset
+        "malformed_json",  # 2 tokens, then an event whose data is not JSON, then the rest
+        "non_utf8",  # 2 tokens, then an event with bytes that are not UTF-8, then the rest
+        "no_done",  # everything but the final `data: [DONE]`
+        "error_event",  # 2 tokens, then `data: {"error": {...}}` and [DONE]
+        "hang",  # accept the request, never answer (until the client goes away)
+        "hang_after_3",  # 3 tokens, then silence
+    }
+)
+_FAULT_AT = 2  # token index at which mid-stream faults strike
+_RESET_AT = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    model: str = "test-model"
+    ttft_ms: float = 50.0
+    itl_ms: float = 5.0
+    serve_models: bool = True  # False: /v1/models answers 404, like servers without it
+    log_path: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.ttft_ms < 0:
+            raise ValueError(f"ttft_ms must be >= 0 (got {self.ttft_ms!r})")
+        if self.itl_ms < 0:
+            raise ValueError(f"itl_ms must be >= 0 (got {self.itl_ms!r})")
+
+
+@dataclass(slots=True)
+class _Stats:
+    num_running: int = 0
+    num_requests: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    log: IO[str] | None = None
+
+
+def _error_body(status: int, message: str, kind: str) -> bytes:
+    return json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+
+
+def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status,
+        body=_error_body(status, message, kind),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def _prompt_tokens(body: dict[str, Any], is_chat: bool) -> int:
+    if is_chat:
+        msgs = body.get("messages") or []
+        return sum(len(str(m.get("content", "")).split()) for m in msgs if isinstance(m, dict))
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list):
+        return len(prompt)
+    return len(str(prompt).split())
+
+
+class TokenServer:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self._stats = _Stats()
+        self._model_json = json.dumps(config.model)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.on_startup.append(self._open_log)
+        app.on_cleanup.append(self._close_log)
+        return app
+
+    async def _open_log(self, _app: web.Application) -> None:
+        if self.config.log_path is not None:
+            self._stats.log = open(self.config.log_path, "a")
+
+    async def _close_log(self, _app: web.Application) -> None:
+        if self._stats.log is not None:
+            self._stats.log.close()
+            self._stats.log = None
+
+    async def _health(self, _request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _models(self, _request: web.Request) -> web.Response:
+        if not self.config.serve_models:
+            return _error(404, "Not Found", "NotFoundError")
+        body = {
+            "object": "list",
+            "data": [{"id": self.config.model, "object": "model", "owned_by": "slobench"}],
+        }
+        return web.json_response(body)
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        s = self._stats
+        m = self.config.model
+        text = (
+            "# TYPE vllm:num_requests_running gauge\n"
+            f'vllm:num_requests_running{{model_name="{m}"}} {s.num_running}\n'
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            f'vllm:num_requests_waiting{{model_name="{m}"}} 0\n'
+            "# TYPE vllm:prompt_tokens_total counter\n"
+            f'vllm:prompt_tokens_total{{model_name="{m}"}} {s.prompt_tokens}\n'
+            "# TYPE vllm:generation_tokens_total counter\n"
+            f'vllm:generation_tokens_total{{model_name="{m}"}} {s.generation_tokens}\n'
+        )
+        return web.Response(text=text, content_type="text/plain")
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, is_chat=False)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, is_chat=True)
+
+    async def _generate(self, request: web.Request, is_chat: bool) -> web.StreamResponse:
+        recv_s = time.perf_counter()
+        try:
+            body = json.loads(await request.read())
+            if not isinstance(body, dict):
+                raise ValueError("body is not a JSON object")
+        except ValueError as e:
+            return _error(400, f"bad JSON body: {e}", "BadRequestError")
+        if body.get("model") != self.config.model:
+            return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        fault = body.get("x_fault")
+        if fault is not None and fault not in FAULTS:
+            return _error(400, f"unknown x_fault {fault!r}; known: {sorted(FAULTS)}", "BadRequestError")
+        max_tokens = body.get("max_tokens", 16)
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            return _error(
+                400, f"max_tokens must be a positive integer (got {max_tokens!r})", "BadRequestError"
+            )
+        if fault == "status_500":
+            return _error(500, "injected internal error", "InternalServerError")
+        if fault == "status_429":
+            return _error(429, "injected rate limit", "RateLimitError", {"Retry-After": "1"})
+        if fault == "echo_auth":
+            auth = request.headers.get("Authorization", "")
+            return _error(401, f"invalid credentials: {auth}", "AuthenticationError")
+
+        stats = self._stats
+        stats.num_running += 1
+        stats.num_requests += 1
+        request_id = body.get("x_request_id", stats.num_requests)
+        num_prompt = _prompt_tokens(body, is_chat)
+        stats.prompt_tokens += num_prompt
+        chunk_s: list[float] = []
+        try:
+            if fault == "hang":
+                await _wait_for_disconnect(request)
+                return web.Response(status=204)
+            ttft_s = float(body.get("x_ttft_ms", self.config.ttft_ms)) * 1e-3
+            itl_s = float(body.get("x_itl_ms", self.config.itl_ms)) * 1e-3
+            usage = {
+                "prompt_tokens": num_prompt,
+                "completion_tokens": max_tokens,
+                "total_tokens": num_prompt + max_tokens,
+            }
+            if body.get("stream"):
+                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                return await self._stream(
+                    request, is_chat, fault, recv_s, ttft_s, itl_s, max_tokens, usage, include_usage, chunk_s
+                )
+            await _sleep_until(recv_s + ttft_s + (max_tokens - 1) * itl_s)
+            chunk_s.append(time.perf_counter())  # the one write carries every token
+            stats.generation_tokens += max_tokens - 1
+            if fault == "malformed_json":
+                return web.Response(body=b'{"choices": [', content_type="application/json")
+            return web.json_response(self._full_response(is_chat, max_tokens, usage))
+        finally:
+            stats.num_running -= 1
+            stats.generation_tokens += len(chunk_s)
+            if stats.log is not None:
+                line = {
+                    "id": request_id,
+                    "path": request.path,
+                    "recv_s": recv_s,
+                    "chunk_s": chunk_s,
+                    "fault": fault,
+                    "max_tokens": max_tokens,
+                    "prompt_tokens": num_prompt,
+                }
+                stats.log.write(json.dumps(line) + "\n")
+                stats.log.flush()
+
+    def _full_response(self, is_chat: bool, max_tokens: int, usage: dict[str, int]) -> dict[str, Any]:
+        text = " tok" * max_tokens
+        if is_chat:
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None}
+            obj = "text_completion"
+        choice["finish_reason"] = "length"
+        return {
+            "id": "cmpl-0",
+            "object": obj,
+            "created": 0,
+            "model": self.config.model,
+            "choices": [choice],
+            "usage": usage,
+        }
+
+    async def _stream(
+        self,
+        request: web.Request,
+        is_chat: bool,
+        fault: str | None,
+        recv_s: float,
+        ttft_s: float,
+        itl_s: float,
+        max_tokens: int,
+        usage: dict[str, int],
+        include_usage: bool,
+        chunk_s: list[float],
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        head, tail = self._chunk_frame(is_chat)
+        if is_chat:
+            await resp.write(head + b'"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n')
+        piece = b'"delta":{"content":" tok"}' if is_chat else b'"text":" tok","logprobs":null'
+        chunk = head + piece + b',"finish_reason":null' + tail
+        last = head + piece + b',"finish_reason":"length"' + tail
+        write = resp.write
+        perf = time.perf_counter
+        for i in range(max_tokens):
+            await _sleep_until(recv_s + ttft_s + i * itl_s)
+            if fault is not None and await self._mid_stream_fault(request, resp, fault, i):
+                return resp
+            await write(last if i == max_tokens - 1 else chunk)
+            chunk_s.append(perf())
+        if include_usage:
+            obj = "chat.completion.chunk" if is_chat else "text_completion"
+            u = {
+                "id": "cmpl-0",
+                "object": obj,
+                "created": 0,
+                "model": self.config.model,
+                "choices": [],
+                "usage": usage,
+            }
+            await write(b"data: " + json.dumps(u).encode() + b"\n\n")
+        if fault != "no_done":
+            await write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _mid_stream_fault(
+        self, request: web.Request, resp: web.StreamResponse, fault: str, i: int
+    ) -> bool:
+        """Apply `fault` before token `i`; True if the response is over."""
+        if fault == "reset_after_3" and i == _RESET_AT:
+            _reset(request)
+            return True
+        if fault == "hang_after_3" and i == _RESET_AT:
+            await _wait_for_disconnect(request)
+            return True
+        if i != _FAULT_AT:
+            return False
+        if fault == "malformed_json":
+            await resp.write(b'data: {"choices": [{"text": "oops"\n\n')
+        elif fault == "non_utf8":
+            await resp.write(b'data: {"choices": [{"text": "\xff\xfe"}]}\n\n')
+        elif fault == "error_event":
+            await resp.write(
+                b"data: " + _error_body(500, "injected mid-stream failure", "InternalServerError") + b"\n\n"
+            )
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            return True
+        return False
+
+    def _chunk_frame(self, is_chat: bool) -> tuple[bytes, bytes]:
+        obj = "chat.completion.chunk" if is_chat else "text_completion"
+        head = (
+            f'data: {{"id":"cmpl-0","object":"{obj}","created":0,"model":{self._model_json},'
+            '"choices":[{"index":0,'
+        ).encode()
+        return head, b"}]}\n\n"
+
+
+async def _sleep_until(deadline_s: float) -> None:
+    delay = deadline_s - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+async def _wait_for_disconnect(request: web.Request) -> None:
+    # aiohttp does not cancel handlers when the peer leaves, so poll; a hung request costs nothing else.
+    while request.transport is not None and not request.transport.is_closing():
+        await asyncio.sleep(0.05)
+
+
+def _reset(request: web.Request) -> None:
+    """Abort the connection with a TCP RST (SO_LINGER 0), as a crashed server or a proxy would."""
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+async def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, int]:
+    """Start serving in the running loop; returns the runner (call `cleanup()` to stop) and the bound port."""
+    runner = web.AppRunner(TokenServer(config).app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    site = web.SockSite(runner, sock, backlog=1024)
+    await site.start()
+    return runner, sock.getsockname()[1]
+
+
+async def _main_async(args: argparse.Namespace) -> None:
+    config = ServerConfig(
+        model=args.model,
+        ttft_ms=args.ttft_ms,
+        itl_ms=args.itl_ms,
+        serve_models=not args.no_models,
+        log_path=Path(args.log) if args.log else None,
+    )
+    runner, port = await serve(config, args.host, args.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"LISTENING {port}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m slobench.testing.token_server", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed as LISTENING <port>)")
+    p.add_argument("--ttft-ms", type=float, default=50.0)
+    p.add_argument("--itl-ms", type=float, default=5.0)
+    p.add_argument("--model", default="test-model")
+    p.add_argument("--no-models", action="store_true", help="answer 404 on /v1/models")
+    p.add_argument("--log", default=None, help="append per-request JSON lines (perf_counter times) here")
+    args = p.parse_args(argv)
+    try:
+        asyncio.run(_main_async(args))
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
