@@ -158,6 +158,19 @@ def test_decode_default_split_choice_and_out_buffer() -> None:
     torch.testing.assert_close(got, torch_ref.paged_decode_attention(*args), **_tol(torch.float32))
 
 
+@pytest.mark.parametrize("num_splits", [1, 2], ids=["no-split", "split2"])
+def test_decode_padding_rows_give_zeros(num_splits: int) -> None:
+    """A CUDA-graph batch is padded with context-0 rows (and slot -1 writes): they must not make NaN."""
+    cache = PagedCache([70, 70]).to(DEVICE)
+    q = _query(3, NUM_KV_HEADS * 4, torch.float32)
+    table = torch.cat([cache.block_tables, cache.block_tables[:1]])
+    args = (q, cache.k_cache, cache.v_cache, table, _int32([70, 0, 70]), 0.2)
+    got = paged_decode_attention(*args, num_splits=num_splits, max_context_len=70)
+    expected = torch_ref.paged_decode_attention(*args)
+    assert not got[1].any() and not expected[1].any()
+    torch.testing.assert_close(got, expected, **_tol(torch.float32))
+
+
 def test_decode_split_count_is_bounded() -> None:
     from reference_engine.kernels.decode_attention import choose_num_splits
 
@@ -438,3 +451,13 @@ def test_greedy_tokens_through_the_kernels_equal_the_dense_forward() -> None:
         assert int(logits.argmax()) == int(dense.argmax())
         tokens.append(int(logits.argmax()))
         logits = run_chunk(tokens[-1:], len(tokens) - 1)
+
+
+def test_public_surface_is_pinned() -> None:
+    assert kernels.__all__ == [
+        "extend_attention",
+        "paged_decode_attention",
+        "triton_available",
+        "uses_triton",
+        "write_kv",
+    ]

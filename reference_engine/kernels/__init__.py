@@ -52,14 +52,21 @@ def paged_decode_attention(
     q: torch.Tensor,  # [num_seqs, n_heads, head_dim]
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
-    context_lens: torch.Tensor,  # [num_seqs] int32, >= 1, including the token being decoded
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32 (int64 accepted)
+    context_lens: torch.Tensor,  # [num_seqs] int32, including the token being decoded; 0 = padding row
     scale: float,
     *,
     num_splits: int | None = None,
     max_context_len: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """Attention of one new token per sequence over its context (write its K/V with `write_kv` first).
+
+    Triton path: `num_splits` None picks the split-K count from the shapes (1 = no split);
+    `max_context_len` must be >= every context length (positions past it are never read) and defaults
+    to the block table's capacity, so no host sync is needed and the call can be CUDA-graph captured.
+    A padding row (context 0) yields zeros. `out` lets a captured graph reuse one output buffer.
+    """
     if uses_triton(q):
         from reference_engine.kernels.decode_attention import paged_decode_attention as impl
     else:
@@ -83,12 +90,17 @@ def extend_attention(
     v_cache: torch.Tensor,
     cu_seqlens_q: torch.Tensor,  # [num_seqs + 1] int32
     prefix_lens: torch.Tensor,  # [num_seqs] int32
-    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32 (int64 accepted)
     scale: float,
     *,
     max_seqlen_q: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens over its cached prefix and themselves, all read
+    through the block table (write the new tokens' K/V with `write_kv` first). Serves fresh prefills
+    (prefix 0), chunked prefill and prefix-cache hits alike. `max_seqlen_q` must be >= the longest run
+    of new tokens; pass it from the host to avoid a device sync (None reads it from cu_seqlens_q).
+    """
     if uses_triton(q):
         from reference_engine.kernels.prefill_attention import extend_attention as impl
     else:

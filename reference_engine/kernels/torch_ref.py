@@ -53,7 +53,7 @@ def paged_decode_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
-    context_lens: torch.Tensor,  # [num_seqs] int32, >= 1
+    context_lens: torch.Tensor,  # [num_seqs] int32; 0 marks a padding row (output zeros)
     scale: float,
     *,
     num_splits: int | None = None,  # split-K is a Triton launch detail; accepted for the same signature
@@ -81,6 +81,8 @@ def paged_decode_attention(
     res = torch.einsum("skgl,slkd->skgd", torch.softmax(scores, dim=-1), v).reshape(
         num_seqs, n_heads, head_dim
     )
+    # A padding row (context 0, e.g. a CUDA-graph batch filled up to its size) has softmax 0/0: make it 0.
+    res = res.masked_fill((context_lens == 0)[:, None, None], 0.0)
     if out is None:
         return res.to(q.dtype)
     out.copy_(res)
