@@ -19,8 +19,6 @@ from reference_engine.weights import (
 )
 from slobench.errors import SpecError
 
-torch.set_num_threads(2)
-
 
 def greedy(model: Transformer, prompt: list[int], num_new: int) -> list[int]:
     ids = list(prompt)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass, field
 
@@ -10,18 +11,27 @@ import torch
 
 from reference_engine.executor.base import SamplingParams, SeqChunk, StepBatch
 from reference_engine.executor.torch_executor import TorchExecutor, kv_bytes_per_token, num_blocks_for_memory
-from reference_engine.model import Transformer
-
-torch.set_num_threads(2)
+from reference_engine.model import Transformer, build_model
 
 NUM_BLOCKS = 96
 
 
-def dense_greedy(model: Transformer, prompt: list[int], num_new: int) -> list[int]:
+@functools.cache
+def oracle() -> Transformer:
+    """Built on its own (same config and seed as the executors), so the executor's weights are checked too."""
+    return build_model("tiny", seed=0)
+
+
+def dense_greedy(prompt: list[int], num_new: int) -> list[int]:
+    return list(_dense_greedy(tuple(prompt), num_new))
+
+
+@functools.cache
+def _dense_greedy(prompt: tuple[int, ...], num_new: int) -> tuple[int, ...]:
     ids = list(prompt)
     for _ in range(num_new):
-        ids.append(int(model.forward_dense(ids)[-1].argmax()))
-    return ids[len(prompt) :]
+        ids.append(int(oracle().forward_dense(ids)[-1].argmax()))
+    return tuple(ids[len(prompt) :])
 
 
 @dataclass
@@ -83,9 +93,11 @@ def make_seqs(prompts: list[list[int]], num_new: int, block_size: int, rng: rand
 
 
 def poison(ex: TorchExecutor) -> None:
-    """NaN in every slot: reading any KV the step has not written turns the tokens into garbage."""
+    """Huge values in every slot: attending to any KV not written yet turns the tokens into garbage.
+    (Finite, because slots past a context are read and masked: NaN would survive the mask.)"""
+    gen = torch.Generator().manual_seed(0)
     for cache in (*ex.k_cache, *ex.v_cache):
-        cache.fill_(float("nan"))
+        cache.copy_(torch.randn(cache.shape, generator=gen) * 1e3)
 
 
 def random_prompt(rng: random.Random, n: int) -> list[int]:
@@ -108,7 +120,7 @@ def test_concurrent_greedy_matches_dense(executors: dict[int, TorchExecutor], bl
     seqs = make_seqs(prompts, num_new=7, block_size=block_size, rng=rng)
     run_all(ex, seqs, rng)
     for s, prompt in zip(seqs, prompts, strict=True):
-        assert s.generated == dense_greedy(ex.model, prompt, s.num_new), f"prompt length {len(prompt)}"
+        assert s.generated == dense_greedy(prompt, s.num_new), f"prompt length {len(prompt)}"
 
 
 def test_whole_prompt_prefill_then_batched_decode(executors: dict[int, TorchExecutor]) -> None:
@@ -120,7 +132,7 @@ def test_whole_prompt_prefill_then_batched_decode(executors: dict[int, TorchExec
     seqs = make_seqs(prompts, num_new=9, block_size=4, rng=rng)
     run_all(ex, seqs, rng, max_chunk=64)
     for s, prompt in zip(seqs, prompts, strict=True):
-        assert s.generated == dense_greedy(ex.model, prompt, 9)
+        assert s.generated == dense_greedy(prompt, 9)
 
 
 def test_prefix_shared_blocks_give_the_same_tokens(executors: dict[int, TorchExecutor]) -> None:
@@ -137,9 +149,9 @@ def test_prefix_shared_blocks_give_the_same_tokens(executors: dict[int, TorchExe
     spare = [x for x in range(NUM_BLOCKS) if x not in set(a.block_table) | set(b.block_table)]
     c = Seq(2, list(c_prompt), a.block_table[:2] + spare[:2], len(c_prompt), 6, num_computed=len(shared))
     run_all(ex, [b, c], rng)
-    assert a.generated == dense_greedy(ex.model, a_prompt, 6)
-    assert b.generated == dense_greedy(ex.model, b_prompt, 6)
-    assert c.generated == dense_greedy(ex.model, c_prompt, 6)
+    assert a.generated == dense_greedy(a_prompt, 6)
+    assert b.generated == dense_greedy(b_prompt, 6)
+    assert c.generated == dense_greedy(c_prompt, 6)
 
 
 @pytest.mark.parametrize("new_blocks", [False, True])
@@ -162,7 +174,7 @@ def test_recompute_after_preemption_gives_the_same_tokens(
     other = make_seqs([random_prompt(rng, 6)], num_new=4, block_size=4, rng=random.Random(5))[0]
     other.seq_id, other.block_table = 1, [b for b in range(NUM_BLOCKS) if b not in s.block_table][:3]
     run_all(ex, [s, other], rng)
-    assert s.generated == dense_greedy(ex.model, prompt, 12)
+    assert s.generated == dense_greedy(prompt, 12)
 
 
 def test_seeded_sampling_is_reproducible_across_batches(executors: dict[int, TorchExecutor]) -> None:
@@ -181,11 +193,11 @@ def test_seeded_sampling_is_reproducible_across_batches(executors: dict[int, Tor
     first = sample_run(seed=42, with_company=False)
     assert sample_run(seed=42, with_company=True) == first  # batch composition and chunking do not matter
     assert sample_run(seed=43, with_company=False) != first
-    assert first != dense_greedy(ex.model, prompt, 12)  # temperature 1 really samples
+    assert first != dense_greedy(prompt, 12)  # temperature 1 really samples
     unseeded = sample_run(seed=None, with_company=False)
     assert all(0 <= t < ex.vocab_size for t in unseeded)
     # A top_p so small that only the most likely token survives is greedy decoding.
-    assert sample_run(seed=7, with_company=True, top_p=1e-6) == dense_greedy(ex.model, prompt, 12)
+    assert sample_run(seed=7, with_company=True, top_p=1e-6) == dense_greedy(prompt, 12)
 
 
 def test_only_chunks_marked_sample_get_a_token(executors: dict[int, TorchExecutor]) -> None:
@@ -220,4 +232,39 @@ def test_executor_loads_a_checkpoint(tmp_path, executors: dict[int, TorchExecuto
     (s,) = make_seqs([prompt], num_new=5, block_size=4, rng=random.Random(0))
     s.block_table = [b % 16 for b in s.block_table]
     run_all(ex, [s], random.Random(0))
-    assert s.generated == dense_greedy(executors[4].model, prompt, 5)
+    assert s.generated == dense_greedy(prompt, 5)
+
+
+# --- the real engine (scheduler + block manager + step loop) on this executor ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prefix_caching", "num_blocks"),
+    [(True, NUM_BLOCKS), (False, NUM_BLOCKS), (True, 14), (False, 14)],
+    ids=["cache-on", "cache-off", "cache-on-preempt", "cache-off-preempt"],
+)
+def test_llm_engine_generate_matches_dense(prefix_caching: bool, num_blocks: int) -> None:
+    from reference_engine.config import EngineConfig
+    from reference_engine.engine import LLMEngine
+
+    rng = random.Random(21)
+    shared = random_prompt(rng, 8)  # two blocks of 4: the prefix cache can serve them
+    prompts = [shared + random_prompt(rng, n) for n in (0, 1, 5)] + [
+        random_prompt(rng, n) for n in (1, 4, 10)
+    ]
+    num_new = 10
+    cfg = EngineConfig(block_size=4, num_blocks=num_blocks, max_num_seqs=8, max_num_batched_tokens=12,
+                       max_model_len=64, enable_prefix_caching=prefix_caching, prefix_hash_key=b"test")  # fmt: skip
+    ex = TorchExecutor("tiny", num_blocks, 4, seed=0)
+    poison(ex)
+    engine = LLMEngine(cfg, ex)
+    first = engine.generate(prompts, max_tokens=num_new, ignore_eos=True)
+    again = engine.generate(prompts[:3], max_tokens=num_new, ignore_eos=True)  # prefixes cached by now
+    expected = [dense_greedy(p, num_new) for p in prompts]
+    assert [o.token_ids for o in first] == expected
+    assert [o.token_ids for o in again] == expected[:3]
+    stats = engine.stats()
+    assert (stats.num_prefix_hit_tokens > 0) == prefix_caching
+    if num_blocks < NUM_BLOCKS:
+        assert stats.num_preemptions > 0  # the small cache really forced recomputation
+    assert stats.num_blocks_in_use == 0 and stats.num_idle_check_failures == 0

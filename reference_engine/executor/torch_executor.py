@@ -39,57 +39,65 @@ def num_blocks_for_memory(
 @dataclass(slots=True)
 class _DecodeGroup:
     rows: Tensor  # [D] rows of the step's token axis that are single-token chunks
-    ctx_slots: Tensor  # [D, max_ctx] cache slot of each context position, padding repeats a valid slot
-    mask: Tensor  # [D, 1, 1, max_ctx] additive: 0 inside the context, -inf on padding
+    block_ids: Tensor  # [D * max_blocks] each sequence's blocks, padded with its own first block
+    mask: Tensor  # [D, 1, 1, max_blocks * block_size] additive: 0 inside the context, -inf past it
 
 
 @dataclass(slots=True)
 class _PrefillChunk:
     first_row: int
     num_tokens: int
-    ctx_slots: Tensor  # [ctx_len]
+    ctx_len: int
+    block_ids: Tensor  # [ceil(ctx_len / block_size)]
     mask: Tensor | None  # [num_tokens, ctx_len] additive causal mask; None when plain is_causal applies
 
 
 class _StepAttention:
-    """The `attend` function the model calls per layer, holding this step's index tensors."""
+    """The `attend` function the model calls per layer, holding this step's index tensors.
+
+    K/V are read a whole block at a time (one contiguous copy per block, not per slot); the slots of a
+    block past the context are masked, so what they hold (stale or unwritten) never counts."""
 
     def __init__(self, executor: TorchExecutor, slots: Tensor, decode: _DecodeGroup | None,
                  prefills: list[_PrefillChunk]) -> None:  # fmt: skip
-        self.k_flat, self.v_flat = executor._k_flat, executor._v_flat
+        self.ex = executor
         self.slots, self.decode, self.prefills = slots, decode, prefills
         self.group = executor.config.n_heads // executor.config.n_kv_heads
 
     def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        k_cache, v_cache = self.k_flat[layer_idx], self.v_flat[layer_idx]  # [num_slots, kv_heads, head_dim]
-        k_cache.index_copy_(0, self.slots, k)
-        v_cache.index_copy_(0, self.slots, v)
+        ex = self.ex
+        ex._k_flat[layer_idx].index_copy_(0, self.slots, k)  # [num_slots, kv_heads, head_dim]
+        ex._v_flat[layer_idx].index_copy_(0, self.slots, v)
+        k_blocks, v_blocks = ex.k_cache[layer_idx], ex.v_cache[layer_idx]  # [num_blocks, bs, kv, hd]
         if self.decode is not None and not self.prefills:
-            return self._decode(q, k_cache, v_cache, self.decode)  # the common all-decode step: no scatter
+            return self._decode(q, k_blocks, v_blocks, self.decode)  # the common all-decode step: no scatter
         out = torch.empty_like(q)
         if self.decode is not None:
-            out.index_copy_(
-                0, self.decode.rows, self._decode(q[self.decode.rows], k_cache, v_cache, self.decode)
-            )
+            d = self.decode
+            out.index_copy_(0, d.rows, self._decode(q.index_select(0, d.rows), k_blocks, v_blocks, d))
         for p in self.prefills:
             rows = slice(p.first_row, p.first_row + p.num_tokens)
             qp = q[rows].transpose(0, 1)  # [heads, n, hd]
-            kp, vp = k_cache[p.ctx_slots].transpose(0, 1), v_cache[p.ctx_slots].transpose(0, 1)  # [kv, L, hd]
+            kp, vp = _context(k_blocks, p), _context(v_blocks, p)  # [kv, L, hd]
             o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, is_causal=p.mask is None,
                                                enable_gqa=True)  # fmt: skip
             out[rows] = o.transpose(0, 1)
         return out
 
-    def _decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, d: _DecodeGroup) -> Tensor:
+    def _decode(self, q: Tensor, k_blocks: Tensor, v_blocks: Tensor, d: _DecodeGroup) -> Tensor:
         num_seqs, n_heads, head_dim = q.shape
         n_kv = n_heads // self.group
         # The query heads sharing a KV head become that head's "query length": no K/V repeat needed.
         qg = q.view(num_seqs, n_kv, self.group, head_dim)
-        kd = k_cache[d.ctx_slots].transpose(1, 2)  # [D, kv, L, hd]
-        vd = v_cache[d.ctx_slots].transpose(1, 2)
+        kd = k_blocks.index_select(0, d.block_ids).view(num_seqs, -1, n_kv, head_dim).transpose(1, 2)
+        vd = v_blocks.index_select(0, d.block_ids).view(num_seqs, -1, n_kv, head_dim).transpose(1, 2)
         # An additive float mask keeps SDPA on its fast CPU kernel; a bool mask falls back to the slow path.
-        o = F.scaled_dot_product_attention(qg, kd, vd, attn_mask=d.mask)
+        o = F.scaled_dot_product_attention(qg, kd, vd, attn_mask=d.mask)  # [D, kv, group, hd]
         return o.reshape(num_seqs, n_heads, head_dim)
+
+
+def _context(blocks: Tensor, p: _PrefillChunk) -> Tensor:
+    return blocks.index_select(0, p.block_ids).flatten(0, 1)[: p.ctx_len].transpose(0, 1)
 
 
 class TorchExecutor:
@@ -164,7 +172,7 @@ class TorchExecutor:
             if c.start_pos + n > self.config.max_seq_len:
                 raise ValueError(f"seq {c.seq_id}: position {c.start_pos + n - 1} is past max_seq_len")
         max_blocks = max(num_ctx_blocks)
-        tables = torch.tensor([c.block_table[:nb] + [0] * (max_blocks - nb)
+        tables = torch.tensor([c.block_table[:nb] + [c.block_table[0]] * (max_blocks - nb)
                                for c, nb in zip(chunks, num_ctx_blocks, strict=True)], device=dev)  # fmt: skip
         token_ids = torch.tensor(list(itertools.chain.from_iterable(c.token_ids for c in chunks)), device=dev)
 
@@ -180,34 +188,36 @@ class TorchExecutor:
             positions = torch.tensor(starts, device=dev)[chunk_of_token] + offset
             slots = tables[chunk_of_token, positions // bs] * bs + positions % bs
 
-        decode_idx = [i for i, n in enumerate(lens) if n == 1]
         decode = None
+        decode_idx = list(range(len(chunks))) if all_decode else [i for i, n in enumerate(lens) if n == 1]
         if decode_idx:
+            d_tables = tables if all_decode else tables[decode_idx]
+            d_max_blocks = max(num_ctx_blocks[i] for i in decode_idx)
             ctx = torch.tensor([ctx_lens[i] for i in decode_idx], device=dev)
-            pos = torch.arange(max(ctx_lens[i] for i in decode_idx), device=dev)
-            # Padding re-reads position 0 of the same sequence (always written) rather than stale slots.
-            valid = pos[None, :] < ctx[:, None]
-            pos = torch.where(valid, pos[None, :], 0)
-            rows_tables = tables if all_decode else tables[decode_idx]
-            ctx_slots = torch.gather(rows_tables, 1, pos // bs) * bs + pos % bs
-            mask = torch.zeros(valid.shape, dtype=self.dtype, device=dev).masked_fill_(~valid, -math.inf)
-            rows = torch.arange(len(chunks), device=dev) if all_decode else torch.tensor(
-                list(itertools.accumulate([0, *lens]))[:-1], device=dev)[decode_idx]  # fmt: skip
-            decode = _DecodeGroup(rows=rows, ctx_slots=ctx_slots, mask=mask[:, None, None, :])
+            pos = torch.arange(d_max_blocks * bs, device=dev)
+            mask = torch.zeros(len(decode_idx), len(pos), dtype=self.dtype, device=dev)
+            mask.masked_fill_(pos[None, :] >= ctx[:, None], -math.inf)
+            if all_decode:
+                rows = torch.arange(len(chunks), device=dev)
+            else:
+                row_of_chunk = list(itertools.accumulate([0, *lens]))
+                rows = torch.tensor([row_of_chunk[i] for i in decode_idx], device=dev)
+            block_ids = d_tables[:, :d_max_blocks].reshape(-1)
+            decode = _DecodeGroup(rows=rows, block_ids=block_ids, mask=mask[:, None, None, :])
 
         prefills: list[_PrefillChunk] = []
         if not all_decode:
             first = 0
             for i, (start, n, ctx_len) in enumerate(zip(starts, lens, ctx_lens, strict=True)):
                 if n > 1:
-                    pos = torch.arange(ctx_len, device=dev)
-                    ctx_slots = tables[i, pos // bs] * bs + pos % bs
                     mask = None
                     if start > 0:  # queries sit at the end of the context: causal aligned bottom-right
                         q_pos = torch.arange(start, ctx_len, device=dev)
+                        k_pos = torch.arange(ctx_len, device=dev)
                         mask = torch.zeros(n, ctx_len, dtype=self.dtype, device=dev)
-                        mask.masked_fill_(pos[None, :] > q_pos[:, None], -math.inf)
-                    prefills.append(_PrefillChunk(first, n, ctx_slots, mask))
+                        mask.masked_fill_(k_pos[None, :] > q_pos[:, None], -math.inf)
+                    block_ids = tables[i, : num_ctx_blocks[i]]
+                    prefills.append(_PrefillChunk(first, n, ctx_len, block_ids, mask))
                 first += n
         return token_ids, positions, _StepAttention(self, slots, decode, prefills)
 
