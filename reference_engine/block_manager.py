@@ -162,11 +162,12 @@ class BlockManager:
         need = cdiv(seq.num_computed_tokens + num_new_tokens, self.block_size) - len(seq.block_table)
         return max(need, 0)
 
-    def grow(self, seq: Sequence, num_new_tokens: int) -> None:
-        need = self.num_blocks_to_grow(seq, num_new_tokens)
-        if need > self.num_allocatable:
-            raise BlockAccountingError(f"seq {seq.seq_id} grown by {need} blocks with {self.num_allocatable} left")
-        for _ in range(need):
+    def append_blocks(self, seq: Sequence, num_blocks: int) -> None:
+        if num_blocks > self.num_allocatable:
+            raise BlockAccountingError(
+                f"seq {seq.seq_id} grown by {num_blocks} blocks with {self.num_allocatable} left"
+            )
+        for _ in range(num_blocks):
             seq.block_table.append(self._take_fresh())
 
     def register_computed(self, seq: Sequence) -> None:

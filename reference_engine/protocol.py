@@ -10,7 +10,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from reference_engine.executor.base import SamplingParams
 
@@ -40,7 +40,7 @@ def error_body(message: str, type: str, param: str | None = None, code: str | in
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-class TextTokenizer:
+class TextTokenizer(Protocol):
     """What the server needs of a tokenizer (reference_engine.tokenizer.ByteTokenizer fits)."""
 
     vocab_size: int

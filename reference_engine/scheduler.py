@@ -138,7 +138,8 @@ class Scheduler:
                     break
             if seq.status is not SeqStatus.RUNNING:
                 break  # it was the newest and preempted itself; everything after it is gone too
-            bm.grow(seq, n)
+            if need:
+                bm.append_blocks(seq, need)
             scheduled.append((seq, n))
             budget -= n
             i += 1
@@ -237,9 +238,8 @@ class Scheduler:
         for seq in self.running:
             if seq.num_computed_tokens > len(seq.block_table) * bm.block_size:
                 raise AssertionError(f"seq {seq.seq_id} computed {seq.num_computed_tokens} past its blocks")
-            if len(seq.block_table) != cdiv(max(seq.num_tokens, seq.num_computed_tokens), bm.block_size) and (
-                len(seq.block_table) != cdiv(seq.num_tokens - 1, bm.block_size)
-            ):
+            # All known tokens have blocks, except a just-sampled one whose block comes with its next step.
+            if len(seq.block_table) not in (cdiv(seq.num_tokens, bm.block_size), cdiv(seq.num_tokens - 1, bm.block_size)):
                 raise AssertionError(f"seq {seq.seq_id}: {len(seq.block_table)} blocks for {seq.num_tokens} tokens")
             for bid in seq.block_table:
                 refs[bid] = refs.get(bid, 0) + 1

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from reference_engine.config import EngineConfig
 from reference_engine.engine import LLMEngine, TokenEvent, VirtualClock
@@ -12,6 +14,7 @@ from reference_engine.executor.base import StepBatch, StepResult
 from reference_engine.executor.modeled_executor import CostProfile, ModeledExecutor
 from reference_engine.metrics import EngineMetrics
 from reference_engine.scheduler import RequestRejected
+from slobench.clock import Clock
 
 PROFILE = CostProfile("test", step_overhead_s=0.002, per_prefill_token_s=1e-4, per_decode_seq_s=1e-3,
                       per_context_token_s=0.0)
@@ -139,10 +142,8 @@ class Collector:
             self.done.set()
 
 
-def fast_engine(**kw: object) -> LLMEngine:
-    from reference_engine.engine import _MonotonicClock
-
-    return make(profile=CostProfile("fast", 1e-5, 0.0, 0.0, 0.0), clock=_MonotonicClock(), **kw)
+def fast_engine() -> LLMEngine:
+    return make(profile=CostProfile("fast", 1e-5, 0.0, 0.0, 0.0), clock=Clock())  # the run's real clock
 
 
 def test_thread_serves_requests_and_wakes_on_new_work() -> None:
@@ -236,3 +237,53 @@ def test_generate_refuses_while_thread_runs() -> None:
             engine.generate([[1]], max_tokens=1)
     finally:
         engine.stop()
+
+
+# ---- property test: the engine API with the modeled executor -------------------------------------------
+engine_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(1, 30), st.integers(1, 20), st.integers(0, 3)),
+        st.tuples(st.just("step"), st.integers(1, 5)),
+        st.tuples(st.just("abort"), st.integers(0, 25)),
+    ),
+    max_size=50,
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=engine_ops, num_blocks=st.integers(4, 40), caching=st.booleans(), budget=st.integers(2, 64))
+def test_random_engine_ops_balance_blocks(ops: list[tuple], num_blocks: int, caching: bool, budget: int) -> None:
+    cfg = EngineConfig(block_size=4, num_blocks=num_blocks, max_num_seqs=6, max_num_batched_tokens=budget,
+                       max_model_len=256, enable_prefix_caching=caching, prefix_hash_key=b"k")
+    ex = ModeledExecutor(PROFILE, block_size=4, num_blocks=num_blocks, vocab_size=50, eos_token_id=0,
+                         eos_probability=0.05)
+    engine = LLMEngine(cfg, ex, VirtualClock())
+    ended: dict[int, int] = {}
+
+    def on_token(ev: TokenEvent) -> None:
+        if ev.finish_reason is not None:
+            ended[ev.request_id] = ended.get(ev.request_id, 0) + 1
+
+    added: list[int] = []
+    for op in ops:
+        if op[0] == "add":
+            _, prompt_len, max_tokens, prefix = op
+            prompt = [prefix + 1] * 8 + list(range(10, 10 + prompt_len))
+            try:
+                added.append(engine.add_request(prompt, max_tokens, ignore_eos=prefix == 3, on_token=on_token))
+            except RequestRejected:
+                assert -(-(len(prompt) + max_tokens - 1) // 4) > num_blocks
+        elif op[0] == "step":
+            for _ in range(op[1]):
+                engine.step()
+                engine.scheduler.check()
+        else:
+            engine.abort(op[1])
+    while engine.has_work() or engine._pending_aborts:
+        engine.step()
+        engine.scheduler.check()
+    assert engine.idle_check()
+    s = engine.stats()
+    assert s.num_blocks_in_use == 0 and s.num_blocks_free + s.num_blocks_cached == s.num_blocks
+    assert sorted(ended) == sorted(added)
+    assert all(v == 1 for v in ended.values())  # every request ended exactly once
