@@ -287,3 +287,15 @@ def test_random_engine_ops_balance_blocks(ops: list[tuple], num_blocks: int, cac
     assert s.num_blocks_in_use == 0 and s.num_blocks_free + s.num_blocks_cached == s.num_blocks
     assert sorted(ended) == sorted(added)
     assert all(v == 1 for v in ended.values())  # every request ended exactly once
+
+
+def test_config_and_executor_mismatch_are_named_errors() -> None:
+    from slobench.errors import SpecError
+
+    with pytest.raises(SpecError, match="block_size"):
+        EngineConfig(block_size=0)
+    with pytest.raises(SpecError, match="max_num_seqs"):
+        EngineConfig(max_num_seqs=True)  # type: ignore[arg-type]
+    ex = ModeledExecutor(PROFILE, block_size=4, num_blocks=8)
+    with pytest.raises(SpecError, match="num_blocks"):
+        LLMEngine(EngineConfig(block_size=4, num_blocks=9), ex)
