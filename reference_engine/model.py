@@ -175,6 +175,9 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
+    rope_cos: Tensor  # [max_seq_len, head_dim // 2], fp32 buffers
+    rope_sin: Tensor
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg

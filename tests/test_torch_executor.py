@@ -187,6 +187,8 @@ def test_seeded_sampling_is_reproducible_across_batches(executors: dict[int, Tor
         prompts = [prompt] + ([random_prompt(rng, 17)] if with_company else [])
         seqs = make_seqs(prompts, num_new=12, block_size=16, rng=random.Random(2))
         seqs[0].sampling = sp
+        if with_company:  # unseeded random sampling in the same batch must not disturb the seeded row
+            seqs[1].sampling = SamplingParams(temperature=0.8, top_p=0.95)
         run_all(ex, seqs, random.Random(4 if with_company else 5))
         return seqs[0].generated
 
@@ -198,6 +200,7 @@ def test_seeded_sampling_is_reproducible_across_batches(executors: dict[int, Tor
     assert all(0 <= t < ex.vocab_size for t in unseeded)
     # A top_p so small that only the most likely token survives is greedy decoding.
     assert sample_run(seed=7, with_company=True, top_p=1e-6) == dense_greedy(prompt, 12)
+    assert sample_run(seed=8, with_company=False, top_p=0.0) == dense_greedy(prompt, 12)
 
 
 def test_only_chunks_marked_sample_get_a_token(executors: dict[int, TorchExecutor]) -> None:

@@ -210,29 +210,33 @@ class TorchExecutor:
             first = 0
             for i, (start, n, ctx_len) in enumerate(zip(starts, lens, ctx_lens, strict=True)):
                 if n > 1:
-                    mask = None
+                    causal = None
                     if start > 0:  # queries sit at the end of the context: causal aligned bottom-right
                         q_pos = torch.arange(start, ctx_len, device=dev)
                         k_pos = torch.arange(ctx_len, device=dev)
-                        mask = torch.zeros(n, ctx_len, dtype=self.dtype, device=dev)
-                        mask.masked_fill_(k_pos[None, :] > q_pos[:, None], -math.inf)
+                        causal = torch.zeros(n, ctx_len, dtype=self.dtype, device=dev)
+                        causal.masked_fill_(k_pos[None, :] > q_pos[:, None], -math.inf)
                     block_ids = tables[i, : num_ctx_blocks[i]]
-                    prefills.append(_PrefillChunk(first, n, ctx_len, block_ids, mask))
+                    prefills.append(_PrefillChunk(first, n, ctx_len, block_ids, causal))
                 first += n
         return token_ids, positions, _StepAttention(self, slots, decode, prefills)
 
     def _sample(self, logits: Tensor, chunks: list[SeqChunk]) -> list[int]:
-        greedy = logits.argmax(dim=-1).tolist()
-        if all(c.sampling.temperature <= 0 for c in chunks):
-            return greedy
-        out: list[int] = []
-        for row, (c, g) in enumerate(zip(chunks, greedy, strict=True)):
-            if c.sampling.temperature <= 0:
-                out.append(g)
-                continue
-            gen = self._generator if c.sampling.seed is None else self._request_generator(c)
-            out.append(_sample_top_p(logits[row], c.sampling, gen))
-        return out
+        tokens: list[int] = logits.argmax(dim=-1).tolist()
+        random_rows = [r for r, c in enumerate(chunks) if c.sampling.temperature > 0]
+        if not random_rows:
+            return tokens  # all greedy: the common case costs one argmax
+        # Unseeded rows draw together from the executor's generator; a seeded row needs its own.
+        unseeded = [r for r in random_rows if chunks[r].sampling.seed is None]
+        if unseeded:
+            drawn = _sample_rows(logits[unseeded], [chunks[r].sampling for r in unseeded], self._generator)
+            for r, token in zip(unseeded, drawn, strict=True):
+                tokens[r] = token
+        for r in random_rows:
+            if chunks[r].sampling.seed is not None:
+                gen = self._request_generator(chunks[r])
+                tokens[r] = _sample_rows(logits[r : r + 1], [chunks[r].sampling], gen)[0]
+        return tokens
 
     def _request_generator(self, chunk: SeqChunk) -> torch.Generator:
         # The same (seed, position in the output) always draws the same token, across batches and restarts.
@@ -241,12 +245,17 @@ class TorchExecutor:
         return torch.Generator(device=self.device).manual_seed(mixed)
 
 
-def _sample_top_p(logits: Tensor, sampling: SamplingParams, gen: torch.Generator) -> int:
-    probs = torch.softmax(logits / sampling.temperature, dim=-1)
-    if sampling.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        # Keep the smallest prefix whose mass reaches top_p; the most likely token always survives.
-        drop = (sorted_probs.cumsum(0) - sorted_probs) >= sampling.top_p
-        choice = torch.multinomial(sorted_probs.masked_fill(drop, 0.0), 1, generator=gen)
-        return int(order[choice])
-    return int(torch.multinomial(probs, 1, generator=gen))
+def _sample_rows(logits: Tensor, params: list[SamplingParams], gen: torch.Generator) -> list[int]:
+    """Temperature + top-p (nucleus) sampling of each row of logits [N, vocab]."""
+    dev = logits.device
+    temperature = torch.tensor([p.temperature for p in params], device=dev).unsqueeze(1)
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if all(p.top_p >= 1.0 for p in params):
+        return torch.multinomial(probs, 1, generator=gen).squeeze(1).tolist()
+    top_p = torch.tensor([p.top_p for p in params], device=dev).unsqueeze(1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    # Keep the smallest prefix whose mass reaches top_p; the most likely token always survives.
+    drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p
+    drop[:, 0] = False
+    choice = torch.multinomial(sorted_probs.masked_fill(drop, 0.0), 1, generator=gen)
+    return order.gather(1, choice).squeeze(1).tolist()
