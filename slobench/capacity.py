@@ -8,7 +8,8 @@ saturation those requests share a queue and are strongly correlated (NOTES-stati
 inflated 3-50x), so replicates with different seeds are the honest unit.
 
 How one replicate becomes one capacity number (the choice, and why):
-  Each replicate seed s is run at both bracket edges lo and hi with the same seed (common random numbers:
+  Each replicate seed s is run at both bracket edges lo and hi (optionally widened: `replicate_edges`)
+  with the same seed (common random numbers:
   the same requests, the arrival times scaled by the rate), giving a_lo[s] and a_hi[s]. Its crossing is
   found by linear interpolation (DistServe's goodput definition) through its own level at the bracket
   mid-point, ā_s = (a_lo[s] + a_hi[s]) / 2, with the slope β pooled over all replicates:
@@ -51,6 +52,7 @@ class SearchOptions:
     max_rate_rps: float | None = None  # never offer more than this; reaching it meeting the SLO = lower bound
     min_rate_rps: float | None = None  # going down: give up below this (default start / factor**4)
     replicates: int = 5
+    replicate_span: float = 0.0  # widen the replicate edges to span at least this relative width
     level: float = 0.95  # two-sided confidence level of the replicate interval
     seed: int = 0  # seed of the search probes; replicates use seed+1 .. seed+replicates
 
@@ -69,6 +71,8 @@ class SearchOptions:
             raise SpecError("max_rate", self.max_rate_rps, f"must be >= the start rate {self.start_rps}")
         if self.replicates < 0 or self.replicates == 1:
             raise SpecError("replicates", self.replicates, "must be 0 (none) or >= 2 (an interval needs two)")
+        if not 0 <= self.replicate_span < 1:
+            raise SpecError("replicate_span", self.replicate_span, "must be in [0, 1)")
         if not 0 < self.level < 1:
             raise SpecError("level", self.level, "must be in (0, 1)")
         if self.seed < 0:
@@ -105,6 +109,7 @@ class CapacityResult:
     capacity_rps: float | None  # None: even the lowest rate tried missed the target
     interval_rps: tuple[float, float] | None
     bracket_rps: tuple[float, float] | None  # (highest rate meeting, lowest rate missing) on the search seed
+    replicate_edges_rps: tuple[float, float] | None
     is_lower_bound: bool  # no rate tried missed: the capacity is at least this
     probes: list[Probe]
     replicates: list[dict[str, Any]]  # per seed: crossing and the two edge probes
@@ -115,11 +120,12 @@ class CapacityResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": "capacity",
-            "target": self.target,
+            "attainment_target": self.target,
             "capacity_rps": self.capacity_rps,
             "interval_rps": list(self.interval_rps) if self.interval_rps else None,
             "level": self.level,
             "bracket_rps": list(self.bracket_rps) if self.bracket_rps else None,
+            "replicate_edges_rps": list(self.replicate_edges_rps) if self.replicate_edges_rps else None,
             "is_lower_bound": self.is_lower_bound,
             "slope_per_rps": self.slope_per_rps,
             "probes": [p.to_dict() for p in self.probes],
@@ -208,10 +214,10 @@ async def search_capacity(measure: Measure, opts: SearchOptions) -> CapacityResu
             lo, hi = (p, hi) if p.meets(target) else (None, p)
     if lo is None:
         notes.append(f"attainment is below {target:.0%} at every rate tried (lowest {hi.rate_rps:g} req/s)")  # type: ignore[union-attr]
-        return CapacityResult(target, None, None, None, False, probes, [], None, opts.level, notes)
+        return CapacityResult(target, None, None, None, None, False, probes, [], None, opts.level, notes)
     if hi is None:
         notes.append(f"no rate tried missed the target: capacity is at least {lo.rate_rps:g} req/s")
-        return CapacityResult(target, lo.rate_rps, None, None, True, probes, [], None, opts.level, notes)
+        return CapacityResult(target, lo.rate_rps, None, None, None, True, probes, [], None, opts.level, notes)
 
     # 2. bisect the bracket
     while (hi.rate_rps - lo.rate_rps) / lo.rate_rps > opts.rel_tol and searched() < opts.max_probes:
@@ -226,24 +232,38 @@ async def search_capacity(measure: Measure, opts: SearchOptions) -> CapacityResu
     if opts.replicates == 0:
         est = interpolate(bracket, lo.attainment, hi.attainment, target)
         notes.append("no replicates: the capacity has no interval")
-        return CapacityResult(target, est, None, bracket, False, probes, [], search_slope, opts.level, notes)
+        return CapacityResult(target, est, None, bracket, None, False, probes, [], search_slope, opts.level, notes)
+    edges = replicate_edges(bracket, opts.replicate_span)
     pairs: list[tuple[Probe, Probe]] = []
     for i in range(opts.replicates):
         seed = opts.seed + 1 + i
-        pairs.append((await probe(bracket[0], seed, "replicate"), await probe(bracket[1], seed, "replicate")))
-    crossings, slope = replicate_crossings(bracket, [(a.attainment, b.attainment) for a, b in pairs], target, search_slope)
+        pairs.append((await probe(edges[0], seed, "replicate"), await probe(edges[1], seed, "replicate")))
+    values = [(a.attainment, b.attainment) for a, b in pairs]
+    crossings, slope = replicate_crossings(edges, values, target, search_slope)
     if slope == search_slope:
         notes.append("replicates' pooled slope was not positive; used the search bracket's slope")
     est = float(np.mean(crossings))
-    interval = jackknife_interval(bracket, [(a.attainment, b.attainment) for a, b in pairs], target,
-                                  search_slope, opts.level)
-    if not bracket[0] <= est <= bracket[1]:
-        notes.append(f"replicate capacity {est:.3g} lies outside the search bracket {bracket}: extrapolated")
+    interval = jackknife_interval(edges, values, target, search_slope, opts.level)
+    if not edges[0] <= est <= edges[1]:
+        notes.append(f"replicate capacity {est:.3g} lies outside the replicate edges {edges}: extrapolated")
     reps = [
         {"seed": a.seed, "capacity_rps": c, "lo": a.to_dict(), "hi": b.to_dict()}
         for (a, b), c in zip(pairs, crossings, strict=True)
     ]
-    return CapacityResult(target, est, interval, bracket, False, probes, reps, slope, opts.level, notes)
+    return CapacityResult(target, est, interval, bracket, edges, False, probes, reps, slope, opts.level, notes)
+
+
+def replicate_edges(bracket: tuple[float, float], span: float) -> tuple[float, float]:
+    """The rates replicates run at: the bracket, widened symmetrically to at least `span` of its middle.
+
+    Wider edges determine the pooled slope better when seeds differ more than the attainment drops across
+    the bracket, but linear interpolation over a curved stretch is biased: on a logistic curve a 20% span
+    took the interval's coverage from 95% to under 50%, so the default is the bracket itself (span 0).
+    """
+    lo, hi = bracket
+    mid = (lo + hi) / 2
+    half = max((hi - lo) / 2, mid * span / 2)
+    return (round(mid - half, 6), round(mid + half, 6))
 
 
 def interpolate(bracket: tuple[float, float], a_lo: float, a_hi: float, target: float) -> float:

@@ -180,7 +180,7 @@ async def _capacity(args: argparse.Namespace) -> int:
             seeds = [opts.seed + 1 + i for i in range(opts.replicates)]
             probes = await replicate_at_rates(measure, fixed, seeds, target=opts.target)
             doc: dict[str, Any] = {
-                "kind": "capacity", "mode": "fixed-rates", "target": opts.target, "capacity_rps": None,
+                "kind": "capacity", "mode": "fixed-rates", "attainment_target": opts.target, "capacity_rps": None,
                 "interval_rps": None, "rates_rps": fixed, "probes": [p.to_dict() for p in probes],
                 "replicates": [], "notes": [],
             }
@@ -220,8 +220,8 @@ def _slo_scales(out: Path, doc: dict[str, Any], slo: Any, t_interval: Any) -> li
     from slobench.records import load_run
 
     reps = [p for p in doc["probes"] if p["phase"] == "replicate" and p.get("run_dir")]
-    if doc.get("bracket_rps"):
-        reps = [p for p in reps if p["rate_rps"] == doc["bracket_rps"][0]]
+    if doc.get("replicate_edges_rps") or doc.get("bracket_rps"):
+        reps = [p for p in reps if p["rate_rps"] == (doc.get("replicate_edges_rps") or doc["bracket_rps"])[0]]
     by_rate: dict[float, list[dict[str, Any]]] = {}
     for p in reps:
         scale = tightest_slo_scale(load_run(out / p["run_dir"]).records, slo)
@@ -245,12 +245,12 @@ def _print_capacity(doc: dict[str, Any], out: Path) -> None:
         for rate, vals in sorted(by_rate.items()):
             print(f"rate {rate:g} req/s: attainment {min(vals):.1%} .. {max(vals):.1%} over {len(vals)} seeds")
     elif doc["capacity_rps"] is None:
-        print(f"capacity: attainment is below {doc['target']:.0%} at every rate tried")
+        print(f"capacity: attainment is below {doc['attainment_target']:.0%} at every rate tried")
     else:
         iv = doc.get("interval_rps")
         rng = f" [{iv[0]:.3g}, {iv[1]:.3g}] ({doc['level']:.0%}, {len(doc['replicates'])} replicates)" if iv else ""
         lb = " (a lower bound)" if doc["is_lower_bound"] else ""
-        print(f"capacity: {doc['capacity_rps']:.3g} req/s at >= {doc['target']:.0%} attainment{rng}{lb}")
+        print(f"capacity: {doc['capacity_rps']:.3g} req/s at >= {doc['attainment_target']:.0%} attainment{rng}{lb}")
         if "goodput_per_gpu_rps" in doc:
             print(f"goodput per GPU: {doc['goodput_per_gpu_rps']:.3g} req/s over {doc['gpus']} GPU(s)")
     for row in doc.get("slo_scale") or []:

@@ -53,6 +53,7 @@ async def test_brackets_bisects_and_converges():
     reps = [p for p in res.probes if p.phase == "replicate"]
     assert len(reps) == 10 and len(res.replicates) == 5
     assert sorted({p.seed for p in reps}) == [1, 2, 3, 4, 5]
+    assert res.replicate_edges_rps == (lo, hi)
     assert {p.rate_rps for p in reps} == {lo, hi}
     assert all(r["lo"]["rate_rps"] == lo and r["hi"]["rate_rps"] == hi for r in res.replicates)
     assert len(calls) == len(res.probes)
@@ -112,6 +113,15 @@ async def test_max_probes_stops_the_search_and_says_so():
 async def test_no_replicates_no_interval():
     res = await search_capacity(logistic_curve(), SearchOptions(replicates=0))
     assert res.interval_rps is None and res.capacity_rps == pytest.approx(20.0, rel=0.05)
+
+
+def test_replicate_edges_never_narrow_a_wide_bracket():
+    from slobench.capacity import replicate_edges
+
+    assert replicate_edges((10.0, 20.0), 0.2) == (10.0, 20.0)
+    assert replicate_edges((10.0, 10.5), 0.0) == (10.0, 10.5)
+    lo, hi = replicate_edges((10.0, 10.5), 0.2)
+    assert lo < 10.0 and hi > 10.5 and (hi - lo) / 10.25 == pytest.approx(0.2)
 
 
 def test_pooled_slope_falls_back_when_replicates_are_flat():

@@ -1,0 +1,73 @@
+"""How often does the gate cry wolf, and how often does it catch a real regression?
+
+    .venv/bin/python benchmarks/gate_false_alarm.py [--trials 20] [--replicates 5]
+
+Each trial measures a baseline and a candidate of the modeled reference engine the way CI does: a
+capacity search with replicates plus replicates at one fixed rate near capacity (same seeds on both
+sides), then `slobench.gate.gate` with the default thresholds (capacity -5%, attainment -2pt, TTFT and
+TPOT p99 +10%). Candidates: identical (only the per-step timing jitter differs: a fresh draw each trial,
+standing in for a real machine's noise), every step 15% slower, 30% fewer KV blocks. Targets: identical
+passes >= 19/20; both regressions fail 20/20. Runs on the virtual clock of benchmarks/capacity_vs_sweep.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from capacity_vs_sweep import CI_SLO, EngineVariant, virtual_measure  # noqa: E402
+
+from slobench.capacity import SearchOptions, flat_metrics, search_capacity  # noqa: E402
+from slobench.gate import Samples, gate, rate_key  # noqa: E402
+
+FIXED_RATE_RPS = 20.0
+
+
+async def measure_side(v: EngineVariant, trial: int, replicates: int) -> Samples:
+    m = virtual_measure(v, trial=trial)
+    s = Samples(f"{v.name}#{trial}", {"name": "tiny", "hash": "virtual"}, CI_SLO.to_dict(), "bench")
+    res = await search_capacity(m, SearchOptions(start_rps=4.0, replicates=replicates, seed=0))
+    for rep in res.replicates:
+        s.add("capacity", rep["seed"], rep["capacity_rps"], s.source)
+    for seed in range(1, replicates + 1):
+        for name, val in flat_metrics(await m(FIXED_RATE_RPS, seed)).items():
+            s.add(rate_key(name, FIXED_RATE_RPS), seed, val, s.source)
+    return s
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--replicates", type=int, default=5)
+    args = ap.parse_args()
+    candidates = [EngineVariant("identical"), EngineVariant("step+15%", step_scale=1.15),
+                  EngineVariant("kv-30%", kv_blocks=42)]
+    counts: dict[str, Counter[str]] = {c.name: Counter() for c in candidates}
+    failing_metrics: dict[str, Counter[str]] = {c.name: Counter() for c in candidates}
+    t0 = time.perf_counter()
+    for t in range(args.trials):
+        base = await measure_side(EngineVariant("identical"), 2 * t, args.replicates)
+        for c in candidates:
+            cand = await measure_side(c, 2 * t + 1, args.replicates)
+            res = gate(base, cand)
+            counts[c.name][res.verdict] += 1
+            for chk in res.checks:
+                if chk.verdict == "regression":
+                    failing_metrics[c.name][chk.key] += 1
+    print(f"{args.trials} trials, {args.replicates} replicates a side, fixed rate {FIXED_RATE_RPS:g} req/s, "
+          f"SLO {CI_SLO} ({time.perf_counter() - t0:.0f} s)\n")
+    print(f"{'candidate':10} {'pass':>5} {'regression':>10} {'inconclusive':>12}  metrics that failed (count)")
+    for c in candidates:
+        k = counts[c.name]
+        top = ", ".join(f"{m} {n}" for m, n in failing_metrics[c.name].most_common(4))
+        print(f"{c.name:10} {k['pass']:5d} {k['regression']:10d} {k['inconclusive']:12d}  {top}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,128 @@
+"""Capacity and the gate against the modeled reference engine.
+
+Virtual-clock tests (in process, seconds): the capacity search agrees with a dense sweep's crossing, and
+the gate fails a 15%-slower-step and a 30%-fewer-KV-blocks candidate while passing an identical one.
+The integration test does the same through the real HTTP server and the `slobench` CLI.
+"""
+
+import importlib.util
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from slobench.capacity import SearchOptions, flat_metrics, search_capacity
+from slobench.cli import main
+from slobench.gate import Samples, gate, rate_key
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("capacity_vs_sweep", ROOT / "benchmarks" / "capacity_vs_sweep.py")
+bench = importlib.util.module_from_spec(_spec)
+sys.modules["capacity_vs_sweep"] = bench  # dataclasses look their module up there
+_spec.loader.exec_module(bench)
+
+FIXED_RATE = 20.0
+
+
+async def test_capacity_agrees_with_dense_sweep_crossing():
+    m = bench.virtual_measure(bench.EngineVariant(), num_requests=100)
+    res = await search_capacity(m, SearchOptions(start_rps=4.0, replicates=5))
+    lo, hi = res.interval_rps
+    assert lo < res.capacity_rps < hi
+    rates = list(np.round(np.linspace(0.75 * res.capacity_rps, 1.25 * res.capacity_rps, 11), 3))
+    crossing, means = await bench.dense_crossing(m, rates, list(range(500, 508)), 0.9)
+    assert means[0] > 0.9 > means[-1]  # the sweep spans the crossing
+    assert lo <= crossing <= hi, (crossing, res.interval_rps)
+
+
+async def _side(v, trial):
+    m = bench.virtual_measure(v, num_requests=100, trial=trial)
+    s = Samples(v.name, {"name": "tiny", "hash": "v"}, bench.CI_SLO.to_dict(), "test")
+    res = await search_capacity(m, SearchOptions(start_rps=4.0, replicates=5))
+    for rep in res.replicates:
+        s.add("capacity", rep["seed"], rep["capacity_rps"], v.name)
+    for seed in range(1, 6):
+        for name, val in flat_metrics(await m(FIXED_RATE, seed)).items():
+            s.add(rate_key(name, FIXED_RATE), seed, val, v.name)
+    return s
+
+
+async def test_gate_fails_slower_steps_and_fewer_blocks_passes_identical():
+    base = await _side(bench.EngineVariant(), trial=0)
+    same = await _side(bench.EngineVariant(), trial=1)  # only the timing jitter differs
+    slow = await _side(bench.EngineVariant("slow", step_scale=1.15), trial=1)
+    small = await _side(bench.EngineVariant("small", kv_blocks=42), trial=1)
+    assert gate(base, same).verdict == "pass"
+    for cand in (slow, small):
+        res = gate(base, cand)
+        assert res.verdict == "regression", [c.message for c in res.checks]
+        assert any(c.key == "capacity" and c.verdict == "regression" for c in res.checks)
+
+
+# --- through the HTTP server and the CLI ---------------------------------------------------------------
+
+
+def _start_server(tmp_path, name, kv_blocks=60, step_scale=1.0):
+    profile = json.loads((ROOT / "baselines" / "ci-profile.json").read_text())
+    for k in ("step_overhead_s", "per_prefill_token_s", "per_decode_seq_s", "per_context_token_s"):
+        profile[k] *= step_scale
+    path = tmp_path / f"{name}-profile.json"
+    path.write_text(json.dumps(profile))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reference_engine.server", "--executor", "modeled", "--profile", str(path),
+         "--kv-blocks", str(kv_blocks), "--port", "0", "--host", "127.0.0.1"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        line = proc.stdout.readline()
+        if line.startswith("LISTENING"):
+            return proc, int(line.split()[1])
+        if not line:
+            break
+    proc.kill()
+    raise RuntimeError(f"{name}: the server did not print LISTENING within 30 s")
+
+
+def _measure_http(tmp_path, name, **server):
+    proc, port = _start_server(tmp_path, name, **server)
+    try:
+        out = tmp_path / name
+        code = main([
+            "capacity", "--url", f"http://127.0.0.1:{port}/v1", "--model", "tiny", "--workload", "tiny",
+            "--input-len", "32", "--output-len", "16", "--num-requests", "60", "--rates", f"{FIXED_RATE:g}",
+            "--replicates", "3", "--slo", "ttft=300ms,tpot=70ms", "--out", str(out), "--no-progress",
+        ])
+        assert code == 0
+        return out
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.integration
+def test_gate_through_http_server(tmp_path, capsys):
+    base = _measure_http(tmp_path, "base")
+    doc = json.loads((base / "capacity.json").read_text())
+    assert doc["mode"] == "fixed-rates" and len(doc["probes"]) == 3
+    assert all((base / p["run_dir"] / "requests.jsonl").is_file() for p in doc["probes"])
+    baseline_file = tmp_path / "baseline.json"
+    assert main(["gate", "--candidate", str(base), "--write-baseline", str(baseline_file)]) == 0
+    same = _measure_http(tmp_path, "same")
+    small = _measure_http(tmp_path, "small", kv_blocks=42)
+    slow = _measure_http(tmp_path, "slow", step_scale=1.15)
+    capsys.readouterr()
+    assert main(["gate", "--baseline", str(baseline_file), "--candidate", str(same)]) != 1
+    assert main(["gate", "--baseline", str(baseline_file), "--candidate", str(small)]) == 1
+    assert main(["gate", "--baseline", str(baseline_file), "--candidate", str(slow),
+                 "--junit", str(tmp_path / "j.xml")]) == 1
+    assert "<failure" in (tmp_path / "j.xml").read_text()
