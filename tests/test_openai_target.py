@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import pytest
 
 from slobench.clock import Clock
@@ -65,8 +66,12 @@ class ScriptedTransport:
     closed: bool = False
 
     @asynccontextmanager
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> AsyncIterator[Response]:
+    async def post(
+        self, url: str, body: bytes, headers: Mapping[str, str], on_sent: Callable[[], None] | None = None
+    ) -> AsyncIterator[Response]:
         self.sent.append((url, json.loads(body), dict(headers)))
+        if on_sent is not None:
+            on_sent()
         yield ScriptedResponse(self.status, self.pieces)
 
     async def close(self) -> None:
@@ -113,11 +118,11 @@ async def run_scripted(
 async def test_stream_stamps_each_read_and_counts_tokens() -> None:
     rec, _ = await run_scripted([sse(tok()), sse(tok(), tok()), sse(USAGE) + b"data: [DONE]\n\n"])
     assert rec.status == "ok", rec.error
-    assert rec.sent_s == 1.0
-    # reads stamped at 2, 3, 4: two events in one read are one chunk carrying two tokens
-    assert rec.chunk_times_s == [2.0, 3.0]
+    assert rec.sent_s == 2.0  # reading 1 was the fallback stamp before post(); on_sent replaced it
+    # reads stamped at 3, 4, 5: two events in one read are one chunk carrying two tokens
+    assert rec.chunk_times_s == [3.0, 4.0]
     assert rec.chunk_tokens == [1, 2]
-    assert rec.first_token_s == 2.0 and rec.done_s == 4.0
+    assert rec.first_token_s == 3.0 and rec.done_s == 5.0
     assert (rec.output_tokens, rec.prompt_tokens) == (9, 7)  # usage overrides counted chunks
 
 
@@ -136,21 +141,21 @@ async def test_token_ids_and_logprobs_give_tokens_per_chunk() -> None:
 async def test_empty_text_and_role_chunks_are_not_content() -> None:
     rec, _ = await run_scripted([sse(ctok("", role="assistant")), sse(ctok(None)), sse(ctok("x")), sse(b"[DONE]")],
                                 api="chat")  # fmt: skip
-    assert rec.chunk_times_s == [4.0]
-    assert rec.first_token_s == 4.0
+    assert rec.chunk_times_s == [5.0]
+    assert rec.first_token_s == 5.0
 
 
 async def test_comments_and_data_after_done_are_ignored() -> None:
     rec, _ = await run_scripted([b": keep-alive\n\n", sse(tok(), b"[DONE]"), sse(tok()), b"garbage"])
     assert rec.status == "ok" and rec.chunk_tokens == [1]
-    assert rec.done_s == 3.0  # the read holding [DONE], not the end of the body
+    assert rec.done_s == 4.0  # the read holding [DONE], not the end of the body
 
 
 async def test_non_streaming_takes_usage_and_one_time() -> None:
     body = json.dumps({"choices": [{"text": "abc"}], "usage": {"prompt_tokens": 3, "completion_tokens": 5}})
     rec, tr = await run_scripted([body.encode()], stream=False)
     assert rec.status == "ok"
-    assert rec.first_token_s == rec.done_s == 2.0
+    assert rec.first_token_s == rec.done_s == 3.0
     assert (rec.output_tokens, rec.prompt_tokens) == (5, 3)
     assert rec.chunk_times_s == []
     assert tr.sent[0][1]["stream"] is False and "stream_options" not in tr.sent[0][1]
@@ -222,7 +227,7 @@ async def test_cancellation_propagates_and_keeps_partial_times() -> None:
     record = RequestRecord(0, 0.0)
     with pytest.raises(asyncio.CancelledError):
         await target.send(spec(), record)
-    assert record.chunk_times_s == [2.0] and record.status == "ok"  # the runner marks it cancelled
+    assert record.chunk_times_s == [3.0] and record.status == "ok"  # the runner marks it cancelled
 
 
 # ---- unit: request body, headers, key handling -------------------------------------------------------
@@ -323,11 +328,21 @@ def _ids(prefix: str, n: int) -> list[str]:
     return [f"{prefix}-{u}-{i}" for i in range(n)]
 
 
-@integration
-async def test_timing_matches_the_server_schedule_and_log(token_server: TokenServerProcess) -> None:
+@dataclass
+class TimingRound:
+    """Medians (s) of one round of 30 requests against the session server (TTFT 50 ms, ITL 5 ms)."""
+
+    ttft: float  # client: first token - sent
+    itl: float  # client: gaps between chunks
+    server_ttft: float  # server log: first chunk written - request received
+    to_server: float  # server received - client sent (same system-wide clock)
+    to_client: float  # client first token - server wrote it
+
+
+async def _timing_round(server: TokenServerProcess) -> TimingRound:
     clock = Clock()
     ids = _ids("timing", 30)
-    async with OpenAITarget(token_server.base_url, token_server.model, clock=clock) as target:
+    async with OpenAITarget(server.base_url, server.model, clock=clock) as target:
         await target.send(spec(max_tokens=2), RequestRecord(0, 0.0))  # warm the connection pool
 
         async def one(i: int) -> RequestRecord:
@@ -339,21 +354,33 @@ async def test_timing_matches_the_server_schedule_and_log(token_server: TokenSer
         records = await asyncio.gather(*(one(i) for i in range(30)))
     assert all(r.status == "ok" for r in records), [r.error for r in records]
     assert all(r.output_tokens == 16 and sum(r.chunk_tokens) == 16 for r in records)
-
-    ttft = [r.first_token_s - r.sent_s for r in records]  # type: ignore[operator]
-    gaps = [b - a for r in records for a, b in zip(r.chunk_times_s, r.chunk_times_s[1:], strict=False)]
-    assert abs(statistics.median(ttft) - 0.050) < 0.002, statistics.median(ttft)
-    assert abs(statistics.median(gaps) - 0.005) < 0.002, statistics.median(gaps)
-
-    # The server logs on the same system-wide monotonic clock: compare both ends of each request.
-    log = {line["id"]: line for line in token_server.read_log()}
+    log = {line["id"]: line for line in server.read_log()}
     origin_s = clock.origin_ns * 1e-9
-    to_server = [log[ids[r.request_id]]["recv_s"] - (origin_s + r.sent_s) for r in records]  # type: ignore[operator]
-    to_client = [origin_s + r.first_token_s - log[ids[r.request_id]]["chunk_s"][0] for r in records]  # type: ignore[operator]
-    assert 0 < statistics.median(to_server) < 0.002, statistics.median(to_server)
-    assert 0 < statistics.median(to_client) < 0.002, statistics.median(to_client)
-    server_ttft = [log[i]["chunk_s"][0] - log[i]["recv_s"] for i in ids]
-    assert abs(statistics.median(ttft) - statistics.median(server_ttft)) < 0.002
+    med = statistics.median
+    return TimingRound(
+        ttft=med(r.first_token_s - r.sent_s for r in records),  # type: ignore[operator]
+        itl=med(b - a for r in records for a, b in zip(r.chunk_times_s, r.chunk_times_s[1:], strict=False)),
+        server_ttft=med(log[i]["chunk_s"][0] - log[i]["recv_s"] for i in ids),
+        to_server=med(log[ids[r.request_id]]["recv_s"] - (origin_s + r.sent_s) for r in records),  # type: ignore[operator]
+        to_client=med(origin_s + r.first_token_s - log[ids[r.request_id]]["chunk_s"][0] for r in records),  # type: ignore[operator]
+    )
+
+
+@integration
+async def test_timing_matches_the_server_schedule_and_log(token_server: TokenServerProcess) -> None:
+    r = await _timing_round(token_server)
+    if abs(r.server_ttft - 0.050) > 0.0015:
+        # The server itself missed its schedule: the machine is busy (CI runs helpers side by side).
+        # The client is not at fault, so measure once more before judging against the schedule.
+        r = await _timing_round(token_server)
+    # What the issue asks: client-measured TTFT and ITL match the known schedule within 2 ms (median).
+    assert abs(r.ttft - 0.050) < 0.002, r
+    assert abs(r.itl - 0.005) < 0.002, r
+    # Why they match: the server logs on the same system-wide monotonic clock, so both ends of each
+    # request can be compared. Causality holds (> 0) and each direction costs well under 2 ms.
+    assert 0 < r.to_server < 0.002, r
+    assert 0 < r.to_client < 0.002, r
+    assert abs(r.ttft - r.server_ttft) < 0.002, r
 
 
 FAULT_CASES = [
@@ -431,16 +458,22 @@ async def test_api_key_is_sent_and_an_echoing_server_cannot_leak_it(
 
 
 @integration
-async def test_the_pool_does_not_cap_concurrency(token_server: TokenServerProcess) -> None:
-    # aiohttp's default pool holds 100 connections: request 101 would wait a whole TTFT for a free one.
-    num = 150
-    body = {"x_ttft_ms": 400, "x_itl_ms": 1}
-    async with OpenAITarget(token_server.base_url, token_server.model, extra_body=body) as target:
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+async def test_the_pool_does_not_cap_concurrency(token_server: TokenServerProcess, transport: str) -> None:
+    # aiohttp's default pool holds 100 connections (httpx's 100 too): with a cap, request 101 would reach
+    # the server only when an earlier one finished, a whole second later.
+    num = 120
+    ids = _ids("pool", num)
+    body = {"x_ttft_ms": 1000, "x_itl_ms": 1}
+    async with OpenAITarget(token_server.base_url, token_server.model, extra_body=body,
+                            transport=transport) as target:  # type: ignore[arg-type]  # fmt: skip
         records = [RequestRecord(i, 0.0) for i in range(num)]
-        await asyncio.gather(*(target.send(spec(max_tokens=1), r) for r in records))
+        await asyncio.gather(*(target.send(spec(max_tokens=1, extra_body=(("x_request_id", ids[r.request_id]),)), r)
+                               for r in records))  # fmt: skip
     assert all(r.status == "ok" for r in records)
-    worst = max(r.first_token_s - r.sent_s for r in records)  # type: ignore[operator]
-    assert worst < 0.75, worst
+    log = {line["id"]: line for line in token_server.read_log()}
+    received = [log[i]["recv_s"] for i in ids]
+    assert max(received) - min(received) < 0.5, max(received) - min(received)
 
 
 @integration
@@ -513,3 +546,44 @@ async def test_preflight_without_models_endpoint_falls_back_to_a_request(
         TargetUnreachable, match=r"/v1/completions: HTTP 404: The model `nope` does not exist"
     ):
         await OpenAITarget(srv.base_url, "nope").preflight()
+
+
+# ---- integration: the token server's own promises ----------------------------------------------------
+
+
+@integration
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+async def test_connections_are_kept_alive_and_reused(
+    token_server: TokenServerProcess, transport: str
+) -> None:
+    ids = _ids("keepalive", 5)
+    fast = {"x_ttft_ms": 1, "x_itl_ms": 1}
+    async with OpenAITarget(token_server.base_url, token_server.model, extra_body=fast,
+                            transport=transport) as target:  # type: ignore[arg-type]  # fmt: skip
+        for i in ids:
+            rec = RequestRecord(0, 0.0)
+            await target.send(spec(max_tokens=4, extra_body=(("x_request_id", i),)), rec)
+            assert rec.status == "ok"
+    log = {line["id"]: line for line in token_server.read_log()}
+    assert len({log[i]["peer_port"] for i in ids}) == 1  # one TCP connection for all five streams
+
+
+@integration
+async def test_metrics_endpoint_reports_running_requests(token_server: TokenServerProcess) -> None:
+    body = {"x_ttft_ms": 2000, "x_itl_ms": 1}
+    async with OpenAITarget(token_server.base_url, token_server.model, extra_body=body) as target:
+        task = asyncio.create_task(target.send(spec(max_tokens=1), RequestRecord(0, 0.0)))
+        metrics_url = token_server.base_url.removesuffix("/v1") + "/metrics"
+        async with httpx.AsyncClient() as client:
+            deadline = time.monotonic() + 1.5
+            running = 0.0
+            while running < 1 and time.monotonic() < deadline:  # bounded poll until the request lands
+                text = (await client.get(metrics_url)).text
+                line = next(ln for ln in text.splitlines() if ln.startswith("vllm:num_requests_running"))
+                running = float(line.rsplit(" ", 1)[1])
+                await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert running >= 1
+    assert "vllm:num_requests_waiting" in text

@@ -205,9 +205,13 @@ class OpenAITarget:
             return
         body = json.dumps(self.build_body(spec), separators=(",", ":")).encode()
         now = self.clock.now_s
-        try:
+
+        def on_sent() -> None:
             record.sent_s = now()
-            async with transport.post(self.url, body, self._headers) as resp:
+
+        try:
+            record.sent_s = now()  # replaced when the bytes really go; kept if the connection fails first
+            async with transport.post(self.url, body, self._headers, on_sent) as resp:
                 record.http_status = resp.status
                 if resp.status >= 400:
                     raw = await resp.read()

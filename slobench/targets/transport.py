@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from types import SimpleNamespace
 from typing import Literal, Protocol
 
 import aiohttp
@@ -28,6 +29,7 @@ from slobench.records import Status
 
 TransportName = Literal["aiohttp", "httpx"]
 _HTTPX_MAX_CONNECTIONS = 65_536  # "no cap" for httpx; its `None` was measured to collapse under load
+_KEEPALIVE_S = 4.0
 
 
 class TransportError(Exception):
@@ -51,8 +53,11 @@ class Response(Protocol):
 
 class Transport(Protocol):
     def post(
-        self, url: str, body: bytes, headers: Mapping[str, str]
-    ) -> AbstractAsyncContextManager[Response]: ...
+        self, url: str, body: bytes, headers: Mapping[str, str], on_sent: Callable[[], None] | None = None
+    ) -> AbstractAsyncContextManager[Response]:
+        """POST and yield the response once its headers are in. `on_sent` is called immediately before
+        the request's bytes are handed to the socket, after connection set-up and the client's own work."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -74,17 +79,29 @@ class _AiohttpResponse:
 class AiohttpTransport:
     def __init__(self, *, timeout_s: float, connect_timeout_s: float) -> None:
         self._timeouts = (timeout_s, connect_timeout_s)
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+        # Idle connections are dropped after 4 s, below uvicorn's 5 s keep-alive (vLLM, SGLang): reusing a
+        # connection the server is closing at that instant would fail a request for nothing.
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=_KEEPALIVE_S)
+        # On Python < 3.12 aiohttp writes the body from a task started one loop iteration after `post()`
+        # is called; under load that wait is long. The chunk-sent hook fires right before the write, so
+        # the send stamp excludes the client's own queueing (which shows up as lateness instead).
+        # Measured: stamp-to-server-receive 0.25 ms stamping before post(), 0.12 ms with the hook
+        # (the raw-socket floor is 0.14 ms), at no measurable CPU cost.
+        sent_hook = aiohttp.TraceConfig()
+        sent_hook.on_request_chunk_sent.append(_call_on_sent)
         self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s),
             raise_for_status=False,
+            trace_configs=[sent_hook],
         )
 
     @asynccontextmanager
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> AsyncIterator[Response]:
+    async def post(
+        self, url: str, body: bytes, headers: Mapping[str, str], on_sent: Callable[[], None] | None = None
+    ) -> AsyncIterator[Response]:
         try:
-            async with self._session.post(url, data=body, headers=headers) as resp:
+            async with self._session.post(url, data=body, headers=headers, trace_request_ctx=on_sent) as resp:
                 yield _AiohttpResponse(resp)
         except Exception as e:
             t = translate_error(e, *self._timeouts)
@@ -94,6 +111,12 @@ class AiohttpTransport:
 
     async def close(self) -> None:
         await self._session.close()
+
+
+async def _call_on_sent(_session: object, ctx: SimpleNamespace, _params: object) -> None:
+    on_sent = ctx.trace_request_ctx
+    if on_sent is not None:
+        on_sent()
 
 
 class _HttpxResponse:
@@ -119,7 +142,9 @@ class HttpxTransport:
                 raise UsageError("http2=True needs the h2 package: pip install 'httpx[http2]'") from None
         self._timeouts = (timeout_s, connect_timeout_s)
         limits = httpx.Limits(
-            max_connections=_HTTPX_MAX_CONNECTIONS, max_keepalive_connections=_HTTPX_MAX_CONNECTIONS
+            max_connections=_HTTPX_MAX_CONNECTIONS,
+            max_keepalive_connections=_HTTPX_MAX_CONNECTIONS,
+            keepalive_expiry=_KEEPALIVE_S,
         )
         # httpx has no total timeout, only per-operation ones; the total is enforced with asyncio.timeout.
         self._client = httpx.AsyncClient(
@@ -127,10 +152,15 @@ class HttpxTransport:
         )
 
     @asynccontextmanager
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> AsyncIterator[Response]:
+    async def post(
+        self, url: str, body: bytes, headers: Mapping[str, str], on_sent: Callable[[], None] | None = None
+    ) -> AsyncIterator[Response]:
+        ext = {"trace": _httpcore_trace(on_sent)} if on_sent is not None else None
         try:
             async with asyncio.timeout(self._timeouts[0]):
-                async with self._client.stream("POST", url, content=body, headers=headers) as resp:
+                async with self._client.stream(
+                    "POST", url, content=body, headers=headers, extensions=ext
+                ) as resp:
                     yield _HttpxResponse(resp)
         except Exception as e:
             t = translate_error(e, *self._timeouts)
@@ -140,6 +170,15 @@ class HttpxTransport:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def _httpcore_trace(on_sent: Callable[[], None]) -> Callable[[str, dict[str, object]], Awaitable[None]]:
+    async def trace(event: str, _info: dict[str, object]) -> None:
+        # "http11.send_request_headers.started" or the http2 equivalent: the request's first bytes go now.
+        if event.endswith("send_request_headers.started"):
+            on_sent()
+
+    return trace
 
 
 def make_transport(

@@ -12,10 +12,14 @@ Per-request knobs in the JSON body (a target's `extra_body` or a spec's `extra_b
   x_ttft_ms, x_itl_ms   override the server's schedule for this request
   x_request_id  echoed into the log line, to match client records with server times
 
-`--log FILE` appends one JSON line per finished request: `recv_s` (handler entry) and `chunk_s` (each
-content chunk handed to the kernel) on `time.perf_counter()`. On Linux that is CLOCK_MONOTONIC, one clock
-for the whole machine, so a client in another process reading `time.perf_counter_ns()` (as
-`slobench.clock.Clock` does) can subtract the two directly. The line is written when the request ends.
+`--log FILE` appends one JSON line per finished request: `id`, `path`, `peer_port`, `fault`, token counts,
+`recv_s` (handler entry) and `chunk_s` (each content chunk handed to the kernel), the times on
+`time.perf_counter()`. On Linux that is CLOCK_MONOTONIC, one clock for the whole machine, so a client in
+another process reading `time.perf_counter_ns()` (as `slobench.clock.Clock` does) can subtract the two
+directly. Each line is written and flushed when its request ends.
+
+`/metrics` serves a few Prometheus gauges and counters under vLLM's names (`vllm:num_requests_running`,
+`vllm:num_requests_waiting`, ...), so metric scraping can be tested without vLLM.
 """
 
 from __future__ import annotations
@@ -188,6 +192,8 @@ class TokenServer:
         stats.num_running += 1
         stats.num_requests += 1
         request_id = body.get("x_request_id", stats.num_requests)
+        peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+        peer_port = peer[1] if peer else None
         num_prompt = _prompt_tokens(body, is_chat)
         stats.prompt_tokens += num_prompt
         chunk_s: list[float] = []
@@ -220,6 +226,7 @@ class TokenServer:
                 line = {
                     "id": request_id,
                     "path": request.path,
+                    "peer_port": peer_port,  # one value over many requests: the client reuses its connection
                     "recv_s": recv_s,
                     "chunk_s": chunk_s,
                     "fault": fault,
@@ -351,7 +358,10 @@ def _reset(request: web.Request) -> None:
 
 async def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, int]:
     """Start serving in the running loop; returns the runner (call `cleanup()` to stop) and the bound port."""
-    runner = web.AppRunner(TokenServer(config).app(), access_log=None, handle_signals=False)
+    # A short shutdown grace: hung test requests must not hold a stopping server for a minute.
+    runner = web.AppRunner(
+        TokenServer(config).app(), access_log=None, handle_signals=False, shutdown_timeout=0.5
+    )
     await runner.setup()
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
