@@ -47,6 +47,18 @@ def _add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     w.add_argument("--input-len", type=int, default=None, help="fixed prompt length, overriding the workload")
     w.add_argument("--output-len", type=int, default=None, help="fixed output length, overriding the workload")
     w.add_argument("--seed", type=int, default=0)
+    t = p.add_argument_group("trace replay (instead of --workload)")
+    t.add_argument("--trace", default=None, metavar="FILE",
+                   help="replay a trace: one request per row at its time, with its token counts")
+    t.add_argument("--trace-format", default=None,
+                   choices=("azure", "burstgpt", "mooncake", "sharegpt", "slobench"),
+                   help="default: detected from the content")
+    t.add_argument("--time-scale", type=float, default=None, metavar="K",
+                   help="multiply the trace's times by K (0.5 = twice as fast); --rate instead rescales "
+                   "to a mean rate, keeping the burst shape")
+    t.add_argument("--start", type=float, default=0.0, metavar="S",
+                   help="skip the trace's first S seconds (trace time); --duration then keeps the first "
+                   "seconds of the scaled replay")  # fmt: skip
     r = p.add_argument_group("run")
     r.add_argument("--slo", default=None, help="e.g. ttft=500ms,tpot=50ms[,target=0.9] or a TOML file")
     r.add_argument("--out", default=None, help="run directory (default: runs/<time>)")
@@ -83,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Verbs that live beside the capability they drive. Each module has `VERBS` (the names it adds),
 # `add_parsers(sub, *, epilog)` and `dispatch(args) -> int`.
-VERB_MODULES = ("slobench.engine_cli", "slobench.gate_cli")
+VERB_MODULES = ("slobench.engine_cli", "slobench.gate_cli", "slobench.workload_cli")
 
 
 def _verb_modules() -> list[Any]:
@@ -165,7 +177,18 @@ class LoadSetup:
         from slobench.workload import load_workload
 
         self.args = args
-        self.workload = load_workload(args.workload)
+        self.workload: Any
+        if getattr(args, "trace", None) is not None:  # a trace stands where a WorkloadSpec stands
+            from slobench.workload.replay import TraceReplay
+
+            if args.input_len is not None or args.output_len is not None:
+                raise UsageError("--input-len / --output-len do not apply to --trace (it has the lengths)")
+            self.workload = TraceReplay.open(
+                args.trace, args.trace_format, seed=args.seed, time_scale=args.time_scale, start_s=args.start,
+                api=args.api or "completions", warn=lambda msg: print(f"slobench: {msg}", file=sys.stderr),
+            )
+        else:
+            self.workload = load_workload(args.workload)
         self.slo = load_slo(args.slo)
         self.api = args.api or self.workload.api
         self.headers = _parse_headers(args.header)
@@ -181,6 +204,10 @@ class LoadSetup:
         from slobench.workload import generate
 
         a = self.args
+        if getattr(a, "trace", None) is not None:
+            return self.workload.specs(  # type: ignore[no-any-return]
+                rate_rps=rate_rps, duration_s=a.duration, num_requests=a.num_requests, seed=a.seed, api=self.api
+            )
         return generate(
             self.workload,
             rate_rps=rate_rps,
@@ -213,6 +240,8 @@ class LoadSetup:
     def manifest(self, target: Any, served: str) -> dict[str, Any]:
         from dataclasses import asdict, is_dataclass
 
+        from slobench.workload import phase_boundaries
+
         a = self.args
         wl = self.workload.to_dict() if hasattr(self.workload, "to_dict") else (
             asdict(self.workload) if is_dataclass(self.workload) else str(self.workload)
@@ -225,6 +254,7 @@ class LoadSetup:
             "seed": a.seed,
             "target": {"url": a.url, "model": target.model, "api": self.api, "stream": not a.no_stream, "served": served},
             "slo": self.slo.to_dict() if self.slo else None,
+            "phases": phase_boundaries(self.workload, duration_s=a.duration),
             "options": {
                 "num_requests": a.num_requests, "duration_s": a.duration, "input_len": a.input_len,
                 "output_len": a.output_len, "warmup": a.warmup, "max_in_flight": a.max_in_flight,
@@ -246,9 +276,36 @@ class LoadSetup:
         )
 
 
+async def discover_model(url: str, headers: dict[str, str], api_key_env: str) -> str:
+    """The first model the server lists at {url}/models (for when --model is not given)."""
+    import os
+
+    import httpx
+
+    from slobench.errors import TargetUnreachable
+
+    hdrs = dict(headers)
+    if key := os.environ.get(api_key_env):
+        hdrs["Authorization"] = f"Bearer {key}"
+    models_url = url.rstrip("/") + "/models"
+    try:
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            r = await client.get(models_url, headers=hdrs)
+    except httpx.HTTPError as e:
+        raise TargetUnreachable(f"GET {models_url}: {type(e).__name__}: {e or 'no answer'}") from None
+    if r.status_code != 200:
+        raise TargetUnreachable(f"GET {models_url}: HTTP {r.status_code}; pass --model NAME")
+    try:
+        return str(r.json()["data"][0]["id"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise TargetUnreachable(f"GET {models_url}: no model listed; pass --model NAME") from None
+
+
 async def _start_target(setup: LoadSetup) -> tuple[Any, Any, str]:
     from slobench.clock import Clock
 
+    if setup.args.model is None:
+        setup.args.model = await discover_model(setup.args.url, setup.headers, setup.args.api_key_env)
     clock = Clock()
     target = setup.target(clock)
     await target.start()

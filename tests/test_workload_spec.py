@@ -67,6 +67,10 @@ def test_public_api_is_pinned():
         "PoissonArrivals", "UniformLength", "WorkloadSpec", "ZipfLength", "generate", "length_from_dict",
         "list_workloads", "load_workload", "make_arrivals", "random_text", "random_token_ids",
         "text_prompts", "token_prompts",
+        # traces, phases, sessions (issue 6)
+        "CurveArrivals", "DiurnalArrivals", "Phase", "RequestClass", "SessionSpec", "SystemPrompts",
+        "ThinkTime", "Trace", "TraceEntry", "TraceReplay", "detect_format", "load_trace",
+        "phase_boundaries", "replay",
     }  # fmt: skip
     assert all(hasattr(workload, name) for name in workload.__all__)
 

@@ -17,6 +17,7 @@ from slobench.workload.lengths import (
     ZipfLength,
     length_from_dict,
 )
+from slobench.workload.phases import CurveArrivals, DiurnalArrivals, Phase, RequestClass
 from slobench.workload.prompts import (
     DEFAULT_TOKEN_ID_RANGE,
     WORDS,
@@ -25,7 +26,17 @@ from slobench.workload.prompts import (
     text_prompts,
     token_prompts,
 )
-from slobench.workload.spec import WORKLOADS_DIR, WorkloadSpec, generate, list_workloads, load_workload
+from slobench.workload.replay import TraceReplay, replay
+from slobench.workload.sessions import SessionSpec, SystemPrompts, ThinkTime
+from slobench.workload.spec import (
+    WORKLOADS_DIR,
+    WorkloadSpec,
+    generate,
+    list_workloads,
+    load_workload,
+    phase_boundaries,
+)
+from slobench.workload.traces import Trace, TraceEntry, detect_format, load_trace
 
 __all__ = [
     "DEFAULT_TOKEN_ID_RANGE",
@@ -33,23 +44,37 @@ __all__ = [
     "WORKLOADS_DIR",
     "ArrivalProcess",
     "ConstantArrivals",
+    "CurveArrivals",
+    "DiurnalArrivals",
     "EmpiricalLength",
     "FixedLength",
     "GammaArrivals",
     "LengthDist",
     "LogNormalLength",
     "ParetoLength",
+    "Phase",
     "PoissonArrivals",
+    "RequestClass",
+    "SessionSpec",
+    "SystemPrompts",
+    "ThinkTime",
+    "Trace",
+    "TraceEntry",
+    "TraceReplay",
     "UniformLength",
     "WorkloadSpec",
     "ZipfLength",
+    "detect_format",
     "generate",
     "length_from_dict",
     "list_workloads",
+    "load_trace",
     "load_workload",
     "make_arrivals",
+    "phase_boundaries",
     "random_text",
     "random_token_ids",
+    "replay",
     "text_prompts",
     "token_prompts",
 ]

@@ -23,6 +23,33 @@ A spec file (every key but the length tables optional; unknown keys are errors s
     p99 = 4142
     min = 1
     max = 8192
+
+Traffic that changes over the run (see slobench.workload.phases and .sessions; all optional):
+
+    [arrival]                      # also: a rate curve, non-homogeneous Poisson by thinning
+    process = "diurnal"            # rate_rps (mean), peak_to_trough, period_s[, peak_s]
+                                   # or process = "curve", points = [[t_s, rate_rps], ...]
+    [class.doc]                    # request classes, each its own lengths (default: [input]/[output])
+    input = {dist = "lognormal", median = 5000, p99 = 7800}
+    output = {dist = "lognormal", median = 48, p99 = 200}
+    mix = {doc = 3, chat = 1}      # class weights for a run without phases
+
+    [[phase]]                      # segments run one after another; requests are tagged "phase/class"
+    name = "morning"
+    duration_s = 60
+    rate_rps = 4.0                 # Poisson shorthand, or an arrival = {process = ..., ...} table
+    mix = {doc = 3, chat = 1}      # default: the top-level mix, else the top-level [input]/[output]
+
+    [sessions]                     # multi-turn: each arrival starts a conversation
+    turns = {dist = "uniform", min = 2, max = 6}
+    think = {dist = "exponential", mean_s = 8.0}
+    response_s_per_token = 0.02    # next turn = previous scheduled arrival + output·this + think
+    max_context_tokens = 8192
+
+    [system_prompts]               # shared prefixes: Zipf popularity over groups
+    num_groups = 8
+    tokens = 1024                  # or one length per group
+    zipf_s = 1.1
 """
 
 from __future__ import annotations
@@ -31,7 +58,7 @@ import math
 import tomllib
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -41,9 +68,18 @@ from slobench.errors import SpecError, UsageError
 from slobench.records import RequestSpec
 from slobench.workload.arrivals import ArrivalProcess, PoissonArrivals, make_arrivals
 from slobench.workload.lengths import FixedLength, LengthDist, length_from_dict
+from slobench.workload.phases import (
+    Phase,
+    RequestClass,
+    boundaries,
+    curve_from_dict,
+    rescale,
+    schedule_phases,
+)
 from slobench.workload.prompts import DEFAULT_TOKEN_ID_RANGE, text_prompts, token_prompts
+from slobench.workload.sessions import SessionSpec, SystemPrompts, build_requests
 
-__all__ = ["WORKLOADS_DIR", "WorkloadSpec", "generate", "list_workloads", "load_workload"]
+__all__ = ["WORKLOADS_DIR", "WorkloadSpec", "generate", "list_workloads", "load_workload", "phase_boundaries"]
 
 # The package is installed editable, so the repo's workloads/ sits two levels above this package.
 WORKLOADS_DIR = Path(__file__).resolve().parents[2] / "workloads"
@@ -66,9 +102,16 @@ _TOP_KEYS = frozenset(
         "arrival",
         "input",
         "output",
+        "class",
+        "mix",
+        "phase",
+        "sessions",
+        "system_prompts",
     }
 )
 _ARRIVAL_KEYS = frozenset({"process", "rate_rps", "cv"})
+_PHASE_KEYS = frozenset({"name", "duration_s", "rate_rps", "arrival", "mix"})
+DEFAULT_CLASS = "default"
 
 T = TypeVar("T")
 
@@ -99,6 +142,11 @@ class WorkloadSpec:
     ignore_eos: bool = True
     min_tokens: str = "none"
     token_ids: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE
+    classes: tuple[RequestClass, ...] = ()
+    mix: tuple[tuple[str, float], ...] = ()
+    phases: tuple[Phase, ...] = ()
+    sessions: SessionSpec | None = None
+    system_prompts: SystemPrompts | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -133,6 +181,23 @@ class WorkloadSpec:
             isinstance(ids, tuple) and len(ids) == 2 and all(_is_int(x) for x in ids) and 0 <= ids[0] < ids[1]
         ):
             raise SpecError("token_ids", ids, "must be [lo, hi] integers with 0 <= lo < hi (hi excluded)")
+        names = [c.name for c in self.classes]
+        if len(set(names)) != len(names):
+            raise SpecError("class", names, "class names must be unique")
+        known = set(names) | {DEFAULT_CLASS}
+        for where, mix in [("mix", self.mix)] + [(f"phase.{p.name}.mix", p.mix) for p in self.phases]:
+            for cls_name, _ in mix:
+                if cls_name not in known:
+                    raise SpecError(where, cls_name, f"names no class; defined: {sorted(known)}")
+        if self.mix:
+            Phase("check", 1.0, self.arrival, self.mix)  # the same weight checks as a phase's
+        if len({p.name for p in self.phases}) != len(self.phases):
+            raise SpecError("phase", [p.name for p in self.phases], "phase names must be unique")
+
+    @property
+    def is_structured(self) -> bool:
+        """True when the spec uses classes, phases, sessions or system prompts (the newer generator)."""
+        return bool(self.classes or self.mix or self.phases or self.sessions or self.system_prompts)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> WorkloadSpec:
@@ -141,17 +206,39 @@ class WorkloadSpec:
                 raise SpecError(str(key), d[key], f"unknown key; allowed: {sorted(_TOP_KEYS)}")
         if "name" not in d:
             raise SpecError("name", None, "missing")
-        kwargs: dict[str, Any] = {k: d[k] for k in _TOP_KEYS - {"arrival", "input", "output"} if k in d}
+        tables = {"arrival", "input", "output", "class", "mix", "phase", "sessions", "system_prompts"}
+        kwargs: dict[str, Any] = {k: d[k] for k in _TOP_KEYS - tables if k in d}
         if "token_ids" in kwargs:
             ids = kwargs["token_ids"]
             kwargs["token_ids"] = tuple(ids) if isinstance(ids, list | tuple) else ids
+        classes = _nested("class", lambda: _classes_from_dict(d.get("class", {}), d))
+        kwargs["classes"] = classes
         for key in ("input", "output"):
             table = d.get(key)
+            if table is None and classes:  # every class has its own: the first one stands in
+                kwargs[key] = getattr(classes[0], key)
+                continue
             if not isinstance(table, Mapping):
                 raise SpecError(key, table, 'missing or not a table; e.g. dist = "lognormal", median, p99')
             kwargs[key] = _nested(key, lambda t=table: length_from_dict(t))  # type: ignore[misc]
         if "arrival" in d:
             kwargs["arrival"] = _nested("arrival", lambda: _arrival_from_dict(d["arrival"]))
+        if "mix" in d:
+            kwargs["mix"] = _nested("mix", lambda: _mix_from_dict(d["mix"]))
+        if "phase" in d:
+            phases = d["phase"]
+            if not isinstance(phases, list) or not phases:
+                raise SpecError("phase", phases, "must be an array of tables ([[phase]])")
+            kwargs["phases"] = tuple(
+                _nested(f"phase[{i}]", lambda p=p: _phase_from_dict(p))  # type: ignore[misc]
+                for i, p in enumerate(phases)
+            )
+        if "sessions" in d:
+            kwargs["sessions"] = _nested("sessions", lambda: SessionSpec.from_dict(_table(d["sessions"])))
+        if "system_prompts" in d:
+            kwargs["system_prompts"] = _nested(
+                "system_prompts", lambda: SystemPrompts.from_dict(_table(d["system_prompts"]))
+            )
         return cls(**kwargs)
 
     @classmethod
@@ -188,6 +275,16 @@ class WorkloadSpec:
             "input": self.input.to_dict(),
             "output": self.output.to_dict(),
         }
+        if self.classes:
+            d["class"] = {c.name: c.to_dict() for c in self.classes}
+        if self.mix:
+            d["mix"] = dict(self.mix)
+        if self.phases:
+            d["phase"] = [p.to_dict() for p in self.phases]
+        if self.sessions is not None:
+            d["sessions"] = self.sessions.to_dict()
+        if self.system_prompts is not None:
+            d["system_prompts"] = self.system_prompts.to_dict()
         return {k: v for k, v in d.items() if v is not None}
 
     def __str__(self) -> str:
@@ -199,10 +296,60 @@ class WorkloadSpec:
 def _arrival_from_dict(d: object) -> ArrivalProcess:
     if not isinstance(d, Mapping):
         raise SpecError("process", d, "[arrival] must be a table")
+    if d.get("process") in ("diurnal", "curve"):
+        return curve_from_dict(d)
     for key in d:
         if key not in _ARRIVAL_KEYS:
             raise SpecError(str(key), d[key], f"unknown key; allowed: {sorted(_ARRIVAL_KEYS)}")
     return make_arrivals(d.get("process", "poisson"), d.get("rate_rps", 1.0), d.get("cv"))
+
+
+def _table(d: object) -> Mapping[str, Any]:
+    if not isinstance(d, Mapping):
+        raise SpecError("table", d, "must be a table")
+    return d
+
+
+def _classes_from_dict(d: object, top: Mapping[str, Any]) -> tuple[RequestClass, ...]:
+    out = []
+    for name, table in _table(d).items():
+        t = _table(table)
+        for key in t:
+            if key not in ("input", "output"):
+                raise SpecError(f"{name}.{key}", t[key], "unknown key; a class has input and output")
+        lengths = {}
+        for key in ("input", "output"):
+            src = t.get(key, top.get(key))
+            if not isinstance(src, Mapping):
+                raise SpecError(f"{name}.{key}", src, "missing (and no top-level table to inherit)")
+            lengths[key] = _nested(f"{name}.{key}", lambda s=src: length_from_dict(s))  # type: ignore[misc]
+        out.append(RequestClass(str(name), lengths["input"], lengths["output"]))
+    return tuple(out)
+
+
+def _mix_from_dict(d: object) -> tuple[tuple[str, float], ...]:
+    mix = tuple((str(k), v) for k, v in _table(d).items())
+    if not mix:
+        raise SpecError("mix", d, "must name at least one class")
+    return mix
+
+
+def _phase_from_dict(d: object) -> Phase:
+    t = _table(d)
+    for key in t:
+        if key not in _PHASE_KEYS:
+            raise SpecError(str(key), t[key], f"unknown key; allowed: {sorted(_PHASE_KEYS)}")
+    for key in ("name", "duration_s"):
+        if key not in t:
+            raise SpecError(key, None, "every phase needs a name and a duration_s")
+    if ("rate_rps" in t) == ("arrival" in t):
+        raise SpecError("rate_rps", t.get("rate_rps"), "give either rate_rps (Poisson) or an arrival table")
+    if "arrival" in t:
+        arrival = _nested("arrival", lambda: _arrival_from_dict(t["arrival"]))
+    else:
+        arrival = make_arrivals("poisson", t["rate_rps"])
+    mix = _nested("mix", lambda: _mix_from_dict(t["mix"])) if "mix" in t else ()
+    return Phase(t["name"], t["duration_s"], arrival, mix)
 
 
 def list_workloads() -> list[str]:
@@ -264,6 +411,8 @@ def generate(
     """
     if not _is_int(seed) or seed < 0:
         raise SpecError("seed", seed, "must be an integer >= 0")
+    if spec.is_structured:
+        return _generate_structured(spec, rate_rps, num_requests, duration_s, seed, input_len, output_len, api)
     arrival = spec.arrival if rate_rps is None else spec.arrival.with_rate(rate_rps)
     if num_requests is None and duration_s is None:
         num_requests, duration_s = spec.num_requests, spec.duration_s
@@ -310,3 +459,67 @@ def generate(
             zip(times.tolist(), prompts, ins.tolist(), outs.tolist(), strict=True)
         )
     ]
+
+
+def _effective_phases(spec: WorkloadSpec, rate_rps: float | None, duration_s: float | None) -> tuple[Phase, ...]:
+    """The spec's phases with their mixes resolved; a spec without phases is one phase named after it."""
+    default_mix = spec.mix or ((DEFAULT_CLASS, 1.0),)
+    if spec.phases:
+        phases = tuple(Phase(p.name, p.duration_s, p.arrival, p.mix or default_mix) for p in spec.phases)
+        return phases if rate_rps is None else rescale(phases, rate_rps)
+    arrival = spec.arrival if rate_rps is None else spec.arrival.with_rate(rate_rps)
+    return (Phase(spec.name, math.inf if duration_s is None else duration_s, arrival, default_mix),)
+
+
+def phase_boundaries(spec: object, *, duration_s: float | None = None) -> list[dict[str, Any]]:
+    """[{name, start_s}, ...] of a phased spec in run seconds (what the manifest's `phases` holds and the
+    report's timeline marks); empty for a spec without phases, or anything that is not a WorkloadSpec
+    (a trace replay). `duration_s` cuts like generate's."""
+    if not isinstance(spec, WorkloadSpec) or not spec.phases:
+        return []
+    return boundaries(spec.phases, duration_s if duration_s is not None else spec.duration_s)
+
+
+def _generate_structured(
+    spec: WorkloadSpec,
+    rate_rps: float | None,
+    num_requests: int | None,
+    duration_s: float | None,
+    seed: int,
+    input_len: int | None,
+    output_len: int | None,
+    api: str | None,
+) -> list[RequestSpec]:
+    if num_requests is None and duration_s is None:
+        num_requests, duration_s = spec.num_requests, spec.duration_s
+    if num_requests is None and duration_s is None and not spec.phases:
+        raise SpecError(
+            "num_requests", None, f"workload {spec.name!r} sets no bound; give num_requests or duration_s"
+        )
+    api = spec.api if api is None else api
+    if api not in APIS:
+        raise SpecError("api", api, f"must be one of {list(APIS)}")
+    classes = (*spec.classes, RequestClass(DEFAULT_CLASS, spec.input, spec.output))
+    if input_len is not None or output_len is not None:
+        classes = tuple(
+            RequestClass(
+                c.name,
+                c.input if input_len is None else _fixed("input_len", input_len),
+                c.output if output_len is None else _fixed("output_len", output_len),
+            )
+            for c in classes
+        )
+    phases = _effective_phases(spec, rate_rps, duration_s)
+    s_sched, s_build, s_prompt = np.random.SeedSequence(seed).spawn(3)
+    # The salt needs one number per rate: the mean offered rate after any rescaling.
+    mean_rps = sum(p.arrival.rate_rps for p in phases) / len(phases)
+    s_prompt = _salted(s_prompt, spec.name, mean_rps)
+    sched = schedule_phases(phases, classes, s_sched, num_requests=num_requests, duration_s=duration_s)
+    if not spec.phases and not spec.classes and not spec.mix:
+        sched = replace(sched, tags=[spec.name] * len(sched.tags))
+    return build_requests(
+        sched, classes, sessions=spec.sessions, system_prompts=spec.system_prompts, ss=s_build,
+        ss_prompt=s_prompt, is_text=api == "chat" or spec.prompt == "text", id_range=spec.token_ids,
+        num_requests=num_requests, duration_s=duration_s, ignore_eos=spec.ignore_eos,
+        pin_min_tokens=spec.min_tokens == "max",
+    )  # fmt: skip

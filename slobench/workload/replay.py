@@ -1,0 +1,270 @@
+"""Trace replay: a `Trace` becomes the requests of one run, scaled in time, windowed and given prompts.
+
+Time: `start_s` skips the trace's first seconds (trace time); the kept part is multiplied by a scale
+factor k — `time_scale` as given (0.5 replays twice as fast), or, when `rate_rps` is given, the k that
+makes the mean rate of the trace from `start_s` on equal `rate_rps` (every gap scaled alike, so bursts
+keep their shape); `duration_s` then keeps the arrivals in the first seconds of the *scaled* replay (run
+time, matching the runner's --duration); `num_requests` keeps the first N.
+
+Prompts, in order of preference: the trace's own (text is sent as text; token ids as ids); prompt blocks
+derived from Mooncake-style `hash_ids` (each id stands for `block_tokens` tokens whose ids are a
+deterministic function of the seed and the id, so requests sharing an id share those tokens, and a last
+partial block is a prefix of the full block); for a session's later turn, the previous turn's prompt
+grown by fresh tokens (the shared prefix a multi-turn chat has); else fresh random tokens of the
+trace's length. Prompt content is salted by the trace name and scale so that the runs of a sweep do not
+share prefixes across rates (see `slobench.workload.spec._salted`).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from slobench.errors import SpecError, UsageError
+from slobench.records import RequestSpec
+from slobench.workload.prompts import DEFAULT_TOKEN_ID_RANGE, WORDS, text_prompts, token_prompts
+from slobench.workload.sessions import ids_to_prompt
+from slobench.workload.traces import Trace, TraceEntry, load_trace
+
+__all__ = ["TraceReplay", "block_token_ids", "replay", "replay_scale"]
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a bijection on uint64 that scatters nearby inputs (wrapping arithmetic)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def block_token_ids(
+    key: int, hash_id: int, num_tokens: int, id_range: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE
+) -> np.ndarray:
+    """The token ids of one prompt block: a pure function of (key, hash_id), so equal ids give equal
+    tokens in every request and every process; the first m ids of a block do not depend on its length."""
+    lo, hi = id_range
+    with np.errstate(over="ignore"):
+        base = _mix64(np.array([key & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64) ^ _mix64(
+            np.array([hash_id & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64) + _GOLDEN))
+        pos = np.arange(1, num_tokens + 1, dtype=np.uint64)
+        vals = _mix64(base + pos * _GOLDEN)
+    return (vals % np.uint64(hi - lo)).astype(np.int64) + lo
+
+
+def replay_scale(trace: Trace, *, start_s: float = 0.0, time_scale: float | None = None,
+                 rate_rps: float | None = None) -> float:  # fmt: skip
+    """The factor k that multiplies trace time (see the module doc); `rate_rps` wins over `time_scale`."""
+    if rate_rps is None:
+        k = 1.0 if time_scale is None else time_scale
+        if isinstance(k, bool) or not (isinstance(k, int | float) and math.isfinite(k) and k > 0):
+            raise SpecError("time_scale", time_scale, "must be a finite number > 0 (0.5 = twice as fast)")
+        return float(k)
+    if not (math.isfinite(rate_rps) and rate_rps > 0):
+        raise SpecError("rate_rps", rate_rps, "must be a finite number > 0")
+    t = trace.arrival_s
+    t = t[t >= start_s]
+    if len(t) < 2 or t[-1] <= t[0]:
+        raise UsageError(f"{trace.path}: cannot rescale to a rate: fewer than two distinct arrival times "
+                         f"after --start {start_s:g}")  # fmt: skip
+    native_rps = (len(t) - 1) / float(t[-1] - t[0])
+    return native_rps / rate_rps
+
+
+def _salt(trace: Trace, scale: float, seed: int) -> int:
+    bits = int(np.float64(scale).view(np.uint64))
+    return (seed << 40) ^ (zlib.crc32(trace.name.encode()) << 8) ^ bits
+
+
+def _window(trace: Trace, start_s: float, scale: float, duration_s: float | None,
+            num_requests: int | None) -> tuple[list[TraceEntry], list[float]]:  # fmt: skip
+    if not (math.isfinite(start_s) and start_s >= 0):
+        raise SpecError("start_s", start_s, "must be a finite number >= 0")
+    if duration_s is not None and not (math.isfinite(duration_s) and duration_s > 0):
+        raise SpecError("duration_s", duration_s, "must be a finite number > 0")
+    if num_requests is not None and num_requests < 1:
+        raise SpecError("num_requests", num_requests, "must be >= 1")
+    kept: list[TraceEntry] = []
+    times: list[float] = []
+    for e in trace.entries:
+        if e.arrival_s < start_s:
+            continue
+        t = (e.arrival_s - start_s) * scale
+        if duration_s is not None and t >= duration_s:
+            break
+        kept.append(e)
+        times.append(t)
+        if num_requests is not None and len(kept) >= num_requests:
+            break
+    if not kept:
+        raise UsageError(
+            f"{trace.path}: the window (--start {start_s:g} s, --duration {duration_s} s at scale {scale:g}) "
+            "holds no request"
+        )
+    return kept, times
+
+
+class _Prompts:
+    """Builds each request's prompt as an id array (token ids, or word indices for text)."""
+
+    def __init__(self, trace: Trace, key: int, is_text: bool, id_range: tuple[int, int]) -> None:
+        self.trace = trace
+        self.key = key
+        self.is_text = is_text
+        self.id_range = (0, len(WORDS)) if is_text else id_range
+        self.blocks: dict[int, np.ndarray] = {}
+        self.rng = np.random.default_rng(np.random.SeedSequence(key & ((1 << 63) - 1), spawn_key=(0x70,)))
+
+    def fresh(self, n: int) -> np.ndarray:
+        lo, hi = self.id_range
+        return self.rng.integers(lo, hi, size=n, dtype=np.int64)
+
+    def from_blocks(self, hash_ids: tuple[int, ...], n: int) -> np.ndarray:
+        size = self.trace.block_tokens
+        parts: list[np.ndarray] = []
+        have = 0
+        for h in hash_ids:
+            if have >= n:
+                break
+            block = self.blocks.get(h)
+            if block is None:
+                block = self.blocks[h] = block_token_ids(self.key, h, size, self.id_range)
+            take = min(size, n - have)
+            parts.append(block[:take])
+            have += take
+        if have < n:  # more tokens than blocks: the rest is this request's own
+            parts.append(self.fresh(n - have))
+        return np.concatenate(parts)
+
+    def finish(self, ids: np.ndarray) -> str | tuple[int, ...]:
+        return ids_to_prompt(ids, self.is_text, self.id_range)
+
+
+def replay(
+    trace: Trace,
+    *,
+    time_scale: float | None = None,
+    rate_rps: float | None = None,
+    start_s: float = 0.0,
+    duration_s: float | None = None,
+    num_requests: int | None = None,
+    seed: int = 0,
+    api: str = "completions",
+    prompt: str = "tokens",
+    token_ids: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE,
+    ignore_eos: bool = True,
+    min_tokens: str = "none",
+) -> list[RequestSpec]:
+    """The requests of one replay of `trace`, in arrival order (see the module doc)."""
+    scale = replay_scale(trace, start_s=start_s, time_scale=time_scale, rate_rps=rate_rps)
+    kept, times = _window(trace, start_s, scale, duration_s, num_requests)
+    is_text = api == "chat" or prompt == "text"
+    key = _salt(trace, scale, seed)
+    builder = _Prompts(trace, key, is_text, token_ids)
+    prompts: list[str | tuple[int, ...] | None] = [None] * len(kept)
+    by_session: dict[int, np.ndarray] = {}
+    plain: list[int] = []
+    for i, e in enumerate(kept):
+        own = e.prompt
+        if isinstance(own, str) or (isinstance(own, tuple) and not is_text):
+            prompts[i] = own
+        elif e.hash_ids:
+            prompts[i] = builder.finish(builder.from_blocks(e.hash_ids, e.input_tokens))
+        elif e.session_id is not None:
+            prev = by_session.get(e.session_id)
+            grow = e.input_tokens - (0 if prev is None else len(prev))
+            ids = builder.fresh(e.input_tokens) if prev is None or grow < 0 else (
+                np.concatenate([prev, builder.fresh(grow)]))
+            by_session[e.session_id] = ids
+            prompts[i] = builder.finish(ids)
+        else:
+            plain.append(i)
+    # The common case (Azure, BurstGPT) in one batch: the fast path the synthetic workloads use.
+    rng = np.random.default_rng(np.random.SeedSequence(key & ((1 << 63) - 1), spawn_key=(0x71,)))
+    lengths = [kept[i].input_tokens for i in plain]
+    batch: list[Any] = text_prompts(lengths, rng) if is_text else token_prompts(lengths, rng, id_range=token_ids)
+    for i, p in zip(plain, batch, strict=True):
+        prompts[i] = p
+    pin = min_tokens == "max"
+    out: list[RequestSpec] = []
+    for i, (e, t, p) in enumerate(zip(kept, times, prompts, strict=True)):
+        assert p is not None
+        n_in = len(p) if isinstance(p, tuple) else (e.input_tokens if e.prompt is not None else len(p.split()))
+        out.append(RequestSpec(
+            request_id=i, arrival_s=t, prompt=p, input_tokens=n_in, max_tokens=e.output_tokens,
+            min_tokens=e.output_tokens if pin else None, ignore_eos=ignore_eos,
+            tag=e.tag or trace.name, session_id=e.session_id,
+        ))  # fmt: skip
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class TraceReplay:
+    """A trace plus how to replay it: what the CLI holds where a synthetic run holds a WorkloadSpec."""
+
+    trace: Trace
+    time_scale: float | None = None
+    start_s: float = 0.0
+    api: str = "completions"
+    prompt: str = "tokens"
+    token_ids: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE
+    ignore_eos: bool = True
+    min_tokens: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.time_scale is not None:
+            replay_scale(self.trace, time_scale=self.time_scale)  # validates it
+        if not (math.isfinite(self.start_s) and self.start_s >= 0):
+            raise SpecError("start", self.start_s, "must be a finite number >= 0 (trace seconds)")
+        if self.api not in ("completions", "chat"):
+            raise SpecError("api", self.api, "must be 'completions' or 'chat'")
+
+    @classmethod
+    def open(
+        cls,
+        path: str,
+        fmt: str | None = None,
+        *,
+        seed: int = 0,
+        time_scale: float | None = None,
+        start_s: float = 0.0,
+        api: str = "completions",
+        warn: Callable[[str], None] | None = None,
+    ) -> TraceReplay:
+        """Load a trace for replay; `warn` hears about skipped rows and what the loader did."""
+        trace = load_trace(path, fmt, seed=seed)
+        if warn is not None:
+            if trace.problems:
+                warn(f"warning: {trace.problem_summary()}")
+            for note in trace.notes:
+                warn(f"note: {note}")
+        return cls(trace, time_scale=time_scale, start_s=start_s, api=api)
+
+    @property
+    def name(self) -> str:
+        return self.trace.name
+
+    def specs(self, *, rate_rps: float | None = None, duration_s: float | None = None,
+              num_requests: int | None = None, seed: int = 0, api: str | None = None) -> list[RequestSpec]:  # fmt: skip
+        return replay(
+            self.trace, time_scale=self.time_scale, rate_rps=rate_rps, start_s=self.start_s,
+            duration_s=duration_s, num_requests=num_requests, seed=seed, api=api or self.api,
+            prompt=self.prompt, token_ids=self.token_ids, ignore_eos=self.ignore_eos,
+            min_tokens=self.min_tokens,
+        )  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "trace": self.trace.describe(),
+            "time_scale": self.time_scale,
+            "start_s": self.start_s,
+            "api": self.api,
+            "prompt": self.prompt,
+        }

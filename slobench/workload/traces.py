@@ -1,0 +1,472 @@
+"""Trace loaders: a file of real requests becomes a `Trace` (arrival times, token counts, and what else
+the format carries), whatever its format.
+
+Formats (detected from the content, or named):
+  azure     Azure LLM inference trace CSV: `TIMESTAMP,ContextTokens,GeneratedTokens`
+  burstgpt  BurstGPT CSV: `Timestamp` (seconds), `Model`, `Request tokens`, `Response tokens`, ...
+  mooncake  Mooncake JSONL: `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (one per 512-token
+            block; requests sharing an id share those prompt tokens)
+  sharegpt  ShareGPT-style JSON: a list of `{"conversations": [{"from": "human"|"gpt", "value": text}]}`;
+            one request per human turn, its prompt the conversation so far; lengths counted in words
+  slobench  slobench's own JSONL (`slobench workload convert` writes it): one object per line with
+            `arrival_s`, `input_tokens`, `max_tokens` and optionally `prompt`, `tag`, `session_id`, `hash_ids`
+
+A malformed row is skipped and recorded as a `RowProblem` with its line number, so one bad line in a
+million does not stop a replay; a trace with no usable row at all is a `UsageError` (exit 2).
+Times in a `Trace` are trace seconds from its first request, unscaled; `slobench.workload.replay` scales,
+windows and turns them into requests.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from slobench.errors import SpecError, UsageError
+
+__all__ = ["FORMATS", "RowProblem", "Trace", "TraceEntry", "detect_format", "load_trace"]
+
+FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "slobench")
+MOONCAKE_BLOCK_TOKENS = 512
+# ShareGPT has no timestamps: conversations start as a Poisson process at this rate, and a next turn comes
+# after a think time plus a response estimate. `--rate` / `--time-scale` rescale the whole axis.
+SHAREGPT_CONVERSATIONS_RPS = 1.0
+SHAREGPT_THINK_S = 5.0
+SHAREGPT_S_PER_OUTPUT_TOKEN = 0.02
+_HUMAN = frozenset({"human", "user"})
+_ASSISTANT = frozenset({"gpt", "assistant", "chatgpt", "bard", "model"})
+_MAX_SHOWN = 5
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEntry:
+    arrival_s: float  # trace seconds from the trace's first request, unscaled
+    input_tokens: int
+    output_tokens: int
+    line: int  # where it came from: file line (CSV, JSONL) or item number (ShareGPT JSON), 1-based
+    hash_ids: tuple[int, ...] = ()
+    prompt: str | tuple[int, ...] | None = None
+    session_id: int | None = None
+    tag: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RowProblem:
+    line: int
+    why: str
+    unit: str = "line"
+
+    def __str__(self) -> str:
+        return f"{self.unit} {self.line}: {self.why}"
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    path: str
+    format: str
+    entries: tuple[TraceEntry, ...]  # sorted by arrival (stable, so ties keep file order)
+    problems: tuple[RowProblem, ...] = ()
+    notes: tuple[str, ...] = ()  # what the loader did that a reader should know (kept in the manifest)
+    num_rows: int = 0
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS  # tokens per hash id, when entries carry hash_ids
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise SpecError("format", self.format, f"must be one of {list(FORMATS)}")
+        if not self.entries:
+            raise UsageError(f"{self.path}: no usable requests in {self.num_rows} rows{self._problem_tail()}")
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).stem
+
+    @property
+    def arrival_s(self) -> np.ndarray:
+        return np.fromiter((e.arrival_s for e in self.entries), np.float64, len(self.entries))
+
+    @property
+    def input_tokens(self) -> np.ndarray:
+        return np.fromiter((e.input_tokens for e in self.entries), np.int64, len(self.entries))
+
+    @property
+    def output_tokens(self) -> np.ndarray:
+        return np.fromiter((e.output_tokens for e in self.entries), np.int64, len(self.entries))
+
+    @property
+    def span_s(self) -> float:
+        return self.entries[-1].arrival_s - self.entries[0].arrival_s
+
+    def _first_problems(self) -> str:
+        shown = "; ".join(str(p) for p in self.problems[:_MAX_SHOWN])
+        more = f" (and {len(self.problems) - _MAX_SHOWN} more)" if len(self.problems) > _MAX_SHOWN else ""
+        return shown + more
+
+    def _problem_tail(self) -> str:
+        return f"; {len(self.problems)} malformed: {self._first_problems()}" if self.problems else ""
+
+    def problem_summary(self) -> str:
+        """One line for stderr: how many rows were skipped and the first few with their line numbers."""
+        if not self.problems:
+            return ""
+        return f"{self.path}: skipped {len(self.problems)} malformed of {self.num_rows} rows: {self._first_problems()}"
+
+    def describe(self) -> dict[str, Any]:
+        """What a manifest records about the trace."""
+        return {
+            "path": self.path,
+            "format": self.format,
+            "num_requests": len(self.entries),
+            "num_rows": self.num_rows,
+            "num_malformed": len(self.problems),
+            "malformed_first": [str(p) for p in self.problems[:_MAX_SHOWN]],
+            "span_s": self.span_s,
+            "notes": list(self.notes),
+        }
+
+
+# ---- detection ----------------------------------------------------------------------------------------
+
+
+def detect_format(path: str | Path) -> str:
+    """The trace format, from the first bytes of the file (a CSV header or the first JSON object)."""
+    head = _read_head(Path(path))
+    stripped = head.lstrip("\ufeff \t\r\n")
+    if stripped.startswith("["):
+        return "sharegpt"
+    if stripped.startswith("{"):
+        first = stripped.split("\n", 1)[0]
+        try:
+            obj = json.loads(first)
+        except json.JSONDecodeError:
+            obj = None
+        if isinstance(obj, dict):
+            if "conversations" in obj:
+                return "sharegpt"
+            if "hash_ids" in obj or "input_length" in obj:
+                return "mooncake"
+            if "arrival_s" in obj:
+                return "slobench"
+    else:
+        header = stripped.split("\n", 1)[0].lower()
+        if "contexttokens" in header and "generatedtokens" in header:
+            return "azure"
+        if "request tokens" in header and "response tokens" in header:
+            return "burstgpt"
+    raise UsageError(
+        f"{path}: cannot tell the trace format from its first line; name it with --trace-format "
+        f"(one of {', '.join(FORMATS)})"
+    )
+
+
+def _read_head(path: Path) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read(65536)
+    except FileNotFoundError:
+        raise UsageError(f"{path}: trace file not found") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path}: is a directory, not a trace file") from None
+
+
+# ---- loading ------------------------------------------------------------------------------------------
+
+
+def load_trace(path: str | Path, fmt: str | None = None, *, seed: int = 0) -> Trace:
+    """Read a trace. `seed` drives what the file leaves open: Mooncake's spread within a timestamp bucket
+    and ShareGPT's synthetic arrival times."""
+    path = Path(path)
+    fmt = detect_format(path) if fmt is None else fmt
+    if fmt not in FORMATS:
+        raise UsageError(f"--trace-format: unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    _read_head(path)  # the same not-found / directory messages for every format
+    rows: list[TraceEntry] = []
+    problems: list[RowProblem] = []
+    notes: list[str] = []
+    if fmt in ("azure", "burstgpt"):
+        parsed: Iterable[TraceEntry | RowProblem] = _csv_rows(path, fmt)
+    elif fmt == "sharegpt":
+        parsed = _sharegpt_rows(path, seed, notes)
+    else:
+        parsed = _jsonl_rows(path, fmt)
+    for item in parsed:
+        (rows if isinstance(item, TraceEntry) else problems).append(item)  # type: ignore[arg-type]
+    num_rows = len(rows) + len(problems)
+    if rows:
+        t0 = min(e.arrival_s for e in rows)
+        rows = [_shift(e, t0) for e in rows]
+        rows.sort(key=lambda e: e.arrival_s)  # stable: ties keep file order
+        if fmt == "mooncake":
+            rows = _spread_buckets(rows, seed, notes)
+    return Trace(str(path), fmt, tuple(rows), tuple(problems), tuple(notes), num_rows)
+
+
+def _shift(e: TraceEntry, t0: float) -> TraceEntry:
+    return TraceEntry(e.arrival_s - t0, e.input_tokens, e.output_tokens, e.line, e.hash_ids, e.prompt,
+                      e.session_id, e.tag)  # fmt: skip
+
+
+_FRACTION = re.compile(r"(\.\d{6})\d+")
+
+
+def _parse_time(text: str) -> float:
+    """Seconds: a plain number, or an ISO date-time (naive ones read as UTC; fractions past µs dropped)."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    dt = datetime.fromisoformat(_FRACTION.sub(r"\1", text))
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+def _count(text: object, name: str, *, minimum: int) -> int:
+    """A token count from a CSV cell or JSON value: an integer (1234 or "1234" or 1234.0) >= minimum."""
+    if isinstance(text, bool):
+        raise ValueError(f"{name} is not a number ({text!r})")
+    if isinstance(text, str):
+        text = text.strip()
+        if not text:
+            raise ValueError(f"{name} is empty")
+    try:
+        value = float(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} is not a number ({text!r})") from None
+    if not math.isfinite(value) or value != int(value):
+        raise ValueError(f"{name} is not an integer ({text!r})")
+    if value < minimum:
+        raise ValueError(f"{name} is {int(value)}, must be >= {minimum}")
+    return int(value)
+
+
+_CSV_COLUMNS = {
+    # format: (time, input, output, tag or None, time divisor)
+    "azure": ("timestamp", "contexttokens", "generatedtokens", None),
+    "burstgpt": ("timestamp", "request tokens", "response tokens", "model"),
+}
+
+
+def _csv_rows(path: Path, fmt: str) -> Iterator[TraceEntry | RowProblem]:
+    t_col, in_col, out_col, tag_col = _CSV_COLUMNS[fmt]
+    with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if header is None:
+            return
+        index = {h.strip().lstrip("\ufeff").lower(): i for i, h in enumerate(header)}
+        missing = [c for c in (t_col, in_col, out_col) if c not in index]
+        if missing:
+            raise UsageError(f"{path}: line 1: {fmt} header lacks column(s) {missing} (got {header})")
+        ti, ii, oi = index[t_col], index[in_col], index[out_col]
+        gi = index.get(tag_col) if tag_col else None
+        width = max(ti, ii, oi, gi or 0) + 1
+        for row in reader:
+            line = reader.line_num
+            if not row or all(not c.strip() for c in row):
+                continue
+            if len(row) < width:
+                yield RowProblem(line, f"{len(row)} columns, expected at least {width}")
+                continue
+            try:
+                t = _parse_time(row[ti])
+                if not math.isfinite(t):
+                    raise ValueError(f"time is not finite ({row[ti]!r})")
+                n_in = _count(row[ii], header[ii].strip(), minimum=1)
+                n_out = _count(row[oi], header[oi].strip(), minimum=1)
+            except ValueError as e:
+                yield RowProblem(line, str(e))
+                continue
+            yield TraceEntry(t, n_in, n_out, line, tag="" if gi is None else row[gi].strip())
+
+
+def _jsonl_rows(path: Path, fmt: str) -> Iterator[TraceEntry | RowProblem]:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line, text in enumerate(fh, 1):
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+                if not isinstance(obj, dict):
+                    raise ValueError("not a JSON object")
+                yield _mooncake_entry(obj, line) if fmt == "mooncake" else _slobench_entry(obj, line)
+            except json.JSONDecodeError as e:
+                yield RowProblem(line, f"not JSON ({e.msg} at column {e.colno})")
+            except ValueError as e:
+                yield RowProblem(line, str(e))
+
+
+def _hash_ids(obj: dict[str, Any]) -> tuple[int, ...]:
+    ids = obj.get("hash_ids", [])
+    if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
+        raise ValueError(f"hash_ids must be a list of integers (got {str(ids)[:60]})")
+    return tuple(ids)
+
+
+def _mooncake_entry(obj: dict[str, Any], line: int) -> TraceEntry:
+    for key in ("timestamp", "input_length", "output_length"):
+        if key not in obj:
+            raise ValueError(f"missing {key!r}")
+    t_ms = obj["timestamp"]
+    if isinstance(t_ms, bool) or not isinstance(t_ms, int | float) or not math.isfinite(t_ms):
+        raise ValueError(f"timestamp is not a number ({t_ms!r})")
+    n_in = _count(obj["input_length"], "input_length", minimum=1)
+    n_out = _count(obj["output_length"], "output_length", minimum=1)
+    return TraceEntry(t_ms / 1000.0, n_in, n_out, line, _hash_ids(obj))
+
+
+def _slobench_entry(obj: dict[str, Any], line: int) -> TraceEntry:
+    if "arrival_s" not in obj:
+        raise ValueError("missing 'arrival_s'")
+    t = obj["arrival_s"]
+    if isinstance(t, bool) or not isinstance(t, int | float) or not (math.isfinite(t) and t >= 0):
+        raise ValueError(f"arrival_s must be a number >= 0 (got {t!r})")
+    prompt = obj.get("prompt")
+    if isinstance(prompt, list):
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in prompt):
+            raise ValueError("prompt as a list must hold token ids (integers >= 0)")
+        prompt = tuple(prompt)
+    elif prompt is not None and not isinstance(prompt, str):
+        raise ValueError(f"prompt must be a list of token ids or a string (got {type(prompt).__name__})")
+    if "input_tokens" in obj:
+        n_in = _count(obj["input_tokens"], "input_tokens", minimum=1)
+    elif isinstance(prompt, tuple):
+        n_in = len(prompt)
+    elif isinstance(prompt, str):
+        n_in = len(prompt.split())
+    else:
+        raise ValueError("missing 'input_tokens' (and no prompt to count)")
+    out_key = "max_tokens" if "max_tokens" in obj else "output_tokens"
+    if out_key not in obj:
+        raise ValueError("missing 'max_tokens'")
+    n_out = _count(obj[out_key], out_key, minimum=1)
+    session = obj.get("session_id")
+    if session is not None and (isinstance(session, bool) or not isinstance(session, int)):
+        raise ValueError(f"session_id must be an integer (got {session!r})")
+    tag = obj.get("tag", "")
+    if not isinstance(tag, str):
+        raise ValueError(f"tag must be a string (got {tag!r})")
+    return TraceEntry(float(t), n_in, n_out, line, _hash_ids(obj), prompt, session, tag)
+
+
+def _spread_buckets(rows: list[TraceEntry], seed: int, notes: list[str]) -> list[TraceEntry]:
+    """Spread requests that share a coarse timestamp uniformly (seeded) over their bucket.
+
+    Mooncake stamps arrive in buckets (~3 s in the published trace); firing a whole bucket in one instant
+    would be a burst the real system never saw. The bucket width is the most common gap between distinct
+    stamps; a request at stamp t moves to t + U[0, min(width, next stamp - t)).
+    """
+    t = np.array([e.arrival_s for e in rows])
+    distinct = np.unique(t)
+    if len(distinct) == len(t) or len(distinct) < 2:
+        return rows
+    gaps = np.diff(distinct)
+    values, counts = np.unique(np.round(gaps, 6), return_counts=True)
+    width = float(values[np.argmax(counts)])
+    next_stamp = np.append(distinct[1:], distinct[-1] + width)
+    room = np.minimum(width, next_stamp - distinct)[np.searchsorted(distinct, t)]
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0x6D6F6F6E,)))
+    new_t = t + rng.random(len(t)) * room
+    notes.append(
+        f"timestamps come in {width:g} s buckets ({len(t)} requests on {len(distinct)} stamps): each "
+        f"request was spread uniformly over its bucket (seed {seed}) instead of firing the bucket at once"
+    )
+    out = [_shift(e, -float(dt)) for e, dt in zip(rows, (new_t - t).tolist(), strict=True)]
+    out.sort(key=lambda e: e.arrival_s)
+    return out
+
+
+# ---- ShareGPT -----------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Turn:
+    prompt: str
+    input_words: int
+    output_words: int
+
+
+@dataclass(slots=True)
+class _Conversation:
+    item: int
+    turns: list[_Turn] = field(default_factory=list)
+
+
+def _load_json_items(path: Path) -> list[Any]:
+    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        # JSONL of conversations: one per line; a bad line is one malformed item.
+        items: list[Any] = []
+        for line, t in enumerate(text.splitlines(), 1):
+            if t.strip():
+                try:
+                    items.append(json.loads(t))
+                except json.JSONDecodeError as e:
+                    items.append(RowProblem(line, f"not JSON ({e.msg})"))
+        return items
+    return doc if isinstance(doc, list) else [doc]
+
+
+def _conversation(obj: Any, item: int) -> _Conversation:
+    if not isinstance(obj, dict) or not isinstance(obj.get("conversations"), list):
+        raise ValueError("expected an object with a 'conversations' list")
+    conv = _Conversation(item)
+    history: list[str] = []
+    pending: str | None = None
+    for msg in obj["conversations"]:
+        if not isinstance(msg, dict) or not isinstance(msg.get("value"), str):
+            raise ValueError("each message needs 'from' and a string 'value'")
+        who = str(msg.get("from", msg.get("role", ""))).lower()
+        if who in _HUMAN:
+            pending = msg["value"]
+        elif who in _ASSISTANT and pending is not None:
+            prompt = "\n".join([*history, pending])
+            n_out = len(msg["value"].split())
+            conv.turns.append(_Turn(prompt, len(prompt.split()), n_out))
+            history += [pending, msg["value"]]
+            pending = None
+        elif who not in _ASSISTANT and who not in ("system",):
+            raise ValueError(f"unknown speaker {who!r}")
+    usable = [t for t in conv.turns if t.input_words >= 1 and t.output_words >= 1]
+    if not usable:
+        raise ValueError("no human turn followed by a non-empty answer")
+    conv.turns = usable
+    return conv
+
+
+def _sharegpt_rows(path: Path, seed: int, notes: list[str]) -> Iterator[TraceEntry | RowProblem]:
+    items = _load_json_items(path)
+    convs: list[_Conversation] = []
+    for i, obj in enumerate(items, 1):
+        if isinstance(obj, RowProblem):
+            yield obj
+            continue
+        try:
+            convs.append(_conversation(obj, i))
+        except ValueError as e:
+            yield RowProblem(i, str(e), unit="item")
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0x73676174,)))
+    starts = np.cumsum(rng.standard_exponential(len(convs)) / SHAREGPT_CONVERSATIONS_RPS)
+    for sid, (conv, t) in enumerate(zip(convs, starts.tolist(), strict=True)):
+        for turn in conv.turns:
+            yield TraceEntry(t, turn.input_words, turn.output_words, conv.item, prompt=turn.prompt,
+                             session_id=sid)  # fmt: skip
+            t += SHAREGPT_THINK_S + SHAREGPT_S_PER_OUTPUT_TOKEN * turn.output_words
+    if convs:
+        notes.append(
+            f"ShareGPT has no timestamps: conversations start as a Poisson process at "
+            f"{SHAREGPT_CONVERSATIONS_RPS:g}/s (seed {seed}); each next turn comes "
+            f"{SHAREGPT_THINK_S:g} s + {SHAREGPT_S_PER_OUTPUT_TOKEN * 1e3:g} ms per answer word after the "
+            "previous one. Token counts are word counts (no tokenizer)."
+        )
