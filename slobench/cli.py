@@ -276,36 +276,9 @@ class LoadSetup:
         )
 
 
-async def discover_model(url: str, headers: dict[str, str], api_key_env: str) -> str:
-    """The first model the server lists at {url}/models (for when --model is not given)."""
-    import os
-
-    import httpx
-
-    from slobench.errors import TargetUnreachable
-
-    hdrs = dict(headers)
-    if key := os.environ.get(api_key_env):
-        hdrs["Authorization"] = f"Bearer {key}"
-    models_url = url.rstrip("/") + "/models"
-    try:
-        async with httpx.AsyncClient(timeout=5.0) as client:
-            r = await client.get(models_url, headers=hdrs)
-    except httpx.HTTPError as e:
-        raise TargetUnreachable(f"GET {models_url}: {type(e).__name__}: {e or 'no answer'}") from None
-    if r.status_code != 200:
-        raise TargetUnreachable(f"GET {models_url}: HTTP {r.status_code}; pass --model NAME")
-    try:
-        return str(r.json()["data"][0]["id"])
-    except (ValueError, KeyError, IndexError, TypeError):
-        raise TargetUnreachable(f"GET {models_url}: no model listed; pass --model NAME") from None
-
-
 async def _start_target(setup: LoadSetup) -> tuple[Any, Any, str]:
     from slobench.clock import Clock
 
-    if setup.args.model is None:
-        setup.args.model = await discover_model(setup.args.url, setup.headers, setup.args.api_key_env)
     clock = Clock()
     target = setup.target(clock)
     await target.start()
