@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import functools
+import os
 import random
+import subprocess
+import sys
 from dataclasses import dataclass, field
 
 import pytest
@@ -12,6 +15,7 @@ import torch
 from reference_engine.executor.base import SamplingParams, SeqChunk, StepBatch
 from reference_engine.executor.torch_executor import TorchExecutor, kv_bytes_per_token, num_blocks_for_memory
 from reference_engine.model import Transformer, build_model
+from slobench.errors import SpecError
 
 NUM_BLOCKS = 96
 
@@ -109,9 +113,18 @@ def executors() -> dict[int, TorchExecutor]:
     return {bs: TorchExecutor("tiny", NUM_BLOCKS, bs, seed=0) for bs in (4, 16)}
 
 
-@pytest.mark.parametrize("block_size", [4, 16])
-def test_concurrent_greedy_matches_dense(executors: dict[int, TorchExecutor], block_size: int) -> None:
-    ex = executors[block_size]
+@pytest.mark.parametrize(
+    ("block_size", "backend"), [(4, "sdpa"), (16, "sdpa"), (4, "kernels")], ids=["bs4", "bs16", "bs4-kernels"]
+)
+def test_concurrent_greedy_matches_dense(
+    executors: dict[int, TorchExecutor], block_size: int, backend: str
+) -> None:
+    # "kernels" routes attention through reference_engine.kernels (their torch reference on the CPU).
+    ex = (
+        executors[block_size]
+        if backend == "sdpa"
+        else TorchExecutor("tiny", NUM_BLOCKS, 4, attention_backend=backend)
+    )
     poison(ex)
     rng = random.Random(block_size)
     # 1-token prompt, prompts of exactly one and two blocks, and ones that cross boundaries while decoding.
@@ -215,6 +228,52 @@ def test_block_table_too_short_is_a_clear_error(executors: dict[int, TorchExecut
     ex = executors[4]
     with pytest.raises(ValueError, match="seq 9: block_table has 1 blocks"):
         ex.execute(StepBatch([SeqChunk(9, [1, 2, 3, 4, 5], 0, [3], True)]))
+
+
+_TRITON_SCRIPT = """
+import random
+from reference_engine.executor.base import SeqChunk, StepBatch
+from reference_engine.executor.torch_executor import TorchExecutor
+from reference_engine import kernels
+ex = TorchExecutor("tiny", 16, 4, attention_backend="kernels")
+rng = random.Random(0)
+prompts = [[rng.randrange(256) for _ in range(n)] for n in (5, 8)]
+tables = [[3, 9, 1, 12], [7, 0, 14, 5]]
+want = []
+for p in prompts:
+    ids = list(p)
+    for _ in range(4):
+        ids.append(int(ex.model.forward_dense(ids)[-1].argmax()))
+    want.append(ids[len(p):])
+seqs = [list(p) for p in prompts]
+# chunked prefill: first 3 tokens, then the rest (mixed step: extend kernel), then pure decode steps
+r = ex.execute(StepBatch([SeqChunk(i, seqs[i][:3], 0, tables[i], False) for i in range(2)]))
+r = ex.execute(StepBatch([SeqChunk(i, seqs[i][3:], 3, tables[i], True) for i in range(2)]))
+for i in range(2): seqs[i].append(r.tokens[i])
+for _ in range(3):
+    r = ex.execute(StepBatch([SeqChunk(i, seqs[i][-1:], len(seqs[i]) - 1, tables[i], True) for i in range(2)]))
+    for i in range(2): seqs[i].append(r.tokens[i])
+got = [s[len(p):] for s, p in zip(seqs, prompts)]
+assert kernels.uses_triton(ex.k_cache[0])
+assert got == want, (got, want)
+print("ok")
+"""
+
+
+@pytest.mark.kernels
+def test_triton_kernels_through_the_interpreter_match_dense() -> None:
+    """The executor's kernel wiring (slots, int32 block tables, cu_seqlens, prefix lens) on the real Triton
+    kernels, run by Triton's CPU interpreter in a child process (the flag must precede triton's import)."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "SLOBENCH_FORCE_TRITON": "1"}
+    proc = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+def test_unknown_attention_backend_is_a_spec_error() -> None:
+    with pytest.raises(SpecError, match="attention_backend"):
+        TorchExecutor("tiny", 4, 4, attention_backend="flash")
 
 
 def test_sizes_and_protocol_attributes(executors: dict[int, TorchExecutor]) -> None:

@@ -96,6 +96,33 @@ class _StepAttention:
         return o.reshape(num_seqs, n_heads, head_dim)
 
 
+@dataclass(slots=True)
+class _KernelAttention:
+    """The `attend` function when attention goes through `reference_engine.kernels` (Triton on CUDA)."""
+
+    executor: TorchExecutor
+    slots: Tensor  # [T] int64
+    block_tables: Tensor  # [B, max_blocks] int32
+    context_lens: Tensor | None  # [B] int32, set for an all-decode step
+    max_context_len: int
+    cu_seqlens_q: Tensor | None  # [B + 1] int32, set for a step with any multi-token chunk
+    prefix_lens: Tensor | None  # [B] int32
+    max_seqlen_q: int
+
+    def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        from reference_engine import kernels
+
+        k_blocks, v_blocks = self.executor.k_cache[layer_idx], self.executor.v_cache[layer_idx]
+        kernels.write_kv(k, v, k_blocks, v_blocks, self.slots)
+        scale = q.shape[-1] ** -0.5
+        if self.context_lens is not None:
+            return kernels.paged_decode_attention(q, k_blocks, v_blocks, self.block_tables, self.context_lens,
+                                                  scale, max_context_len=self.max_context_len)  # fmt: skip
+        assert self.cu_seqlens_q is not None and self.prefix_lens is not None
+        return kernels.extend_attention(q, k_blocks, v_blocks, self.cu_seqlens_q, self.prefix_lens,
+                                        self.block_tables, scale, max_seqlen_q=self.max_seqlen_q)  # fmt: skip
+
+
 def _context(blocks: Tensor, p: _PrefillChunk) -> Tensor:
     return blocks.index_select(0, p.block_ids).flatten(0, 1)[: p.ctx_len].transpose(0, 1)
 
@@ -111,8 +138,12 @@ class TorchExecutor:
         device: str | torch.device = "cpu",
         seed: int = 0,
         weights_path: str | Path | None = None,
+        attention_backend: str | None = None,
     ) -> None:
-        """With `weights_path`, the checkpoint's config.json decides the model's shape, not `model_config`."""
+        """With `weights_path`, the checkpoint's config.json decides the model's shape, not `model_config`.
+
+        `attention_backend`: "sdpa" (plain torch SDPA, the CPU default) or "kernels" (the dispatchers of
+        `reference_engine.kernels`: Triton on CUDA, their torch reference elsewhere; the CUDA default)."""
         if num_blocks < 1:
             raise SpecError("num_blocks", num_blocks, "must be >= 1")
         if block_size < 1:
@@ -139,6 +170,11 @@ class TorchExecutor:
         self.k_cache = [self._k_flat[i].view(block_shape) for i in range(cfg.n_layers)]
         self.v_cache = [self._v_flat[i].view(block_shape) for i in range(cfg.n_layers)]
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        if attention_backend is None:
+            attention_backend = "kernels" if self.device.type == "cuda" else "sdpa"
+        if attention_backend not in ("sdpa", "kernels"):
+            raise SpecError("attention_backend", attention_backend, "must be 'sdpa' or 'kernels'")
+        self.attention_backend = attention_backend
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> StepResult:
@@ -157,7 +193,7 @@ class TorchExecutor:
                 tokens[i] = token
         return StepResult(tokens=tokens)
 
-    def _prepare(self, chunks: list[SeqChunk]) -> tuple[Tensor, Tensor, _StepAttention]:
+    def _prepare(self, chunks: list[SeqChunk]) -> tuple[Tensor, Tensor, _StepAttention | _KernelAttention]:
         bs, dev = self.block_size, self.device
         lens = [len(c.token_ids) for c in chunks]
         starts = [c.start_pos for c in chunks]
@@ -187,6 +223,17 @@ class TorchExecutor:
             offset = torch.arange(len(token_ids), device=dev) - first_row[chunk_of_token]
             positions = torch.tensor(starts, device=dev)[chunk_of_token] + offset
             slots = tables[chunk_of_token, positions // bs] * bs + positions % bs
+
+        if self.attention_backend == "kernels":
+            tables32 = tables.to(torch.int32)
+            if all_decode:
+                context_lens = torch.tensor(ctx_lens, dtype=torch.int32, device=dev)
+                attend = _KernelAttention(self, slots, tables32, context_lens, max(ctx_lens), None, None, 1)
+            else:
+                cu = torch.tensor(list(itertools.accumulate([0, *lens])), dtype=torch.int32, device=dev)
+                prefix = torch.tensor(starts, dtype=torch.int32, device=dev)
+                attend = _KernelAttention(self, slots, tables32, None, max(ctx_lens), cu, prefix, max(lens))
+            return token_ids, positions, attend
 
         decode = None
         decode_idx = list(range(len(chunks))) if all_decode else [i for i, n in enumerate(lens) if n == 1]
