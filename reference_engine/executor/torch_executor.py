@@ -5,6 +5,9 @@ once; attention is per request: each layer writes the step's K/V into the slots 
 table, then each query attends over its own sequence's positions 0 .. start_pos+len-1 only. Decode tokens
 of all sequences share one padded SDPA call (a mask keeps each on its own context); prefill chunks get one
 call each. Index tensors are built once per step, not per layer or per token.
+
+That is the "sdpa" attention backend (plain torch, the CPU default). The "kernels" backend sends the same
+step through `reference_engine.kernels` instead: Triton kernels on CUDA (the default there).
 """
 
 from __future__ import annotations
