@@ -60,7 +60,7 @@ def _thin(
     kept: list[np.ndarray] = []
     total = 0
     t_end = 0.0
-    chunk = 1024 if duration_s is None else int(peak_rps * duration_s * 1.1) + 64
+    chunk = 4096  # fixed, so the candidates (and the kept times) do not depend on the bounds
     while total < cap and (duration_s is None or t_end < duration_s):
         t = t_end + np.cumsum(rng.standard_exponential(chunk) / peak_rps)
         u = rng.random(chunk)

@@ -6,7 +6,9 @@ makes the mean rate of the trace from `start_s` on equal `rate_rps` (every gap s
 keep their shape); `duration_s` then keeps the arrivals in the first seconds of the *scaled* replay (run
 time, matching the runner's --duration); `num_requests` keeps the first N.
 
-Prompts, in order of preference: the trace's own (text is sent as text; token ids as ids); prompt blocks
+Prompts, in order of preference: the trace's own when it is of the kind being sent (text for the chat
+API or `prompt="text"`, token ids otherwise; so ShareGPT's text goes out with chat, and a token-id
+replay of it sends ids of its word-count lengths instead); prompt blocks
 derived from Mooncake-style `hash_ids` (each id stands for `block_tokens` tokens whose ids are a
 deterministic function of the seed and the id, so requests sharing an id share those tokens, and a last
 partial block is a prefix of the full block); for a session's later turn, the previous turn's prompt
@@ -173,7 +175,7 @@ def replay(
     plain: list[int] = []
     for i, e in enumerate(kept):
         own = e.prompt
-        if isinstance(own, str) or (isinstance(own, tuple) and not is_text):
+        if own is not None and isinstance(own, str) == is_text:
             prompts[i] = own
         elif e.hash_ids:
             prompts[i] = builder.finish(builder.from_blocks(e.hash_ids, e.input_tokens))

@@ -288,9 +288,18 @@ class WorkloadSpec:
         return {k: v for k, v in d.items() if v is not None}
 
     def __str__(self) -> str:
-        return (
-            f"{self.name}: {self.arrival}, input {self.input}, output {self.output}, {self.api}/{self.prompt}"
-        )
+        if self.phases:
+            segs = ", ".join(f"{p.name} {p.duration_s:g}s {p.arrival}" for p in self.phases)
+            head = f"{self.name}: phases [{segs}], classes {[c.name for c in self.classes]}"
+        elif self.classes:
+            head = f"{self.name}: {self.arrival}, classes {[c.name for c in self.classes]}"
+        else:
+            head = f"{self.name}: {self.arrival}, input {self.input}, output {self.output}"
+        extra = "".join([
+            f", sessions of {self.sessions.turns} turns" if self.sessions else "",
+            f", {self.system_prompts.num_groups} system prompts" if self.system_prompts else "",
+        ])  # fmt: skip
+        return f"{head}{extra}, {self.api}/{self.prompt}"
 
 
 def _arrival_from_dict(d: object) -> ArrivalProcess:

@@ -151,10 +151,10 @@ def detect_format(path: str | Path) -> str:
         if isinstance(obj, dict):
             if "conversations" in obj:
                 return "sharegpt"
-            if "hash_ids" in obj or "input_length" in obj:
-                return "mooncake"
-            if "arrival_s" in obj:
+            if "arrival_s" in obj:  # first: converted Mooncake traces keep their hash_ids
                 return "slobench"
+            if "timestamp" in obj and ("hash_ids" in obj or "input_length" in obj):
+                return "mooncake"
     else:
         header = stripped.split("\n", 1)[0].lower()
         if "contexttokens" in header and "generatedtokens" in header:
