@@ -304,3 +304,20 @@ def test_trace_replay_open_warns_about_skipped_rows(tmp_path):
     assert len(tr.specs()) == 5
     assert heard and "line 7" in heard[0] and "GeneratedTokens is empty" in heard[0]
 
+
+
+@pytest.mark.integration
+def test_slobench_run_trace_end_to_end(tmp_path, token_server):
+    path = write(tmp_path, "a.csv", AZURE)
+    out = tmp_path / "run"
+    argv = ["run", "--trace", str(path), "--time-scale", "0.1", "--url", token_server.base_url,
+            "--model", token_server.model, "--no-progress", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["workload"]["trace"]["format"] == "azure" and manifest["phases"] == []
+    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert sorted((r["input_tokens"], r["max_tokens"]) for r in records) == [
+        (100, 10), (200, 20), (300, 30), (400, 40), (500, 50)
+    ]
+    assert sorted(r["scheduled_s"] for r in records) == pytest.approx([0, 0.05, 0.1, 0.3, 0.4])
+    assert all(r["status"] == "ok" and r["prompt_tokens"] == r["input_tokens"] for r in records)
