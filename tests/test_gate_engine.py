@@ -99,8 +99,8 @@ def _measure_http(tmp_path, name, **server):
         out = tmp_path / name
         code = main([
             "capacity", "--url", f"http://127.0.0.1:{port}/v1", "--model", "tiny", "--workload", "tiny",
-            "--input-len", "32", "--output-len", "16", "--num-requests", "60", "--rates", f"{FIXED_RATE:g}",
-            "--replicates", "3", "--slo", "ttft=300ms,tpot=70ms", "--out", str(out), "--no-progress",
+            "--input-len", "32", "--output-len", "16", "--num-requests", "50", "--rates", f"{FIXED_RATE:g}",
+            "--replicates", "5", "--slo", "ttft=300ms,tpot=70ms", "--out", str(out), "--no-progress",
         ])
         assert code == 0
         return out
@@ -113,16 +113,15 @@ def _measure_http(tmp_path, name, **server):
 def test_gate_through_http_server(tmp_path, capsys):
     base = _measure_http(tmp_path, "base")
     doc = json.loads((base / "capacity.json").read_text())
-    assert doc["mode"] == "fixed-rates" and len(doc["probes"]) == 3
+    assert doc["mode"] == "fixed-rates" and len(doc["probes"]) == 5
     assert all((base / p["run_dir"] / "requests.jsonl").is_file() for p in doc["probes"])
     baseline_file = tmp_path / "baseline.json"
     assert main(["gate", "--candidate", str(base), "--write-baseline", str(baseline_file)]) == 0
     same = _measure_http(tmp_path, "same")
     small = _measure_http(tmp_path, "small", kv_blocks=42)
-    slow = _measure_http(tmp_path, "slow", step_scale=1.15)
     capsys.readouterr()
     assert main(["gate", "--baseline", str(baseline_file), "--candidate", str(same)]) != 1
-    assert main(["gate", "--baseline", str(baseline_file), "--candidate", str(small)]) == 1
-    assert main(["gate", "--baseline", str(baseline_file), "--candidate", str(slow),
+    # the 15%-slower-step candidate is gated on the virtual clock above (it keeps this test under a minute)
+    assert main(["gate", "--baseline", str(baseline_file), "--candidate", str(small),
                  "--junit", str(tmp_path / "j.xml")]) == 1
     assert "<failure" in (tmp_path / "j.xml").read_text()
