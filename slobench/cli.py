@@ -66,6 +66,8 @@ def _add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     r.add_argument("--max-in-flight", type=int, default=None, help="cap on requests in flight (waits counted)")
     r.add_argument("--concurrency", type=int, default=None, help="closed loop: N users instead of open-loop")
     r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--scrape-interval", type=float, default=1.0,
+                   help="seconds between scrapes of the server's /metrics (0: off)")
     r.add_argument("--report", default=None, metavar="HTML", help="also write the HTML report here")
 
 
@@ -262,6 +264,16 @@ class LoadSetup:
             },
         }
 
+    def monitors(self, run_dir: Path) -> list[Any]:
+        """Background tasks beside each run: the server's /metrics, scraped into server_metrics.jsonl."""
+        from slobench.scrape import MetricsScraper, metrics_url_for
+
+        interval = self.args.scrape_interval
+        if not interval or interval <= 0:
+            return []
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return [MetricsScraper(metrics_url_for(self.args.url), run_dir, interval, headers=self.headers)]
+
     def run_options(self) -> Any:
         from slobench.runner import RunOptions
 
@@ -276,9 +288,36 @@ class LoadSetup:
         )
 
 
+async def discover_model(url: str, headers: dict[str, str], api_key_env: str) -> str:
+    """The first model the server lists at {url}/models (for when --model is not given)."""
+    import os
+
+    import httpx
+
+    from slobench.errors import TargetUnreachable
+
+    hdrs = dict(headers)
+    if key := os.environ.get(api_key_env):
+        hdrs["Authorization"] = f"Bearer {key}"
+    models_url = url.rstrip("/") + "/models"
+    try:
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            r = await client.get(models_url, headers=hdrs)
+    except httpx.HTTPError as e:
+        raise TargetUnreachable(f"GET {models_url}: {type(e).__name__}: {e or 'no answer'}") from None
+    if r.status_code != 200:
+        raise TargetUnreachable(f"GET {models_url}: HTTP {r.status_code}; pass --model NAME")
+    try:
+        return str(r.json()["data"][0]["id"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise TargetUnreachable(f"GET {models_url}: no model listed; pass --model NAME") from None
+
+
 async def _start_target(setup: LoadSetup) -> tuple[Any, Any, str]:
     from slobench.clock import Clock
 
+    if setup.args.model is None:
+        setup.args.model = await discover_model(setup.args.url, setup.headers, setup.args.api_key_env)
     clock = Clock()
     target = setup.target(clock)
     await target.start()
@@ -302,6 +341,7 @@ async def _run(args: argparse.Namespace) -> int:
         res = await runner.run(
             specs, target, clock=clock, opts=setup.run_options(), slo=setup.slo, run_dir=out,
             manifest={**setup.manifest(target, served), "rate_rps": args.rate}, seed=args.seed,
+            monitors=setup.monitors(out),
         )
     finally:
         await target.close()
@@ -315,8 +355,7 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 async def _sweep(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from slobench.report.terminal import make_console
     from slobench.sweep import parse_rates, run_sweep
 
     if not args.rates:
@@ -324,12 +363,12 @@ async def _sweep(args: argparse.Namespace) -> int:
     rates = parse_rates(args.rates)
     setup = LoadSetup(args)
     out = Path(args.out) if args.out else default_out("sweep")
-    console = Console()
+    console = make_console()
     target, clock, served = await _start_target(setup)
     try:
         doc = await run_sweep(
             rates, setup.specs, target, out_dir=out, slo=setup.slo, opts=setup.run_options(),
-            manifest=setup.manifest(target, served), seed=args.seed,
+            manifest=setup.manifest(target, served), seed=args.seed, monitors_for=setup.monitors,
             on_run=lambda row: console.print(
                 f"rate {row['rate_rps']:g} req/s done: "
                 f"{row['summary']['num_ok']}/{row['summary']['num_requests']} ok"

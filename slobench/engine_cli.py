@@ -1,16 +1,112 @@
-"""CLI verbs around the bundled reference engine and the later analyses: serve, demo, report."""
+"""CLI verbs around the bundled reference engine and the report: `serve`, `demo`, `report`."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import importlib.util
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
-VERBS: frozenset[str] = frozenset()
+VERBS = frozenset({"serve", "demo", "report"})
+
+# The demo: a sweep of the `tiny` workload across the CPU engine's cliff. Its SLO suits a 2-core CPU
+# running the tiny model (a 4-layer, d=256 Llama): TTFT 250 ms, TPOT 30 ms.
+DEMO_RATES = "3,6,12,24"
+DEMO_SLO = "ttft=250ms,tpot=30ms,target=0.9"
+DEMO_REQUESTS = 80
 
 
 def add_parsers(sub: Any, *, epilog: str) -> None:
-    """Add the engine/report verbs. Filled in as those capabilities land."""
+    fmt = argparse.RawDescriptionHelpFormatter
+    serve_p = sub.add_parser("serve", help="serve the bundled reference engine (OpenAI API)", epilog=epilog,
+                             formatter_class=fmt)
+    from reference_engine.server import add_serve_arguments
+
+    add_serve_arguments(serve_p)
+
+    demo_p = sub.add_parser(
+        "demo", epilog=epilog, formatter_class=fmt,
+        help="start the bundled engine, sweep a workload across its cliff, print the table",
+    )
+    demo_p.add_argument("--executor", choices=("auto", "torch", "modeled"), default="auto",
+                        help="auto: the torch tiny model when torch is installed, else the modeled executor")
+    demo_p.add_argument("--rates", default=DEMO_RATES, help=f"offered rates, req/s (default {DEMO_RATES})")
+    demo_p.add_argument("--num-requests", type=int, default=DEMO_REQUESTS, help="requests per rate")
+    demo_p.add_argument("--slo", default=DEMO_SLO)
+    demo_p.add_argument("--workload", default="tiny")
+    demo_p.add_argument("--seed", type=int, default=0)
+    demo_p.add_argument("--out", default=None, help="sweep directory (default runs/demo-<time>)")
+    demo_p.add_argument("--report", default=None, metavar="HTML",
+                        help="HTML report path (default: report.html in the sweep directory)")
+    demo_p.add_argument("--no-report", action="store_true")
+
+    rep = sub.add_parser("report", help="build the self-contained HTML report from run or sweep directories",
+                         epilog=epilog, formatter_class=fmt)
+    rep.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    rep.add_argument("-o", "--output", default="report.html")
+    rep.add_argument("--title", default=None)
 
 
 def dispatch(args: argparse.Namespace) -> int:
-    raise SystemExit(f"slobench: unknown verb {args.verb!r}")
+    if args.verb == "serve":
+        from reference_engine.server import serve_from_args
+
+        serve_from_args(args)
+        return 0
+    if args.verb == "report":
+        from slobench.report import build_report
+
+        path = build_report(args.run_dirs, args.output, title=args.title)
+        print(f"report: {path}")
+        return 0
+    return asyncio.run(_demo(args))
+
+
+def demo_engine_args(executor: str) -> list[str]:
+    if executor == "auto":
+        executor = "torch" if importlib.util.find_spec("torch") is not None else "modeled"
+    if executor == "torch":
+        return ["--executor", "torch", "--model", "tiny", "--kv-blocks", "512", "--max-num-seqs", "32"]
+    return ["--executor", "modeled", "--profile", "cpu-tiny", "--model", "tiny", "--kv-blocks", "512",
+            "--max-num-seqs", "32"]
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    from slobench import cli
+    from slobench.report.terminal import make_console
+    from slobench.testing.process import EngineServerProcess
+
+    console = make_console()
+    engine_args = demo_engine_args(args.executor)
+    out = Path(args.out) if args.out else cli.default_out("demo")
+    console.print(f"[bold]slobench demo[/bold]: starting the bundled engine ({' '.join(engine_args)}) on 127.0.0.1")
+    t0 = time.monotonic()
+    import os
+
+    # leave the client a core: on 2 cores, torch's default threads starve the load generator
+    threads = max(1, (os.cpu_count() or 2) - 1)
+    with EngineServerProcess(*engine_args, torch_threads=threads) as srv:
+        console.print(f"engine ready at {srv.base_url} in {time.monotonic() - t0:.1f} s; sweeping {args.rates} req/s")
+        sweep_argv = [
+            "sweep", "--url", srv.base_url, "--workload", args.workload, "--rates", args.rates,
+            "--num-requests", str(args.num_requests), "--slo", args.slo, "--seed", str(args.seed),
+            "--out", str(out), "--scrape-interval", "0.5",
+        ]
+        if not sys.stderr.isatty():
+            sweep_argv.append("--no-progress")
+        sweep_args = cli.build_parser().parse_args(sweep_argv)
+        sweep_args.report = None
+        await cli._sweep(sweep_args)
+    if not args.no_report:
+        try:
+            from slobench.report import build_report
+        except ImportError:
+            build_report = None  # type: ignore[assignment]
+        if build_report is not None:
+            path = build_report([str(out)], args.report or out / "report.html")
+            console.print(f"report: {path}")
+    console.print(f"demo finished in {time.monotonic() - t0:.0f} s; run directories under {out}")
+    return 0

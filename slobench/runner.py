@@ -202,8 +202,15 @@ async def run(
     `monitors` are coroutines started beside the run (e.g. a /metrics scraper) and cancelled at its end.
     """
     opts = opts or RunOptions()
-    clock = clock or Clock()
+    # One clock per run: the target stamps with its own, so the dispatcher must use that very object.
+    target_clock = getattr(target, "clock", None)
+    if clock is None:
+        clock = target_clock or Clock()
+    elif target_clock is not None and target_clock is not clock:
+        raise ValueError("run(): `clock` must be the target's own clock (target.clock); timestamps would mix clocks")
     specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
+    if specs and hasattr(target, "check_compatible"):
+        target.check_compatible(specs[0])  # e.g. token-id prompts on the chat API: refuse before sending
     writer = RunWriter(Path(run_dir), {**(manifest or {})}) if run_dir is not None else None
     disp = Dispatcher(target, clock, opts, on_record=writer.write if writer else None)
     disp.progress.total = len(specs) if opts.duration_s is None else sum(

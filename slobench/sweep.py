@@ -92,6 +92,7 @@ async def run_sweep(
     opts: RunOptions,
     manifest: dict[str, Any],
     on_run: Callable[[dict[str, Any]], None] | None = None,
+    monitors_for: Callable[[Path], Sequence[Any]] | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
     out = Path(out_dir)
@@ -103,6 +104,7 @@ async def run_sweep(
         res = await run(
             make_specs(rate), target, opts=opts, slo=slo, run_dir=run_dir,
             manifest={**manifest, "rate_rps": rate}, seed=seed,
+            monitors=monitors_for(run_dir) if monitors_for else (),
         )
         row = {"rate_rps": rate, "run_dir": run_dir.name, "summary": res.summary}
         rows.append(row)

@@ -127,3 +127,14 @@ async def test_sigint_stops_sending_and_leaves_valid_run_dir(tmp_path):
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert s["interrupted"] is True and s["status_counts"] == {"cancelled": len(res.records)}
     assert len((tmp_path / "r" / "requests.jsonl").read_text().splitlines()) == len(res.records)
+
+
+async def test_runner_uses_the_targets_clock_across_runs():
+    # Regression: a sweep called run() without a clock, so the dispatcher and the target disagreed
+    # by the length of the previous run (client "lateness" of 20 s).
+    t = FakeTarget(Clock(), service_s=0.001)
+    for _ in range(2):
+        res = await run(specs(5, 0.05), t, opts=RunOptions(progress=False))
+        assert max(r.sent_s - r.scheduled_s for r in res.records) < 0.02
+    with pytest.raises(ValueError, match="target's own clock"):
+        await run(specs(1, 0.0), t, clock=Clock(), opts=RunOptions(progress=False))

@@ -9,6 +9,12 @@ from rich.console import Console
 from rich.table import Table
 
 
+def make_console() -> Console:
+    """A console wide enough for the sweep table even when output goes to a pipe or a CI log."""
+    c = Console()
+    return c if c.is_terminal else Console(width=160)
+
+
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1e3:.1f}"
 
@@ -25,7 +31,7 @@ def attainment_text(s: dict[str, Any]) -> str:
 
 
 def print_run(summary: dict[str, Any], console: Console | None = None, title: str = "run") -> None:
-    console = console or Console()
+    console = console or make_console()
     t = Table(title=title, show_header=True, header_style="bold")
     t.add_column("metric")
     for c in ("mean", "p50", "p90", "p99", "max"):
@@ -89,3 +95,25 @@ def sweep_table(rows: Sequence[dict[str, Any]], title: str = "sweep") -> Table:
             _ms(late) + bottleneck,
         )
     return t
+
+
+def headline_text(h: dict[str, Any] | None) -> str:
+    """The headline in one plain sentence (the HTML report prints the same words)."""
+    if not h:
+        return "no SLO given: no attainment headline"
+    if h["max_rate_meeting_rps"] is None:
+        return f"attainment is below {h['target']:.0%} at every rate tried"
+    lo, hi = h["interval_rps"]
+    lo_s = "below the lowest rate tried" if lo is None else f"{lo:.3g}"
+    hi_s = "-" if hi is None else f"{hi:.3g}"
+    lb = " (a lower bound: no rate tried missed)" if h["is_lower_bound"] else ""
+    return (
+        f"attainment stays >= {h['target']:.0%} up to {h['max_rate_meeting_rps']:.3g} req/s{lb}; "
+        f"95% interval {lo_s} to {hi_s} req/s"
+    )
+
+
+def print_headline(h: dict[str, Any] | None, console: Console | None = None) -> None:
+    console = console or make_console()
+    style = "bold red" if h and h["max_rate_meeting_rps"] is None else "bold"
+    console.print(f"[{style}]headline: {headline_text(h)}[/{style}]", highlight=False)
