@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -123,6 +124,9 @@ def main() -> None:
           f"context~{args.context} block_size={BLOCK_SIZE}, real LLMEngine + TorchExecutor, per-step medians")  # fmt: skip
     header = (
         f"{'batch':>5} {'decode tok/s':>12} {'step ms':>8} {'forward ms':>10} {'outside %':>9} {'GFLOP/s':>8}"
+    )
+    print(
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other processes skew CPU timings)"
     )
     print(header)
     print("-" * len(header))

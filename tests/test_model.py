@@ -115,6 +115,19 @@ def test_checkpoint_in_bf16_loads_with_the_rope_table_in_fp32(tmp_path) -> None:
     assert loaded.forward_dense([1, 2, 3]).shape == (3, 512)
 
 
+def test_sharded_checkpoint_loads(tmp_path) -> None:
+    from safetensors.torch import save_file
+
+    model = build_model(dataclasses.replace(CONFIGS["tiny"], n_layers=2), seed=5)
+    save_hf_checkpoint(model, tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    tensors = sorted(hf_state_dict(model).items())
+    half = len(tensors) // 2
+    save_file(dict(tensors[:half]), str(tmp_path / "model-00001-of-00002.safetensors"))
+    save_file(dict(tensors[half:]), str(tmp_path / "model-00002-of-00002.safetensors"))
+    assert torch.equal(load_model(tmp_path).forward_dense([3, 1, 4]), model.forward_dense([3, 1, 4]))
+
+
 def _write_checkpoint(tmp_path, mutate) -> None:
     from safetensors.torch import save_file
 
