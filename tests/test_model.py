@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -18,6 +19,16 @@ from reference_engine.weights import (
     save_hf_checkpoint,
 )
 from slobench.errors import SpecError
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Iterator[None]:
+    """The tiny model's matmuls gain nothing from a second thread, and on a busy machine OpenMP's
+    spin-waiting makes two threads several times slower. Restored afterwards for other modules."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def greedy(model: Transformer, prompt: list[int], num_new: int) -> list[int]:

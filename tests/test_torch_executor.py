@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -18,6 +19,16 @@ from reference_engine.model import Transformer, build_model
 from slobench.errors import SpecError
 
 NUM_BLOCKS = 96
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Iterator[None]:
+    """The tiny model's matmuls gain nothing from a second thread, and on a busy machine OpenMP's
+    spin-waiting makes two threads several times slower. Restored afterwards for other modules."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @functools.cache
