@@ -48,6 +48,10 @@ class ServerProcess:
         return f"http://{self.host}:{self.port}/v1"
 
     @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
     def root_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
