@@ -35,6 +35,7 @@ class RunOptions:
     closed_loop_users: int | None = None  # closed loop: N users, each sends its next request when one ends
     closed_loop_rate_rps: float | None = None  # optional cap on the closed loop's total send rate
     progress: bool = True
+    spin_s: float = 0.0015  # the last stretch before a send is yielded away, not slept (timer precision)
 
     def __post_init__(self) -> None:
         if self.max_in_flight is not None and self.max_in_flight < 1:
@@ -140,15 +141,26 @@ class Dispatcher:
 
     async def open_loop(self, specs: Sequence[RequestSpec]) -> None:
         """Send each spec at its arrival time. Returns once all are sent (not finished)."""
-        clock = self.clock
         limit = self.opts.duration_s
         for i, spec in enumerate(specs):
             if limit is not None and spec.arrival_s > limit:
                 break
-            delay = spec.arrival_s - clock.now_s()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            await self._sleep_until(spec.arrival_s)
             self._spawn(self._send_one(spec, self._new_record(i, spec, spec.arrival_s)))
+
+    async def _sleep_until(self, t_s: float) -> None:
+        """Sleep to an absolute time on the run clock. asyncio's timers wake up to ~1 ms late (epoll
+        rounds its timeout up to whole ms), so sleep to just short of the deadline and then yield to the
+        loop until it passes: other tasks keep running, and sends land within tens of microseconds."""
+        now = self.clock.now_s
+        delay = t_s - now()
+        if delay <= 0:
+            return
+        spin = self.opts.spin_s
+        if delay > spin:
+            await asyncio.sleep(delay - spin)
+        while now() < t_s:
+            await asyncio.sleep(0)
 
     async def closed_loop(self, specs: Sequence[RequestSpec]) -> None:
         """N users; each sends its next request when its last one ends. Returns when all are finished."""
