@@ -1,0 +1,86 @@
+"""Deltas between a baseline series (the first input) and each other one.
+
+Compared only where both measured: the headline capacity, and attainment and p99 latencies at the
+offered rates the two have in common (same load, so the difference is the server's, not the schedule's).
+These are point differences for reading; the statistical verdict belongs to `slobench gate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slobench.report.stats import Analyzed, RunPoint
+
+
+@dataclass(frozen=True, slots=True)
+class RateDelta:
+    rate_rps: float
+    attainment_base: float | None
+    attainment_cand: float | None
+    ttft_p99_base_ms: float | None
+    ttft_p99_cand_ms: float | None
+    tpot_p99_base_ms: float | None
+    tpot_p99_cand_ms: float | None
+
+    @property
+    def attainment_delta_points(self) -> float | None:
+        if self.attainment_base is None or self.attainment_cand is None:
+            return None
+        return 100 * (self.attainment_cand - self.attainment_base)
+
+    @property
+    def ttft_p99_change(self) -> float | None:
+        return relative_change(self.ttft_p99_base_ms, self.ttft_p99_cand_ms)
+
+    @property
+    def tpot_p99_change(self) -> float | None:
+        return relative_change(self.tpot_p99_base_ms, self.tpot_p99_cand_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    base_label: str
+    cand_label: str
+    capacity_base_rps: float | None
+    capacity_cand_rps: float | None
+    rates: tuple[RateDelta, ...]
+
+    @property
+    def capacity_change(self) -> float | None:
+        return relative_change(self.capacity_base_rps, self.capacity_cand_rps)
+
+
+def relative_change(base: float | None, cand: float | None) -> float | None:
+    if base is None or cand is None or base == 0:
+        return None
+    return cand / base - 1
+
+
+def _key(rate: float) -> float:
+    return float(f"{rate:.6g}")  # rates written as 2 and 2.0000001 are the same offered load
+
+
+def _att(p: RunPoint) -> float | None:
+    return p.attainment.value if p.attainment is not None and p.attainment.num_requests else None
+
+
+def compare(base: Analyzed, cand: Analyzed) -> Comparison:
+    by_rate = {_key(p.rate_rps): p for p in base.points}
+    deltas = []
+    for c in cand.points:
+        b = by_rate.get(_key(c.rate_rps))
+        if b is None:
+            continue
+        deltas.append(RateDelta(
+            rate_rps=b.rate_rps,
+            attainment_base=_att(b), attainment_cand=_att(c),
+            ttft_p99_base_ms=b.ttft_ms["p99"], ttft_p99_cand_ms=c.ttft_ms["p99"],
+            tpot_p99_base_ms=b.tpot_ms["p99"], tpot_p99_cand_ms=c.tpot_ms["p99"],
+        ))
+    return Comparison(
+        base_label=base.series.label,
+        cand_label=cand.series.label,
+        capacity_base_rps=(base.headline or {}).get("max_rate_meeting_rps"),
+        capacity_cand_rps=(cand.headline or {}).get("max_rate_meeting_rps"),
+        rates=tuple(sorted(deltas, key=lambda d: d.rate_rps)),
+    )

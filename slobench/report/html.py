@@ -1,0 +1,348 @@
+"""The self-contained HTML attainment report: one file, plotly.js inline once, no network, no console noise.
+
+Page order is the order a reader asks: what was measured and the headline; the cliff; latency against
+load; distributions; each run over time (the cause of a spike); whether the client kept up; and, given
+two or more inputs, how they differ. Every user- or server-controlled string is escaped here (HTML) or
+by `style.esc` (text plotly draws); figure data reaches the page only as plotly's own JSON, which
+escapes `<`, `>` and `/`, so no string can close the script it sits in.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+
+from slobench import __version__
+from slobench.errors import UsageError
+from slobench.report.compare import Comparison, compare
+from slobench.report.figures import cdf_figure, client_figure, cliff_figure, percentile_figure
+from slobench.report.load import RunData, load_series, unique_labels
+from slobench.report.stats import MAX_CDF_POINTS, Analyzed, analyze
+from slobench.report.style import PLOTLY_CONFIG, series_color
+from slobench.report.style import esc as plot_esc
+from slobench.report.terminal import headline_text
+from slobench.report.timeline import MAX_BINS, MAX_MISS_POINTS, TimelineNote, timeline_figure
+from slobench.slo import SLO
+
+SECTIONS = ("header", "cliff", "latency", "cdf", "timeline", "client", "compare")
+# Only inline code and styles may run; nothing may be fetched. A stray network request fails loudly
+# (a console error) instead of silently depending on a host.
+CSP = ("default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; "
+       "img-src data: blob:; font-src data:")
+
+
+def build_report(inputs: Sequence[str | Path], out: str | Path, *, title: str | None = None,
+                 slo: SLO | None = None) -> Path:
+    """Write the HTML report for sweep and/or run directories to `out`; returns its path.
+
+    `slo` re-judges every input against another SLO than the one its manifest recorded."""
+    if not inputs:
+        raise UsageError("report: give at least one sweep or run directory")
+    series = unique_labels([load_series(p, slo=slo) for p in inputs])
+    views = [analyze(s, series_color(i)) for i, s in enumerate(series)]
+    page = render(views, title=title)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, out)
+    return out
+
+
+def esc(text: object) -> str:
+    """For the page's own HTML (text and attribute values)."""
+    return html.escape(str(text), quote=True)
+
+
+class _Figures:
+    """Turns figures into divs, numbered so the page is deterministic and its figures can be counted."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def div(self, fig: dict[str, Any]) -> str:
+        self.count += 1
+        height = fig["layout"].get("height", 450)
+        # validate=False: the dicts come from plot.Fig, checked against plotly's schema in the tests
+        return pio.to_html(fig, config=PLOTLY_CONFIG, include_plotlyjs=False, full_html=False,
+                           div_id=f"fig-{self.count}", default_height=f"{height}px", validate=False)
+
+
+def render(views: Sequence[Analyzed], *, title: str | None = None) -> str:
+    figs = _Figures()
+    page_title = title or _default_title(views)
+    body = [
+        _header(views, page_title),
+        _cliff(views, figs),
+        _latency(views, figs),
+        _cdfs(views, figs),
+        _timelines(views, figs),
+        _client(views, figs),
+    ]
+    if len(views) > 1:
+        body.append(_comparison(views))
+    return _PAGE.format(
+        title=esc(page_title), csp=CSP, css=_CSS, num_figures=figs.count,
+        plotlyjs=get_plotlyjs(), body="\n".join(body), version=esc(__version__),
+    )
+
+
+# --- header -----------------------------------------------------------------------------------------
+
+
+def _target(m: dict[str, Any]) -> dict[str, Any]:
+    t = m.get("target")
+    return t if isinstance(t, dict) else {}
+
+
+def _default_title(views: Sequence[Analyzed]) -> str:
+    m = views[0].series.manifest
+    model = _target(m).get("model") or _target(m).get("served") or "target"
+    return f"slobench report: {model} · {_workload(m)}"
+
+
+def _workload(m: dict[str, Any]) -> str:
+    w = m.get("workload")
+    return str(m.get("workload_name") or (w.get("name") if isinstance(w, dict) else None) or "-")
+
+
+def _dates(v: Analyzed) -> str:
+    stamps = []
+    for r in v.series.runs:
+        clock = r.manifest.get("clock")
+        if isinstance(clock, dict) and isinstance(clock.get("wall_anchor_unix_s"), (int, float)):
+            stamps.append(float(clock["wall_anchor_unix_s"]))
+    if not stamps:
+        return "-"
+    fmt = "%Y-%m-%d %H:%M UTC"
+    first, last = (time.strftime(fmt, time.gmtime(s)) for s in (min(stamps), max(stamps)))
+    return first if first == last else f"{first} to {last}"
+
+
+def _header(views: Sequence[Analyzed], title: str) -> str:
+    parts = [f'<section id="header"><h1>{esc(title)}</h1>']
+    for v in views:
+        m, s = v.series.manifest, v.series
+        t = _target(m)
+        n_req = sum(p.num_requests for p in v.points)
+        facts = [
+            ("input", f"{s.label} ({s.kind}, {len(s.runs)} run{'s' if len(s.runs) != 1 else ''}, {n_req:,} requests)"),
+            ("target", t.get("url", "-")),
+            ("model", t.get("model") or t.get("served") or "-"),
+            ("workload", _workload(m)),
+            ("SLO", str(s.slo) + (f", latency from {s.slo.clock}" if s.slo else "") if s.slo else "none"),
+            ("date", _dates(v)),
+            ("slobench version", m.get("slobench_version") or (s.runs[0].manifest.get("slobench_version") if s.runs else None) or "-"),
+        ]
+        rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(val)}</td></tr>" for k, val in facts)
+        miss = v.headline is not None and v.headline.get("max_rate_meeting_rps") is None
+        parts.append(
+            f'<div class="card" style="border-left-color:{v.color}">'
+            f'<p class="headline{" bad" if miss else ""}">{esc(s.label) + ": " if len(views) > 1 else ""}'
+            f"{esc(headline_text(v.headline))}</p><table class=\"facts\">{rows}</table></div>"
+        )
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+# --- over offered rate --------------------------------------------------------------------------------
+
+
+def _ms3(d: dict[str, float | None]) -> str:
+    return " / ".join("-" if d[k] is None else f"{d[k]:.1f}" for k in ("p50", "p90", "p99"))
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None or x != x else f"{x:.1%}"
+
+
+def _num(x: float | None, fmt: str = ".2f") -> str:
+    return "-" if x is None or x != x else format(x, fmt)
+
+
+def _rate_table(v: Analyzed) -> str:
+    head = ("offered req/s", "sent req/s", "completed req/s", "output tok/s", "attainment [95% CI]",
+            "goodput req/s", "TTFT p50 / p90 / p99 ms", "TPOT p50 / p90 / p99 ms", "failed", "lateness p99 ms")
+    rows = []
+    for p in v.points:
+        att = p.attainment
+        att_s = "-" if att is None else f"{_pct(att.value)} [{_pct(att.ci_low)}, {_pct(att.ci_high)}]"
+        late = p.client["lateness_s"].get("p99")
+        cells = (
+            f"{p.rate_rps:g}", _num(p.achieved_send_rps), _num(p.throughput.request_rps),
+            _num(p.throughput.output_tokens_per_s, ".0f"), att_s,
+            _num(att.good_throughput_rps) if att else "-", _ms3(p.ttft_ms), _ms3(p.tpot_ms),
+            str(p.num_requests - p.num_ok), ("-" if late is None else f"{late * 1e3:.1f}")
+            + (" (client!)" if p.client["is_bottleneck"] else ""),
+        )
+        cls = ' class="miss"' if att is not None and v.series.slo and att.value < v.series.slo.target else ""
+        rows.append(f"<tr{cls}>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
+    return (f'<table class="data"><caption>{esc(v.series.label)}</caption><thead><tr>'
+            + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
+def _cliff(views: Sequence[Analyzed], figs: _Figures) -> str:
+    return (
+        '<section id="cliff"><h2>The cliff</h2><p class="lead">Attainment is the share of <em>all</em> requests '
+        "issued (failures count as misses) that met every SLO at once; its band is a 95% moving-block bootstrap "
+        "interval over requests in arrival order. Throughput keeps rising after attainment falls off: the knee "
+        "(dash-dot) is where attainment crosses the target, linearly interpolated between measured rates.</p>"
+        + figs.div(cliff_figure(views)) + "".join(_rate_table(v) for v in views) + "</section>"
+    )
+
+
+def _latency(views: Sequence[Analyzed], figs: _Figures) -> str:
+    return ('<section id="latency"><h2>Latency against load</h2>' + figs.div(percentile_figure(views)) + "</section>")
+
+
+def _cdfs(views: Sequence[Analyzed], figs: _Figures) -> str:
+    parts = ['<section id="cdf"><h2>Latency distributions</h2>']
+    for v in views:
+        parts.append(figs.div(cdf_figure(v)))
+    parts.append(f'<p class="note">Decimated: each CDF is drawn at most at {MAX_CDF_POINTS} quantile points '
+                 "(evenly spaced to p99, then log-spaced into the tail), computed from every value.</p></section>")
+    return "\n".join(parts)
+
+
+# --- per run over time --------------------------------------------------------------------------------
+
+
+def _timeline_note(n: TimelineNote) -> str:
+    bits = []
+    if n.num_met_shown < n.num_met:
+        bits.append(f"{n.num_met_shown:,} of {n.num_met:,} met requests shown (evenly over arrival order)")
+    if n.num_miss_shown < n.num_miss:
+        bits.append(f"{n.num_miss_shown:,} of {n.num_miss:,} misses shown (cap {MAX_MISS_POINTS:,})")
+    if n.num_fail_shown < n.num_fail:
+        bits.append(f"{n.num_fail_shown:,} of {n.num_fail:,} failures shown")
+    if n.in_flight_binned:
+        bits.append(f"in-flight binned to {MAX_BINS} bins (the peak of each)")
+    if n.num_scrapes_shown < n.num_scrapes:
+        bits.append(f"{n.num_scrapes_shown:,} of {n.num_scrapes:,} server scrapes shown")
+    text = "Decimated: " + "; ".join(bits) + "." if bits else "Every request is shown."
+    if n.num_miss:
+        text += f" {n.num_miss:,} requests missed the SLO; every miss is kept up to {MAX_MISS_POINTS:,} per run."
+    return f'<p class="note">{esc(text)}</p>'
+
+
+def _errors(run: RunData) -> str:
+    if not run.error_counts:
+        return ""
+    items = "".join(f"<li><code>{esc(e)}</code> × {n:,}</li>" for e, n in run.error_counts.items())
+    return f'<details class="errors"><summary>errors in this run</summary><ul>{items}</ul></details>'
+
+
+def _timelines(views: Sequence[Analyzed], figs: _Figures) -> str:
+    parts = ['<section id="timeline"><h2>Each run over time</h2><p class="lead">Requests in flight, each '
+             "request's TTFT by its arrival time (misses in red, failures as crosses) and, where the target "
+             "exposes Prometheus metrics, its own queue, KV-cache use, prefix-cache hits and preemptions: a "
+             "latency spike lines up with its cause. Dotted verticals mark workload phases.</p>"]
+    for v in views:
+        for run in v.series.runs:
+            label = f"{v.series.label} · {run.label} · {run.rate_rps:g} req/s"
+            fig, note = timeline_figure(run, v.series.slo, plot_esc(label))
+            server = "" if run.server else '<p class="note">No server metrics for this run (no /metrics endpoint).</p>'
+            parts.append(f'<div class="run"><h3>{esc(label)}</h3>{figs.div(fig)}{_timeline_note(note)}'
+                         f"{server}{_errors(run)}</div>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+# --- client health ------------------------------------------------------------------------------------
+
+
+def _client(views: Sequence[Analyzed], figs: _Figures) -> str:
+    warnings = [
+        f'<p class="warning"><strong>{esc(v.series.label)} at {p.rate_rps:g} req/s:</strong> '
+        f"{esc(p.client['warning'])}</p>"
+        for v in views for p in v.points if p.client.get("warning")
+    ]
+    ok = '<p class="ok">The client kept its schedule at every rate: the numbers above describe the server.</p>'
+    return ('<section id="client"><h2>Client health</h2>' + ("".join(warnings) or ok)
+            + figs.div(client_figure(views)) + "</section>")
+
+
+# --- comparison -----------------------------------------------------------------------------------------
+
+
+def _signed(x: float | None, fmt: str, unit: str = "") -> str:
+    return "-" if x is None else f"{x:+{fmt}}{unit}"
+
+
+def _comparison_table(c: Comparison) -> str:
+    cap = (f"<p>Headline capacity: {esc(_num(c.capacity_base_rps, '.3g'))} → {esc(_num(c.capacity_cand_rps, '.3g'))} "
+           f"req/s (<strong>{esc(_signed(None if c.capacity_change is None else 100 * c.capacity_change, '.1f', '%'))}"
+           "</strong>)</p>")
+    if not c.rates:
+        return cap + '<p class="note">No offered rate in common: nothing to compare at equal load.</p>'
+    head = ("offered req/s", "attainment", "Δ points", "TTFT p99 ms", "Δ", "TPOT p99 ms", "Δ")
+    rows = []
+    for d in c.rates:
+        cells = (
+            f"{d.rate_rps:g}",
+            f"{_pct(d.attainment_base)} → {_pct(d.attainment_cand)}",
+            _signed(d.attainment_delta_points, ".1f"),
+            f"{_num(d.ttft_p99_base_ms, '.1f')} → {_num(d.ttft_p99_cand_ms, '.1f')}",
+            _signed(None if d.ttft_p99_change is None else 100 * d.ttft_p99_change, ".1f", "%"),
+            f"{_num(d.tpot_p99_base_ms, '.1f')} → {_num(d.tpot_p99_cand_ms, '.1f')}",
+            _signed(None if d.tpot_p99_change is None else 100 * d.tpot_p99_change, ".1f", "%"),
+        )
+        rows.append("<tr>" + "".join(f"<td>{esc(x)}</td>" for x in cells) + "</tr>")
+    return (cap + '<table class="data delta"><thead><tr>' + "".join(f"<th>{esc(h)}</th>" for h in head)
+            + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
+def _comparison(views: Sequence[Analyzed]) -> str:
+    base = views[0]
+    parts = ['<section id="compare"><h2>Comparison</h2><p class="lead">The curves of every input are overlaid in '
+             f"the figures above. Deltas against the baseline, <strong>{esc(base.series.label)}</strong>, at the "
+             "offered rates both measured (point differences; <code>slobench gate</code> gives the statistical "
+             "verdict).</p>"]
+    for v in views[1:]:
+        parts.append(f"<h3>{esc(base.series.label)} → {esc(v.series.label)}</h3>{_comparison_table(compare(base, v))}")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1280px;padding:0 24px 48px;color:#222}
+h1{font-size:1.6em;margin:24px 0 8px}h2{border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:40px}
+.card{border-left:6px solid #1f77b4;background:#f7f8fa;padding:10px 16px;margin:12px 0}
+.headline{font-size:1.25em;font-weight:600;margin:4px 0 8px}.headline.bad{color:#b00}
+table{border-collapse:collapse;font-size:.9em}th,td{padding:3px 10px;text-align:left;vertical-align:top}
+table.facts th{color:#555;font-weight:normal;padding-left:0}
+table.data{margin:16px 0}table.data td,table.data th{border-bottom:1px solid #e5e5e5;text-align:right}
+table.data caption{text-align:left;font-weight:600;padding:4px 0}
+tr.miss td{color:#b00}.note{color:#666;font-size:.85em}.lead{color:#444;max-width:70em}
+.warning{background:#fdecea;border-left:6px solid #d62728;padding:8px 12px}
+.ok{background:#edf7ed;border-left:6px solid #2ca02c;padding:8px 12px}
+details.errors code{white-space:pre-wrap;word-break:break-all}
+"""
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{csp}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="generator" content="slobench {version}">
+<meta name="slobench-figures" content="{num_figures}">
+<title>{title}</title>
+<style>{css}</style>
+<script type="text/javascript">{plotlyjs}</script>
+</head>
+<body>
+{body}
+<footer class="note"><p>Made by slobench {version}. TTFT = first content token − request (from the scheduled
+arrival unless the SLO says otherwise, so a lagging client cannot hide queueing); TPOT = (last − first token) /
+(output tokens − 1); ITL = every gap between content chunks. Self-contained: works offline.</p></footer>
+</body>
+</html>
+"""

@@ -1,0 +1,165 @@
+"""Read the report's inputs (sweep directories and run directories) into numpy columns, once.
+
+Each input becomes one `Series`: a sweep is its runs ordered by offered rate; a single run directory is a
+series of one point. Everything is recomputed from requests.jsonl: summary.json may be from an older
+slobench, or judged against another SLO.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from slobench.errors import SpecError, UsageError
+from slobench.metrics import RecordArrays, throughput
+from slobench.records import MANIFEST, SCHEMA_VERSION, SERVER_METRICS
+from slobench.report.fast_records import read_columns
+from slobench.report.server_state import ServerSamples, load_server_metrics
+from slobench.slo import SLO
+from slobench.sweep import SWEEP
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    name: str
+    start_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunData:
+    label: str  # the run directory's name
+    run_dir: Path
+    rate_rps: float  # offered rate: the sweep's nominal rate, else the manifest's, else measured
+    manifest: dict[str, Any]
+    arrays: RecordArrays
+    error_counts: dict[str, int]
+    phases: tuple[Phase, ...]
+    server: ServerSamples | None
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    label: str  # what legends and tables call this input
+    path: Path
+    kind: str  # "sweep" | "run"
+    manifest: dict[str, Any]
+    runs: tuple[RunData, ...]  # by offered rate
+    slo: SLO | None
+
+
+def load_series(path: str | Path, *, slo: SLO | None = None) -> Series:
+    p = Path(path)
+    if (p / SWEEP).is_file():
+        return _load_sweep(p, slo)
+    if (p / MANIFEST).is_file():
+        run = _load_run(p, rate_rps=None)
+        return Series(p.name or str(p), p, "run", run.manifest, (run,), _slo_for(slo, run.manifest, p / MANIFEST))
+    if not p.exists():
+        raise UsageError(f"{p}: no such directory")
+    raise UsageError(f"{p}: neither a sweep directory ({SWEEP}) nor a run directory ({MANIFEST})")
+
+
+def unique_labels(series: list[Series]) -> list[Series]:
+    """Disambiguate equal directory names (two `sweep` folders) by prefixing their parents."""
+    names = [s.label for s in series]
+    out = []
+    for s in series:
+        if names.count(s.label) > 1:
+            s = Series(f"{s.path.parent.name}/{s.label}", s.path, s.kind, s.manifest, s.runs, s.slo)
+        out.append(s)
+    return out
+
+
+def _load_sweep(p: Path, slo: SLO | None) -> Series:
+    path = p / SWEEP
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}: not valid JSON ({e})") from None
+    rows = doc.get("runs") if isinstance(doc, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and "rate_rps" in r and "run_dir" in r for r in rows):
+        raise UsageError(f"{path}: expected {{'runs': [{{'rate_rps': ..., 'run_dir': ...}}, ...]}}")
+    runs = []
+    for r in rows:
+        try:
+            rate = float(r["rate_rps"])
+        except (TypeError, ValueError):
+            raise UsageError(f"{path}: rate_rps {r['rate_rps']!r} is not a number") from None
+        runs.append(_load_run(p / str(r["run_dir"]), rate_rps=rate))
+    runs.sort(key=lambda r: r.rate_rps)
+    manifest = doc.get("manifest") or (runs[0].manifest if runs else {})
+    if not isinstance(manifest, dict):
+        raise UsageError(f"{path}: 'manifest' must be an object")
+    return Series(p.name or str(p), p, "sweep", manifest, tuple(runs), _slo_for(slo, manifest, path))
+
+
+def _slo_for(override: SLO | None, manifest: dict[str, Any], where: Path) -> SLO | None:
+    if override is not None:
+        return override
+    d = manifest.get("slo")
+    if not d:
+        return None
+    try:
+        return SLO.from_dict(d)
+    except (SpecError, TypeError, AttributeError) as e:
+        raise UsageError(f"{where}: bad 'slo' ({e})") from None
+
+
+def _read_manifest(run_dir: Path) -> dict[str, Any]:
+    """The checks `records.load_run` makes, without reading the records through it (see fast_records)."""
+    if not run_dir.is_dir():
+        raise UsageError(f"{run_dir}: not a directory")
+    path = run_dir / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{path}: missing (is this a slobench run directory?)") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("schema_version") != SCHEMA_VERSION:
+        got = manifest.get("schema_version") if isinstance(manifest, dict) else manifest
+        raise UsageError(f"{path}: schema_version {got!r}, this slobench reads {SCHEMA_VERSION}")
+    return manifest
+
+
+def _load_run(run_dir: Path, *, rate_rps: float | None) -> RunData:
+    manifest = _read_manifest(run_dir)
+    cols = read_columns(run_dir)  # UsageError naming file and line on a corrupt record
+    a = cols.arrays
+    if rate_rps is None:
+        m = manifest.get("rate_rps")
+        rate_rps = float(m) if isinstance(m, (int, float)) else throughput(a).offered_rps
+    server_path = run_dir / SERVER_METRICS
+    return RunData(
+        label=run_dir.name,
+        run_dir=run_dir,
+        rate_rps=float(rate_rps),
+        manifest=manifest,
+        arrays=a,
+        error_counts=cols.error_counts,
+        phases=_phases(manifest, a.scheduled_s, cols.tags),
+        server=load_server_metrics(server_path) if server_path.is_file() else None,
+    )
+
+
+def _phases(manifest: dict[str, Any], scheduled_s: np.ndarray, tags: np.ndarray) -> tuple[Phase, ...]:
+    """Phase boundaries from the manifest (`phases: [{name, start_s}]`), else from record tags when each
+    tag occupies one contiguous stretch of the arrival order (tags that interleave are request classes)."""
+    listed = manifest.get("phases")
+    if isinstance(listed, list):
+        out = [
+            Phase(str(ph["name"]), float(ph["start_s"]))
+            for ph in listed
+            if isinstance(ph, dict) and "name" in ph and isinstance(ph.get("start_s"), (int, float))
+        ]
+        return tuple(sorted(out, key=lambda ph: ph.start_s))
+    if len(tags) == 0:
+        return ()
+    starts = np.concatenate([[0], np.flatnonzero(tags[1:] != tags[:-1]) + 1])
+    if len(starts) < 2 or len(set(tags[starts])) != len(starts):
+        return ()
+    return tuple(Phase(str(tags[i]), float(scheduled_s[i])) for i in starts)

@@ -1,0 +1,293 @@
+import json
+import re
+import shutil
+from html import escape as html_escape
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+
+from slobench.errors import UsageError
+from slobench.metrics import RecordArrays, throughput
+from slobench.records import RequestRecord, RunWriter, load_run, write_records
+from slobench.report import build_report
+from slobench.report.compare import compare
+from slobench.report.fast_records import read_columns
+from slobench.report.figures import cdf_figure, client_figure, cliff_figure, percentile_figure
+from slobench.report.html import SECTIONS
+from slobench.report.load import load_series
+from slobench.report.server_state import load_server_metrics, server_series
+from slobench.report.stats import analyze, block_bootstrap_mean_ci, cdf_points
+from slobench.report.synthetic import DEFAULT_SLO, synthetic_records, write_synthetic_sweep
+from slobench.report.terminal import headline_text
+from slobench.report.timeline import MAX_MET_POINTS, MAX_MISS_POINTS, in_flight, timeline_figure
+from slobench.slo import SLO, attainment, bootstrap_mean_ci
+from slobench.sweep import crossing_rate
+
+HOSTILE = "<script>alert(1)</script><b>b</b>\"'&"
+HOSTILE_DIR = "sw <img src=x onerror=alert(2)> \"q\""
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweeps")
+    a = write_synthetic_sweep(root / "a", [2, 4, 6, 8, 10, 12], 300, tags=("warm", "burst", "cool"))
+    b = write_synthetic_sweep(root / "b", [2, 4, 6, 9], 300, capacity_rps=7, seed=11)
+    return a, b
+
+
+def _section_ids(html: str) -> list[str]:
+    return re.findall(r'<section id="([a-z]+)"', html)
+
+
+def _num_figures(html: str) -> int:
+    return int(re.search(r'<meta name="slobench-figures" content="(\d+)">', html).group(1))
+
+
+def test_sections_in_order_and_self_contained(sweeps, tmp_path):
+    a, b = sweeps
+    one = build_report([a], tmp_path / "one.html").read_text()
+    assert _section_ids(one) == list(SECTIONS[:-1])  # no comparison for a single input
+    two = build_report([a, b], tmp_path / "sub" / "two.html").read_text()
+    assert _section_ids(two) == list(SECTIONS)
+    # plotly.js inline exactly once, one script per figure, nothing fetched from anywhere
+    assert two.count("plotly.js v") == 1
+    assert two.count("<script") == _num_figures(two) + 1
+    start = two.index("plotly.js v")
+    page = two[:start] + two[two.index("</script>", start):]  # the page without plotly.js's own source
+    assert not re.search(r'\s(src|href)\s*=|url\(', page)
+    # one figure per: cliff, latency, CDF per sweep, timeline per run, client
+    assert _num_figures(two) == 1 + 1 + 2 + (6 + 4) + 1
+
+
+def test_headline_is_the_crossing_rate_of_the_data(sweeps, tmp_path):
+    a, _ = sweeps
+    series = load_series(a)
+    rates, values = [], []
+    for run in series.runs:
+        recs = load_run(run.run_dir).records
+        arr = RecordArrays.from_records(recs)
+        att = attainment(arr, DEFAULT_SLO, duration_s=throughput(arr).duration_s, seed=0)
+        rates.append(run.rate_rps)
+        values.append(att.value)
+    expected = crossing_rate(rates, values, DEFAULT_SLO.target)
+    assert expected is not None and 2 < expected < 12  # the synthetic cliff lies inside the sweep
+    view = analyze(series, "#000000")
+    assert view.headline["max_rate_meeting_rps"] == pytest.approx(expected, rel=1e-12)
+    # and the interval comes from the same bootstrap slobench.slo uses
+    for p, run in zip(view.points, series.runs, strict=True):
+        arr = RecordArrays.from_records(load_run(run.run_dir).records)
+        ref = attainment(arr, DEFAULT_SLO, duration_s=throughput(arr).duration_s, seed=0)
+        assert (p.attainment.ci_low, p.attainment.ci_high) == pytest.approx((ref.ci_low, ref.ci_high), abs=1e-12)
+    html = build_report([a], tmp_path / "r.html").read_text()
+    assert f"up to {expected:.3g} req/s" in html
+    assert html_escape(headline_text(view.headline)) in html
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_block_sum_bootstrap_equals_slo_bootstrap(seed):
+    rng = np.random.default_rng(seed)
+    for n in (1, 7, 250, 2603):
+        x = np.repeat(rng.random(n // 5 + 1) < 0.7, 5)[:n].astype(float)
+        assert block_bootstrap_mean_ci(x, seed=seed) == bootstrap_mean_ci(x, seed=seed)
+
+
+def test_fast_columns_equal_record_arrays(tmp_path):
+    recs = synthetic_records(14, 400, capacity_rps=10, seed=2)  # past capacity: timeouts and failures too
+    recs[3].is_warmup = True
+    recs[10].prompt_tokens = None
+    recs[20].scheduled_s = recs[21].scheduled_s  # a tie, broken by request id
+    recs[30].chunk_times_s = recs[30].chunk_times_s[:1]
+    write_records(tmp_path / "requests.jsonl", recs)
+    with open(tmp_path / "requests.jsonl", "a") as fh:
+        fh.write('{"request_id": 999, "sched')  # torn final line, as after a crash
+    ref = RecordArrays.from_records(load_run_records(tmp_path))
+    got = read_columns(tmp_path).arrays
+    for name in RecordArrays.__slots__:
+        x, y = getattr(ref, name), getattr(got, name)
+        assert x.dtype == y.dtype, name
+        np.testing.assert_array_equal(x, y, err_msg=name)
+
+
+def load_run_records(run_dir):
+    RunWriter(run_dir / "m", {})  # a manifest for load_run; the records are the ones under test
+    shutil.copy(run_dir / "requests.jsonl", run_dir / "m" / "requests.jsonl")
+    return load_run(run_dir / "m").records
+
+
+def test_hostile_strings_are_escaped_everywhere(tmp_path):
+    sweep = write_synthetic_sweep(tmp_path / HOSTILE_DIR, [3, 9], 120, model=HOSTILE, workload_name=HOSTILE,
+                                  error_text=HOSTILE, tags=("a", HOSTILE))
+    with open(sweep / "rate-3" / "server_metrics.jsonl", "a") as fh:  # a metric label a server controls
+        fh.write(json.dumps({"t_s": 99.0, "samples": {f'vllm:num_requests_waiting{{m="{HOSTILE}"}}': 1.0}}) + "\n")
+    other = write_synthetic_sweep(tmp_path / "base", [3], 120)
+    html = build_report([other, sweep], tmp_path / "r.html", title=HOSTILE).read_text()
+    assert "<script>alert" not in html and "<img src=x" not in html
+    assert "</script><" not in html.replace("</script>\n", "")  # no script closed early by data
+    assert html.count("<script") == _num_figures(html) + 1
+    assert html_escape(HOSTILE) in html  # page text: escaped, quotes too
+    assert "&lt;img src=x onerror=alert(2)&gt;" in html  # the run directory's name
+    # text plotly draws (here a phase name) was escaped before plotly's JSON encoding: a <b> is no tag there
+    in_json = html_escape(HOSTILE, quote=False).replace("/", "\\u002f").replace('"', '\\"')
+    assert f'"text":"{in_json}"' in html
+
+
+def test_big_run_is_decimated_and_small(tmp_path):
+    n = 100_000
+    recs = synthetic_records(9.0, n, capacity_rps=10, median_output_tokens=2, seed=1)
+    run_dir = tmp_path / "big"
+    w = RunWriter(run_dir, {"slo": DEFAULT_SLO.to_dict(), "rate_rps": 9.0})
+    for r in recs:
+        w.write(r)
+    w.close()
+    series = load_series(run_dir)
+    fig, note = timeline_figure(series.runs[0], series.slo, "big")
+    assert note.num_met + note.num_miss + note.num_fail > 90_000
+    assert note.num_met_shown <= MAX_MET_POINTS and note.num_miss_shown <= min(note.num_miss, MAX_MISS_POINTS)
+    assert note.num_met_shown < note.num_met and note.in_flight_binned
+    out = build_report([run_dir], tmp_path / "big.html")
+    assert out.stat().st_size < 15e6
+    assert "Decimated:" in out.read_text()
+
+
+def test_in_flight_steps_exact_and_binned():
+    t, level, binned = in_flight(np.array([0.0, 1.0, 2.0]), np.array([3.0, 1.5, np.nan]))
+    assert not binned
+    assert t.tolist() == [0.0, 1.0, 1.5, 2.0, 3.0] and level.tolist() == [1, 2, 1, 2, 1]
+    sent = np.arange(10_000, dtype=float)
+    done = sent + 0.5
+    done[5000] = 5000.0 + 50  # one long request: a spike to 2 that binning must keep
+    t, level, binned = in_flight(sent, done, max_bins=100)
+    assert binned and len(t) == 100 and level.max() == 2 and level.min() == 1
+
+
+def test_cdf_points_bounded_and_tail_kept():
+    x = np.random.default_rng(0).lognormal(size=200_000)
+    v, p = cdf_points(x)
+    assert len(v) <= 500 and v[-1] == x.max() and p[-1] == 1.0
+    assert np.all(np.diff(v) >= 0) and np.all(np.diff(p) > 0)
+    assert np.any((p > 0.999) & (p < 1))  # points inside the last 0.1%
+    v, p = cdf_points(np.array([3.0, np.nan, 1.0]))
+    assert v.tolist() == [1.0, 3.0] and p.tolist() == [0.5, 1.0]
+
+
+def test_comparison_deltas(sweeps, tmp_path):
+    a, b = sweeps
+    va, vb = analyze(load_series(a), "#111111"), analyze(load_series(b), "#222222")
+    c = compare(va, vb)
+    assert [d.rate_rps for d in c.rates] == [2, 4, 6]  # 9 and 8/10/12 are not in common
+    pa = {p.rate_rps: p for p in va.points}
+    pb = {p.rate_rps: p for p in vb.points}
+    for d in c.rates:
+        assert d.attainment_delta_points == pytest.approx(100 * (pb[d.rate_rps].attainment.value - pa[d.rate_rps].attainment.value))
+        assert d.ttft_p99_change == pytest.approx(pb[d.rate_rps].ttft_ms["p99"] / pa[d.rate_rps].ttft_ms["p99"] - 1)
+        assert d.tpot_p99_change == pytest.approx(pb[d.rate_rps].tpot_ms["p99"] / pa[d.rate_rps].tpot_ms["p99"] - 1)
+    cap_a, cap_b = va.headline["max_rate_meeting_rps"], vb.headline["max_rate_meeting_rps"]
+    assert c.capacity_change == pytest.approx(cap_b / cap_a - 1)
+    html = build_report([a, b], tmp_path / "c.html").read_text()
+    section = html[html.index('<section id="compare">'):]
+    assert f"{cap_a:.3g} → {cap_b:.3g} req/s" in section and f"{100 * c.capacity_change:+.1f}%" in section
+    d6 = c.rates[-1]
+    assert f"<td>{d6.attainment_delta_points:+.1f}</td>" in section
+
+
+def test_figures_match_plotly_schema(sweeps):
+    """The figures are plain dicts (fast); plotly's own validator still checks every property name."""
+    a, b = sweeps
+    views = [analyze(load_series(a), "#111111"), analyze(load_series(b), "#222222")]
+    figs = [cliff_figure(views), percentile_figure(views), cdf_figure(views[0]), client_figure(views)]
+    figs.append(timeline_figure(views[0].series.runs[-1], views[0].series.slo, "t")[0])
+    for f in figs:
+        go.Figure(f)  # raises ValueError on an unknown property
+
+
+def test_log_axis_labels_are_placed_in_log_units(sweeps):
+    a, _ = sweeps
+    fig = percentile_figure([analyze(load_series(a), "#111111")])
+    slo_labels = [ann for ann in fig["layout"]["annotations"] if ann["text"].startswith("SLO")]
+    assert [ann["y"] for ann in slo_labels] == pytest.approx([np.log10(500), np.log10(50)])
+
+
+def test_errors_name_the_file(sweeps, tmp_path):
+    a, _ = sweeps
+    broken = tmp_path / "broken"
+    shutil.copytree(a, broken)
+    shutil.rmtree(broken / "rate-4")
+    with pytest.raises(UsageError, match=re.escape(str(broken / "rate-4"))):
+        build_report([broken], tmp_path / "x.html")
+
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(a / "rate-2", corrupt)
+    lines = (corrupt / "requests.jsonl").read_text().splitlines()
+    lines[2] = lines[2][:40]
+    (corrupt / "requests.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(UsageError, match=re.escape(f"{corrupt / 'requests.jsonl'}:3")):
+        build_report([corrupt], tmp_path / "x.html")
+
+    bad_sweep = tmp_path / "bad_sweep"
+    bad_sweep.mkdir()
+    (bad_sweep / "sweep.json").write_text("{not json")
+    with pytest.raises(UsageError, match=re.escape(str(bad_sweep / "sweep.json"))):
+        build_report([bad_sweep], tmp_path / "x.html")
+
+    metrics = tmp_path / "metrics"
+    shutil.copytree(a / "rate-2", metrics)
+    (metrics / "server_metrics.jsonl").write_text('{"t_s": 0, "samples": {}}\nnope\n{"t_s": 2, "samples": {}}\n')
+    with pytest.raises(UsageError, match=re.escape(f"{metrics / 'server_metrics.jsonl'}:2")):
+        build_report([metrics], tmp_path / "x.html")
+
+    with pytest.raises(UsageError, match="neither a sweep directory"):
+        build_report([tmp_path], tmp_path / "x.html")
+    with pytest.raises(UsageError, match="no such directory"):
+        build_report([tmp_path / "nope"], tmp_path / "x.html")
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_single_run_and_empty_run(tmp_path):
+    recs = synthetic_records(3.0, 200, seed=4)
+    w = RunWriter(tmp_path / "one", {"slo": SLO(ttft_s=0.5).to_dict(), "rate_rps": 3.0,
+                                     "phases": [{"name": "ramp", "start_s": 0.0}, {"name": "hold", "start_s": 20.0}]})
+    for r in recs:
+        w.write(r)
+    w.close()
+    RunWriter(tmp_path / "empty", {"rate_rps": 1.0}).close()
+    html = build_report([tmp_path / "one", tmp_path / "empty"], tmp_path / "r.html").read_text()
+    assert "(a lower bound: no rate tried missed)" in html
+    assert "no SLO given" in html
+    series = load_series(tmp_path / "one")
+    assert [(p.name, p.start_s) for p in series.runs[0].phases] == [("ramp", 0.0), ("hold", 20.0)]
+
+
+def test_phases_from_tags_only_when_contiguous(tmp_path):
+    def run_with(tags):
+        recs = [RequestRecord(request_id=i, scheduled_s=float(i), tag=t) for i, t in enumerate(tags)]
+        d = tmp_path / "-".join(tags)
+        RunWriter(d, {}).close()
+        write_records(d / "requests.jsonl", recs)
+        return load_series(d).runs[0].phases
+
+    assert [(p.name, p.start_s) for p in run_with(["w", "w", "b", "b", "c"])] == [("w", 0.0), ("b", 2.0), ("c", 4.0)]
+    assert run_with(["x", "y", "x", "y"]) == ()  # request classes, not phases
+    assert run_with(["", ""]) == ()
+
+
+def test_server_state_rates_and_ratios(tmp_path):
+    p = tmp_path / "server_metrics.jsonl"
+    lines = []
+    for i, (hits, queries, pre) in enumerate([(0, 0, 0), (50, 100, 2), (50, 100, 2), (10, 200, 6)]):
+        lines.append(json.dumps({"t_s": float(i), "samples": {
+            'vllm:num_requests_waiting{engine="0"}': 1.0 + i, 'vllm:num_requests_waiting{engine="1"}': 2.0,
+            'vllm:kv_cache_usage_perc{engine="0"}': 0.2, 'vllm:kv_cache_usage_perc{engine="1"}': 0.4,
+            "vllm:prefix_cache_hits_total": float(hits), "vllm:prefix_cache_queries_total": float(queries),
+            "vllm:num_preemptions_total": float(pre)}}))
+    p.write_text("\n".join(lines) + '\n{"t_s": 4, "sam')  # torn last line: forgiven
+    s = load_server_metrics(p)
+    assert s.t_s.tolist() == [0, 1, 2, 3]
+    panels = server_series(s)
+    waiting = next(x for x in panels["requests"] if x.label.startswith("waiting"))
+    assert waiting.values.tolist() == [3, 4, 5, 6]  # summed over engines
+    kv, prefix = panels["cache"]
+    assert kv.values == pytest.approx([30, 30, 30, 30])  # a fraction: averaged, in %
+    assert prefix.values[0] == 50 and np.isnan(prefix.values[1])  # no queries in that interval
+    assert prefix.values[2] == 0  # the counter went down (a restart): counted as zero, not negative
+    assert panels["preemptions"][0].values.tolist() == [2, 0, 4]
