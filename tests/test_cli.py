@@ -1,0 +1,100 @@
+"""The CLI end to end against the scheduled-token server: exit codes mean one thing each."""
+
+import json
+import socket
+
+import pytest
+
+from slobench.cli import main
+
+pytestmark = pytest.mark.integration
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_run_writes_run_dir_and_exits_0(token_server, tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = main(["run", "--url", token_server.base_url, "--workload", "tiny", "--rate", "50", "--num-requests", "30",
+               "--slo", "ttft=5s,tpot=1s", "--out", str(out), "--no-progress", "--scrape-interval", "0.2"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert rc == 0, (summary["attainment"], summary["error_counts"], summary["ttft_from_scheduled_s"])
+    assert summary["num_requests"] == 30 and summary["attainment"]["value"] == 1.0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["target"]["model"] == token_server.model  # discovered from /v1/models
+    assert (out / "server_metrics.jsonl").exists()  # the token server exposes /metrics
+    assert "attainment 100.0%" in capsys.readouterr().out
+    assert main(["summarize", str(out), "--slo", "ttft=1ms"]) == 0
+
+
+def test_run_exits_1_when_slo_missed(token_server, tmp_path):
+    rc = main(["run", "--url", token_server.base_url, "--workload", "tiny", "--rate", "50", "--num-requests", "10",
+               "--slo", "ttft=10ms", "--out", str(tmp_path / "r"), "--no-progress", "--scrape-interval", "0"])
+    assert rc == 1  # the server's TTFT is 50 ms
+
+
+def test_sweep_table_and_headline(token_server, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    rc = main(["sweep", "--url", token_server.base_url, "--workload", "tiny", "--rates", "20,40", "--num-requests",
+               "15", "--slo", "ttft=1s", "--out", str(out), "--no-progress", "--scrape-interval", "0"])
+    assert rc == 0
+    doc = json.loads((out / "sweep.json").read_text())
+    assert [r["rate_rps"] for r in doc["runs"]] == [20.0, 40.0]
+    assert (out / "rate-20" / "requests.jsonl").exists()
+    text = capsys.readouterr().out
+    assert "headline" in text and "lower bound" in text
+
+
+def test_unreachable_url_exits_3_with_one_line(tmp_path, capsys):
+    url = f"http://127.0.0.1:{_free_port()}/v1"
+    rc = main(["run", "--url", url, "--model", "m", "--workload", "tiny", "--num-requests", "5",
+               "--out", str(tmp_path / "r"), "--no-progress"])
+    assert rc == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and url.split("/v1")[0] in err[0]
+    assert not (tmp_path / "r").exists()  # nothing half-written for a run that never started
+
+
+def test_wrong_model_exits_3(token_server, tmp_path, capsys):
+    rc = main(["run", "--url", token_server.base_url, "--model", "no-such-model", "--workload", "tiny",
+               "--num-requests", "5", "--out", str(tmp_path / "r"), "--no-progress"])
+    assert rc == 3
+    assert token_server.model in capsys.readouterr().err  # says what is served
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--slo", "ttft=fast"], "slo.ttft"),
+        (["--slo", "ttfb=1s"], "unknown key"),
+        (["--workload", "no-such-workload"], "no-such-workload"),
+        (["--rate", "-1"], "--rate"),
+        (["--num-requests", "0"], "--num-requests"),
+        (["--extra-body", "[1]"], "--extra-body"),
+        (["--header", "nocolon"], "--header"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_problem(token_server, tmp_path, capsys, argv, needle):
+    rc = main(["run", "--url", token_server.base_url, "--workload", "tiny", "--num-requests", "3",
+               "--out", str(tmp_path / "r"), "--no-progress", *argv])
+    assert rc == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_malformed_workload_file_exits_2_naming_field(token_server, tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\n[arrival]\nprocess = "poisson"\nrate_rps = -3\n'
+                   '[input]\ndist = "fixed"\nvalue = 8\n[output]\ndist = "fixed"\nvalue = 4\n')
+    rc = main(["run", "--url", token_server.base_url, "--workload", str(bad), "--no-progress",
+               "--out", str(tmp_path / "r")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "rate_rps" in err and "-3" in err
+
+
+def test_summarize_missing_dir_exits_2(tmp_path, capsys):
+    assert main(["summarize", str(tmp_path / "nope")]) == 2
+    assert "nope" in capsys.readouterr().err
