@@ -291,3 +291,13 @@ def test_server_state_rates_and_ratios(tmp_path):
     assert prefix.values[0] == 50 and np.isnan(prefix.values[1])  # no queries in that interval
     assert prefix.values[2] == 0  # the counter went down (a restart): counted as zero, not negative
     assert panels["preemptions"][0].values.tolist() == [2, 0, 4]
+
+
+def test_headline_text_says_what_is_known():
+    h = {"target": 0.9, "max_rate_meeting_rps": 7.83, "interval_rps": [6.5, 8.2], "is_lower_bound": False}
+    assert headline_text(h) == "attainment stays >= 90% up to 7.83 req/s; 95% interval 6.5 to 8.2 req/s"
+    h = {"target": 0.9, "max_rate_meeting_rps": 24.0, "interval_rps": [24.0, 24.0], "is_lower_bound": True}
+    assert headline_text(h) == "attainment stays >= 90% up to 24 req/s (a lower bound: no rate tried missed)"
+    h = {"target": 0.95, "max_rate_meeting_rps": None, "interval_rps": [None, None], "is_lower_bound": False}
+    assert headline_text(h) == "attainment is below 95% at every rate tried"
+    assert headline_text(None).startswith("no SLO")

@@ -101,16 +101,18 @@ def headline_text(h: dict[str, Any] | None) -> str:
     """The headline in one plain sentence (the HTML report prints the same words)."""
     if not h:
         return "no SLO given: no attainment headline"
-    if h["max_rate_meeting_rps"] is None:
+    rate = h["max_rate_meeting_rps"]
+    if rate is None:
         return f"attainment is below {h['target']:.0%} at every rate tried"
     lo, hi = h["interval_rps"]
     lo_s = "below the lowest rate tried" if lo is None else f"{lo:.3g}"
-    hi_s = "-" if hi is None else f"{hi:.3g}"
-    lb = " (a lower bound: no rate tried missed)" if h["is_lower_bound"] else ""
-    return (
-        f"attainment stays >= {h['target']:.0%} up to {h['max_rate_meeting_rps']:.3g} req/s{lb}; "
-        f"95% interval {lo_s} to {hi_s} req/s"
-    )
+    if h["is_lower_bound"]:
+        # every rate met the target: the capacity is above the sweep, and only the low end is known
+        low = "" if lo is not None and lo >= rate else f"; 95% interval from {lo_s} req/s"
+        return (f"attainment stays >= {h['target']:.0%} up to {rate:.3g} req/s "
+                f"(a lower bound: no rate tried missed){low}")
+    hi_s = "above the highest rate tried" if hi is None else f"{hi:.3g}"
+    return f"attainment stays >= {h['target']:.0%} up to {rate:.3g} req/s; 95% interval {lo_s} to {hi_s} req/s"
 
 
 def print_headline(h: dict[str, Any] | None, console: Console | None = None) -> None:

@@ -98,7 +98,7 @@ def timeline_figure(run: RunData, slo: SLO | None, title: str) -> tuple[dict[str
         f.add({"x": a.scheduled_s[idx], "y": yv, "customdata": a.request_id[idx], "mode": "markers",
                "marker": marker, "name": name, "hovertemplate": hover}, 2)
 
-    points(met_idx, y[met_idx], "met SLO" if slo else "TTFT", {"size": 3, "color": OK, "opacity": 0.5})
+    points(met_idx, y[met_idx], "met SLO" if slo else "TTFT", {"size": 4, "color": OK, "opacity": 0.6})
     if slo is not None:
         points(miss_idx, y[miss_idx], "missed SLO", {"size": 4, "color": MISS})
     if len(fail_idx):
