@@ -14,7 +14,7 @@ VERBS = frozenset({"serve", "demo", "report"})
 
 # The demo: a sweep of the `tiny` workload across the CPU engine's cliff. Its SLO suits a 2-core CPU
 # running the tiny model (a 4-layer, d=256 Llama): TTFT 250 ms, TPOT 30 ms.
-DEMO_RATES = "3,6,12,24"
+DEMO_RATES = "4,8,16,32,64"
 DEMO_SLO = "ttft=250ms,tpot=30ms,target=0.9"
 DEMO_REQUESTS = 80
 
