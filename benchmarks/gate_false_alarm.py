@@ -7,30 +7,35 @@ capacity search with replicates plus replicates at one fixed rate near capacity 
 sides), then `slobench.gate.gate` with the default thresholds (capacity -5%, attainment -2pt, TTFT and
 TPOT p99 +10%). Candidates: identical (only the per-step timing jitter differs: a fresh draw each trial,
 standing in for a real machine's noise), every step 15% slower, 30% fewer KV blocks. Targets: identical
-passes >= 19/20; both regressions fail 20/20. Runs on the virtual clock of benchmarks/capacity_vs_sweep.py.
+passes >= 19/20; both regressions fail 20/20. Runs on the virtual clock (`slobench.simulate`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from slobench.capacity import SearchOptions, flat_metrics, search_capacity
+from slobench.gate import Samples, gate, rate_key
+from slobench.simulate import ModeledEngine, SimulatedMeasure
+from slobench.slo import SLO
 
-from capacity_vs_sweep import CI_SLO, EngineVariant, virtual_measure  # noqa: E402
-
-from slobench.capacity import SearchOptions, flat_metrics, search_capacity  # noqa: E402
-from slobench.gate import Samples, gate, rate_key  # noqa: E402
-
+CI_PROFILE = Path(__file__).resolve().parents[1] / "baselines" / "ci-profile.json"
+CI_SLO = SLO(ttft_s=0.3, tpot_s=0.07, target=0.9)
 FIXED_RATE_RPS = 20.0
 
 
-async def measure_side(v: EngineVariant, trial: int, replicates: int) -> Samples:
-    m = virtual_measure(v, trial=trial)
+def ci_engine(name: str, **kw: object) -> ModeledEngine:
+    """The CI gate's modeled engine: 60 KV blocks of 16, ci-profile step times."""
+    return ModeledEngine(**{"profile": CI_PROFILE, "kv_blocks": 60, "name": name, **kw})  # type: ignore[arg-type]
+
+
+async def measure_side(v: ModeledEngine, trial: int, replicates: int) -> Samples:
+    m = SimulatedMeasure("tiny", v, CI_SLO, num_requests=120, input_len=32, output_len=16, jitter_sd=0.01,
+                         trial=trial)
     s = Samples(f"{v.name}#{trial}", {"name": "tiny", "hash": "virtual"}, CI_SLO.to_dict(), "bench")
     res = await search_capacity(m, SearchOptions(start_rps=4.0, replicates=replicates, seed=0))
     for rep in res.replicates:
@@ -46,13 +51,12 @@ async def main() -> None:
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--replicates", type=int, default=5)
     args = ap.parse_args()
-    candidates = [EngineVariant("identical"), EngineVariant("step+15%", step_scale=1.15),
-                  EngineVariant("kv-30%", kv_blocks=42)]
+    candidates = [ci_engine("identical"), ci_engine("step+15%", step_scale=1.15), ci_engine("kv-30%", kv_blocks=42)]
     counts: dict[str, Counter[str]] = {c.name: Counter() for c in candidates}
     failing_metrics: dict[str, Counter[str]] = {c.name: Counter() for c in candidates}
     t0 = time.perf_counter()
     for t in range(args.trials):
-        base = await measure_side(EngineVariant("identical"), 2 * t, args.replicates)
+        base = await measure_side(ci_engine("identical"), 2 * t, args.replicates)
         for c in candidates:
             cand = await measure_side(c, 2 * t + 1, args.replicates)
             res = gate(base, cand)

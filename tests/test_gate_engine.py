@@ -5,7 +5,6 @@ the gate fails a 15%-slower-step and a 30%-fewer-KV-blocks candidate while passi
 The integration test does the same through the real HTTP server and the `slobench` CLI.
 """
 
-import importlib.util
 import json
 import os
 import select
@@ -20,30 +19,40 @@ import pytest
 from slobench.capacity import SearchOptions, flat_metrics, search_capacity
 from slobench.cli import main
 from slobench.gate import Samples, gate, rate_key
+from slobench.simulate import ModeledEngine, SimulatedMeasure, sweep_crossing
+from slobench.slo import SLO
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("capacity_vs_sweep", ROOT / "benchmarks" / "capacity_vs_sweep.py")
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["capacity_vs_sweep"] = bench  # dataclasses look their module up there
-_spec.loader.exec_module(bench)
-
+CI_PROFILE = ROOT / "baselines" / "ci-profile.json"
+CI_SLO = SLO(ttft_s=0.3, tpot_s=0.07, target=0.9)
 FIXED_RATE = 20.0
 
 
+def ci_engine(name="baseline", **kw):
+    """The CI gate's modeled engine: 60 KV blocks of 16, ci-profile step times."""
+    return ModeledEngine(**{"profile": CI_PROFILE, "kv_blocks": 60, "name": name, **kw})
+
+
+def virtual_measure(engine, *, num_requests, trial=0):
+    """`tiny` at 32 in / 16 out on the virtual clock, with 1% per-step timing jitter."""
+    return SimulatedMeasure("tiny", engine, CI_SLO, num_requests=num_requests, input_len=32, output_len=16,
+                            jitter_sd=0.01, trial=trial)
+
+
 async def test_capacity_agrees_with_dense_sweep_crossing():
-    m = bench.virtual_measure(bench.EngineVariant(), num_requests=100)
+    m = virtual_measure(ci_engine(), num_requests=100)
     res = await search_capacity(m, SearchOptions(start_rps=4.0, replicates=5))
     lo, hi = res.interval_rps
     assert lo < res.capacity_rps < hi
     rates = list(np.round(np.linspace(0.75 * res.capacity_rps, 1.25 * res.capacity_rps, 11), 3))
-    crossing, means = await bench.dense_crossing(m, rates, list(range(500, 508)), 0.9)
+    crossing, means = await sweep_crossing(m, rates, list(range(500, 508)), 0.9)
     assert means[0] > 0.9 > means[-1]  # the sweep spans the crossing
     assert lo <= crossing <= hi, (crossing, res.interval_rps)
 
 
 async def _side(v, trial):
-    m = bench.virtual_measure(v, num_requests=100, trial=trial)
-    s = Samples(v.name, {"name": "tiny", "hash": "v"}, bench.CI_SLO.to_dict(), "test")
+    m = virtual_measure(v, num_requests=100, trial=trial)
+    s = Samples(v.name, {"name": "tiny", "hash": "v"}, CI_SLO.to_dict(), "test")
     res = await search_capacity(m, SearchOptions(start_rps=4.0, replicates=5))
     for rep in res.replicates:
         s.add("capacity", rep["seed"], rep["capacity_rps"], v.name)
@@ -54,10 +63,10 @@ async def _side(v, trial):
 
 
 async def test_gate_fails_slower_steps_and_fewer_blocks_passes_identical():
-    base = await _side(bench.EngineVariant(), trial=0)
-    same = await _side(bench.EngineVariant(), trial=1)  # only the timing jitter differs
-    slow = await _side(bench.EngineVariant("slow", step_scale=1.15), trial=1)
-    small = await _side(bench.EngineVariant("small", kv_blocks=42), trial=1)
+    base = await _side(ci_engine(), trial=0)
+    same = await _side(ci_engine(), trial=1)  # only the timing jitter differs
+    slow = await _side(ci_engine("slow", step_scale=1.15), trial=1)
+    small = await _side(ci_engine("small", kv_blocks=42), trial=1)
     assert gate(base, same).verdict == "pass"
     for cand in (slow, small):
         res = gate(base, cand)
@@ -69,7 +78,7 @@ async def test_gate_fails_slower_steps_and_fewer_blocks_passes_identical():
 
 
 def _start_server(tmp_path, name, kv_blocks=60, step_scale=1.0):
-    profile = json.loads((ROOT / "baselines" / "ci-profile.json").read_text())
+    profile = json.loads(CI_PROFILE.read_text())
     for k in ("step_overhead_s", "per_prefill_token_s", "per_decode_seq_s", "per_context_token_s"):
         profile[k] *= step_scale
     path = tmp_path / f"{name}-profile.json"

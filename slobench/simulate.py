@@ -1,0 +1,344 @@
+"""Whole runs of the reference engine on a virtual clock: the real scheduler and block manager, modeled
+step times, no asyncio, no real time. Thousands of requests take about a second.
+
+The loop: inject every request whose scheduled arrival has come (at a step boundary, as the engine's
+thread applies requests added while it steps), run one step, and let the step's modeled time pass as an
+instant jump of the clock; when idle, jump to the next arrival. Every request is "sent" exactly at its
+scheduled time, so the run measures the engine, never a client: sent = scheduled = arrival, TTFT = first
+token time - arrival, and each token is one chunk stamped at the end of the step that produced it.
+
+A per-step timing jitter (relative s.d., default 0) multiplies each modeled step time by
+max(0.5, 1 + N(0, jitter_sd)), a stand-in for a real machine's noise when testing how often a gate cries
+wolf. Everything is deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reference_engine.engine import LLMEngine, VirtualClock
+from reference_engine.executor.modeled_executor import CostProfile
+from slobench.errors import SpecError
+from slobench.metrics import RecordArrays, describe, throughput
+from slobench.records import RequestRecord, RequestSpec, RunWriter
+from slobench.slo import SLO
+from slobench.summary import summarize
+from slobench.targets.engine import Api, to_engine_request
+
+EngineFactory = Callable[[], LLMEngine]
+SpecMaker = Callable[[float, int], Sequence[RequestSpec]]
+
+_KNOBS = frozenset({
+    "model", "executor", "profile", "kv_blocks", "block_size", "max_num_seqs", "max_batched_tokens",
+    "max_model_len", "enable_prefix_caching", "dtype", "device", "seed",
+})
+
+
+@dataclass(frozen=True, slots=True)
+class ModeledEngine:
+    """A modeled reference engine to simulate; calling it builds a fresh `LLMEngine`.
+
+    `step_scale` multiplies every cost coefficient (1.15 = every step 15% slower): a regression to gate.
+    The executor is the one `reference_engine.server` serves (byte tokenizer, printable token ids), so a
+    simulated run and an HTTP run of the same knobs see the same requests and the same step times.
+    """
+
+    profile: str | Path | CostProfile = "cpu-tiny"
+    kv_blocks: int = 2048
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_batched_tokens: int = 2048
+    max_model_len: int = 4096
+    enable_prefix_caching: bool = True
+    step_scale: float = 1.0
+    seed: int = 0
+    name: str = "modeled"
+
+    def __post_init__(self) -> None:
+        for field in ("kv_blocks", "block_size", "max_num_seqs", "max_batched_tokens", "max_model_len"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecError(field, value, "must be an integer >= 1")
+        if isinstance(self.step_scale, bool) or not isinstance(self.step_scale, int | float) or not self.step_scale > 0:
+            raise SpecError("step_scale", self.step_scale, "must be a number > 0")
+
+    @classmethod
+    def from_knobs(cls, knobs: Mapping[str, Any]) -> ModeledEngine:
+        """From `reference_engine.server.build_engine` knobs; the executor must be the modeled one."""
+        unknown = sorted(set(knobs) - _KNOBS)
+        if unknown:
+            raise SpecError("engine_knobs", unknown, f"unknown knobs; known: {sorted(_KNOBS)}")
+        if knobs.get("executor", "modeled") != "modeled":
+            raise SpecError("executor", knobs["executor"], "a virtual-clock run needs the modeled executor")
+        given = {k: v for k, v in knobs.items() if k not in ("model", "executor", "dtype", "device") and v is not None}
+        if "model" in knobs:
+            given["name"] = str(knobs["model"])
+        return cls(**given)
+
+    def cost_profile(self) -> CostProfile:
+        base = self.profile if isinstance(self.profile, CostProfile) else CostProfile.load(self.profile)
+        s = self.step_scale
+        if s == 1.0:
+            return base
+        return dataclasses.replace(
+            base, step_overhead_s=base.step_overhead_s * s, per_prefill_token_s=base.per_prefill_token_s * s,
+            per_decode_seq_s=base.per_decode_seq_s * s, per_context_token_s=base.per_context_token_s * s,
+        )
+
+    def __call__(self) -> LLMEngine:
+        from reference_engine.config import EngineConfig
+        from reference_engine.executor.modeled_executor import ModeledExecutor
+        from reference_engine.server import PRINTABLE_ASCII
+        from reference_engine.tokenizer import ByteTokenizer
+
+        tok = ByteTokenizer()
+        ex = ModeledExecutor(self.cost_profile(), block_size=self.block_size, num_blocks=self.kv_blocks,
+                             vocab_size=tok.vocab_size, eos_token_id=tok.eos_token_id,
+                             token_id_range=PRINTABLE_ASCII, seed=self.seed)
+        cfg = EngineConfig(block_size=self.block_size, num_blocks=self.kv_blocks, max_num_seqs=self.max_num_seqs,
+                           max_num_batched_tokens=self.max_batched_tokens, max_model_len=self.max_model_len,
+                           enable_prefix_caching=self.enable_prefix_caching)
+        return LLMEngine(cfg, ex)
+
+
+def as_factory(engine: Mapping[str, Any] | EngineFactory) -> EngineFactory:
+    return ModeledEngine.from_knobs(engine) if isinstance(engine, Mapping) else engine
+
+
+class _JitteredWait:
+    """The engine's `wait_until` on a VirtualClock: jump over the modeled step time, optionally jittered."""
+
+    def __init__(self, clock: VirtualClock, jitter_sd: float, seed: int) -> None:
+        self.clock = clock
+        self.jitter_sd = jitter_sd
+        self.rng = np.random.default_rng(seed) if jitter_sd > 0 else None
+        self.num_waits = 0
+
+    def __call__(self, t_s: float) -> None:
+        self.num_waits += 1
+        if self.rng is None:
+            self.clock.advance_to(t_s)
+            return
+        now = self.clock.now_s()
+        self.clock.advance_to(now + (t_s - now) * max(0.5, 1.0 + self.rng.normal(0.0, self.jitter_sd)))
+
+
+def simulate_records(
+    specs: Sequence[RequestSpec],
+    engine: Mapping[str, Any] | EngineFactory,
+    *,
+    seed: int = 0,
+    jitter_sd: float = 0.0,
+    api: Api = "completions",
+    model_name: str = "tiny",
+) -> list[RequestRecord]:
+    """The records of one virtual-clock run, in arrival order. `engine`: knobs or a factory of fresh engines
+    (its clock is replaced by the run's VirtualClock; its executor must model step times)."""
+    if not (isinstance(jitter_sd, int | float) and jitter_sd >= 0):
+        raise SpecError("jitter_sd", jitter_sd, "must be a number >= 0")
+    from reference_engine.protocol import BadRequest
+    from reference_engine.scheduler import RequestRejected
+    from reference_engine.tokenizer import ByteTokenizer
+
+    built = as_factory(engine)()
+    clock = VirtualClock()
+    wait = _JitteredWait(clock, float(jitter_sd), seed)
+    eng = LLMEngine(built.config, built.executor, clock, wait_until=wait)
+    tokenizer = getattr(built.executor, "tokenizer", None) or ByteTokenizer()
+    max_model_len = eng.config.max_model_len
+
+    specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
+    records: list[RequestRecord] = []
+    by_rid: dict[int, RequestRecord] = {}
+    i, n = 0, len(specs)
+    while i < n or eng.has_work():
+        now = clock.now_s()
+        while i < n and specs[i].arrival_s <= now:
+            sp = specs[i]
+            i += 1
+            t = sp.arrival_s
+            rec = RequestRecord(sp.request_id, t, tag=sp.tag, sent_s=t, input_tokens=sp.input_tokens,
+                                max_tokens=sp.max_tokens)
+            records.append(rec)
+            try:
+                req = to_engine_request(sp, model_name=model_name, tokenizer=tokenizer,
+                                        max_model_len=max_model_len, api=api)
+                rid = eng.add_request(req.prompt_token_ids, req.max_tokens, min_tokens=req.min_tokens,
+                                      ignore_eos=req.ignore_eos, sampling=req.sampling)
+            except BadRequest as e:
+                rec.fail("error", f"rejected: {e.message}", t)
+                continue
+            except RequestRejected as e:
+                rec.fail("error", f"rejected: {e}", t)
+                continue
+            rec.prompt_tokens = len(req.prompt_token_ids)
+            by_rid[rid] = rec
+        if not eng.has_work():
+            if i < n:
+                clock.advance_to(specs[i].arrival_s)
+            continue
+        steps, waits = eng.num_steps, wait.num_waits
+        events = eng.step()
+        if eng.num_steps > steps and wait.num_waits == waits:
+            raise SpecError("executor", type(eng.executor).__name__,
+                            "reports no modeled step time: a virtual-clock run needs a modeled executor")
+        if eng.num_steps == steps and not events:  # nothing could be scheduled: only an arrival can help
+            if i == n:
+                raise RuntimeError("the engine has work but schedules nothing, and no request is left to arrive")
+            clock.advance_to(specs[i].arrival_s)
+        for ev in events:
+            rec = by_rid[ev.request_id]
+            if ev.token_id is not None:
+                if rec.first_token_s is None:
+                    rec.first_token_s = ev.time_s
+                rec.chunk_times_s.append(ev.time_s)
+                rec.chunk_tokens.append(1)
+                rec.output_tokens += 1
+            if ev.finish_reason is not None:
+                rec.done_s = ev.time_s
+    return records
+
+
+def simulate_run(
+    specs: Sequence[RequestSpec],
+    engine: Mapping[str, Any] | EngineFactory,
+    *,
+    slo: SLO | None = None,
+    seed: int = 0,
+    jitter_sd: float = 0.0,
+    api: Api = "completions",
+    model_name: str = "tiny",
+    intervals: bool = True,
+) -> tuple[list[RequestRecord], dict[str, Any]]:
+    """One virtual-clock run: its records and its summary (`slobench.summary.summarize`).
+
+    `intervals=False` gives `lean_summary` instead: the same point numbers without bootstrap intervals
+    (those cost several times the simulation itself; capacity searches decide on replicates instead).
+    """
+    records = simulate_records(specs, engine, seed=seed, jitter_sd=jitter_sd, api=api, model_name=model_name)
+    summary = summarize(records, slo, seed=seed) if intervals else lean_summary(records, slo)
+    summary["clock"] = "virtual"
+    return records, summary
+
+
+def lean_summary(records: Sequence[RequestRecord], slo: SLO | None) -> dict[str, Any]:
+    """The parts of `summarize` that capacity and the gate read, without bootstrap intervals."""
+    a = RecordArrays.from_records(records)
+    tp = throughput(a)
+    out: dict[str, Any] = {
+        "num_requests": len(a), "num_ok": int(a.is_ok.sum()), "duration_s": tp.duration_s,
+        "offered_rps": tp.offered_rps, "request_throughput_rps": tp.request_rps,
+        "output_token_throughput_tps": tp.output_tokens_per_s,
+        "ttft_s": describe(a.ttft_s), "ttft_from_scheduled_s": describe(a.ttft_from_scheduled_s),
+        "tpot_s": describe(a.tpot_s), "itl_s": describe(a.itl_s), "e2e_s": describe(a.e2e_s),
+    }
+    if slo is not None:
+        met = slo.meets(a)
+        n, num_met = len(met), int(met.sum())
+        out["slo"] = slo.to_dict()
+        out["attainment"] = {
+            "value": num_met / n if n else float("nan"), "ci_low": None, "ci_high": None,
+            "num_requests": n, "num_met": num_met,
+            "good_throughput_rps": num_met / tp.duration_s if tp.duration_s > 0 else 0.0,
+        }
+    return out
+
+
+class SimulatedMeasure:
+    """`slobench.capacity`'s `measure(rate_rps, seed) -> summary`, on the virtual clock.
+
+    `workload`: a WorkloadSpec, a bundled workload name or TOML path, or a `(rate_rps, seed) -> specs`
+    callable (e.g. the CLI's trace replay). The jitter stream of each probe is drawn from
+    (trial, rate, seed, engine name), so two measures differing only in `trial` see fresh timing noise on
+    the same requests. With `out_dir`, each probe is also written as a run directory (records, manifest,
+    summary) named as `RunMeasure` names them, so gates and reports read simulated probes like real ones.
+    """
+
+    def __init__(
+        self,
+        workload: Any,
+        engine: Mapping[str, Any] | EngineFactory,
+        slo: SLO,
+        *,
+        num_requests: int | None = None,
+        duration_s: float | None = None,
+        input_len: int | None = None,
+        output_len: int | None = None,
+        api: Api | None = None,
+        jitter_sd: float = 0.0,
+        trial: int = 0,
+        intervals: bool = False,
+        out_dir: str | Path | None = None,
+        manifest: dict[str, Any] | None = None,
+        on_probe: Callable[[float, int, dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.factory = as_factory(engine)
+        self.name = str(getattr(self.factory, "name", "") or type(self.factory).__name__)
+        self.slo = slo
+        self.jitter_sd = jitter_sd
+        self.trial = trial
+        self.intervals = intervals
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.manifest = manifest or {}
+        self.on_probe = on_probe
+        self.count = 0
+        if callable(workload):
+            self.make_specs: SpecMaker = workload
+            self.api: Api = api or "completions"
+            return
+        from slobench.workload import generate, load_workload
+
+        wl = load_workload(workload) if isinstance(workload, str | Path) else workload
+        self.api = api or ("chat" if wl.api == "chat" else "completions")
+
+        def make(rate_rps: float, seed: int) -> list[RequestSpec]:
+            return generate(wl, rate_rps=rate_rps, num_requests=num_requests, duration_s=duration_s, seed=seed,
+                            input_len=input_len, output_len=output_len, api=self.api)
+
+        self.make_specs = make
+
+    def jitter_seed(self, rate_rps: float, seed: int) -> int:
+        return zlib.crc32(repr((self.trial, round(rate_rps, 6), seed, self.name)).encode())
+
+    async def __call__(self, rate_rps: float, seed: int) -> dict[str, Any]:
+        records, summary = simulate_run(
+            self.make_specs(rate_rps, seed), self.factory, slo=self.slo, seed=self.jitter_seed(rate_rps, seed),
+            jitter_sd=self.jitter_sd, api=self.api, intervals=self.intervals,
+        )
+        if self.out_dir is not None:
+            from slobench.capacity import probe_dir_name
+
+            name = probe_dir_name(self.count, rate_rps, seed)
+            writer = RunWriter(self.out_dir / name, {
+                **self.manifest, "rate_rps": rate_rps, "seed": seed, "clock": {"kind": "virtual"},
+                "engine": repr(self.factory), "jitter_sd": self.jitter_sd, "trial": self.trial,
+            })
+            for rec in records:
+                writer.write(rec)
+            writer.finish(summary)
+            summary = {**summary, "run_dir": name}
+        self.count += 1
+        if self.on_probe is not None:
+            self.on_probe(rate_rps, seed, summary)
+        return summary
+
+
+async def sweep_crossing(
+    measure: Callable[[float, int], Any], rates: Sequence[float], seeds: Sequence[int], target: float
+) -> tuple[float | None, list[float]]:
+    """A dense sweep's crossing of `target`: attainment averaged over `seeds` at each rate, then
+    `slobench.sweep.crossing_rate`. The reference a capacity search is checked against; affordable on the
+    virtual clock only."""
+    from slobench.sweep import crossing_rate
+
+    means = []
+    for r in rates:
+        means.append(float(np.mean([(await measure(r, s))["attainment"]["value"] for s in seeds])))
+    return crossing_rate(list(rates), means, target), means

@@ -1,0 +1,287 @@
+"""The bundled reference engine as an in-process target: no HTTP, no SSE, the same RequestRecord.
+
+Each RequestSpec becomes the body the OpenAI target would send, parsed by the engine server's own
+request parser (so validation, prompt templating and rejections match the HTTP path exactly) and handed
+to an `LLMEngine` stepping in its background thread. The engine calls back on its thread for every token;
+the callback stamps the time on the run's clock there and then, and forwards the event into asyncio with
+`loop.call_soon_threadsafe`. Stamping on the engine thread measures the engine alone: the event loop's
+wake-up lag is part of what the HTTP/SSE path adds, and comparing the two runs shows how much that is.
+
+Records: `sent_s` just before `add_request`; one chunk per token event (one token each); `first_token_s`
+and `done_s` from the first and the finishing event; `prompt_tokens` and `output_tokens` from the engine.
+A request the engine refuses (prompt too long, empty, ids outside the vocabulary, ...) is a failed
+record whose error starts with "rejected:". Cancelling `send` aborts the request in the engine, which
+frees its KV blocks at its next step boundary. `close()` aborts whatever is still in flight and waits for
+the engine to confirm every abort before it stops the engine, so after it `engine.stats()` shows no block
+in use. `asyncio.CancelledError` propagates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from slobench.clock import Clock
+from slobench.errors import SpecError, TargetUnreachable, UsageError
+from slobench.records import RequestRecord, RequestSpec
+
+if TYPE_CHECKING:
+    from reference_engine.engine import LLMEngine, TokenEvent
+    from reference_engine.protocol import GenerationRequest, TextTokenizer
+
+Api = Literal["completions", "chat"]
+ENGINE_EXECUTORS = ("modeled", "torch")
+CLOSE_TIMEOUT_S = 10.0  # how long close() waits for aborted requests to give their blocks back
+
+
+def to_engine_request(
+    spec: RequestSpec, *, model_name: str, tokenizer: TextTokenizer, max_model_len: int, api: Api = "completions"
+) -> GenerationRequest:
+    """The request the HTTP server would build from the OpenAI target's body for `spec`.
+
+    Raises `reference_engine.protocol.BadRequest` where the server would answer 400.
+    """
+    from reference_engine.protocol import parse_chat, parse_completion
+
+    body: dict[str, Any] = {"model": model_name, "temperature": 0, "max_tokens": spec.max_tokens}
+    if api == "chat":
+        body["messages"] = [{"role": "user", "content": spec.prompt}]
+    else:
+        body["prompt"] = list(spec.prompt) if isinstance(spec.prompt, tuple) else spec.prompt
+    if spec.ignore_eos:
+        body["ignore_eos"] = True
+    if spec.min_tokens is not None:
+        body["min_tokens"] = spec.min_tokens
+    body.update(spec.extra_body)
+    parse = parse_chat if api == "chat" else parse_completion
+    return parse(body, model_name, tokenizer, max_model_len)
+
+
+@dataclass(slots=True)
+class _Live:
+    """One request in flight: its events as (run-clock time, event), and a future set when it ends."""
+
+    queue: asyncio.Queue[tuple[float, TokenEvent]]
+    ended: asyncio.Future[None]
+
+    def deliver(self, item: tuple[float, TokenEvent]) -> None:  # on the event loop
+        self.queue.put_nowait(item)
+        if item[1].finish_reason is not None and not self.ended.done():
+            self.ended.set_result(None)
+
+
+class EngineTarget:
+    """The reference engine in this process. `engine` is an `LLMEngine` or `build_engine` knobs.
+
+    Knobs are those of `reference_engine.server.build_engine` (`executor`, `profile`, `kv_blocks`,
+    `max_num_seqs`, ...): `EngineTarget({"executor": "modeled", "profile": "cpu-tiny"})`. The target starts
+    the engine's thread in `start()` and stops it in `close()` unless `keep_running` is set (an engine
+    shared with something else).
+    """
+
+    def __init__(
+        self,
+        engine: LLMEngine | Mapping[str, Any],
+        clock: Clock | None = None,
+        *,
+        model_name: str | None = None,
+        api: Api = "completions",
+        tokenizer: TextTokenizer | None = None,
+        keep_running: bool = False,
+    ) -> None:
+        if api not in ("completions", "chat"):
+            raise SpecError("api", api, "must be 'completions' or 'chat'")
+        self.knobs: dict[str, Any] | None = None
+        if isinstance(engine, Mapping):
+            from reference_engine.server import build_engine
+
+            self.knobs = dict(engine)
+            engine, built_tokenizer = build_engine(**self.knobs)
+            tokenizer = tokenizer or built_tokenizer
+            model_name = model_name or str(self.knobs.get("model", "tiny"))
+        if tokenizer is None:
+            from reference_engine.tokenizer import ByteTokenizer
+
+            tokenizer = getattr(engine.executor, "tokenizer", None) or ByteTokenizer()
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model = model_name or "tiny"
+        self.api: Api = api
+        self.clock = clock if clock is not None else Clock()
+        self.keep_running = keep_running
+        self._started = False
+        self._in_flight: dict[int, asyncio.Future[None]] = {}  # engine request id -> set when it ends
+
+    def __repr__(self) -> str:
+        return f"EngineTarget(model={self.model!r}, executor={type(self.engine.executor).__name__}, api={self.api!r})"
+
+    def describe(self) -> dict[str, Any]:
+        """What the manifest records about this target."""
+        cfg = asdict(self.engine.config)
+        cfg.pop("prefix_hash_key", None)  # a secret key, not a setting
+        out: dict[str, Any] = {
+            "kind": "engine", "model": self.model, "api": self.api,
+            "executor": type(self.engine.executor).__name__, "config": cfg,
+        }
+        profile = getattr(self.engine.executor, "profile", None)
+        if profile is not None:
+            out["profile"] = asdict(profile)
+        if self.knobs is not None:
+            out["knobs"] = self.knobs
+        return out
+
+    def check_compatible(self, spec: RequestSpec) -> None:
+        if self.api == "chat" and isinstance(spec.prompt, tuple):
+            raise UsageError(
+                f"request {spec.request_id}: api='chat' sends text messages, but this prompt is token ids; "
+                "use api='completions' or a text-prompt workload"
+            )
+
+    # ---- lifecycle -------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.engine.start()
+        self._started = True
+
+    async def preflight(self) -> str:
+        if not self._started:
+            raise TargetUnreachable("in-process engine: preflight() before start()")
+        if not self.engine.is_healthy():
+            raise TargetUnreachable(f"in-process engine: the engine loop has stopped ({self.engine.error!r})")
+        cfg = self.engine.config
+        return (f"{self.model} in process ({type(self.engine.executor).__name__}, "
+                f"{cfg.num_blocks} KV blocks of {cfg.block_size})")
+
+    async def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Abort what is still in flight, wait (bounded) until the engine has freed those requests' blocks,
+        then stop the engine's thread."""
+        pending = [(rid, f) for rid, f in self._in_flight.items() if not f.done()]
+        for rid, _ in pending:
+            self.engine.abort(rid)  # a second abort of a cancelled request is a no-op in the engine
+        if pending and self.engine.is_healthy():
+            await asyncio.wait([f for _, f in pending], timeout=timeout_s)
+        if self._started and not self.keep_running:
+            await asyncio.to_thread(self.engine.stop)
+        self._started = False
+
+    async def __aenter__(self) -> EngineTarget:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- the hot path ----------------------------------------------------------------------------------
+
+    async def send(self, spec: RequestSpec, record: RequestRecord) -> None:
+        from reference_engine.engine import ERROR_FINISH_REASON
+        from reference_engine.protocol import BadRequest
+        from reference_engine.scheduler import RequestRejected
+        from reference_engine.sequence import FinishReason
+
+        if not self._started:
+            raise RuntimeError("EngineTarget.send() called before start()")
+        engine = self.engine
+        now = self.clock.now_s
+        try:
+            req = to_engine_request(spec, model_name=self.model, tokenizer=self.tokenizer,
+                                    max_model_len=engine.config.max_model_len, api=self.api)
+        except BadRequest as e:
+            record.sent_s = now()
+            record.fail("error", f"rejected: {e.message}", now())
+            return
+        loop = asyncio.get_running_loop()
+        live = _Live(asyncio.Queue(), loop.create_future())
+        deliver = live.deliver
+
+        def on_token(ev: TokenEvent) -> None:  # the engine's thread
+            try:
+                loop.call_soon_threadsafe(deliver, (now(), ev))
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
+
+        record.sent_s = now()
+        try:
+            rid = engine.add_request(req.prompt_token_ids, req.max_tokens, min_tokens=req.min_tokens,
+                                     ignore_eos=req.ignore_eos, sampling=req.sampling, on_token=on_token)
+        except RequestRejected as e:
+            record.fail("error", f"rejected: {e}", now())
+            return
+        except RuntimeError as e:  # the engine loop has died
+            record.fail("error", f"engine: {e}", now())
+            return
+        record.prompt_tokens = len(req.prompt_token_ids)
+        self._in_flight[rid] = live.ended
+        live.ended.add_done_callback(lambda _: self._in_flight.pop(rid, None))
+        ended = False
+        try:
+            while not ended:
+                t, ev = await live.queue.get()
+                if ev.token_id is not None:
+                    if record.first_token_s is None:
+                        record.first_token_s = t
+                    record.chunk_times_s.append(t)
+                    record.chunk_tokens.append(1)
+                    record.output_tokens += 1
+                reason = ev.finish_reason
+                if reason is None:
+                    continue
+                ended = True
+                if reason in (FinishReason.LENGTH, FinishReason.STOP):
+                    record.done_s = t
+                elif reason == ERROR_FINISH_REASON:
+                    record.fail("error", "engine: the engine failed while generating", t)
+                else:
+                    record.fail("error", f"engine: the request ended with finish_reason {reason!r}", t)
+        finally:
+            if not ended:  # cancelled (or failed) while in flight: give its KV blocks back
+                engine.abort(rid)
+
+
+# ---- CLI wiring (the lead calls these from slobench.cli) -------------------------------------------------
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Flags that select and shape the in-process engine: `--engine modeled|torch` replaces `--url`."""
+    a = parser.add_argument
+    a("--engine", choices=ENGINE_EXECUTORS, default=None,
+      help="load the bundled reference engine in this process instead of --url (modeled: step times from "
+           "--profile, no model; torch: the real tiny model)")
+    a("--profile", default="cpu-tiny", help="cost profile name or JSON path for --engine modeled (default cpu-tiny)")
+    a("--kv-blocks", type=int, default=None, help="engine KV cache size in blocks (default 2048 modeled, 1024 torch)")
+    a("--block-size", type=int, default=16, help="engine tokens per KV block (default 16)")
+    a("--max-num-seqs", type=int, default=64, help="engine: most requests in a batch (default 64)")
+    a("--max-batched-tokens", type=int, default=2048, help="engine: token budget per step (default 2048)")
+    a("--max-model-len", type=int, default=None, help="engine: context length limit (default 4096)")
+    a("--no-prefix-caching", action="store_true", help="engine: disable prefix caching")
+    a("--engine-device", default="cpu", help="torch device for --engine torch (default cpu)")
+
+
+def engine_knobs_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """`build_engine` knobs from the flags of `add_engine_arguments` (missing flags keep their defaults)."""
+    executor = getattr(args, "engine", None) or "modeled"
+    if executor not in ENGINE_EXECUTORS:
+        raise SpecError("engine", executor, f"must be one of {list(ENGINE_EXECUTORS)}")
+    knobs: dict[str, Any] = {
+        "executor": executor,
+        "model": getattr(args, "model", None) or "tiny",
+        "profile": getattr(args, "profile", "cpu-tiny"),
+        "kv_blocks": getattr(args, "kv_blocks", None),
+        "block_size": getattr(args, "block_size", 16),
+        "max_num_seqs": getattr(args, "max_num_seqs", 64),
+        "max_batched_tokens": getattr(args, "max_batched_tokens", 2048),
+        "max_model_len": getattr(args, "max_model_len", None),
+        "enable_prefix_caching": not getattr(args, "no_prefix_caching", False),
+    }
+    if executor == "torch":
+        knobs["device"] = getattr(args, "engine_device", "cpu")
+    return knobs
+
+
+def engine_target_from_args(args: argparse.Namespace, clock: Clock, *, api: Api = "completions") -> EngineTarget:
+    """The EngineTarget `slobench run/sweep/capacity --engine ...` load; `args.model` names the model."""
+    knobs = engine_knobs_from_args(args)
+    return EngineTarget(knobs, clock, model_name=knobs["model"], api=api)

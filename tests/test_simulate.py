@@ -1,0 +1,166 @@
+"""Virtual-clock runs of the reference engine: exact modeled times, determinism, the cliff, and capacity."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reference_engine.config import EngineConfig
+from reference_engine.engine import LLMEngine
+from reference_engine.executor.base import StepBatch, StepResult
+from reference_engine.executor.modeled_executor import CostProfile
+from reference_engine.protocol import chat_prompt
+from reference_engine.tokenizer import ByteTokenizer
+from slobench.capacity import SearchOptions, search_capacity
+from slobench.errors import SpecError
+from slobench.records import RequestSpec, load_run
+from slobench.simulate import ModeledEngine, SimulatedMeasure, simulate_records, simulate_run, sweep_crossing
+from slobench.slo import SLO
+from slobench.workload import generate, load_workload
+
+# step_s = a + b * prefill_tokens + c * decode_seqs + d * context_tokens, with round numbers
+PROFILE = CostProfile("exact", step_overhead_s=0.01, per_prefill_token_s=0.001, per_decode_seq_s=0.002,
+                      per_context_token_s=0.0001)
+ENGINE = ModeledEngine(PROFILE, kv_blocks=64)
+CLIFF_KNOBS = {"profile": "cpu-tiny", "kv_blocks": 256, "max_num_seqs": 32}
+CLIFF_SLO = SLO.parse("ttft=100ms,tpot=15ms")
+
+
+def spec(rid: int, arrival_s: float, n_in: int = 32, n_out: int = 4, **kw: object) -> RequestSpec:
+    ids = tuple(40 + (97 * rid + k) % 200 for k in range(n_in))  # no shared prefix between requests
+    return RequestSpec(rid, arrival_s, ids, n_in, n_out, **kw)  # type: ignore[arg-type]
+
+
+def tiny(rate: float, n: int, seed: int = 1) -> list[RequestSpec]:
+    return generate(load_workload("tiny"), rate_rps=rate, num_requests=n, seed=seed)
+
+
+def test_one_request_gets_exactly_the_modeled_step_times() -> None:
+    (rec,) = simulate_records([spec(7, 0.5)], ENGINE)
+    prefill = 0.01 + 0.001 * 32 + 0.0001 * 32  # one step computes the whole prompt and samples token 1
+    decodes = [0.01 + 0.002 + 0.0001 * ctx for ctx in (33, 34, 35)]
+    assert rec.status == "ok" and rec.request_id == 7
+    assert rec.scheduled_s == rec.sent_s == 0.5
+    assert rec.first_token_s == pytest.approx(0.5 + prefill)
+    assert rec.done_s == pytest.approx(0.5 + prefill + sum(decodes))
+    assert rec.chunk_times_s == pytest.approx([0.5 + prefill + sum(decodes[:k]) for k in range(4)])
+    assert rec.chunk_tokens == [1, 1, 1, 1] and rec.output_tokens == 4 and rec.prompt_tokens == 32
+
+
+def test_arrival_during_a_step_waits_for_the_step_boundary() -> None:
+    a, b = simulate_records([spec(0, 0.0), spec(1, 0.01)], ENGINE)
+    first = 0.01 + 0.032 + 0.0032
+    # b joins at the boundary: its prefill shares step 2 with a's first decode (context 32 + 33)
+    step2 = 0.01 + 0.001 * 32 + 0.002 + 0.0001 * 65
+    assert a.first_token_s == pytest.approx(first)
+    assert b.sent_s == 0.01 and b.first_token_s == pytest.approx(first + step2)
+    assert b.first_token_s - b.sent_s == pytest.approx(first + step2 - 0.01)  # TTFT counts the wait
+
+
+def test_idle_engine_jumps_to_the_next_arrival() -> None:
+    a, b = simulate_records([spec(0, 0.0, n_out=1), spec(1, 100.0, n_out=1)], ENGINE)
+    assert a.done_s == pytest.approx(0.0452)
+    assert b.first_token_s == pytest.approx(100.0452)
+
+
+def test_step_scale_stretches_every_step() -> None:
+    (base,) = simulate_records([spec(0, 0.0, n_out=8)], ENGINE)
+    (slow,) = simulate_records([spec(0, 0.0, n_out=8)], ModeledEngine(PROFILE, kv_blocks=64, step_scale=1.15))
+    assert slow.done_s == pytest.approx(1.15 * base.done_s)
+
+
+def test_deterministic_for_a_seed_and_jitter_changes_with_it() -> None:
+    specs = tiny(40.0, 150)
+    runs = [simulate_run(specs, CLIFF_KNOBS, slo=CLIFF_SLO, seed=s, jitter_sd=0.02) for s in (3, 3, 4)]
+    (r1, s1), (r2, s2), (r3, _) = runs
+    assert [r.to_json() for r in r1] == [r.to_json() for r in r2]
+    assert json.dumps(s1, sort_keys=True) == json.dumps(s2, sort_keys=True)
+    assert [r.done_s for r in r1] != [r.done_s for r in r3]
+    no_jitter = simulate_records(specs, CLIFF_KNOBS, seed=3)
+    assert [r.to_json() for r in no_jitter] == [r.to_json() for r in simulate_records(specs, CLIFF_KNOBS, seed=9)]
+
+
+def test_summary_is_the_libraries_summary_on_virtual_seconds() -> None:
+    records, summary = simulate_run(tiny(20.0, 100), CLIFF_KNOBS, slo=CLIFF_SLO)
+    assert summary["clock"] == "virtual" and summary["num_requests"] == summary["num_ok"] == 100
+    att = summary["attainment"]
+    assert att["ci_low"] is not None and att["ci_low"] <= att["value"] <= att["ci_high"]
+    assert summary["client"]["is_bottleneck"] is False  # every request went out exactly on time
+    assert all(r.sent_s == r.scheduled_s for r in records)
+    assert all(sum(r.chunk_tokens) == r.output_tokens == r.max_tokens for r in records)
+    _, lean = simulate_run(tiny(20.0, 100), CLIFF_KNOBS, slo=CLIFF_SLO, intervals=False)
+    assert lean["attainment"]["value"] == att["value"] and lean["ttft_s"]["p99"] == summary["ttft_s"]["p99"]
+
+
+def test_attainment_falls_as_rate_rises_across_the_cliff() -> None:
+    rates = [20.0, 40.0, 60.0, 80.0, 120.0]
+    att = [simulate_run(tiny(r, 200), CLIFF_KNOBS, slo=CLIFF_SLO, intervals=False)[1]["attainment"]["value"]
+           for r in rates]
+    assert att[0] == 1.0 and att[-1] < 0.2, att
+    assert all(later <= earlier for earlier, later in zip(att, att[1:], strict=False)), att
+
+
+def test_rejected_request_is_a_failed_record_and_the_rest_run() -> None:
+    engine = ModeledEngine(PROFILE, kv_blocks=64, max_model_len=64)
+    ok, too_long, empty = simulate_records(
+        [spec(0, 0.0), spec(1, 0.1, n_in=60, n_out=8), RequestSpec(2, 0.2, (), 0, 4)], engine)
+    assert ok.status == "ok" and ok.output_tokens == 4
+    assert too_long.status == "error" and too_long.error.startswith("rejected: ")
+    assert "maximum context length is 64" in too_long.error
+    assert too_long.sent_s == too_long.done_s == 0.1 and too_long.first_token_s is None
+    assert empty.status == "error" and "empty" in empty.error
+
+
+def test_text_and_chat_prompts_are_tokenised_as_the_server_does() -> None:
+    (plain,) = simulate_records([RequestSpec(0, 0.0, "hello", 5, 3)], ENGINE)
+    (chat,) = simulate_records([RequestSpec(0, 0.0, "hello", 5, 3)], ENGINE, api="chat")
+    assert plain.prompt_tokens == 5
+    assert chat.prompt_tokens == len(ByteTokenizer().encode(chat_prompt([{"role": "user", "content": "hello"}])))
+    assert plain.output_tokens == chat.output_tokens == 3
+
+
+class _RealTimeExecutor:
+    """Runs steps 'for real' (reports no modeled time): meaningless on a virtual clock."""
+
+    block_size, num_blocks, vocab_size, eos_token_id = 16, 64, 300, None
+
+    def execute(self, batch: StepBatch) -> StepResult:
+        return StepResult([40 if c.sample else None for c in batch.chunks])
+
+
+def test_needs_a_modeled_executor_and_valid_knobs() -> None:
+    with pytest.raises(SpecError, match="modeled"):
+        simulate_records([spec(0, 0.0)], lambda: LLMEngine(EngineConfig(num_blocks=64), _RealTimeExecutor()))
+    with pytest.raises(SpecError, match="executor"):
+        simulate_records([spec(0, 0.0)], {"executor": "torch"})
+    with pytest.raises(SpecError, match="unknown knobs"):
+        simulate_records([spec(0, 0.0)], {"kv_block": 12})
+    with pytest.raises(SpecError, match="kv_blocks"):
+        ModeledEngine(kv_blocks=0)
+    with pytest.raises(SpecError, match="step_scale"):
+        ModeledEngine(step_scale=0)
+    with pytest.raises(SpecError, match="jitter_sd"):
+        simulate_records([spec(0, 0.0)], ENGINE, jitter_sd=-1)
+
+
+async def test_simulated_measure_writes_probe_run_directories(tmp_path) -> None:
+    m = SimulatedMeasure("tiny", CLIFF_KNOBS, CLIFF_SLO, num_requests=30, out_dir=tmp_path, manifest={"x": 1})
+    s1 = await m(20.0, 1)
+    s2 = await m(20.0, 1)
+    assert s1["run_dir"] == "probe-00-rate-20-seed-1" and s2["run_dir"] == "probe-01-rate-20-seed-1"
+    assert {**s1, "run_dir": None} == {**s2, "run_dir": None}  # the same probe twice: the same result
+    run = load_run(tmp_path / s1["run_dir"])
+    assert len(run.records) == 30 and run.manifest["x"] == 1 and run.manifest["rate_rps"] == 20.0
+    assert run.summary["attainment"]["value"] == s1["attainment"]["value"]
+
+
+async def test_sweep_crosses_the_target_where_capacity_finds_capacity() -> None:
+    m = SimulatedMeasure("tiny", CLIFF_KNOBS, CLIFF_SLO, num_requests=100, jitter_sd=0.01)
+    res = await search_capacity(m, SearchOptions(start_rps=10.0, replicates=5))
+    lo, hi = res.interval_rps
+    assert lo < res.capacity_rps < hi
+    rates = [round(res.capacity_rps * f, 3) for f in (0.75, 0.85, 0.95, 1.05, 1.15, 1.25)]
+    crossing, means = await sweep_crossing(m, rates, list(range(500, 506)), 0.9)
+    assert means[0] > 0.9 > means[-1]  # the sweep spans the crossing
+    assert lo <= crossing <= hi, (crossing, res.interval_rps, means)
