@@ -158,8 +158,15 @@ def report(tmp_path_factory) -> Path:
     return build_report([b, a], root / "report.html", title="browser test " + HOSTILE)
 
 
-async def test_report_renders_offline_and_silently(report, tmp_path):
-    r = await open_report(report, tmp_path / "profile", os.environ.get("SLOBENCH_SCREENSHOT"))
+@pytest.fixture(scope="module")
+def opened(report, tmp_path_factory) -> dict:
+    """One browser session for the module: chromium takes seconds to start."""
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    return asyncio.run(open_report(report, profile, os.environ.get("SLOBENCH_SCREENSHOT")))
+
+
+def test_report_renders_offline_and_silently(opened):
+    r = opened
     assert r["expected"] and r["expected"] >= 6
     assert r["rendered"] == r["expected"], f"{r['rendered']} of {r['expected']} figures rendered"
     assert r["plotlyVersion"], "plotly.js did not load from the inline bundle"
@@ -169,9 +176,9 @@ async def test_report_renders_offline_and_silently(report, tmp_path):
     assert not any(e["method"] == "Page.javascriptDialogOpening" for e in r["events"])
 
 
-async def test_hostile_strings_show_as_text_and_never_run(report, tmp_path):
+def test_hostile_strings_show_as_text_and_never_run(report, opened):
+    r = opened
     html = report.read_text()
-    r = await open_report(report, tmp_path / "profile")
     assert r["alerts"] == []
     assert r["injected"] == 0  # no <img onerror=...> became an element
     assert r["scripts"] == html.count("<script") == int(r["expected"]) + 1  # plotly.js + one per figure

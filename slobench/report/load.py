@@ -17,7 +17,7 @@ import numpy as np
 from slobench.errors import SpecError, UsageError
 from slobench.metrics import RecordArrays, throughput
 from slobench.records import MANIFEST, SCHEMA_VERSION, SERVER_METRICS
-from slobench.report.fast_records import read_columns
+from slobench.report.fast_records import RunColumns, read_columns
 from slobench.report.server_state import ServerSamples, load_server_metrics
 from slobench.slo import SLO
 from slobench.sweep import SWEEP
@@ -56,7 +56,7 @@ def load_series(path: str | Path, *, slo: SLO | None = None) -> Series:
     if (p / SWEEP).is_file():
         return _load_sweep(p, slo)
     if (p / MANIFEST).is_file():
-        run = _load_run(p, rate_rps=None)
+        run = _load_run(p, _read_manifest(p), read_columns(p), rate_rps=None)
         return Series(p.name or str(p), p, "run", run.manifest, (run,), _slo_for(slo, run.manifest, p / MANIFEST))
     if not p.exists():
         raise UsageError(f"{p}: no such directory")
@@ -83,13 +83,15 @@ def _load_sweep(p: Path, slo: SLO | None) -> Series:
     rows = doc.get("runs") if isinstance(doc, dict) else None
     if not isinstance(rows, list) or not all(isinstance(r, dict) and "rate_rps" in r and "run_dir" in r for r in rows):
         raise UsageError(f"{path}: expected {{'runs': [{{'rate_rps': ..., 'run_dir': ...}}, ...]}}")
-    runs = []
+    rates, dirs = [], []
     for r in rows:
         try:
-            rate = float(r["rate_rps"])
+            rates.append(float(r["rate_rps"]))
         except (TypeError, ValueError):
             raise UsageError(f"{path}: rate_rps {r['rate_rps']!r} is not a number") from None
-        runs.append(_load_run(p / str(r["run_dir"]), rate_rps=rate))
+        dirs.append(p / str(r["run_dir"]))
+    manifests = [_read_manifest(d) for d in dirs]  # every directory checked before the slow part
+    runs = [_load_run(d, m, c, rate_rps=rate) for d, m, c, rate in zip(dirs, manifests, map(read_columns, dirs), rates, strict=True)]
     runs.sort(key=lambda r: r.rate_rps)
     manifest = doc.get("manifest") or (runs[0].manifest if runs else {})
     if not isinstance(manifest, dict):
@@ -126,9 +128,7 @@ def _read_manifest(run_dir: Path) -> dict[str, Any]:
     return manifest
 
 
-def _load_run(run_dir: Path, *, rate_rps: float | None) -> RunData:
-    manifest = _read_manifest(run_dir)
-    cols = read_columns(run_dir)  # UsageError naming file and line on a corrupt record
+def _load_run(run_dir: Path, manifest: dict[str, Any], cols: RunColumns, *, rate_rps: float | None) -> RunData:
     a = cols.arrays
     if rate_rps is None:
         m = manifest.get("rate_rps")
