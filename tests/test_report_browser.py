@@ -1,8 +1,9 @@
 """Open the HTML report in headless Chromium with the network off: every figure renders, the console stays
 silent, and hostile strings show as text without running.
 
-Chromium is driven over its DevTools protocol (a websocket, via aiohttp). SLOBENCH_SCREENSHOT=path saves
-a PNG of the top of the page (the README picture).
+Chromium is driven over its DevTools protocol (a websocket, via aiohttp). For the README picture:
+    SLOBENCH_SCREENSHOT=out.png [SLOBENCH_SCREENSHOT_OF=reports/example.html] pytest tests/test_report_browser.py
+saves a PNG of the top of that report (default: a clean synthetic sweep), after checking it rendered.
 """
 
 import asyncio
@@ -162,7 +163,7 @@ def report(tmp_path_factory) -> Path:
 def opened(report, tmp_path_factory) -> dict:
     """One browser session for the module: chromium takes seconds to start."""
     profile = tmp_path_factory.mktemp("chromium-profile")
-    return asyncio.run(open_report(report, profile, os.environ.get("SLOBENCH_SCREENSHOT")))
+    return asyncio.run(open_report(report, profile))
 
 
 def test_report_renders_offline_and_silently(opened):
@@ -185,3 +186,16 @@ def test_hostile_strings_show_as_text_and_never_run(report, opened):
     assert HOSTILE in r["body"]  # header, tables, error lists: literal text
     assert any("<img src=x onerror=alert(2)>" in t for t in r["legend"])  # plotly legend: literal text
     assert HOSTILE in r["svgText"]  # a phase name drawn by plotly: its <b> stays text, not bold markup
+
+
+@pytest.mark.skipif(not os.environ.get("SLOBENCH_SCREENSHOT"), reason="set SLOBENCH_SCREENSHOT=path.png to take one")
+def test_screenshot(tmp_path):
+    src = os.environ.get("SLOBENCH_SCREENSHOT_OF")
+    if src:
+        path = Path(src)
+    else:
+        sweep = write_synthetic_sweep(tmp_path / "example", [2, 4, 6, 8, 10, 12], 400, model="synthetic-model")
+        path = build_report([sweep], tmp_path / "report.html")
+    r = asyncio.run(open_report(path, tmp_path / "profile", os.environ["SLOBENCH_SCREENSHOT"]))
+    assert r["rendered"] == r["expected"]
+    assert Path(os.environ["SLOBENCH_SCREENSHOT"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
