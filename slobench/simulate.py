@@ -35,10 +35,14 @@ from slobench.targets.engine import Api, to_engine_request
 EngineFactory = Callable[[], LLMEngine]
 SpecMaker = Callable[[float, int], Sequence[RequestSpec]]
 
+# build_engine's knobs that a modeled engine ignores (they shape the torch executor only)
+_TORCH_ONLY_KNOBS = frozenset({
+    "dtype", "device", "weights", "attention_backend", "enforce_eager", "gpu_memory_utilization",
+})
 _KNOBS = frozenset({
     "model", "executor", "profile", "kv_blocks", "block_size", "max_num_seqs", "max_batched_tokens",
-    "max_model_len", "enable_prefix_caching", "dtype", "device", "seed",
-})
+    "max_model_len", "enable_prefix_caching", "seed",
+}) | _TORCH_ONLY_KNOBS
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +81,8 @@ class ModeledEngine:
             raise SpecError("engine_knobs", unknown, f"unknown knobs; known: {sorted(_KNOBS)}")
         if knobs.get("executor", "modeled") != "modeled":
             raise SpecError("executor", knobs["executor"], "a virtual-clock run needs the modeled executor")
-        given = {k: v for k, v in knobs.items() if k not in ("model", "executor", "dtype", "device") and v is not None}
+        skip = _TORCH_ONLY_KNOBS | {"model", "executor"}
+        given = {k: v for k, v in knobs.items() if k not in skip and v is not None}
         if "model" in knobs:
             given["name"] = str(knobs["model"])
         return cls(**given)

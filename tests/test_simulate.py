@@ -164,3 +164,11 @@ async def test_sweep_crosses_the_target_where_capacity_finds_capacity() -> None:
     crossing, means = await sweep_crossing(m, rates, list(range(500, 506)), 0.9)
     assert means[0] > 0.9 > means[-1]  # the sweep spans the crossing
     assert lo <= crossing <= hi, (crossing, res.interval_rps, means)
+
+
+def test_knobs_are_build_engines() -> None:
+    eng = ModeledEngine.from_knobs({"executor": "modeled", "model": "m", "kv_blocks": 32, "dtype": "float32",
+                                    "device": "cpu", "max_model_len": None})
+    assert eng.kv_blocks == 32 and eng.name == "m" and eng.max_model_len == 4096  # None keeps the default
+    built = eng()
+    assert built.config.num_blocks == built.executor.num_blocks == 32

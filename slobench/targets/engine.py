@@ -257,7 +257,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
     a("--max-batched-tokens", type=int, default=2048, help="engine: token budget per step (default 2048)")
     a("--max-model-len", type=int, default=None, help="engine: context length limit (default 4096)")
     a("--no-prefix-caching", action="store_true", help="engine: disable prefix caching")
-    a("--engine-device", default="cpu", help="torch device for --engine torch (default cpu)")
+    a("--engine-device", default=None, help="torch device for --engine torch (default: build_engine's)")
 
 
 def engine_knobs_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -276,8 +276,9 @@ def engine_knobs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "max_model_len": getattr(args, "max_model_len", None),
         "enable_prefix_caching": not getattr(args, "no_prefix_caching", False),
     }
-    if executor == "torch":
-        knobs["device"] = getattr(args, "engine_device", "cpu")
+    device = getattr(args, "engine_device", None)
+    if executor == "torch" and device is not None:
+        knobs["device"] = device
     return knobs
 
 
