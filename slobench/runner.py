@@ -189,7 +189,9 @@ class Dispatcher:
         """Wait for in-flight requests; after `grace_s` (if given) cancel the rest."""
         if not self.tasks:
             return
-        _, pending = await asyncio.wait(set(self.tasks), timeout=grace_s)
+        pending = set(self.tasks)
+        if grace_s is None or grace_s > 0:
+            _, pending = await asyncio.wait(pending, timeout=grace_s)
         for t in pending:
             t.cancel()
         if pending:
@@ -241,6 +243,8 @@ async def run(
         sender = asyncio.ensure_future(disp.open_loop(specs))
     monitor_tasks = [asyncio.ensure_future(m(clock)) for m in monitors]
 
+    stop = asyncio.Event()
+
     def on_sigint() -> None:
         nonlocal interrupted
         if interrupted:  # second Ctrl-C: stop waiting at once
@@ -248,6 +252,7 @@ async def run(
                 t.cancel()
         interrupted = True
         sender.cancel()
+        stop.set()
 
     installed = False
     if handle_sigint:
@@ -255,14 +260,28 @@ async def run(
             loop.add_signal_handler(signal.SIGINT, on_sigint)
             installed = True
     live = _start_live(disp.progress) if opts.progress else None
+    cancelled_from_outside = False
     try:
-        with contextlib.suppress(asyncio.CancelledError):
-            await sender
-        if interrupted or sender.cancelled():
-            interrupted = True
+        # Race "everything sent and finished" against Ctrl-C, which may come at any point.
+        stop_task = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({sender, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+            if not stop.is_set() and disp.tasks:
+                all_done = asyncio.ensure_future(asyncio.wait(set(disp.tasks)))
+                await asyncio.wait({all_done, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+                all_done.cancel()
+        finally:
+            stop_task.cancel()
+        if stop.is_set():
             await disp.drain(opts.grace_s)
-        else:
-            await disp.drain(None)
+        elif not sender.cancelled() and sender.exception() is not None:
+            raise sender.exception()  # type: ignore[misc]
+    except asyncio.CancelledError:
+        # Cancelled by our caller: cancel what is in flight (each becomes a cancelled record), keep a
+        # valid run directory, and let the cancellation propagate.
+        cancelled_from_outside = interrupted = True
+        sender.cancel()
+        await disp.drain(0)
     finally:
         if installed:
             loop.remove_signal_handler(signal.SIGINT)
@@ -279,6 +298,8 @@ async def run(
     summary["num_scheduled"] = disp.progress.total
     if writer is not None:
         writer.finish(summary)
+    if cancelled_from_outside:
+        raise asyncio.CancelledError
     return RunResult(disp.records, summary, interrupted, disp.progress)
 
 

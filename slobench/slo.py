@@ -154,12 +154,22 @@ def _block_indices(n: int, num_resamples: int, rng: np.random.Generator) -> np.n
 
 
 def bootstrap_mean_ci(x: np.ndarray, *, level: float = 0.95, num_resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
-    """Percentile moving-block bootstrap interval for the mean of x (x in arrival order)."""
+    """Percentile moving-block bootstrap interval for the mean of x (x in arrival order).
+
+    Each resample's sum is taken through a prefix sum over its blocks, so the cost is
+    O(resamples x blocks), not O(resamples x n): 100,000 requests would otherwise need ~1.6 GB.
+    """
     n = len(x)
     if n == 0:
         return (float("nan"), float("nan"))
     rng = np.random.default_rng(seed)
-    means = x[_block_indices(n, num_resamples, rng)].mean(axis=1)
+    b = block_length(n)
+    num_blocks = -(-n // b)
+    starts = rng.integers(0, n - b + 1, size=(num_resamples, num_blocks))
+    cs = np.concatenate([[0.0], np.cumsum(x, dtype=float)])
+    last = n - (num_blocks - 1) * b  # the final block is cut to make exactly n values
+    full = (cs[starts[:, :-1] + b] - cs[starts[:, :-1]]).sum(axis=1)
+    means = (full + cs[starts[:, -1] + last] - cs[starts[:, -1]]) / n
     lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
     return float(lo), float(hi)
 

@@ -23,11 +23,14 @@ class FakeTarget:
         self.raise_ids = set(raise_ids)
         self.in_flight = 0
         self.peak = 0
+        self.peak_reached = {}  # n -> Event set once n requests were in flight together
 
     async def send(self, spec, rec):
         rec.sent_s = self.clock.now_s()
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
+        if self.in_flight in self.peak_reached:
+            self.peak_reached[self.in_flight].set()
         try:
             if spec.request_id in self.raise_ids:
                 raise RuntimeError("bug in target")
@@ -138,3 +141,30 @@ async def test_runner_uses_the_targets_clock_across_runs():
         assert max(r.sent_s - r.scheduled_s for r in res.records) < 0.02
     with pytest.raises(ValueError, match="target's own clock"):
         await run(specs(1, 0.0), t, clock=Clock(), opts=RunOptions(progress=False))
+
+
+async def test_sigint_after_everything_was_sent_still_stops_after_grace(tmp_path):
+    clock = Clock()
+    t = FakeTarget(clock, service_s=30.0)
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.3, os.kill, os.getpid(), signal.SIGINT)  # all 5 were sent long before
+    t0 = loop.time()
+    res = await run(specs(5, 0.01), t, clock=clock, opts=RunOptions(grace_s=0.1, progress=False),
+                    run_dir=tmp_path / "r")
+    assert loop.time() - t0 < 5
+    assert res.interrupted and [r.status for r in res.records] == ["cancelled"] * 5
+
+
+async def test_cancelled_from_outside_cancels_in_flight_and_keeps_run_dir(tmp_path):
+    clock = Clock()
+    t = FakeTarget(clock, service_s=30.0)
+    t.peak_reached[5] = asyncio.Event()
+    task = asyncio.ensure_future(run(specs(5, 0.01), t, clock=clock, opts=RunOptions(progress=False),
+                                     run_dir=tmp_path / "r", handle_sigint=False))
+    await asyncio.wait_for(t.peak_reached[5].wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert t.in_flight == 0
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["interrupted"] is True and s["status_counts"] == {"cancelled": 5}
