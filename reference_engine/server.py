@@ -288,11 +288,18 @@ def build_engine(
     max_batched_tokens: int = 2048,
     max_model_len: int | None = None,
     enable_prefix_caching: bool = True,
-    dtype: str = "float32",
+    dtype: str = "auto",
     device: str = "cpu",
     seed: int = 0,
+    weights: str | None = None,
+    attention_backend: str | None = None,
+    enforce_eager: bool = False,
+    gpu_memory_utilization: float = 0.9,
 ) -> tuple[LLMEngine, TextTokenizer]:
-    """An engine and its tokenizer from CLI-style knobs. The modeled path never imports torch."""
+    """An engine and its tokenizer from CLI-style knobs. The modeled path never imports torch.
+
+    Torch executor: `device` "auto" is CUDA when present; `dtype` "auto" is bf16 on CUDA, fp32 on CPU;
+    `kv_blocks` None is 1024 on CPU and sized from free GPU memory on CUDA (`gpu_memory_utilization`)."""
     if executor == "modeled":
         from reference_engine.executor.modeled_executor import CostProfile, ModeledExecutor
 
@@ -303,16 +310,32 @@ def build_engine(
             vocab_size=tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_id,
             token_id_range=PRINTABLE_ASCII, seed=seed,
         )
-        model_max_len = 1 << 30
+        model_len = min(max_model_len or 4096, 1 << 30)
     elif executor == "torch":
         import torch  # only the torch path pays for it
 
         from reference_engine.executor.torch_executor import TorchExecutor
+        from reference_engine.model import get_config
 
-        num_blocks = kv_blocks or 1024
-        ex = TorchExecutor(model, num_blocks, block_size, dtype=getattr(torch, dtype), device=device, seed=seed)
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if weights is not None:
+            from reference_engine.weights import load_config
+
+            model_cfg = load_config(weights)  # the checkpoint decides the shape, so the length limit too
+        else:
+            model_cfg = get_config(model)
+        model_len = min(max_model_len or 4096, model_cfg.max_seq_len)
+        if kv_blocks is None and torch.device(device).type != "cuda":
+            kv_blocks = 1024
+        ex = TorchExecutor(
+            model, kv_blocks, block_size, dtype=dtype, device=device, seed=seed, weights_path=weights,
+            attention_backend=attention_backend, enforce_eager=enforce_eager, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_batched_tokens, max_model_len=model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+        )
+        num_blocks = ex.num_blocks
         tokenizer = ex.tokenizer
-        model_max_len = ex.config.max_seq_len
     else:
         raise SpecError("executor", executor, "must be 'torch' or 'modeled'")
     config = EngineConfig(
@@ -320,7 +343,7 @@ def build_engine(
         num_blocks=num_blocks,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_batched_tokens,
-        max_model_len=min(max_model_len or 4096, model_max_len),
+        max_model_len=model_len,
         enable_prefix_caching=enable_prefix_caching,
     )
     return LLMEngine(config, ex), tokenizer
@@ -368,14 +391,25 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--executor", choices=("torch", "modeled"), default="modeled",
       help="torch: a real model; modeled: no model, step times from a cost profile (default: modeled)")
     a("--profile", default="cpu-tiny", help="cost profile name or JSON path for --executor modeled")
-    a("--kv-blocks", type=int, default=None, help="KV cache size in blocks (default: 2048 modeled, 1024 torch)")
+    a("--kv-blocks", type=int, default=None,
+      help="KV cache size in blocks (default: 2048 modeled, 1024 torch on CPU, from free memory on CUDA)")
     a("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
     a("--max-num-seqs", type=int, default=64, help="most requests in a batch (default: 64)")
     a("--max-batched-tokens", type=int, default=2048, help="token budget per step (default: 2048)")
     a("--max-model-len", type=int, default=None, help="context length limit (default: 4096, capped by the model)")
     a("--no-prefix-caching", action="store_true", help="disable prefix caching")
-    a("--dtype", default="float32", help="torch dtype for --executor torch (default: float32)")
-    a("--device", default="cpu", help="torch device for --executor torch (default: cpu)")
+    a("--dtype", default="auto",
+      help="torch dtype for --executor torch: auto (bf16 on CUDA, float32 on CPU), float32, bfloat16, float16")
+    a("--device", default="cpu", help="torch device for --executor torch: cpu, cuda, cuda:N, auto (default: cpu)")
+    a("--weights", default=None, metavar="PATH",
+      help="Hugging Face Llama checkpoint folder (config.json + *.safetensors) for --executor torch; "
+           "its config sets the model's shape (default: seeded dummy weights of --model)")
+    a("--attention-backend", choices=("sdpa", "kernels"), default=None,
+      help="torch executor attention: kernels (Triton on CUDA, the default there) or sdpa (the CPU default)")
+    a("--enforce-eager", action="store_true", help="never replay CUDA graphs for decode steps")
+    a("--gpu-memory-utilization", type=float, default=0.9,
+      help="share of GPU memory for weights, activations and the KV cache when --kv-blocks is not given "
+           "(default: 0.9)")
     a("--seed", type=int, default=0)
     a("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, local only)")
     a("--port", type=int, default=8000, help="port; 0 picks a free one (default: 8000)")
@@ -391,6 +425,8 @@ def serve_from_args(args: argparse.Namespace) -> None:
         kv_blocks=args.kv_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
         max_batched_tokens=args.max_batched_tokens, max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_caching, dtype=args.dtype, device=args.device, seed=args.seed,
+        weights=args.weights, attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
+        gpu_memory_utilization=args.gpu_memory_utilization,
     )
 
 

@@ -22,6 +22,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from reference_engine.executor.base import SamplingParams, SeqChunk, StepBatch, StepResult
+from reference_engine.executor.cuda_graphs import DecodeGraphRunner, GraphPlan, use_cuda_graphs
+from reference_engine.executor.kv_sizing import (
+    MemoryProfile,
+    measure_cuda_memory,
+    num_kv_blocks,
+    warmup_chunks,
+)
 from reference_engine.model import ModelConfig, build_model, get_config
 from reference_engine.tokenizer import ByteTokenizer
 from slobench.errors import SpecError
@@ -30,6 +37,21 @@ from slobench.errors import SpecError
 def kv_bytes_per_token(model_config: str | ModelConfig, dtype: torch.dtype = torch.float32) -> int:
     cfg = get_config(model_config)
     return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * dtype.itemsize
+
+
+def resolve_dtype(dtype: torch.dtype | str, device: str | torch.device) -> torch.dtype:
+    """dtype "auto" is bf16 on CUDA (half the bytes a bandwidth-bound decode reads) and fp32 elsewhere (CPUs
+    have few fast bf16 kernels, and fp32 keeps the CPU path exact against the dense oracle)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    resolved = getattr(torch, dtype, None) if isinstance(dtype, str) else None
+    if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
+        raise SpecError(
+            "dtype", dtype, "must be 'auto' or a torch floating dtype name (float32, bfloat16, float16)"
+        )
+    return resolved
 
 
 def num_blocks_for_memory(
@@ -134,24 +156,35 @@ class TorchExecutor:
     def __init__(
         self,
         model_config: str | ModelConfig,
-        num_blocks: int,
+        num_blocks: int | None,
         block_size: int,
         *,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | str = "auto",
         device: str | torch.device = "cpu",
         seed: int = 0,
         weights_path: str | Path | None = None,
         attention_backend: str | None = None,
+        enforce_eager: bool = False,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 2048,
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.9,
     ) -> None:
         """With `weights_path`, the checkpoint's config.json decides the model's shape, not `model_config`.
 
+        `dtype`: a torch dtype, a name ("bfloat16"), or "auto" (bf16 on CUDA, fp32 elsewhere).
         `attention_backend`: "sdpa" (plain torch SDPA, the CPU default) or "kernels" (the dispatchers of
-        `reference_engine.kernels`: Triton on CUDA, their torch reference elsewhere; the CUDA default)."""
-        if num_blocks < 1:
+        `reference_engine.kernels`: Triton on CUDA, their torch reference elsewhere; the CUDA default).
+        `num_blocks` None (CUDA only): size the KV cache from free memory after a warm-up step of
+        `max_num_batched_tokens` tokens, to `gpu_memory_utilization` of the device (see kv_sizing).
+        On CUDA with the kernels backend, decode steps of up to `max_num_seqs` sequences and
+        `max_model_len` tokens replay CUDA graphs unless `enforce_eager`."""
+        if num_blocks is not None and num_blocks < 1:
             raise SpecError("num_blocks", num_blocks, "must be >= 1")
         if block_size < 1:
             raise SpecError("block_size", block_size, "must be >= 1")
         self.device = torch.device(device)
+        dtype = resolve_dtype(dtype, self.device)
         if weights_path is not None:
             from reference_engine.weights import load_model  # safetensors is only needed here
 
@@ -159,39 +192,85 @@ class TorchExecutor:
         else:
             self.model = build_model(model_config, dtype=dtype, device=self.device, seed=seed)
         cfg = self.config = self.model.config
-        self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
+        self.block_size, self.dtype = block_size, dtype
         self.vocab_size = cfg.vocab_size
         self.tokenizer = ByteTokenizer(cfg.vocab_size)
         self.eos_token_id: int | None = self.tokenizer.eos_token_id
         self.kv_bytes_per_token = kv_bytes_per_token(cfg, dtype)
-        num_slots = num_blocks * block_size
-        shape = (cfg.n_layers, num_slots, cfg.n_kv_heads, cfg.head_dim)
-        self._k_flat = torch.zeros(shape, dtype=dtype, device=self.device)
-        self._v_flat = torch.zeros(shape, dtype=dtype, device=self.device)
-        block_shape = (num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
-        # Per layer [num_blocks, block_size, n_kv_heads, head_dim], views of the same memory.
-        self.k_cache = [self._k_flat[i].view(block_shape) for i in range(cfg.n_layers)]
-        self.v_cache = [self._v_flat[i].view(block_shape) for i in range(cfg.n_layers)]
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         if attention_backend is None:
             attention_backend = "kernels" if self.device.type == "cuda" else "sdpa"
         if attention_backend not in ("sdpa", "kernels"):
             raise SpecError("attention_backend", attention_backend, "must be 'sdpa' or 'kernels'")
         self.attention_backend = attention_backend
+        self.max_model_len = min(max_model_len or cfg.max_seq_len, cfg.max_seq_len)
+        self.memory_profile: MemoryProfile | None = None
+        # Decode steps that fit replay CUDA graphs through this runner (None: every step runs eagerly).
+        self.decode_graphs: DecodeGraphRunner | None = None
+        if num_blocks is None:
+            num_blocks = self._profile_num_blocks(
+                max_num_batched_tokens, max_num_seqs, gpu_memory_utilization
+            )
+        self._allocate_kv(num_blocks)
+        is_graphed, self.graphs_off_reason = use_cuda_graphs(self.device, attention_backend, enforce_eager)
+        if is_graphed:
+            plan = GraphPlan.for_limits(max_num_seqs, self.max_model_len, block_size)
+            self.decode_graphs = DecodeGraphRunner(self.model, self.k_cache, self.v_cache, plan)
+            self.decode_graphs.capture()
+
+    def _allocate_kv(self, num_blocks: int) -> None:
+        cfg = self.config
+        self.num_blocks = num_blocks
+        shape = (cfg.n_layers, num_blocks * self.block_size, cfg.n_kv_heads, cfg.head_dim)
+        self._k_flat = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self._v_flat = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        block_shape = (num_blocks, self.block_size, cfg.n_kv_heads, cfg.head_dim)
+        # Per layer [num_blocks, block_size, n_kv_heads, head_dim], views of the same memory.
+        self.k_cache = [self._k_flat[i].view(block_shape) for i in range(cfg.n_layers)]
+        self.v_cache = [self._v_flat[i].view(block_shape) for i in range(cfg.n_layers)]
+
+    def _profile_num_blocks(self, max_num_batched_tokens: int, max_num_seqs: int, utilization: float) -> int:
+        """Warm-up step on a scratch cache just big enough for it, then size the real cache (kv_sizing)."""
+        if self.device.type != "cuda":
+            raise SpecError("num_blocks", None, f"must be given on {self.device.type}: free memory is only "
+                                                "measured on CUDA")  # fmt: skip
+        chunks, warmup_blocks = warmup_chunks(max_num_batched_tokens, max_num_seqs, self.max_model_len,
+                                              self.block_size)  # fmt: skip
+        self._allocate_kv(warmup_blocks)
+
+        def release() -> None:
+            self.k_cache = self.v_cache = []
+            del self._k_flat, self._v_flat
+
+        profile = measure_cuda_memory(lambda: self.execute(StepBatch(chunks)), release, self.device)
+        self.memory_profile = profile
+        per_block = self.kv_bytes_per_token * self.block_size
+        return num_kv_blocks(
+            profile, utilization, per_block, min_blocks=-(-self.max_model_len // self.block_size)
+        )
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> StepResult:
         chunks = batch.chunks
         if not chunks:
             return StepResult(tokens=[])
-        token_ids, positions, attention = self._prepare(chunks)
-        hidden = self.model(token_ids, positions, attention)  # [T, dim]
+        hidden: Tensor | None = None
+        if self.decode_graphs is not None:
+            size = self.decode_graphs.plan.choose(chunks).batch_size
+            if size is not None:  # [len(chunks), dim]: one token per chunk, rows in chunk order
+                hidden = self.decode_graphs.run(chunks, size)
+        if hidden is None:
+            token_ids, positions, attention = self._prepare(chunks)
+            hidden = self.model(token_ids, positions, attention)  # [T, dim]
         sampled = [i for i, c in enumerate(chunks) if c.sample]
         tokens: list[int | None] = [None] * len(chunks)
         if sampled:
-            ends = list(itertools.accumulate(len(c.token_ids) for c in chunks))
-            last_rows = torch.tensor([ends[i] - 1 for i in sampled], device=self.device)
-            logits = self.model.logits(hidden[last_rows])  # [S, vocab]: project only what is sampled
+            if len(sampled) == hidden.shape[0]:  # every row is a sampled last row: no index tensor to copy
+                logits = self.model.logits(hidden)
+            else:
+                ends = list(itertools.accumulate(len(c.token_ids) for c in chunks))
+                last_rows = torch.tensor([ends[i] - 1 for i in sampled], device=self.device)
+                logits = self.model.logits(hidden[last_rows])  # [S, vocab]: project only what is sampled
             for i, token in zip(sampled, self._sample(logits, [chunks[i] for i in sampled]), strict=True):
                 tokens[i] = token
         return StepResult(tokens=tokens)
