@@ -37,6 +37,9 @@ def _add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     g.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
     g.add_argument("--transport", choices=("aiohttp", "httpx"), default="aiohttp")
     g.add_argument("--http2", action="store_true", help="HTTP/2 (implies --transport httpx)")
+    from slobench.targets.engine import add_engine_arguments
+
+    add_engine_arguments(p.add_argument_group("in-process engine (instead of --url)"))
     w = p.add_argument_group("workload")
     w.add_argument("--workload", default="chat", help="a bundled workload name or a TOML path")
     if sweep:
@@ -225,6 +228,10 @@ class LoadSetup:
         from slobench.targets.openai import OpenAITarget
 
         a = self.args
+        if a.engine:
+            from slobench.targets.engine import engine_target_from_args
+
+            return engine_target_from_args(a, clock, api=self.api)
         return OpenAITarget(
             a.url,
             a.model,
@@ -254,7 +261,10 @@ class LoadSetup:
             "workload": wl,
             "workload_name": getattr(self.workload, "name", a.workload),
             "seed": a.seed,
-            "target": {"url": a.url, "model": target.model, "api": self.api, "stream": not a.no_stream, "served": served},
+            "target": (
+                {**target.describe(), "served": served} if a.engine else
+                {"url": a.url, "model": target.model, "api": self.api, "stream": not a.no_stream, "served": served}
+            ),
             "slo": self.slo.to_dict() if self.slo else None,
             "phases": phase_boundaries(self.workload, duration_s=a.duration),
             "options": {
@@ -269,7 +279,7 @@ class LoadSetup:
         from slobench.scrape import MetricsScraper, metrics_url_for
 
         interval = self.args.scrape_interval
-        if not interval or interval <= 0:
+        if not interval or interval <= 0 or self.args.engine:  # an in-process engine has no /metrics
             return []
         run_dir.mkdir(parents=True, exist_ok=True)
         return [MetricsScraper(metrics_url_for(self.args.url), run_dir, interval, headers=self.headers)]
@@ -316,7 +326,7 @@ async def discover_model(url: str, headers: dict[str, str], api_key_env: str) ->
 async def _start_target(setup: LoadSetup) -> tuple[Any, Any, str]:
     from slobench.clock import Clock
 
-    if setup.args.model is None:
+    if setup.args.model is None and not setup.args.engine:
         setup.args.model = await discover_model(setup.args.url, setup.headers, setup.args.api_key_env)
     clock = Clock()
     target = setup.target(clock)
@@ -382,21 +392,11 @@ async def _sweep(args: argparse.Namespace) -> int:
 
 
 def print_sweep(doc: dict[str, Any], console: Any, title: str) -> None:
-    from slobench.report.terminal import sweep_table
+    from slobench.report.terminal import print_headline, sweep_table
 
     console.print(sweep_table(doc["runs"], title=title))
-    h = doc.get("headline")
-    if h:
-        if h["max_rate_meeting_rps"] is None:
-            console.print(f"[bold red]attainment is below {h['target']:.0%} at every rate tried[/bold red]")
-        else:
-            lo, hi = h["interval_rps"]
-            lb = " (a lower bound: no rate tried missed)" if h["is_lower_bound"] else ""
-            rng = f" [{'-' if lo is None else f'{lo:.2f}'}, {'-' if hi is None else f'{hi:.2f}'}]"
-            console.print(
-                f"[bold]headline: attainment stays >= {h['target']:.0%} up to "
-                f"{h['max_rate_meeting_rps']:.2f} req/s{rng}{lb}[/bold]"
-            )
+    if doc.get("headline"):
+        print_headline(doc["headline"], console)
 
 
 def _maybe_report(args: argparse.Namespace, run_dirs: Sequence[Path]) -> None:

@@ -51,6 +51,10 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
     s.add_argument("--slo-scale", action="store_true",
                    help="also the tightest SLO scale still meeting the target, per replicate at the lower edge")
     s.add_argument("--baseline-out", default=None, metavar="FILE", help="also write a committable baseline file")
+    s.add_argument("--simulate", action="store_true",
+                   help="no server, no real time: the bundled engine's scheduler and block manager on a virtual "
+                        "clock with the modeled executor (--profile, --kv-blocks, ...); seconds, not minutes")
+    s.add_argument("--jitter", type=float, default=0.0, help="with --simulate: per-step time noise, relative sd")
 
     g = sub.add_parser("gate", help="CI verdict: candidate vs baseline (exit 0/1/4)", description=GATE_HELP,
                        epilog=epilog, formatter_class=fmt)
@@ -171,11 +175,31 @@ async def _capacity(args: argparse.Namespace) -> int:
         console.print(f"rate {rate:8.3f} req/s  seed {seed:3d}  attainment "
                       f"{'-' if att is None else f'{att:6.1%}'}  ({summary['run_dir']})")
 
-    target, clock, served = await _start_target(setup)
+    if args.simulate:
+        from slobench import __version__
+        from slobench.simulate import SimulatedMeasure
+        from slobench.targets.engine import engine_knobs_from_args
+
+        if args.engine == "torch":
+            raise UsageError("--simulate runs the modeled executor only; drop --engine torch")
+        args.engine = "modeled"
+        knobs = engine_knobs_from_args(args)
+        target, clock, served = None, None, "simulated"
+        manifest = {
+            "slobench_version": __version__, "command": sys.argv[1:], "workload": setup.workload.to_dict(),
+            "workload_name": setup.workload.name, "seed": args.seed, "slo": setup.slo.to_dict(),
+            "target": {"kind": "simulated", "knobs": knobs, "jitter_sd": args.jitter},
+        }
+    else:
+        target, clock, served = await _start_target(setup)
     try:
-        manifest = setup.manifest(target, served)
-        measure = RunMeasure(make_specs, target, out_dir=out, slo=setup.slo, opts=setup.run_options(),
-                             manifest=manifest, clock=clock, on_probe=on_probe)
+        if args.simulate:
+            measure: Any = SimulatedMeasure(make_specs, knobs, setup.slo, api=setup.api, jitter_sd=args.jitter,
+                                            out_dir=out, manifest=manifest, on_probe=on_probe)
+        else:
+            manifest = setup.manifest(target, served)
+            measure = RunMeasure(make_specs, target, out_dir=out, slo=setup.slo, opts=setup.run_options(),
+                                 manifest=manifest, clock=clock, on_probe=on_probe)
         if fixed:
             seeds = [opts.seed + 1 + i for i in range(opts.replicates)]
             probes = await replicate_at_rates(measure, fixed, seeds, target=opts.target)
@@ -188,7 +212,8 @@ async def _capacity(args: argparse.Namespace) -> int:
             res = await search_capacity(measure, opts)
             doc = {"mode": "search", **res.to_dict()}
     finally:
-        await target.close()
+        if target is not None:
+            await target.close()
 
     doc["schema_version"] = 1
     doc["slo"] = setup.slo.to_dict()

@@ -98,3 +98,24 @@ def test_malformed_workload_file_exits_2_naming_field(token_server, tmp_path, ca
 def test_summarize_missing_dir_exits_2(tmp_path, capsys):
     assert main(["summarize", str(tmp_path / "nope")]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_run_against_in_process_engine(tmp_path):
+    out = tmp_path / "eng"
+    rc = main(["run", "--engine", "modeled", "--workload", "tiny", "--rate", "20", "--num-requests", "40",
+               "--slo", "ttft=2s", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["target"]["kind"] == "engine" or "engine" in json.dumps(manifest["target"])
+    assert json.loads((out / "summary.json").read_text())["num_ok"] == 40
+
+
+def test_capacity_simulated_writes_result(tmp_path):
+    out = tmp_path / "cap"
+    rc = main(["capacity", "--simulate", "--workload", "tiny", "--num-requests", "100", "--slo",
+               "ttft=200ms,tpot=50ms", "--start-rate", "8", "--replicates", "3", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    doc = json.loads((out / "capacity.json").read_text())
+    lo, hi = doc["interval_rps"]
+    assert lo <= doc["capacity_rps"] <= hi and doc["capacity_rps"] > 8
+    assert doc["target"]["kind"] == "simulated"

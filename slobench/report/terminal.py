@@ -30,6 +30,14 @@ def attainment_text(s: dict[str, Any]) -> str:
     return f"{_pct(att['value'])} [{_pct(att['ci_low'])}, {_pct(att['ci_high'])}]"
 
 
+def _slo_text(d: dict[str, Any] | None) -> str:
+    if not d:
+        return ""
+    from slobench.slo import SLO
+
+    return str(SLO.from_dict(d))
+
+
 def print_run(summary: dict[str, Any], console: Console | None = None, title: str = "run") -> None:
     console = console or make_console()
     t = Table(title=title, show_header=True, header_style="bold")
@@ -57,7 +65,7 @@ def print_run(summary: dict[str, Any], console: Console | None = None, title: st
     if summary.get("attainment"):
         att = summary["attainment"]
         console.print(
-            f"SLO {summary['slo_text'] if 'slo_text' in summary else ''} attainment {attainment_text(summary)}  "
+            f"SLO {_slo_text(summary.get('slo'))} attainment {attainment_text(summary)}  "
             f"good throughput {att['good_throughput_rps']:.2f} req/s"
         )
     if summary.get("error_counts"):
