@@ -129,6 +129,10 @@ def use_cuda_graphs(
     if attention_backend != "kernels":
         # The sdpa path builds masks and reads lengths on the host every step: not capturable.
         return False, f"attention_backend {attention_backend!r} is not 'kernels'"
+    from reference_engine.kernels import triton_available
+
+    if not triton_available():  # the torch reference reads lengths on the host: not capturable either
+        return False, "Triton is not installed"
     return True, "CUDA with the Triton kernels"
 
 
@@ -158,7 +162,8 @@ class DecodeBuffers:
             self._host_ints = self.ints
             self._host_tables = self.block_tables.view(-1)
             self._staging_tables = self._host_tables
-        self._copied: Any = None  # torch.cuda.Event after the last host-to-device copies
+        # Recorded after each step's host-to-device copies; waiting on a never-recorded event returns at once.
+        self._copied: Any = torch.cuda.Event() if on_cuda else None
         self._ints_np: Any = self._host_ints.numpy()
         self._tables_np: Any = self._host_tables.numpy()
 
@@ -180,7 +185,7 @@ class DecodeBuffers:
         Only each row's first ceil(context / block_size) table entries are written; entries past a
         sequence's context are never read, so what they hold from an earlier step does not matter."""
         n, bs = len(chunks), self.block_size
-        if not n <= padded_size <= self.max_batch_size:
+        if not 1 <= n <= padded_size <= self.max_batch_size:
             raise ValueError(f"{n} sequences padded to {padded_size}: outside 1..{self.max_batch_size}")
         if self._copied is not None:
             self._copied.synchronize()
@@ -190,23 +195,27 @@ class DecodeBuffers:
         nb_max = max(num_blocks)
         if nb_max > self.width:
             raise ValueError(f"a context of {nb_max} blocks is wider than the captured {self.width}")
-        flat: list[int] = []
-        for i, (c, nb) in enumerate(zip(chunks, num_blocks, strict=True)):
+        tokens, positions, slots, flat = [], [], [], []
+        for c, nb in zip(chunks, num_blocks, strict=True):
             table = c.block_table
             if len(table) < nb:
-                raise ValueError(f"seq {c.seq_id}: block_table has {len(table)} blocks, "
-                                 f"position {c.start_pos} needs {nb}")  # fmt: skip
+                raise ValueError(
+                    f"seq {c.seq_id}: block_table has {len(table)} blocks, position {c.start_pos} needs {nb}"
+                )
             pos = c.start_pos
-            ints[0, i], ints[1, i] = c.token_ids[0], pos
-            ints[2, i], ints[3, i] = table[pos // bs] * bs + pos % bs, pos + 1
+            tokens.append(c.token_ids[0])
+            positions.append(pos)
+            slots.append(table[pos // bs] * bs + pos % bs)
             flat.extend(table[:nb])
             flat.extend([0] * (nb_max - nb))
+        ints[0, :n], ints[1, :n], ints[2, :n] = tokens, positions, slots
+        ints[3, :n] = positions
+        ints[3, :n] += 1  # context length: the positions so far and the token being decoded
         if self.device.type == "cuda":
             # Compact [n, nb_max] on the host, one async copy, then one device copy into the strided rows.
             self._tables_np[: n * nb_max] = flat
             self.ints.copy_(self._host_ints, non_blocking=True)
             self._staging_tables[: n * nb_max].copy_(self._host_tables[: n * nb_max], non_blocking=True)
-            self._copied = torch.cuda.Event()
             self._copied.record()
             self.block_tables[:n, :nb_max].copy_(self._staging_tables[: n * nb_max].view(n, nb_max))
         else:

@@ -7,12 +7,15 @@ of all sequences share one padded SDPA call (a mask keeps each on its own contex
 call each. Index tensors are built once per step, not per layer or per token.
 
 That is the "sdpa" attention backend (plain torch, the CPU default). The "kernels" backend sends the same
-step through `reference_engine.kernels` instead: Triton kernels on CUDA (the default there).
+step through `reference_engine.kernels` instead: Triton kernels on CUDA (the default there). On CUDA with
+the kernels, all-decode steps replay CUDA graphs (`cuda_graphs`), and the KV cache can be sized from free
+memory after a warm-up step (`kv_sizing`).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +35,8 @@ from reference_engine.executor.kv_sizing import (
 from reference_engine.model import ModelConfig, build_model, get_config
 from reference_engine.tokenizer import ByteTokenizer
 from slobench.errors import SpecError
+
+log = logging.getLogger(__name__)
 
 
 def kv_bytes_per_token(model_config: str | ModelConfig, dtype: torch.dtype = torch.float32) -> int:
@@ -215,8 +220,13 @@ class TorchExecutor:
         is_graphed, self.graphs_off_reason = use_cuda_graphs(self.device, attention_backend, enforce_eager)
         if is_graphed:
             plan = GraphPlan.for_limits(max_num_seqs, self.max_model_len, block_size)
-            self.decode_graphs = DecodeGraphRunner(self.model, self.k_cache, self.v_cache, plan)
-            self.decode_graphs.capture()
+            runner = DecodeGraphRunner(self.model, self.k_cache, self.v_cache, plan)
+            try:
+                runner.capture()
+                self.decode_graphs = runner
+            except Exception as exc:  # serve eagerly rather than not at all; the reason stays visible
+                log.warning("CUDA graph capture failed, decode steps run eagerly: %r", exc)
+                self.graphs_off_reason = f"capture failed: {exc!r}"
 
     def _allocate_kv(self, num_blocks: int) -> None:
         cfg = self.config
