@@ -119,3 +119,10 @@ def test_capacity_simulated_writes_result(tmp_path):
     lo, hi = doc["interval_rps"]
     assert lo <= doc["capacity_rps"] <= hi and doc["capacity_rps"] > 8
     assert doc["target"]["kind"] == "simulated"
+
+
+def test_http2_option_runs(token_server, tmp_path):
+    # h2 is a dependency; over cleartext http the server speaks HTTP/1.1 and httpx falls back to it.
+    rc = main(["run", "--url", token_server.base_url, "--workload", "tiny", "--rate", "20", "--num-requests", "5",
+               "--http2", "--slo", "ttft=5s", "--out", str(tmp_path / "r"), "--no-progress", "--scrape-interval", "0"])
+    assert rc == 0
