@@ -303,14 +303,14 @@ def build_engine(
     if executor == "modeled":
         from reference_engine.executor.modeled_executor import CostProfile, ModeledExecutor
 
-        num_blocks = kv_blocks or 2048
+        num_blocks = 2048 if kv_blocks is None else kv_blocks
         tokenizer = ByteTokenizer()
         ex: Any = ModeledExecutor(
             CostProfile.load(profile), block_size=block_size, num_blocks=num_blocks,
             vocab_size=tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_id,
             token_id_range=PRINTABLE_ASCII, seed=seed,
         )
-        model_len = min(max_model_len or 4096, 1 << 30)
+        model_len = min(4096 if max_model_len is None else max_model_len, 1 << 30)
     elif executor == "torch":
         import torch  # only the torch path pays for it
 
@@ -325,7 +325,7 @@ def build_engine(
             model_cfg = load_config(weights)  # the checkpoint decides the shape, so the length limit too
         else:
             model_cfg = get_config(model)
-        model_len = min(max_model_len or 4096, model_cfg.max_seq_len)
+        model_len = min(4096 if max_model_len is None else max_model_len, model_cfg.max_seq_len)
         if kv_blocks is None and torch.device(device).type != "cuda":
             kv_blocks = 1024
         ex = TorchExecutor(

@@ -410,3 +410,13 @@ async def test_soak_with_random_disconnects_leaks_no_block(server: str) -> None:
     left = results["stream_leave"] + results["whole_leave"]
     assert 0.8 * left <= aborted <= left
     assert value(m, "vllm:prefix_cache_hits_total") > 0
+
+
+def test_zero_engine_sizes_are_refused_not_defaulted():
+    # Regression: `kv_blocks or 2048` turned an explicit 0 into the default and served anyway.
+    from reference_engine.server import build_engine
+    from slobench.errors import SpecError
+
+    for knobs in ({"kv_blocks": 0}, {"max_model_len": 0}):
+        with pytest.raises(SpecError):
+            build_engine(executor="modeled", **knobs)
