@@ -397,11 +397,15 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     print(f"device {device_name}, torch {torch.__version__}")
     print(f"copy bandwidth (read + write): {bandwidth / 1e12:.2f} TB/s")
+    # TorchExecutor fuses them exactly when attention goes through the kernels, its default on CUDA only.
+    fused = "on" if args.device == "cuda" else "off (CPU: sdpa backend, plain torch ops)"
+    print(f"fused elementwise kernels (RMSNorm+residual, rotary, SiLU·mul): {fused}")
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
         "device": device_name,
         "torch": torch.__version__,
         "copy_bandwidth_bytes_per_s": bandwidth,
+        "fused_kernels": args.device == "cuda",
     }
     cells: list[DecodeCell] = []
     if not args.skip_decode:

@@ -6,6 +6,10 @@ writes K/V into its paged cache and attends per request. So both paths share eve
 
 Weights follow Hugging Face's Llama layout (rotate-half rotary, [out, in] linears) except that q/k/v and
 gate/up are fused into one matmul each (as gpt-fast does): fewer, larger matmuls on a small CPU.
+
+With `Transformer.use_fused_kernels` set (the executor sets it for its "kernels" attention backend), the
+norms, residual adds, rotary and SiLU·mul go through `reference_engine.kernels` instead: one fused launch
+each (Triton on CUDA) where eager torch runs ~26 small kernels per layer. Off, the plain torch code runs.
 """
 
 from __future__ import annotations
@@ -13,11 +17,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from reference_engine import kernels
 from slobench.errors import SpecError
 
 # attend(layer_idx, q [T, n_heads, head_dim], k [T, n_kv_heads, head_dim], v [T, n_kv, hd]) -> [T, n_heads, hd]
@@ -149,6 +155,18 @@ class Attention(nn.Module):
         out = attend(layer_idx, q, k, v)  # [T, n_heads, head_dim]
         return self.wo(out.reshape(num_tokens, q_size))
 
+    def forward_fused(self, x: Tensor, positions: Tensor, cos_table: Tensor, sin_table: Tensor,
+                      layer_idx: int, attend: AttendFn) -> Tensor:  # fmt: skip
+        num_tokens = x.shape[0]
+        q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        # Strided views of the qkv output, rotated in place: no copies, one launch for q and k.
+        q = q.view(num_tokens, self.n_heads, self.head_dim)
+        k = k.view(num_tokens, self.n_kv_heads, self.head_dim)
+        kernels.apply_rotary_(q, k, positions, cos_table, sin_table)
+        out = attend(layer_idx, q, k, v.view(num_tokens, self.n_kv_heads, self.head_dim))
+        return self.wo(out.reshape(num_tokens, q_size))
+
 
 class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -159,6 +177,9 @@ class FeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.w13(x).chunk(2, dim=-1)
         return self.w2(F.silu(gate) * up)
+
+    def forward_fused(self, x: Tensor) -> Tensor:
+        return self.w2(kernels.silu_and_mul(self.w13(x)))
 
 
 class Block(nn.Module):
@@ -173,6 +194,19 @@ class Block(nn.Module):
         h = x + self.attention(self.attention_norm(x), cos, sin, layer_idx, attend)
         return h + self.feed_forward(self.ffn_norm(h))
 
+    def forward_fused(self, x: Tensor, residual: Tensor | None, positions: Tensor, cos_table: Tensor,
+                      sin_table: Tensor, layer_idx: int, attend: AttendFn) -> tuple[Tensor, Tensor]:  # fmt: skip
+        """(sublayer output, residual stream) -> the same pair one block later. The output is not yet
+        added to the stream: the next norm adds it in its own launch (vLLM's fused_add_rms_norm)."""
+        if residual is None:  # first block: the embedding is the stream
+            residual, h = x, kernels.rms_norm(x, self.attention_norm.weight, self.attention_norm.eps)
+        else:
+            norm = self.attention_norm
+            h, residual = kernels.add_rms_norm(x, residual, norm.weight, norm.eps)
+        attn = self.attention.forward_fused(h, positions, cos_table, sin_table, layer_idx, attend)
+        h, residual = kernels.add_rms_norm(attn, residual, self.ffn_norm.weight, self.ffn_norm.eps)
+        return self.feed_forward.forward_fused(h), residual
+
 
 class Transformer(nn.Module):
     rope_cos: Tensor  # [max_seq_len, head_dim // 2], fp32 buffers
@@ -181,6 +215,7 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
+        self.use_fused_kernels = False  # route elementwise ops through `reference_engine.kernels`
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
@@ -195,11 +230,20 @@ class Transformer(nn.Module):
         """token_ids, positions [T] -> final-normed hidden states [T, dim] (no vocab projection: the
         executor projects only the rows it samples from)."""
         x = self.tok_embeddings(token_ids)
+        if self.use_fused_kernels:
+            return self._forward_fused(x, positions, attend)
         cos = self.rope_cos[positions].to(x.dtype).unsqueeze(1)  # [T, 1, head_dim // 2]
         sin = self.rope_sin[positions].to(x.dtype).unsqueeze(1)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, i, attend)
         return self.norm(x)
+
+    def _forward_fused(self, x: Tensor, positions: Tensor, attend: AttendFn) -> Tensor:
+        residual: Tensor | None = None
+        for i, layer in enumerate(cast("list[Block]", self.layers)):
+            x, residual = layer.forward_fused(x, residual, positions, self.rope_cos, self.rope_sin, i, attend)
+        assert residual is not None
+        return kernels.add_rms_norm(x, residual, self.norm.weight, self.norm.eps)[0]
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self.output(hidden).float()  # [N, vocab]

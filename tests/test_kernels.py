@@ -455,8 +455,12 @@ def test_greedy_tokens_through_the_kernels_equal_the_dense_forward() -> None:
 
 def test_public_surface_is_pinned() -> None:
     assert kernels.__all__ == [
+        "add_rms_norm",
+        "apply_rotary_",
         "extend_attention",
         "paged_decode_attention",
+        "rms_norm",
+        "silu_and_mul",
         "triton_available",
         "uses_triton",
         "write_kv",

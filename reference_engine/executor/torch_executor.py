@@ -208,6 +208,8 @@ class TorchExecutor:
         if attention_backend not in ("sdpa", "kernels"):
             raise SpecError("attention_backend", attention_backend, "must be 'sdpa' or 'kernels'")
         self.attention_backend = attention_backend
+        # The kernels backend also fuses norms, rotary and SiLU·mul (set before any warm-up or capture).
+        self.model.use_fused_kernels = attention_backend == "kernels"
         self.max_model_len = min(max_model_len or cfg.max_seq_len, cfg.max_seq_len)
         self.memory_profile: MemoryProfile | None = None
         # Decode steps that fit replay CUDA graphs through this runner (None: every step runs eagerly).

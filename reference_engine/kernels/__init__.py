@@ -7,6 +7,9 @@ package imports cleanly without it.
 
 Call order in a step, per layer: `write_kv` for every token of the step, then `extend_attention` for
 chunks with more than one new token (or any chunk) and `paged_decode_attention` for one-token chunks.
+
+`rms_norm`, `add_rms_norm`, `apply_rotary_` and `silu_and_mul` fuse the model's elementwise ops (one
+launch each instead of 2-14); the model routes through them when its `use_fused_kernels` is set.
 """
 
 from __future__ import annotations
@@ -19,7 +22,17 @@ import torch
 
 from reference_engine.kernels import torch_ref
 
-__all__ = ["extend_attention", "paged_decode_attention", "triton_available", "uses_triton", "write_kv"]
+__all__ = [
+    "add_rms_norm",
+    "apply_rotary_",
+    "extend_attention",
+    "paged_decode_attention",
+    "rms_norm",
+    "silu_and_mul",
+    "triton_available",
+    "uses_triton",
+    "write_kv",
+]
 
 
 @functools.cache
@@ -116,3 +129,50 @@ def extend_attention(
         max_seqlen_q=max_seqlen_q,
         out=out,
     )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim, times `weight`: x [..., dim] -> [..., dim]."""
+    if uses_triton(x):
+        from reference_engine.kernels.fused import rms_norm as impl
+    else:
+        impl = torch_ref.rms_norm
+    return impl(x, weight, eps)[0]
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual) in one pass: the residual add that ends one sublayer fused
+    with the norm that starts the next. Neither input is modified."""
+    if uses_triton(x):
+        from reference_engine.kernels.fused import rms_norm as impl
+    else:
+        impl = torch_ref.rms_norm
+    normed, new_residual = impl(x, weight, eps, residual)
+    assert new_residual is not None
+    return normed, new_residual
+
+
+def apply_rotary_(
+    q: torch.Tensor,  # [T, n_heads, head_dim]
+    k: torch.Tensor,  # [T, n_kv_heads, head_dim]
+    positions: torch.Tensor,  # [T] int
+    cos_table: torch.Tensor,  # [max_seq_len, head_dim // 2] fp32, indexed by position
+    sin_table: torch.Tensor,
+) -> None:
+    """Rotary embedding (HF rotate-half pairing) of q and k, in place, in one launch."""
+    if uses_triton(q):
+        from reference_engine.kernels.fused import apply_rotary_ as impl
+    else:
+        impl = torch_ref.apply_rotary_
+    impl(q, k, positions, cos_table, sin_table)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up from the fused gate/up matmul's output [..., 2 * ffn_dim] (gate first)."""
+    if uses_triton(gate_up):
+        from reference_engine.kernels.fused import silu_and_mul as impl
+    else:
+        impl = torch_ref.silu_and_mul
+    return impl(gate_up)

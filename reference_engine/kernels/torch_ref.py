@@ -125,3 +125,39 @@ def extend_attention(
         mask = torch.arange(total, device=q.device)[None, :] <= q_pos[:, None]  # [num_new, total]
         out[start:end] = _attend(q[start:end], k_flat[slots], v_flat[slots], scale, mask).to(out.dtype)
     return out
+
+
+# Fused elementwise ops (`fused.py`): the same torch ops, in the same order, as `reference_engine.model`,
+# so the kernels backend on a CPU gives bit-identical outputs to the model's own code.
+
+
+def rms_norm(
+    x: torch.Tensor,  # [..., dim]
+    weight: torch.Tensor,  # [dim]
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if residual is not None:
+        x = x + residual
+    x32 = x.float()
+    normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
+    return normed, None if residual is None else x
+
+
+def apply_rotary_(
+    q: torch.Tensor,  # [T, n_heads, head_dim], rotated in place
+    k: torch.Tensor,  # [T, n_kv_heads, head_dim], rotated in place
+    positions: torch.Tensor,  # [T] int
+    cos_table: torch.Tensor,  # [max_seq_len, head_dim // 2] fp32
+    sin_table: torch.Tensor,
+) -> None:
+    cos = cos_table[positions].to(q.dtype).unsqueeze(1)  # [T, 1, head_dim // 2]
+    sin = sin_table[positions].to(q.dtype).unsqueeze(1)
+    for x in (q, k):
+        x1, x2 = x.chunk(2, dim=-1)  # rotate-half pairing (i, i + head_dim / 2)
+        x.copy_(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1))
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
