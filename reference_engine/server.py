@@ -277,6 +277,21 @@ async def _disconnected(request: Request) -> None:
 
 
 # ---- building and serving ------------------------------------------------------------------------------
+# A modeled engine stands for a real model on a GPU: it accepts token-id prompts over a Llama-3-sized
+# vocabulary (text still goes through the byte tokenizer; ids past 257 decode to placeholder words).
+MODELED_VOCAB_SIZE = 128_256
+
+
+def modeled_executor(profile: Any, *, block_size: int, num_blocks: int, seed: int = 0) -> tuple[Any, ByteTokenizer]:
+    """The modeled executor and tokenizer that `serve --executor modeled` and the simulator share."""
+    from reference_engine.executor.modeled_executor import ModeledExecutor
+
+    tokenizer = ByteTokenizer(vocab_size=MODELED_VOCAB_SIZE)
+    ex = ModeledExecutor(profile, block_size=block_size, num_blocks=num_blocks, vocab_size=tokenizer.vocab_size,
+                         eos_token_id=tokenizer.eos_token_id, token_id_range=PRINTABLE_ASCII, seed=seed)
+    return ex, tokenizer
+
+
 def build_engine(
     *,
     model: str = "tiny",
@@ -301,15 +316,11 @@ def build_engine(
     Torch executor: `device` "auto" is CUDA when present; `dtype` "auto" is bf16 on CUDA, fp32 on CPU;
     `kv_blocks` None is 1024 on CPU and sized from free GPU memory on CUDA (`gpu_memory_utilization`)."""
     if executor == "modeled":
-        from reference_engine.executor.modeled_executor import CostProfile, ModeledExecutor
+        from reference_engine.executor.modeled_executor import CostProfile
 
         num_blocks = 2048 if kv_blocks is None else kv_blocks
-        tokenizer = ByteTokenizer()
-        ex: Any = ModeledExecutor(
-            CostProfile.load(profile), block_size=block_size, num_blocks=num_blocks,
-            vocab_size=tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_id,
-            token_id_range=PRINTABLE_ASCII, seed=seed,
-        )
+        ex, tokenizer = modeled_executor(CostProfile.load(profile), block_size=block_size, num_blocks=num_blocks,
+                                         seed=seed)
         model_len = min(4096 if max_model_len is None else max_model_len, 1 << 30)
     elif executor == "torch":
         import torch  # only the torch path pays for it

@@ -39,7 +39,12 @@ def _add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     g.add_argument("--http2", action="store_true", help="HTTP/2 (implies --transport httpx)")
     from slobench.targets.engine import add_engine_arguments
 
-    add_engine_arguments(p.add_argument_group("in-process engine (instead of --url)"))
+    eng = p.add_argument_group("in-process engine (instead of --url)")
+    add_engine_arguments(eng)
+    eng.add_argument("--simulate", action="store_true",
+                     help="no server, no real time: the bundled engine's scheduler and block manager on a virtual "
+                          "clock with the modeled executor (--profile, --kv-blocks, ...); seconds, not minutes")
+    eng.add_argument("--jitter", type=float, default=0.0, help="with --simulate: per-step time noise, relative sd")
     w = p.add_argument_group("workload")
     w.add_argument("--workload", default="chat", help="a bundled workload name or a TOML path")
     if sweep:
@@ -284,6 +289,40 @@ class LoadSetup:
         run_dir.mkdir(parents=True, exist_ok=True)
         return [MetricsScraper(metrics_url_for(self.args.url), run_dir, interval, headers=self.headers)]
 
+    def simulated_manifest(self) -> dict[str, Any]:
+        """The manifest of a --simulate run: the engine's knobs stand where a target's URL would."""
+        from slobench.targets.engine import engine_knobs_from_args
+
+        a = self.args
+        if a.engine == "torch":
+            raise UsageError("--simulate runs the modeled executor only; drop --engine torch")
+        a.engine = "modeled"
+        return {
+            "slobench_version": __version__, "command": sys.argv[1:], "workload": self.workload.to_dict(),
+            "workload_name": self.workload.name, "seed": a.seed, "slo": self.slo.to_dict() if self.slo else None,
+            "target": {"kind": "simulated", "knobs": engine_knobs_from_args(a), "jitter_sd": a.jitter},
+        }
+
+    def simulated_runner(self) -> Any:
+        """A sweep's `run_one` on the virtual clock: the engine's scheduler, no server, no wall time."""
+        from slobench.records import RunWriter
+        from slobench.simulate import simulate_run
+        from slobench.targets.engine import engine_knobs_from_args
+
+        a = self.args
+        knobs = engine_knobs_from_args(a)
+
+        async def run_one(rate: float, run_dir: Path, manifest: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+            records, summary = simulate_run(self.specs(rate), knobs, slo=self.slo, seed=a.seed,
+                                            jitter_sd=a.jitter, api=self.api)
+            writer = RunWriter(run_dir, {**manifest, "clock": {"kind": "virtual"}})
+            for rec in records:
+                writer.write(rec)
+            writer.finish(summary)
+            return summary, False
+
+        return run_one
+
     def run_options(self) -> Any:
         from slobench.runner import RunOptions
 
@@ -344,8 +383,16 @@ async def _run(args: argparse.Namespace) -> int:
     from slobench.report.terminal import print_run
 
     setup = LoadSetup(args)
-    specs = setup.specs(args.rate)
     out = Path(args.out) if args.out else default_out("run")
+    if args.simulate:
+        summary, _ = await setup.simulated_runner()(args.rate, out, {**setup.simulated_manifest(),
+                                                                      "rate_rps": args.rate})
+        print_run(summary, title=f"simulated · {setup.workload.name} · {out}")
+        print(f"run directory: {out}")
+        _maybe_report(args, [out])
+        att = summary.get("attainment")
+        return 1 if att and setup.slo and att["value"] < setup.slo.target else 0
+    specs = setup.specs(args.rate)
     target, clock, served = await _start_target(setup)
     try:
         res = await runner.run(
@@ -366,7 +413,7 @@ async def _run(args: argparse.Namespace) -> int:
 
 async def _sweep(args: argparse.Namespace) -> int:
     from slobench.report.terminal import make_console
-    from slobench.sweep import parse_rates, run_sweep
+    from slobench.sweep import parse_rates, run_sweep, target_runner
 
     if not args.rates:
         raise UsageError("--rates is required for sweep (e.g. --rates 1,2,4 or --rates 1:16:5)")
@@ -374,18 +421,25 @@ async def _sweep(args: argparse.Namespace) -> int:
     setup = LoadSetup(args)
     out = Path(args.out) if args.out else default_out("sweep")
     console = make_console()
-    target, clock, served = await _start_target(setup)
-    try:
-        doc = await run_sweep(
-            rates, setup.specs, target, out_dir=out, slo=setup.slo, opts=setup.run_options(),
-            manifest=setup.manifest(target, served), seed=args.seed, monitors_for=setup.monitors,
-            on_run=lambda row: console.print(
-                f"rate {row['rate_rps']:g} req/s done: "
-                f"{row['summary']['num_ok']}/{row['summary']['num_requests']} ok"
-            ),
-        )
-    finally:
-        await target.close()
+
+    def on_run(row: dict[str, Any]) -> None:
+        s = row["summary"]
+        console.print(f"rate {row['rate_rps']:g} req/s done: {s['num_ok']}/{s['num_requests']} ok")
+
+    if args.simulate:
+        manifest = setup.simulated_manifest()
+        served = "simulated"
+        doc = await run_sweep(rates, setup.simulated_runner(), out_dir=out, slo=setup.slo, manifest=manifest,
+                              on_run=on_run)
+    else:
+        target, clock, served = await _start_target(setup)
+        try:
+            run_one = target_runner(setup.specs, target, slo=setup.slo, opts=setup.run_options(),
+                                    monitors_for=setup.monitors, seed=args.seed)
+            doc = await run_sweep(rates, run_one, out_dir=out, slo=setup.slo,
+                                  manifest=setup.manifest(target, served), on_run=on_run)
+        finally:
+            await target.close()
     print_sweep(doc, console, title=f"{served} · {setup.workload.name} · {out}")
     _maybe_report(args, [out])
     return 0

@@ -51,10 +51,6 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
     s.add_argument("--slo-scale", action="store_true",
                    help="also the tightest SLO scale still meeting the target, per replicate at the lower edge")
     s.add_argument("--baseline-out", default=None, metavar="FILE", help="also write a committable baseline file")
-    s.add_argument("--simulate", action="store_true",
-                   help="no server, no real time: the bundled engine's scheduler and block manager on a virtual "
-                        "clock with the modeled executor (--profile, --kv-blocks, ...); seconds, not minutes")
-    s.add_argument("--jitter", type=float, default=0.0, help="with --simulate: per-step time noise, relative sd")
 
     g = sub.add_parser("gate", help="CI verdict: candidate vs baseline (exit 0/1/4)", description=GATE_HELP,
                        epilog=epilog, formatter_class=fmt)
@@ -176,20 +172,12 @@ async def _capacity(args: argparse.Namespace) -> int:
                       f"{'-' if att is None else f'{att:6.1%}'}  ({summary['run_dir']})")
 
     if args.simulate:
-        from slobench import __version__
         from slobench.simulate import SimulatedMeasure
         from slobench.targets.engine import engine_knobs_from_args
 
-        if args.engine == "torch":
-            raise UsageError("--simulate runs the modeled executor only; drop --engine torch")
-        args.engine = "modeled"
+        manifest = setup.simulated_manifest()
         knobs = engine_knobs_from_args(args)
         target, clock, served = None, None, "simulated"
-        manifest = {
-            "slobench_version": __version__, "command": sys.argv[1:], "workload": setup.workload.to_dict(),
-            "workload_name": setup.workload.name, "seed": args.seed, "slo": setup.slo.to_dict(),
-            "target": {"kind": "simulated", "knobs": knobs, "jitter_sd": args.jitter},
-        }
     else:
         target, clock, served = await _start_target(setup)
     try:

@@ -99,14 +99,10 @@ class ModeledEngine:
 
     def __call__(self) -> LLMEngine:
         from reference_engine.config import EngineConfig
-        from reference_engine.executor.modeled_executor import ModeledExecutor
-        from reference_engine.server import PRINTABLE_ASCII
-        from reference_engine.tokenizer import ByteTokenizer
+        from reference_engine.server import modeled_executor
 
-        tok = ByteTokenizer()
-        ex = ModeledExecutor(self.cost_profile(), block_size=self.block_size, num_blocks=self.kv_blocks,
-                             vocab_size=tok.vocab_size, eos_token_id=tok.eos_token_id,
-                             token_id_range=PRINTABLE_ASCII, seed=self.seed)
+        ex, _ = modeled_executor(self.cost_profile(), block_size=self.block_size, num_blocks=self.kv_blocks,
+                                 seed=self.seed)
         cfg = EngineConfig(block_size=self.block_size, num_blocks=self.kv_blocks, max_num_seqs=self.max_num_seqs,
                            max_num_batched_tokens=self.max_batched_tokens, max_model_len=self.max_model_len,
                            enable_prefix_caching=self.enable_prefix_caching)
@@ -156,7 +152,7 @@ def simulate_records(
     clock = VirtualClock()
     wait = _JitteredWait(clock, float(jitter_sd), seed)
     eng = LLMEngine(built.config, built.executor, clock, wait_until=wait)
-    tokenizer = getattr(built.executor, "tokenizer", None) or ByteTokenizer()
+    tokenizer = getattr(built.executor, "tokenizer", None) or ByteTokenizer(built.executor.vocab_size)
     max_model_len = eng.config.max_model_len
 
     specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))

@@ -126,3 +126,16 @@ def test_http2_option_runs(token_server, tmp_path):
     rc = main(["run", "--url", token_server.base_url, "--workload", "tiny", "--rate", "20", "--num-requests", "5",
                "--http2", "--slo", "ttft=5s", "--out", str(tmp_path / "r"), "--no-progress", "--scrape-interval", "0"])
     assert rc == 0
+
+
+def test_simulated_sweep_accepts_realistic_token_ids(tmp_path):
+    # The modeled engine stands for a GPU model: token ids of a Llama-3-sized vocabulary are served.
+    out = tmp_path / "s"
+    rc = main(["sweep", "--simulate", "--profile", "h100-llama-1b", "--workload", "chat", "--rates", "2,400",
+               "--num-requests", "150", "--max-model-len", "8192", "--slo", "ttft=500ms,tpot=50ms", "--out", str(out)])
+    assert rc == 0
+    doc = json.loads((out / "sweep.json").read_text())
+    first, last = (r["summary"] for r in doc["runs"])
+    assert first["num_ok"] == 150 and first["attainment"]["value"] == 1.0
+    assert last["attainment"]["value"] < first["attainment"]["value"]  # past the modeled engine's cliff
+    assert (out / "rate-2" / "requests.jsonl").exists()

@@ -105,7 +105,7 @@ class EngineTarget:
         if tokenizer is None:
             from reference_engine.tokenizer import ByteTokenizer
 
-            tokenizer = getattr(engine.executor, "tokenizer", None) or ByteTokenizer()
+            tokenizer = getattr(engine.executor, "tokenizer", None) or ByteTokenizer(engine.executor.vocab_size)
         self.engine = engine
         self.tokenizer = tokenizer
         self.model = model_name or "tiny"
