@@ -19,4 +19,5 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check slobench reference_engine tests benchmarks
+	$(VENV)/bin/mypy slobench reference_engine
 	$(PY) -m pytest -q -ra

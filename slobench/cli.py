@@ -252,14 +252,10 @@ class LoadSetup:
         )
 
     def manifest(self, target: Any, served: str) -> dict[str, Any]:
-        from dataclasses import asdict, is_dataclass
-
         from slobench.workload import phase_boundaries
 
         a = self.args
-        wl = self.workload.to_dict() if hasattr(self.workload, "to_dict") else (
-            asdict(self.workload) if is_dataclass(self.workload) else str(self.workload)
-        )
+        wl = self.workload.to_dict()
         return {
             "slobench_version": __version__,
             "command": sys.argv[1:],

@@ -326,7 +326,7 @@ def compare_metric(
         d = np.array([sign * (base[s] - cand[s]) / scale for s in common])
         est, n = float(d.mean()), len(d)
         sd = float(d.std(ddof=1))
-        se, df = sd / math.sqrt(n), n - 1
+        se, df = sd / math.sqrt(n), float(n - 1)
         n_b = n_c = n
     else:
         b = np.array(list(base.values())) / scale
@@ -337,7 +337,8 @@ def compare_metric(
         vc = c.var(ddof=1) if n_c > 1 else float("nan")
         se = float(math.sqrt(vb / n_b + vc / n_c))
         sd = float(math.sqrt((vb + vc) / 2))
-        df = (vb / n_b + vc / n_c) ** 2 / ((vb / n_b) ** 2 / (n_b - 1) + (vc / n_c) ** 2 / (n_c - 1)) if se > 0 else 1.0
+        df = float((vb / n_b + vc / n_c) ** 2 / ((vb / n_b) ** 2 / (n_b - 1) + (vc / n_c) ** 2 / (n_c - 1))
+                   if se > 0 else 1.0)
     limit = th.amount
     if math.isnan(se):
         p = float("nan")
