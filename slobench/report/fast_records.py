@@ -3,14 +3,12 @@
 Why: the report must read 100,000 records in well under 10 s. Going through `load_run` builds a
 dataclass per line (`from_dict` looks its fields up every time) and `from_records` then runs `np.diff`
 once per request; together they cost more than the JSON parsing itself. Here each parsed line goes into
-plain column lists, and every ITL gap comes from one `np.diff` over all chunk times with the gaps
-between requests dropped. `tests/test_report.py` checks the result equals
+plain column lists; ITL gaps come from `metrics.chunk_gaps`, as for `from_records`. `tests/test_report.py` checks the result equals
 `RecordArrays.from_records(load_run(dir).records)` column for column, so the two cannot drift apart.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -20,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from slobench.errors import UsageError
-from slobench.metrics import RecordArrays
+from slobench.metrics import RecordArrays, chunk_gaps
 from slobench.records import REQUESTS
 
 MAX_ERROR_KINDS = 8
@@ -81,17 +79,7 @@ def _columns(rows: list[dict[str, Any]]) -> RecordArrays:
 
     status = np.array([d.get("status", "ok") for d in rows], dtype=object)
     is_ok = status == "ok"
-    chunks = [d.get("chunk_times_s") or [] for d in rows]
-    with_itl = [i for i in range(n) if is_ok[i] and len(chunks[i]) > 1]
-    lengths = np.array([len(chunks[i]) for i in with_itl], dtype=np.int64)
-    if len(with_itl):
-        flat = np.fromiter(itertools.chain.from_iterable(chunks[i] for i in with_itl), float, int(lengths.sum()))
-        gaps = np.diff(flat)
-        # drop the gap from one request's last chunk to the next request's first
-        gaps = np.delete(gaps, np.cumsum(lengths)[:-1] - 1)
-        owners = np.repeat(np.array(with_itl, dtype=np.int64), lengths - 1)
-    else:
-        gaps, owners = np.zeros(0), np.zeros(0, dtype=np.int64)
+    gaps, owners = chunk_gaps([d.get("chunk_times_s") or [] for d in rows], is_ok)
     return RecordArrays(
         request_id=np.fromiter((int(d["request_id"]) for d in rows), np.int64, n),
         scheduled_s=col("scheduled_s"),
