@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from reference_engine.kernels.paged_tiles import load_kv_tile, paged_slots
+
 _LOG2E = 1.4426950408889634
 _BLOCK_N = 64  # context tokens per inner-loop tile
 _MIN_PARTITION = 256  # fewer tokens than this per split is not worth a partial output
@@ -94,19 +96,10 @@ def _decode_partition_kernel(
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         n_mask = pos < end
-        block = tl.load(
-            block_tables_ptr + seq64 * stride_bts + (pos // BLOCK_SIZE) * stride_btb, mask=n_mask, other=0
-        ).to(tl.int64)
-        offset = pos % BLOCK_SIZE
+        block, offset = paged_slots(block_tables_ptr, seq64, pos, n_mask, stride_bts, stride_btb, BLOCK_SIZE)
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(
-            k_cache_ptr
-            + block[:, None] * stride_kb
-            + offset[:, None] * stride_ko
-            + kv_head * stride_kh
-            + d[None, :] * stride_kd,
-            mask=kv_mask,
-            other=0.0,
+        k = load_kv_tile(
+            k_cache_ptr, block, offset, kv_head, d, kv_mask, stride_kb, stride_ko, stride_kh, stride_kd
         )
         qk = tl.dot(q.to(k.dtype), tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale  # [G, N]
         qk = tl.where(n_mask[None, :], qk, float("-inf"))
@@ -114,14 +107,8 @@ def _decode_partition_kernel(
         p = tl.exp2(qk - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_cache_ptr
-            + block[:, None] * stride_vb
-            + offset[:, None] * stride_vo
-            + kv_head * stride_vh
-            + d[None, :] * stride_vd,
-            mask=kv_mask,
-            other=0.0,
+        v = load_kv_tile(
+            v_cache_ptr, block, offset, kv_head, d, kv_mask, stride_vb, stride_vo, stride_vh, stride_vd
         )
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
         m_i = m_new
