@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -22,8 +21,9 @@ if not HAS_CUDA:
 
 pytest.importorskip("triton")
 
+from engine_helpers import greedy, one_torch_thread, prefill_then_decode  # noqa: E402
+
 from reference_engine import kernels  # noqa: E402
-from reference_engine.executor.base import SeqChunk, StepBatch  # noqa: E402
 from reference_engine.executor.torch_executor import TorchExecutor  # noqa: E402
 from reference_engine.kernels import fused, torch_ref  # noqa: E402
 from reference_engine.model import (  # noqa: E402
@@ -43,12 +43,7 @@ DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
 TOL = {"atol": 2e-5, "rtol": 2e-5}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # the tiny shapes gain nothing from a second thread on a shared CPU
-    yield
-    torch.set_num_threads(before)
+_one_torch_thread = pytest.fixture(autouse=True, scope="module")(one_torch_thread)
 
 
 def randn(*shape: int, seed: int) -> torch.Tensor:
@@ -316,23 +311,8 @@ def test_greedy_tokens_through_triton_with_fused_kernels_equal_dense(monkeypatch
     rng = random.Random(0)
     prompts = [[rng.randrange(256) for _ in range(n)] for n in (5, 8)]
     tables = [[3, 9, 1, 12], [7, 0, 14, 5]]
-    want = []
-    for p in prompts:
-        ids = list(p)
-        for _ in range(4):
-            ids.append(int(oracle.forward_dense(ids)[-1].argmax()))
-        want.append(ids[len(p) :])
-    seqs = [list(p) for p in prompts]
-    ex.execute(StepBatch([SeqChunk(i, seqs[i][:3], 0, tables[i], False) for i in range(2)]))
-    r = ex.execute(StepBatch([SeqChunk(i, seqs[i][3:], 3, tables[i], True) for i in range(2)]))
-    for i in range(2):
-        seqs[i].append(r.tokens[i])
-    for _ in range(3):
-        r = ex.execute(StepBatch([SeqChunk(i, seqs[i][-1:], len(seqs[i]) - 1, tables[i], True)
-                                  for i in range(2)]))  # fmt: skip
-        for i in range(2):
-            seqs[i].append(r.tokens[i])
-    assert [s[len(p) :] for s, p in zip(seqs, prompts, strict=True)] == want
+    want = [greedy(oracle, p, 4) for p in prompts]
+    assert prefill_then_decode(ex, prompts, tables, 4, first_chunk=3) == want
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="bf16 needs CUDA (the interpreter runs numpy: no bf16)")

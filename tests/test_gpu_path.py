@@ -5,15 +5,14 @@ knobs. The tests that capture and replay real graphs need CUDA and are skipped w
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import random
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 import torch
+from engine_helpers import TESTS_DIR, dense_greedy, one_torch_thread
 
 from reference_engine.executor.base import SeqChunk, StepBatch
 from reference_engine.executor.cuda_graphs import (
@@ -24,7 +23,6 @@ from reference_engine.executor.cuda_graphs import (
 )
 from reference_engine.executor.kv_sizing import GIB, MemoryProfile, num_kv_blocks, warmup_chunks
 from reference_engine.executor.torch_executor import TorchExecutor, resolve_dtype
-from reference_engine.model import Transformer, build_model
 from slobench.errors import SpecError
 
 HAS_CUDA = torch.cuda.is_available()
@@ -33,12 +31,7 @@ BLOCK_SIZE = 4
 NUM_BLOCKS = 64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # the tiny model gains nothing from more, and a busy box makes them slower
-    yield
-    torch.set_num_threads(before)
+_one_torch_thread = pytest.fixture(autouse=True, scope="module")(one_torch_thread)
 
 
 # ---- which graph, and when not --------------------------------------------------------------------------
@@ -188,15 +181,6 @@ def test_a_failed_capture_falls_back_to_eager(monkeypatch: pytest.MonkeyPatch) -
     assert ex.execute(StepBatch([SeqChunk(0, [1, 2, 3], 0, [0], True)])).tokens[0] is not None
 
 
-@functools.cache
-def oracle() -> Transformer:
-    return build_model("tiny", seed=0)
-
-
-def dense_next(ids: list[int]) -> int:
-    return int(oracle().forward_dense(ids)[-1].argmax())
-
-
 def padded_executor(plan: GraphPlan) -> TorchExecutor:
     """A CPU executor whose decode steps go through the graph runner's buffers, uncaptured: eager replays."""
     ex = TorchExecutor("tiny", NUM_BLOCKS, BLOCK_SIZE)
@@ -268,19 +252,12 @@ def test_padded_decode_on_the_cpu_gives_the_unpadded_tokens() -> None:
             assert tok is not None
             s.append(tok)
     assert runner.num_eager == 6 and runner.num_replays == 0
-    assert [s[len(p) :] for s, p in zip(seqs, prompts, strict=True)] == [_dense_tail(p, 7) for p in prompts]
+    assert [s[len(p) :] for s, p in zip(seqs, prompts, strict=True)] == [dense_greedy(p, 7) for p in prompts]
     # Every row the graph would compute, padding included, is finite (context 0 gives zeros, not NaN).
     runner.buffers.fill(chunks, 8)
     with torch.inference_mode():
         hidden = runner._forward(8)
     assert hidden.shape[0] == 8 and bool(torch.isfinite(hidden).all())
-
-
-def _dense_tail(prompt: list[int], num_new: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(num_new):
-        ids.append(dense_next(ids))
-    return ids[len(prompt) :]
 
 
 def test_llm_engine_with_graph_sized_decode_matches_dense() -> None:
@@ -311,13 +288,14 @@ def test_llm_engine_with_graph_sized_decode_matches_dense() -> None:
     runner = ex.decode_graphs
     assert runner is not None and runner.num_eager > 0  # decode steps of <= 4 took the padded path
     for rid, p, m in zip(ids, prompts, max_tokens, strict=True):
-        assert got[rid] == _dense_tail(p, m)
+        assert got[rid] == dense_greedy(p, m)
 
 
-_TRITON_PADDED_SCRIPT = """
-import random
+_TRITON_PADDED_SCRIPT = f"""
+import random, sys
+sys.path.insert(0, {TESTS_DIR!r})
+from engine_helpers import greedy, prefill_then_decode
 from reference_engine import kernels
-from reference_engine.executor.base import SeqChunk, StepBatch
 from reference_engine.executor.cuda_graphs import DecodeGraphRunner, GraphPlan
 from reference_engine.executor.torch_executor import TorchExecutor
 ex = TorchExecutor("tiny", 16, 4, attention_backend="kernels")
@@ -325,20 +303,11 @@ runner = ex.decode_graphs = DecodeGraphRunner(ex.model, ex.k_cache, ex.v_cache, 
 rng = random.Random(1)
 prompts = [[rng.randrange(256) for _ in range(n)] for n in (3, 5, 8)]
 tables = [[0, 9, 1], [7, 2, 14], [8, 10, 13]]  # block 0 in use: a padding write to slot 0 would show
-want = []
-for p in prompts:
-    ids = list(p)
-    for _ in range(4):
-        ids.append(int(ex.model.forward_dense(ids)[-1].argmax()))
-    want.append(ids[len(p):])
-seqs = [list(p) for p in prompts]
-r = ex.execute(StepBatch([SeqChunk(i, seqs[i], 0, tables[i], True) for i in range(3)]))
-for i in range(3): seqs[i].append(r.tokens[i])
-for _ in range(3):  # 3 sequences padded to the graph of 4; max_context_len = the 24-token width
-    r = ex.execute(StepBatch([SeqChunk(i, seqs[i][-1:], len(seqs[i]) - 1, tables[i], True) for i in range(3)]))
-    for i in range(3): seqs[i].append(r.tokens[i])
+want = [greedy(ex.model, p, 4) for p in prompts]
+# whole-prompt prefill, then 3 decode steps: 3 sequences padded to the graph of 4, max_context_len = the
+# 24-token width
+got = prefill_then_decode(ex, prompts, tables, 4)
 assert kernels.uses_triton(ex.k_cache[0]) and runner.num_eager == 3
-got = [s[len(p):] for s, p in zip(seqs, prompts)]
 assert got == want, (got, want)
 print("ok")
 """

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
 
 import pytest
 import torch
+from engine_helpers import greedy, one_torch_thread
 
 from reference_engine.model import CONFIGS, ModelConfig, Transformer, build_model, get_config, rope_inv_freq
 from reference_engine.tokenizer import BOS_ID, EOS_ID, ByteTokenizer, IncrementalDecoder
@@ -20,22 +20,7 @@ from reference_engine.weights import (
 )
 from slobench.errors import SpecError
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Iterator[None]:
-    """The tiny model's matmuls gain nothing from a second thread, and on a busy machine OpenMP's
-    spin-waiting makes two threads several times slower. Restored afterwards for other modules."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def greedy(model: Transformer, prompt: list[int], num_new: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(num_new):
-        ids.append(int(model.forward_dense(ids)[-1].argmax()))
-    return ids[len(prompt) :]
+_one_torch_thread = pytest.fixture(autouse=True, scope="module")(one_torch_thread)
 
 
 @pytest.fixture(scope="module")

@@ -2,51 +2,24 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import random
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
 import torch
+from engine_helpers import TESTS_DIR, dense_greedy, one_torch_thread
 
 from reference_engine.executor.base import SamplingParams, SeqChunk, StepBatch
 from reference_engine.executor.torch_executor import TorchExecutor, kv_bytes_per_token, num_blocks_for_memory
-from reference_engine.model import Transformer, build_model
 from slobench.errors import SpecError
 
 NUM_BLOCKS = 96
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Iterator[None]:
-    """The tiny model's matmuls gain nothing from a second thread, and on a busy machine OpenMP's
-    spin-waiting makes two threads several times slower. Restored afterwards for other modules."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@functools.cache
-def oracle() -> Transformer:
-    """Built on its own (same config and seed as the executors), so the executor's weights are checked too."""
-    return build_model("tiny", seed=0)
-
-
-def dense_greedy(prompt: list[int], num_new: int) -> list[int]:
-    return list(_dense_greedy(tuple(prompt), num_new))
-
-
-@functools.cache
-def _dense_greedy(prompt: tuple[int, ...], num_new: int) -> tuple[int, ...]:
-    ids = list(prompt)
-    for _ in range(num_new):
-        ids.append(int(oracle().forward_dense(ids)[-1].argmax()))
-    return tuple(ids[len(prompt) :])
+_one_torch_thread = pytest.fixture(autouse=True, scope="module")(one_torch_thread)
 
 
 @dataclass
@@ -241,30 +214,19 @@ def test_block_table_too_short_is_a_clear_error(executors: dict[int, TorchExecut
         ex.execute(StepBatch([SeqChunk(9, [1, 2, 3, 4, 5], 0, [3], True)]))
 
 
-_TRITON_SCRIPT = """
-import random
-from reference_engine.executor.base import SeqChunk, StepBatch
+_TRITON_SCRIPT = f"""
+import random, sys
+sys.path.insert(0, {TESTS_DIR!r})
+from engine_helpers import greedy, prefill_then_decode
 from reference_engine.executor.torch_executor import TorchExecutor
 from reference_engine import kernels
 ex = TorchExecutor("tiny", 16, 4, attention_backend="kernels")
 rng = random.Random(0)
 prompts = [[rng.randrange(256) for _ in range(n)] for n in (5, 8)]
 tables = [[3, 9, 1, 12], [7, 0, 14, 5]]
-want = []
-for p in prompts:
-    ids = list(p)
-    for _ in range(4):
-        ids.append(int(ex.model.forward_dense(ids)[-1].argmax()))
-    want.append(ids[len(p):])
-seqs = [list(p) for p in prompts]
+want = [greedy(ex.model, p, 4) for p in prompts]
 # chunked prefill: first 3 tokens, then the rest (mixed step: extend kernel), then pure decode steps
-r = ex.execute(StepBatch([SeqChunk(i, seqs[i][:3], 0, tables[i], False) for i in range(2)]))
-r = ex.execute(StepBatch([SeqChunk(i, seqs[i][3:], 3, tables[i], True) for i in range(2)]))
-for i in range(2): seqs[i].append(r.tokens[i])
-for _ in range(3):
-    r = ex.execute(StepBatch([SeqChunk(i, seqs[i][-1:], len(seqs[i]) - 1, tables[i], True) for i in range(2)]))
-    for i in range(2): seqs[i].append(r.tokens[i])
-got = [s[len(p):] for s, p in zip(seqs, prompts)]
+got = prefill_then_decode(ex, prompts, tables, 4, first_chunk=3)
 assert kernels.uses_triton(ex.k_cache[0])
 assert got == want, (got, want)
 print("ok")
