@@ -8,6 +8,15 @@ import triton.language as tl
 
 
 @triton.jit
+def _copy_token_heads(src_ptr, dst_ptr, t64, block, offset, h, d, mask, stride_t, stride_h, stride_d,
+                      stride_cb, stride_co, stride_ch, stride_cd):  # fmt: skip
+    """Token t64's [heads, head_dim] row of K (or V) into its cache slot (block, offset)."""
+    x = tl.load(src_ptr + t64 * stride_t + h[:, None] * stride_h + d[None, :] * stride_d, mask=mask)
+    dst = dst_ptr + block * stride_cb + offset * stride_co + h[:, None] * stride_ch + d[None, :] * stride_cd
+    tl.store(dst, x.to(dst_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _write_kv_kernel(
     k_ptr,
     v_ptr,
@@ -45,24 +54,10 @@ def _write_kv_kernel(
     mask = (h[:, None] < NUM_KV_HEADS) & (d[None, :] < HEAD_DIM)
     # int64 offsets: a large cache holds more than 2**31 elements.
     t64 = t.to(tl.int64)
-    k = tl.load(k_ptr + t64 * stride_kt + h[:, None] * stride_kh + d[None, :] * stride_kd, mask=mask)
-    v = tl.load(v_ptr + t64 * stride_vt + h[:, None] * stride_vh + d[None, :] * stride_vd, mask=mask)
-    kc = (
-        k_cache_ptr
-        + block * stride_kcb
-        + offset * stride_kco
-        + h[:, None] * stride_kch
-        + d[None, :] * stride_kcd
-    )
-    vc = (
-        v_cache_ptr
-        + block * stride_vcb
-        + offset * stride_vco
-        + h[:, None] * stride_vch
-        + d[None, :] * stride_vcd
-    )
-    tl.store(kc, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(vc, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    _copy_token_heads(k_ptr, k_cache_ptr, t64, block, offset, h, d, mask, stride_kt, stride_kh, stride_kd,
+                      stride_kcb, stride_kco, stride_kch, stride_kcd)  # fmt: skip
+    _copy_token_heads(v_ptr, v_cache_ptr, t64, block, offset, h, d, mask, stride_vt, stride_vh, stride_vd,
+                      stride_vcb, stride_vco, stride_vch, stride_vcd)  # fmt: skip
 
 
 def write_kv(
