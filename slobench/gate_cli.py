@@ -222,6 +222,9 @@ async def _capacity(args: argparse.Namespace) -> int:
         write_json_atomic(bpath, load_samples([out / CAPACITY]).to_baseline())
         console.print(f"baseline written: {bpath}")
     _print_capacity(doc, out)
+    from slobench.cli import _maybe_report
+
+    _maybe_report(args, [out])
     if doc["mode"] == "search" and doc["capacity_rps"] is None:
         return 1
     return 0

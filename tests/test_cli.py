@@ -119,6 +119,12 @@ def test_capacity_simulated_writes_result(tmp_path):
     lo, hi = doc["interval_rps"]
     assert lo <= doc["capacity_rps"] <= hi and doc["capacity_rps"] > 8
     assert doc["target"]["kind"] == "simulated"
+    # the search's probes make a report (one point per probed rate); --report is not ignored
+    html = tmp_path / "cap.html"
+    assert main(["report", str(out), "-o", str(html)]) == 0
+    text = html.read_text()
+    seed0 = sorted({p["run_dir"] for p in doc["probes"] if p["seed"] == 0})
+    assert "The cliff" in text and seed0 and all(d in text for d in seed0)  # each search probe is drawn
 
 
 def test_http2_option_runs(token_server, tmp_path):

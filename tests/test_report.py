@@ -241,7 +241,7 @@ def test_errors_name_the_file(sweeps, tmp_path):
     with pytest.raises(UsageError, match=re.escape(f"{metrics / 'server_metrics.jsonl'}:2")):
         build_report([metrics], tmp_path / "x.html")
 
-    with pytest.raises(UsageError, match="neither a sweep directory"):
+    with pytest.raises(UsageError, match="neither a sweep"):
         build_report([tmp_path], tmp_path / "x.html")
     with pytest.raises(UsageError, match="no such directory"):
         build_report([tmp_path / "nope"], tmp_path / "x.html")

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from slobench.capacity import CAPACITY
 from slobench.errors import SpecError, UsageError
 from slobench.metrics import RecordArrays, throughput
 from slobench.records import MANIFEST, SCHEMA_VERSION, SERVER_METRICS
@@ -55,12 +56,14 @@ def load_series(path: str | Path, *, slo: SLO | None = None) -> Series:
     p = Path(path)
     if (p / SWEEP).is_file():
         return _load_sweep(p, slo)
+    if (p / CAPACITY).is_file():
+        return _load_capacity(p, slo)
     if (p / MANIFEST).is_file():
         run = _load_run(p, _read_manifest(p), read_columns(p), rate_rps=None)
         return Series(p.name or str(p), p, "run", run.manifest, (run,), _slo_for(slo, run.manifest, p / MANIFEST))
     if not p.exists():
         raise UsageError(f"{p}: no such directory")
-    raise UsageError(f"{p}: neither a sweep directory ({SWEEP}) nor a run directory ({MANIFEST})")
+    raise UsageError(f"{p}: neither a sweep ({SWEEP}), a capacity search ({CAPACITY}) nor a run directory ({MANIFEST})")
 
 
 def unique_labels(series: list[Series]) -> list[Series]:
@@ -97,6 +100,28 @@ def _load_sweep(p: Path, slo: SLO | None) -> Series:
     if not isinstance(manifest, dict):
         raise UsageError(f"{path}: 'manifest' must be an object")
     return Series(p.name or str(p), p, "sweep", manifest, tuple(runs), _slo_for(slo, manifest, path))
+
+
+def _load_capacity(p: Path, slo: SLO | None) -> Series:
+    """A capacity search drawn as a sweep over the rates it probed: at each rate the probe with the lowest
+    seed (the search's own path); the replicates at the bracket edges stay in capacity.json."""
+    path = p / CAPACITY
+    try:
+        doc = json.loads(path.read_text())
+        probes = [(float(r["rate_rps"]), int(r["seed"]), str(r["run_dir"])) for r in doc["probes"]]
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}: not valid JSON ({e})") from None
+    except (KeyError, TypeError, ValueError) as e:
+        raise UsageError(f"{path}: expected probes with rate_rps, seed and run_dir ({type(e).__name__}: {e})") from None
+    first: dict[float, tuple[int, str]] = {}
+    for rate, seed, run_dir in probes:
+        if rate not in first or seed < first[rate][0]:
+            first[rate] = (seed, run_dir)
+    dirs = [(rate, p / run_dir) for rate, (_, run_dir) in sorted(first.items())]
+    manifests = [_read_manifest(d) for _, d in dirs]
+    runs = tuple(_load_run(d, m, read_columns(d), rate_rps=rate) for (rate, d), m in zip(dirs, manifests, strict=True))
+    manifest = doc.get("manifest") if isinstance(doc.get("manifest"), dict) else (runs[0].manifest if runs else {})
+    return Series(p.name or str(p), p, "sweep", manifest, runs, _slo_for(slo, manifest, path))
 
 
 def _slo_for(override: SLO | None, manifest: dict[str, Any], where: Path) -> SLO | None:
