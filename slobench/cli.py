@@ -292,6 +292,10 @@ class LoadSetup:
         a = self.args
         if a.engine == "torch":
             raise UsageError("--simulate runs the modeled executor only; drop --engine torch")
+        for flag in ("concurrency", "max_in_flight", "warmup"):
+            if getattr(a, flag, None):
+                raise UsageError(f"--{flag.replace('_', '-')}: not supported with --simulate (open loop, every "
+                                 "request measured); drop one of them")
         a.engine = "modeled"
         return {
             "slobench_version": __version__, "command": sys.argv[1:], "workload": self.workload.to_dict(),

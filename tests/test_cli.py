@@ -145,3 +145,8 @@ def test_simulated_sweep_accepts_realistic_token_ids(tmp_path):
     assert first["num_ok"] == 150 and first["attainment"]["value"] == 1.0
     assert last["attainment"]["value"] < first["attainment"]["value"]  # past the modeled engine's cliff
     assert (out / "rate-2" / "requests.jsonl").exists()
+
+
+def test_simulate_refuses_flags_it_cannot_honour(tmp_path, capsys):
+    rc = main(["run", "--simulate", "--workload", "tiny", "--concurrency", "4", "--out", str(tmp_path / "r")])
+    assert rc == 2 and "--concurrency" in capsys.readouterr().err
