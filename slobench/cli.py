@@ -236,7 +236,8 @@ class LoadSetup:
         if a.engine:
             from slobench.targets.engine import engine_target_from_args
 
-            return engine_target_from_args(a, clock, api=self.api)
+            self.engine_target = engine_target_from_args(a, clock, api=self.api)  # monitors() scrapes it
+            return self.engine_target
         return OpenAITarget(
             a.url,
             a.model,
@@ -276,13 +277,17 @@ class LoadSetup:
         }
 
     def monitors(self, run_dir: Path) -> list[Any]:
-        """Background tasks beside each run: the server's /metrics, scraped into server_metrics.jsonl."""
+        """Background tasks beside each run: the server's /metrics, scraped into server_metrics.jsonl.
+
+        An in-process engine (after `target()`) is scraped through the same exposition, rendered locally."""
         from slobench.scrape import MetricsScraper, metrics_url_for
 
         interval = self.args.scrape_interval
-        if not interval or interval <= 0 or self.args.engine:  # an in-process engine has no /metrics
+        if not interval or interval <= 0:
             return []
         run_dir.mkdir(parents=True, exist_ok=True)
+        if self.args.engine:
+            return [MetricsScraper(self.engine_target.metrics_text, run_dir, interval)]
         return [MetricsScraper(metrics_url_for(self.args.url), run_dir, interval, headers=self.headers)]
 
     def simulated_manifest(self) -> dict[str, Any]:

@@ -5,7 +5,9 @@ One JSON line per scrape, on the run's clock, so server state lines up with the 
 Gauges, counters, and the `_sum`/`_count` of histograms and summaries are kept; `_bucket` and `_created`
 samples are dropped (they are most of the text and say nothing a timeline needs).
 
-Used as a runner monitor: `run(..., monitors=[MetricsScraper(url, run_dir / SERVER_METRICS)])`.
+Used as a runner monitor: `run(..., monitors=[MetricsScraper(url, run_dir / SERVER_METRICS)])`. The text
+may also come from this process (`MetricsScraper(engine_target.metrics_text, run_dir)`): an in-process
+engine renders the exposition its HTTP server would serve, so both give the same timeline.
 A target without the endpoint (first scrape 404, refused, timed out, or not Prometheus text) leaves no
 file and no error: the report then simply has no server-state panel.
 """
@@ -13,9 +15,10 @@ file and no error: the report then simply has no server-state panel.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -74,12 +77,24 @@ def _line_name(line: str) -> str:
     return line.split("{", 1)[0].split(" ", 1)[0]
 
 
+class _NoText(Exception):
+    """A scrape that found no Prometheus text; the message says why."""
+
+
+Fetch = Callable[[], Awaitable[str]]  # one scrape's text; raises _NoText
+
+
 class MetricsScraper:
-    """A runner monitor: `await scraper(clock)` scrapes every `interval_s` on absolute deadlines until cancelled."""
+    """A runner monitor: `await scraper(clock)` scrapes every `interval_s` on absolute deadlines until cancelled.
+
+    `source` is where the text comes from: a `/metrics` URL fetched over HTTP, or a callable returning the
+    exposition (str or bytes) of something in this process, e.g. `EngineTarget.metrics_text`. The callable
+    runs in a worker thread, so it must be safe to call from one. Both feed the same loop and writer.
+    """
 
     def __init__(
         self,
-        metrics_url: str,
+        source: str | Callable[[], str | bytes],
         out_path: str | Path,
         interval_s: float = 1.0,
         *,
@@ -89,8 +104,11 @@ class MetricsScraper:
     ) -> None:
         if not (interval_s > 0 and math.isfinite(interval_s)):
             raise ValueError(f"interval_s must be a positive number of seconds (got {interval_s!r})")
+        if not isinstance(source, str) and headers:
+            raise ValueError("headers apply to a /metrics URL, not to a local source")
         out = Path(out_path)
-        self.metrics_url = metrics_url
+        self.metrics_url: str | None = source if isinstance(source, str) else None
+        self._local: Callable[[], str | bytes] | None = None if isinstance(source, str) else source
         self.out_path = out / SERVER_METRICS if out.is_dir() else out
         self.interval_s = interval_s
         self.headers = dict(headers or {})
@@ -102,46 +120,88 @@ class MetricsScraper:
         self.disabled_reason: str | None = None  # why the first scrape found no endpoint
 
     async def __call__(self, clock: Clock) -> None:
-        fh: IO[str] | None = None
-        try:
-            async with httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers) as client:
-                start_s = clock.now_s()
-                tick = 0
-                while True:
-                    t_s = clock.now_s()
-                    samples, why = await self._scrape(client)
-                    if samples is None:
-                        if fh is None and self.num_scrapes == 0:
-                            self.disabled_reason = why
-                            return  # no endpoint: silently absent
-                        self.num_failed += 1
-                    else:
-                        if fh is None:
-                            fh = open(self.out_path, "w")
-                        fh.write(json.dumps({"t_s": round(t_s, 6), "samples": samples}, separators=(",", ":")) + "\n")
-                        fh.flush()  # a crash loses at most the scrape in progress, like requests.jsonl
-                        self.num_scrapes += 1
-                    # Absolute deadlines: tick k is due at start + k*interval, however long scrapes take;
-                    # a scrape that overran skips the ticks it missed instead of drifting.
-                    tick = max(tick + 1, math.floor((clock.now_s() - start_s) / self.interval_s) + 1)
-                    await self._sleep(max(0.0, start_s + tick * self.interval_s - clock.now_s()))
-        finally:
-            if fh is not None:
-                fh.close()
+        async with self._open() as fetch:
+            await self._loop(clock, fetch)
 
-    async def _scrape(self, client: httpx.AsyncClient) -> tuple[dict[str, float] | None, str]:
+    @contextlib.asynccontextmanager
+    async def _open(self) -> AsyncIterator[Fetch]:
+        if self._local is not None:
+            local = self._local
+
+            async def fetch_local() -> str:
+                # Rendering walks the registry; off the event loop like the parse, for the same reason.
+                text = await asyncio.to_thread(local)
+                return text.decode() if isinstance(text, bytes) else text
+
+            yield fetch_local
+            return
+        url = self.metrics_url
+        assert url is not None
+        async with httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers) as client:
+
+            async def fetch_http() -> str:
+                try:
+                    resp = await client.get(url)
+                except httpx.HTTPError as e:
+                    raise _NoText(f"{type(e).__name__}: {e}") from None
+                if resp.status_code != 200:
+                    raise _NoText(f"HTTP {resp.status_code}")
+                return resp.text
+
+            yield fetch_http
+
+    async def _loop(self, clock: Clock, fetch: Fetch) -> None:
+        writer = _LineWriter(self.out_path)
         try:
-            resp = await client.get(self.metrics_url)
-        except httpx.HTTPError as e:
-            return None, f"{type(e).__name__}: {e}"
-        if resp.status_code != 200:
-            return None, f"HTTP {resp.status_code}"
+            start_s = clock.now_s()
+            tick = 0
+            while True:
+                t_s = clock.now_s()
+                samples, why = await self._scrape(fetch)
+                if samples is None:
+                    if self.num_scrapes == 0 and self.num_failed == 0:
+                        self.disabled_reason = why
+                        return  # no endpoint: silently absent
+                    self.num_failed += 1
+                else:
+                    writer.write({"t_s": round(t_s, 6), "samples": samples})
+                    self.num_scrapes += 1
+                # Absolute deadlines: tick k is due at start + k*interval, however long scrapes take;
+                # a scrape that overran skips the ticks it missed instead of drifting.
+                tick = max(tick + 1, math.floor((clock.now_s() - start_s) / self.interval_s) + 1)
+                await self._sleep(max(0.0, start_s + tick * self.interval_s - clock.now_s()))
+        finally:
+            writer.close()
+
+    async def _scrape(self, fetch: Fetch) -> tuple[dict[str, float] | None, str]:
         try:
+            text = await fetch()
             # Off the event loop: parsing must not delay the requests the runner is sending.
-            samples = await asyncio.to_thread(parse_samples, resp.text)
+            samples = await asyncio.to_thread(parse_samples, text)
+        except _NoText as e:
+            return None, str(e)
         except ValueError as e:
             return None, f"not Prometheus text: {e}"
         if not samples:
             return None, "no samples"
         return samples, ""
 
+
+class _LineWriter:
+    """JSON lines, opened at the first line (no scrape, no file) and flushed after each: a crash loses at
+    most the scrape in progress, like requests.jsonl."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fh: IO[str] | None = None
+
+    def write(self, row: dict[str, Any]) -> None:
+        if self._fh is None:
+            self._fh = open(self.path, "w")
+        self._fh.write(json.dumps(row, separators=(",", ":")) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None

@@ -30,6 +30,7 @@ from slobench.records import RequestRecord, RequestSpec
 
 if TYPE_CHECKING:
     from reference_engine.engine import LLMEngine, TokenEvent
+    from reference_engine.metrics import EngineMetrics
     from reference_engine.protocol import GenerationRequest, TextTokenizer
 
 Api = Literal["completions", "chat"]
@@ -58,6 +59,24 @@ def to_engine_request(
     body.update(spec.extra_body)
     parse = parse_chat if api == "chat" else parse_completion
     return parse(body, model_name, tokenizer, max_model_len)
+
+
+def _engine_metrics(engine: LLMEngine, model_name: str) -> EngineMetrics:
+    """The engine's metrics, made its observer so the latency histograms fill as it runs.
+
+    An engine already observed by an EngineMetrics (shared with an HTTP server) keeps it, so both expose the
+    same numbers; one with some other observer keeps that one, and these metrics still read its stats, with
+    empty latency histograms.
+    """
+    from reference_engine.engine import _NullObserver
+    from reference_engine.metrics import EngineMetrics
+
+    if isinstance(engine.observer, EngineMetrics):
+        return engine.observer
+    metrics = EngineMetrics(model_name, engine.stats)
+    if isinstance(engine.observer, _NullObserver):
+        engine.observer = metrics
+    return metrics
 
 
 @dataclass(slots=True)
@@ -109,6 +128,7 @@ class EngineTarget:
         self.engine = engine
         self.tokenizer = tokenizer
         self.model = model_name or "tiny"
+        self._metrics = _engine_metrics(engine, self.model)
         self.api: Api = api
         self.clock = clock if clock is not None else Clock()
         self.keep_running = keep_running
@@ -132,6 +152,15 @@ class EngineTarget:
         if self.knobs is not None:
             out["knobs"] = self.knobs
         return out
+
+    def metrics_text(self) -> str:
+        """The engine's Prometheus exposition, vLLM's names, as its HTTP server's `/metrics` serves it.
+
+        Safe from any thread (the scraper calls it from a worker): gauges and counts are read from
+        `engine.stats()`, whose fields are single reads the engine thread may move between but never tears,
+        and prometheus_client's histograms take their own locks.
+        """
+        return self._metrics.render().decode()
 
     def check_compatible(self, spec: RequestSpec) -> None:
         if self.api == "chat" and isinstance(spec.prompt, tuple):
