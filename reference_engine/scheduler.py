@@ -9,12 +9,15 @@ front of the queue. A step that preempted admits nobody.
 A waiting request is admitted only when blocks for its whole known token list fit now (vLLM PR #21809), so
 admission never forces a preemption by itself; a request that could never fit in the whole cache is
 rejected when it is added, instead of preempting forever.
+
+A request ends on its first EOS unless ignore_eos: `min_tokens` is honoured by the executor, which masks EOS
+out of the logits until that many tokens are generated (as vLLM does), not by keeping an early EOS here.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from reference_engine.block_manager import BlockManager, cdiv
 from reference_engine.config import EngineConfig
@@ -89,6 +92,9 @@ class Scheduler:
         self.validate(seq.num_prompt_tokens, seq.max_tokens, seq.min_tokens)
         if seq.seq_id in self._by_id:
             raise ValueError(f"seq_id {seq.seq_id} is already scheduled")
+        if seq.sampling.min_tokens != seq.min_tokens:
+            # The request's min_tokens is the one that counts; the executor reads it from the sampling params.
+            seq.sampling = replace(seq.sampling, min_tokens=seq.min_tokens)
         seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
         self._by_id[seq.seq_id] = seq
@@ -211,11 +217,14 @@ class Scheduler:
         return outputs
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
-        if (
-            token == self.eos_token_id
-            and not seq.ignore_eos
-            and seq.num_output_tokens >= max(seq.min_tokens, 1)
-        ):
+        if token == self.eos_token_id and not seq.ignore_eos:
+            # Executors mask EOS until min_tokens (SamplingParams.min_tokens): one arriving earlier is an
+            # executor bug, and ending the request here would silently break min_tokens.
+            if seq.num_output_tokens <= seq.sampling.min_tokens:
+                raise ValueError(
+                    f"executor sampled EOS as token {seq.num_output_tokens} of seq {seq.seq_id}, "
+                    f"before its min_tokens {seq.sampling.min_tokens}"
+                )
             return FinishReason.STOP
         if seq.num_output_tokens >= seq.max_tokens:
             return FinishReason.LENGTH

@@ -25,12 +25,13 @@ VOCAB = 1000
 EOS = 999
 
 
-def next_token(context: list[int], eos_every: int = 0) -> int:
-    """The dense reference: a deterministic function of the whole context."""
+def next_token(context: list[int], eos_every: int = 0, allow_eos: bool = True) -> int:
+    """The dense reference: a deterministic function of the whole context. `allow_eos` False masks EOS (a
+    request short of its min_tokens): the id it would have been otherwise comes instead."""
     h = 1469598103934665603
     for t in context:
         h = ((h ^ t) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
-    if eos_every and h % eos_every == 0:
+    if allow_eos and eos_every and h % eos_every == 0:
         return EOS
     return h % (VOCAB - 1)
 
@@ -58,15 +59,17 @@ class KVEcho:
             end = c.start_pos + len(c.token_ids)
             context = [self.slots[self._slot(c.block_table, p)] for p in range(end)]
             assert None not in context, f"seq {c.seq_id} read unwritten KV"
-            tokens.append(next_token(context, self.eos_every) if c.sample else None)  # type: ignore[arg-type]
+            allow_eos = c.num_generated >= c.sampling.min_tokens
+            tokens.append(next_token(context, self.eos_every, allow_eos) if c.sample else None)  # type: ignore[arg-type]
         return StepResult(tokens)
 
 
-def reference_output(prompt: list[int], max_tokens: int, eos_every: int = 0, ignore_eos: bool = False) -> list[int]:
+def reference_output(prompt: list[int], max_tokens: int, eos_every: int = 0, ignore_eos: bool = False,
+                     min_tokens: int = 0) -> list[int]:  # fmt: skip
     ctx = list(prompt)
     out: list[int] = []
     while len(out) < max_tokens:
-        t = next_token(ctx, eos_every)
+        t = next_token(ctx, eos_every, allow_eos=len(out) >= min_tokens)
         ctx.append(t)
         out.append(t)
         if t == EOS and not ignore_eos:
@@ -281,7 +284,8 @@ def test_eos_finishes_unless_ignored_and_min_tokens_is_honoured() -> None:
     run_all(s, ex)
     assert stop.finish_reason == "stop" and stop.output_token_ids == ref[: first_eos + 1]
     assert ignore.finish_reason == "length" and ignore.output_token_ids == ref[: first_eos + 3]
-    assert late.num_output_tokens > first_eos + 1
+    assert late.output_token_ids == reference_output(prompt, 200, eos_every=7, min_tokens=first_eos + 2)
+    assert late.num_output_tokens > first_eos + 2 and EOS not in late.output_token_ids[: first_eos + 2]
     assert late.finish_reason == "stop" or late.num_output_tokens == 200
 
 

@@ -5,12 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from slobench.errors import SpecError
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     seed: int | None = None
+    # EOS may not be sampled while fewer than this many tokens are generated: executors mask it out of the
+    # logits (vLLM's min_tokens), so the request cannot end early. The scheduler sets it from the request.
+    min_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise SpecError("min_tokens", self.min_tokens, "must be an integer >= 0")
 
 
 @dataclass(slots=True)
@@ -55,6 +64,9 @@ class StepResult:
 
 
 class Executor(Protocol):
+    """Runs a step. Contract: for a sampled chunk with num_generated < sampling.min_tokens, the token is
+    never `eos_token_id` (the scheduler ends a request on the first EOS it gets, unless ignore_eos)."""
+
     block_size: int
     num_blocks: int
     vocab_size: int

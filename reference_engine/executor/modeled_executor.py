@@ -4,7 +4,7 @@
 
 It lets the real scheduler and block manager run at GPU-like speed on any machine (the engine waits until
 step start + step_s on its clock). Sampled tokens are deterministic pseudo-random ids from (seq_id, position),
-so runs repeat exactly; EOS is never produced unless `eos_probability` > 0.
+so runs repeat exactly; EOS is never produced unless `eos_probability` > 0, nor before a request's min_tokens.
 """
 
 from __future__ import annotations
@@ -123,10 +123,12 @@ class ModeledExecutor:
         self.num_steps = 0
         self.total_modeled_s = 0.0
 
-    def token_at(self, seq_id: int, position: int) -> int:
-        """The token sampled after `position` tokens of sequence `seq_id` (a pure function)."""
+    def token_at(self, seq_id: int, position: int, *, allow_eos: bool = True) -> int:
+        """The token sampled after `position` tokens of sequence `seq_id` (a pure function). With
+        `allow_eos` False (a request short of its min_tokens) the draw that would be EOS gives the id the
+        draw maps to otherwise, as if EOS were masked out."""
         r = _mix64(_mix64(seq_id ^ (self._seed << 32)) ^ position)
-        if self._eos_threshold and (r & 0xFFFFFFFF) < self._eos_threshold:
+        if allow_eos and self._eos_threshold and (r & 0xFFFFFFFF) < self._eos_threshold:
             return self.eos_token_id  # type: ignore[return-value]
         token = self._lo + (r >> 32) % self._span
         if token == self.eos_token_id:
@@ -143,7 +145,8 @@ class ModeledExecutor:
                 decode += 1
             else:
                 prefill += n
-            tokens.append(self.token_at(c.seq_id, c.start_pos + n) if c.sample else None)
+            allow_eos = c.num_generated >= c.sampling.min_tokens
+            tokens.append(self.token_at(c.seq_id, c.start_pos + n, allow_eos=allow_eos) if c.sample else None)
         step_s = self.profile.step_s(prefill, decode, context)
         self.num_steps += 1
         self.total_modeled_s += step_s

@@ -363,6 +363,7 @@ class TorchExecutor:
         return token_ids, positions, _StepAttention(self, slots, decode, prefills)
 
     def _sample(self, logits: Tensor, chunks: list[SeqChunk]) -> list[int]:
+        self._mask_eos_before_min_tokens(logits, chunks)
         tokens: list[int] = logits.argmax(dim=-1).tolist()
         random_rows = [r for r, c in enumerate(chunks) if c.sampling.temperature > 0]
         if not random_rows:
@@ -378,6 +379,21 @@ class TorchExecutor:
                 gen = self._request_generator(chunks[r])
                 tokens[r] = _sample_rows(logits[r : r + 1], [chunks[r].sampling], gen)[0]
         return tokens
+
+    def _mask_eos_before_min_tokens(self, logits: Tensor, chunks: list[SeqChunk]) -> None:
+        """EOS gets -inf (in place) in the rows still short of their min_tokens, before greedy or top-p
+        sampling, so such a request cannot end early (vLLM's min_tokens). One write per step, and none
+        at all when no row needs it."""
+        eos = self.eos_token_id
+        if eos is None:
+            return
+        rows = [r for r, c in enumerate(chunks) if c.num_generated < c.sampling.min_tokens]
+        if not rows:
+            return
+        if len(rows) == len(chunks):
+            logits[:, eos] = -math.inf  # e.g. a benchmark pinning min_tokens on every request: no index tensor
+        else:
+            logits[torch.tensor(rows, device=logits.device), eos] = -math.inf
 
     def _request_generator(self, chunk: SeqChunk) -> torch.Generator:
         # The same (seed, position in the output) always draws the same token, across batches and restarts.
