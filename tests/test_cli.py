@@ -113,11 +113,14 @@ def test_run_against_in_process_engine(tmp_path):
 def test_capacity_simulated_writes_result(tmp_path):
     out = tmp_path / "cap"
     rc = main(["capacity", "--simulate", "--workload", "tiny", "--num-requests", "100", "--slo",
-               "ttft=200ms,tpot=50ms", "--start-rate", "8", "--replicates", "3", "--out", str(out), "--no-progress"])
+               "ttft=200ms,tpot=50ms", "--start-rate", "8", "--replicates", "3", "--out", str(out), "--no-progress",
+               "--gpus", "2", "--slo-scale"])
     assert rc == 0
     doc = json.loads((out / "capacity.json").read_text())
     lo, hi = doc["interval_rps"]
     assert lo <= doc["capacity_rps"] <= hi and doc["capacity_rps"] > 8
+    assert doc["goodput_per_gpu_rps"] == pytest.approx(doc["capacity_rps"] / 2)
+    assert doc["slo_scale"] and all(row["scale"] > 0 for row in doc["slo_scale"])
     assert doc["target"]["kind"] == "simulated"
     # the search's probes make a report (one point per probed rate); --report is not ignored
     html = tmp_path / "cap.html"
