@@ -70,7 +70,8 @@ def _add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     r = p.add_argument_group("run")
     r.add_argument("--slo", default=None, help="e.g. ttft=500ms,tpot=50ms[,target=0.9] or a TOML file")
     r.add_argument("--out", default=None, help="run directory (default: runs/<time>)")
-    r.add_argument("--warmup", type=int, default=0, help="requests sent first and excluded from metrics")
+    r.add_argument("--warmup", default="0", metavar="N|auto",
+                   help="requests sent first and excluded from metrics; auto: cut by the MSER-5 rule after the run")
     r.add_argument("--max-in-flight", type=int, default=None, help="cap on requests in flight (waits counted)")
     r.add_argument("--concurrency", type=int, default=None, help="closed loop: N users instead of open-loop")
     r.add_argument("--no-progress", action="store_true")
@@ -203,6 +204,8 @@ class LoadSetup:
         self.api = args.api or self.workload.api
         self.headers = _parse_headers(args.header)
         self.extra_body = _parse_extra_body(args.extra_body)
+        if args.warmup != "auto" and not str(args.warmup).isdigit():
+            raise UsageError(f"--warmup: expected a number of requests or 'auto' (got {args.warmup!r})")
         for flag in ("num_requests", "input_len", "output_len"):
             v = getattr(args, flag)
             if v is not None and v < 1:
@@ -298,7 +301,7 @@ class LoadSetup:
         if a.engine == "torch":
             raise UsageError("--simulate runs the modeled executor only; drop --engine torch")
         for flag in ("concurrency", "max_in_flight", "warmup"):
-            if getattr(a, flag, None):
+            if getattr(a, flag, None) not in (None, 0, "0"):
                 raise UsageError(f"--{flag.replace('_', '-')}: not supported with --simulate (open loop, every "
                                  "request measured); drop one of them")
         a.engine = "modeled"
@@ -334,7 +337,8 @@ class LoadSetup:
         a = self.args
         return RunOptions(
             max_in_flight=a.max_in_flight,
-            warmup_requests=a.warmup,
+            warmup_requests=0 if a.warmup == "auto" else int(a.warmup),
+            warmup_auto=a.warmup == "auto",
             duration_s=a.duration,
             closed_loop_users=a.concurrency,
             closed_loop_rate_rps=a.rate if a.concurrency else None,

@@ -124,6 +124,14 @@ class RunWriter:
         assert self._fh is not None, "RunWriter already closed"
         self._fh.write(rec.to_json() + "\n")
 
+    def rewrite(self, records: Sequence[RequestRecord]) -> None:
+        """Replace requests.jsonl with `records` (atomically), e.g. once the warm-up cut is known."""
+        self.close()
+        path = self.run_dir / REQUESTS
+        tmp = path.with_suffix(".jsonl.tmp")
+        write_records(tmp, records)
+        os.replace(tmp, path)
+
     def flush(self) -> None:
         if self._fh is not None:
             self._fh.flush()

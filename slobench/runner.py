@@ -30,6 +30,7 @@ START_LEAD_S = 0.05
 class RunOptions:
     max_in_flight: int | None = None  # open loop: cap on requests in flight; waits are counted (queued_s)
     warmup_requests: int = 0  # the first N requests are sent but excluded from metrics
+    warmup_auto: bool = False  # after the run, cut the warm-up by the MSER-5 rule (slobench.warmup)
     duration_s: float | None = None  # send nothing scheduled after this many seconds
     grace_s: float = 5.0  # after Ctrl-C, how long in-flight requests may still finish
     closed_loop_users: int | None = None  # closed loop: N users, each sends its next request when one ends
@@ -293,7 +294,12 @@ async def run(
         if writer is not None:
             writer.flush()
 
+    warmup_cut = _cut_warmup(disp.records) if opts.warmup_auto else None
+    if warmup_cut is not None and writer is not None:
+        writer.rewrite(disp.records)  # the file and the summary agree on which requests were warm-up
     summary = summarize(disp.records, slo, seed=seed)
+    if warmup_cut is not None:
+        summary["warmup"] = {"rule": "MSER-5", "num_requests": warmup_cut}
     summary["interrupted"] = interrupted
     summary["num_scheduled"] = disp.progress.total
     if writer is not None:
@@ -301,6 +307,20 @@ async def run(
     if cancelled_from_outside:
         raise asyncio.CancelledError
     return RunResult(disp.records, summary, interrupted, disp.progress)
+
+
+def _cut_warmup(records: list[RequestRecord]) -> int:
+    """Mark the leading requests MSER-5 finds transient as warm-up; return how many."""
+    from slobench.metrics import RecordArrays
+    from slobench.warmup import latency_series, mser5_cut
+
+    a = RecordArrays.from_records(records)
+    cut = mser5_cut(latency_series(a.ttft_from_scheduled_s))
+    drop = set(a.request_id[:cut].tolist())
+    for r in records:
+        if r.request_id in drop:
+            r.is_warmup = True
+    return cut
 
 
 def _start_live(p: Progress) -> Any:

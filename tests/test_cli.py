@@ -75,6 +75,7 @@ def test_wrong_model_exits_3(token_server, tmp_path, capsys):
         (["--num-requests", "0"], "--num-requests"),
         (["--extra-body", "[1]"], "--extra-body"),
         (["--header", "nocolon"], "--header"),
+        (["--warmup", "some"], "--warmup"),
     ],
 )
 def test_bad_input_exits_2_naming_the_problem(token_server, tmp_path, capsys, argv, needle):
@@ -153,3 +154,13 @@ def test_simulated_sweep_accepts_realistic_token_ids(tmp_path):
 def test_simulate_refuses_flags_it_cannot_honour(tmp_path, capsys):
     rc = main(["run", "--simulate", "--workload", "tiny", "--concurrency", "4", "--out", str(tmp_path / "r")])
     assert rc == 2 and "--concurrency" in capsys.readouterr().err
+
+
+def test_warmup_auto_through_the_cli(token_server, tmp_path):
+    out = tmp_path / "w"
+    rc = main(["run", "--url", token_server.base_url, "--workload", "tiny", "--rate", "50", "--num-requests", "40",
+               "--warmup", "auto", "--slo", "ttft=5s", "--out", str(out), "--no-progress", "--scrape-interval", "0"])
+    assert rc == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["warmup"]["rule"] == "MSER-5" and s["num_warmup"] == s["warmup"]["num_requests"]
+    assert s["num_requests"] + s["num_warmup"] == 40
