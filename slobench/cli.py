@@ -274,7 +274,8 @@ class LoadSetup:
             "phases": phase_boundaries(self.workload, duration_s=a.duration),
             "options": {
                 "num_requests": a.num_requests, "duration_s": a.duration, "input_len": a.input_len,
-                "output_len": a.output_len, "warmup": a.warmup, "max_in_flight": a.max_in_flight,
+                "output_len": a.output_len, "warmup": a.warmup if a.warmup == "auto" else int(a.warmup),
+                "max_in_flight": a.max_in_flight,
                 "concurrency": a.concurrency,
             },
         }

@@ -25,6 +25,8 @@ def test_run_writes_run_dir_and_exits_0(token_server, tmp_path, capsys):
     assert summary["num_requests"] == 30 and summary["attainment"]["value"] == 1.0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["target"]["model"] == token_server.model  # discovered from /v1/models
+    # the workload identity hashes these options: a number must stay a number (committed baselines)
+    assert manifest["options"]["warmup"] == 0 and isinstance(manifest["options"]["warmup"], int)
     assert (out / "server_metrics.jsonl").exists()  # the token server exposes /metrics
     assert "attainment 100.0%" in capsys.readouterr().out
     assert main(["summarize", str(out), "--slo", "ttft=1ms"]) == 0
