@@ -115,13 +115,9 @@ def _gate(args: argparse.Namespace) -> int:
 
 
 def _tolerance(text: str) -> float:
-    from slobench.errors import SpecError
+    from slobench.slo import parse_fraction
 
-    s = str(text).strip()
-    try:
-        return float(s[:-1]) / 100 if s.endswith("%") else float(s)
-    except ValueError:
-        raise SpecError("tolerance", text, "expected a fraction like 0.05 or 5%") from None
+    return parse_fraction(text, "tolerance", "0.05 or 5%")
 
 
 async def _capacity(args: argparse.Namespace) -> int:

@@ -70,7 +70,7 @@ class SLO:
             if key in _KEYS:
                 kw[_KEYS[key]] = parse_duration_s(val, f"slo.{key}")
             elif key == "target":
-                kw["target"] = _parse_fraction(val)
+                kw["target"] = parse_fraction(val)
             elif key == "clock":
                 kw["clock"] = val
             else:
@@ -88,7 +88,7 @@ class SLO:
             elif key in _KEYS.values():
                 kw[key] = float(val)
             elif key == "target":
-                kw["target"] = _parse_fraction(val)
+                kw["target"] = parse_fraction(val)
             elif key == "clock":
                 kw["clock"] = val
             else:
@@ -125,12 +125,13 @@ class SLO:
         return ok
 
 
-def _parse_fraction(val: Any) -> float:
+def parse_fraction(val: Any, field: str = "slo.target", example: str = "0.9 or 90%") -> float:
+    """'90%' -> 0.9; '0.9' -> 0.9. A bad value is a SpecError naming `field`."""
     s = str(val).strip()
     try:
         return float(s[:-1]) / 100 if s.endswith("%") else float(s)
     except ValueError:
-        raise SpecError("slo.target", val, "expected a fraction like 0.9 or 90%") from None
+        raise SpecError(field, val, f"expected a fraction like {example}") from None
 
 
 def _fmt(v: float) -> str:
