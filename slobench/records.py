@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -165,46 +165,50 @@ def _read_json(path: Path) -> Any:
         raise UsageError(f"{path}: not valid JSON ({e})") from None
 
 
-def iter_records(path: Path) -> Iterator[RequestRecord]:
-    with open(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                yield RequestRecord.from_dict(json.loads(line))
-            except (json.JSONDecodeError, TypeError) as e:
-                # A torn last line after a crash is expected; anything else is corruption.
-                raise UsageError(f"{path}:{lineno}: bad request record ({e})") from None
-
-
-def load_run(run_dir: str | Path) -> Run:
+def read_manifest(run_dir: str | Path) -> dict[str, Any]:
+    """A run directory's manifest, checked: a directory, valid JSON, the schema version this slobench reads."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir}: not a directory")
     manifest = _read_json(run_dir / MANIFEST)
-    if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise UsageError(
-            f"{run_dir / MANIFEST}: schema_version {manifest.get('schema_version')!r}, "
-            f"this slobench reads {SCHEMA_VERSION}"
-        )
-    req_path = run_dir / REQUESTS
-    records = list(_iter_tolerant(req_path)) if req_path.exists() else []
-    summary = _read_json(run_dir / SUMMARY) if (run_dir / SUMMARY).exists() else None
-    return Run(run_dir, manifest, records, summary)
+    if not isinstance(manifest, dict) or manifest.get("schema_version") != SCHEMA_VERSION:
+        got = manifest.get("schema_version") if isinstance(manifest, dict) else manifest
+        raise UsageError(f"{run_dir / MANIFEST}: schema_version {got!r}, this slobench reads {SCHEMA_VERSION}")
+    return manifest
 
 
-def _iter_tolerant(path: Path) -> Iterable[RequestRecord]:
-    """Like iter_records, but forgives a torn *final* line (a crash mid-write loses at most that one)."""
+def read_record_dicts(path: Path) -> list[dict[str, Any]]:
+    """requests.jsonl as parsed objects. A torn *final* line (a crash mid-write) is forgiven: it loses at
+    most the request that was being written; anything else that is not a record is corruption."""
+    if not path.exists():
+        return []
     lines = path.read_text().splitlines()
+    rows: list[dict[str, Any]] = []
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            yield RequestRecord.from_dict(json.loads(line))
+            d = json.loads(line)
+            if not isinstance(d, dict) or "request_id" not in d or "scheduled_s" not in d:
+                raise TypeError("not a request record object")
         except (json.JSONDecodeError, TypeError) as e:
             if lineno == len(lines):
-                return
+                break
             raise UsageError(f"{path}:{lineno}: bad request record ({e})") from None
+        rows.append(d)
+    return rows
+
+
+def load_run(run_dir: str | Path) -> Run:
+    run_dir = Path(run_dir)
+    manifest = read_manifest(run_dir)
+    req_path = run_dir / REQUESTS
+    try:
+        records = [RequestRecord.from_dict(d) for d in read_record_dicts(req_path)]
+    except TypeError as e:
+        raise UsageError(f"{req_path}: bad request record ({e})") from None
+    summary = _read_json(run_dir / SUMMARY) if (run_dir / SUMMARY).exists() else None
+    return Run(run_dir, manifest, records, summary)
 
 
 def write_records(path: Path, records: Sequence[RequestRecord]) -> None:

@@ -9,7 +9,6 @@ plain column lists; ITL gaps come from `metrics.chunk_gaps`, as for `from_record
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np
 
 from slobench.errors import UsageError
 from slobench.metrics import RecordArrays, chunk_gaps
-from slobench.records import REQUESTS
+from slobench.records import REQUESTS, read_record_dicts
 
 MAX_ERROR_KINDS = 8
 
@@ -37,22 +36,7 @@ def _nan(v: Any) -> float:
 
 def read_columns(run_dir: Path) -> RunColumns:
     path = run_dir / REQUESTS
-    rows: list[dict[str, Any]] = []
-    if path.exists():
-        lines = path.read_text().splitlines()
-        for lineno, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-                if not isinstance(d, dict) or "request_id" not in d or "scheduled_s" not in d:
-                    raise TypeError("not a request record object")
-            except (json.JSONDecodeError, TypeError) as e:
-                if lineno == len(lines):  # a torn final line after a crash: the request in flight is lost
-                    break
-                raise UsageError(f"{path}:{lineno}: bad request record ({e})") from None
-            if not d.get("is_warmup", False):
-                rows.append(d)
+    rows = [d for d in read_record_dicts(path) if not d.get("is_warmup", False)]
     errors = Counter(str(d["error"])[:200] for d in rows if d.get("error"))
     try:
         rows = [rows[i] for i in _order(rows)]

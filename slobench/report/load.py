@@ -17,7 +17,7 @@ import numpy as np
 from slobench.capacity import CAPACITY
 from slobench.errors import SpecError, UsageError
 from slobench.metrics import RecordArrays, throughput
-from slobench.records import MANIFEST, SCHEMA_VERSION, SERVER_METRICS
+from slobench.records import MANIFEST, SERVER_METRICS, read_manifest
 from slobench.report.fast_records import RunColumns, read_columns
 from slobench.report.server_state import ServerSamples, load_server_metrics
 from slobench.slo import SLO
@@ -59,7 +59,7 @@ def load_series(path: str | Path, *, slo: SLO | None = None) -> Series:
     if (p / CAPACITY).is_file():
         return _load_capacity(p, slo)
     if (p / MANIFEST).is_file():
-        run = _load_run(p, _read_manifest(p), read_columns(p), rate_rps=None)
+        run = _load_run(p, read_manifest(p), read_columns(p), rate_rps=None)
         return Series(p.name or str(p), p, "run", run.manifest, (run,), _slo_for(slo, run.manifest, p / MANIFEST))
     if not p.exists():
         raise UsageError(f"{p}: no such directory")
@@ -93,7 +93,7 @@ def _load_sweep(p: Path, slo: SLO | None) -> Series:
         except (TypeError, ValueError):
             raise UsageError(f"{path}: rate_rps {r['rate_rps']!r} is not a number") from None
         dirs.append(p / str(r["run_dir"]))
-    manifests = [_read_manifest(d) for d in dirs]  # every directory checked before the slow part
+    manifests = [read_manifest(d) for d in dirs]  # every directory checked before the slow part
     runs = [_load_run(d, m, c, rate_rps=rate) for d, m, c, rate in zip(dirs, manifests, map(read_columns, dirs), rates, strict=True)]
     runs.sort(key=lambda r: r.rate_rps)
     manifest = doc.get("manifest") or (runs[0].manifest if runs else {})
@@ -118,7 +118,7 @@ def _load_capacity(p: Path, slo: SLO | None) -> Series:
         if rate not in first or seed < first[rate][0]:
             first[rate] = (seed, run_dir)
     dirs = [(rate, p / run_dir) for rate, (_, run_dir) in sorted(first.items())]
-    manifests = [_read_manifest(d) for _, d in dirs]
+    manifests = [read_manifest(d) for _, d in dirs]
     runs = tuple(_load_run(d, m, read_columns(d), rate_rps=rate) for (rate, d), m in zip(dirs, manifests, strict=True))
     manifest = doc.get("manifest") if isinstance(doc.get("manifest"), dict) else (runs[0].manifest if runs else {})
     return Series(p.name or str(p), p, "sweep", manifest, runs, _slo_for(slo, manifest, path))
@@ -134,23 +134,6 @@ def _slo_for(override: SLO | None, manifest: dict[str, Any], where: Path) -> SLO
         return SLO.from_dict(d)
     except (SpecError, TypeError, AttributeError) as e:
         raise UsageError(f"{where}: bad 'slo' ({e})") from None
-
-
-def _read_manifest(run_dir: Path) -> dict[str, Any]:
-    """The checks `records.load_run` makes, without reading the records through it (see fast_records)."""
-    if not run_dir.is_dir():
-        raise UsageError(f"{run_dir}: not a directory")
-    path = run_dir / MANIFEST
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"{path}: missing (is this a slobench run directory?)") from None
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(manifest, dict) or manifest.get("schema_version") != SCHEMA_VERSION:
-        got = manifest.get("schema_version") if isinstance(manifest, dict) else manifest
-        raise UsageError(f"{path}: schema_version {got!r}, this slobench reads {SCHEMA_VERSION}")
-    return manifest
 
 
 def _load_run(run_dir: Path, manifest: dict[str, Any], cols: RunColumns, *, rate_rps: float | None) -> RunData:
