@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from reference_engine.builder import build_engine
 from reference_engine.executor.base import StepBatch, StepResult
 from reference_engine.executor.modeled_executor import CostProfile
-from reference_engine.server import build_engine
 
 
 class TimedComposition:

@@ -287,8 +287,8 @@ def offline_workload(num_requests: int, seed: int, vocab_size: int) -> list[tupl
 def run_offline(args: argparse.Namespace) -> dict[str, Any]:
     """The engine as `slobench serve --executor torch` builds it: KV sized from free memory on CUDA,
     decode steps through CUDA graphs, prefills through the Triton extend kernel."""
+    from reference_engine.builder import build_engine
     from reference_engine.model import get_config
-    from reference_engine.server import build_engine
 
     cfg = get_config(args.model)
     workload = offline_workload(args.offline_requests, args.offline_seed, min(cfg.vocab_size, 128_000))

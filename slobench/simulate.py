@@ -75,7 +75,7 @@ class ModeledEngine:
 
     @classmethod
     def from_knobs(cls, knobs: Mapping[str, Any]) -> ModeledEngine:
-        """From `reference_engine.server.build_engine` knobs; the executor must be the modeled one."""
+        """From `reference_engine.builder.build_engine` knobs; the executor must be the modeled one."""
         unknown = sorted(set(knobs) - _KNOBS)
         if unknown:
             raise SpecError("engine_knobs", unknown, f"unknown knobs; known: {sorted(_KNOBS)}")
@@ -98,8 +98,8 @@ class ModeledEngine:
         )
 
     def __call__(self) -> LLMEngine:
+        from reference_engine.builder import modeled_executor
         from reference_engine.config import EngineConfig
-        from reference_engine.server import modeled_executor
 
         ex, _ = modeled_executor(self.cost_profile(), block_size=self.block_size, num_blocks=self.kv_blocks,
                                  seed=self.seed)

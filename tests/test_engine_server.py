@@ -19,10 +19,11 @@ import aiohttp
 import httpx
 import pytest
 
+from reference_engine.builder import PRINTABLE_ASCII
 from reference_engine.config import EngineConfig
 from reference_engine.engine import LLMEngine
 from reference_engine.executor.modeled_executor import CostProfile, ModeledExecutor
-from reference_engine.server import PRINTABLE_ASCII, build_app
+from reference_engine.server import build_app
 from reference_engine.tokenizer import ByteTokenizer
 
 MODEL = "test-model"
@@ -239,7 +240,7 @@ async def test_api_key_guards_v1_routes_only() -> None:
 
 
 def test_modeled_server_never_imports_torch() -> None:
-    code = ("import sys, reference_engine.server as s; s.build_engine(executor='modeled', profile='h100-llama-1b'); "
+    code = ("import sys, reference_engine.server, reference_engine.builder as b; b.build_engine(executor='modeled', profile='h100-llama-1b'); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
@@ -414,7 +415,7 @@ async def test_soak_with_random_disconnects_leaks_no_block(server: str) -> None:
 
 def test_zero_engine_sizes_are_refused_not_defaulted():
     # Regression: `kv_blocks or 2048` turned an explicit 0 into the default and served anyway.
-    from reference_engine.server import build_engine
+    from reference_engine.builder import build_engine
     from slobench.errors import SpecError
 
     for knobs in ({"kv_blocks": 0}, {"max_model_len": 0}):

@@ -329,7 +329,7 @@ def test_padded_decode_through_the_triton_kernels_in_the_interpreter() -> None:
 
 
 def test_serve_arguments_and_build_engine_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    from reference_engine import server
+    from reference_engine import builder, server
 
     parser = argparse.ArgumentParser()
     server.add_serve_arguments(parser)
@@ -344,7 +344,7 @@ def test_serve_arguments_and_build_engine_on_cpu(monkeypatch: pytest.MonkeyPatch
     assert (defaults.dtype, defaults.enforce_eager, defaults.gpu_memory_utilization) == ("auto", False, 0.9)
     assert defaults.weights is None and defaults.attention_backend is None
 
-    engine, _ = server.build_engine(executor="torch", kv_blocks=None, max_model_len=100_000)
+    engine, _ = builder.build_engine(executor="torch", kv_blocks=None, max_model_len=100_000)
     ex = engine.executor
     assert isinstance(ex, TorchExecutor)
     assert ex.num_blocks == engine.config.num_blocks == 1024 and ex.dtype == torch.float32

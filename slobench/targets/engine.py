@@ -95,7 +95,7 @@ class _Live:
 class EngineTarget:
     """The reference engine in this process. `engine` is an `LLMEngine` or `build_engine` knobs.
 
-    Knobs are those of `reference_engine.server.build_engine` (`executor`, `profile`, `kv_blocks`,
+    Knobs are those of `reference_engine.builder.build_engine` (`executor`, `profile`, `kv_blocks`,
     `max_num_seqs`, ...): `EngineTarget({"executor": "modeled", "profile": "cpu-tiny"})`. The target starts
     the engine's thread in `start()` and stops it in `close()` unless `keep_running` is set (an engine
     shared with something else).
@@ -115,7 +115,7 @@ class EngineTarget:
             raise SpecError("api", api, "must be 'completions' or 'chat'")
         self.knobs: dict[str, Any] | None = None
         if isinstance(engine, Mapping):
-            from reference_engine.server import build_engine
+            from reference_engine.builder import build_engine
 
             self.knobs = dict(engine)
             engine, built_tokenizer = build_engine(**self.knobs)
