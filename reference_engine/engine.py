@@ -171,8 +171,12 @@ class LLMEngine:
         ignore_eos: bool = False,
         sampling: SamplingParams | None = None,
         on_token: Callable[[TokenEvent], None] | None = None,
+        stop_check: Callable[[int], bool] | None = None,
     ) -> int:
-        """Queue a request; returns its id. Raises RequestRejected (and changes nothing) if it can never run."""
+        """Queue a request; returns its id. Raises RequestRejected (and changes nothing) if it can never run.
+
+        `stop_check` is fed each output token on the engine's thread; True ends the request with "stop" in
+        that step (stop strings: `GenerationRequest.stop_check()`)."""
         if self.error is not None:
             raise RuntimeError("the engine loop has died") from self.error
         prompt = list(prompt_token_ids)
@@ -184,7 +188,8 @@ class LLMEngine:
         with self._lock:
             rid = next(self._ids)
             seq = Sequence(
-                rid, prompt, max_tokens, min_tokens, ignore_eos, sampling if sampling is not None else SamplingParams()
+                rid, prompt, max_tokens, min_tokens, ignore_eos, sampling if sampling is not None else SamplingParams(),
+                stop_check,
             )
             self._pending_adds.append(_Request(seq, on_token, self.clock.now_s()))
         self._wake.set()

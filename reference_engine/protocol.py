@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from reference_engine.executor.base import SamplingParams
+from reference_engine.stop import MAX_STOP_STRINGS, OutputText
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # the OpenAI completions default
 DEFAULT_CHAT_MAX_TOKENS = 256
@@ -58,6 +59,16 @@ class GenerationRequest:
     sampling: SamplingParams
     stream: bool
     include_usage: bool
+    stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
+
+    def output_text(self) -> OutputText:
+        """The server's view of this request's text: decoded, cut at a stop string."""
+        return OutputText(self.stop, include_stop=self.include_stop_str_in_output, min_tokens=self.min_tokens)
+
+    def stop_check(self) -> OutputText | None:
+        """The engine's stop-string check for this request (None without stop strings)."""
+        return self.output_text() if self.stop else None
 
 
 # ---- field readers -------------------------------------------------------------------------------------
@@ -83,6 +94,25 @@ def _get(body: dict[str, Any], name: str, kind: str, check: Callable[[Any], bool
     return value
 
 
+# Fields that would change what comes back: refused unless absent, null or neutral, so that a client never
+# gets a response that silently ignored what it asked for.
+_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "echo": (False,),
+    "logprobs": (False, 0),
+    "top_logprobs": (0,),
+    "best_of": (1,),
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "repetition_penalty": (1, 1.0),
+    "logit_bias": ({},),
+    "stop_token_ids": ([],),
+    "suffix": ("",),
+    "tools": ([],),
+    "response_format": ({"type": "text"},),
+    "use_beam_search": (False,),
+}
+
+
 def _common(body: Any, model_name: str) -> None:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object", None, "invalid_json")
@@ -91,8 +121,27 @@ def _common(body: Any, model_name: str) -> None:
         raise BadRequest(f"The model `{model}` does not exist. This server serves `{model_name}`.",
                          "model", "model_not_found")
     _get(body, "n", "integer", lambda v: v == 1, 1)
-    if body.get("stop") not in (None, [], ""):
-        raise BadRequest("'stop' sequences are not supported by this engine", "stop", "unsupported")
+    for name, neutral in _UNSUPPORTED.items():
+        value = body.get(name)
+        if value is not None and not any(type(value) is type(v) and value == v for v in neutral):
+            raise BadRequest(f"'{name}' is not supported by this engine (only {json.dumps(list(neutral))[1:-1]} or "
+                             f"null; got {json.dumps(value)[:80]})", name, "unsupported")
+
+
+def _stop_strings(body: dict[str, Any]) -> tuple[str, ...]:
+    raw = body.get("stop")
+    if raw is None or raw == "":
+        return ()
+    stops = [raw] if isinstance(raw, str) else raw
+    if not isinstance(stops, list) or not all(isinstance(x, str) for x in stops):
+        raise BadRequest(f"'stop' must be a string or a list of strings, got {json.dumps(raw)[:80]}", "stop",
+                         "invalid_type")
+    if any(x == "" for x in stops):
+        raise BadRequest("'stop' strings must not be empty", "stop", "invalid_value")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise BadRequest(f"'stop' has {len(stops)} strings; at most {MAX_STOP_STRINGS} are accepted", "stop",
+                         "invalid_value")
+    return tuple(dict.fromkeys(stops))
 
 
 def _generation(body: dict[str, Any], prompt: list[int], default_max_tokens: int, max_tokens_name: str,
@@ -117,6 +166,8 @@ def _generation(body: dict[str, Any], prompt: list[int], default_max_tokens: int
         sampling=SamplingParams(temperature=float(temperature), top_p=float(top_p), seed=seed),
         stream=stream,
         include_usage=include_usage and stream,
+        stop=_stop_strings(body),
+        include_stop_str_in_output=_get(body, "include_stop_str_in_output", "boolean", lambda v: True, False),
     )
 
 

@@ -226,6 +226,8 @@ class Scheduler:
                     f"before its min_tokens {seq.sampling.min_tokens}"
                 )
             return FinishReason.STOP
+        if seq.stop_check is not None and seq.stop_check(token):
+            return FinishReason.STOP
         if seq.num_output_tokens >= seq.max_tokens:
             return FinishReason.LENGTH
         return None

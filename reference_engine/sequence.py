@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -33,6 +34,8 @@ class Sequence:
     min_tokens: int = 0
     ignore_eos: bool = False
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # Fed every output token in order; True ends the request with "stop" (reference_engine.stop.OutputText).
+    stop_check: Callable[[int], bool] | None = None
     num_prompt_tokens: int = 0
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)

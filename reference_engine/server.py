@@ -43,7 +43,6 @@ from reference_engine.protocol import (
     sse,
 )
 from reference_engine.scheduler import RequestRejected
-from reference_engine.tokenizer import IncrementalDecoder
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +175,7 @@ def build_app(
         try:
             rid = engine.add_request(
                 req.prompt_token_ids, req.max_tokens, min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
-                sampling=req.sampling, on_token=on_token,
+                sampling=req.sampling, on_token=on_token, stop_check=req.stop_check(),
             )
         except RequestRejected as e:
             raise BadRequest(str(e), e.param, "invalid_value") from None
@@ -192,15 +191,15 @@ def build_app(
 
         if req.stream:
             return _AbortingStreamingResponse(
-                stream(live, shape, len(req.prompt_token_ids), req.include_usage), abort_unless_finished
+                stream(live, shape, req), abort_unless_finished
             )
         try:
-            return await whole(request, live, shape, len(req.prompt_token_ids))
+            return await whole(request, live, shape, req)
         finally:
             abort_unless_finished()
 
-    async def stream(live: _Live, shape: ResponseShape, num_prompt: int, include_usage: bool) -> AsyncIterator[str]:
-        decoder = IncrementalDecoder()
+    async def stream(live: _Live, shape: ResponseShape, req: GenerationRequest) -> AsyncIterator[str]:
+        text_out = req.output_text()
         num_tokens = 0
         if shape.is_chat:
             yield sse(shape.chunk(None, None, role=True))
@@ -217,20 +216,20 @@ def build_app(
                 text = ""
                 if ev.token_id is not None:
                     num_tokens += 1
-                    text = decoder.push((ev.token_id,))
+                    text = text_out.push(ev.token_id)
                 if ev.finish_reason is not None:
                     live.finished = True
-                    text += decoder.flush()
+                    text += text_out.flush()
                 if text or ev.finish_reason is not None:
                     out.append(sse(shape.chunk(text, ev.finish_reason)))
                 if live.finished:
                     break
             yield "".join(out)
-        if include_usage:
-            yield sse(shape.usage_chunk(num_prompt, num_tokens))
+        if req.include_usage:
+            yield sse(shape.usage_chunk(len(req.prompt_token_ids), num_tokens))
         yield SSE_DONE
 
-    async def whole(request: Request, live: _Live, shape: ResponseShape, num_prompt: int) -> Response:
+    async def whole(request: Request, live: _Live, shape: ResponseShape, req: GenerationRequest) -> Response:
         collect = asyncio.ensure_future(_collect(live))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
@@ -244,8 +243,9 @@ def build_app(
         token_ids, reason = collect.result()
         if reason == ERROR_FINISH_REASON:
             return _error(500, "the engine failed while generating", "server_error", None, 500)
-        text = tokenizer_decode(token_ids)
-        return JSONResponse(shape.whole(text, reason, num_prompt, len(token_ids)))
+        text_out = req.output_text()
+        text = "".join(text_out.push(t) for t in token_ids) + text_out.flush()
+        return JSONResponse(shape.whole(text, reason, len(req.prompt_token_ids), len(token_ids)))
 
     async def _collect(live: _Live) -> tuple[list[int], str | None]:
         tokens: list[int] = []
@@ -256,10 +256,6 @@ def build_app(
             if ev.finish_reason is not None:
                 live.finished = True
                 return tokens, ev.finish_reason
-
-    def tokenizer_decode(token_ids: list[int]) -> str:
-        decoder = IncrementalDecoder()
-        return decoder.push(token_ids) + decoder.flush()
 
     return app
 

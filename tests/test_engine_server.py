@@ -95,6 +95,89 @@ async def test_chat_whole_and_streamed(app_client: tuple[httpx.AsyncClient, LLME
     assert all(o["object"] == "chat.completion.chunk" for o in objs)
 
 
+async def test_neutral_values_of_unsupported_fields_are_accepted(app_client: tuple[httpx.AsyncClient, LLMEngine]
+                                                                  ) -> None:  # fmt: skip
+    # Clients send these defaults unasked; only a value the engine would silently ignore is refused.
+    client, _ = app_client
+    neutral = {"logprobs": None, "echo": False, "presence_penalty": 0, "frequency_penalty": 0.0, "best_of": 1,
+               "logit_bias": {}, "stop_token_ids": [], "stop": None}
+    r = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3, **neutral})
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+
+
+def predicted_text(engine: LLMEngine, request_id: int, prompt_len: int, n: int) -> str:
+    """The modeled executor's tokens are a pure function of (request id, position): the text request
+    `request_id` would produce without stopping, one printable byte per token."""
+    ex = engine.executor
+    assert isinstance(ex, ModeledExecutor)
+    return bytes(ex.token_at(request_id, prompt_len + k) for k in range(n)).decode()
+
+
+async def test_stop_strings_cut_the_text_and_end_the_request(app_client: tuple[httpx.AsyncClient, LLMEngine]
+                                                             ) -> None:  # fmt: skip
+    client, engine = app_client
+    r = await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 40})
+    first = r.json()
+    rid = int(first["id"].split("-")[-1])
+    assert first["choices"][0]["text"] == predicted_text(engine, rid, 5, 40)  # the prediction holds
+
+    # The next request's text is known in advance: stop on 3 characters from its middle (3 tokens).
+    full = predicted_text(engine, rid + 1, 5, 40)
+    stop = full[20:23]
+    cut = full.index(stop)
+    r = await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 40, "stop": [stop, "\x00"]})
+    body = r.json()
+    assert (body["choices"][0]["text"], body["choices"][0]["finish_reason"]) == (full[:cut], "stop")
+    assert body["usage"]["completion_tokens"] == cut + 3  # no token generated past the stop string
+    generated = engine.stats().num_generation_tokens
+    assert generated == 40 + cut + 3
+
+    # Streamed, with the stop string kept: the same cut, and no chunk ever carries part of it early.
+    full = predicted_text(engine, rid + 2, 5, 40)
+    stop = full[30:32]
+    cut = full.index(stop)
+    r = await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 40, "stop": stop, "stream": True,
+                                                   "include_stop_str_in_output": True,
+                                                   "stream_options": {"include_usage": True}})
+    objs = sse_objects(r.text)
+    texts = [o["choices"][0]["text"] for o in objs if o["choices"]]
+    assert "".join(texts) == full[: cut + 2]
+    assert objs[-2]["choices"][0]["finish_reason"] == "stop"
+    assert objs[-1]["usage"]["completion_tokens"] == cut + 2
+    assert engine.stats().num_blocks_in_use == 0 and not engine.has_work()
+    snap = await client.get("/metrics")
+    assert 'vllm:request_success_total{finished_reason="stop"' in snap.text
+
+
+async def test_stop_strings_wait_for_min_tokens_and_work_in_chat(app_client: tuple[httpx.AsyncClient, LLMEngine]
+                                                                 ) -> None:  # fmt: skip
+    client, engine = app_client
+    r = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+    rid = int(r.json()["id"].split("-")[-1])
+    full = predicted_text(engine, rid + 1, 2, 30)
+    # min_tokens=10: only an occurrence ending at the 10th output token (index 9) or later ends the request.
+    # Stop on a character seen before that and again after it (the text is random printable ASCII).
+    stop = next(c for c in full[:9] if full.find(c, 9) != -1)
+    later = full.find(stop, 9)
+    r = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 30, "stop": stop, "min_tokens": 10})
+    body = r.json()
+    assert (body["choices"][0]["text"], body["choices"][0]["finish_reason"]) == (full[:later], "stop")
+    assert body["usage"]["completion_tokens"] == later + 1
+
+    messages = [{"role": "user", "content": "hi"}]
+    r = await client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1})
+    rid = int(r.json()["id"].split("-")[-1])
+    prompt_len = r.json()["usage"]["prompt_tokens"]
+    full = predicted_text(engine, rid + 1, prompt_len, 30)
+    stop = full[5:7]
+    r = await client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 30, "stop": [stop],
+                                                        "stream": True})
+    objs = sse_objects(r.text)
+    content = "".join(o["choices"][0]["delta"].get("content") or "" for o in objs)
+    assert content == full[: full.index(stop)] and objs[-1]["choices"][0]["finish_reason"] == "stop"
+    assert engine.stats().num_blocks_in_use == 0
+
+
 async def test_models_health_metrics_and_unknown_route(app_client: tuple[httpx.AsyncClient, LLMEngine]) -> None:
     client, _ = app_client
     r = await client.get("/v1/models")
@@ -134,7 +217,17 @@ BAD_COMPLETIONS: list[tuple[Any, str | None]] = [
     ({"prompt": "hi", "ignore_eos": 1}, "ignore_eos"),
     ({"prompt": "hi", "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
     ({"prompt": "hi", "n": 2}, "n"),
-    ({"prompt": "hi", "stop": ["\n"]}, "stop"),
+    ({"prompt": "hi", "stop": 5}, "stop"),
+    ({"prompt": "hi", "stop": [""]}, "stop"),
+    ({"prompt": "hi", "stop": ["a", 1]}, "stop"),
+    ({"prompt": "hi", "stop": {"a": 1}}, "stop"),
+    ({"prompt": "hi", "stop": [str(i) for i in range(33)]}, "stop"),
+    ({"prompt": "hi", "stop": "a", "include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
+    ({"prompt": "hi", "echo": True}, "echo"),
+    ({"prompt": "hi", "logprobs": 5}, "logprobs"),
+    ({"prompt": "hi", "best_of": 2}, "best_of"),
+    ({"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"prompt": "hi", "stop_token_ids": [7]}, "stop_token_ids"),
     ([{"prompt": "hi"}], None),
     ("just a string", None),
 ]
@@ -148,6 +241,9 @@ BAD_CHATS: list[tuple[Any, str | None]] = [
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": "x" * 200}]}, "max_tokens"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, "tools"),
 ]
 
 

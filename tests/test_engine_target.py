@@ -123,6 +123,22 @@ async def _until(cond, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.002)
 
 
+async def test_stop_strings_in_extra_body_end_requests_in_the_engine() -> None:
+    engine = make_engine()
+    finishes = _Finishes()
+    engine.observer = finishes
+    stops = [chr(c) for c in range(65, 95)]  # 30 of the 95 printable characters: one comes up within a few tokens
+    async with EngineTarget(engine, model_name="m") as target:
+        rec = RequestRecord(0, 0.0)
+        await target.send(spec(0, n_out=40, extra_body=(("stop", stops),)), rec)
+        plain = RequestRecord(1, 0.0)
+        await target.send(spec(1, n_out=40), plain)
+    assert rec.status == "ok" and 1 <= rec.output_tokens < 40
+    assert plain.status == "ok" and plain.output_tokens == 40
+    assert finishes.reasons == ["stop", "length"]
+    assert engine.stats().num_blocks_in_use == 0
+
+
 async def test_cancellation_aborts_and_frees_blocks() -> None:
     engine = make_engine(num_blocks=512, max_model_len=4096)
     finishes = _Finishes()

@@ -235,7 +235,8 @@ class EngineTarget:
         record.sent_s = now()
         try:
             rid = engine.add_request(req.prompt_token_ids, req.max_tokens, min_tokens=req.min_tokens,
-                                     ignore_eos=req.ignore_eos, sampling=req.sampling, on_token=on_token)
+                                     ignore_eos=req.ignore_eos, sampling=req.sampling, on_token=on_token,
+                                     stop_check=req.stop_check())
         except RequestRejected as e:
             record.fail("error", f"rejected: {e}", now())
             return
