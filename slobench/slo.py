@@ -6,7 +6,12 @@ that fell behind (or a request that waited for an in-flight cap) cannot hide que
 gives the classic definition from the moment the request left.
 
 Requests in one run are not independent near saturation (NOTES-statistics: variance inflated 3-50x), so
-intervals come from a moving-block bootstrap over requests in arrival order, not an i.i.d. resample.
+intervals come from a moving-block bootstrap over requests in arrival order, not an i.i.d. resample. The
+bootstrap is blind where few samples decide a number: every request met the SLO (every resample says
+100%), or a p99 from a few hundred requests (every resample reuses the same three tail values). So each
+interval is the envelope of the block bootstrap and an exact small-sample interval: Wilson's for
+attainment, the distribution-free order-statistic interval for quantiles (as asv's `quantile_ci`), whose
+upper end is unbounded (None) when the sample cannot bound it, e.g. a p99 from 100 requests.
 Replicate runs (different seeds) remain the honest unit for decisions; see slobench.gate.
 """
 
@@ -191,6 +196,54 @@ def bootstrap_quantile_ci(
     return float(lo), float(hi)
 
 
+def wilson_ci(num_met: int, n: int, *, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a proportion (i.i.d.; sensible at 0 or n successes, unlike the bootstrap)."""
+    from scipy.stats import norm
+
+    if n == 0:
+        return (float("nan"), float("nan"))
+    z = float(norm.ppf((1 + level) / 2))
+    p = num_met / n
+    denom = 1 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return float(max(0.0, center - half)), float(min(1.0, center + half))
+
+
+def order_statistic_ci(x: np.ndarray, q: float, *, level: float = 0.95) -> tuple[float | None, float | None]:
+    """Distribution-free interval for the q-quantile from the sorted sample (i.i.d.): [x_(l), x_(u)] with
+    l, u from Binomial(n, q). An end the sample cannot bound is None (the upper end of a p99 from 100
+    values: at least 5% of the time all 100 fall below the true p99)."""
+    from scipy.stats import binom
+
+    x = np.sort(x[~np.isnan(x)])
+    n = len(x)
+    if n == 0:
+        return (None, None)
+    alpha = 1 - level
+    lo_rank = int(binom.ppf(alpha / 2, n, q))  # x_(lo_rank), 1-based; 0 = below the smallest value
+    hi_rank = int(binom.ppf(1 - alpha / 2, n, q)) + 1
+    lo = float(x[lo_rank - 1]) if lo_rank >= 1 else None
+    hi = float(x[hi_rank - 1]) if hi_rank <= n else None
+    return lo, hi
+
+
+def samples_beyond(n: int, q: float) -> int:
+    """How many of n values lie above the q-quantile: NOTES-statistics asks for >= 100 to estimate it."""
+    return int(np.floor(n * (1 - q) + 1e-9))
+
+
+def quantile_ci(x: np.ndarray, q: float, *, level: float = 0.95, seed: int = 0) -> tuple[float | None, float | None]:
+    """The envelope of the block-bootstrap and order-statistic intervals for the q-quantile of x."""
+    b_lo, b_hi = bootstrap_quantile_ci(x, q, level=level, seed=seed)
+    if b_lo is None or b_hi is None:
+        return (None, None)
+    o_lo, o_hi = order_statistic_ci(x, q, level=level)
+    lo = b_lo if o_lo is None else min(b_lo, o_lo)  # below the smallest value: the bootstrap's end stands
+    hi = None if o_hi is None else max(b_hi, o_hi)
+    return lo, hi
+
+
 @dataclass(frozen=True, slots=True)
 class Attainment:
     value: float
@@ -209,7 +262,9 @@ def attainment(a: RecordArrays, slo: SLO, *, duration_s: float, seed: int = 0) -
     n = len(met)
     if n == 0:
         return Attainment(float("nan"), float("nan"), float("nan"), 0, 0, 0.0)
-    lo, hi = bootstrap_mean_ci(met, seed=seed)
+    b_lo, b_hi = bootstrap_mean_ci(met, seed=seed)
+    w_lo, w_hi = wilson_ci(int(met.sum()), n)
+    lo, hi = min(b_lo, w_lo), max(b_hi, w_hi)
     return Attainment(
         value=float(met.mean()),
         ci_low=lo,

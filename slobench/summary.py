@@ -10,7 +10,7 @@ import numpy as np
 
 from slobench.metrics import RecordArrays, achieved_send_rps, describe, quantiles, throughput
 from slobench.records import RequestRecord
-from slobench.slo import SLO, attainment, bootstrap_quantile_ci
+from slobench.slo import SLO, attainment, quantile_ci, samples_beyond
 
 # The client is called the bottleneck when its own send lateness p99 exceeds this, or 5% of the TTFT SLO
 # if that is larger. Why 10 ms: at typical TTFT SLOs (>=200 ms) it is a <5% distortion of the tightest
@@ -62,8 +62,10 @@ def summarize(records: Sequence[RequestRecord], slo: SLO | None, *, seed: int = 
 
 def _with_ci(x: np.ndarray, seed: int) -> dict[str, Any]:
     d: dict[str, Any] = describe(x)
+    n = int(np.count_nonzero(~np.isnan(x)))
     for q, name in ((0.5, "p50"), (0.9, "p90"), (0.99, "p99")):
-        d[f"{name}_ci"] = bootstrap_quantile_ci(x, q, seed=seed)
+        d[f"{name}_ci"] = quantile_ci(x, q, seed=seed)
+        d[f"{name}_beyond"] = samples_beyond(n, q)
     return d
 
 

@@ -6,7 +6,17 @@ import pytest
 from slobench.errors import SpecError
 from slobench.metrics import RecordArrays, quantiles, throughput
 from slobench.records import RequestRecord
-from slobench.slo import SLO, attainment, block_length, bootstrap_mean_ci, bootstrap_quantile_ci
+from slobench.slo import (
+    SLO,
+    attainment,
+    block_length,
+    bootstrap_mean_ci,
+    bootstrap_quantile_ci,
+    order_statistic_ci,
+    quantile_ci,
+    samples_beyond,
+    wilson_ci,
+)
 from slobench.summary import summarize
 
 
@@ -89,6 +99,49 @@ def test_quantile_ci_covers_truth():
     lo, hi = bootstrap_quantile_ci(x, 0.9)
     assert lo < np.log(10) < hi
     assert hi - lo < 0.3
+
+
+@pytest.mark.parametrize(
+    ("n", "q", "lo", "hi"),
+    [(100, 0.9, 0.84, 0.96), (100, 0.99, 0.97, None), (1000, 0.9, 0.881, 0.919), (1000, 0.99, 0.983, 0.997),
+     (10000, 0.9, 0.894, 0.906), (10000, 0.99, 0.988, 0.992)],
+)
+def test_order_statistic_interval_matches_the_notes_table(n: int, q: float, lo: float, hi: float | None) -> None:
+    # NOTES-statistics' table of i.i.d. 95% intervals, as quantile levels: x_(i) = i / n reads them off.
+    got_lo, got_hi = order_statistic_ci((np.arange(n) + 1) / n, q)
+    assert got_lo == pytest.approx(lo, abs=1.5 / n)
+    assert (got_hi is None) if hi is None else got_hi == pytest.approx(hi, abs=1.5 / n)
+
+
+def test_samples_beyond() -> None:
+    assert (samples_beyond(100, 0.99), samples_beyond(1000, 0.9), samples_beyond(10000, 0.99)) == (1, 100, 100)
+    assert samples_beyond(0, 0.5) == 0
+
+
+def test_tail_quantile_interval_covers_where_the_bootstrap_alone_does_not() -> None:
+    # p99 of 400 i.i.d. exponentials (4 values beyond it), 200 seeds: the block bootstrap alone covers the
+    # true p99 far less often than its nominal 95% (resamples keep reusing the same few tail values);
+    # its envelope with the order-statistic interval covers at least the nominal rate.
+    true = np.log(100)
+    boot = env = 0
+    for s in range(200):
+        x = np.random.default_rng(1000 + s).exponential(1.0, 400)
+        lo, hi = bootstrap_quantile_ci(x, 0.99, seed=s)
+        boot += lo <= true <= hi
+        elo, ehi = quantile_ci(x, 0.99, seed=s)
+        assert elo is not None and elo <= lo and (ehi is None or ehi >= hi)
+        env += elo <= true and (ehi is None or true <= ehi)
+    assert boot / 200 < 0.9
+    assert env / 200 >= 0.94
+
+
+def test_attainment_interval_is_not_degenerate_when_every_request_met() -> None:
+    recs = [rec(i, i * 0.1, i * 0.1, i * 0.1 + 0.05, i * 0.1 + 0.2, 10) for i in range(100)]
+    att = attainment(RecordArrays.from_records(recs), SLO(ttft_s=1.0), duration_s=10.0)
+    assert att.value == 1.0 and att.ci_high == 1.0
+    # The bootstrap alone says [100%, 100%]; Wilson's interval for 100/100 starts at 96.3%.
+    assert att.ci_low == pytest.approx(wilson_ci(100, 100)[0]) and 0.95 < att.ci_low < 0.97
+    assert wilson_ci(0, 50)[0] == pytest.approx(0.0, abs=1e-12) and wilson_ci(25, 50) == pytest.approx((0.366, 0.634), abs=1e-3)
 
 
 def test_throughput_and_summary_json_roundtrip():

@@ -306,3 +306,30 @@ def test_headline_text_says_what_is_known():
     h = {"target": 0.95, "max_rate_meeting_rps": None, "interval_rps": [None, None], "is_lower_bound": False}
     assert headline_text(h) == "attainment is below 95% at every rate tried"
     assert headline_text(None).startswith("no SLO")
+
+
+def test_quantiles_resting_on_few_tail_values_are_marked(tmp_path):
+    # 200 requests: 100 beyond the p50 (enough), 20 beyond the p90 and 2 beyond the p99 (marked).
+    from rich.console import Console
+
+    from slobench.report.terminal import THIN_MARK, print_run
+    from slobench.summary import summarize
+
+    recs = synthetic_records(5.0, 200, seed=3)
+    summary = summarize(recs, DEFAULT_SLO)
+    assert (summary["ttft_s"]["p50_beyond"], summary["ttft_s"]["p99_beyond"]) == (100, 2)
+    assert summary["ttft_s"]["p99_ci"][1] is None  # 200 values cannot bound a p99 from above
+    console = Console(record=True, width=200)
+    print_run(summary, console)
+    text = console.export_text()
+    ttft_row = next(line for line in text.splitlines() if "TTFT ms (from sent)" in line)
+    cells = [c.strip() for c in ttft_row.split("│") if c.strip()]
+    assert not cells[2].endswith(THIN_MARK) and cells[3].endswith(THIN_MARK) and cells[4].endswith(THIN_MARK)
+    assert "fewer than 100 requests beyond this quantile" in text
+
+    write_synthetic_sweep(tmp_path / "few", [2.0, 4.0], 200)
+    write_synthetic_sweep(tmp_path / "many", [2.0, 4.0], 12_000)
+    few = build_report([tmp_path / "few"], tmp_path / "few.html").read_text()
+    many = build_report([tmp_path / "many"], tmp_path / "many.html").read_text()
+    assert "fewer than 100 requests beyond this quantile" in few and THIN_MARK in few
+    assert "fewer than 100 requests beyond this quantile" not in many

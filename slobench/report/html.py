@@ -27,9 +27,9 @@ from slobench.report.load import RunData, load_series, unique_labels
 from slobench.report.stats import MAX_CDF_POINTS, Analyzed, analyze
 from slobench.report.style import PLOTLY_CONFIG, series_color
 from slobench.report.style import esc as plot_esc
-from slobench.report.terminal import headline_text
+from slobench.report.terminal import MIN_BEYOND, THIN_MARK, THIN_NOTE, headline_text
 from slobench.report.timeline import MAX_BINS, MAX_MISS_POINTS, TimelineNote, timeline_figure
-from slobench.slo import SLO
+from slobench.slo import SLO, samples_beyond
 
 SECTIONS = ("header", "cliff", "latency", "cdf", "timeline", "client", "compare")
 # Only inline code and styles may run; nothing may be fetched. A stray network request fails loudly
@@ -156,8 +156,11 @@ def _header(views: Sequence[Analyzed], title: str) -> str:
 # --- over offered rate --------------------------------------------------------------------------------
 
 
-def _ms3(d: dict[str, float | None]) -> str:
-    return " / ".join("-" if d[k] is None else f"{d[k]:.1f}" for k in ("p50", "p90", "p99"))
+def _ms3(d: dict[str, float | None], count: int) -> str:
+    """p50 / p90 / p99 in ms, each marked † when fewer than 100 values lie beyond it (NOTES-statistics)."""
+    qs = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+    return " / ".join("-" if d[k] is None else f"{d[k]:.1f}" + (THIN_MARK if samples_beyond(count, q) < MIN_BEYOND
+                                                                 else "") for k, q in qs.items())
 
 
 def _pct(x: float | None) -> str:
@@ -179,14 +182,17 @@ def _rate_table(v: Analyzed) -> str:
         cells = (
             f"{p.rate_rps:g}", _num(p.achieved_send_rps), _num(p.throughput.request_rps),
             _num(p.throughput.output_tokens_per_s, ".0f"), att_s,
-            _num(att.good_throughput_rps) if att else "-", _ms3(p.ttft_ms), _ms3(p.tpot_ms),
+            _num(att.good_throughput_rps) if att else "-", _ms3(p.ttft_ms, p.ttft_count), _ms3(p.tpot_ms, p.tpot_count),
             str(p.num_requests - p.num_ok), ("-" if late is None else f"{late * 1e3:.1f}")
             + (" (client!)" if p.client["is_bottleneck"] else ""),
         )
         cls = ' class="miss"' if att is not None and v.series.slo and att.value < v.series.slo.target else ""
         rows.append(f"<tr{cls}>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
+    thin = any(THIN_MARK in r for r in rows)
+    note = f'<p class="note">{esc(THIN_NOTE)}</p>' if thin else ""
     return (f'<table class="data"><caption>{esc(v.series.label)}</caption><thead><tr>'
-            + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+            + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
+            + note)
 
 
 def _cliff(views: Sequence[Analyzed], figs: _Figures) -> str:

@@ -31,6 +31,8 @@ class RunPoint:
     tpot_ms: dict[str, float | None]
     e2e_ms: dict[str, float | None]
     client: dict[str, Any]
+    ttft_count: int = 0  # finite values behind ttft_ms / tpot_ms (how many lie beyond a quantile: slo.samples_beyond)
+    tpot_count: int = 0
 
 
 def ttft_s(a: RecordArrays, slo: SLO | None) -> np.ndarray:
@@ -65,6 +67,8 @@ def run_point(run: RunData, slo: SLO | None) -> RunPoint:
         tpot_ms=_pcts_ms(a.tpot_s),
         e2e_ms=_pcts_ms(e2e_s(a, slo)),
         client=client_health(a, slo),
+        ttft_count=int(np.isfinite(ttft_s(a, slo)).sum()),
+        tpot_count=int(np.isfinite(a.tpot_s).sum()),
     )
 
 

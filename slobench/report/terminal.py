@@ -19,6 +19,19 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1e3:.1f}"
 
 
+MIN_BEYOND = 100  # NOTES-statistics: a quantile wants >= 100 samples beyond it
+THIN_MARK = "†"
+THIN_NOTE = (f"{THIN_MARK} fewer than {MIN_BEYOND} requests beyond this quantile: indicative only "
+             "(summary.json has its 95% interval, None where the sample cannot bound it)")
+
+
+def _q(d: dict[str, Any], key: str) -> str:
+    """A quantile in ms, marked when too few samples lie beyond it to pin it down."""
+    beyond = d.get(f"{key}_beyond")
+    thin = beyond is not None and beyond < MIN_BEYOND and d.get(key) is not None
+    return _ms(d.get(key)) + (THIN_MARK if thin else "")
+
+
 def _pct(v: float | None) -> str:
     return "-" if v is None or v != v else f"{v:.1%}"
 
@@ -44,6 +57,7 @@ def print_run(summary: dict[str, Any], console: Console | None = None, title: st
     t.add_column("metric")
     for c in ("mean", "p50", "p90", "p99", "max"):
         t.add_column(c, justify="right")
+    thin = False
     for key, label in (
         ("ttft_s", "TTFT ms (from sent)"),
         ("ttft_from_scheduled_s", "TTFT ms (from scheduled)"),
@@ -52,8 +66,12 @@ def print_run(summary: dict[str, Any], console: Console | None = None, title: st
         ("e2e_s", "E2E ms"),
     ):
         d = summary.get(key) or {}
-        t.add_row(label, *(_ms(d.get(c)) for c in ("mean", "p50", "p90", "p99", "max")))
+        cells = [_ms(d.get("mean")), *(_q(d, c) for c in ("p50", "p90", "p99")), _ms(d.get("max"))]
+        thin = thin or any(THIN_MARK in c for c in cells)
+        t.add_row(label, *cells)
     console.print(t)
+    if thin:
+        console.print(THIN_NOTE, highlight=False)
     lat = summary["client"]["lateness_s"]
     console.print(
         f"requests {summary['num_requests']} (ok {summary['num_ok']}, warm-up {summary['num_warmup']})  "
@@ -78,7 +96,8 @@ def print_run(summary: dict[str, Any], console: Console | None = None, title: st
 
 def sweep_table(rows: Sequence[dict[str, Any]], title: str = "sweep") -> Table:
     t = Table(title=title, header_style="bold",
-              caption="¹ from the scheduled arrival (immune to coordinated omission) unless the SLO says clock=sent")
+              caption="¹ from the scheduled arrival (immune to coordinated omission) unless the SLO says clock=sent\n"
+                      + THIN_NOTE)
     for c in (
         "rate req/s", "sent req/s", "done req/s", "attainment [95% CI]", "goodput req/s",
         "TTFT p50/p90/p99 ms ¹", "TPOT p50/p90/p99 ms", "errors", "lateness p99 ms",
@@ -99,8 +118,8 @@ def sweep_table(rows: Sequence[dict[str, Any]], title: str = "sweep") -> Table:
             f"{s['request_throughput_rps']:.2f}",
             attainment_text(s),
             f"{att.get('good_throughput_rps', 0.0):.2f}",
-            "/".join(_ms(ttft.get(k)) for k in ("p50", "p90", "p99")),
-            "/".join(_ms(tpot.get(k)) for k in ("p50", "p90", "p99")),
+            "/".join(_q(ttft, k) for k in ("p50", "p90", "p99")),
+            "/".join(_q(tpot, k) for k in ("p50", "p90", "p99")),
             str(errors),
             _ms(late) + bottleneck,
         )
