@@ -145,6 +145,21 @@ async def test_empty_text_and_role_chunks_are_not_content() -> None:
     assert rec.first_token_s == 5.0
 
 
+async def test_reasoning_and_tool_call_deltas_are_output_tokens() -> None:
+    # A reasoning model streams its thinking first (vLLM: reasoning_content, newer: reasoning): TTFT is the
+    # first of those, not the first answer token; tool-call arguments are output too.
+    call = {"tool_calls": [{"index": 0, "function": {"arguments": "{\"x\": 1}"}}]}
+    no_args = {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f"}}]}
+    rec, _ = await run_scripted(
+        [sse(ctok(None, role="assistant")), sse(ctok(None, reasoning_content="hmm")), sse(ctok(None, reasoning="so")),
+         sse(ctok(None, **no_args)), sse(ctok(None, **call)), sse(ctok("answer")), sse(b"[DONE]")],
+        api="chat",
+    )  # fmt: skip
+    assert rec.status == "ok", rec.error
+    assert rec.first_token_s == 4.0  # the reasoning delta, read at t=4 (t=3 was the role-only chunk)
+    assert rec.chunk_times_s == [4.0, 5.0, 7.0, 8.0] and rec.output_tokens == 4
+
+
 async def test_comments_and_data_after_done_are_ignored() -> None:
     rec, _ = await run_scripted([b": keep-alive\n\n", sse(tok(), b"[DONE]"), sse(tok()), b"garbage"])
     assert rec.status == "ok" and rec.chunk_tokens == [1]

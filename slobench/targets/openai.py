@@ -263,7 +263,10 @@ class OpenAITarget:
                 choices = obj.get("choices")
                 if choices:
                     c = choices[0]
-                    text = (c.get("delta") or {}).get("content") if is_chat else c.get("text")
+                    if is_chat:
+                        text = _chat_output(c.get("delta"))
+                    else:
+                        text = c.get("text")
                     if text:
                         num += _tokens_in(c, is_chat)
                 elif "error" in obj or obj.get("object") == "error":
@@ -381,6 +384,24 @@ def _normalise_base_url(base_url: str) -> str:
     if parts.path in ("", "/"):
         url += "/v1"
     return url
+
+
+def _chat_output(delta: Any) -> bool:
+    """Whether a chat delta carries generated tokens: answer text, reasoning (vLLM's `reasoning_content`,
+    newer `reasoning`; SGLang's `reasoning_content`) or tool-call arguments. A reasoning model's first
+    tokens are its reasoning, so TTFT counts them, as vLLM's `bench serve` does; a role-only or empty
+    delta is not output."""
+    if not isinstance(delta, dict):
+        return False
+    if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
+        return True
+    calls = delta.get("tool_calls")
+    if isinstance(calls, list):
+        for call in calls:
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict) and fn.get("arguments"):
+                return True
+    return False
 
 
 def _tokens_in(choice: dict[str, Any], is_chat: bool) -> int:
