@@ -37,6 +37,9 @@ def _add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     g.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
     g.add_argument("--transport", choices=("aiohttp", "httpx"), default="aiohttp")
     g.add_argument("--http2", action="store_true", help="HTTP/2 (implies --transport httpx)")
+    g.add_argument("--client-workers", type=int, default=1, metavar="N",
+                   help="send from N worker processes (the schedule stays in this one): for streams of more than "
+                        "~20,000 tokens/s, which one process cannot read on time (default 1)")
     from slobench.targets.engine import add_engine_arguments
 
     eng = p.add_argument_group("in-process engine (instead of --url)")
@@ -236,16 +239,18 @@ class LoadSetup:
         from slobench.targets.openai import OpenAITarget
 
         a = self.args
+        workers = getattr(a, "client_workers", 1)
         if a.engine:
             from slobench.targets.engine import engine_target_from_args
 
+            if workers != 1:
+                raise UsageError("--client-workers needs --url: the in-process engine has no HTTP client to spread")
             self.engine_target = engine_target_from_args(a, clock, api=self.api)  # monitors() scrapes it
             return self.engine_target
-        return OpenAITarget(
-            a.url,
-            a.model,
+        kwargs: dict[str, Any] = dict(
+            base_url=a.url,
+            model=a.model,
             api=self.api,
-            clock=clock,
             stream=not a.no_stream,
             api_key_env=a.api_key_env,
             headers=self.headers,
@@ -254,6 +259,11 @@ class LoadSetup:
             transport="httpx" if a.http2 else a.transport,
             http2=a.http2,
         )
+        if workers != 1:
+            from slobench.targets.workers import WorkerPool
+
+            return WorkerPool(workers, kwargs, clock=clock)
+        return OpenAITarget(**kwargs, clock=clock)
 
     def manifest(self, target: Any, served: str) -> dict[str, Any]:
         from slobench.workload import phase_boundaries
@@ -269,6 +279,7 @@ class LoadSetup:
             "target": (
                 {**target.describe(), "served": served} if a.engine else
                 {"url": a.url, "model": target.model, "api": self.api, "stream": not a.no_stream, "served": served}
+                | ({"client_workers": a.client_workers} if getattr(a, "client_workers", 1) != 1 else {})
             ),
             "slo": self.slo.to_dict() if self.slo else None,
             "phases": phase_boundaries(self.workload, duration_s=a.duration),

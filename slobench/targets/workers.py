@@ -1,0 +1,312 @@
+"""Client worker processes: the OpenAI target's streaming work spread over N processes.
+
+One Python process reads SSE streams at about 20 µs of CPU per token chunk (aiohttp, SSE and JSON; see
+benchmarks/client_overhead.py), so one core tops out near 50,000 streamed tokens/s, and well before that
+its event loop starts sending late. A GPU server with a small model produces that much. `WorkerPool`
+keeps the dispatcher (schedule, in-flight cap, closed loop, Ctrl-C, records) in the parent and moves each
+request's HTTP exchange to one of N worker processes, each with its own event loop and connection pool.
+
+Per request the parent sends the spec over a socket to the least busy worker at its scheduled time and
+gets the stamped record back: two small messages, not one per token. Workers stamp times on the system-wide
+monotonic clock (`time.perf_counter_ns`, CLOCK_MONOTONIC on Linux, shared by every process), and the parent
+moves them onto the run's clock, so TTFT and ITL are measured where the bytes arrive. The hop to the
+worker is counted in send lateness (sent − scheduled), never hidden.
+
+A worker that dies turns its in-flight requests into error records naming it; the others carry on.
+Workers ignore SIGINT: the parent's runner owns Ctrl-C and cancels what is in flight.
+
+    python -m slobench.targets.workers FD   # how the parent starts a worker (not for people)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import pickle
+import signal
+import socket
+import struct
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slobench.clock import Clock
+from slobench.errors import SpecError
+from slobench.records import RequestRecord, RequestSpec
+
+_HEADER = struct.Struct("!I")
+_STAMPED = ("sent_s", "first_token_s", "done_s")
+_COPIED = ("chunk_tokens", "prompt_tokens", "output_tokens", "status", "error", "http_status")
+STOP_TIMEOUT_S = 10.0
+MAX_WORKERS = 64
+
+
+class WorkerGone(Exception):
+    """The worker process that held a request exited before answering."""
+
+
+def _frame(msg: tuple[Any, ...]) -> bytes:
+    body = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(body)) + body
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> tuple[Any, ...]:
+    (size,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+    msg = pickle.loads(await reader.readexactly(size))
+    if not isinstance(msg, tuple) or not msg:
+        raise ValueError(f"malformed message from the other side: {msg!r}")
+    return msg
+
+
+@dataclass(eq=False)
+class _Worker:
+    index: int
+    proc: subprocess.Popen[bytes]
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    pending: dict[int, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
+    alive: bool = True
+    reader_task: asyncio.Task[None] | None = None
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        self.writer.write(_frame(msg))
+
+    def gone(self, why: str) -> None:
+        self.alive = False
+        err = WorkerGone(why)
+        for fut in self.pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self.pending.clear()
+
+
+class WorkerPool:
+    """An OpenAI-compatible target whose requests are sent from `num_workers` worker processes.
+
+    `target_kwargs` are `OpenAITarget`'s keyword arguments (base_url, model, api, stream, headers, ...;
+    no clock, no Transport instance); every worker builds its own target from them. The parent keeps one
+    target of its own for `preflight`, `describe` and `check_compatible`, and never sends load through it.
+    """
+
+    def __init__(self, num_workers: int, target_kwargs: dict[str, Any], clock: Clock | None = None) -> None:
+        from slobench.targets.openai import OpenAITarget
+
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or not 1 <= num_workers <= MAX_WORKERS:
+            raise SpecError("client_workers", num_workers, f"must be an integer from 1 to {MAX_WORKERS}")
+        if "clock" in target_kwargs or not isinstance(target_kwargs.get("transport", "aiohttp"), str):
+            raise SpecError("target_kwargs", sorted(target_kwargs), "no clock and only a transport *name* may travel")
+        self.num_workers = num_workers
+        self.target_kwargs = dict(target_kwargs)
+        self.clock = clock if clock is not None else Clock()
+        self._probe = OpenAITarget(**self.target_kwargs, clock=self.clock)  # validates the kwargs here
+        self._workers: list[_Worker] = []
+        self._ids = itertools.count()
+
+    def __repr__(self) -> str:
+        return f"WorkerPool({self.num_workers} workers, {self._probe!r})"
+
+    def describe(self) -> dict[str, Any]:
+        return {**self._probe.describe(), "client_workers": self.num_workers}
+
+    def check_compatible(self, spec: RequestSpec) -> None:
+        self._probe.check_compatible(spec)
+
+    async def preflight(self) -> str:
+        return await self._probe.preflight()
+
+    @property
+    def model(self) -> str:
+        return self._probe.model
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [w.proc.pid for w in self._workers]
+
+    # ---- lifecycle -------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._workers:
+            return
+        await self._probe.start()
+        try:
+            for i in range(self.num_workers):
+                self._workers.append(await self._spawn(i))
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _spawn(self, index: int) -> _Worker:
+        parent_sock, child_sock = socket.socketpair()
+        try:
+            env = dict(os.environ)  # the API key's variable travels this way, never in a message
+            here = str(Path(__file__).resolve().parents[2])  # so a checkout that is not installed works too
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "slobench.targets.workers", str(child_sock.fileno())],
+                pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL, env=env,
+            )  # fmt: skip
+        finally:
+            child_sock.close()
+        reader, writer = await asyncio.open_unix_connection(sock=parent_sock)
+        w = _Worker(index, proc, reader, writer)
+        w.send(("config", self.target_kwargs))
+        try:
+            reply = await asyncio.wait_for(_read_frame(reader), timeout=60)
+        except (asyncio.IncompleteReadError, TimeoutError, ConnectionError) as e:
+            proc.kill()
+            raise RuntimeError(f"client worker {index} did not start (exit code {proc.poll()}): {e!r}") from None
+        if reply[0] != "ready":
+            proc.kill()
+            raise RuntimeError(f"client worker {index} failed to start: {reply[1] if len(reply) > 1 else reply}")
+        w.reader_task = asyncio.ensure_future(self._read_replies(w))
+        return w
+
+    async def _read_replies(self, w: _Worker) -> None:
+        try:
+            while True:
+                msg = await _read_frame(w.reader)
+                if msg[0] == "done":
+                    fut = w.pending.pop(msg[1], None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg[2])
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError, pickle.UnpicklingError) as e:
+            code = w.proc.poll()
+            why = f"client worker {w.index} (pid {w.proc.pid}) exited" + (
+                f" with code {code}" if code is not None else f": {type(e).__name__}")
+            w.gone(why)
+
+    async def close(self) -> None:
+        workers, self._workers = self._workers, []
+        for w in workers:
+            if w.alive:
+                try:
+                    w.send(("stop",))
+                except (ConnectionError, RuntimeError):
+                    pass
+        loop = asyncio.get_running_loop()
+        for w in workers:
+            try:
+                await loop.run_in_executor(None, w.proc.wait, STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                await loop.run_in_executor(None, w.proc.wait)
+            if w.reader_task is not None:
+                w.reader_task.cancel()
+                await asyncio.gather(w.reader_task, return_exceptions=True)
+            w.writer.close()
+            w.gone(f"client worker {w.index} was stopped")
+        await self._probe.close()
+
+    async def __aenter__(self) -> WorkerPool:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- the seam --------------------------------------------------------------------------------------
+
+    async def send(self, spec: RequestSpec, record: RequestRecord) -> None:
+        live = [w for w in self._workers if w.alive]
+        if not live:
+            if not self._workers:
+                raise RuntimeError("WorkerPool.send() before start()")
+            record.fail("error", "internal: every client worker has exited", self.clock.now_s())
+            return
+        w = min(live, key=lambda x: len(x.pending))
+        rid = next(self._ids)
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        w.pending[rid] = fut
+        record.sent_s = self.clock.now_s()  # provisional: the worker's own stamp replaces it
+        w.send(("send", rid, spec))
+        try:
+            stamped = await fut
+        except asyncio.CancelledError:
+            if w.pending.pop(rid, None) is not None and w.alive:
+                w.send(("cancel", rid))
+            raise
+        except WorkerGone as e:
+            record.fail("error", f"internal: {e} while this request was in flight", self.clock.now_s())
+            return
+        origin_s = self.clock.origin_ns * 1e-9
+        for name in _STAMPED:
+            t = stamped[name]
+            setattr(record, name, None if t is None else t - origin_s)
+        record.chunk_times_s = [t - origin_s for t in stamped["chunk_times_s"]]
+        for name in _COPIED:
+            setattr(record, name, stamped[name])
+
+
+# ---- the worker process ----------------------------------------------------------------------------------
+
+
+async def _serve(fd: int) -> None:
+    from slobench.targets.openai import OpenAITarget
+
+    sock = socket.socket(fileno=fd)
+    reader, writer = await asyncio.open_unix_connection(sock=sock)
+    msg = await _read_frame(reader)
+    try:
+        if msg[0] != "config":
+            raise ValueError(f"expected the target's config first, got {msg[0]!r}")
+        # Origin 0: stamps are absolute perf_counter seconds, which the parent moves onto the run's clock.
+        target = OpenAITarget(**msg[1], clock=Clock(origin_ns=0))
+        await target.start()
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it with the worker's index
+        writer.write(_frame(("error", f"{type(e).__name__}: {e}")))
+        await writer.drain()
+        return
+    writer.write(_frame(("ready",)))
+    tasks: dict[int, asyncio.Task[None]] = {}
+
+    async def one(rid: int, spec: RequestSpec) -> None:
+        rec = RequestRecord(spec.request_id, spec.arrival_s)
+        try:
+            await target.send(spec, rec)
+        except asyncio.CancelledError:
+            return  # the parent gave up on it and marks it cancelled itself
+        except Exception as e:  # noqa: BLE001 - a target bug must not lose the record
+            rec.fail("error", f"internal: {type(e).__name__}: {e}", target.clock.now_s())
+        finally:
+            tasks.pop(rid, None)
+        stamped = {name: getattr(rec, name) for name in (*_STAMPED, *_COPIED, "chunk_times_s")}
+        writer.write(_frame(("done", rid, stamped)))
+
+    try:
+        while True:
+            try:
+                msg = await _read_frame(reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break  # the parent went away
+            kind = msg[0]
+            if kind == "send":
+                tasks[msg[1]] = asyncio.ensure_future(one(msg[1], msg[2]))
+            elif kind == "cancel":
+                task = tasks.get(msg[1])
+                if task is not None:
+                    task.cancel()
+            elif kind == "stop":
+                break
+    finally:
+        for task in list(tasks.values()):
+            task.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        await target.close()
+        writer.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not args[0].isdigit():
+        print("usage: python -m slobench.targets.workers FD (started by WorkerPool, not by hand)", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's runner owns Ctrl-C
+    asyncio.run(_serve(int(args[0])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
