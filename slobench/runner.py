@@ -141,15 +141,19 @@ class Dispatcher:
         task.add_done_callback(self.tasks.discard)
 
     async def open_loop(self, specs: Sequence[RequestSpec]) -> None:
-        """Send each spec at its arrival time. Returns once all are sent (not finished)."""
+        """Send each spec at its arrival time. Returns once all are sent (not finished).
+
+        A target with `send_lead_s` (client worker processes) is handed each request that much early and
+        holds it until its scheduled time itself, so the hand-over is not counted as lateness twice."""
         limit = self.opts.duration_s
+        lead = float(getattr(self.target, "send_lead_s", 0.0))
         for i, spec in enumerate(specs):
             if limit is not None and spec.arrival_s > limit:
                 break
-            await self._sleep_until(spec.arrival_s)
+            await self._sleep_until(spec.arrival_s - lead, spin=lead == 0)  # the target is precise itself
             self._spawn(self._send_one(spec, self._new_record(i, spec, spec.arrival_s)))
 
-    async def _sleep_until(self, t_s: float) -> None:
+    async def _sleep_until(self, t_s: float, *, spin: bool = True) -> None:
         """Sleep to an absolute time on the run clock. asyncio's timers wake up to ~1 ms late (epoll
         rounds its timeout up to whole ms), so sleep to just short of the deadline and then yield to the
         loop until it passes: other tasks keep running, and sends land within tens of microseconds."""
@@ -157,9 +161,9 @@ class Dispatcher:
         delay = t_s - now()
         if delay <= 0:
             return
-        spin = self.opts.spin_s
-        if delay > spin:
-            await asyncio.sleep(delay - spin)
+        spin_s = self.opts.spin_s if spin else 0.0
+        if delay > spin_s:
+            await asyncio.sleep(delay - spin_s)
         while now() < t_s:
             await asyncio.sleep(0)
 

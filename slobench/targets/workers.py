@@ -6,11 +6,13 @@ its event loop starts sending late. A GPU server with a small model produces tha
 keeps the dispatcher (schedule, in-flight cap, closed loop, Ctrl-C, records) in the parent and moves each
 request's HTTP exchange to one of N worker processes, each with its own event loop and connection pool.
 
-Per request the parent sends the spec over a socket to the least busy worker at its scheduled time and
-gets the stamped record back: two small messages, not one per token. Workers stamp times on the system-wide
-monotonic clock (`time.perf_counter_ns`, CLOCK_MONOTONIC on Linux, shared by every process), and the parent
-moves them onto the run's clock, so TTFT and ITL are measured where the bytes arrive. The hop to the
-worker is counted in send lateness (sent − scheduled), never hidden.
+Per request the parent sends the spec over a socket to the least busy worker `send_lead_s` (5 ms) before
+its scheduled time (the runner honours a target's `send_lead_s` in open loop), the worker holds it until
+that time on its own loop (the same sleep-then-yield as the runner), sends it, and returns the stamped
+record: two small messages, not one per token. Workers stamp times on the system-wide monotonic clock
+(`time.perf_counter_ns`, CLOCK_MONOTONIC on Linux, shared by every process), and the parent moves them
+onto the run's clock, so TTFT and ITL are measured where the bytes arrive, and send lateness
+(sent − scheduled) is the worker's own: a worker too busy to send on time shows up there.
 
 A worker that dies turns its in-flight requests into error records naming it; the others carry on.
 Workers ignore SIGINT: the parent's runner owns Ctrl-C and cancels what is in flight.
@@ -42,6 +44,8 @@ _STAMPED = ("sent_s", "first_token_s", "done_s")
 _COPIED = ("chunk_tokens", "prompt_tokens", "output_tokens", "status", "error", "http_status")
 STOP_TIMEOUT_S = 10.0
 MAX_WORKERS = 64
+SEND_LEAD_S = 0.005  # hand each request over this much before its scheduled time
+SPIN_S = 0.0015  # the worker's last stretch before a send is yielded away, not slept (as the runner's)
 
 
 class WorkerGone(Exception):
@@ -99,6 +103,7 @@ class WorkerPool:
         if "clock" in target_kwargs or not isinstance(target_kwargs.get("transport", "aiohttp"), str):
             raise SpecError("target_kwargs", sorted(target_kwargs), "no clock and only a transport *name* may travel")
         self.num_workers = num_workers
+        self.send_lead_s = SEND_LEAD_S
         self.target_kwargs = dict(target_kwargs)
         self.clock = clock if clock is not None else Clock()
         self._probe = OpenAITarget(**self.target_kwargs, clock=self.clock)  # validates the kwargs here
@@ -220,8 +225,10 @@ class WorkerPool:
         rid = next(self._ids)
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         w.pending[rid] = fut
-        record.sent_s = self.clock.now_s()  # provisional: the worker's own stamp replaces it
-        w.send(("send", rid, spec))
+        origin_s = self.clock.origin_ns * 1e-9
+        # provisional, kept if the request is cancelled before the worker answers; its own stamp replaces it
+        record.sent_s = max(self.clock.now_s(), record.scheduled_s)
+        w.send(("send", rid, spec, origin_s + record.scheduled_s))
         try:
             stamped = await fut
         except asyncio.CancelledError:
@@ -231,7 +238,6 @@ class WorkerPool:
         except WorkerGone as e:
             record.fail("error", f"internal: {e} while this request was in flight", self.clock.now_s())
             return
-        origin_s = self.clock.origin_ns * 1e-9
         for name in _STAMPED:
             t = stamped[name]
             setattr(record, name, None if t is None else t - origin_s)
@@ -262,9 +268,16 @@ async def _serve(fd: int) -> None:
     writer.write(_frame(("ready",)))
     tasks: dict[int, asyncio.Task[None]] = {}
 
-    async def one(rid: int, spec: RequestSpec) -> None:
+    now = target.clock.now_s  # absolute perf_counter seconds (origin 0)
+
+    async def one(rid: int, spec: RequestSpec, send_at_s: float) -> None:
         rec = RequestRecord(spec.request_id, spec.arrival_s)
         try:
+            delay = send_at_s - now()
+            if delay > SPIN_S:
+                await asyncio.sleep(delay - SPIN_S)
+            while now() < send_at_s:
+                await asyncio.sleep(0)
             await target.send(spec, rec)
         except asyncio.CancelledError:
             return  # the parent gave up on it and marks it cancelled itself
@@ -283,7 +296,7 @@ async def _serve(fd: int) -> None:
                 break  # the parent went away
             kind = msg[0]
             if kind == "send":
-                tasks[msg[1]] = asyncio.ensure_future(one(msg[1], msg[2]))
+                tasks[msg[1]] = asyncio.ensure_future(one(msg[1], msg[2], msg[3]))
             elif kind == "cancel":
                 task = tasks.get(msg[1])
                 if task is not None:
