@@ -82,6 +82,7 @@ class TokenEvent:
     token_id: int | None
     finish_reason: str | None
     time_s: float
+    num_cached_tokens: int | None = None  # prompt tokens served from the prefix cache at first admission
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +121,7 @@ class _Request:
     on_token: Callable[[TokenEvent], None] | None
     arrival_s: float
     first_scheduled_s: float | None = None
+    cached_tokens: int | None = None  # prefix-cache hit at first admission (vLLM reports the same)
     first_token_s: float | None = None
     last_token_s: float | None = None
 
@@ -219,6 +221,7 @@ class LLMEngine:
             req = self._requests[chunk.seq_id]
             if req.first_scheduled_s is None:
                 req.first_scheduled_s = t0
+                req.cached_tokens = req.seq.num_cached_tokens
         result = self.executor.execute(batch)
         if result.modeled_s is not None:
             self._wait_until(t0 + result.modeled_s)
@@ -372,7 +375,7 @@ class LLMEngine:
         self.observer.observe_finished(reason, now_s - req.arrival_s, queue_s)
 
     def _emit(self, req: _Request, token_id: int | None, reason: str | None, now_s: float) -> TokenEvent:
-        ev = TokenEvent(req.seq.seq_id, token_id, reason, now_s)
+        ev = TokenEvent(req.seq.seq_id, token_id, reason, now_s, req.cached_tokens)
         if req.on_token is not None:
             try:
                 req.on_token(ev)

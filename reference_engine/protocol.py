@@ -235,12 +235,16 @@ def _message_text(content: Any, i: int) -> str:
 
 
 # ---- responses ---------------------------------------------------------------------------------------
-def usage(num_prompt_tokens: int, num_completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int | None = None
+          ) -> dict[str, Any]:  # fmt: skip
+    out: dict[str, Any] = {
         "prompt_tokens": num_prompt_tokens,
         "completion_tokens": num_completion_tokens,
         "total_tokens": num_prompt_tokens + num_completion_tokens,
     }
+    if num_cached_tokens is not None:  # OpenAI's (and vLLM's) field for prefix-cache hits
+        out["prompt_tokens_details"] = {"cached_tokens": num_cached_tokens}
+    return out
 
 
 @dataclass(slots=True)
@@ -268,12 +272,13 @@ class ResponseShape:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
         return {**self._head("text_completion"), "choices": [choice]}
 
-    def usage_chunk(self, num_prompt_tokens: int, num_completion_tokens: int) -> dict[str, Any]:
+    def usage_chunk(self, num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int | None = None
+                    ) -> dict[str, Any]:  # fmt: skip
         head = self._head("chat.completion.chunk" if self.is_chat else "text_completion")
-        return {**head, "choices": [], "usage": usage(num_prompt_tokens, num_completion_tokens)}
+        return {**head, "choices": [], "usage": usage(num_prompt_tokens, num_completion_tokens, num_cached_tokens)}
 
-    def whole(self, text: str, finish_reason: str | None, num_prompt_tokens: int, num_completion_tokens: int
-              ) -> dict[str, Any]:
+    def whole(self, text: str, finish_reason: str | None, num_prompt_tokens: int, num_completion_tokens: int,
+              num_cached_tokens: int | None = None) -> dict[str, Any]:
         if self.is_chat:
             choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
                                       "logprobs": None, "finish_reason": finish_reason}
@@ -281,7 +286,7 @@ class ResponseShape:
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
             head = self._head("text_completion")
-        return {**head, "choices": [choice], "usage": usage(num_prompt_tokens, num_completion_tokens)}
+        return {**head, "choices": [choice], "usage": usage(num_prompt_tokens, num_completion_tokens, num_cached_tokens)}
 
 
 def sse(obj: dict[str, Any]) -> str:

@@ -201,6 +201,7 @@ def build_app(
     async def stream(live: _Live, shape: ResponseShape, req: GenerationRequest) -> AsyncIterator[str]:
         text_out = req.output_text()
         num_tokens = 0
+        cached: int | None = None
         if shape.is_chat:
             yield sse(shape.chunk(None, None, role=True))
         while not live.finished:
@@ -214,6 +215,7 @@ def build_app(
                     out.append(sse(error_body("the engine failed while generating", "server_error", None, 500)))
                     break
                 text = ""
+                cached = ev.num_cached_tokens if ev.num_cached_tokens is not None else cached
                 if ev.token_id is not None:
                     num_tokens += 1
                     text = text_out.push(ev.token_id)
@@ -226,7 +228,7 @@ def build_app(
                     break
             yield "".join(out)
         if req.include_usage:
-            yield sse(shape.usage_chunk(len(req.prompt_token_ids), num_tokens))
+            yield sse(shape.usage_chunk(len(req.prompt_token_ids), num_tokens, cached))
         yield SSE_DONE
 
     async def whole(request: Request, live: _Live, shape: ResponseShape, req: GenerationRequest) -> Response:
@@ -240,14 +242,14 @@ def build_app(
                 collect.cancel()
         if not collect.done() or collect.cancelled():
             return Response(status_code=499)  # client closed request; nobody will read this
-        token_ids, reason = collect.result()
+        token_ids, reason, cached = collect.result()
         if reason == ERROR_FINISH_REASON:
             return _error(500, "the engine failed while generating", "server_error", None, 500)
         text_out = req.output_text()
         text = "".join(text_out.push(t) for t in token_ids) + text_out.flush()
-        return JSONResponse(shape.whole(text, reason, len(req.prompt_token_ids), len(token_ids)))
+        return JSONResponse(shape.whole(text, reason, len(req.prompt_token_ids), len(token_ids), cached))
 
-    async def _collect(live: _Live) -> tuple[list[int], str | None]:
+    async def _collect(live: _Live) -> tuple[list[int], str | None, int | None]:
         tokens: list[int] = []
         while True:
             ev = await live.queue.get()
@@ -255,7 +257,7 @@ def build_app(
                 tokens.append(ev.token_id)
             if ev.finish_reason is not None:
                 live.finished = True
-                return tokens, ev.finish_reason
+                return tokens, ev.finish_reason, ev.num_cached_tokens
 
     return app
 

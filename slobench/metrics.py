@@ -32,6 +32,7 @@ class RecordArrays:
     queued_s: np.ndarray
     output_tokens: np.ndarray
     prompt_tokens: np.ndarray
+    cached_tokens: np.ndarray  # float: prompt tokens from the server's prefix cache, NaN where not reported
     is_ok: np.ndarray
     status: np.ndarray  # str
     itl_s: np.ndarray  # all chunk gaps of successful requests, flattened
@@ -58,6 +59,7 @@ class RecordArrays:
             prompt_tokens=np.fromiter(
                 (r.prompt_tokens if r.prompt_tokens is not None else r.input_tokens for r in recs), np.int64, len(recs)
             ),
+            cached_tokens=col(lambda r: r.cached_tokens),
             is_ok=np.fromiter((r.status == "ok" for r in recs), bool, len(recs)),
             status=np.array([r.status for r in recs], dtype=object),
             itl_s=itl_s,

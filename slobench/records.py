@@ -67,6 +67,7 @@ class RequestRecord:
     chunk_tokens: list[int] = field(default_factory=list)  # tokens carried by each content chunk
     input_tokens: int = 0  # intended
     prompt_tokens: int | None = None  # from server usage when reported
+    cached_tokens: int | None = None  # prompt tokens the server took from its prefix cache, when it says
     output_tokens: int = 0  # server usage when reported, else counted chunks
     max_tokens: int = 0
     status: Status = "ok"

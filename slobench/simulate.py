@@ -172,7 +172,7 @@ def simulate_records(
                 req = to_engine_request(sp, model_name=model_name, tokenizer=tokenizer,
                                         max_model_len=max_model_len, api=api)
                 rid = eng.add_request(req.prompt_token_ids, req.max_tokens, min_tokens=req.min_tokens,
-                                      ignore_eos=req.ignore_eos, sampling=req.sampling)
+                                      ignore_eos=req.ignore_eos, sampling=req.sampling, stop_check=req.stop_check())
             except BadRequest as e:
                 rec.fail("error", f"rejected: {e.message}", t)
                 continue
@@ -196,6 +196,8 @@ def simulate_records(
             clock.advance_to(specs[i].arrival_s)
         for ev in events:
             rec = by_rid[ev.request_id]
+            if ev.num_cached_tokens is not None:
+                rec.cached_tokens = ev.num_cached_tokens
             if ev.token_id is not None:
                 if rec.first_token_s is None:
                     rec.first_token_s = ev.time_s

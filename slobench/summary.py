@@ -54,10 +54,37 @@ def summarize(records: Sequence[RequestRecord], slo: SLO | None, *, seed: int = 
         "prompt_tokens": describe(a.prompt_tokens.astype(float)),
         "client": client_health(a, slo),
     }
+    cache = prefix_cache(a)
+    if cache is not None:
+        out["prefix_cache"] = cache
     if slo is not None:
         out["slo"] = slo.to_dict()
         out["attainment"] = attainment(a, slo, duration_s=tp.duration_s, seed=seed).to_dict()
     return out
+
+
+def prefix_cache(a: RecordArrays) -> dict[str, Any] | None:
+    """How much of the prompts the server's prefix cache served, and TTFT with a hit against without.
+    None when the server reported no cached-token counts (usage.prompt_tokens_details.cached_tokens)."""
+    known = a.is_ok & np.isfinite(a.cached_tokens)
+    if not known.any():
+        return None
+    cached = a.cached_tokens[known]
+    prompt = a.prompt_tokens[known].astype(float)
+    hit = cached > 0
+    ttft = a.ttft_s[known]
+
+    def p50(x: np.ndarray) -> float | None:
+        x = x[np.isfinite(x)]
+        return float(np.median(x)) if len(x) else None
+
+    return {
+        "num_reported": int(known.sum()),
+        "num_hits": int(hit.sum()),
+        "cached_token_share": float(cached.sum() / prompt.sum()) if prompt.sum() > 0 else 0.0,
+        "ttft_p50_hit_s": p50(ttft[hit]),
+        "ttft_p50_miss_s": p50(ttft[~hit]),
+    }
 
 
 def _with_ci(x: np.ndarray, seed: int) -> dict[str, Any]:

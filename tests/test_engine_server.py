@@ -64,7 +64,8 @@ async def test_completion_whole_and_streamed(app_client: tuple[httpx.AsyncClient
     body = r.json()
     assert body["object"] == "text_completion" and body["choices"][0]["finish_reason"] == "length"
     assert len(body["choices"][0]["text"]) == 6
-    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
 
     r = await client.post("/v1/completions", json={"prompt": [104, 105], "max_tokens": 4, "stream": True,
                                                    "stream_options": {"include_usage": True}})
@@ -103,6 +104,17 @@ async def test_neutral_values_of_unsupported_fields_are_accepted(app_client: tup
                "logit_bias": {}, "stop_token_ids": [], "stop": None}
     r = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3, **neutral})
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+
+
+async def test_usage_reports_prefix_cache_hits(app_client: tuple[httpx.AsyncClient, LLMEngine]) -> None:
+    client, _ = app_client
+    prompt = list(range(40, 80))  # 40 tokens = 10 blocks of 4
+    r = await client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2})
+    assert r.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    r = await client.post("/v1/completions", json={"prompt": prompt + [7, 8], "max_tokens": 2, "stream": True,
+                                                   "stream_options": {"include_usage": True}})
+    usage = sse_objects(r.text)[-1]["usage"]
+    assert usage["prompt_tokens"] == 42 and usage["prompt_tokens_details"]["cached_tokens"] == 40
 
 
 def predicted_text(engine: LLMEngine, request_id: int, prompt_len: int, n: int) -> str:
@@ -437,7 +449,8 @@ async def test_server_process_streams_over_real_http(server: str) -> None:
             assert r.status == 200 and r.headers["content-type"].startswith("text/event-stream")
             objs = sse_objects((await r.read()).decode())
         assert len("".join(o["choices"][0]["text"] for o in objs if o["choices"])) == 8
-        assert objs[-1]["usage"] == {"prompt_tokens": 11, "completion_tokens": 8, "total_tokens": 19}
+        assert objs[-1]["usage"] == {"prompt_tokens": 11, "completion_tokens": 8, "total_tokens": 19,
+                                     "prompt_tokens_details": {"cached_tokens": 0}}
         async with s.post(server + "/v1/chat/completions",
                           json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}) as r:
             assert len((await r.json())["choices"][0]["message"]["content"]) == 5

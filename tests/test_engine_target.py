@@ -139,6 +139,14 @@ async def test_stop_strings_in_extra_body_end_requests_in_the_engine() -> None:
     assert engine.stats().num_blocks_in_use == 0
 
 
+async def test_records_carry_prefix_cache_hits() -> None:
+    async with EngineTarget(make_engine(), model_name="m") as target:
+        first, second = RequestRecord(0, 0.0), RequestRecord(1, 0.0)
+        await target.send(spec(5, n_in=40), first)
+        await target.send(spec(5, n_in=40), second)  # the same prompt: its two full 16-token blocks are cached
+    assert (first.cached_tokens, second.cached_tokens) == (0, 32)
+
+
 async def test_cancellation_aborts_and_frees_blocks() -> None:
     engine = make_engine(num_blocks=512, max_model_len=4096)
     finishes = _Finishes()

@@ -162,3 +162,27 @@ def test_client_bottleneck_flagged():
     s = summarize(recs, SLO(ttft_s=0.1))
     assert s["client"]["is_bottleneck"] is True
     assert "BOTTLENECK" in s["client"]["warning"]
+
+
+def test_prefix_cache_summary_and_line() -> None:
+    from slobench.report.terminal import prefix_cache_text
+    from slobench.summary import prefix_cache, summarize
+
+    recs = []
+    for i in range(40):
+        hit = i % 4 == 0
+        ttft = 0.02 if hit else 0.08
+        r = rec(i, i * 0.1, i * 0.1, i * 0.1 + ttft, i * 0.1 + 0.2, 10)
+        r.prompt_tokens, r.cached_tokens = 200, (160 if hit else 0)
+        recs.append(r)
+    recs[1].cached_tokens = None  # a request the server said nothing about is left out
+    c = prefix_cache(RecordArrays.from_records(recs))
+    assert c is not None and (c["num_reported"], c["num_hits"]) == (39, 10)
+    assert c["cached_token_share"] == pytest.approx(1600 / (39 * 200))
+    assert c["ttft_p50_hit_s"] == pytest.approx(0.02) and c["ttft_p50_miss_s"] == pytest.approx(0.08)
+    assert summarize(recs, None)["prefix_cache"] == c
+    assert prefix_cache_text(c) == ("prefix cache: 21% of prompt tokens served from cache; 10 of 39 requests hit; "
+                                    "TTFT p50 20.0 ms with a hit, 80.0 ms without")
+    for r in recs:
+        r.cached_tokens = None
+    assert "prefix_cache" not in summarize(recs, None)

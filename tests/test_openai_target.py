@@ -160,6 +160,17 @@ async def test_reasoning_and_tool_call_deltas_are_output_tokens() -> None:
     assert rec.chunk_times_s == [4.0, 5.0, 7.0, 8.0] and rec.output_tokens == 4
 
 
+async def test_cached_prompt_tokens_from_usage_details() -> None:
+    usage = {"choices": [], "usage": {"prompt_tokens": 300, "completion_tokens": 2,
+                                      "prompt_tokens_details": {"cached_tokens": 256}}}  # fmt: skip
+    rec, _ = await run_scripted([sse(tok(), tok(), usage, b"[DONE]")])
+    assert (rec.prompt_tokens, rec.cached_tokens) == (300, 256)
+    for details in (None, {"cached_tokens": None}, {"cached_tokens": True}, "x"):
+        odd = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1, "prompt_tokens_details": details}}
+        rec, _ = await run_scripted([sse(tok(), odd, b"[DONE]")])
+        assert rec.status == "ok" and rec.cached_tokens is None
+
+
 async def test_comments_and_data_after_done_are_ignored() -> None:
     rec, _ = await run_scripted([b": keep-alive\n\n", sse(tok(), b"[DONE]"), sse(tok()), b"garbage"])
     assert rec.status == "ok" and rec.chunk_tokens == [1]

@@ -103,6 +103,8 @@ def test_fast_columns_equal_record_arrays(tmp_path):
     recs[10].prompt_tokens = None
     recs[20].scheduled_s = recs[21].scheduled_s  # a tie, broken by request id
     recs[30].chunk_times_s = recs[30].chunk_times_s[:1]
+    for r in recs[40:80]:
+        r.cached_tokens = 128  # a server that reports prefix-cache hits for some requests
     write_records(tmp_path / "requests.jsonl", recs)
     with open(tmp_path / "requests.jsonl", "a") as fh:
         fh.write('{"request_id": 999, "sched')  # torn final line, as after a crash
@@ -333,3 +335,18 @@ def test_quantiles_resting_on_few_tail_values_are_marked(tmp_path):
     many = build_report([tmp_path / "many"], tmp_path / "many.html").read_text()
     assert "fewer than 100 requests beyond this quantile" in few and THIN_MARK in few
     assert "fewer than 100 requests beyond this quantile" not in many
+
+
+def test_rate_table_shows_prefix_cache_hits_when_the_server_reports_them(tmp_path):
+    write_synthetic_sweep(tmp_path / "s", [2.0, 4.0], 60)
+    plain = build_report([tmp_path / "s"], tmp_path / "plain.html").read_text()
+    assert "prompt tokens cached" not in plain  # nothing reported: no column
+    path = tmp_path / "s" / "rate-2" / "requests.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for i, d in enumerate(rows):
+        d["cached_tokens"] = 128 if i % 2 == 0 else 0
+    path.write_text("".join(json.dumps(d) + "\n" for d in rows))
+    html = build_report([tmp_path / "s"], tmp_path / "cache.html").read_text()
+    assert "prompt tokens cached" in html
+    assert re.search(r"<td>\d+% · [\d.]+ / [\d.]+</td>", html)  # the reporting run's cell
+    assert "<td>-</td></tr>" in html  # the run without counts says so

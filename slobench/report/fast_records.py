@@ -76,6 +76,7 @@ def _columns(rows: list[dict[str, Any]]) -> RecordArrays:
             (int(d["prompt_tokens"]) if d.get("prompt_tokens") is not None else int(d.get("input_tokens", 0)) for d in rows),
             np.int64, n,
         ),
+        cached_tokens=col("cached_tokens"),
         is_ok=np.asarray(is_ok, dtype=bool),
         status=status,
         itl_s=gaps,

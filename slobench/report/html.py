@@ -172,20 +172,25 @@ def _num(x: float | None, fmt: str = ".2f") -> str:
 
 
 def _rate_table(v: Analyzed) -> str:
-    head = ("offered req/s", "sent req/s", "completed req/s", "output tok/s", "attainment [95% CI]",
+    head: tuple[str, ...] = ("offered req/s", "sent req/s", "completed req/s", "output tok/s", "attainment [95% CI]",
             "goodput req/s", "TTFT p50 / p90 / p99 ms", "TPOT p50 / p90 / p99 ms", "failed", "lateness p99 ms")
+    cache = any(p.prefix_cache for p in v.points)
+    if cache:
+        head = (*head, "prompt tokens cached · TTFT p50 hit / miss ms")
     rows = []
     for p in v.points:
         att = p.attainment
         att_s = "-" if att is None else f"{_pct(att.value)} [{_pct(att.ci_low)}, {_pct(att.ci_high)}]"
         late = p.client["lateness_s"].get("p99")
-        cells = (
+        cells: tuple[str, ...] = (
             f"{p.rate_rps:g}", _num(p.achieved_send_rps), _num(p.throughput.request_rps),
             _num(p.throughput.output_tokens_per_s, ".0f"), att_s,
             _num(att.good_throughput_rps) if att else "-", _ms3(p.ttft_ms, p.ttft_count), _ms3(p.tpot_ms, p.tpot_count),
             str(p.num_requests - p.num_ok), ("-" if late is None else f"{late * 1e3:.1f}")
             + (" (client!)" if p.client["is_bottleneck"] else ""),
         )
+        if cache:
+            cells = (*cells, _cache_cell(p.prefix_cache))
         cls = ' class="miss"' if att is not None and v.series.slo and att.value < v.series.slo.target else ""
         rows.append(f"<tr{cls}>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
     thin = any(THIN_MARK in r for r in rows)
@@ -193,6 +198,13 @@ def _rate_table(v: Analyzed) -> str:
     return (f'<table class="data"><caption>{esc(v.series.label)}</caption><thead><tr>'
             + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
             + note)
+
+
+def _cache_cell(c: dict[str, Any] | None) -> str:
+    if not c:
+        return "-"
+    ms = ["-" if c.get(k) is None else f"{c[k] * 1e3:.1f}" for k in ("ttft_p50_hit_s", "ttft_p50_miss_s")]
+    return f"{c['cached_token_share']:.0%} · {ms[0]} / {ms[1]}"
 
 
 def _cliff(views: Sequence[Analyzed], figs: _Figures) -> str:

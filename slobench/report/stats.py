@@ -13,7 +13,7 @@ import numpy as np
 from slobench.metrics import RecordArrays, Throughput, achieved_send_rps, throughput
 from slobench.report.load import RunData, Series
 from slobench.slo import SLO, Attainment, attainment
-from slobench.summary import client_health
+from slobench.summary import client_health, prefix_cache
 from slobench.sweep import headline
 
 MAX_CDF_POINTS = 500
@@ -33,6 +33,7 @@ class RunPoint:
     client: dict[str, Any]
     ttft_count: int = 0  # finite values behind ttft_ms / tpot_ms (how many lie beyond a quantile: slo.samples_beyond)
     tpot_count: int = 0
+    prefix_cache: dict[str, Any] | None = None  # summary.prefix_cache: None when the server reported no hits
 
 
 def ttft_s(a: RecordArrays, slo: SLO | None) -> np.ndarray:
@@ -69,6 +70,7 @@ def run_point(run: RunData, slo: SLO | None) -> RunPoint:
         client=client_health(a, slo),
         ttft_count=int(np.isfinite(ttft_s(a, slo)).sum()),
         tpot_count=int(np.isfinite(a.tpot_s).sum()),
+        prefix_cache=prefix_cache(a),
     )
 
 

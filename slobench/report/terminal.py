@@ -43,6 +43,16 @@ def attainment_text(s: dict[str, Any]) -> str:
     return f"{_pct(att['value'])} [{_pct(att['ci_low'])}, {_pct(att['ci_high'])}]"
 
 
+def prefix_cache_text(c: dict[str, Any]) -> str:
+    """One line: the server's prefix-cache hits and what they did to TTFT (the HTML report says the same)."""
+    text = (f"prefix cache: {c['cached_token_share']:.0%} of prompt tokens served from cache; "
+            f"{c['num_hits']} of {c['num_reported']} requests hit")
+    hit, miss = c.get("ttft_p50_hit_s"), c.get("ttft_p50_miss_s")
+    if hit is not None and miss is not None:
+        text += f"; TTFT p50 {_ms(hit)} ms with a hit, {_ms(miss)} ms without"
+    return text
+
+
 def _slo_text(d: dict[str, Any] | None) -> str:
     if not d:
         return ""
@@ -86,6 +96,8 @@ def print_run(summary: dict[str, Any], console: Console | None = None, title: st
             f"SLO {_slo_text(summary.get('slo'))} attainment {attainment_text(summary)}  "
             f"good throughput {att['good_throughput_rps']:.2f} req/s"
         )
+    if summary.get("prefix_cache"):
+        console.print(prefix_cache_text(summary["prefix_cache"]), highlight=False)
     if summary.get("error_counts"):
         console.print(f"[yellow]errors: {summary['error_counts']}[/yellow]")
     if summary["client"].get("warning"):

@@ -250,6 +250,8 @@ class EngineTarget:
         try:
             while not ended:
                 t, ev = await live.queue.get()
+                if ev.num_cached_tokens is not None:
+                    record.cached_tokens = ev.num_cached_tokens
                 if ev.token_id is not None:
                     if record.first_token_s is None:
                         record.first_token_s = t

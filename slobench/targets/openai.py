@@ -419,6 +419,11 @@ def _take_usage(record: RequestRecord, usage: dict[str, Any]) -> None:
     prompt = usage.get("prompt_tokens")
     if isinstance(prompt, int):
         record.prompt_tokens = prompt
+    details = usage.get("prompt_tokens_details")  # OpenAI, vLLM (--enable-prompt-tokens-details), SGLang
+    if isinstance(details, dict):
+        cached = details.get("cached_tokens")
+        if isinstance(cached, int) and not isinstance(cached, bool):
+            record.cached_tokens = cached
 
 
 def _error_message(obj: Any, fallback: str) -> str:

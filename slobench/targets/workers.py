@@ -41,7 +41,7 @@ from slobench.records import RequestRecord, RequestSpec
 
 _HEADER = struct.Struct("!I")
 _STAMPED = ("sent_s", "first_token_s", "done_s")
-_COPIED = ("chunk_tokens", "prompt_tokens", "output_tokens", "status", "error", "http_status")
+_COPIED = ("chunk_tokens", "prompt_tokens", "cached_tokens", "output_tokens", "status", "error", "http_status")
 STOP_TIMEOUT_S = 10.0
 MAX_WORKERS = 64
 SEND_LEAD_S = 0.005  # hand each request over this much before its scheduled time
