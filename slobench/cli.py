@@ -48,6 +48,11 @@ def _add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
                      help="no server, no real time: the bundled engine's scheduler and block manager on a virtual "
                           "clock with the modeled executor (--profile, --kv-blocks, ...); seconds, not minutes")
     eng.add_argument("--jitter", type=float, default=0.0, help="with --simulate: per-step time noise, relative sd")
+    eng.add_argument("--replicas", type=int, default=1, metavar="N",
+                     help="with --simulate: a fleet of N identical engines behind --router (default 1)")
+    eng.add_argument("--router", default="least-outstanding",
+                     choices=("least-outstanding", "round-robin", "prefix-affinity"),
+                     help="with --simulate --replicas: how requests are spread (default least-outstanding)")
     w = p.add_argument_group("workload")
     w.add_argument("--workload", default="chat", help="a bundled workload name or a TOML path")
     if sweep:
@@ -191,6 +196,7 @@ class LoadSetup:
         from slobench.workload import load_workload
 
         self.args = args
+        self.check_fleet()
         self.workload: Any
         if getattr(args, "trace", None) is not None:  # a trace stands where a WorkloadSpec stands
             from slobench.workload.replay import TraceReplay
@@ -317,11 +323,22 @@ class LoadSetup:
                 raise UsageError(f"--{flag.replace('_', '-')}: not supported with --simulate (open loop, every "
                                  "request measured); drop one of them")
         a.engine = "modeled"
+        target: dict[str, Any] = {"kind": "simulated", "knobs": engine_knobs_from_args(a), "jitter_sd": a.jitter}
+        if a.replicas != 1:  # one replica leaves the manifest (and the gate's workload identity) as it was
+            target["fleet"] = {"replicas": a.replicas, "router": a.router}
         return {
             "slobench_version": __version__, "command": sys.argv[1:], "workload": self.workload.to_dict(),
             "workload_name": self.workload.name, "seed": a.seed, "slo": self.slo.to_dict() if self.slo else None,
-            "target": {"kind": "simulated", "knobs": engine_knobs_from_args(a), "jitter_sd": a.jitter},
+            "target": target,
         }
+
+    def check_fleet(self) -> None:
+        a = self.args
+        replicas = getattr(a, "replicas", 1)
+        if replicas != 1 and not getattr(a, "simulate", False):
+            raise UsageError("--replicas needs --simulate (against a real fleet, point --url at its load balancer)")
+        if replicas < 1:
+            raise UsageError(f"--replicas must be >= 1 (got {replicas})")
 
     def simulated_runner(self) -> Any:
         """A sweep's `run_one` on the virtual clock: the engine's scheduler, no server, no wall time."""
@@ -334,7 +351,8 @@ class LoadSetup:
 
         async def run_one(rate: float, run_dir: Path, manifest: dict[str, Any]) -> tuple[dict[str, Any], bool]:
             records, summary = simulate_run(self.specs(rate), knobs, slo=self.slo, seed=a.seed,
-                                            jitter_sd=a.jitter, api=self.api)
+                                            jitter_sd=a.jitter, api=self.api, replicas=a.replicas,
+                                            router=a.router)
             writer = RunWriter(run_dir, {**manifest, "clock": {"kind": "virtual"}})
             for rec in records:
                 writer.write(rec)

@@ -179,7 +179,8 @@ async def _capacity(args: argparse.Namespace) -> int:
     try:
         if args.simulate:
             measure: Any = SimulatedMeasure(make_specs, knobs, setup.slo, api=setup.api, jitter_sd=args.jitter,
-                                            out_dir=out, manifest=manifest, on_probe=on_probe)
+                                            out_dir=out, manifest=manifest, on_probe=on_probe,
+                                            replicas=args.replicas, router=args.router)
         else:
             manifest = setup.manifest(target, served)
             measure = RunMeasure(make_specs, target, out_dir=out, slo=setup.slo, opts=setup.run_options(),
@@ -204,6 +205,8 @@ async def _capacity(args: argparse.Namespace) -> int:
     doc["workload"] = workload_identity(manifest)
     doc["target"] = manifest["target"]
     doc["manifest"] = manifest
+    if not args.gpus and args.simulate and args.replicas > 1:
+        args.gpus = args.replicas  # a simulated fleet: one GPU a replica
     if args.gpus and doc.get("capacity_rps") is not None:
         doc["gpus"] = args.gpus
         doc["goodput_per_gpu_rps"] = doc["capacity_rps"] / args.gpus

@@ -131,6 +131,49 @@ class _JitteredWait:
         self.clock.advance_to(now + (t_s - now) * max(0.5, 1.0 + self.rng.normal(0.0, self.jitter_sd)))
 
 
+ROUTERS = ("least-outstanding", "round-robin", "prefix-affinity")
+PREFIX_AFFINITY_TOKENS = 64  # prefix-affinity hashes this many leading prompt tokens to pick a replica
+
+
+@dataclass(slots=True)
+class _Replica:
+    index: int
+    engine: LLMEngine
+    clock: VirtualClock
+    wait: _JitteredWait
+    outstanding: int = 0
+    num_requests: int = 0
+    num_output_tokens: int = 0
+    stuck: bool = False  # its last step scheduled nothing: only a new arrival can help it
+
+
+class _Router:
+    """Which replica gets the next request. least-outstanding: fewest requests in flight (ties: lowest
+    index), what most LLM load balancers do; round-robin: in turn, blind to load; prefix-affinity: a hash of
+    the prompt's first PREFIX_AFFINITY_TOKENS tokens, so requests sharing a prefix meet the same prefix
+    cache (blind to load: the cost of affinity shows up as queueing)."""
+
+    def __init__(self, policy: str, replicas: list[_Replica]) -> None:
+        if policy not in ROUTERS:
+            raise SpecError("router", policy, f"must be one of {list(ROUTERS)}")
+        self.policy = policy
+        self.replicas = replicas
+        self.turn = 0
+
+    def pick(self, prompt: Sequence[int]) -> _Replica:
+        reps = self.replicas
+        if len(reps) == 1:
+            return reps[0]
+        if self.policy == "round-robin":
+            r = reps[self.turn % len(reps)]
+            self.turn += 1
+            return r
+        if self.policy == "prefix-affinity":
+            key = np.asarray(prompt[:PREFIX_AFFINITY_TOKENS], dtype=np.int64).tobytes()
+            return reps[zlib.crc32(key) % len(reps)]
+        return min(reps, key=lambda r: (r.outstanding, r.index))
+
+
 def simulate_records(
     specs: Sequence[RequestSpec],
     engine: Mapping[str, Any] | EngineFactory,
@@ -139,29 +182,52 @@ def simulate_records(
     jitter_sd: float = 0.0,
     api: Api = "completions",
     model_name: str = "tiny",
+    replicas: int = 1,
+    router: str = "least-outstanding",
+    fleet: dict[str, Any] | None = None,
 ) -> list[RequestRecord]:
     """The records of one virtual-clock run, in arrival order. `engine`: knobs or a factory of fresh engines
-    (its clock is replaced by the run's VirtualClock; its executor must model step times)."""
+    (its clock is replaced by the run's VirtualClock; its executor must model step times).
+
+    `replicas` > 1 simulates a fleet of identical engines behind a `router` (ROUTERS): a discrete-event loop
+    over one virtual time, each replica with its own clock (the end of its last step). An arrival is routed
+    once every busy replica's clock has reached it; the replica whose clock is earliest steps next. With one
+    replica this is exactly the single-engine loop. `fleet`, if given, receives per-replica counts."""
     if not (isinstance(jitter_sd, int | float) and jitter_sd >= 0):
         raise SpecError("jitter_sd", jitter_sd, "must be a number >= 0")
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= 4096:
+        raise SpecError("replicas", replicas, "must be an integer from 1 to 4096")
     from reference_engine.protocol import BadRequest
     from reference_engine.scheduler import RequestRejected
     from reference_engine.tokenizer import ByteTokenizer
 
-    built = as_factory(engine)()
-    clock = VirtualClock()
-    wait = _JitteredWait(clock, float(jitter_sd), seed)
-    eng = LLMEngine(built.config, built.executor, clock, wait_until=wait)
-    tokenizer = getattr(built.executor, "tokenizer", None) or ByteTokenizer(built.executor.vocab_size)
-    max_model_len = eng.config.max_model_len
+    factory = as_factory(engine)
+    reps: list[_Replica] = []
+    for k in range(replicas):
+        built = factory()
+        clock = VirtualClock()
+        # replica 0 keeps the run's own jitter stream, so one replica repeats the single-engine run exactly
+        wait = _JitteredWait(clock, float(jitter_sd), seed if k == 0 else zlib.crc32(repr((seed, k)).encode()))
+        reps.append(_Replica(k, LLMEngine(built.config, built.executor, clock, wait_until=wait), clock, wait))
+    route = _Router(router, reps)
+    first = reps[0].engine
+    tokenizer = getattr(first.executor, "tokenizer", None) or ByteTokenizer(first.executor.vocab_size)
+    max_model_len = first.config.max_model_len
 
     specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
     records: list[RequestRecord] = []
-    by_rid: dict[int, RequestRecord] = {}
+    by_rid: dict[tuple[int, int], RequestRecord] = {}
+    inf = float("inf")
     i, n = 0, len(specs)
-    while i < n or eng.has_work():
-        now = clock.now_s()
-        while i < n and specs[i].arrival_s <= now:
+    while True:
+        busy = [r for r in reps if r.engine.has_work() and not r.stuck]
+        t_step = min((r.clock.now_s() for r in busy), default=inf)
+        t_arrival = specs[i].arrival_s if i < n else inf
+        if t_arrival == inf and t_step == inf:
+            if any(r.engine.has_work() for r in reps):
+                raise RuntimeError("the engine has work but schedules nothing, and no request is left to arrive")
+            break
+        if t_arrival <= t_step:
             sp = specs[i]
             i += 1
             t = sp.arrival_s
@@ -171,31 +237,36 @@ def simulate_records(
             try:
                 req = to_engine_request(sp, model_name=model_name, tokenizer=tokenizer,
                                         max_model_len=max_model_len, api=api)
-                rid = eng.add_request(req.prompt_token_ids, req.max_tokens, min_tokens=req.min_tokens,
-                                      ignore_eos=req.ignore_eos, sampling=req.sampling, stop_check=req.stop_check())
             except BadRequest as e:
                 rec.fail("error", f"rejected: {e.message}", t)
                 continue
+            rep = route.pick(req.prompt_token_ids)
+            if not rep.engine.has_work() or rep.stuck:
+                rep.clock.advance_to(max(rep.clock.now_s(), t))  # an idle replica waits for the arrival
+                rep.stuck = False
+            try:
+                rid = rep.engine.add_request(req.prompt_token_ids, req.max_tokens, min_tokens=req.min_tokens,
+                                             ignore_eos=req.ignore_eos, sampling=req.sampling,
+                                             stop_check=req.stop_check())
             except RequestRejected as e:
                 rec.fail("error", f"rejected: {e}", t)
                 continue
             rec.prompt_tokens = len(req.prompt_token_ids)
-            by_rid[rid] = rec
-        if not eng.has_work():
-            if i < n:
-                clock.advance_to(specs[i].arrival_s)
+            by_rid[(rep.index, rid)] = rec
+            rep.outstanding += 1
+            rep.num_requests += 1
             continue
-        steps, waits = eng.num_steps, wait.num_waits
+        rep = min(busy, key=lambda r: (r.clock.now_s(), r.index))
+        eng = rep.engine
+        steps, waits = eng.num_steps, rep.wait.num_waits
         events = eng.step()
-        if eng.num_steps > steps and wait.num_waits == waits:
+        if eng.num_steps > steps and rep.wait.num_waits == waits:
             raise SpecError("executor", type(eng.executor).__name__,
                             "reports no modeled step time: a virtual-clock run needs a modeled executor")
-        if eng.num_steps == steps and not events:  # nothing could be scheduled: only an arrival can help
-            if i == n:
-                raise RuntimeError("the engine has work but schedules nothing, and no request is left to arrive")
-            clock.advance_to(specs[i].arrival_s)
+        if eng.num_steps == steps and not events:
+            rep.stuck = True  # nothing could be scheduled: only an arrival can help
         for ev in events:
-            rec = by_rid[ev.request_id]
+            rec = by_rid[(rep.index, ev.request_id)]
             if ev.num_cached_tokens is not None:
                 rec.cached_tokens = ev.num_cached_tokens
             if ev.token_id is not None:
@@ -204,8 +275,16 @@ def simulate_records(
                 rec.chunk_times_s.append(ev.time_s)
                 rec.chunk_tokens.append(1)
                 rec.output_tokens += 1
+                rep.num_output_tokens += 1
             if ev.finish_reason is not None:
                 rec.done_s = ev.time_s
+                rep.outstanding -= 1
+    if fleet is not None:
+        fleet.update({
+            "replicas": replicas, "router": router,
+            "requests_per_replica": [r.num_requests for r in reps],
+            "output_tokens_per_replica": [r.num_output_tokens for r in reps],
+        })
     return records
 
 
@@ -219,15 +298,21 @@ def simulate_run(
     api: Api = "completions",
     model_name: str = "tiny",
     intervals: bool = True,
+    replicas: int = 1,
+    router: str = "least-outstanding",
 ) -> tuple[list[RequestRecord], dict[str, Any]]:
     """One virtual-clock run: its records and its summary (`slobench.summary.summarize`).
 
     `intervals=False` gives `lean_summary` instead: the same point numbers without bootstrap intervals
     (those cost several times the simulation itself; capacity searches decide on replicates instead).
     """
-    records = simulate_records(specs, engine, seed=seed, jitter_sd=jitter_sd, api=api, model_name=model_name)
+    fleet: dict[str, Any] = {}
+    records = simulate_records(specs, engine, seed=seed, jitter_sd=jitter_sd, api=api, model_name=model_name,
+                               replicas=replicas, router=router, fleet=fleet)
     summary = summarize(records, slo, seed=seed) if intervals else lean_summary(records, slo)
     summary["clock"] = "virtual"
+    if replicas != 1:
+        summary["fleet"] = fleet
     return records, summary
 
 
@@ -281,8 +366,12 @@ class SimulatedMeasure:
         out_dir: str | Path | None = None,
         manifest: dict[str, Any] | None = None,
         on_probe: Callable[[float, int, dict[str, Any]], None] | None = None,
+        replicas: int = 1,
+        router: str = "least-outstanding",
     ) -> None:
         self.factory = as_factory(engine)
+        self.replicas = replicas
+        self.router = router
         self.name = str(getattr(self.factory, "name", "") or type(self.factory).__name__)
         self.slo = slo
         self.jitter_sd = jitter_sd
@@ -313,7 +402,8 @@ class SimulatedMeasure:
     async def __call__(self, rate_rps: float, seed: int) -> dict[str, Any]:
         records, summary = simulate_run(
             self.make_specs(rate_rps, seed), self.factory, slo=self.slo, seed=self.jitter_seed(rate_rps, seed),
-            jitter_sd=self.jitter_sd, api=self.api, intervals=self.intervals,
+            jitter_sd=self.jitter_sd, api=self.api, intervals=self.intervals, replicas=self.replicas,
+            router=self.router,
         )
         if self.out_dir is not None:
             from slobench.capacity import probe_dir_name

@@ -166,3 +166,24 @@ def test_warmup_auto_through_the_cli(token_server, tmp_path):
     s = json.loads((out / "summary.json").read_text())
     assert s["warmup"]["rule"] == "MSER-5" and s["num_warmup"] == s["warmup"]["num_requests"]
     assert s["num_requests"] + s["num_warmup"] == 40
+
+
+def test_simulated_fleet_capacity_and_bad_fleet_flags(tmp_path, capsys):
+    out = tmp_path / "fleet"
+    rc = main(["capacity", "--simulate", "--workload", "tiny", "--num-requests", "100", "--slo",
+               "ttft=200ms,tpot=50ms", "--start-rate", "8", "--replicates", "3", "--out", str(out), "--no-progress",
+               "--replicas", "3", "--router", "round-robin"])
+    assert rc == 0
+    doc = json.loads((out / "capacity.json").read_text())
+    assert doc["target"]["fleet"] == {"replicas": 3, "router": "round-robin"}
+    assert doc["gpus"] == 3 and doc["goodput_per_gpu_rps"] == pytest.approx(doc["capacity_rps"] / 3)
+    probe = json.loads((out / doc["probes"][0]["run_dir"] / "summary.json").read_text())
+    assert probe["fleet"]["replicas"] == 3 and sum(probe["fleet"]["requests_per_replica"]) == probe["num_requests"]
+    single = tmp_path / "one"
+    assert main(["run", "--simulate", "--workload", "tiny", "--num-requests", "20", "--out", str(single),
+                 "--no-progress"]) == 0
+    assert "fleet" not in json.loads((single / "manifest.json").read_text())["target"]  # identity unchanged
+    capsys.readouterr()
+    rc = main(["run", "--engine", "modeled", "--workload", "tiny", "--num-requests", "3", "--replicas", "2",
+               "--out", str(tmp_path / "x"), "--no-progress"])
+    assert rc == 2 and "--replicas needs --simulate" in capsys.readouterr().err

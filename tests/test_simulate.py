@@ -172,3 +172,65 @@ def test_knobs_are_build_engines() -> None:
     assert eng.kv_blocks == 32 and eng.name == "m" and eng.max_model_len == 4096  # None keeps the default
     built = eng()
     assert built.config.num_blocks == built.executor.num_blocks == 32
+
+
+# ---- fleets ----------------------------------------------------------------------------------------------
+
+
+def _times(recs: list) -> list[tuple]:
+    return [(r.request_id, r.first_token_s, r.done_s, tuple(r.chunk_times_s), r.output_tokens) for r in recs]
+
+
+def test_round_robin_fleet_is_two_independent_engines() -> None:
+    # Replicas share nothing, so a 2-replica round-robin fleet must give each request exactly the times it
+    # gets when its half of the traffic (every other request) runs on an engine of its own.
+    specs = tiny(40.0, 120, seed=3)
+    fleet: dict = {}
+    recs = simulate_records(specs, CLIFF_KNOBS, replicas=2, router="round-robin", fleet=fleet)
+    assert fleet["requests_per_replica"] == [60, 60] and fleet["router"] == "round-robin"
+    ordered = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
+    halves = [simulate_records(ordered[k::2], CLIFF_KNOBS) for k in (0, 1)]
+    assert sorted(_times(recs)) == sorted(_times(halves[0] + halves[1]))
+    assert sum(fleet["output_tokens_per_replica"]) == sum(r.output_tokens for r in recs)
+
+
+def test_one_replica_is_the_single_engine_run() -> None:
+    specs = tiny(60.0, 80)
+    assert _times(simulate_records(specs, CLIFF_KNOBS, jitter_sd=0.05, seed=9)) == _times(
+        simulate_records(specs, CLIFF_KNOBS, jitter_sd=0.05, seed=9, replicas=1, router="round-robin"))
+
+
+def test_least_outstanding_spreads_a_burst_and_beats_round_robin_on_heavy_tails() -> None:
+    burst = [spec(i, 0.0) for i in range(10)]
+    fleet: dict = {}
+    simulate_records(burst, ENGINE, replicas=3, fleet=fleet)
+    assert fleet["requests_per_replica"] == [4, 3, 3]
+    # chat lengths are heavy-tailed: blind turns pile long requests onto one replica now and then
+    specs = generate(load_workload("chat"), rate_rps=30.0, num_requests=600, seed=4)
+    knobs = {"profile": "h100-llama-1b", "kv_blocks": 2048}
+    slo = SLO.parse("ttft=300ms,tpot=40ms")
+    _, lo = simulate_run(specs, knobs, slo=slo, replicas=4, router="least-outstanding", intervals=False)
+    _, rr = simulate_run(specs, knobs, slo=slo, replicas=4, router="round-robin", intervals=False)
+    assert lo["fleet"]["replicas"] == 4
+    assert lo["ttft_s"]["p99"] < rr["ttft_s"]["p99"]
+    assert lo["attainment"]["value"] >= rr["attainment"]["value"]
+
+
+def test_prefix_affinity_keeps_shared_prefixes_on_one_replica() -> None:
+    # Zipf-popular system prompts, KV caches too small to hold every prompt on every replica: spraying
+    # requests makes each replica cache (and evict) them all; affinity gives each prompt one home.
+    specs = generate(load_workload("system-prompts"), rate_rps=20.0, num_requests=300, seed=2)
+    share = {}
+    for router in ("prefix-affinity", "round-robin"):
+        recs = simulate_records(specs, {"profile": "h100-llama-1b", "kv_blocks": 300}, replicas=4, router=router)
+        cached = sum(r.cached_tokens or 0 for r in recs)
+        share[router] = cached / sum(r.prompt_tokens or 0 for r in recs)
+    assert share["prefix-affinity"] > share["round-robin"] + 0.15  # measured 66% against 43%
+
+
+def test_bad_fleets_are_refused() -> None:
+    for n in (0, -2, True, 1.5):
+        with pytest.raises(SpecError, match="replicas"):
+            simulate_records([spec(0, 0.0)], ENGINE, replicas=n)  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match="router"):
+        simulate_records([spec(0, 0.0)], ENGINE, replicas=2, router="random")

@@ -96,6 +96,10 @@ def print_run(summary: dict[str, Any], console: Console | None = None, title: st
             f"SLO {_slo_text(summary.get('slo'))} attainment {attainment_text(summary)}  "
             f"good throughput {att['good_throughput_rps']:.2f} req/s"
         )
+    if summary.get("fleet"):
+        f = summary["fleet"]
+        console.print(f"fleet: {f['replicas']} replicas behind {f['router']}; requests per replica "
+                      f"{' / '.join(map(str, f['requests_per_replica']))}", highlight=False)
     if summary.get("prefix_cache"):
         console.print(prefix_cache_text(summary["prefix_cache"]), highlight=False)
     if summary.get("error_counts"):
