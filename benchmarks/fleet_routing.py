@@ -30,7 +30,7 @@ SETUPS = {
     "chat": ({"profile": "h100-llama-1b", "kv_blocks": 2048}, "ttft=300ms,tpot=40ms", 16.0,
              ("least-outstanding", "round-robin")),
     "system-prompts": ({"profile": "h100-llama-1b", "kv_blocks": 300}, "ttft=300ms,tpot=40ms", 16.0,
-                       ("least-outstanding", "prefix-affinity")),
+                       ("least-outstanding", "prefix-affinity", "prefix-balanced")),
 }
 
 

@@ -51,7 +51,7 @@ def _add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     eng.add_argument("--replicas", type=int, default=1, metavar="N",
                      help="with --simulate: a fleet of N identical engines behind --router (default 1)")
     eng.add_argument("--router", default="least-outstanding",
-                     choices=("least-outstanding", "round-robin", "prefix-affinity"),
+                     choices=("least-outstanding", "round-robin", "prefix-affinity", "prefix-balanced"),
                      help="with --simulate --replicas: how requests are spread (default least-outstanding)")
     w = p.add_argument_group("workload")
     w.add_argument("--workload", default="chat", help="a bundled workload name or a TOML path")

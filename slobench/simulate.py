@@ -131,8 +131,12 @@ class _JitteredWait:
         self.clock.advance_to(now + (t_s - now) * max(0.5, 1.0 + self.rng.normal(0.0, self.jitter_sd)))
 
 
-ROUTERS = ("least-outstanding", "round-robin", "prefix-affinity")
+ROUTERS = ("least-outstanding", "round-robin", "prefix-affinity", "prefix-balanced")
 PREFIX_AFFINITY_TOKENS = 64  # prefix-affinity hashes this many leading prompt tokens to pick a replica
+# prefix-balanced leaves the prefix's home replica when it holds more than this many requests beyond the
+# least loaded one, and more than BALANCE_RATIO times as many (SGLang's cache-aware router balances alike)
+BALANCE_SLACK = 4
+BALANCE_RATIO = 1.5
 
 
 @dataclass(slots=True)
@@ -151,7 +155,8 @@ class _Router:
     """Which replica gets the next request. least-outstanding: fewest requests in flight (ties: lowest
     index), what most LLM load balancers do; round-robin: in turn, blind to load; prefix-affinity: a hash of
     the prompt's first PREFIX_AFFINITY_TOKENS tokens, so requests sharing a prefix meet the same prefix
-    cache (blind to load: the cost of affinity shows up as queueing)."""
+    cache (blind to load: the cost of affinity shows up as queueing); prefix-balanced: the prefix's home
+    unless it is overloaded against the least loaded replica (BALANCE_SLACK, BALANCE_RATIO), then that one."""
 
     def __init__(self, policy: str, replicas: list[_Replica]) -> None:
         if policy not in ROUTERS:
@@ -168,10 +173,17 @@ class _Router:
             r = reps[self.turn % len(reps)]
             self.turn += 1
             return r
-        if self.policy == "prefix-affinity":
+        least = min(reps, key=lambda r: (r.outstanding, r.index))
+        if self.policy in ("prefix-affinity", "prefix-balanced"):
             key = np.asarray(prompt[:PREFIX_AFFINITY_TOKENS], dtype=np.int64).tobytes()
-            return reps[zlib.crc32(key) % len(reps)]
-        return min(reps, key=lambda r: (r.outstanding, r.index))
+            home = reps[zlib.crc32(key) % len(reps)]
+            if self.policy == "prefix-affinity":
+                return home
+            over = home.outstanding - least.outstanding
+            if over > BALANCE_SLACK and home.outstanding > BALANCE_RATIO * least.outstanding:
+                return least
+            return home
+        return least
 
 
 def simulate_records(

@@ -234,3 +234,17 @@ def test_bad_fleets_are_refused() -> None:
             simulate_records([spec(0, 0.0)], ENGINE, replicas=n)  # type: ignore[arg-type]
     with pytest.raises(SpecError, match="router"):
         simulate_records([spec(0, 0.0)], ENGINE, replicas=2, router="random")
+
+
+def test_prefix_balanced_leaves_an_overloaded_home() -> None:
+    # 20 requests at once, all with the same prefix: affinity piles them on one replica; the balanced router
+    # keeps them home until the home holds > 4 more than the least loaded (and 1.5x as many), then spills.
+    same = [RequestSpec(i, 0.0, tuple(range(40, 120)), 80, 4) for i in range(20)]
+    counts = {}
+    for router in ("prefix-affinity", "prefix-balanced"):
+        fleet: dict = {}
+        simulate_records(same, ENGINE, replicas=4, router=router, fleet=fleet)
+        counts[router] = sorted(fleet["requests_per_replica"], reverse=True)
+    assert counts["prefix-affinity"] == [20, 0, 0, 0]
+    assert counts["prefix-balanced"][0] <= 9 and sum(counts["prefix-balanced"]) == 20
+    assert counts["prefix-balanced"][-1] >= 3
