@@ -430,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json_path:
         with open(args.json_path, "w") as f:
             json.dump(results, f, indent=2)
-    return 0
+    return 1 if "offline_error" in results else 0  # the decode table is kept and printed either way
 
 
 if __name__ == "__main__":
