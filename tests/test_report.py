@@ -350,3 +350,11 @@ def test_rate_table_shows_prefix_cache_hits_when_the_server_reports_them(tmp_pat
     assert "prompt tokens cached" in html
     assert re.search(r"<td>\d+% · [\d.]+ / [\d.]+</td>", html)  # the reporting run's cell
     assert "<td>-</td></tr>" in html  # the run without counts says so
+
+
+def test_the_median_is_never_marked_thin():
+    from slobench.report.html import _ms3
+
+    assert _ms3({"p50": 1.0, "p90": 2.0, "p99": 3.0}, 50) == "1.0 / 2.0† / 3.0†"
+    assert _ms3({"p50": 1.0, "p90": 2.0, "p99": 3.0}, 20_000) == "1.0 / 2.0 / 3.0"
+    assert _ms3({"p50": None, "p90": None, "p99": None}, 0) == "- / - / -"

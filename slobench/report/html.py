@@ -157,10 +157,17 @@ def _header(views: Sequence[Analyzed], title: str) -> str:
 
 
 def _ms3(d: dict[str, float | None], count: int) -> str:
-    """p50 / p90 / p99 in ms, each marked † when fewer than 100 values lie beyond it (NOTES-statistics)."""
-    qs = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
-    return " / ".join("-" if d[k] is None else f"{d[k]:.1f}" + (THIN_MARK if samples_beyond(count, q) < MIN_BEYOND
-                                                                 else "") for k, q in qs.items())
+    """p50 / p90 / p99 in ms, the tail ones marked † when fewer than 100 values lie beyond (NOTES-statistics)."""
+    tail = {"p90": 0.9, "p99": 0.99}
+
+    def cell(k: str) -> str:
+        v = d[k]
+        if v is None:
+            return "-"
+        thin = k in tail and samples_beyond(count, tail[k]) < MIN_BEYOND
+        return f"{v:.1f}" + (THIN_MARK if thin else "")
+
+    return " / ".join(cell(k) for k in ("p50", "p90", "p99"))
 
 
 def _pct(x: float | None) -> str:

@@ -26,9 +26,9 @@ THIN_NOTE = (f"{THIN_MARK} fewer than {MIN_BEYOND} requests beyond this quantile
 
 
 def _q(d: dict[str, Any], key: str) -> str:
-    """A quantile in ms, marked when too few samples lie beyond it to pin it down."""
+    """A quantile in ms; a tail quantile (p90, p99) is marked when too few samples lie beyond it."""
     beyond = d.get(f"{key}_beyond")
-    thin = beyond is not None and beyond < MIN_BEYOND and d.get(key) is not None
+    thin = key != "p50" and beyond is not None and beyond < MIN_BEYOND and d.get(key) is not None
     return _ms(d.get(key)) + (THIN_MARK if thin else "")
 
 
