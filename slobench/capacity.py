@@ -37,6 +37,7 @@ import numpy as np
 from slobench.errors import SpecError
 
 CAPACITY = "capacity.json"
+SHORT_PROBE_S = 30.0  # probes near capacity shorter than this get a note (see short_probe_note)
 
 Measure = Callable[[float, int], Awaitable[dict[str, Any]]]
 Phase = Literal["up", "down", "bisect", "replicate"]
@@ -93,6 +94,7 @@ class Probe:
     run_dir: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     client_bottleneck: bool = False
+    duration_s: float | None = None  # first arrival to last completion: how long the probe's traffic lasted
 
     def meets(self, target: float) -> bool:
         return self.attainment >= target  # NaN (no requests) never meets
@@ -173,6 +175,7 @@ def _probe(rate: float, seed: int, phase: Phase, summary: dict[str, Any]) -> Pro
         run_dir=summary.get("run_dir"),
         metrics=flat_metrics(summary),
         client_bottleneck=bool((summary.get("client") or {}).get("is_bottleneck")),
+        duration_s=float(summary["duration_s"]) if summary.get("duration_s") is not None else None,
     )
 
 
@@ -246,11 +249,28 @@ async def search_capacity(measure: Measure, opts: SearchOptions) -> CapacityResu
     interval = jackknife_interval(edges, values, target, search_slope, opts.level)
     if not edges[0] <= est <= edges[1]:
         notes.append(f"replicate capacity {est:.3g} lies outside the replicate edges {edges}: extrapolated")
+    short = short_probe_note([p for pair in pairs for p in pair])
+    if short:
+        notes.append(short)
     reps = [
         {"seed": a.seed, "capacity_rps": c, "lo": a.to_dict(), "hi": b.to_dict()}
         for (a, b), c in zip(pairs, crossings, strict=True)
     ]
     return CapacityResult(target, est, interval, bracket, edges, False, probes, reps, slope, opts.level, notes)
+
+
+def short_probe_note(near: Sequence[Probe]) -> str | None:
+    """Past capacity the queue grows for as long as the traffic lasts, so attainment there depends on run
+    length: a probe of a few seconds barely sees the overload and overstates capacity. With a fixed number
+    of requests a probe gets shorter as the rate rises (a fleet's probes most of all). On the simulated
+    `chat` fleet (benchmarks/fleet_routing.py) 400-request probes put two replicas at 243 req/s, 30-second
+    probes at 77.5."""
+    durations = [p.duration_s for p in near if p.duration_s is not None and math.isfinite(p.duration_s)]
+    if not durations or min(durations) >= SHORT_PROBE_S:
+        return None
+    return (f"probes near capacity lasted only {min(durations):.0f} s of traffic: past capacity the queue grows "
+            f"with run length, so short probes overstate capacity; fix their length with --duration "
+            f"(>= {SHORT_PROBE_S:g} s) instead of --num-requests")
 
 
 def replicate_edges(bracket: tuple[float, float], span: float) -> tuple[float, float]:

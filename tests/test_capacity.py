@@ -218,3 +218,23 @@ async def test_run_measure_writes_one_run_dir_per_probe(tmp_path):
     assert run.manifest["rate_rps"] == 500.0 and run.manifest["seed"] == 3
     assert len(run.records) == 5 and s1["attainment"]["value"] == 1.0
     assert seen == [(500.0, 3), (1000.0, 4)]
+
+
+async def test_short_probes_near_capacity_get_a_note() -> None:
+    # The same curve; only how long each probe's traffic lasted differs: a fixed 400 requests (shorter as
+    # the rate rises) against a fixed minute.
+    curve = logistic_curve()
+
+    def lasting(duration_of):
+        async def measure(rate, seed):
+            return {**await curve(rate, seed), "duration_s": duration_of(rate)}
+
+        return measure
+
+    short = await search_capacity(lasting(lambda r: 400 / r), SearchOptions(start_rps=5.0, replicates=3))
+    assert any("lasted only 20 s" in n and "--duration" in n for n in short.notes), short.notes
+    assert all(p.duration_s is not None for p in short.probes)
+    long = await search_capacity(lasting(lambda r: 60.0), SearchOptions(start_rps=5.0, replicates=3))
+    assert not any("lasted only" in n for n in long.notes)
+    unknown = await search_capacity(curve, SearchOptions(start_rps=5.0, replicates=3))
+    assert not any("lasted only" in n for n in unknown.notes)
