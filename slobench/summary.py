@@ -114,7 +114,8 @@ def client_health(a: RecordArrays, slo: SLO | None) -> dict[str, Any]:
         "is_bottleneck": bool(reasons),
         "warning": (
             "CLIENT WAS THE BOTTLENECK (" + "; ".join(reasons) + "): these numbers describe the load "
-            "generator, not the server. Lower the rate, give the client a core of its own, or use a cap."
+            "generator, not the server. Lower the rate, give the client cores of its own and spread it over them "
+            "(--client-workers N), or use a cap."
         )
         if reasons
         else None,
