@@ -358,3 +358,13 @@ def test_the_median_is_never_marked_thin():
     assert _ms3({"p50": 1.0, "p90": 2.0, "p99": 3.0}, 50) == "1.0 / 2.0† / 3.0†"
     assert _ms3({"p50": 1.0, "p90": 2.0, "p99": 3.0}, 20_000) == "1.0 / 2.0 / 3.0"
     assert _ms3({"p50": None, "p90": None, "p99": None}, 0) == "- / - / -"
+
+
+def test_header_says_where_the_load_went():
+    from slobench.report.html import _target_text
+
+    assert _target_text({"url": "http://h:1/v1"}) == "http://h:1/v1"
+    assert _target_text({"url": "http://h:1/v1", "client_workers": 4}) == "http://h:1/v1 (sent from 4 client processes)"
+    sim = {"kind": "simulated", "knobs": {"profile": "h100-llama-1b"}, "fleet": {"replicas": 4, "router": "round-robin"}}
+    assert _target_text(sim) == "simulated engine (virtual clock, profile h100-llama-1b), 4 replicas behind round-robin"
+    assert _target_text({}) == "-"

@@ -103,6 +103,22 @@ def _target(m: dict[str, Any]) -> dict[str, Any]:
     return t if isinstance(t, dict) else {}
 
 
+def _target_text(t: dict[str, Any]) -> str:
+    """Where the load went: a URL (and the client's worker processes), or the simulated engine and fleet."""
+    if t.get("kind") == "simulated":
+        knobs = t.get("knobs")
+        profile = knobs.get("profile", "-") if isinstance(knobs, dict) else "-"
+        text = f"simulated engine (virtual clock, profile {profile})"
+        fleet = t.get("fleet")
+        if isinstance(fleet, dict):
+            text += f", {fleet.get('replicas')} replicas behind {fleet.get('router')}"
+        return text
+    text = str(t.get("url") or t.get("base_url") or "-")
+    if isinstance(t.get("client_workers"), int) and t["client_workers"] > 1:
+        text += f" (sent from {t['client_workers']} client processes)"
+    return text
+
+
 def _default_title(views: Sequence[Analyzed]) -> str:
     m = views[0].series.manifest
     model = _target(m).get("model") or _target(m).get("served") or "target"
@@ -135,7 +151,7 @@ def _header(views: Sequence[Analyzed], title: str) -> str:
         n_req = sum(p.num_requests for p in v.points)
         facts = [
             ("input", f"{s.label} ({s.kind}, {len(s.runs)} run{'s' if len(s.runs) != 1 else ''}, {n_req:,} requests)"),
-            ("target", t.get("url", "-")),
+            ("target", _target_text(t)),
             ("model", t.get("model") or t.get("served") or "-"),
             ("workload", _workload(m)),
             ("SLO", str(s.slo) + (f", latency from {s.slo.clock}" if s.slo else "") if s.slo else "none"),
