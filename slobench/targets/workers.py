@@ -136,12 +136,13 @@ class WorkerPool:
         if self._workers:
             return
         await self._probe.start()
-        try:
-            for i in range(self.num_workers):
-                self._workers.append(await self._spawn(i))
-        except BaseException:
+        spawns = [asyncio.ensure_future(self._spawn(i)) for i in range(self.num_workers)]  # they start in parallel
+        results = await asyncio.gather(*spawns, return_exceptions=True)
+        self._workers = [w for w in results if isinstance(w, _Worker)]
+        failed = [e for e in results if isinstance(e, BaseException)]
+        if failed:
             await self.close()
-            raise
+            raise failed[0]
 
     async def _spawn(self, index: int) -> _Worker:
         parent_sock, child_sock = socket.socketpair()
