@@ -128,3 +128,15 @@ def test_cli_client_workers(token_server: TokenServerProcess, tmp_path: Path, ca
     rc = main(["run", "--engine", "modeled", "--workload", "tiny", "--num-requests", "3", "--client-workers", "2",
                "--out", str(tmp_path / "e"), "--no-progress"])
     assert rc == 2 and "--client-workers needs --url" in capsys.readouterr().err
+
+
+async def test_a_worker_that_cannot_start_is_a_clear_error(token_server: TokenServerProcess,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    import shutil
+    import sys
+
+    monkeypatch.setattr(sys, "executable", shutil.which("false") or "/bin/false")  # exits at once, says nothing
+    pool = WorkerPool(2, kwargs(token_server))
+    with pytest.raises(RuntimeError, match=r"client worker \d did not start"):
+        await pool.start()
+    assert pool.worker_pids == []

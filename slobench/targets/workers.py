@@ -87,6 +87,12 @@ class _Worker:
         self.pending.clear()
 
 
+def _reap(proc: subprocess.Popen[bytes], writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    proc.kill()
+    proc.wait()  # killed: returns at once, and leaves no zombie
+
+
 class WorkerPool:
     """An OpenAI-compatible target whose requests are sent from `num_workers` worker processes.
 
@@ -162,10 +168,11 @@ class WorkerPool:
         try:
             reply = await asyncio.wait_for(_read_frame(reader), timeout=60)
         except (asyncio.IncompleteReadError, TimeoutError, ConnectionError) as e:
-            proc.kill()
-            raise RuntimeError(f"client worker {index} did not start (exit code {proc.poll()}): {e!r}") from None
+            code = proc.poll()
+            _reap(proc, writer)
+            raise RuntimeError(f"client worker {index} did not start (exit code {code}): {e!r}") from None
         if reply[0] != "ready":
-            proc.kill()
+            _reap(proc, writer)
             raise RuntimeError(f"client worker {index} failed to start: {reply[1] if len(reply) > 1 else reply}")
         w.reader_task = asyncio.ensure_future(self._read_replies(w))
         return w
