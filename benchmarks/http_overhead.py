@@ -7,13 +7,20 @@ The same requests (same seed, same modeled engine knobs) three ways:
 and prints TTFT and ITL quantiles for each, so the difference between rows is what real time, then the
 HTTP server, SSE and the client's event loop add.
 
+With `--replicas N` (N > 1) the same three paths run a fleet: the simulated fleet (`simulate_run(...,
+replicas=N, router=...)`), N in-process engines and N engine servers, the last two behind the client-side
+router (slobench.targets.fleet) with the same policy: how far the simulated fleet is from a real one.
+
     python benchmarks/http_overhead.py [--rate 10] [--num-requests 200] [--profile cpu-tiny]
+                                       [--replicas 2 --router least-outstanding]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +30,7 @@ from slobench.records import RequestRecord, RequestSpec
 from slobench.runner import RunOptions, run
 from slobench.simulate import simulate_run
 from slobench.targets.engine import EngineTarget
+from slobench.targets.fleet import FleetTarget
 from slobench.targets.openai import OpenAITarget
 from slobench.testing import EngineServerProcess
 from slobench.workload import generate, load_workload
@@ -38,9 +46,12 @@ def row(name: str, records: list[RequestRecord]) -> str:
     return f"| {name} | {int(a.is_ok.sum())}/{len(a)} | {t} | {i} |"
 
 
-async def measure(specs: list[RequestSpec], knobs: dict, url: str | None) -> list[RequestRecord]:
+async def measure(specs: list[RequestSpec], knobs: dict, urls: list[str] | None, replicas: int = 1,
+                  router: str = "least-outstanding") -> list[RequestRecord]:
     clock = Clock()
-    target = OpenAITarget(url, "tiny", clock=clock) if url else EngineTarget(knobs, clock, model_name="tiny")
+    one: list[Any] = ([OpenAITarget(url, "tiny", clock=clock) for url in urls] if urls else
+                      [EngineTarget(knobs, clock, model_name="tiny") for _ in range(replicas)])
+    target: Any = FleetTarget(one, router) if len(one) > 1 else one[0]
     await target.start()
     try:
         res = await run(specs, target, opts=RunOptions(progress=False), handle_sigint=False)
@@ -56,16 +67,21 @@ def main() -> None:
     ap.add_argument("--profile", default="cpu-tiny")
     ap.add_argument("--kv-blocks", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--replicas", type=int, default=1)
+    ap.add_argument("--router", default="least-outstanding")
     args = ap.parse_args()
     specs = generate(load_workload("tiny"), rate_rps=args.rate, num_requests=args.num_requests, seed=args.seed)
     knobs = {"executor": "modeled", "profile": args.profile, "kv_blocks": args.kv_blocks}
-    virtual, _ = simulate_run(specs, knobs, seed=args.seed, intervals=False)
-    in_process = asyncio.run(measure(specs, knobs, None))
-    with EngineServerProcess("--executor", "modeled", "--profile", args.profile,
-                             "--kv-blocks", str(args.kv_blocks)) as srv:
-        http = asyncio.run(measure(specs, knobs, srv.base_url))
+    n = args.replicas
+    virtual, _ = simulate_run(specs, knobs, seed=args.seed, intervals=False, replicas=n, router=args.router)
+    in_process = asyncio.run(measure(specs, knobs, None, n, args.router))
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(EngineServerProcess("--executor", "modeled", "--profile", args.profile,
+                                                           "--kv-blocks", str(args.kv_blocks))) for _ in range(n)]
+        http = asyncio.run(measure(specs, knobs, [srv.base_url for srv in servers], n, args.router))
+    fleet = f", {n} replicas behind {args.router}" if n > 1 else ""
     print(f"\n{args.num_requests} tiny requests at {args.rate:g} req/s (Poisson, seed {args.seed}), modeled engine "
-          f"profile {args.profile}, {args.kv_blocks} KV blocks")
+          f"profile {args.profile}, {args.kv_blocks} KV blocks{fleet}")
     print("| path | ok | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms |")
     print("|---|---|---|---|")
     for name, recs in (("virtual clock", virtual), ("in-process, real time", in_process), ("HTTP + SSE", http)):

@@ -27,7 +27,9 @@ EPILOG = "exit codes:\n" + EXIT_CODES
 
 def _add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     g = p.add_argument_group("target")
-    g.add_argument("--url", default="http://127.0.0.1:8000/v1", help="base URL of an OpenAI-compatible API")
+    g.add_argument("--url", default="http://127.0.0.1:8000/v1",
+                   help="base URL of an OpenAI-compatible API; several, comma-separated, are routed by this client "
+                        "(--router)")
     g.add_argument("--model", default=None, help="model name (default: the first one the server lists)")
     g.add_argument("--api", choices=("completions", "chat"), default=None, help="default: the workload's")
     g.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
@@ -52,7 +54,8 @@ def _add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
                      help="with --simulate: a fleet of N identical engines behind --router (default 1)")
     eng.add_argument("--router", default="least-outstanding",
                      choices=("least-outstanding", "round-robin", "prefix-affinity", "prefix-balanced"),
-                     help="with --simulate --replicas: how requests are spread (default least-outstanding)")
+                     help="with --simulate --replicas N, or several --url A,B: how requests are spread "
+                          "(default least-outstanding)")
     w = p.add_argument_group("workload")
     w.add_argument("--workload", default="chat", help="a bundled workload name or a TOML path")
     if sweep:
@@ -242,8 +245,6 @@ class LoadSetup:
         )
 
     def target(self, clock: Any) -> Any:
-        from slobench.targets.openai import OpenAITarget
-
         a = self.args
         workers = getattr(a, "client_workers", 1)
         if a.engine:
@@ -253,8 +254,27 @@ class LoadSetup:
                 raise UsageError("--client-workers needs --url: the in-process engine has no HTTP client to spread")
             self.engine_target = engine_target_from_args(a, clock, api=self.api)  # monitors() scrapes it
             return self.engine_target
+        if len(self.urls) > 1:
+            from slobench.targets.fleet import FleetTarget
+
+            return FleetTarget([self._url_target(url, clock) for url in self.urls], a.router)
+        return self._url_target(self.urls[0], clock)
+
+    @property
+    def urls(self) -> list[str]:
+        """`--url A,B,C`: several replicas, routed by this client (slobench.targets.fleet)."""
+        urls = [u.strip() for u in str(self.args.url).split(",") if u.strip()]
+        if not urls:
+            raise UsageError("--url: no URL given")
+        return urls
+
+    def _url_target(self, url: str, clock: Any) -> Any:
+        from slobench.targets.openai import OpenAITarget
+
+        a = self.args
+        workers = getattr(a, "client_workers", 1)
         kwargs: dict[str, Any] = dict(
-            base_url=a.url,
+            base_url=url,
             model=a.model,
             api=self.api,
             stream=not a.no_stream,
@@ -286,6 +306,7 @@ class LoadSetup:
                 {**target.describe(), "served": served} if a.engine else
                 {"url": a.url, "model": target.model, "api": self.api, "stream": not a.no_stream, "served": served}
                 | ({"client_workers": a.client_workers} if getattr(a, "client_workers", 1) != 1 else {})
+                | ({"fleet": {"replicas": len(self.urls), "router": a.router}} if len(self.urls) > 1 else {})
             ),
             "slo": self.slo.to_dict() if self.slo else None,
             "phases": phase_boundaries(self.workload, duration_s=a.duration),
@@ -309,7 +330,8 @@ class LoadSetup:
         run_dir.mkdir(parents=True, exist_ok=True)
         if self.args.engine:
             return [MetricsScraper(self.engine_target.metrics_text, run_dir, interval)]
-        return [MetricsScraper(metrics_url_for(self.args.url), run_dir, interval, headers=self.headers)]
+        # several --url: the first replica's /metrics is scraped (the timeline shows one server's state)
+        return [MetricsScraper(metrics_url_for(self.urls[0]), run_dir, interval, headers=self.headers)]
 
     def simulated_manifest(self) -> dict[str, Any]:
         """The manifest of a --simulate run: the engine's knobs stand where a target's URL would."""
@@ -405,7 +427,7 @@ async def _start_target(setup: LoadSetup) -> tuple[Any, Any, str]:
     from slobench.clock import Clock
 
     if setup.args.model is None and not setup.args.engine:
-        setup.args.model = await discover_model(setup.args.url, setup.headers, setup.args.api_key_env)
+        setup.args.model = await discover_model(setup.urls[0], setup.headers, setup.args.api_key_env)
     clock = Clock()
     target = setup.target(clock)
     await target.start()

@@ -306,6 +306,8 @@ async def run(
         summary["warmup"] = {"rule": "MSER-5", "num_requests": warmup_cut}
     summary["interrupted"] = interrupted
     summary["num_scheduled"] = disp.progress.total
+    if hasattr(target, "fleet_summary"):  # several replicas routed by the client: how many each got
+        summary["fleet"] = target.fleet_summary()
     if writer is not None:
         writer.finish(summary)
     if cancelled_from_outside:

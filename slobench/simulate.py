@@ -28,6 +28,7 @@ from reference_engine.executor.modeled_executor import CostProfile
 from slobench.errors import SpecError
 from slobench.metrics import RecordArrays, describe, throughput
 from slobench.records import RequestRecord, RequestSpec, RunWriter
+from slobench.routing import Router
 from slobench.slo import SLO
 from slobench.summary import summarize
 from slobench.targets.engine import Api, to_engine_request
@@ -131,59 +132,14 @@ class _JitteredWait:
         self.clock.advance_to(now + (t_s - now) * max(0.5, 1.0 + self.rng.normal(0.0, self.jitter_sd)))
 
 
-ROUTERS = ("least-outstanding", "round-robin", "prefix-affinity", "prefix-balanced")
-PREFIX_AFFINITY_TOKENS = 64  # prefix-affinity hashes this many leading prompt tokens to pick a replica
-# prefix-balanced leaves the prefix's home replica when it holds more than this many requests beyond the
-# least loaded one, and more than BALANCE_RATIO times as many (SGLang's cache-aware router balances alike)
-BALANCE_SLACK = 4
-BALANCE_RATIO = 1.5
-
-
 @dataclass(slots=True)
 class _Replica:
     index: int
     engine: LLMEngine
     clock: VirtualClock
     wait: _JitteredWait
-    outstanding: int = 0
-    num_requests: int = 0
     num_output_tokens: int = 0
     stuck: bool = False  # its last step scheduled nothing: only a new arrival can help it
-
-
-class _Router:
-    """Which replica gets the next request. least-outstanding: fewest requests in flight (ties: lowest
-    index), what most LLM load balancers do; round-robin: in turn, blind to load; prefix-affinity: a hash of
-    the prompt's first PREFIX_AFFINITY_TOKENS tokens, so requests sharing a prefix meet the same prefix
-    cache (blind to load: the cost of affinity shows up as queueing); prefix-balanced: the prefix's home
-    unless it is overloaded against the least loaded replica (BALANCE_SLACK, BALANCE_RATIO), then that one."""
-
-    def __init__(self, policy: str, replicas: list[_Replica]) -> None:
-        if policy not in ROUTERS:
-            raise SpecError("router", policy, f"must be one of {list(ROUTERS)}")
-        self.policy = policy
-        self.replicas = replicas
-        self.turn = 0
-
-    def pick(self, prompt: Sequence[int]) -> _Replica:
-        reps = self.replicas
-        if len(reps) == 1:
-            return reps[0]
-        if self.policy == "round-robin":
-            r = reps[self.turn % len(reps)]
-            self.turn += 1
-            return r
-        least = min(reps, key=lambda r: (r.outstanding, r.index))
-        if self.policy in ("prefix-affinity", "prefix-balanced"):
-            key = np.asarray(prompt[:PREFIX_AFFINITY_TOKENS], dtype=np.int64).tobytes()
-            home = reps[zlib.crc32(key) % len(reps)]
-            if self.policy == "prefix-affinity":
-                return home
-            over = home.outstanding - least.outstanding
-            if over > BALANCE_SLACK and home.outstanding > BALANCE_RATIO * least.outstanding:
-                return least
-            return home
-        return least
 
 
 def simulate_records(
@@ -201,7 +157,7 @@ def simulate_records(
     """The records of one virtual-clock run, in arrival order. `engine`: knobs or a factory of fresh engines
     (its clock is replaced by the run's VirtualClock; its executor must model step times).
 
-    `replicas` > 1 simulates a fleet of identical engines behind a `router` (ROUTERS): a discrete-event loop
+    `replicas` > 1 simulates a fleet of identical engines behind a `router` (slobench.routing): a discrete-event loop
     over one virtual time, each replica with its own clock (the end of its last step). An arrival is routed
     once every busy replica's clock has reached it; the replica whose clock is earliest steps next. With one
     replica this is exactly the single-engine loop. `fleet`, if given, receives per-replica counts."""
@@ -221,7 +177,7 @@ def simulate_records(
         # replica 0 keeps the run's own jitter stream, so one replica repeats the single-engine run exactly
         wait = _JitteredWait(clock, float(jitter_sd), seed if k == 0 else zlib.crc32(repr((seed, k)).encode()))
         reps.append(_Replica(k, LLMEngine(built.config, built.executor, clock, wait_until=wait), clock, wait))
-    route = _Router(router, reps)
+    route = Router(router, replicas)
     first = reps[0].engine
     tokenizer = getattr(first.executor, "tokenizer", None) or ByteTokenizer(first.executor.vocab_size)
     max_model_len = first.config.max_model_len
@@ -252,7 +208,7 @@ def simulate_records(
             except BadRequest as e:
                 rec.fail("error", f"rejected: {e.message}", t)
                 continue
-            rep = route.pick(req.prompt_token_ids)
+            rep = reps[route.pick(req.prompt_token_ids)]
             if not rep.engine.has_work() or rep.stuck:
                 rep.clock.advance_to(max(rep.clock.now_s(), t))  # an idle replica waits for the arrival
                 rep.stuck = False
@@ -265,8 +221,7 @@ def simulate_records(
                 continue
             rec.prompt_tokens = len(req.prompt_token_ids)
             by_rid[(rep.index, rid)] = rec
-            rep.outstanding += 1
-            rep.num_requests += 1
+            route.started(rep.index)
             continue
         rep = min(busy, key=lambda r: (r.clock.now_s(), r.index))
         eng = rep.engine
@@ -290,11 +245,11 @@ def simulate_records(
                 rep.num_output_tokens += 1
             if ev.finish_reason is not None:
                 rec.done_s = ev.time_s
-                rep.outstanding -= 1
+                route.finished(rep.index)
     if fleet is not None:
         fleet.update({
             "replicas": replicas, "router": router,
-            "requests_per_replica": [r.num_requests for r in reps],
+            "requests_per_replica": list(route.sent),
             "output_tokens_per_replica": [r.num_output_tokens for r in reps],
         })
     return records
