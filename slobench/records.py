@@ -75,6 +75,7 @@ class RequestRecord:
     http_status: int | None = None
     is_warmup: bool = False
     queued_s: float = 0.0  # time spent waiting for an in-flight cap / closed-loop slot before send
+    replica: int | None = None  # which replica served it, when a fleet is routed (client-side or simulated)
 
     def fail(self, status: Status, error: str, now_s: float | None = None) -> None:
         self.status = status

@@ -220,6 +220,8 @@ def simulate_records(
                 rec.fail("error", f"rejected: {e}", t)
                 continue
             rec.prompt_tokens = len(req.prompt_token_ids)
+            if replicas > 1:
+                rec.replica = rep.index
             by_rid[(rep.index, rid)] = rec
             route.started(rep.index)
             continue

@@ -57,9 +57,31 @@ def summarize(records: Sequence[RequestRecord], slo: SLO | None, *, seed: int = 
     cache = prefix_cache(a)
     if cache is not None:
         out["prefix_cache"] = cache
+    replicas = per_replica(records, slo)
+    if replicas:
+        out["per_replica"] = replicas
     if slo is not None:
         out["slo"] = slo.to_dict()
         out["attainment"] = attainment(a, slo, duration_s=tp.duration_s, seed=seed).to_dict()
+    return out
+
+
+def per_replica(records: Sequence[RequestRecord], slo: SLO | None) -> list[dict[str, Any]]:
+    """For a routed fleet: each replica's requests, failures, TTFT p50/p99 and attainment, so a hot spot
+    (one replica holding the popular prefix, say) shows. Empty when no record names a replica."""
+    groups: dict[int, list[RequestRecord]] = {}
+    for r in records:
+        if r.replica is not None and not r.is_warmup:
+            groups.setdefault(r.replica, []).append(r)
+    out = []
+    for i in sorted(groups):
+        a = RecordArrays.from_records(groups[i])
+        q = quantiles(a.ttft_s[np.isfinite(a.ttft_s)]) if len(a) else {}
+        row: dict[str, Any] = {"replica": i, "num_requests": len(a), "num_ok": int(a.is_ok.sum()),
+                               "ttft_p50_s": q.get("p50"), "ttft_p99_s": q.get("p99")}  # fmt: skip
+        if slo is not None:
+            row["attainment"] = float(slo.meets(a).mean()) if len(a) else None
+        out.append(row)
     return out
 
 

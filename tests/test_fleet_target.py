@@ -84,6 +84,8 @@ def test_cli_several_urls(tmp_path: Path) -> None:
         assert rc == 0
         summary = json.loads((out / "summary.json").read_text())
         assert summary["num_ok"] == 30 and summary["fleet"]["requests_per_replica"] == [15, 15]
+        assert [r["num_requests"] for r in summary["per_replica"]] == [15, 15]
+        assert all(abs(r["ttft_p50_s"] - 0.020) < 0.005 and r["attainment"] == 1.0 for r in summary["per_replica"])
         manifest = json.loads((out / "manifest.json").read_text())
         assert manifest["target"]["fleet"] == {"replicas": 2, "router": "round-robin"}
         assert len(a.read_log()) >= 15 and len(b.read_log()) >= 15  # both servers were loaded
@@ -96,3 +98,25 @@ def test_prompts_for_affinity_are_hashed_by_their_head() -> None:
     spec = RequestSpec(0, 0.0, tuple(range(100, 200)), 100, 4)
     home = r.pick(spec.prompt)
     assert home == r.pick(tuple(range(100, 164)) + (7,) * 50)  # same first 64 ids, same home
+
+
+def test_per_replica_summary_shows_an_affinity_hot_spot() -> None:
+    from slobench.report.terminal import per_replica_text
+    from slobench.simulate import simulate_run
+    from slobench.slo import SLO
+
+    specs = generate(load_workload("system-prompts"), rate_rps=20.0, duration_s=20, seed=2)
+    knobs = {"profile": "h100-llama-1b", "kv_blocks": 300}
+    slo = SLO.parse("ttft=300ms,tpot=40ms")
+    recs, summary = simulate_run(specs, knobs, slo=slo, replicas=4, router="prefix-affinity")
+    rows = summary["per_replica"]
+    routed = [r for r in recs if r.replica is not None]  # requests the engine refused at once were never routed
+    assert [r["replica"] for r in rows] == [0, 1, 2, 3] and sum(r["num_requests"] for r in rows) == len(routed)
+    assert len(routed) >= 0.95 * len(specs) and all(r.error for r in recs if r.replica is None)
+    busiest = max(rows, key=lambda r: r["num_requests"])
+    assert busiest["num_requests"] > 1.3 * len(specs) / 4  # the popular prompt's home
+    assert busiest["ttft_p99_s"] == max(r["ttft_p99_s"] for r in rows)
+    text = per_replica_text(rows)
+    assert text.startswith("per replica") and text.count("#") == 4
+    _, single = simulate_run(specs, knobs, slo=slo)
+    assert "per_replica" not in single  # one engine: no replica field

@@ -43,6 +43,16 @@ def attainment_text(s: dict[str, Any]) -> str:
     return f"{_pct(att['value'])} [{_pct(att['ci_low'])}, {_pct(att['ci_high'])}]"
 
 
+def per_replica_text(rows: Sequence[dict[str, Any]]) -> str:
+    """One line per fleet: each replica's requests, TTFT p50 / p99 and attainment."""
+    parts = []
+    for r in rows:
+        att = r.get("attainment")
+        parts.append(f"#{r['replica']} {r['num_requests']} req, TTFT {_ms(r.get('ttft_p50_s'))}/"
+                     f"{_ms(r.get('ttft_p99_s'))} ms" + ("" if att is None else f", {att:.0%}"))
+    return "per replica (TTFT p50/p99, attainment): " + "; ".join(parts)
+
+
 def prefix_cache_text(c: dict[str, Any]) -> str:
     """One line: the server's prefix-cache hits and what they did to TTFT (the HTML report says the same)."""
     text = (f"prefix cache: {c['cached_token_share']:.0%} of prompt tokens served from cache; "
@@ -100,6 +110,8 @@ def print_run(summary: dict[str, Any], console: Console | None = None, title: st
         f = summary["fleet"]
         console.print(f"fleet: {f['replicas']} replicas behind {f['router']}; requests per replica "
                       f"{' / '.join(map(str, f['requests_per_replica']))}", highlight=False)
+    if summary.get("per_replica"):
+        console.print(per_replica_text(summary["per_replica"]), highlight=False)
     if summary.get("prefix_cache"):
         console.print(prefix_cache_text(summary["prefix_cache"]), highlight=False)
     if summary.get("error_counts"):

@@ -73,6 +73,7 @@ class FleetTarget:
     async def send(self, spec: RequestSpec, record: RequestRecord) -> None:
         i = self.router.pick(spec.prompt)
         self.router.started(i)
+        record.replica = i
         try:
             await self.targets[i].send(spec, record)
         finally:
