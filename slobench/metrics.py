@@ -33,6 +33,7 @@ class RecordArrays:
     output_tokens: np.ndarray
     prompt_tokens: np.ndarray
     cached_tokens: np.ndarray  # float: prompt tokens from the server's prefix cache, NaN where not reported
+    replica: np.ndarray  # int: the replica that served each request in a routed fleet, -1 where none
     is_ok: np.ndarray
     status: np.ndarray  # str
     itl_s: np.ndarray  # all chunk gaps of successful requests, flattened
@@ -60,6 +61,7 @@ class RecordArrays:
                 (r.prompt_tokens if r.prompt_tokens is not None else r.input_tokens for r in recs), np.int64, len(recs)
             ),
             cached_tokens=col(lambda r: r.cached_tokens),
+            replica=np.fromiter((-1 if r.replica is None else r.replica for r in recs), np.int64, len(recs)),
             is_ok=np.fromiter((r.status == "ok" for r in recs), bool, len(recs)),
             status=np.array([r.status for r in recs], dtype=object),
             itl_s=itl_s,

@@ -7,6 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
+from slobench.cli import main as main_cli
 from slobench.errors import UsageError
 from slobench.metrics import RecordArrays, throughput
 from slobench.records import RequestRecord, RunWriter, load_run, write_records
@@ -368,3 +369,15 @@ def test_header_says_where_the_load_went():
     sim = {"kind": "simulated", "knobs": {"profile": "h100-llama-1b"}, "fleet": {"replicas": 4, "router": "round-robin"}}
     assert _target_text(sim) == "simulated engine (virtual clock, profile h100-llama-1b), 4 replicas behind round-robin"
     assert _target_text({}) == "-"
+
+
+def test_rate_table_shows_replicas_of_a_routed_fleet(tmp_path):
+    assert main_cli(["sweep", "--simulate", "--workload", "tiny", "--rates", "10,40", "--num-requests", "60",
+                     "--replicas", "3", "--router", "round-robin", "--slo", "ttft=200ms", "--out", str(tmp_path / "f"),
+                     "--no-progress"]) in (0, 1)
+    html = build_report([tmp_path / "f"], tmp_path / "f.html").read_text()
+    assert "per replica: requests · TTFT p99 ms · attainment" in html
+    assert re.search(r"<td>#0 20 · \d+ · [\d.]+%; #1 20 · \d+ · [\d.]+%; #2 20 · \d+ · [\d.]+%</td>", html)
+    assert "simulated engine (virtual clock, profile cpu-tiny), 3 replicas behind round-robin" in html
+    write_synthetic_sweep(tmp_path / "plain", [2.0], 50)
+    assert "per replica" not in build_report([tmp_path / "plain"], tmp_path / "p.html").read_text()

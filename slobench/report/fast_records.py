@@ -77,6 +77,7 @@ def _columns(rows: list[dict[str, Any]]) -> RecordArrays:
             np.int64, n,
         ),
         cached_tokens=col("cached_tokens"),
+        replica=np.fromiter((-1 if d.get("replica") is None else int(d["replica"]) for d in rows), np.int64, n),
         is_ok=np.asarray(is_ok, dtype=bool),
         status=status,
         itl_s=gaps,

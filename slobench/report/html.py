@@ -200,6 +200,9 @@ def _rate_table(v: Analyzed) -> str:
     cache = any(p.prefix_cache for p in v.points)
     if cache:
         head = (*head, "prompt tokens cached · TTFT p50 hit / miss ms")
+    fleet = any(len(p.per_replica) > 1 for p in v.points)
+    if fleet:
+        head = (*head, "per replica: requests · TTFT p99 ms · attainment")
     rows = []
     for p in v.points:
         att = p.attainment
@@ -214,6 +217,8 @@ def _rate_table(v: Analyzed) -> str:
         )
         if cache:
             cells = (*cells, _cache_cell(p.prefix_cache))
+        if fleet:
+            cells = (*cells, _replica_cell(p.per_replica))
         cls = ' class="miss"' if att is not None and v.series.slo and att.value < v.series.slo.target else ""
         rows.append(f"<tr{cls}>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
     thin = any(THIN_MARK in r for r in rows)
@@ -221,6 +226,15 @@ def _rate_table(v: Analyzed) -> str:
     return (f'<table class="data"><caption>{esc(v.series.label)}</caption><thead><tr>'
             + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
             + note)
+
+
+def _replica_cell(rows: Sequence[dict[str, Any]]) -> str:
+    parts = []
+    for r in rows:
+        p99 = "-" if r["ttft_p99_ms"] is None else f"{r['ttft_p99_ms']:.0f}"
+        att = "" if r["attainment"] is None else f" · {_pct(r['attainment'])}"
+        parts.append(f"#{r['replica']} {r['num_requests']} · {p99}{att}")
+    return "; ".join(parts) or "-"
 
 
 def _cache_cell(c: dict[str, Any] | None) -> str:
@@ -234,7 +248,7 @@ def _cliff(views: Sequence[Analyzed], figs: _Figures) -> str:
     return (
         '<section id="cliff"><h2>The cliff</h2><p class="lead">Attainment is the share of <em>all</em> requests '
         "issued (failures count as misses) that met every SLO at once; its band is a 95% moving-block bootstrap "
-        "interval over requests in arrival order. Throughput keeps rising after attainment falls off: the knee "
+        "interval over requests in arrival order, widened to Wilson's interval where that is wider. Throughput keeps rising after attainment falls off: the knee "
         "(dash-dot) is where attainment crosses the target, linearly interpolated between measured rates.</p>"
         + figs.div(cliff_figure(views)) + "".join(_rate_table(v) for v in views) + "</section>"
     )

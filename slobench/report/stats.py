@@ -34,6 +34,7 @@ class RunPoint:
     ttft_count: int = 0  # finite values behind ttft_ms / tpot_ms (how many lie beyond a quantile: slo.samples_beyond)
     tpot_count: int = 0
     prefix_cache: dict[str, Any] | None = None  # summary.prefix_cache: None when the server reported no hits
+    per_replica: tuple[dict[str, Any], ...] = ()  # a routed fleet: each replica's requests and TTFT p99
 
 
 def ttft_s(a: RecordArrays, slo: SLO | None) -> np.ndarray:
@@ -71,7 +72,24 @@ def run_point(run: RunData, slo: SLO | None) -> RunPoint:
         ttft_count=int(np.isfinite(ttft_s(a, slo)).sum()),
         tpot_count=int(np.isfinite(a.tpot_s).sum()),
         prefix_cache=prefix_cache(a),
+        per_replica=_per_replica(a, slo),
     )
+
+
+def _per_replica(a: RecordArrays, slo: SLO | None) -> tuple[dict[str, Any], ...]:
+    ids = np.unique(a.replica[a.replica >= 0])
+    if len(ids) == 0:
+        return ()
+    ttft = ttft_s(a, slo)
+    met = slo.meets(a) if slo is not None else None
+    rows = []
+    for i in ids.tolist():
+        sel = a.replica == i
+        t = ttft[sel & np.isfinite(ttft)]
+        rows.append({"replica": i, "num_requests": int(sel.sum()),
+                     "ttft_p99_ms": float(np.quantile(t, 0.99) * 1e3) if len(t) else None,
+                     "attainment": float(met[sel].mean()) if met is not None else None})  # fmt: skip
+    return tuple(rows)
 
 
 def series_headline(points: list[RunPoint], slo: SLO | None) -> dict[str, Any] | None:
