@@ -330,8 +330,9 @@ class LoadSetup:
         run_dir.mkdir(parents=True, exist_ok=True)
         if self.args.engine:
             return [MetricsScraper(self.engine_target.metrics_text, run_dir, interval)]
-        # several --url: the first replica's /metrics is scraped (the timeline shows one server's state)
-        return [MetricsScraper(metrics_url_for(self.urls[0]), run_dir, interval, headers=self.headers)]
+        urls = [metrics_url_for(u) for u in self.urls]
+        source: str | list[str] = urls[0] if len(urls) == 1 else urls  # a fleet: every replica, labelled
+        return [MetricsScraper(source, run_dir, interval, headers=self.headers)]
 
     def simulated_manifest(self) -> dict[str, Any]:
         """The manifest of a --simulate run: the engine's knobs stand where a target's URL would."""

@@ -52,8 +52,9 @@ def _escape_label(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def parse_samples(text: str) -> dict[str, float]:
-    """Prometheus text -> {sample key: value}, without buckets. Raises ValueError on text that is not metrics."""
+def parse_samples(text: str, extra_labels: dict[str, str] | None = None) -> dict[str, float]:
+    """Prometheus text -> {sample key: value}, without buckets. Raises ValueError on text that is not metrics.
+    `extra_labels` go on every sample (`replica="1"`: several servers' samples in one scrape line)."""
     # Bucket lines are dropped before parsing only to spare the load generator's CPU: they are ~90% of a
     # vLLM /metrics page and the parser is pure Python. The parser still reads everything that is kept.
     kept = "\n".join(ln for ln in text.splitlines() if not _line_name(ln).endswith("_bucket"))
@@ -67,7 +68,7 @@ def parse_samples(text: str) -> dict[str, float]:
                 continue  # summary quantiles
             v = float(s.value)
             if math.isfinite(v):
-                out[sample_key(s.name, s.labels)] = v
+                out[sample_key(s.name, {**s.labels, **extra_labels} if extra_labels else s.labels)] = v
     return out
 
 
@@ -81,7 +82,7 @@ class _NoText(Exception):
     """A scrape that found no Prometheus text; the message says why."""
 
 
-Fetch = Callable[[], Awaitable[str]]  # one scrape's text; raises _NoText
+Fetch = Callable[[], Awaitable[str | list[str]]]  # one scrape's text (one per replica); raises _NoText
 
 
 class MetricsScraper:
@@ -94,7 +95,7 @@ class MetricsScraper:
 
     def __init__(
         self,
-        source: str | Callable[[], str | bytes],
+        source: str | list[str] | Callable[[], str | bytes],
         out_path: str | Path,
         interval_s: float = 1.0,
         *,
@@ -107,8 +108,13 @@ class MetricsScraper:
         if not isinstance(source, str) and headers:
             raise ValueError("headers apply to a /metrics URL, not to a local source")
         out = Path(out_path)
+        if isinstance(source, list) and not source:
+            raise ValueError("no /metrics URL to scrape")
         self.metrics_url: str | None = source if isinstance(source, str) else None
-        self._local: Callable[[], str | bytes] | None = None if isinstance(source, str) else source
+        # several URLs (a client-routed fleet): one scrape line holds every replica's samples, each
+        # labelled replica="i"; the report adds counts and averages fractions across them
+        self.metrics_urls: list[str] = source if isinstance(source, list) else []
+        self._local: Callable[[], str | bytes] | None = None if isinstance(source, str | list) else source
         self.out_path = out / SERVER_METRICS if out.is_dir() else out
         self.interval_s = interval_s
         self.headers = dict(headers or {})
@@ -135,18 +141,23 @@ class MetricsScraper:
 
             yield fetch_local
             return
-        url = self.metrics_url
-        assert url is not None
+        urls: list[str] = self.metrics_urls or [self.metrics_url or ""]
         async with httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers) as client:
 
-            async def fetch_http() -> str:
+            async def get(url: str | None) -> str:
+                assert url is not None
                 try:
                     resp = await client.get(url)
                 except httpx.HTTPError as e:
-                    raise _NoText(f"{type(e).__name__}: {e}") from None
+                    raise _NoText(f"{url}: {type(e).__name__}: {e}") from None
                 if resp.status_code != 200:
-                    raise _NoText(f"HTTP {resp.status_code}")
+                    raise _NoText(f"{url}: HTTP {resp.status_code}")
                 return resp.text
+
+            async def fetch_http() -> str | list[str]:
+                if not self.metrics_urls:
+                    return await get(self.metrics_url)
+                return list(await asyncio.gather(*(get(u) for u in urls)))
 
             yield fetch_http
 
@@ -177,7 +188,10 @@ class MetricsScraper:
         try:
             text = await fetch()
             # Off the event loop: parsing must not delay the requests the runner is sending.
-            samples = await asyncio.to_thread(parse_samples, text)
+            if isinstance(text, list):
+                samples = await asyncio.to_thread(_merge_replicas, text)
+            else:
+                samples = await asyncio.to_thread(parse_samples, text)
         except _NoText as e:
             return None, str(e)
         except ValueError as e:
@@ -185,6 +199,13 @@ class MetricsScraper:
         if not samples:
             return None, "no samples"
         return samples, ""
+
+
+def _merge_replicas(texts: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for i, text in enumerate(texts):
+        out.update(parse_samples(text, {"replica": str(i)}))
+    return out
 
 
 class _LineWriter:

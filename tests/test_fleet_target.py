@@ -80,7 +80,8 @@ def test_cli_several_urls(tmp_path: Path) -> None:
     with TokenServerProcess(ttft_ms=20, itl_ms=2, log=True) as a, TokenServerProcess(ttft_ms=20, itl_ms=2, log=True) as b:
         out = tmp_path / "run"
         rc = main(["run", "--url", f"{a.base_url},{b.base_url}", "--router", "round-robin", "--workload", "tiny",
-                   "--rate", "40", "--num-requests", "30", "--slo", "ttft=5s", "--out", str(out), "--no-progress"])
+                   "--rate", "40", "--num-requests", "30", "--slo", "ttft=5s", "--out", str(out), "--no-progress",
+                   "--scrape-interval", "0.2"])
         assert rc == 0
         summary = json.loads((out / "summary.json").read_text())
         assert summary["num_ok"] == 30 and summary["fleet"]["requests_per_replica"] == [15, 15]
@@ -89,6 +90,8 @@ def test_cli_several_urls(tmp_path: Path) -> None:
         manifest = json.loads((out / "manifest.json").read_text())
         assert manifest["target"]["fleet"] == {"replicas": 2, "router": "round-robin"}
         assert len(a.read_log()) >= 15 and len(b.read_log()) >= 15  # both servers were loaded
+        first = json.loads((out / "server_metrics.jsonl").read_text().splitlines()[0])["samples"]
+        assert any('replica="0"' in k for k in first) and any('replica="1"' in k for k in first)
     assert main(["run", "--url", " , ", "--workload", "tiny", "--num-requests", "2", "--no-progress",
                  "--out", str(tmp_path / "x")]) == 2
 

@@ -153,3 +153,47 @@ def test_out_path_may_be_the_run_dir(tmp_path):
     assert s.out_path == tmp_path / "server_metrics.jsonl"
     with pytest.raises(ValueError, match="interval_s"):
         MetricsScraper("http://x/metrics", tmp_path, 0)
+
+
+async def test_several_urls_are_one_line_a_scrape_labelled_by_replica(tmp_path):
+    from slobench.report.server_state import load_server_metrics
+
+    servers = []
+    for waiting in (3, 5):
+        reg = CollectorRegistry()
+        Gauge("vllm:num_requests_waiting", "waiting", registry=reg).set(waiting)
+        Gauge("vllm:kv_cache_usage_perc", "kv", registry=reg).set(waiting / 10)
+        text = generate_latest(reg)
+
+        async def handler(request, text=text):
+            return web.Response(body=text, content_type="text/plain")
+
+        app = web.Application()
+        app.router.add_get("/metrics", handler)
+        servers.append(await _serve(app))
+    clock = FakeClock()
+    ticks = []
+
+    async def two_ticks(s):
+        ticks.append(s)
+        clock.t += 1.0
+        if len(ticks) == 2:
+            raise asyncio.CancelledError
+
+    urls = [f"http://127.0.0.1:{port}/metrics" for _, port in servers]
+    out = tmp_path / "server_metrics.jsonl"
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            await MetricsScraper(urls, out, 1.0, sleep=two_ticks)(clock)
+    finally:
+        for runner, _ in servers:
+            await runner.cleanup()
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(lines) == 2
+    assert lines[0]["samples"]['vllm:num_requests_waiting{replica="0"}'] == 3.0
+    assert lines[0]["samples"]['vllm:num_requests_waiting{replica="1"}'] == 5.0
+    fleet = load_server_metrics(out)
+    assert fleet.by_name["vllm:num_requests_waiting"][0] == 8.0  # queues add up
+    assert fleet.by_name["vllm:kv_cache_usage_perc"][0] == pytest.approx(0.4)  # usage averages
+    with pytest.raises(ValueError, match="no /metrics URL"):
+        MetricsScraper([], out)
