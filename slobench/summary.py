@@ -60,29 +60,49 @@ def summarize(records: Sequence[RequestRecord], slo: SLO | None, *, seed: int = 
     replicas = per_replica(records, slo)
     if replicas:
         out["per_replica"] = replicas
+    tags = per_tag(records, slo)
+    if tags:
+        out["per_tag"] = tags
     if slo is not None:
         out["slo"] = slo.to_dict()
         out["attainment"] = attainment(a, slo, duration_s=tp.duration_s, seed=seed).to_dict()
     return out
 
 
-def per_replica(records: Sequence[RequestRecord], slo: SLO | None) -> list[dict[str, Any]]:
-    """For a routed fleet: each replica's requests, failures, TTFT p50/p99 and attainment, so a hot spot
-    (one replica holding the popular prefix, say) shows. Empty when no record names a replica."""
-    groups: dict[int, list[RequestRecord]] = {}
-    for r in records:
-        if r.replica is not None and not r.is_warmup:
-            groups.setdefault(r.replica, []).append(r)
+def _breakdown(groups: dict[Any, list[RequestRecord]], slo: SLO | None, label: str) -> list[dict[str, Any]]:
     out = []
-    for i in sorted(groups):
-        a = RecordArrays.from_records(groups[i])
+    for key in sorted(groups):
+        a = RecordArrays.from_records(groups[key])
         q = quantiles(a.ttft_s[np.isfinite(a.ttft_s)]) if len(a) else {}
-        row: dict[str, Any] = {"replica": i, "num_requests": len(a), "num_ok": int(a.is_ok.sum()),
-                               "ttft_p50_s": q.get("p50"), "ttft_p99_s": q.get("p99")}  # fmt: skip
+        tpot = a.tpot_s[np.isfinite(a.tpot_s)]
+        row: dict[str, Any] = {label: key, "num_requests": len(a), "num_ok": int(a.is_ok.sum()),
+                               "ttft_p50_s": q.get("p50"), "ttft_p99_s": q.get("p99"),
+                               "tpot_p50_s": float(np.median(tpot)) if len(tpot) else None}  # fmt: skip
         if slo is not None:
             row["attainment"] = float(slo.meets(a).mean()) if len(a) else None
         out.append(row)
     return out
+
+
+def per_replica(records: Sequence[RequestRecord], slo: SLO | None) -> list[dict[str, Any]]:
+    """For a routed fleet: each replica's requests, failures, TTFT p50/p99 (from sent), TPOT p50 and
+    attainment, so a hot spot (one replica holding the popular prefix, say) shows. Empty when no record
+    names a replica."""
+    groups: dict[Any, list[RequestRecord]] = {}
+    for r in records:
+        if r.replica is not None and not r.is_warmup:
+            groups.setdefault(r.replica, []).append(r)
+    return _breakdown(groups, slo, "replica")
+
+
+def per_tag(records: Sequence[RequestRecord], slo: SLO | None) -> list[dict[str, Any]]:
+    """The same per request class or phase (the records' tags), when a run has two or more: a mix where
+    the long-document class misses while chat is fine reads as one number otherwise."""
+    groups: dict[Any, list[RequestRecord]] = {}
+    for r in records:
+        if r.tag and not r.is_warmup:
+            groups.setdefault(r.tag, []).append(r)
+    return _breakdown(groups, slo, "tag") if len(groups) >= 2 else []
 
 
 def prefix_cache(a: RecordArrays) -> dict[str, Any] | None:

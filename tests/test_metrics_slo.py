@@ -186,3 +186,24 @@ def test_prefix_cache_summary_and_line() -> None:
     for r in recs:
         r.cached_tokens = None
     assert "prefix_cache" not in summarize(recs, None)
+
+
+def test_per_class_breakdown_when_a_run_mixes_classes() -> None:
+    from slobench.report.terminal import per_tag_text
+    from slobench.summary import summarize
+
+    recs = []
+    for i in range(30):
+        slow = i % 3 == 0
+        r = rec(i, i * 0.1, i * 0.1, i * 0.1 + (0.9 if slow else 0.05), i * 0.1 + 1.0, 10)
+        r.tag = "doc" if slow else "chat"
+        recs.append(r)
+    s = summarize(recs, SLO(ttft_s=0.5))
+    rows = {r["tag"]: r for r in s["per_tag"]}
+    assert (rows["chat"]["num_requests"], rows["doc"]["num_requests"]) == (20, 10)
+    assert (rows["chat"]["attainment"], rows["doc"]["attainment"]) == (1.0, 0.0)
+    assert rows["doc"]["ttft_p50_s"] == pytest.approx(0.9)
+    assert per_tag_text(s["per_tag"]).startswith("per class (TTFT p50/p99, attainment): chat 20 req")
+    for r in recs:
+        r.tag = "only"
+    assert "per_tag" not in summarize(recs, SLO(ttft_s=0.5))  # one class: nothing to break down

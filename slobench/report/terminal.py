@@ -45,12 +45,21 @@ def attainment_text(s: dict[str, Any]) -> str:
 
 def per_replica_text(rows: Sequence[dict[str, Any]]) -> str:
     """One line per fleet: each replica's requests, TTFT p50 / p99 and attainment."""
+    return "per replica (TTFT p50/p99, attainment): " + _groups_text(rows, "replica", "#")
+
+
+def per_tag_text(rows: Sequence[dict[str, Any]]) -> str:
+    """One line per run with request classes or phases: each tag's requests, TTFT p50 / p99 and attainment."""
+    return "per class (TTFT p50/p99, attainment): " + _groups_text(rows, "tag", "")
+
+
+def _groups_text(rows: Sequence[dict[str, Any]], label: str, prefix: str) -> str:
     parts = []
     for r in rows:
         att = r.get("attainment")
-        parts.append(f"#{r['replica']} {r['num_requests']} req, TTFT {_ms(r.get('ttft_p50_s'))}/"
+        parts.append(f"{prefix}{r[label]} {r['num_requests']} req, TTFT {_ms(r.get('ttft_p50_s'))}/"
                      f"{_ms(r.get('ttft_p99_s'))} ms" + ("" if att is None else f", {att:.0%}"))
-    return "per replica (TTFT p50/p99, attainment): " + "; ".join(parts)
+    return "; ".join(parts)
 
 
 def prefix_cache_text(c: dict[str, Any]) -> str:
@@ -112,6 +121,8 @@ def print_run(summary: dict[str, Any], console: Console | None = None, title: st
                       f"{' / '.join(map(str, f['requests_per_replica']))}", highlight=False)
     if summary.get("per_replica"):
         console.print(per_replica_text(summary["per_replica"]), highlight=False)
+    if summary.get("per_tag"):
+        console.print(per_tag_text(summary["per_tag"]), highlight=False)
     if summary.get("prefix_cache"):
         console.print(prefix_cache_text(summary["prefix_cache"]), highlight=False)
     if summary.get("error_counts"):
