@@ -362,6 +362,11 @@ class LoadSetup:
             raise UsageError("--replicas needs --simulate (against a real fleet, point --url at its load balancer)")
         if replicas < 1:
             raise UsageError(f"--replicas must be >= 1 (got {replicas})")
+        from slobench.targets.workers import MAX_WORKERS
+
+        workers = getattr(a, "client_workers", 1)
+        if not 1 <= workers <= MAX_WORKERS:  # before any network call: a bad flag is exit 2, not 3
+            raise UsageError(f"--client-workers must be from 1 to {MAX_WORKERS} (got {workers})")
 
     def simulated_runner(self) -> Any:
         """A sweep's `run_one` on the virtual clock: the engine's scheduler, no server, no wall time."""

@@ -78,6 +78,10 @@ def test_wrong_model_exits_3(token_server, tmp_path, capsys):
         (["--extra-body", "[1]"], "--extra-body"),
         (["--header", "nocolon"], "--header"),
         (["--warmup", "some"], "--warmup"),
+        (["--client-workers", "0"], "--client-workers"),
+        (["--client-workers", "65"], "--client-workers"),
+        (["--replicas", "2"], "--replicas needs --simulate"),
+        (["--url", ","], "--url"),
     ],
 )
 def test_bad_input_exits_2_naming_the_problem(token_server, tmp_path, capsys, argv, needle):
