@@ -381,3 +381,12 @@ def test_rate_table_shows_replicas_of_a_routed_fleet(tmp_path):
     assert "simulated engine (virtual clock, profile cpu-tiny), 3 replicas behind round-robin" in html
     write_synthetic_sweep(tmp_path / "plain", [2.0], 50)
     assert "per replica" not in build_report([tmp_path / "plain"], tmp_path / "p.html").read_text()
+
+
+def test_rate_table_shows_request_classes(tmp_path):
+    main_cli(["sweep", "--simulate", "--workload", "day-shift", "--rates", "4,12", "--num-requests", "150",
+              "--profile", "h100-llama-1b", "--slo", "ttft=300ms,tpot=40ms", "--out", str(tmp_path / "d"),
+              "--no-progress"])
+    html = build_report([tmp_path / "d"], tmp_path / "d.html").read_text()
+    assert "per class: requests · TTFT p99 ms · attainment" in html
+    assert re.search(r"morning/chat \d+ · \d+ · [\d.]+%; morning/doc \d+ · \d+ · [\d.]+%", html)

@@ -203,6 +203,9 @@ def _rate_table(v: Analyzed) -> str:
     fleet = any(len(p.per_replica) > 1 for p in v.points)
     if fleet:
         head = (*head, "per replica: requests · TTFT p99 ms · attainment")
+    classes = any(p.per_tag for p in v.points)
+    if classes:
+        head = (*head, "per class: requests · TTFT p99 ms · attainment")
     rows = []
     for p in v.points:
         att = p.attainment
@@ -219,6 +222,8 @@ def _rate_table(v: Analyzed) -> str:
             cells = (*cells, _cache_cell(p.prefix_cache))
         if fleet:
             cells = (*cells, _replica_cell(p.per_replica))
+        if classes:
+            cells = (*cells, _group_cell(p.per_tag, "tag", ""))
         cls = ' class="miss"' if att is not None and v.series.slo and att.value < v.series.slo.target else ""
         rows.append(f"<tr{cls}>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
     thin = any(THIN_MARK in r for r in rows)
@@ -229,11 +234,15 @@ def _rate_table(v: Analyzed) -> str:
 
 
 def _replica_cell(rows: Sequence[dict[str, Any]]) -> str:
+    return _group_cell(rows, "replica", "#")
+
+
+def _group_cell(rows: Sequence[dict[str, Any]], label: str, prefix: str) -> str:
     parts = []
     for r in rows:
         p99 = "-" if r["ttft_p99_ms"] is None else f"{r['ttft_p99_ms']:.0f}"
         att = "" if r["attainment"] is None else f" · {_pct(r['attainment'])}"
-        parts.append(f"#{r['replica']} {r['num_requests']} · {p99}{att}")
+        parts.append(f"{prefix}{r[label]} {r['num_requests']} · {p99}{att}")
     return "; ".join(parts) or "-"
 
 

@@ -40,6 +40,7 @@ class RunData:
     error_counts: dict[str, int]
     phases: tuple[Phase, ...]
     server: ServerSamples | None
+    tags: np.ndarray | None = None  # object: each request's tag (class or phase), in the arrays' order
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +152,7 @@ def _load_run(run_dir: Path, manifest: dict[str, Any], cols: RunColumns, *, rate
         error_counts=cols.error_counts,
         phases=_phases(manifest, a.scheduled_s, cols.tags),
         server=load_server_metrics(server_path) if server_path.is_file() else None,
+        tags=cols.tags,
     )
 
 

@@ -5,6 +5,7 @@ Attainment and its interval are slobench.slo's (the same moving-block bootstrap,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ class RunPoint:
     tpot_count: int = 0
     prefix_cache: dict[str, Any] | None = None  # summary.prefix_cache: None when the server reported no hits
     per_replica: tuple[dict[str, Any], ...] = ()  # a routed fleet: each replica's requests and TTFT p99
+    per_tag: tuple[dict[str, Any], ...] = ()  # two or more request classes or phases: the same per tag
 
 
 def ttft_s(a: RecordArrays, slo: SLO | None) -> np.ndarray:
@@ -72,21 +74,26 @@ def run_point(run: RunData, slo: SLO | None) -> RunPoint:
         ttft_count=int(np.isfinite(ttft_s(a, slo)).sum()),
         tpot_count=int(np.isfinite(a.tpot_s).sum()),
         prefix_cache=prefix_cache(a),
-        per_replica=_per_replica(a, slo),
+        per_replica=_groups(a, slo, a.replica, "replica", lambda k: k >= 0),
+        per_tag=_groups(a, slo, run.tags, "tag", bool, at_least=2) if run.tags is not None else (),
     )
 
 
-def _per_replica(a: RecordArrays, slo: SLO | None) -> tuple[dict[str, Any], ...]:
-    ids = np.unique(a.replica[a.replica >= 0])
-    if len(ids) == 0:
+def _groups(a: RecordArrays, slo: SLO | None, keys: np.ndarray, label: str, keep: Callable[[Any], bool],
+            at_least: int = 1) -> tuple[dict[str, Any], ...]:  # fmt: skip
+    """Requests, TTFT p99 (on the SLO's clock) and attainment per distinct key (replica, tag)."""
+    if len(keys) != len(a):
+        return ()
+    ids = [k for k in dict.fromkeys(keys.tolist()) if keep(k)]
+    if len(ids) < at_least:
         return ()
     ttft = ttft_s(a, slo)
     met = slo.meets(a) if slo is not None else None
     rows = []
-    for i in ids.tolist():
-        sel = a.replica == i
+    for k in sorted(ids):
+        sel = keys == k
         t = ttft[sel & np.isfinite(ttft)]
-        rows.append({"replica": i, "num_requests": int(sel.sum()),
+        rows.append({label: k, "num_requests": int(sel.sum()),
                      "ttft_p99_ms": float(np.quantile(t, 0.99) * 1e3) if len(t) else None,
                      "attainment": float(met[sel].mean()) if met is not None else None})  # fmt: skip
     return tuple(rows)
