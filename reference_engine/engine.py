@@ -183,9 +183,12 @@ class LLMEngine:
             raise RuntimeError("the engine loop has died") from self.error
         prompt = list(prompt_token_ids)
         vocab = self.executor.vocab_size
-        for t in prompt:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-                raise RequestRejected(f"prompt token id {t!r} is outside the vocabulary 0..{vocab - 1}", "prompt")
+        # type() is int excludes bools; min/max run at C speed (this check was a fifth of a simulated run)
+        if not all(type(t) is int for t in prompt) or (prompt and (min(prompt) < 0 or max(prompt) >= vocab)):
+            for t in prompt:
+                if type(t) is not int or not 0 <= t < vocab:
+                    raise RequestRejected(f"prompt token id {t!r} is outside the vocabulary 0..{vocab - 1}",
+                                          "prompt")
         self.scheduler.validate(len(prompt), max_tokens, min_tokens)
         with self._lock:
             rid = next(self._ids)
