@@ -53,7 +53,8 @@ def _add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     eng.add_argument("--replicas", type=int, default=1, metavar="N",
                      help="with --simulate: a fleet of N identical engines behind --router (default 1)")
     eng.add_argument("--router", default="least-outstanding",
-                     choices=("least-outstanding", "round-robin", "prefix-affinity", "prefix-balanced"),
+                     choices=("least-outstanding", "least-tokens", "round-robin", "prefix-affinity",
+                              "prefix-balanced"),
                      help="with --simulate --replicas N, or several --url A,B: how requests are spread "
                           "(default least-outstanding)")
     w = p.add_argument_group("workload")

@@ -1,6 +1,8 @@
 """Which replica gets the next request: one policy code for the simulated fleet and the client-side router.
 
   least-outstanding  fewest requests in flight (ties: lowest index), what most LLM load balancers do
+  least-tokens       fewest tokens in flight: each request weighs its prompt plus its max_tokens, so one
+                     long document counts for what it costs the replica, not as one request
   round-robin        in turn, blind to load
   prefix-affinity    a hash of the prompt's head, so requests sharing a prefix meet the same prefix cache;
                      blind to load, so the cost of affinity shows up as queueing
@@ -8,8 +10,8 @@
                      loaded replica and BALANCE_RATIO times as many; then the least loaded (SGLang's
                      cache-aware router balances alike)
 
-The router keeps the in-flight counts itself: call `started(i)` when a request goes to replica i (`pick`
-does not) and `finished(i)` when it ends.
+The router keeps the in-flight counts itself: call `started(i, tokens)` when a request goes to replica i
+(`pick` does not) and `finished(i, tokens)` when it ends, with the same token weight.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 
 from slobench.errors import SpecError
 
-ROUTERS = ("least-outstanding", "round-robin", "prefix-affinity", "prefix-balanced")
+ROUTERS = ("least-outstanding", "least-tokens", "round-robin", "prefix-affinity", "prefix-balanced")
 PREFIX_TOKENS = 64  # token-id prompts: the affinity key is this many leading ids
 PREFIX_CHARS = 256  # text prompts: this many leading characters
 BALANCE_SLACK = 4
@@ -43,6 +45,7 @@ class Router:
             raise SpecError("replicas", num_replicas, "must be an integer >= 1")
         self.policy = policy
         self.outstanding = [0] * num_replicas
+        self.outstanding_tokens = [0] * num_replicas
         self.sent = [0] * num_replicas
         self._turn = 0
 
@@ -54,6 +57,9 @@ class Router:
             i = self._turn % n
             self._turn += 1
             return i
+        if self.policy == "least-tokens":
+            tok = self.outstanding_tokens
+            return min(range(n), key=lambda k: (tok[k], k))
         out = self.outstanding
         least = min(range(n), key=lambda k: (out[k], k))
         if self.policy == "least-outstanding":
@@ -65,9 +71,11 @@ class Router:
             return least
         return home
 
-    def started(self, i: int) -> None:
+    def started(self, i: int, tokens: int = 0) -> None:
         self.outstanding[i] += 1
+        self.outstanding_tokens[i] += tokens
         self.sent[i] += 1
 
-    def finished(self, i: int) -> None:
+    def finished(self, i: int, tokens: int = 0) -> None:
         self.outstanding[i] -= 1
+        self.outstanding_tokens[i] -= tokens

@@ -185,6 +185,7 @@ def simulate_records(
     specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
     records: list[RequestRecord] = []
     by_rid: dict[tuple[int, int], RequestRecord] = {}
+    weights: dict[tuple[int, int], int] = {}  # the token weight each routed request holds on its replica
     inf = float("inf")
     i, n = 0, len(specs)
     while True:
@@ -222,8 +223,10 @@ def simulate_records(
             rec.prompt_tokens = len(req.prompt_token_ids)
             if replicas > 1:
                 rec.replica = rep.index
+            weight = len(req.prompt_token_ids) + req.max_tokens
             by_rid[(rep.index, rid)] = rec
-            route.started(rep.index)
+            weights[(rep.index, rid)] = weight
+            route.started(rep.index, weight)
             continue
         rep = min(busy, key=lambda r: (r.clock.now_s(), r.index))
         eng = rep.engine
@@ -247,7 +250,7 @@ def simulate_records(
                 rep.num_output_tokens += 1
             if ev.finish_reason is not None:
                 rec.done_s = ev.time_s
-                route.finished(rep.index)
+                route.finished(rep.index, weights.pop((rep.index, ev.request_id)))
     if fleet is not None:
         fleet.update({
             "replicas": replicas, "router": router,

@@ -123,3 +123,18 @@ def test_per_replica_summary_shows_an_affinity_hot_spot() -> None:
     assert text.startswith("per replica") and text.count("#") == 4
     _, single = simulate_run(specs, knobs, slo=slo)
     assert "per_replica" not in single  # one engine: no replica field
+
+
+def test_least_tokens_weighs_requests_by_their_tokens() -> None:
+    r = Router("least-tokens", 2)
+    r.started(0, 5000)  # one long document on replica 0
+    r.started(1, 100)
+    r.started(1, 100)
+    assert r.pick("x") == 1  # two short requests weigh less than one long one
+    lo = Router("least-outstanding", 2)
+    lo.started(0, 5000)
+    lo.started(1, 100)
+    lo.started(1, 100)
+    assert lo.pick("x") == 0
+    r.finished(0, 5000)
+    assert r.outstanding_tokens == [0, 200] and r.pick("x") == 0

@@ -72,9 +72,10 @@ class FleetTarget:
 
     async def send(self, spec: RequestSpec, record: RequestRecord) -> None:
         i = self.router.pick(spec.prompt)
-        self.router.started(i)
+        weight = spec.input_tokens + spec.max_tokens
+        self.router.started(i, weight)
         record.replica = i
         try:
             await self.targets[i].send(spec, record)
         finally:
-            self.router.finished(i)
+            self.router.finished(i, weight)
