@@ -28,7 +28,7 @@ from slobench.workload import generate, load_workload
 SETUPS = {
     # workload: (engine knobs per replica, SLO, start rate per replica, routers worth comparing)
     "chat": ({"profile": "h100-llama-1b", "kv_blocks": 2048}, "ttft=300ms,tpot=40ms", 16.0,
-             ("least-outstanding", "round-robin")),
+             ("least-outstanding", "least-tokens", "round-robin")),
     "system-prompts": ({"profile": "h100-llama-1b", "kv_blocks": 300}, "ttft=300ms,tpot=40ms", 16.0,
                        ("least-outstanding", "prefix-affinity", "prefix-balanced")),
 }
