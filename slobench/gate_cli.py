@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+DEFAULT_PROBE_S = 60.0  # capacity probes last at least this long unless --num-requests / --duration say
+
 VERBS: frozenset[str] = frozenset({"capacity", "gate"})
 
 CAPACITY_HELP = """\
@@ -17,7 +19,9 @@ above the SLO's target (default 90%). Probes upward geometrically from --start-r
 breaks, bisects until the bracket is narrower than --tolerance, then runs --replicates seeds at both
 bracket edges: the capacity's interval comes from those replicates. With --rates it skips the search and
 runs --replicates seeds at each fixed rate (for gating at the same offered load). Writes OUT/capacity.json
-and one run directory per probe (probe-XX-rate-R-seed-S).
+and one run directory per probe (probe-XX-rate-R-seed-S). A probe lasts max(60 s, the workload's request
+count at that rate) unless --num-requests or --duration fix it: past capacity the queue grows with run
+length, so probes that shrink as the rate rises would overstate capacity.
 """
 
 GATE_HELP = """\
@@ -159,7 +163,13 @@ async def _capacity(args: argparse.Namespace) -> int:
     a = args
 
     def make_specs(rate: float, seed: int) -> list[Any]:
-        return generate(setup.workload, rate_rps=rate, num_requests=a.num_requests, duration_s=a.duration,
+        n, d = a.num_requests, a.duration
+        wl = setup.workload
+        if n is None and d is None and not getattr(wl, "phases", ()) and hasattr(wl, "num_requests"):
+            # Neither flag: probes at least DEFAULT_PROBE_S long, so a high-rate probe still sees the queue
+            # grow past capacity (a fixed count shrinks probes as the rate rises: capacity.short_probe_note)
+            d = max(DEFAULT_PROBE_S, (wl.num_requests or 1000) / rate)
+        return generate(wl, rate_rps=rate, num_requests=n, duration_s=d,
                         seed=seed, input_len=a.input_len, output_len=a.output_len, api=setup.api)
 
     def on_probe(rate: float, seed: int, summary: dict[str, Any]) -> None:

@@ -191,3 +191,20 @@ def test_simulated_fleet_capacity_and_bad_fleet_flags(tmp_path, capsys):
     rc = main(["run", "--engine", "modeled", "--workload", "tiny", "--num-requests", "3", "--replicas", "2",
                "--out", str(tmp_path / "x"), "--no-progress"])
     assert rc == 2 and "--replicas needs --simulate" in capsys.readouterr().err
+
+
+def test_capacity_probes_last_a_minute_unless_told(tmp_path):
+    out = tmp_path / "cap"
+    rc = main(["capacity", "--simulate", "--workload", "tiny", "--slo", "ttft=200ms,tpot=50ms", "--start-rate", "8",
+               "--replicates", "2", "--max-probes", "3", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    doc = json.loads((out / "capacity.json").read_text())
+    durations = [p["duration_s"] for p in doc["probes"]]
+    assert durations and min(durations) > 55  # the tiny workload's 64 requests would have lasted ~3-8 s
+    assert not any("lasted only" in n for n in doc["notes"])
+    told = tmp_path / "told"
+    assert main(["capacity", "--simulate", "--workload", "tiny", "--slo", "ttft=200ms,tpot=50ms", "--start-rate", "8",
+                 "--replicates", "2", "--max-probes", "3", "--num-requests", "64", "--out", str(told),
+                 "--no-progress"]) == 0
+    doc = json.loads((told / "capacity.json").read_text())
+    assert max(p["duration_s"] for p in doc["probes"]) < 20
