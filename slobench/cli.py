@@ -193,6 +193,22 @@ def default_out(prefix: str) -> Path:
     return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+MIN_PROBE_S = 60.0  # a sweep point or capacity probe lasts at least this long unless the user fixes its size
+
+
+def probe_duration(workload: Any, num_requests: int | None, duration_s: float | None, rate_rps: float | None,
+                   min_s: float | None) -> float | None:
+    """The duration to generate for one rate of a sweep or capacity search. When neither --num-requests nor
+    --duration is given, max(min_s, the workload's request count at that rate): past capacity the queue
+    grows with run length, so points that shrink as the rate rises would overstate what the server carries
+    (capacity.short_probe_note). Workloads with phases keep their own timeline."""
+    if min_s is None or num_requests is not None or duration_s is not None or not rate_rps:
+        return duration_s
+    if getattr(workload, "phases", ()) or not hasattr(workload, "num_requests"):
+        return duration_s
+    return max(min_s, (workload.num_requests or 1000) / rate_rps)
+
+
 class LoadSetup:
     """What every load-sending verb builds from the common flags."""
 
@@ -200,6 +216,7 @@ class LoadSetup:
         from slobench.workload import load_workload
 
         self.args = args
+        self.min_duration_s: float | None = None  # sweeps and capacity: see probe_duration
         self.check_fleet()
         self.workload: Any
         if getattr(args, "trace", None) is not None:  # a trace stands where a WorkloadSpec stands
@@ -238,7 +255,7 @@ class LoadSetup:
             self.workload,
             rate_rps=rate_rps,
             num_requests=a.num_requests,
-            duration_s=a.duration,
+            duration_s=probe_duration(self.workload, a.num_requests, a.duration, rate_rps, self.min_duration_s),
             seed=a.seed,
             input_len=a.input_len,
             output_len=a.output_len,
@@ -487,6 +504,7 @@ async def _sweep(args: argparse.Namespace) -> int:
         raise UsageError("--rates is required for sweep (e.g. --rates 1,2,4 or --rates 1:16:5)")
     rates = parse_rates(args.rates)
     setup = LoadSetup(args)
+    setup.min_duration_s = MIN_PROBE_S  # high-rate points as long as low-rate ones (probe_duration)
     out = Path(args.out) if args.out else default_out("sweep")
     console = make_console()
 

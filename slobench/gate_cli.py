@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-DEFAULT_PROBE_S = 60.0  # capacity probes last at least this long unless --num-requests / --duration say
-
 VERBS: frozenset[str] = frozenset({"capacity", "gate"})
 
 CAPACITY_HELP = """\
@@ -135,7 +133,7 @@ async def _capacity(args: argparse.Namespace) -> int:
         search_capacity,
         t_interval,
     )
-    from slobench.cli import LoadSetup, _start_target, default_out
+    from slobench.cli import MIN_PROBE_S, LoadSetup, _start_target, default_out, probe_duration
     from slobench.errors import UsageError
     from slobench.gate import load_samples, workload_identity
     from slobench.records import write_json_atomic
@@ -163,13 +161,8 @@ async def _capacity(args: argparse.Namespace) -> int:
     a = args
 
     def make_specs(rate: float, seed: int) -> list[Any]:
-        n, d = a.num_requests, a.duration
-        wl = setup.workload
-        if n is None and d is None and not getattr(wl, "phases", ()) and hasattr(wl, "num_requests"):
-            # Neither flag: probes at least DEFAULT_PROBE_S long, so a high-rate probe still sees the queue
-            # grow past capacity (a fixed count shrinks probes as the rate rises: capacity.short_probe_note)
-            d = max(DEFAULT_PROBE_S, (wl.num_requests or 1000) / rate)
-        return generate(wl, rate_rps=rate, num_requests=n, duration_s=d,
+        d = probe_duration(setup.workload, a.num_requests, a.duration, rate, MIN_PROBE_S)
+        return generate(setup.workload, rate_rps=rate, num_requests=a.num_requests, duration_s=d,
                         seed=seed, input_len=a.input_len, output_len=a.output_len, api=setup.api)
 
     def on_probe(rate: float, seed: int, summary: dict[str, Any]) -> None:

@@ -208,3 +208,15 @@ def test_capacity_probes_last_a_minute_unless_told(tmp_path):
                  "--no-progress"]) == 0
     doc = json.loads((told / "capacity.json").read_text())
     assert max(p["duration_s"] for p in doc["probes"]) < 20
+
+
+def test_sweep_points_last_a_minute_unless_told(tmp_path):
+    out = tmp_path / "s"
+    assert main(["sweep", "--simulate", "--workload", "tiny", "--rates", "20,80", "--out", str(out),
+                 "--no-progress"]) in (0, 1)
+    doc = json.loads((out / "sweep.json").read_text())
+    assert all(r["summary"]["duration_s"] > 55 for r in doc["runs"])  # 64 requests at 80 req/s: under 1 s
+    short = tmp_path / "short"
+    main(["sweep", "--simulate", "--workload", "tiny", "--rates", "80", "--num-requests", "64", "--out", str(short),
+          "--no-progress"])
+    assert json.loads((short / "sweep.json").read_text())["runs"][0]["summary"]["duration_s"] < 5
