@@ -248,3 +248,24 @@ def test_prefix_balanced_leaves_an_overloaded_home() -> None:
     assert counts["prefix-affinity"] == [20, 0, 0, 0]
     assert counts["prefix-balanced"][0] <= 9 and sum(counts["prefix-balanced"]) == 20
     assert counts["prefix-balanced"][-1] >= 3
+
+
+def test_queue_drift_flags_runs_past_capacity() -> None:
+    from rich.console import Console
+
+    from slobench.report.terminal import print_run
+
+    knobs = {"profile": "h100-llama-1b", "kv_blocks": 2048}
+    slo = SLO.parse("ttft=300ms,tpot=40ms")
+    drift = {}
+    for rate in (20.0, 40.0):  # the simulated chat engine's capacity is ~35 req/s
+        specs = generate(load_workload("chat"), rate_rps=rate, duration_s=30, seed=1)
+        _, summary = simulate_run(specs, knobs, slo=slo)
+        drift[rate] = summary["queue_drift"]
+        console = Console(record=True, width=200)
+        print_run(summary, console)
+        assert ("past capacity" in console.export_text()) == (rate == 40.0)
+    assert not drift[20.0]["overloaded"] and 0.7 < drift[20.0]["ratio"] < 1.4
+    assert drift[40.0]["overloaded"] and drift[40.0]["ratio"] > 3
+    phased = generate(load_workload("day-shift"), rate_rps=12.0, num_requests=200, seed=1)
+    assert "queue_drift" not in simulate_run(phased, knobs, slo=slo)[1]  # load changes on purpose

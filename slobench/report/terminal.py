@@ -19,6 +19,9 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1e3:.1f}"
 
 
+OVERLOAD_MARK = " ▲"
+OVERLOAD_NOTE = (f"{OVERLOAD_MARK.strip()} past capacity: the queue grew all run (TTFT p50 of the last quarter of arrivals over "
+                 "twice the first's), so this attainment falls further the longer the run")
 MIN_BEYOND = 100  # NOTES-statistics: a quantile wants >= 100 samples beyond it
 THIN_MARK = "†"
 THIN_NOTE = (f"{THIN_MARK} fewer than {MIN_BEYOND} requests beyond this quantile: indicative only "
@@ -119,6 +122,11 @@ def print_run(summary: dict[str, Any], console: Console | None = None, title: st
         f = summary["fleet"]
         console.print(f"fleet: {f['replicas']} replicas behind {f['router']}; requests per replica "
                       f"{' / '.join(map(str, f['requests_per_replica']))}", highlight=False)
+    drift = summary.get("queue_drift")
+    if drift and drift.get("overloaded"):
+        console.print(f"[yellow]past capacity: TTFT p50 went from {_ms(drift['ttft_p50_first_quarter_s'])} ms "
+                      f"(first quarter of arrivals) to {_ms(drift['ttft_p50_last_quarter_s'])} ms (last quarter); "
+                      "the queue grew all run, so a longer run would miss more[/yellow]", highlight=False)
     if summary.get("per_replica"):
         console.print(per_replica_text(summary["per_replica"]), highlight=False)
     if summary.get("per_tag"):
@@ -136,7 +144,7 @@ def print_run(summary: dict[str, Any], console: Console | None = None, title: st
 def sweep_table(rows: Sequence[dict[str, Any]], title: str = "sweep") -> Table:
     t = Table(title=title, header_style="bold",
               caption="¹ from the scheduled arrival (immune to coordinated omission) unless the SLO says clock=sent\n"
-                      + THIN_NOTE)
+                      + THIN_NOTE + "\n" + OVERLOAD_NOTE)
     for c in (
         "rate req/s", "sent req/s", "done req/s", "attainment [95% CI]", "goodput req/s",
         "TTFT p50/p90/p99 ms ¹", "TPOT p50/p90/p99 ms", "errors", "lateness p99 ms",
@@ -155,7 +163,7 @@ def sweep_table(rows: Sequence[dict[str, Any]], title: str = "sweep") -> Table:
             f"{r['rate_rps']:g}",
             f"{s['achieved_send_rps']:.2f}",
             f"{s['request_throughput_rps']:.2f}",
-            attainment_text(s),
+            attainment_text(s) + (OVERLOAD_MARK if (s.get("queue_drift") or {}).get("overloaded") else ""),
             f"{att.get('good_throughput_rps', 0.0):.2f}",
             "/".join(_q(ttft, k) for k in ("p50", "p90", "p99")),
             "/".join(_q(tpot, k) for k in ("p50", "p90", "p99")),
