@@ -390,3 +390,14 @@ def test_rate_table_shows_request_classes(tmp_path):
     html = build_report([tmp_path / "d"], tmp_path / "d.html").read_text()
     assert "per class: requests · TTFT p99 ms · attainment" in html
     assert re.search(r"morning/chat \d+ · \d+ · [\d.]+%; morning/doc \d+ · \d+ · [\d.]+%", html)
+
+
+def test_rows_past_capacity_are_marked(tmp_path):
+    from slobench.report.terminal import OVERLOAD_MARK, OVERLOAD_NOTE
+
+    main_cli(["sweep", "--simulate", "--workload", "chat", "--rates", "20,40", "--duration", "30", "--profile",
+              "h100-llama-1b", "--slo", "ttft=300ms,tpot=40ms", "--out", str(tmp_path / "o"), "--no-progress"])
+    html = build_report([tmp_path / "o"], tmp_path / "o.html").read_text()
+    cells = re.findall(r"<td>([\d.]+% \[[^<]*)</td>", html)
+    assert len(cells) == 2 and not cells[0].endswith(OVERLOAD_MARK) and cells[1].endswith(OVERLOAD_MARK)
+    assert OVERLOAD_NOTE.split(":")[0].strip() in html

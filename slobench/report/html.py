@@ -27,7 +27,14 @@ from slobench.report.load import RunData, load_series, unique_labels
 from slobench.report.stats import MAX_CDF_POINTS, Analyzed, analyze
 from slobench.report.style import PLOTLY_CONFIG, series_color
 from slobench.report.style import esc as plot_esc
-from slobench.report.terminal import MIN_BEYOND, THIN_MARK, THIN_NOTE, headline_text
+from slobench.report.terminal import (
+    MIN_BEYOND,
+    OVERLOAD_MARK,
+    OVERLOAD_NOTE,
+    THIN_MARK,
+    THIN_NOTE,
+    headline_text,
+)
 from slobench.report.timeline import MAX_BINS, MAX_MISS_POINTS, TimelineNote, timeline_figure
 from slobench.slo import SLO, samples_beyond
 
@@ -210,6 +217,8 @@ def _rate_table(v: Analyzed) -> str:
     for p in v.points:
         att = p.attainment
         att_s = "-" if att is None else f"{_pct(att.value)} [{_pct(att.ci_low)}, {_pct(att.ci_high)}]"
+        if p.overloaded:
+            att_s += OVERLOAD_MARK
         late = p.client["lateness_s"].get("p99")
         cells: tuple[str, ...] = (
             f"{p.rate_rps:g}", _num(p.achieved_send_rps), _num(p.throughput.request_rps),
@@ -228,6 +237,9 @@ def _rate_table(v: Analyzed) -> str:
         rows.append(f"<tr{cls}>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
     thin = any(THIN_MARK in r for r in rows)
     note = f'<p class="note">{esc(THIN_NOTE)}</p>' if thin else ""
+    if any(p.overloaded for p in v.points):
+        note += f'<p class="note">{esc(OVERLOAD_NOTE)}</p>'
+
     return (f'<table class="data"><caption>{esc(v.series.label)}</caption><thead><tr>'
             + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
             + note)

@@ -14,7 +14,7 @@ import numpy as np
 from slobench.metrics import RecordArrays, Throughput, achieved_send_rps, throughput
 from slobench.report.load import RunData, Series
 from slobench.slo import SLO, Attainment, attainment
-from slobench.summary import client_health, prefix_cache
+from slobench.summary import client_health, prefix_cache, queue_drift
 from slobench.sweep import headline
 
 MAX_CDF_POINTS = 500
@@ -37,6 +37,7 @@ class RunPoint:
     prefix_cache: dict[str, Any] | None = None  # summary.prefix_cache: None when the server reported no hits
     per_replica: tuple[dict[str, Any], ...] = ()  # a routed fleet: each replica's requests and TTFT p99
     per_tag: tuple[dict[str, Any], ...] = ()  # two or more request classes or phases: the same per tag
+    overloaded: bool = False  # summary.queue_drift: the queue grew all run (past capacity at this rate)
 
 
 def ttft_s(a: RecordArrays, slo: SLO | None) -> np.ndarray:
@@ -76,7 +77,14 @@ def run_point(run: RunData, slo: SLO | None) -> RunPoint:
         prefix_cache=prefix_cache(a),
         per_replica=_groups(a, slo, a.replica, "replica", lambda k: k >= 0),
         per_tag=_groups(a, slo, run.tags, "tag", bool, at_least=2) if run.tags is not None else (),
+        overloaded=_overloaded(a, run.tags),
     )
+
+
+def _overloaded(a: RecordArrays, tags: np.ndarray | None) -> bool:
+    phased = tags is not None and len({t for t in tags.tolist() if t}) > 1
+    drift = queue_drift(a, phased=phased)
+    return bool(drift and drift["overloaded"])
 
 
 def _groups(a: RecordArrays, slo: SLO | None, keys: np.ndarray, label: str, keep: Callable[[Any], bool],
