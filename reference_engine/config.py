@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from slobench.errors import SpecError
+
+
+def require_positive_ints(obj: Any, names: Iterable[str]) -> None:
+    """SpecError naming the first of `obj`'s attributes `names` that is not an integer >= 1 (bools refused)."""
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SpecError(name, value, "must be an integer >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,10 +34,8 @@ class EngineConfig:
     prefix_hash_key: bytes | None = None
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SpecError(name, value, "must be an integer >= 1")
+        require_positive_ints(self, ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens",
+                                     "max_model_len"))
         if self.prefix_hash_key is not None and not (
             isinstance(self.prefix_hash_key, bytes) and 1 <= len(self.prefix_hash_key) <= 64
         ):

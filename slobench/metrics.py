@@ -34,6 +34,7 @@ class RecordArrays:
     prompt_tokens: np.ndarray
     cached_tokens: np.ndarray  # float: prompt tokens from the server's prefix cache, NaN where not reported
     replica: np.ndarray  # int: the replica that served each request in a routed fleet, -1 where none
+    tag: np.ndarray  # object: each request's tag (request class or phase), "" where none
     is_ok: np.ndarray
     status: np.ndarray  # str
     itl_s: np.ndarray  # all chunk gaps of successful requests, flattened
@@ -62,6 +63,7 @@ class RecordArrays:
             ),
             cached_tokens=col(lambda r: r.cached_tokens),
             replica=np.fromiter((-1 if r.replica is None else r.replica for r in recs), np.int64, len(recs)),
+            tag=np.array([r.tag for r in recs], dtype=object),
             is_ok=np.fromiter((r.status == "ok" for r in recs), bool, len(recs)),
             status=np.array([r.status for r in recs], dtype=object),
             itl_s=itl_s,

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from reference_engine.config import require_positive_ints
 from reference_engine.engine import LLMEngine, VirtualClock
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.errors import SpecError
@@ -67,10 +68,8 @@ class ModeledEngine:
     name: str = "modeled"
 
     def __post_init__(self) -> None:
-        for field in ("kv_blocks", "block_size", "max_num_seqs", "max_batched_tokens", "max_model_len"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SpecError(field, value, "must be an integer >= 1")
+        # the CLI's names (kv_blocks, max_batched_tokens), checked before EngineConfig would see them
+        require_positive_ints(self, ("kv_blocks", "block_size", "max_num_seqs", "max_batched_tokens", "max_model_len"))
         if isinstance(self.step_scale, bool) or not isinstance(self.step_scale, int | float) or not self.step_scale > 0:
             raise SpecError("step_scale", self.step_scale, "must be a number > 0")
 

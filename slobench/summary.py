@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,13 +57,13 @@ def summarize(records: Sequence[RequestRecord], slo: SLO | None, *, seed: int = 
     cache = prefix_cache(a)
     if cache is not None:
         out["prefix_cache"] = cache
-    replicas = per_replica(records, slo)
+    replicas = per_replica(a, slo)
     if replicas:
         out["per_replica"] = replicas
-    tags = per_tag(records, slo)
+    tags = per_tag(a, slo)
     if tags:
         out["per_tag"] = tags
-    drift = queue_drift(a, phased=len({r.tag for r in records}) > 1)
+    drift = queue_drift(a)
     if drift is not None:
         out["queue_drift"] = drift
     if slo is not None:
@@ -72,40 +72,47 @@ def summarize(records: Sequence[RequestRecord], slo: SLO | None, *, seed: int = 
     return out
 
 
-def _breakdown(groups: dict[Any, list[RequestRecord]], slo: SLO | None, label: str) -> list[dict[str, Any]]:
+def breakdown(a: RecordArrays, slo: SLO | None, keys: np.ndarray, label: str, ttft_s: np.ndarray, *,
+              keep: Callable[[Any], bool] = bool, at_least: int = 1) -> list[dict[str, Any]]:  # fmt: skip
+    """Requests, failures, TTFT p50/p99 (of `ttft_s`, the caller's clock), TPOT p50 and attainment per
+    distinct key of `keys` (aligned with `a`) that `keep` accepts; empty below `at_least` keys. The summary
+    and the report's rate table both break fleets and classes down with it."""
+    ids = sorted(k for k in dict.fromkeys(keys.tolist()) if keep(k))
+    if len(ids) < at_least:
+        return []
+    met = slo.meets(a) if slo is not None else None
+    tpot = a.tpot_s
     out = []
-    for key in sorted(groups):
-        a = RecordArrays.from_records(groups[key])
-        q = quantiles(a.ttft_s[np.isfinite(a.ttft_s)]) if len(a) else {}
-        tpot = a.tpot_s[np.isfinite(a.tpot_s)]
-        row: dict[str, Any] = {label: key, "num_requests": len(a), "num_ok": int(a.is_ok.sum()),
+    for k in ids:
+        sel = keys == k
+        t = ttft_s[sel]
+        q = quantiles(t[np.isfinite(t)])
+        p = tpot[sel]
+        p = p[np.isfinite(p)]
+        row: dict[str, Any] = {label: k, "num_requests": int(sel.sum()), "num_ok": int(a.is_ok[sel].sum()),
                                "ttft_p50_s": q.get("p50"), "ttft_p99_s": q.get("p99"),
-                               "tpot_p50_s": float(np.median(tpot)) if len(tpot) else None}  # fmt: skip
-        if slo is not None:
-            row["attainment"] = float(slo.meets(a).mean()) if len(a) else None
+                               "tpot_p50_s": float(np.median(p)) if len(p) else None}  # fmt: skip
+        if met is not None:
+            row["attainment"] = float(met[sel].mean())
         out.append(row)
     return out
 
 
-def per_replica(records: Sequence[RequestRecord], slo: SLO | None) -> list[dict[str, Any]]:
+def per_replica(a: RecordArrays, slo: SLO | None) -> list[dict[str, Any]]:
     """For a routed fleet: each replica's requests, failures, TTFT p50/p99 (from sent), TPOT p50 and
     attainment, so a hot spot (one replica holding the popular prefix, say) shows. Empty when no record
     names a replica."""
-    groups: dict[Any, list[RequestRecord]] = {}
-    for r in records:
-        if r.replica is not None and not r.is_warmup:
-            groups.setdefault(r.replica, []).append(r)
-    return _breakdown(groups, slo, "replica")
+    return breakdown(a, slo, a.replica, "replica", a.ttft_s, keep=lambda k: k >= 0)
 
 
-def per_tag(records: Sequence[RequestRecord], slo: SLO | None) -> list[dict[str, Any]]:
+def per_tag(a: RecordArrays, slo: SLO | None) -> list[dict[str, Any]]:
     """The same per request class or phase (the records' tags), when a run has two or more: a mix where
     the long-document class misses while chat is fine reads as one number otherwise."""
-    groups: dict[Any, list[RequestRecord]] = {}
-    for r in records:
-        if r.tag and not r.is_warmup:
-            groups.setdefault(r.tag, []).append(r)
-    return _breakdown(groups, slo, "tag") if len(groups) >= 2 else []
+    return breakdown(a, slo, a.tag, "tag", a.ttft_s, at_least=2)
+
+
+def several_tags(a: RecordArrays) -> bool:
+    return len({t for t in a.tag.tolist() if t}) > 1
 
 
 # A run whose last quarter of arrivals waited this many times longer for a first token than its first
@@ -114,7 +121,7 @@ DRIFT_RATIO = 2.0
 DRIFT_MIN_S = 0.05
 
 
-def queue_drift(a: RecordArrays, *, phased: bool = False) -> dict[str, Any] | None:
+def queue_drift(a: RecordArrays) -> dict[str, Any] | None:
     """TTFT (from the schedule) of the first and last quarter of arrivals. When the last is over DRIFT_RATIO
     times the first, the server is past capacity at this rate: the queue grows for as long as the run
     lasts, so attainment here depends on the run's length as much as on the server (on the simulated chat
@@ -122,7 +129,7 @@ def queue_drift(a: RecordArrays, *, phased: bool = False) -> dict[str, Any] | No
     (phases change the load on purpose; classes could be either, so they are left alone too) and for
     fewer than 40 requests."""
     t = a.ttft_from_scheduled_s
-    if phased or len(t) < 40:
+    if len(t) < 40 or several_tags(a):
         return None
     q = len(t) // 4
     first, last = t[:q][np.isfinite(t[:q])], t[-q:][np.isfinite(t[-q:])]

@@ -401,3 +401,10 @@ def test_rows_past_capacity_are_marked(tmp_path):
     cells = re.findall(r"<td>([\d.]+% \[[^<]*)</td>", html)
     assert len(cells) == 2 and not cells[0].endswith(OVERLOAD_MARK) and cells[1].endswith(OVERLOAD_MARK)
     assert OVERLOAD_NOTE.split(":")[0].strip() in html
+
+
+def test_fleet_report_without_an_slo(tmp_path):
+    main_cli(["sweep", "--simulate", "--workload", "tiny", "--rates", "10", "--num-requests", "40", "--replicas", "2",
+              "--out", str(tmp_path / "n"), "--no-progress"])
+    html = build_report([tmp_path / "n"], tmp_path / "n.html").read_text()
+    assert re.search(r"<td>#0 \d+ · \d+; #1 \d+ · \d+</td>", html)  # no attainment without an SLO

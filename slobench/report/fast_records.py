@@ -26,7 +26,6 @@ MAX_ERROR_KINDS = 8
 @dataclass(frozen=True, slots=True)
 class RunColumns:
     arrays: RecordArrays
-    tags: np.ndarray  # object: each measured request's tag, in the arrays' (arrival) order
     error_counts: dict[str, int]
 
 
@@ -43,8 +42,7 @@ def read_columns(run_dir: Path) -> RunColumns:
         arrays = _columns(rows)
     except (TypeError, ValueError, KeyError) as e:
         raise UsageError(f"{path}: bad value in a request record ({type(e).__name__}: {e})") from None
-    tags = np.array([str(d.get("tag", "")) for d in rows], dtype=object)
-    return RunColumns(arrays, tags, dict(errors.most_common(MAX_ERROR_KINDS)))
+    return RunColumns(arrays, dict(errors.most_common(MAX_ERROR_KINDS)))
 
 
 def _order(rows: list[dict[str, Any]]) -> np.ndarray:
@@ -78,6 +76,7 @@ def _columns(rows: list[dict[str, Any]]) -> RecordArrays:
         ),
         cached_tokens=col("cached_tokens"),
         replica=np.fromiter((-1 if d.get("replica") is None else int(d["replica"]) for d in rows), np.int64, n),
+        tag=np.array([str(d.get("tag", "")) for d in rows], dtype=object),
         is_ok=np.asarray(is_ok, dtype=bool),
         status=status,
         itl_s=gaps,

@@ -230,7 +230,7 @@ def _rate_table(v: Analyzed) -> str:
         if cache:
             cells = (*cells, _cache_cell(p.prefix_cache))
         if fleet:
-            cells = (*cells, _replica_cell(p.per_replica))
+            cells = (*cells, _group_cell(p.per_replica, "replica", "#"))
         if classes:
             cells = (*cells, _group_cell(p.per_tag, "tag", ""))
         cls = ' class="miss"' if att is not None and v.series.slo and att.value < v.series.slo.target else ""
@@ -245,15 +245,11 @@ def _rate_table(v: Analyzed) -> str:
             + note)
 
 
-def _replica_cell(rows: Sequence[dict[str, Any]]) -> str:
-    return _group_cell(rows, "replica", "#")
-
-
 def _group_cell(rows: Sequence[dict[str, Any]], label: str, prefix: str) -> str:
     parts = []
     for r in rows:
-        p99 = "-" if r["ttft_p99_ms"] is None else f"{r['ttft_p99_ms']:.0f}"
-        att = "" if r["attainment"] is None else f" · {_pct(r['attainment'])}"
+        p99 = "-" if r["ttft_p99_s"] is None else f"{r['ttft_p99_s'] * 1e3:.0f}"
+        att = "" if r.get("attainment") is None else f" · {_pct(r['attainment'])}"
         parts.append(f"{prefix}{r[label]} {r['num_requests']} · {p99}{att}")
     return "; ".join(parts) or "-"
 

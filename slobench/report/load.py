@@ -40,7 +40,6 @@ class RunData:
     error_counts: dict[str, int]
     phases: tuple[Phase, ...]
     server: ServerSamples | None
-    tags: np.ndarray | None = None  # object: each request's tag (class or phase), in the arrays' order
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,9 +149,8 @@ def _load_run(run_dir: Path, manifest: dict[str, Any], cols: RunColumns, *, rate
         manifest=manifest,
         arrays=a,
         error_counts=cols.error_counts,
-        phases=_phases(manifest, a.scheduled_s, cols.tags),
+        phases=_phases(manifest, a.scheduled_s, a.tag),
         server=load_server_metrics(server_path) if server_path.is_file() else None,
-        tags=cols.tags,
     )
 
 

@@ -5,7 +5,6 @@ Attainment and its interval are slobench.slo's (the same moving-block bootstrap,
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +13,7 @@ import numpy as np
 from slobench.metrics import RecordArrays, Throughput, achieved_send_rps, throughput
 from slobench.report.load import RunData, Series
 from slobench.slo import SLO, Attainment, attainment
-from slobench.summary import client_health, prefix_cache, queue_drift
+from slobench.summary import breakdown, client_health, prefix_cache, queue_drift
 from slobench.sweep import headline
 
 MAX_CDF_POINTS = 500
@@ -35,7 +34,7 @@ class RunPoint:
     ttft_count: int = 0  # finite values behind ttft_ms / tpot_ms (how many lie beyond a quantile: slo.samples_beyond)
     tpot_count: int = 0
     prefix_cache: dict[str, Any] | None = None  # summary.prefix_cache: None when the server reported no hits
-    per_replica: tuple[dict[str, Any], ...] = ()  # a routed fleet: each replica's requests and TTFT p99
+    per_replica: tuple[dict[str, Any], ...] = ()  # a routed fleet: summary.breakdown per replica (SLO clock)
     per_tag: tuple[dict[str, Any], ...] = ()  # two or more request classes or phases: the same per tag
     overloaded: bool = False  # summary.queue_drift: the queue grew all run (past capacity at this rate)
 
@@ -75,36 +74,10 @@ def run_point(run: RunData, slo: SLO | None) -> RunPoint:
         ttft_count=int(np.isfinite(ttft_s(a, slo)).sum()),
         tpot_count=int(np.isfinite(a.tpot_s).sum()),
         prefix_cache=prefix_cache(a),
-        per_replica=_groups(a, slo, a.replica, "replica", lambda k: k >= 0),
-        per_tag=_groups(a, slo, run.tags, "tag", bool, at_least=2) if run.tags is not None else (),
-        overloaded=_overloaded(a, run.tags),
+        per_replica=tuple(breakdown(a, slo, a.replica, "replica", ttft_s(a, slo), keep=lambda k: k >= 0)),
+        per_tag=tuple(breakdown(a, slo, a.tag, "tag", ttft_s(a, slo), at_least=2)),
+        overloaded=bool((queue_drift(a) or {}).get("overloaded")),
     )
-
-
-def _overloaded(a: RecordArrays, tags: np.ndarray | None) -> bool:
-    phased = tags is not None and len({t for t in tags.tolist() if t}) > 1
-    drift = queue_drift(a, phased=phased)
-    return bool(drift and drift["overloaded"])
-
-
-def _groups(a: RecordArrays, slo: SLO | None, keys: np.ndarray, label: str, keep: Callable[[Any], bool],
-            at_least: int = 1) -> tuple[dict[str, Any], ...]:  # fmt: skip
-    """Requests, TTFT p99 (on the SLO's clock) and attainment per distinct key (replica, tag)."""
-    if len(keys) != len(a):
-        return ()
-    ids = [k for k in dict.fromkeys(keys.tolist()) if keep(k)]
-    if len(ids) < at_least:
-        return ()
-    ttft = ttft_s(a, slo)
-    met = slo.meets(a) if slo is not None else None
-    rows = []
-    for k in sorted(ids):
-        sel = keys == k
-        t = ttft[sel & np.isfinite(ttft)]
-        rows.append({label: k, "num_requests": int(sel.sum()),
-                     "ttft_p99_ms": float(np.quantile(t, 0.99) * 1e3) if len(t) else None,
-                     "attainment": float(met[sel].mean()) if met is not None else None})  # fmt: skip
-    return tuple(rows)
 
 
 def series_headline(points: list[RunPoint], slo: SLO | None) -> dict[str, Any] | None:
