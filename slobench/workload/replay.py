@@ -62,8 +62,13 @@ def block_token_ids(
 
 
 def replay_scale(trace: Trace, *, start_s: float = 0.0, time_scale: float | None = None,
-                 rate_rps: float | None = None) -> float:  # fmt: skip
-    """The factor k that multiplies trace time (see the module doc); `rate_rps` wins over `time_scale`."""
+                 rate_rps: float | None = None, duration_s: float | None = None,
+                 num_requests: int | None = None) -> float:  # fmt: skip
+    """The factor k that multiplies trace time (see the module doc); `rate_rps` wins over `time_scale`.
+
+    With `rate_rps`, k makes the window actually replayed offer that rate: the first `num_requests` from
+    `start_s` span (N − 1) / rate seconds; else the first round(rate × duration_s) fill `duration_s`
+    (the next one lands exactly at its end, outside); else the whole rest of the trace is rescaled."""
     if rate_rps is None:
         k = 1.0 if time_scale is None else time_scale
         if isinstance(k, bool) or not (isinstance(k, int | float) and math.isfinite(k) and k > 0):
@@ -73,6 +78,12 @@ def replay_scale(trace: Trace, *, start_s: float = 0.0, time_scale: float | None
         raise SpecError("rate_rps", rate_rps, "must be a finite number > 0")
     t = trace.arrival_s
     t = t[t >= start_s]
+    if num_requests is not None:
+        t = t[: max(num_requests, 2)]
+    elif duration_s is not None and math.isfinite(duration_s) and duration_s > 0:
+        n = max(2, round(rate_rps * duration_s))
+        if n < len(t) and t[n] > start_s:  # t[n] is the first request left out: it lands at duration_s
+            return duration_s / float(t[n] - start_s)
     if len(t) < 2 or t[-1] <= t[0]:
         raise UsageError(f"{trace.path}: cannot rescale to a rate: fewer than two distinct arrival times "
                          f"after --start {start_s:g}")  # fmt: skip
@@ -165,7 +176,8 @@ def replay(
     min_tokens: str = "none",
 ) -> list[RequestSpec]:
     """The requests of one replay of `trace`, in arrival order (see the module doc)."""
-    scale = replay_scale(trace, start_s=start_s, time_scale=time_scale, rate_rps=rate_rps)
+    scale = replay_scale(trace, start_s=start_s, time_scale=time_scale, rate_rps=rate_rps, duration_s=duration_s,
+                         num_requests=num_requests)  # fmt: skip
     kept, times = _window(trace, start_s, scale, duration_s, num_requests)
     is_text = api == "chat" or prompt == "text"
     key = _salt(trace, scale, seed)
