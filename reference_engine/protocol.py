@@ -7,6 +7,7 @@ would turn "5" into 5) and the error names the offending field, in OpenAI's erro
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,6 +70,49 @@ class GenerationRequest:
     def stop_check(self) -> OutputText | None:
         """The engine's stop-string check for this request (None without stop strings)."""
         return self.output_text() if self.stop else None
+
+
+# ---- the body -----------------------------------------------------------------------------------------
+MAX_JSON_DEPTH = 64  # far deeper than any real request; bounds every recursive walk over a body
+# A `\\uD800`-`\\uDFFF` escape: the only way a UTF-8 body can carry a surrogate into a Python str.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """The request body as JSON, or BadRequest: malformed, nested past MAX_JSON_DEPTH, or holding a lone
+    surrogate (valid JSON, but not text: it cannot be encoded, tokenized or echoed back)."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise BadRequest(f"the JSON body is nested too deeply (at most {MAX_JSON_DEPTH} levels)", None,
+                         "invalid_json") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(f"malformed JSON body: {e}", None, "invalid_json") from None
+    _check_tree(body, check_text=_SURROGATE_ESCAPE.search(raw) is not None)
+    return body
+
+
+def _check_tree(body: Any, *, check_text: bool) -> None:
+    """Depth and (when the raw body had surrogate escapes) text of every key and string, without recursion."""
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            if depth > MAX_JSON_DEPTH:
+                raise BadRequest(f"the JSON body is nested too deeply (at most {MAX_JSON_DEPTH} levels)", None,
+                                 "invalid_json")
+            if isinstance(node, dict):
+                if check_text:
+                    stack.extend((k, depth) for k in node)
+                stack.extend((v, depth + 1) for v in node.values())
+            else:
+                stack.extend((v, depth + 1) for v in node)
+        elif check_text and isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise BadRequest(f"the JSON body holds a lone surrogate ({node[e.start:e.end]!a}), which is not "
+                                 "text", None, "invalid_json") from None
 
 
 # ---- field readers -------------------------------------------------------------------------------------
@@ -208,7 +252,7 @@ def parse_chat(body: Any, model_name: str, tokenizer: TextTokenizer, max_model_l
         raise BadRequest("'messages' must be a non-empty list", "messages", "invalid_type")
     flat: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or m["role"] not in CHAT_ROLES:
             raise BadRequest(f"messages[{i}] must be an object with a role in {sorted(CHAT_ROLES)}",
                              f"messages[{i}].role", "invalid_value")
         flat.append({"role": m["role"], "content": _message_text(m.get("content"), i)})

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import secrets
 import socket
@@ -40,6 +39,7 @@ from reference_engine.protocol import (
     error_body,
     parse_chat,
     parse_completion,
+    parse_json_body,
     sse,
 )
 from reference_engine.scheduler import RequestRejected
@@ -128,11 +128,7 @@ def build_app(
             raise BadRequest("Incorrect API key provided.", None, "invalid_api_key", status=401)
 
     async def json_body(request: Request) -> Any:
-        raw = await request.body()
-        try:
-            return json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise BadRequest(f"malformed JSON body: {e}", None, "invalid_json") from None
+        return parse_json_body(await request.body())
 
     # ---- routes ----------------------------------------------------------------------------------------
     @app.get("/health")
