@@ -26,9 +26,16 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from reference_engine.builder import build_engine
 from reference_engine.engine import ERROR_FINISH_REASON, LLMEngine, TokenEvent
+from reference_engine.http_protocol import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_KEEP_ALIVE_S,
+    protocol_with,
+)
 from reference_engine.metrics import CONTENT_TYPE, EngineMetrics
 from reference_engine.protocol import (
     SSE_DONE,
@@ -81,6 +88,7 @@ def build_app(
     api_key: str | None = None,
     *,
     on_ready: Callable[[], None] | None = None,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> FastAPI:
     """The app; its lifespan starts the engine's thread (and stops it on shutdown)."""
     metrics = EngineMetrics(model_name, engine.stats)
@@ -114,6 +122,11 @@ def build_app(
         return _error(400, f"invalid request: {first.get('msg', 'validation failed')}", "invalid_request_error",
                       param, "invalid_value")
 
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect) -> Response:
+        # An ordinary event (a client gave up mid-body), not a server error: no traceback, nobody to answer.
+        return Response(status_code=499)
+
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
@@ -128,7 +141,12 @@ def build_app(
             raise BadRequest("Incorrect API key provided.", None, "invalid_api_key", status=401)
 
     async def json_body(request: Request) -> Any:
-        return parse_json_body(await request.body())
+        try:
+            raw = await asyncio.wait_for(request.body(), body_timeout_s)
+        except TimeoutError:
+            raise BadRequest(f"the request body did not arrive within {body_timeout_s:g} s", None,
+                             "request_timeout", status=408) from None
+        return parse_json_body(raw)
 
     # ---- routes ----------------------------------------------------------------------------------------
     @app.get("/health")
@@ -293,6 +311,9 @@ def serve(
     api_key: str | None = None,
     served_model_name: str | None = None,
     log_level: str = "warning",
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+    keep_alive_s: int = DEFAULT_KEEP_ALIVE_S,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     **engine_knobs: Any,
 ) -> None:
     """Build the engine, bind (port 0 picks a free one), print `LISTENING <port>` once ready, serve."""
@@ -306,8 +327,11 @@ def serve(
     def ready() -> None:
         print(f"LISTENING {bound_port}", flush=True)
 
-    app = build_app(engine, name, tokenizer, api_key, on_ready=ready)
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5)
+    app = build_app(engine, name, tokenizer, api_key, on_ready=ready, body_timeout_s=body_timeout_s)
+    # Idle and slow connections are closed: a head must arrive within header_timeout_s, a body within
+    # body_timeout_s, and an idle keep-alive connection lasts keep_alive_s (issue 13, slow-loris).
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5,
+                            http=protocol_with(header_timeout_s), timeout_keep_alive=keep_alive_s)
     uvicorn.Server(config).run(sockets=[sock])
 
 
@@ -343,12 +367,30 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
     a("--served-model-name", default=None, help="model name in the API (default: --model)")
     a("--log-level", default="warning")
+    a("--header-timeout", type=_positive_float, default=DEFAULT_HEADER_TIMEOUT_S, metavar="S",
+      help=f"close a connection whose request head is not complete within S seconds "
+           f"(default: {DEFAULT_HEADER_TIMEOUT_S:g})")
+    a("--body-timeout", type=_positive_float, default=DEFAULT_BODY_TIMEOUT_S, metavar="S",
+      help=f"answer 408 when a request body takes longer than S seconds (default: {DEFAULT_BODY_TIMEOUT_S:g})")
+    a("--keep-alive", type=int, default=DEFAULT_KEEP_ALIVE_S, metavar="S",
+      help=f"close an idle keep-alive connection after S seconds (default: {DEFAULT_KEEP_ALIVE_S})")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds (got {text!r})")
+    return value
 
 
 def serve_from_args(args: argparse.Namespace) -> None:
     serve(
         args.host, args.port, api_key=args.api_key, served_model_name=args.served_model_name,
-        log_level=args.log_level, model=args.model, executor=args.executor, profile=args.profile,
+        log_level=args.log_level, header_timeout_s=args.header_timeout, keep_alive_s=args.keep_alive,
+        body_timeout_s=args.body_timeout, model=args.model, executor=args.executor, profile=args.profile,
         kv_blocks=args.kv_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
         max_batched_tokens=args.max_batched_tokens, max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_caching, dtype=args.dtype, device=args.device, seed=args.seed,

@@ -1,0 +1,65 @@
+"""uvicorn's h11 protocol with a deadline on reading a request's head.
+
+uvicorn (0.54) offers `timeout_keep_alive`, but it only starts once a response is complete: a connection
+that opens and sends nothing, or sends half a request line and stops (slow-loris), is held forever. Here
+a connection must finish each request head within `header_timeout_s` of connecting, or of its first
+byte after a keep-alive pause; otherwise it is closed. A slow *body* is bounded in the handler instead
+(see `server.read_body`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_KEEP_ALIVE_S = 5  # uvicorn's and vLLM's default, said explicitly
+DEFAULT_BODY_TIMEOUT_S = 30.0
+
+
+class HeadDeadlineH11Protocol(H11Protocol):
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is h11.IDLE:  # a request head is still incomplete
+            if self._head_timer is None:  # first bytes after a keep-alive pause: uvicorn dropped its timer
+                self._arm()
+        else:
+            self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+def protocol_with(header_timeout_s: float) -> type[HeadDeadlineH11Protocol]:
+    """The protocol class uvicorn instantiates per connection, with this deadline."""
+    if not header_timeout_s > 0:
+        raise ValueError(f"header_timeout_s must be > 0 (got {header_timeout_s!r})")
+    return type("HeadDeadlineH11Protocol", (HeadDeadlineH11Protocol,), {"header_timeout_s": header_timeout_s})
