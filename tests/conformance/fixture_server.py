@@ -1,0 +1,99 @@
+"""Replay a recorded SSE response byte for byte: POST /v1/completions and /v1/chat/completions answer
+with the fixture's bytes, whatever the request said.
+
+The body is written one SSE event at a time (split after each blank line, `\\n\\n` or `\\r\\n\\r\\n`, the
+separator kept), each flushed on its own, so a client sees events arrive separately as from a real
+server; the bytes on the wire are the file's, unchanged. `GET /v1/models` lists `model` so a full
+`slobench run` can be pointed at it too.
+
+In a test: `async with FixtureServer(path) as srv: srv.base_url`. From a shell:
+`python tests/conformance/fixture_server.py FILE.sse` prints `LISTENING <port>` (for ServerProcess).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from aiohttp import web
+
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+
+
+def split_events(raw: bytes) -> list[bytes]:
+    """The body cut after each blank line; joining the pieces gives `raw` back exactly."""
+    pieces, start = [], 0
+    for m in _EVENT_END.finditer(raw):
+        pieces.append(raw[start : m.end()])
+        start = m.end()
+    if start < len(raw):
+        pieces.append(raw[start:])
+    return pieces
+
+
+def make_app(raw: bytes, *, model: str = "fixture-model", status: int = 200) -> web.Application:
+    events = split_events(raw)
+
+    async def replay(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(status=status, headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for piece in events:
+            await resp.write(piece)
+        await resp.write_eof()
+        return resp
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": model, "object": "model"}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", replay)
+    app.router.add_post("/v1/chat/completions", replay)
+    app.router.add_get("/v1/models", models)
+    return app
+
+
+class FixtureServer:
+    """An in-process aiohttp server on 127.0.0.1 and a free port, replaying one fixture."""
+
+    def __init__(self, fixture: str | Path | bytes, *, model: str = "fixture-model") -> None:
+        self.raw = fixture if isinstance(fixture, bytes) else Path(fixture).read_bytes()
+        self.model = model
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def __aenter__(self) -> Self:
+        self._runner = web.AppRunner(make_app(self.raw, model=self.model), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr]
+        self.port = sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+async def _main(path: str) -> None:
+    async with FixtureServer(path) as srv:
+        print(f"LISTENING {srv.port}", flush=True)
+        await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: fixture_server.py FILE.sse")
+    asyncio.run(_main(sys.argv[1]))
