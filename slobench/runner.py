@@ -259,11 +259,14 @@ async def run(
         sender.cancel()
         stop.set()
 
-    installed = False
+    # SIGTERM (a CI job's timeout, `kill`, a container stopping) ends the run as Ctrl-C does: sending
+    # stops, in-flight requests get their grace, and summary.json is written.
+    installed: list[signal.Signals] = []
     if handle_sigint:
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(signal.SIGINT, on_sigint)
-            installed = True
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, on_sigint)
+                installed.append(sig)
     live = _start_live(disp.progress) if opts.progress else None
     cancelled_from_outside = False
     try:
@@ -288,8 +291,8 @@ async def run(
         sender.cancel()
         await disp.drain(0)
     finally:
-        if installed:
-            loop.remove_signal_handler(signal.SIGINT)
+        for sig in installed:
+            loop.remove_signal_handler(sig)
         for m in monitor_tasks:
             m.cancel()
         await asyncio.gather(*monitor_tasks, return_exceptions=True)
