@@ -58,7 +58,7 @@ def _add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
                      help="with --simulate --replicas N, or several --url A,B: how requests are spread "
                           "(default least-outstanding)")
     w = p.add_argument_group("workload")
-    w.add_argument("--workload", default="chat", help="a bundled workload name or a TOML path")
+    w.add_argument("--workload", default=None, help="a bundled workload name or a TOML path (default chat)")
     if sweep:
         w.add_argument("--rates", required=False, default=None, help="1,2,4 or geometric START:STOP:COUNT")
     w.add_argument("--rate", type=float, default=None, help="offered rate, req/s (default: the workload's)")
@@ -79,6 +79,9 @@ def _add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     t.add_argument("--start", type=float, default=0.0, metavar="S",
                    help="skip the trace's first S seconds (trace time); --duration then keeps the first "
                    "seconds of the scaled replay")  # fmt: skip
+    from slobench.workload_cli import add_replay_flags
+
+    add_replay_flags(t)
     r = p.add_argument_group("run")
     r.add_argument("--slo", default=None, help="e.g. ttft=500ms,tpot=50ms[,target=0.9] or a TOML file")
     r.add_argument("--out", default=None, help="run directory (default: runs/<time>)")
@@ -219,17 +222,16 @@ class LoadSetup:
         self.min_duration_s: float | None = None  # sweeps and capacity: see probe_duration
         self.check_fleet()
         self.workload: Any
-        if getattr(args, "trace", None) is not None:  # a trace stands where a WorkloadSpec stands
-            from slobench.workload.replay import TraceReplay
+        from slobench.workload_cli import check_replay_flags, open_replay
 
+        check_replay_flags(args)
+        if getattr(args, "trace", None) is not None:  # a trace stands where a WorkloadSpec stands
             if args.input_len is not None or args.output_len is not None:
                 raise UsageError("--input-len / --output-len do not apply to --trace (it has the lengths)")
-            self.workload = TraceReplay.open(
-                args.trace, args.trace_format, seed=args.seed, time_scale=args.time_scale, start_s=args.start,
-                api=args.api or "completions", warn=lambda msg: print(f"slobench: {msg}", file=sys.stderr),
-            )
+            self.workload = open_replay(args, args.api or "completions",
+                                        warn=lambda msg: print(f"slobench: {msg}", file=sys.stderr))  # fmt: skip
         else:
-            self.workload = load_workload(args.workload)
+            self.workload = load_workload(args.workload or "chat")
         self.slo = load_slo(args.slo)
         self.api = args.api or self.workload.api
         self.headers = _parse_headers(args.header)

@@ -19,6 +19,59 @@ VERBS: frozenset[str] = frozenset({"workload"})
 _FORMAT_HELP = "azure, burstgpt, mooncake, sharegpt or slobench (default: detected from the content)"
 
 
+def add_row_flags(group: Any) -> None:
+    """What a trace loader keeps: shared by `run`/`sweep`/`capacity --trace` and the workload verbs."""
+    group.add_argument("--no-spread", action="store_true",
+                       help="keep coarse timestamps as they are: every request of a stamp at once (by default a "
+                       "trace stamped in buckets, e.g. Mooncake's, has each request spread over its bucket)")
+    group.add_argument("--keep-zero-rows", action="store_true",
+                       help="keep rows with 0 output tokens (BurstGPT's failed requests) as max_tokens=1 requests "
+                       "and rows with 0 input tokens with a 1-token prompt, instead of leaving them out")  # fmt: skip
+
+
+def add_replay_flags(group: Any) -> None:
+    """The trace flags of the load verbs beyond --trace, --trace-format, --time-scale and --start."""
+    add_row_flags(group)
+    group.add_argument("--min-tokens", choices=("max", "none"), default=None,
+                       help="max (default): send min_tokens = max_tokens so each output is as long as the trace "
+                       "says even where ignore_eos is not honoured; none: leave min_tokens out")  # fmt: skip
+
+
+# flag, its dest, its default: flags that only mean something with --trace
+_TRACE_ONLY = (("--trace-format", "trace_format", None), ("--time-scale", "time_scale", None),
+               ("--start", "start", 0.0), ("--no-spread", "no_spread", False),
+               ("--keep-zero-rows", "keep_zero_rows", False), ("--min-tokens", "min_tokens", None))  # fmt: skip
+
+
+def check_replay_flags(args: argparse.Namespace) -> None:
+    """A flag that would be ignored is a usage error (exit 2, one line), not a silent no-op."""
+    if getattr(args, "trace", None) is None:
+        given = [flag for flag, dest, default in _TRACE_ONLY if getattr(args, dest, default) != default]
+        if given:
+            raise UsageError(f"{given[0]} applies only to --trace")
+        return
+    if getattr(args, "workload", None) is not None:
+        raise UsageError("--trace and --workload conflict: a trace replay sends the trace's requests; give one")
+    rescaled = [f for f, on in (("--rate", getattr(args, "rate", None) is not None),
+                                ("--rates", getattr(args, "rates", None) is not None),
+                                ("capacity", getattr(args, "verb", None) == "capacity")) if on]  # fmt: skip
+    if getattr(args, "time_scale", None) is not None and rescaled:
+        what = "a capacity search" if rescaled[0] == "capacity" else rescaled[0]
+        raise UsageError(f"--time-scale and {what} conflict: a rate rescales the trace to that mean rate, "
+                         "which replaces --time-scale; give one")  # fmt: skip
+
+
+def open_replay(args: argparse.Namespace, api: str, warn: Any) -> Any:
+    """The TraceReplay the load verbs' trace flags describe (check_replay_flags first)."""
+    from slobench.workload.replay import TraceReplay
+
+    return TraceReplay.open(
+        args.trace, args.trace_format, seed=args.seed, time_scale=args.time_scale, start_s=args.start, api=api,
+        warn=warn, spread=not getattr(args, "no_spread", False), keep_zero=getattr(args, "keep_zero_rows", False),
+        min_tokens=getattr(args, "min_tokens", None) or "max",
+    )  # fmt: skip
+
+
 def add_parsers(sub: Any, *, epilog: str) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser("workload", help="convert, fit or show workloads and traces", epilog=epilog,
@@ -31,6 +84,7 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
     c.add_argument("-o", "--out", required=True, help="output .jsonl")
     c.add_argument("--trace-format", default=None, help=_FORMAT_HELP)
     c.add_argument("--seed", type=int, default=0, help="Mooncake bucket spreading / ShareGPT arrival times")
+    add_row_flags(c)
 
     f = wsub.add_parser("fit", help="fit arrival burstiness and lengths; write a spec", epilog=epilog,
                         formatter_class=fmt)  # fmt: skip
@@ -41,6 +95,7 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
                    help="length model written: auto = lognormal when it regenerates p50/p90/p99 within 10%%, "
                    "else the empirical quantile table")  # fmt: skip
     f.add_argument("--seed", type=int, default=0)
+    add_row_flags(f)
 
     s = wsub.add_parser("show", help="counts, rates and length quantiles of a spec or a trace", epilog=epilog,
                         formatter_class=fmt)  # fmt: skip
@@ -50,6 +105,7 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
     s.add_argument("--rate", type=float, default=None, help="spec: generate at this rate")
     s.add_argument("--num-requests", type=int, default=None)
     s.add_argument("--duration", type=float, default=None)
+    add_row_flags(s)
 
 
 def dispatch(args: argparse.Namespace) -> int:
@@ -61,10 +117,10 @@ def dispatch(args: argparse.Namespace) -> int:
     return _show(args)
 
 
-def _load(path: str, fmt: str | None, seed: int) -> Any:
+def _load(path: str, fmt: str | None, seed: int, args: argparse.Namespace) -> Any:
     from slobench.workload.traces import load_trace
 
-    trace = load_trace(path, fmt, seed=seed)
+    trace = load_trace(path, fmt, seed=seed, spread=not args.no_spread, keep_zero=args.keep_zero_rows)
     if trace.problems:
         print(f"warning: {trace.problem_summary()}", file=sys.stderr)
     for note in trace.notes:
@@ -87,7 +143,7 @@ def entry_to_json(e: Any) -> dict[str, Any]:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    trace = _load(args.trace, args.trace_format, args.seed)
+    trace = _load(args.trace, args.trace_format, args.seed, args)
     out = Path(args.out)
     if trace.block_tokens != 512 and any(e.hash_ids for e in trace.entries):
         raise UsageError(f"{args.trace}: slobench JSONL assumes 512-token hash blocks")
@@ -101,7 +157,7 @@ def _convert(args: argparse.Namespace) -> int:
 def _fit(args: argparse.Namespace) -> int:
     from slobench.workload.fit import fit_trace
 
-    trace = _load(args.trace, args.trace_format, args.seed)
+    trace = _load(args.trace, args.trace_format, args.seed, args)
     if len(trace.entries) < 3:
         raise UsageError(f"{args.trace}: fitting needs at least 3 usable requests (got {len(trace.entries)})")
     result = fit_trace(trace, choose=args.lengths, seed=args.seed)
@@ -143,8 +199,11 @@ def _show(args: argparse.Namespace) -> int:
         extra = f", {len(sessions)} sessions" if sessions else ""
         print(f"generated (seed {args.seed}): {len(reqs)} requests{extra}")
     else:
-        trace = _load(args.source, args.trace_format, args.seed)
-        print(f"{trace.path}: {trace.format}, {len(trace.entries)} requests ({len(trace.problems)} malformed rows)")
+        trace = _load(args.source, args.trace_format, args.seed, args)
+        zero = (f", {trace.num_zero_dropped} with zero tokens left out" if trace.num_zero_dropped else
+                f", {trace.num_zero_kept} with zero tokens raised to 1" if trace.num_zero_kept else "")  # fmt: skip
+        print(f"{trace.path}: {trace.format}, {len(trace.entries)} requests from {trace.num_rows} rows "
+              f"({len(trace.problems)} unreadable{zero})")  # fmt: skip
         t, ins, outs = trace.arrival_s, trace.input_tokens, trace.output_tokens
         tags = [e.tag for e in trace.entries]
     if len(t) == 0:

@@ -56,7 +56,7 @@ class Recorder:
         self.received.append((t, body))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        chunk = {"choices": [{"index": 0, "text": " x"}]}
+        chunk = {"choices": [{"index": 0, "text": " x", "finish_reason": "length"}]}
         usage = {"choices": [], "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": 1}}
         await resp.write(f"data: {json.dumps(chunk)}\n\ndata: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
         await resp.write_eof()
@@ -101,7 +101,7 @@ async def test_azure_replay_sends_one_request_per_row_at_its_scaled_time(which):
     assert len(trace.entries) == sum(1 for _ in open(path)) - 1 and not trace.problems
     span = trace.entries[199].arrival_s
     scale = 4.0 / span  # the first 200 rows in about 4 s
-    specs = replay(trace, num_requests=200, time_scale=scale, seed=0)
+    specs = replay(trace, num_requests=200, time_scale=scale, seed=0, min_tokens="none")  # the recorder sends 1 token
     assert len(specs) == 200
     res, received = await replay_through_server(specs)
     assert res.summary["num_ok"] == 200 and len(received) == 200
@@ -134,7 +134,7 @@ async def test_mooncake_prompts_reach_the_server_with_their_shared_blocks(tmp_pa
         {"timestamp": 10, "input_length": 1300, "output_length": 4, "hash_ids": [7, 8, 10]},
     ]
     path = write(tmp_path, "mc.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-    specs = replay(load_trace(path), time_scale=0.01)
+    specs = replay(load_trace(path), time_scale=0.01, min_tokens="none")
     _, received = await replay_through_server(specs)
     a, b = sorted((body["prompt"] for _, body in received), key=len)
     assert a[:1024] == b[:1024] and a[1024:1030] != b[1024:1030]

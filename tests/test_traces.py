@@ -88,12 +88,12 @@ def test_rows_out_of_order_are_sorted_stably(tmp_path):
     assert tr.input_tokens.tolist() == [2, 3, 1] and tr.arrival_s.tolist() == [0, 0, 1]
 
 
-def test_malformed_rows_are_skipped_with_their_line_numbers(tmp_path):
+def test_unreadable_rows_are_skipped_with_their_line_numbers(tmp_path):
     text = AZURE + "\n".join([
         "2023-11-16 18:17:06.0,abc,5",  # line 5
         "2023-11-16 18:17:06.5,100",  # line 6: short
         "not-a-time,100,5",  # line 7
-        "2023-11-16 18:17:07.0,0,5",  # line 8: zero prompt tokens
+        "2023-11-16 18:17:07.0,0,5",  # line 8: zero prompt tokens: readable, left out and counted apart
         "2023-11-16 18:17:07.5,12.5,5",  # line 9: not an integer
         "",  # blank lines are not rows
         "2023-11-16 18:17:08.0,100,-1",  # line 11
@@ -101,19 +101,19 @@ def test_malformed_rows_are_skipped_with_their_line_numbers(tmp_path):
     ]) + "\n"  # fmt: skip
     tr = load_trace(write(tmp_path, "a.csv", text))
     assert len(tr.entries) == 4 and tr.num_rows == 10
-    assert [p.line for p in tr.problems] == [5, 6, 7, 8, 9, 11]
+    assert [p.line for p in tr.problems] == [5, 6, 7, 9, 11]
     whys = [p.why for p in tr.problems]
     assert "ContextTokens is not a number ('abc')" in whys[0]
     assert "2 columns" in whys[1]
-    assert "GeneratedTokens is -1, must be >= 1" in whys[5]
+    assert "GeneratedTokens is -1, must be >= 0" in whys[4]
     summary = tr.problem_summary()
-    assert "skipped 6 malformed of 10 rows" in summary and "line 5:" in summary and "(and 1 more)" in summary
-    assert tr.describe()["num_malformed"] == 6
+    assert "skipped 5 unreadable of 10 rows" in summary and "line 5:" in summary and "malformed" not in summary
+    assert tr.describe()["num_unreadable"] == 5 and tr.describe()["num_zero_dropped"] == 1
 
 
 def test_a_trace_with_no_usable_row_is_a_usage_error_naming_lines(tmp_path):
     bad = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-01-01 00:00:00,x,1\n2023-01-01 00:00:01,1,\n"
-    with pytest.raises(UsageError, match=r"no usable requests in 2 rows; 2 malformed: line 2: .*; line 3"):
+    with pytest.raises(UsageError, match=r"no usable requests in 2 rows; 2 unreadable: line 2: .*; line 3"):
         load_trace(write(tmp_path, "a.csv", bad))
     with pytest.raises(UsageError, match="no usable requests in 0 rows"):
         load_trace(write(tmp_path, "e.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"))
@@ -123,12 +123,13 @@ def test_a_trace_with_no_usable_row_is_a_usage_error_naming_lines(tmp_path):
         load_trace(write(tmp_path, "h.csv", "TIMESTAMP,Tokens\n1,2\n"), "azure")
 
 
-def test_burstgpt_rows_carry_the_model_as_tag_and_skip_failed_requests(tmp_path):
+def test_burstgpt_rows_carry_the_model_as_tag_and_leave_out_failed_requests(tmp_path):
     tr = load_trace(write(tmp_path, "b.csv", BURSTGPT))
     assert tr.format == "burstgpt"
     assert tr.arrival_s.tolist() == [0.0, 41.0]
     assert [(e.input_tokens, e.output_tokens, e.tag) for e in tr.entries] == [(472, 18, "ChatGPT"), (417, 30, "GPT-4")]
-    assert [p.line for p in tr.problems] == [3] and "Response tokens is 0" in tr.problems[0].why
+    assert tr.problems == () and tr.num_zero_dropped == 1 and tr.num_rows == 3
+    assert any("left out 1 of 3 rows" in n and "failed requests" in n for n in tr.notes)
 
 
 def test_mooncake_fields(tmp_path):

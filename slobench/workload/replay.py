@@ -173,7 +173,7 @@ def replay(
     prompt: str = "tokens",
     token_ids: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE,
     ignore_eos: bool = True,
-    min_tokens: str = "none",
+    min_tokens: str = "max",
 ) -> list[RequestSpec]:
     """The requests of one replay of `trace`, in arrival order (see the module doc)."""
     scale = replay_scale(trace, start_s=start_s, time_scale=time_scale, rate_rps=rate_rps, duration_s=duration_s,
@@ -230,7 +230,7 @@ class TraceReplay:
     prompt: str = "tokens"
     token_ids: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE
     ignore_eos: bool = True
-    min_tokens: str = "none"
+    min_tokens: str = "max"  # min_tokens = max_tokens: the output is the trace's length even without ignore_eos
 
     def __post_init__(self) -> None:
         if self.time_scale is not None:
@@ -239,6 +239,8 @@ class TraceReplay:
             raise SpecError("start", self.start_s, "must be a finite number >= 0 (trace seconds)")
         if self.api not in ("completions", "chat"):
             raise SpecError("api", self.api, "must be 'completions' or 'chat'")
+        if self.min_tokens not in ("max", "none"):
+            raise SpecError("min_tokens", self.min_tokens, "must be 'max' or 'none'")
 
     @classmethod
     def open(
@@ -251,15 +253,18 @@ class TraceReplay:
         start_s: float = 0.0,
         api: str = "completions",
         warn: Callable[[str], None] | None = None,
+        spread: bool = True,
+        keep_zero: bool = False,
+        min_tokens: str = "max",
     ) -> TraceReplay:
         """Load a trace for replay; `warn` hears about skipped rows and what the loader did."""
-        trace = load_trace(path, fmt, seed=seed)
+        trace = load_trace(path, fmt, seed=seed, spread=spread, keep_zero=keep_zero)
         if warn is not None:
             if trace.problems:
                 warn(f"warning: {trace.problem_summary()}")
             for note in trace.notes:
                 warn(f"note: {note}")
-        return cls(trace, time_scale=time_scale, start_s=start_s, api=api)
+        return cls(trace, time_scale=time_scale, start_s=start_s, api=api, min_tokens=min_tokens)
 
     @property
     def name(self) -> str:
@@ -281,4 +286,5 @@ class TraceReplay:
             "start_s": self.start_s,
             "api": self.api,
             "prompt": self.prompt,
+            "min_tokens": self.min_tokens,
         }

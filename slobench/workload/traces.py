@@ -11,20 +11,38 @@ Formats (detected from the content, or named):
   slobench  slobench's own JSONL (`slobench workload convert` writes it): one object per line with
             `arrival_s`, `input_tokens`, `max_tokens` and optionally `prompt`, `tag`, `session_id`, `hash_ids`
 
-A malformed row is skipped and recorded as a `RowProblem` with its line number, so one bad line in a
-million does not stop a replay; a trace with no usable row at all is a `UsageError` (exit 2).
+Files may be gzip-, bz2- or xz-compressed (read through the standard library) or zstd-compressed (read
+when the `zstandard` package is installed); the compression is told from the first bytes, not the name.
+
+A row that cannot be read (a missing column, a count that is not a number) is skipped and recorded as a
+`RowProblem` with its line number, so one bad line in a million does not stop a replay; a trace with no
+usable row at all is a `UsageError` (exit 2). A row with 0 input or 0 output tokens is readable but not a
+request as it stands (BurstGPT marks a failed request with 0 response tokens; Azure and Mooncake have
+zero-token rows too): it is dropped and counted, or with `keep_zero=True` kept as the closest request
+that loads the server (0 output tokens -> max_tokens 1, 0 input tokens -> a 1-token prompt), and counted.
+Either way a note says how many.
+
+Coarse stamps: when the trace is stamped on a grid much coarser than its requests (at least
+`COARSE_REQUESTS_PER_STAMP` requests per distinct stamp on average, and the distinct stamps on a regular
+grid), each request is spread uniformly (seeded) over its stamp's grid cell instead of firing the cell at
+once; `spread=False` turns that off. A few duplicated stamps in a finely stamped trace are left alone.
 Times in a `Trace` are trace seconds from its first request, unscaled; `slobench.workload.replay` scales,
 windows and turns them into requests.
 """
 
 from __future__ import annotations
 
+import bz2
 import csv
+import gzip
+import importlib
+import io
 import json
+import lzma
 import math
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -33,7 +51,7 @@ import numpy as np
 
 from slobench.errors import SpecError, UsageError
 
-__all__ = ["FORMATS", "RowProblem", "Trace", "TraceEntry", "detect_format", "load_trace"]
+__all__ = ["FORMATS", "RowProblem", "Trace", "TraceEntry", "compression", "detect_format", "load_trace", "stamp_grid"]
 
 FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "slobench")
 MOONCAKE_BLOCK_TOKENS = 512
@@ -45,6 +63,8 @@ SHAREGPT_S_PER_OUTPUT_TOKEN = 0.02
 _HUMAN = frozenset({"human", "user"})
 _ASSISTANT = frozenset({"gpt", "assistant", "chatgpt", "bard", "model"})
 _MAX_SHOWN = 5
+COARSE_REQUESTS_PER_STAMP = 2.0  # mean requests per distinct stamp from which stamps are read as buckets
+_GRID_SHARE = 0.95  # share of gaps between distinct stamps that must be whole multiples of the grid
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +98,16 @@ class Trace:
     notes: tuple[str, ...] = ()  # what the loader did that a reader should know (kept in the manifest)
     num_rows: int = 0
     block_tokens: int = MOONCAKE_BLOCK_TOKENS  # tokens per hash id, when entries carry hash_ids
+    num_zero_dropped: int = 0  # readable rows with 0 input or 0 output tokens, left out
+    num_zero_kept: int = 0  # such rows kept with their zero counts raised to 1 (keep_zero=True)
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
             raise SpecError("format", self.format, f"must be one of {list(FORMATS)}")
         if not self.entries:
-            raise UsageError(f"{self.path}: no usable requests in {self.num_rows} rows{self._problem_tail()}")
+            dropped = (f"; {self.num_zero_dropped} with 0 input or output tokens dropped (--keep-zero-rows "
+                       "keeps them)") if self.num_zero_dropped else ""  # fmt: skip
+            raise UsageError(f"{self.path}: no usable requests in {self.num_rows} rows{self._problem_tail()}{dropped}")
 
     @property
     def name(self) -> str:
@@ -111,13 +135,14 @@ class Trace:
         return shown + more
 
     def _problem_tail(self) -> str:
-        return f"; {len(self.problems)} malformed: {self._first_problems()}" if self.problems else ""
+        return f"; {len(self.problems)} unreadable: {self._first_problems()}" if self.problems else ""
 
     def problem_summary(self) -> str:
-        """One line for stderr: how many rows were skipped and the first few with their line numbers."""
+        """One line for stderr: how many rows could not be read and the first few with their line numbers."""
         if not self.problems:
             return ""
-        return f"{self.path}: skipped {len(self.problems)} malformed of {self.num_rows} rows: {self._first_problems()}"
+        return (f"{self.path}: skipped {len(self.problems)} unreadable of {self.num_rows} rows: "
+                f"{self._first_problems()}")  # fmt: skip
 
     def describe(self) -> dict[str, Any]:
         """What a manifest records about the trace."""
@@ -126,8 +151,10 @@ class Trace:
             "format": self.format,
             "num_requests": len(self.entries),
             "num_rows": self.num_rows,
-            "num_malformed": len(self.problems),
-            "malformed_first": [str(p) for p in self.problems[:_MAX_SHOWN]],
+            "num_unreadable": len(self.problems),
+            "unreadable_first": [str(p) for p in self.problems[:_MAX_SHOWN]],
+            "num_zero_dropped": self.num_zero_dropped,
+            "num_zero_kept": self.num_zero_kept,
             "span_s": self.span_s,
             "notes": list(self.notes),
         }
@@ -169,20 +196,61 @@ def detect_format(path: str | Path) -> str:
 
 def _read_head(path: Path) -> str:
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
+        with _open_text(path) as fh:
             return fh.read(65536)
     except FileNotFoundError:
         raise UsageError(f"{path}: trace file not found") from None
     except IsADirectoryError:
         raise UsageError(f"{path}: is a directory, not a trace file") from None
+    except (OSError, EOFError, lzma.LZMAError) as e:  # a damaged compressed file
+        raise UsageError(f"{path}: cannot read the {compression(path)}-compressed file: {e}") from None
+
+
+_MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"),
+          (b"PK\x03\x04", "zip"))  # fmt: skip
+
+
+def compression(path: str | Path) -> str | None:
+    """The compression of a file, from its first bytes: gzip, bz2, xz, zstd, zip, or None."""
+    with open(path, "rb") as fh:
+        head = fh.read(6)
+    return next((name for magic, name in _MAGIC if head.startswith(magic)), None)
+
+
+def _open_text(path: Path, newline: str | None = None) -> io.TextIOBase:
+    """The file as text, decompressed on the fly when it is compressed."""
+    kind = compression(path)
+    raw: Any
+    if kind is None:
+        return open(path, encoding="utf-8", errors="replace", newline=newline)  # type: ignore[return-value]
+    if kind == "gzip":
+        raw = gzip.open(path, "rb")
+    elif kind == "bz2":
+        raw = bz2.open(path, "rb")
+    elif kind == "xz":
+        raw = lzma.open(path, "rb")
+    elif kind == "zstd":
+        try:
+            zstandard = importlib.import_module("zstandard")
+        except ImportError:
+            raise UsageError(
+                f"{path}: the file is zstd-compressed; reading it needs the `zstandard` package "
+                f"(pip install zstandard), or decompress it first (zstd -d {path})"
+            ) from None
+        raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
+    else:
+        raise UsageError(f"{path}: the file is a {kind} archive, not a trace; extract the trace file from it")
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline=newline)
 
 
 # ---- loading ------------------------------------------------------------------------------------------
 
 
-def load_trace(path: str | Path, fmt: str | None = None, *, seed: int = 0) -> Trace:
-    """Read a trace. `seed` drives what the file leaves open: Mooncake's spread within a timestamp bucket
-    and ShareGPT's synthetic arrival times."""
+def load_trace(path: str | Path, fmt: str | None = None, *, seed: int = 0, spread: bool = True,
+               keep_zero: bool = False) -> Trace:  # fmt: skip
+    """Read a trace. `seed` drives what the file leaves open: the spread within a coarse stamp and
+    ShareGPT's synthetic arrival times. `spread=False` keeps coarse stamps as they are (every request of a
+    stamp at once); `keep_zero=True` keeps rows with 0 input or output tokens (see the module doc)."""
     path = Path(path)
     fmt = detect_format(path) if fmt is None else fmt
     if fmt not in FORMATS:
@@ -197,16 +265,47 @@ def load_trace(path: str | Path, fmt: str | None = None, *, seed: int = 0) -> Tr
         parsed = _sharegpt_rows(path, seed, notes)
     else:
         parsed = _jsonl_rows(path, fmt)
-    for item in parsed:
-        (rows if isinstance(item, TraceEntry) else problems).append(item)  # type: ignore[arg-type]
-    num_rows = len(rows) + len(problems)
+    zero_in = zero_out = num_zero = 0
+    try:
+        for item in parsed:
+            if isinstance(item, RowProblem):
+                problems.append(item)
+                continue
+            if item.input_tokens == 0 or item.output_tokens == 0:
+                num_zero += 1
+                zero_in += item.input_tokens == 0
+                zero_out += item.output_tokens == 0
+                if not keep_zero:
+                    continue
+                item = replace(item, input_tokens=max(item.input_tokens, 1), output_tokens=max(item.output_tokens, 1))
+            rows.append(item)
+    except (OSError, EOFError, lzma.LZMAError) as e:  # a damaged compressed file
+        raise UsageError(f"{path}: cannot read the {compression(path)}-compressed file: {e}") from None
+    num_rows = len(rows) + len(problems) + (0 if keep_zero else num_zero)
+    if num_zero:
+        notes.append(_zero_note(fmt, num_rows, num_zero, zero_in, zero_out, keep_zero))
     if rows:
         t0 = min(e.arrival_s for e in rows)
         rows = [_shift(e, t0) for e in rows]
         rows.sort(key=lambda e: e.arrival_s)  # stable: ties keep file order
-        if fmt == "mooncake":
+        if spread and fmt in _STAMPED:
             rows = _spread_buckets(rows, seed, notes)
-    return Trace(str(path), fmt, tuple(rows), tuple(problems), tuple(notes), num_rows)
+    return Trace(str(path), fmt, tuple(rows), tuple(problems), tuple(notes), num_rows,
+                 num_zero_dropped=0 if keep_zero else num_zero, num_zero_kept=num_zero if keep_zero else 0)  # fmt: skip
+
+
+_STAMPED = ("azure", "burstgpt", "mooncake")  # slobench JSONL times are exact; ShareGPT's are made up
+
+
+def _zero_note(fmt: str, num_rows: int, num_zero: int, zero_in: int, zero_out: int, keep: bool) -> str:
+    failed = " (failed requests)" if fmt == "burstgpt" else ""
+    parts = [f"{zero_out} with 0 output tokens{failed}"] if zero_out else []
+    parts += [f"{zero_in} with 0 input tokens"] if zero_in else []
+    if keep:
+        return (f"kept {num_zero} of {num_rows} rows with zero tokens ({', '.join(parts)}): 0 output tokens are "
+                "sent as max_tokens 1, 0 input tokens as a 1-token prompt")  # fmt: skip
+    return (f"left out {num_zero} of {num_rows} rows with zero tokens ({', '.join(parts)}); "
+            "--keep-zero-rows sends them as 1-token requests")  # fmt: skip
 
 
 def _shift(e: TraceEntry, t0: float) -> TraceEntry:
@@ -258,8 +357,8 @@ _CSV_COLUMNS = {
 
 def _csv_rows(path: Path, fmt: str) -> Iterator[TraceEntry | RowProblem]:
     t_col, in_col, out_col, tag_col = _CSV_COLUMNS[fmt]
-    with open(path, newline="", encoding="utf-8", errors="replace") as fh:
-        reader = csv.reader(fh)
+    with _open_text(path, newline="") as fh:
+        reader = csv.reader(fh)  # type: ignore[arg-type]
         header = next(reader, None)
         if header is None:
             return
@@ -281,8 +380,8 @@ def _csv_rows(path: Path, fmt: str) -> Iterator[TraceEntry | RowProblem]:
                 t = _parse_time(row[ti])
                 if not math.isfinite(t):
                     raise ValueError(f"time is not finite ({row[ti]!r})")
-                n_in = _count(row[ii], header[ii].strip(), minimum=1)
-                n_out = _count(row[oi], header[oi].strip(), minimum=1)
+                n_in = _count(row[ii], header[ii].strip(), minimum=0)
+                n_out = _count(row[oi], header[oi].strip(), minimum=0)
             except ValueError as e:
                 yield RowProblem(line, str(e))
                 continue
@@ -290,7 +389,7 @@ def _csv_rows(path: Path, fmt: str) -> Iterator[TraceEntry | RowProblem]:
 
 
 def _jsonl_rows(path: Path, fmt: str) -> Iterator[TraceEntry | RowProblem]:
-    with open(path, encoding="utf-8", errors="replace") as fh:
+    with _open_text(path) as fh:
         for line, text in enumerate(fh, 1):
             if not text.strip():
                 continue
@@ -319,8 +418,8 @@ def _mooncake_entry(obj: dict[str, Any], line: int) -> TraceEntry:
     t_ms = obj["timestamp"]
     if isinstance(t_ms, bool) or not isinstance(t_ms, int | float) or not math.isfinite(t_ms):
         raise ValueError(f"timestamp is not a number ({t_ms!r})")
-    n_in = _count(obj["input_length"], "input_length", minimum=1)
-    n_out = _count(obj["output_length"], "output_length", minimum=1)
+    n_in = _count(obj["input_length"], "input_length", minimum=0)
+    n_out = _count(obj["output_length"], "output_length", minimum=0)
     return TraceEntry(t_ms / 1000.0, n_in, n_out, line, _hash_ids(obj))
 
 
@@ -338,7 +437,7 @@ def _slobench_entry(obj: dict[str, Any], line: int) -> TraceEntry:
     elif prompt is not None and not isinstance(prompt, str):
         raise ValueError(f"prompt must be a list of token ids or a string (got {type(prompt).__name__})")
     if "input_tokens" in obj:
-        n_in = _count(obj["input_tokens"], "input_tokens", minimum=1)
+        n_in = _count(obj["input_tokens"], "input_tokens", minimum=0)
     elif isinstance(prompt, tuple):
         n_in = len(prompt)
     elif isinstance(prompt, str):
@@ -348,7 +447,7 @@ def _slobench_entry(obj: dict[str, Any], line: int) -> TraceEntry:
     out_key = "max_tokens" if "max_tokens" in obj else "output_tokens"
     if out_key not in obj:
         raise ValueError("missing 'max_tokens'")
-    n_out = _count(obj[out_key], out_key, minimum=1)
+    n_out = _count(obj[out_key], out_key, minimum=0)
     session = obj.get("session_id")
     if session is not None and (isinstance(session, bool) or not isinstance(session, int)):
         raise ValueError(f"session_id must be an integer (got {session!r})")
@@ -358,27 +457,42 @@ def _slobench_entry(obj: dict[str, Any], line: int) -> TraceEntry:
     return TraceEntry(float(t), n_in, n_out, line, _hash_ids(obj), prompt, session, tag)
 
 
-def _spread_buckets(rows: list[TraceEntry], seed: int, notes: list[str]) -> list[TraceEntry]:
-    """Spread requests that share a coarse timestamp uniformly (seeded) over their bucket.
+def stamp_grid(t: np.ndarray) -> float | None:
+    """The width of the buckets a coarsely stamped trace comes in, or None when it is not coarse.
 
-    Mooncake stamps arrive in buckets (~3 s in the published trace); firing a whole bucket in one instant
-    would be a burst the real system never saw. The bucket width is the most common gap between distinct
-    stamps; a request at stamp t moves to t + U[0, min(width, next stamp - t)).
-    """
-    t = np.array([e.arrival_s for e in rows])
+    Coarse: at least `COARSE_REQUESTS_PER_STAMP` requests per distinct stamp on average, and the gaps
+    between distinct stamps whole multiples of one width (the most common gap) for `_GRID_SHARE` of them.
+    A finely stamped trace with a few duplicates, or a bursty file whose equal stamps are not on a grid,
+    is not coarse: its equal stamps are sent at once, as written."""
     distinct = np.unique(t)
-    if len(distinct) == len(t) or len(distinct) < 2:
-        return rows
+    if len(distinct) < 2 or len(t) < COARSE_REQUESTS_PER_STAMP * len(distinct):
+        return None
     gaps = np.diff(distinct)
     values, counts = np.unique(np.round(gaps, 6), return_counts=True)
     width = float(values[np.argmax(counts)])
-    next_stamp = np.append(distinct[1:], distinct[-1] + width)
-    room = np.minimum(width, next_stamp - distinct)[np.searchsorted(distinct, t)]
+    if width <= 0:
+        return None
+    ratio = gaps / width
+    on_grid = np.abs(ratio - np.round(ratio)) <= 1e-3 * np.maximum(ratio, 1.0)
+    return width if on_grid.mean() >= _GRID_SHARE else None
+
+
+def _spread_buckets(rows: list[TraceEntry], seed: int, notes: list[str]) -> list[TraceEntry]:
+    """Spread requests that share a coarse stamp uniformly (seeded) over their bucket.
+
+    Some traces stamp arrivals in buckets (Mooncake's published trace: ~3 s); firing a whole bucket in one
+    instant would be a burst the real system never saw. A request at stamp t moves to t + U[0, width)."""
+    t = np.array([e.arrival_s for e in rows])
+    width = stamp_grid(t)
+    if width is None:
+        return rows
+    num_stamps = len(np.unique(t))
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0x6D6F6F6E,)))
-    new_t = t + rng.random(len(t)) * room
+    new_t = t + rng.random(len(t)) * width
     notes.append(
-        f"timestamps come in {width:g} s buckets ({len(t)} requests on {len(distinct)} stamps): each "
-        f"request was spread uniformly over its bucket (seed {seed}) instead of firing the bucket at once"
+        f"timestamps come in {width:g} s buckets (a regular grid; {len(t)} requests on {num_stamps} stamps, "
+        f"{len(t) / num_stamps:.1f} per stamp): each request was spread uniformly over its bucket (seed {seed}) "
+        "instead of firing the bucket at once; --no-spread keeps the stamps"
     )
     out = [_shift(e, -float(dt)) for e, dt in zip(rows, (new_t - t).tolist(), strict=True)]
     out.sort(key=lambda e: e.arrival_s)
@@ -402,7 +516,8 @@ class _Conversation:
 
 
 def _load_json_items(path: Path) -> list[Any]:
-    text = path.read_text(encoding="utf-8", errors="replace")
+    with _open_text(path) as fh:
+        text = fh.read()
     try:
         doc = json.loads(text)
     except json.JSONDecodeError:
