@@ -130,8 +130,8 @@ class RunWriter:
     def write(self, rec: RequestRecord) -> None:
         assert self._fh is not None, "RunWriter already closed"
         self._fh.write(rec.to_json() + "\n")
-
         self._fh.flush()  # line by line: a crash can tear only the last line, which readers forgive
+
     def rewrite(self, records: Sequence[RequestRecord]) -> None:
         """Replace requests.jsonl with `records` (atomically), e.g. once the warm-up cut is known."""
         self.close()
