@@ -85,6 +85,8 @@ def _add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     r = p.add_argument_group("run")
     r.add_argument("--slo", default=None, help="e.g. ttft=500ms,tpot=50ms[,target=0.9] or a TOML file")
     r.add_argument("--out", default=None, help="run directory (default: runs/<time>)")
+    r.add_argument("--overwrite", "--force", action="store_true",
+                   help="replace the run already in --out (only slobench's files); without it, exit 2")
     r.add_argument("--warmup", default="0", metavar="N|auto",
                    help="requests sent first and excluded from metrics; auto: cut by the MSER-5 rule after the run")
     r.add_argument("--max-in-flight", type=int, default=None, help="cap on requests in flight (waits counted)")
@@ -470,7 +472,10 @@ async def _run(args: argparse.Namespace) -> int:
     from slobench.report.terminal import print_run
 
     setup = LoadSetup(args)
-    out = Path(args.out) if args.out else default_out("run")
+    from slobench.outdir import claim_out_dir
+
+    out = claim_out_dir(Path(args.out) if args.out else default_out("run"),
+                        overwrite=getattr(args, "overwrite", False))  # before any request: exit 2, one line
     if args.simulate:
         summary, _ = await setup.simulated_runner()(args.rate, out, {**setup.simulated_manifest(),
                                                                       "rate_rps": args.rate})
@@ -507,7 +512,10 @@ async def _sweep(args: argparse.Namespace) -> int:
     rates = parse_rates(args.rates)
     setup = LoadSetup(args)
     setup.min_duration_s = MIN_PROBE_S  # high-rate points as long as low-rate ones (probe_duration)
-    out = Path(args.out) if args.out else default_out("sweep")
+    from slobench.outdir import claim_out_dir
+
+    out = claim_out_dir(Path(args.out) if args.out else default_out("sweep"),
+                        overwrite=getattr(args, "overwrite", False))  # before any request: exit 2, one line
     console = make_console()
 
     def on_run(row: dict[str, Any]) -> None:

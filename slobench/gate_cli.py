@@ -155,8 +155,10 @@ async def _capacity(args: argparse.Namespace) -> int:
     )
     if fixed and opts.replicates < 2:
         raise UsageError("--rates needs --replicates >= 2: fixed-rate replicates are what the gate compares")
-    out = Path(args.out) if args.out else default_out("capacity")
-    out.mkdir(parents=True, exist_ok=True)
+    from slobench.outdir import claim_out_dir
+
+    out = claim_out_dir(Path(args.out) if args.out else default_out("capacity"),
+                        overwrite=getattr(args, "overwrite", False))  # before any request: exit 2, one line
     console = Console(stderr=True)
     a = args
 

@@ -1,0 +1,69 @@
+"""`--out` never mixes two runs (issue 13, item 3): an existing run, sweep or search is refused with exit 2
+and one line, before anything is sent, unless --overwrite, which replaces only slobench's own files."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from slobench.cli import main
+from slobench.errors import UsageError
+from slobench.outdir import claim_out_dir
+
+
+def test_a_new_or_empty_directory_is_claimed(tmp_path: Path) -> None:
+    assert claim_out_dir(tmp_path / "a" / "b").is_dir()
+    (tmp_path / "empty").mkdir()
+    assert claim_out_dir(tmp_path / "empty") == tmp_path / "empty"
+
+
+@pytest.mark.parametrize("layout", [["manifest.json"], ["requests.jsonl"], ["sweep.json"], ["capacity.json"],
+                                    ["rate-4/manifest.json"]])
+def test_an_earlier_run_is_refused_then_replaced_with_overwrite(tmp_path: Path, layout: list[str]) -> None:
+    out = tmp_path / "run"
+    for rel in layout:
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text("{}")
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="already holds a slobench run.*--overwrite"):
+        claim_out_dir(out)
+    claim_out_dir(out, overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]  # only slobench's files went
+
+
+def test_a_file_or_a_path_under_a_file_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    f.write_text("x")
+    with pytest.raises(UsageError, match="is a file"):
+        claim_out_dir(f)
+    with pytest.raises(UsageError, match="cannot write there"):
+        claim_out_dir(f / "run")
+
+
+def _dead_url() -> str:
+    with socket.socket() as s:  # a port nobody listens on: a request would be exit 3, not 2
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+
+
+def test_cli_refuses_an_existing_run_before_any_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    argv = ["run", "--simulate", "--workload", "tiny", "--rate", "5", "--num-requests", "20", "--out", str(out)]
+    assert main(argv) in (0, 1)
+    first = json.loads((out / "manifest.json").read_text())
+    capsys.readouterr()
+
+    for verb_argv in (["run", "--url", _dead_url(), "--model", "m"], ["sweep", "--url", _dead_url(), "--model", "m",
+                                                                     "--rates", "1,2"]):
+        rc = main([*verb_argv, "--workload", "tiny", "--num-requests", "5", "--out", str(out)])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and len(err.splitlines()) == 1 and "--overwrite" in err, err
+
+    assert main([*argv, "--overwrite", "--seed", "7"]) in (0, 1)
+    second = json.loads((out / "manifest.json").read_text())
+    assert first["seed"] == 0 and second["seed"] == 7
+    rows = (out / "requests.jsonl").read_text().splitlines()
+    assert len(rows) == 20  # the old run's records are gone, not appended to
