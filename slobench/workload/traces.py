@@ -3,7 +3,8 @@ the format carries), whatever its format.
 
 Formats (detected from the content, or named):
   azure     Azure LLM inference trace CSV: `TIMESTAMP,ContextTokens,GeneratedTokens`
-  burstgpt  BurstGPT CSV: `Timestamp` (seconds), `Model`, `Request tokens`, `Response tokens`, ...
+  burstgpt  BurstGPT CSV: `Timestamp` (seconds), `Model`, `Request tokens`, `Response tokens`, ..., and in
+            BurstGPT_3 a `Session ID`: the rows of one session are the turns of one conversation
   mooncake  Mooncake JSONL: `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (one per 512-token
             block; requests sharing an id share those prompt tokens)
   sharegpt  ShareGPT-style JSON: a list of `{"conversations": [{"from": "human"|"gpt", "value": text}]}`;
@@ -21,6 +22,11 @@ request as it stands (BurstGPT marks a failed request with 0 response tokens; Az
 zero-token rows too): it is dropped and counted, or with `keep_zero=True` kept as the closest request
 that loads the server (0 output tokens -> max_tokens 1, 0 input tokens -> a 1-token prompt), and counted.
 Either way a note says how many.
+
+Sessions: a later turn of a conversation sends the conversation so far. When a turn's input count is at
+least the previous turn's, it is taken to include that history (replay grows the previous prompt to it);
+when it is smaller it cannot, and the turn is sent with the history: its input becomes the previous
+turn's input + that turn's output + its own count (a note says how many turns and tokens).
 
 Coarse stamps: when the trace is stamped on a grid much coarser than its requests (at least
 `COARSE_REQUESTS_PER_STAMP` requests per distinct stamp on average, and the distinct stamps on a regular
@@ -290,11 +296,39 @@ def load_trace(path: str | Path, fmt: str | None = None, *, seed: int = 0, sprea
         rows.sort(key=lambda e: e.arrival_s)  # stable: ties keep file order
         if spread and fmt in _STAMPED:
             rows = _spread_buckets(rows, seed, notes)
+        rows = _with_history(rows, notes)
     return Trace(str(path), fmt, tuple(rows), tuple(problems), tuple(notes), num_rows,
                  num_zero_dropped=0 if keep_zero else num_zero, num_zero_kept=num_zero if keep_zero else 0)  # fmt: skip
 
 
 _STAMPED = ("azure", "burstgpt", "mooncake")  # slobench JSONL times are exact; ShareGPT's are made up
+
+
+def _with_history(rows: list[TraceEntry], notes: list[str]) -> list[TraceEntry]:
+    """Session turns whose input count is smaller than the conversation so far get the history added
+    (see the module doc); rows in arrival order."""
+    last: dict[int, tuple[int, int]] = {}  # session -> (input, output) of its latest turn
+    out: list[TraceEntry] = []
+    num_turns = num_grown = added = 0
+    for e in rows:
+        if e.session_id is None or e.prompt is not None:
+            out.append(e)
+            continue
+        prev = last.get(e.session_id)
+        num_turns += prev is not None
+        if prev is not None and e.input_tokens < prev[0]:
+            n_in = prev[0] + prev[1] + e.input_tokens
+            num_grown += 1
+            added += n_in - e.input_tokens
+            e = replace(e, input_tokens=n_in)
+        last[e.session_id] = (e.input_tokens, e.output_tokens)
+        out.append(e)
+    if num_grown:
+        notes.append(
+            f"{num_grown} of {num_turns} later session turns had fewer input tokens than the conversation so far: "
+            f"each is sent with the history (previous input + previous output + its own), {added} tokens added"
+        )
+    return out
 
 
 def _zero_note(fmt: str, num_rows: int, num_zero: int, zero_in: int, zero_out: int, keep: bool) -> str:
@@ -349,14 +383,15 @@ def _count(text: object, name: str, *, minimum: int) -> int:
 
 
 _CSV_COLUMNS = {
-    # format: (time, input, output, tag or None, time divisor)
-    "azure": ("timestamp", "contexttokens", "generatedtokens", None),
-    "burstgpt": ("timestamp", "request tokens", "response tokens", "model"),
+    # format: (time, input, output, tag or None, session or None)
+    "azure": ("timestamp", "contexttokens", "generatedtokens", None, None),
+    "burstgpt": ("timestamp", "request tokens", "response tokens", "model", "session id"),
 }
 
 
 def _csv_rows(path: Path, fmt: str) -> Iterator[TraceEntry | RowProblem]:
-    t_col, in_col, out_col, tag_col = _CSV_COLUMNS[fmt]
+    t_col, in_col, out_col, tag_col, session_col = _CSV_COLUMNS[fmt]
+    sessions: dict[str, int] = {}  # session id text -> int, in order of first appearance
     with _open_text(path, newline="") as fh:
         reader = csv.reader(fh)  # type: ignore[arg-type]
         header = next(reader, None)
@@ -368,7 +403,8 @@ def _csv_rows(path: Path, fmt: str) -> Iterator[TraceEntry | RowProblem]:
             raise UsageError(f"{path}: line 1: {fmt} header lacks column(s) {missing} (got {header})")
         ti, ii, oi = index[t_col], index[in_col], index[out_col]
         gi = index.get(tag_col) if tag_col else None
-        width = max(ti, ii, oi, gi or 0) + 1
+        si = index.get(session_col) if session_col else None
+        width = max(ti, ii, oi, gi or 0, si or 0) + 1
         for row in reader:
             line = reader.line_num
             if not row or all(not c.strip() for c in row):
@@ -385,7 +421,8 @@ def _csv_rows(path: Path, fmt: str) -> Iterator[TraceEntry | RowProblem]:
             except ValueError as e:
                 yield RowProblem(line, str(e))
                 continue
-            yield TraceEntry(t, n_in, n_out, line, tag="" if gi is None else row[gi].strip())
+            sid = None if si is None or not row[si].strip() else sessions.setdefault(row[si].strip(), len(sessions))
+            yield TraceEntry(t, n_in, n_out, line, session_id=sid, tag="" if gi is None else row[gi].strip())
 
 
 def _jsonl_rows(path: Path, fmt: str) -> Iterator[TraceEntry | RowProblem]:
