@@ -314,14 +314,15 @@ def _with_history(rows: list[TraceEntry], notes: list[str]) -> list[TraceEntry]:
         if e.session_id is None or e.prompt is not None:
             out.append(e)
             continue
-        prev = last.get(e.session_id)
+        sid = e.session_id
+        prev = last.get(sid)
         num_turns += prev is not None
         if prev is not None and e.input_tokens < prev[0]:
             n_in = prev[0] + prev[1] + e.input_tokens
             num_grown += 1
             added += n_in - e.input_tokens
             e = replace(e, input_tokens=n_in)
-        last[e.session_id] = (e.input_tokens, e.output_tokens)
+        last[sid] = (e.input_tokens, e.output_tokens)
         out.append(e)
     if num_grown:
         notes.append(
