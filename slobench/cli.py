@@ -19,6 +19,7 @@ from typing import Any
 
 from slobench import __version__
 from slobench.errors import SlobenchError, UsageError
+from slobench.redact import redact_argv, redact_text
 
 EXIT_CODES = __doc__.split("Exit codes", 1)[1].split("\n", 1)[1] if __doc__ else ""
 
@@ -320,13 +321,13 @@ class LoadSetup:
         wl = self.workload.to_dict()
         return {
             "slobench_version": __version__,
-            "command": sys.argv[1:],
+            "command": redact_argv(sys.argv[1:]),
             "workload": wl,
             "workload_name": getattr(self.workload, "name", a.workload),
             "seed": a.seed,
             "target": (
                 {**target.describe(), "served": served} if a.engine else
-                {"url": a.url, "model": target.model, "api": self.api, "stream": not a.no_stream, "served": served}
+                {"url": redact_text(a.url), "model": target.model, "api": self.api, "stream": not a.no_stream, "served": served}
                 | ({"client_workers": a.client_workers} if getattr(a, "client_workers", 1) != 1 else {})
                 | ({"fleet": {"replicas": len(self.urls), "router": a.router}} if len(self.urls) > 1 else {})
             ),
@@ -372,7 +373,7 @@ class LoadSetup:
         if a.replicas != 1:  # one replica leaves the manifest (and the gate's workload identity) as it was
             target["fleet"] = {"replicas": a.replicas, "router": a.router}
         return {
-            "slobench_version": __version__, "command": sys.argv[1:], "workload": self.workload.to_dict(),
+            "slobench_version": __version__, "command": redact_argv(sys.argv[1:]), "workload": self.workload.to_dict(),
             "workload_name": self.workload.name, "seed": a.seed, "slo": self.slo.to_dict() if self.slo else None,
             "target": target,
         }
@@ -460,7 +461,7 @@ async def _start_target(setup: LoadSetup) -> tuple[Any, Any, str]:
     target = setup.target(clock)
     await target.start()
     try:
-        served = await target.preflight()
+        served = redact_text(await target.preflight())  # it names the URL: the title and manifest show it
     except BaseException:
         await target.close()
         raise
