@@ -94,6 +94,9 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
     f.add_argument("--lengths", choices=("auto", "lognormal", "empirical"), default="auto",
                    help="length model written: auto = lognormal when it regenerates p50/p90/p99 within 10%%, "
                    "else the empirical quantile table")  # fmt: skip
+    f.add_argument("--arrivals", choices=("curve", "gamma"), default="curve",
+                   help="arrival model written: curve (default) = Poisson modulated by the trace's per-second "
+                   "rate curve, keeping its burstiness at 1 s and 1 min; gamma = a gamma renewal process")  # fmt: skip
     f.add_argument("--seed", type=int, default=0)
     add_row_flags(f)
 
@@ -160,7 +163,7 @@ def _fit(args: argparse.Namespace) -> int:
     trace = _load(args.trace, args.trace_format, args.seed, args)
     if len(trace.entries) < 3:
         raise UsageError(f"{args.trace}: fitting needs at least 3 usable requests (got {len(trace.entries)})")
-    result = fit_trace(trace, choose=args.lengths, seed=args.seed)
+    result = fit_trace(trace, choose=args.lengths, seed=args.seed, arrivals=args.arrivals)
     print(result.report())
     if args.out:
         Path(args.out).write_text(result.to_toml())

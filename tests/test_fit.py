@@ -50,7 +50,7 @@ def regenerated_quantiles_within(spec: WorkloadSpec, trace, rel: float = 0.10) -
 def test_fit_cli_writes_a_spec_whose_lengths_match_the_trace(tmp_path, capsys):
     path = bimodal_trace(tmp_path)
     out = tmp_path / "fitted.toml"
-    assert main(["workload", "fit", str(path), "-o", str(out)]) == 0
+    assert main(["workload", "fit", str(path), "-o", str(out), "--arrivals", "gamma"]) == 0
     printed = capsys.readouterr().out
     assert "KS" in printed and "spec uses: empirical" in printed  # two modes: lognormal misses
     spec = load_workload(str(out))

@@ -1,10 +1,23 @@
-"""Fit a workload spec to a trace: arrival burstiness (a gamma renewal process) and token lengths.
+"""Fit a workload spec to a trace: arrivals that keep the trace's burstiness, and token lengths, overall
+and per request class.
 
 Arrivals: the rate is the trace's mean ((n − 1) / span); the gaps' coefficient of variation is reported
-two ways, by moments (std/mean, dominated by a few long pauses) and by gamma maximum likelihood (what the
-spec uses, as the bulk of the gaps sees it), with the Kolmogorov–Smirnov distance of the fitted gamma.
-The per-minute index of dispersion (variance/mean of counts) says how much burstiness a renewal
-process cannot hold (1 for Poisson; the Azure code trace is ~160): replay the trace when that matters.
+two ways, by moments (std/mean, dominated by a few long pauses) and by gamma maximum likelihood, with the
+Kolmogorov–Smirnov distance of the fitted gamma; and the index of dispersion (variance/mean of counts)
+per second and per minute (1 for Poisson; the Azure code trace is ~13 and ~160). A renewal process
+cannot hold those, so by default (`arrivals="curve"`) the spec's arrivals are a rate curve taken from the
+trace, one step per second, for a Poisson process modulated by it (thinning, `CurveArrivals`). The curve
+is not the trace's counts themselves, which would add Poisson noise on top of the trace's own: with c_s
+the count in second s, m_s its minute's mean count and μ the overall mean,
+
+    rate_s = μ + a·(m_s − μ) + b·(c_s − m_s),   a² = (D_min − 1) / D_min,   b² from D_sec likewise,
+
+chosen so that the generated counts' dispersion equals the trace's at both 1 s and 1 min (to Poisson
+noise; `fit` prints trace against generated). Long traces get wider steps (at most `MAX_CURVE_STEPS`).
+`arrivals="gamma"` writes the compact gamma renewal process instead.
+
+Classes: when the trace's requests carry two or more tags (BurstGPT's model), each tag with at least
+`MIN_CLASS_REQUESTS` requests becomes a request class with its own fitted lengths, weighted by its share.
 
 Lengths: a lognormal by maximum likelihood on ln(tokens) with its KS distance, and an empirical inverse
 CDF through ~100 quantiles. `choose="auto"` writes the lognormal when regenerating from it lands p50,
@@ -16,24 +29,39 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from scipy import stats
 
 from slobench.errors import SpecError, UsageError
-from slobench.workload.arrivals import GammaArrivals
+from slobench.workload.arrivals import ArrivalProcess, GammaArrivals
 from slobench.workload.lengths import EmpiricalLength, LengthDist, LogNormalLength
-from slobench.workload.spec import WorkloadSpec
+from slobench.workload.phases import CurveArrivals, RequestClass
+from slobench.workload.spec import WorkloadSpec, generate
 from slobench.workload.traces import Trace
 
-__all__ = ["ArrivalFit", "LengthFit", "TraceFit", "dumps_toml", "fit_trace"]
+__all__ = ["ArrivalFit", "LengthFit", "TraceFit", "dispersion", "dumps_toml", "fit_rate_curve", "fit_trace"]
 
 CHECK_QUANTILES = (0.5, 0.9, 0.99)
 TOLERANCE = 0.10
 _GRID = np.unique(np.concatenate([np.linspace(0, 1, 101), [0.001, 0.005, 0.995, 0.999]]))
 _CHECK_SAMPLES = 200_000  # enough that the regenerated p99 is not itself noisy
+MAX_CURVE_STEPS = 21_600  # six hours at one step per second; longer traces get wider steps
+MIN_CLASS_REQUESTS = 20
+ARRIVAL_MODELS = ("curve", "gamma")
+
+
+def dispersion(t: np.ndarray, bin_s: float, span_s: float | None = None) -> float:
+    """Variance / mean of the counts in consecutive `bin_s` bins from 0 over whole bins of `span_s`
+    (default: the last arrival); nan with fewer than two bins."""
+    span = float(t[-1]) if span_s is None else span_s
+    num_bins = int(span // bin_s)
+    if num_bins < 2:
+        return math.nan
+    counts = np.bincount((np.asarray(t) // bin_s).astype(np.int64), minlength=num_bins)[:num_bins]
+    return float(counts.var() / counts.mean()) if counts.mean() > 0 else math.nan
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,13 +71,15 @@ class ArrivalFit:
     gap_cv_gamma_mle: float
     ks_gamma: float
     dispersion_per_minute: float  # variance / mean of per-minute counts; nan when the trace is < 2 min
+    dispersion_per_second: float = math.nan
 
     def __str__(self) -> str:
-        disp = "n/a" if math.isnan(self.dispersion_per_minute) else f"{self.dispersion_per_minute:.1f}"
+        d1, d60 = (("n/a" if math.isnan(d) else f"{d:.1f}") for d in (self.dispersion_per_second,
+                                                                         self.dispersion_per_minute))  # fmt: skip
         return (
             f"arrivals: {self.rate_rps:.3f} req/s; gap CV {self.gap_cv_moments:.2f} (moments), "
             f"{self.gap_cv_gamma_mle:.2f} (gamma MLE, KS {self.ks_gamma:.3f}); "
-            f"per-minute count variance/mean {disp} (1 = Poisson)"
+            f"count variance/mean {d1} per second, {d60} per minute (1 = Poisson)"
         )
 
 
@@ -122,13 +152,105 @@ def fit_arrivals(t: np.ndarray) -> ArrivalFit:
         cv_mle = 1.0 / math.sqrt(shape)
     else:  # evenly spaced: a constant process is the honest fit
         cv_mle, ks = 1e-3, 0.0
-    span = float(t[-1] - t[0])
-    if span >= 120:
-        counts = np.bincount(((t - t[0]) // 60).astype(np.int64))[: int(span // 60)]
-        disp = float(counts.var() / counts.mean()) if counts.mean() > 0 else math.nan
-    else:
-        disp = math.nan
-    return ArrivalFit(rate, cv_mom, cv_mle, ks, disp)
+    return ArrivalFit(rate, cv_mom, cv_mle, ks, dispersion(t - t[0], 60.0), dispersion(t - t[0], 1.0))
+
+
+@dataclass(frozen=True, slots=True)
+class CurveFit:
+    """The modulated-Poisson rate curve (see the module doc): one rate per `step_s` step."""
+
+    step_s: float
+    rates_rps: np.ndarray
+    a: float  # weight of the minute-scale swings
+    b: float  # weight of the step-scale swings within a minute
+
+    def arrival(self) -> CurveArrivals:
+        """Steps as a piecewise-linear curve: each run of equal rates is flat, with 1 µs ramps between;
+        after the trace's span the rate is the mean."""
+        r = np.round(self.rates_rps, 6)
+        starts = np.flatnonzero(np.diff(r, prepend=np.nan))  # the first step of each run of equal rates
+        ends = np.append(starts[1:], len(r))
+        points: list[tuple[float, float]] = []
+        for i, j in zip(starts.tolist(), ends.tolist(), strict=True):
+            points += [(i * self.step_s, float(r[i])), (j * self.step_s - 1e-6, float(r[i]))]
+        points.append((len(r) * self.step_s, round(float(self.rates_rps.mean()), 6)))
+        return CurveArrivals(tuple(points))
+
+    def __str__(self) -> str:
+        return (f"arrival model: Poisson modulated by the trace's rate curve, {len(self.rates_rps)} steps of "
+                f"{self.step_s:g} s (minute-scale weight a = {self.a:.3f}, within-minute b = {self.b:.3f})")  # fmt: skip
+
+
+def fit_rate_curve(t: np.ndarray) -> CurveFit:
+    """Per-step rates whose modulated Poisson process has the trace's count dispersion at one step and at
+    60 steps (1 s and 1 min for traces up to MAX_CURVE_STEPS seconds)."""
+    t = np.sort(np.asarray(t, dtype=np.float64))
+    t = t - t[0]
+    span = float(t[-1])
+    if span <= 0:
+        raise UsageError("fitting a rate curve needs arrivals at two or more distinct times")
+    step = float(max(1, math.ceil(span / MAX_CURVE_STEPS)))
+    num_steps = max(1, math.ceil(span / step))
+    c = np.bincount(np.minimum((t // step).astype(np.int64), num_steps - 1), minlength=num_steps).astype(float)
+    mu = float(c.mean())
+    num_minutes = num_steps // 60
+    m = np.repeat([c[i : i + 60].mean() for i in range(0, num_steps, 60)], 60)[:num_steps]
+    if num_minutes >= 2:
+        minutes = c[: num_minutes * 60].reshape(num_minutes, 60).sum(axis=1)
+        var_min = float(minutes.var())
+        d_min = var_min / float(minutes.mean())
+        a2 = min(1.0, max(0.0, (d_min - 1.0) / d_min)) if d_min > 0 else 0.0
+    else:  # under two minutes: no minute scale to keep
+        m = np.full(num_steps, mu)
+        var_min, a2 = 0.0, 0.0
+    within = float(((c - m) ** 2).mean())
+    d_step = float(c.var()) / mu
+    b2 = (mu * (d_step - 1.0) - a2 * var_min / 3600.0) / within if within > 0 else 0.0
+    a, b = math.sqrt(a2), math.sqrt(min(1.0, max(0.0, b2)))
+    rates = np.maximum(mu + a * (m - mu) + b * (c - m), 0.0)
+    rates *= mu / rates.mean()  # clipping at 0 must not move the mean
+    return CurveFit(step, rates / step, a, b)
+
+
+@dataclass(frozen=True, slots=True)
+class ClassFit:
+    name: str
+    tags: tuple[str, ...]  # the trace tags it stands for ("other" gathers the small ones)
+    num_requests: int
+    input: LengthFit
+    output: LengthFit
+
+    def __str__(self) -> str:
+        return (f"class {self.name}: {self.num_requests} requests; input p50/p99 "
+                f"{self.input.trace_quantiles[0]:g}/{self.input.trace_quantiles[2]:g} ({self.input.chosen}), "
+                f"output p50/p99 {self.output.trace_quantiles[0]:g}/{self.output.trace_quantiles[2]:g} "
+                f"({self.output.chosen})")  # fmt: skip
+
+
+def _class_name(tag: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", tag).strip("-") or "untagged"
+
+
+def fit_classes(trace: Trace, *, choose: str = "auto", seed: int = 0) -> tuple[ClassFit, ...]:
+    """One class per tag with at least MIN_CLASS_REQUESTS requests, the rest as "other"; () when the trace
+    has fewer than two such groups."""
+    tags = np.array([e.tag for e in trace.entries])
+    names, counts = np.unique(tags, return_counts=True)
+    big = [str(n) for n, k in zip(names, counts, strict=True) if k >= MIN_CLASS_REQUESTS]
+    small = [str(n) for n, k in zip(names, counts, strict=True) if k < MIN_CLASS_REQUESTS]
+    groups: list[tuple[str, tuple[str, ...]]] = [(_class_name(t), (t,)) for t in big]
+    if sum(int(k) for n, k in zip(names, counts, strict=True) if str(n) in small) >= MIN_CLASS_REQUESTS:
+        groups.append(("other", tuple(small)))
+    if len(groups) < 2 or len({g for g, _ in groups}) != len(groups):
+        return ()
+    ins, outs = trace.input_tokens, trace.output_tokens
+    out: list[ClassFit] = []
+    for i, (name, members) in enumerate(groups):
+        sel = np.isin(tags, members)
+        out.append(ClassFit(name, members, int(sel.sum()),
+                            fit_lengths(ins[sel], f"{name} input", choose=choose, seed=seed + 2 + 2 * i),
+                            fit_lengths(outs[sel], f"{name} output", choose=choose, seed=seed + 3 + 2 * i)))  # fmt: skip
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +262,14 @@ class TraceFit:
     arrival: ArrivalFit
     input: LengthFit
     output: LengthFit
+    curve: CurveFit | None = None  # None: the gamma renewal process
+    classes: tuple[ClassFit, ...] = ()
+    comparison: tuple[str, ...] = ()  # trace against generated, filled by fit_trace
+
+    def _arrival_process(self) -> ArrivalProcess:
+        if self.curve is not None:
+            return self.curve.arrival()
+        return GammaArrivals(round(self.arrival.rate_rps, 6), round(self.arrival.gap_cv_gamma_mle, 4))
 
     def spec(self) -> WorkloadSpec:
         name = re.sub(r"[^A-Za-z0-9_.-]+", "-", self.trace_name).strip("-") or "fitted"
@@ -148,32 +278,86 @@ class TraceFit:
             description=f"fitted to {self.trace_name}: {self.num_requests} requests over {self.span_s:.0f} s",
             input=self.input.dist,
             output=self.output.dist,
-            arrival=GammaArrivals(round(self.arrival.rate_rps, 6), round(self.arrival.gap_cv_gamma_mle, 4)),
+            arrival=self._arrival_process(),
             num_requests=self.num_requests,
+            duration_s=round(self.span_s, 6) if self.curve is not None else None,
+            classes=tuple(RequestClass(c.name, c.input.dist, c.output.dist) for c in self.classes),
+            mix=tuple((c.name, float(c.num_requests)) for c in self.classes),
         )
 
     def report(self) -> str:
-        return "\n".join([
-            f"{self.trace_path}: {self.num_requests} requests over {self.span_s:.1f} s",
-            str(self.arrival), str(self.input), str(self.output),
-        ])  # fmt: skip
+        lines = [f"{self.trace_path}: {self.num_requests} requests over {self.span_s:.1f} s", str(self.arrival)]
+        lines += [str(self.curve)] if self.curve is not None else [
+            "arrival model: gamma renewal process (rate and gamma-MLE CV above)"]
+        lines += [str(self.input), str(self.output), *(str(c) for c in self.classes), *self.comparison]
+        return "\n".join(lines)
 
     def to_toml(self) -> str:
         header = [
             f"Fitted by `slobench workload fit` to {self.trace_path}.",
             *self.report().splitlines()[1:],
-            "A gamma renewal process holds the gaps' bulk, not long pauses or rate swings: replay the",
-            "trace itself (slobench run --trace) when those matter.",
         ]
+        if self.curve is None:
+            header += ["A gamma renewal process holds the gaps' bulk, not long pauses or rate swings: fit with",
+                       "--arrivals curve, or replay the trace itself (slobench run --trace), when those matter."]
         return dumps_toml(self.spec().to_dict(), header)
 
 
-def fit_trace(trace: Trace, *, choose: str = "auto", seed: int = 0) -> TraceFit:
-    return TraceFit(
+def _quantiles(x: np.ndarray) -> str:
+    return "/".join(f"{v:.0f}" for v in np.quantile(x, CHECK_QUANTILES)) if len(x) else "-"
+
+
+def compare(trace: Trace, spec: WorkloadSpec, classes: tuple[ClassFit, ...], seed: int) -> tuple[str, ...]:
+    """Trace against one run generated from the spec (its own bounds, `seed`): what `fit` prints."""
+    reqs = generate(spec, seed=seed)
+    g_t = np.array([r.arrival_s for r in reqs])
+    g_in = np.array([r.input_tokens for r in reqs])
+    g_out = np.array([r.max_tokens for r in reqs])
+    t = trace.arrival_s
+    span = float(t[-1] - t[0])
+
+    def cv(x: np.ndarray) -> float:
+        gaps = np.diff(x)
+        return float(gaps.std() / gaps.mean()) if len(gaps) > 1 and gaps.mean() > 0 else math.nan
+
+    def off(a: float, b: float) -> str:
+        return "" if not (math.isfinite(a) and math.isfinite(b) and a) else f"{b / a - 1:+.0%}"
+
+    rows = [("requests", float(len(t)), float(len(g_t))),
+            ("mean rate, req/s", len(t) / span if span else math.nan, len(g_t) / span if span else math.nan),
+            ("gap CV", cv(t), cv(g_t)),
+            ("dispersion, 1 s", dispersion(t - t[0], 1.0, span), dispersion(g_t, 1.0, span)),
+            ("dispersion, 1 min", dispersion(t - t[0], 60.0, span), dispersion(g_t, 60.0, span))]  # fmt: skip
+    out = [f"trace vs generated (seed {seed}, {len(g_t)} requests from the spec written):",
+           f"  {'':<20}{'trace':>18}{'generated':>18}"]  # fmt: skip
+    out += [f"  {k:<20}{a:>18.4g}{b:>18.4g}  {off(a, b)}" for k, a, b in rows]
+    out += [f"  {'input p50/p90/p99':<20}{_quantiles(trace.input_tokens):>18}{_quantiles(g_in):>18}",
+            f"  {'output p50/p90/p99':<20}{_quantiles(trace.output_tokens):>18}{_quantiles(g_out):>18}"]  # fmt: skip
+    tags = np.array([e.tag for e in trace.entries])
+    g_tags = np.array([r.tag.rsplit("/", 1)[-1] for r in reqs])
+    for c in classes:
+        sel, g_sel = np.isin(tags, c.tags), g_tags == c.name
+        out += [f"  class {c.name}: share {sel.mean():.1%} vs {g_sel.mean():.1%}; input p50/p90/p99 "
+                f"{_quantiles(trace.input_tokens[sel])} vs {_quantiles(g_in[g_sel])}; output "
+                f"{_quantiles(trace.output_tokens[sel])} vs {_quantiles(g_out[g_sel])}"]  # fmt: skip
+    return tuple(out)
+
+
+def fit_trace(trace: Trace, *, choose: str = "auto", seed: int = 0, arrivals: str = "curve",
+              check: bool = True) -> TraceFit:  # fmt: skip
+    """Fit `trace`; with `check`, one run generated from the fitted spec is compared with the trace."""
+    if arrivals not in ARRIVAL_MODELS:
+        raise SpecError("arrivals", arrivals, f"must be one of {list(ARRIVAL_MODELS)}")
+    fit = TraceFit(
         trace.name, trace.path, len(trace.entries), trace.span_s, fit_arrivals(trace.arrival_s),
         fit_lengths(trace.input_tokens, "input", choose=choose, seed=seed),
         fit_lengths(trace.output_tokens, "output", choose=choose, seed=seed + 1),
+        fit_rate_curve(trace.arrival_s) if arrivals == "curve" else None,
+        fit_classes(trace, choose=choose, seed=seed),
     )  # fmt: skip
+    if not check:
+        return fit
+    return replace(fit, comparison=compare(trace, fit.spec(), fit.classes, seed))
 
 
 # ---- a small TOML writer (what WorkloadSpec.to_dict produces; no dates, no nulls) ----------------------
@@ -228,7 +412,10 @@ def _emit(path: list[str], d: dict[str, Any], out: list[str]) -> None:
     for k, v in d.items():
         if v is None or isinstance(v, dict) or _is_table_array(v):
             continue
-        out.append(f"{_key(k)} = {_value(v)}")
+        if isinstance(v, list | tuple) and len(v) > 8 and all(isinstance(x, list | tuple) for x in v):
+            out.append(f"{_key(k)} = [\n" + "".join(f"  {_value(x)},\n" for x in v) + "]")  # a long curve
+        else:
+            out.append(f"{_key(k)} = {_value(v)}")
     for k, v in d.items():
         sub = [*path, _key(k)]
         if isinstance(v, dict):
