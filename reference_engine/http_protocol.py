@@ -5,11 +5,17 @@ that opens and sends nothing, or sends half a request line and stops (slow-loris
 a connection must finish each request head within `header_timeout_s` of connecting, or of its first
 byte after a keep-alive pause; otherwise it is closed. A slow *body* is bounded in the handler instead
 (see `server.read_body`).
+
+It also keeps each open connection's transport by peer address, so that the fault injector
+(`reference_engine.faults`) can reset one from inside a handler, which ASGI gives no way to do.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import struct
 from typing import Any
 
 import h11
@@ -18,6 +24,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_KEEP_ALIVE_S = 5  # uvicorn's and vLLM's default, said explicitly
 DEFAULT_BODY_TIMEOUT_S = 30.0
+
+_OPEN: dict[tuple[str, int], asyncio.Transport] = {}  # peer address -> its connection's transport
 
 
 class HeadDeadlineH11Protocol(H11Protocol):
@@ -29,6 +37,8 @@ class HeadDeadlineH11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if self.client is not None:
+            _OPEN[self.client] = transport
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -41,6 +51,8 @@ class HeadDeadlineH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self.client is not None and _OPEN.get(self.client) is self.transport:
+            del _OPEN[self.client]
         super().connection_lost(exc)
 
     def _arm(self) -> None:
@@ -63,3 +75,16 @@ def protocol_with(header_timeout_s: float) -> type[HeadDeadlineH11Protocol]:
     if not header_timeout_s > 0:
         raise ValueError(f"header_timeout_s must be > 0 (got {header_timeout_s!r})")
     return type("HeadDeadlineH11Protocol", (HeadDeadlineH11Protocol,), {"header_timeout_s": header_timeout_s})
+
+
+def reset_connection(client: Any) -> bool:
+    """Abort the connection from peer `client` (host, port) with a TCP RST; False when it is not ours."""
+    transport = _OPEN.get(tuple(client)) if client is not None else None
+    if transport is None or transport.is_closing():
+        return False
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):  # linger 0: close() sends RST and drops unsent data
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+    return True

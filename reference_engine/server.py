@@ -25,16 +25,19 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import Counter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from reference_engine.builder import build_engine
 from reference_engine.engine import ERROR_FINISH_REASON, LLMEngine, TokenEvent
+from reference_engine.faults import Fault, FaultInjector, FaultSpec, parse_faults
 from reference_engine.http_protocol import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_KEEP_ALIVE_S,
     protocol_with,
+    reset_connection,
 )
 from reference_engine.metrics import CONTENT_TYPE, EngineMetrics
 from reference_engine.protocol import (
@@ -89,6 +92,7 @@ def build_app(
     *,
     on_ready: Callable[[], None] | None = None,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    faults: FaultSpec | None = None,
 ) -> FastAPI:
     """The app; its lifespan starts the engine's thread (and stops it on shutdown)."""
     metrics = EngineMetrics(model_name, engine.stats)
@@ -108,6 +112,9 @@ def build_app(
     app = FastAPI(title="slobench reference engine", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine = engine
     app.state.metrics = metrics
+    injector = FaultInjector(faults) if faults is not None and faults.is_active else None
+    injected = Counter("slobench_engine:faults_injected", "Faults injected (slobench serve --faults), by kind.",
+                       ["kind"], registry=metrics.registry) if injector is not None else None
 
     # ---- errors, all in OpenAI's shape -----------------------------------------------------------------
     @app.exception_handler(BadRequest)
@@ -170,16 +177,46 @@ def build_app(
     async def completions(request: Request) -> Response:
         check_auth(request)
         req = parse_completion(await json_body(request), model_name, tokenizer, max_model_len)
-        return await generate(request, req, is_chat=False)
+        return await generate(request, req, is_chat=False, fault=injector.draw() if injector else None)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         check_auth(request)
         req = parse_chat(await json_body(request), model_name, tokenizer, max_model_len)
-        return await generate(request, req, is_chat=True)
+        return await generate(request, req, is_chat=True, fault=injector.draw() if injector else None)
 
     # ---- the bridge to the engine ----------------------------------------------------------------------
-    async def generate(request: Request, req: GenerationRequest, *, is_chat: bool) -> Response:
+    # ---- injected faults (FaultSpec: error, reset, stall, slow-headers) --------------------------------
+    def strike(fault: Fault) -> None:
+        assert injected is not None
+        injected.labels(fault.kind).inc()
+
+    async def faulty(chunks: AsyncIterator[str], fault: Fault, live: _Live, request: Request
+                     ) -> AsyncIterator[str]:  # fmt: skip
+        """The stream, reset or stalled after `fault.after_chunks` chunks; one that has already carried its
+        finish_reason by then escapes (the client has its answer: a fault there would not be one)."""
+        assert faults is not None
+        num_chunks = 0
+        async for chunk in chunks:
+            yield chunk
+            num_chunks += 1
+            if num_chunks == fault.after_chunks and not live.finished:
+                strike(fault)
+                if fault.kind == "reset":
+                    reset_connection(request.client)
+                    return  # without a socket of ours (in-process tests) the stream just stops short
+                await asyncio.sleep(faults.stall_s)
+
+    async def generate(request: Request, req: GenerationRequest, *, is_chat: bool, fault: Fault | None = None
+                       ) -> Response:  # fmt: skip
+        if fault is not None and fault.kind == "error":
+            strike(fault)
+            return _error(500, "injected fault: internal server error (slobench serve --faults)", "server_error",
+                          None, 500)
+        if fault is not None and fault.kind == "slow-headers":
+            assert faults is not None
+            strike(fault)
+            await asyncio.sleep(faults.slow_headers_s)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
 
@@ -204,13 +241,24 @@ def build_app(
                 engine.abort(rid)
 
         if req.stream:
-            return _AbortingStreamingResponse(
-                stream(live, shape, req), abort_unless_finished
-            )
+            chunks = stream(live, shape, req)
+            if fault is not None and fault.kind in ("reset", "stall"):
+                chunks = faulty(chunks, fault, live, request)
+            return _AbortingStreamingResponse(chunks, abort_unless_finished)
         try:
-            return await whole(request, live, shape, req)
+            response = await whole(request, live, shape, req)
         finally:
             abort_unless_finished()
+        if fault is not None and fault.kind in ("reset", "stall") and response.status_code == 200:
+            assert faults is not None
+            strike(fault)
+            if fault.kind == "stall":
+                await asyncio.sleep(faults.stall_s)
+            elif reset_connection(request.client):
+                return Response(status_code=499)  # the connection is gone; nobody reads this
+            else:
+                return _error(502, "injected fault: connection reset", "server_error", None, 502)
+        return response
 
     async def stream(live: _Live, shape: ResponseShape, req: GenerationRequest) -> AsyncIterator[str]:
         text_out = req.output_text()
@@ -314,6 +362,7 @@ def serve(
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
     keep_alive_s: int = DEFAULT_KEEP_ALIVE_S,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    faults: FaultSpec | None = None,
     **engine_knobs: Any,
 ) -> None:
     """Build the engine, bind (port 0 picks a free one), print `LISTENING <port>` once ready, serve."""
@@ -327,7 +376,8 @@ def serve(
     def ready() -> None:
         print(f"LISTENING {bound_port}", flush=True)
 
-    app = build_app(engine, name, tokenizer, api_key, on_ready=ready, body_timeout_s=body_timeout_s)
+    app = build_app(engine, name, tokenizer, api_key, on_ready=ready, body_timeout_s=body_timeout_s,
+                    faults=faults)
     # Idle and slow connections are closed: a head must arrive within header_timeout_s, a body within
     # body_timeout_s, and an idle keep-alive connection lasts keep_alive_s (issue 13, slow-loris).
     config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5,
@@ -374,6 +424,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
       help=f"answer 408 when a request body takes longer than S seconds (default: {DEFAULT_BODY_TIMEOUT_S:g})")
     a("--keep-alive", type=int, default=DEFAULT_KEEP_ALIVE_S, metavar="S",
       help=f"close an idle keep-alive connection after S seconds (default: {DEFAULT_KEEP_ALIVE_S})")
+    a("--faults", default=None, metavar="KIND=P,...",
+      help="inject faults into generation requests, each with its probability: error (HTTP 500), reset (TCP "
+           "reset mid-stream), stall (the stream pauses --fault-stall-s), slow-headers (headers held back "
+           "--fault-delay-s); e.g. error=0.02,reset=0.01,stall=0.005,slow-headers=0.01")
+    a("--fault-seed", type=int, default=None, help="seed of the fault draws (default: --seed)")
+    a("--fault-stall-s", type=_positive_float, default=60.0, metavar="S", help="a stall's length (default: 60)")
+    a("--fault-delay-s", type=_positive_float, default=5.0, metavar="S",
+      help="how long slow-headers holds a response back (default: 5)")
 
 
 def _positive_float(text: str) -> float:
@@ -386,11 +444,24 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def faults_from_args(args: argparse.Namespace) -> FaultSpec | None:
+    """The --faults spec, or exit 2 with one line naming what is wrong (before the engine is built)."""
+    if args.faults is None:
+        return None
+    try:
+        return parse_faults(args.faults, stall_s=args.fault_stall_s, slow_headers_s=args.fault_delay_s,
+                            seed=args.seed if args.fault_seed is None else args.fault_seed)
+    except ValueError as e:
+        print(f"slobench serve: --faults: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def serve_from_args(args: argparse.Namespace) -> None:
+    faults = faults_from_args(args)
     serve(
         args.host, args.port, api_key=args.api_key, served_model_name=args.served_model_name,
         log_level=args.log_level, header_timeout_s=args.header_timeout, keep_alive_s=args.keep_alive,
-        body_timeout_s=args.body_timeout, model=args.model, executor=args.executor, profile=args.profile,
+        body_timeout_s=args.body_timeout, faults=faults, model=args.model, executor=args.executor, profile=args.profile,
         kv_blocks=args.kv_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
         max_batched_tokens=args.max_batched_tokens, max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_caching, dtype=args.dtype, device=args.device, seed=args.seed,
