@@ -77,7 +77,14 @@ def replay_scale(trace: Trace, *, start_s: float = 0.0, time_scale: float | None
     if not (math.isfinite(rate_rps) and rate_rps > 0):
         raise SpecError("rate_rps", rate_rps, "must be a finite number > 0")
     t = trace.arrival_s
-    t = t[t >= start_s]
+    return rate_scale(t[t >= start_s], trace.path, start_s=start_s, rate_rps=rate_rps, duration_s=duration_s,
+                      num_requests=num_requests)  # fmt: skip
+
+
+def rate_scale(t: np.ndarray, path: str, *, start_s: float, rate_rps: float, duration_s: float | None,
+               num_requests: int | None) -> float:  # fmt: skip
+    """replay_scale's arithmetic on the arrival times from `start_s` on (at least the window's, and with
+    `duration_s` one more)."""
     if num_requests is not None:
         t = t[: max(num_requests, 2)]
     elif duration_s is not None and math.isfinite(duration_s) and duration_s > 0:
@@ -85,15 +92,15 @@ def replay_scale(trace: Trace, *, start_s: float = 0.0, time_scale: float | None
         if n < len(t) and t[n] > start_s:  # t[n] is the first request left out: it lands at duration_s
             return duration_s / float(t[n] - start_s)
     if len(t) < 2 or t[-1] <= t[0]:
-        raise UsageError(f"{trace.path}: cannot rescale to a rate: fewer than two distinct arrival times "
+        raise UsageError(f"{path}: cannot rescale to a rate: fewer than two distinct arrival times "
                          f"after --start {start_s:g}")  # fmt: skip
     native_rps = (len(t) - 1) / float(t[-1] - t[0])
     return native_rps / rate_rps
 
 
-def _salt(trace: Trace, scale: float, seed: int) -> int:
+def _salt(name: str, scale: float, seed: int) -> int:
     bits = int(np.float64(scale).view(np.uint64))
-    return (seed << 40) ^ (zlib.crc32(trace.name.encode()) << 8) ^ bits
+    return (seed << 40) ^ (zlib.crc32(name.encode()) << 8) ^ bits
 
 
 def _window(trace: Trace, start_s: float, scale: float, duration_s: float | None,
@@ -127,12 +134,13 @@ def _window(trace: Trace, start_s: float, scale: float, duration_s: float | None
 class _Prompts:
     """Builds each request's prompt as an id array (token ids, or word indices for text)."""
 
-    def __init__(self, trace: Trace, key: int, is_text: bool, id_range: tuple[int, int]) -> None:
-        self.trace = trace
+    def __init__(self, block_tokens: int, key: int, is_text: bool, id_range: tuple[int, int]) -> None:
+        self.block_tokens = block_tokens
         self.key = key
         self.is_text = is_text
         self.id_range = (0, len(WORDS)) if is_text else id_range
         self.blocks: dict[int, np.ndarray] = {}
+        self.by_session: dict[int, np.ndarray] = {}  # a session's latest prompt ids
         self.rng = np.random.default_rng(np.random.SeedSequence(key & ((1 << 63) - 1), spawn_key=(0x70,)))
 
     def fresh(self, n: int) -> np.ndarray:
@@ -140,7 +148,7 @@ class _Prompts:
         return self.rng.integers(lo, hi, size=n, dtype=np.int64)
 
     def from_blocks(self, hash_ids: tuple[int, ...], n: int) -> np.ndarray:
-        size = self.trace.block_tokens
+        size = self.block_tokens
         parts: list[np.ndarray] = []
         have = 0
         for h in hash_ids:
@@ -158,6 +166,21 @@ class _Prompts:
 
     def finish(self, ids: np.ndarray) -> str | tuple[int, ...]:
         return ids_to_prompt(ids, self.is_text, self.id_range)
+
+    def one(self, e: TraceEntry) -> str | tuple[int, ...] | None:
+        """The prompt of `e` when it has its own, hash blocks or a session; None for a plain row."""
+        own = e.prompt
+        if own is not None and isinstance(own, str) == self.is_text:
+            return own
+        if e.hash_ids:
+            return self.finish(self.from_blocks(e.hash_ids, e.input_tokens))
+        if e.session_id is None:
+            return None
+        prev = self.by_session.get(e.session_id)
+        grow = e.input_tokens - (0 if prev is None else len(prev))
+        ids = self.fresh(e.input_tokens) if prev is None or grow < 0 else np.concatenate([prev, self.fresh(grow)])
+        self.by_session[e.session_id] = ids
+        return self.finish(ids)
 
 
 def replay(
@@ -180,26 +203,10 @@ def replay(
                          num_requests=num_requests)  # fmt: skip
     kept, times = _window(trace, start_s, scale, duration_s, num_requests)
     is_text = api == "chat" or prompt == "text"
-    key = _salt(trace, scale, seed)
-    builder = _Prompts(trace, key, is_text, token_ids)
-    prompts: list[str | tuple[int, ...] | None] = [None] * len(kept)
-    by_session: dict[int, np.ndarray] = {}
-    plain: list[int] = []
-    for i, e in enumerate(kept):
-        own = e.prompt
-        if own is not None and isinstance(own, str) == is_text:
-            prompts[i] = own
-        elif e.hash_ids:
-            prompts[i] = builder.finish(builder.from_blocks(e.hash_ids, e.input_tokens))
-        elif e.session_id is not None:
-            prev = by_session.get(e.session_id)
-            grow = e.input_tokens - (0 if prev is None else len(prev))
-            ids = builder.fresh(e.input_tokens) if prev is None or grow < 0 else (
-                np.concatenate([prev, builder.fresh(grow)]))
-            by_session[e.session_id] = ids
-            prompts[i] = builder.finish(ids)
-        else:
-            plain.append(i)
+    key = _salt(trace.name, scale, seed)
+    builder = _Prompts(trace.block_tokens, key, is_text, token_ids)
+    prompts = [builder.one(e) for e in kept]
+    plain = [i for i, p in enumerate(prompts) if p is None]
     # The common case (Azure, BurstGPT) in one batch: the fast path the synthetic workloads use.
     rng = np.random.default_rng(np.random.SeedSequence(key & ((1 << 63) - 1), spawn_key=(0x71,)))
     lengths = [kept[i].input_tokens for i in plain]
@@ -207,16 +214,18 @@ def replay(
     for i, p in zip(plain, batch, strict=True):
         prompts[i] = p
     pin = min_tokens == "max"
-    out: list[RequestSpec] = []
-    for i, (e, t, p) in enumerate(zip(kept, times, prompts, strict=True)):
-        assert p is not None
-        n_in = len(p) if isinstance(p, tuple) else (e.input_tokens if e.prompt is not None else len(p.split()))
-        out.append(RequestSpec(
-            request_id=i, arrival_s=t, prompt=p, input_tokens=n_in, max_tokens=e.output_tokens,
-            min_tokens=e.output_tokens if pin else None, ignore_eos=ignore_eos,
-            tag=e.tag or trace.name, session_id=e.session_id,
-        ))  # fmt: skip
-    return out
+    return [request_spec(i, e, t, p, trace.name, pin, ignore_eos)  # type: ignore[arg-type]
+            for i, (e, t, p) in enumerate(zip(kept, times, prompts, strict=True))]  # fmt: skip
+
+
+def request_spec(i: int, e: TraceEntry, t: float, p: str | tuple[int, ...], name: str, pin: bool,
+                 ignore_eos: bool) -> RequestSpec:  # fmt: skip
+    n_in = len(p) if isinstance(p, tuple) else (e.input_tokens if e.prompt is not None else len(p.split()))
+    return RequestSpec(
+        request_id=i, arrival_s=t, prompt=p, input_tokens=n_in, max_tokens=e.output_tokens,
+        min_tokens=e.output_tokens if pin else None, ignore_eos=ignore_eos, tag=e.tag or name,
+        session_id=e.session_id,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

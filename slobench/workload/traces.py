@@ -263,7 +263,6 @@ def load_trace(path: str | Path, fmt: str | None = None, *, seed: int = 0, sprea
         raise UsageError(f"--trace-format: unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     _read_head(path)  # the same not-found / directory messages for every format
     rows: list[TraceEntry] = []
-    problems: list[RowProblem] = []
     notes: list[str] = []
     if fmt in ("azure", "burstgpt"):
         parsed: Iterable[TraceEntry | RowProblem] = _csv_rows(path, fmt)
@@ -271,65 +270,90 @@ def load_trace(path: str | Path, fmt: str | None = None, *, seed: int = 0, sprea
         parsed = _sharegpt_rows(path, seed, notes)
     else:
         parsed = _jsonl_rows(path, fmt)
-    zero_in = zero_out = num_zero = 0
+    counts = RowCounts(fmt, keep_zero)
     try:
         for item in parsed:
-            if isinstance(item, RowProblem):
-                problems.append(item)
-                continue
-            if item.input_tokens == 0 or item.output_tokens == 0:
-                num_zero += 1
-                zero_in += item.input_tokens == 0
-                zero_out += item.output_tokens == 0
-                if not keep_zero:
-                    continue
-                item = replace(item, input_tokens=max(item.input_tokens, 1), output_tokens=max(item.output_tokens, 1))
-            rows.append(item)
+            e = counts.admit(item)
+            if e is not None:
+                rows.append(e)
     except (OSError, EOFError, lzma.LZMAError) as e:  # a damaged compressed file
         raise UsageError(f"{path}: cannot read the {compression(path)}-compressed file: {e}") from None
-    num_rows = len(rows) + len(problems) + (0 if keep_zero else num_zero)
-    if num_zero:
-        notes.append(_zero_note(fmt, num_rows, num_zero, zero_in, zero_out, keep_zero))
     if rows:
         t0 = min(e.arrival_s for e in rows)
         rows = [_shift(e, t0) for e in rows]
         rows.sort(key=lambda e: e.arrival_s)  # stable: ties keep file order
         if spread and fmt in _STAMPED:
             rows = _spread_buckets(rows, seed, notes)
-        rows = _with_history(rows, notes)
-    return Trace(str(path), fmt, tuple(rows), tuple(problems), tuple(notes), num_rows,
-                 num_zero_dropped=0 if keep_zero else num_zero, num_zero_kept=num_zero if keep_zero else 0)  # fmt: skip
+        rows = [counts.with_history(e) for e in rows]
+    notes += counts.notes()
+    return Trace(str(path), fmt, tuple(rows), tuple(counts.problems), tuple(notes), counts.num_rows,
+                 num_zero_dropped=0 if keep_zero else counts.num_zero,
+                 num_zero_kept=counts.num_zero if keep_zero else 0)  # fmt: skip
 
 
 _STAMPED = ("azure", "burstgpt", "mooncake")  # slobench JSONL times are exact; ShareGPT's are made up
 
 
-def _with_history(rows: list[TraceEntry], notes: list[str]) -> list[TraceEntry]:
-    """Session turns whose input count is smaller than the conversation so far get the history added
-    (see the module doc); rows in arrival order."""
-    last: dict[int, tuple[int, int]] = {}  # session -> (input, output) of its latest turn
-    out: list[TraceEntry] = []
-    num_turns = num_grown = added = 0
-    for e in rows:
-        if e.session_id is None or e.prompt is not None:
-            out.append(e)
-            continue
+@dataclass(slots=True)
+class RowCounts:
+    """A loader's row-by-row bookkeeping, the source of its notes: unreadable rows, zero-token rows (left
+    out or raised to 1), and session turns sent with their history (see the module doc)."""
+
+    fmt: str
+    keep_zero: bool = False
+    num_rows: int = 0
+    problems: list[RowProblem] = field(default_factory=list)
+    num_zero: int = 0
+    zero_in: int = 0
+    zero_out: int = 0
+    last_turn: dict[int, tuple[int, int]] = field(default_factory=dict)  # session -> (input, output)
+    num_turns: int = 0
+    num_grown: int = 0
+    tokens_added: int = 0
+
+    def admit(self, item: TraceEntry | RowProblem) -> TraceEntry | None:
+        """The entry to keep for a parsed row, or None (unreadable, or zero tokens and not kept)."""
+        self.num_rows += 1
+        if isinstance(item, RowProblem):
+            self.problems.append(item)
+            return None
+        if item.input_tokens and item.output_tokens:
+            return item
+        self.num_zero += 1
+        self.zero_in += item.input_tokens == 0
+        self.zero_out += item.output_tokens == 0
+        if not self.keep_zero:
+            return None
+        return replace(item, input_tokens=max(item.input_tokens, 1), output_tokens=max(item.output_tokens, 1))
+
+    def with_history(self, e: TraceEntry) -> TraceEntry:
+        """`e`, a session's later turn whose count is below the conversation so far, grown to hold it
+        (entries in arrival order)."""
         sid = e.session_id
-        prev = last.get(sid)
-        num_turns += prev is not None
+        if sid is None or e.prompt is not None:
+            return e
+        prev = self.last_turn.get(sid)
+        self.num_turns += prev is not None
         if prev is not None and e.input_tokens < prev[0]:
             n_in = prev[0] + prev[1] + e.input_tokens
-            num_grown += 1
-            added += n_in - e.input_tokens
+            self.num_grown += 1
+            self.tokens_added += n_in - e.input_tokens
             e = replace(e, input_tokens=n_in)
-        last[sid] = (e.input_tokens, e.output_tokens)
-        out.append(e)
-    if num_grown:
-        notes.append(
-            f"{num_grown} of {num_turns} later session turns had fewer input tokens than the conversation so far: "
-            f"each is sent with the history (previous input + previous output + its own), {added} tokens added"
-        )
-    return out
+        self.last_turn[sid] = (e.input_tokens, e.output_tokens)
+        return e
+
+    def notes(self) -> list[str]:
+        out = []
+        if self.num_zero:
+            out.append(_zero_note(self.fmt, self.num_rows, self.num_zero, self.zero_in, self.zero_out,
+                                  self.keep_zero))  # fmt: skip
+        if self.num_grown:
+            out.append(
+                f"{self.num_grown} of {self.num_turns} later session turns had fewer input tokens than the "
+                "conversation so far: each is sent with the history (previous input + previous output + its "
+                f"own), {self.tokens_added} tokens added"
+            )
+        return out
 
 
 def _zero_note(fmt: str, num_rows: int, num_zero: int, zero_in: int, zero_out: int, keep: bool) -> str:
