@@ -3,11 +3,12 @@ with the fixture's bytes, whatever the request said.
 
 The body is written one SSE event at a time (split after each blank line, `\\n\\n` or `\\r\\n\\r\\n`, the
 separator kept), each flushed on its own, so a client sees events arrive separately as from a real
-server; the bytes on the wire are the file's, unchanged. `GET /v1/models` lists `model` so a full
+server; the bytes on the wire are the file's, unchanged. With `abort`, the connection is closed after
+the last event instead of ending the chunked body cleanly. `GET /v1/models` lists `model` so a full
 `slobench run` can be pointed at it too.
 
 In a test: `async with FixtureServer(path) as srv: srv.base_url`. From a shell:
-`python tests/conformance/fixture_server.py FILE.sse` prints `LISTENING <port>` (for ServerProcess).
+`python tests/conformance/fixture_server.py FILE.sse [--abort]` prints `LISTENING <port>` (for ServerProcess).
 """
 
 from __future__ import annotations
@@ -35,15 +36,20 @@ def split_events(raw: bytes) -> list[bytes]:
     return pieces
 
 
-def make_app(raw: bytes, *, model: str = "fixture-model", status: int = 200) -> web.Application:
+def make_app(raw: bytes, *, model: str = "fixture-model", abort: bool = False) -> web.Application:
     events = split_events(raw)
 
     async def replay(request: web.Request) -> web.StreamResponse:
         await request.read()
-        resp = web.StreamResponse(status=status, headers={"Content-Type": "text/event-stream"})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for piece in events:
             await resp.write(piece)
+        if abort and request.transport is not None:
+            # as llama-cpp-python does when it interrupts a stream: the connection closes after the last
+            # event, without the chunked body's terminating chunk
+            request.transport.close()
+            raise asyncio.CancelledError
         await resp.write_eof()
         return resp
 
@@ -60,9 +66,10 @@ def make_app(raw: bytes, *, model: str = "fixture-model", status: int = 200) -> 
 class FixtureServer:
     """An in-process aiohttp server on 127.0.0.1 and a free port, replaying one fixture."""
 
-    def __init__(self, fixture: str | Path | bytes, *, model: str = "fixture-model") -> None:
+    def __init__(self, fixture: str | Path | bytes, *, model: str = "fixture-model", abort: bool = False) -> None:
         self.raw = fixture if isinstance(fixture, bytes) else Path(fixture).read_bytes()
         self.model = model
+        self.abort = abort
         self.port = 0
         self._runner: web.AppRunner | None = None
 
@@ -71,7 +78,7 @@ class FixtureServer:
         return f"http://127.0.0.1:{self.port}/v1"
 
     async def __aenter__(self) -> Self:
-        self._runner = web.AppRunner(make_app(self.raw, model=self.model), access_log=None)
+        self._runner = web.AppRunner(make_app(self.raw, model=self.model, abort=self.abort), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
@@ -87,13 +94,13 @@ class FixtureServer:
             self._runner = None
 
 
-async def _main(path: str) -> None:
-    async with FixtureServer(path) as srv:
+async def _main(path: str, abort: bool) -> None:
+    async with FixtureServer(path, abort=abort) as srv:
         print(f"LISTENING {srv.port}", flush=True)
         await asyncio.Event().wait()
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: fixture_server.py FILE.sse")
-    asyncio.run(_main(sys.argv[1]))
+    if len(sys.argv) not in (2, 3) or sys.argv[2:] not in ([], ["--abort"]):
+        sys.exit("usage: fixture_server.py FILE.sse [--abort]")
+    asyncio.run(_main(sys.argv[1], abort=sys.argv[2:] == ["--abort"]))

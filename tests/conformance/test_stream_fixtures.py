@@ -4,7 +4,8 @@ has a sidecar `<name>.json` saying what the client must make of it (and where th
 Sidecar keys: status ("ok"/"error"), content_tokens (tokens counted from content events), output_tokens,
 prompt_tokens (null: the server sent no usage), cached_tokens (optional), finish (whether a chunk
 carried a finish_reason; checked when the record has a `finish_reason`), error_contains (a substring of
-the recorded error, or a list of which any one must appear), api (completions/chat), source.
+the recorded error, or a list of which any one must appear), api (completions/chat), source, and
+optionally abort (true: the server closed the connection after the last event, without ending the body).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ async def test_stream_fixture(name: str) -> None:
     exp = expected(name)
     spec = RequestSpec(request_id=0, arrival_s=0.0, prompt="Hello there", input_tokens=2, max_tokens=16)
     record = RequestRecord(0, 0.0)
-    async with FixtureServer(STREAMS / f"{name}.sse") as srv:
+    async with FixtureServer(STREAMS / f"{name}.sse", abort=exp.get("abort", False)) as srv:
         async with OpenAITarget(srv.base_url, srv.model, exp["api"], api_key_env=None, timeout_s=10.0) as target:
             await target.send(spec, record)
 
