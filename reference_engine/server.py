@@ -24,7 +24,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import Counter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -40,6 +40,7 @@ from reference_engine.http_protocol import (
     reset_connection,
 )
 from reference_engine.metrics import CONTENT_TYPE, EngineMetrics
+from reference_engine.openapi import CHAT_BODY, COMPLETION_BODY, generation_route
 from reference_engine.protocol import (
     SSE_DONE,
     BadRequest,
@@ -156,13 +157,13 @@ def build_app(
         return parse_json_body(raw)
 
     # ---- routes ----------------------------------------------------------------------------------------
-    @app.get("/health")
+    @app.get("/health", response_class=Response, responses={503: {"description": "the engine loop has stopped"}})
     async def health() -> Response:
         if engine.is_healthy():
             return Response(status_code=200)
         return _error(503, "the engine loop has stopped", "server_error", None, 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
@@ -173,13 +174,13 @@ def build_app(
                 "max_model_len": max_model_len}
         return {"object": "list", "data": [card]}
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", **generation_route(COMPLETION_BODY))
     async def completions(request: Request) -> Response:
         check_auth(request)
         req = parse_completion(await json_body(request), model_name, tokenizer, max_model_len)
         return await generate(request, req, is_chat=False, fault=injector.draw() if injector else None)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", **generation_route(CHAT_BODY))
     async def chat_completions(request: Request) -> Response:
         check_auth(request)
         req = parse_chat(await json_body(request), model_name, tokenizer, max_model_len)
