@@ -40,6 +40,14 @@ def _add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     g.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
     g.add_argument("--transport", choices=("aiohttp", "httpx"), default="aiohttp")
     g.add_argument("--http2", action="store_true", help="HTTP/2 (implies --transport httpx)")
+    g.add_argument("--server-profile", default="auto",
+                   choices=("auto", "vllm", "sglang", "tgi", "llamacpp", "ollama", "openai", "generic"),
+                   help="what the server accepts of slobench's extensions (token-id prompts, ignore_eos, min_tokens, "
+                        "stream_options.include_usage); auto (default) probes each once before the run and falls "
+                        "back where refused; a named profile fixes the choice without probing")
+    g.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="a local tokenizer.json (or HF tokenizer folder) of the served model: text prompts get "
+                        "exactly the asked token count (never fetched from a hub)")
     g.add_argument("--client-workers", type=int, default=1, metavar="N",
                    help="send from N worker processes (the schedule stays in this one): for streams of more than "
                         "~20,000 tokens/s, which one process cannot read on time (default 1)")
@@ -92,6 +100,12 @@ def _add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
                    help="requests sent first and excluded from metrics; auto: cut by the MSER-5 rule after the run")
     r.add_argument("--max-in-flight", type=int, default=None, help="cap on requests in flight (waits counted)")
     r.add_argument("--concurrency", type=int, default=None, help="closed loop: N users instead of open-loop")
+    r.add_argument("--rate-limit", default=None, metavar="N/PERIOD",
+                   help="at most N sends per period (600/min, 10/s, 36000/h), for hosted endpoints with a rate "
+                        "limit; its waits are reported as deliberate, not as client lateness")
+    r.add_argument("--max-error-rate", default=None, metavar="FRACTION",
+                   help="exit 1 when more than this share of requests failed (e.g. 0.05 or 5%%); by default only "
+                        "a run in which no request succeeded does")
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("--scrape-interval", type=float, default=1.0,
                    help="seconds between scrapes of the server's /metrics (0: off)")
@@ -247,6 +261,14 @@ class LoadSetup:
                 raise UsageError(f"--{flag.replace('_', '-')}: must be >= 1 (got {v})")
         if args.rate is not None and args.rate <= 0:
             raise UsageError(f"--rate: must be positive (got {args.rate})")
+        self.max_error_rate = parse_error_rate(getattr(args, "max_error_rate", None))
+        parse_rate_limit(getattr(args, "rate_limit", None))  # a bad value is exit 2 before any request
+        if getattr(args, "tokenizer", None):
+            if getattr(args, "engine", None) or getattr(args, "simulate", False):
+                raise UsageError("--tokenizer applies to --url targets (the bundled engine takes token ids)")
+            from slobench.workload.text import load_tokenizer
+
+            load_tokenizer(Path(args.tokenizer))  # a missing or unreadable file is exit 2 before any request
 
     def specs(self, rate_rps: float | None) -> list[Any]:
         from slobench.workload import generate
@@ -307,6 +329,8 @@ class LoadSetup:
             timeout_s=a.timeout,
             transport="httpx" if a.http2 else a.transport,
             http2=a.http2,
+            server_profile=a.server_profile,
+            tokenizer=a.tokenizer,
         )
         if workers != 1:
             from slobench.targets.workers import WorkerPool
@@ -328,6 +352,8 @@ class LoadSetup:
             "target": (
                 {**target.describe(), "served": served} if a.engine else
                 {"url": redact_text(a.url), "model": target.model, "api": self.api, "stream": not a.no_stream, "served": served}
+                | ({"capabilities": caps.to_dict()} if (caps := getattr(target, "caps", None)) is not None else {})
+                | ({"tokenizer": a.tokenizer} if a.tokenizer else {})
                 | ({"client_workers": a.client_workers} if getattr(a, "client_workers", 1) != 1 else {})
                 | ({"fleet": {"replicas": len(self.urls), "router": a.router}} if len(self.urls) > 1 else {})
             ),
@@ -423,6 +449,7 @@ class LoadSetup:
             duration_s=a.duration,
             closed_loop_users=a.concurrency,
             closed_loop_rate_rps=a.rate if a.concurrency else None,
+            rate_limit=parse_rate_limit(getattr(a, "rate_limit", None)),
             progress=not a.no_progress,
         )
 
@@ -465,7 +492,67 @@ async def _start_target(setup: LoadSetup) -> tuple[Any, Any, str]:
     except BaseException:
         await target.close()
         raise
+    for note in negotiation_notes(target):
+        print(f"slobench: {note}", file=sys.stderr)
     return target, clock, served
+
+
+def negotiation_notes(target: Any) -> list[str]:
+    """What preflight settled about the server (fallbacks, counted usage), once, for the terminal."""
+    subs = getattr(target, "targets", None) or [target]
+    notes: list[str] = []
+    for t in subs:
+        caps = getattr(t, "caps", None)
+        for n in getattr(caps, "notes", ()):
+            if n not in notes:
+                notes.append(n)
+    return notes
+
+
+_PERIODS = {"s": 1.0, "sec": 1.0, "second": 1.0, "min": 60.0, "minute": 60.0, "h": 3600.0, "hour": 3600.0}
+
+
+def parse_rate_limit(text: str | None) -> tuple[int, float] | None:
+    """`--rate-limit 600/min` -> (600, 60.0); None when not given."""
+    if text is None:
+        return None
+    n, slash, period = str(text).strip().partition("/")
+    seconds = _PERIODS.get(period.strip().lower()) if slash else None
+    if seconds is None or not n.strip().isdigit() or int(n) < 1:
+        raise UsageError(f"--rate-limit: expected N/PERIOD such as 600/min, 10/s or 36000/h (got {text!r})")
+    return int(n), seconds
+
+
+def parse_error_rate(text: str | None) -> float | None:
+    """`--max-error-rate 0.05` or `5%` -> 0.05; None when not given."""
+    if text is None:
+        return None
+    raw = str(text).strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise UsageError(f"--max-error-rate: expected a fraction such as 0.05 or 5% (got {text!r})") from None
+    if not 0 <= value < 1:
+        raise UsageError(f"--max-error-rate: must be from 0 to below 1 (got {text!r})")
+    return value
+
+
+def error_rate_verdict(summary: dict[str, Any], max_error_rate: float | None) -> str | None:
+    """The one line that fails a run for its errors, or None. Without --max-error-rate only a run in which
+    no measured request succeeded fails: its latency figures describe nothing."""
+    n = int(summary.get("num_requests") or 0)
+    ok = int(summary.get("num_ok") or 0)
+    if n == 0:
+        return None
+    failed = n - ok
+    if max_error_rate is None:
+        if ok == 0:
+            return f"slobench: all {n} requests failed (see the errors above); exit 1"
+        return None
+    if failed / n > max_error_rate:
+        return (f"slobench: {failed} of {n} requests failed ({failed / n:.1%}), above --max-error-rate "
+                f"{max_error_rate:.1%}; exit 1")
+    return None
 
 
 async def _run(args: argparse.Namespace) -> int:
@@ -500,6 +587,9 @@ async def _run(args: argparse.Namespace) -> int:
     _maybe_report(args, [out])
     att = res.summary.get("attainment")
     if att and setup.slo and att["value"] < setup.slo.target:
+        return 1
+    if (verdict := error_rate_verdict(res.summary, setup.max_error_rate)) is not None:
+        print(verdict, file=sys.stderr)
         return 1
     return 0
 
@@ -539,6 +629,11 @@ async def _sweep(args: argparse.Namespace) -> int:
             await target.close()
     print_sweep(doc, console, title=f"{served} · {setup.workload.name} · {out}")
     _maybe_report(args, [out])
+    totals = {"num_requests": sum(int(r["summary"].get("num_requests") or 0) for r in doc["runs"]),
+              "num_ok": sum(int(r["summary"].get("num_ok") or 0) for r in doc["runs"])}
+    if (verdict := error_rate_verdict(totals, setup.max_error_rate)) is not None:
+        print(verdict, file=sys.stderr)
+        return 1
     return 0
 
 

@@ -68,7 +68,8 @@ class RequestRecord:
     input_tokens: int = 0  # intended
     prompt_tokens: int | None = None  # from server usage when reported
     cached_tokens: int | None = None  # prompt tokens the server took from its prefix cache, when it says
-    output_tokens: int = 0  # server usage when reported, else counted chunks
+    output_tokens: int = 0  # server usage when reported and plausible, else counted chunks
+    usage_output_tokens: int | None = None  # what the server's usage said, kept even when not believed
     max_tokens: int = 0
     status: Status = "ok"
     error: str | None = None

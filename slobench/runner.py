@@ -37,6 +37,9 @@ class RunOptions:
     closed_loop_rate_rps: float | None = None  # optional cap on the closed loop's total send rate
     progress: bool = True
     spin_s: float = 0.0015  # the last stretch before a send is yielded away, not slept (timer precision)
+    # a ceiling on sends per period, (requests, seconds), for hosted endpoints with a rate limit; its waits
+    # are deliberate (queued_s), not client lateness
+    rate_limit: tuple[int, float] | None = None
 
     def __post_init__(self) -> None:
         if self.max_in_flight is not None and self.max_in_flight < 1:
@@ -49,6 +52,8 @@ class RunOptions:
             raise SpecError("concurrency", self.closed_loop_users, "must be >= 1")
         if self.closed_loop_rate_rps is not None and self.closed_loop_rate_rps <= 0:
             raise SpecError("rate", self.closed_loop_rate_rps, "must be positive")
+        if self.rate_limit is not None and not (self.rate_limit[0] >= 1 and self.rate_limit[1] > 0):
+            raise SpecError("rate_limit", self.rate_limit, "must be (requests >= 1, period > 0 s)")
 
 
 @dataclass(slots=True)
@@ -90,6 +95,12 @@ class Dispatcher:
         self.tasks: set[asyncio.Task[None]] = set()
         self.progress = Progress(0)
         self._sem = asyncio.Semaphore(opts.max_in_flight) if opts.max_in_flight else None
+        self._throttle: Any = None
+        if opts.rate_limit is not None:
+            from asyncio_throttle import Throttler
+
+            # its sliding window is polled every 1 ms: a send that waited is at most ~1 ms behind its slot
+            self._throttle = Throttler(rate_limit=opts.rate_limit[0], period=opts.rate_limit[1], retry_interval=0.001)
 
     def _new_record(self, i: int, spec: RequestSpec, scheduled_s: float) -> RequestRecord:
         return RequestRecord(
@@ -108,6 +119,10 @@ class Dispatcher:
                 t0 = clock.now_s()
                 await self._sem.acquire()
                 rec.queued_s = clock.now_s() - t0
+            if self._throttle is not None:
+                t0 = clock.now_s()
+                await self._throttle.acquire()
+                rec.queued_s += clock.now_s() - t0
             try:
                 self.progress.sent += 1
                 await self.target.send(spec, rec)

@@ -54,6 +54,9 @@ def summarize(records: Sequence[RequestRecord], slo: SLO | None, *, seed: int = 
         "prompt_tokens": describe(a.prompt_tokens.astype(float)),
         "client": client_health(a, slo),
     }
+    waited = a.queued_s[a.queued_s > 1e-4]  # not the microseconds an uncontended acquire takes
+    if len(waited):  # an in-flight cap, a closed loop's slots or --rate-limit held these back on purpose
+        out["deliberate_waits"] = {"num": int(len(waited)), **quantiles(waited), "max": float(waited.max())}
     cache = prefix_cache(a)
     if cache is not None:
         out["prefix_cache"] = cache
@@ -66,6 +69,9 @@ def summarize(records: Sequence[RequestRecord], slo: SLO | None, *, seed: int = 
     drift = queue_drift(a)
     if drift is not None:
         out["queue_drift"] = drift
+    fidelity = length_fidelity(records)
+    if fidelity is not None:
+        out["lengths"] = fidelity
     if slo is not None:
         out["slo"] = slo.to_dict()
         out["attainment"] = attainment(a, slo, duration_s=tp.duration_s, seed=seed).to_dict()
@@ -139,6 +145,46 @@ def queue_drift(a: RecordArrays) -> dict[str, Any] | None:
     ratio = l_ / f if f > 0 else float("inf")
     return {"ttft_p50_first_quarter_s": f, "ttft_p50_last_quarter_s": l_, "ratio": ratio,
             "overloaded": bool(ratio > DRIFT_RATIO and l_ - f > DRIFT_MIN_S)}  # fmt: skip
+
+
+# Served prompt lengths (usage.prompt_tokens) further than this from the asked ones at the median flag a run:
+# text prompts on a server without a tokenizer given, or a chat template larger than guessed.
+PROMPT_MISMATCH = 0.05
+
+
+def length_fidelity(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
+    """Asked against delivered lengths, over the measured requests that completed.
+
+    output: max_tokens asked vs tokens produced (p50/p99) and the share cut short, for servers that cannot
+    be made to ignore EOS (produced < asked there is the model stopping, not a failure; TPOT uses produced
+    tokens). prompt: input tokens asked vs the server's usage.prompt_tokens where reported, flagged past 5%
+    at the median. usage_disagreements: completions whose usage count was not believed (below the number
+    of streamed content events, or above max_tokens) or differs from what was counted."""
+    rs = [r for r in records if not r.is_warmup and r.status == "ok" and r.max_tokens > 0]
+    if not rs:
+        return None
+    asked = np.array([r.max_tokens for r in rs], dtype=float)
+    got = np.array([r.output_tokens for r in rs], dtype=float)
+    out: dict[str, Any] = {
+        "output": {
+            "num": len(rs),
+            "requested_p50": float(np.median(asked)), "requested_p99": float(np.quantile(asked, 0.99)),
+            "produced_p50": float(np.median(got)), "produced_p99": float(np.quantile(got, 0.99)),
+            "share_cut_short": float(np.mean(got < asked)),
+        },
+        "usage_disagreements": sum(1 for r in rs if r.usage_output_tokens is not None
+                                   and r.usage_output_tokens != r.output_tokens),
+    }
+    pairs = [(r.input_tokens, r.prompt_tokens) for r in rs if r.input_tokens > 0 and r.prompt_tokens is not None]
+    if pairs:
+        want = np.array([p[0] for p in pairs], dtype=float)
+        served = np.array([p[1] for p in pairs], dtype=float)
+        rel = float(np.median(served / want - 1.0))
+        out["prompt"] = {
+            "num": len(pairs), "requested_p50": float(np.median(want)), "served_p50": float(np.median(served)),
+            "median_relative_difference": rel, "mismatch": bool(abs(rel) > PROMPT_MISMATCH),
+        }
+    return out
 
 
 def prefix_cache(a: RecordArrays) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from slobench.clock import Clock
-from slobench.errors import SpecError, TargetUnreachable, UsageError
+from slobench.errors import SpecError, TargetUnreachable
 from slobench.records import RequestRecord, RequestSpec
 from slobench.targets import OpenAITarget
 from slobench.targets.transport import Response, TransportError
@@ -93,7 +93,9 @@ def ctok(content: str | None = " a", **delta: Any) -> dict[str, Any]:
     return {"choices": [{"index": 0, "delta": d}]}
 
 
-USAGE = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 9}}
+USAGE = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 4}}
+FIN = {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}  # the finish chunk, without text
+CFIN = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
 
 
 def spec(prompt: str | tuple[int, ...] = (1, 2, 3), **kw: Any) -> RequestSpec:
@@ -116,18 +118,19 @@ async def run_scripted(
 
 
 async def test_stream_stamps_each_read_and_counts_tokens() -> None:
-    rec, _ = await run_scripted([sse(tok()), sse(tok(), tok()), sse(USAGE) + b"data: [DONE]\n\n"])
+    rec, _ = await run_scripted([sse(tok()), sse(tok(), tok()), sse(FIN, USAGE) + b"data: [DONE]\n\n"])
     assert rec.status == "ok", rec.error
     assert rec.sent_s == 2.0  # reading 1 was the fallback stamp before post(); on_sent replaced it
     # reads stamped at 3, 4, 5: two events in one read are one chunk carrying two tokens
     assert rec.chunk_times_s == [3.0, 4.0]
     assert rec.chunk_tokens == [1, 2]
     assert rec.first_token_s == 3.0 and rec.done_s == 5.0
-    assert (rec.output_tokens, rec.prompt_tokens) == (9, 7)  # usage overrides counted chunks
+    assert (rec.output_tokens, rec.prompt_tokens) == (4, 7)  # usage overrides counted chunks
+    assert rec.usage_output_tokens == 4
 
 
 async def test_without_usage_output_tokens_are_the_counted_tokens() -> None:
-    rec, _ = await run_scripted([sse(tok(), tok(), tok(), b"[DONE]")])
+    rec, _ = await run_scripted([sse(tok(), tok(), tok(finish_reason="length"), b"[DONE]")])
     assert (rec.status, rec.output_tokens, rec.prompt_tokens) == ("ok", 3, None)
 
 
@@ -152,7 +155,7 @@ async def test_reasoning_and_tool_call_deltas_are_output_tokens() -> None:
     no_args = {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f"}}]}
     rec, _ = await run_scripted(
         [sse(ctok(None, role="assistant")), sse(ctok(None, reasoning_content="hmm")), sse(ctok(None, reasoning="so")),
-         sse(ctok(None, **no_args)), sse(ctok(None, **call)), sse(ctok("answer")), sse(b"[DONE]")],
+         sse(ctok(None, **no_args)), sse(ctok(None, **call)), sse(ctok("answer"), CFIN), sse(b"[DONE]")],
         api="chat",
     )  # fmt: skip
     assert rec.status == "ok", rec.error
@@ -163,26 +166,26 @@ async def test_reasoning_and_tool_call_deltas_are_output_tokens() -> None:
 async def test_cached_prompt_tokens_from_usage_details() -> None:
     usage = {"choices": [], "usage": {"prompt_tokens": 300, "completion_tokens": 2,
                                       "prompt_tokens_details": {"cached_tokens": 256}}}  # fmt: skip
-    rec, _ = await run_scripted([sse(tok(), tok(), usage, b"[DONE]")])
+    rec, _ = await run_scripted([sse(tok(), tok(), FIN, usage, b"[DONE]")])
     assert (rec.prompt_tokens, rec.cached_tokens) == (300, 256)
     for details in (None, {"cached_tokens": None}, {"cached_tokens": True}, "x"):
         odd = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1, "prompt_tokens_details": details}}
-        rec, _ = await run_scripted([sse(tok(), odd, b"[DONE]")])
+        rec, _ = await run_scripted([sse(tok(), FIN, odd, b"[DONE]")])
         assert rec.status == "ok" and rec.cached_tokens is None
 
 
 async def test_comments_and_data_after_done_are_ignored() -> None:
-    rec, _ = await run_scripted([b": keep-alive\n\n", sse(tok(), b"[DONE]"), sse(tok()), b"garbage"])
+    rec, _ = await run_scripted([b": keep-alive\n\n", sse(tok(), FIN, b"[DONE]"), sse(tok()), b"garbage"])
     assert rec.status == "ok" and rec.chunk_tokens == [1]
     assert rec.done_s == 4.0  # the read holding [DONE], not the end of the body
 
 
 async def test_non_streaming_takes_usage_and_one_time() -> None:
-    body = json.dumps({"choices": [{"text": "abc"}], "usage": {"prompt_tokens": 3, "completion_tokens": 5}})
+    body = json.dumps({"choices": [{"text": "abc"}], "usage": {"prompt_tokens": 3, "completion_tokens": 4}})
     rec, tr = await run_scripted([body.encode()], stream=False)
     assert rec.status == "ok"
     assert rec.first_token_s == rec.done_s == 3.0
-    assert (rec.output_tokens, rec.prompt_tokens) == (5, 3)
+    assert (rec.output_tokens, rec.prompt_tokens) == (4, 3)
     assert rec.chunk_times_s == []
     assert tr.sent[0][1]["stream"] is False and "stream_options" not in tr.sent[0][1]
 
@@ -196,7 +199,12 @@ async def test_non_streaming_takes_usage_and_one_time() -> None:
         ([sse(tok()), b"data: {not json\n\n"], "malformed JSON in SSE event", 1),
         ([sse(tok()), b"data: [1, 2]\n\n"], "malformed JSON in SSE event", 1),
         ([sse(tok()), b"data: \xff\n\n"], "not UTF-8", 1),
-        ([sse(tok()), sse(tok())], "stream ended without [DONE]", 2),
+        ([sse(tok()), sse(tok())], "stream ended after 2 tokens without a finish_reason or [DONE]", 2),
+        ([sse(tok()), sse(tok(), b"[DONE]")], "cut off by the server after 2 tokens", 2),
+        ([sse(tok()), b'{"error": {"message": "raw"}}'], "stream ended after 1 tokens", 1),
+        ([b'{"error": {"message": "overloaded"}}'], "server error: overloaded", 0),
+        ([b"event: token\nid: 1\n\n"], "no SSE events in the stream", 0),
+        ([sse(FIN, b"[DONE]")], "no output: the stream finished", 0),
         ([sse(tok(), {"error": {"message": "boom"}})], "server error mid-stream: boom", 1),
         ([sse(tok(), {"object": "error", "message": "old vllm"})], "server error mid-stream: old vllm", 1),
         ([sse(tok()), b"event: error\ndata: overloaded\n\n"], "server error mid-stream: overloaded", 1),
@@ -226,8 +234,11 @@ async def test_timeout_status_is_timeout() -> None:
 
 
 async def test_a_drop_after_done_loses_nothing() -> None:
-    rec, _ = await run_scripted([sse(tok(), b"[DONE]"), TransportError("error", "connection lost")])
+    rec, _ = await run_scripted([sse(tok(), FIN, b"[DONE]"), TransportError("error", "connection lost")])
     assert rec.status == "ok" and rec.error is None
+    # after the finish chunk only the usage or [DONE] can be lost: the answer was complete
+    rec, _ = await run_scripted([sse(tok(), FIN), TransportError("error", "connection lost")])
+    assert rec.status == "ok" and rec.error is None and rec.output_tokens == 1
 
 
 async def test_http_error_message_is_extracted_truncated_and_scrubbed() -> None:
@@ -284,15 +295,15 @@ async def test_chat_body_and_text_prompt() -> None:
     assert "ignore_eos" not in body and "min_tokens" not in body and "prompt" not in body
 
 
-async def test_chat_with_token_ids_is_a_clear_usage_error() -> None:
-    target = OpenAITarget("http://h:1/v1", "m", "chat", transport=ScriptedTransport())  # type: ignore[arg-type]
-    with pytest.raises(UsageError, match="api='chat'.*token ids"):
-        target.check_compatible(spec((1, 2)))
-    target.check_compatible(spec("text"))
+async def test_chat_with_token_ids_sends_the_ids_as_words() -> None:
+    tr = ScriptedTransport(200, [sse(ctok("x"), CFIN, b"[DONE]")])
+    target = OpenAITarget("http://h:1/v1", "m", "chat", transport=tr)  # type: ignore[arg-type]
     await target.start()
     rec = RequestRecord(0, 0.0)
-    await target.send(spec((1, 2)), rec)  # the runner should have checked; send still never raises
-    assert rec.status == "error" and "token ids" in (rec.error or "")
+    await target.send(spec((1000, 1001, 1000)), rec)
+    content = tr.sent[0][1]["messages"][0]["content"]
+    words = content.split()
+    assert rec.status == "ok" and len(words) == 3 and words[0] == words[2] != words[1]
 
 
 async def test_api_key_from_env_is_sent_and_never_shown(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -411,11 +422,11 @@ async def test_timing_matches_the_server_schedule_and_log(token_server: TokenSer
 
 FAULT_CASES = [
     ("status_500", "error", "HTTP 500: injected internal error", 0),
-    ("status_429", "error", "HTTP 429 (rate limited)", 0),
+    ("status_429", "error", "HTTP 429 (rate limited, Retry-After 1): injected rate limit", 0),
     ("reset_after_3", "error", "connection lost mid-response (connection reset by peer)", 3),
     ("malformed_json", "error", "malformed JSON in SSE event", 2),
     ("non_utf8", "error", "SSE stream is not UTF-8", 2),
-    ("no_done", "error", "stream ended without [DONE]", 6),
+    ("no_done", "ok", None, 6),  # the finish chunk came: complete without [DONE]
     ("error_event", "error", "server error mid-stream: injected mid-stream failure", 2),
     ("hang", "timeout", "request timed out after 0.5 s", 0),
     ("hang_after_3", "timeout", "request timed out after 0.5 s", 3),
@@ -434,7 +445,8 @@ async def test_each_fault_is_a_failed_record_and_the_next_request_works(
             rec = RequestRecord(0, 0.0)
             await target.send(spec(max_tokens=6, extra_body=(("x_fault", fault),)), rec)
             assert (rec.status, fault) == (status, fault)
-            assert rec.error is not None and reason in rec.error, (fault, rec.error)
+            assert reason is None and rec.error is None or rec.error is not None and reason in rec.error, (
+                fault, rec.error)
             assert sum(rec.chunk_tokens) == num_tokens, fault
             assert rec.done_s is not None and rec.sent_s is not None and rec.done_s >= rec.sent_s
             after = RequestRecord(1, 0.0)
@@ -567,9 +579,9 @@ async def test_preflight_without_models_endpoint_falls_back_to_a_request(
     start_token_server: Callable[..., TokenServerProcess],
 ) -> None:
     srv = start_token_server(serve_models=False, ttft_ms=1, itl_ms=1)
-    assert "no /models" in await OpenAITarget(srv.base_url, srv.model, "chat").preflight()
+    assert "answers at" in await OpenAITarget(srv.base_url, srv.model, "chat").preflight()
     with pytest.raises(
-        TargetUnreachable, match=r"/v1/completions: HTTP 404: The model `nope` does not exist"
+        TargetUnreachable, match=r"/v1/completions: the server refused the plainest request .*HTTP 404: The model `nope`"
     ):
         await OpenAITarget(srv.base_url, "nope").preflight()
 

@@ -165,6 +165,12 @@ def _header(views: Sequence[Analyzed], title: str) -> str:
             ("date", _dates(v)),
             ("slobench version", m.get("slobench_version") or (s.runs[0].manifest.get("slobench_version") if s.runs else None) or "-"),
         ]
+        caps = t.get("capabilities")
+        if isinstance(caps, dict):  # what preflight settled with the server (issue 11): each fallback, said
+            facts.append(("server profile", f"{caps.get('profile', '-')}"
+                          + ("" if caps.get("enforces_output_length", True) else
+                             " (output lengths not enforced: the server may stop early)")))
+            facts += [("fallback", str(n)) for n in caps.get("notes") or []]
         rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(val)}</td></tr>" for k, val in facts)
         miss = v.headline is not None and v.headline.get("max_rate_meeting_rps") is None
         parts.append(

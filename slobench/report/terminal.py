@@ -133,6 +133,12 @@ def print_run(summary: dict[str, Any], console: Console | None = None, title: st
         console.print(per_tag_text(summary["per_tag"]), highlight=False)
     if summary.get("prefix_cache"):
         console.print(prefix_cache_text(summary["prefix_cache"]), highlight=False)
+    if waits := summary.get("deliberate_waits"):
+        console.print(f"deliberate waits (in-flight cap, --rate-limit): {waits['num']} requests held back, "
+                      f"p50 {_ms(waits.get('p50'))} ms, max {_ms(waits.get('max'))} ms (not client lateness)",
+                      highlight=False, markup=False)
+    for line in lengths_text(summary.get("lengths")):
+        console.print(line, highlight=False, markup=False)
     if summary.get("error_counts"):
         console.print(f"[yellow]errors: {summary['error_counts']}[/yellow]")
     if summary["client"].get("warning"):
@@ -195,3 +201,25 @@ def print_headline(h: dict[str, Any] | None, console: Console | None = None) -> 
     console = console or make_console()
     style = "bold red" if h and h["max_rate_meeting_rps"] is None else "bold"
     console.print(f"[{style}]headline: {headline_text(h)}[/{style}]", highlight=False)
+
+
+def lengths_text(lengths: dict[str, Any] | None) -> list[str]:
+    """Lines on asked vs delivered lengths, only where they differ (a server that stops early, a prompt that
+    came out longer or shorter than asked, a usage count not believed)."""
+    if not lengths:
+        return []
+    lines = []
+    o = lengths["output"]
+    if o["share_cut_short"] > 0:
+        lines.append(f"output lengths: asked p50 {o['requested_p50']:g} / p99 {o['requested_p99']:g} tokens, "
+                     f"produced p50 {o['produced_p50']:g} / p99 {o['produced_p99']:g}; "
+                     f"{o['share_cut_short']:.0%} stopped short (TPOT uses the tokens produced)")
+    p = lengths.get("prompt")
+    if p and p["mismatch"]:
+        lines.append(f"prompt lengths differ from those asked: the server counted {p['median_relative_difference']:+.0%} "
+                     f"at the median (p50 {p['served_p50']:g} vs {p['requested_p50']:g} tokens); give --tokenizer "
+                     "for exact text prompts")
+    if lengths.get("usage_disagreements"):
+        lines.append(f"usage disagreed with the stream on {lengths['usage_disagreements']} requests "
+                     "(implausible counts were not used)")
+    return lines

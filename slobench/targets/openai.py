@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -28,8 +29,9 @@ import httpx
 from orjson import loads as _loads  # about twice as fast as json.loads on SSE events
 
 from slobench.clock import Clock
-from slobench.errors import SpecError, TargetUnreachable, UsageError
+from slobench.errors import SpecError, TargetUnreachable
 from slobench.records import RequestRecord, RequestSpec
+from slobench.targets.capabilities import Capabilities, is_refusal, profile_capabilities
 from slobench.targets.sse import DONE, SSEDecodeError, SSEParser
 from slobench.targets.transport import (
     Response,
@@ -39,6 +41,7 @@ from slobench.targets.transport import (
     make_transport,
     translate_error,
 )
+from slobench.workload.text import ExactText, ids_to_text
 
 Api = Literal["completions", "chat"]
 MAX_ERROR_CHARS = 300
@@ -69,6 +72,9 @@ class OpenAITarget:
         preflight_timeout_s: float = 5.0,
         transport: TransportName | Transport = "aiohttp",
         http2: bool = False,
+        server_profile: str = "auto",
+        tokenizer: str | None = None,
+        capabilities: Mapping[str, Any] | None = None,
     ) -> None:
         if api not in ("completions", "chat"):
             raise SpecError("api", api, "must be 'completions' or 'chat'")
@@ -112,11 +118,23 @@ class OpenAITarget:
         # Longest first, so "Bearer <key>" is replaced whole before the bare key is looked for.
         self._secrets = tuple(sorted((s for s in secrets if s), key=len, reverse=True))
 
-        self._base_body: dict[str, Any] = {"model": model, "temperature": 0, "stream": stream}
-        if stream:
-            self._base_body["stream_options"] = {"include_usage": True}
         self._extra_body = dict(extra_body or {})
         self._transport: Transport | None = None
+        self.server_profile = server_profile
+        # `capabilities` travels from a parent that probed already (client worker processes)
+        self.caps = (Capabilities.from_dict(dict(capabilities)) if capabilities is not None
+                     else profile_capabilities(server_profile))
+        self.tokenizer_path = tokenizer
+        self._exact = ExactText(tokenizer) if tokenizer else None
+        self._texts: dict[Any, str] = {}  # prompt (ids or text) -> the text sent, built once per prompt
+        self._set_caps(self.caps)
+
+    def _set_caps(self, caps: Capabilities) -> None:
+        self.caps = caps
+        self._texts.clear()
+        self._base_body = {"model": self.model, "temperature": 0, "stream": self.stream}
+        if self.stream and caps.include_usage:
+            self._base_body["stream_options"] = {"include_usage": True}
 
     def __repr__(self) -> str:
         return (
@@ -138,12 +156,12 @@ class OpenAITarget:
             "extra_body": _redacted_keys(self._extra_body),
             "timeout_s": self.timeout_s,
             "connect_timeout_s": self.connect_timeout_s,
+            "capabilities": self.caps.to_dict(),
+            "tokenizer": self.tokenizer_path,
         }
 
     def check_compatible(self, spec: RequestSpec) -> None:
-        """Raise UsageError if this target cannot send `spec` (the runner calls it before the run)."""
-        if self._is_chat and isinstance(spec.prompt, tuple):
-            raise UsageError(_CHAT_TOKEN_IDS.format(request_id=spec.request_id))
+        """Every spec can be sent: token ids go as text where the API or the server needs it."""
 
     # ---- lifecycle -------------------------------------------------------------------------------------
 
@@ -177,28 +195,47 @@ class OpenAITarget:
             if not stream:
                 body.pop("stream_options", None)
         prompt = spec.prompt
+        caps = self.caps
+        if type(prompt) is tuple and (self._is_chat or not caps.token_prompts):
+            prompt = self._text_of(prompt, spec.input_tokens)
+        elif self._exact is not None and type(prompt) is str:
+            prompt = self._text_of(prompt, spec.input_tokens)
         if self._is_chat:
             body["messages"] = [{"role": "user", "content": prompt}]
         else:
-            body["prompt"] = list(prompt) if isinstance(prompt, tuple) else prompt
+            body["prompt"] = list(prompt) if type(prompt) is tuple else prompt
         body["max_tokens"] = spec.max_tokens
+        min_tokens = spec.min_tokens
         if spec.ignore_eos:
-            body["ignore_eos"] = True
-        if spec.min_tokens is not None:
-            body["min_tokens"] = spec.min_tokens
+            if caps.ignore_eos:
+                body["ignore_eos"] = True
+            if caps.min_tokens and min_tokens is None:
+                min_tokens = spec.max_tokens  # enforces the length where ignore_eos is taken but ignored
+        if min_tokens is not None and caps.min_tokens:
+            body["min_tokens"] = min_tokens
         if self._extra_body:
             body.update(self._extra_body)
         if spec.extra_body:
             body.update(spec.extra_body)
         return body
 
+    def _text_of(self, prompt: tuple[int, ...] | str, input_tokens: int) -> str:
+        """The text sent for a prompt: ids as words; with a tokenizer, exactly the asked token count."""
+        text = self._texts.get(prompt)
+        if text is None:
+            text = ids_to_text(prompt) if type(prompt) is tuple else str(prompt)
+            if self._exact is not None:
+                n = len(prompt) if type(prompt) is tuple else input_tokens
+                text = self._exact.fit(text, n - self.caps.template_overhead if self._is_chat else n)
+            if len(self._texts) > 200_000:  # bound the memo on endless traces
+                self._texts.clear()
+            self._texts[prompt] = text
+        return text
+
     async def send(self, spec: RequestSpec, record: RequestRecord) -> None:
         transport = self._transport
         if transport is None:
             raise RuntimeError("OpenAITarget.send() called before start()")
-        if self._is_chat and isinstance(spec.prompt, tuple):
-            record.fail("error", _CHAT_TOKEN_IDS.format(request_id=spec.request_id))
-            return
         body = json.dumps(self.build_body(spec), separators=(",", ":")).encode()
         now = self.clock.now_s
 
@@ -211,28 +248,44 @@ class OpenAITarget:
                 record.http_status = resp.status
                 if resp.status >= 400:
                     raw = await resp.read()
-                    record.fail("error", self._http_error(resp.status, raw), now())
+                    retry = getattr(resp, "retry_after", None)
+                    record.fail("error", self._http_error(resp.status, raw, retry), now())
                 elif self.stream:
                     await self._read_stream(resp, record)
                 else:
                     await self._read_whole(resp, record)
         except TransportError as e:
-            if record.done_s is None:  # a connection that drops after [DONE] lost nothing
+            if record.done_s is None:  # a connection that drops after the stream completed lost nothing
                 record.fail(e.status, self._scrub(e.reason), now())
         finally:
-            if not record.output_tokens and record.chunk_tokens:
-                record.output_tokens = sum(record.chunk_tokens)
+            _settle_output_tokens(record, spec.max_tokens)
 
     async def _read_stream(self, resp: Response, record: RequestRecord) -> None:
+        """Read an SSE stream into `record`. Complete when a choice carried a `finish_reason`, whether or not
+        `data: [DONE]` follows (TGI, Ollama and LiteLLM may close without it); a stream that stops without
+        any `finish_reason` was cut off, `[DONE]` or not, and is an error (llama.cpp ends an interrupted
+        stream with `[DONE]` and no finish)."""
         feed = SSEParser().feed
         now = self.clock.now_s
         times = record.chunk_times_s
         tokens = record.chunk_tokens
         is_chat = self._is_chat
         is_done = False
+        finish: str | None = None
         error: str | None = None
         t = 0.0
-        async for raw in resp.chunks():
+        t_last = 0.0  # the last read that carried an event
+        head = b""  # the first bytes, while no event has come: a JSON error body sent as a 200 stream
+        chunks = resp.chunks().__aiter__()
+        while True:
+            try:
+                raw = await chunks.__anext__()
+            except StopAsyncIteration:
+                break
+            except TransportError:
+                if finish is None:
+                    raise
+                break  # the answer was complete; only a trailing usage chunk or [DONE] was lost
             t = now()
             if is_done:
                 continue  # read on to the end of the body so the connection can be reused
@@ -240,8 +293,11 @@ class OpenAITarget:
                 events = feed(raw)
             except SSEDecodeError as e:
                 events, error = e.events, str(e)
+            if not events and t_last == 0.0 and len(head) < 4096:
+                head += raw
             num = 0
             for ev in events:
+                t_last = t
                 data = ev.data
                 if data == DONE:
                     is_done = True
@@ -257,32 +313,42 @@ class OpenAITarget:
                     error = f"malformed JSON in SSE event: {data[:120]!r}"
                     break
                 choices = obj.get("choices")
-                if choices:
+                if choices and type(choices) is list:
                     c = choices[0]
-                    if is_chat:
-                        text = _chat_output(c.get("delta"))
-                    else:
-                        text = c.get("text")
-                    if text:
-                        num += _tokens_in(c, is_chat)
+                    if type(c) is dict:
+                        text = _chat_output(c.get("delta")) if is_chat else c.get("text")
+                        if text:
+                            num += _tokens_in(c, is_chat)
+                        reason = c.get("finish_reason")
+                        if reason and type(reason) is str:
+                            finish = reason
                 elif "error" in obj or obj.get("object") == "error":
                     error = "server error mid-stream: " + _error_message(obj, data)
                     break
                 usage = obj.get("usage")
-                if usage:
+                if usage and type(usage) is dict:
                     _take_usage(record, usage)
             if num:  # tokens that came in the same read as a failure still count
                 if not times:
                     record.first_token_s = t
                 times.append(t)
                 tokens.append(num)
-            if is_done:
-                record.done_s = t
-            elif error is not None:
+            if error is not None:
                 record.fail("error", self._scrub(_truncate(error)), now())
                 return
-        if not is_done:
-            record.fail("error", "stream ended without [DONE]", t or now())
+        got = sum(tokens)
+        if finish is None:
+            if is_done:
+                record.fail("error", f"cut off by the server after {got} tokens: [DONE] came with no finish_reason",
+                             t_last)
+            elif t_last == 0.0 and head.strip():
+                record.fail("error", self._scrub(_truncate(_not_a_stream(head))), t or now())
+            else:
+                record.fail("error", f"stream ended after {got} tokens without a finish_reason or [DONE]", t or now())
+            return
+        record.done_s = t_last
+        if not got:
+            record.fail("error", f"no output: the stream finished (finish_reason={finish!r}) without a token")
 
     async def _read_whole(self, resp: Response, record: RequestRecord) -> None:
         raw = await resp.read()
@@ -298,10 +364,18 @@ class OpenAITarget:
         if "error" in obj or obj.get("object") == "error":
             record.fail("error", self._scrub(_truncate("server error: " + _error_message(obj, ""))))
             return
-        record.first_token_s = record.done_s  # the whole answer arrives at once
         usage = obj.get("usage")
-        if usage:
+        if usage and type(usage) is dict:
             _take_usage(record, usage)
+        choices = obj.get("choices")
+        c = choices[0] if choices and type(choices) is list else None
+        has_text = type(c) is dict and bool(
+            _chat_output(c.get("message")) if self._is_chat else c.get("text")
+        )
+        if not has_text and not record.usage_output_tokens:
+            record.fail("error", "no output: the response holds no generated text")
+            return
+        record.first_token_s = record.done_s  # the whole answer arrives at once
 
     # ---- errors ----------------------------------------------------------------------------------------
 
@@ -311,13 +385,17 @@ class OpenAITarget:
                 text = text.replace(secret, "***")
         return text
 
-    def _http_error(self, status: int, raw: bytes) -> str:
+    def _http_error(self, status: int, raw: bytes, retry_after: str | None = None) -> str:
         text = raw.decode("utf-8", "replace")
         try:
             message = _error_message(json.loads(text), text)
         except ValueError:
             message = text
+        # a 429 is recorded as one, with the server's Retry-After; it is never retried (the schedule is the test)
         label = f"HTTP {status} (rate limited)" if status == 429 else f"HTTP {status}"
+        if retry_after and status in (429, 503):
+            label = label[:-1] + f", Retry-After {' '.join(retry_after.split())[:40]})" if status == 429 else \
+                f"{label} (Retry-After {' '.join(retry_after.split())[:40]})"
         message = " ".join(message.split()) or "(empty body)"
         # Scrub before truncating: a cut could otherwise leave a recognisable head of the key.
         return _truncate(f"{label}: {self._scrub(message)}")
@@ -328,31 +406,107 @@ class OpenAITarget:
         return {k: v for k, v in self._headers.items() if k != "Accept"}
 
     async def preflight(self) -> str:
-        """GET /models and check the model is served; without /models, send a 1-token request."""
+        """Check the server answers for this model, and settle what it accepts (`self.caps`).
+
+        `/models` is advisory: a listing that names other models only is an error (a typo in --model), but
+        a missing, failing or empty one is a note, and one tiny request decides. Then, with the "auto"
+        profile, one probe per extension (see slobench.targets.capabilities); a fixed profile probes none.
+        """
         url = self.base_url + "/models"
+        notes: list[str] = []
         async with httpx.AsyncClient(timeout=self.preflight_timeout_s) as client:
             r = await self._control(client, "GET", url)
-            if r.status_code in (404, 405):
-                return await self._preflight_by_request(client)
-            if r.status_code >= 400:
+            served = _served_models(r.content) if r.status_code < 400 else None
+            if r.status_code in (401, 403):
                 raise TargetUnreachable(f"{url}: {self._http_error(r.status_code, r.content)}{_auth_hint(r)}")
-            served = _served_models(r.content)
-            if served is None:
-                return await self._preflight_by_request(client)
-            if self.model not in served:
-                listing = ", ".join(repr(m) for m in served) or "(none)"
+            if served and self.model not in served:
+                listing = ", ".join(repr(m) for m in served[:20])
                 raise TargetUnreachable(f"{url}: model {self.model!r} is not served; served: {listing}")
+            if not served:
+                why = (f"HTTP {r.status_code}" if r.status_code >= 400 else
+                       "an empty list" if served == [] else "no model list")
+                notes.append(f"GET /models gave {why}; a request to {self.model!r} decides instead")
+            await self._negotiate(client, notes)
+        self._set_caps(self.caps)
+        if served:
             return f"{self.model} served at {self.base_url}"
+        return f"{self.model} answers at {self.url}"
 
-    async def _preflight_by_request(self, client: httpx.AsyncClient) -> str:
-        spec = RequestSpec(request_id=-1, arrival_s=0.0, prompt="Hello", input_tokens=1, max_tokens=1)
-        body = json.dumps(self.build_body(spec, stream=False)).encode()
-        r = await self._control(client, "POST", self.url, body)
+    def _probe_body(self, **fields: Any) -> bytes:
+        body: dict[str, Any] = {"model": self.model, "temperature": 0, "max_tokens": 1, "stream": False}
+        if self._is_chat:
+            body["messages"] = [{"role": "user", "content": "Hello"}]
+        else:
+            body["prompt"] = "Hello"
+        body.update(self._extra_body)
+        body.update(fields)
+        return json.dumps(body).encode()
+
+    async def _negotiate(self, client: httpx.AsyncClient, notes: list[str]) -> None:
+        caps = self.caps
+        r = await self._control(client, "POST", self.url, self._probe_body())
         if r.status_code >= 400:
             raise TargetUnreachable(
-                f"{self.url}: {self._http_error(r.status_code, r.content)}{_auth_hint(r)}"
+                f"{self.url}: the server refused the plainest request (text prompt, max_tokens=1, none of "
+                f"slobench's extensions): {self._http_error(r.status_code, r.content)}{_auth_hint(r)}"
             )
-        return f"{self.model} answers at {self.url} (no /models endpoint)"
+        overhead = 0
+        plain_usage = _usage_of(r.content)
+        if self._is_chat and plain_usage and self._exact is not None:
+            prompt_tokens = _count(plain_usage.get("prompt_tokens"))
+            if prompt_tokens is not None:
+                overhead = max(0, prompt_tokens - self._exact.count("Hello"))
+                notes.append(f"the chat template adds {overhead} prompt tokens (measured); text prompts are "
+                             "shortened by that much")
+        caps = replace(caps, template_overhead=overhead)
+        if caps.profile != "auto":
+            self.caps = replace(caps, notes=(*notes, *caps.notes))
+            return
+        caps = Capabilities("auto", probed=True, template_overhead=overhead, notes=tuple(notes))
+
+        async def refused(field_name: str, **fields: Any) -> str | None:
+            resp = await self._control(client, "POST", self.url, self._probe_body(**fields))
+            if resp.status_code < 400:
+                return None
+            message = self._http_error(resp.status_code, resp.content)
+            if not is_refusal(resp.status_code, message, field_name):
+                raise TargetUnreachable(f"{self.url}: probing {field_name} failed: {message}")
+            return message
+
+        if not self._is_chat:
+            # ids low in the workloads' range: a server with a smaller vocabulary refuses them, rightly
+            why = await refused("prompt", prompt=[1000, 1001, 1002, 1003])
+            if why:
+                caps = caps.with_note(f"token-id prompts refused ({why}); prompts sent as text "
+                                      "(the server's usage counts their tokens)", token_prompts=False)
+        why_eos = await refused("ignore_eos", ignore_eos=True)
+        why_min = await refused("min_tokens", min_tokens=1)
+        if why_eos and why_min:
+            caps = caps.with_note(
+                f"ignore_eos refused ({why_eos}) and min_tokens refused ({why_min}): output lengths cannot "
+                "be enforced, the server may stop early (requested vs produced lengths are reported)",
+                ignore_eos=False, min_tokens=False)
+        elif why_eos:
+            caps = caps.with_note(f"ignore_eos refused ({why_eos}); min_tokens = max_tokens enforces output "
+                                  "lengths instead", ignore_eos=False)
+        elif why_min:
+            caps = caps.with_note(f"min_tokens refused ({why_min}); ignore_eos alone enforces output lengths",
+                                  min_tokens=False)
+        if self.stream:
+            body = self._probe_body(stream=True, stream_options={"include_usage": True}, max_tokens=2)
+            resp = await self._control(client, "POST", self.url, body)
+            message = self._http_error(resp.status_code, resp.content) if resp.status_code >= 400 else ""
+            if resp.status_code >= 400 and is_refusal(resp.status_code, message, "stream_options"):
+                caps = caps.with_note(f"stream_options.include_usage refused ({message}); output tokens are "
+                                      "counted from the stream", include_usage=False, usage_in_stream=False)
+            elif resp.status_code >= 400:
+                raise TargetUnreachable(f"{self.url}: a streamed request failed: {message}")
+            elif not _stream_has_usage(resp.content):
+                caps = caps.with_note("the server sends no usage in streams (include_usage asked); output "
+                                      "tokens are counted from the stream's chunks", usage_in_stream=False)
+            else:
+                caps = replace(caps, usage_in_stream=True)
+        self.caps = caps
 
     async def _control(
         self, client: httpx.AsyncClient, method: str, url: str, body: bytes | None = None
@@ -364,12 +518,6 @@ class OpenAITarget:
             if t is e:
                 raise
             raise TargetUnreachable(self._scrub(f"{url}: {t}")) from None
-
-
-_CHAT_TOKEN_IDS = (
-    "request {request_id}: api='chat' sends text messages, but this prompt is token ids; "
-    "use api='completions' or a text-prompt workload"
-)
 
 
 def _normalise_base_url(base_url: str) -> str:
@@ -412,18 +560,60 @@ def _tokens_in(choice: dict[str, Any], is_chat: bool) -> int:
     return 1
 
 
+_MAX_PLAUSIBLE_TOKENS = 10_000_000  # a count above this is not a token count
+
+
+def _count(v: Any) -> int | None:
+    """A token count from usage: a non-negative int (not a bool) no larger than any real request."""
+    if type(v) is int and 0 <= v <= _MAX_PLAUSIBLE_TOKENS:
+        return v
+    return None
+
+
 def _take_usage(record: RequestRecord, usage: dict[str, Any]) -> None:
-    completion = usage.get("completion_tokens")
-    if isinstance(completion, int):
-        record.output_tokens = completion
-    prompt = usage.get("prompt_tokens")
-    if isinstance(prompt, int):
+    """Read a usage object; implausible values (negative, huge, wrong type) are not taken. An all-zero usage
+    (LiteLLM puts one on every chunk) says nothing and leaves earlier values alone."""
+    completion = _count(usage.get("completion_tokens"))
+    prompt = _count(usage.get("prompt_tokens"))
+    if not completion and not prompt:
+        return
+    if completion is not None:
+        record.usage_output_tokens = completion
+    if prompt is not None:
         record.prompt_tokens = prompt
     details = usage.get("prompt_tokens_details")  # OpenAI, vLLM (--enable-prompt-tokens-details), SGLang
     if isinstance(details, dict):
-        cached = details.get("cached_tokens")
-        if isinstance(cached, int) and not isinstance(cached, bool):
+        cached = _count(details.get("cached_tokens"))
+        if cached is not None and (prompt is None or cached <= prompt):
             record.cached_tokens = cached
+
+
+def _settle_output_tokens(record: RequestRecord, max_tokens: int) -> None:
+    """output_tokens: the server's usage where it is plausible, else what the stream carried.
+
+    The usage count is kept beside it (`usage_output_tokens`) either way, so a disagreement stays visible:
+    usage below the number of content events, or above `max_tokens`, cannot be true, and then the counted
+    tokens are used (TPOT must not be computed from a made-up count)."""
+    counted = sum(record.chunk_tokens)
+    usage = record.usage_output_tokens
+    if usage is None or (usage == 0 and counted):
+        record.output_tokens = counted
+    elif usage < len(record.chunk_tokens) or usage > max_tokens:
+        record.output_tokens = counted
+    else:
+        record.output_tokens = usage
+
+
+def _not_a_stream(head: bytes) -> str:
+    """What to say of a 200 answer to a streamed request that held no SSE event."""
+    text = head.decode("utf-8", "replace").strip()
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return f"no SSE events in the stream: {text[:120]!r}"
+    if isinstance(obj, dict) and ("error" in obj or obj.get("object") == "error"):
+        return "server error: " + _error_message(obj, text)
+    return f"no SSE events in the stream (a JSON body instead): {text[:120]!r}"
 
 
 def _error_message(obj: Any, fallback: str) -> str:
@@ -449,6 +639,31 @@ def _event_error_text(data: str) -> str:
 
 def _truncate(text: str) -> str:
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
+
+
+def _usage_of(raw: bytes) -> dict[str, Any] | None:
+    try:
+        usage = json.loads(raw).get("usage")
+    except (ValueError, AttributeError):
+        return None
+    return usage if isinstance(usage, dict) else None
+
+
+def _stream_has_usage(raw: bytes) -> bool:
+    """Whether a whole streamed body holds a usage object with a non-zero count."""
+    try:
+        events = SSEParser().feed(raw + b"\n\n")
+    except SSEDecodeError:
+        return False
+    for ev in events:
+        try:
+            obj = json.loads(ev.data)
+        except ValueError:
+            continue
+        usage = obj.get("usage") if isinstance(obj, dict) else None
+        if isinstance(usage, dict) and (_count(usage.get("completion_tokens")) or _count(usage.get("prompt_tokens"))):
+            return True
+    return False
 
 
 def _served_models(raw: bytes) -> list[str] | None:

@@ -43,6 +43,7 @@ class TransportError(Exception):
 
 class Response(Protocol):
     status: int
+    retry_after: str | None  # the Retry-After header of a 429 or 503, as sent
 
     def chunks(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive, in whatever pieces the network delivers."""
@@ -63,10 +64,11 @@ class Transport(Protocol):
 
 
 class _AiohttpResponse:
-    __slots__ = ("status", "_resp")
+    __slots__ = ("status", "retry_after", "_resp")
 
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self.status = resp.status
+        self.retry_after = resp.headers.get("Retry-After") if resp.status >= 400 else None
         self._resp = resp
 
     def chunks(self) -> AsyncIterator[bytes]:
@@ -120,10 +122,11 @@ async def _call_on_sent(_session: object, ctx: SimpleNamespace, _params: object)
 
 
 class _HttpxResponse:
-    __slots__ = ("status", "_resp")
+    __slots__ = ("status", "retry_after", "_resp")
 
     def __init__(self, resp: httpx.Response) -> None:
         self.status = resp.status_code
+        self.retry_after = resp.headers.get("Retry-After") if resp.status_code >= 400 else None
         self._resp = resp
 
     def chunks(self) -> AsyncIterator[bytes]:

@@ -126,7 +126,22 @@ class WorkerPool:
         self._probe.check_compatible(spec)
 
     async def preflight(self) -> str:
-        return await self._probe.preflight()
+        from slobench.targets.capabilities import Capabilities
+
+        before = Capabilities.from_dict(self.target_kwargs["capabilities"]) if "capabilities" in \
+            self.target_kwargs else self._probe.caps
+        served = await self._probe.preflight()
+        # what the probe settled travels to every worker; workers already started that would send
+        # differently get it by a restart
+        self.target_kwargs["capabilities"] = self._probe.caps.to_dict()
+        if self._workers and not before.sends_like(self._probe.caps):
+            await self.close()
+            await self.start()
+        return served
+
+    @property
+    def caps(self) -> Any:
+        return self._probe.caps
 
     @property
     def model(self) -> str:

@@ -8,6 +8,7 @@ event loop, like a real server) and waits for its `LISTENING <port>` line with a
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ class TokenServerProcess(ServerProcess):
         model: str = "test-model",
         serve_models: bool = True,
         log: bool | str | Path = False,
+        quirks: Sequence[str] = (),
         host: str = "127.0.0.1",
         startup_timeout_s: float = 15.0,
     ) -> None:
@@ -43,6 +45,8 @@ class TokenServerProcess(ServerProcess):
         self.model = model
         if not serve_models:
             self._args.append("--no-models")
+        for q in quirks:
+            self._args += ["--quirk", q]
         self.log_path: Path | None = (self.tmp_path / "server.jsonl") if log is True else (Path(log) if log else None)
         if self.log_path is not None:
             self._args += ["--log", str(self.log_path)]

@@ -52,6 +52,24 @@ FAULTS = frozenset(
         "hang_after_3",  # 3 tokens, then silence
     }
 )
+# Whole-server behaviours of real third-party servers (`--quirk NAME`, repeatable), for the tests of
+# issue 11: each is something a popular OpenAI-compatible server does with its defaults.
+QUIRKS = frozenset(
+    {
+        "models-500",  # GET /v1/models answers 500 (seen on a real server's start)
+        "models-empty",  # GET /v1/models lists nothing: {"object":"list","data":[]}
+        "strict-fields",  # unknown request fields are refused: HTTP 422 "Unexpected fields in the request"
+        "text-prompts-only",  # a token-id prompt gets 500 and a validation message (llama-cpp-python)
+        "no-done",  # streams end after the finish chunk (and usage) without `data: [DONE]` (TGI, Ollama)
+        "no-usage",  # streams never carry usage, whatever stream_options asks (llama.cpp)
+        "eos-early",  # ignore_eos is taken and ignored: the model stops at half max_tokens unless min_tokens
+        "interrupt",  # streams stop half-way with `data: [DONE]` and no finish_reason (llama.cpp interrupted)
+        "refuse-all",  # every completion request is refused with 400
+    }
+)
+# The request fields a strict server knows (OpenAI's), plus the test knobs x_*.
+_STRICT_FIELDS = frozenset({"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
+                            "top_p", "stream", "stream_options", "seed", "stop", "n", "user"})
 _FAULT_AT = 2  # token index at which mid-stream faults strike
 _RESET_AT = 3
 
@@ -63,12 +81,15 @@ class ServerConfig:
     itl_ms: float = 5.0
     serve_models: bool = True  # False: /v1/models answers 404, like servers without it
     log_path: Path | None = None
+    quirks: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.ttft_ms < 0:
             raise ValueError(f"ttft_ms must be >= 0 (got {self.ttft_ms!r})")
         if self.itl_ms < 0:
             raise ValueError(f"itl_ms must be >= 0 (got {self.itl_ms!r})")
+        if unknown := set(self.quirks) - QUIRKS:
+            raise ValueError(f"unknown quirks {sorted(unknown)}; known: {sorted(QUIRKS)}")
 
 
 @dataclass(slots=True)
@@ -135,10 +156,11 @@ class TokenServer:
     async def _models(self, _request: web.Request) -> web.Response:
         if not self.config.serve_models:
             return _error(404, "Not Found", "NotFoundError")
-        body = {
-            "object": "list",
-            "data": [{"id": self.config.model, "object": "model", "owned_by": "slobench"}],
-        }
+        if "models-500" in self.config.quirks:
+            return _error(500, "Internal Server Error", "InternalServerError")
+        listed = [] if "models-empty" in self.config.quirks else [
+            {"id": self.config.model, "object": "model", "owned_by": "slobench"}]
+        body = {"object": "list", "data": listed}
         return web.json_response(body)
 
     async def _metrics(self, _request: web.Request) -> web.Response:
@@ -172,6 +194,15 @@ class TokenServer:
             return _error(400, f"bad JSON body: {e}", "BadRequestError")
         if body.get("model") != self.config.model:
             return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        quirks = self.config.quirks
+        if "refuse-all" in quirks:
+            return _error(400, "this server refuses every request", "BadRequestError")
+        if "strict-fields" in quirks:
+            extra = {k for k in body if k not in _STRICT_FIELDS and not k.startswith("x_")}
+            if extra:
+                return _error(422, f"Unexpected fields in the request: {extra}", "BadRequestError")
+        if "text-prompts-only" in quirks and not is_chat and not isinstance(body.get("prompt"), str):
+            return _error(500, "1 validation error: prompt must be a string", "InternalServerError")
         fault = body.get("x_fault")
         if fault is not None and fault not in FAULTS:
             return _error(400, f"unknown x_fault {fault!r}; known: {sorted(FAULTS)}", "BadRequestError")
@@ -203,6 +234,10 @@ class TokenServer:
                 return web.Response(status=204)
             ttft_s = float(body.get("x_ttft_ms", self.config.ttft_ms)) * 1e-3
             itl_s = float(body.get("x_itl_ms", self.config.itl_ms)) * 1e-3
+            if "eos-early" in quirks:  # ignore_eos is ignored; min_tokens is honoured
+                min_tokens = body.get("min_tokens")
+                floor = min_tokens if isinstance(min_tokens, int) and min_tokens > 0 else 1
+                max_tokens = min(max_tokens, max(floor, max_tokens // 2))
             usage = {
                 "prompt_tokens": num_prompt,
                 "completion_tokens": max_tokens,
@@ -210,6 +245,7 @@ class TokenServer:
             }
             if body.get("stream"):
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                include_usage = include_usage and "no-usage" not in quirks
                 return await self._stream(
                     request, is_chat, fault, recv_s, ttft_s, itl_s, max_tokens, usage, include_usage, chunk_s
                 )
@@ -277,9 +313,16 @@ class TokenServer:
         last = head + piece + b',"finish_reason":"length"' + tail
         write = resp.write
         perf = time.perf_counter
+        quirks = self.config.quirks
+        if "eos-early" in quirks:
+            last = last.replace(b'"finish_reason":"length"', b'"finish_reason":"stop"')
         for i in range(max_tokens):
             await _sleep_until(recv_s + ttft_s + i * itl_s)
             if fault is not None and await self._mid_stream_fault(request, resp, fault, i):
+                return resp
+            if "interrupt" in quirks and i == max(1, max_tokens // 2):
+                await write(b"data: [DONE]\n\n")
+                await resp.write_eof()
                 return resp
             await write(last if i == max_tokens - 1 else chunk)
             chunk_s.append(perf())
@@ -294,7 +337,7 @@ class TokenServer:
                 "usage": usage,
             }
             await write(b"data: " + json.dumps(u).encode() + b"\n\n")
-        if fault != "no_done":
+        if fault != "no_done" and "no-done" not in quirks:
             await write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -382,6 +425,7 @@ async def _main_async(args: argparse.Namespace) -> None:
         itl_ms=args.itl_ms,
         serve_models=not args.no_models,
         log_path=Path(args.log) if args.log else None,
+        quirks=frozenset(args.quirk),
     )
     runner, port = await serve(config, args.host, args.port)
     stop = asyncio.Event()
@@ -405,6 +449,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--itl-ms", type=float, default=5.0)
     p.add_argument("--model", default="test-model")
     p.add_argument("--no-models", action="store_true", help="answer 404 on /v1/models")
+    p.add_argument("--quirk", action="append", default=[], choices=sorted(QUIRKS),
+                   help="behave like a real third-party server in this way (repeatable)")
     p.add_argument("--log", default=None, help="append per-request JSON lines (perf_counter times) here")
     args = p.parse_args(argv)
     try:

@@ -1,0 +1,117 @@
+"""What a server accepts of the request extensions slobench relies on, and what to send instead.
+
+slobench's defaults are vLLM-shaped: token-id prompts (exact prompt lengths), `ignore_eos` and
+`min_tokens` (exact output lengths), `stream_options.include_usage` (the server's own token counts). Many
+real servers refuse some of these (TGI, Ollama, OpenAI and LiteLLM-fronted providers answer 400/422 to
+unknown fields; llama-cpp-python answers a token-id prompt with 500 and a validation message), and some
+accept a field and ignore it (llama.cpp takes `ignore_eos` silently). So before a run, unless a
+`--server-profile` fixes the choice, one tiny request probes each extension, and a refusal turns it off:
+
+    token-id prompts  ->  text prompts (the same ids map to the same words, so shared prefixes stay shared)
+    ignore_eos        ->  min_tokens = max_tokens  ->  neither (the server may stop early: said, and measured)
+    include_usage     ->  no stream_options (output tokens counted from the stream, and said so)
+
+Every choice is a `Fallback` line: printed once before the run, stored in `manifest.json` under
+`target.capabilities`, and shown in the report's header.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from slobench.errors import SpecError
+
+PROFILES = ("auto", "vllm", "sglang", "tgi", "llamacpp", "ollama", "openai", "generic")
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """The extensions slobench sends to this server. `notes` say, once, what was given up and why."""
+
+    profile: str = "vllm"
+    token_prompts: bool = True
+    ignore_eos: bool = True
+    min_tokens: bool = True
+    include_usage: bool = True
+    usage_in_stream: bool | None = None  # None: not probed; False: asked for, none came (counted from chunks)
+    template_overhead: int = 0  # prompt tokens a chat template adds (measured with --tokenizer)
+    probed: bool = False
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def enforces_output_length(self) -> bool:
+        """Whether a requested output length can be forced (else the server may stop early at EOS)."""
+        return self.ignore_eos or self.min_tokens
+
+    def sends_like(self, other: Capabilities) -> bool:
+        """Whether requests built under `other` are the same as under these (workers need no restart)."""
+        keys = ("token_prompts", "ignore_eos", "min_tokens", "include_usage", "template_overhead")
+        return all(getattr(self, k) == getattr(other, k) for k in keys)
+
+    def with_note(self, note: str, **changes: Any) -> Capabilities:
+        return replace(self, notes=(*self.notes, note), **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["notes"] = list(self.notes)
+        d["enforces_output_length"] = self.enforces_output_length
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Capabilities:
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        known["notes"] = tuple(known.get("notes", ()))
+        return cls(**known)
+
+
+# What each server is known to accept, from its documentation and source (see docs/servers.md). A fixed
+# profile skips probing: for a server that must not see probe traffic, or whose refusals are ambiguous.
+_KNOWN: dict[str, Capabilities] = {
+    "vllm": Capabilities("vllm"),
+    "sglang": Capabilities("sglang"),
+    "tgi": Capabilities("tgi", token_prompts=False, ignore_eos=False, min_tokens=False),
+    "llamacpp": Capabilities("llamacpp", token_prompts=False, ignore_eos=False, min_tokens=True, include_usage=False),
+    "ollama": Capabilities("ollama", token_prompts=False, ignore_eos=False, min_tokens=False),
+    "openai": Capabilities("openai", token_prompts=True, ignore_eos=False, min_tokens=False),
+    "generic": Capabilities("generic", token_prompts=False, ignore_eos=False, min_tokens=False),
+}
+
+
+def profile_capabilities(name: str) -> Capabilities:
+    """The fixed capabilities of a named server profile (not "auto", which is decided by probing)."""
+    if name not in PROFILES:
+        raise SpecError("server_profile", name, f"must be one of {', '.join(PROFILES)}")
+    if name == "auto":
+        return Capabilities("auto")
+    caps = _KNOWN[name]
+    notes = []
+    if not caps.token_prompts:
+        notes.append(f"server profile {name}: prompts sent as text (token-id prompts not used)")
+    if not caps.ignore_eos:
+        notes.append(
+            f"server profile {name}: no ignore_eos"
+            + ("; min_tokens = max_tokens enforces output lengths" if caps.min_tokens else
+               "; output lengths cannot be enforced, the server may stop early")
+        )
+    if not caps.include_usage:
+        notes.append(f"server profile {name}: no stream_options.include_usage; output tokens counted from the stream")
+    return replace(caps, notes=tuple(notes))
+
+
+# Words in a refusal that say the server rejected a *field* (a validation error), not that it failed.
+_REFUSAL_WORDS = ("unexpected", "unknown", "unrecognized", "unrecognised", "extra", "not permitted",
+                  "not allowed", "not supported", "unsupported", "invalid", "validation", "must be", "field")
+
+
+def is_refusal(status: int, message: str, field_name: str) -> bool:
+    """Whether an error answer to a probe refuses the probed extension.
+
+    Any 4xx is (OpenAI answers 400, FastAPI/pydantic servers 422). A 5xx only when the message names the
+    field or reads as a validation error: llama-cpp-python answers a token-id prompt with 500 and pydantic's
+    message, while a plain 500 or 503 is a failing server, which must not be mistaken for a refusal.
+    """
+    if 400 <= status < 500 and status not in (401, 403, 404, 408, 429):
+        return True
+    text = message.lower()
+    return status >= 500 and (field_name.lower() in text or any(w in text for w in _REFUSAL_WORDS))

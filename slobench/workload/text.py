@@ -1,0 +1,80 @@
+"""Text prompts for servers that take no token ids, of an exact token count when a tokenizer is given.
+
+`ids_to_text` maps each token id to one of the prompt words (`prompts.WORDS`, each one BPE token with its
+leading space in common tokenizers), by the id alone: two prompts that share a prefix of ids share the
+same prefix of text, so a prefix-caching workload keeps its hits when it has to fall back to text.
+
+Without a tokenizer n ids give n words, about n tokens; the server's `usage.prompt_tokens` is the truth and
+the summary compares it with what was asked. With `--tokenizer PATH` (a `tokenizer.json`, or an HF
+tokenizer folder holding one, read with the `tokenizers` library, never from a hub) the text is trimmed
+or padded at its end until it encodes to exactly the asked count, less the chat template's overhead
+measured at preflight.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from slobench.errors import UsageError
+from slobench.workload.prompts import WORDS
+
+_NUM_WORDS = len(WORDS)
+_PADS = (" the", " a", " of", " x", ".", "a", " ")  # short pieces; padding takes one that adds a single token
+
+
+def ids_to_text(ids: tuple[int, ...] | list[int]) -> str:
+    return " ".join([WORDS[i % _NUM_WORDS] for i in ids])
+
+
+class ExactText:
+    """Text of an exact token count for one tokenizer. Thread-compatible; one per target."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._tok = load_tokenizer(self.path)
+
+    def count(self, text: str) -> int:
+        return len(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def fit(self, text: str, n: int) -> str:
+        """`text`, cut or padded at its end so that it encodes to exactly `n` tokens (n >= 1).
+
+        The head of the text is kept (shared prefixes stay shared); only the tail changes. Cut at the
+        character offset where token n starts, then pad with whichever short piece adds exactly one token
+        here, trimming characters back when a merge overshoots."""
+        n = max(1, n)
+        enc = self._tok.encode(text, add_special_tokens=False)
+        have = len(enc.ids)
+        if have > n:
+            text = text[: enc.offsets[n][0]].rstrip() or text[:1]
+            have = self.count(text)
+        for _ in range(4 * n + 16):
+            if have == n:
+                return text
+            if have > n:
+                text = text[:-1].rstrip() or text[:1]
+            else:
+                step = min(_PADS, key=lambda p: abs(self.count(text + p) - have - 1))
+                text += step
+            have = self.count(text)
+        if have != n:
+            raise UsageError(f"--tokenizer {self.path}: could not make a text of exactly {n} tokens (got {have})")
+        return text
+
+
+def load_tokenizer(path: Path) -> Any:
+    """A `tokenizers.Tokenizer` from a tokenizer.json or a folder holding one; UsageError (exit 2) otherwise."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise UsageError("--tokenizer needs the tokenizers package: pip install 'slobench[tokenizer]'") from None
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.exists():
+        where = f"no tokenizer.json in folder {path}" if path.is_dir() else f"no such file: {path}"
+        raise UsageError(f"--tokenizer: {where}")
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as e:  # the tokenizers library raises plain Exception subclasses with a message
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UsageError(f"--tokenizer {file}: not a readable tokenizer.json ({first})") from None
