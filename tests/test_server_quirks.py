@@ -149,3 +149,15 @@ def test_bad_tokenizer_is_exit_2_with_one_line(tmp_path: Path, capsys: pytest.Ca
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--tokenizer" in err[0], err
+
+
+@pytest.mark.parametrize(("profile", "paired"), [("vllm", False), ("sglang", False), ("llamacpp", True),
+                                                 ("auto", True)])
+def test_min_tokens_goes_beside_ignore_eos_only_where_ignore_eos_may_be_ignored(profile: str, paired: bool) -> None:
+    from slobench.records import RequestSpec
+    from slobench.targets import OpenAITarget
+
+    body = OpenAITarget("http://h:1/v1", "m", server_profile=profile).build_body(
+        RequestSpec(request_id=0, arrival_s=0.0, prompt=(1, 2), input_tokens=2, max_tokens=9))
+    assert body.get("min_tokens") == (9 if paired else None)
+    assert body.get("ignore_eos") is (None if profile == "llamacpp" else True)

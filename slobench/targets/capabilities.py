@@ -36,6 +36,10 @@ class Capabilities:
     include_usage: bool = True
     usage_in_stream: bool | None = None  # None: not probed; False: asked for, none came (counted from chunks)
     template_overhead: int = 0  # prompt tokens a chat template adds (measured with --tokenizer)
+    # send min_tokens = max_tokens beside ignore_eos: for servers that take ignore_eos and ignore it
+    # (llama.cpp); off for servers known to honour it (vLLM, SGLang, the bundled engine), whose benchmarks
+    # should see the plain request
+    pair_min_tokens: bool = True
     probed: bool = False
     notes: tuple[str, ...] = field(default=())
 
@@ -46,7 +50,7 @@ class Capabilities:
 
     def sends_like(self, other: Capabilities) -> bool:
         """Whether requests built under `other` are the same as under these (workers need no restart)."""
-        keys = ("token_prompts", "ignore_eos", "min_tokens", "include_usage", "template_overhead")
+        keys = ("token_prompts", "ignore_eos", "min_tokens", "include_usage", "template_overhead", "pair_min_tokens")
         return all(getattr(self, k) == getattr(other, k) for k in keys)
 
     def with_note(self, note: str, **changes: Any) -> Capabilities:
@@ -68,8 +72,8 @@ class Capabilities:
 # What each server is known to accept, from its documentation and source (see docs/servers.md). A fixed
 # profile skips probing: for a server that must not see probe traffic, or whose refusals are ambiguous.
 _KNOWN: dict[str, Capabilities] = {
-    "vllm": Capabilities("vllm"),
-    "sglang": Capabilities("sglang"),
+    "vllm": Capabilities("vllm", pair_min_tokens=False),
+    "sglang": Capabilities("sglang", pair_min_tokens=False),
     "tgi": Capabilities("tgi", token_prompts=False, ignore_eos=False, min_tokens=False),
     "llamacpp": Capabilities("llamacpp", token_prompts=False, ignore_eos=False, min_tokens=True, include_usage=False),
     "ollama": Capabilities("ollama", token_prompts=False, ignore_eos=False, min_tokens=False),
@@ -98,6 +102,9 @@ def profile_capabilities(name: str) -> Capabilities:
         notes.append(f"server profile {name}: no stream_options.include_usage; output tokens counted from the stream")
     return replace(caps, notes=tuple(notes))
 
+
+# `owned_by` in a /models listing that names a server known to honour ignore_eos
+HONOURS_IGNORE_EOS = frozenset({"vllm", "sglang", "slobench"})
 
 # Words in a refusal that say the server rejected a *field* (a validation error), not that it failed.
 _REFUSAL_WORDS = ("unexpected", "unknown", "unrecognized", "unrecognised", "extra", "not permitted",

@@ -31,7 +31,7 @@ from orjson import loads as _loads  # about twice as fast as json.loads on SSE e
 from slobench.clock import Clock
 from slobench.errors import SpecError, TargetUnreachable
 from slobench.records import RequestRecord, RequestSpec
-from slobench.targets.capabilities import Capabilities, is_refusal, profile_capabilities
+from slobench.targets.capabilities import HONOURS_IGNORE_EOS, Capabilities, is_refusal, profile_capabilities
 from slobench.targets.sse import DONE, SSEDecodeError, SSEParser
 from slobench.targets.transport import (
     Response,
@@ -209,8 +209,8 @@ class OpenAITarget:
         if spec.ignore_eos:
             if caps.ignore_eos:
                 body["ignore_eos"] = True
-            if caps.min_tokens and min_tokens is None:
-                min_tokens = spec.max_tokens  # enforces the length where ignore_eos is taken but ignored
+            if caps.min_tokens and min_tokens is None and (caps.pair_min_tokens or not caps.ignore_eos):
+                min_tokens = spec.max_tokens  # enforces the length where ignore_eos is refused, or ignored
         if min_tokens is not None and caps.min_tokens:
             body["min_tokens"] = min_tokens
         if self._extra_body:
@@ -417,6 +417,7 @@ class OpenAITarget:
         async with httpx.AsyncClient(timeout=self.preflight_timeout_s) as client:
             r = await self._control(client, "GET", url)
             served = _served_models(r.content) if r.status_code < 400 else None
+            owner = _owner(r.content, self.model) if served else None
             if r.status_code in (401, 403):
                 raise TargetUnreachable(f"{url}: {self._http_error(r.status_code, r.content)}{_auth_hint(r)}")
             if served and self.model not in served:
@@ -426,7 +427,7 @@ class OpenAITarget:
                 why = (f"HTTP {r.status_code}" if r.status_code >= 400 else
                        "an empty list" if served == [] else "no model list")
                 notes.append(f"GET /models gave {why}; a request to {self.model!r} decides instead")
-            await self._negotiate(client, notes)
+            await self._negotiate(client, notes, honours_ignore_eos=owner in HONOURS_IGNORE_EOS)
         self._set_caps(self.caps)
         if served:
             return f"{self.model} served at {self.base_url}"
@@ -442,7 +443,7 @@ class OpenAITarget:
         body.update(fields)
         return json.dumps(body).encode()
 
-    async def _negotiate(self, client: httpx.AsyncClient, notes: list[str]) -> None:
+    async def _negotiate(self, client: httpx.AsyncClient, notes: list[str], *, honours_ignore_eos: bool) -> None:
         caps = self.caps
         r = await self._control(client, "POST", self.url, self._probe_body())
         if r.status_code >= 400:
@@ -462,7 +463,8 @@ class OpenAITarget:
         if caps.profile != "auto":
             self.caps = replace(caps, notes=(*notes, *caps.notes))
             return
-        caps = Capabilities("auto", probed=True, template_overhead=overhead, notes=tuple(notes))
+        caps = Capabilities("auto", probed=True, template_overhead=overhead, notes=tuple(notes),
+                            pair_min_tokens=not honours_ignore_eos)
 
         async def refused(field_name: str, **fields: Any) -> str | None:
             resp = await self._control(client, "POST", self.url, self._probe_body(**fields))
@@ -664,6 +666,17 @@ def _stream_has_usage(raw: bytes) -> bool:
         if isinstance(usage, dict) and (_count(usage.get("completion_tokens")) or _count(usage.get("prompt_tokens"))):
             return True
     return False
+
+
+def _owner(raw: bytes, model: str) -> str | None:
+    """The `owned_by` of `model` in a /models listing (vLLM says "vllm", SGLang "sglang")."""
+    try:
+        for m in json.loads(raw)["data"]:
+            if str(m.get("id")) == model:
+                return str(m.get("owned_by") or "") or None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return None
 
 
 def _served_models(raw: bytes) -> list[str] | None:

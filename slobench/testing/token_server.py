@@ -159,7 +159,8 @@ class TokenServer:
         if "models-500" in self.config.quirks:
             return _error(500, "Internal Server Error", "InternalServerError")
         listed = [] if "models-empty" in self.config.quirks else [
-            {"id": self.config.model, "object": "model", "owned_by": "slobench"}]
+            {"id": self.config.model, "object": "model",
+             "owned_by": "llamacpp" if "eos-early" in self.config.quirks else "slobench"}]
         body = {"object": "list", "data": listed}
         return web.json_response(body)
 
