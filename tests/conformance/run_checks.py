@@ -25,7 +25,7 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def describe_errors(records: list[dict[str, Any]]) -> str:
-    counts = Counter(f"{r['status']}: {r.get('error')}" for r in records if r["status"] != "ok")
+    counts = Counter(f"{r['status']}: {(r.get('error') or '')[:160]}" for r in records if r["status"] != "ok")
     return "\n".join(f"  {n} x {text}" for text, n in counts.most_common(8)) or "  (none)"
 
 
@@ -43,10 +43,11 @@ def check_run_dir(run_dir: Path, expect: Expect) -> list[dict[str, Any]]:
     )
     for r in ok:
         assert r["output_tokens"] > 0, f"request {r['request_id']} ok with no output: {r}"
-        usage = r.get("usage_output_tokens")
+        usage = r.get("usage_output_tokens")  # the server's completion_tokens, where the client records it
         if expect.usage_in_stream:
-            assert usage is not None, f"request {r['request_id']}: the server sent usage but none was recorded"
-            assert r["prompt_tokens"] is not None, f"request {r['request_id']}: usage.prompt_tokens not recorded"
+            assert r["prompt_tokens"] is not None, f"request {r['request_id']}: the server's usage was not read"
+            if "usage_output_tokens" in r:
+                assert usage is not None, f"request {r['request_id']}: the server sent usage, none was recorded"
         if usage is not None:
             assert r["output_tokens"] == usage, (
                 f"request {r['request_id']}: output_tokens {r['output_tokens']} != the server's usage {usage}"

@@ -118,8 +118,10 @@ def start_llamacpp(tmp: Path, *, interrupt_requests: bool) -> Iterator[Served]:
 
 
 def start_litellm(tmp: Path, engine: EngineServerProcess) -> Iterator[Served]:
+    # top-level names only: find_spec("litellm.proxy...") would import litellm, which fetches a price
+    # list from GitHub on import (~10 s of retries offline); fastapi_sso comes with the proxy extra
     require("litellm", "litellm[proxy]")
-    require("litellm.proxy.proxy_server", "litellm[proxy]")
+    require("fastapi_sso", "litellm[proxy]")
     config = tmp / "litellm.yaml"
     # openai/: any OpenAI-compatible server; it passes token-id prompts and extra fields (ignore_eos) on.
     # (hosted_vllm/ refuses token-id prompts in 1.108.7: 500 "Unmapped prompt format".)

@@ -23,14 +23,14 @@ LITELLM = dict(usage_in_stream=True, exact_output=True, serves_metrics=False)
 
 @pytest.mark.parametrize("api_args", [(), ("--api", "chat")], ids=["default", "chat"])
 def test_run(litellm_proxy: Served, run_slobench: Callable[..., CliResult], api_args: tuple[str, ...]) -> None:
-    res = run_slobench(litellm_proxy, "run", "--workload", "tiny", "--rate", "4", "--num-requests", str(NUM),
+    res = run_slobench(litellm_proxy, "run", "--workload", "tiny", "--rate", "5", "--num-requests", str(NUM),
                        *api_args)
     assert res.returncode == 0, res.explain()
     check_run_dir(res.out, Expect(NUM, **LITELLM))
 
 
 def test_sweep(litellm_proxy: Served, run_slobench: Callable[..., CliResult]) -> None:
-    res = run_slobench(litellm_proxy, "sweep", "--workload", "tiny", "--rates", "2,6", "--num-requests", "6")
+    res = run_slobench(litellm_proxy, "sweep", "--workload", "tiny", "--rates", "3,6", "--num-requests", "5")
     assert res.returncode == 0, res.explain()
-    for rate_dir in ("rate-2", "rate-6"):
-        check_run_dir(res.out / rate_dir, Expect(6, **LITELLM))
+    for rate_dir in ("rate-3", "rate-6"):
+        check_run_dir(res.out / rate_dir, Expect(5, **LITELLM))
