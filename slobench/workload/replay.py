@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,8 @@ from slobench.workload.traces import Trace, TraceEntry, load_trace
 __all__ = ["TraceReplay", "block_token_ids", "replay", "replay_scale"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+MAX_CACHED_BLOCKS = 8192  # 32 MiB of 512-token blocks
+MAX_SESSIONS = 16384
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -52,12 +55,17 @@ def block_token_ids(
 ) -> np.ndarray:
     """The token ids of one prompt block: a pure function of (key, hash_id), so equal ids give equal
     tokens in every request and every process; the first m ids of a block do not depend on its length."""
+    return blocks_token_ids(key, [hash_id], num_tokens, id_range)[0]
+
+
+def blocks_token_ids(key: int, hash_ids: list[int], num_tokens: int, id_range: tuple[int, int]) -> np.ndarray:
+    """block_token_ids for several ids at once, one row each (one numpy pass: a prompt's missing blocks)."""
     lo, hi = id_range
+    mask = 0xFFFFFFFFFFFFFFFF
     with np.errstate(over="ignore"):
-        base = _mix64(np.array([key & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64) ^ _mix64(
-            np.array([hash_id & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64) + _GOLDEN))
+        base = _mix64(np.uint64(key & mask) ^ _mix64(np.array([h & mask for h in hash_ids], np.uint64) + _GOLDEN))
         pos = np.arange(1, num_tokens + 1, dtype=np.uint64)
-        vals = _mix64(base + pos * _GOLDEN)
+        vals = _mix64(base[:, None] + pos[None, :] * _GOLDEN)
     return (vals % np.uint64(hi - lo)).astype(np.int64) + lo
 
 
@@ -70,15 +78,19 @@ def replay_scale(trace: Trace, *, start_s: float = 0.0, time_scale: float | None
     `start_s` span (N − 1) / rate seconds; else the first round(rate × duration_s) fill `duration_s`
     (the next one lands exactly at its end, outside); else the whole rest of the trace is rescaled."""
     if rate_rps is None:
-        k = 1.0 if time_scale is None else time_scale
-        if isinstance(k, bool) or not (isinstance(k, int | float) and math.isfinite(k) and k > 0):
-            raise SpecError("time_scale", time_scale, "must be a finite number > 0 (0.5 = twice as fast)")
-        return float(k)
+        return time_scale_factor(time_scale)
     if not (math.isfinite(rate_rps) and rate_rps > 0):
         raise SpecError("rate_rps", rate_rps, "must be a finite number > 0")
     t = trace.arrival_s
     return rate_scale(t[t >= start_s], trace.path, start_s=start_s, rate_rps=rate_rps, duration_s=duration_s,
                       num_requests=num_requests)  # fmt: skip
+
+
+def time_scale_factor(time_scale: float | None) -> float:
+    k = 1.0 if time_scale is None else time_scale
+    if isinstance(k, bool) or not (isinstance(k, int | float) and math.isfinite(k) and k > 0):
+        raise SpecError("time_scale", time_scale, "must be a finite number > 0 (0.5 = twice as fast)")
+    return float(k)
 
 
 def rate_scale(t: np.ndarray, path: str, *, start_s: float, rate_rps: float, duration_s: float | None,
@@ -132,15 +144,19 @@ def _window(trace: Trace, start_s: float, scale: float, duration_s: float | None
 
 
 class _Prompts:
-    """Builds each request's prompt as an id array (token ids, or word indices for text)."""
+    """Builds each request's prompt as an id array (token ids, or word indices for text).
+
+    Hash blocks are cached, least recently used first out past MAX_CACHED_BLOCKS (they are a pure function
+    of the key and the id, so a block built again is the same); sessions keep their latest prompt, the
+    least recently active dropped past MAX_SESSIONS (a later turn of a dropped session starts afresh)."""
 
     def __init__(self, block_tokens: int, key: int, is_text: bool, id_range: tuple[int, int]) -> None:
         self.block_tokens = block_tokens
         self.key = key
         self.is_text = is_text
         self.id_range = (0, len(WORDS)) if is_text else id_range
-        self.blocks: dict[int, np.ndarray] = {}
-        self.by_session: dict[int, np.ndarray] = {}  # a session's latest prompt ids
+        self.blocks: OrderedDict[int, np.ndarray] = OrderedDict()
+        self.by_session: OrderedDict[int, np.ndarray] = OrderedDict()  # a session's latest prompt ids
         self.rng = np.random.default_rng(np.random.SeedSequence(key & ((1 << 63) - 1), spawn_key=(0x70,)))
 
     def fresh(self, n: int) -> np.ndarray:
@@ -149,17 +165,21 @@ class _Prompts:
 
     def from_blocks(self, hash_ids: tuple[int, ...], n: int) -> np.ndarray:
         size = self.block_tokens
+        used = hash_ids[: -(-n // size)]
+        blocks = self.blocks
+        missing = list(dict.fromkeys(h for h in used if h not in blocks))
+        if missing:
+            for h, row in zip(missing, blocks_token_ids(self.key, missing, size, self.id_range), strict=True):
+                blocks[h] = row
         parts: list[np.ndarray] = []
         have = 0
-        for h in hash_ids:
-            if have >= n:
-                break
-            block = self.blocks.get(h)
-            if block is None:
-                block = self.blocks[h] = block_token_ids(self.key, h, size, self.id_range)
+        for h in used:
+            blocks.move_to_end(h)
             take = min(size, n - have)
-            parts.append(block[:take])
+            parts.append(blocks[h][:take])
             have += take
+        while len(blocks) > MAX_CACHED_BLOCKS:
+            blocks.popitem(last=False)
         if have < n:  # more tokens than blocks: the rest is this request's own
             parts.append(self.fresh(n - have))
         return np.concatenate(parts)
@@ -180,6 +200,9 @@ class _Prompts:
         grow = e.input_tokens - (0 if prev is None else len(prev))
         ids = self.fresh(e.input_tokens) if prev is None or grow < 0 else np.concatenate([prev, self.fresh(grow)])
         self.by_session[e.session_id] = ids
+        self.by_session.move_to_end(e.session_id)
+        if len(self.by_session) > MAX_SESSIONS:
+            self.by_session.popitem(last=False)
         return self.finish(ids)
 
 

@@ -1,0 +1,145 @@
+"""Streaming trace replay against loading the trace whole, on a synthetic Mooncake-style trace (issue 14).
+
+The trace: --rows requests at 200 req/s (Poisson, millisecond stamps), input lengths lognormal (median
+1,000 tokens, at most 16,000), outputs lognormal (median 200); `hash_ids` in 512-token blocks whose first
+block comes from 1,000 shared "system prompts" (Zipf), the rest the request's own. Written once to --dir.
+
+Each way of reading runs in a fresh process and prints:
+  * first request s: from the start of reading to the first request ready to send;
+  * peak MiB: the process's RSS high-water mark, less the same process's after its imports;
+  * lateness p50/p99 ms: the runner's open loop (`Dispatcher.open_loop`) sending the first --seconds of
+    the trace at its own 200 req/s to a target that answers at once: sent − scheduled, the client alone.
+"whole" is `load_trace` + `replay` of those requests (what `slobench run --trace` does today); "stream" is
+`StreamingReplay.specs`, taken one request at a time by the open loop; "stream, all rows" pulls every
+request of the trace (prompts built and dropped, nothing sent) to show memory flat in the trace's length.
+
+    .venv/bin/python benchmarks/trace_replay.py [--rows 1000000] [--seconds 20] [--dir /tmp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import subprocess
+import sys
+import time
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+
+RATE_RPS = 200.0
+
+
+def write_trace(path: Path, rows: int, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    t_ms = np.floor(np.cumsum(rng.exponential(1000.0 / RATE_RPS, rows))).astype(np.int64)
+    ins = np.clip(np.rint(np.exp(rng.normal(np.log(1000), 1.0, rows))), 1, 16_000).astype(np.int64)
+    outs = np.clip(np.rint(np.exp(rng.normal(np.log(200), 0.8, rows))), 1, 4_000).astype(np.int64)
+    system = np.minimum(rng.zipf(1.2, rows), 1000) - 1
+    next_id = 1000
+    with open(path, "w") as fh:
+        for ts, n_in, n_out, first in zip(t_ms.tolist(), ins.tolist(), outs.tolist(), system.tolist(), strict=True):
+            num_blocks = -(-n_in // 512)
+            ids = [first, *range(next_id, next_id + num_blocks - 1)]
+            next_id += num_blocks - 1
+            fh.write(json.dumps({"timestamp": ts, "input_length": n_in, "output_length": n_out,
+                                 "hash_ids": ids}, separators=(",", ":")) + "\n")  # fmt: skip
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class InstantTarget:
+    """Answers every request at once: what is left is the client's own timing."""
+
+    def __init__(self, clock: object) -> None:
+        self.clock = clock
+
+    async def send(self, spec: object, rec: object) -> None:
+        t = self.clock.now_s()  # type: ignore[attr-defined]
+        rec.sent_s = rec.first_token_s = rec.done_s = t  # type: ignore[attr-defined]
+        rec.output_tokens = 1  # type: ignore[attr-defined]
+
+
+async def _dispatch(specs: object) -> np.ndarray:
+    from slobench.clock import Clock
+    from slobench.runner import Dispatcher, RunOptions
+
+    clock = Clock()
+    disp = Dispatcher(InstantTarget(clock), clock, RunOptions(progress=False))  # type: ignore[arg-type]
+    clock.reset()
+    await disp.open_loop(specs)  # type: ignore[arg-type]
+    while disp.tasks:
+        await asyncio.gather(*list(disp.tasks))
+    return np.array([r.sent_s - r.scheduled_s for r in disp.records if r.sent_s is not None])
+
+
+def child(mode: str, path: str, seconds: float) -> dict[str, float]:
+    from slobench.workload.replay import replay
+    from slobench.workload.trace_stream import StreamingReplay
+    from slobench.workload.traces import load_trace
+
+    base = _rss_mib()
+    n = int(RATE_RPS * seconds)
+    t0 = time.perf_counter()
+    out: dict[str, float] = {}
+    if mode == "whole":
+        specs: object = replay(load_trace(path), num_requests=n)
+        out["first_s"] = time.perf_counter() - t0
+        late = asyncio.run(_dispatch(specs))
+    elif mode == "stream":
+        it = StreamingReplay(path).specs(num_requests=n)
+        first = next(it)
+        out["first_s"] = time.perf_counter() - t0
+        late = asyncio.run(_dispatch(chain([first], it)))
+    else:  # every request of the trace, nothing sent
+        it = StreamingReplay(path).specs()
+        next(it)
+        out["first_s"] = time.perf_counter() - t0
+        count = 1 + sum(1 for _ in it)
+        out["rows"] = count
+        out["all_s"] = time.perf_counter() - t0
+        late = np.empty(0)
+    out["peak_mib"] = _rss_mib() - base
+    if len(late):
+        out["late_p50_ms"], out["late_p99_ms"] = (float(x) * 1e3 for x in np.quantile(late, (0.5, 0.99)))
+        out["sent"] = float(len(late))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--seconds", type=float, default=20.0, help="seconds of the trace sent (at 200 req/s)")
+    ap.add_argument("--dir", default="/tmp")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--path", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        print(json.dumps(child(a.child, a.path, a.seconds)))
+        return
+    path = Path(a.dir) / f"slobench-synthetic-mooncake-{a.rows}.jsonl"
+    if not path.exists():
+        t = time.perf_counter()
+        write_trace(path, a.rows)
+        print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - t:.1f} s")
+    print(f"trace: {a.rows:,} rows at {RATE_RPS:g} req/s; sending the first {a.seconds:g} s "
+          f"({int(RATE_RPS * a.seconds):,} requests)\n")  # fmt: skip
+    print("| way of reading | first request s | peak MiB | lateness p50 ms | lateness p99 ms |")
+    print("|---|---:|---:|---:|---:|")
+    for mode, label in (("whole", "whole (load_trace + replay)"), ("stream", "stream"),
+                        ("all", "stream, all rows pulled")):  # fmt: skip
+        cmd = [sys.executable, __file__, "--child", mode, "--path", str(path), "--seconds", str(a.seconds)]
+        res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+        p50 = f"{res['late_p50_ms']:.2f}" if "late_p50_ms" in res else "–"
+        p99 = f"{res['late_p99_ms']:.2f}" if "late_p99_ms" in res else "–"
+        extra = f" ({int(res['rows']):,} requests in {res['all_s']:.0f} s)" if "rows" in res else ""
+        print(f"| {label}{extra} | {res['first_s']:.2f} | {res['peak_mib']:.0f} | {p50} | {p99} |")
+
+
+if __name__ == "__main__":
+    main()
