@@ -255,6 +255,9 @@ class LoadSetup:
         self.extra_body = _parse_extra_body(args.extra_body)
         if args.warmup != "auto" and not str(args.warmup).isdigit():
             raise UsageError(f"--warmup: expected a number of requests or 'auto' (got {args.warmup!r})")
+        if str(args.warmup).isdigit() and args.num_requests is not None and int(args.warmup) >= args.num_requests:
+            raise UsageError(f"--warmup {args.warmup} leaves nothing to measure of --num-requests "
+                             f"{args.num_requests}; use fewer warm-up requests or more requests")
         for flag in ("num_requests", "input_len", "output_len"):
             v = getattr(args, flag)
             if v is not None and v < 1:
@@ -585,6 +588,9 @@ async def _run(args: argparse.Namespace) -> int:
     print_run(res.summary, title=f"{served} · {setup.workload.name} · {out}")
     print(f"run directory: {out}")
     _maybe_report(args, [out])
+    if res.interrupted:
+        print("slobench: interrupted: the summary covers the requests that finished; exit 130", file=sys.stderr)
+        return 130
     att = res.summary.get("attainment")
     if att and setup.slo and att["value"] < setup.slo.target:
         return 1
@@ -629,6 +635,10 @@ async def _sweep(args: argparse.Namespace) -> int:
             await target.close()
     print_sweep(doc, console, title=f"{served} · {setup.workload.name} · {out}")
     _maybe_report(args, [out])
+    if doc.get("interrupted"):
+        print("slobench: interrupted: the last point is partial and left out of the headline; exit 130",
+              file=sys.stderr)
+        return 130
     totals = {"num_requests": sum(int(r["summary"].get("num_requests") or 0) for r in doc["runs"]),
               "num_ok": sum(int(r["summary"].get("num_ok") or 0) for r in doc["runs"])}
     if (verdict := error_rate_verdict(totals, setup.max_error_rate)) is not None:

@@ -107,6 +107,6 @@ async def _demo(args: argparse.Namespace) -> int:
             build_report = None  # type: ignore[assignment]
         if build_report is not None:
             path = build_report([str(out)], args.report or out / "report.html")
-            console.print(f"report: {path}")
-    console.print(f"demo finished in {time.monotonic() - t0:.0f} s; run directories under {out}")
+            console.print(f"report: {path}", markup=False)
+    console.print(f"demo finished in {time.monotonic() - t0:.0f} s; run directories under {out}", markup=False)
     return 0

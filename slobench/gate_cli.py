@@ -224,7 +224,7 @@ async def _capacity(args: argparse.Namespace) -> int:
         bpath = Path(args.baseline_out)
         bpath.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(bpath, load_samples([out / CAPACITY]).to_baseline())
-        console.print(f"baseline written: {bpath}")
+        console.print(f"baseline written: {bpath}", markup=False)
     _print_capacity(doc, out)
     from slobench.cli import _maybe_report
 

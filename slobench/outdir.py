@@ -40,10 +40,16 @@ def claim_out_dir(path: Path, *, overwrite: bool = False) -> Path:
                     (d / name).unlink(missing_ok=True)
                 if d != path and not any(d.iterdir()):
                     d.rmdir()
+        # Check it can be written, leaving nothing behind: a run that then fails to start (an unreachable
+        # server) must not leave an empty run directory, so folders made for the check are removed again
+        # (the run makes them when it starts).
+        created = [p for p in (path, *path.parents) if not p.exists()]
         path.mkdir(parents=True, exist_ok=True)
         probe = path / ".slobench-write-test"
         probe.touch()
         probe.unlink()
+        for d in created:  # deepest first
+            d.rmdir()
     except OSError as e:  # under a file, no permission, read-only file system
         raise UsageError(f"--out {path}: cannot write there ({e.strerror or e})") from None
     return path

@@ -11,6 +11,7 @@ All times in a record are seconds since the run's origin on one monotonic clock 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -97,8 +98,21 @@ class RequestRecord:
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=_json_default) + "\n")
+    # NaN and infinities are not JSON: an empty metric is null, so every reader can parse the file
+    tmp.write_text(json.dumps(_finite(obj), indent=2, default=_json_default, allow_nan=False) + "\n")
     os.replace(tmp, path)
+
+
+def _finite(o: Any) -> Any:
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [_finite(v) for v in o]
+    if hasattr(o, "item") and not hasattr(o, "__len__"):  # a numpy scalar
+        return _finite(o.item())
+    return o
 
 
 def _json_default(o: Any) -> Any:

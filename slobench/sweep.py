@@ -130,7 +130,11 @@ async def run_sweep(
         if on_run is not None:
             on_run(row)
         if interrupted:
+            # a point cut short measured a few requests at best: it is kept, marked, and left out of the
+            # headline (one request met the SLO says nothing of the rate)
+            row["interrupted"] = True
             doc["interrupted"] = True
+            doc["headline"] = headline([r for r in rows if not r.get("interrupted")], slo)
             write_json_atomic(out / SWEEP, doc)
             break
     return doc

@@ -15,7 +15,8 @@ from slobench.outdir import claim_out_dir
 
 
 def test_a_new_or_empty_directory_is_claimed(tmp_path: Path) -> None:
-    assert claim_out_dir(tmp_path / "a" / "b").is_dir()
+    # checked writable, and nothing left behind until the run starts (a run that fails to start leaves no folder)
+    assert claim_out_dir(tmp_path / "a" / "b") == tmp_path / "a" / "b" and not (tmp_path / "a").exists()
     (tmp_path / "empty").mkdir()
     assert claim_out_dir(tmp_path / "empty") == tmp_path / "empty"
 

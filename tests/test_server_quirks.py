@@ -161,3 +161,85 @@ def test_min_tokens_goes_beside_ignore_eos_only_where_ignore_eos_may_be_ignored(
         RequestSpec(request_id=0, arrival_s=0.0, prompt=(1, 2), input_tokens=2, max_tokens=9))
     assert body.get("min_tokens") == (9 if paired else None)
     assert body.get("ignore_eos") is (None if profile == "llamacpp" else True)
+
+
+def test_server_and_user_strings_are_printed_as_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 13 item 9: a model name, path, tag or error text holding rich markup is printed as it is."""
+    from slobench.records import RequestRecord
+    from slobench.report.terminal import print_run
+    from slobench.slo import SLO
+    from slobench.summary import summarize
+
+    nasty = "[/bold]m[red]x"
+    recs = []
+    for i in range(4):
+        r = RequestRecord(i, 0.0, tag=nasty if i % 2 else "[b]", sent_s=0.0, first_token_s=0.1, done_s=0.2,
+                          chunk_times_s=[0.1, 0.2], chunk_tokens=[1, 1], output_tokens=2, max_tokens=2)
+        if i == 3:
+            r.fail("error", f"HTTP 500: {nasty}")
+        recs.append(r)
+    summary = summarize(recs, SLO.parse("ttft=1s"))
+    print_run(summary, title=f"{nasty} · tiny · {tmp_path}/[red]")
+    out = capsys.readouterr().out
+    assert nasty in out and "[red]" in out
+
+
+# ---- issue 13 item 8: exit codes and files on incomplete data ------------------------------------------
+
+
+def test_warmup_that_leaves_nothing_to_measure_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--url", "http://127.0.0.1:9/v1", "--model", "m", "--warmup", "10",
+                 "--num-requests", "5"]) == 2  # fmt: skip
+    assert "leaves nothing to measure" in capsys.readouterr().err
+
+
+def test_summary_files_never_hold_nan(tmp_path: Path) -> None:
+    import math
+
+    from slobench.records import write_json_atomic
+
+    write_json_atomic(tmp_path / "s.json", {"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": -math.inf}})
+    assert json.loads((tmp_path / "s.json").read_text()) == {"a": None, "b": [1.0, None], "c": {"d": None}}
+
+
+async def test_an_interrupted_sweep_point_is_marked_and_left_out_of_the_headline(tmp_path: Path) -> None:
+    from slobench.slo import SLO
+    from slobench.sweep import run_sweep
+
+    def summary(n: int, ok_share: float) -> dict[str, Any]:
+        return {"num_requests": n, "num_ok": n, "attainment": {"value": ok_share, "ci_low": ok_share - 0.05,
+                                                                "ci_high": min(1.0, ok_share + 0.05)}}
+
+    async def run_one(rate: float, run_dir: Path, manifest: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        if rate == 1:
+            return summary(100, 0.5), False  # misses at the first rate
+        return summary(1, 1.0), True  # one request into the second rate, then Ctrl-C
+
+    doc = await run_sweep([1, 20], run_one, out_dir=tmp_path, slo=SLO.parse("ttft=1s,target=0.9"), manifest={})
+    assert doc["interrupted"] and doc["runs"][1]["interrupted"]
+    assert doc["headline"]["max_rate_meeting_rps"] is None  # not "stays >= 90% up to 20 req/s"
+
+
+def test_an_interrupted_run_exits_130(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    with TokenServerProcess(ttft_ms=1, itl_ms=20) as srv:
+        out = tmp_path / "r"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "slobench", "run", "--url", srv.base_url, "--model", srv.model, "--workload",
+             "tiny", "--rate", "20", "--num-requests", "40", "--output-len", "200", "--out", str(out),
+             "--no-progress", "--scrape-interval", "0", "--slo", "ttft=10s"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not (out / "requests.jsonl").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)  # bounded poll for the run to start, not a wait for a result
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True

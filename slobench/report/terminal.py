@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 
 def make_console() -> Console:
@@ -85,7 +86,7 @@ def _slo_text(d: dict[str, Any] | None) -> str:
 
 def print_run(summary: dict[str, Any], console: Console | None = None, title: str = "run") -> None:
     console = console or make_console()
-    t = Table(title=title, show_header=True, header_style="bold")
+    t = Table(title=Text(title), show_header=True, header_style="bold")  # a title holds server/user text
     t.add_column("metric")
     for c in ("mean", "p50", "p90", "p99", "max"):
         t.add_column(c, justify="right")
@@ -121,18 +122,18 @@ def print_run(summary: dict[str, Any], console: Console | None = None, title: st
     if summary.get("fleet"):
         f = summary["fleet"]
         console.print(f"fleet: {f['replicas']} replicas behind {f['router']}; requests per replica "
-                      f"{' / '.join(map(str, f['requests_per_replica']))}", highlight=False)
+                      f"{' / '.join(map(str, f['requests_per_replica']))}", highlight=False, markup=False)
     drift = summary.get("queue_drift")
     if drift and drift.get("overloaded"):
         console.print(f"[yellow]past capacity: TTFT p50 went from {_ms(drift['ttft_p50_first_quarter_s'])} ms "
                       f"(first quarter of arrivals) to {_ms(drift['ttft_p50_last_quarter_s'])} ms (last quarter); "
                       "the queue grew all run, so a longer run would miss more[/yellow]", highlight=False)
     if summary.get("per_replica"):
-        console.print(per_replica_text(summary["per_replica"]), highlight=False)
+        console.print(per_replica_text(summary["per_replica"]), highlight=False, markup=False)
     if summary.get("per_tag"):
-        console.print(per_tag_text(summary["per_tag"]), highlight=False)
+        console.print(per_tag_text(summary["per_tag"]), highlight=False, markup=False)  # tags are user text
     if summary.get("prefix_cache"):
-        console.print(prefix_cache_text(summary["prefix_cache"]), highlight=False)
+        console.print(prefix_cache_text(summary["prefix_cache"]), highlight=False, markup=False)
     if waits := summary.get("deliberate_waits"):
         console.print(f"deliberate waits (in-flight cap, --rate-limit): {waits['num']} requests held back, "
                       f"p50 {_ms(waits.get('p50'))} ms, max {_ms(waits.get('max'))} ms (not client lateness)",
@@ -140,15 +141,16 @@ def print_run(summary: dict[str, Any], console: Console | None = None, title: st
     for line in lengths_text(summary.get("lengths")):
         console.print(line, highlight=False, markup=False)
     if summary.get("error_counts"):
-        console.print(f"[yellow]errors: {summary['error_counts']}[/yellow]")
+        # error texts come from servers: printed as text, never parsed as rich markup
+        console.print(Text(f"errors: {summary['error_counts']}", style="yellow"))
     if summary["client"].get("warning"):
-        console.print(f"[bold red]{summary['client']['warning']}[/bold red]")
+        console.print(Text(summary["client"]["warning"], style="bold red"))
     if summary.get("interrupted"):
         console.print("[yellow]interrupted: in-flight requests after the grace period were marked cancelled[/yellow]")
 
 
 def sweep_table(rows: Sequence[dict[str, Any]], title: str = "sweep") -> Table:
-    t = Table(title=title, header_style="bold",
+    t = Table(title=Text(title), header_style="bold",
               caption="¹ from the scheduled arrival (immune to coordinated omission) unless the SLO says clock=sent\n"
                       + THIN_NOTE + "\n" + OVERLOAD_NOTE)
     for c in (
@@ -166,7 +168,7 @@ def sweep_table(rows: Sequence[dict[str, Any]], title: str = "sweep") -> Table:
         late = s["client"]["lateness_s"].get("p99")
         bottleneck = " (client!)" if s["client"]["is_bottleneck"] else ""
         t.add_row(
-            f"{r['rate_rps']:g}",
+            f"{r['rate_rps']:g}" + (" (interrupted)" if r.get("interrupted") else ""),
             f"{s['achieved_send_rps']:.2f}",
             f"{s['request_throughput_rps']:.2f}",
             attainment_text(s) + (OVERLOAD_MARK if (s.get("queue_drift") or {}).get("overloaded") else ""),
