@@ -162,3 +162,18 @@ def test_any_split_yields_the_same_events(
 def test_byte_at_a_time_matches_whole(events: list[tuple[list[str], str | None, bool]], eol: str) -> None:
     stream, expected = _serialise(events, eol)
     assert parse(stream, list(range(len(stream)))) == expected
+
+
+def test_a_long_line_in_many_pieces_is_one_event_and_an_endless_line_is_refused() -> None:
+    from slobench.targets.sse import SSELineTooLong
+
+    p = SSEParser(max_line_bytes=1_000_000)
+    line = b"data: " + b"x" * 500_000 + b"\n\n"
+    got = []
+    for i in range(0, len(line), 1000):  # 500 pieces: each used to copy the whole tail gathered so far
+        got += p.feed(line[i : i + 1000])
+    assert [len(e.data) for e in got] == [500_000] and not p.has_pending
+    p = SSEParser(max_line_bytes=10_000)
+    with pytest.raises(SSELineTooLong, match="longer than 10,000 bytes"):
+        for _ in range(20):
+            p.feed(b"data: " + b"y" * 1000)

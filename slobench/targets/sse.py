@@ -17,6 +17,9 @@ from typing import NamedTuple
 
 DONE = "[DONE]"  # the OpenAI end-of-stream sentinel, carried as an event's data
 _BOM = b"\xef\xbb\xbf"
+# The longest line a stream may send. An LLM's event is a few hundred bytes (a whole non-streamed answer a
+# few MB); a line that never ends is a broken or hostile server, and is refused rather than buffered.
+MAX_LINE_BYTES = 64 * 1024 * 1024
 
 
 class SSEEvent(NamedTuple):
@@ -33,13 +36,21 @@ class SSEDecodeError(ValueError):
         self.events = events
 
 
+class SSELineTooLong(SSEDecodeError):
+    """A line grew past `max_line_bytes` without ending."""
+
+
 class SSEParser:
-    """Feed it bytes as they arrive; it returns the events each feed completes."""
+    """Feed it bytes as they arrive; it returns the events each feed completes.
 
-    __slots__ = ("_tail", "_skip_lf", "_at_start", "_data", "_event", "_last_id")
+    A line arriving in many pieces is gathered in a bytearray and joined once its end comes, so a 40 MB
+    line read in 64 KiB pieces costs linear time (it was quadratic: each piece copied the whole tail)."""
 
-    def __init__(self) -> None:
-        self._tail = b""  # bytes after the last line ending seen (never holds \r or \n)
+    __slots__ = ("_tail", "_skip_lf", "_at_start", "_data", "_event", "_last_id", "max_line_bytes")
+
+    def __init__(self, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+        self.max_line_bytes = max_line_bytes
+        self._tail = bytearray()  # bytes after the last line ending seen (never holds \r or \n)
         self._skip_lf = False  # the previous feed ended in \r: a \n opening the next one ends no line
         self._at_start = True  # a BOM may still be coming
         self._data: list[str] = []
@@ -58,10 +69,15 @@ class SSEParser:
             self._skip_lf = False
             if chunk[:1] == b"\n":
                 chunk = chunk[1:]
-        buf = self._tail + chunk if self._tail else chunk
+        if self._tail and b"\n" not in chunk and b"\r" not in chunk:
+            self._tail += chunk  # still inside one line: amortised append, no copy of what came before
+            if len(self._tail) > self.max_line_bytes:
+                raise SSELineTooLong(f"SSE line longer than {self.max_line_bytes:,} bytes: the stream is refused", [])
+            return []
+        buf = bytes(self._tail) + chunk if self._tail else chunk
         if self._at_start:
             if len(buf) < 3 and _BOM.startswith(buf):
-                self._tail = buf
+                self._tail = bytearray(buf)
                 return []
             self._at_start = False
             if buf.startswith(_BOM):
@@ -72,9 +88,11 @@ class SSEParser:
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         end = buf.rfind(b"\n")
         if end < 0:
-            self._tail = buf
+            self._tail = bytearray(buf)
+            if len(buf) > self.max_line_bytes:
+                raise SSELineTooLong(f"SSE line longer than {self.max_line_bytes:,} bytes: the stream is refused", [])
             return []
-        self._tail = buf[end + 1 :]
+        self._tail = bytearray(buf[end + 1 :])
         try:
             text = buf[:end].decode("utf-8")
         except UnicodeDecodeError as e:
