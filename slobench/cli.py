@@ -28,9 +28,9 @@ EPILOG = "exit codes:\n" + EXIT_CODES
 
 def _add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     g = p.add_argument_group("target")
-    g.add_argument("--url", default="http://127.0.0.1:8000/v1",
-                   help="base URL of an OpenAI-compatible API; several, comma-separated, are routed by this client "
-                        "(--router)")
+    g.add_argument("--url", default=None,
+                   help="base URL of an OpenAI-compatible API (default http://127.0.0.1:8000/v1); several, "
+                        "comma-separated, are routed by this client (--router)")
     g.add_argument("--model", default=None, help="model name (default: the first one the server lists)")
     g.add_argument("--api", choices=("completions", "chat"), default=None, help="default: the workload's")
     g.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
@@ -229,6 +229,10 @@ def probe_duration(workload: Any, num_requests: int | None, duration_s: float | 
     return max(min_s, (workload.num_requests or 1000) / rate_rps)
 
 
+DEFAULT_URL = "http://127.0.0.1:8000/v1"
+MIN_RATE_RPS = 1 / 86400  # one request a day: anything slower is a typo, and would wait for ever
+
+
 class LoadSetup:
     """What every load-sending verb builds from the common flags."""
 
@@ -264,6 +268,18 @@ class LoadSetup:
                 raise UsageError(f"--{flag.replace('_', '-')}: must be >= 1 (got {v})")
         if args.rate is not None and args.rate <= 0:
             raise UsageError(f"--rate: must be positive (got {args.rate})")
+        if args.rate is not None and args.rate < MIN_RATE_RPS:
+            raise UsageError(f"--rate {args.rate:g}: below {MIN_RATE_RPS:g} req/s, one request a day; the run "
+                             "would wait for ever")
+        interval = getattr(args, "scrape_interval", 0.0)
+        if interval is not None and not (interval >= 0 and interval < float("inf")):
+            raise UsageError(f"--scrape-interval: must be a number of seconds >= 0 (got {interval})")
+        off_url = "--simulate" if getattr(args, "simulate", False) else "--engine" if getattr(args, "engine", None) else None
+        if off_url and args.url is not None:
+            raise UsageError(f"{off_url} runs the bundled engine here, so --url would be ignored; drop one of them")
+        if getattr(args, "concurrency", None) is not None and getattr(args, "max_in_flight", None) is not None:
+            raise UsageError("--concurrency (closed loop: N users) and --max-in-flight (a cap on an open loop) "
+                             "exclude each other; drop one")
         self.max_error_rate = parse_error_rate(getattr(args, "max_error_rate", None))
         parse_rate_limit(getattr(args, "rate_limit", None))  # a bad value is exit 2 before any request
         if getattr(args, "tokenizer", None):
@@ -311,7 +327,7 @@ class LoadSetup:
     @property
     def urls(self) -> list[str]:
         """`--url A,B,C`: several replicas, routed by this client (slobench.targets.fleet)."""
-        urls = [u.strip() for u in str(self.args.url).split(",") if u.strip()]
+        urls = [u.strip() for u in str(self.args.url or DEFAULT_URL).split(",") if u.strip()]
         if not urls:
             raise UsageError("--url: no URL given")
         return urls
@@ -354,7 +370,7 @@ class LoadSetup:
             "seed": a.seed,
             "target": (
                 {**target.describe(), "served": served} if a.engine else
-                {"url": redact_text(a.url), "model": target.model, "api": self.api, "stream": not a.no_stream, "served": served}
+                {"url": redact_text(a.url or DEFAULT_URL), "model": target.model, "api": self.api, "stream": not a.no_stream, "served": served}
                 | ({"capabilities": caps.to_dict()} if (caps := getattr(target, "caps", None)) is not None else {})
                 | ({"tokenizer": a.tokenizer} if a.tokenizer else {})
                 | ({"client_workers": a.client_workers} if getattr(a, "client_workers", 1) != 1 else {})

@@ -226,12 +226,48 @@ def load_run(run_dir: str | Path) -> Run:
     run_dir = Path(run_dir)
     manifest = read_manifest(run_dir)
     req_path = run_dir / REQUESTS
-    try:
-        records = [RequestRecord.from_dict(d) for d in read_record_dicts(req_path)]
-    except TypeError as e:
-        raise UsageError(f"{req_path}: bad request record ({e})") from None
+    records = []
+    for lineno, d in enumerate(read_record_dicts(req_path), 1):
+        problem = record_problem(d)
+        if problem is not None:
+            raise UsageError(f"{req_path}: record {lineno}: {problem}")
+        try:
+            records.append(RequestRecord.from_dict(d))
+        except TypeError as e:
+            raise UsageError(f"{req_path}: record {lineno}: bad request record ({e})") from None
     summary = _read_json(run_dir / SUMMARY) if (run_dir / SUMMARY).exists() else None
     return Run(run_dir, manifest, records, summary)
+
+
+_NUMBER_FIELDS = ("scheduled_s", "sent_s", "first_token_s", "done_s", "queued_s")
+_INT_FIELDS = ("request_id", "input_tokens", "prompt_tokens", "cached_tokens", "output_tokens",
+               "usage_output_tokens", "max_tokens", "http_status", "replica")
+_REQUIRED = ("request_id", "scheduled_s")
+
+
+def record_problem(d: Any) -> str | None:
+    """What is wrong with one record's types, or None: a hand-edited or foreign file is told apart from a
+    slobench bug (`"scheduled_s": "x"` used to end in a TypeError deep in the metrics)."""
+    if not isinstance(d, dict):
+        return f"not a JSON object ({type(d).__name__})"
+    for k in _REQUIRED:
+        if k not in d:
+            return f"missing {k!r}"
+    for k in _NUMBER_FIELDS:
+        v = d.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)):
+            return f"{k} must be a finite number (got {v!r})"
+    for k in _INT_FIELDS:
+        v = d.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            return f"{k} must be an integer (got {v!r})"
+    for k, kind in (("chunk_times_s", (int, float)), ("chunk_tokens", (int,))):
+        v = d.get(k, [])
+        if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, kind) for x in v):
+            return f"{k} must be a list of numbers"
+    if d.get("status", "ok") not in ("ok", "error", "timeout", "cancelled"):
+        return f"status must be ok, error, timeout or cancelled (got {d.get('status')!r})"
+    return None
 
 
 def write_records(path: Path, records: Sequence[RequestRecord]) -> None:

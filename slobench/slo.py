@@ -68,10 +68,14 @@ class SLO:
     def parse(cls, text: str) -> SLO:
         """Parse `ttft=500ms,tpot=50ms[,e2e=10s][,target=0.9][,clock=sent]`."""
         kw: dict[str, Any] = {}
+        seen: set[str] = set()
         for part in filter(None, (p.strip() for p in text.split(","))):
             if "=" not in part:
                 raise SpecError("slo", part, "expected key=value (e.g. ttft=500ms,tpot=50ms)")
             key, val = (s.strip() for s in part.split("=", 1))
+            if key in seen:
+                raise SpecError("slo", key, "given twice; give each of ttft, tpot, e2e, target, clock once")
+            seen.add(key)
             if key in _KEYS:
                 kw[_KEYS[key]] = parse_duration_s(val, f"slo.{key}")
             elif key == "target":
@@ -88,10 +92,14 @@ class SLO:
         for key, val in d.items():
             if val is None:
                 continue
-            if key in _KEYS:
-                kw[_KEYS[key]] = parse_duration_s(val, f"slo.{key}") if isinstance(val, str) else float(val)
-            elif key in _KEYS.values():
-                kw[key] = float(val)
+            if key in _KEYS or key in _KEYS.values():
+                name = _KEYS.get(key, key)
+                if isinstance(val, str):
+                    kw[name] = parse_duration_s(val, f"slo.{key}")
+                elif isinstance(val, int | float) and not isinstance(val, bool):
+                    kw[name] = float(val)
+                else:  # a list, a table, true: TOML parses them, an SLO cannot use them
+                    raise SpecError(f"slo.{key}", val, "must be a duration such as 500ms or a number of seconds")
             elif key == "target":
                 kw["target"] = parse_fraction(val)
             elif key == "clock":
@@ -103,10 +111,15 @@ class SLO:
     @classmethod
     def from_toml(cls, path: str | Path) -> SLO:
         try:
-            data = tomllib.loads(Path(path).read_text())
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise SpecError("slo", str(path), "not a text file (not UTF-8): not an SLO TOML") from None
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise SpecError("slo", str(path), f"cannot read SLO file: {e}") from None
-        return cls.from_dict(data.get("slo", data))
+        slo = data.get("slo", data)
+        if not isinstance(slo, dict):
+            raise SpecError("slo", str(path), "[slo] must be a table of ttft, tpot, e2e, target, clock")
+        return cls.from_dict(slo)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

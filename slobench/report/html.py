@@ -53,14 +53,19 @@ def build_report(inputs: Sequence[str | Path], out: str | Path, *, title: str | 
     `slo` re-judges every input against another SLO than the one its manifest recorded."""
     if not inputs:
         raise UsageError("report: give at least one sweep or run directory")
+    if Path(out).is_dir():  # checked before the slow part
+        raise UsageError(f"report -o {out}: is a directory; give a file name such as {Path(out) / 'report.html'}")
     series = unique_labels([load_series(p, slo=slo) for p in inputs])
     views = [analyze(s, series_color(i)) for i, s in enumerate(series)]
     page = render(views, title=title)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, out)
+    except OSError as e:
+        raise UsageError(f"report -o {out}: cannot write there ({e.strerror or e})") from None
     return out
 
 

@@ -249,6 +249,12 @@ class WorkloadSpec:
                 d = tomllib.load(fh)
         except FileNotFoundError:
             raise UsageError(f"{path}: workload file not found") from None
+        except IsADirectoryError:
+            raise UsageError(f"{path}: is a directory, not a workload file") from None
+        except OSError as e:
+            raise UsageError(f"{path}: cannot read the workload file ({e.strerror or e})") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"{path}: not a text file (not UTF-8): not a workload TOML") from None
         except tomllib.TOMLDecodeError as e:
             raise UsageError(f"{path}: not valid TOML ({e})") from None
         d.setdefault("name", path.stem)
