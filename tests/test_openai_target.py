@@ -625,3 +625,38 @@ async def test_metrics_endpoint_reports_running_requests(token_server: TokenServ
             await task
     assert running >= 1
     assert "vllm:num_requests_waiting" in text
+
+
+# ---- issue 13 items 4, 6, 7: no content is no success; usage is checked; wrong types are the server's ---
+
+
+@pytest.mark.parametrize(
+    ("usage", "output", "prompt", "cached"),
+    [
+        ({"completion_tokens": 999999, "prompt_tokens": 3}, 2, 3, None),  # above max_tokens: counted instead
+        ({"completion_tokens": -3, "prompt_tokens": 3}, 2, 3, None),
+        ({"completion_tokens": True, "prompt_tokens": 3}, 2, 3, None),
+        ({"completion_tokens": 1, "prompt_tokens": 3}, 2, 3, None),  # below the 2 content events streamed
+        ({"completion_tokens": 2, "prompt_tokens": 10**12}, 2, None, None),
+        ({"completion_tokens": 2, "prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 10**9}}, 2, 3, None),
+        ("abc", 2, None, None),
+        ([1, 2], 2, None, None),
+    ],
+)
+async def test_implausible_usage_is_kept_aside_and_not_used(usage: Any, output: int, prompt: Any, cached: Any) -> None:
+    rec, _ = await run_scripted([sse(tok(), tok(finish_reason="length"), {"choices": [], "usage": usage}, b"[DONE]")])
+    assert rec.status == "ok", rec.error
+    assert (rec.output_tokens, rec.prompt_tokens, rec.cached_tokens) == (output, prompt, cached)
+
+
+@pytest.mark.parametrize("odd", [{"choices": [None]}, {"choices": "x"}, {"choices": [{"text": "a", "finish_reason": 5}]},
+                                 {"choices": [{"delta": None}]}])
+async def test_wrong_typed_fields_are_skipped_not_internal_errors(odd: dict[str, Any]) -> None:
+    rec, _ = await run_scripted([sse(tok(), odd, tok(finish_reason="length"), b"[DONE]")])
+    assert rec.status == "ok" and "internal" not in (rec.error or "")
+
+
+@pytest.mark.parametrize("body", [b"{}", b'{"choices": []}', b'{"choices": [{"text": ""}]}', b'{"choices": [null]}'])
+async def test_a_whole_answer_without_output_is_not_ok(body: bytes) -> None:
+    rec, _ = await run_scripted([body], stream=False)
+    assert rec.status == "error" and "no output" in (rec.error or "")

@@ -594,13 +594,13 @@ def _settle_output_tokens(record: RequestRecord, max_tokens: int) -> None:
     """output_tokens: the server's usage where it is plausible, else what the stream carried.
 
     The usage count is kept beside it (`usage_output_tokens`) either way, so a disagreement stays visible:
-    usage below the number of content events, or above `max_tokens`, cannot be true, and then the counted
+    usage below the tokens streamed (each content event is at least one), or above `max_tokens`, cannot be true, and then the counted
     tokens are used (TPOT must not be computed from a made-up count)."""
     counted = sum(record.chunk_tokens)
     usage = record.usage_output_tokens
     if usage is None or (usage == 0 and counted):
         record.output_tokens = counted
-    elif usage < len(record.chunk_tokens) or usage > max_tokens:
+    elif usage < counted or usage > max_tokens:  # every content event carried at least one token
         record.output_tokens = counted
     else:
         record.output_tokens = usage
