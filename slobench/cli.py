@@ -597,11 +597,14 @@ async def _run(args: argparse.Namespace) -> int:
         res = await runner.run(
             specs, target, clock=clock, opts=setup.run_options(), slo=setup.slo, run_dir=out,
             manifest={**setup.manifest(target, served), "rate_rps": args.rate}, seed=args.seed,
-            monitors=setup.monitors(out),
+            monitors=(monitors := setup.monitors(out)),
         )
     finally:
         await target.close()
     print_run(res.summary, title=f"{served} · {setup.workload.name} · {out}")
+    for m in monitors:  # a server without /metrics is a note: the report simply has no server-state panels
+        if getattr(m, "disabled_reason", None):
+            print(f"note: no server metrics scraped ({m.disabled_reason}); the report has no server-state panels")
     print(f"run directory: {out}")
     _maybe_report(args, [out])
     if res.interrupted:

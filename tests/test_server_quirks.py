@@ -243,3 +243,13 @@ def test_an_interrupted_run_exits_130(tmp_path: Path) -> None:
     assert proc.returncode == 130, err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is True
+
+
+
+def test_a_server_without_metrics_is_a_note(quirky: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    srv = quirky("no-metrics")
+    code = main(["run", "--url", srv.base_url, "--model", srv.model, "--workload", "tiny", "--rate", "50",
+                 "--num-requests", "4", "--out", str(tmp_path / "r"), "--no-progress", "--scrape-interval", "0.05"])
+    assert code == 0
+    assert "note: no server metrics scraped" in capsys.readouterr().out
+    assert not (tmp_path / "r" / "server_metrics.jsonl").exists()

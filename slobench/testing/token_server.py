@@ -65,6 +65,7 @@ QUIRKS = frozenset(
         "eos-early",  # ignore_eos is taken and ignored: the model stops at half max_tokens unless min_tokens
         "interrupt",  # streams stop half-way with `data: [DONE]` and no finish_reason (llama.cpp interrupted)
         "refuse-all",  # every completion request is refused with 400
+        "no-metrics",  # no /metrics endpoint (404), as llama-cpp-python and most hosted APIs
     }
 )
 # The request fields a strict server knows (OpenAI's), plus the test knobs x_*.
@@ -165,6 +166,8 @@ class TokenServer:
         return web.json_response(body)
 
     async def _metrics(self, _request: web.Request) -> web.Response:
+        if "no-metrics" in self.config.quirks:
+            return _error(404, "Not Found", "NotFoundError")
         s = self._stats
         m = self.config.model
         text = (
