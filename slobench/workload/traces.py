@@ -542,7 +542,7 @@ def stamp_grid(t: np.ndarray) -> float | None:
 def _spread_buckets(rows: list[TraceEntry], seed: int, notes: list[str]) -> list[TraceEntry]:
     """Spread requests that share a coarse stamp uniformly (seeded) over their bucket.
 
-    Some traces stamp arrivals in buckets (Mooncake's published trace: ~3 s); firing a whole bucket in one
+    Some traces stamp arrivals in coarse buckets (seconds apart); firing a whole bucket in one
     instant would be a burst the real system never saw. A request at stamp t moves to t + U[0, width)."""
     t = np.array([e.arrival_s for e in rows])
     width = stamp_grid(t)
