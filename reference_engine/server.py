@@ -56,6 +56,7 @@ from reference_engine.protocol import (
 from reference_engine.scheduler import RequestRejected
 
 log = logging.getLogger(__name__)
+MAX_BODY_BYTES = 32 << 20  # a prompt filling a 128k-token context as text is ~1 MB; token ids ~1 MB too
 
 def _error(status: int, message: str, type: str, param: str | None = None, code: str | int | None = None
            ) -> JSONResponse:
@@ -148,9 +149,25 @@ def build_app(
         if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
             raise BadRequest("Incorrect API key provided.", None, "invalid_api_key", status=401)
 
+    async def read_body(request: Request) -> bytes:
+        """The body, bounded in size (a huge one would be buffered whole) and in time (a slow one holds a task)."""
+        too_big = BadRequest(f"the request body exceeds {MAX_BODY_BYTES // (1 << 20)} MiB", None, "body_too_large",
+                             status=413)
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            raise too_big
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:  # chunked uploads declare no length
+                raise too_big
+            parts.append(chunk)
+        return b"".join(parts)
+
     async def json_body(request: Request) -> Any:
         try:
-            raw = await asyncio.wait_for(request.body(), body_timeout_s)
+            raw = await asyncio.wait_for(read_body(request), body_timeout_s)
         except TimeoutError:
             raise BadRequest(f"the request body did not arrive within {body_timeout_s:g} s", None,
                              "request_timeout", status=408) from None

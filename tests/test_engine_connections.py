@@ -95,3 +95,13 @@ async def test_clients_leaving_mid_body_log_no_traceback(srv: EngineServerProces
     assert (await closed_by_server(reader)).startswith(b"HTTP/1.1 200")
     writer.close()
     assert "Traceback" not in srv.stderr_text() and "ClientDisconnect" not in srv.stderr_text()
+
+
+async def test_a_body_declared_too_large_is_refused_at_once(srv: EngineServerProcess) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+    writer.write(request(b'{"prompt": "', length=10**10))  # 10 GB announced: nothing is buffered
+    await writer.drain()
+    async with asyncio.timeout(BOUND_S):
+        head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413"), head
+    writer.close()
