@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Verbs that live beside the capability they drive. Each module has `VERBS` (the names it adds),
 # `add_parsers(sub, *, epilog)` and `dispatch(args) -> int`.
-VERB_MODULES = ("slobench.engine_cli", "slobench.gate_cli", "slobench.workload_cli")
+VERB_MODULES = ("slobench.engine_cli", "slobench.gate_cli", "slobench.history_cli", "slobench.workload_cli")
 
 
 def _verb_modules() -> list[Any]:
@@ -289,20 +289,23 @@ class LoadSetup:
 
             load_tokenizer(Path(args.tokenizer))  # a missing or unreadable file is exit 2 before any request
 
-    def specs(self, rate_rps: float | None) -> list[Any]:
+    def specs(self, rate_rps: float | None, seed: int | None = None) -> list[Any]:
+        """The requests of one run at `rate_rps` (a workload spec or a trace alike); `seed` defaults to
+        --seed (capacity replicates pass their own). Every verb that sends load takes them from here."""
         from slobench.workload import generate
 
         a = self.args
+        seed = a.seed if seed is None else seed
         if getattr(a, "trace", None) is not None:
             return self.workload.specs(  # type: ignore[no-any-return]
-                rate_rps=rate_rps, duration_s=a.duration, num_requests=a.num_requests, seed=a.seed, api=self.api
+                rate_rps=rate_rps, duration_s=a.duration, num_requests=a.num_requests, seed=seed, api=self.api
             )
         return generate(
             self.workload,
             rate_rps=rate_rps,
             num_requests=a.num_requests,
             duration_s=probe_duration(self.workload, a.num_requests, a.duration, rate_rps, self.min_duration_s),
-            seed=a.seed,
+            seed=seed,
             input_len=a.input_len,
             output_len=a.output_len,
             api=self.api,

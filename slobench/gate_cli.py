@@ -133,12 +133,11 @@ async def _capacity(args: argparse.Namespace) -> int:
         search_capacity,
         t_interval,
     )
-    from slobench.cli import MIN_PROBE_S, LoadSetup, _start_target, default_out, probe_duration
+    from slobench.cli import MIN_PROBE_S, LoadSetup, _start_target, default_out
     from slobench.errors import UsageError
     from slobench.gate import load_samples, workload_identity
     from slobench.records import write_json_atomic
     from slobench.sweep import parse_rates
-    from slobench.workload import generate
 
     if args.concurrency:
         raise UsageError("--concurrency: capacity searches offered (open-loop) rates; drop --concurrency")
@@ -160,12 +159,12 @@ async def _capacity(args: argparse.Namespace) -> int:
     out = claim_out_dir(Path(args.out) if args.out else default_out("capacity"),
                         overwrite=getattr(args, "overwrite", False))  # before any request: exit 2, one line
     console = Console(stderr=True)
-    a = args
+
+    setup.min_duration_s = MIN_PROBE_S
 
     def make_specs(rate: float, seed: int) -> list[Any]:
-        d = probe_duration(setup.workload, a.num_requests, a.duration, rate, MIN_PROBE_S)
-        return generate(setup.workload, rate_rps=rate, num_requests=a.num_requests, duration_s=d,
-                        seed=seed, input_len=a.input_len, output_len=a.output_len, api=setup.api)
+        # the one path every verb takes: a trace replay is not a workload spec (issue 12's crash)
+        return list(setup.specs(rate, seed=seed))
 
     def on_probe(rate: float, seed: int, summary: dict[str, Any]) -> None:
         att = (summary.get("attainment") or {}).get("value")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,13 +32,13 @@ def summarize(records: Sequence[RequestRecord], slo: SLO | None, *, seed: int = 
     a = RecordArrays.from_records(records)
     tp = throughput(a)
     statuses = Counter(str(s) for s in a.status)
-    errors = Counter(r.error.split(":")[0][:80] for r in records if r.error and not r.is_warmup)
+    errors = error_kinds(r.error for r in records if r.error and not r.is_warmup)
     out: dict[str, Any] = {
         "num_requests": len(a),
         "num_warmup": sum(1 for r in records if r.is_warmup),
         "num_ok": int(a.is_ok.sum()),
         "status_counts": dict(statuses),
-        "error_counts": dict(errors.most_common(10)),
+        "error_counts": errors,
         "duration_s": tp.duration_s,
         "offered_rps": tp.offered_rps,
         "achieved_send_rps": achieved_send_rps(a),
@@ -104,17 +105,40 @@ def breakdown(a: RecordArrays, slo: SLO | None, keys: np.ndarray, label: str, tt
     return out
 
 
+def ttft_on_slo_clock(a: RecordArrays, slo: SLO | None) -> np.ndarray:
+    """TTFT on the clock the SLO judges by; from the scheduled arrival when there is no SLO (no hiding).
+    The terminal's and the report's per-replica and per-class columns both use it."""
+    return a.ttft_s if slo is not None and slo.clock == "sent" else a.ttft_from_scheduled_s
+
+
+MAX_ERROR_KINDS = 10
+_DIGITS = re.compile(r"\d+(?:\.\d+)?")
+
+
+def error_kind(text: str) -> str:
+    """The kind of an error, for counting: the text before its first colon (the detail after it varies per
+    request), numbers replaced by N so "cut off after 3 tokens" and "after 7 tokens" are one kind, but an
+    HTTP status kept whole ("HTTP 500", "HTTP 429 (rate limited, Retry-After 1)")."""
+    head = text.split(":", 1)[0].strip()[:120]
+    return head if head.startswith("HTTP ") else _DIGITS.sub("N", head)
+
+
+def error_kinds(errors: Iterable[str]) -> dict[str, int]:
+    """The most common error kinds and their counts, as the terminal and the report both show them."""
+    return dict(Counter(error_kind(e) for e in errors).most_common(MAX_ERROR_KINDS))
+
+
 def per_replica(a: RecordArrays, slo: SLO | None) -> list[dict[str, Any]]:
     """For a routed fleet: each replica's requests, failures, TTFT p50/p99 (from sent), TPOT p50 and
     attainment, so a hot spot (one replica holding the popular prefix, say) shows. Empty when no record
     names a replica."""
-    return breakdown(a, slo, a.replica, "replica", a.ttft_s, keep=lambda k: k >= 0)
+    return breakdown(a, slo, a.replica, "replica", ttft_on_slo_clock(a, slo), keep=lambda k: k >= 0)
 
 
 def per_tag(a: RecordArrays, slo: SLO | None) -> list[dict[str, Any]]:
     """The same per request class or phase (the records' tags), when a run has two or more: a mix where
     the long-document class misses while chat is fine reads as one number otherwise."""
-    return breakdown(a, slo, a.tag, "tag", a.ttft_s, at_least=2)
+    return breakdown(a, slo, a.tag, "tag", ttft_on_slo_clock(a, slo), at_least=2)
 
 
 def several_tags(a: RecordArrays) -> bool:

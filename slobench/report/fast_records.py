@@ -9,7 +9,6 @@ plain column lists; ITL gaps come from `metrics.chunk_gaps`, as for `from_record
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,7 @@ import numpy as np
 from slobench.errors import UsageError
 from slobench.metrics import RecordArrays, chunk_gaps
 from slobench.records import REQUESTS, read_record_dicts
-
-MAX_ERROR_KINDS = 8
+from slobench.summary import error_kinds
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,13 +34,13 @@ def _nan(v: Any) -> float:
 def read_columns(run_dir: Path) -> RunColumns:
     path = run_dir / REQUESTS
     rows = [d for d in read_record_dicts(path) if not d.get("is_warmup", False)]
-    errors = Counter(str(d["error"])[:200] for d in rows if d.get("error"))
+    errors = error_kinds(str(d["error"]) for d in rows if d.get("error"))
     try:
         rows = [rows[i] for i in _order(rows)]
         arrays = _columns(rows)
     except (TypeError, ValueError, KeyError) as e:
         raise UsageError(f"{path}: bad value in a request record ({type(e).__name__}: {e})") from None
-    return RunColumns(arrays, dict(errors.most_common(MAX_ERROR_KINDS)))
+    return RunColumns(arrays, errors)
 
 
 def _order(rows: list[dict[str, Any]]) -> np.ndarray:

@@ -13,7 +13,7 @@ import numpy as np
 from slobench.metrics import RecordArrays, Throughput, achieved_send_rps, throughput
 from slobench.report.load import RunData, Series
 from slobench.slo import SLO, Attainment, attainment
-from slobench.summary import breakdown, client_health, prefix_cache, queue_drift
+from slobench.summary import client_health, per_replica, per_tag, prefix_cache, queue_drift, ttft_on_slo_clock
 from slobench.sweep import headline
 
 MAX_CDF_POINTS = 500
@@ -39,9 +39,7 @@ class RunPoint:
     overloaded: bool = False  # summary.queue_drift: the queue grew all run (past capacity at this rate)
 
 
-def ttft_s(a: RecordArrays, slo: SLO | None) -> np.ndarray:
-    """TTFT on the clock the SLO judges by; from the scheduled arrival when there is no SLO (no hiding)."""
-    return a.ttft_s if slo is not None and slo.clock == "sent" else a.ttft_from_scheduled_s
+ttft_s = ttft_on_slo_clock  # one rule for the terminal and the report (slobench.summary)
 
 
 def e2e_s(a: RecordArrays, slo: SLO | None) -> np.ndarray:
@@ -74,8 +72,8 @@ def run_point(run: RunData, slo: SLO | None) -> RunPoint:
         ttft_count=int(np.isfinite(ttft_s(a, slo)).sum()),
         tpot_count=int(np.isfinite(a.tpot_s).sum()),
         prefix_cache=prefix_cache(a),
-        per_replica=tuple(breakdown(a, slo, a.replica, "replica", ttft_s(a, slo), keep=lambda k: k >= 0)),
-        per_tag=tuple(breakdown(a, slo, a.tag, "tag", ttft_s(a, slo), at_least=2)),
+        per_replica=tuple(per_replica(a, slo)),  # the same rows as the terminal's (slobench.summary)
+        per_tag=tuple(per_tag(a, slo)),
         overloaded=bool((queue_drift(a) or {}).get("overloaded")),
     )
 
