@@ -6,6 +6,8 @@ Exit codes (each means one thing):
   2  bad usage or bad input (workload file, SLO string, trace, baseline)
   3  target unreachable (preflight failed: wrong URL, server down, wrong model)
   4  gate inconclusive (more replicates needed)
+  5  internal error: a slobench bug (the traceback is printed; please report it)
+  130  interrupted (Ctrl-C or SIGTERM): what finished is kept and summarised
 """
 
 from __future__ import annotations
@@ -168,6 +170,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("slobench: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug, never to be read as "SLO not met" (1)
+        import traceback
+
+        traceback.print_exc()
+        print(f"slobench: internal error ({type(e).__name__}: {e}); this is a slobench bug, please report it "
+              "with the traceback above; exit 5", file=sys.stderr)
+        return 5
 
 
 # --- helpers shared by the verbs that send load ---------------------------------------------------

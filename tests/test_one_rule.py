@@ -56,3 +56,14 @@ def test_terminal_and_report_agree_on_errors_and_per_replica_rows(tmp_path: Path
     assert list(terminal["error_counts"].values()) == [len(range(0, len(lines), 9))]
     assert [dict(r) for r in report.per_replica] == terminal["per_replica"]
     assert len(terminal["per_replica"]) == 2
+
+
+def test_an_unexpected_exception_is_exit_5_never_1(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    import slobench.cli as cli
+
+    def boom(args):  # type: ignore[no-untyped-def]
+        raise AttributeError("a bug")
+
+    monkeypatch.setattr(cli, "_summarize", boom)
+    assert cli.main(["summarize", "anything"]) == 5
+    assert "internal error (AttributeError: a bug)" in capsys.readouterr().err
