@@ -63,7 +63,8 @@ def test_a_run_against_a_faulty_engine_records_each_fault_as_its_kind(tmp_path: 
         out = tmp_path / "run"
         rc = main(["run", "--url", srv.base_url, "--workload", "tiny", "--api", "completions", "--rate", "20",
                    "--num-requests", "160", "--output-len", "24", "--timeout", str(timeout_s), "--out", str(out),
-                   "--no-progress", "--scrape-interval", "0", "--seed", "1"])
+                   "--no-progress", "--scrape-interval", "0", "--seed", "1",
+                   "--server-profile", "vllm"])  # no capability probes: they would draw faults too
         injected = injected_counts(srv.root_url)
     assert rc in (0, 1)
     records = load_run(out).records
