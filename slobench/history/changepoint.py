@@ -1,0 +1,129 @@
+"""Change points in one metric's history: a shift the per-commit gate missed because each step was small.
+
+The per-commit gate compares a candidate with the baseline of the commit before it. Ten merges that each
+cost 2% pass it one by one (each is inside a 5% threshold) and together cost 18%. This looks at the whole
+series of commit means instead.
+
+Method: binary segmentation with a permutation test, plus a practical-size floor.
+  statistic  T = max over splits k of |mean(x[k:]) - mean(x[:k])| / (s * sqrt(1/k + 1/(n-k))), the
+             likelihood-ratio (CUSUM) statistic for one shift in the mean of Gaussian noise of scale s,
+             each side at least `min_segment` commits long.
+  noise s    from the series itself, robustly: the MAD of the first differences about their median,
+             / sqrt(2). Why not the replicates' own intervals: replicates of one CI job share its runner,
+             so the job-to-job scatter (another machine, another neighbour) is wider than they say, and
+             weighting by them would turn every runner change into an alarm. First differences remove a
+             slow drift (their median is the drift rate) and the MAD ignores the one big difference a step
+             makes, so s stays the noise's scale whether or not the series has changed.
+  threshold  a permutation test: under "no change" the commit means are exchangeable, so the statistic of
+             the series in commit order is compared with the statistic of `num_permutations` shuffles of it
+             (a shuffled drift has large first differences, hence a large s and a small T). The p-value is
+             exact for any noise distribution, with no threshold table to tune; its false-alarm rate on a
+             noise-only history is `alpha` by construction (the benchmark measures it:
+             benchmarks/history_changepoint.py). Shuffles are seeded, so a page is the same every time.
+  size floor a change is reported only when the shift between the two segments' means is also beyond
+             `min_shift` (by default the gate's own default thresholds: capacity 5%, attainment 2 points,
+             latencies 10%): a cumulative change the gate would fail in one commit, made of steps it passed.
+  recursion  after a change at k, each side is searched again (binary segmentation), so a drift shows as
+             one or more change points; the first test decides whether anything is reported at all, so
+             the false-alarm rate of a series is the first test's alpha.
+What it assumes: commit means independent under no change. Noise correlated over commits (a runner pool
+that slowly degrades) is a change too, and will be reported as one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+MIN_SEGMENT = 2  # commits on each side of a change: one odd commit is the per-commit gate's business
+MIN_COMMITS = 2 * MIN_SEGMENT + 1
+
+
+@dataclass(frozen=True, slots=True)
+class ChangePoint:
+    index: int  # the first commit of the new segment
+    before_mean: float
+    after_mean: float
+    shift: float  # after - before, relative to before when `is_relative`, else absolute
+    is_relative: bool
+    p_value: float
+    statistic: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+
+def noise_scale(x: np.ndarray) -> np.ndarray:
+    """Robust per-row noise sd from first differences (rows are series); works on (n,) or (B, n)."""
+    d = np.diff(x, axis=-1)
+    med = np.median(d, axis=-1, keepdims=True)
+    return 1.4826 * np.median(np.abs(d - med), axis=-1) / math.sqrt(2)
+
+
+def _statistics(x: np.ndarray, min_segment: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the largest standardised mean shift and where it is. x has shape (B, n)."""
+    n = x.shape[-1]
+    k = np.arange(min_segment, n - min_segment + 1)
+    csum = np.cumsum(x, axis=-1)
+    total = csum[:, -1:]
+    before = csum[:, k - 1] / k
+    after = (total - csum[:, k - 1]) / (n - k)
+    s = noise_scale(x)
+    # a series of identical values (a deterministic simulation) has s = 0: any shift is then real, and the
+    # floor keeps the ratio finite and still ordered by the size of the shift
+    floor = 1e-9 * np.maximum(np.abs(np.median(x, axis=-1)), 1e-12)
+    z = np.abs(after - before) / (np.maximum(s, floor)[:, None] * np.sqrt(1 / k + 1 / (n - k)))
+    best = np.argmax(z, axis=-1)
+    return z[np.arange(len(z)), best], k[best]
+
+
+def shift_test(
+    x: np.ndarray, *, num_permutations: int = 1999, seed: int = 0, min_segment: int = MIN_SEGMENT
+) -> tuple[int, float, float]:
+    """(split, p-value, statistic) of the single most likely shift in `x`."""
+    x = np.asarray(x, dtype=float)
+    stat, split = _statistics(x[None, :], min_segment)
+    rng = np.random.default_rng(seed)
+    shuffled = rng.permuted(np.broadcast_to(x, (num_permutations, len(x))), axis=1)
+    null, _ = _statistics(shuffled, min_segment)
+    # >= with a relative tolerance: a shuffle that happens to be the original order counts as as extreme
+    extreme = int(np.count_nonzero(null >= stat[0] * (1 - 1e-12)))
+    return int(split[0]), (extreme + 1) / (num_permutations + 1), float(stat[0])
+
+
+def find_change_points(
+    values: list[float] | np.ndarray, *, alpha: float = 0.01, min_shift: float = 0.05, is_relative: bool = True,
+    num_permutations: int | None = None, seed: int = 0, min_segment: int = MIN_SEGMENT,
+) -> list[ChangePoint]:
+    """Change points of one metric's commit means, in commit order (see the module docstring)."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    x = np.asarray(values, dtype=float)
+    if np.any(~np.isfinite(x)):
+        raise ValueError("values must be finite (leave out commits without the metric)")
+    # enough shuffles that the smallest p-value possible is well below alpha
+    b = num_permutations or max(1999, int(math.ceil(10 / alpha)) - 1)
+    found: list[ChangePoint] = []
+
+    def search(lo: int, hi: int, depth: int) -> None:
+        seg = x[lo:hi]
+        if len(seg) < 2 * min_segment + 1:
+            return
+        split, p, stat = shift_test(seg, num_permutations=b, seed=seed + depth * 7919 + lo, min_segment=min_segment)
+        if p >= alpha:
+            return
+        before, after = float(seg[:split].mean()), float(seg[split:].mean())
+        if is_relative:
+            shift = (after - before) / abs(before) if before != 0 else math.inf
+        else:
+            shift = after - before
+        if abs(shift) < min_shift:
+            return
+        found.append(ChangePoint(lo + split, before, after, shift, is_relative, p, stat))
+        search(lo, lo + split, depth + 1)
+        search(lo + split, hi, depth + 1)
+
+    search(0, len(x), 0)
+    return sorted(found, key=lambda c: c.index)
