@@ -4,7 +4,7 @@ The per-commit gate compares a candidate with the baseline of the commit before 
 cost 2% pass it one by one (each is inside a 5% threshold) and together cost 18%. This looks at the whole
 series of commit means instead.
 
-Method: binary segmentation with a permutation test, plus a practical-size floor.
+Method: binary segmentation with a likelihood-ratio (CUSUM) statistic, a simulated null, a practical-size floor.
   statistic  T = max over splits k of |mean(x[k:]) - mean(x[:k])| / (s * sqrt(1/k + 1/(n-k))), the
              likelihood-ratio (CUSUM) statistic for one shift in the mean of Gaussian noise of scale s,
              each side at least `min_segment` commits long.
@@ -14,12 +14,15 @@ Method: binary segmentation with a permutation test, plus a practical-size floor
              weighting by them would turn every runner change into an alarm. First differences remove a
              slow drift (their median is the drift rate) and the MAD ignores the one big difference a step
              makes, so s stays the noise's scale whether or not the series has changed.
-  threshold  a permutation test: under "no change" the commit means are exchangeable, so the statistic of
-             the series in commit order is compared with the statistic of `num_permutations` shuffles of it
-             (a shuffled drift has large first differences, hence a large s and a small T). The p-value is
-             exact for any noise distribution, with no threshold table to tune; its false-alarm rate on a
-             noise-only history is `alpha` by construction (the benchmark measures it:
-             benchmarks/history_changepoint.py). Shuffles are seeded, so a page is the same every time.
+  threshold  T's null distribution, simulated: with s estimated as above, T does not depend on the noise's
+             level or scale, only on the number of commits n, so `num_null` series of n Gaussian draws give
+             its distribution once per n (seeded and cached: a page is the same every time) and a p-value
+             as fine as 1/num_null. A permutation test was tried first: it needs no Gaussian assumption, but
+             a step halfway through ten commits is then undetectable at alpha below 2/C(10,5) = 0.8%
+             (shuffles that keep the two halves apart are as extreme as the truth), and a page of 11
+             metrics tests each at alpha/11. The false-alarm rate on noise-only histories is measured in
+             benchmarks/history_changepoint.py; heavy-tailed noise (an odd commit) is tempered by the robust
+             s and by segments of at least two commits.
   size floor a change is reported only when the shift between the two segments' means is also beyond
              `min_shift` (by default the gate's own default thresholds: capacity 5%, attainment 2 points,
              latencies 10%): a cumulative change the gate would fail in one commit, made of steps it passed.
@@ -32,6 +35,7 @@ that slowly degrades) is a change too, and will be reported as one.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -39,6 +43,7 @@ import numpy as np
 
 MIN_SEGMENT = 2  # commits on each side of a change: one odd commit is the per-commit gate's business
 MIN_COMMITS = 2 * MIN_SEGMENT + 1
+NUM_NULL = 19_999
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,23 +84,31 @@ def _statistics(x: np.ndarray, min_segment: int) -> tuple[np.ndarray, np.ndarray
     return z[np.arange(len(z)), best], k[best]
 
 
-def shift_test(
-    x: np.ndarray, *, num_permutations: int = 1999, seed: int = 0, min_segment: int = MIN_SEGMENT
-) -> tuple[int, float, float]:
+@functools.lru_cache(maxsize=256)
+def null_statistics(n: int, min_segment: int = MIN_SEGMENT, num_null: int = NUM_NULL) -> np.ndarray:
+    """T of `num_null` noise-only series of length n, sorted (T is location- and scale-free)."""
+    rng = np.random.default_rng(1_000_003 * n + min_segment)
+    chunks = []
+    for start in range(0, num_null, 4096):
+        x = rng.standard_normal((min(4096, num_null - start), n))
+        chunks.append(_statistics(x, min_segment)[0])
+    out = np.sort(np.concatenate(chunks))
+    out.setflags(write=False)
+    return out
+
+
+def shift_test(x: np.ndarray, *, min_segment: int = MIN_SEGMENT, num_null: int = NUM_NULL) -> tuple[int, float, float]:
     """(split, p-value, statistic) of the single most likely shift in `x`."""
     x = np.asarray(x, dtype=float)
     stat, split = _statistics(x[None, :], min_segment)
-    rng = np.random.default_rng(seed)
-    shuffled = rng.permuted(np.broadcast_to(x, (num_permutations, len(x))), axis=1)
-    null, _ = _statistics(shuffled, min_segment)
-    # >= with a relative tolerance: a shuffle that happens to be the original order counts as as extreme
-    extreme = int(np.count_nonzero(null >= stat[0] * (1 - 1e-12)))
-    return int(split[0]), (extreme + 1) / (num_permutations + 1), float(stat[0])
+    null = null_statistics(len(x), min_segment, num_null)
+    extreme = len(null) - int(np.searchsorted(null, stat[0], side="left"))
+    return int(split[0]), (extreme + 1) / (len(null) + 1), float(stat[0])
 
 
 def find_change_points(
     values: list[float] | np.ndarray, *, alpha: float = 0.01, min_shift: float = 0.05, is_relative: bool = True,
-    num_permutations: int | None = None, seed: int = 0, min_segment: int = MIN_SEGMENT,
+    min_segment: int = MIN_SEGMENT,
 ) -> list[ChangePoint]:
     """Change points of one metric's commit means, in commit order (see the module docstring)."""
     if not 0 < alpha < 1:
@@ -103,15 +116,15 @@ def find_change_points(
     x = np.asarray(values, dtype=float)
     if np.any(~np.isfinite(x)):
         raise ValueError("values must be finite (leave out commits without the metric)")
-    # enough shuffles that the smallest p-value possible is well below alpha
-    b = num_permutations or max(1999, int(math.ceil(10 / alpha)) - 1)
+    # enough null draws that the smallest p-value possible is well below alpha
+    num_null = max(NUM_NULL, int(math.ceil(20 / alpha)))
     found: list[ChangePoint] = []
 
-    def search(lo: int, hi: int, depth: int) -> None:
+    def search(lo: int, hi: int) -> None:
         seg = x[lo:hi]
         if len(seg) < 2 * min_segment + 1:
             return
-        split, p, stat = shift_test(seg, num_permutations=b, seed=seed + depth * 7919 + lo, min_segment=min_segment)
+        split, p, stat = shift_test(seg, min_segment=min_segment, num_null=num_null)
         if p >= alpha:
             return
         before, after = float(seg[:split].mean()), float(seg[split:].mean())
@@ -122,8 +135,8 @@ def find_change_points(
         if abs(shift) < min_shift:
             return
         found.append(ChangePoint(lo + split, before, after, shift, is_relative, p, stat))
-        search(lo, lo + split, depth + 1)
-        search(lo + split, hi, depth + 1)
+        search(lo, lo + split)
+        search(lo + split, hi)
 
-    search(0, len(x), 0)
+    search(0, len(x))
     return sorted(found, key=lambda c: c.index)

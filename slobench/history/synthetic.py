@@ -19,6 +19,7 @@ class NoiseModel:
     job_sd: float = 0.005  # relative sd of a job's effect, shared by its replicates
     run_sd: float = 0.01  # relative sd of one run's own noise
     num_seeds: int = 5
+    job_df: float | None = None  # Student-t job effects of this many degrees of freedom (an odd runner), else Gaussian
 
 
 def drift_levels(num_commits: int, *, start: float = 20.0, per_commit: float = -0.02) -> np.ndarray:
@@ -37,7 +38,7 @@ def replicate_values(levels: Sequence[float], rng: np.random.Generator,
     seed_effect = rng.normal(0, noise.seed_sd, len(seeds))
     out = []
     for level in levels:
-        job = rng.normal(0, noise.job_sd)
+        job = noise.job_sd * (rng.standard_t(noise.job_df) if noise.job_df else rng.standard_normal())
         run = rng.normal(0, noise.run_sd, len(seeds))
         vals = float(level) * (1 + seed_effect + job + run)
         out.append({int(s): float(v) for s, v in zip(seeds, vals, strict=True)})
