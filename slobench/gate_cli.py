@@ -68,6 +68,9 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
     g.add_argument("--json", default=None, metavar="FILE", help="the verdict and every number, as JSON")
     g.add_argument("--write-baseline", default=None, metavar="FILE",
                    help="write the --candidate's replicate values as a committable baseline file and exit")
+    g.add_argument("--update-baseline-on-pass", action="store_true",
+                   help="when the verdict is pass, rewrite the (one) --baseline file from the candidate, so a "
+                        "baseline follows main; never on an inconclusive or failing run (the exit code is the gate's)")
 
 
 def dispatch(args: argparse.Namespace) -> int:
@@ -95,6 +98,8 @@ def _gate(args: argparse.Namespace) -> int:
         return 0
     if not args.baseline:
         raise UsageError("--baseline is required (or --write-baseline to make one)")
+    if args.update_baseline_on_pass:
+        check_updatable(args.baseline)
     base = load_samples(args.baseline)
     ths = [Threshold.parse(t, "drop") for t in args.max_drop] + [Threshold.parse(t, "rise") for t in args.max_rise]
     res = gate(base, cand, ths, alpha=args.alpha, pass_confidence=args.pass_confidence)
@@ -110,7 +115,40 @@ def _gate(args: argparse.Namespace) -> int:
         Path(args.junit).write_text(junit_xml(res))
     if args.json:
         write_json_atomic(Path(args.json), res.to_dict())
+    if args.update_baseline_on_pass:
+        updated, msg = update_baseline_on_pass(res, cand, Path(args.baseline[0]))
+        print(msg, file=sys.stdout if updated else sys.stderr)
     return res.exit_code
+
+
+def check_updatable(baselines: list[str]) -> None:
+    """--update-baseline-on-pass rewrites one committed baseline file; anything else is bad usage."""
+    import json
+
+    from slobench.errors import UsageError
+    from slobench.gate import BASELINE_KIND
+
+    if len(baselines) != 1:
+        raise UsageError("--update-baseline-on-pass: give exactly one --baseline (the file to refresh)")
+    path = Path(baselines[0])
+    try:
+        kind = json.loads(path.read_text()).get("kind") if path.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        kind = None  # load_samples names what is wrong with it
+    if path.is_file() and kind is not None and kind != BASELINE_KIND:
+        raise UsageError(f"--update-baseline-on-pass: {path} is a {kind} result, not a baseline file "
+                         f"(slobench gate --write-baseline makes one); refusing to overwrite it")
+
+
+def update_baseline_on_pass(res: Any, cand: Any, path: Path) -> tuple[bool, str]:
+    """Refresh the baseline from the candidate when the verdict is pass; (updated, what to tell the user)."""
+    from slobench.records import write_json_atomic
+
+    if res.verdict != "pass":
+        return False, (f"baseline not updated: the verdict is {res.verdict}; {path} follows main only on a pass "
+                       f"(an inconclusive or failing run would move the bar)")
+    write_json_atomic(path, cand.to_baseline())
+    return True, f"baseline updated: {path} ({len(cand.metrics)} metrics from {cand.source})"
 
 
 # --- capacity -------------------------------------------------------------------------------------------
