@@ -282,10 +282,12 @@ class OpenAITarget:
                 raw = await chunks.__anext__()
             except StopAsyncIteration:
                 break
-            except TransportError:
-                if finish is None:
+            except Exception:  # the transport's own error (aiohttp, httpx); translated above us if re-raised
+                if finish is None and not is_done:
                     raise
-                break  # the answer was complete; only a trailing usage chunk or [DONE] was lost
+                # after a finish only a trailing usage chunk or [DONE] was lost; after [DONE] without a
+                # finish (llama-cpp-python interrupting a stream drops the connection next) it is cut off
+                break
             t = now()
             if is_done:
                 continue  # read on to the end of the body so the connection can be reused
