@@ -1,0 +1,64 @@
+"""How fast the virtual clock runs: simulated requests per second of wall time, and peak memory.
+
+One replica of the bundled engine (modeled executor, the illustrative `h100-llama-1b` profile, 2,048 KV
+blocks) under the `chat` workload (Azure-fitted heavy-tailed lengths) at a rate below its capacity, for
+each request count. Times the simulation alone (`simulate_records`; the specs are generated first), then
+the lean summary a capacity probe computes from the records. Peak memory is tracemalloc's peak over the
+simulation and summary (Python allocations, the records included), and the process's max RSS. Requests
+per second are over the process's CPU time (the machine may be shared); the wall time is printed beside.
+
+    python benchmarks/simulate_speed.py [--counts 10000,100000] [--rate 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+import tracemalloc
+
+from slobench.simulate import lean_summary, simulate_records
+from slobench.slo import SLO
+from slobench.workload import generate, load_workload
+
+KNOBS = {"profile": "h100-llama-1b", "kv_blocks": 2048}
+SLO_TEXT = "ttft=300ms,tpot=40ms"
+
+
+def one(n: int, rate_rps: float, *, trace: bool) -> dict:
+    specs = generate(load_workload("chat"), rate_rps=rate_rps, num_requests=n, seed=1)
+    if trace:
+        tracemalloc.start()
+    t0, c0 = time.perf_counter(), time.process_time()
+    records = simulate_records(specs, KNOBS)
+    t1, c1 = time.perf_counter(), time.process_time()
+    summary = lean_summary(records, SLO.parse(SLO_TEXT))
+    t2 = time.perf_counter()
+    peak = tracemalloc.get_traced_memory()[1] if trace else 0
+    if trace:
+        tracemalloc.stop()
+    return {"n": n, "sim_s": t1 - t0, "cpu_s": c1 - c0, "summary_s": t2 - t1, "peak_mib": peak / 2**20,
+            "tokens": sum(r.output_tokens for r in records), "attainment": summary["attainment"]["value"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--counts", default="10000,100000")
+    ap.add_argument("--rate", type=float, default=30.0, help="req/s (one replica's capacity is ~39 at 40 ms TPOT)")
+    ap.add_argument("--no-tracemalloc", action="store_true",
+                    help="time without tracemalloc (it slows allocation-heavy code ~2x); peak RSS only")
+    args = ap.parse_args()
+    print(f"chat @ {args.rate:g} req/s, one replica, {KNOBS}")
+    print("| requests | simulate s (wall) | CPU s | req/s simulated (CPU) | output tok/s (CPU) | summary s "
+          "| tracemalloc peak MiB | max RSS MiB | attainment |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n in (int(c) for c in args.counts.split(",")):
+        r = one(n, args.rate, trace=not args.no_tracemalloc)
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        peak = f"{r['peak_mib']:.0f}" if not args.no_tracemalloc else "-"
+        print(f"| {n:,} | {r['sim_s']:.2f} | {r['cpu_s']:.2f} | {n / r['cpu_s']:,.0f} | {r['tokens'] / r['cpu_s']:,.0f} "
+              f"| {r['summary_s']:.2f} | {peak} | {rss:.0f} | {r['attainment']:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Decode runs (slobench.decode_run) against stepping every step: the same records, bit for bit, wherever
+the engine's state could make a run's shortcut wrong: chunked prefills ending in a one-token chunk, a full
+batch, preemption, a queue head waiting for blocks, shared prefixes, EOS-free fleets with jitter."""
+
+from __future__ import annotations
+
+import pytest
+
+from slobench.simulate import ModeledEngine, simulate_records
+from slobench.workload import generate, load_workload
+
+SCENARIOS = {
+    # budget cuts: prefills chunked at 300 tokens, so some end in a one-token chunk
+    "small-budget": ("chat", 20.0, 150, ModeledEngine("h100-llama-1b", kv_blocks=1024, max_batched_tokens=300), {}),
+    # KV pressure: preemption by recompute and a queue head waiting for blocks
+    "preempting": ("chat", 40.0, 150, ModeledEngine("h100-llama-1b", kv_blocks=300), {}),
+    # a full batch: the queue waits on max_num_seqs, not on blocks
+    "max-seqs": ("chat", 60.0, 150, ModeledEngine("h100-llama-1b", kv_blocks=4096, max_num_seqs=4), {}),
+    "no-prefix-cache": ("system-prompts", 10.0, 150,
+                        ModeledEngine("h100-llama-1b", kv_blocks=300, enable_prefix_caching=False), {}),
+    "shared-prefixes-fleet": ("system-prompts", 12.0, 200, ModeledEngine("h100-llama-1b", kv_blocks=300),
+                              {"replicas": 3, "router": "prefix-balanced", "jitter_sd": 0.03, "seed": 4}),
+    "sessions": ("sessions", 8.0, 150, ModeledEngine("h100-llama-1b", kv_blocks=600), {}),
+    # 33-token prompts through a 32-token budget: the first token comes from a one-token "decode" chunk
+    "one-token-last-chunk": ("tiny", 5.0, 60, ModeledEngine("cpu-tiny", kv_blocks=256, max_batched_tokens=32),
+                             {"input_len": 33}),
+}
+GENERATE_KW = ("input_len", "output_len")
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_decode_runs_leave_every_record_as_stepping_does(name: str) -> None:
+    workload, rate, n, engine, kw = SCENARIOS[name]
+    gen = {k: v for k, v in kw.items() if k in GENERATE_KW}
+    kw = {k: v for k, v in kw.items() if k not in GENERATE_KW}
+    specs = generate(load_workload(workload), rate_rps=rate, num_requests=n, seed=3, **gen)
+    fast = simulate_records(specs, engine, **kw)
+    slow = simulate_records(specs, engine, decode_runs=False, **kw)
+    assert [r.to_json() for r in fast] == [r.to_json() for r in slow]
+    assert any(r.output_tokens > 1 for r in fast)
+
+
+def test_engines_end_in_the_same_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    import slobench.simulate
+    from reference_engine.engine import LLMEngine
+
+    built: list[LLMEngine] = []
+
+    class Recorded(LLMEngine):
+        def __init__(self, *a: object, **kw: object) -> None:
+            super().__init__(*a, **kw)  # type: ignore[arg-type]
+            built.append(self)
+
+    monkeypatch.setattr(slobench.simulate, "LLMEngine", Recorded)
+    specs = generate(load_workload("system-prompts"), rate_rps=10.0, num_requests=120, seed=2)
+    for fast in (True, False):
+        simulate_records(specs, ModeledEngine("h100-llama-1b", kv_blocks=300), decode_runs=fast)
+    a, b = built[1], built[3]  # each run builds one engine from the factory, then the one it steps
+    assert a.stats() == b.stats() and a.stats().num_generation_tokens > 0 and a.stats().num_blocks_cached > 0
+    assert a.executor.num_steps == b.executor.num_steps
+    assert a.executor.total_modeled_s == b.executor.total_modeled_s  # type: ignore[attr-defined]
+
+
+def test_vectorised_tokens_are_the_executors() -> None:
+    from reference_engine.executor.modeled_executor import ModeledExecutor
+    from reference_engine.sequence import Sequence
+    from slobench.decode_run import _tokens
+
+    ex = ModeledExecutor(ModeledEngine().cost_profile(), block_size=16, num_blocks=8, vocab_size=300,
+                         eos_token_id=100, token_id_range=(32, 127), seed=5)
+    seqs = [Sequence(sid, [40] * n, 64) for sid, n in ((0, 1), (7, 30), (2**40, 5))]
+    got = _tokens(ex, seqs, 200)
+    for s, toks in zip(seqs, got, strict=True):
+        assert toks == [ex.token_at(s.seq_id, len(s.token_ids) + j) for j in range(200)]
+    assert 100 not in {t for toks in got for t in toks}
