@@ -31,6 +31,7 @@ import socket
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,8 @@ from slobench.records import RequestRecord, RequestSpec
 
 _HEADER = struct.Struct("!I")
 _STAMPED = ("sent_s", "first_token_s", "done_s")
-_COPIED = ("chunk_tokens", "prompt_tokens", "cached_tokens", "output_tokens", "status", "error", "http_status")
+_COPIED = ("chunk_tokens", "prompt_tokens", "cached_tokens", "output_tokens", "usage_output_tokens", "status", "error",
+           "http_status")
 STOP_TIMEOUT_S = 10.0
 MAX_WORKERS = 64
 SEND_LEAD_S = 0.005  # hand each request over this much before its scheduled time
@@ -261,15 +263,40 @@ class WorkerPool:
         except WorkerGone as e:
             record.fail("error", f"internal: {e} while this request was in flight", self.clock.now_s())
             return
-        for name in _STAMPED:
-            t = stamped[name]
-            setattr(record, name, None if t is None else t - origin_s)
-        record.chunk_times_s = [t - origin_s for t in stamped["chunk_times_s"]]
-        for name in _COPIED:
-            setattr(record, name, stamped[name])
+        apply_stamped(record, stamped, lambda t: t - origin_s)
 
 
 # ---- the worker process ----------------------------------------------------------------------------------
+
+
+async def send_on_time(target: Any, spec: RequestSpec, send_at_s: float) -> dict[str, Any]:
+    """Hold `spec` until `send_at_s` on `target.clock` (origin 0 in a worker or load actor: absolute
+    perf_counter seconds), send it, and return the record's stamps and counts as a plain dict (a small
+    message; `apply_stamped` puts it back on a record). Cancellation propagates."""
+    now = target.clock.now_s
+    rec = RequestRecord(spec.request_id, spec.arrival_s)
+    try:
+        delay = send_at_s - now()
+        if delay > SPIN_S:
+            await asyncio.sleep(delay - SPIN_S)
+        while now() < send_at_s:
+            await asyncio.sleep(0)
+        await target.send(spec, rec)
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a target bug must not lose the record
+        rec.fail("error", f"internal: {type(e).__name__}: {e}", now())
+    return {name: getattr(rec, name) for name in (*_STAMPED, *_COPIED, "chunk_times_s")}
+
+
+def apply_stamped(record: RequestRecord, stamped: dict[str, Any], to_run_s: Callable[[float], float]) -> None:
+    """Put a worker's stamps on the run's record, each time moved onto the run's clock by `to_run_s`."""
+    for name in _STAMPED:
+        t = stamped[name]
+        setattr(record, name, None if t is None else to_run_s(t))
+    record.chunk_times_s = [to_run_s(t) for t in stamped["chunk_times_s"]]
+    for name in _COPIED:
+        setattr(record, name, stamped[name])
 
 
 async def _serve(fd: int) -> None:
@@ -291,24 +318,13 @@ async def _serve(fd: int) -> None:
     writer.write(_frame(("ready",)))
     tasks: dict[int, asyncio.Task[None]] = {}
 
-    now = target.clock.now_s  # absolute perf_counter seconds (origin 0)
-
     async def one(rid: int, spec: RequestSpec, send_at_s: float) -> None:
-        rec = RequestRecord(spec.request_id, spec.arrival_s)
         try:
-            delay = send_at_s - now()
-            if delay > SPIN_S:
-                await asyncio.sleep(delay - SPIN_S)
-            while now() < send_at_s:
-                await asyncio.sleep(0)
-            await target.send(spec, rec)
+            stamped = await send_on_time(target, spec, send_at_s)
         except asyncio.CancelledError:
             return  # the parent gave up on it and marks it cancelled itself
-        except Exception as e:  # noqa: BLE001 - a target bug must not lose the record
-            rec.fail("error", f"internal: {type(e).__name__}: {e}", target.clock.now_s())
         finally:
             tasks.pop(rid, None)
-        stamped = {name: getattr(rec, name) for name in (*_STAMPED, *_COPIED, "chunk_times_s")}
         writer.write(_frame(("done", rid, stamped)))
 
     try:
