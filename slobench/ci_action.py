@@ -150,6 +150,9 @@ def _with_interval(key: str, values: Sequence[float]) -> str:
     if len(values) < 2:
         return _fmt(key, mean)
     lo, hi = t_interval(list(values), 0.95)
+    lo = max(lo, 0.0)  # every gated metric is a rate, a share or a time: none is negative
+    if key.startswith("attainment"):
+        hi = min(hi, 1.0)
     return f"{_fmt(key, mean)} [{_fmt(key, lo)}, {_fmt(key, hi)}]"
 
 

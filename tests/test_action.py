@@ -128,3 +128,41 @@ def test_action_yml_maps_every_input_and_output_the_script_uses():
     for name, out in spec["outputs"].items():
         assert out["value"] == f"${{{{ steps.gate.outputs.{name} }}}}"
         assert f'"{name}"' in source, f"the script never writes output {name}"
+
+
+def docs_workflow_steps() -> list[dict]:
+    """Every step of the YAML blocks in docs/ci.md that uses the action (`uses: ./.slobench`)."""
+    yaml = pytest.importorskip("yaml")
+    import re
+
+    text = (ROOT / "docs/ci.md").read_text()
+    steps = []
+    for block in re.findall(r"```yaml\n(.*?)```", text, re.S):
+        doc = yaml.safe_load(block)
+        jobs = doc.get("jobs", doc)
+        for job in jobs.values():
+            steps += [s for s in job["steps"] if s.get("uses") == "./.slobench"]
+    return steps
+
+
+def test_the_docs_workflows_use_only_inputs_the_action_has():
+    yaml = pytest.importorskip("yaml")
+    spec = yaml.safe_load((ROOT / "action.yml").read_text())
+    steps = docs_workflow_steps()
+    assert len(steps) == 2  # the llama.cpp CPU example and the vLLM GPU snippet
+    for step in steps:
+        assert set(step["with"]) <= set(spec["inputs"]), set(step["with"]) - set(spec["inputs"])
+        assert "slo" in step["with"] and "start-command" in step["with"]
+
+
+def test_comment_intervals_stay_inside_what_a_metric_can_be():
+    base = Samples("b", {"name": "w", "hash": "h", "spec": {}}, None, "0")
+    cand = Samples("c", {"name": "w", "hash": "h", "spec": {}}, None, "0")
+    for seed, (a, b, t) in enumerate([(0.7, 0.2, 0.1), (1.0, 1.0, 3.0)], 1):  # two wild replicates
+        base.add("attainment@1", seed, a, "b")
+        cand.add("attainment@1", seed, b, "c")
+        base.add("ttft.p50@1", seed, t, "b")
+        cand.add("ttft.p50@1", seed, t, "c")
+    res = gate(base, cand, [Threshold.parse("attainment=5pt", "drop"), Threshold.parse("ttft.p50=10%", "rise")])
+    body = comment_body(res, base, cand)
+    assert "[0.0%, 100.0%]" in body and "[0 ms," in body and "[-" not in body
