@@ -191,7 +191,8 @@ def figure(h: MetricHistory, entries: Sequence[dict[str, Any]]) -> dict[str, Any
         "layout": {
             **base_layout(plot_esc(h.key), height=380),
             "xaxis": {"tickmode": "array", "tickvals": list(range(len(entries))), "ticktext": ticks,
-                      "tickangle": -45, "title": {"text": "commit"}, "gridcolor": "#eee"},
+                      "tickangle": -45, "title": {"text": "commit"}, "gridcolor": "#eee",
+                      "zeroline": False},
             "yaxis": {"title": {"text": plot_esc(_unit(h.key))}, "gridcolor": "#eee",
                       **({"tickformat": ".1%"} if _is_att(h.key) else {})},
             "shapes": shapes, "annotations": notes,
@@ -222,8 +223,9 @@ def render(entries: Sequence[dict[str, Any]], metrics: Sequence[MetricHistory], 
     facts = [("commits", f"{len(entries)}: {first['commit']} ({first.get('date')}) to {last['commit']} "
                          f"({last.get('date')})"),
              ("workload", f"{w.get('name')} (hash {w.get('hash')})"), ("SLO", _slo_text(last.get("slo"))),
-             ("change points", f"binary segmentation, permutation test at family-wise α={alpha:g} over "
-                               f"{len(metrics)} metrics, reported when the shift passes the gate's threshold")]
+             ("change points", f"binary segmentation, a likelihood-ratio test against a simulated null at "
+                               f"family-wise α={alpha:g} over {len(metrics)} metric{'s' if len(metrics) != 1 else ''}"
+                               ", reported when the shift is as large as the gate's threshold")]
     rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in facts)
     body = [f'<section id="header"><h1>{esc(title)}</h1><div class="card"><table class="facts">{rows}</table></div>',
             _changes(entries, metrics), "</section>", '<section id="metrics"><h2>Metrics over commits</h2>',
