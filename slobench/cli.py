@@ -53,6 +53,10 @@ def _add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     g.add_argument("--client-workers", type=int, default=1, metavar="N",
                    help="send from N worker processes (the schedule stays in this one): for streams of more than "
                         "~20,000 tokens/s, which one process cannot read on time (default 1)")
+    g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="send from --client-workers N Ray actors (spread over the cluster's nodes, clocks synced to "
+                        "this one) at ADDRESS, or a local Ray instance when no address is given; needs "
+                        "pip install 'slobench[ray]'")
     from slobench.targets.engine import add_engine_arguments
 
     eng = p.add_argument_group("in-process engine (instead of --url)")
@@ -363,6 +367,10 @@ class LoadSetup:
             server_profile=a.server_profile,
             tokenizer=a.tokenizer,
         )
+        if getattr(a, "ray", None) is not None:
+            from slobench.targets.ray_pool import RayPool
+
+            return RayPool(workers, kwargs, clock=clock, address=a.ray)
         if workers != 1:
             from slobench.targets.workers import WorkerPool
 
@@ -386,6 +394,7 @@ class LoadSetup:
                 | ({"capabilities": caps.to_dict()} if (caps := getattr(target, "caps", None)) is not None else {})
                 | ({"tokenizer": a.tokenizer} if a.tokenizer else {})
                 | ({"client_workers": a.client_workers} if getattr(a, "client_workers", 1) != 1 else {})
+                | ({"ray": (target.describe().get("ray") or {})} if getattr(a, "ray", None) is not None else {})
                 | ({"fleet": {"replicas": len(self.urls), "router": a.router}} if len(self.urls) > 1 else {})
             ),
             "slo": self.slo.to_dict() if self.slo else None,
@@ -447,6 +456,14 @@ class LoadSetup:
         workers = getattr(a, "client_workers", 1)
         if not 1 <= workers <= MAX_WORKERS:  # before any network call: a bad flag is exit 2, not 3
             raise UsageError(f"--client-workers must be from 1 to {MAX_WORKERS} (got {workers})")
+        if getattr(a, "ray", None) is not None:
+            if a.engine or getattr(a, "simulate", False):
+                raise UsageError("--ray needs --url: the in-process engine and --simulate send nothing over HTTP")
+            if "," in str(a.url or ""):
+                raise UsageError("--ray with several --url: not supported; point --url at the fleet's load balancer")
+            from slobench.targets.ray_pool import require_ray
+
+            require_ray()  # not installed: exit 2 with the pip line, before any network call
 
     def simulated_runner(self) -> Any:
         """A sweep's `run_one` on the virtual clock: the engine's scheduler, no server, no wall time."""
@@ -589,6 +606,7 @@ def error_rate_verdict(summary: dict[str, Any], max_error_rate: float | None) ->
 async def _run(args: argparse.Namespace) -> int:
     from slobench import runner
     from slobench.report.terminal import print_run
+    from slobench.targets.ray_pool import client_clock_lines, note_client_clocks
 
     setup = LoadSetup(args)
     from slobench.outdir import claim_out_dir
@@ -611,9 +629,12 @@ async def _run(args: argparse.Namespace) -> int:
             manifest={**setup.manifest(target, served), "rate_rps": args.rate}, seed=args.seed,
             monitors=(monitors := setup.monitors(out)),
         )
+        await note_client_clocks(target, out, res.summary, setup.slo)  # Ray load actors: clocks and health
     finally:
         await target.close()
     print_run(res.summary, title=f"{served} · {setup.workload.name} · {out}")
+    for line in client_clock_lines(res.summary):
+        print(line)
     for m in monitors:  # a server without /metrics is a note: the report simply has no server-state panels
         if getattr(m, "disabled_reason", None):
             print(f"note: no server metrics scraped ({m.disabled_reason}); the report has no server-state panels")
@@ -634,6 +655,7 @@ async def _run(args: argparse.Namespace) -> int:
 async def _sweep(args: argparse.Namespace) -> int:
     from slobench.report.terminal import make_console
     from slobench.sweep import parse_rates, run_sweep, target_runner
+    from slobench.targets.ray_pool import with_client_clocks
 
     if not args.rates:
         raise UsageError("--rates is required for sweep (e.g. --rates 1,2,4 or --rates 1:16:5)")
@@ -660,6 +682,7 @@ async def _sweep(args: argparse.Namespace) -> int:
         try:
             run_one = target_runner(setup.specs, target, slo=setup.slo, opts=setup.run_options(),
                                     monitors_for=setup.monitors, seed=args.seed)
+            run_one = with_client_clocks(run_one, target, setup.slo)  # Ray load actors: clocks and health
             doc = await run_sweep(rates, run_one, out_dir=out, slo=setup.slo,
                                   manifest=setup.manifest(target, served), on_run=on_run)
         finally:
