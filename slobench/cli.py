@@ -153,9 +153,26 @@ def _verb_modules() -> list[Any]:
     return [importlib.import_module(m) for m in VERB_MODULES]
 
 
+def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # outside a run (preflight, between sweep points) SIGTERM ends like Ctrl-C
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    import signal
+    import threading
+
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt) if on_main else None
+    try:
+        return _dispatch(parser, args)
+    finally:
+        if on_main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         if args.verb == "run":
             return asyncio.run(_run(args))
@@ -169,7 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown verb {args.verb!r}")
         return 2
     except SlobenchError as e:
-        print(f"slobench: error: {e}", file=sys.stderr)
+        from slobench.redact import redact_text
+
+        print(f"slobench: error: {redact_text(str(e))}", file=sys.stderr)  # a URL as typed may hold a password
         return e.exit_code
     except KeyboardInterrupt:
         print("slobench: interrupted", file=sys.stderr)

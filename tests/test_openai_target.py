@@ -660,3 +660,18 @@ async def test_wrong_typed_fields_are_skipped_not_internal_errors(odd: dict[str,
 async def test_a_whole_answer_without_output_is_not_ok(body: bytes) -> None:
     rec, _ = await run_scripted([body], stream=False)
     assert rec.status == "error" and "no output" in (rec.error or "")
+
+
+async def test_credentials_in_the_url_become_a_basic_header_and_leave_the_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)  # an Authorization header as well: aiohttp refused the pair
+    tr = ScriptedTransport(200, [sse(tok(finish_reason="length"), b"[DONE]")])
+    target = OpenAITarget("http://user:pw@h:1/v1", "m", transport=tr)  # type: ignore[arg-type]
+    assert target.base_url == "http://h:1/v1" and "pw" not in json.dumps(target.describe())
+    await target.start()
+    rec = RequestRecord(0, 0.0)
+    await target.send(spec(), rec)
+    assert rec.status == "ok" and tr.sent[0][0] == "http://h:1/v1/completions"
+    assert tr.sent[0][2]["Authorization"] == f"Bearer {KEY}"  # the explicit key wins
+    monkeypatch.delenv("OPENAI_API_KEY")
+    basic = OpenAITarget("http://user:pw@h:1/v1", "m", transport=ScriptedTransport())  # type: ignore[arg-type]
+    assert basic._headers["Authorization"] == "Basic dXNlcjpwdw=="

@@ -253,3 +253,26 @@ def test_a_server_without_metrics_is_a_note(quirky: Any, tmp_path: Path, capsys:
     assert code == 0
     assert "note: no server metrics scraped" in capsys.readouterr().out
     assert not (tmp_path / "r" / "server_metrics.jsonl").exists()
+
+
+def test_a_transient_failure_at_preflight_is_tried_again(quirky: Any, tmp_path: Path) -> None:
+    code, records, _ = _run(quirky("flaky-start"), tmp_path / "r")
+    assert code == 0 and len(records) == 12 and all(r["status"] == "ok" for r in records)
+
+
+def test_an_error_line_never_shows_a_password(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--url", "http://user:hunter2@127.0.0.1:9/v1", "--model", "m", "--workload", "tiny"]) == 3
+    err = capsys.readouterr().err
+    assert "hunter2" not in err and "127.0.0.1:9" in err
+
+
+def test_the_text_memo_is_bounded_by_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    import slobench.targets.openai as oa
+    from slobench.records import RequestSpec
+
+    monkeypatch.setattr(oa, "_MEMO_CHARS", 1000)
+    t = oa.OpenAITarget("http://h:1/v1", "m", "chat")
+    for i in range(50):
+        t.build_body(RequestSpec(request_id=i, arrival_s=0.0, prompt=tuple(range(i, i + 40)), input_tokens=40,
+                                 max_tokens=1))  # fmt: skip
+        assert t._texts_chars <= 1000 + 40 * 7

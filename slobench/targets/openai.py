@@ -18,6 +18,7 @@ The API key never reaches a record, a message or a repr: every error text is scr
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Mapping
@@ -45,6 +46,9 @@ from slobench.workload.text import ExactText, ids_to_text
 
 Api = Literal["completions", "chat"]
 MAX_ERROR_CHARS = 300
+_MEMO_CHARS = 64 * 1024 * 1024  # text built from token ids, kept for reuse up to this many characters
+_PROBE_TRIES = 3
+_PROBE_BACKOFF_S = 0.2
 _SECRET_HEADER_HINTS = ("auth", "key", "token", "secret", "cookie")
 _SECRET_BODY_HINTS = ("auth", "key", "secret", "password")  # not "token": max_tokens is no secret
 
@@ -91,7 +95,9 @@ class OpenAITarget:
                 raise SpecError(name, value, "must be > 0 seconds")
         if not model:
             raise SpecError("model", model, "must name the served model")
-        self.base_url = _normalise_base_url(base_url)
+        # credentials in the URL become a Basic header (unless one is given): aiohttp refuses a URL with
+        # credentials beside an Authorization header, and the URL is recorded, the header never
+        self.base_url, url_auth = _split_userinfo(_normalise_base_url(base_url))
         self.model = model
         self.api: Api = api
         self.clock = clock if clock is not None else Clock()
@@ -113,6 +119,8 @@ class OpenAITarget:
         if key:
             self._headers["Authorization"] = f"Bearer {key}"
         self._headers.update(headers or {})
+        if url_auth and not any(k.lower() == "authorization" for k in self._headers):
+            self._headers["Authorization"] = url_auth
         secrets = {key} if key else set()
         secrets |= {v for k, v in self._headers.items() if any(h in k.lower() for h in _SECRET_HEADER_HINTS)}
         # Longest first, so "Bearer <key>" is replaced whole before the bare key is looked for.
@@ -127,11 +135,13 @@ class OpenAITarget:
         self.tokenizer_path = tokenizer
         self._exact = ExactText(tokenizer) if tokenizer else None
         self._texts: dict[Any, str] = {}  # prompt (ids or text) -> the text sent, built once per prompt
+        self._texts_chars = 0
         self._set_caps(self.caps)
 
     def _set_caps(self, caps: Capabilities) -> None:
         self.caps = caps
         self._texts.clear()
+        self._texts_chars = 0
         self._base_body = {"model": self.model, "temperature": 0, "stream": self.stream}
         if self.stream and caps.include_usage:
             self._base_body["stream_options"] = {"include_usage": True}
@@ -227,9 +237,11 @@ class OpenAITarget:
             if self._exact is not None:
                 n = len(prompt) if type(prompt) is tuple else input_tokens
                 text = self._exact.fit(text, n - self.caps.template_overhead if self._is_chat else n)
-            if len(self._texts) > 200_000:  # bound the memo on endless traces
+            if self._texts_chars > _MEMO_CHARS:  # bounded by size: long prompts of an endless trace
                 self._texts.clear()
+                self._texts_chars = 0
             self._texts[prompt] = text
+            self._texts_chars += len(text)
         return text
 
     async def send(self, spec: RequestSpec, record: RequestRecord) -> None:
@@ -447,7 +459,11 @@ class OpenAITarget:
 
     async def _negotiate(self, client: httpx.AsyncClient, notes: list[str], *, honours_ignore_eos: bool) -> None:
         caps = self.caps
-        r = await self._control(client, "POST", self.url, self._probe_body())
+        for attempt in range(_PROBE_TRIES):  # a transient 5xx is tried again; a 4xx is an answer
+            r = await self._control(client, "POST", self.url, self._probe_body())
+            if r.status_code < 500 or attempt == _PROBE_TRIES - 1:
+                break
+            await asyncio.sleep(_PROBE_BACKOFF_S * (attempt + 1))
         if r.status_code >= 400:
             raise TargetUnreachable(
                 f"{self.url}: the server refused the plainest request (text prompt, max_tokens=1, none of "
@@ -469,13 +485,18 @@ class OpenAITarget:
                             pair_min_tokens=not honours_ignore_eos)
 
         async def refused(field_name: str, **fields: Any) -> str | None:
-            resp = await self._control(client, "POST", self.url, self._probe_body(**fields))
-            if resp.status_code < 400:
-                return None
-            message = self._http_error(resp.status_code, resp.content)
-            if not is_refusal(resp.status_code, message, field_name):
-                raise TargetUnreachable(f"{self.url}: probing {field_name} failed: {message}")
-            return message
+            # a failure that is not a refusal (a 503, a flaky 500) is tried again before the run is given up
+            message = ""
+            for attempt in range(_PROBE_TRIES):
+                resp = await self._control(client, "POST", self.url, self._probe_body(**fields))
+                if resp.status_code < 400:
+                    return None
+                message = self._http_error(resp.status_code, resp.content)
+                if is_refusal(resp.status_code, message, field_name):
+                    return message
+                if attempt < _PROBE_TRIES - 1:
+                    await asyncio.sleep(_PROBE_BACKOFF_S * (attempt + 1))
+            raise TargetUnreachable(f"{self.url}: probing {field_name} failed {_PROBE_TRIES} times: {message}")
 
         if not self._is_chat:
             # ids low in the workloads' range: a server with a smaller vocabulary refuses them, rightly
@@ -522,6 +543,19 @@ class OpenAITarget:
             if t is e:
                 raise
             raise TargetUnreachable(self._scrub(f"{url}: {t}")) from None
+
+
+def _split_userinfo(url: str) -> tuple[str, str | None]:
+    """`http://u:p@host/v1` -> (`http://host/v1`, `Basic <base64 u:p>`); a URL without credentials as is."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, None
+    import base64
+    from urllib.parse import unquote, urlunsplit
+
+    host = parts.netloc.rsplit("@", 1)[1]
+    creds = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}".encode()
+    return urlunsplit(parts._replace(netloc=host)), "Basic " + base64.b64encode(creds).decode()
 
 
 def _normalise_base_url(base_url: str) -> str:

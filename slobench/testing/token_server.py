@@ -66,6 +66,7 @@ QUIRKS = frozenset(
         "interrupt",  # streams stop half-way with `data: [DONE]` and no finish_reason (llama.cpp interrupted)
         "refuse-all",  # every completion request is refused with 400
         "no-metrics",  # no /metrics endpoint (404), as llama-cpp-python and most hosted APIs
+        "flaky-start",  # the first two generation requests answer 503 (a server still warming up)
     }
 )
 # The request fields a strict server knows (OpenAI's), plus the test knobs x_*.
@@ -199,6 +200,9 @@ class TokenServer:
         if body.get("model") != self.config.model:
             return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
         quirks = self.config.quirks
+        if "flaky-start" in quirks and self._stats.num_requests < 2:
+            self._stats.num_requests += 1
+            return _error(503, "warming up", "ServiceUnavailableError")
         if "refuse-all" in quirks:
             return _error(400, "this server refuses every request", "BadRequestError")
         if "strict-fields" in quirks:
