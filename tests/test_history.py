@@ -190,3 +190,20 @@ def test_min_shift_option_and_hostile_commit_ids_are_text(tmp_path):
     page = out.read_text()
     assert "No change point" in page  # a 50% floor is above the drift
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)" in page
+
+
+def test_one_run_directory_and_sweeps_per_seed_become_lines(tmp_path):
+    from slobench.report.synthetic import write_synthetic_sweep
+
+    sweeps = [write_synthetic_sweep(tmp_path / f"s{seed}", [2, 5], 120, seed=seed) for seed in (1, 2, 3)]
+    e = entry_from_results(sweeps, commit="abc")  # one sweep per seed: the replicates
+    assert e["source"] == "sweep" and {"attainment@2", "ttft.p99@5", "tpot.p50@5"} <= set(e["metrics"])
+    assert all(m[4] == 3 for m in e["metrics"].values())
+    only5 = entry_from_results(sweeps, commit="abc", rates=[5])
+    assert set(only5["metrics"]) == {k for k in e["metrics"] if k.endswith("@5")}
+    run = next(p for p in sweeps[0].iterdir() if p.is_dir())  # one run: its own bootstrap intervals
+    r = entry_from_results([run], commit="abc")
+    mean, lo, hi, sd, n = r["metrics"][next(k for k in r["metrics"] if k.startswith("ttft.p99@"))]
+    assert n == 1 and sd is None and lo is not None and lo <= mean <= (hi if hi is not None else mean)
+    att = r["metrics"][next(k for k in r["metrics"] if k.startswith("attainment@"))]
+    assert att[1] is not None and att[1] <= att[0] <= att[2]
