@@ -13,7 +13,7 @@ Keeps a project's headline metrics over commits, so a slow drift over many merge
 commit. `add` appends one JSON line per commit (capacity and its interval; attainment and TTFT/TPOT p50/p99
 at each fixed rate) to the history file; `report` draws each metric over commits with its interval, marks
 the gate's verdicts and finds change points: shifts no single commit's gate caught because each step was
-small (binary segmentation with a permutation test; see slobench/history/changepoint.py).
+small (binary segmentation with a likelihood-ratio test; see slobench/history/changepoint.py).
 
   slobench history add runs/capacity --commit "$(git rev-parse HEAD)" --date "$(git show -s --format=%cI)" \\
       --verdict pass --history perf-history.jsonl
