@@ -72,6 +72,15 @@ def _add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
                               "prefix-balanced"),
                      help="with --simulate --replicas N, or several --url A,B: how requests are spread "
                           "(default least-outstanding)")
+    eng.add_argument("--prefill-replicas", type=int, default=0, metavar="P",
+                     help="with --simulate: a disaggregated fleet, P prefill instances (with --decode-replicas)")
+    eng.add_argument("--decode-replicas", type=int, default=0, metavar="D",
+                     help="with --simulate: D decode instances taking the KV of the prefill instances")
+    eng.add_argument("--colocated-replicas", type=int, default=0, metavar="C",
+                     help="with --prefill/--decode-replicas: C co-located instances beside them (default 0)")
+    eng.add_argument("--kv-link", default=None, metavar="BW,LAT",
+                     help="with --prefill/--decode-replicas: each prefill instance's KV link, e.g. 50GB/s,20us "
+                          "(default inf,0); bytes per token from the --model config (2*layers*kv_heads*head_dim*2)")
     w = p.add_argument_group("workload")
     w.add_argument("--workload", default=None, help="a bundled workload name or a TOML path (default chat)")
     if sweep:
@@ -457,6 +466,11 @@ class LoadSetup:
         target: dict[str, Any] = {"kind": "simulated", "knobs": engine_knobs_from_args(a), "jitter_sd": a.jitter}
         if a.replicas != 1:  # one replica leaves the manifest (and the gate's workload identity) as it was
             target["fleet"] = {"replicas": a.replicas, "router": a.router}
+        if "prefill_replicas" in target["knobs"]:  # disaggregated (slobench.disagg)
+            k = target["knobs"]
+            target["fleet"] = {"replicas": k["colocated_replicas"] + k["prefill_replicas"] + k["decode_replicas"],
+                               "router": a.router, "colocated": k["colocated_replicas"],
+                               "prefill": k["prefill_replicas"], "decode": k["decode_replicas"], "kv_link": k["kv_link"]}
         return {
             "slobench_version": __version__, "command": redact_argv(sys.argv[1:]), "workload": self.workload.to_dict(),
             "workload_name": self.workload.name, "seed": a.seed, "slo": self.slo.to_dict() if self.slo else None,
@@ -470,6 +484,20 @@ class LoadSetup:
             raise UsageError("--replicas needs --simulate (against a real fleet, point --url at its load balancer)")
         if replicas < 1:
             raise UsageError(f"--replicas must be >= 1 (got {replicas})")
+        pools = {f: getattr(a, f.replace("-", "_"), 0) or 0 for f in
+                 ("prefill-replicas", "decode-replicas", "colocated-replicas")}
+        if any(pools.values()) or getattr(a, "kv_link", None) is not None:
+            from slobench.disagg import DisaggFleet, KVLink
+
+            if not getattr(a, "simulate", False):
+                raise UsageError("--prefill-replicas/--decode-replicas/--kv-link need --simulate")
+            if not (pools["prefill-replicas"] or pools["decode-replicas"]):
+                raise UsageError("--kv-link and --colocated-replicas need --prefill-replicas and --decode-replicas")
+            if replicas != 1:
+                raise UsageError("--replicas with --prefill/--decode-replicas: give co-located ones as "
+                                 "--colocated-replicas")
+            DisaggFleet(pools["prefill-replicas"], pools["decode-replicas"], pools["colocated-replicas"],
+                        KVLink.parse(a.kv_link or "inf,0"))  # bad values are exit 2 here, before any run
         from slobench.targets.workers import MAX_WORKERS
 
         workers = getattr(a, "client_workers", 1)

@@ -27,6 +27,7 @@ from reference_engine.config import require_positive_ints
 from reference_engine.engine import LLMEngine, VirtualClock
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.decode_run import decode_run
+from slobench.disagg import DisaggFleet, simulate_disagg, split_fleet_knobs
 from slobench.errors import SpecError
 from slobench.metrics import RecordArrays, describe, throughput
 from slobench.records import RequestRecord, RequestSpec, RunWriter
@@ -171,6 +172,7 @@ def simulate_records(
     router: str = "least-outstanding",
     fleet: dict[str, Any] | None = None,
     decode_runs: bool = True,
+    disagg: DisaggFleet | None = None,
 ) -> list[RequestRecord]:
     """The records of one virtual-clock run, in arrival order. `engine`: knobs or a factory of fresh engines
     (its clock is replaced by the run's VirtualClock; its executor must model step times).
@@ -181,7 +183,18 @@ def simulate_records(
     replica this is exactly the single-engine loop. `fleet`, if given, receives per-replica counts.
 
     Stretches of plain decode steps are taken at once (`slobench.decode_run`), leaving every record and
-    every engine state as stepping would; `decode_runs=False` steps every step (the reference for tests)."""
+    every engine state as stepping would; `decode_runs=False` steps every step (the reference for tests).
+
+    `disagg` (or knobs naming prefill_replicas/decode_replicas/colocated_replicas/kv_link) simulates a
+    disaggregated fleet instead (`slobench.disagg`); `replicas` must then stay 1."""
+    if isinstance(engine, Mapping):
+        engine, named = split_fleet_knobs(dict(engine), router)
+        disagg = disagg or named
+    if disagg is not None:
+        if replicas != 1:
+            raise SpecError("replicas", replicas, "with prefill/decode instances, co-located ones are colocated_replicas")
+        return simulate_disagg(specs, as_factory(engine), disagg, seed=seed, jitter_sd=jitter_sd, api=api,
+                               model_name=model_name, info=fleet)
     if not (isinstance(jitter_sd, int | float) and jitter_sd >= 0):
         raise SpecError("jitter_sd", jitter_sd, "must be a number >= 0")
     if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= 4096:
@@ -314,6 +327,7 @@ def simulate_run(
     intervals: bool = True,
     replicas: int = 1,
     router: str = "least-outstanding",
+    disagg: DisaggFleet | None = None,
 ) -> tuple[list[RequestRecord], dict[str, Any]]:
     """One virtual-clock run: its records and its summary (`slobench.summary.summarize`).
 
@@ -322,10 +336,10 @@ def simulate_run(
     """
     fleet: dict[str, Any] = {}
     records = simulate_records(specs, engine, seed=seed, jitter_sd=jitter_sd, api=api, model_name=model_name,
-                               replicas=replicas, router=router, fleet=fleet)
+                               replicas=replicas, router=router, fleet=fleet, disagg=disagg)
     summary = summarize(records, slo, seed=seed) if intervals else lean_summary(records, slo)
     summary["clock"] = "virtual"
-    if replicas != 1:
+    if replicas != 1 or "prefill" in fleet:
         summary["fleet"] = fleet
     return records, summary
 
@@ -383,6 +397,9 @@ class SimulatedMeasure:
         replicas: int = 1,
         router: str = "least-outstanding",
     ) -> None:
+        self.disagg: DisaggFleet | None = None
+        if isinstance(engine, Mapping):
+            engine, self.disagg = split_fleet_knobs(dict(engine), router)
         self.factory = as_factory(engine)
         self.replicas = replicas
         self.router = router
@@ -417,7 +434,7 @@ class SimulatedMeasure:
         records, summary = simulate_run(
             self.make_specs(rate_rps, seed), self.factory, slo=self.slo, seed=self.jitter_seed(rate_rps, seed),
             jitter_sd=self.jitter_sd, api=self.api, intervals=self.intervals, replicas=self.replicas,
-            router=self.router,
+            router=self.router, disagg=self.disagg,
         )
         if self.out_dir is not None:
             from slobench.capacity import probe_dir_name
