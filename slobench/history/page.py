@@ -146,9 +146,8 @@ def is_worse(key: str, c: ChangePoint) -> bool:
 def figure(h: MetricHistory, entries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ticks = [plot_esc(_short(str(e["commit"]))) for e in entries]
     hover = []
-    for i, m in zip(h.index, h.mean, strict=True):
+    for i, m, lo, hi in zip(h.index, h.mean, h.low, h.high, strict=True):
         e = entries[i]
-        lo, hi = h.low[h.index.index(i)], h.high[h.index.index(i)]
         iv = f" [{_fmt(h.key, lo)}, {_fmt(h.key, hi)}]" if lo is not None and hi is not None else ""
         parts = (e["commit"], e.get("date") or "", f"{_fmt(h.key, m)}{iv}", f"gate: {e.get('verdict') or 'not gated'}")
         hover.append("<br>".join(plot_esc(p) for p in parts))
