@@ -218,3 +218,15 @@ def test_cli_ray_writes_clocks_and_health(cluster: Any, token_server: TokenServe
     # 5% of a 1 ms SLO is 50 µs: no round trip over Ray is that short, so the run is flagged
     assert ray["is_clock_flagged"] and "CLIENT CLOCKS UNCERTAIN" in summary["client"]["warning"]
     assert "ray load actors: 2 (0 died)" in printed and "actor 1" in printed
+    # a sweep notes each rate's run the same way
+    rc = main(["sweep", "--url", token_server.base_url, "--workload", "tiny", "--rates", "20,40", "--duration", "1",
+               "--ray", "--client-workers", "2", "--slo", "ttft=5s", "--out", str(tmp_path / "sweep"),
+               "--no-progress"])  # fmt: skip
+    assert rc == 0
+    runs = sorted((tmp_path / "sweep").glob("*/summary.json"))
+    assert len(runs) == 2
+    for path in runs:
+        s = json.loads(path.read_text())
+        assert s["client"]["ray"]["num_actors"] == 2 and not s["client"]["ray"]["is_clock_flagged"]
+        assert sum(x["num_records"] for x in s["client"]["ray"]["actors"]) == s["num_requests"] + s["num_warmup"]
+        assert len(json.loads((path.parent / "manifest.json").read_text())["clock_sync"]["actors"]) == 2

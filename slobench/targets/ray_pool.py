@@ -210,13 +210,17 @@ class RayPool:
         self._probe.check_compatible(spec)
 
     async def preflight(self) -> str:
+        from slobench.targets.capabilities import Capabilities
+
+        before = Capabilities.from_dict(self.target_kwargs["capabilities"]) if "capabilities" in \
+            self.target_kwargs else self._probe.caps
         served = await self._probe.preflight()
-        settled = self._probe.caps.to_dict()
-        if self._actors and settled != self.target_kwargs.get("capabilities"):
-            self.target_kwargs["capabilities"] = settled  # actors already started send as the probe settled
+        # what the probe settled travels to every actor; actors already started that would send
+        # differently get it by a restart (as WorkerPool's workers do)
+        self.target_kwargs["capabilities"] = self._probe.caps.to_dict()
+        if self._actors and not before.sends_like(self._probe.caps):
             await self.close()
             await self.start()
-        self.target_kwargs["capabilities"] = settled
         return served
 
     @property
