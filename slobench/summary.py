@@ -184,11 +184,22 @@ def length_fidelity(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
     tokens). prompt: input tokens asked vs the server's usage.prompt_tokens where reported, flagged past 5%
     at the median. usage_disagreements: completions whose usage count was not believed (below the number
     of streamed content events, or above max_tokens) or differs from what was counted."""
-    rs = [r for r in records if not r.is_warmup and r.status == "ok" and r.max_tokens > 0]
+    return lengths_of((r.status, r.is_warmup, r.max_tokens, r.output_tokens, r.input_tokens, r.prompt_tokens,
+                       r.usage_output_tokens) for r in records)
+
+
+LengthRow = tuple[str, bool, int, int, int, "int | None", "int | None"]
+
+
+def lengths_of(rows: Iterable[LengthRow]) -> dict[str, Any] | None:
+    """length_fidelity over plain rows (status, is_warmup, max_tokens, output_tokens, input_tokens,
+    prompt_tokens, usage_output_tokens): the report's column reader calls it on record dicts, so the
+    terminal and the HTML say the same."""
+    rs = [r for r in rows if not r[1] and r[0] == "ok" and (r[2] or 0) > 0]
     if not rs:
         return None
-    asked = np.array([r.max_tokens for r in rs], dtype=float)
-    got = np.array([r.output_tokens for r in rs], dtype=float)
+    asked = np.array([r[2] for r in rs], dtype=float)
+    got = np.array([r[3] for r in rs], dtype=float)
     out: dict[str, Any] = {
         "output": {
             "num": len(rs),
@@ -196,10 +207,9 @@ def length_fidelity(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
             "produced_p50": float(np.median(got)), "produced_p99": float(np.quantile(got, 0.99)),
             "share_cut_short": float(np.mean(got < asked)),
         },
-        "usage_disagreements": sum(1 for r in rs if r.usage_output_tokens is not None
-                                   and r.usage_output_tokens != r.output_tokens),
+        "usage_disagreements": sum(1 for r in rs if r[6] is not None and r[6] != r[3]),
     }
-    pairs = [(r.input_tokens, r.prompt_tokens) for r in rs if r.input_tokens > 0 and r.prompt_tokens is not None]
+    pairs = [(r[4], r[5]) for r in rs if (r[4] or 0) > 0 and r[5] is not None]
     if pairs:
         want = np.array([p[0] for p in pairs], dtype=float)
         served = np.array([p[1] for p in pairs], dtype=float)

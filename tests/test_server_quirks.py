@@ -276,3 +276,14 @@ def test_the_text_memo_is_bounded_by_size(monkeypatch: pytest.MonkeyPatch) -> No
         t.build_body(RequestSpec(request_id=i, arrival_s=0.0, prompt=tuple(range(i, i + 40)), input_tokens=40,
                                  max_tokens=1))  # fmt: skip
         assert t._texts_chars <= 1000 + 40 * 7
+
+
+def test_the_report_says_what_the_terminal_says_of_fallbacks_and_lengths(quirky: Any, tmp_path: Path) -> None:
+    from slobench.report import build_report
+
+    code, _, _ = _run(quirky("strict-fields", "eos-early"), tmp_path / "r")
+    assert code == 0
+    page = build_report([str(tmp_path / "r")], tmp_path / "report.html").read_text()
+    assert "output lengths not enforced" in page  # the header: the server may stop early
+    assert "ignore_eos refused" in page  # each fallback, as printed before the run
+    assert "50% stopped short" not in page and "100% stopped short" in page  # the run card, as the terminal

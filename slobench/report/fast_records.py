@@ -18,13 +18,14 @@ import numpy as np
 from slobench.errors import UsageError
 from slobench.metrics import RecordArrays, chunk_gaps
 from slobench.records import REQUESTS, read_record_dicts
-from slobench.summary import error_kinds
+from slobench.summary import error_kinds, lengths_of
 
 
 @dataclass(frozen=True, slots=True)
 class RunColumns:
     arrays: RecordArrays
     error_counts: dict[str, int]
+    lengths: dict[str, Any] | None = None  # asked vs delivered lengths (slobench.summary.lengths_of)
 
 
 def _nan(v: Any) -> float:
@@ -40,7 +41,10 @@ def read_columns(run_dir: Path) -> RunColumns:
         arrays = _columns(rows)
     except (TypeError, ValueError, KeyError) as e:
         raise UsageError(f"{path}: bad value in a request record ({type(e).__name__}: {e})") from None
-    return RunColumns(arrays, errors)
+    lengths = lengths_of((str(d.get("status", "ok")), False, int(d.get("max_tokens") or 0),
+                          int(d.get("output_tokens") or 0), int(d.get("input_tokens") or 0), d.get("prompt_tokens"),
+                          d.get("usage_output_tokens")) for d in rows)
+    return RunColumns(arrays, errors, lengths)
 
 
 def _order(rows: list[dict[str, Any]]) -> np.ndarray:

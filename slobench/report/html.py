@@ -34,6 +34,7 @@ from slobench.report.terminal import (
     THIN_MARK,
     THIN_NOTE,
     headline_text,
+    lengths_text,
 )
 from slobench.report.timeline import MAX_BINS, MAX_MISS_POINTS, TimelineNote, timeline_figure
 from slobench.slo import SLO, samples_beyond
@@ -333,8 +334,9 @@ def _timelines(views: Sequence[Analyzed], figs: _Figures) -> str:
             label = f"{v.series.label} · {run.label} · {run.rate_rps:g} req/s"
             fig, note = timeline_figure(run, v.series.slo, plot_esc(label))
             server = "" if run.server else '<p class="note">No server metrics for this run (no /metrics endpoint).</p>'
+            lengths = "".join(f'<p class="note">{esc(line)}</p>' for line in lengths_text(run.lengths))
             parts.append(f'<div class="run"><h3>{esc(label)}</h3>{figs.div(fig)}{_timeline_note(note)}'
-                         f"{server}{_errors(run)}</div>")
+                         f"{server}{lengths}{_errors(run)}</div>")
     parts.append("</section>")
     return "\n".join(parts)
 

@@ -40,6 +40,7 @@ class RunData:
     error_counts: dict[str, int]
     phases: tuple[Phase, ...]
     server: ServerSamples | None
+    lengths: dict[str, Any] | None = None  # asked vs delivered prompt/output lengths, where they differ
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +152,7 @@ def _load_run(run_dir: Path, manifest: dict[str, Any], cols: RunColumns, *, rate
         error_counts=cols.error_counts,
         phases=_phases(manifest, a.scheduled_s, a.tag),
         server=load_server_metrics(server_path) if server_path.is_file() else None,
+        lengths=cols.lengths,
     )
 
 
