@@ -2,10 +2,12 @@
 
 One replica of the bundled engine (modeled executor, the illustrative `h100-llama-1b` profile, 2,048 KV
 blocks) under the `chat` workload (Azure-fitted heavy-tailed lengths) at a rate below its capacity, for
-each request count. Times the simulation alone (`simulate_records`; the specs are generated first), then
-the lean summary a capacity probe computes from the records. Peak memory is tracemalloc's peak over the
-simulation and summary (Python allocations, the records included), and the process's max RSS. Requests
-per second are over the process's CPU time (the machine may be shared); the wall time is printed beside.
+each request count, in one process. Times the simulation alone (`simulate_records`; the specs are generated
+first), then the lean summary a capacity probe computes from the records. Memory: tracemalloc's peak over
+the simulation and summary (Python allocations, the records included; tracemalloc slows allocation-heavy
+code several times, so `--no-tracemalloc` for timing), the RSS once the specs exist, and the process's
+max RSS (run one count per process to read it for that count). Requests per second are over the process's
+CPU time (the machine may be shared); the wall time is printed beside.
 
     python benchmarks/simulate_speed.py [--counts 10000,100000] [--rate 30]
 """
@@ -25,8 +27,14 @@ KNOBS = {"profile": "h100-llama-1b", "kv_blocks": 2048}
 SLO_TEXT = "ttft=300ms,tpot=40ms"
 
 
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
 def one(n: int, rate_rps: float, *, trace: bool) -> dict:
     specs = generate(load_workload("chat"), rate_rps=rate_rps, num_requests=n, seed=1)
+    rss_specs = _rss_mib()
     if trace:
         tracemalloc.start()
     t0, c0 = time.perf_counter(), time.process_time()
@@ -37,7 +45,7 @@ def one(n: int, rate_rps: float, *, trace: bool) -> dict:
     peak = tracemalloc.get_traced_memory()[1] if trace else 0
     if trace:
         tracemalloc.stop()
-    return {"n": n, "sim_s": t1 - t0, "cpu_s": c1 - c0, "summary_s": t2 - t1, "peak_mib": peak / 2**20,
+    return {"n": n, "sim_s": t1 - t0, "cpu_s": c1 - c0, "rss_specs_mib": rss_specs, "summary_s": t2 - t1, "peak_mib": peak / 2**20,
             "tokens": sum(r.output_tokens for r in records), "attainment": summary["attainment"]["value"]}
 
 
@@ -50,14 +58,15 @@ def main() -> None:
     args = ap.parse_args()
     print(f"chat @ {args.rate:g} req/s, one replica, {KNOBS}")
     print("| requests | simulate s (wall) | CPU s | req/s simulated (CPU) | output tok/s (CPU) | summary s "
-          "| tracemalloc peak MiB | max RSS MiB | attainment |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| tracemalloc peak MiB | RSS with the specs MiB | max RSS MiB | attainment |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for n in (int(c) for c in args.counts.split(",")):
         r = one(n, args.rate, trace=not args.no_tracemalloc)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         peak = f"{r['peak_mib']:.0f}" if not args.no_tracemalloc else "-"
         print(f"| {n:,} | {r['sim_s']:.2f} | {r['cpu_s']:.2f} | {n / r['cpu_s']:,.0f} | {r['tokens'] / r['cpu_s']:,.0f} "
-              f"| {r['summary_s']:.2f} | {peak} | {rss:.0f} | {r['attainment']:.3f} |", flush=True)
+              f"| {r['summary_s']:.2f} | {peak} | {r['rss_specs_mib']:.0f} | {rss:.0f} | {r['attainment']:.3f} |",
+              flush=True)
 
 
 if __name__ == "__main__":

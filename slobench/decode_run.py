@@ -13,6 +13,7 @@ declines (returns None) whenever the next step could be anything else, and the c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -33,9 +34,15 @@ def _mix64_array(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> _S31)
 
 
+@lru_cache(maxsize=1 << 14)
+def _head(x: int) -> int:
+    return _mix64(x)  # a request's first hash, the same for each of its steps
+
+
 def _tokens(ex: ModeledExecutor, seqs: list[Sequence], num_steps: int) -> list[list[int]]:
     """`ex.token_at(seq_id, position)` for each seq's next `num_steps` positions (EOS never drawn)."""
-    heads = np.array([_mix64(s.seq_id ^ (ex._seed << 32)) for s in seqs], dtype=np.uint64)
+    seed = ex._seed << 32
+    heads = np.array([_head(s.seq_id ^ seed) for s in seqs], dtype=np.uint64)
     first = np.array([len(s.token_ids) for s in seqs], dtype=np.uint64)
     pos = first[:, None] + np.arange(num_steps, dtype=np.uint64)[None, :]
     r = _mix64_array(heads[:, None] ^ pos)
