@@ -72,6 +72,20 @@ def test_ttft_waits_for_room_on_the_decode_side() -> None:
     assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:], strict=False))  # no overlap
 
 
+def test_prefill_side_keeps_the_prompts_kv_until_the_bytes_have_left() -> None:
+    # 100-token prompts (7 blocks; a 0.12 s prefill step) over a link that takes exactly 1 s per prompt.
+    # With room for one prompt only, the second prefill waits for the first one's bytes to leave (1.12 s);
+    # with room to spare it runs at once (0.12 s) and only its transfer queues behind the first on the link.
+    specs = [spec(0, 0.0, n_out=2), spec(1, 0.05, n_out=2)]
+    link = f"{100 * BPT / 1e6:g}MB/s,0"
+    roomy = simulate_records(specs, ModeledEngine(PROFILE, kv_blocks=256), disagg=pd(link))
+    tight = simulate_records(specs, ModeledEngine(PROFILE, kv_blocks=10), disagg=pd(link))
+    for recs in (roomy, tight):
+        assert recs[0].first_token_s == pytest.approx(1.12)
+    assert roomy[1].first_token_s == pytest.approx(2.12)  # prefilled 0.12-0.24, sent 1.12-2.12
+    assert tight[1].first_token_s == pytest.approx(2.24)  # prefilled 1.12-1.24, sent 1.24-2.24
+
+
 def test_free_link_pd_does_not_lose_tpot_to_a_colocated_pair_on_decode_heavy_work() -> None:
     # Expected sign: on a co-located engine every prefill joins a step that also decodes, stretching that
     # step for every running request (a 1,500-token prompt adds ~10 ms to a ~2.5 ms decode step with the
