@@ -148,6 +148,7 @@ async def test_records_match_one_process_and_a_shifted_clock_is_recovered(
     actors = report["actors"]
     assert len({x["node_id"] for x in actors}) == 2 and report["num_died"] == 0
     assert sorted(x["num_records"] for x in actors)[0] > 0 and sum(x["num_records"] for x in actors) == 80
+    assert all(0 < x["loop_cpu_s"] <= x["cpu_s"] for x in actors)  # the load's thread, within the process's
     # actor 1's clock is SHIFT_S ahead (on one machine, exactly): recovered within the stated bound
     for x, shift in zip(actors, (0.0, SHIFT_S), strict=True):
         c = x["clock"]

@@ -163,6 +163,7 @@ class _Actor:
     lateness_s: list[float] = field(default_factory=list)
     num_records: int = 0
     cpu_mark_s: float = 0.0
+    loop_cpu_mark_s: float = 0.0
 
     def label(self) -> str:
         host = self.info.get("hostname", "?")
@@ -274,7 +275,8 @@ class RayPool:
             self._actors.append(_Actor(i, h, info, ClockMap(est)))
         for a in self._actors:
             a.collector = asyncio.ensure_future(self._collect(a))
-            a.cpu_mark_s = (await a.handle.usage.remote())["cpu_s"]
+            u = await a.handle.usage.remote()
+            a.cpu_mark_s, a.loop_cpu_mark_s = u["cpu_s"], u["loop_cpu_s"]
         self._resync_task = asyncio.ensure_future(self._resync())
 
     async def _sync(self, handle: Any, num_samples: int) -> OffsetEstimate:
@@ -425,13 +427,14 @@ class RayPool:
 
         actors = []
         for a in self._actors:
-            cpu_s = None
+            cpu_s = loop_cpu_s = None
             if a.alive:
                 await self._update_clock(a, NUM_SYNC_SAMPLES)
             if a.alive:
                 try:
-                    cpu_now = (await a.handle.usage.remote())["cpu_s"]
-                    cpu_s, a.cpu_mark_s = cpu_now - a.cpu_mark_s, cpu_now
+                    u = await a.handle.usage.remote()
+                    cpu_s, a.cpu_mark_s = u["cpu_s"] - a.cpu_mark_s, u["cpu_s"]
+                    loop_cpu_s, a.loop_cpu_mark_s = u["loop_cpu_s"] - a.loop_cpu_mark_s, u["loop_cpu_s"]
                 except Exception as e:  # noqa: BLE001
                     self._gone(a, type(e).__name__)
             late = np.asarray(a.lateness_s, dtype=float)
@@ -439,7 +442,8 @@ class RayPool:
                 "index": a.index, **a.info, "alive": a.alive, "died": a.died, "num_records": a.num_records,
                 "lateness_s": {"p50": float(np.percentile(late, 50)) if late.size else None,
                                "p99": float(np.percentile(late, 99)) if late.size else None},
-                "cpu_s": cpu_s,
+                "cpu_s": cpu_s,  # the actor's process, Ray's threads included
+                "loop_cpu_s": loop_cpu_s,  # its event loop's thread: the load itself
                 "clock": a.cmap.to_dict(),
             })  # fmt: skip
             a.lateness_s, a.num_records = [], 0
