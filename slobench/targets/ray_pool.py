@@ -19,7 +19,9 @@ another machine, with another monotonic clock, behind a millisecond of Ray.
 - **Faults.** An actor (or its node) that dies fails the requests it held, each recorded with the reason
   and whether it had been due to be sent; later requests go to the survivors and the run goes on.
 
-Ray is optional (`pip install 'slobench[ray]'`); nothing here imports it until a pool starts.
+Ray is optional (`pip install 'slobench[ray]'`); nothing here imports it until a pool starts. Against a
+cluster (`--ray ADDRESS`) every node needs slobench and its dependencies installed (the actors import
+this module); the API key's variable, when set here, travels in the actors' `runtime_env`.
 """
 
 from __future__ import annotations
