@@ -90,9 +90,11 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     that do finish in it, with "length"), and short of any step that would preempt. Returns what it did, or None (nothing
     done) when the next step is not a plain decode step of a modeled engine."""
     ex = engine.executor
-    if (type(ex) is not ModeledExecutor or ex._eos_threshold or engine._pending_adds or engine._pending_aborts
+    if (type(ex) is not ModeledExecutor or ex._eos_threshold or engine._pending_aborts
             or type(engine.observer) is not _NullObserver):
         return None
+    if engine._pending_adds:
+        engine._apply_pending()  # what step() does first: arrivals join the queue (a full one keeps them out)
     sched = engine.scheduler
     cfg = sched.config
     running = list(sched.running)
