@@ -3,9 +3,10 @@
 One replica of the bundled engine (modeled executor, the illustrative `h100-llama-1b` profile, 2,048 KV
 blocks) under the `chat` workload (Azure-fitted heavy-tailed lengths) at a rate below its capacity, for
 each request count, in one process. Times the simulation alone (`simulate_records`; the specs are generated
-first), then the lean summary a capacity probe computes from the records. Memory: tracemalloc's peak over
-the simulation and summary (Python allocations, the records included; tracemalloc slows allocation-heavy
-code several times, so `--no-tracemalloc` for timing), the RSS once the specs exist, and the process's
+first), then the lean summary a capacity probe computes from the records. Memory, by tracemalloc (Python
+allocations; it slows allocation-heavy code several times, so `--no-tracemalloc` for timing): what the
+records keep once the simulation is over, the peak during it, and the peak with the summary (whose
+flattening of every chunk time for the ITL is the largest allocation), the RSS once the specs exist, and the process's
 max RSS (run one count per process to read it for that count). Requests per second are over the process's
 CPU time (the machine may be shared); the wall time is printed beside.
 
@@ -40,12 +41,14 @@ def one(n: int, rate_rps: float, *, trace: bool) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     records = simulate_records(specs, KNOBS)
     t1, c1 = time.perf_counter(), time.process_time()
+    kept, sim_peak = tracemalloc.get_traced_memory() if trace else (0, 0)
     summary = lean_summary(records, SLO.parse(SLO_TEXT))
     t2 = time.perf_counter()
     peak = tracemalloc.get_traced_memory()[1] if trace else 0
     if trace:
         tracemalloc.stop()
     return {"n": n, "sim_s": t1 - t0, "cpu_s": c1 - c0, "rss_specs_mib": rss_specs, "summary_s": t2 - t1, "peak_mib": peak / 2**20,
+            "kept_mib": kept / 2**20, "sim_peak_mib": sim_peak / 2**20,
             "tokens": sum(r.output_tokens for r in records), "attainment": summary["attainment"]["value"]}
 
 
@@ -58,14 +61,16 @@ def main() -> None:
     args = ap.parse_args()
     print(f"chat @ {args.rate:g} req/s, one replica, {KNOBS}")
     print("| requests | simulate s (wall) | CPU s | req/s simulated (CPU) | output tok/s (CPU) | summary s "
-          "| tracemalloc peak MiB | RSS with the specs MiB | max RSS MiB | attainment |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| records kept MiB | simulation peak MiB | peak with summary MiB | RSS with the specs MiB | max RSS MiB "
+          "| attainment |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in (int(c) for c in args.counts.split(",")):
         r = one(n, args.rate, trace=not args.no_tracemalloc)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        peak = f"{r['peak_mib']:.0f}" if not args.no_tracemalloc else "-"
+        mem = " | ".join(f"{r[k]:.0f}" if not args.no_tracemalloc else "-"
+                         for k in ("kept_mib", "sim_peak_mib", "peak_mib"))
         print(f"| {n:,} | {r['sim_s']:.2f} | {r['cpu_s']:.2f} | {n / r['cpu_s']:,.0f} | {r['tokens'] / r['cpu_s']:,.0f} "
-              f"| {r['summary_s']:.2f} | {peak} | {r['rss_specs_mib']:.0f} | {rss:.0f} | {r['attainment']:.3f} |",
+              f"| {r['summary_s']:.2f} | {mem} | {r['rss_specs_mib']:.0f} | {rss:.0f} | {r['attainment']:.3f} |",
               flush=True)
 
 
