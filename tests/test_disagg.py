@@ -143,3 +143,13 @@ def test_cli_runs_a_disaggregated_fleet_and_refuses_bad_ones(tmp_path, capsys) -
         rc = main([*base, "--out", str(tmp_path / "bad"), *flags])
         err = capsys.readouterr().err
         assert rc == 2 and words in err and len(err.strip().splitlines()) == 1, (flags, err)
+
+
+def test_deterministic_for_a_seed_with_jitter() -> None:
+    specs = [spec(i, 0.03 * i, n_in=150 + 7 * i, n_out=25) for i in range(60)]
+    fleet = pd("20GB/s,30us", prefill=2, decode=2, colocated=1)
+    runs = [simulate_records(specs, ENGINE, disagg=fleet, jitter_sd=0.05, seed=s) for s in (1, 1, 2)]
+    assert [r.to_json() for r in runs[0]] == [r.to_json() for r in runs[1]]
+    assert [r.done_s for r in runs[0]] != [r.done_s for r in runs[2]]
+    with pytest.raises(SpecError, match="colocated_replicas"):
+        simulate_records(specs, ENGINE, disagg=fleet, replicas=2)
