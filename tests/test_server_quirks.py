@@ -287,3 +287,18 @@ def test_the_report_says_what_the_terminal_says_of_fallbacks_and_lengths(quirky:
     assert "output lengths not enforced" in page  # the header: the server may stop early
     assert "ignore_eos refused" in page  # each fallback, as printed before the run
     assert "50% stopped short" not in page and "100% stopped short" in page  # the run card, as the terminal
+
+
+def test_a_small_vocabulary_keeps_token_prompts(tmp_path: Path) -> None:
+    """The bundled engine's tiny model has a byte-level vocabulary (~260 ids): the token-id probe must use ids
+    inside it, or preflight falls back to text and every prompt grows ~5x (the torch demo ran 8x slower)."""
+    import asyncio
+
+    from slobench.targets import OpenAITarget
+    from slobench.testing.process import EngineServerProcess
+
+    pytest.importorskip("torch")
+    with EngineServerProcess("--executor", "torch", "--model", "tiny", torch_threads=1) as srv:  # vocab 512
+        target = OpenAITarget(srv.base_url, "tiny")
+        asyncio.run(target.preflight())
+    assert target.caps.token_prompts is True, target.caps.notes

@@ -48,6 +48,7 @@ Api = Literal["completions", "chat"]
 MAX_ERROR_CHARS = 300
 _MEMO_CHARS = 64 * 1024 * 1024  # text built from token ids, kept for reuse up to this many characters
 _PROBE_TRIES = 3
+_PROBE_IDS = (72, 101, 108, 108, 111)  # "Hello" in bytes: inside every vocabulary, byte-level ones included
 _PROBE_BACKOFF_S = 0.2
 _SECRET_HEADER_HINTS = ("auth", "key", "token", "secret", "cookie")
 _SECRET_BODY_HINTS = ("auth", "key", "secret", "password")  # not "token": max_tokens is no secret
@@ -499,8 +500,10 @@ class OpenAITarget:
             raise TargetUnreachable(f"{self.url}: probing {field_name} failed {_PROBE_TRIES} times: {message}")
 
         if not self._is_chat:
-            # ids low in the workloads' range: a server with a smaller vocabulary refuses them, rightly
-            why = await refused("prompt", prompt=[1000, 1001, 1002, 1003])
+            # The probe asks whether the server takes ids at all, so its ids must be in every vocabulary:
+            # ids past a small vocabulary's end are refused too, and falling back to text for that turned
+            # a byte-level model's 32-token prompts into ~150-token ones (the torch demo ran 8x slower).
+            why = await refused("prompt", prompt=list(_PROBE_IDS))
             if why:
                 caps = caps.with_note(f"token-id prompts refused ({why}); prompts sent as text "
                                       "(the server's usage counts their tokens)", token_prompts=False)
