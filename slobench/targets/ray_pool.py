@@ -41,7 +41,7 @@ from slobench.clock import Clock
 from slobench.clocksync import ClockMap, OffsetEstimate, measure_offset
 from slobench.errors import SpecError, UsageError
 from slobench.records import RequestRecord, RequestSpec
-from slobench.targets.workers import MAX_WORKERS, apply_stamped, send_on_time
+from slobench.targets.workers import MAX_WORKERS, ProbeFront, apply_stamped, send_on_time
 
 SEND_LEAD_S = 0.25  # hand each request to the pool this much before its time (Ray hops cost milliseconds)
 BATCH_S = 0.05  # gather hand-overs (and finished records) this long before one actor call (~1 ms of CPU each)
@@ -172,7 +172,7 @@ class _Actor:
         return f"ray load actor {self.index} (host {host}, pid {self.info.get('pid', '?')})"
 
 
-class RayPool:
+class RayPool(ProbeFront):
     """An OpenAI-compatible target whose requests are sent from `num_actors` Ray actors.
 
     `address`: a Ray cluster's address (`ray.init(address=...)`), or None / "local" for a local instance
@@ -210,30 +210,8 @@ class RayPool:
         return {**self._probe.describe(), "client_workers": self.num_actors,
                 "ray": {"address": self.address or "local", "actors": self.num_actors}}  # fmt: skip
 
-    def check_compatible(self, spec: RequestSpec) -> None:
-        self._probe.check_compatible(spec)
-
-    async def preflight(self) -> str:
-        from slobench.targets.capabilities import Capabilities
-
-        before = Capabilities.from_dict(self.target_kwargs["capabilities"]) if "capabilities" in \
-            self.target_kwargs else self._probe.caps
-        served = await self._probe.preflight()
-        # what the probe settled travels to every actor; actors already started that would send
-        # differently get it by a restart (as WorkerPool's workers do)
-        self.target_kwargs["capabilities"] = self._probe.caps.to_dict()
-        if self._actors and not before.sends_like(self._probe.caps):
-            await self.close()
-            await self.start()
-        return served
-
-    @property
-    def caps(self) -> Any:
-        return self._probe.caps
-
-    @property
-    def model(self) -> str:
-        return self._probe.model
+    def _started(self) -> bool:
+        return bool(self._actors)
 
     @property
     def actor_pids(self) -> list[int]:

@@ -95,7 +95,48 @@ def _reap(proc: subprocess.Popen[bytes], writer: asyncio.StreamWriter) -> None:
     proc.wait()  # killed: returns at once, and leaves no zombie
 
 
-class WorkerPool:
+class ProbeFront:
+    """What a pool of senders (worker processes, Ray actors) shares: one OpenAITarget of its own, `_probe`,
+    answers preflight, capabilities and the model, and never sends load. What preflight settles travels to
+    the senders in `target_kwargs`; senders already started that would send differently are restarted."""
+
+    _probe: Any
+    target_kwargs: dict[str, Any]
+
+    def _started(self) -> bool:
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    def check_compatible(self, spec: RequestSpec) -> None:
+        self._probe.check_compatible(spec)
+
+    async def preflight(self) -> str:
+        from slobench.targets.capabilities import Capabilities
+
+        kw = self.target_kwargs
+        before = Capabilities.from_dict(kw["capabilities"]) if "capabilities" in kw else self._probe.caps
+        served: str = await self._probe.preflight()
+        kw["capabilities"] = self._probe.caps.to_dict()
+        if self._started() and not before.sends_like(self._probe.caps):
+            await self.close()
+            await self.start()
+        return served
+
+    @property
+    def caps(self) -> Any:
+        return self._probe.caps
+
+    @property
+    def model(self) -> str:
+        return str(self._probe.model)
+
+
+class WorkerPool(ProbeFront):
     """An OpenAI-compatible target whose requests are sent from `num_workers` worker processes.
 
     `target_kwargs` are `OpenAITarget`'s keyword arguments (base_url, model, api, stream, headers, ...;
@@ -124,30 +165,8 @@ class WorkerPool:
     def describe(self) -> dict[str, Any]:
         return {**self._probe.describe(), "client_workers": self.num_workers}
 
-    def check_compatible(self, spec: RequestSpec) -> None:
-        self._probe.check_compatible(spec)
-
-    async def preflight(self) -> str:
-        from slobench.targets.capabilities import Capabilities
-
-        before = Capabilities.from_dict(self.target_kwargs["capabilities"]) if "capabilities" in \
-            self.target_kwargs else self._probe.caps
-        served = await self._probe.preflight()
-        # what the probe settled travels to every worker; workers already started that would send
-        # differently get it by a restart
-        self.target_kwargs["capabilities"] = self._probe.caps.to_dict()
-        if self._workers and not before.sends_like(self._probe.caps):
-            await self.close()
-            await self.start()
-        return served
-
-    @property
-    def caps(self) -> Any:
-        return self._probe.caps
-
-    @property
-    def model(self) -> str:
-        return self._probe.model
+    def _started(self) -> bool:
+        return bool(self._workers)
 
     @property
     def worker_pids(self) -> list[int]:
