@@ -154,7 +154,7 @@ async def test_records_match_one_process_and_a_shifted_clock_is_recovered(
         c = x["clock"]
         for est in (c["start"], c["end"]):
             assert abs(est["offset_s"] - shift) <= est["uncertainty_s"] + 1e-6, c
-        assert c["uncertainty_s"] < 0.01  # a few round trips on one machine: well under 10 ms
+        assert c["uncertainty_s"] < 0.05  # round trips on one machine: ~1 ms idle, 12 ms seen on a loaded one
     # so the server saw every request at its scheduled time, on both actors (a clock taken at face value
     # would have sent actor 1's share 20 minutes off), and as one process sends them
     assert np.all(np.abs(pooled_delay) < 0.05), pooled_delay
