@@ -13,6 +13,10 @@ LITELLM_VERSION=1.108.7   # 1.108.8 and later, 1.109.x and 1.110.x pin litellm-e
 GGUF_VERSION=0.19.0
 
 PY=${VENV:-.venv}/bin/python
+# --wheel-only: build (or find) the llama.cpp wheel and stop. It needs no venv (the wheel is py3-none), so
+# .ci/run starts it in the background first and the minutes of compiling overlap the rest of the install.
+WHEEL_ONLY=0
+if [ "${1:-}" = "--wheel-only" ]; then WHEEL_ONLY=1; fi
 CACHE=${SLOBENCH_WHEEL_CACHE:-$HOME/.cache/slobench-wheels}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
@@ -38,14 +42,19 @@ wheel=$(ls "$wheel_dir"/llama_cpp_python-"$LLAMA_CPP_PYTHON_VERSION"-*.whl 2>/de
 if [ -z "$wheel" ]; then
   echo "conformance-deps: building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION into $wheel_dir (minutes)"
   mkdir -p "$wheel_dir.tmp"
+  if [ "$WHEEL_ONLY" = 1 ]; then  # no project venv yet: a throwaway one with a current pip builds the wheel
+    python3 -m venv "$wheel_dir.venv" && "$wheel_dir.venv/bin/python" -m pip install -q --upgrade pip
+    PY="$wheel_dir.venv/bin/python"
+  fi
   step "llama-cpp-python wheel build (cold, $CMAKE_BUILD_PARALLEL_LEVEL jobs)" \
     "$PY" -m pip wheel -q --no-deps --no-binary llama-cpp-python -w "$wheel_dir.tmp" \
     "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
-  rm -rf "$wheel_dir" && mv "$wheel_dir.tmp" "$wheel_dir"  # a killed build never leaves a cache entry
+  rm -rf "$wheel_dir" "$wheel_dir.venv" && mv "$wheel_dir.tmp" "$wheel_dir"  # a killed build leaves no entry
   wheel=$(ls "$wheel_dir"/llama_cpp_python-"$LLAMA_CPP_PYTHON_VERSION"-*.whl | head -n 1)
 else
   echo "conformance-deps: using the cached wheel $wheel"
 fi
+if [ "$WHEEL_ONLY" = 1 ]; then echo "conformance-deps: wheel ready: $wheel"; exit 0; fi
 step "llama-cpp-python[server] install" "$PY" -m pip install -q "${wheel}[server]"
 step "litellm[proxy] install" "$PY" -m pip install -q "litellm[proxy]==$LITELLM_VERSION"
 step "gguf install" "$PY" -m pip install -q "gguf==$GGUF_VERSION"

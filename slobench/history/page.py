@@ -17,13 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import plotly.io as pio
-from plotly.offline import get_plotlyjs
 
-from slobench import __version__
 from slobench.errors import UsageError
 from slobench.history.changepoint import MIN_COMMITS, ChangePoint, find_change_points
 from slobench.history.record import identity_mismatch, read_history
-from slobench.report.html import _CSS, CSP
+from slobench.report.html import page
 from slobench.report.style import PLOTLY_CONFIG, base_layout
 from slobench.report.style import esc as plot_esc
 
@@ -231,8 +229,7 @@ def render(entries: Sequence[dict[str, Any]], metrics: Sequence[MetricHistory], 
             '<p class="lead">Each point is one commit: the mean over its replicates with its interval; colour '
             "and shape give the gate's verdict. Dotted lines mark change points, dashed lines the mean of each "
             "segment between them.</p>", *divs, "</section>", _commit_table(entries)]
-    return _PAGE.format(title=esc(title), csp=CSP, css=_CSS, num_figures=len(divs), plotlyjs=get_plotlyjs(),
-                        body="\n".join(body), version=esc(__version__))
+    return page(title, "\n".join(body), len(divs), footer="")
 
 
 def _slo_text(slo: dict[str, Any] | None) -> str:
@@ -273,23 +270,3 @@ def _commit_table(entries: Sequence[dict[str, Any]]) -> str:
             if len(entries) > MAX_TABLE_ROWS else "")
     return (f'<section id="commits"><h2>Commits</h2>{note}<table class="data"><tr><th>commit</th><th>date</th>'
             f"<th>gate</th></tr>{rows}</table></section>")
-
-
-_PAGE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{csp}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="generator" content="slobench {version}">
-<meta name="slobench-figures" content="{num_figures}">
-<title>{title}</title>
-<style>{css}</style>
-<script type="text/javascript">{plotlyjs}</script>
-</head>
-<body>
-{body}
-<footer class="note"><p>Made by slobench {version}. Self-contained: works offline.</p></footer>
-</body>
-</html>
-"""

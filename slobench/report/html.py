@@ -102,10 +102,14 @@ def render(views: Sequence[Analyzed], *, title: str | None = None) -> str:
     ]
     if len(views) > 1:
         body.append(_comparison(views))
-    return _PAGE.format(
-        title=esc(page_title), csp=CSP, css=_CSS, num_figures=figs.count,
-        plotlyjs=get_plotlyjs(), body="\n".join(body), version=esc(__version__),
-    )
+    return page(page_title, "\n".join(body), figs.count, footer=_FOOTER)
+
+
+def page(title: str, body: str, num_figures: int, *, footer: str) -> str:
+    """A self-contained HTML page: plotly inlined, the network forbidden by its CSP, the report's styles.
+    The run report and the history page (slobench.history) are both made by it; `footer` is HTML."""
+    return _PAGE.format(title=esc(title), csp=CSP, css=_CSS, num_figures=num_figures, plotlyjs=get_plotlyjs(),
+                        body=body, version=esc(__version__), footer=footer)
 
 
 # --- header -----------------------------------------------------------------------------------------
@@ -426,9 +430,11 @@ _PAGE = """<!DOCTYPE html>
 </head>
 <body>
 {body}
-<footer class="note"><p>Made by slobench {version}. TTFT = first content token − request (from the scheduled
-arrival unless the SLO says otherwise, so a lagging client cannot hide queueing); TPOT = (last − first token) /
-(output tokens − 1); ITL = every gap between content chunks. Self-contained: works offline.</p></footer>
+<footer class="note"><p>Made by slobench {version}. {footer} Self-contained: works offline.</p></footer>
 </body>
 </html>
 """
+
+_FOOTER = ("TTFT = first content token − request (from the scheduled arrival unless the SLO says otherwise, so a "
+           "lagging client cannot hide queueing); TPOT = (last − first token) / (output tokens − 1); ITL = every "
+           "gap between content chunks.")
