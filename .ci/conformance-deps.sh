@@ -17,6 +17,14 @@ PY=${VENV:-.venv}/bin/python
 # .ci/run starts it in the background first and the minutes of compiling overlap the rest of the install.
 WHEEL_ONLY=0
 if [ "${1:-}" = "--wheel-only" ]; then WHEEL_ONLY=1; fi
+# --no-llama: LiteLLM and gguf only (CI: the llama.cpp build does not fit its 20 minutes)
+if [ "${1:-}" = "--no-llama" ]; then
+  export PIP_DISABLE_PIP_VERSION_CHECK=1
+  t0=$SECONDS
+  "$PY" -m pip install -q "litellm[proxy]==$LITELLM_VERSION" "gguf==$GGUF_VERSION"
+  echo "conformance-deps: litellm[proxy] $LITELLM_VERSION, gguf $GGUF_VERSION: $((SECONDS - t0)) s (llama.cpp not built)"
+  exit 0
+fi
 CACHE=${SLOBENCH_WHEEL_CACHE:-$HOME/.cache/slobench-wheels}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 

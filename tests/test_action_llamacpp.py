@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.integration]
 @pytest.fixture
 def tiny_gguf(tmp_path):
     if MISSING:
-        if os.environ.get("SLOBENCH_REQUIRE_CONFORMANCE") == "1":
+        if os.environ.get("SLOBENCH_REQUIRE_CONFORMANCE") == "1":  # CI names litellm only (its time budget)
             pytest.fail(f"not installed: {', '.join(MISSING)} (run .ci/conformance-deps.sh)")
         pytest.skip(f"not installed: {', '.join(MISSING)} (.ci/conformance-deps.sh installs them)")
     sys.path.insert(0, str(ROOT / "tests" / "conformance"))
