@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import html
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ import plotly.io as pio
 from slobench.errors import UsageError
 from slobench.history.changepoint import MIN_COMMITS, ChangePoint, find_change_points
 from slobench.history.record import identity_mismatch, read_history
-from slobench.report.html import page
+from slobench.report.html import page, write_page
 from slobench.report.style import PLOTLY_CONFIG, base_layout
 from slobench.report.style import esc as plot_esc
 
@@ -100,15 +99,7 @@ def build_history_page(history: str | Path, out: str | Path, *, alpha: float = 0
         raise UsageError(f"-o {out}: is a directory; give a file name such as {Path(out) / 'history.html'}")
     metrics = analyze(entries, alpha=alpha, min_shift=min_shift)
     page = render(entries, metrics, alpha=alpha, title=title or f"slobench history: {Path(history).name}")
-    out = Path(out)
-    tmp = out.with_name(out.name + ".tmp")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(page, encoding="utf-8")
-        os.replace(tmp, out)
-    except OSError as e:
-        raise UsageError(f"-o {out}: cannot write there ({e.strerror or e})") from None
-    return out, metrics
+    return write_page(Path(out), page, "-o"), metrics
 
 
 def esc(text: object) -> str:

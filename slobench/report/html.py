@@ -59,14 +59,19 @@ def build_report(inputs: Sequence[str | Path], out: str | Path, *, title: str | 
     series = unique_labels([load_series(p, slo=slo) for p in inputs])
     views = [analyze(s, series_color(i)) for i, s in enumerate(series)]
     page = render(views, title=title)
-    out = Path(out)
+    return write_page(Path(out), page, "report -o")
+
+
+def write_page(out: Path, page: str, flag: str) -> Path:
+    """Write an HTML page atomically (a .tmp, then a rename); a place that cannot be written is a UsageError
+    naming `flag`. The run report and the history page both write through it."""
     tmp = out.with_name(out.name + ".tmp")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(page, encoding="utf-8")
         os.replace(tmp, out)
     except OSError as e:
-        raise UsageError(f"report -o {out}: cannot write there ({e.strerror or e})") from None
+        raise UsageError(f"{flag} {out}: cannot write there ({e.strerror or e})") from None
     return out
 
 
