@@ -59,7 +59,8 @@ async def test_open_loop_sends_on_schedule_regardless_of_in_flight(tmp_path):
                     manifest={"x": 1})
     assert len(res.records) == 40 and t.peak >= 8
     lates = [r.sent_s - r.scheduled_s for r in res.records]
-    assert max(lates) < 0.015, max(lates)
+    # a closed loop would send ~0.2 s late (one service time); 50 ms leaves room for a loaded CI machine
+    assert max(lates) < 0.05, max(lates)
     run_back = load_run(tmp_path / "r")
     assert len(run_back.records) == 40 and run_back.summary["num_requests"] == 40
     assert run_back.manifest["x"] == 1 and "wall_anchor_unix_s" in run_back.manifest["clock"]
