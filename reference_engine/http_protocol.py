@@ -21,9 +21,7 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-DEFAULT_HEADER_TIMEOUT_S = 10.0
-DEFAULT_KEEP_ALIVE_S = 5  # uvicorn's and vLLM's default, said explicitly
-DEFAULT_BODY_TIMEOUT_S = 30.0
+from reference_engine.serve_args import DEFAULT_HEADER_TIMEOUT_S
 
 _OPEN: dict[tuple[str, int], asyncio.Transport] = {}  # peer address -> its connection's transport
 

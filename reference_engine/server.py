@@ -32,13 +32,7 @@ from starlette.requests import ClientDisconnect
 from reference_engine.builder import build_engine
 from reference_engine.engine import ERROR_FINISH_REASON, LLMEngine, TokenEvent
 from reference_engine.faults import Fault, FaultInjector, FaultSpec, parse_faults
-from reference_engine.http_protocol import (
-    DEFAULT_BODY_TIMEOUT_S,
-    DEFAULT_HEADER_TIMEOUT_S,
-    DEFAULT_KEEP_ALIVE_S,
-    protocol_with,
-    reset_connection,
-)
+from reference_engine.http_protocol import protocol_with, reset_connection
 from reference_engine.metrics import CONTENT_TYPE, EngineMetrics
 from reference_engine.openapi import CHAT_BODY, COMPLETION_BODY, generation_route
 from reference_engine.protocol import (
@@ -54,6 +48,12 @@ from reference_engine.protocol import (
     sse,
 )
 from reference_engine.scheduler import RequestRejected
+from reference_engine.serve_args import (  # noqa: F401  (add_serve_arguments: the name callers know)
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_KEEP_ALIVE_S,
+    add_serve_arguments,
+)
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 32 << 20  # a prompt filling a 128k-token context as text is ~1 MB; token ids ~1 MB too
@@ -401,65 +401,6 @@ def serve(
     config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5,
                             http=protocol_with(header_timeout_s), timeout_keep_alive=keep_alive_s)
     uvicorn.Server(config).run(sockets=[sock])
-
-
-def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """The knobs that shape the latency cliff; `slobench serve` reuses this."""
-    a = parser.add_argument
-    a("--model", default="tiny", help="model config name (torch) / served model name (default: tiny)")
-    a("--executor", choices=("torch", "modeled"), default="modeled",
-      help="torch: a real model; modeled: no model, step times from a cost profile (default: modeled)")
-    a("--profile", default="cpu-tiny", help="cost profile name or JSON path for --executor modeled")
-    a("--kv-blocks", type=int, default=None,
-      help="KV cache size in blocks (default: 2048 modeled, 1024 torch on CPU, from free memory on CUDA)")
-    a("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
-    a("--max-num-seqs", type=int, default=64, help="most requests in a batch (default: 64)")
-    a("--max-batched-tokens", type=int, default=2048, help="token budget per step (default: 2048)")
-    a("--max-model-len", type=int, default=None, help="context length limit (default: 4096, capped by the model)")
-    a("--no-prefix-caching", action="store_true", help="disable prefix caching")
-    a("--dtype", default="auto",
-      help="torch dtype for --executor torch: auto (bf16 on CUDA, float32 on CPU), float32, bfloat16, float16")
-    a("--device", default="cpu", help="torch device for --executor torch: cpu, cuda, cuda:N, auto (default: cpu)")
-    a("--weights", default=None, metavar="PATH",
-      help="Hugging Face Llama checkpoint folder (config.json + *.safetensors) for --executor torch; "
-           "its config sets the model's shape (default: seeded dummy weights of --model)")
-    a("--attention-backend", choices=("sdpa", "kernels"), default=None,
-      help="torch executor attention: kernels (Triton on CUDA, the default there) or sdpa (the CPU default)")
-    a("--enforce-eager", action="store_true", help="never replay CUDA graphs for decode steps")
-    a("--gpu-memory-utilization", type=float, default=0.9,
-      help="share of GPU memory for weights, activations and the KV cache when --kv-blocks is not given "
-           "(default: 0.9)")
-    a("--seed", type=int, default=0)
-    a("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, local only)")
-    a("--port", type=int, default=8000, help="port; 0 picks a free one (default: 8000)")
-    a("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
-    a("--served-model-name", default=None, help="model name in the API (default: --model)")
-    a("--log-level", default="warning")
-    a("--header-timeout", type=_positive_float, default=DEFAULT_HEADER_TIMEOUT_S, metavar="S",
-      help=f"close a connection whose request head is not complete within S seconds "
-           f"(default: {DEFAULT_HEADER_TIMEOUT_S:g})")
-    a("--body-timeout", type=_positive_float, default=DEFAULT_BODY_TIMEOUT_S, metavar="S",
-      help=f"answer 408 when a request body takes longer than S seconds (default: {DEFAULT_BODY_TIMEOUT_S:g})")
-    a("--keep-alive", type=int, default=DEFAULT_KEEP_ALIVE_S, metavar="S",
-      help=f"close an idle keep-alive connection after S seconds (default: {DEFAULT_KEEP_ALIVE_S})")
-    a("--faults", default=None, metavar="KIND=P,...",
-      help="inject faults into generation requests, each with its probability: error (HTTP 500), reset (TCP "
-           "reset mid-stream), stall (the stream pauses --fault-stall-s), slow-headers (headers held back "
-           "--fault-delay-s); e.g. error=0.02,reset=0.01,stall=0.005,slow-headers=0.01")
-    a("--fault-seed", type=int, default=None, help="seed of the fault draws (default: --seed)")
-    a("--fault-stall-s", type=_positive_float, default=60.0, metavar="S", help="a stall's length (default: 60)")
-    a("--fault-delay-s", type=_positive_float, default=5.0, metavar="S",
-      help="how long slow-headers holds a response back (default: 5)")
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds (got {text!r})")
-    return value
 
 
 def faults_from_args(args: argparse.Namespace) -> FaultSpec | None:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import importlib.util
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from slobench.errors import UsageError
 
 VERBS = frozenset({"serve", "demo", "report"})
 
@@ -23,7 +26,7 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
     serve_p = sub.add_parser("serve", help="serve the bundled reference engine (OpenAI API)", epilog=epilog,
                              formatter_class=fmt)
-    from reference_engine.server import add_serve_arguments
+    from reference_engine.serve_args import add_serve_arguments
 
     add_serve_arguments(serve_p)
 
@@ -50,7 +53,22 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
     rep.add_argument("--title", default=None)
 
 
+def require_server_stack(verb: str) -> None:
+    """`serve` and `demo` run the engine's HTTP server: without the `serve` extra, exit 2 saying so."""
+    missing = []
+    for name in ("fastapi", "uvicorn"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise UsageError(f"slobench {verb} runs the bundled engine's HTTP server, which needs "
+                         f"{' and '.join(missing)}: pip install 'slobench[serve]' (or '[engine]' for the torch model)")
+
+
 def dispatch(args: argparse.Namespace) -> int:
+    if args.verb in ("serve", "demo"):
+        require_server_stack(args.verb)
     if args.verb == "serve":
         from reference_engine.server import serve_from_args
 
