@@ -94,10 +94,7 @@ class ModeledEngine:
         s = self.step_scale
         if s == 1.0:
             return base
-        return dataclasses.replace(
-            base, step_overhead_s=base.step_overhead_s * s, per_prefill_token_s=base.per_prefill_token_s * s,
-            per_decode_seq_s=base.per_decode_seq_s * s, per_context_token_s=base.per_context_token_s * s,
-        )
+        return base.scaled(s)
 
     def __call__(self) -> LLMEngine:
         from reference_engine.builder import modeled_executor

@@ -1,6 +1,13 @@
 """An executor with no model: each step takes the time a cost model gives for the step's composition.
 
     step_s = a + b * prefill_tokens + c * decode_seqs + d * context_tokens
+             + max(k * (prefill_tokens + decode_seqs), w)          # dense layers: compute or weights read
+             + max(f * attention_pairs, v * context_tokens)        # attention: FLOPs or KV read
+
+The two max() terms are a roofline (slobench.profiles.roofline fills them from a GPU spec and a model
+config); they are zero in a fitted linear profile, which then reads as the first line alone.
+`attention_pairs` counts (query, key) pairs: a chunk of n tokens after `start` cached ones has
+n*start + n*(n+1)/2; a decode token has its context.
 
 It lets the real scheduler and block manager run at GPU-like speed on any machine (the engine waits until
 step start + step_s on its clock). Sampled tokens are deterministic pseudo-random ids from (seq_id, position),
@@ -11,14 +18,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from reference_engine.executor.base import StepBatch, StepResult
 from slobench.errors import SpecError
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 _MASK64 = (1 << 64) - 1
+_COEFFICIENTS = ("step_overhead_s", "per_prefill_token_s", "per_decode_seq_s", "per_context_token_s",
+                 "compute_per_token_s", "weights_read_s", "attention_per_pair_s", "kv_read_per_context_token_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,24 +39,57 @@ class CostProfile:
     per_decode_seq_s: float  # c: per decoding sequence (sampling, its share of the batch)
     per_context_token_s: float  # d: attention reads of the KV of every token in context
     note: str = ""
+    # the roofline terms (0 in a linear profile): a step is bound by compute or by memory, not their sum
+    compute_per_token_s: float = 0.0  # k: dense FLOPs of one token at the effective peak
+    weights_read_s: float = 0.0  # w: all weights read once at the effective bandwidth
+    attention_per_pair_s: float = 0.0  # f: attention FLOPs of one (query, key) pair
+    kv_read_per_context_token_s: float = 0.0  # v: one token's K and V read, all layers
+    # where the numbers come from (written to JSON, not used in the model)
+    provenance: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        for name in ("step_overhead_s", "per_prefill_token_s", "per_decode_seq_s", "per_context_token_s"):
+        for name in _COEFFICIENTS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
                 raise SpecError(name, value, "must be a number >= 0 (seconds)")
 
-    def step_s(self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int) -> float:
-        return (
+    @property
+    def is_roofline(self) -> bool:
+        return bool(self.compute_per_token_s or self.weights_read_s or self.attention_per_pair_s
+                    or self.kv_read_per_context_token_s)
+
+    def step_s(
+        self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int,
+        num_attention_pairs: int | None = None,
+    ) -> float:
+        """`num_attention_pairs` None: the context tokens (exact for a step of decodes only)."""
+        t = (
             self.step_overhead_s
             + self.per_prefill_token_s * num_prefill_tokens
             + self.per_decode_seq_s * num_decode_seqs
             + self.per_context_token_s * num_context_tokens
         )
+        if not self.is_roofline:
+            return t
+        pairs = num_context_tokens if num_attention_pairs is None else num_attention_pairs
+        return (
+            t
+            + max(self.compute_per_token_s * (num_prefill_tokens + num_decode_seqs), self.weights_read_s)
+            + max(self.attention_per_pair_s * pairs, self.kv_read_per_context_token_s * num_context_tokens)
+        )
+
+    def scaled(self, factor: float) -> CostProfile:
+        """Every coefficient times `factor` (a slower or faster device of the same shape)."""
+        return replace(self, **{k: getattr(self, k) * factor for k in _COEFFICIENTS})
 
     @classmethod
     def load(cls, name_or_path: str | Path) -> CostProfile:
         """A bundled profile by name (`h100-llama-1b`, `cpu-tiny`) or a JSON file by path."""
+        if isinstance(name_or_path, str) and name_or_path.startswith("roofline:"):
+            # built from a GPU spec and a model config (slobench.profiles), e.g. roofline:h100/llama-3.1-8b
+            from slobench.profiles import roofline_from_name
+
+            return roofline_from_name(name_or_path)
         path = Path(name_or_path)
         if not path.suffix:
             path = PROFILES_DIR / f"{name_or_path}.json"
@@ -54,6 +97,8 @@ class CostProfile:
             known = sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
             raise SpecError("profile", str(name_or_path), f"no such profile file; bundled ones: {known}")
         raw = json.loads(path.read_text())
+        if not isinstance(raw, dict):
+            raise SpecError("profile", str(path), "must hold a JSON object of coefficients")
         fields = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw}
         fields.setdefault("name", path.stem)
         try:
@@ -62,7 +107,13 @@ class CostProfile:
             raise SpecError("profile", str(path), f"missing coefficients: {e}") from e
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        doc = asdict(self)
+        for k in ("compute_per_token_s", "weights_read_s", "attention_per_pair_s", "kv_read_per_context_token_s"):
+            if not doc[k]:
+                del doc[k]  # a linear profile's JSON stays as it was
+        if doc["provenance"] is None:
+            del doc["provenance"]
+        return json.dumps(doc, indent=2)
 
     @classmethod
     def fit(cls, name: str, samples: Iterable[tuple[float, int, int, int]]) -> CostProfile:
@@ -137,7 +188,8 @@ class ModeledExecutor:
 
     def execute(self, batch: StepBatch) -> StepResult:
         tokens: list[int | None] = []
-        prefill = decode = context = 0
+        prefill = decode = context = pairs = 0
+        count_pairs = self.profile.is_roofline  # the linear model needs no pairs: keep its hot loop short
         for c in batch.chunks:
             n = len(c.token_ids)
             context += c.start_pos + n
@@ -145,9 +197,11 @@ class ModeledExecutor:
                 decode += 1
             else:
                 prefill += n
+            if count_pairs:
+                pairs += n * c.start_pos + n * (n + 1) // 2
             allow_eos = c.num_generated >= c.sampling.min_tokens
             tokens.append(self.token_at(c.seq_id, c.start_pos + n, allow_eos=allow_eos) if c.sample else None)
-        step_s = self.profile.step_s(prefill, decode, context)
+        step_s = self.profile.step_s(prefill, decode, context, pairs if count_pairs else None)
         self.num_steps += 1
         self.total_modeled_s += step_s
         return StepResult(tokens, modeled_s=step_s)

@@ -1,0 +1,115 @@
+"""GPU specs and model configs that the roofline profiles are built from, each with its source.
+
+GPU figures are the vendors' datasheet numbers for dense bf16 tensor math (not the 2x "with sparsity"
+figure) and peak memory bandwidth. Memory is the datasheet's decimal GB; what a driver reports as usable
+is a little less (an H100 80GB shows 81,559 MiB in nvidia-smi). Model shapes are the `config.json` values
+published with each model on the Hugging Face hub.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slobench.errors import SpecError
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    name: str
+    bf16_tflops: float  # dense bf16 tensor-core peak, TFLOP/s (10^12)
+    hbm_tb_s: float  # peak memory bandwidth, TB/s (10^12 bytes)
+    memory_gb: float  # device memory, datasheet GB (10^9 bytes)
+    link_gb_s: float  # GPU-to-GPU bandwidth per direction, GB/s (tensor-parallel all-reduce)
+    source: str
+
+    def __post_init__(self) -> None:
+        for k in ("bf16_tflops", "hbm_tb_s", "memory_gb", "link_gb_s"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+                raise SpecError(k, v, "must be a number > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int  # gated MLP: gate and up are hidden x intermediate each, down the reverse
+    vocab_size: int
+    source: str
+    bytes_per_param: int = 2  # bf16 weights and KV cache
+
+    def __post_init__(self) -> None:
+        for k in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+                  "vocab_size", "bytes_per_param"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise SpecError(k, v, "must be an integer >= 1")
+        if self.num_heads % self.num_kv_heads:
+            raise SpecError("num_kv_heads", self.num_kv_heads, f"must divide num_heads ({self.num_heads})")
+
+    @property
+    def layer_params(self) -> int:
+        """Weights of one transformer layer's matmuls (norm weights and biases are negligible)."""
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size
+
+    @property
+    def params(self) -> int:
+        """All weights: the layers, the embedding and an untied LM head."""
+        return self.num_layers * self.layer_params + 2 * self.vocab_size * self.hidden_size
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token, every layer."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.bytes_per_param
+
+
+_DATASHEETS = "NVIDIA {} datasheet"
+GPUS: dict[str, GpuSpec] = {
+    g.name: g
+    for g in (
+        # H100 SXM5: 989 TFLOP/s bf16 dense (1,979 with sparsity), 3.35 TB/s HBM3, 80 GB, NVLink 900 GB/s
+        # total (450 GB/s each way).
+        GpuSpec("h100", 989.0, 3.35, 80.0, 450.0, _DATASHEETS.format("H100 Tensor Core GPU (SXM)")),
+        # H200 SXM: the H100's compute with 4.8 TB/s HBM3e and 141 GB.
+        GpuSpec("h200", 989.0, 4.8, 141.0, 450.0, _DATASHEETS.format("H200 Tensor Core GPU (SXM)")),
+        # A100 80GB SXM: 312 TFLOP/s bf16 dense (624 sparse), 2,039 GB/s HBM2e, NVLink 600 GB/s total.
+        GpuSpec("a100", 312.0, 2.039, 80.0, 300.0, _DATASHEETS.format("A100 Tensor Core GPU (80GB SXM)")),
+        # L40S: 362.05 TFLOP/s bf16 dense (733 sparse), 864 GB/s GDDR6, 48 GB; no NVLink: PCIe Gen4 x16,
+        # 64 GB/s total (32 each way).
+        GpuSpec("l40s", 362.05, 0.864, 48.0, 32.0, _DATASHEETS.format("L40S GPU")),
+    )
+}
+GPU_ALIASES = {"h100-sxm": "h100", "h200-sxm": "h200", "a100-80gb": "a100", "a100-80gb-sxm": "a100"}
+
+_HF = "config.json of {} on the Hugging Face hub"
+MODELS: dict[str, ModelConfig] = {
+    m.name: m
+    for m in (
+        ModelConfig("llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256, _HF.format("meta-llama/Llama-3.1-8B")),
+        ModelConfig("llama-3.1-70b", 80, 8192, 64, 8, 128, 28672, 128256, _HF.format("meta-llama/Llama-3.1-70B")),
+        ModelConfig("qwen2.5-7b", 28, 3584, 28, 4, 128, 18944, 152064, _HF.format("Qwen/Qwen2.5-7B")),
+        # the shapes Vidur measured (slobench.profiles.vidur compares against them); Llama-3-8B/70B have
+        # the Llama-3.1 shapes above
+        ModelConfig("llama-2-7b", 32, 4096, 32, 32, 128, 11008, 32000, _HF.format("meta-llama/Llama-2-7b-hf")),
+        ModelConfig("llama-2-70b", 80, 8192, 64, 8, 128, 28672, 32000, _HF.format("meta-llama/Llama-2-70b-hf")),
+    )
+}
+
+
+def get_gpu(name: str) -> GpuSpec:
+    key = GPU_ALIASES.get(name.lower(), name.lower())
+    if key not in GPUS:
+        raise SpecError("gpu", name, f"unknown; known: {', '.join(GPUS)}")
+    return GPUS[key]
+
+
+def get_model(name: str) -> ModelConfig:
+    key = name.lower()
+    if key not in MODELS:
+        raise SpecError("model", name, f"unknown; known: {', '.join(MODELS)}")
+    return MODELS[key]
