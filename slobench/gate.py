@@ -99,8 +99,9 @@ def load_samples(paths: Sequence[str | Path]) -> Samples:
         raise UsageError("no input files given")
     merged: Samples | None = None
     for raw in paths:
-        path = _resolve(Path(raw))
-        s = _load_one(path, _read_doc(path))
+        run_doc = _single_run_doc(Path(raw))
+        path = Path(raw) if run_doc is not None else _resolve(Path(raw))
+        s = _load_one(path, run_doc if run_doc is not None else _read_doc(path))
         if merged is None:
             merged = s
             continue
@@ -113,12 +114,32 @@ def load_samples(paths: Sequence[str | Path]) -> Samples:
     return merged
 
 
+def _single_run_doc(path: Path) -> dict[str, Any] | None:
+    """A run directory (summary.json beside manifest.json, no sweep or capacity file) as a one-point sweep."""
+    if not path.is_dir() or any((path / n).is_file() for n in (CAPACITY, "sweep.json", "baseline.json")):
+        return None
+    if not ((path / "summary.json").is_file() and (path / "manifest.json").is_file()):
+        return None
+    manifest, summary = _read_json_file(path / "manifest.json"), _read_json_file(path / "summary.json")
+    rate = manifest.get("rate_rps") if isinstance(manifest, dict) else None
+    if not isinstance(rate, int | float) or not isinstance(summary, dict):
+        raise UsageError(f"{path}: a run directory without its offered rate (manifest rate_rps) or summary")
+    return {"kind": "sweep", "manifest": manifest, "runs": [{"rate_rps": rate, "summary": summary}]}
+
+
+def _read_json_file(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"{path}: cannot read ({e})") from None
+
+
 def _resolve(path: Path) -> Path:
     if path.is_dir():
         for name in (CAPACITY, "sweep.json", "baseline.json"):
             if (path / name).is_file():
                 return path / name
-        raise UsageError(f"{path}: a directory with no {CAPACITY}, sweep.json or baseline.json in it")
+        raise UsageError(f"{path}: a directory with no {CAPACITY}, sweep.json, baseline.json or run summary in it")
     return path
 
 

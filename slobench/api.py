@@ -1,0 +1,159 @@
+"""slobench from Python: for notebooks and scripts, the five things the command line does.
+
+    import slobench
+    run = slobench.run_load("http://127.0.0.1:8000/v1", workload="chat", rate=4, num_requests=200,
+                            slo="ttft=500ms,tpot=50ms", out="runs/chat-4")
+    print(run.summary["attainment"]["value"])
+    sim = slobench.simulate_load(workload="chat", rate=4, num_requests=200, slo="ttft=500ms,tpot=50ms")
+    verdict = slobench.compare("runs/baseline", "runs/chat-4")      # the CI gate's verdict
+    slobench.render_report(["runs/chat-4"], "report.html")
+    again = slobench.load_run("runs/chat-4"); slobench.summarize(again.records, slo="ttft=500ms")
+
+Each function is the same code path as its verb (the runner, the simulator, the gate, the report): a run
+made here and one made by `slobench run` write the same run directory. Everything here is synchronous;
+inside a running event loop (a Jupyter cell with one) use the async `slobench.runner.run` directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from slobench.records import RequestRecord, Run, RunWriter, load_run
+from slobench.slo import SLO
+from slobench.summary import summarize as _summarize
+from slobench.workload.spec import WorkloadSpec, generate, load_workload
+
+if TYPE_CHECKING:
+    from slobench.gate import GateResult
+    from slobench.simulate import ModeledEngine
+
+__all__ = ["SLO", "Run", "RequestRecord", "WorkloadSpec", "compare", "load_run", "load_workload",
+           "render_report", "run_load", "simulate_load", "summarize"]
+
+
+def _slo(slo: SLO | str | None) -> SLO | None:
+    return SLO.parse(slo) if isinstance(slo, str) else slo
+
+
+def _workload(workload: WorkloadSpec | str | Path) -> WorkloadSpec:
+    return workload if isinstance(workload, WorkloadSpec) else load_workload(workload)
+
+
+def _specs(workload: WorkloadSpec | str | Path, rate: float, num_requests: int | None, duration_s: float | None,
+           seed: int, api: str) -> tuple[WorkloadSpec, list[Any]]:  # fmt: skip
+    spec = _workload(workload)
+    return spec, generate(spec, rate_rps=rate, num_requests=num_requests, duration_s=duration_s, seed=seed, api=api)
+
+
+def _manifest(spec: WorkloadSpec, slo: SLO | None, *, rate: float, seed: int, num_requests: int | None,
+              duration_s: float | None, target: dict[str, Any], made_by: str) -> dict[str, Any]:  # fmt: skip
+    """The keys `slobench run` writes that the report and the gate read (workload identity, SLO, options)."""
+    from slobench import __version__
+
+    return {"slobench_version": __version__, "made_by": made_by, "workload": spec.to_dict(),
+            "workload_name": spec.name, "seed": seed, "rate_rps": rate, "target": target,
+            "slo": slo.to_dict() if slo else None,
+            "options": {"num_requests": num_requests, "duration_s": duration_s}}
+
+
+def run_load(
+    url: str,
+    *,
+    rate: float,
+    workload: WorkloadSpec | str | Path = "chat",
+    num_requests: int | None = None,
+    duration_s: float | None = None,
+    slo: SLO | str | None = None,
+    model: str | None = None,
+    api: str = "completions",
+    out: str | Path | None = None,
+    seed: int = 0,
+    progress: bool = False,
+    **target_options: Any,
+) -> Run:
+    """One open-loop run against an OpenAI-compatible endpoint; the run directory is written when `out` is
+    given. `model` defaults to the first the server lists; `target_options` go to `OpenAITarget` (headers,
+    api_key, extra_body, timeout_s, transport, ...). Preflight negotiates the server's capabilities as the
+    CLI does. Returns the run read back (or, without `out`, its records and summary)."""
+    from slobench.cli import discover_model
+    from slobench.runner import RunOptions, run
+    from slobench.targets.openai import OpenAITarget
+
+    spec, specs = _specs(workload, rate, num_requests, duration_s, seed, api)
+    slo_ = _slo(slo)
+
+    async def go() -> Run:
+        name = model or await discover_model(url, dict(target_options.get("headers") or {}),
+                                             target_options.get("api_key_env") or "OPENAI_API_KEY")
+        async with OpenAITarget(url, name, api, **target_options) as target:  # type: ignore[arg-type]
+            served = await target.preflight()
+            manifest = _manifest(spec, slo_, rate=rate, seed=seed, num_requests=num_requests, duration_s=duration_s,
+                                 target={"url": url, "model": name, "api": api, "served": served},
+                                 made_by="slobench.api.run_load")  # fmt: skip
+            res = await run(specs, target, opts=RunOptions(progress=progress), slo=slo_, run_dir=out,
+                            manifest=manifest, handle_sigint=False, seed=seed)
+        if out is not None:
+            return load_run(out)
+        return Run(Path("."), manifest, list(res.records), res.summary)
+
+    return asyncio.run(go())
+
+
+def simulate_load(
+    *,
+    rate: float,
+    workload: WorkloadSpec | str | Path = "chat",
+    num_requests: int | None = None,
+    duration_s: float | None = None,
+    slo: SLO | str | None = None,
+    engine: ModeledEngine | None = None,
+    replicas: int = 1,
+    out: str | Path | None = None,
+    seed: int = 0,
+) -> Run:
+    """The same run on the bundled engine's real scheduler, on a virtual clock (no server, no wall time):
+    `engine` is a `slobench.simulate.ModeledEngine` (its cost profile, KV blocks, batch limits)."""
+    from slobench.simulate import ModeledEngine, simulate_run
+
+    spec, specs = _specs(workload, rate, num_requests, duration_s, seed, "completions")
+    slo_ = _slo(slo)
+    engine_ = engine or ModeledEngine()
+    records, summary = simulate_run(specs, engine_, slo=slo_, seed=seed, replicas=replicas)
+    manifest = _manifest(spec, slo_, rate=rate, seed=seed, num_requests=num_requests, duration_s=duration_s,
+                         target={"simulated": True, "engine": engine_.name, "replicas": replicas},
+                         made_by="slobench.api.simulate") | {"clock": {"kind": "virtual"}}  # fmt: skip
+    if out is None:
+        return Run(Path("."), manifest, records, summary)
+    writer = RunWriter(Path(out), manifest)
+    for rec in records:
+        writer.write(rec)
+    writer.finish(summary)
+    return load_run(out)
+
+
+def summarize(records: Sequence[RequestRecord], slo: SLO | str | None = None, *, seed: int = 0) -> dict[str, Any]:
+    """The summary `summary.json` holds (attainment with its interval, TTFT/TPOT/ITL percentiles, errors)."""
+    return _summarize(records, _slo(slo), seed=seed)
+
+
+def compare(baseline: str | Path | Sequence[str | Path], candidate: str | Path | Sequence[str | Path], *,
+            alpha: float = 0.01) -> GateResult:  # fmt: skip
+    """The regression gate's verdict on two runs (or sweeps, or capacity probes, or a baseline file):
+    `.verdict` is pass / regression / inconclusive, `.exit_code` what `slobench gate` exits with, `.checks` each
+    metric's test."""
+    from slobench.gate import gate, load_samples
+
+    def paths(p: str | Path | Sequence[str | Path]) -> list[str | Path]:
+        return [p] if isinstance(p, str | Path) else list(p)
+
+    return gate(load_samples(paths(baseline)), load_samples(paths(candidate)), alpha=alpha)
+
+
+def render_report(run_dirs: Sequence[str | Path], out: str | Path = "report.html", *, title: str | None = None) -> Path:
+    """The self-contained HTML report of run or sweep directories (opens from disk, no network)."""
+    from slobench.report import build_report
+
+    return Path(build_report(list(run_dirs), out, title=title))
