@@ -1,6 +1,9 @@
 """The dispatcher: open-loop (each request at its scheduled time, however many are in flight) or closed-loop.
 
-Every timestamp is on the run's one monotonic clock. Records are written to the run directory as each
+Every timestamp is on the run's one monotonic clock. The requests come as a sequence (sorted here) or as an
+iterator already in schedule order (a trace streamed from disk): an iterator is taken one request at a time,
+just before its send, so the run never holds the schedule whole; its length is known once it is exhausted
+(before that, from the stream's own `count_hint` when it has one). Records are written to the run directory as each
 request finishes, so a crash or Ctrl-C loses at most the requests in flight; Ctrl-C stops sending, gives
 in-flight requests a short grace, marks the rest cancelled and still writes summary.json.
 """
@@ -10,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +64,12 @@ class RunOptions:
 class Progress:
     """Counters the progress display reads; plain ints, updated on the event loop."""
 
-    total: int
+    total: int | None  # None: not known yet (a stream without a count)
     sent: int = 0
     finished: int = 0
     errors: int = 0
     max_lateness_s: float = 0.0
+    is_total_estimate: bool = False  # `total` is a stream's estimate (e.g. its file's rows), not a count
 
     @property
     def in_flight(self) -> int:
@@ -94,6 +99,7 @@ class Dispatcher:
         self.records: list[RequestRecord] = []
         self.tasks: set[asyncio.Task[None]] = set()
         self.progress = Progress(0)
+        self.num_taken = 0  # requests taken from the schedule (each sent or cancelled before its send)
         self._sem = asyncio.Semaphore(opts.max_in_flight) if opts.max_in_flight else None
         self._throttle: Any = None
         if opts.rate_limit is not None:
@@ -155,7 +161,7 @@ class Dispatcher:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def open_loop(self, specs: Sequence[RequestSpec]) -> None:
+    async def open_loop(self, specs: Iterable[RequestSpec]) -> None:
         """Send each spec at its arrival time. Returns once all are sent (not finished).
 
         A target with `send_lead_s` (client worker processes) is handed each request that much early and
@@ -166,6 +172,7 @@ class Dispatcher:
             if limit is not None and spec.arrival_s > limit:
                 break
             await self._sleep_until(spec.arrival_s - lead, spin=lead == 0)  # the target is precise itself
+            self.num_taken += 1
             self._spawn(self._send_one(spec, self._new_record(i, spec, spec.arrival_s)))
 
     async def _sleep_until(self, t_s: float, *, spin: bool = True) -> None:
@@ -182,7 +189,7 @@ class Dispatcher:
         while now() < t_s:
             await asyncio.sleep(0)
 
-    async def closed_loop(self, specs: Sequence[RequestSpec]) -> None:
+    async def closed_loop(self, specs: Iterable[RequestSpec]) -> None:
         """N users; each sends its next request when its last one ends. Returns when all are finished."""
         users = self.opts.closed_loop_users or 1
         rate = self.opts.closed_loop_rate_rps
@@ -201,6 +208,7 @@ class Dispatcher:
                     next_slot[0] = scheduled + 1.0 / rate
                     if scheduled > now:
                         await asyncio.sleep(scheduled - now)
+                self.num_taken += 1
                 await self._send_one(spec, self._new_record(i, spec, scheduled))
 
         await asyncio.gather(*(user() for _ in range(users)))
@@ -219,7 +227,7 @@ class Dispatcher:
 
 
 async def run(
-    specs: Sequence[RequestSpec],
+    specs: Iterable[RequestSpec],
     target: Target,
     *,
     clock: Clock | None = None,
@@ -233,7 +241,11 @@ async def run(
 ) -> RunResult:
     """Run one load test against an already started target and return its records and summary.
 
-    `monitors` are coroutines started beside the run (e.g. a /metrics scraper) and cancelled at its end.
+    `specs`: a sequence (sorted by arrival here) or an iterator in schedule order (see the module doc).
+    An iterator may offer `count_hint()` (its expected length, run in a thread once the run starts) and
+    either may offer `row_report()` (what a trace reader dropped or altered, as summary.json's
+    `trace_rows`; called after the last request is taken). `monitors` are coroutines started beside the
+    run (e.g. a /metrics scraper) and cancelled at its end.
     """
     opts = opts or RunOptions()
     # One clock per run: the target stamps with its own, so the dispatcher must use that very object.
@@ -242,14 +254,14 @@ async def run(
         clock = target_clock or Clock()
     elif target_clock is not None and target_clock is not clock:
         raise ValueError("run(): `clock` must be the target's own clock (target.clock); timestamps would mix clocks")
-    specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
-    if specs and hasattr(target, "check_compatible"):
-        target.check_compatible(specs[0])  # e.g. token-id prompts on the chat API: refuse before sending
+    row_report = getattr(specs, "row_report", None)
+    count_hint = getattr(specs, "count_hint", None)
+    schedule, first, total = _schedule(specs, opts.duration_s)
+    if first is not None and hasattr(target, "check_compatible"):
+        target.check_compatible(first)  # e.g. token-id prompts on the chat API: refuse before sending
     writer = RunWriter(Path(run_dir), {**(manifest or {})}) if run_dir is not None else None
     disp = Dispatcher(target, clock, opts, on_record=writer.write if writer else None)
-    disp.progress.total = len(specs) if opts.duration_s is None else sum(
-        1 for s in specs if s.arrival_s <= opts.duration_s
-    )
+    disp.progress.total = total
     interrupted = False
     loop = asyncio.get_running_loop()
 
@@ -258,10 +270,12 @@ async def run(
     if writer is not None:
         writer.update_manifest({"clock": {"wall_anchor_unix_s": clock.wall_anchor_unix_s + START_LEAD_S}})
     if opts.closed_loop_users:
-        sender = asyncio.ensure_future(disp.closed_loop(specs))
+        sender = asyncio.ensure_future(disp.closed_loop(schedule))
     else:
-        sender = asyncio.ensure_future(disp.open_loop(specs))
+        sender = asyncio.ensure_future(disp.open_loop(schedule))
     monitor_tasks = [asyncio.ensure_future(m(clock)) for m in monitors]
+    if total is None and callable(count_hint):
+        monitor_tasks.append(asyncio.ensure_future(_estimate_total(count_hint, disp.progress)))
 
     stop = asyncio.Event()
 
@@ -323,7 +337,12 @@ async def run(
     if warmup_cut is not None:
         summary["warmup"] = {"rule": "MSER-5", "num_requests": warmup_cut}
     summary["interrupted"] = interrupted
-    summary["num_scheduled"] = disp.progress.total
+    # a stream's length is known once it ran out; an interrupted one's is not (an estimate is no count)
+    summary["num_scheduled"] = total if total is not None else None if interrupted else disp.num_taken
+    if callable(row_report):
+        summary["trace_rows"] = row_report()
+        if writer is not None:
+            writer.update_manifest({"trace_rows": summary["trace_rows"]})
     if hasattr(target, "fleet_summary"):  # several replicas routed by the client: how many each got
         summary["fleet"] = target.fleet_summary()
     if writer is not None:
@@ -331,6 +350,43 @@ async def run(
     if cancelled_from_outside:
         raise asyncio.CancelledError
     return RunResult(disp.records, summary, interrupted, disp.progress)
+
+
+def _schedule(specs: Iterable[RequestSpec], duration_s: float | None
+              ) -> tuple[Iterator[RequestSpec], RequestSpec | None, int | None]:  # fmt: skip
+    """The requests in send order, the first (for `check_compatible`), and how many will be sent when
+    that is known without taking them all (a sequence: sorted and counted; an iterator: neither)."""
+    if isinstance(specs, Sequence):
+        ordered = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
+        total = len(ordered) if duration_s is None else sum(1 for s in ordered if s.arrival_s <= duration_s)
+        return iter(ordered), (ordered[0] if ordered else None), total
+    it = iter(specs)
+    first = next(it, None)
+    if first is None:
+        return iter(()), None, 0
+    return _in_order(chain((first,), it)), first, None
+
+
+def _in_order(specs: Iterator[RequestSpec]) -> Iterator[RequestSpec]:
+    """An iterator's requests, refused at the first one scheduled before the one before it: the runner
+    cannot sort what it has not seen, and sending it late would pass for client lateness."""
+    prev_s = -float("inf")
+    prev_id = None
+    for spec in specs:
+        if spec.arrival_s < prev_s:
+            raise SpecError("specs", f"request {spec.request_id} at {spec.arrival_s:.6f} s after request "
+                            f"{prev_id} at {prev_s:.6f} s", "an iterator must give requests in schedule order "
+                            "(pass a list to have them sorted)")  # fmt: skip
+        prev_s, prev_id = spec.arrival_s, spec.request_id
+        yield spec
+
+
+async def _estimate_total(count_hint: Callable[[], int | None], progress: Progress) -> None:
+    """The progress line's total for a stream: its hint, computed in a thread (e.g. a file's lines)."""
+    n = await asyncio.to_thread(count_hint)
+    if n is not None and progress.total is None:
+        progress.total = n
+        progress.is_total_estimate = True
 
 
 def _cut_warmup(records: list[RequestRecord]) -> int:
@@ -359,8 +415,9 @@ def _start_live(p: Progress) -> Any:
 
     class _View:
         def __rich__(self) -> Text:
+            total = "?" if p.total is None else f"~{p.total}" if p.is_total_estimate else str(p.total)
             return Text(
-                f"sent {p.sent}/{p.total}  finished {p.finished}  in flight {p.in_flight}  "
+                f"sent {p.sent}/{total}  finished {p.finished}  in flight {p.in_flight}  "
                 f"errors {p.errors}  worst lateness {p.max_lateness_s * 1e3:.1f} ms"
             )
 

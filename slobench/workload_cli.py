@@ -62,9 +62,20 @@ def check_replay_flags(args: argparse.Namespace) -> None:
 
 
 def open_replay(args: argparse.Namespace, api: str, warn: Any) -> Any:
-    """The TraceReplay the load verbs' trace flags describe (check_replay_flags first)."""
+    """The replay the load verbs' trace flags describe (check_replay_flags first). `run` against a target
+    streams the trace (a StreamingReplay: rows read and prompts built as the run goes, so a long trace starts
+    at once in flat memory; what the rows became is reported after the run, in summary.json `trace_rows`);
+    `--simulate`, `sweep` and `capacity` replay one trace at several rates and load it whole (a
+    TraceReplay, whose warnings come now)."""
     from slobench.workload.replay import TraceReplay
+    from slobench.workload.trace_stream import StreamingReplay
 
+    if getattr(args, "verb", None) == "run" and not getattr(args, "simulate", False):
+        return StreamingReplay.open(
+            args.trace, args.trace_format, time_scale=args.time_scale, start_s=args.start, api=api,
+            spread=not getattr(args, "no_spread", False), keep_zero=getattr(args, "keep_zero_rows", False),
+            min_tokens=getattr(args, "min_tokens", None) or "max",
+        )  # fmt: skip
     return TraceReplay.open(
         args.trace, args.trace_format, seed=args.seed, time_scale=args.time_scale, start_s=args.start, api=api,
         warn=warn, spread=not getattr(args, "no_spread", False), keep_zero=getattr(args, "keep_zero_rows", False),

@@ -263,10 +263,10 @@ def setup_for(argv: list[str]) -> LoadSetup:
 def test_load_setup_builds_specs_from_a_trace(tmp_path):
     path = write(tmp_path, "a.csv", AZURE)
     setup = setup_for(["run", "--trace", str(path), "--time-scale", "0.5", "--start", "0.5", "--seed", "2"])
-    specs = setup.specs(None)
+    specs = list(setup.specs(None))  # `run` streams the trace: an iterator, taken once
     assert [s.arrival_s for s in specs] == pytest.approx([0, 0.25, 1.25, 1.75])
     assert [s.max_tokens for s in specs] == [20, 30, 40, 50]
-    fast = setup.specs(4.0)  # --rate / a sweep's rate: the mean rate of the replay
+    fast = list(setup.specs(4.0))  # --rate / a sweep's rate: the mean rate of the replay
     t = [s.arrival_s for s in fast]
     assert (len(t) - 1) / (t[-1] - t[0]) == pytest.approx(4.0)
     man = setup.manifest(SimpleNamespace(model="m"), "m")

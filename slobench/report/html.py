@@ -35,6 +35,7 @@ from slobench.report.terminal import (
     THIN_NOTE,
     headline_text,
     lengths_text,
+    trace_rows_text,
 )
 from slobench.report.timeline import MAX_BINS, MAX_MISS_POINTS, TimelineNote, timeline_figure
 from slobench.slo import SLO, samples_beyond
@@ -343,7 +344,8 @@ def _timelines(views: Sequence[Analyzed], figs: _Figures) -> str:
             label = f"{v.series.label} · {run.label} · {run.rate_rps:g} req/s"
             fig, note = timeline_figure(run, v.series.slo, plot_esc(label))
             server = "" if run.server else '<p class="note">No server metrics for this run (no /metrics endpoint).</p>'
-            lengths = "".join(f'<p class="note">{esc(line)}</p>' for line in lengths_text(run.lengths))
+            lengths = "".join(f'<p class="note">{esc(line)}</p>' for line in lengths_text(run.lengths)
+                              + trace_rows_text(run.manifest.get("trace_rows")))
             parts.append(f'<div class="run"><h3>{esc(label)}</h3>{figs.div(fig)}{_timeline_note(note)}'
                          f"{server}{lengths}{_errors(run)}</div>")
     parts.append("</section>")

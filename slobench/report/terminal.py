@@ -140,6 +140,8 @@ def print_run(summary: dict[str, Any], console: Console | None = None, title: st
                       highlight=False, markup=False)
     for line in lengths_text(summary.get("lengths")):
         console.print(line, highlight=False, markup=False)
+    for line in trace_rows_text(summary.get("trace_rows")):  # file paths and row text: never markup
+        console.print(line, highlight=False, markup=False)
     if summary.get("error_counts"):
         # error texts come from servers: printed as text, never parsed as rich markup
         console.print(Text(f"errors: {summary['error_counts']}", style="yellow"))
@@ -203,6 +205,24 @@ def print_headline(h: dict[str, Any] | None, console: Console | None = None) -> 
     console = console or make_console()
     style = "bold red" if h and h["max_rate_meeting_rps"] is None else "bold"
     console.print(f"[{style}]headline: {headline_text(h)}[/{style}]", highlight=False)
+
+
+def trace_rows_text(rows: dict[str, Any] | None) -> list[str]:
+    """Lines on what a replayed trace's rows became (summary.json `trace_rows`): how many were read, left
+    out and altered, and the loader's notes on why."""
+    if not rows:
+        return []
+    read = rows.get("num_rows_read")
+    where = "the whole file" if rows.get("is_whole_file") else "up to the run's last request"
+    head = f"trace {rows.get('path')}: {read if read is not None else '?'} rows read ({where}) -> {rows.get('num_requests')} requests"
+    if "num_dropped" in rows:
+        head += f"; {rows['num_dropped']} rows left out, {rows['num_altered']} requests altered"
+    lines = [head]
+    unreadable = (rows.get("dropped") or {}).get("unreadable")
+    if unreadable:
+        lines.append(f"  {unreadable} unreadable rows skipped: {'; '.join(rows.get('unreadable_first') or [])}")
+    lines += [f"  {note}" for note in rows.get("notes") or []]
+    return lines
 
 
 def lengths_text(lengths: dict[str, Any] | None) -> list[str]:

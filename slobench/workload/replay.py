@@ -34,7 +34,7 @@ from slobench.workload.prompts import DEFAULT_TOKEN_ID_RANGE, WORDS, text_prompt
 from slobench.workload.sessions import ids_to_prompt
 from slobench.workload.traces import Trace, TraceEntry, load_trace
 
-__all__ = ["TraceReplay", "block_token_ids", "replay", "replay_scale"]
+__all__ = ["ReplaySpecs", "TraceReplay", "block_token_ids", "replay", "replay_scale"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 MAX_CACHED_BLOCKS = 8192  # 32 MiB of 512-token blocks
@@ -251,6 +251,18 @@ def request_spec(i: int, e: TraceEntry, t: float, p: str | tuple[int, ...], name
     )  # fmt: skip
 
 
+class ReplaySpecs(list[RequestSpec]):
+    """A replay's requests, carrying what became of the trace's rows: the runner puts `row_report()` in
+    summary.json as `trace_rows` (sweeps and capacity searches get it per run, as a single run does)."""
+
+    def __init__(self, specs: list[RequestSpec], rows: dict[str, Any]) -> None:
+        super().__init__(specs)
+        self._rows = rows
+
+    def row_report(self) -> dict[str, Any]:
+        return dict(self._rows)
+
+
 @dataclass(frozen=True, slots=True)
 class TraceReplay:
     """A trace plus how to replay it: what the CLI holds where a synthetic run holds a WorkloadSpec."""
@@ -303,13 +315,13 @@ class TraceReplay:
         return self.trace.name
 
     def specs(self, *, rate_rps: float | None = None, duration_s: float | None = None,
-              num_requests: int | None = None, seed: int = 0, api: str | None = None) -> list[RequestSpec]:  # fmt: skip
-        return replay(
+              num_requests: int | None = None, seed: int = 0, api: str | None = None) -> ReplaySpecs:  # fmt: skip
+        return ReplaySpecs(replay(
             self.trace, time_scale=self.time_scale, rate_rps=rate_rps, start_s=self.start_s,
             duration_s=duration_s, num_requests=num_requests, seed=seed, api=api or self.api,
             prompt=self.prompt, token_ids=self.token_ids, ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,
-        )  # fmt: skip
+        ), self.trace.rows)  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -26,7 +26,7 @@ import heapq
 import lzma
 import math
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from itertools import chain, islice
 from pathlib import Path
@@ -53,7 +53,7 @@ from slobench.workload.traces import (
     stamp_grid,
 )
 
-__all__ = ["PREFIX_ROWS", "StreamLog", "StreamingReplay", "stream_entries"]
+__all__ = ["PREFIX_ROWS", "ReplayStream", "StreamLog", "StreamingReplay", "count_lines", "stream_entries"]
 
 PREFIX_ROWS = 4096  # rows read before the first is given out: the time origin and the stamp grid
 
@@ -66,6 +66,20 @@ class StreamLog:
     bucket_s: float | None = None  # the detected stamp grid, when rows were spread over it
     num_late: int = 0  # rows earlier than one already given out
     extra_notes: list[str] = field(default_factory=list)
+    num_given: int = 0  # entries given out so far
+    is_complete: bool = False  # the file was read to its end
+
+    def reset(self) -> None:
+        self.counts, self.bucket_s, self.num_late, self.extra_notes = None, None, 0, []
+        self.num_given, self.is_complete = 0, False
+
+    def report(self, path: str) -> dict[str, Any]:
+        """What became of the rows read so far (see `RowCounts.report`)."""
+        if self.counts is None:  # ShareGPT: read whole, counted by load_trace
+            return {"path": path, "format": "sharegpt", "num_rows_read": None, "is_whole_file": self.is_complete,
+                    "num_requests": self.num_given, "notes": self.notes()}  # fmt: skip
+        return self.counts.report(path, self.num_given, self.notes(), is_whole_file=self.is_complete,
+                                  spread_s=self.bucket_s, num_late=self.num_late)  # fmt: skip
 
     def notes(self) -> list[str]:
         out = list(self.extra_notes)
@@ -90,15 +104,21 @@ def stream_entries(path: str | Path, fmt: str | None = None, *, seed: int = 0, s
     if fmt == "sharegpt":
         trace = load_trace(path, fmt, seed=seed, spread=spread, keep_zero=keep_zero)
         log.extra_notes += trace.notes
-        yield from trace.entries
+        for e in trace.entries:
+            log.num_given += 1
+            yield e
+        log.is_complete = True
         return
     counts = log.counts = RowCounts(fmt, keep_zero)
     parsed = _csv_rows(path, fmt) if fmt in ("azure", "burstgpt") else _jsonl_rows(path, fmt)
     rows = (e for e in map(counts.admit, parsed) if e is not None)
     try:
-        yield from _ordered(rows, fmt, seed, spread, log, path)
+        for e in _ordered(rows, fmt, seed, spread, log, path):
+            log.num_given += 1
+            yield e
     except (OSError, EOFError, lzma.LZMAError) as e:
         raise UsageError(f"{path}: cannot read the {compression(path)}-compressed file: {e}") from None
+    log.is_complete = True
 
 
 def _ordered(rows: Iterator[TraceEntry], fmt: str, seed: int, spread: bool, log: StreamLog,
@@ -132,37 +152,77 @@ def _ordered(rows: Iterator[TraceEntry], fmt: str, seed: int, spread: bool, log:
         yield counts.with_history(ready)
 
 
-def _built_ahead(specs: Iterator[RequestSpec]) -> Iterator[RequestSpec]:
-    """`specs`, each built one step ahead: in a running event loop the next is built by a callback queued
-    when one is handed out, so it runs after the send task the consumer spawns at once (FIFO), while the
-    consumer sleeps to its next send time."""
-    ready: deque[RequestSpec] = deque()
-    failed: list[BaseException] = []
-    done = False
+class ReplayStream(Iterator[RequestSpec]):
+    """A streamed replay's requests, each built one step ahead: in a running event loop the next is built
+    by a callback queued when one is handed out, so it runs after the send task the consumer spawns at
+    once (FIFO), while the consumer sleeps to its next send time. The first is built on creation, so a
+    file that yields no request fails before anything is sent. For the runner: `row_report()` (what the
+    rows read became, summary.json's `trace_rows`) and `count_hint()` (an estimate of its length)."""
 
-    def build() -> None:
-        nonlocal done
-        if ready or done or failed:
+    def __init__(self, specs: Iterator[RequestSpec], path: str, log: StreamLog,
+                 count_hint: Callable[[], int | None]) -> None:  # fmt: skip
+        self._specs = specs
+        self._ready: deque[RequestSpec] = deque()
+        self._failed: list[BaseException] = []
+        self._done = False
+        self.path = path
+        self.log = log
+        self._count_hint = count_hint
+        self._build()
+        if self._failed:
+            raise self._failed.pop()
+
+    def _build(self) -> None:
+        if self._ready or self._done or self._failed:
             return
         try:
-            ready.append(next(specs))
+            self._ready.append(next(self._specs))
         except StopIteration:
-            done = True
+            self._done = True
         except Exception as e:  # raised to the consumer on its next take, not lost in the loop's handler
-            failed.append(e)
+            self._failed.append(e)
 
-    while True:
-        build()
-        if failed:
-            raise failed[0]
-        if not ready:
-            return
-        spec = ready.popleft()
+    def __iter__(self) -> ReplayStream:
+        return self
+
+    def __next__(self) -> RequestSpec:
+        self._build()
+        if self._failed:
+            raise self._failed.pop()
+        if not self._ready:
+            raise StopIteration
+        spec = self._ready.popleft()
         try:
-            asyncio.get_running_loop().call_soon(build)
+            asyncio.get_running_loop().call_soon(self._build)
         except RuntimeError:  # no loop: the next is built when it is taken
             pass
-        yield spec
+        return spec
+
+    @property
+    def is_empty(self) -> bool:
+        return self._done and not self._ready
+
+    def row_report(self) -> dict[str, Any]:
+        return self.log.report(self.path)
+
+    def count_hint(self) -> int | None:
+        return self._count_hint()
+
+
+def count_lines(path: str | Path) -> int | None:
+    """The data lines of an uncompressed newline-delimited trace (a CSV's header left out); None for a
+    compressed file, whose lines cost as much to count as to read."""
+    path = Path(path)
+    if compression(path) is not None:
+        return None
+    n = 0
+    last = b"\n"
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            n += chunk.count(b"\n")
+            last = chunk[-1:]
+    n += last != b"\n"  # a last line without its newline
+    return n - (detect_format(path) in ("azure", "burstgpt"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,38 +249,83 @@ class StreamingReplay:
             raise SpecError("start", self.start_s, "must be a finite number >= 0 (trace seconds)")
         if self.min_tokens not in ("max", "none"):
             raise SpecError("min_tokens", self.min_tokens, "must be 'max' or 'none'")
+        if self.api not in ("completions", "chat"):
+            raise SpecError("api", self.api, "must be 'completions' or 'chat'")
 
     @property
     def name(self) -> str:
         return Path(self.path).stem
 
+    @classmethod
+    def open(cls, path: str, fmt: str | None = None, **kwargs: Any) -> StreamingReplay:
+        """A replay of `path`, its format checked now (a missing file or an unknown format is a
+        UsageError here, before any connection); nothing else is read until `specs`."""
+        fmt = detect_format(path) if fmt is None else fmt
+        if fmt not in FORMATS:
+            raise UsageError(f"--trace-format: unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+        _read_head(Path(path))
+        return cls(str(path), fmt, **kwargs)
+
     def specs(self, *, rate_rps: float | None = None, duration_s: float | None = None,
-              num_requests: int | None = None, seed: int = 0, api: str | None = None) -> Iterator[RequestSpec]:  # fmt: skip
-        """The run's requests in arrival order, each built when it is taken."""
+              num_requests: int | None = None, seed: int = 0, api: str | None = None) -> ReplayStream:  # fmt: skip
+        """The run's requests in arrival order, each built when it is taken (the first now). `self.log`
+        follows the latest call's stream."""
         if duration_s is not None and not (math.isfinite(duration_s) and duration_s > 0):
             raise SpecError("duration_s", duration_s, "must be a finite number > 0")
         if num_requests is not None and num_requests < 1:
             raise SpecError("num_requests", num_requests, "must be >= 1")
-        entries = stream_entries(self.path, self.fmt, seed=seed, spread=self.spread, keep_zero=self.keep_zero,
-                                 log=self.log)  # fmt: skip
+        self.log.reset()
         start = self.start_s
-        after: Iterator[TraceEntry] = (e for e in entries if e.arrival_s >= start)
+        after = self._after(start, seed, self.log)
         if rate_rps is None:
             scale = time_scale_factor(self.time_scale)
         else:
             if not (math.isfinite(rate_rps) and rate_rps > 0):
                 raise SpecError("rate_rps", rate_rps, "must be a finite number > 0")
-            if num_requests is not None:
-                window = list(islice(after, max(num_requests, 2)))
-            elif duration_s is not None:
-                window = list(islice(after, max(2, round(rate_rps * duration_s)) + 1))
-            else:
-                window = list(after)
-            t = np.array([e.arrival_s for e in window])
+            if num_requests is not None or duration_s is not None:
+                n = max(num_requests, 2) if num_requests is not None else max(2, round(rate_rps * (duration_s or 0))) + 1
+                window = list(islice(after, n))
+                t = np.array([e.arrival_s for e in window])
+            else:  # the whole rest: one pass for its count and span (memory flat), then the stream afresh
+                window = []
+                n, first, last = self._count_span(start, seed)
+                t = np.array([first, last]) if n >= 2 else np.empty(0)
+                self.log.reset()
+                after = self._after(start, seed, self.log)
             scale = rate_scale(t, self.path, start_s=start, rate_rps=rate_rps, duration_s=duration_s,
                                num_requests=num_requests)  # fmt: skip
+            if not window:  # rate_scale saw the span as two times: it holds n - 1 gaps, not 1
+                scale *= n - 1
             after = chain(window, after)
-        return _built_ahead(self._requests(after, scale, duration_s, num_requests, seed, api or self.api))
+        stream = ReplayStream(self._requests(after, scale, duration_s, num_requests, seed, api or self.api),
+                              self.path, self.log, lambda: self._count_hint(rate_rps, duration_s, num_requests))  # fmt: skip
+        if stream.is_empty:
+            raise UsageError(f"{self.path}: the window (--start {start:g} s, --duration {duration_s} s at scale "
+                             f"{scale:g}) holds no request")  # fmt: skip
+        return stream
+
+    def _after(self, start: float, seed: int, log: StreamLog) -> Iterator[TraceEntry]:
+        entries = stream_entries(self.path, self.fmt, seed=seed, spread=self.spread, keep_zero=self.keep_zero,
+                                 log=log)  # fmt: skip
+        return (e for e in entries if e.arrival_s >= start)
+
+    def _count_span(self, start: float, seed: int) -> tuple[int, float, float]:
+        """How many requests the rest of the trace holds, its first and its last arrival time."""
+        n, first, last = 0, math.nan, math.nan
+        for e in self._after(start, seed, StreamLog()):
+            first = e.arrival_s if n == 0 else first
+            last = e.arrival_s
+            n += 1
+        return n, first, last
+
+    def _count_hint(self, rate_rps: float | None, duration_s: float | None, num_requests: int | None) -> int | None:
+        """About how many requests the run will send, for the progress line: the asked number, the rate
+        times the duration, or the file's lines (rows left out and --start not subtracted)."""
+        if num_requests is not None:
+            return num_requests
+        if duration_s is not None:
+            return round(rate_rps * duration_s) if rate_rps is not None else None
+        return count_lines(self.path) if self.fmt != "sharegpt" else None
 
     def _requests(self, entries: Iterator[TraceEntry], scale: float, duration_s: float | None,
                   num_requests: int | None, seed: int, api: str) -> Iterator[RequestSpec]:  # fmt: skip
@@ -238,6 +343,8 @@ class StreamingReplay:
             yield request_spec(i, e, t, p, name, pin, self.ignore_eos)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"trace": {"path": self.path, "format": self.fmt, "streamed": True, "notes": self.log.notes()},
+        """What a manifest records before the run; what the rows became is only known after it (the
+        runner adds it to the manifest and summary.json as `trace_rows`)."""
+        return {"trace": {"path": self.path, "format": self.fmt, "streamed": True},
                 "time_scale": self.time_scale, "start_s": self.start_s, "api": self.api, "prompt": self.prompt,
                 "min_tokens": self.min_tokens}  # fmt: skip

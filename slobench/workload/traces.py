@@ -106,6 +106,7 @@ class Trace:
     block_tokens: int = MOONCAKE_BLOCK_TOKENS  # tokens per hash id, when entries carry hash_ids
     num_zero_dropped: int = 0  # readable rows with 0 input or 0 output tokens, left out
     num_zero_kept: int = 0  # such rows kept with their zero counts raised to 1 (keep_zero=True)
+    rows: dict[str, Any] = field(default_factory=dict, compare=False)  # RowCounts.report: dropped / altered
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -264,6 +265,7 @@ def load_trace(path: str | Path, fmt: str | None = None, *, seed: int = 0, sprea
     _read_head(path)  # the same not-found / directory messages for every format
     rows: list[TraceEntry] = []
     notes: list[str] = []
+    spread_s: float | None = None
     if fmt in ("azure", "burstgpt"):
         parsed: Iterable[TraceEntry | RowProblem] = _csv_rows(path, fmt)
     elif fmt == "sharegpt":
@@ -283,12 +285,13 @@ def load_trace(path: str | Path, fmt: str | None = None, *, seed: int = 0, sprea
         rows = [_shift(e, t0) for e in rows]
         rows.sort(key=lambda e: e.arrival_s)  # stable: ties keep file order
         if spread and fmt in _STAMPED:
-            rows = _spread_buckets(rows, seed, notes)
+            rows, spread_s = _spread_buckets(rows, seed, notes)
         rows = [counts.with_history(e) for e in rows]
     notes += counts.notes()
+    report = counts.report(str(path), len(rows), notes, is_whole_file=True, spread_s=spread_s)
     return Trace(str(path), fmt, tuple(rows), tuple(counts.problems), tuple(notes), counts.num_rows,
                  num_zero_dropped=0 if keep_zero else counts.num_zero,
-                 num_zero_kept=counts.num_zero if keep_zero else 0)  # fmt: skip
+                 num_zero_kept=counts.num_zero if keep_zero else 0, rows=report)  # fmt: skip
 
 
 _STAMPED = ("azure", "burstgpt", "mooncake")  # slobench JSONL times are exact; ShareGPT's are made up
@@ -341,6 +344,25 @@ class RowCounts:
             e = replace(e, input_tokens=n_in)
         self.last_turn[sid] = (e.input_tokens, e.output_tokens)
         return e
+
+    def report(self, path: str, num_requests: int, notes: list[str], *, is_whole_file: bool,
+               spread_s: float | None = None, num_late: int = 0) -> dict[str, Any]:  # fmt: skip
+        """What became of the rows read, for summary.json's `trace_rows`: counts of rows dropped and of
+        requests altered by kind, and the notes that say why (never "malformed": a row is unreadable, or
+        readable but not a request as it stands)."""
+        kept = self.num_zero if self.keep_zero else 0
+        dropped = {"unreadable": len(self.problems), "zero_tokens": self.num_zero - kept}
+        altered = {"zero_tokens_raised_to_1": kept, "sent_with_session_history": self.num_grown,
+                   "spread_over_stamp_bucket": num_requests if spread_s else 0,
+                   "sent_late_out_of_file_order": num_late}  # fmt: skip
+        return {
+            "path": path, "format": self.fmt, "num_rows_read": self.num_rows, "is_whole_file": is_whole_file,
+            "num_requests": num_requests, "num_dropped": sum(dropped.values()),
+            "num_altered": kept + self.num_grown + altered["spread_over_stamp_bucket"] + num_late,
+            "dropped": dropped, "altered": altered,
+            "zero_tokens": {"zero_output": self.zero_out, "zero_input": self.zero_in},
+            "unreadable_first": [str(p) for p in self.problems[:_MAX_SHOWN]], "notes": list(notes),
+        }  # fmt: skip
 
     def notes(self) -> list[str]:
         out = []
@@ -539,7 +561,7 @@ def stamp_grid(t: np.ndarray) -> float | None:
     return width if on_grid.mean() >= _GRID_SHARE else None
 
 
-def _spread_buckets(rows: list[TraceEntry], seed: int, notes: list[str]) -> list[TraceEntry]:
+def _spread_buckets(rows: list[TraceEntry], seed: int, notes: list[str]) -> tuple[list[TraceEntry], float | None]:
     """Spread requests that share a coarse stamp uniformly (seeded) over their bucket.
 
     Some traces stamp arrivals in coarse buckets (seconds apart); firing a whole bucket in one
@@ -547,7 +569,7 @@ def _spread_buckets(rows: list[TraceEntry], seed: int, notes: list[str]) -> list
     t = np.array([e.arrival_s for e in rows])
     width = stamp_grid(t)
     if width is None:
-        return rows
+        return rows, None
     num_stamps = len(np.unique(t))
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0x6D6F6F6E,)))
     new_t = t + rng.random(len(t)) * width
@@ -558,7 +580,7 @@ def _spread_buckets(rows: list[TraceEntry], seed: int, notes: list[str]) -> list
     )
     out = [_shift(e, -float(dt)) for e, dt in zip(rows, (new_t - t).tolist(), strict=True)]
     out.sort(key=lambda e: e.arrival_s)
-    return out
+    return out, width
 
 
 # ---- ShareGPT -----------------------------------------------------------------------------------------

@@ -1,0 +1,228 @@
+"""`slobench run --trace` streams the trace (issue 14, items 3 and 5): the runner takes an iterator of requests
+one at a time, in schedule order, with the same requests as the eager path, and summary.json says what
+became of the trace's rows (`trace_rows`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from slobench.cli import LoadSetup, build_parser, main
+from slobench.clock import Clock
+from slobench.errors import SpecError, UsageError
+from slobench.records import RequestSpec
+from slobench.runner import RunOptions, run
+from slobench.workload.replay import TraceReplay
+from slobench.workload.trace_stream import ReplayStream, StreamingReplay, count_lines
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure-llm-2023"
+
+
+class InstantTarget:
+    """Answers at once; remembers how many requests its source had handed out at each send."""
+
+    def __init__(self, clock: Clock, taken: list[int] | None = None) -> None:
+        self.clock = clock
+        self.taken = taken
+        self.taken_at_send: list[int] = []
+
+    async def send(self, spec: RequestSpec, rec) -> None:
+        if self.taken is not None:
+            self.taken_at_send.append(self.taken[0])
+        t = self.clock.now_s()
+        rec.sent_s = rec.first_token_s = rec.done_s = t
+        rec.output_tokens = 1
+
+
+def mooncake(path: Path, n: int, *, zero_every: int = 0, gap_ms: int = 2) -> Path:
+    with open(path, "w") as fh:
+        for i in range(n):
+            out = 0 if zero_every and i % zero_every == zero_every - 1 else 1 + i % 7
+            fh.write(json.dumps({"timestamp": gap_ms * i + (i % 3), "input_length": 1 + (i * 37) % 900,
+                                 "output_length": out, "hash_ids": [i % 5, 1000 + i]}) + "\n")  # fmt: skip
+    return path
+
+
+def key(rec) -> tuple:
+    return (rec.request_id, round(rec.scheduled_s, 9), rec.input_tokens, rec.max_tokens)
+
+
+async def run_records(specs, **opts) -> tuple[list, dict]:
+    clock = Clock()
+    res = await run(specs, InstantTarget(clock), clock=clock, opts=RunOptions(progress=False, **opts))
+    return sorted(res.records, key=lambda r: r.request_id), res.summary
+
+
+async def test_streamed_run_sends_the_eager_runs_requests_in_the_same_order(tmp_path):
+    path = mooncake(tmp_path / "m.jsonl", 600, zero_every=9)
+    eager, s1 = await run_records(TraceReplay.open(str(path)).specs())
+    streamed, s2 = await run_records(StreamingReplay(str(path)).specs())
+    assert len(streamed) == len(eager) == 600 - 600 // 9
+    assert [key(r) for r in streamed] == [key(r) for r in eager]
+    assert s1["num_scheduled"] == s2["num_scheduled"] == len(eager)
+    # sent in schedule order: the send times follow the request ids
+    sent = [r.sent_s for r in streamed]
+    assert sent == sorted(sent)
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason=f"Azure traces not present at {TRACES}")
+async def test_streamed_and_eager_agree_on_an_azure_window_at_a_rate():
+    path = str(TRACES / "AzureLLMInferenceTrace_conv.csv")
+    eager, _ = await run_records(TraceReplay.open(path, start_s=600).specs(rate_rps=400.0, num_requests=800))
+    streamed, _ = await run_records(StreamingReplay.open(path, start_s=600).specs(rate_rps=400.0, num_requests=800))
+    assert len(streamed) == len(eager) == 800
+    assert [key(r) for r in streamed] == [key(r) for r in eager]
+
+
+def test_a_rate_over_the_whole_trace_streams_in_two_passes_with_the_eager_scale(tmp_path):
+    path = mooncake(tmp_path / "m.jsonl", 400)
+    eager = TraceReplay.open(str(path)).specs(rate_rps=50.0)
+    streamed = list(StreamingReplay(str(path)).specs(rate_rps=50.0))
+    assert np.allclose([s.arrival_s for s in streamed], [s.arrival_s for s in eager])
+    t = [s.arrival_s for s in streamed]
+    assert (len(t) - 1) / (t[-1] - t[0]) == pytest.approx(50.0)
+
+
+async def test_the_runner_takes_a_stream_as_it_sends():
+    """The first request goes out when the runner has taken one or two, not the whole schedule (the old
+    runner sorted and counted its requests before the first send)."""
+    taken = [0]
+
+    def source() -> Iterator[RequestSpec]:
+        for i in range(300):
+            taken[0] += 1
+            yield RequestSpec(i, i * 0.002, (1, 2), 2, 1)
+
+    clock = Clock()
+    target = InstantTarget(clock, taken)
+    res = await run(source(), target, clock=clock, opts=RunOptions(progress=False))
+    assert len(res.records) == 300 and res.summary["num_scheduled"] == 300
+    assert target.taken_at_send[0] <= 2
+    assert max(target.taken_at_send[:100]) < 300  # 0.4 s of sends before the source ran out
+
+
+async def test_a_stream_out_of_schedule_order_is_refused_naming_the_request():
+    def source() -> Iterator[RequestSpec]:
+        yield RequestSpec(0, 0.0, (1,), 1, 1)
+        yield RequestSpec(1, 0.02, (1,), 1, 1)
+        yield RequestSpec(2, 0.01, (1,), 1, 1)
+
+    clock = Clock()
+    with pytest.raises(SpecError, match="request 2 at 0.010000 s after request 1"):
+        await run(source(), InstantTarget(clock), clock=clock, opts=RunOptions(progress=False))
+
+
+async def test_a_stream_with_duration_counts_what_it_sent():
+    def source() -> Iterator[RequestSpec]:
+        for i in range(100):
+            yield RequestSpec(i, i * 0.001, (1,), 1, 1)
+
+    recs, summary = await run_records(source(), duration_s=0.0495)
+    assert len(recs) == summary["num_scheduled"] == 50
+
+
+async def test_progress_total_comes_from_the_streams_hint(tmp_path):
+    from slobench import runner
+
+    path = mooncake(tmp_path / "m.jsonl", 50)
+    assert count_lines(path) == 50
+    stream = StreamingReplay(str(path)).specs()
+    assert stream.count_hint() == 50
+    assert StreamingReplay(str(path)).specs(num_requests=7).count_hint() == 7
+    seen = []
+    real = runner._estimate_total
+
+    async def spy(hint, progress):
+        await real(hint, progress)
+        seen.append((progress.total, progress.is_total_estimate))
+
+    runner._estimate_total = spy  # type: ignore[assignment]
+    try:
+        await run_records(stream)
+    finally:
+        runner._estimate_total = real  # type: ignore[assignment]
+    assert seen == [(50, True)]
+
+
+def test_count_lines_leaves_out_a_csv_header_and_counts_a_last_line_without_newline(tmp_path):
+    p = tmp_path / "a.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n1,2,3\n4,5,6")
+    assert count_lines(p) == 2
+
+
+def test_an_empty_window_is_a_usage_error(tmp_path):
+    path = mooncake(tmp_path / "m.jsonl", 20)
+    with pytest.raises(UsageError, match="holds no request"):
+        StreamingReplay(str(path), start_s=1e6).specs()
+
+
+# ---- what the rows became: summary.json trace_rows (item 3) ----------------------------------------------
+
+
+def burstgpt(path: Path) -> Path:
+    rows = ["Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"]
+    for i in range(40):
+        out = 0 if i % 10 == 3 else 20 + i  # 4 failed requests
+        rows.append(f"{i * 0.5},ChatGPT,{100 + i},{out},{120 + 2 * i},Conversation log")
+    rows.insert(7, "oops,ChatGPT,1,2,3,x")  # one unreadable row
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+async def test_summary_says_how_many_rows_were_left_out_and_why_streamed_or_eager(tmp_path):
+    path = str(burstgpt(tmp_path / "b.csv"))
+    _, streamed = await run_records(StreamingReplay.open(path).specs())
+    _, eager = await run_records(TraceReplay.open(path).specs())
+    for summary in (streamed, eager):
+        rows = summary["trace_rows"]
+        assert rows["num_rows_read"] == 41 and rows["is_whole_file"] and rows["num_requests"] == 36
+        assert rows["dropped"] == {"unreadable": 1, "zero_tokens": 4} and rows["num_dropped"] == 5
+        assert rows["zero_tokens"] == {"zero_output": 4, "zero_input": 0}
+        assert any("4 with 0 output tokens (failed requests)" in n for n in rows["notes"])
+        assert "malformed" not in json.dumps(rows)
+    assert summary["num_requests"] == 36
+    _, kept = await run_records(StreamingReplay.open(path, keep_zero=True).specs())
+    assert kept["trace_rows"]["altered"]["zero_tokens_raised_to_1"] == 4 and kept["num_requests"] == 40
+
+
+async def test_a_windowed_stream_reports_the_rows_it_read_not_the_file(tmp_path):
+    path = mooncake(tmp_path / "m.jsonl", 10_000, zero_every=10)
+    _, summary = await run_records(StreamingReplay(str(path), time_scale=0.001).specs(num_requests=100))
+    rows = summary["trace_rows"]
+    assert not rows["is_whole_file"] and rows["num_rows_read"] < 10_000
+    assert rows["dropped"]["zero_tokens"] == rows["num_rows_read"] // 10
+
+
+# ---- the CLI ------------------------------------------------------------------------------------------
+
+
+def test_run_streams_the_trace_and_sweep_loads_it(tmp_path):
+    path = str(mooncake(tmp_path / "m.jsonl", 30))
+
+    def setup(argv: list[str]) -> LoadSetup:
+        return LoadSetup(build_parser().parse_args(argv))
+
+    assert isinstance(setup(["run", "--trace", path]).specs(None), ReplayStream)
+    assert isinstance(setup(["run", "--trace", path, "--simulate"]).specs(None), list)
+    assert isinstance(setup(["sweep", "--trace", path, "--rates", "1,2"]).specs(1.0), list)
+
+
+@pytest.mark.integration
+def test_slobench_run_trace_streams_and_reports_its_rows(tmp_path, token_server, capsys):
+    path = burstgpt(tmp_path / "b.csv")
+    out = tmp_path / "run"
+    argv = ["run", "--trace", str(path), "--time-scale", "0.02", "--url", token_server.base_url,
+            "--model", token_server.model, "--no-progress", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["workload"]["trace"]["streamed"] is True
+    assert summary["trace_rows"]["num_dropped"] == 5 and manifest["trace_rows"] == summary["trace_rows"]
+    assert summary["num_requests"] == summary["num_scheduled"] == 36
+    printed = capsys.readouterr().out
+    assert "41 rows read (the whole file) -> 36 requests; 5 rows left out" in printed
+    assert "1 unreadable rows skipped: line 8" in printed
