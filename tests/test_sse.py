@@ -177,3 +177,68 @@ def test_a_long_line_in_many_pieces_is_one_event_and_an_endless_line_is_refused(
     with pytest.raises(SSELineTooLong, match="longer than 10,000 bytes"):
         for _ in range(20):
             p.feed(b"data: " + b"y" * 1000)
+
+
+# ---- the one-event fast path (single_data) agrees with feed ------------------------------------------------
+
+
+def parse_fast(pieces: list[bytes]) -> list[SSEEvent]:
+    """As the OpenAI target reads: a piece that is one whole data event skips `feed` (when its bytes decode)."""
+    p = SSEParser()
+    out: list[SSEEvent] = []
+    for piece in pieces:
+        data = p.single_data(piece)
+        if data is not None:
+            try:
+                out.append(SSEEvent(data.decode("utf-8"), "message", p._last_id))
+                continue
+            except UnicodeDecodeError:
+                pass
+        out += p.feed(piece)
+    return out
+
+
+def test_single_data_takes_only_one_whole_data_event_with_nothing_pending() -> None:
+    p = SSEParser()
+    assert p.single_data(b'data: {"a":1}\n\n') == b'{"a":1}'
+    assert p.single_data(b"data: [DONE]\n\n") == b"[DONE]"
+    for not_one in (b"data: a\n\ndata: b\n\n", b"data: a\n", b"data: a\r\n\r\n", b"data:a\n\n", b"event: x\n\n",
+                    b"data: a\ndata: b\n\n", b"\xef\xbb\xbfdata: a\n\n", b": hi\n\n"):  # fmt: skip
+        assert p.single_data(not_one) is None, not_one
+    p.feed(b"data: half")  # a line is pending: the next piece must go through feed
+    assert p.single_data(b"data: x\n\n") is None
+    assert datas(p.feed(b"\n\n")) == ["half"]
+    p.feed(b"event: e\n")  # an event name is pending
+    assert p.single_data(b"data: x\n\n") is None
+    assert p.feed(b"data: x\n\n") == [SSEEvent("x", "e")]
+    p.feed(b"data: y\r")  # a \n may still come to finish this \r
+    assert p.single_data(b"data: z\n\n") is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    events=st.lists(_event, max_size=6),
+    eol=st.sampled_from(["\n", "\r\n", "\r"]),
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=8),
+    is_event_per_piece=st.booleans(),
+    junk=st.one_of(st.none(), st.binary(max_size=12)),
+)
+def test_the_fast_path_yields_what_feed_yields(
+    events: list[tuple[list[str], str | None, bool]], eol: str, cuts: list[int], is_event_per_piece: bool,
+    junk: bytes | None,
+) -> None:
+    stream, _ = _serialise(events, eol)
+    if is_event_per_piece:  # one read per event, as servers write them
+        ends = [i + 2 for i in range(len(stream)) if stream[i : i + 2] == b"\n\n"]
+        cuts = ends
+    bounds = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+    pieces = [stream[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    if junk is not None:  # bytes that may not be UTF-8 or SSE at all, as a piece of their own
+        pieces.insert(len(pieces) // 2, b"data: " + junk + b"\n\n")
+    try:
+        expected = parse(b"".join(pieces), [sum(map(len, pieces[:i])) for i in range(1, len(pieces))])
+    except SSEDecodeError:
+        with pytest.raises(SSEDecodeError):
+            parse_fast(pieces)
+        return
+    assert parse_fast(pieces) == expected

@@ -278,7 +278,8 @@ class OpenAITarget:
         `data: [DONE]` follows (TGI, Ollama and LiteLLM may close without it); a stream that stops without
         any `finish_reason` was cut off, `[DONE]` or not, and is an error (llama.cpp ends an interrupted
         stream with `[DONE]` and no finish)."""
-        feed = SSEParser().feed
+        parser = SSEParser()
+        feed, single = parser.feed, parser.single_data
         now = self.clock.now_s
         times = record.chunk_times_s
         tokens = record.chunk_tokens
@@ -304,45 +305,51 @@ class OpenAITarget:
             t = now()
             if is_done:
                 continue  # read on to the end of the body so the connection can be reused
-            try:
-                events = feed(raw)
-            except SSEDecodeError as e:
-                events, error = e.events, str(e)
-            if not events and t_last == 0.0 and len(head) < 4096:
-                head += raw
             num = 0
-            for ev in events:
-                t_last = t
-                data = ev.data
-                if data == DONE:
-                    is_done = True
-                    break
-                if ev.event == "error":
-                    error = "server error mid-stream: " + _event_error_text(data)
-                    break
+            # The common read: one whole `data: {...}` event, parsed straight from the bytes. Anything else
+            # (several events, a split one, [DONE], bytes orjson refuses) takes the parser, which also says
+            # what is wrong with a bad one.
+            data = single(raw)
+            obj = None
+            if data is not None and data != b"[DONE]":
                 try:
                     obj = _loads(data)
                 except ValueError:
-                    obj = None
-                if type(obj) is not dict:
-                    error = f"malformed JSON in SSE event: {data[:120]!r}"
-                    break
-                choices = obj.get("choices")
-                if choices and type(choices) is list:
-                    c = choices[0]
-                    if type(c) is dict:
-                        text = _chat_output(c.get("delta")) if is_chat else c.get("text")
-                        if text:
-                            num += _tokens_in(c, is_chat)
-                        reason = c.get("finish_reason")
-                        if reason and type(reason) is str:
-                            finish = reason
-                elif "error" in obj or obj.get("object") == "error":
-                    error = "server error mid-stream: " + _error_message(obj, data)
-                    break
-                usage = obj.get("usage")
-                if usage and type(usage) is dict:
-                    _take_usage(record, usage)
+                    pass
+            if type(obj) is dict:
+                t_last = t
+                num, reason, error = _read_event(obj, data, is_chat, record)  # type: ignore[arg-type]
+                if reason is not None:
+                    finish = reason
+            else:
+                try:
+                    events = feed(raw)
+                except SSEDecodeError as e:
+                    events, error = e.events, str(e)
+                if not events and t_last == 0.0 and len(head) < 4096:
+                    head += raw
+                for ev in events:
+                    t_last = t
+                    text = ev.data
+                    if text == DONE:
+                        is_done = True
+                        break
+                    if ev.event == "error":
+                        error = "server error mid-stream: " + _event_error_text(text)
+                        break
+                    try:
+                        obj = _loads(text)
+                    except ValueError:
+                        obj = None
+                    if type(obj) is not dict:
+                        error = f"malformed JSON in SSE event: {text[:120]!r}"
+                        break
+                    got_num, reason, error = _read_event(obj, text, is_chat, record)
+                    num += got_num
+                    if reason is not None:
+                        finish = reason
+                    if error is not None:
+                        break
             if num:  # tokens that came in the same read as a failure still count
                 if not times:
                     record.first_token_s = t
@@ -569,6 +576,31 @@ def _normalise_base_url(base_url: str) -> str:
     if parts.path in ("", "/"):
         url += "/v1"
     return url
+
+
+def _read_event(obj: dict[str, Any], data: str | bytes, is_chat: bool,
+                record: RequestRecord) -> tuple[int, str | None, str | None]:
+    """One streamed event's JSON: (tokens it carried, its finish_reason or None, an error or None). A usage
+    object is taken onto `record` as it comes."""
+    num = 0
+    finish: str | None = None
+    choices = obj.get("choices")
+    if choices and type(choices) is list:
+        c = choices[0]
+        if type(c) is dict:
+            text = _chat_output(c.get("delta")) if is_chat else c.get("text")
+            if text:
+                num = _tokens_in(c, is_chat)
+            reason = c.get("finish_reason")
+            if reason and type(reason) is str:
+                finish = reason
+    elif "error" in obj or obj.get("object") == "error":
+        text = data if type(data) is str else data.decode("utf-8", "replace")  # type: ignore[union-attr]
+        return 0, None, "server error mid-stream: " + _error_message(obj, text)
+    usage = obj.get("usage")
+    if usage and type(usage) is dict:
+        _take_usage(record, usage)
+    return num, finish, None
 
 
 def _chat_output(delta: Any) -> bool:

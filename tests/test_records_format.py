@@ -1,0 +1,63 @@
+"""requests.jsonl's line format: `RequestRecord.to_json` writes exactly what `json.dumps(asdict(record))`
+(with chunk times rounded to ns) wrote before it was made cheaper, so files and their readers are unchanged."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slobench.records import RequestRecord
+
+_time = st.one_of(st.none(), st.floats(min_value=0, max_value=1e6, allow_nan=False))
+_records = st.builds(
+    RequestRecord,
+    request_id=st.integers(min_value=0, max_value=2**40),
+    scheduled_s=st.floats(min_value=0, max_value=1e6, allow_nan=False),
+    tag=st.text(max_size=8),
+    sent_s=_time,
+    first_token_s=_time,
+    done_s=_time,
+    chunk_times_s=st.lists(st.floats(min_value=0, max_value=1e6, allow_nan=False), max_size=20),
+    chunk_tokens=st.lists(st.integers(min_value=1, max_value=64), max_size=20),
+    input_tokens=st.integers(min_value=0, max_value=10**6),
+    prompt_tokens=st.one_of(st.none(), st.integers(min_value=0, max_value=10**6)),
+    cached_tokens=st.one_of(st.none(), st.integers(min_value=0, max_value=10**6)),
+    output_tokens=st.integers(min_value=0, max_value=10**6),
+    usage_output_tokens=st.one_of(st.none(), st.integers(min_value=0, max_value=10**6)),
+    max_tokens=st.integers(min_value=0, max_value=10**6),
+    status=st.sampled_from(["ok", "error", "timeout", "cancelled"]),
+    error=st.one_of(st.none(), st.text(max_size=40)),  # non-ASCII included: the ellipsis of a cut message
+    http_status=st.one_of(st.none(), st.integers(min_value=100, max_value=599)),
+    is_warmup=st.booleans(),
+    queued_s=st.floats(min_value=0, max_value=10, allow_nan=False),  # tiny values print with exponents
+    replica=st.one_of(st.none(), st.integers(min_value=0, max_value=64)),
+)
+
+
+def reference_line(r: RequestRecord) -> str:
+    d = asdict(r)
+    d["chunk_times_s"] = [round(t, 9) for t in r.chunk_times_s]
+    return json.dumps(d, separators=(",", ":"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_records)
+def test_to_json_writes_the_same_bytes_as_before(r: RequestRecord) -> None:
+    line = r.to_json()
+    assert line == reference_line(r)
+    assert RequestRecord.from_dict(json.loads(line)).to_json() == line
+
+
+def test_a_record_line_is_pinned() -> None:
+    r = RequestRecord(7, 0.5, tag="chat", sent_s=0.5001, first_token_s=0.55, done_s=0.6,
+                      chunk_times_s=[0.55, 0.5612345678912], chunk_tokens=[1, 2], input_tokens=16, output_tokens=3,
+                      max_tokens=3, error="cut…", queued_s=2.5e-06)  # fmt: skip
+    assert r.to_json() == (
+        '{"request_id":7,"scheduled_s":0.5,"tag":"chat","sent_s":0.5001,"first_token_s":0.55,"done_s":0.6,'
+        '"chunk_times_s":[0.55,0.561234568],"chunk_tokens":[1,2],"input_tokens":16,"prompt_tokens":null,'
+        '"cached_tokens":null,"output_tokens":3,"usage_output_tokens":null,"max_tokens":3,"status":"ok",'
+        '"error":"cut\\u2026","http_status":null,"is_warmup":false,"queued_s":2.5e-06,"replica":null}'
+    )
