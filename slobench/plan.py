@@ -1,0 +1,545 @@
+"""The fleet planner: for each window of a day, the cheapest fleet of prefill (P), decode (D) and co-located
+(C) instances that meets the SLO attainment target on that window's traffic, simulated with the engine's
+real scheduler (slobench.simulate, slobench.disagg); then a plan over the day with a switching cost and
+hysteresis, compared with static fleets and an interpolation planner of NVIDIA Dynamo's kind.
+
+Search (one window, `search_window`). Attainment is taken to rise with every count. Co-located fleets:
+C = 1, 2, 4, ... until one meets the target, then bisection. Disaggregated fleets, only those cheaper than
+that: a staircase walk over the (P, D) frontier (P up by one; D down while one fewer decode instance still
+meets it), O(P + D) evaluations instead of P x D. Mixed fleets (C >= 1 beside P and D, `mixed`): the same
+walk for each C. Every evaluation is kept; the window's choice is the cheapest fleet that met the target
+(ties: the higher attainment, then fewer role kinds), which the tests check against a brute force.
+
+The plan (`plan_day`). Window by window: keep the fleet in place while it meets the target, unless the
+window's cheapest fleet is at least `min_saving` instances cheaper for `hold` windows in a row (scale-down
+waits: hysteresis); when it misses, change at once. A change is evaluated with its cost: every instance
+that changes role, and every added one, is unavailable for `switch_s` (real seconds) from the window's
+start; until then the window's arrivals are served by the instances that keep their role (per role, the
+smaller of old and new; a prefill pool with no decode pool left serves nothing), after it by the new
+fleet. Candidates are tried cheapest first; the first that meets the target with its switch is chosen.
+
+Baselines, evaluated on the same windows: the best static co-located fleet and the best static
+disaggregated fleet (cheapest meeting the target in every window), and `dynamo`: prefill and decode
+throughput per instance profiled once at the day's mean input and output lengths with random prompts (no
+prefix reuse; a prefill instance alone against TTFT, a decode instance behind ample prefill against TPOT),
+then P = ceil(rate x mean input / prefill tokens/s), D = ceil(rate x mean output / decode tokens/s) for
+each window, changed every window with the same switching cost.
+
+Every evaluation is a pure function of (day recipe, setup, job), run through a `slobench.plan_pool` pool
+(serial, processes or Ray), so every executor gives the same plan for a seed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from slobench.errors import SpecError
+from slobench.plan_day import DayRecipe, Window
+from slobench.records import RequestRecord, RequestSpec
+from slobench.simulate import ModeledEngine
+from slobench.slo import SLO
+
+__all__ = ["Evaluation", "Fleet", "PlanOptions", "Setup", "evaluate", "fleet_cost_order", "plan_day",
+           "search_window", "transition_fleet"]  # fmt: skip
+
+FLEET_KINDS = ("colocated", "disagg", "mixed")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Fleet:
+    colocated: int = 0
+    prefill: int = 0
+    decode: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("colocated", "prefill", "decode"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise SpecError(name, v, "must be an integer >= 0")
+
+    @property
+    def total(self) -> int:
+        return self.colocated + self.prefill + self.decode
+
+    @property
+    def is_servable(self) -> bool:
+        """Some instance takes prompts, and prefill instances have decode instances to hand to."""
+        return (self.prefill == 0) == (self.decode == 0) and self.prefill + self.colocated > 0
+
+    @property
+    def num_kinds(self) -> int:
+        return (self.colocated > 0) + (self.prefill > 0)
+
+    def label(self) -> str:
+        parts = [f"{n}{k}" for n, k in ((self.colocated, "C"), (self.prefill, "P"), (self.decode, "D")) if n]
+        return "+".join(parts) or "none"
+
+    def to_dict(self) -> dict[str, int]:
+        return {"colocated": self.colocated, "prefill": self.prefill, "decode": self.decode, "instances": self.total}
+
+
+def transition_fleet(old: Fleet, new: Fleet) -> Fleet:
+    """What serves while a change from `old` to `new` is under way: per role, the instances that keep it;
+    a prefill pool without a decode pool (or the reverse) cannot serve and is left out."""
+    c, p, d = min(old.colocated, new.colocated), min(old.prefill, new.prefill), min(old.decode, new.decode)
+    if p == 0 or d == 0:
+        p = d = 0
+    return Fleet(c, p, d)
+
+
+def num_switched(old: Fleet, new: Fleet) -> int:
+    """Instances of `new` that change role or are added (unavailable for the switching time)."""
+    keep = min(old.colocated, new.colocated) + min(old.prefill, new.prefill) + min(old.decode, new.decode)
+    return new.total - keep
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """What every evaluation shares."""
+
+    engine: ModeledEngine
+    slo: SLO
+    link: Any = None  # slobench.disagg.KVLink; None: free
+    bytes_per_token: int = 0
+    router: str = "least-outstanding"
+    api: str = "completions"
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    num_requests: int  # counted requests of the sample
+    num_met: int
+    ttft_p90_s: float
+    tpot_p90_s: float
+
+    @property
+    def attainment(self) -> float:
+        return self.num_met / self.num_requests if self.num_requests else 1.0
+
+    def meets(self, target: float) -> bool:
+        return self.attainment >= target - 1e-12
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"attainment": self.attainment, "num_requests": self.num_requests, "num_met": self.num_met,
+                "ttft_p90_s": _finite(self.ttft_p90_s), "tpot_p90_s": _finite(self.tpot_p90_s)}  # fmt: skip
+
+
+def _finite(x: float) -> float | None:
+    return None if not math.isfinite(x) else round(float(x), 6)
+
+
+def simulate_fleet(setup: Setup, specs: Sequence[RequestSpec], fleet: Fleet) -> list[RequestRecord]:
+    from slobench.simulate import simulate_records
+
+    if not specs:
+        return []
+    if fleet.prefill == 0:
+        return simulate_records(specs, setup.engine, replicas=fleet.colocated, router=setup.router, api=setup.api,  # type: ignore[arg-type]
+                                seed=setup.seed)  # fmt: skip
+    from slobench.disagg import DisaggFleet, KVLink
+
+    disagg = DisaggFleet(fleet.prefill, fleet.decode, fleet.colocated, setup.link or KVLink(), setup.bytes_per_token,
+                         setup.router)  # fmt: skip
+    return simulate_records(specs, setup.engine, seed=setup.seed, api=setup.api, disagg=disagg)  # type: ignore[arg-type]
+
+
+def _judge(setup: Setup, records: Sequence[RequestRecord], counted: set[int], missed: int = 0) -> Evaluation:
+    from slobench.metrics import RecordArrays
+
+    a = RecordArrays.from_records([r for r in records if r.request_id in counted])
+    met = setup.slo.meets(a)
+    ttft = a.ttft_from_scheduled_s
+    ttft90 = float(np.nanquantile(ttft, 0.9)) if len(ttft) and np.isfinite(ttft).any() else math.nan
+    tpot90 = float(np.nanquantile(a.tpot_s, 0.9)) if len(a.tpot_s) and np.isfinite(a.tpot_s).any() else math.nan
+    return Evaluation(len(met) + missed, int(met.sum()), ttft90, tpot90)
+
+
+def evaluate(setup: Setup, window: Window, fleet: Fleet, previous: Fleet | None = None,
+             switch_share: float = 0.0) -> Evaluation:  # fmt: skip
+    """`fleet` on the window's sample. With `previous` (a change) the arrivals of the first `switch_share`
+    of the sample are served by `transition_fleet(previous, fleet)`, the rest by `fleet` (its lead-in: the
+    requests before them, from the lead-in and the switching part)."""
+    counted = window.counted
+    ids = {s.request_id for s in counted}
+    if not fleet.is_servable:
+        raise SpecError("fleet", fleet.label(), "cannot serve: needs a co-located instance or both P and D")
+    if previous is None or previous == fleet or switch_share <= 0 or not counted:
+        return _judge(setup, simulate_fleet(setup, window.specs, fleet), ids)
+    lo, hi = window.sample_span()
+    t_switch = lo + min(switch_share, 1.0) * (hi - lo)
+    early = [s for s in window.specs if s.arrival_s < t_switch]
+    early_ids = ids & {s.request_id for s in early}
+    trans = transition_fleet(previous, fleet)
+    records: list[RequestRecord] = []
+    missed = 0
+    if trans.is_servable:
+        records += [r for r in simulate_fleet(setup, early, trans) if r.request_id in early_ids]
+    else:
+        missed = len(early_ids)  # nothing can serve them
+    lead_s = window.specs[window.num_lead].arrival_s - window.specs[0].arrival_s
+    late = [s for s in window.specs if s.arrival_s >= t_switch - lead_s]
+    late_ids = ids - early_ids
+    records += [r for r in simulate_fleet(setup, late, fleet) if r.request_id in late_ids]
+    return _judge(setup, records, ids, missed)
+
+
+# ---- the search in one window ----------------------------------------------------------------------------
+
+
+def fleet_cost_order(fleet: Fleet, ev: Evaluation) -> tuple[int, float, int, Fleet]:
+    """How candidates rank: fewer instances, then higher attainment, then fewer role kinds."""
+    return (fleet.total, -ev.attainment, fleet.num_kinds, fleet)
+
+
+@dataclass(slots=True)
+class WindowSearch:
+    index: int
+    evaluations: dict[Fleet, Evaluation] = field(default_factory=dict)
+    best: Fleet | None = None  # cheapest that met the target; None: none did up to max_instances
+    colocated_min: int | None = None  # fewest co-located instances that met it
+
+    def feasible(self, target: float) -> list[Fleet]:
+        ok = [(f, e) for f, e in self.evaluations.items() if e.meets(target)]
+        return [f for f, e in sorted(ok, key=lambda fe: fleet_cost_order(*fe))]
+
+    def fallback(self) -> Fleet:
+        """Nothing met the target: the fleet with the highest attainment (then the cheapest)."""
+        return min(self.evaluations.items(), key=lambda fe: (-fe[1].attainment, fe[0].total, fe[0]))[0]
+
+
+def search_window(window: Window, evaluate_one: Callable[[Fleet], Evaluation], target: float, *,
+                  max_instances: int = 64, kinds: Iterable[str] = ("colocated", "disagg")) -> WindowSearch:  # fmt: skip
+    kinds = tuple(kinds)
+    out = WindowSearch(window.index)
+
+    def ok(f: Fleet) -> bool:
+        if f not in out.evaluations:
+            out.evaluations[f] = evaluate_one(f)
+        return out.evaluations[f].meets(target)
+
+    best = math.inf
+    if "colocated" in kinds:
+        lo, hi, c = 0, None, 1  # lo: the most co-located instances known to miss
+        while c <= max_instances:
+            if ok(Fleet(colocated=c)):
+                hi = c
+                break
+            lo, c = c, c * 2
+        if hi is None and lo < max_instances and ok(Fleet(colocated=max_instances)):
+            hi = max_instances
+        if hi is not None:
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if ok(Fleet(colocated=mid)) else (mid, hi)
+            out.colocated_min = best = hi
+    walks = ([0] if "disagg" in kinds else []) + (list(range(1, max_instances)) if "mixed" in kinds else [])
+    for c in walks:
+        if c + 2 >= best or c + 2 > max_instances:
+            break
+        best = min(best, _staircase(ok, c, best, max_instances))
+    ok_fleets = out.feasible(target)
+    out.best = ok_fleets[0] if ok_fleets else None
+    return out
+
+
+def _staircase(ok: Callable[[Fleet], bool], c: int, best: float, max_instances: int) -> float:
+    """The (P, D) frontier with C = c fixed, walked over fleets cheaper than `best`: P up by one, D down while
+    a fleet one decode instance smaller still meets the target. Returns the cheapest total found."""
+    d = max_instances - c - 1
+    p = 1
+    while True:
+        limit = min(best - 1, max_instances) - c - p  # the most decode instances a cheaper fleet may have
+        d = min(d, int(limit) if math.isfinite(limit) else d)
+        if d < 1:
+            return best
+        if ok(Fleet(c, p, d)):
+            while d > 1 and ok(Fleet(c, p, d - 1)):
+                d -= 1
+            best = min(best, c + p + d)
+        p += 1
+
+
+# ---- the interpolation baseline's profiling ----------------------------------------------------------------
+
+PROFILE_PREFILL_INSTANCES = 8  # decode profiling: enough prefill in front that only decoding limits
+PROFILE_GRID = tuple(2 ** (k / 4) for k in range(-12, 5))  # rates around the estimate, 19% apart
+
+
+def profile_run(setup: Setup, kind: str, input_tokens: int, output_tokens: int, rate_rps: float,
+                num_requests: int) -> Evaluation:  # fmt: skip
+    """One profiling run of the interpolation baseline: random prompts (no prefix reuse) of fixed lengths,
+    Poisson at `rate_rps`. `prefill`: one instance, prompts only (max_tokens 1), judged on TTFT alone;
+    `decode`: one decode instance behind PROFILE_PREFILL_INSTANCES prefill ones, judged on TPOT alone."""
+    from dataclasses import replace
+
+    from slobench.workload.prompts import token_prompts
+
+    rng = np.random.default_rng([setup.seed, 0x5EED, int(rate_rps * 1e6)])
+    times = np.cumsum(rng.exponential(1.0 / rate_rps, num_requests))
+    prompts = token_prompts(np.full(num_requests, input_tokens), rng)
+    out = 1 if kind == "prefill" else output_tokens
+    specs = [RequestSpec(i, float(t), p, input_tokens, out, min_tokens=out) for i, (t, p) in
+             enumerate(zip(times.tolist(), prompts, strict=True))]  # fmt: skip
+    if kind == "prefill":
+        slo = SLO(ttft_s=setup.slo.ttft_s, target=setup.slo.target, clock=setup.slo.clock)
+        fleet = Fleet(colocated=1)
+    else:
+        slo = SLO(tpot_s=setup.slo.tpot_s, target=setup.slo.target, clock=setup.slo.clock)
+        fleet = Fleet(prefill=PROFILE_PREFILL_INSTANCES, decode=1)
+    one = replace(setup, slo=slo)
+    return _judge(one, simulate_fleet(one, specs, fleet), {s.request_id for s in specs})
+
+
+def _profile_estimate(setup: Setup, kind: str, isl: int, osl: int) -> float:
+    """A first guess of the rate one instance sustains, from the cost profile (the grid spans around it)."""
+    prof = setup.engine.cost_profile()
+    if kind == "prefill":
+        per_req = prof.per_prefill_token_s * isl + prof.step_overhead_s * math.ceil(isl / setup.engine.max_batched_tokens)
+        return 1.0 / max(per_req, 1e-9)
+    b = setup.engine.max_num_seqs
+    step = prof.step_overhead_s + b * (prof.per_decode_seq_s + prof.per_context_token_s * (isl + osl / 2))
+    return b / max(step, 1e-9) / max(osl, 1)
+
+
+# ---- the plan over the day ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOptions:
+    switch_s: float = 60.0  # real seconds an instance changing role (or added) is unavailable
+    min_saving: int = 1  # a scale-down must save at least this many instances ...
+    hold: int = 2  # ... in this many windows in a row
+    max_instances: int = 32
+    kinds: tuple[str, ...] = ("colocated", "disagg")
+    gpus_per_instance: int = 1
+    max_candidates: int = 4  # change candidates evaluated with their switch, per window
+    baselines: tuple[str, ...] = ("static-colocated", "static-disagg", "dynamo")
+    profile_requests: int = 200
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.switch_s, int | float) and math.isfinite(self.switch_s) and self.switch_s >= 0):
+            raise SpecError("switch_cost", self.switch_s, "must be a duration >= 0")
+        for name in ("min_saving", "hold", "max_instances", "gpus_per_instance", "max_candidates", "profile_requests"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise SpecError(name.replace("_", "-"), v, "must be an integer >= 1")
+        bad = [k for k in self.kinds if k not in FLEET_KINDS]
+        if bad or not self.kinds:
+            raise SpecError("fleets", ",".join(self.kinds), f"choose from {', '.join(FLEET_KINDS)}")
+
+
+Key = tuple[int, Fleet, Fleet | None, float]
+
+
+class _Evals:
+    """Every evaluation made, keyed by (window, fleet, previous fleet or None, switch share); missing ones
+    are run through the pool in one batch."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.done: dict[Key, Evaluation] = {}
+
+    def get(self, keys: Sequence[Key]) -> list[Evaluation]:
+        todo = list(dict.fromkeys(k for k in keys if k not in self.done))
+        for k, ev in zip(todo, self.pool.map([("eval", *k) for k in todo]), strict=True):
+            self.done[k] = ev
+        return [self.done[k] for k in keys]
+
+
+def _key(w: int, fleet: Fleet, previous: Fleet | None, share: float) -> Key:
+    if previous is None or previous == fleet or share <= 0:
+        return (w, fleet, None, 0.0)
+    return (w, fleet, previous, share)
+
+
+def plan_day(pool: Any, windows: Sequence[Window], recipe: DayRecipe, setup: Setup,
+             options: PlanOptions) -> dict[str, Any]:  # fmt: skip
+    target = setup.slo.target
+    share = min(1.0, options.switch_s / recipe.window_s)
+    searches: list[WindowSearch] = pool.map(
+        [("search", w.index, target, options.max_instances, options.kinds) for w in windows])
+    evals = _Evals(pool)
+    for s in searches:
+        for f, ev in s.evaluations.items():
+            evals.done[(s.index, f, None, 0.0)] = ev
+    strategies: dict[str, list[tuple[Fleet, Evaluation, int]]] = {}
+    strategies["planner"] = _plan(windows, searches, evals, options, share, target)
+    notes: list[str] = []
+    if "static-colocated" in options.baselines:
+        strategies["static-colocated"] = _static(windows, searches, evals, options, target, notes, "colocated")
+    if "static-disagg" in options.baselines:
+        strategies["static-disagg"] = _static(windows, searches, evals, options, target, notes, "disagg")
+    dynamo_profile: dict[str, Any] = {}
+    if "dynamo" in options.baselines:
+        strategies["dynamo"] = _dynamo(pool, windows, evals, setup, options, share, dynamo_profile)
+    return _result(windows, searches, strategies, recipe, setup, options, share, dynamo_profile, notes, evals)
+
+
+def _plan(windows: Sequence[Window], searches: Sequence[WindowSearch], evals: _Evals, options: PlanOptions,
+          share: float, target: float) -> list[tuple[Fleet, Evaluation, int]]:  # fmt: skip
+    out: list[tuple[Fleet, Evaluation, int]] = []
+    prev: Fleet | None = None
+    streak = 0
+    for w, s in zip(windows, searches, strict=True):
+        feasible = s.feasible(target)
+        if prev is None:
+            first = s.best or s.fallback()
+            out.append((first, evals.get([_key(w.index, first, None, 0)])[0], 0))
+            prev = first
+            continue
+        stay = evals.get([_key(w.index, prev, None, 0)])[0]
+        cheaper = [f for f in feasible if f.total <= prev.total - options.min_saving]
+        streak = streak + 1 if stay.meets(target) and cheaper else 0
+        if stay.meets(target) and streak < options.hold:
+            out.append((prev, stay, 0))
+            continue
+        cands = [f for f in (cheaper if stay.meets(target) else feasible) if f != prev][: options.max_candidates]
+        if not cands and not stay.meets(target):
+            cands = [s.fallback()] if s.fallback() != prev else []
+        tried = evals.get([_key(w.index, f, prev, share) for f in cands])
+        pick = next(((f, ev) for f, ev in zip(cands, tried, strict=True) if ev.meets(target)), None)
+        if pick is None:
+            if stay.meets(target):
+                out.append((prev, stay, 0))  # no cheaper fleet survives its own switch: stay
+                continue
+            pool_ = [(prev, stay), *zip(cands, tried, strict=True)]
+            pick = max(pool_, key=lambda fe: (fe[1].attainment, -fe[0].total))
+        fleet, ev = pick
+        out.append((fleet, ev, num_switched(prev, fleet)))
+        streak = 0
+        prev = fleet
+    return out
+
+
+def _static(windows: Sequence[Window], searches: Sequence[WindowSearch], evals: _Evals, options: PlanOptions,
+            target: float, notes: list[str], kind: str) -> list[tuple[Fleet, Evaluation, int]]:  # fmt: skip
+    """The cheapest fleet of one kind that meets the target in every window (none does: the biggest tried)."""
+    order = sorted(range(len(windows)), key=lambda i: -(searches[i].best or searches[i].fallback()).total)
+
+    def all_ok(f: Fleet) -> bool:
+        if not evals.get([_key(order[0], f, None, 0)])[0].meets(target):  # the hardest window first
+            return False
+        return all(ev.meets(target) for ev in evals.get([_key(i, f, None, 0) for i in order]))
+
+    chosen: Fleet | None = None
+    if kind == "colocated":
+        mins = [s.colocated_min for s in searches]
+        c = max((m for m in mins if m is not None), default=1) if None not in mins else options.max_instances
+        while chosen is None and c <= options.max_instances:
+            if all_ok(Fleet(colocated=c)):
+                chosen = Fleet(colocated=c)
+            c += 1
+        fallback = Fleet(colocated=options.max_instances)
+    else:
+        cap = min(options.max_instances, 2 * max((s.best or s.fallback()).total for s in searches) + 2)
+        ok_fleets: list[Fleet] = []
+
+        def ok(f: Fleet) -> bool:
+            good = all_ok(f)
+            if good:
+                ok_fleets.append(f)
+            return good
+
+        _staircase(ok, 0, math.inf, cap)
+        chosen = min(ok_fleets, key=lambda f: (f.total, f)) if ok_fleets else None
+        fallback = Fleet(0, cap // 2, cap - cap // 2)
+    if chosen is None:
+        notes.append(f"no static {kind} fleet up to {options.max_instances} instances met the target in every "
+                     f"window; shown: {fallback.label()}")  # fmt: skip
+        chosen = fallback
+    evs = evals.get([_key(w.index, chosen, None, 0) for w in windows])
+    return [(chosen, ev, 0) for ev in evs]
+
+
+def _dynamo(pool: Any, windows: Sequence[Window], evals: _Evals, setup: Setup, options: PlanOptions,
+            share: float, info: dict[str, Any]) -> list[tuple[Fleet, Evaluation, int]]:  # fmt: skip
+    weights = np.array([w.rate_rps * w.duration_s for w in windows])
+    isl = int(round(np.average([w.stats["mean_input_tokens"] for w in windows], weights=weights)))
+    osl = int(round(np.average([w.stats["mean_output_tokens"] for w in windows], weights=weights)))
+    n = options.profile_requests
+    tps: dict[str, float] = {}
+    for kind in ("prefill", "decode"):
+        est = _profile_estimate(setup, kind, max(isl, 1), max(osl, 2))
+        rates = [est * g for g in PROFILE_GRID]
+        res = pool.map([("profile", kind, max(isl, 1), max(osl, 2), r, n) for r in rates])
+        ok_rates = [r for r, ev in zip(rates, res, strict=True) if ev.meets(setup.slo.target)]
+        rate = max(ok_rates) if ok_rates else rates[0] / 2
+        tps[kind] = rate * (isl if kind == "prefill" else osl)
+    info.update({"mean_input_tokens": isl, "mean_output_tokens": osl, "prefill_tokens_per_s": tps["prefill"],
+                 "decode_tokens_per_s": tps["decode"], "profile_requests": n})  # fmt: skip
+    fleets = []
+    for w in windows:
+        p = max(1, math.ceil(w.rate_rps * w.stats["mean_input_tokens"] / tps["prefill"]))
+        d = max(1, math.ceil(w.rate_rps * w.stats["mean_output_tokens"] / tps["decode"]))
+        cap = options.max_instances
+        fleets.append(Fleet(0, min(p, cap - 1), min(d, cap - min(p, cap - 1))))
+    keys = [_key(w.index, f, fleets[i - 1] if i else None, share) for i, (w, f) in enumerate(zip(windows, fleets, strict=True))]
+    evs = evals.get(keys)
+    return [(f, ev, num_switched(fleets[i - 1], f) if i else 0) for i, (f, ev) in enumerate(zip(fleets, evs, strict=True))]
+
+
+def _result(windows: Sequence[Window], searches: Sequence[WindowSearch],
+            strategies: dict[str, list[tuple[Fleet, Evaluation, int]]], recipe: DayRecipe, setup: Setup,
+            options: PlanOptions, share: float, dynamo: dict[str, Any], notes: list[str],
+            evals: _Evals) -> dict[str, Any]:  # fmt: skip
+    target = setup.slo.target
+    real_s = [w.duration_s * recipe.compression for w in windows]
+    offered = [w.rate_rps * t for w, t in zip(windows, real_s, strict=True)]  # requests in the real window
+    summary: dict[str, Any] = {}
+    for name, rows in strategies.items():
+        gpu_s = [f.total * options.gpus_per_instance * t for (f, _, _), t in zip(rows, real_s, strict=True)]
+        met = [ev.attainment * n for (_, ev, _), n in zip(rows, offered, strict=True)]
+        summary[name] = {
+            "gpu_hours": sum(gpu_s) / 3600, "attainment": sum(met) / sum(offered) if sum(offered) else 1.0,
+            "goodput_per_gpu_rps": sum(met) / sum(gpu_s) if sum(gpu_s) else 0.0,
+            "windows_met": sum(ev.meets(target) for _, ev, _ in rows), "num_windows": len(rows),
+            "instances_switched": sum(k for _, _, k in rows),
+            "max_instances": max(f.total for f, _, _ in rows),
+        }
+    base = [n for n in ("static-colocated", "static-disagg") if n in summary]
+    if base:
+        best = min(base, key=lambda n: (summary[n]["gpu_hours"], n))
+        summary["planner"]["vs_best_static"] = {
+            "static": best, "gpu_hours_saved": summary[best]["gpu_hours"] - summary["planner"]["gpu_hours"],
+            "gpu_hours_saved_share": 1 - summary["planner"]["gpu_hours"] / summary[best]["gpu_hours"],
+            "attainment_delta": summary["planner"]["attainment"] - summary[best]["attainment"],
+        }  # fmt: skip
+    out_windows = []
+    for i, w in enumerate(windows):
+        s = searches[i]
+        out_windows.append({
+            "index": w.index, "start_h": w.start_s * recipe.compression / 3600, "hours": real_s[i] / 3600,
+            "traffic": {**w.stats, "num_sampled": len(w.counted), "num_lead_in": w.num_lead},
+            "search": {"num_evaluated": len(s.evaluations), "cheapest": s.best.to_dict() if s.best else None,
+                       "colocated_min": s.colocated_min},
+            "strategies": {name: {"fleet": rows[i][0].to_dict(), "label": rows[i][0].label(),
+                                  "gpus": rows[i][0].total * options.gpus_per_instance,
+                                  "switched": rows[i][2], **rows[i][1].to_dict(),
+                                  "meets_target": rows[i][1].meets(target)} for name, rows in strategies.items()},
+        })  # fmt: skip
+    return {
+        "schema": "slobench.plan/1",
+        "day": {"name": recipe.name, "traces": list(recipe.traces), "rate_rps": recipe.rate_rps, "seed": recipe.seed,
+                "compression": recipe.compression, "window_s": recipe.window_s, "num_windows": len(windows),
+                "max_requests_per_window": recipe.max_requests, "lead_s": recipe.lead_s},
+        "slo": setup.slo.to_dict(),
+        "engine": {"profile": setup.engine.cost_profile().name, "kv_blocks": setup.engine.kv_blocks,
+                   "max_num_seqs": setup.engine.max_num_seqs, "max_batched_tokens": setup.engine.max_batched_tokens,
+                   "max_model_len": setup.engine.max_model_len, "router": setup.router,
+                   "kv_link": str(setup.link) if setup.link is not None else "inf,0us",
+                   "kv_bytes_per_token": setup.bytes_per_token},
+        "options": {"switch_s": options.switch_s, "switch_share": share, "min_saving": options.min_saving,
+                    "hold": options.hold, "max_instances": options.max_instances, "fleets": list(options.kinds),
+                    "gpus_per_instance": options.gpus_per_instance, "max_candidates": options.max_candidates},
+        "dynamo_profile": dynamo,
+        "strategies": summary,
+        "windows": out_windows,
+        "notes": notes,
+        "num_evaluations": len(evals.done),
+    }  # fmt: skip
