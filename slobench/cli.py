@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
 # Verbs that live beside the capability they drive. Each module has `VERBS` (the names it adds),
 # `add_parsers(sub, *, epilog)` and `dispatch(args) -> int`.
 VERB_MODULES = ("slobench.engine_cli", "slobench.gate_cli", "slobench.history_cli", "slobench.workload_cli",
-                "slobench.profile_cli")
+                "slobench.profile_cli", "slobench.plan_cli")
 
 
 def _verb_modules() -> list[Any]:
