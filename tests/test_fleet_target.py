@@ -86,7 +86,10 @@ def test_cli_several_urls(tmp_path: Path) -> None:
         summary = json.loads((out / "summary.json").read_text())
         assert summary["num_ok"] == 30 and summary["fleet"]["requests_per_replica"] == [15, 15]
         assert [r["num_requests"] for r in summary["per_replica"]] == [15, 15]
-        assert all(abs(r["ttft_p50_s"] - 0.020) < 0.005 and r["attainment"] == 1.0 for r in summary["per_replica"])
+        # on the SLO's clock (from the scheduled send): the 20 ms schedule plus client and server lateness,
+        # which two servers and the client on 2 busy cores push to ~7 ms
+        assert all(0.019 < r["ttft_p50_s"] < 0.040 and r["attainment"] == 1.0 for r in summary["per_replica"]), (
+            summary["per_replica"])
         manifest = json.loads((out / "manifest.json").read_text())
         assert manifest["target"]["fleet"] == {"replicas": 2, "router": "round-robin"}
         assert len(a.read_log()) >= 15 and len(b.read_log()) >= 15  # both servers were loaded
