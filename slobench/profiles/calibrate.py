@@ -1,0 +1,330 @@
+"""A cost profile fitted from designed probes of a live endpoint (`slobench calibrate --url`).
+
+Two families of probes, sent through slobench's own OpenAI target so token times are read exactly as a
+run reads them:
+
+- prefill: one request at a time, `max_tokens` 1, over a grid of prompt lengths. Its TTFT is one prefill
+  step (n prompt tokens, n tokens of context, n(n+1)/2 attention pairs) plus the request's fixed cost on
+  the way in and out (HTTP, parsing, the first SSE event): `o + a + (b + d)·n + f·n(n+1)/2`.
+- decode: B requests of L prompt tokens sent together, all generating K tokens. Once every one has its
+  first token and before any finishes, each step decodes B sequences; the gap between a request's tokens
+  is one step: `a + c·B + (d + f)·C`, C the tokens in context summed over the batch.
+
+Together they identify every coefficient (a; c; b+d and f from the prefill curve; d+f from decode), fitted
+by non-negative least squares on relative error. About a third of the probes (every third point of each
+grid) are held out of the fit and scored against it: that is the error figure reported. The fixed request
+cost `o` is not part of a step, so it is not in the profile; it is reported (and recorded in the profile's
+provenance) for whoever compares simulated TTFT with TTFT measured over HTTP.
+
+Assumed: each prefill probe fits one step's token budget (the default grid stops at 1,024 tokens), the
+server batches the B decode requests together (max_num_seqs >= B) and has KV room for B·(L+K) tokens,
+and prompts do not hit a prefix cache (each probe's prompt is fresh random token ids).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from reference_engine.executor.modeled_executor import CostProfile
+from slobench.errors import SpecError, UsageError
+from slobench.records import RequestRecord, RequestSpec
+
+TOKEN_IDS = (32, 256)  # byte ids clear of a byte tokenizer's BOS/EOS, valid in any vocabulary >= 256
+COLUMNS = ("steps", "prefill_tokens", "decode_seqs", "context_tokens", "attention_pairs", "request_overhead")
+
+
+def _positive_ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
+    out = tuple(values)
+    if not out or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in out):
+        raise SpecError(name, values, "must be a non-empty list of integers >= 1")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ProbePlan:
+    """The probe grids. Defaults suit the CPU reference engine; tests use tiny ones."""
+
+    prompt_lens: tuple[int, ...] = (16, 64, 128, 256, 384, 512, 768, 1024)
+    batches: tuple[int, ...] = (1, 4, 8, 16, 32)
+    contexts: tuple[int, ...] = (32, 96, 192)
+    output_len: int = 48
+    repeats: int = 3
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_lens", _positive_ints("prompt_lens", self.prompt_lens))
+        object.__setattr__(self, "batches", _positive_ints("batches", self.batches))
+        object.__setattr__(self, "contexts", _positive_ints("contexts", self.contexts))
+        if len(self.prompt_lens) < 3:
+            raise SpecError("prompt_lens", self.prompt_lens, "needs at least 3 lengths (a curve, and one held out)")
+        if len(self.batches) * len(self.contexts) < 3:
+            raise SpecError("batches x contexts", (self.batches, self.contexts), "needs at least 3 decode probes")
+        if isinstance(self.output_len, bool) or not isinstance(self.output_len, int) or self.output_len < 8:
+            raise SpecError("output_len", self.output_len, "must be an integer >= 8 (a steady stretch of decode)")
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
+            raise SpecError("repeats", self.repeats, "must be an integer >= 1")
+
+
+@dataclass(slots=True)
+class Probe:
+    kind: str  # "prefill" | "decode"
+    label: str  # e.g. "prompt 256" or "batch 8 x prompt 96, 2nd half"
+    row: tuple[float, ...]  # the design row, in COLUMNS order
+    measured_s: float  # prefill: median TTFT; decode: mean gap between tokens in the window
+    held_out: bool
+    predicted_s: float | None = None
+
+    @property
+    def error(self) -> float:
+        assert self.predicted_s is not None
+        return (self.predicted_s - self.measured_s) / self.measured_s
+
+
+@dataclass(slots=True)
+class Calibration:
+    profile: CostProfile
+    request_overhead_s: float
+    probes: list[Probe]
+    wall_s: float
+    notes: list[str] = field(default_factory=list)
+
+    def held_out_errors(self, kind: str | None = None) -> np.ndarray:
+        return np.array([abs(p.error) for p in self.probes if p.held_out and (kind is None or p.kind == kind)])
+
+
+def prefill_row(n: int) -> tuple[float, ...]:
+    return (1.0, n, 0.0, n, n * (n + 1) / 2, 1.0)
+
+
+def decode_row(batch: int, context_tokens: float) -> tuple[float, ...]:
+    return (1.0, 0.0, batch, context_tokens, context_tokens, 0.0)
+
+
+def fit(probes: Sequence[Probe], name: str) -> tuple[CostProfile, float]:
+    """Non-negative least squares on relative error over the probes not held out; the profile and `o`."""
+    from scipy.optimize import nnls
+
+    train = [p for p in probes if not p.held_out]
+    if len(train) < len(COLUMNS):
+        raise SpecError("probes", len(train), f"need at least {len(COLUMNS)} probes in the fit")
+    design = np.array([p.row for p in train], dtype=float)
+    y = np.array([p.measured_s for p in train], dtype=float)
+    scale = design.max(axis=0)  # columns of very different sizes (1 vs ~10^5 pairs): condition the solve
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(design / scale / y[:, None], np.ones(len(y)))
+    a, b, c, d, f, o = (float(x) for x in coef / scale)  # in COLUMNS order
+    profile = CostProfile(name, a, b, c, d, attention_per_pair_s=f)
+    for p in probes:
+        p.predicted_s = predict(profile, o, p)
+    return profile, o
+
+
+def predict(profile: CostProfile, request_overhead_s: float, probe: Probe) -> float:
+    steps, n_prefill, n_decode, context, pairs, overhead = probe.row
+    return (steps * profile.step_s(int(n_prefill), int(n_decode), int(context), int(pairs))
+            + overhead * request_overhead_s)
+
+
+def _prompt(rng: np.random.Generator, n: int) -> tuple[int, ...]:
+    return tuple(int(x) for x in rng.integers(TOKEN_IDS[0], TOKEN_IDS[1], n))
+
+
+async def _send(target: Any, specs: Sequence[RequestSpec]) -> list[RequestRecord]:
+    recs = [RequestRecord(s.request_id, 0.0, input_tokens=s.input_tokens, max_tokens=s.max_tokens) for s in specs]
+    await asyncio.gather(*(target.send(s, r) for s, r in zip(specs, recs, strict=True)))
+    for s, r in zip(specs, recs, strict=True):
+        if r.status != "ok" or r.first_token_s is None or r.sent_s is None:
+            raise UsageError(f"calibrate: a probe request ({s.input_tokens} prompt tokens, {s.max_tokens} out) "
+                             f"failed: {r.error or r.status}; is it within the server's limits?")
+    return recs
+
+
+async def measure(target: Any, plan: ProbePlan, *, seed: int = 0,
+                  on_probe: Callable[[Probe], None] | None = None) -> list[Probe]:
+    """Send the probes (after a warm-up) and return them with their measurements."""
+    rng = np.random.default_rng(seed)
+    ids = iter(range(1 << 62))
+
+    def spec(n: int, out: int) -> RequestSpec:
+        return RequestSpec(next(ids), 0.0, _prompt(rng, n), n, out, ignore_eos=True)
+
+    # warm-up: the first requests pay for allocations and compilation, not steps
+    await _send(target, [spec(max(plan.prompt_lens), 1)])
+    await _send(target, [spec(max(plan.contexts), 8) for _ in range(max(plan.batches))])
+    probes: list[Probe] = []
+
+    def add(p: Probe) -> None:
+        probes.append(p)
+        if on_probe is not None:
+            on_probe(p)
+
+    # rounds: every probe once a round, so a slow spell of the machine spreads over all of them
+    ttfts: dict[int, list[float]] = {n: [] for n in plan.prompt_lens}
+    prompt_tokens = {n: n for n in plan.prompt_lens}
+    decodes = [(b, L) for b in plan.batches for L in plan.contexts]
+    halves: dict[tuple[int, int], list[list[tuple[float, float]]]] = {bl: [[], []] for bl in decodes}
+    for _ in range(plan.repeats):
+        for n in plan.prompt_lens:
+            (r,) = await _send(target, [spec(n, 1)])
+            ttfts[n].append(r.first_token_s - r.sent_s)  # type: ignore[operator]
+            prompt_tokens[n] = r.prompt_tokens or n
+        for batch, ctx in decodes:
+            recs = await _send(target, [spec(ctx, plan.output_len) for _ in range(batch)])
+            for h, gaps in zip(halves[batch, ctx], _steady_gaps(recs, batch, ctx), strict=True):
+                h.extend(gaps)
+    for i, n in enumerate(plan.prompt_lens):
+        add(Probe("prefill", f"prompt {prompt_tokens[n]}", prefill_row(prompt_tokens[n]), float(np.median(ttfts[n])),
+                  held_out=i % 3 == 1))
+    for k, (batch, ctx) in enumerate(decodes):
+        for half, gaps in enumerate(halves[batch, ctx]):
+            if len(gaps) < 2:
+                continue
+            g = np.array(gaps)
+            add(Probe("decode", f"batch {batch} x prompt {ctx}, {'1st' if half == 0 else '2nd'} half",
+                      decode_row(batch, float(g[:, 1].mean()) * batch), _trimmed_mean(g[:, 0]), held_out=k % 3 == 1))
+    return probes
+
+
+def _trimmed_mean(x: np.ndarray, cut: float = 0.1) -> float:
+    """The mean without the top and bottom `cut`: a step the machine stalled (another process, a GC pause)
+    says nothing about the server's cost per step."""
+    x = np.sort(x)
+    k = int(len(x) * cut)
+    return float(x[k:len(x) - k].mean())
+
+
+def _steady_gaps(recs: Sequence[RequestRecord], batch: int, prompt_len: int) -> list[list[tuple[float, float]]]:
+    """Per step while all `batch` requests decode together: (the median gap between tokens over the
+    requests, the mean context a request has then), in the two halves of that stretch."""
+    start = max(r.first_token_s for r in recs)  # type: ignore[type-var]
+    end = min(r.chunk_times_s[-1] for r in recs)
+    mid = (start + end) / 2  # type: ignore[operator]
+    by_step: dict[int, list[tuple[float, float, float]]] = {}  # token index -> (gap, end time, context)
+    for r in recs:
+        generated = 0
+        prompt = r.prompt_tokens or prompt_len
+        for t0, t1, n in zip(r.chunk_times_s, r.chunk_times_s[1:], r.chunk_tokens[1:], strict=False):
+            generated += n
+            if t0 >= start and t1 <= end:  # type: ignore[operator]
+                by_step.setdefault(generated, []).append(((t1 - t0) / n, t1, prompt + generated))
+    halves: list[list[tuple[float, float]]] = [[], []]
+    for rows in by_step.values():
+        if len(rows) * 2 < batch:
+            continue  # a step most requests were not in lockstep for
+        g = np.array(rows)
+        halves[0 if np.median(g[:, 1]) <= mid else 1].append((float(np.median(g[:, 0])), float(g[:, 2].mean())))
+    if not halves[0] and not halves[1]:
+        raise UsageError(f"calibrate: batch {batch} never decoded all together (tokens {len(recs[0].chunk_times_s)}); "
+                         "is the server's max_num_seqs below it? Use smaller --batches or a larger --output-len")
+    return halves
+
+
+async def calibrate(url: str, model: str, plan: ProbePlan | None = None, *, seed: int = 0, timeout_s: float = 120.0,
+                    api_key_env: str | None = "OPENAI_API_KEY", name: str | None = None,
+                    on_probe: Callable[[Probe], None] | None = None) -> Calibration:
+    from slobench.clock import Clock
+    from slobench.targets.openai import OpenAITarget
+
+    plan = plan or ProbePlan()
+    t0 = time.perf_counter()
+    target = OpenAITarget(url, model, clock=Clock(), timeout_s=timeout_s, api_key_env=api_key_env)
+    await target.start()
+    try:
+        await target.preflight()
+        probes = await measure(target, plan, seed=seed, on_probe=on_probe)
+    finally:
+        await target.close()
+    profile, overhead = fit(probes, name or f"calibrated-{model}")
+    cal = Calibration(profile, overhead, probes, time.perf_counter() - t0)
+    if not target.caps.token_prompts:
+        cal.notes.append("the server took text, not token ids: prompt lengths are the server's usage counts "
+                         "where it reports them, else approximate")
+    return cal
+
+
+def with_provenance(cal: Calibration, url: str, model: str, plan: ProbePlan) -> CostProfile:
+    from dataclasses import asdict, replace
+
+    from slobench.redact import redact_url
+
+    pre, dec = cal.held_out_errors("prefill"), cal.held_out_errors("decode")
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    note = (f"CALIBRATED {when[:10]} by slobench calibrate from {len(cal.probes)} probes of {redact_url(url)} "
+            f"({model}); held-out error: prefill TTFT median {np.median(pre):.1%}, decode step median "
+            f"{np.median(dec):.1%}. Request overhead outside the steps (HTTP, parsing, SSE): "
+            f"{cal.request_overhead_s * 1e3:.2f} ms, not in the profile.")
+    prov = {
+        "kind": "calibrated", "url": redact_url(url), "model": model, "date": when, "wall_s": round(cal.wall_s, 1),
+        "plan": asdict(plan), "request_overhead_s": cal.request_overhead_s,
+        "held_out_error": {"prefill_median": float(np.median(pre)), "prefill_max": float(pre.max()),
+                           "decode_median": float(np.median(dec)), "decode_max": float(dec.max())},
+        "probes": [{"kind": p.kind, "label": p.label, "measured_s": p.measured_s, "predicted_s": p.predicted_s,
+                    "held_out": p.held_out, "row": dict(zip(COLUMNS, p.row, strict=True))} for p in cal.probes],
+        "notes": cal.notes,
+    }
+    return replace(cal.profile, note=note, provenance=prov)
+
+
+def print_table(cal: Calibration, write: Callable[[str], None] = print) -> None:
+    p = cal.profile
+    write(f"fit ({sum(not q.held_out for q in cal.probes)} probes; {sum(q.held_out for q in cal.probes)} held out):")
+    write(f"  a  per step             {p.step_overhead_s * 1e3:10.4f} ms")
+    write(f"  b  per prefill token    {p.per_prefill_token_s * 1e6:10.3f} us")
+    write(f"  c  per decode sequence  {p.per_decode_seq_s * 1e6:10.3f} us")
+    write(f"  d  per context token    {p.per_context_token_s * 1e9:10.3f} ns")
+    write(f"  f  per attention pair   {p.attention_per_pair_s * 1e9:10.4f} ns")
+    write(f"  o  per request (HTTP)   {cal.request_overhead_s * 1e3:10.4f} ms   (not a step: not in the profile)")
+    write(f"{'probe':<36} {'measured':>10} {'predicted':>10} {'error':>8}")
+    for q in cal.probes:
+        mark = "  held out" if q.held_out else ""
+        write(f"{q.kind + ' ' + q.label:<36} {q.measured_s * 1e3:8.2f}ms {q.predicted_s * 1e3:8.2f}ms "  # type: ignore[operator]
+              f"{q.error:+7.1%}{mark}")
+    for kind in ("prefill", "decode"):
+        e = cal.held_out_errors(kind)
+        write(f"held-out {kind:<7} error: median {np.median(e):.1%}, max {e.max():.1%} over {len(e)} probes")
+    write(f"wall time {cal.wall_s:.0f} s")
+
+
+def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise SpecError(name, text, "must be comma-separated integers, e.g. 1,4,16") from None
+
+
+async def calibrate_main(args: Any) -> int:
+    from pathlib import Path
+
+    from slobench.cli import discover_model
+
+    given = {k: v for k, v in {
+        "prompt_lens": _ints(args.prompt_lens, "--prompt-lens"), "batches": _ints(args.batches, "--batches"),
+        "contexts": _ints(args.contexts, "--contexts"), "output_len": args.output_len, "repeats": args.repeats,
+    }.items() if v is not None}
+    plan = ProbePlan(**given)
+    out = Path(args.output)
+    if not out.parent.is_dir():
+        raise UsageError(f"-o {args.output}: no such folder {str(out.parent)!r}")
+    model = args.model or await discover_model(args.url, {}, args.api_key_env)
+    n = len(plan.prompt_lens) * plan.repeats + len(plan.batches) * len(plan.contexts)
+    print(f"calibrating {model}: {n} probe sends ({len(plan.prompt_lens)} prompt lengths x {plan.repeats}, "
+          f"{len(plan.batches)} batches x {len(plan.contexts)} contexts)", flush=True)
+    cal = await calibrate(args.url, model, plan, timeout_s=args.timeout, api_key_env=args.api_key_env)
+    print_table(cal)
+    for note in cal.notes:
+        print(f"note: {note}")
+    profile = with_provenance(cal, args.url, model, plan)
+    try:
+        out.write_text(profile.to_json() + "\n")
+    except OSError as e:
+        raise UsageError(f"-o {args.output}: cannot write: {e.strerror}") from e
+    print(f"written: {out} (use it with --simulate --profile {out})")
+    return 0

@@ -1,0 +1,94 @@
+"""`slobench calibrate`: designed probes of a live endpoint recover a known cost profile.
+
+The server is the reference engine with the modeled executor on 127.0.0.1, whose steps take exactly the
+time a given profile says (it waits on the real clock), so the fit has a truth to find. Coefficients are
+large enough (ms) that the machine's scheduling jitter does not decide the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reference_engine.executor.modeled_executor import CostProfile
+from slobench.cli import main
+from slobench.errors import SpecError
+from slobench.profiles.calibrate import Probe, ProbePlan, calibrate, decode_row, fit, prefill_row
+from slobench.testing.process import EngineServerProcess
+
+pytestmark = pytest.mark.integration
+
+TRUE = CostProfile("truth", step_overhead_s=0.004, per_prefill_token_s=8e-5, per_decode_seq_s=6e-4,
+                   per_context_token_s=2e-6)
+PLAN = ProbePlan(prompt_lens=(16, 64, 128, 192, 256, 320), batches=(1, 6, 12), contexts=(32, 160), output_len=10, repeats=1)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    path = tmp_path_factory.mktemp("cal") / "truth.json"
+    path.write_text(TRUE.to_json())
+    with EngineServerProcess("--executor", "modeled", "--profile", str(path), "--kv-blocks", "1024") as srv:
+        yield srv.base_url
+
+
+def test_fit_recovers_exact_synthetic_probes() -> None:
+    # no server: probes computed from a profile with an attention-pair term and a request overhead
+    truth = CostProfile("t", 0.003, 5e-5, 4e-4, 1e-6, attention_per_pair_s=2e-9)
+    rows = [(prefill_row(n), "prefill") for n in (16, 64, 128, 256, 512, 1024)]
+    rows += [(decode_row(b, b * c), "decode") for b in (1, 4, 16) for c in (50, 300)]
+    probes = []
+    for i, (row, kind) in enumerate(rows):
+        p = Probe(kind, str(i), row, 0.0, held_out=i % 3 == 1)
+        p.measured_s = truth.step_s(*(int(x) for x in row[1:5])) + 0.002 * row[5]
+        probes.append(p)
+    prof, overhead = fit(probes, "fitted")
+    assert overhead == pytest.approx(0.002, rel=1e-3)
+    for k in ("step_overhead_s", "per_prefill_token_s", "per_decode_seq_s", "per_context_token_s",
+              "attention_per_pair_s"):
+        assert getattr(prof, k) == pytest.approx(getattr(truth, k), rel=1e-3, abs=1e-12), k
+    assert max(abs(p.error) for p in probes) < 1e-6
+
+
+def test_calibrate_recovers_a_served_profile(server: str) -> None:
+    cal = asyncio.run(calibrate(server, "tiny", PLAN))
+    p = cal.profile
+    # what matters to a simulation: the step times it predicts for batches it never saw in the fit
+    for decode, context in ((1, 40), (8, 8 * 120), (12, 12 * 200)):
+        assert p.step_s(0, decode, context) == pytest.approx(TRUE.step_s(0, decode, context), rel=0.2), p
+    n = 224  # a prefill step: the request's fixed cost (HTTP) is fitted apart from it
+    assert p.step_s(n, 0, n, n * (n + 1) // 2) == pytest.approx(TRUE.step_s(n, 0, n), rel=0.25), p
+    assert p.per_decode_seq_s == pytest.approx(TRUE.per_decode_seq_s, rel=0.35)
+    held = cal.held_out_errors()
+    assert len(held) >= 3 and np.median(held) < 0.15, [(q.label, q.error) for q in cal.probes]
+    assert 0 <= cal.request_overhead_s < 0.05
+
+
+def test_cli_writes_a_profile_with_provenance(server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cal.json"
+    rc = main(["calibrate", "--url", server, "-o", str(out), "--prompt-lens", "16,96,192", "--batches", "1,6",
+               "--contexts", "32,96", "--output-len", "8", "--repeats", "1"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "held-out decode" in printed and "held out" in printed
+    prof = CostProfile.load(out)
+    prov = prof.provenance
+    assert prov is not None and prov["url"] == server and prov["model"] == "tiny"
+    assert prov["plan"]["batches"] == [1, 6] and len(prov["probes"]) >= 5
+    assert set(prov["held_out_error"]) == {"prefill_median", "prefill_max", "decode_median", "decode_max"}
+    assert "CALIBRATED" in json.loads(out.read_text())["note"]
+
+
+def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["calibrate", "--url", "http://127.0.0.1:9/v1", "-o", str(tmp_path / "x.json"),
+                 "--batches", "0,4"]) == 2
+    assert "batches" in capsys.readouterr().err
+    with pytest.raises(SpecError, match="prompt_lens"):
+        ProbePlan(prompt_lens=(16, 64))
+    assert main(["calibrate", "--url", "http://127.0.0.1:9/v1", "-o", str(tmp_path / "no" / "x.json")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    assert main(["calibrate", "--url", "http://127.0.0.1:9/v1", "--model", "tiny", "-o", str(tmp_path / "x.json")]) == 3
