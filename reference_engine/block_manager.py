@@ -20,6 +20,8 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
 
 from reference_engine.sequence import Sequence
 
@@ -31,11 +33,19 @@ class BlockAccountingError(RuntimeError):
 def block_hash(key: bytes, parent_hash: bytes | None, token_ids: SequenceABC[int]) -> bytes:
     """Keyed hash of one full block chained to its parent. Blocks are always full, so the input length
     alone tells a root block (no parent) from a child one."""
-    h = hashlib.blake2b(key=key, digest_size=16)
+    h = _keyed(key).copy()  # keying blake2b costs a compression: done once per key, copied per block
     if parent_hash is not None:
         h.update(parent_hash)
     h.update(array("q", token_ids).tobytes())
     return h.digest()
+
+
+_block_hash = block_hash
+
+
+@lru_cache(maxsize=64)
+def _keyed(key: bytes) -> Any:
+    return hashlib.blake2b(key=key, digest_size=16)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -101,31 +111,72 @@ class BlockManager:
         return self.num_in_use / self.num_blocks
 
     # ---- prefix cache ------------------------------------------------------------------------------
-    def match_prefix(self, token_ids: SequenceABC[int]) -> list[int]:
-        """Block ids of the longest cached prefix of `token_ids`. No side effects.
+    def match_prefix(self, token_ids: SequenceABC[int] | Sequence) -> list[int]:
+        """Block ids of the longest cached prefix of `token_ids` (or of a Sequence's tokens, hashing
+        through its cached chain). No side effects on the cache.
 
         Capped below a 100% hit (NOTES bug 1): at least the last token is always computed, so the step that
         admits the request has something to run and a logit to sample from.
         """
         if not self.enable_prefix_caching:
             return []
+        seq: Sequence | None = None
+        toks_all: SequenceABC[int]
+        if isinstance(token_ids, Sequence):
+            seq, toks_all = token_ids, token_ids.token_ids
+        else:
+            toks_all = token_ids
         bs = self.block_size
-        max_hit_blocks = (len(token_ids) - 1) // bs
+        max_hit_blocks = (len(toks_all) - 1) // bs
         hits: list[int] = []
-        parent_hash: bytes | None = None
+        hashes = self._chain_of(seq) if seq is not None else []
+        by_hash, blocks = self._by_hash, self.blocks
         parent_cid = 0
         for i in range(max_hit_blocks):
-            toks = tuple(token_ids[i * bs : (i + 1) * bs])
-            h = block_hash(self._key, parent_hash, toks)
-            bid = self._by_hash.get(h)
+            if i == len(hashes):  # hashed lazily: a miss usually comes at the first block
+                hashes.append(block_hash(self._key, hashes[-1] if i else None, toks_all[i * bs : (i + 1) * bs]))
+            bid = by_hash.get(hashes[i])
             if bid is None:
                 break
-            block = self.blocks[bid]
-            if block.token_ids != toks or block.parent_content_id != parent_cid:
+            block = blocks[bid]
+            if block.parent_content_id != parent_cid or block.token_ids != tuple(toks_all[i * bs : (i + 1) * bs]):
                 break  # a hash collision: never serve another prompt's KV
             hits.append(bid)
-            parent_hash, parent_cid = h, block.content_id
+            parent_cid = block.content_id
         return hits
+
+    def hash_chain(self, seq: Sequence, num_blocks: int) -> list[bytes]:
+        """The prefix hashes of `seq`'s first `num_blocks` full blocks (at least), each computed once per
+        sequence and key and kept on it."""
+        hashes = self._chain_of(seq)
+        first = len(hashes)
+        if first >= num_blocks:
+            return hashes
+        bs, key, toks = self.block_size, self._key, seq.token_ids
+        parent = hashes[-1] if hashes else None
+        if block_hash is not _block_hash:  # replaced (tests force collisions): hash through it
+            for i in range(first, num_blocks):
+                parent = block_hash(key, parent, toks[i * bs : (i + 1) * bs])
+                hashes.append(parent)
+            return hashes
+        # block_hash, unrolled over the blocks: one conversion of their tokens to bytes, sliced per block
+        proto = _keyed(key)
+        data = array("q", toks[first * bs : num_blocks * bs]).tobytes()
+        width = bs * 8  # "q": 8 bytes a token
+        for j in range(0, len(data), width):
+            h = proto.copy()
+            if parent is not None:
+                h.update(parent)
+            h.update(data[j : j + width])
+            parent = h.digest()
+            hashes.append(parent)
+        return hashes
+
+    def _chain_of(self, seq: Sequence) -> list[bytes]:
+        if seq.block_hashes_key is not self._key:  # made under another manager's key: start over
+            seq.block_hashes = []
+            seq.block_hashes_key = self._key
+        return seq.block_hashes
 
     def num_blocks_to_admit(self, num_tokens: int, hits: list[int]) -> int:
         """Blocks the allocatable pool loses when a request of `num_tokens` is admitted with these hits:
@@ -147,8 +198,7 @@ class BlockManager:
         if not self.can_admit(seq.num_tokens, hits):
             raise BlockAccountingError(f"seq {seq.seq_id} admitted without room")
         table = [self._take_hit(bid) for bid in hits]
-        for _ in range(cdiv(seq.num_tokens, self.block_size) - len(hits)):
-            table.append(self._take_fresh())
+        table += self._take_fresh_blocks(cdiv(seq.num_tokens, self.block_size) - len(hits))
         seq.block_table = table
         seq.num_computed_tokens = len(hits) * self.block_size
         seq.num_hashed_blocks = len(hits)
@@ -167,50 +217,62 @@ class BlockManager:
             raise BlockAccountingError(
                 f"seq {seq.seq_id} grown by {num_blocks} blocks with {self.num_allocatable} left"
             )
-        for _ in range(num_blocks):
-            seq.block_table.append(self._take_fresh())
+        seq.block_table += self._take_fresh_blocks(num_blocks)
+
+    def grow_each(self, seqs: list[Sequence]) -> None:
+        """One new block for each of `seqs`, taken in their order: `append_blocks(seq, 1)` for each."""
+        if len(seqs) > self.num_allocatable:
+            raise BlockAccountingError(f"{len(seqs)} sequences grown by a block with {self.num_allocatable} left")
+        for seq, bid in zip(seqs, self._take_fresh_blocks(len(seqs)), strict=True):
+            seq.block_table.append(bid)
 
     def register_computed(self, seq: Sequence) -> None:
         """Make every full block whose KV is now written findable by its prefix hash."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
-        table = seq.block_table
-        for i in range(seq.num_hashed_blocks, seq.num_computed_tokens // bs):
-            block = self.blocks[table[i]]
-            parent = self.blocks[table[i - 1]] if i else None
-            parent_hash = parent.hash if parent is not None else None
-            parent_cid = parent.content_id if parent is not None else 0
-            toks = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            h = block_hash(self._key, parent_hash, toks)
-            existing_id = self._by_hash.get(h)
+        first, end = seq.num_hashed_blocks, seq.num_computed_tokens // bs
+        if first >= end:
+            return
+        hashes = self.hash_chain(seq, end)
+        table, blocks, by_hash, toks_all = seq.block_table, self.blocks, self._by_hash, seq.token_ids
+        # a block's parent is the one before it in the table: registered earlier, or a prefix hit
+        parent_cid = blocks[table[first - 1]].content_id if first else 0
+        for i in range(first, end):
+            block = blocks[table[i]]
+            h = hashes[i]
+            toks = tuple(toks_all[i * bs : (i + 1) * bs])
+            existing_id = by_hash.get(h)
             if existing_id is None:
-                self._by_hash[h] = block.block_id
-                cid = self._new_content_id()
+                by_hash[h] = block.block_id
+                cid = self._next_content_id
+                self._next_content_id += 1
             else:
-                existing = self.blocks[existing_id]
+                existing = blocks[existing_id]
                 if existing.token_ids == toks and existing.parent_content_id == parent_cid:
                     cid = existing.content_id  # same prefix computed twice: share its identity
                 else:
                     cid = self._new_content_id()  # collision: the first owner keeps the hash
             block.hash, block.token_ids = h, toks
             block.content_id, block.parent_content_id = cid, parent_cid
-        seq.num_hashed_blocks = max(seq.num_hashed_blocks, seq.num_computed_tokens // bs)
+            parent_cid = cid
+        seq.num_hashed_blocks = end
 
     def free(self, seq: Sequence) -> None:
         """Release `seq`'s blocks tail-first, so a shared prefix is the last thing the LRU evicts."""
+        blocks, by_hash, cached, free = self.blocks, self._by_hash, self._cached, self._free
         for bid in reversed(seq.block_table):
-            block = self.blocks[bid]
+            block = blocks[bid]
             if block.ref_count <= 0:
                 raise BlockAccountingError(f"block {bid} freed twice (seq {seq.seq_id})")
             block.ref_count -= 1
             if block.ref_count == 0:
                 self.num_in_use -= 1
-                if block.hash is not None and self._by_hash.get(block.hash) == bid:
-                    self._cached[bid] = None
+                if block.hash is not None and by_hash.get(block.hash) == bid:
+                    cached[bid] = None
                 else:
                     block.forget()
-                    self._free.append(bid)
+                    free.append(bid)
         seq.block_table = []
         seq.num_hashed_blocks = 0
 
@@ -265,14 +327,26 @@ class BlockManager:
         return bid
 
     def _take_fresh(self) -> int:
-        if self._free:
-            bid = self._free.popleft()
-        else:
-            bid, _ = self._cached.popitem(last=False)
-            self._evict(bid)
-        self.blocks[bid].ref_count = 1
-        self.num_in_use += 1
-        return bid
+        return self._take_fresh_blocks(1)[0]
+
+    def _take_fresh_blocks(self, num_blocks: int) -> list[int]:
+        """`num_blocks` blocks with no content: free ones first, then the least recently used cached ones."""
+        free, blocks = self._free, self.blocks
+        taken = [free.popleft() for _ in range(min(num_blocks, len(free)))]
+        if len(taken) < num_blocks:
+            cached, by_hash = self._cached, self._by_hash
+            for _ in range(num_blocks - len(taken)):
+                bid, _ = cached.popitem(last=False)
+                block = blocks[bid]  # _evict, inlined: every block a long run takes is an eviction
+                if block.hash is not None and by_hash.get(block.hash) == bid:
+                    del by_hash[block.hash]
+                block.hash = block.token_ids = None
+                block.content_id = block.parent_content_id = 0
+                taken.append(bid)
+        for bid in taken:
+            blocks[bid].ref_count = 1
+        self.num_in_use += num_blocks
+        return taken
 
     def _evict(self, bid: int) -> None:
         block = self.blocks[bid]

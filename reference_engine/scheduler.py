@@ -131,11 +131,12 @@ class Scheduler:
         scheduled: list[tuple[Sequence, int]] = []
         preempted = False
 
+        bs = bm.block_size
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            need = bm.num_blocks_to_grow(seq, n)
+            n = min(len(seq.token_ids) - seq.num_computed_tokens, budget)
+            need = max(-(-(seq.num_computed_tokens + n) // bs) - len(seq.block_table), 0)  # num_blocks_to_grow
             while need > bm.num_allocatable:
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -157,7 +158,7 @@ class Scheduler:
             and len(self.running) < self.config.max_num_seqs
         ):
             seq = self.waiting[0]
-            hits = bm.match_prefix(seq.token_ids)
+            hits = bm.match_prefix(seq)
             if not bm.can_admit(seq.num_tokens, hits):
                 break  # FIFO: the head waits for room rather than being overtaken
             self.waiting.popleft()
@@ -197,13 +198,15 @@ class Scheduler:
         if len(result.tokens) != len(batch.chunks):
             raise ValueError(f"{len(result.tokens)} tokens for {len(batch.chunks)} chunks")
         bm = self.block_manager
+        bs = bm.block_size
         outputs: list[SeqOutput] = []
         for chunk, token in zip(batch.chunks, result.tokens, strict=True):
             seq = self._by_id.get(chunk.seq_id)
             if seq is None or seq.status is not SeqStatus.RUNNING:
                 continue  # aborted between schedule and update
-            seq.num_computed_tokens = chunk.start_pos + len(chunk.token_ids)
-            bm.register_computed(seq)
+            seq.num_computed_tokens = computed = chunk.start_pos + len(chunk.token_ids)
+            if computed // bs > seq.num_hashed_blocks:  # a block filled (most decode steps fill none)
+                bm.register_computed(seq)
             if not chunk.sample:
                 outputs.append(SeqOutput(seq, None, None))
                 continue

@@ -45,6 +45,11 @@ class Sequence:
     num_cached_tokens: int = 0  # prefix-cache hit on the latest admission
     # Prefix-cache bookkeeping: how many leading blocks of `block_table` carry a registered hash.
     num_hashed_blocks: int = 0
+    # The prefix hash of each full block of `token_ids` computed so far, under the key `block_hashes_key`
+    # (BlockManager.hash_chain). Tokens are only ever appended, so a block's hash never goes stale: the
+    # lookup before admission and the registration after the step hash each block once between them.
+    block_hashes: list[bytes] = field(default_factory=list)
+    block_hashes_key: bytes | None = None
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens == 0:

@@ -71,7 +71,7 @@ def _head_stays_out(head: Sequence, running: list[Sequence], bm: BlockManager) -
     needs by more than the allocatable pool loses. Only a newly registered block could lengthen its hits,
     and a run registers blocks that end past each running request's last token, whose parents chain through
     that request's own tokens: the head would have to share them all up to that block."""
-    if bm.can_admit(head.num_tokens, bm.match_prefix(head.token_ids)):
+    if bm.can_admit(head.num_tokens, bm.match_prefix(head)):
         return False
     if not bm.enable_prefix_caching:
         return True
@@ -150,16 +150,22 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     finished = [i for i, s in enumerate(running) if s.max_tokens == len(s.token_ids) - s.num_prompt_tokens]
     events += [(k - 1, 2, i) for i in finished]
     events.sort()
+    grow: list[Sequence] = []  # consecutive allocations, taken together in the same order
     for j, phase, i in events:
         s = running[i]
         if phase == 0:
-            bm.append_blocks(s, 1)
+            grow.append(s)
+            continue
+        if grow:
+            bm.grow_each(grow)
+            grow = []
+        s.num_computed_tokens = starts[i] + j
+        if phase == 1:
+            bm.register_computed(s)
         else:
-            s.num_computed_tokens = starts[i] + j
-            if phase == 1:
-                bm.register_computed(s)
-            else:
-                sched._finish(s, FinishReason.LENGTH)
+            sched._finish(s, FinishReason.LENGTH)
+    if grow:
+        bm.grow_each(grow)
     for s, n in zip(running, starts, strict=True):
         s.num_computed_tokens = n + k - 1
     engine.num_steps += k

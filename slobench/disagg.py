@@ -33,6 +33,7 @@ import zlib
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from reference_engine.engine import LLMEngine, VirtualClock, _Request
@@ -203,11 +204,10 @@ def simulate_disagg(
     info: dict[str, Any] | None = None,
 ) -> list[RequestRecord]:
     """The records of one virtual-clock run of a disaggregated (or mixed) fleet, in arrival order."""
-    from reference_engine.protocol import BadRequest
     from reference_engine.scheduler import RequestRejected
     from reference_engine.tokenizer import ByteTokenizer
     from slobench.decode_run import decode_run
-    from slobench.simulate import _engine_request, _JitteredWait
+    from slobench.simulate import _arrive, _engine_request, _JitteredWait, _wake
 
     roles = ["colocated"] * fleet.colocated + ["prefill"] * fleet.prefill + ["decode"] * fleet.decode
     insts: list[_Instance] = []
@@ -225,6 +225,7 @@ def simulate_disagg(
     max_model_len = first.config.max_model_len
     ids_checked = first.executor.vocab_size >= tokenizer.vocab_size
     link = fleet.link
+    parse = partial(_engine_request, model_name=model_name, tokenizer=tokenizer, max_model_len=max_model_len, api=api)
 
     specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
     records: list[RequestRecord] = []
@@ -253,7 +254,7 @@ def simulate_disagg(
                                                                                         min_tokens=h.min_tokens)
             seq = Seq(next(d.engine._ids), [*h.prompt, h.first_token], h.max_tokens, h.min_tokens, h.ignore_eos,
                       sampling, h.stop_check, num_prompt_tokens=len(h.prompt))
-            hits = bm.match_prefix(seq.token_ids)
+            hits = bm.match_prefix(seq)
             if not bm.can_admit(seq.num_tokens, hits):
                 return
             d.incoming.popleft()
@@ -272,7 +273,7 @@ def simulate_disagg(
         """Keep the prompt's KV on the prefill instance (its blocks were just freed with the request)."""
         bm = inst.engine.scheduler.block_manager
         hold = Seq(-1, h.prompt, 1)
-        hits = bm.match_prefix(hold.token_ids)
+        hits = bm.match_prefix(hold)
         if not bm.can_admit(hold.num_tokens, hits):
             return  # a block it shared is held past its cap elsewhere: nothing to keep
         queries, hit_tokens = bm.num_prefix_query_tokens, bm.num_prefix_hit_tokens
@@ -284,9 +285,7 @@ def simulate_disagg(
         d, seq = h.decode, h.seq
         assert d is not None and seq is not None
         eng, sched = d.engine, d.engine.scheduler
-        if not eng.has_work() or d.stuck:
-            d.clock.advance_to(max(d.clock.now_s(), t))
-            d.stuck = False
+        _wake(d, t)
         seq.num_computed_tokens = len(h.prompt)  # the prompt's KV is here; the first token is the last sampled
         sched.block_manager.register_computed(seq)
         seq.status = SeqStatus.RUNNING
@@ -378,20 +377,12 @@ def simulate_disagg(
             sp = specs[i]
             i += 1
             t = sp.arrival_s
-            rec = RequestRecord(sp.request_id, t, tag=sp.tag, sent_s=t, input_tokens=sp.input_tokens,
-                                max_tokens=sp.max_tokens)
-            records.append(rec)
-            try:
-                req = _engine_request(sp, model_name=model_name, tokenizer=tokenizer, max_model_len=max_model_len,
-                                      api=api)
-            except BadRequest as e:
-                rec.fail("error", f"rejected: {e.message}", t)
+            rec, req = _arrive(sp, records, parse)
+            if req is None:
                 continue
             k = front_router.pick(req.prompt_token_ids)
             inst = front[k]
-            if not inst.engine.has_work() or inst.stuck:
-                inst.clock.advance_to(max(inst.clock.now_s(), t))
-                inst.stuck = False
+            _wake(inst, t)
             prompt = req.prompt_token_ids
             weight = len(prompt) + req.max_tokens
             stop_check = req.stop_check()
