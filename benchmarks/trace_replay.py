@@ -4,14 +4,17 @@ The trace: --rows requests at 200 req/s (Poisson, millisecond stamps), input len
 1,000 tokens, at most 16,000), outputs lognormal (median 200); `hash_ids` in 512-token blocks whose first
 block comes from 1,000 shared "system prompts" (Zipf), the rest the request's own. Written once to --dir.
 
-Each way of reading runs in a fresh process and prints:
-  * first request s: from the start of reading to the first request ready to send;
+Each way of reading runs in a fresh process, through `slobench.runner.run` as `slobench run --trace` does
+(`--num-requests` = 200 × --seconds, to a target that answers at once), and prints:
+  * first request s: from opening the trace to the first request sent (the runner's own 50 ms start lead
+    included);
   * peak RSS MiB: the process's resident-set high-water mark (its imports alone: the last line);
-  * lateness p50/p99 ms: the runner's open loop (`Dispatcher.open_loop`) sending the first --seconds of
-    the trace at its own 200 req/s to a target that answers at once: sent − scheduled, the client alone.
-"whole" is `load_trace` + `replay` of those requests (what `slobench run --trace` does today); "stream" is
-`StreamingReplay.specs`, taken one request at a time by the open loop; "stream, all rows" pulls every
-request of the trace (prompts built and dropped, nothing sent) to show memory flat in the trace's length.
+  * lateness p50/p99 ms: sent − scheduled over the requests sent at the trace's own 200 req/s: the client
+    alone.
+"whole" is `TraceReplay` (the trace loaded whole, then `replay`: what `slobench sweep`/`capacity --trace`
+do, and `run --trace` did before it streamed); "stream" is `StreamingReplay` (what `slobench run --trace`
+does); "stream, all rows" pulls every request of the trace (prompts built and dropped, nothing sent) to
+show memory flat in the trace's length.
 
     .venv/bin/python benchmarks/trace_replay.py [--rows 1000000] [--seconds 20] [--dir /tmp]
 """
@@ -21,11 +24,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import resource
 import subprocess
 import sys
 import time
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -54,53 +57,52 @@ def _rss_mib() -> float:
 
 
 class InstantTarget:
-    """Answers every request at once: what is left is the client's own timing."""
+    """Answers every request at once: what is left is the client's own timing. Notes the first send on the
+    process's performance counter."""
 
     def __init__(self, clock: object) -> None:
         self.clock = clock
+        self.first_send_perf_s: float | None = None
 
     async def send(self, spec: object, rec: object) -> None:
+        if self.first_send_perf_s is None:
+            self.first_send_perf_s = time.perf_counter()
         t = self.clock.now_s()  # type: ignore[attr-defined]
         rec.sent_s = rec.first_token_s = rec.done_s = t  # type: ignore[attr-defined]
         rec.output_tokens = 1  # type: ignore[attr-defined]
 
 
-async def _dispatch(specs: object) -> np.ndarray:
+async def _run(mode: str, path: str, n: int) -> tuple[float, np.ndarray]:
+    """Open the trace, run its first `n` requests; (seconds from opening to the first send, lateness)."""
     from slobench.clock import Clock
-    from slobench.runner import Dispatcher, RunOptions
+    from slobench.runner import RunOptions, run
+    from slobench.workload.replay import TraceReplay
+    from slobench.workload.trace_stream import StreamingReplay
 
+    t0 = time.perf_counter()
+    source = TraceReplay.open(path) if mode == "whole" else StreamingReplay.open(path)
+    specs = source.specs(num_requests=n)
     clock = Clock()
-    disp = Dispatcher(InstantTarget(clock), clock, RunOptions(progress=False))  # type: ignore[arg-type]
-    clock.reset()
-    await disp.open_loop(specs)  # type: ignore[arg-type]
-    while disp.tasks:
-        await asyncio.gather(*list(disp.tasks))
-    return np.array([r.sent_s - r.scheduled_s for r in disp.records if r.sent_s is not None])
+    target = InstantTarget(clock)
+    res = await run(specs, target, clock=clock, opts=RunOptions(progress=False), handle_sigint=False)  # type: ignore[arg-type]
+    assert len(res.records) == n and target.first_send_perf_s is not None
+    late = np.array([r.sent_s - r.scheduled_s for r in res.records if r.sent_s is not None])
+    return target.first_send_perf_s - t0, late
 
 
 def child(mode: str, path: str, seconds: float) -> dict[str, float]:
-    from slobench.workload.replay import replay
     from slobench.workload.trace_stream import StreamingReplay
-    from slobench.workload.traces import load_trace
 
     base = _rss_mib()
     n = int(RATE_RPS * seconds)
     t0 = time.perf_counter()
     out: dict[str, float] = {}
-    if mode == "whole":
-        specs: object = replay(load_trace(path), num_requests=n)
-        out["first_s"] = time.perf_counter() - t0
-        late = asyncio.run(_dispatch(specs))
-    elif mode == "stream":
-        it = StreamingReplay(path).specs(num_requests=n)
-        first = next(it)
-        out["first_s"] = time.perf_counter() - t0
-        late = asyncio.run(_dispatch(chain([first], it)))
+    if mode in ("whole", "stream"):
+        out["first_s"], late = asyncio.run(_run(mode, path, n))
     else:  # every request of the trace, nothing sent
         it = StreamingReplay(path).specs()
-        next(it)
         out["first_s"] = time.perf_counter() - t0
-        count = 1 + sum(1 for _ in it)
+        count = sum(1 for _ in it)
         out["rows"] = count
         out["all_s"] = time.perf_counter() - t0
         late = np.empty(0)
@@ -129,11 +131,14 @@ def main() -> None:
         t = time.perf_counter()
         write_trace(path, a.rows)
         print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - t:.1f} s")
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {os.getloadavg()[0]:.2f} "
+          f"on {os.cpu_count()} CPUs")
     print(f"trace: {a.rows:,} rows at {RATE_RPS:g} req/s; sending the first {a.seconds:g} s "
           f"({int(RATE_RPS * a.seconds):,} requests)\n")  # fmt: skip
     print("| way of reading | first request s | peak RSS MiB | lateness p50 ms | lateness p99 ms |")
     print("|---|---:|---:|---:|---:|")
-    labels = {"whole": "whole (load_trace + replay)", "stream": "stream", "all": "stream, all rows pulled"}
+    labels = {"whole": "whole (TraceReplay: sweep, capacity)", "stream": "stream (StreamingReplay: run --trace)",
+              "all": "stream, all rows pulled"}  # fmt: skip
     base = 0.0
     for mode in a.modes.split(","):
         label = labels[mode]
@@ -145,6 +150,7 @@ def main() -> None:
         print(f"| {label}{extra} | {res['first_s']:.2f} | {res['peak_mib']:.0f} | {p50} | {p99} |")
         base = res["base_mib"]
     print(f"| (the interpreter with slobench and numpy imported) | | {base:.0f} | | |")
+    print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

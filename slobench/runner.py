@@ -161,29 +161,36 @@ class Dispatcher:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def open_loop(self, specs: Iterable[RequestSpec]) -> None:
+    async def open_loop(self, specs: Iterable[RequestSpec], fill: Callable[[float], bool] | None = None) -> None:
         """Send each spec at its arrival time. Returns once all are sent (not finished).
 
         A target with `send_lead_s` (client worker processes) is handed each request that much early and
-        holds it until its scheduled time itself, so the hand-over is not counted as lateness twice."""
+        holds it until its scheduled time itself, so the hand-over is not counted as lateness twice.
+        `fill` (a stream's): called with the slack before each send to build requests ahead in it."""
         limit = self.opts.duration_s
         lead = float(getattr(self.target, "send_lead_s", 0.0))
         for i, spec in enumerate(specs):
             if limit is not None and spec.arrival_s > limit:
                 break
-            await self._sleep_until(spec.arrival_s - lead, spin=lead == 0)  # the target is precise itself
+            await self._sleep_until(spec.arrival_s - lead, spin=lead == 0, fill=fill)  # the target is precise itself
             self.num_taken += 1
             self._spawn(self._send_one(spec, self._new_record(i, spec, spec.arrival_s)))
 
-    async def _sleep_until(self, t_s: float, *, spin: bool = True) -> None:
+    async def _sleep_until(self, t_s: float, *, spin: bool = True,
+                           fill: Callable[[float], bool] | None = None) -> None:  # fmt: skip
         """Sleep to an absolute time on the run clock. asyncio's timers wake up to ~1 ms late (epoll
         rounds its timeout up to whole ms), so sleep to just short of the deadline and then yield to the
-        loop until it passes: other tasks keep running, and sends land within tens of microseconds."""
+        loop until it passes: other tasks keep running, and sends land within tens of microseconds.
+        `fill(slack_s)` (a stream's) first uses the slack, one step per loop turn, while it says it did."""
         now = self.clock.now_s
+        spin_s = self.opts.spin_s if spin else 0.0
+        if fill is not None:
+            await asyncio.sleep(0)  # the send just spawned goes first
+            while fill(t_s - now() - spin_s):
+                await asyncio.sleep(0)
         delay = t_s - now()
         if delay <= 0:
             return
-        spin_s = self.opts.spin_s if spin else 0.0
         if delay > spin_s:
             await asyncio.sleep(delay - spin_s)
         while now() < t_s:
@@ -272,7 +279,7 @@ async def run(
     if opts.closed_loop_users:
         sender = asyncio.ensure_future(disp.closed_loop(schedule))
     else:
-        sender = asyncio.ensure_future(disp.open_loop(schedule))
+        sender = asyncio.ensure_future(disp.open_loop(schedule, fill=getattr(specs, "fill", None)))
     monitor_tasks = [asyncio.ensure_future(m(clock)) for m in monitors]
     if total is None and callable(count_hint):
         monitor_tasks.append(asyncio.ensure_future(_estimate_total(count_hint, disp.progress)))

