@@ -38,6 +38,7 @@ from typing import Any
 
 from slobench.clock import Clock
 from slobench.errors import SpecError
+from slobench.precise_sleep import sleep_until
 from slobench.records import RequestRecord, RequestSpec
 
 _HEADER = struct.Struct("!I")
@@ -47,7 +48,7 @@ _COPIED = ("chunk_tokens", "prompt_tokens", "cached_tokens", "output_tokens", "u
 STOP_TIMEOUT_S = 10.0
 MAX_WORKERS = 64
 SEND_LEAD_S = 0.005  # hand each request over this much before its scheduled time
-SPIN_S = 0.0015  # the worker's last stretch before a send is yielded away, not slept (as the runner's)
+SPIN_S = 0.0015  # without a timerfd, the last stretch before a send is yielded away, not slept (as the runner's)
 
 
 class WorkerGone(Exception):
@@ -295,11 +296,7 @@ async def send_on_time(target: Any, spec: RequestSpec, send_at_s: float) -> dict
     now = target.clock.now_s
     rec = RequestRecord(spec.request_id, spec.arrival_s)
     try:
-        delay = send_at_s - now()
-        if delay > SPIN_S:
-            await asyncio.sleep(delay - SPIN_S)
-        while now() < send_at_s:
-            await asyncio.sleep(0)
+        await sleep_until(target.clock, send_at_s, SPIN_S)
         await target.send(spec, rec)
     except asyncio.CancelledError:
         raise

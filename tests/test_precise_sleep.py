@@ -1,0 +1,68 @@
+"""slobench.precise_sleep: a timerfd wakes sleepers at (never before) their deadlines, in deadline order,
+however they were queued, and a cancelled sleeper takes nobody down with it. No assertion on how soon
+after the deadline a wake comes: that is the machine's load (benchmarks/client_overhead.py measures it)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+import pytest
+
+from slobench.clock import Clock
+from slobench.precise_sleep import PreciseSleep, sleep_until
+
+needs_timerfd = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd is Linux's")
+MS = 1_000_000
+
+
+@needs_timerfd
+async def test_sleepers_wake_at_their_deadlines_in_order() -> None:
+    sleeper = PreciseSleep.for_running_loop()
+    assert sleeper is not None and PreciseSleep.for_running_loop() is sleeper  # one per loop
+    base = time.perf_counter_ns() + 5 * MS
+    woke: list[tuple[int, int]] = []
+
+    async def one(k: int) -> None:
+        await sleeper.until_ns(base + k * MS // 4)
+        woke.append((k, time.perf_counter_ns()))
+
+    # queued latest first, so each new one re-arms the timer for an earlier deadline
+    await asyncio.wait_for(asyncio.gather(*(one(k) for k in reversed(range(12)))), 10)
+    assert [k for k, _ in woke] == list(range(12))
+    assert all(t >= base + k * MS // 4 for k, t in woke)
+
+
+@needs_timerfd
+async def test_a_cancelled_sleeper_leaves_the_others_alone() -> None:
+    sleeper = PreciseSleep.for_running_loop()
+    assert sleeper is not None
+    base = time.perf_counter_ns() + 5 * MS
+    first = asyncio.ensure_future(sleeper.until_ns(base))  # the earliest: the timer is armed for it
+    later = asyncio.ensure_future(sleeper.until_ns(base + 2 * MS))
+    await asyncio.sleep(0)
+    first.cancel()
+    await asyncio.wait_for(later, 10)
+    assert time.perf_counter_ns() >= base + 2 * MS and first.cancelled()
+    await sleeper.until_ns(time.perf_counter_ns() - 1)  # a deadline already past returns at once
+
+
+@pytest.mark.parametrize("spin_s", [0.0015, 0.0])
+async def test_sleep_until_on_a_run_clock_with_and_without_precision(spin_s: float) -> None:
+    clock = Clock(origin_ns=time.perf_counter_ns() - 3_600 * 10**9)  # a run an hour old
+    t_s = clock.now_s() + 0.004
+    await asyncio.wait_for(sleep_until(clock, t_s, spin_s), 10)
+    assert clock.now_s() >= t_s
+
+
+async def test_a_clock_that_is_not_perf_counter_is_never_given_to_the_timerfd() -> None:
+    class Fake(Clock):
+        def now_s(self) -> float:
+            self.t += 0.001  # every reading advances a ms: the fallback's yield loop ends by itself
+            return self.t
+
+    clock = Fake(origin_ns=0)
+    clock.t = 0.0  # type: ignore[attr-defined]
+    await asyncio.wait_for(sleep_until(clock, 0.01, 0.02), 10)  # a timerfd at ~10 ms after boot: long past
+    assert clock.now_s() >= 0.01
