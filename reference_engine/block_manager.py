@@ -235,16 +235,16 @@ class BlockManager:
         if first >= end:
             return
         hashes = self.hash_chain(seq, end)
-        table, blocks, by_hash, toks_all = seq.block_table, self.blocks, self._by_hash, seq.token_ids
+        table, blocks, by_hash = seq.block_table, self.blocks, self._by_hash
         # a block's parent is the one before it in the table: registered earlier, or a prefix hit
         parent_cid = blocks[table[first - 1]].content_id if first else 0
-        for i in range(first, end):
-            block = blocks[table[i]]
-            h = hashes[i]
-            toks = tuple(toks_all[i * bs : (i + 1) * bs])
+        tokens = iter(seq.token_ids[first * bs : end * bs])
+        per_block = zip(*[tokens] * bs, strict=False)  # the tokens in tuples of bs, cut at C speed
+        for bid, h, toks in zip(table[first:end], hashes[first:end], per_block, strict=True):
+            block = blocks[bid]
             existing_id = by_hash.get(h)
             if existing_id is None:
-                by_hash[h] = block.block_id
+                by_hash[h] = bid
                 cid = self._next_content_id
                 self._next_content_id += 1
             else:
