@@ -25,6 +25,9 @@ from typing import Any
 from slobench.errors import SpecError
 
 DEFAULT_NUM_SAMPLES = 24
+# A run is flagged when the clocks' uncertainty exceeds this share of the TTFT SLO: past it, a send time
+# or the order of two actors' requests is uncertain by a visible part of what is being judged.
+CLOCK_LIMIT_OF_TTFT = 0.05
 
 
 @dataclass(frozen=True, slots=True)

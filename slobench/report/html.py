@@ -21,6 +21,7 @@ from plotly.offline import get_plotlyjs
 
 from slobench import __version__
 from slobench.errors import UsageError
+from slobench.report.client_actors import ray_section
 from slobench.report.compare import Comparison, compare
 from slobench.report.figures import cdf_figure, client_figure, cliff_figure, percentile_figure
 from slobench.report.load import RunData, load_series, unique_labels
@@ -361,9 +362,12 @@ def _client(views: Sequence[Analyzed], figs: _Figures) -> str:
         f"{esc(p.client['warning'])}</p>"
         for v in views for p in v.points if p.client.get("warning")
     ]
+    # runs sent from Ray load actors: a table per run, and the clock flag (slobench.report.client_actors)
+    actors, is_clock_flagged = ray_section([(f"{v.series.label} at {run.rate_rps:g} req/s", run, v.series.slo)
+                                            for v in views for run in v.series.runs])  # fmt: skip
     ok = '<p class="ok">The client kept its schedule at every rate: the numbers above describe the server.</p>'
-    return ('<section id="client"><h2>Client health</h2>' + ("".join(warnings) or ok)
-            + figs.div(client_figure(views)) + "</section>")
+    return ('<section id="client"><h2>Client health</h2>' + ("".join(warnings) or ("" if is_clock_flagged else ok))
+            + actors + figs.div(client_figure(views)) + "</section>")
 
 
 # --- comparison -----------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from slobench.clock import Clock
-from slobench.clocksync import ClockMap, OffsetEstimate, measure_offset
+from slobench.clocksync import CLOCK_LIMIT_OF_TTFT, ClockMap, OffsetEstimate, measure_offset
 from slobench.errors import SpecError, UsageError
 from slobench.records import RequestRecord, RequestSpec
 from slobench.targets.workers import MAX_WORKERS, ProbeFront, apply_stamped, send_on_time
@@ -50,7 +50,6 @@ NUM_RESYNC_SAMPLES = 8  # ... and during the run, every RESYNC_S
 RESYNC_S = 2.0
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 10.0
-CLOCK_LIMIT_OF_TTFT = 0.05  # flag the run when the clock uncertainty exceeds this share of the TTFT SLO
 INSTALL_HINT = "pip install 'slobench[ray]'  (or: pip install 'ray>=2.40')"
 
 
