@@ -373,6 +373,7 @@ class RunMeasure:
         manifest: dict[str, Any],
         clock: Any = None,
         on_probe: Callable[[float, int, dict[str, Any]], None] | None = None,
+        after_run: Callable[[Path, dict[str, Any]], Awaitable[None]] | None = None,
     ) -> None:
         self.make_specs = make_specs
         self.target = target
@@ -382,6 +383,7 @@ class RunMeasure:
         self.manifest = manifest
         self.clock = clock
         self.on_probe = on_probe
+        self.after_run = after_run  # e.g. Ray load actors' clocks and health into the run's summary
         self.count = 0
 
     async def __call__(self, rate_rps: float, seed: int) -> dict[str, Any]:
@@ -395,6 +397,8 @@ class RunMeasure:
         )
         if res.interrupted:
             raise KeyboardInterrupt
+        if self.after_run is not None:
+            await self.after_run(run_dir, res.summary)
         summary = {**res.summary, "run_dir": run_dir.name}
         if self.on_probe is not None:
             self.on_probe(rate_rps, seed, summary)

@@ -208,6 +208,10 @@ async def _capacity(args: argparse.Namespace) -> int:
         att = (summary.get("attainment") or {}).get("value")
         console.print(f"rate {rate:8.3f} req/s  seed {seed:3d}  attainment "
                       f"{'-' if att is None else f'{att:6.1%}'}  ({summary['run_dir']})")
+        ray = (summary.get("client") or {}).get("ray") or {}  # sent from Ray load actors (--ray)
+        for note in (ray.get("warning"), f"{ray['num_died']} Ray load actor(s) died" if ray.get("num_died") else None):
+            if note:
+                console.print(f"  {note}", markup=False)
 
     if args.simulate:
         from slobench.simulate import SimulatedMeasure
@@ -224,9 +228,14 @@ async def _capacity(args: argparse.Namespace) -> int:
                                             out_dir=out, manifest=manifest, on_probe=on_probe,
                                             replicas=args.replicas, router=args.router)
         else:
+            from slobench.targets.ray_pool import note_client_clocks
+
+            async def note_clocks(run_dir: Path, summary: dict[str, Any]) -> None:
+                await note_client_clocks(target, run_dir, summary, setup.slo)  # Ray load actors: clocks, health
+
             manifest = setup.manifest(target, served)
             measure = RunMeasure(make_specs, target, out_dir=out, slo=setup.slo, opts=setup.run_options(),
-                                 manifest=manifest, clock=clock, on_probe=on_probe)
+                                 manifest=manifest, clock=clock, on_probe=on_probe, after_run=note_clocks)
         if fixed:
             seeds = [opts.seed + 1 + i for i in range(opts.replicates)]
             probes = await replicate_at_rates(measure, fixed, seeds, target=opts.target)

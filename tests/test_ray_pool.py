@@ -231,3 +231,29 @@ def test_cli_ray_writes_clocks_and_health(cluster: Any, token_server: TokenServe
         assert s["client"]["ray"]["num_actors"] == 2 and not s["client"]["ray"]["is_clock_flagged"]
         assert sum(x["num_records"] for x in s["client"]["ray"]["actors"]) == s["num_requests"] + s["num_warmup"]
         assert len(json.loads((path.parent / "manifest.json").read_text())["clock_sync"]["actors"]) == 2
+
+
+@in_netns
+def test_capacity_ray_notes_each_probe_and_the_report_shows_the_actors(
+    cluster: Any, token_server: TokenServerProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from slobench.report import build_report
+
+    out = tmp_path / "cap"
+    rc = main(["capacity", "--url", token_server.base_url, "--workload", "tiny", "--rates", "20", "--replicates", "2",
+               "--duration", "1", "--ray", "--client-workers", "2", "--slo", "ttft=1ms", "--server-profile", "vllm",
+               "--out", str(out), "--no-progress"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 0, err  # fixed rates: replicates are measured, not judged
+    probes = sorted(p.parent for p in out.glob("*/summary.json"))
+    assert len(probes) == 2
+    for probe in probes:
+        ray = json.loads((probe / "summary.json").read_text())["client"]["ray"]
+        manifest = json.loads((probe / "manifest.json").read_text())
+        assert ray["num_actors"] == 2 and ray["is_clock_flagged"]  # 5% of 1 ms: no Ray round trip is that short
+        assert sum(x["num_records"] for x in ray["actors"]) > 0
+        assert [x["index"] for x in manifest["clock_sync"]["actors"]] == [0, 1]
+    assert err.count("CLIENT CLOCKS UNCERTAIN") == 2  # each probe says so as it ends
+    # the report of a probe: its actors' table and the flag
+    page = build_report([probes[0]], tmp_path / "r.html").read_text()
+    assert page.count('<table class="data ray-actors">') == 1 and "CLIENT CLOCKS UNCERTAIN" in page
