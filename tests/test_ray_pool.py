@@ -156,8 +156,10 @@ async def test_records_match_one_process_and_a_shifted_clock_is_recovered(
             assert abs(est["offset_s"] - shift) <= est["uncertainty_s"] + 1e-6, c
         assert c["uncertainty_s"] < 0.05  # round trips on one machine: ~1 ms idle, 12 ms seen on a loaded one
     # so the server saw every request at its scheduled time, on both actors (a clock taken at face value
-    # would have sent actor 1's share 20 minutes off), and as one process sends them
-    assert np.all(np.abs(pooled_delay) < 0.05), pooled_delay
+    # would have sent actor 1's share 20 minutes off), and as one process sends them. Every request within
+    # 0.5 s (one stall of a busy 2-core CI machine must not fail the test: the shift is 1234 s), the typical
+    # one within 10 ms of what one process achieves
+    assert np.all(np.abs(pooled_delay) < 0.5), pooled_delay
     assert abs(np.median(pooled_delay) - np.median(alone_delay)) < 0.01
     # and the stamps came back onto the run's clock: TTFT is the server's, sent precedes the server's receipt
     pa = RecordArrays.from_records(pooled.records)
