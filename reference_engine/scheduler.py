@@ -174,15 +174,10 @@ class Scheduler:
     def _chunk(self, seq: Sequence, n: int) -> SeqChunk:
         start = seq.num_computed_tokens
         end = start + n  # attention covers 0..end-1 only: KV beyond is not written yet (NOTES bug 3)
-        return SeqChunk(
-            seq_id=seq.seq_id,
-            token_ids=seq.token_ids[start:end],
-            start_pos=start,
-            block_table=seq.block_table[: cdiv(end, self.config.block_size)],
-            sample=end == seq.num_tokens,
-            sampling=seq.sampling,
-            num_generated=seq.num_output_tokens,
-        )
+        toks = seq.token_ids
+        # positional, properties and cdiv inlined: one of these per running request per step
+        return SeqChunk(seq.seq_id, toks[start:end], start, seq.block_table[: -(-end // self.config.block_size)],
+                        end == len(toks), seq.sampling, len(toks) - seq.num_prompt_tokens)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
