@@ -437,24 +437,39 @@ def _static(windows: Sequence[Window], searches: Sequence[WindowSearch], evals: 
             c += 1
         fallback = Fleet(colocated=options.max_instances)
     else:
-        cap = min(options.max_instances, 2 * max((s.best or s.fallback()).total for s in searches) + 2)
-        ok_fleets: list[Fleet] = []
-
-        def ok(f: Fleet) -> bool:
-            good = all_ok(f)
-            if good:
-                ok_fleets.append(f)
-            return good
-
-        _staircase(ok, 0, math.inf, cap)
-        chosen = min(ok_fleets, key=lambda f: (f.total, f)) if ok_fleets else None
-        fallback = Fleet(0, cap // 2, cap - cap // 2)
+        chosen = _static_disagg(windows, searches, evals, options, target)
+        fallback = Fleet(0, options.max_instances // 2, options.max_instances - options.max_instances // 2)
     if chosen is None:
         notes.append(f"no static {kind} fleet up to {options.max_instances} instances met the target in every "
                      f"window; shown: {fallback.label()}")  # fmt: skip
         chosen = fallback
     evs = evals.get([_key(w.index, chosen, None, 0) for w in windows])
     return [(chosen, ev, 0) for ev in evs]
+
+
+def _static_disagg(windows: Sequence[Window], searches: Sequence[WindowSearch], evals: _Evals,
+                   options: PlanOptions, target: float) -> Fleet | None:
+    """The cheapest (P, D) fleet meeting the target in every window. No fleet can be cheaper than the
+    hardest window's cheapest, so totals are tried from there up; at each total every split is first run
+    on three telling windows (the hardest, the most prefill-heavy, the most decode-heavy) in one batch,
+    and the survivors on every window."""
+    ratio = [w.stats.get("prefill_decode_ratio", 1.0) for w in windows]
+    hard = max(range(len(windows)), key=lambda i: ((searches[i].best or searches[i].fallback()).total, -i))
+    probe = list(dict.fromkeys([hard, ratio.index(max(ratio)), ratio.index(min(ratio))]))
+    lower = max(2, max((s.best or s.fallback()).total for s in searches))
+    for total in range(lower, options.max_instances + 1):
+        splits = [Fleet(0, p, total - p) for p in range(1, total)]
+        first = evals.get([_key(i, f, None, 0) for f in splits for i in probe])
+        alive = [f for k, f in enumerate(splits) if all(ev.meets(target) for ev in first[k * len(probe):(k + 1) * len(probe)])]
+        if not alive:
+            continue
+        rest = [i for i in range(len(windows)) if i not in probe]
+        evs = evals.get([_key(i, f, None, 0) for f in alive for i in rest])
+        passing = [f for k, f in enumerate(alive) if all(ev.meets(target) for ev in evs[k * len(rest):(k + 1) * len(rest)])]
+        if passing:
+            return max(passing, key=lambda f: (min(evals.done[_key(i, f, None, 0)].attainment
+                                                   for i in range(len(windows))), -f.prefill))  # fmt: skip
+    return None
 
 
 def _dynamo(pool: Any, windows: Sequence[Window], evals: _Evals, setup: Setup, options: PlanOptions,
