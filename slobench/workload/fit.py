@@ -19,6 +19,11 @@ noise; `fit` prints trace against generated). Long traces get wider steps (at mo
 Classes: when the trace's requests carry two or more tags (BurstGPT's model), each tag with at least
 `MIN_CLASS_REQUESTS` requests becomes a request class with its own fitted lengths, weighted by its share.
 
+Prefix reuse: a trace whose requests carry `hash_ids` (Mooncake) gets shared-prefix groups fitted from
+them (`slobench.workload.prefix_fit`): the spec's `system_prompts`, and input lengths that are each
+request's own part beside its group's prefix; `fit` prints the share of prompt tokens reused, trace
+against generated.
+
 Lengths: a lognormal by maximum likelihood on ln(tokens) with its KS distance, and an empirical inverse
 CDF through ~100 quantiles. `choose="auto"` writes the lognormal when regenerating from it lands p50,
 p90 and p99 within 10% of the trace's, else the empirical table (real traces are seldom lognormal in the
@@ -39,6 +44,7 @@ from slobench.errors import SpecError, UsageError
 from slobench.workload.arrivals import ArrivalProcess, GammaArrivals
 from slobench.workload.lengths import EmpiricalLength, LengthDist, LogNormalLength
 from slobench.workload.phases import CurveArrivals, RequestClass
+from slobench.workload.prefix_fit import PrefixFit, fit_prefix_groups, prompt_reuse
 from slobench.workload.spec import WorkloadSpec, generate
 from slobench.workload.traces import Trace
 
@@ -231,9 +237,10 @@ def _class_name(tag: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", tag).strip("-") or "untagged"
 
 
-def fit_classes(trace: Trace, *, choose: str = "auto", seed: int = 0) -> tuple[ClassFit, ...]:
+def fit_classes(trace: Trace, *, choose: str = "auto", seed: int = 0,
+                ins: np.ndarray | None = None) -> tuple[ClassFit, ...]:  # fmt: skip
     """One class per tag with at least MIN_CLASS_REQUESTS requests, the rest as "other"; () when the trace
-    has fewer than two such groups."""
+    has fewer than two such groups. `ins`: the input lengths to fit (default the trace's)."""
     tags = np.array([e.tag for e in trace.entries])
     names, counts = np.unique(tags, return_counts=True)
     big = [str(n) for n, k in zip(names, counts, strict=True) if k >= MIN_CLASS_REQUESTS]
@@ -243,7 +250,8 @@ def fit_classes(trace: Trace, *, choose: str = "auto", seed: int = 0) -> tuple[C
         groups.append(("other", tuple(small)))
     if len(groups) < 2 or len({g for g, _ in groups}) != len(groups):
         return ()
-    ins, outs = trace.input_tokens, trace.output_tokens
+    ins = trace.input_tokens if ins is None else ins
+    outs = trace.output_tokens
     out: list[ClassFit] = []
     for i, (name, members) in enumerate(groups):
         sel = np.isin(tags, members)
@@ -265,6 +273,7 @@ class TraceFit:
     curve: CurveFit | None = None  # None: the gamma renewal process
     classes: tuple[ClassFit, ...] = ()
     comparison: tuple[str, ...] = ()  # trace against generated, filled by fit_trace
+    prefix: PrefixFit | None = None  # shared-prefix groups from hash_ids
 
     def _arrival_process(self) -> ArrivalProcess:
         if self.curve is not None:
@@ -283,12 +292,16 @@ class TraceFit:
             duration_s=round(self.span_s, 6) if self.curve is not None else None,
             classes=tuple(RequestClass(c.name, c.input.dist, c.output.dist) for c in self.classes),
             mix=tuple((c.name, float(c.num_requests)) for c in self.classes),
+            system_prompts=self.prefix.prompts if self.prefix is not None else None,
         )
 
     def report(self) -> str:
         lines = [f"{self.trace_path}: {self.num_requests} requests over {self.span_s:.1f} s", str(self.arrival)]
         lines += [str(self.curve)] if self.curve is not None else [
             "arrival model: gamma renewal process (rate and gamma-MLE CV above)"]
+        lines += [str(self.prefix)] if self.prefix is not None else []
+        if self.prefix is not None:
+            lines += ["input lengths below are each request's own part, beside its group's shared prefix"]
         lines += [str(self.input), str(self.output), *(str(c) for c in self.classes), *self.comparison]
         return "\n".join(lines)
 
@@ -307,9 +320,10 @@ def _quantiles(x: np.ndarray) -> str:
     return "/".join(f"{v:.0f}" for v in np.quantile(x, CHECK_QUANTILES)) if len(x) else "-"
 
 
-def compare(trace: Trace, spec: WorkloadSpec, classes: tuple[ClassFit, ...], seed: int) -> tuple[str, ...]:
+def compare(trace: Trace, spec: WorkloadSpec, classes: tuple[ClassFit, ...], seed: int,
+            prefix: PrefixFit | None = None) -> tuple[str, ...]:  # fmt: skip
     """Trace against one run generated from the spec (its own bounds, `seed`): what `fit` prints."""
-    reqs = generate(spec, seed=seed)
+    reqs = generate(spec, seed=seed, api="completions")
     g_t = np.array([r.arrival_s for r in reqs])
     g_in = np.array([r.input_tokens for r in reqs])
     g_out = np.array([r.max_tokens for r in reqs])
@@ -331,6 +345,12 @@ def compare(trace: Trace, spec: WorkloadSpec, classes: tuple[ClassFit, ...], see
     out = [f"trace vs generated (seed {seed}, {len(g_t)} requests from the spec written):",
            f"  {'':<20}{'trace':>18}{'generated':>18}"]  # fmt: skip
     out += [f"  {k:<20}{a:>18.4g}{b:>18.4g}  {off(a, b)}" for k, a, b in rows]
+    if prefix is not None:
+        g = prompt_reuse(reqs, trace.block_tokens)
+        t_r = prefix.trace
+        out += [f"  {'prefix reuse share':<20}{t_r.share:>17.1%} {g.share:>17.1%}  {off(t_r.share, g.share)}",
+                f"  {'requests reusing':<20}{t_r.num_requests_reusing / t_r.num_requests:>17.1%} "
+                f"{g.num_requests_reusing / max(g.num_requests, 1):>17.1%}"]  # fmt: skip
     out += [f"  {'input p50/p90/p99':<20}{_quantiles(trace.input_tokens):>18}{_quantiles(g_in):>18}",
             f"  {'output p50/p90/p99':<20}{_quantiles(trace.output_tokens):>18}{_quantiles(g_out):>18}"]  # fmt: skip
     tags = np.array([e.tag for e in trace.entries])
@@ -348,16 +368,19 @@ def fit_trace(trace: Trace, *, choose: str = "auto", seed: int = 0, arrivals: st
     """Fit `trace`; with `check`, one run generated from the fitted spec is compared with the trace."""
     if arrivals not in ARRIVAL_MODELS:
         raise SpecError("arrivals", arrivals, f"must be one of {list(ARRIVAL_MODELS)}")
+    prefix = fit_prefix_groups(trace.entries, trace.block_tokens) if any(e.hash_ids for e in trace.entries) else None
+    ins = trace.input_tokens if prefix is None else prefix.own_tokens
     fit = TraceFit(
         trace.name, trace.path, len(trace.entries), trace.span_s, fit_arrivals(trace.arrival_s),
-        fit_lengths(trace.input_tokens, "input", choose=choose, seed=seed),
+        fit_lengths(ins, "input", choose=choose, seed=seed),
         fit_lengths(trace.output_tokens, "output", choose=choose, seed=seed + 1),
         fit_rate_curve(trace.arrival_s) if arrivals == "curve" else None,
-        fit_classes(trace, choose=choose, seed=seed),
+        fit_classes(trace, choose=choose, seed=seed, ins=ins),
+        prefix=prefix,
     )  # fmt: skip
     if not check:
         return fit
-    return replace(fit, comparison=compare(trace, fit.spec(), fit.classes, seed))
+    return replace(fit, comparison=compare(trace, fit.spec(), fit.classes, seed, prefix))
 
 
 # ---- a small TOML writer (what WorkloadSpec.to_dict produces; no dates, no nulls) ----------------------

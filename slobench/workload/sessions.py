@@ -14,8 +14,9 @@ offered load down, which is what a capacity measurement needs). A turn whose pro
 `max_context_tokens` ends its session. With sessions, the arrival rate counts *conversations* per second.
 
 System prompts. `num_groups` fixed prefixes of `tokens` tokens each; every request (or every session,
-for its first turn) picks a group with Zipf popularity P(g) ∝ g^-zipf_s, and its prompt is that prefix
-followed by its user tokens (the input length is the user part; the prefix comes on top).
+for its first turn) picks a group with Zipf popularity P(g) ∝ g^-zipf_s (or the given `weights`), and its
+prompt is that prefix followed by its user tokens (the input length is the user part; the prefix comes on
+top). With `share` < 1 only that fraction takes a group; the others have no shared prefix.
 """
 
 from __future__ import annotations
@@ -129,6 +130,8 @@ class SystemPrompts:
     num_groups: int
     tokens: tuple[int, ...]  # one length for every group, or one per group
     zipf_s: float = 1.0
+    weights: tuple[float, ...] = ()  # one popularity per group, instead of Zipf (what `workload fit` writes)
+    share: float = 1.0  # the fraction of requests (sessions) that take a group; the rest have no shared prefix
 
     def __post_init__(self) -> None:
         n = self.num_groups
@@ -139,10 +142,17 @@ class SystemPrompts:
         ):
             raise SpecError("tokens", list(self.tokens), f"must be an integer >= 1 or a list of {n} of them")
         _positive("zipf_s", self.zipf_s)
+        if self.weights and (len(self.weights) != n or not all(
+                not isinstance(w, bool) and isinstance(w, int | float) and math.isfinite(w) and w > 0
+                for w in self.weights)):  # fmt: skip
+            raise SpecError("weights", list(self.weights), f"must be {n} numbers > 0, one per group")
+        s = self.share
+        if isinstance(s, bool) or not isinstance(s, int | float) or not 0 < s <= 1:
+            raise SpecError("share", s, "must be a fraction > 0 and <= 1")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SystemPrompts:
-        allowed = {"num_groups", "tokens", "zipf_s"}
+        allowed = {"num_groups", "tokens", "zipf_s", "weights", "share"}
         for key in d:
             if key not in allowed:
                 raise SpecError(str(key), d[key], f"unknown key; allowed: {sorted(allowed)}")
@@ -151,18 +161,29 @@ class SystemPrompts:
                 raise SpecError(key, None, "system_prompts needs num_groups and tokens")
         tokens = d["tokens"]
         tokens = tuple(tokens) if isinstance(tokens, list | tuple) else (tokens,)
-        return cls(d["num_groups"], tokens, d.get("zipf_s", 1.0))
+        weights = d.get("weights", ())
+        if not isinstance(weights, list | tuple):
+            raise SpecError("weights", weights, "must be a list of numbers, one per group")
+        return cls(d["num_groups"], tokens, d.get("zipf_s", 1.0), tuple(weights), d.get("share", 1.0))
 
     def lengths(self) -> list[int]:
         return list(self.tokens) * self.num_groups if len(self.tokens) == 1 else list(self.tokens)
 
     def popularity(self) -> np.ndarray:
-        w = np.arange(1, self.num_groups + 1, dtype=np.float64) ** -self.zipf_s
+        if self.weights:
+            w = np.asarray(self.weights, dtype=np.float64)
+        else:
+            w = np.arange(1, self.num_groups + 1, dtype=np.float64) ** -self.zipf_s
         return w / w.sum()
 
     def to_dict(self) -> dict[str, Any]:
         tokens: Any = self.tokens[0] if len(self.tokens) == 1 else list(self.tokens)
-        return {"num_groups": self.num_groups, "tokens": tokens, "zipf_s": self.zipf_s}
+        d: dict[str, Any] = {"num_groups": self.num_groups, "tokens": tokens, "zipf_s": self.zipf_s}
+        if self.weights:
+            d["weights"] = list(self.weights)
+        if self.share != 1.0:
+            d["share"] = self.share
+        return d
 
 
 def ids_to_prompt(ids: np.ndarray, is_text: bool, id_range: tuple[int, int]) -> str | tuple[int, ...]:
@@ -250,9 +271,12 @@ def build_requests(
     group = np.full(n, -1, dtype=np.int64)
     prefix_len = np.zeros(n, dtype=np.int64)
     if system_prompts is not None:
-        group = np.random.default_rng(s_group).choice(system_prompts.num_groups, size=n,
-                                                      p=system_prompts.popularity())  # fmt: skip
+        rng = np.random.default_rng(s_group)
+        group = rng.choice(system_prompts.num_groups, size=n, p=system_prompts.popularity())
         prefix_len = np.asarray(system_prompts.lengths(), dtype=np.int64)[group]
+        if system_prompts.share < 1.0:  # drawn after the groups: a spec without `share` keeps its draws
+            alone = rng.random(n) >= system_prompts.share
+            group[alone], prefix_len[alone] = -1, 0
     turns = _expand(sched, classes, sessions, prefix_len, np.random.default_rng(s_sess))
     keep = np.ones(len(turns.times_s), dtype=bool) if duration_s is None else turns.times_s < duration_s
     order = np.flatnonzero(keep)[np.argsort(turns.times_s[keep], kind="stable")]
