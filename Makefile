@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[engine,dev]'
 	touch $(STAMP)
 
-.PHONY: install demo test lint
+.PHONY: install demo test test-fast lint
 install: $(STAMP)
 
 demo: $(STAMP)
@@ -21,3 +21,7 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check slobench reference_engine tests benchmarks
 	$(VENV)/bin/mypy slobench reference_engine
 	$(PY) -m pytest -q -ra
+
+# the unit tier: no servers, processes, kernels or browser, torch made unimportable (tests/conftest.py)
+test-fast: $(STAMP)
+	SLOBENCH_WITHOUT_TORCH=1 $(PY) -m pytest -q -m "not integration and not kernels and not browser and not slow"

@@ -104,7 +104,7 @@ class KVLink:
 def kv_bytes_per_token(model: str, dtype_bytes: int = KV_DTYPE_BYTES) -> int:
     """K and V of every layer for one token: 2 * layers * kv_heads * head_dim * dtype bytes, from the
     engine's model config (`reference_engine.model.CONFIGS`)."""
-    from reference_engine.model import CONFIGS  # imports torch: only a disaggregated run needs it
+    from reference_engine.model_config import CONFIGS
 
     if model not in CONFIGS:
         raise SpecError("model", model, f"KV bytes per token come from a model config; known: {sorted(CONFIGS)}")

@@ -6,15 +6,114 @@
 - `token_server_url`: just that server's base URL.
 - `start_token_server(**kwargs)`: a factory for a server with other settings (see TokenServerProcess);
   every server it starts is stopped at the end of the test.
+
+Tiers (issue 12): `make test` runs everything. `make test-fast` is the unit tier: no test that starts a
+server or a process, no kernel or browser test, nothing over ~1 s, with torch, Triton and safetensors made
+unimportable (SLOBENCH_WITHOUT_TORCH=1) so the harness is shown to need none of them; modules that need
+torch skip themselves (pytest.importorskip). Such tests get the `slow` marker here, from the fixtures they
+use, the modules that start servers inline (SERVER_MODULES), and the few measured to take seconds (SLOW).
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import os
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from slobench.testing import TokenServerProcess
+
+MODEL_STACK = ("torch", "triton", "safetensors")
+
+
+class _NotInstalled(importlib.abc.MetaPathFinder):
+    """What a machine without the engine extra sees: importing torch fails."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name.split(".")[0] in MODEL_STACK:
+            raise ModuleNotFoundError(f"No module named {name!r} (SLOBENCH_WITHOUT_TORCH=1)", name=name)
+        return None
+
+
+if os.environ.get("SLOBENCH_WITHOUT_TORCH") == "1":
+    sys.meta_path.insert(0, _NotInstalled())
+
+SERVER_FIXTURES = frozenset({"token_server", "token_server_url", "start_token_server"})
+# modules whose tests start servers, processes or Ray inline, or drive the CLI against them
+SERVER_MODULES = frozenset({
+    "test_action", "test_action_llamacpp", "test_action_update_baseline", "test_bad_input_cli", "test_calibrate",
+    "test_engine_connections", "test_engine_faults", "test_engine_server", "test_engine_target",
+    "test_engine_timeline", "test_engine_openapi", "test_engine_hostile_input", "test_gate_engine",
+    "test_gpu_portability", "test_history_browser", "test_install_extras", "test_nodelay", "test_one_rule",
+    "test_openai_target", "test_ray_pool", "test_report_browser", "test_run_durability", "test_run_streamed",
+    "test_server_quirks", "test_text_prompts", "test_trace_replay", "test_workers", "test_redact",
+})
+# single tests measured at over 1.4 s (pytest --durations, 2 cores under load ~8: roughly 0.4 s idle)
+SLOW = frozenset({
+    "test_disagg.py::test_free_link_pd_does_not_lose_tpot_to_a_colocated_pair_on_decode_heavy_work",
+    "test_fit.py::test_a_lognormal_trace_gets_a_lognormal_spec",
+    "test_fit.py::test_fit_cli_writes_a_spec_whose_lengths_match_the_trace",
+    "test_fit.py::test_fitted_azure_specs_regenerate_the_trace_quantiles",
+    "test_fit.py::test_forced_choices_are_respected",
+    "test_fit_bursts.py::test_fitted_spec_has_per_class_lengths",
+    "test_fit_bursts.py::test_fitted_spec_keeps_dispersion_at_1s_and_1min",
+    "test_fit_bursts.py::test_the_azure_code_trace_keeps_its_bursts",
+    "test_fleet_target.py::test_cli_several_urls",
+    "test_fleet_target.py::test_in_process_fleet_matches_the_simulated_fleet",
+    "test_fleet_target.py::test_per_replica_summary_shows_an_affinity_hot_spot",
+    "test_metrics_slo.py::test_tail_quantile_interval_covers_where_the_bootstrap_alone_does_not",
+    "test_parsers_fuzz.py::test_record_reader",
+    "test_parsers_fuzz.py::test_slo_tables",
+    "test_parsers_fuzz.py::test_trace_files",
+    "test_parsers_fuzz.py::test_workload_specs",
+    "test_phases.py::test_bundled_day_shift_is_prefill_heavy_then_decode_heavy",
+    "test_phases.py::test_duration_and_count_cut_a_phased_run",
+    "test_plan.py::test_search_finds_the_brute_force_cheapest_fleet",
+    "test_plan.py::test_serial_and_process_pools_give_the_same_plan",
+    "test_plan.py::test_the_plan_meets_the_slo_where_it_says_so_and_its_json",
+    "test_public_api.py::test_run_load_against_a_server",
+    "test_public_api.py::test_simulate_load_summarize_compare_report",
+    "test_records_format.py::test_to_json_writes_the_same_bytes_as_before",
+    "test_replay_rate.py::test_azure_duration_offers_the_asked_rate",
+    "test_report.py::test_big_run_is_decimated_and_small",
+    "test_report.py::test_quantiles_resting_on_few_tail_values_are_marked",
+    "test_report.py::test_rate_table_shows_request_classes",
+    "test_report.py::test_rows_past_capacity_are_marked",
+    "test_report.py::test_sections_in_order_and_self_contained",
+    "test_scheduler.py::test_random_add_step_abort_keeps_accounting_and_outputs_exact",
+    "test_sessions.py::test_random_turn_counts_and_think_times",
+    "test_simulate.py::test_attainment_falls_as_rate_rises_across_the_cliff",
+    "test_simulate.py::test_deterministic_for_a_seed_and_jitter_changes_with_it",
+    "test_simulate.py::test_least_outstanding_spreads_a_burst_and_beats_round_robin_on_heavy_tails",
+    "test_simulate.py::test_prefix_affinity_keeps_shared_prefixes_on_one_replica",
+    "test_simulate.py::test_queue_drift_flags_runs_past_capacity",
+    "test_simulate.py::test_sweep_crosses_the_target_where_capacity_finds_capacity",
+    "test_simulate_decode_runs.py::test_decode_runs_leave_every_record_as_stepping_does",
+    "test_simulate_decode_runs.py::test_engines_end_in_the_same_state",
+    "test_simulate_pinned.py::test_records_match_the_pinned_digest",
+    "test_sse.py::test_any_split_yields_the_same_events",
+    "test_sse.py::test_the_fast_path_yields_what_feed_yields",
+    "test_stop.py::test_streamed_cut_equals_the_reference",
+    "test_trace_stream.py::test_memory_does_not_grow_with_the_trace",
+    "test_trace_stream.py::test_streamed_replay_matches_replay_in_times_counts_and_shared_blocks",
+    "test_trace_stream.py::test_taking_the_first_request_reads_only_a_prefix",
+    "test_traces.py::test_the_azure_samples_load_whole",
+    "test_warmup.py::test_runner_auto_warmup_marks_rewrites_and_summarises",
+    "test_workload_spec.py::test_bundled_specs_generate_their_target_quantiles",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.fspath))
+        short = f"{path.name}::{item.name.split('[')[0]}"
+        if (SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or path.stem in SERVER_MODULES
+                or short in SLOW or path.parent.name == "conformance"):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,8 @@ import os
 import random
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch", reason="needs the engine extra (torch)")
 import torch.nn.functional as F
 
 HAS_CUDA = torch.cuda.is_available()

@@ -11,7 +11,8 @@ import subprocess
 import sys
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch", reason="needs the engine extra (torch)")
 from engine_helpers import TESTS_DIR, dense_greedy, one_torch_thread
 
 from reference_engine.executor.base import SeqChunk, StepBatch

@@ -14,7 +14,8 @@ import sys
 from typing import Any
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch", reason="needs the engine extra (torch)")
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:

@@ -7,7 +7,8 @@ import random
 from collections.abc import Iterator
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch", reason="needs the engine extra (torch)")
 from engine_helpers import dense_greedy, one_torch_thread
 
 from reference_engine.config import EngineConfig

@@ -6,7 +6,8 @@ import dataclasses
 import json
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch", reason="needs the engine extra (torch)")
 from engine_helpers import greedy, one_torch_thread
 
 from reference_engine.model import CONFIGS, ModelConfig, Transformer, build_model, get_config, rope_inv_freq

@@ -9,7 +9,8 @@ import sys
 from dataclasses import dataclass, field
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch", reason="needs the engine extra (torch)")
 from engine_helpers import TESTS_DIR, dense_greedy, one_torch_thread
 
 from reference_engine.executor.base import SamplingParams, SeqChunk, StepBatch
