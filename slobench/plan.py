@@ -268,7 +268,7 @@ def _staircase(ok: Callable[[Fleet], bool], c: int, best: float, max_instances: 
 # ---- the interpolation baseline's profiling ----------------------------------------------------------------
 
 PROFILE_PREFILL_INSTANCES = 8  # decode profiling: enough prefill in front that only decoding limits
-PROFILE_GRID = tuple(2 ** (k / 4) for k in range(-12, 5))  # rates around the estimate, 19% apart
+PROFILE_GRID = tuple(2 ** (k / 3) for k in range(-9, 4))  # rates around the estimate, 26% apart
 
 
 def profile_run(setup: Setup, kind: str, input_tokens: int, output_tokens: int, rate_rps: float,
@@ -320,7 +320,7 @@ class PlanOptions:
     gpus_per_instance: int = 1
     max_candidates: int = 4  # change candidates evaluated with their switch, per window
     baselines: tuple[str, ...] = ("static-colocated", "static-disagg", "dynamo")
-    profile_requests: int = 200
+    profile_requests: int = 120
 
     def __post_init__(self) -> None:
         if not (isinstance(self.switch_s, int | float) and math.isfinite(self.switch_s) and self.switch_s >= 0):

@@ -233,7 +233,7 @@ def plan_table(result: dict[str, Any]) -> str:
             s = w["strategies"][n]
             mark = "" if s["meets_target"] else "!"
             cells.append(f"{s['label'] + ' ' + format(s['attainment'], '.0%') + mark:>18}")
-        lines.append(f"{w['start_h']:>5.1f}h {t['rate_rps']:>7.1f} {t['mean_input_tokens']:>6.0f} "
+        lines.append(f"{_clock(w['start_h']):>6} {t['rate_rps']:>7.1f} {t['mean_input_tokens']:>6.0f} "
                      f"{t['mean_output_tokens']:>5.0f} {t['prefill_decode_ratio']:>6.1f}  " + "  ".join(cells))  # fmt: skip
     lines += ["", f"(! = below the {target:.0%} target in that window)", ""]
     head2 = f"{'strategy':<18} {'GPU-hours':>10} {'attainment':>11} {'goodput/GPU':>12} {'windows met':>12} {'max':>4} {'switched':>9}"
@@ -248,6 +248,12 @@ def plan_table(result: dict[str, Any]) -> str:
     for note in result.get("notes", []):
         lines.append(f"note: {note}")
     return "\n".join(lines)
+
+
+def _clock(hours: float) -> str:
+    """A window's start as H:MM of the day (past 24 h the hours go on counting)."""
+    minutes = round(hours * 60)
+    return f"{minutes // 60}:{minutes % 60:02d}"
 
 
 def _slo_text(slo: dict[str, Any]) -> str:

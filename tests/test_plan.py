@@ -273,6 +273,12 @@ def test_the_plan_meets_the_slo_where_it_says_so_and_its_json(tmp_path: Path, da
     html = (tmp_path / "plan" / "plan.html").read_text()
     assert "Instances of each role over the day" in html and "Attainment per window" in html
     assert "http://" not in html.split("<script")[0]  # nothing fetched: the page shell's CSP holds
+    import plotly.graph_objects as go
+
+    from slobench.report.plan_page import plan_figures
+
+    for fig in plan_figures(plan):
+        go.Figure(fig)  # every property is one plotly knows (the page builds plain dicts, unchecked)
 
 
 def test_serial_and_process_pools_give_the_same_plan(recipe: DayRecipe, setup: Setup) -> None:
@@ -317,3 +323,32 @@ def test_workload_and_trace_are_one_or_the_other(day_toml: Path, tmp_path: Path,
     assert main(["plan", "--workload", str(day_toml), "--trace", str(day_toml), "--slo", SLO_TEXT]) == 2
     assert main(["plan", "--trace", str(tmp_path / "none.csv"), "--slo", SLO_TEXT]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_a_trace_day_plans_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "day.jsonl"
+    lines = []
+    for i in range(890):  # two minutes: a busy first minute of long prompts (14 req/s), a quiet second one
+        t = i / 14 if i < 840 else 60 + (i - 840) * 1.2
+        lines.append(json.dumps({"arrival_s": t, "input_tokens": 1500 if i < 840 else 100, "max_tokens": 10}))
+    trace.write_text("\n".join(lines) + "\n")
+    def plan(hold: str) -> tuple[int, dict[str, Any]]:
+        out = tmp_path / f"plan-{hold}"
+        rc = main(["plan", "--trace", str(trace), "--window", "1m", "--slo", SLO_TEXT, "--profile", "cpu-tiny",
+                   "--kv-blocks", "1024", "--max-num-seqs", "32", "--max-model-len", "4096", "--max-requests", "40",
+                   "--max-instances", "4", "--kv-link", "inf,0", "--kv-bytes-per-token", "0", "--baselines", "none",
+                   "--hold", hold, "--out", str(out)])  # fmt: skip
+        return rc, json.loads((out / "plan.json").read_text())
+
+    rc, held = plan("2")
+    assert rc == 0, capsys.readouterr().err
+    assert held["day"]["compression"] == 1.0 and held["day"]["num_windows"] == 2
+    assert list(held["strategies"]) == ["planner"]
+    rates = [w["traffic"]["rate_rps"] for w in held["windows"]]
+    assert rates[0] > 10 * rates[1]
+    sizes = [w["strategies"]["planner"]["gpus"] for w in held["windows"]]
+    assert sizes[0] == sizes[1] > 1  # one quiet window is not enough to shrink (hold 2)
+    assert held["windows"][1]["search"]["cheapest"]["instances"] == 1
+    _, eager = plan("1")
+    sizes = [w["strategies"]["planner"]["gpus"] for w in eager["windows"]]
+    assert sizes[0] > sizes[1] == 1  # the busy minute needs more than the quiet one

@@ -25,8 +25,13 @@ def write_plan_page(result: dict[str, Any], out: str | Path) -> Path:
     return write_page(Path(out), render_plan(result), "--out")
 
 
+def plan_figures(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The page's figures (plotly dicts): instances, attainment, traffic, totals."""
+    return [_instances(result), _attainment(result), _traffic(result), _totals(result)]
+
+
 def render_plan(result: dict[str, Any]) -> str:
-    figs = [_instances(result), _attainment(result), _traffic(result), _totals(result)]
+    figs = plan_figures(result)
     divs = [pio.to_html(f, config=PLOTLY_CONFIG, include_plotlyjs=False, full_html=False, div_id=f"fig-{i + 1}",
                         default_height=f"{f['layout'].get('height', 420)}px", validate=False)
             for i, f in enumerate(figs)]  # fmt: skip
