@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from slobench.clock import Clock
-from slobench.errors import SpecError
+from slobench.errors import SlobenchError, SpecError
 from slobench.records import RequestRecord, RequestSpec, RunWriter
 from slobench.slo import SLO
 from slobench.summary import summarize
@@ -305,6 +305,7 @@ async def run(
                 installed.append(sig)
     live = _start_live(disp.progress) if opts.progress else None
     cancelled_from_outside = False
+    send_error: BaseException | None = None
     try:
         # Race "everything sent and finished" against Ctrl-C, which may come at any point.
         stop_task = asyncio.ensure_future(stop.wait())
@@ -318,8 +319,11 @@ async def run(
             stop_task.cancel()
         if stop.is_set():
             await disp.drain(opts.grace_s)
-        elif not sender.cancelled() and sender.exception() is not None:
-            raise sender.exception()  # type: ignore[misc]
+        elif not sender.cancelled() and (send_error := sender.exception()) is not None:
+            # A stream that fails part-way (a trace damaged at row 900,000) stops the run: what was sent is
+            # kept and summarised, then the error is raised. Anything else, or nothing sent, is raised now.
+            if not (isinstance(send_error, SlobenchError) and disp.num_taken):
+                raise send_error
     except asyncio.CancelledError:
         # Cancelled by our caller: cancel what is in flight (each becomes a cancelled record), keep a
         # valid run directory, and let the cancellation propagate.
@@ -343,9 +347,12 @@ async def run(
     summary = summarize(disp.records, slo, seed=seed)
     if warmup_cut is not None:
         summary["warmup"] = {"rule": "MSER-5", "num_requests": warmup_cut}
-    summary["interrupted"] = interrupted
+    summary["interrupted"] = interrupted or send_error is not None
+    if send_error is not None:
+        summary["stopped_by"] = str(send_error)
     # a stream's length is known once it ran out; an interrupted one's is not (an estimate is no count)
-    summary["num_scheduled"] = total if total is not None else None if interrupted else disp.num_taken
+    unknown = interrupted or send_error is not None
+    summary["num_scheduled"] = total if total is not None else None if unknown else disp.num_taken
     if callable(row_report):
         summary["trace_rows"] = row_report()
         if writer is not None:
@@ -356,6 +363,8 @@ async def run(
         writer.finish(summary)
     if cancelled_from_outside:
         raise asyncio.CancelledError
+    if send_error is not None:
+        raise send_error
     return RunResult(disp.records, summary, interrupted, disp.progress)
 
 

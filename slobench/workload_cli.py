@@ -55,6 +55,9 @@ def check_replay_flags(args: argparse.Namespace) -> None:
     rescaled = [f for f, on in (("--rate", getattr(args, "rate", None) is not None),
                                 ("--rates", getattr(args, "rates", None) is not None),
                                 ("capacity", getattr(args, "verb", None) == "capacity")) if on]  # fmt: skip
+    if getattr(args, "time_scale", None) is not None and getattr(args, "concurrency", None) is not None:
+        raise UsageError("--time-scale and --concurrency conflict: a closed loop sends each request when one "
+                         "ends, not at the trace's times; give one")  # fmt: skip
     if getattr(args, "time_scale", None) is not None and rescaled:
         what = "a capacity search" if rescaled[0] == "capacity" else rescaled[0]
         raise UsageError(f"--time-scale and {what} conflict: a rate rescales the trace to that mean rate, "

@@ -300,3 +300,46 @@ def test_fill_builds_ahead_only_within_its_slack_and_bound(tmp_path):
         built += 1
     assert built == MAX_AHEAD - 1  # one was ready from the start
     assert [s.request_id for s in stream] == list(range(MAX_AHEAD + 50))
+
+
+async def test_a_trace_damaged_part_way_stops_the_run_with_its_summary_written(tmp_path):
+    import gzip
+
+    from slobench.records import load_run
+
+    plain = mooncake(tmp_path / "m.jsonl", 8000, gap_ms=1).read_bytes()
+    packed = gzip.compress(plain)
+    damaged = tmp_path / "m.jsonl.gz"
+    damaged.write_bytes(packed[: len(packed) * 3 // 4])  # cut: the stream fails past its first rows
+    clock = Clock()
+    with pytest.raises(UsageError, match="cannot read the gzip-compressed file"):
+        await run(StreamingReplay(str(damaged), time_scale=0.01).specs(), InstantTarget(clock), clock=clock,
+                  opts=RunOptions(progress=False), run_dir=tmp_path / "r")  # fmt: skip
+    back = load_run(tmp_path / "r")
+    assert back.summary is not None and "gzip-compressed" in back.summary["stopped_by"]
+    assert back.summary["interrupted"] and back.summary["num_scheduled"] is None
+    assert 4096 < len(back.records) < 8000 and back.summary["num_requests"] == len(back.records)
+
+
+def test_time_scale_with_a_closed_loop_is_refused(tmp_path, capsys):
+    path = str(mooncake(tmp_path / "m.jsonl", 10))
+    argv = ["run", "--trace", path, "--concurrency", "2", "--time-scale", "0.5", "--url", "http://127.0.0.1:9/v1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--time-scale and --concurrency conflict" in err[0]
+
+
+def test_streamed_burstgpt_sessions_grow_and_share_their_history(tmp_path):
+    p = tmp_path / "BurstGPT_3.csv"
+    p.write_text("Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                 "100.0,aaaa-1,3,GPT-4,100,20,120,Conversation log\n101.0,api-1,1,ChatGPT,50,5,55,API log\n"
+                 "110.0,bbbb-2,2,ChatGPT,200,40,240,Conversation log\n120.0,aaaa-1,2,GPT-4,30,10,40,Conversation log\n"
+                 "130.0,bbbb-2,4,ChatGPT,260,15,275,Conversation log\n140.0,aaaa-1,2,GPT-4,25,5,30,Conversation log\n")
+    stream = StreamingReplay.open(str(p)).specs(seed=4)
+    specs = list(stream)
+    eager = TraceReplay.open(str(p)).specs(seed=4)
+    assert [(s.session_id, s.input_tokens, s.max_tokens) for s in specs] == [
+        (s.session_id, s.input_tokens, s.max_tokens) for s in eager]
+    a = [s.prompt for s in specs if s.session_id == 0]
+    assert [len(x) for x in a] == [100, 150, 185] and a[1][:100] == a[0] and a[2][:150] == a[1]
+    assert stream.row_report()["altered"]["sent_with_session_history"] == 2
