@@ -523,9 +523,12 @@ class LoadSetup:
         knobs = engine_knobs_from_args(a)
 
         async def run_one(rate: float, run_dir: Path, manifest: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-            records, summary = simulate_run(self.specs(rate), knobs, slo=self.slo, seed=a.seed,
+            specs = self.specs(rate)
+            records, summary = simulate_run(specs, knobs, slo=self.slo, seed=a.seed,
                                             jitter_sd=a.jitter, api=self.api, replicas=a.replicas,
                                             router=a.router)
+            if hasattr(specs, "row_report"):  # a trace: what its rows became, as a real run says it
+                summary["trace_rows"] = specs.row_report()
             writer = RunWriter(run_dir, {**manifest, "clock": {"kind": "virtual"}})
             for rec in records:
                 writer.write(rec)

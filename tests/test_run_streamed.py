@@ -343,3 +343,11 @@ def test_streamed_burstgpt_sessions_grow_and_share_their_history(tmp_path):
     a = [s.prompt for s in specs if s.session_id == 0]
     assert [len(x) for x in a] == [100, 150, 185] and a[1][:100] == a[0] and a[2][:150] == a[1]
     assert stream.row_report()["altered"]["sent_with_session_history"] == 2
+
+
+def test_a_simulated_trace_run_says_what_its_rows_became(tmp_path):
+    path = burstgpt(tmp_path / "b.csv")
+    out = tmp_path / "sim"
+    assert main(["run", "--trace", str(path), "--simulate", "--no-progress", "--out", str(out)]) == 0
+    rows = json.loads((out / "summary.json").read_text())["trace_rows"]
+    assert rows["dropped"] == {"unreadable": 1, "zero_tokens": 4} and rows["num_requests"] == 36
