@@ -679,3 +679,15 @@ async def test_credentials_in_the_url_become_a_basic_header_and_leave_the_url(mo
     monkeypatch.delenv("OPENAI_API_KEY")
     basic = OpenAITarget("http://user:pw@h:1/v1", "m", transport=ScriptedTransport())  # type: ignore[arg-type]
     assert basic._headers["Authorization"] == "Basic dXNlcjpwdw=="
+
+
+def test_the_request_body_is_the_json_of_build_body_whatever_extra_body_holds() -> None:
+    from slobench.targets.openai import _body_bytes
+
+    t = OpenAITarget("http://127.0.0.1:9/v1", "m", extra_body={"big": 2**70, "note": "café ☕", "seq": (1, 2)})
+    s = spec(prompt=(1, 2, 3), extra_body=(("x_request_id", "é-1"),))
+    body = t.build_body(s)
+    sent = _body_bytes(body)  # orjson, or json where orjson refuses (the int past 64 bits here)
+    assert json.loads(sent) == json.loads(json.dumps(body)) and b", " not in sent and b": " not in sent
+    del t._extra_body["big"]
+    assert json.loads(_body_bytes(t.build_body(s))) == json.loads(json.dumps(t.build_body(s)))

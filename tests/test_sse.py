@@ -179,18 +179,18 @@ def test_a_long_line_in_many_pieces_is_one_event_and_an_endless_line_is_refused(
             p.feed(b"data: " + b"y" * 1000)
 
 
-# ---- the one-event fast path (single_data) agrees with feed ------------------------------------------------
+# ---- the fast path (data_events) agrees with feed ----------------------------------------------------------
 
 
 def parse_fast(pieces: list[bytes]) -> list[SSEEvent]:
-    """As the OpenAI target reads: a piece that is one whole data event skips `feed` (when its bytes decode)."""
+    """As the OpenAI target reads: a piece of whole data events skips `feed` (when all its bytes decode)."""
     p = SSEParser()
     out: list[SSEEvent] = []
     for piece in pieces:
-        data = p.single_data(piece)
-        if data is not None:
+        datas = p.data_events(piece)
+        if datas is not None:
             try:
-                out.append(SSEEvent(data.decode("utf-8"), "message", p._last_id))
+                out += [SSEEvent(d.decode("utf-8"), "message", p._last_id) for d in datas]
                 continue
             except UnicodeDecodeError:
                 pass
@@ -198,21 +198,22 @@ def parse_fast(pieces: list[bytes]) -> list[SSEEvent]:
     return out
 
 
-def test_single_data_takes_only_one_whole_data_event_with_nothing_pending() -> None:
+def test_data_events_takes_only_whole_data_events_with_nothing_pending() -> None:
     p = SSEParser()
-    assert p.single_data(b'data: {"a":1}\n\n') == b'{"a":1}'
-    assert p.single_data(b"data: [DONE]\n\n") == b"[DONE]"
-    for not_one in (b"data: a\n\ndata: b\n\n", b"data: a\n", b"data: a\r\n\r\n", b"data:a\n\n", b"event: x\n\n",
-                    b"data: a\ndata: b\n\n", b"\xef\xbb\xbfdata: a\n\n", b": hi\n\n"):  # fmt: skip
-        assert p.single_data(not_one) is None, not_one
+    assert p.data_events(b'data: {"a":1}\n\n') == [b'{"a":1}']
+    assert p.data_events(b"data: a\n\ndata: [DONE]\n\n") == [b"a", b"[DONE]"]
+    for not_only_data in (b"data: a\n", b"data: a\r\n\r\n", b"data:a\n\n", b"event: x\n\n", b"data: a\ndata: b\n\n",
+                          b"\xef\xbb\xbfdata: a\n\n", b": hi\n\n", b"data: a\n\n: hi\n\n", b"data: a\n\n\n\n",
+                          b"data: a\n\nid: 7\n\n", b"data: a\n\ndata: b"):  # fmt: skip
+        assert p.data_events(not_only_data) is None, not_only_data
     p.feed(b"data: half")  # a line is pending: the next piece must go through feed
-    assert p.single_data(b"data: x\n\n") is None
+    assert p.data_events(b"data: x\n\n") is None
     assert datas(p.feed(b"\n\n")) == ["half"]
     p.feed(b"event: e\n")  # an event name is pending
-    assert p.single_data(b"data: x\n\n") is None
+    assert p.data_events(b"data: x\n\n") is None
     assert p.feed(b"data: x\n\n") == [SSEEvent("x", "e")]
     p.feed(b"data: y\r")  # a \n may still come to finish this \r
-    assert p.single_data(b"data: z\n\n") is None
+    assert p.data_events(b"data: z\n\n") is None
 
 
 @settings(max_examples=300, deadline=None)
@@ -221,16 +222,17 @@ def test_single_data_takes_only_one_whole_data_event_with_nothing_pending() -> N
     eol=st.sampled_from(["\n", "\r\n", "\r"]),
     cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=8),
     is_event_per_piece=st.booleans(),
+    events_per_piece=st.integers(min_value=1, max_value=3),
     junk=st.one_of(st.none(), st.binary(max_size=12)),
 )
 def test_the_fast_path_yields_what_feed_yields(
     events: list[tuple[list[str], str | None, bool]], eol: str, cuts: list[int], is_event_per_piece: bool,
-    junk: bytes | None,
+    events_per_piece: int, junk: bytes | None,
 ) -> None:
     stream, _ = _serialise(events, eol)
-    if is_event_per_piece:  # one read per event, as servers write them
+    if is_event_per_piece:  # reads at event boundaries, as servers write them: one event a read, or a few
         ends = [i + 2 for i in range(len(stream)) if stream[i : i + 2] == b"\n\n"]
-        cuts = ends
+        cuts = ends[::events_per_piece]
     bounds = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
     pieces = [stream[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
     if junk is not None:  # bytes that may not be UTF-8 or SSE at all, as a piece of their own

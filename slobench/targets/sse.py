@@ -9,7 +9,7 @@ event at end of stream is discarded. A leading UTF-8 BOM is skipped. Bytes that 
 Speed matters: every streamed token passes through `feed`. Line endings are found on bytes (they are
 ASCII, so a split can never fall inside them and a UTF-8 character can never contain one), the
 complete lines of a feed are decoded once, and the common `data: ...` line takes the first branch. A read
-holding exactly one `data: ` event (the common case) can skip all of that through `single_data`.
+holding only whole one-line `data: ` events (the common case) can skip all of that through `data_events`.
 """
 
 from __future__ import annotations
@@ -63,25 +63,33 @@ class SSEParser:
         """True if an unfinished line or event is buffered (a stream that stops here was cut short)."""
         return bool(self._tail or self._data or self._event)
 
-    def single_data(self, chunk: bytes) -> bytes | None:
-        """The data of `chunk` when it is exactly one whole event of one `data: ` line and nothing is
-        buffered: what an LLM server writes per token, and what a read mostly returns. The caller skips
-        `feed` for it (no line splitting, no decode, no event object). None: `feed` the chunk instead; the
-        parser's state is then as it was, so feeding it gives exactly what feeding alone would have. The bytes
-        are not checked for UTF-8 here: a caller that cannot parse them feeds the chunk to hear why."""
+    def data_events(self, chunk: bytes) -> list[bytes] | None:
+        """The data of each event in `chunk` when it is nothing but whole events of one `data: ` line each
+        (`data: X\\n\\n` repeated) and nothing is buffered: what an LLM server writes, a token an event, and
+        what a read mostly returns, one event or a few. The caller skips `feed` for it (no line splitting,
+        no decode, no event objects). None: `feed` the chunk instead; the parser's state is then as it was,
+        so feeding it gives exactly what feeding alone would have. The bytes are not checked for UTF-8
+        here: a caller that cannot parse them feeds the chunk to hear why."""
         if (
-            chunk[:6] != b"data: "
-            or chunk[-2:] != b"\n\n"
-            or chunk.find(b"\n") != len(chunk) - 2
-            or b"\r" in chunk
-            or self._tail
+            self._tail
             or self._data
             or self._event
             or self._skip_lf
+            or not chunk.startswith(b"data: ")
+            or not chunk.endswith(b"\n\n")
+            or b"\r" in chunk
         ):
             return None
+        if chunk.find(b"\n") == len(chunk) - 2:  # the commonest: one event
+            datas = [chunk[6:-2]]
+        else:
+            datas = chunk[:-2].split(b"\n\n")
+            for i, line in enumerate(datas):
+                if not line.startswith(b"data: ") or b"\n" in line:
+                    return None
+                datas[i] = line[6:]
         self._at_start = False  # it began with "data: ": no BOM can come now
-        return chunk[6:-2]
+        return datas
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         if not chunk:
