@@ -9,9 +9,9 @@ from typing import Any
 
 from reference_engine.config import EngineConfig
 from reference_engine.engine import LLMEngine
+from reference_engine.errors import ConfigError
 from reference_engine.protocol import TextTokenizer
 from reference_engine.tokenizer import ByteTokenizer
-from slobench.errors import SpecError
 
 PRINTABLE_ASCII = (32, 127)  # a modeled executor emits these byte ids, so every token is visible text
 
@@ -105,7 +105,7 @@ def build_engine(
         num_blocks = ex.num_blocks
         tokenizer = ex.tokenizer
     else:
-        raise SpecError("executor", executor, "must be 'torch' or 'modeled'")
+        raise ConfigError("executor", executor, "must be 'torch' or 'modeled'")
     config = EngineConfig(
         block_size=block_size,
         num_blocks=num_blocks,

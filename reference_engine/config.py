@@ -6,15 +6,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from slobench.errors import SpecError
+from reference_engine.errors import ConfigError
 
 
 def require_positive_ints(obj: Any, names: Iterable[str]) -> None:
-    """SpecError naming the first of `obj`'s attributes `names` that is not an integer >= 1 (bools refused)."""
+    """ConfigError naming the first of `obj`'s attributes `names` that is not an integer >= 1 (bools refused)."""
     for name in names:
         value = getattr(obj, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise SpecError(name, value, "must be an integer >= 1")
+            raise ConfigError(name, value, "must be an integer >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +39,7 @@ class EngineConfig:
         if self.prefix_hash_key is not None and not (
             isinstance(self.prefix_hash_key, bytes) and 1 <= len(self.prefix_hash_key) <= 64
         ):
-            raise SpecError("prefix_hash_key", self.prefix_hash_key, "must be 1..64 bytes (a blake2b key)")
+            raise ConfigError("prefix_hash_key", self.prefix_hash_key, "must be 1..64 bytes (a blake2b key)")
 
     @property
     def num_kv_tokens(self) -> int:

@@ -23,10 +23,10 @@ from typing import Protocol
 
 from reference_engine.block_manager import BlockAccountingError
 from reference_engine.config import EngineConfig
+from reference_engine.errors import ConfigError
 from reference_engine.executor.base import Executor, SamplingParams
 from reference_engine.scheduler import RequestRejected, Scheduler
 from reference_engine.sequence import FinishReason, Sequence
-from slobench.errors import SpecError
 
 log = logging.getLogger(__name__)
 
@@ -137,9 +137,9 @@ class LLMEngine:
         observer: StatsObserver | None = None,
     ) -> None:
         if executor.block_size != config.block_size:
-            raise SpecError("block_size", executor.block_size, f"executor's differs from config's {config.block_size}")
+            raise ConfigError("block_size", executor.block_size, f"executor's differs from config's {config.block_size}")
         if executor.num_blocks != config.num_blocks:
-            raise SpecError("num_blocks", executor.num_blocks, f"executor's differs from config's {config.num_blocks}")
+            raise ConfigError("num_blocks", executor.num_blocks, f"executor's differs from config's {config.num_blocks}")
         self.config = config
         self.executor = executor
         self.clock: EngineClock = clock if clock is not None else _MonotonicClock()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slobench.errors import SpecError
+from reference_engine.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,17 +36,17 @@ class ModelConfig:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "max_seq_len"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise SpecError(name, value, "must be a positive integer")
+                raise ConfigError(name, value, "must be a positive integer")
         if self.dim % self.n_heads:
-            raise SpecError("dim", self.dim, f"must be divisible by n_heads={self.n_heads}")
+            raise ConfigError("dim", self.dim, f"must be divisible by n_heads={self.n_heads}")
         if self.n_heads % self.n_kv_heads:
-            raise SpecError("n_kv_heads", self.n_kv_heads, f"must divide n_heads={self.n_heads}")
+            raise ConfigError("n_kv_heads", self.n_kv_heads, f"must divide n_heads={self.n_heads}")
         if self.head_dim % 2:
-            raise SpecError("dim", self.dim, "dim / n_heads must be even for rotary embeddings")
+            raise ConfigError("dim", self.dim, "dim / n_heads must be even for rotary embeddings")
         if self.rope_theta <= 0:
-            raise SpecError("rope_theta", self.rope_theta, "must be > 0")
+            raise ConfigError("rope_theta", self.rope_theta, "must be > 0")
         if self.norm_eps <= 0:
-            raise SpecError("norm_eps", self.norm_eps, "must be > 0")
+            raise ConfigError("norm_eps", self.norm_eps, "must be > 0")
 
     @property
     def head_dim(self) -> int:
@@ -71,5 +71,5 @@ def get_config(model_config: str | ModelConfig) -> ModelConfig:
     if isinstance(model_config, ModelConfig):
         return model_config
     if model_config not in CONFIGS:
-        raise SpecError("model", model_config, f"unknown model config; known: {sorted(CONFIGS)}")
+        raise ConfigError("model", model_config, f"unknown model config; known: {sorted(CONFIGS)}")
     return CONFIGS[model_config]

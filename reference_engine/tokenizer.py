@@ -9,7 +9,7 @@ from __future__ import annotations
 import codecs
 from collections.abc import Iterable
 
-from slobench.errors import SpecError
+from reference_engine.errors import ConfigError
 
 BOS_ID = 256
 EOS_ID = 257
@@ -24,7 +24,7 @@ def placeholder(token_id: int) -> str:
 class ByteTokenizer:
     def __init__(self, vocab_size: int = MIN_VOCAB_SIZE) -> None:
         if vocab_size < MIN_VOCAB_SIZE:
-            raise SpecError("vocab_size", vocab_size, f"a byte tokenizer needs at least {MIN_VOCAB_SIZE} ids")
+            raise ConfigError("vocab_size", vocab_size, f"a byte tokenizer needs at least {MIN_VOCAB_SIZE} ids")
         self.vocab_size = vocab_size
         self.bos_token_id = BOS_ID
         self.eos_token_id = EOS_ID

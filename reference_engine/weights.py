@@ -13,17 +13,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from reference_engine.errors import CheckpointError
 from reference_engine.model import ModelConfig, RopeScaling, Transformer, empty_model
-from slobench.errors import UsageError
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 # Saved by some exporters, recomputed by us from the config.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
-
-class CheckpointError(UsageError):
-    """A checkpoint folder that cannot be loaded: missing file or tensor, wrong shape, unsupported config."""
 
 
 def load_config(path: str | Path) -> ModelConfig:

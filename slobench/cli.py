@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from slobench import __version__
-from slobench.errors import SlobenchError, UsageError
+from slobench.errors import EngineError, SlobenchError, UsageError
 from slobench.redact import redact_argv, redact_text
 
 EXIT_CODES = __doc__.split("Exit codes", 1)[1].split("\n", 1)[1] if __doc__ else ""
@@ -195,11 +195,11 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 return int(mod.dispatch(args))
         parser.error(f"unknown verb {args.verb!r}")
         return 2
-    except SlobenchError as e:
+    except (SlobenchError, EngineError) as e:  # the engine's own errors are bad settings or files: exit 2
         from slobench.redact import redact_text
 
         print(f"slobench: error: {redact_text(str(e))}", file=sys.stderr)  # a URL as typed may hold a password
-        return e.exit_code
+        return e.exit_code if isinstance(e, SlobenchError) else 2
     except KeyboardInterrupt:
         print("slobench: interrupted", file=sys.stderr)
         return 130

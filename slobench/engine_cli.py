@@ -70,6 +70,7 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.verb in ("serve", "demo"):
         require_server_stack(args.verb)
     if args.verb == "serve":
+        import slobench.profiles  # noqa: F401  (registers `--profile roofline:GPU/MODEL` with the engine)
         from reference_engine.server import serve_from_args
 
         serve_from_args(args)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from reference_engine.errors import ConfigError as EngineConfigError
+from reference_engine.errors import EngineError
+
+__all__ = ["EngineConfigError", "EngineError", "SlobenchError", "SpecError", "TargetUnreachable", "UsageError"]
+
 
 class SlobenchError(Exception):
     """Base of every error slobench raises on purpose. `exit_code` is what the CLI exits with."""
@@ -15,14 +20,17 @@ class UsageError(SlobenchError):
     exit_code = 2
 
 
-class SpecError(UsageError):
-    """A workload/SLO/config value is invalid. The message names the field and the bad value."""
+class SpecError(UsageError, EngineConfigError):
+    """A workload/SLO/config value is invalid. The message names the field and the bad value.
+
+    It is also the engine's `ConfigError` (the engine imports nothing from slobench): `except
+    EngineConfigError` catches a bad setting from either package."""
 
     def __init__(self, field: str, value: object, why: str) -> None:
         self.field = field
         self.value = value
         self.why = why
-        super().__init__(f"{field}: {why} (got {value!r})")
+        Exception.__init__(self, f"{field}: {why} (got {value!r})")  # one message, whichever base is asked
 
 
 class TargetUnreachable(SlobenchError):

@@ -11,7 +11,7 @@ import pytest
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.cli import main
 from slobench.disagg import DisaggFleet, KVLink, kv_bytes_per_token
-from slobench.errors import SpecError
+from slobench.errors import EngineConfigError
 from slobench.metrics import RecordArrays
 from slobench.records import RequestSpec
 from slobench.simulate import ModeledEngine, simulate_records, simulate_run
@@ -38,13 +38,13 @@ def test_link_and_bytes_per_token_parse() -> None:
     assert KVLink.parse("1GiB/s,0") == KVLink(2**30, 0.0)
     assert math.isinf(KVLink.parse("inf,0").bandwidth_Bps)
     for bad in ("fast", "50GB/s", "50GB,20us", "0GB/s,1us", "50GB/s,-1us", "50GB/s,20"):
-        with pytest.raises(SpecError, match="kv_link"):
+        with pytest.raises(EngineConfigError, match="kv_link"):
             KVLink.parse(bad)
     assert BPT == 2 * 16 * 8 * 64 * 2  # Llama-3.2-1B: 16 layers, 8 KV heads of 64, bf16: 32 KiB a token
     assert kv_bytes_per_token("tiny") == 2 * 4 * 2 * 32 * 2
-    with pytest.raises(SpecError, match="model config"):
+    with pytest.raises(EngineConfigError, match="model config"):
         kv_bytes_per_token("gpt-9")
-    with pytest.raises(SpecError, match="prefill and one decode"):
+    with pytest.raises(EngineConfigError, match="prefill and one decode"):
         DisaggFleet(1, 0)
 
 
@@ -151,5 +151,5 @@ def test_deterministic_for_a_seed_with_jitter() -> None:
     runs = [simulate_records(specs, ENGINE, disagg=fleet, jitter_sd=0.05, seed=s) for s in (1, 1, 2)]
     assert [r.to_json() for r in runs[0]] == [r.to_json() for r in runs[1]]
     assert [r.done_s for r in runs[0]] != [r.done_s for r in runs[2]]
-    with pytest.raises(SpecError, match="colocated_replicas"):
+    with pytest.raises(EngineConfigError, match="colocated_replicas"):
         simulate_records(specs, ENGINE, disagg=fleet, replicas=2)

@@ -290,12 +290,12 @@ def test_random_engine_ops_balance_blocks(ops: list[tuple], num_blocks: int, cac
 
 
 def test_config_and_executor_mismatch_are_named_errors() -> None:
-    from slobench.errors import SpecError
+    from slobench.errors import EngineConfigError
 
-    with pytest.raises(SpecError, match="block_size"):
+    with pytest.raises(EngineConfigError, match="block_size"):
         EngineConfig(block_size=0)
-    with pytest.raises(SpecError, match="max_num_seqs"):
+    with pytest.raises(EngineConfigError, match="max_num_seqs"):
         EngineConfig(max_num_seqs=True)  # type: ignore[arg-type]
     ex = ModeledExecutor(PROFILE, block_size=4, num_blocks=8)
-    with pytest.raises(SpecError, match="num_blocks"):
+    with pytest.raises(EngineConfigError, match="num_blocks"):
         LLMEngine(EngineConfig(block_size=4, num_blocks=9), ex)

@@ -525,8 +525,8 @@ async def test_soak_with_random_disconnects_leaks_no_block(server: str) -> None:
 def test_zero_engine_sizes_are_refused_not_defaulted():
     # Regression: `kv_blocks or 2048` turned an explicit 0 into the default and served anyway.
     from reference_engine.builder import build_engine
-    from slobench.errors import SpecError
+    from slobench.errors import EngineConfigError
 
     for knobs in ({"kv_blocks": 0}, {"max_model_len": 0}):
-        with pytest.raises(SpecError):
+        with pytest.raises(EngineConfigError):
             build_engine(executor="modeled", **knobs)

@@ -24,7 +24,7 @@ from reference_engine.executor.cuda_graphs import (
 )
 from reference_engine.executor.kv_sizing import GIB, MemoryProfile, num_kv_blocks, warmup_chunks
 from reference_engine.executor.torch_executor import TorchExecutor, resolve_dtype
-from slobench.errors import SpecError
+from slobench.errors import EngineConfigError
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device: graph capture and replay need one")
@@ -58,11 +58,11 @@ def test_graph_batch_sizes(max_num_seqs: int, sizes: tuple[int, ...]) -> None:
 
 
 def test_graph_batch_sizes_rejects_bad_limits() -> None:
-    with pytest.raises(SpecError, match="max_num_seqs"):
+    with pytest.raises(EngineConfigError, match="max_num_seqs"):
         graph_batch_sizes(0)
-    with pytest.raises(SpecError, match="batch_sizes"):
+    with pytest.raises(EngineConfigError, match="batch_sizes"):
         GraphPlan((4, 2), 16, 128)
-    with pytest.raises(SpecError, match="max_context_len"):
+    with pytest.raises(EngineConfigError, match="max_context_len"):
         GraphPlan((1, 2), 16, 0)
 
 
@@ -110,7 +110,7 @@ def test_dtype_auto_resolution(given: str | torch.dtype, device: str, want: torc
 
 @pytest.mark.parametrize("bad", ["int32", "bf16x", "bool"])
 def test_dtype_names_that_are_not_float_dtypes_are_spec_errors(bad: str) -> None:
-    with pytest.raises(SpecError, match="dtype"):
+    with pytest.raises(EngineConfigError, match="dtype"):
         resolve_dtype(bad, "cpu")
 
 
@@ -128,15 +128,15 @@ def test_kv_blocks_from_given_memory_numbers() -> None:
 
 def test_kv_sizing_says_clearly_when_nothing_fits() -> None:
     profile = MemoryProfile(total_bytes=80 * GIB, used_bytes=70 * GIB, activation_peak_bytes=3 * GIB)
-    with pytest.raises(SpecError, match=r"leaves room for 0 KV blocks.*0.9 × 80.00 GiB total − 70.00 GiB in use"
+    with pytest.raises(EngineConfigError, match=r"leaves room for 0 KV blocks.*0.9 × 80.00 GiB total − 70.00 GiB in use"
                                         r".*3.00 GiB activation peak = -1.00 GiB.*--kv-blocks"):  # fmt: skip
         num_kv_blocks(profile, 0.9, 512 * 1024)
     roomy = MemoryProfile(total_bytes=80 * GIB, used_bytes=0, activation_peak_bytes=0)
-    with pytest.raises(SpecError, match="leaves room for 10 KV blocks, 11 needed"):
+    with pytest.raises(EngineConfigError, match="leaves room for 10 KV blocks, 11 needed"):
         num_kv_blocks(roomy, 0.5, 4 * GIB, min_blocks=11)
-    with pytest.raises(SpecError, match="gpu_memory_utilization"):
+    with pytest.raises(EngineConfigError, match="gpu_memory_utilization"):
         num_kv_blocks(roomy, 1.5, 1024)
-    with pytest.raises(SpecError, match="used_bytes"):
+    with pytest.raises(EngineConfigError, match="used_bytes"):
         MemoryProfile(total_bytes=GIB, used_bytes=-1, activation_peak_bytes=0)
 
 
@@ -153,7 +153,7 @@ def test_warmup_step_covers_the_token_budget(tokens: int, max_seqs: int, max_len
 
 
 def test_cpu_executor_needs_kv_blocks() -> None:
-    with pytest.raises(SpecError, match="num_blocks: must be given on cpu"):
+    with pytest.raises(EngineConfigError, match="num_blocks: must be given on cpu"):
         TorchExecutor("tiny", None, BLOCK_SIZE)
 
 

@@ -18,7 +18,7 @@ from reference_engine.executor.modeled_executor import CostProfile, ModeledExecu
 from reference_engine.executor.torch_executor import TorchExecutor
 from reference_engine.scheduler import Scheduler
 from reference_engine.sequence import Sequence
-from slobench.errors import SpecError
+from slobench.errors import EngineConfigError
 
 NUM_BLOCKS = 64
 PROMPT = [3, 17, 101, 42, 250, 7]  # six tokens: prefill spans two blocks of 4
@@ -162,5 +162,5 @@ def test_scheduler_ends_on_the_first_eos_once_min_tokens_is_met() -> None:
 
 @pytest.mark.parametrize("bad", [-1, True, 1.5])
 def test_sampling_params_reject_a_bad_min_tokens(bad: object) -> None:
-    with pytest.raises(SpecError, match="min_tokens"):
+    with pytest.raises(EngineConfigError, match="min_tokens"):
         SamplingParams(min_tokens=bad)  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from reference_engine.weights import (
     load_model,
     save_hf_checkpoint,
 )
-from slobench.errors import SpecError
+from slobench.errors import EngineConfigError
 
 _one_torch_thread = pytest.fixture(autouse=True, scope="module")(one_torch_thread)
 
@@ -33,13 +33,13 @@ def tiny() -> Transformer:
 
 
 def test_config_validation_names_the_field() -> None:
-    with pytest.raises(SpecError, match="n_kv_heads"):
+    with pytest.raises(EngineConfigError, match="n_kv_heads"):
         dataclasses.replace(CONFIGS["tiny"], n_kv_heads=3)
-    with pytest.raises(SpecError, match="dim"):
+    with pytest.raises(EngineConfigError, match="dim"):
         dataclasses.replace(CONFIGS["tiny"], dim=250)
-    with pytest.raises(SpecError, match="vocab_size"):
+    with pytest.raises(EngineConfigError, match="vocab_size"):
         dataclasses.replace(CONFIGS["tiny"], vocab_size=0)
-    with pytest.raises(SpecError, match="unknown model config"):
+    with pytest.raises(EngineConfigError, match="unknown model config"):
         get_config("gpt-5")
 
 
@@ -178,7 +178,7 @@ def test_config_values_are_validated(tmp_path) -> None:
     raw = json.loads((tmp_path / "config.json").read_text())
     raw["num_key_value_heads"] = 3
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(SpecError, match="n_kv_heads"):
+    with pytest.raises(EngineConfigError, match="n_kv_heads"):
         load_config(tmp_path)
 
 
@@ -194,7 +194,7 @@ def test_tokenizer_round_trip_and_specials() -> None:
     assert tok.encode("a", add_bos=True) == [BOS_ID, 97]
     assert tok.decode([BOS_ID, 104, 105, EOS_ID]) == "hi"
     assert tok.eos_token_id == EOS_ID
-    with pytest.raises(SpecError, match="vocab_size"):
+    with pytest.raises(EngineConfigError, match="vocab_size"):
         ByteTokenizer(100)
 
 

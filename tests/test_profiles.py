@@ -10,7 +10,7 @@ import pytest
 
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.cli import main
-from slobench.errors import SpecError
+from slobench.errors import EngineConfigError
 from slobench.profiles import GPUS, MODELS, Efficiency, get_model, roofline
 
 VIDUR = Path(__file__).resolve().parents[2] / "shared" / "profiling" / "vidur-gpu-ops"
@@ -53,9 +53,9 @@ def test_tensor_parallel_splits_weights_and_kv() -> None:
     assert four.weights_read_s == pytest.approx(one.weights_read_s / 4)
     assert four.kv_read_per_context_token_s == pytest.approx(one.kv_read_per_context_token_s / 4)
     assert four.step_overhead_s > one.step_overhead_s  # all-reduce latencies
-    with pytest.raises(SpecError, match="weights need"):
+    with pytest.raises(EngineConfigError, match="weights need"):
         roofline("llama-3.1-70b", "h100", tp=1)
-    with pytest.raises(SpecError, match="tp"):
+    with pytest.raises(EngineConfigError, match="tp"):
         roofline("llama-3.1-8b", "h100", tp=0)
 
 
@@ -75,9 +75,9 @@ def test_linear_profiles_are_unchanged_and_round_trip(tmp_path: Path) -> None:
 def test_the_profile_flag_accepts_a_roofline_name() -> None:
     assert CostProfile.load("roofline:h100/llama-3.1-8b") == roofline("llama-3.1-8b", "h100")
     assert CostProfile.load("roofline:a100/llama-3.1-70b/tp8") == roofline("llama-3.1-70b", "a100", 8)
-    with pytest.raises(SpecError, match="known: h100"):
+    with pytest.raises(EngineConfigError, match="known: h100"):
         CostProfile.load("roofline:b200/llama-3.1-8b")
-    with pytest.raises(SpecError, match="roofline:GPU/MODEL"):
+    with pytest.raises(EngineConfigError, match="roofline:GPU/MODEL"):
         CostProfile.load("roofline:h100")
 
 

@@ -13,7 +13,7 @@ from reference_engine.executor.modeled_executor import CostProfile
 from reference_engine.protocol import chat_prompt
 from reference_engine.tokenizer import ByteTokenizer
 from slobench.capacity import SearchOptions, search_capacity
-from slobench.errors import SpecError
+from slobench.errors import EngineConfigError
 from slobench.records import RequestSpec, load_run
 from slobench.simulate import ModeledEngine, SimulatedMeasure, simulate_records, simulate_run, sweep_crossing
 from slobench.slo import SLO
@@ -130,17 +130,17 @@ class _RealTimeExecutor:
 
 
 def test_needs_a_modeled_executor_and_valid_knobs() -> None:
-    with pytest.raises(SpecError, match="modeled"):
+    with pytest.raises(EngineConfigError, match="modeled"):
         simulate_records([spec(0, 0.0)], lambda: LLMEngine(EngineConfig(num_blocks=64), _RealTimeExecutor()))
-    with pytest.raises(SpecError, match="executor"):
+    with pytest.raises(EngineConfigError, match="executor"):
         simulate_records([spec(0, 0.0)], {"executor": "torch"})
-    with pytest.raises(SpecError, match="unknown knobs"):
+    with pytest.raises(EngineConfigError, match="unknown knobs"):
         simulate_records([spec(0, 0.0)], {"kv_block": 12})
-    with pytest.raises(SpecError, match="kv_blocks"):
+    with pytest.raises(EngineConfigError, match="kv_blocks"):
         ModeledEngine(kv_blocks=0)
-    with pytest.raises(SpecError, match="step_scale"):
+    with pytest.raises(EngineConfigError, match="step_scale"):
         ModeledEngine(step_scale=0)
-    with pytest.raises(SpecError, match="jitter_sd"):
+    with pytest.raises(EngineConfigError, match="jitter_sd"):
         simulate_records([spec(0, 0.0)], ENGINE, jitter_sd=-1)
 
 
@@ -230,9 +230,9 @@ def test_prefix_affinity_keeps_shared_prefixes_on_one_replica() -> None:
 
 def test_bad_fleets_are_refused() -> None:
     for n in (0, -2, True, 1.5):
-        with pytest.raises(SpecError, match="replicas"):
+        with pytest.raises(EngineConfigError, match="replicas"):
             simulate_records([spec(0, 0.0)], ENGINE, replicas=n)  # type: ignore[arg-type]
-    with pytest.raises(SpecError, match="router"):
+    with pytest.raises(EngineConfigError, match="router"):
         simulate_records([spec(0, 0.0)], ENGINE, replicas=2, router="random")
 
 

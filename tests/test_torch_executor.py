@@ -15,7 +15,7 @@ from engine_helpers import TESTS_DIR, dense_greedy, one_torch_thread
 
 from reference_engine.executor.base import SamplingParams, SeqChunk, StepBatch
 from reference_engine.executor.torch_executor import TorchExecutor, kv_bytes_per_token, num_blocks_for_memory
-from slobench.errors import SpecError
+from slobench.errors import EngineConfigError
 
 NUM_BLOCKS = 96
 
@@ -246,7 +246,7 @@ def test_triton_kernels_through_the_interpreter_match_dense() -> None:
 
 
 def test_unknown_attention_backend_is_a_spec_error() -> None:
-    with pytest.raises(SpecError, match="attention_backend"):
+    with pytest.raises(EngineConfigError, match="attention_backend"):
         TorchExecutor("tiny", 4, 4, attention_backend="flash")
 
 

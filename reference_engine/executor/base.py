@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from slobench.errors import SpecError
+from reference_engine.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +19,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or self.min_tokens < 0:
-            raise SpecError("min_tokens", self.min_tokens, "must be an integer >= 0")
+            raise ConfigError("min_tokens", self.min_tokens, "must be an integer >= 0")
 
 
 @dataclass(slots=True)

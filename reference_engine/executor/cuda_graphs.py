@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from reference_engine.errors import ConfigError
 from reference_engine.executor.base import SeqChunk
-from slobench.errors import SpecError
 
 # vLLM captures 1, 2, 4, then multiples of 8; powers of two keep the number of graphs (and their memory)
 # small while padding at most doubles a batch's dense work, which a bandwidth-bound decode barely feels.
@@ -43,9 +43,9 @@ def graph_batch_sizes(
     """The candidates up to `max_num_seqs`, plus `max_num_seqs` itself when it falls between two of them
     (so a full batch is never left to eager); capped at the largest candidate."""
     if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
-        raise SpecError("max_num_seqs", max_num_seqs, "must be an integer >= 1")
+        raise ConfigError("max_num_seqs", max_num_seqs, "must be an integer >= 1")
     if not candidates or min(candidates) < 1:
-        raise SpecError("candidates", candidates, "must be positive batch sizes")
+        raise ConfigError("candidates", candidates, "must be positive batch sizes")
     top = min(max_num_seqs, max(candidates))
     return tuple(sorted({s for s in candidates if s < top} | {top}))
 
@@ -73,13 +73,13 @@ class GraphPlan:
     def __post_init__(self) -> None:
         sizes = self.batch_sizes
         if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
-            raise SpecError("batch_sizes", sizes, "must be a non-empty tuple of integers >= 1")
+            raise ConfigError("batch_sizes", sizes, "must be a non-empty tuple of integers >= 1")
         if list(sizes) != sorted(set(sizes)):
-            raise SpecError("batch_sizes", sizes, "must be strictly ascending")
+            raise ConfigError("batch_sizes", sizes, "must be strictly ascending")
         for name in ("block_size", "max_context_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SpecError(name, value, "must be an integer >= 1")
+                raise ConfigError(name, value, "must be an integer >= 1")
 
     @classmethod
     def for_limits(cls, max_num_seqs: int, max_context_len: int, block_size: int,

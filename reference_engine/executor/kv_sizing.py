@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from reference_engine.errors import ConfigError
 from reference_engine.executor.base import SeqChunk
-from slobench.errors import SpecError
 
 if TYPE_CHECKING:
     import torch
@@ -35,25 +35,25 @@ class MemoryProfile:
 
     def __post_init__(self) -> None:
         if self.total_bytes < 1:
-            raise SpecError("total_bytes", self.total_bytes, "must be >= 1")
+            raise ConfigError("total_bytes", self.total_bytes, "must be >= 1")
         for name in ("used_bytes", "activation_peak_bytes"):
             if getattr(self, name) < 0:
-                raise SpecError(name, getattr(self, name), "must be >= 0")
+                raise ConfigError(name, getattr(self, name), "must be >= 0")
 
 
 def num_kv_blocks(profile: MemoryProfile, gpu_memory_utilization: float, bytes_per_block: int,
                   min_blocks: int = 1) -> int:  # fmt: skip
-    """Blocks that fit in the budget; a SpecError naming every term when fewer than `min_blocks` do."""
+    """Blocks that fit in the budget; a ConfigError naming every term when fewer than `min_blocks` do."""
     if not 0.0 < gpu_memory_utilization <= 1.0:
-        raise SpecError("gpu_memory_utilization", gpu_memory_utilization, "must be in (0, 1]")
+        raise ConfigError("gpu_memory_utilization", gpu_memory_utilization, "must be in (0, 1]")
     if bytes_per_block < 1:
-        raise SpecError("bytes_per_block", bytes_per_block, "must be >= 1")
+        raise ConfigError("bytes_per_block", bytes_per_block, "must be >= 1")
     budget = (
         int(gpu_memory_utilization * profile.total_bytes) - profile.used_bytes - profile.activation_peak_bytes
     )
     blocks = max(0, budget) // bytes_per_block
     if blocks < max(1, min_blocks):
-        raise SpecError(
+        raise ConfigError(
             "gpu_memory_utilization", gpu_memory_utilization,
             f"leaves room for {blocks} KV blocks, {max(1, min_blocks)} needed: "
             f"{gpu_memory_utilization:g} × {profile.total_bytes / GIB:.2f} GiB total "
@@ -75,7 +75,7 @@ def warmup_chunks(max_num_batched_tokens: int, max_num_seqs: int, max_model_len:
     for name, value in (("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs),
                         ("max_model_len", max_model_len), ("block_size", block_size)):  # fmt: skip
         if value < 1:
-            raise SpecError(name, value, "must be >= 1")
+            raise ConfigError(name, value, "must be >= 1")
     num_seqs = max(
         min(max_num_seqs, max_num_batched_tokens), math.ceil(max_num_batched_tokens / max_model_len)
     )

@@ -17,15 +17,19 @@ so runs repeat exactly; EOS is never produced unless `eos_probability` > 0, nor 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from reference_engine.errors import ConfigError
 from reference_engine.executor.base import StepBatch, StepResult
-from slobench.errors import SpecError
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+# Profiles built by a function rather than read from a file, by name prefix: slobench.profiles registers
+# "roofline:" (a GPU spec and a model config). The engine imports nothing from slobench: whoever offers
+# such profiles registers them here before a name reaches `CostProfile.load`.
+PROFILE_BUILDERS: dict[str, Callable[[str], CostProfile]] = {}
 _MASK64 = (1 << 64) - 1
 _COEFFICIENTS = ("step_overhead_s", "per_prefill_token_s", "per_decode_seq_s", "per_context_token_s",
                  "compute_per_token_s", "weights_read_s", "attention_per_pair_s", "kv_read_per_context_token_s")
@@ -51,7 +55,7 @@ class CostProfile:
         for name in _COEFFICIENTS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-                raise SpecError(name, value, "must be a number >= 0 (seconds)")
+                raise ConfigError(name, value, "must be a number >= 0 (seconds)")
 
     @property
     def is_roofline(self) -> bool:
@@ -85,26 +89,28 @@ class CostProfile:
     @classmethod
     def load(cls, name_or_path: str | Path) -> CostProfile:
         """A bundled profile by name (`h100-llama-1b`, `cpu-tiny`) or a JSON file by path."""
-        if isinstance(name_or_path, str) and name_or_path.startswith("roofline:"):
-            # built from a GPU spec and a model config (slobench.profiles), e.g. roofline:h100/llama-3.1-8b
-            from slobench.profiles import roofline_from_name
-
-            return roofline_from_name(name_or_path)
+        if isinstance(name_or_path, str) and ":" in name_or_path:
+            prefix = name_or_path.split(":", 1)[0] + ":"
+            if prefix in PROFILE_BUILDERS:
+                return PROFILE_BUILDERS[prefix](name_or_path)
+            if prefix == "roofline:":
+                raise ConfigError("profile", name_or_path, "roofline profiles are built by slobench.profiles: run "
+                                  "through slobench, or write one with `slobench profile -o FILE` and pass the file")
         path = Path(name_or_path)
         if not path.suffix:
             path = PROFILES_DIR / f"{name_or_path}.json"
         if not path.is_file():
             known = sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
-            raise SpecError("profile", str(name_or_path), f"no such profile file; bundled ones: {known}")
+            raise ConfigError("profile", str(name_or_path), f"no such profile file; bundled ones: {known}")
         raw = json.loads(path.read_text())
         if not isinstance(raw, dict):
-            raise SpecError("profile", str(path), "must hold a JSON object of coefficients")
+            raise ConfigError("profile", str(path), "must hold a JSON object of coefficients")
         fields = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw}
         fields.setdefault("name", path.stem)
         try:
             return cls(**fields)
         except TypeError as e:
-            raise SpecError("profile", str(path), f"missing coefficients: {e}") from e
+            raise ConfigError("profile", str(path), f"missing coefficients: {e}") from e
 
     def to_json(self) -> str:
         doc = asdict(self)
@@ -126,7 +132,7 @@ class CostProfile:
 
         rows = np.asarray(list(samples), dtype=float)
         if rows.ndim != 2 or rows.shape[0] < 4 or rows.shape[1] != 4:
-            raise SpecError("samples", rows.shape, "need at least 4 rows of (step_s, prefill, decode, context)")
+            raise ConfigError("samples", rows.shape, "need at least 4 rows of (step_s, prefill, decode, context)")
         design = np.column_stack([np.ones(len(rows)), rows[:, 1:]])
         coef, *_ = np.linalg.lstsq(design, rows[:, 0], rcond=None)
         a, b, c, d = (max(float(x), 0.0) for x in coef)
@@ -157,12 +163,12 @@ class ModeledExecutor:
         """`token_id_range` (lo, hi): sample ids in [lo, hi) only, e.g. a byte tokenizer's printable ASCII,
         so that every streamed token is visible text."""
         if not 0.0 <= eos_probability <= 1.0:
-            raise SpecError("eos_probability", eos_probability, "must be in [0, 1]")
+            raise ConfigError("eos_probability", eos_probability, "must be in [0, 1]")
         if eos_probability > 0 and eos_token_id is None:
-            raise SpecError("eos_token_id", None, "is needed when eos_probability > 0")
+            raise ConfigError("eos_token_id", None, "is needed when eos_probability > 0")
         lo, hi = token_id_range if token_id_range is not None else (0, vocab_size)
         if not 0 <= lo < hi <= vocab_size:
-            raise SpecError("token_id_range", token_id_range, f"must satisfy 0 <= lo < hi <= {vocab_size}")
+            raise ConfigError("token_id_range", token_id_range, f"must satisfy 0 <= lo < hi <= {vocab_size}")
         self.profile = profile
         self.block_size = block_size
         self.num_blocks = num_blocks

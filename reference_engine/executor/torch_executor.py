@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from reference_engine.errors import ConfigError
 from reference_engine.executor.base import SamplingParams, SeqChunk, StepBatch, StepResult
 from reference_engine.executor.cuda_graphs import DecodeGraphRunner, GraphPlan, use_cuda_graphs
 from reference_engine.executor.kv_sizing import (
@@ -34,7 +35,6 @@ from reference_engine.executor.kv_sizing import (
 )
 from reference_engine.model import ModelConfig, build_model, get_config
 from reference_engine.tokenizer import ByteTokenizer
-from slobench.errors import SpecError
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def resolve_dtype(dtype: torch.dtype | str, device: str | torch.device) -> torch
         return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     resolved = getattr(torch, dtype, None) if isinstance(dtype, str) else None
     if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
-        raise SpecError(
+        raise ConfigError(
             "dtype", dtype, "must be 'auto' or a torch floating dtype name (float32, bfloat16, float16)"
         )
     return resolved
@@ -185,9 +185,9 @@ class TorchExecutor:
         On CUDA with the kernels backend, decode steps of up to `max_num_seqs` sequences and
         `max_model_len` tokens replay CUDA graphs unless `enforce_eager`."""
         if num_blocks is not None and num_blocks < 1:
-            raise SpecError("num_blocks", num_blocks, "must be >= 1")
+            raise ConfigError("num_blocks", num_blocks, "must be >= 1")
         if block_size < 1:
-            raise SpecError("block_size", block_size, "must be >= 1")
+            raise ConfigError("block_size", block_size, "must be >= 1")
         self.device = torch.device(device)
         dtype = resolve_dtype(dtype, self.device)
         if weights_path is not None:
@@ -206,7 +206,7 @@ class TorchExecutor:
         if attention_backend is None:
             attention_backend = "kernels" if self.device.type == "cuda" else "sdpa"
         if attention_backend not in ("sdpa", "kernels"):
-            raise SpecError("attention_backend", attention_backend, "must be 'sdpa' or 'kernels'")
+            raise ConfigError("attention_backend", attention_backend, "must be 'sdpa' or 'kernels'")
         self.attention_backend = attention_backend
         # The kernels backend also fuses norms, rotary and SiLU·mul (set before any warm-up or capture).
         self.model.use_fused_kernels = attention_backend == "kernels"
@@ -244,7 +244,7 @@ class TorchExecutor:
     def _profile_num_blocks(self, max_num_batched_tokens: int, max_num_seqs: int, utilization: float) -> int:
         """Warm-up step on a scratch cache just big enough for it, then size the real cache (kv_sizing)."""
         if self.device.type != "cuda":
-            raise SpecError("num_blocks", None, f"must be given on {self.device.type}: free memory is only "
+            raise ConfigError("num_blocks", None, f"must be given on {self.device.type}: free memory is only "
                                                 "measured on CUDA")  # fmt: skip
         chunks, warmup_blocks = warmup_chunks(max_num_batched_tokens, max_num_seqs, self.max_model_len,
                                               self.block_size)  # fmt: skip

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+import slobench.profiles  # noqa: F401  (registers `--profile roofline:GPU/MODEL` with the engine)
 from slobench.clock import Clock
 from slobench.errors import SpecError, TargetUnreachable, UsageError
 from slobench.records import RequestRecord, RequestSpec
