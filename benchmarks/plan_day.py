@@ -1,10 +1,10 @@
 """The fleet plan for the bundled day against static fleets and the interpolation baseline: prints the
 terminal table of `slobench plan` and a Markdown table of the strategies (GPU-hours, attainment, goodput
-per GPU), with the wall time. Defaults: roofline H100 Llama-3.1-8B instances, the day at a mean 40 req/s,
-1 h windows (60 s of traffic each, at most 150 requests simulated a window), SLO TTFT 500 ms and TPOT
+per GPU), with the wall time. Defaults: roofline H100 Llama-3.1-8B instances, the day at a mean 10 req/s,
+1 h windows (60 s of traffic each, every request of a window simulated), SLO TTFT 500 ms and TPOT
 40 ms for 90%, a 60 s switching cost.
 
-    .venv/bin/python benchmarks/plan_day.py [--rate 40] [--jobs 2] [--out runs/plan-day] [-- extra plan flags]
+    .venv/bin/python benchmarks/plan_day.py [--rate 10] [--jobs 2] [--out runs/plan-day] [-- extra plan flags]
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ def markdown(plan: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rate", default="40")
+    ap.add_argument("--rate", default="10")
     ap.add_argument("--profile", default="roofline:h100/llama-3.1-8b")
     ap.add_argument("--slo", default="ttft=500ms,tpot=40ms,target=0.9")
     ap.add_argument("--window", default="1h")
-    ap.add_argument("--max-requests", default="150")
+    ap.add_argument("--max-requests", default="2000")
     ap.add_argument("--jobs", default="2")
     ap.add_argument("--out", default="runs/plan-day")
     ap.add_argument("extra", nargs="*", help="more `slobench plan` flags, after --")

@@ -49,8 +49,9 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
                      help="seconds of the day one workload second stands for (default: 60 for the bundled day, "
                           "1 otherwise)")
     day.add_argument("--window", default="1h", help="the planning window, in day time (default 1h; e.g. 15m)")
-    day.add_argument("--max-requests", type=int, default=400, metavar="N",
-                     help="requests a window's evaluation simulates at most: a stretch from its middle (default 400)")
+    day.add_argument("--max-requests", type=int, default=2000, metavar="N",
+                     help="requests a window's evaluation simulates at most: a stretch from its middle (default "
+                          "2000). Keep the stretch several requests' durations long, or no queue builds up in it")
     day.add_argument("--lead-in", default=None, metavar="S",
                      help="workload seconds of traffic before each sample, simulated but not counted (default: a "
                           "quarter of the sample)")
