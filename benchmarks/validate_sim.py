@@ -1,7 +1,9 @@
 """Calibrated simulation vs measurement, on the CPU reference engine over HTTP.
 
 Starts the engine `slobench demo` starts (the torch `tiny` model, 512 KV blocks, 32 sequences, one torch
-thread so the client keeps a core), calibrates a cost profile from it (`slobench calibrate`), finds each
+thread so the client keeps a core), calibrates a cost profile from it (`slobench calibrate`) before each
+workload, so that the profile is measured as close as it can be to the runs it predicts on a shared
+machine whose speed drifts with its load, finds each
 workload's knee in simulation, then for five rates from light to past the knee runs the same requests
 (same workload, seed and count) twice: measured over HTTP, and simulated on the virtual clock with the
 calibrated profile and the engine's limits. Prints one row per (workload, rate): SLO attainment and
@@ -60,7 +62,7 @@ min = 4
 max = 24
 """
 SLOS = {"tiny": "ttft=300ms,tpot=40ms,target=0.9", "prefill-heavy": "ttft=600ms,tpot=60ms,target=0.9"}
-RATE_FACTORS = (0.25, 0.5, 0.8, 1.1, 1.5)  # of the simulated knee: light to past it
+RATE_FACTORS = (0.3, 0.6, 0.9, 1.3, 2.0)  # of the simulated knee: light to well past it
 
 
 def quiet(argv: list[str]) -> int:
@@ -130,21 +132,24 @@ def main() -> None:
     loads = [os.getloadavg()[0]]
     print(f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, load average {os.getloadavg()}; engine: "
           f"{' '.join(demo_engine_args('torch'))}, 1 torch thread", flush=True)
+    rows = []
+    overheads = []
     with EngineServerProcess(*demo_engine_args("torch"), torch_threads=1) as srv:
-        if args.profile:
-            prof_path = Path(args.profile)
-        else:
-            t0 = time.monotonic()
-            plan = ProbePlan()
-            cal = asyncio.run(calibrate(srv.base_url, "tiny", plan))
-            print_table(cal)
-            prof_path = out / "calibrated.json"
-            prof_path.write_text(with_provenance(cal, srv.base_url, "tiny", plan).to_json() + "\n")
-            print(f"calibrated in {time.monotonic() - t0:.0f} s -> {prof_path}", flush=True)
-        prof = CostProfile.load(prof_path)
-        overhead_s = 0.0 if args.no_overhead else float((prof.provenance or {}).get("request_overhead_s", 0.0))
-        rows = []
         for name, wl in workloads.items():
+            if args.profile:
+                prof_path = Path(args.profile)
+            else:
+                t0 = time.monotonic()
+                plan = ProbePlan()
+                cal = asyncio.run(calibrate(srv.base_url, "tiny", plan))
+                print_table(cal)
+                prof_path = out / f"calibrated-{name}.json"
+                prof_path.write_text(with_provenance(cal, srv.base_url, "tiny", plan).to_json() + "\n")
+                print(f"calibrated in {time.monotonic() - t0:.0f} s (load {os.getloadavg()[0]:.1f}) -> {prof_path}",
+                      flush=True)
+            prof = CostProfile.load(prof_path)
+            overhead_s = 0.0 if args.no_overhead else float((prof.provenance or {}).get("request_overhead_s", 0.0))
+            overheads.append(overhead_s)
             slo_text = SLOS.get(name, SLOS["tiny"])
             slo = SLO.parse(slo_text)
             if args.rates:
@@ -167,10 +172,10 @@ def main() -> None:
                 rows.append((name, rate, m, s))
                 print(f"  {name} {rate:.2f} req/s measured in {time.monotonic() - t0:.0f} s (load {loads[-1]:.1f}): "
                       f"attainment {m['attainment']:.0%} vs simulated {s['attainment']:.0%}", flush=True)
-    print_rows(rows, overhead_s)
+    print_rows(rows)
     print(f"\nwall {time.monotonic() - t_start:.0f} s; 1-minute load average during the measured runs "
           f"{min(loads):.1f}-{max(loads):.1f} (2 cores); request overhead added to simulated TTFT "
-          f"{overhead_s * 1e3:.1f} ms; run directories under {out}")
+          f"{', '.join(f'{o * 1e3:.1f}' for o in overheads)} ms; run directories under {out}")
 
 
 def _err(m: float | None, s: float | None) -> str:
@@ -179,7 +184,7 @@ def _err(m: float | None, s: float | None) -> str:
     return f"{(s - m) / m:+.0%}"
 
 
-def print_rows(rows: list[tuple[str, float, dict[str, Any], dict[str, Any]]], overhead_s: float) -> None:
+def print_rows(rows: list[tuple[str, float, dict[str, Any], dict[str, Any]]]) -> None:
     print("\n| workload | rate req/s | attainment meas / sim (Δ pts) | TTFT p50 ms meas / sim (err) | TTFT p90 | "
           "TPOT p50 ms | TPOT p90 |")
     print("|---|---|---|---|---|---|---|")

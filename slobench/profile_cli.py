@@ -30,9 +30,11 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
     c = sub.add_parser(
         "calibrate", epilog=epilog, formatter_class=fmt,
         help="fit a cost profile from designed probes of a live endpoint",
-        description="Single requests over a grid of prompt lengths (prefill), then steady batches of decode at "
-                    "several concurrencies and contexts; fits step = a + b*prefill + c*decode + d*context, "
-                    "prints the fit and its error on probes held out of it, and writes the profile.",
+        description="Single requests over a grid of prompt lengths (prefill), and steady batches of decode at "
+                    "several concurrencies and contexts, in interleaved rounds; fits step = a + b*prefill + "
+                    "c*decode + d*context + f*attention_pairs (and a fixed cost per request, kept apart), prints "
+                    "the fit and its error on the probes held out of it (every third of each grid), and writes "
+                    "the profile. About 2 minutes against the CPU reference engine.",
     )
     c.add_argument("--url", required=True, help="base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1")
     c.add_argument("--model", default=None, help="model name (default: the first the server lists)")
@@ -40,9 +42,9 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
     c.add_argument("--prompt-lens", default=None, metavar="N,N,...",
                    help="prefill probe prompt lengths (default 16,64,128,256,384,512,768,1024)")
     c.add_argument("--batches", default=None, metavar="N,N,...", help="decode probe concurrencies (default 1,4,8,16,32)")
-    c.add_argument("--contexts", default=None, metavar="N,N,...", help="decode probe prompt lengths (default 32,256,768)")
+    c.add_argument("--contexts", default=None, metavar="N,N,...", help="decode probe prompt lengths (default 32,96,192)")
     c.add_argument("--output-len", type=int, default=None, help="tokens each decode probe generates (default 48)")
-    c.add_argument("--repeats", type=int, default=None, help="requests per prefill probe (default 3)")
+    c.add_argument("--repeats", type=int, default=None, help="rounds: each probe is sent this many times (default 3)")
     c.add_argument("--timeout", type=float, default=120.0, help="per-request timeout, seconds")
     c.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
 

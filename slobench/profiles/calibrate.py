@@ -97,6 +97,11 @@ class Calibration:
     def held_out_errors(self, kind: str | None = None) -> np.ndarray:
         return np.array([abs(p.error) for p in self.probes if p.held_out and (kind is None or p.kind == kind)])
 
+    def error_summary(self, kind: str) -> tuple[float, float, int]:
+        """(median, max, count) of the held-out relative errors of one kind; NaN when none was held out."""
+        e = self.held_out_errors(kind)
+        return (float(np.median(e)), float(e.max()), len(e)) if len(e) else (float("nan"), float("nan"), 0)
+
 
 def prefill_row(n: int) -> tuple[float, ...]:
     return (1.0, n, 0.0, n, n * (n + 1) / 2, 1.0)
@@ -253,17 +258,17 @@ def with_provenance(cal: Calibration, url: str, model: str, plan: ProbePlan) -> 
 
     from slobench.redact import redact_url
 
-    pre, dec = cal.held_out_errors("prefill"), cal.held_out_errors("decode")
+    pre, dec = cal.error_summary("prefill"), cal.error_summary("decode")
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     note = (f"CALIBRATED {when[:10]} by slobench calibrate from {len(cal.probes)} probes of {redact_url(url)} "
-            f"({model}); held-out error: prefill TTFT median {np.median(pre):.1%}, decode step median "
-            f"{np.median(dec):.1%}. Request overhead outside the steps (HTTP, parsing, SSE): "
+            f"({model}); held-out error: prefill TTFT median {pre[0]:.1%}, decode step median "
+            f"{dec[0]:.1%}. Request overhead outside the steps (HTTP, parsing, SSE): "
             f"{cal.request_overhead_s * 1e3:.2f} ms, not in the profile.")
     prov = {
         "kind": "calibrated", "url": redact_url(url), "model": model, "date": when, "wall_s": round(cal.wall_s, 1),
         "plan": asdict(plan), "request_overhead_s": cal.request_overhead_s,
-        "held_out_error": {"prefill_median": float(np.median(pre)), "prefill_max": float(pre.max()),
-                           "decode_median": float(np.median(dec)), "decode_max": float(dec.max())},
+        "held_out_error": {"prefill_median": pre[0], "prefill_max": pre[1], "decode_median": dec[0],
+                           "decode_max": dec[1]},
         "probes": [{"kind": p.kind, "label": p.label, "measured_s": p.measured_s, "predicted_s": p.predicted_s,
                     "held_out": p.held_out, "row": dict(zip(COLUMNS, p.row, strict=True))} for p in cal.probes],
         "notes": cal.notes,
@@ -286,8 +291,8 @@ def print_table(cal: Calibration, write: Callable[[str], None] = print) -> None:
         write(f"{q.kind + ' ' + q.label:<36} {q.measured_s * 1e3:8.2f}ms {q.predicted_s * 1e3:8.2f}ms "  # type: ignore[operator]
               f"{q.error:+7.1%}{mark}")
     for kind in ("prefill", "decode"):
-        e = cal.held_out_errors(kind)
-        write(f"held-out {kind:<7} error: median {np.median(e):.1%}, max {e.max():.1%} over {len(e)} probes")
+        med, worst, n = cal.error_summary(kind)
+        write(f"held-out {kind:<7} error: median {med:.1%}, max {worst:.1%} over {n} probes")
     write(f"wall time {cal.wall_s:.0f} s")
 
 
