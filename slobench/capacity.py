@@ -35,6 +35,7 @@ from typing import Any, Literal
 import numpy as np
 
 from slobench.errors import SpecError
+from slobench.probe import LiveProbe, ProbeMeasure, probe_dir_name  # noqa: F401  (probe_dir_name: its old home)
 
 CAPACITY = "capacity.json"
 SHORT_PROBE_S = 30.0  # probes near capacity shorter than this get a note (see short_probe_note)
@@ -355,16 +356,13 @@ async def replicate_at_rates(
     return out
 
 
-def probe_dir_name(index: int, rate_rps: float, seed: int) -> str:
-    return f"probe-{index:02d}-rate-{rate_rps:.4g}-seed-{seed}"
-
-
-class RunMeasure:
-    """The real `measure`: one open-loop run through `slobench.runner.run`, each in its own run directory."""
+class RunMeasure(ProbeMeasure):
+    """The live `measure`: a `ProbeMeasure` over a `LiveProbe` (one open-loop run through
+    `slobench.runner.run`), each probe in its own run directory."""
 
     def __init__(
         self,
-        make_specs: Callable[[float, int], list[Any]],
+        make_specs: Callable[[float, int], Any],
         target: Any,
         *,
         out_dir: str | Path,
@@ -375,34 +373,8 @@ class RunMeasure:
         on_probe: Callable[[float, int, dict[str, Any]], None] | None = None,
         after_run: Callable[[Path, dict[str, Any]], Awaitable[None]] | None = None,
     ) -> None:
-        self.make_specs = make_specs
-        self.target = target
-        self.out_dir = Path(out_dir)
-        self.slo = slo
-        self.opts = opts
-        self.manifest = manifest
-        self.clock = clock
-        self.on_probe = on_probe
-        self.after_run = after_run  # e.g. Ray load actors' clocks and health into the run's summary
-        self.count = 0
-
-    async def __call__(self, rate_rps: float, seed: int) -> dict[str, Any]:
-        from slobench.runner import run
-
-        run_dir = self.out_dir / probe_dir_name(self.count, rate_rps, seed)
-        self.count += 1
-        res = await run(
-            self.make_specs(rate_rps, seed), self.target, clock=self.clock, opts=self.opts, slo=self.slo,
-            run_dir=run_dir, manifest={**self.manifest, "rate_rps": rate_rps, "seed": seed}, seed=seed,
-        )
-        if res.interrupted:
-            raise KeyboardInterrupt
-        if self.after_run is not None:
-            await self.after_run(run_dir, res.summary)
-        summary = {**res.summary, "run_dir": run_dir.name}
-        if self.on_probe is not None:
-            self.on_probe(rate_rps, seed, summary)
-        return summary
+        probe = LiveProbe(make_specs, target, slo=slo, opts=opts, clock=clock, after_run=after_run)
+        super().__init__(probe, out_dir=out_dir, manifest=manifest, on_probe=on_probe)
 
 
 def tightest_slo_scale(records: Sequence[Any], slo: Any) -> float:

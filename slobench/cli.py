@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slobench import __version__
 from slobench.errors import EngineError, SlobenchError, UsageError
 from slobench.redact import redact_argv, redact_text
+
+if TYPE_CHECKING:
+    from slobench.probe import Probe
 
 EXIT_CODES = __doc__.split("Exit codes", 1)[1].split("\n", 1)[1] if __doc__ else ""
 
@@ -513,29 +517,46 @@ class LoadSetup:
 
             require_ray()  # not installed: exit 2 with the pip line, before any network call
 
-    def simulated_runner(self) -> Any:
-        """A sweep's `run_one` on the virtual clock: the engine's scheduler, no server, no wall time."""
-        from slobench.records import RunWriter
-        from slobench.simulate import simulate_run
-        from slobench.targets.engine import engine_knobs_from_args
+    @contextlib.asynccontextmanager
+    async def probe(self, *, intervals: bool = True, scrape: bool = True,
+                    first: tuple[float | None, int] | None = None) -> AsyncIterator[tuple[Probe, dict[str, Any], str]]:
+        """The probe the flags name, its manifest and what it serves: the simulator (`--simulate`), else a
+        started target (closed on the way out). Every verb that sends load measures through this.
+        `intervals=False`: simulated summaries without bootstrap intervals; `scrape=False`: no /metrics
+        scraper beside each run (both as a capacity search's probes have always been). `first`: the (rate,
+        seed) measured first, whose requests are made before any connection, so a bad workload or trace is
+        exit 2 before the server is touched."""
+        from slobench.probe import LiveProbe, VirtualProbe
 
         a = self.args
-        knobs = engine_knobs_from_args(a)
 
-        async def run_one(rate: float, run_dir: Path, manifest: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-            specs = self.specs(rate)
-            records, summary = simulate_run(specs, knobs, slo=self.slo, seed=a.seed,
-                                            jitter_sd=a.jitter, api=self.api, replicas=a.replicas,
-                                            router=a.router)
-            if hasattr(specs, "row_report"):  # a trace: what its rows became, as a real run says it
-                summary["trace_rows"] = specs.row_report()
-            writer = RunWriter(run_dir, {**manifest, "clock": {"kind": "virtual"}})
-            for rec in records:
-                writer.write(rec)
-            writer.finish(summary)
-            return summary, False
+        ready: dict[tuple[float | None, int], Any] = {}
+        if first is not None:
+            ready[first] = self.specs(first[0], seed=first[1])
 
-        return run_one
+        def make_specs(rate: float | None, seed: int) -> Any:
+            made = ready.pop((rate, seed), None)
+            return made if made is not None else self.specs(rate, seed=seed)
+
+        if a.simulate:
+            from slobench.targets.engine import engine_knobs_from_args
+
+            manifest = self.simulated_manifest()
+            yield VirtualProbe(make_specs, engine_knobs_from_args(a), slo=self.slo, api=self.api, jitter_sd=a.jitter,
+                               replicas=a.replicas, router=a.router, intervals=intervals), manifest, "simulated"  # fmt: skip
+            return
+        from slobench.targets.ray_pool import note_client_clocks
+
+        target, clock, served = await _start_target(self)
+        try:
+            async def after_run(run_dir: Path, summary: dict[str, Any]) -> None:
+                await note_client_clocks(target, run_dir, summary, self.slo)  # Ray load actors: clocks, health
+
+            probe = LiveProbe(make_specs, target, slo=self.slo, opts=self.run_options(), clock=clock,
+                              monitors_for=self.monitors if scrape else None, after_run=after_run)  # fmt: skip
+            yield probe, self.manifest(target, served), served
+        finally:
+            await target.close()
 
     def run_options(self) -> Any:
         from slobench.runner import RunOptions
@@ -655,38 +676,20 @@ def error_rate_verdict(summary: dict[str, Any], max_error_rate: float | None) ->
 
 
 async def _run(args: argparse.Namespace) -> int:
-    from slobench import runner
+    from slobench.outdir import claim_out_dir
     from slobench.report.terminal import print_run
-    from slobench.targets.ray_pool import client_clock_lines, note_client_clocks
+    from slobench.targets.ray_pool import client_clock_lines
 
     setup = LoadSetup(args)
-    from slobench.outdir import claim_out_dir
-
     out = claim_out_dir(Path(args.out) if args.out else default_out("run"),
                         overwrite=getattr(args, "overwrite", False))  # before any request: exit 2, one line
-    if args.simulate:
-        summary, _ = await setup.simulated_runner()(args.rate, out, {**setup.simulated_manifest(),
-                                                                      "rate_rps": args.rate})
-        print_run(summary, title=f"simulated · {setup.workload.name} · {out}")
-        print(f"run directory: {out}")
-        _maybe_report(args, [out])
-        att = summary.get("attainment")
-        return 1 if att and setup.slo and att["value"] < setup.slo.target else 0
-    specs = setup.specs(args.rate)
-    target, clock, served = await _start_target(setup)
-    try:
-        res = await runner.run(
-            specs, target, clock=clock, opts=setup.run_options(), slo=setup.slo, run_dir=out,
-            manifest={**setup.manifest(target, served), "rate_rps": args.rate}, seed=args.seed,
-            monitors=(monitors := setup.monitors(out)),
-        )
-        await note_client_clocks(target, out, res.summary, setup.slo)  # Ray load actors: clocks and health
-    finally:
-        await target.close()
-    print_run(res.summary, title=f"{served} · {setup.workload.name} · {out}")
-    for line in client_clock_lines(res.summary):
+    async with setup.probe(first=(args.rate, args.seed)) as (probe, manifest, served):
+        res = await probe(args.rate, args.seed, out, {**manifest, "rate_rps": args.rate})
+    summary = res.summary
+    print_run(summary, title=f"{served} · {setup.workload.name} · {out}")
+    for line in client_clock_lines(summary):
         print(line)
-    for m in monitors:  # a server without /metrics is a note: the report simply has no server-state panels
+    for m in getattr(probe, "last_monitors", ()):  # no /metrics is a note: the report has no server-state panels
         if getattr(m, "disabled_reason", None):
             print(f"note: no server metrics scraped ({m.disabled_reason}); the report has no server-state panels")
     print(f"run directory: {out}")
@@ -694,27 +697,25 @@ async def _run(args: argparse.Namespace) -> int:
     if res.interrupted:
         print("slobench: interrupted: the summary covers the requests that finished; exit 130", file=sys.stderr)
         return 130
-    att = res.summary.get("attainment")
+    att = summary.get("attainment")
     if att and setup.slo and att["value"] < setup.slo.target:
         return 1
-    if (verdict := error_rate_verdict(res.summary, setup.max_error_rate)) is not None:
+    if (verdict := error_rate_verdict(summary, setup.max_error_rate)) is not None:
         print(verdict, file=sys.stderr)
         return 1
     return 0
 
 
 async def _sweep(args: argparse.Namespace) -> int:
+    from slobench.outdir import claim_out_dir
     from slobench.report.terminal import make_console
-    from slobench.sweep import parse_rates, run_sweep, target_runner
-    from slobench.targets.ray_pool import with_client_clocks
+    from slobench.sweep import parse_rates, run_sweep
 
     if not args.rates:
         raise UsageError("--rates is required for sweep (e.g. --rates 1,2,4 or --rates 1:16:5)")
     rates = parse_rates(args.rates)
     setup = LoadSetup(args)
     setup.min_duration_s = MIN_PROBE_S  # high-rate points as long as low-rate ones (probe_duration)
-    from slobench.outdir import claim_out_dir
-
     out = claim_out_dir(Path(args.out) if args.out else default_out("sweep"),
                         overwrite=getattr(args, "overwrite", False))  # before any request: exit 2, one line
     console = make_console()
@@ -723,21 +724,9 @@ async def _sweep(args: argparse.Namespace) -> int:
         s = row["summary"]
         console.print(f"rate {row['rate_rps']:g} req/s done: {s['num_ok']}/{s['num_requests']} ok")
 
-    if args.simulate:
-        manifest = setup.simulated_manifest()
-        served = "simulated"
-        doc = await run_sweep(rates, setup.simulated_runner(), out_dir=out, slo=setup.slo, manifest=manifest,
+    async with setup.probe(first=(rates[0], args.seed)) as (probe, manifest, served):
+        doc = await run_sweep(rates, probe, out_dir=out, slo=setup.slo, manifest=manifest, seed=args.seed,
                               on_run=on_run)
-    else:
-        target, clock, served = await _start_target(setup)
-        try:
-            run_one = target_runner(setup.specs, target, slo=setup.slo, opts=setup.run_options(),
-                                    monitors_for=setup.monitors, seed=args.seed)
-            run_one = with_client_clocks(run_one, target, setup.slo)  # Ray load actors: clocks and health
-            doc = await run_sweep(rates, run_one, out_dir=out, slo=setup.slo,
-                                  manifest=setup.manifest(target, served), on_run=on_run)
-        finally:
-            await target.close()
     print_sweep(doc, console, title=f"{served} · {setup.workload.name} · {out}")
     _maybe_report(args, [out])
     if doc.get("interrupted"):

@@ -163,17 +163,11 @@ def _tolerance(text: str) -> float:
 async def _capacity(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from slobench.capacity import (
-        CAPACITY,
-        RunMeasure,
-        SearchOptions,
-        replicate_at_rates,
-        search_capacity,
-        t_interval,
-    )
-    from slobench.cli import MIN_PROBE_S, LoadSetup, _start_target, default_out
+    from slobench.capacity import CAPACITY, SearchOptions, replicate_at_rates, search_capacity, t_interval
+    from slobench.cli import MIN_PROBE_S, LoadSetup, default_out
     from slobench.errors import UsageError
     from slobench.gate import load_samples, workload_identity
+    from slobench.probe import ProbeMeasure
     from slobench.records import write_json_atomic
     from slobench.sweep import parse_rates
 
@@ -200,10 +194,6 @@ async def _capacity(args: argparse.Namespace) -> int:
 
     setup.min_duration_s = MIN_PROBE_S
 
-    def make_specs(rate: float, seed: int) -> list[Any]:
-        # the one path every verb takes: a trace replay is not a workload spec (issue 12's crash)
-        return list(setup.specs(rate, seed=seed))
-
     def on_probe(rate: float, seed: int, summary: dict[str, Any]) -> None:
         att = (summary.get("attainment") or {}).get("value")
         console.print(f"rate {rate:8.3f} req/s  seed {seed:3d}  attainment "
@@ -213,29 +203,9 @@ async def _capacity(args: argparse.Namespace) -> int:
             if note:
                 console.print(f"  {note}", markup=False)
 
-    if args.simulate:
-        from slobench.simulate import SimulatedMeasure
-        from slobench.targets.engine import engine_knobs_from_args
-
-        manifest = setup.simulated_manifest()
-        knobs = engine_knobs_from_args(args)
-        target, clock, served = None, None, "simulated"
-    else:
-        target, clock, served = await _start_target(setup)
-    try:
-        if args.simulate:
-            measure: Any = SimulatedMeasure(make_specs, knobs, setup.slo, api=setup.api, jitter_sd=args.jitter,
-                                            out_dir=out, manifest=manifest, on_probe=on_probe,
-                                            replicas=args.replicas, router=args.router)
-        else:
-            from slobench.targets.ray_pool import note_client_clocks
-
-            async def note_clocks(run_dir: Path, summary: dict[str, Any]) -> None:
-                await note_client_clocks(target, run_dir, summary, setup.slo)  # Ray load actors: clocks, health
-
-            manifest = setup.manifest(target, served)
-            measure = RunMeasure(make_specs, target, out_dir=out, slo=setup.slo, opts=setup.run_options(),
-                                 manifest=manifest, clock=clock, on_probe=on_probe, after_run=note_clocks)
+    # the one path every verb takes (setup.specs): a trace replay is not a workload spec (issue 12's crash)
+    async with setup.probe(intervals=False, scrape=False) as (probe, manifest, _served):
+        measure = ProbeMeasure(probe, out_dir=out, manifest=manifest, on_probe=on_probe)
         if fixed:
             seeds = [opts.seed + 1 + i for i in range(opts.replicates)]
             probes = await replicate_at_rates(measure, fixed, seeds, target=opts.target)
@@ -247,9 +217,6 @@ async def _capacity(args: argparse.Namespace) -> int:
         else:
             res = await search_capacity(measure, opts)
             doc = {"mode": "search", **res.to_dict()}
-    finally:
-        if target is not None:
-            await target.close()
 
     doc["schema_version"] = 1
     doc["slo"] = setup.slo.to_dict()

@@ -31,7 +31,8 @@ from slobench.decode_run import decode_run
 from slobench.disagg import DisaggFleet, simulate_disagg, split_fleet_knobs
 from slobench.errors import SpecError
 from slobench.metrics import RecordArrays, describe, throughput
-from slobench.records import RequestRecord, RequestSpec, RunWriter
+from slobench.probe import ProbeMeasure, VirtualProbe, probe_jitter_seed
+from slobench.records import RequestRecord, RequestSpec
 from slobench.routing import Router
 from slobench.slo import SLO
 from slobench.summary import summarize
@@ -381,14 +382,15 @@ def lean_summary(records: Sequence[RequestRecord], slo: SLO | None) -> dict[str,
     return out
 
 
-class SimulatedMeasure:
-    """`slobench.capacity`'s `measure(rate_rps, seed) -> summary`, on the virtual clock.
+class SimulatedMeasure(ProbeMeasure):
+    """`slobench.capacity`'s `measure(rate_rps, seed) -> summary`, on the virtual clock: a `ProbeMeasure`
+    over a `VirtualProbe`.
 
     `workload`: a WorkloadSpec, a bundled workload name or TOML path, or a `(rate_rps, seed) -> specs`
     callable (e.g. the CLI's trace replay). The jitter stream of each probe is drawn from
     (trial, rate, seed, engine name), so two measures differing only in `trial` see fresh timing noise on
     the same requests. With `out_dir`, each probe is also written as a run directory (records, manifest,
-    summary) named as `RunMeasure` names them, so gates and reports read simulated probes like real ones.
+    summary) named as a live probe's is, so gates and reports read simulated probes like real ones.
     """
 
     def __init__(
@@ -411,61 +413,34 @@ class SimulatedMeasure:
         replicas: int = 1,
         router: str = "least-outstanding",
     ) -> None:
-        self.disagg: DisaggFleet | None = None
-        if isinstance(engine, Mapping):
-            engine, self.disagg = split_fleet_knobs(dict(engine), router)
-        self.factory = as_factory(engine)
-        self.replicas = replicas
-        self.router = router
-        self.name = str(getattr(self.factory, "name", "") or type(self.factory).__name__)
-        self.slo = slo
-        self.jitter_sd = jitter_sd
-        self.trial = trial
-        self.intervals = intervals
-        self.out_dir = Path(out_dir) if out_dir is not None else None
-        self.manifest = manifest or {}
-        self.on_probe = on_probe
-        self.count = 0
+        make_specs: SpecMaker
         if callable(workload):
-            self.make_specs: SpecMaker = workload
-            self.api: Api = api or "completions"
-            return
-        from slobench.workload import generate, load_workload
+            make_specs = workload
+            api_: Api = api or "completions"
+        else:
+            from slobench.workload import generate, load_workload
 
-        wl = load_workload(workload) if isinstance(workload, str | Path) else workload
-        self.api = api or ("chat" if wl.api == "chat" else "completions")
+            wl = load_workload(workload) if isinstance(workload, str | Path) else workload
+            api_ = api or ("chat" if wl.api == "chat" else "completions")
 
-        def make(rate_rps: float, seed: int) -> list[RequestSpec]:
-            return generate(wl, rate_rps=rate_rps, num_requests=num_requests, duration_s=duration_s, seed=seed,
-                            input_len=input_len, output_len=output_len, api=self.api)
+            def make_specs(rate_rps: float, seed: int) -> list[RequestSpec]:
+                return generate(wl, rate_rps=rate_rps, num_requests=num_requests, duration_s=duration_s, seed=seed,
+                                input_len=input_len, output_len=output_len, api=api_)
 
-        self.make_specs = make
+        self.trial = trial
+        self.jitter_sd = jitter_sd
+        probe = VirtualProbe(make_specs, engine, slo=slo, api=api_, jitter_sd=jitter_sd, replicas=replicas,
+                             router=router, intervals=intervals, jitter_seed=self.jitter_seed)
+        self.factory = probe.factory
+        self.name = probe.name
+        super().__init__(probe, out_dir=out_dir, manifest=manifest, on_probe=on_probe)
 
     def jitter_seed(self, rate_rps: float, seed: int) -> int:
-        return zlib.crc32(repr((self.trial, round(rate_rps, 6), seed, self.name)).encode())
+        return probe_jitter_seed(rate_rps, seed, self.name, self.trial)
 
-    async def __call__(self, rate_rps: float, seed: int) -> dict[str, Any]:
-        records, summary = simulate_run(
-            self.make_specs(rate_rps, seed), self.factory, slo=self.slo, seed=self.jitter_seed(rate_rps, seed),
-            jitter_sd=self.jitter_sd, api=self.api, intervals=self.intervals, replicas=self.replicas,
-            router=self.router, disagg=self.disagg,
-        )
-        if self.out_dir is not None:
-            from slobench.capacity import probe_dir_name
-
-            name = probe_dir_name(self.count, rate_rps, seed)
-            writer = RunWriter(self.out_dir / name, {
-                **self.manifest, "rate_rps": rate_rps, "seed": seed, "clock": {"kind": "virtual"},
-                "engine": repr(self.factory), "jitter_sd": self.jitter_sd, "trial": self.trial,
-            })
-            for rec in records:
-                writer.write(rec)
-            writer.finish(summary)
-            summary = {**summary, "run_dir": name}
-        self.count += 1
-        if self.on_probe is not None:
-            self.on_probe(rate_rps, seed, summary)
-        return summary
+    def manifest_for(self, rate_rps: float, seed: int) -> dict[str, Any]:
+        return {**super().manifest_for(rate_rps, seed), "engine": repr(self.factory), "jitter_sd": self.jitter_sd,
+                "trial": self.trial}
 
 
 async def sweep_crossing(

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from slobench.errors import SpecError
-from slobench.records import SCHEMA_VERSION, RequestSpec, write_json_atomic
-from slobench.runner import RunOptions, run
+from slobench.probe import Probe
+from slobench.records import SCHEMA_VERSION, write_json_atomic
 from slobench.slo import SLO
-from slobench.targets.base import Target
 
 SWEEP = "sweep.json"
 
@@ -82,47 +81,26 @@ def headline(rows: Sequence[dict[str, Any]], slo: SLO | None) -> dict[str, Any] 
     }
 
 
-RunOne = Callable[[float, Path, dict[str, Any]], Awaitable[tuple[dict[str, Any], bool]]]
-
-
-def target_runner(
-    make_specs: Callable[[float], list[RequestSpec]],
-    target: Target,
-    *,
-    slo: SLO | None,
-    opts: RunOptions,
-    monitors_for: Callable[[Path], Sequence[Any]] | None = None,
-    seed: int = 0,
-) -> RunOne:
-    """One open-loop run per rate against a live target: (summary, interrupted)."""
-
-    async def run_one(rate: float, run_dir: Path, manifest: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        res = await run(
-            make_specs(rate), target, opts=opts, slo=slo, run_dir=run_dir, manifest=manifest, seed=seed,
-            monitors=monitors_for(run_dir) if monitors_for else (),
-        )
-        return res.summary, res.interrupted
-
-    return run_one
-
-
 async def run_sweep(
     rates: Sequence[float],
-    run_one: RunOne,
+    probe: Probe,
     *,
     out_dir: str | Path,
     slo: SLO | None,
     manifest: dict[str, Any],
+    seed: int = 0,
     on_run: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run `run_one` at each rate into `out_dir/rate-R`, keeping sweep.json and its headline current."""
+    """Run `probe` at each rate into `out_dir/rate-R`, keeping sweep.json and its headline current. One
+    seed for every rate: common random numbers, the same requests scaled in time."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "kind": "sweep", "manifest": manifest, "runs": rows}
     for rate in rates:
         run_dir = out / rate_dir_name(rate)
-        summary, interrupted = await run_one(rate, run_dir, {**manifest, "rate_rps": rate})
+        res = await probe(rate, seed, run_dir, {**manifest, "rate_rps": rate})
+        summary, interrupted = res.summary, res.interrupted
         row = {"rate_rps": rate, "run_dir": run_dir.name, "summary": summary}
         rows.append(row)
         doc["headline"] = headline(rows, slo)

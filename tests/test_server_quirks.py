@@ -203,6 +203,7 @@ def test_summary_files_never_hold_nan(tmp_path: Path) -> None:
 
 
 async def test_an_interrupted_sweep_point_is_marked_and_left_out_of_the_headline(tmp_path: Path) -> None:
+    from slobench.probe import ProbeResult
     from slobench.slo import SLO
     from slobench.sweep import run_sweep
 
@@ -210,10 +211,10 @@ async def test_an_interrupted_sweep_point_is_marked_and_left_out_of_the_headline
         return {"num_requests": n, "num_ok": n, "attainment": {"value": ok_share, "ci_low": ok_share - 0.05,
                                                                 "ci_high": min(1.0, ok_share + 0.05)}}
 
-    async def run_one(rate: float, run_dir: Path, manifest: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    async def run_one(rate: float, seed: int, run_dir: Path | None, manifest: dict[str, Any]) -> ProbeResult:
         if rate == 1:
-            return summary(100, 0.5), False  # misses at the first rate
-        return summary(1, 1.0), True  # one request into the second rate, then Ctrl-C
+            return ProbeResult(summary(100, 0.5))  # misses at the first rate
+        return ProbeResult(summary(1, 1.0), interrupted=True)  # one request into the second rate, then Ctrl-C
 
     doc = await run_sweep([1, 20], run_one, out_dir=tmp_path, slo=SLO.parse("ttft=1s,target=0.9"), manifest={})
     assert doc["interrupted"] and doc["runs"][1]["interrupted"]

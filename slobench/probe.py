@@ -1,0 +1,154 @@
+"""One probe: measure one offered rate with one seed into one run directory. The seam between what
+chooses rates (`run`: one; `sweep`: a list; `capacity`: a search and its replicates) and what measures
+one (`LiveProbe`: the runner against a target; `VirtualProbe`: the engine's scheduler on a virtual
+clock). Both write the same run directory (records, manifest, summary), so every reader downstream
+(terminal, report, gate) sees one shape whichever measured it, and no verb branches on `--simulate`.
+
+    probe(rate_rps, seed, run_dir, manifest) -> ProbeResult(summary, interrupted)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from slobench.records import RequestSpec
+
+SpecMaker = Callable[[Any, int], Iterable[RequestSpec]]  # (rate_rps or None, seed) -> the requests of one run
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    summary: dict[str, Any]
+    interrupted: bool = False  # Ctrl-C cut the run short: what finished is kept and marked
+
+
+class Probe(Protocol):
+    async def __call__(self, rate_rps: float | None, seed: int, run_dir: Path | None,
+                       manifest: dict[str, Any]) -> ProbeResult: ...  # fmt: skip
+
+
+class LiveProbe:
+    """One open-loop run through `slobench.runner.run` against an already started target.
+
+    `monitors_for(run_dir)`: coroutines beside the run (the /metrics scraper); `after_run(run_dir,
+    summary)`: what to add once the run is written (Ray load actors' clocks and health)."""
+
+    def __init__(self, make_specs: SpecMaker, target: Any, *, slo: Any, opts: Any, clock: Any = None,
+                 monitors_for: Callable[[Path], Sequence[Any]] | None = None,
+                 after_run: Callable[[Path, dict[str, Any]], Awaitable[None]] | None = None) -> None:  # fmt: skip
+        self.make_specs = make_specs
+        self.target = target
+        self.slo = slo
+        self.opts = opts
+        self.clock = clock
+        self.monitors_for = monitors_for
+        self.after_run = after_run
+        self.last_monitors: Sequence[Any] = ()  # the last run's, for their notes (a server without /metrics)
+
+    async def __call__(self, rate_rps: float | None, seed: int, run_dir: Path | None,
+                       manifest: dict[str, Any]) -> ProbeResult:  # fmt: skip
+        from slobench.runner import run
+
+        self.last_monitors = self.monitors_for(run_dir) if self.monitors_for and run_dir is not None else ()
+        res = await run(
+            self.make_specs(rate_rps, seed), self.target, clock=self.clock, opts=self.opts, slo=self.slo,
+            run_dir=run_dir, manifest=manifest, seed=seed, monitors=self.last_monitors,
+        )
+        if self.after_run is not None and run_dir is not None:
+            await self.after_run(run_dir, res.summary)
+        return ProbeResult(res.summary, res.interrupted)
+
+
+class VirtualProbe:
+    """The same run on the bundled engine's real scheduler and a virtual clock (`slobench.simulate`).
+
+    `engine`: `build_engine` knobs (a disaggregated fleet's included) or an engine factory such as
+    `ModeledEngine`. `jitter_seed(rate_rps, seed)` seeds each probe's step-time noise (default: drawn from
+    the rate, the seed and the engine's name, so each probe of a search sees its own noise)."""
+
+    def __init__(self, make_specs: SpecMaker, engine: Mapping[str, Any] | Callable[[], Any], *, slo: Any,
+                 api: str = "completions", jitter_sd: float = 0.0, replicas: int = 1,
+                 router: str = "least-outstanding", intervals: bool = True,
+                 jitter_seed: Callable[[Any, int], int] | None = None) -> None:  # fmt: skip
+        from slobench.disagg import split_fleet_knobs
+        from slobench.simulate import as_factory
+
+        self.disagg = None
+        if isinstance(engine, Mapping):
+            engine, self.disagg = split_fleet_knobs(dict(engine), router)
+        self.factory = as_factory(engine)
+        self.name = str(getattr(self.factory, "name", "") or type(self.factory).__name__)
+        self.make_specs = make_specs
+        self.slo = slo
+        self.api = api
+        self.jitter_sd = jitter_sd
+        self.replicas = replicas
+        self.router = router
+        self.intervals = intervals
+        self.jitter_seed = jitter_seed
+
+    async def __call__(self, rate_rps: float | None, seed: int, run_dir: Path | None,
+                       manifest: dict[str, Any]) -> ProbeResult:  # fmt: skip
+        from slobench.records import RunWriter
+        from slobench.simulate import simulate_run
+
+        specs = self.make_specs(rate_rps, seed)
+        records, summary = simulate_run(
+            list(specs), self.factory, slo=self.slo,
+            seed=self.jitter_seed(rate_rps, seed) if self.jitter_seed else probe_jitter_seed(rate_rps, seed, self.name),
+            jitter_sd=self.jitter_sd,
+            api=self.api, intervals=self.intervals, replicas=self.replicas, router=self.router,  # type: ignore[arg-type]
+            disagg=self.disagg,
+        )
+        if (row_report := getattr(specs, "row_report", None)) is not None:
+            summary["trace_rows"] = row_report()  # a trace: what its rows became, as a live run says it
+        if run_dir is not None:
+            writer = RunWriter(run_dir, {**manifest, "clock": {"kind": "virtual"}})
+            for rec in records:
+                writer.write(rec)
+            writer.finish(summary)
+        return ProbeResult(summary)
+
+
+def probe_jitter_seed(rate_rps: float | None, seed: int, engine_name: str, trial: int = 0) -> int:
+    """A probe's step-time noise seed: (trial, rate, seed, engine), so a second trial of the same requests
+    sees fresh noise."""
+    import zlib
+
+    rate = None if rate_rps is None else round(rate_rps, 6)  # None: the workload's (or trace's) own rate
+    return zlib.crc32(repr((trial, rate, seed, engine_name)).encode())
+
+
+def probe_dir_name(index: int, rate_rps: float, seed: int) -> str:
+    return f"probe-{index:02d}-rate-{rate_rps:.4g}-seed-{seed}"
+
+
+class ProbeMeasure:
+    """`slobench.capacity`'s `measure(rate_rps, seed) -> summary` over a probe: each probe in its own
+    numbered run directory under `out_dir` (none without it), Ctrl-C raised as KeyboardInterrupt."""
+
+    def __init__(self, probe: Probe, *, out_dir: str | Path | None = None, manifest: dict[str, Any] | None = None,
+                 on_probe: Callable[[float, int, dict[str, Any]], None] | None = None) -> None:  # fmt: skip
+        self.probe = probe
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.manifest = manifest or {}
+        self.on_probe = on_probe
+        self.count = 0
+
+    def manifest_for(self, rate_rps: float, seed: int) -> dict[str, Any]:
+        return {**self.manifest, "rate_rps": rate_rps, "seed": seed}
+
+    async def __call__(self, rate_rps: float, seed: int) -> dict[str, Any]:  # capacity probes always name a rate
+        name = probe_dir_name(self.count, rate_rps, seed)
+        self.count += 1
+        run_dir = self.out_dir / name if self.out_dir is not None else None
+        res = await self.probe(rate_rps, seed, run_dir, self.manifest_for(rate_rps, seed))
+        if res.interrupted:
+            raise KeyboardInterrupt
+        summary = {**res.summary, "run_dir": name} if run_dir is not None else res.summary
+        if self.on_probe is not None:
+            self.on_probe(rate_rps, seed, summary)
+        return summary
