@@ -3,7 +3,7 @@
 
 Ray left to itself reaches for this machine's network address, so every test that starts Ray runs inside
 a network namespace of its own where only loopback exists: `test_ray_suite_in_its_own_network_namespace`
-re-runs this file under `unshare -n` with SLOBENCH_RAY_NETNS=1, and the tests marked `in_netns` run only
+re-runs this file under `unshare -n` (or `unshare -rn` without root) with SLOBENCH_RAY_NETNS=1, and the tests marked `in_netns` run only
 there (the token server is started inside too). It skips when ray is not installed or unshare is not
 permitted, unless SLOBENCH_REQUIRE_RAY=1 (CI), which turns either into a failure.
 """
@@ -63,30 +63,35 @@ def server_delay_s(srv: TokenServerProcess, records: list[RequestRecord], clock:
 # ---- outside the namespace ---------------------------------------------------------------------------------
 
 
-def _why_not_netns() -> str | None:
+def _unshare() -> tuple[list[str] | None, str | None]:
+    """The command that gives a child its own network namespace (root: `unshare -n`; a user without
+    CAP_SYS_ADMIN: `unshare -rn`, inside a user namespace of its own), or why there is none."""
     try:
         import ray  # noqa: F401
     except ImportError:
-        return "ray is not installed (pip install 'slobench[ray]')"
+        return None, "ray is not installed (pip install 'slobench[ray]')"
     if shutil.which("unshare") is None or shutil.which("ip") is None:
-        return "unshare or ip not found"
-    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"unshare -n not permitted here: {probe.stderr.strip()[:200]}"
-    return None
+        return None, "unshare or ip not found"
+    why = ""
+    for cmd in (["unshare", "-n"], ["unshare", "-rn"]):
+        probe = subprocess.run([*cmd, "true"], capture_output=True, text=True)
+        if probe.returncode == 0:
+            return cmd, None
+        why += f"{' '.join(cmd)}: {probe.stderr.strip()[:200]}; "
+    return None, f"no network namespace permitted here ({why.rstrip('; ')})"
 
 
 def test_ray_suite_in_its_own_network_namespace() -> None:
     if IN_NETNS:
         pytest.skip("this is the launcher; the suite is running")
-    why = _why_not_netns()
-    if why is not None:
+    unshare, why = _unshare()
+    if unshare is None:
         if REQUIRE:
             pytest.fail(f"SLOBENCH_REQUIRE_RAY=1 but {why}")
-        pytest.skip(why)
+        pytest.skip(str(why))
     env = {**os.environ, "SLOBENCH_RAY_NETNS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
     cmd = 'ip link set lo up && exec "$0" -m pytest -q -p no:cacheprovider -x "$1"'
-    proc = subprocess.run(["unshare", "-n", "bash", "-c", cmd, sys.executable, __file__], env=env,
+    proc = subprocess.run([*unshare, "bash", "-c", cmd, sys.executable, __file__], env=env,
                           capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, tail
