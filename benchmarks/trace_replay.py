@@ -8,7 +8,9 @@ Each way of reading runs in a fresh process, through `slobench.runner.run` as `s
 (`--num-requests` = 200 × --seconds, to a target that answers at once), and prints:
   * first request s: from opening the trace to the first request sent (the runner's own 50 ms start lead
     included);
-  * peak RSS MiB: the process's resident-set high-water mark (its imports alone: the last line);
+  * RSS sending MiB: the largest resident set sampled (every 10 ms) while the run sends, i.e. what reading
+    the trace holds (the summary's bootstrap afterwards takes more: "peak RSS" is the process's high-water
+    mark, summary included; the imports alone: the last line). "all rows" samples at each tenth of its pull;
   * lateness p50/p99 ms: sent − scheduled over the requests sent at the trace's own 200 req/s: the client
     alone.
 "whole" is `TraceReplay` (the trace loaded whole, then `replay`: what `slobench sweep`/`capacity --trace`
@@ -29,6 +31,7 @@ import resource
 import subprocess
 import sys
 import time
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +59,11 @@ def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def _current_rss_mib() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 class InstantTarget:
     """Answers every request at once: what is left is the client's own timing. Notes the first send on the
     process's performance counter."""
@@ -72,8 +80,9 @@ class InstantTarget:
         rec.output_tokens = 1  # type: ignore[attr-defined]
 
 
-async def _run(mode: str, path: str, n: int) -> tuple[float, np.ndarray]:
-    """Open the trace, run its first `n` requests; (seconds from opening to the first send, lateness)."""
+async def _run(mode: str, path: str, n: int) -> tuple[float, np.ndarray, float]:
+    """Open the trace, run its first `n` requests; (seconds from opening to the first send, lateness, the
+    largest RSS sampled while sending)."""
     from slobench.clock import Clock
     from slobench.runner import RunOptions, run
     from slobench.workload.replay import TraceReplay
@@ -84,13 +93,21 @@ async def _run(mode: str, path: str, n: int) -> tuple[float, np.ndarray]:
     specs = source.specs(num_requests=n)
     clock = Clock()
     target = InstantTarget(clock)
-    res = await run(specs, target, clock=clock, opts=RunOptions(progress=False), handle_sigint=False)  # type: ignore[arg-type]
+    rss = [_current_rss_mib()]
+
+    async def sample(_clock: object) -> None:
+        while True:
+            rss.append(_current_rss_mib())
+            await asyncio.sleep(0.01)
+
+    res = await run(specs, target, clock=clock, opts=RunOptions(progress=False), handle_sigint=False,  # type: ignore[arg-type]
+                    monitors=[sample])  # fmt: skip
     assert len(res.records) == n and target.first_send_perf_s is not None
     late = np.array([r.sent_s - r.scheduled_s for r in res.records if r.sent_s is not None])
-    return target.first_send_perf_s - t0, late
+    return target.first_send_perf_s - t0, late, max(rss)
 
 
-def child(mode: str, path: str, seconds: float) -> dict[str, float]:
+def child(mode: str, path: str, seconds: float, pull: int | None) -> dict[str, float]:
     from slobench.workload.trace_stream import StreamingReplay
 
     base = _rss_mib()
@@ -98,13 +115,19 @@ def child(mode: str, path: str, seconds: float) -> dict[str, float]:
     t0 = time.perf_counter()
     out: dict[str, float] = {}
     if mode in ("whole", "stream"):
-        out["first_s"], late = asyncio.run(_run(mode, path, n))
-    else:  # every request of the trace, nothing sent
+        out["first_s"], late, out["sending_mib"] = asyncio.run(_run(mode, path, n))
+    else:  # the first --pull requests of the trace (all by default), nothing sent; RSS at each tenth
         it = StreamingReplay(path).specs()
         out["first_s"] = time.perf_counter() - t0
-        count = sum(1 for _ in it)
+        step = max(1, pull // 10)
+        count = 0
+        for _ in islice(it, pull):
+            count += 1
+            if count % step == 0:
+                out[f"rss_at_{count}"] = _current_rss_mib()
         out["rows"] = count
         out["all_s"] = time.perf_counter() - t0
+        out["sending_mib"] = max(v for k, v in out.items() if k.startswith("rss_at_"))
         late = np.empty(0)
     out["peak_mib"] = _rss_mib()
     out["base_mib"] = base
@@ -120,36 +143,46 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0, help="seconds of the trace sent (at 200 req/s)")
     ap.add_argument("--dir", default="/tmp")
     ap.add_argument("--modes", default="whole,stream,all", help="which of whole, stream, all to run")
+    ap.add_argument("--pull", type=int, default=None, help="'all': pull this many requests (default: every one)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--path", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        print(json.dumps(child(a.child, a.path, a.seconds)))
+        if a.child == "write":
+            write_trace(Path(a.path), a.rows)
+        else:
+            print(json.dumps(child(a.child, a.path, a.seconds, a.pull)))
         return
     path = Path(a.dir) / f"slobench-synthetic-mooncake-{a.rows}.jsonl"
-    if not path.exists():
+    if not path.exists():  # in a child: a child forked from a large parent reports the parent's RSS as its own
         t = time.perf_counter()
-        write_trace(path, a.rows)
+        subprocess.run([sys.executable, __file__, "--child", "write", "--path", str(path), "--rows", str(a.rows)],
+                       check=True)  # fmt: skip
         print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - t:.1f} s")
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {os.getloadavg()[0]:.2f} "
           f"on {os.cpu_count()} CPUs")
     print(f"trace: {a.rows:,} rows at {RATE_RPS:g} req/s; sending the first {a.seconds:g} s "
           f"({int(RATE_RPS * a.seconds):,} requests)\n")  # fmt: skip
-    print("| way of reading | first request s | peak RSS MiB | lateness p50 ms | lateness p99 ms |")
-    print("|---|---:|---:|---:|---:|")
+    print("| way of reading | first request s | RSS sending MiB | peak RSS MiB | lateness p50 ms | lateness p99 ms |")
+    print("|---|---:|---:|---:|---:|---:|")
     labels = {"whole": "whole (TraceReplay: sweep, capacity)", "stream": "stream (StreamingReplay: run --trace)",
               "all": "stream, all rows pulled"}  # fmt: skip
     base = 0.0
     for mode in a.modes.split(","):
         label = labels[mode]
         cmd = [sys.executable, __file__, "--child", mode, "--path", str(path), "--seconds", str(a.seconds)]
+        cmd += ["--pull", str(a.pull)] if a.pull else []
         res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
         p50 = f"{res['late_p50_ms']:.2f}" if "late_p50_ms" in res else "–"
         p99 = f"{res['late_p99_ms']:.2f}" if "late_p99_ms" in res else "–"
         extra = f" ({int(res['rows']):,} requests in {res['all_s']:.0f} s)" if "rows" in res else ""
-        print(f"| {label}{extra} | {res['first_s']:.2f} | {res['peak_mib']:.0f} | {p50} | {p99} |")
+        sending = f"{res['sending_mib']:.0f}" if "sending_mib" in res else "–"
+        print(f"| {label}{extra} | {res['first_s']:.2f} | {sending} | {res['peak_mib']:.0f} | {p50} | {p99} |")
         base = res["base_mib"]
-    print(f"| (the interpreter with slobench and numpy imported) | | {base:.0f} | | |")
+        at = {int(k[7:]): v for k, v in res.items() if k.startswith("rss_at_")}
+        if at:
+            print("|   RSS after " + ", ".join(f"{k:,}: {v:.0f}" for k, v in sorted(at.items())) + " MiB | | | | | |")
+    print(f"| (the interpreter with slobench and numpy imported) | | | {base:.0f} | | |")
     print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
 
 

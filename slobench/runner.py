@@ -272,6 +272,10 @@ async def run(
     interrupted = False
     loop = asyncio.get_running_loop()
 
+    fill = getattr(specs, "fill", None)
+    if fill is not None and not opts.closed_loop_users:
+        while fill(float("inf")):  # a stream builds what it may ahead before the clock starts
+            pass
     clock.reset()
     clock.origin_ns += int(START_LEAD_S * 1e9)
     if writer is not None:
@@ -279,7 +283,7 @@ async def run(
     if opts.closed_loop_users:
         sender = asyncio.ensure_future(disp.closed_loop(schedule))
     else:
-        sender = asyncio.ensure_future(disp.open_loop(schedule, fill=getattr(specs, "fill", None)))
+        sender = asyncio.ensure_future(disp.open_loop(schedule, fill=fill))
     monitor_tasks = [asyncio.ensure_future(m(clock)) for m in monitors]
     if total is None and callable(count_hint):
         monitor_tasks.append(asyncio.ensure_future(_estimate_total(count_hint, disp.progress)))

@@ -58,7 +58,8 @@ __all__ = ["PREFIX_ROWS", "ReplayStream", "StreamLog", "StreamingReplay", "count
 
 PREFIX_ROWS = 4096  # rows read before the first is given out: the time origin and the stamp grid
 MAX_AHEAD = 256  # requests built ahead at most (~1.3 s at 200 req/s; a few MB of prompts)
-BUILD_TIME_DECAY = 0.98  # per build: how fast a slow build is forgotten
+BUILD_TIME_WEIGHT = 0.05  # the weight of the latest build in the running mean of build times
+FILL_MARGIN_S = 0.0005  # slack left unused before a send, beyond two builds
 
 
 @dataclass(slots=True)
@@ -160,8 +161,8 @@ class ReplayStream(Iterator[RequestSpec]):
     empties the buffer, the next is built by a callback queued then, so it runs after the send task the
     consumer spawns at once (FIFO), while the consumer sleeps to its next send time. A consumer that knows
     its slack (the runner, sleeping to a send time) calls `fill(slack_s)` to build more, one at a time, up
-    to `MAX_AHEAD`, only while the slowest recent build fits the slack: so the build after a send does not
-    land in a short gap (a Poisson trace at 200 req/s has a quarter of its gaps under 1.5 ms).
+    to `MAX_AHEAD`, only while a build fits the slack: so the build after a send does not land in a short
+    gap (a Poisson trace at 200 req/s has a quarter of its gaps under 1.5 ms).
 
     The first is built on creation, so a file that yields no request fails before anything is sent. For
     the runner: `row_report()` (what the rows read became, summary.json's `trace_rows`) and
@@ -173,7 +174,7 @@ class ReplayStream(Iterator[RequestSpec]):
         self._ready: deque[RequestSpec] = deque()
         self._failed: list[BaseException] = []
         self._done = False
-        self._build_s = 0.0  # the slowest recent build, decaying
+        self._build_s = 0.0  # a build's recent mean duration (exponentially weighted)
         self.path = path
         self.log = log
         self._count_hint = count_hint
@@ -196,12 +197,15 @@ class ReplayStream(Iterator[RequestSpec]):
             self._done = True
         except Exception as e:  # raised to the consumer on its next take, not lost in the loop's handler
             self._failed.append(e)
-        self._build_s = max(time.perf_counter() - t0, self._build_s * BUILD_TIME_DECAY)
+        dt = time.perf_counter() - t0
+        self._build_s = dt if self._build_s == 0.0 else self._build_s + BUILD_TIME_WEIGHT * (dt - self._build_s)
 
     def fill(self, slack_s: float) -> bool:
-        """Build one more request ahead when it fits in `slack_s` seconds (twice the slowest recent build
-        and half a millisecond) and fewer than MAX_AHEAD are ready; whether one was built."""
-        if len(self._ready) >= MAX_AHEAD or self._done or self._failed or slack_s < 2 * self._build_s + 5e-4:
+        """Build one more request ahead when it fits in `slack_s` seconds (twice a build's recent mean and
+        FILL_MARGIN_S) and fewer than MAX_AHEAD are ready; whether one was built. The mean, not the
+        slowest: on a busy machine a build is sometimes preempted, and waiting for slack that fits such a
+        build would leave the buffer empty, so that every next request is built right after a send."""
+        if len(self._ready) >= MAX_AHEAD or self._done or self._failed or slack_s < 2 * self._build_s + FILL_MARGIN_S:
             return False
         self._build_one()
         return True
