@@ -13,7 +13,7 @@ TTFT/TPOT p50 and p90 of each, and the differences, against the targets of issue
 The simulation's TTFT gets the request's fixed cost outside the steps (HTTP in and out, parsing) that
 calibrate fits beside the profile; it is printed, and `--no-overhead` leaves it out.
 
-    python benchmarks/validate_sim.py                         # ~10 minutes on 2 cores
+    python benchmarks/validate_sim.py                         # 12-25 minutes on a loaded 2-core machine
     python benchmarks/validate_sim.py --profile cal.json      # reuse a calibration
     python benchmarks/validate_sim.py --workloads tiny --rates 2,4,8,12,16 --num-requests 60
 """
@@ -115,7 +115,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default="tiny,prefill-heavy")
     ap.add_argument("--rates", default=None, help="comma-separated req/s for every workload (default: from the knee)")
-    ap.add_argument("--num-requests", type=int, default=80)
+    ap.add_argument("--num-requests", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", default=None, help="a calibrated profile JSON (default: calibrate now)")
     ap.add_argument("--no-overhead", action="store_true", help="do not add calibrate's request overhead to TTFT")
