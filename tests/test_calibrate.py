@@ -57,12 +57,16 @@ def test_fit_recovers_exact_synthetic_probes() -> None:
 def test_calibrate_recovers_a_served_profile(server: str) -> None:
     cal = asyncio.run(calibrate(server, "tiny", PLAN))
     p = cal.profile
-    # what matters to a simulation: the step times it predicts for batches it never saw in the fit
-    for decode, context in ((1, 40), (8, 8 * 120), (12, 12 * 200)):
-        assert p.step_s(0, decode, context) == pytest.approx(TRUE.step_s(0, decode, context), rel=0.2), p
-    n = 224  # a prefill step: the request's fixed cost (HTTP) is fitted apart from it
-    assert p.step_s(n, 0, n, n * (n + 1) // 2) == pytest.approx(TRUE.step_s(n, 0, n), rel=0.25), p
-    assert p.per_decode_seq_s == pytest.approx(TRUE.per_decode_seq_s, rel=0.35)
+    # a served step takes the modeled time plus the engine's own (scheduling, emitting tokens: ~0.3-2 ms on
+    # a busy 2-core machine), which only adds: the fixed part is bounded both ways, the slopes are the truth's
+    assert TRUE.step_overhead_s * 0.9 < p.step_overhead_s < TRUE.step_overhead_s + 0.004, p
+    decode_slope = p.step_s(0, 12, 12 * 200) - p.step_s(0, 1, 200)
+    assert decode_slope == pytest.approx(TRUE.step_s(0, 12, 12 * 200) - TRUE.step_s(0, 1, 200), rel=0.25), p
+
+    def prefill(prof: CostProfile, n: int) -> float:
+        return prof.step_s(n, 0, n, n * (n + 1) // 2)
+
+    assert prefill(p, 288) - prefill(p, 32) == pytest.approx(prefill(TRUE, 288) - prefill(TRUE, 32), rel=0.25), p
     held = cal.held_out_errors()
     assert len(held) >= 3 and np.median(held) < 0.15, [(q.label, q.error) for q in cal.probes]
     assert 0 <= cal.request_overhead_s < 0.05
