@@ -121,3 +121,18 @@ def test_roofline_dense_part_against_vidur_measurements() -> None:
     assert np.median(medians) < 0.08, results
     assert max(c.median_error for c in results) < 0.15, results
     assert max(c.max_error for c in results) < 0.5, results
+
+
+def test_kv_capacity_is_memory_less_weights_over_kv_bytes() -> None:
+    from slobench.profiles import kv_capacity_tokens
+
+    m = get_model("llama-3.1-8b")
+    expected = (80e9 * 0.9 - m.params * 2) / m.kv_bytes_per_token
+    assert kv_capacity_tokens("llama-3.1-8b", "h100") == pytest.approx(expected, abs=1)
+    # 141 vs 80 GB, less the same 16 GB of weights: ~1.98x the tokens
+    assert kv_capacity_tokens("llama-3.1-8b", "h200") > 1.9 * kv_capacity_tokens("llama-3.1-8b", "h100")
+    assert kv_capacity_tokens("llama-3.1-70b", "a100", tp=1) == 0  # the weights alone do not fit
+    assert roofline("llama-3.1-70b", "h100", 4).provenance["kv_capacity_tokens"] == (  # type: ignore[index]
+        kv_capacity_tokens("llama-3.1-70b", "h100", 4))
+    with pytest.raises(Exception, match="memory_utilization"):
+        kv_capacity_tokens("llama-3.1-8b", "h100", memory_utilization=1.5)

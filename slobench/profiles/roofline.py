@@ -121,8 +121,24 @@ def roofline(model: str | ModelConfig, gpu: str | GpuSpec, tp: int = 1, eff: Eff
             "kind": "roofline", "gpu": asdict(g), "model": asdict(m), "tp": tp, "efficiency": asdict(e),
             "ridge_tokens_per_step": round(ridge_tokens, 1), "weights_gb_per_gpu": round(weights_bytes / 1e9, 3),
             "kv_bytes_per_token_per_gpu": kv_bytes,
+            "kv_capacity_tokens": kv_capacity_tokens(m, g, tp),  # at 90% of memory: --kv-blocks = this / 16
         },
     )
+
+
+def kv_capacity_tokens(model: str | ModelConfig, gpu: str | GpuSpec, tp: int = 1,
+                       memory_utilization: float = 0.9) -> int:
+    """Tokens of KV cache an instance holds: the GPUs' memory (datasheet GB x `memory_utilization`, vLLM's
+    default share) less the weights, over K and V bytes a token. Activations are not subtracted (a few GB
+    at large step budgets). Divide by the block size for `--kv-blocks`."""
+    m = get_model(model) if isinstance(model, str) else model
+    g = get_gpu(gpu) if isinstance(gpu, str) else gpu
+    if not 0 < memory_utilization <= 1:
+        raise SpecError("memory_utilization", memory_utilization, "must be a fraction in (0, 1]")
+    weights = (m.num_layers * m.layer_params + 2 * m.vocab_size * m.hidden_size) * m.bytes_per_param
+    free = tp * g.memory_gb * 1e9 * memory_utilization - weights
+    replicas = max(1, tp // m.num_kv_heads)  # past tp = KV heads, each KV head is kept on several GPUs
+    return max(0, int(free // (m.kv_bytes_per_token * replicas)))
 
 
 def roofline_from_name(spec: str) -> CostProfile:
