@@ -78,6 +78,7 @@ def _profile(args: argparse.Namespace) -> int:
     print(f"{prof.name}: {roof['weights_gb_per_gpu']} GB of weights a GPU, dense layers weights-bound below "
           f"~{roof['ridge_tokens_per_step']:.0f} tokens a step; decode step at batch 1, 1k context: "
           f"{prof.step_s(0, 1, 1024) * 1e3:.2f} ms; a 2k-token prefill: "
-          f"{prof.step_s(2048, 0, 2048, 2048 * 2049 // 2) * 1e3:.1f} ms")
+          f"{prof.step_s(2048, 0, 2048, 2048 * 2049 // 2) * 1e3:.1f} ms; KV room for {roof['kv_capacity_tokens']:,} "
+          f"tokens at 90% of memory (simulate with --kv-blocks {roof['kv_capacity_tokens'] // 16})")
     print(f"written: {out}")
     return 0
