@@ -12,19 +12,23 @@ CPU time (the machine may be shared); the wall time is printed beside.
 
     python benchmarks/simulate_speed.py [--counts 10000,100000] [--rate 30]
 
-Measured 2026-12-01 on the project's 2-core machine, one count per process, CPU seconds of the simulation
-("before": the simulator as of commit 6e33907, run from a worktree; memory from separate tracemalloc runs):
+Measured 2026-12-01 on the project's 2-core machine, one count per process pinned to one core, CPU seconds
+of the simulation, before/after pairs run interleaved while the machine was shared (load average 5-9, which
+inflates CPU seconds: compare within a row). Second pass: "before" d053ac7, "after" 37f6ca8:
 
-| requests | before: s (req/s) | after: s (req/s) | records kept | peak with the lean summary | max RSS (specs alone) |
-|---|---|---|---|---|---|
-| 10,000 | 25.9 (387) | 12.1 (828) | 32 / 34 MiB | 94 / 96 MiB | 273 / 277 MiB (174) |
-| 100,000 | 271.7 (368) | 126.2 (793) | | | 2,001 / 2,004 MiB (1,055) |
+| requests | before: CPU s (req/s) | after: CPU s (req/s) | load (1 min) | max RSS (specs alone) |
+|---|---|---|---|---|
+| 10,000 | 12.9 (774), 17.0 (590) | 13.3 (753), 14.1 (710) | 5.4-6.2 | 258 MiB (174) |
+| 100,000 | 177.3 (564) | 168.8 (592) | 6.1-7.9 | 2,003 MiB (1,055) |
 
-Not the issue's 30 s for 100,000. Left per request (~1.2 ms): the block manager ~0.5 ms (a keyed blake2b
-per prompt block in `register_computed`, ~72 blocks a chat prompt, plus `admit`/`free`), the protocol's
-prompt-id check ~0.13 ms, each arrival's admission step with the running batch riding along ~0.2 ms,
-decode runs ~0.25 ms. Memory did not move: a record keeps ~21 bytes a token (chunk times and counts, which
-the ITL needs), and the peak is the summary flattening every chunk time.
+callgrind, 600 requests with imports and specs: 5.71e9 (d053ac7) -> 4.92e9 (b0bcaaa) instructions. Records kept 34 MiB at
+10,000, peak with the summary 96 MiB (tracemalloc), unchanged. First pass (6e33907 -> 370de34, quieter):
+10,000 25.9 -> 12.1 s, 100,000 271.7 -> 126.2 s.
+
+Not the issue's 30 s for 100,000 (about 4x short). Shares of the simulation now (py-spy): each arrival's
+engine step 39% (its prompt's ~75 blocks taken, hashed, registered and later freed, and the running batch
+riding along chunk by chunk), decode runs 30%, the protocol's exact prompt check 17%, the loop's record
+keeping 7%; the block manager ~35% of it (blake2b 12%), ~5 us of Python a block.
 """
 
 from __future__ import annotations
