@@ -773,6 +773,9 @@ def _summarize(args: argparse.Namespace) -> int:
         slo = None
     summary = summarize(run.records, slo, seed=run.manifest.get("seed", 0))
     summary["interrupted"] = bool(run.summary and run.summary.get("interrupted"))
+    for key in ("trace_rows", "stopped_by"):  # what the run alone knew: kept from its summary.json
+        if run.summary and key in run.summary:
+            summary[key] = run.summary[key]
     print_run(summary, title=str(args.run_dir))
     return 0
 

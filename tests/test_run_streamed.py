@@ -351,3 +351,12 @@ def test_a_simulated_trace_run_says_what_its_rows_became(tmp_path):
     assert main(["run", "--trace", str(path), "--simulate", "--no-progress", "--out", str(out)]) == 0
     rows = json.loads((out / "summary.json").read_text())["trace_rows"]
     assert rows["dropped"] == {"unreadable": 1, "zero_tokens": 4} and rows["num_requests"] == 36
+
+
+def test_summarize_keeps_what_the_trace_rows_became(tmp_path, capsys):
+    path = burstgpt(tmp_path / "b.csv")
+    out = tmp_path / "sim"
+    assert main(["run", "--trace", str(path), "--simulate", "--no-progress", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["summarize", str(out)]) == 0
+    assert "41 rows read (the whole file) -> 36 requests; 5 rows left out" in capsys.readouterr().out
