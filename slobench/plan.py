@@ -363,10 +363,12 @@ def _key(w: int, fleet: Fleet, previous: Fleet | None, share: float) -> Key:
     return (w, fleet, previous, share)
 
 
-def plan_day(pool: Any, windows: Sequence[Window], recipe: DayRecipe, setup: Setup,
-             options: PlanOptions) -> dict[str, Any]:  # fmt: skip
+def plan_day(pool: Any, windows: Sequence[Window], recipe: DayRecipe, setup: Setup, options: PlanOptions,
+             progress: Callable[[str], None] | None = None) -> dict[str, Any]:  # fmt: skip
     target = setup.slo.target
     share = min(1.0, options.switch_s / recipe.window_s)
+    say = progress or (lambda _: None)
+    say(f"searching {len(windows)} windows")
     searches: list[WindowSearch] = pool.map(
         [("search", w.index, target, options.max_instances, options.kinds) for w in windows])
     evals = _Evals(pool)
@@ -374,14 +376,16 @@ def plan_day(pool: Any, windows: Sequence[Window], recipe: DayRecipe, setup: Set
         for f, ev in s.evaluations.items():
             evals.done[(s.index, f, None, 0.0)] = ev
     strategies: dict[str, list[tuple[Fleet, Evaluation, int]]] = {}
+    say(f"planning the day ({len(evals.done)} evaluations so far)")
     strategies["planner"] = _plan(windows, searches, evals, options, share, target)
     notes: list[str] = []
-    if "static-colocated" in options.baselines:
-        strategies["static-colocated"] = _static(windows, searches, evals, options, target, notes, "colocated")
-    if "static-disagg" in options.baselines:
-        strategies["static-disagg"] = _static(windows, searches, evals, options, target, notes, "disagg")
+    for kind in ("colocated", "disagg"):
+        if f"static-{kind}" in options.baselines:
+            say(f"the best static {kind} fleet ({len(evals.done)} evaluations so far)")
+            strategies[f"static-{kind}"] = _static(windows, searches, evals, options, target, notes, kind)
     dynamo_profile: dict[str, Any] = {}
     if "dynamo" in options.baselines:
+        say(f"the interpolation baseline ({len(evals.done)} evaluations so far)")
         strategies["dynamo"] = _dynamo(pool, windows, evals, setup, options, share, dynamo_profile)
     return _result(windows, searches, strategies, recipe, setup, options, share, dynamo_profile, notes, evals)
 

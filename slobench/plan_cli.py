@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,8 @@ def dispatch(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     windows = windows_for(recipe)
     with PlanPool(recipe, setup, jobs=args.jobs, ray=args.ray) as pool:
-        result = plan_day(pool, windows, recipe, setup, options)
+        result = plan_day(pool, windows, recipe, setup, options,
+                          progress=lambda m: print(f"plan: {m} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr))
         result["run"] = {"pool": pool.kind, "wall_s": round(time.perf_counter() - t0, 1)}
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ from slobench.simulate import ModeledEngine
 from slobench.slo import SLO
 from slobench.workload import WorkloadSpec
 
+pytestmark = pytest.mark.integration  # starts Ray (tens of seconds), as tests/test_ray_pool.py
 IN_NETNS = os.environ.get("SLOBENCH_RAY_NETNS") == "1"
 REQUIRE = os.environ.get("SLOBENCH_REQUIRE_RAY") == "1"
 DAY = {
