@@ -238,7 +238,7 @@ def plan_table(result: dict[str, Any]) -> str:
             cells.append(f"{s['label'] + ' ' + format(s['attainment'], '.0%') + mark:>18}")
         lines.append(f"{_clock(w['start_h']):>6} {t['rate_rps']:>7.1f} {t['mean_input_tokens']:>6.0f} "
                      f"{t['mean_output_tokens']:>5.0f} {t['prefill_decode_ratio']:>6.1f}  " + "  ".join(cells))  # fmt: skip
-    lines += ["", f"(! = below the {target:.0%} target in that window)", ""]
+    lines += ["", f"(! = below the {target * 100:g}% target in that window)", ""]
     head2 = f"{'strategy':<18} {'GPU-hours':>10} {'attainment':>11} {'goodput/GPU':>12} {'windows met':>12} {'max':>4} {'switched':>9}"
     lines += [head2, "-" * len(head2)]
     for n, s in result["strategies"].items():
@@ -261,5 +261,5 @@ def _clock(hours: float) -> str:
 
 def _slo_text(slo: dict[str, Any]) -> str:
     parts = [f"{k[:-2]}<={v * 1e3:g}ms" for k, v in slo.items() if k.endswith("_s") and v is not None]
-    return ",".join(parts) + f" for {slo.get('target', 0.9):.0%}"
+    return ",".join(parts) + f" for {slo.get('target', 0.9) * 100:g}%"
 

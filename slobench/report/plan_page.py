@@ -58,7 +58,7 @@ def _header(result: dict[str, Any]) -> str:
         f"<li>day: {esc(d['name'])}, {d['num_windows']} windows of {d['window_s'] / 3600:g} h "
         f"(one workload second = {d['compression']:g} s of the day; at most {d['max_requests_per_window']} "
         "requests simulated a window)</li>"
-        f"<li>SLO: {slo} for {result['slo'].get('target', 0.9):.0%} of requests</li>"
+        f"<li>SLO: {slo} for {result['slo'].get('target', 0.9) * 100:g}% of requests</li>"
         f"<li>instance: profile {esc(e['profile'])}, {e['kv_blocks']} KV blocks, router {esc(e['router'])}, "
         f"KV link {esc(e['kv_link'])} ({e['kv_bytes_per_token']:,} bytes a token); "
         f"{o['gpus_per_instance']} GPU(s) an instance</li>"
@@ -105,7 +105,7 @@ def _attainment(result: dict[str, Any]) -> dict[str, Any]:
         fig.add({"x": x, "y": [w["strategies"][name]["attainment"] for w in result["windows"]],
                  "name": plot_esc(name), "mode": "lines+markers", "line": {"color": series_color(i)}})  # fmt: skip
     target = result["slo"].get("target", 0.9)
-    fig.hline(target, color=TARGET, label=f"target {target:.0%}")
+    fig.hline(target, color=TARGET, label=f"target {target * 100:g}%")
     fig.x_axis(title={"text": "hour of the day"})
     fig.y_axis(title={"text": "SLO attainment"}, tickformat=".0%")
     d = fig.to_dict()
