@@ -21,6 +21,7 @@ from typing import Any
 
 from slobench.clock import Clock
 from slobench.errors import SlobenchError, SpecError
+from slobench.precise_sleep import sleep_until
 from slobench.records import RequestRecord, RequestSpec, RunWriter
 from slobench.slo import SLO
 from slobench.summary import summarize
@@ -179,8 +180,8 @@ class Dispatcher:
     async def _sleep_until(self, t_s: float, *, spin: bool = True,
                            fill: Callable[[float], bool] | None = None) -> None:  # fmt: skip
         """Sleep to an absolute time on the run clock. asyncio's timers wake up to ~1 ms late (epoll
-        rounds its timeout up to whole ms), so sleep to just short of the deadline and then yield to the
-        loop until it passes: other tasks keep running, and sends land within tens of microseconds.
+        rounds its timeout up to whole ms), so the wake-up is a timerfd's (slobench.precise_sleep), or
+        without one, a sleep to just short of the deadline and then yields to the loop until it passes.
         `fill(slack_s)` (a stream's) first uses the slack, one step per loop turn, while it says it did."""
         now = self.clock.now_s
         spin_s = self.opts.spin_s if spin else 0.0
@@ -188,13 +189,7 @@ class Dispatcher:
             await asyncio.sleep(0)  # the send just spawned goes first
             while fill(t_s - now() - spin_s):
                 await asyncio.sleep(0)
-        delay = t_s - now()
-        if delay <= 0:
-            return
-        if delay > spin_s:
-            await asyncio.sleep(delay - spin_s)
-        while now() < t_s:
-            await asyncio.sleep(0)
+        await sleep_until(self.clock, t_s, spin_s)
 
     async def closed_loop(self, specs: Iterable[RequestSpec]) -> None:
         """N users; each sends its next request when its last one ends. Returns when all are finished."""
