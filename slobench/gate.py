@@ -116,22 +116,17 @@ def load_samples(paths: Sequence[str | Path]) -> Samples:
 
 def _single_run_doc(path: Path) -> dict[str, Any] | None:
     """A run directory (summary.json beside manifest.json, no sweep or capacity file) as a one-point sweep."""
+    from slobench.records import MANIFEST, SUMMARY, read_manifest, read_summary
+
     if not path.is_dir() or any((path / n).is_file() for n in (CAPACITY, "sweep.json", "baseline.json")):
         return None
-    if not ((path / "summary.json").is_file() and (path / "manifest.json").is_file()):
+    if not ((path / SUMMARY).is_file() and (path / MANIFEST).is_file()):
         return None
-    manifest, summary = _read_json_file(path / "manifest.json"), _read_json_file(path / "summary.json")
-    rate = manifest.get("rate_rps") if isinstance(manifest, dict) else None
+    manifest, summary = read_manifest(path), read_summary(path)
+    rate = manifest.get("rate_rps")
     if not isinstance(rate, int | float) or not isinstance(summary, dict):
         raise UsageError(f"{path}: a run directory without its offered rate (manifest rate_rps) or summary")
     return {"kind": "sweep", "manifest": manifest, "runs": [{"rate_rps": rate, "summary": summary}]}
-
-
-def _read_json_file(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UsageError(f"{path}: cannot read ({e})") from None
 
 
 def _resolve(path: Path) -> Path:

@@ -206,6 +206,12 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any]:
     return manifest
 
 
+def read_summary(run_dir: str | Path) -> Any:
+    """A run directory's summary.json, or None where the run has none yet (a run cut off before its end)."""
+    path = Path(run_dir) / SUMMARY
+    return _read_json(path) if path.exists() else None
+
+
 def read_record_dicts(path: Path) -> list[dict[str, Any]]:
     """requests.jsonl as parsed objects. A torn *final* line (a crash mid-write) is forgiven: it loses at
     most the request that was being written; anything else that is not a record is corruption."""
@@ -241,8 +247,7 @@ def load_run(run_dir: str | Path) -> Run:
             records.append(RequestRecord.from_dict(d))
         except TypeError as e:
             raise UsageError(f"{req_path}: record {lineno}: bad request record ({e})") from None
-    summary = _read_json(run_dir / SUMMARY) if (run_dir / SUMMARY).exists() else None
-    return Run(run_dir, manifest, records, summary)
+    return Run(run_dir, manifest, records, read_summary(run_dir))
 
 
 _NUMBER_FIELDS = ("scheduled_s", "sent_s", "first_token_s", "done_s", "queued_s")
