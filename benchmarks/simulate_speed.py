@@ -38,8 +38,9 @@ import resource
 import time
 import tracemalloc
 
-from slobench.simulate import lean_summary, simulate_records
+from slobench.simulate import simulate_records
 from slobench.slo import SLO
+from slobench.summary import summarize
 from slobench.workload import generate, load_workload
 
 KNOBS = {"profile": "h100-llama-1b", "kv_blocks": 2048}
@@ -60,14 +61,14 @@ def one(n: int, rate_rps: float, *, trace: bool) -> dict:
     records = simulate_records(specs, KNOBS)
     t1, c1 = time.perf_counter(), time.process_time()
     kept, sim_peak = tracemalloc.get_traced_memory() if trace else (0, 0)
-    summary = lean_summary(records, SLO.parse(SLO_TEXT))
+    summary = summarize(records, SLO.parse(SLO_TEXT), intervals="none")
     t2 = time.perf_counter()
     peak = tracemalloc.get_traced_memory()[1] if trace else 0
     if trace:
         tracemalloc.stop()
     return {"n": n, "sim_s": t1 - t0, "cpu_s": c1 - c0, "rss_specs_mib": rss_specs, "summary_s": t2 - t1, "peak_mib": peak / 2**20,
             "kept_mib": kept / 2**20, "sim_peak_mib": sim_peak / 2**20,
-            "tokens": sum(r.output_tokens for r in records), "attainment": summary["attainment"]["value"]}
+            "tokens": sum(r.output_tokens for r in records), "attainment": summary.attainment.value}
 
 
 def main() -> None:

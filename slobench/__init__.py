@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-_API = ("SLO", "Run", "RequestRecord", "WorkloadSpec", "compare", "load_run", "load_workload", "render_report",
+_API = ("SLO", "Run", "RequestRecord", "RunSummary", "WorkloadSpec", "compare", "load_run", "load_workload", "render_report",
         "run_load", "simulate_load", "summarize")
 __all__ = ["__version__", *_API]
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         SLO,
         RequestRecord,
         Run,
+        RunSummary,
         WorkloadSpec,
         compare,
         load_run,

@@ -3,7 +3,7 @@
     import slobench
     run = slobench.run_load("http://127.0.0.1:8000/v1", workload="chat", rate=4, num_requests=200,
                             slo="ttft=500ms,tpot=50ms", out="runs/chat-4")
-    print(run.summary["attainment"]["value"])
+    print(run.summary.attainment.value)
     sim = slobench.simulate_load(workload="chat", rate=4, num_requests=200, slo="ttft=500ms,tpot=50ms")
     verdict = slobench.compare("runs/baseline", "runs/chat-4")      # the CI gate's verdict
     slobench.render_report(["runs/chat-4"], "report.html")
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from slobench.records import RequestRecord, Run, RunWriter, load_run
 from slobench.slo import SLO
+from slobench.summary import RunSummary
 from slobench.summary import summarize as _summarize
 from slobench.workload.spec import WorkloadSpec, generate, load_workload
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from slobench.gate import GateResult
     from slobench.simulate import ModeledEngine
 
-__all__ = ["SLO", "Run", "RequestRecord", "WorkloadSpec", "compare", "load_run", "load_workload",
+__all__ = ["SLO", "Run", "RequestRecord", "RunSummary", "WorkloadSpec", "compare", "load_run", "load_workload",
            "render_report", "run_load", "simulate_load", "summarize"]
 
 
@@ -134,8 +135,9 @@ def simulate_load(
     return load_run(out)
 
 
-def summarize(records: Sequence[RequestRecord], slo: SLO | str | None = None, *, seed: int = 0) -> dict[str, Any]:
-    """The summary `summary.json` holds (attainment with its interval, TTFT/TPOT/ITL percentiles, errors)."""
+def summarize(records: Sequence[RequestRecord], slo: SLO | str | None = None, *, seed: int = 0) -> RunSummary:
+    """The `RunSummary` that `summary.json` holds (attainment with its interval, TTFT/TPOT/ITL percentiles,
+    errors); `.to_dict()` is the file's JSON."""
     return _summarize(records, _slo(slo), seed=seed)
 
 

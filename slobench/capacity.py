@@ -36,11 +36,11 @@ import numpy as np
 
 from slobench.errors import SpecError
 from slobench.probe import LiveProbe, ProbeMeasure, probe_dir_name  # noqa: F401  (probe_dir_name: its old home)
+from slobench.summary import RunSummary
 
-CAPACITY = "capacity.json"
 SHORT_PROBE_S = 30.0  # probes near capacity shorter than this get a note (see short_probe_note)
 
-Measure = Callable[[float, int], Awaitable[dict[str, Any]]]
+Measure = Callable[[float, int], Awaitable[RunSummary]]
 Phase = Literal["up", "down", "bisect", "replicate"]
 
 
@@ -137,46 +137,20 @@ class CapacityResult:
         }
 
 
-def flat_metrics(summary: dict[str, Any]) -> dict[str, float]:
-    """The per-run numbers a gate can compare, flat: `attainment`, `ttft.p99`, `tpot.mean`, ...
-
-    `ttft` is from the send (the classic definition); `ttft_sched` from the scheduled arrival.
-    """
-    out: dict[str, float] = {}
-    att = summary.get("attainment")
-    if isinstance(att, dict) and att.get("value") is not None:
-        out["attainment"] = float(att["value"])
-        out["good_throughput"] = float(att.get("good_throughput_rps") or 0.0)
-    if summary.get("request_throughput_rps") is not None:
-        out["throughput"] = float(summary["request_throughput_rps"])
-    for name, key in (
-        ("ttft", "ttft_s"), ("ttft_sched", "ttft_from_scheduled_s"), ("tpot", "tpot_s"),
-        ("itl", "itl_s"), ("e2e", "e2e_s"),
-    ):
-        d = summary.get(key)
-        if not isinstance(d, dict):
-            continue
-        for stat in ("mean", "p50", "p90", "p99"):
-            v = d.get(stat)
-            if v is not None and math.isfinite(v):
-                out[f"{name}.{stat}"] = float(v)
-    return out
-
-
-def _probe(rate: float, seed: int, phase: Phase, summary: dict[str, Any]) -> Probe:
-    att = summary.get("attainment") or {}
-    value = att.get("value")
-    lo, hi = att.get("ci_low"), att.get("ci_high")
+def _probe(rate: float, seed: int, phase: Phase, summary: RunSummary) -> Probe:
+    att = summary.attainment
+    value = None if att is None else att.value
+    lo, hi = (None, None) if att is None else (att.ci_low, att.ci_high)
     return Probe(
         rate_rps=float(rate),
         seed=seed,
         phase=phase,
         attainment=float("nan") if value is None else float(value),
         ci=(float(lo), float(hi)) if lo is not None and hi is not None else None,
-        run_dir=summary.get("run_dir"),
-        metrics=flat_metrics(summary),
-        client_bottleneck=bool((summary.get("client") or {}).get("is_bottleneck")),
-        duration_s=float(summary["duration_s"]) if summary.get("duration_s") is not None else None,
+        run_dir=summary.run_dir,
+        metrics=summary.flat_metrics(),
+        client_bottleneck=summary.client.is_bottleneck,
+        duration_s=summary.duration_s if math.isfinite(summary.duration_s) else None,
     )
 
 
@@ -370,8 +344,8 @@ class RunMeasure(ProbeMeasure):
         opts: Any,
         manifest: dict[str, Any],
         clock: Any = None,
-        on_probe: Callable[[float, int, dict[str, Any]], None] | None = None,
-        after_run: Callable[[Path, dict[str, Any]], Awaitable[None]] | None = None,
+        on_probe: Callable[[float, int, RunSummary], None] | None = None,
+        after_run: Callable[[Path, RunSummary], Awaitable[RunSummary]] | None = None,
     ) -> None:
         probe = LiveProbe(make_specs, target, slo=slo, opts=opts, clock=clock, after_run=after_run)
         super().__init__(probe, out_dir=out_dir, manifest=manifest, on_probe=on_probe)

@@ -26,6 +26,7 @@ from slobench.redact import redact_argv, redact_text
 
 if TYPE_CHECKING:
     from slobench.probe import Probe
+    from slobench.summary import RunSummary
 
 EXIT_CODES = __doc__.split("Exit codes", 1)[1].split("\n", 1)[1] if __doc__ else ""
 
@@ -549,8 +550,8 @@ class LoadSetup:
 
         target, clock, served = await _start_target(self)
         try:
-            async def after_run(run_dir: Path, summary: dict[str, Any]) -> None:
-                await note_client_clocks(target, run_dir, summary, self.slo)  # Ray load actors: clocks, health
+            async def after_run(run_dir: Path, summary: RunSummary) -> RunSummary:
+                return await note_client_clocks(target, run_dir, summary, self.slo)  # Ray actors: clocks, health
 
             probe = LiveProbe(make_specs, target, slo=self.slo, opts=self.run_options(), clock=clock,
                               monitors_for=self.monitors if scrape else None, after_run=after_run)  # fmt: skip
@@ -657,11 +658,10 @@ def parse_error_rate(text: str | None) -> float | None:
     return value
 
 
-def error_rate_verdict(summary: dict[str, Any], max_error_rate: float | None) -> str | None:
-    """The one line that fails a run for its errors, or None. Without --max-error-rate only a run in which
-    no measured request succeeded fails: its latency figures describe nothing."""
-    n = int(summary.get("num_requests") or 0)
-    ok = int(summary.get("num_ok") or 0)
+def error_rate_verdict(n: int, ok: int, max_error_rate: float | None) -> str | None:
+    """The one line that fails a run of `n` measured requests, `ok` of them successful, for its errors, or
+    None. Without --max-error-rate only a run in which no request succeeded fails: its latency figures
+    describe nothing."""
     if n == 0:
         return None
     failed = n - ok
@@ -697,10 +697,10 @@ async def _run(args: argparse.Namespace) -> int:
     if res.interrupted:
         print("slobench: interrupted: the summary covers the requests that finished; exit 130", file=sys.stderr)
         return 130
-    att = summary.get("attainment")
-    if att and setup.slo and att["value"] < setup.slo.target:
+    att = summary.attainment
+    if att and setup.slo and att.value < setup.slo.target:
         return 1
-    if (verdict := error_rate_verdict(summary, setup.max_error_rate)) is not None:
+    if (verdict := error_rate_verdict(summary.num_requests, summary.num_ok, setup.max_error_rate)) is not None:
         print(verdict, file=sys.stderr)
         return 1
     return 0
@@ -722,7 +722,7 @@ async def _sweep(args: argparse.Namespace) -> int:
 
     def on_run(row: dict[str, Any]) -> None:
         s = row["summary"]
-        console.print(f"rate {row['rate_rps']:g} req/s done: {s['num_ok']}/{s['num_requests']} ok")
+        console.print(f"rate {row['rate_rps']:g} req/s done: {s.num_ok}/{s.num_requests} ok")
 
     async with setup.probe(first=(rates[0], args.seed)) as (probe, manifest, served):
         doc = await run_sweep(rates, probe, out_dir=out, slo=setup.slo, manifest=manifest, seed=args.seed,
@@ -733,9 +733,9 @@ async def _sweep(args: argparse.Namespace) -> int:
         print("slobench: interrupted: the last point is partial and left out of the headline; exit 130",
               file=sys.stderr)
         return 130
-    totals = {"num_requests": sum(int(r["summary"].get("num_requests") or 0) for r in doc["runs"]),
-              "num_ok": sum(int(r["summary"].get("num_ok") or 0) for r in doc["runs"])}
-    if (verdict := error_rate_verdict(totals, setup.max_error_rate)) is not None:
+    n = sum(r["summary"].num_requests for r in doc["runs"])
+    ok = sum(r["summary"].num_ok for r in doc["runs"])
+    if (verdict := error_rate_verdict(n, ok, setup.max_error_rate)) is not None:
         print(verdict, file=sys.stderr)
         return 1
     return 0
@@ -758,6 +758,8 @@ def _maybe_report(args: argparse.Namespace, run_dirs: Sequence[Path]) -> None:
 
 
 def _summarize(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from slobench.records import load_run
     from slobench.report.terminal import print_run
     from slobench.summary import summarize
@@ -772,10 +774,9 @@ def _summarize(args: argparse.Namespace) -> int:
     else:
         slo = None
     summary = summarize(run.records, slo, seed=run.manifest.get("seed", 0))
-    summary["interrupted"] = bool(run.summary and run.summary.get("interrupted"))
-    for key in ("trace_rows", "stopped_by"):  # what the run alone knew: kept from its summary.json
-        if run.summary and key in run.summary:
-            summary[key] = run.summary[key]
+    if run.summary is not None:  # what the run alone knew: kept from its summary.json
+        summary = replace(summary, interrupted=bool(run.summary.interrupted), trace_rows=run.summary.trace_rows,
+                          stopped_by=run.summary.stopped_by)
     print_run(summary, title=str(args.run_dir))
     return 0
 

@@ -29,8 +29,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from slobench.capacity import CAPACITY
 from slobench.errors import SpecError, UsageError
+from slobench.records import CAPACITY, SWEEP
 
 BASELINE_KIND = "baseline"
 EXIT_PASS, EXIT_REGRESSION, EXIT_INCONCLUSIVE = 0, 1, 4
@@ -118,20 +118,20 @@ def _single_run_doc(path: Path) -> dict[str, Any] | None:
     """A run directory (summary.json beside manifest.json, no sweep or capacity file) as a one-point sweep."""
     from slobench.records import MANIFEST, SUMMARY, read_manifest, read_summary
 
-    if not path.is_dir() or any((path / n).is_file() for n in (CAPACITY, "sweep.json", "baseline.json")):
+    if not path.is_dir() or any((path / n).is_file() for n in (CAPACITY, SWEEP, "baseline.json")):
         return None
     if not ((path / SUMMARY).is_file() and (path / MANIFEST).is_file()):
         return None
     manifest, summary = read_manifest(path), read_summary(path)
     rate = manifest.get("rate_rps")
-    if not isinstance(rate, int | float) or not isinstance(summary, dict):
+    if not isinstance(rate, int | float) or summary is None:
         raise UsageError(f"{path}: a run directory without its offered rate (manifest rate_rps) or summary")
     return {"kind": "sweep", "manifest": manifest, "runs": [{"rate_rps": rate, "summary": summary}]}
 
 
 def _resolve(path: Path) -> Path:
     if path.is_dir():
-        for name in (CAPACITY, "sweep.json", "baseline.json"):
+        for name in (CAPACITY, SWEEP, "baseline.json"):
             if (path / name).is_file():
                 return path / name
         raise UsageError(f"{path}: a directory with no {CAPACITY}, sweep.json, baseline.json or run summary in it")
@@ -166,10 +166,12 @@ def _load_one(path: Path, doc: dict[str, Any]) -> Samples:
                     str(manifest.get("slobench_version", "?")))
         if doc["kind"] == "sweep":
             seed = int(manifest.get("seed", 0))
-            from slobench.capacity import flat_metrics
+            from slobench.summary import RunSummary
 
             for row in doc["runs"]:
-                for name, v in flat_metrics(row["summary"]).items():
+                run = row["summary"]
+                run = run if isinstance(run, RunSummary) else RunSummary.from_dict(run)
+                for name, v in run.flat_metrics().items():
                     s.add(rate_key(name, float(row["rate_rps"])), seed, v, str(path))
             return s
         for rep in doc.get("replicates") or []:

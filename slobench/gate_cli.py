@@ -163,12 +163,12 @@ def _tolerance(text: str) -> float:
 async def _capacity(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from slobench.capacity import CAPACITY, SearchOptions, replicate_at_rates, search_capacity, t_interval
+    from slobench.capacity import SearchOptions, replicate_at_rates, search_capacity, t_interval
     from slobench.cli import MIN_PROBE_S, LoadSetup, default_out
     from slobench.errors import UsageError
     from slobench.gate import load_samples, workload_identity
     from slobench.probe import ProbeMeasure
-    from slobench.records import write_json_atomic
+    from slobench.records import CAPACITY, write_capacity, write_json_atomic
     from slobench.sweep import parse_rates
 
     if args.concurrency:
@@ -194,11 +194,11 @@ async def _capacity(args: argparse.Namespace) -> int:
 
     setup.min_duration_s = MIN_PROBE_S
 
-    def on_probe(rate: float, seed: int, summary: dict[str, Any]) -> None:
-        att = (summary.get("attainment") or {}).get("value")
+    def on_probe(rate: float, seed: int, summary: Any) -> None:  # a RunSummary
+        att = summary.attainment_value
         console.print(f"rate {rate:8.3f} req/s  seed {seed:3d}  attainment "
-                      f"{'-' if att is None else f'{att:6.1%}'}  ({summary['run_dir']})")
-        ray = (summary.get("client") or {}).get("ray") or {}  # sent from Ray load actors (--ray)
+                      f"{'-' if att is None else f'{att:6.1%}'}  ({summary.run_dir})")
+        ray = summary.client.ray or {}  # sent from Ray load actors (--ray)
         for note in (ray.get("warning"), f"{ray['num_died']} Ray load actor(s) died" if ray.get("num_died") else None):
             if note:
                 console.print(f"  {note}", markup=False)
@@ -232,7 +232,7 @@ async def _capacity(args: argparse.Namespace) -> int:
             doc["goodput_per_gpu_interval_rps"] = [x / args.gpus for x in doc["interval_rps"]]
     if args.slo_scale:
         doc["slo_scale"] = _slo_scales(out, doc, setup.slo, t_interval)
-    write_json_atomic(out / CAPACITY, doc)
+    write_capacity(out, doc)
     if args.baseline_out:
         bpath = Path(args.baseline_out)
         bpath.parent.mkdir(parents=True, exist_ok=True)

@@ -4,24 +4,27 @@ one (`LiveProbe`: the runner against a target; `VirtualProbe`: the engine's sche
 clock). Both write the same run directory (records, manifest, summary), so every reader downstream
 (terminal, report, gate) sees one shape whichever measured it, and no verb branches on `--simulate`.
 
-    probe(rate_rps, seed, run_dir, manifest) -> ProbeResult(summary, interrupted)
+    probe(rate_rps, seed, run_dir, manifest) -> ProbeResult(summary: RunSummary, interrupted)
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from slobench.records import RequestSpec
+
+if TYPE_CHECKING:
+    from slobench.summary import RunSummary
 
 SpecMaker = Callable[[Any, int], Iterable[RequestSpec]]  # (rate_rps or None, seed) -> the requests of one run
 
 
 @dataclass(frozen=True, slots=True)
 class ProbeResult:
-    summary: dict[str, Any]
+    summary: RunSummary
     interrupted: bool = False  # Ctrl-C cut the run short: what finished is kept and marked
 
 
@@ -38,7 +41,7 @@ class LiveProbe:
 
     def __init__(self, make_specs: SpecMaker, target: Any, *, slo: Any, opts: Any, clock: Any = None,
                  monitors_for: Callable[[Path], Sequence[Any]] | None = None,
-                 after_run: Callable[[Path, dict[str, Any]], Awaitable[None]] | None = None) -> None:  # fmt: skip
+                 after_run: Callable[[Path, RunSummary], Awaitable[RunSummary]] | None = None) -> None:  # fmt: skip
         self.make_specs = make_specs
         self.target = target
         self.slo = slo
@@ -57,9 +60,10 @@ class LiveProbe:
             self.make_specs(rate_rps, seed), self.target, clock=self.clock, opts=self.opts, slo=self.slo,
             run_dir=run_dir, manifest=manifest, seed=seed, monitors=self.last_monitors,
         )
+        summary = res.summary
         if self.after_run is not None and run_dir is not None:
-            await self.after_run(run_dir, res.summary)
-        return ProbeResult(res.summary, res.interrupted)
+            summary = await self.after_run(run_dir, summary)
+        return ProbeResult(summary, res.interrupted)
 
 
 class VirtualProbe:
@@ -104,7 +108,7 @@ class VirtualProbe:
             disagg=self.disagg,
         )
         if (row_report := getattr(specs, "row_report", None)) is not None:
-            summary["trace_rows"] = row_report()  # a trace: what its rows became, as a live run says it
+            summary = replace(summary, trace_rows=row_report())  # a trace: what its rows became, as a live run says it
         if run_dir is not None:
             writer = RunWriter(run_dir, {**manifest, "clock": {"kind": "virtual"}})
             for rec in records:
@@ -131,7 +135,7 @@ class ProbeMeasure:
     numbered run directory under `out_dir` (none without it), Ctrl-C raised as KeyboardInterrupt."""
 
     def __init__(self, probe: Probe, *, out_dir: str | Path | None = None, manifest: dict[str, Any] | None = None,
-                 on_probe: Callable[[float, int, dict[str, Any]], None] | None = None) -> None:  # fmt: skip
+                 on_probe: Callable[[float, int, RunSummary], None] | None = None) -> None:  # fmt: skip
         self.probe = probe
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.manifest = manifest or {}
@@ -141,14 +145,14 @@ class ProbeMeasure:
     def manifest_for(self, rate_rps: float, seed: int) -> dict[str, Any]:
         return {**self.manifest, "rate_rps": rate_rps, "seed": seed}
 
-    async def __call__(self, rate_rps: float, seed: int) -> dict[str, Any]:  # capacity probes always name a rate
+    async def __call__(self, rate_rps: float, seed: int) -> RunSummary:  # capacity probes always name a rate
         name = probe_dir_name(self.count, rate_rps, seed)
         self.count += 1
         run_dir = self.out_dir / name if self.out_dir is not None else None
         res = await self.probe(rate_rps, seed, run_dir, self.manifest_for(rate_rps, seed))
         if res.interrupted:
             raise KeyboardInterrupt
-        summary = {**res.summary, "run_dir": name} if run_dir is not None else res.summary
+        summary = replace(res.summary, rate_rps=rate_rps, run_dir=name if run_dir is not None else None)
         if self.on_probe is not None:
             self.on_probe(rate_rps, seed, summary)
         return summary

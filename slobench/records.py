@@ -4,7 +4,9 @@ A run directory holds:
   manifest.json        written at start: schema version, slobench version, workload, seed, target, SLO, clock anchor
   requests.jsonl       one line per request as it finishes (failures and cancellations included)
   server_metrics.jsonl optional: scraped Prometheus samples over time
-  summary.json         written at the end (also after Ctrl-C)
+  summary.json         written at the end (also after Ctrl-C): a `slobench.summary.RunSummary`
+A sweep directory adds sweep.json (its rates, their run directories and summaries, the headline); a capacity
+search adds capacity.json (its probes, replicates and interval). Each file has its reader and writer here.
 All times in a record are seconds since the run's origin on one monotonic clock (see `slobench.clock`).
 """
 
@@ -13,14 +15,17 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 from orjson import loads as _loads  # 3-5x faster than json.loads on a record line
 
 from slobench.errors import UsageError
+
+if TYPE_CHECKING:
+    from slobench.summary import RunSummary
 
 SCHEMA_VERSION = 1
 
@@ -28,6 +33,8 @@ MANIFEST = "manifest.json"
 REQUESTS = "requests.jsonl"
 SUMMARY = "summary.json"
 SERVER_METRICS = "server_metrics.jsonl"
+SWEEP = "sweep.json"
+CAPACITY = "capacity.json"
 
 Status = Literal["ok", "error", "timeout", "cancelled"]
 
@@ -110,6 +117,8 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 def _finite(o: Any) -> Any:
+    if hasattr(o, "to_dict") and not isinstance(o, dict):  # a RunSummary (or any typed section): its JSON form
+        return _finite(o.to_dict())
     if isinstance(o, float):
         return o if math.isfinite(o) else None
     if isinstance(o, dict):
@@ -165,9 +174,11 @@ class RunWriter:
         if self._fh is not None:
             self._fh.flush()
 
-    def finish(self, summary: dict[str, Any]) -> None:
+    def finish(self, summary: Any) -> None:
+        """Close requests.jsonl and write summary.json (a `slobench.summary.RunSummary`, or its dict)."""
         self.close()
-        write_json_atomic(self.run_dir / SUMMARY, {"schema_version": SCHEMA_VERSION, **summary})
+        doc = summary.to_dict() if hasattr(summary, "to_dict") else dict(summary)
+        write_json_atomic(self.run_dir / SUMMARY, {"schema_version": SCHEMA_VERSION, **doc})
 
     def close(self) -> None:
         if self._fh is not None:
@@ -182,7 +193,7 @@ class Run:
     run_dir: Path
     manifest: dict[str, Any]
     records: list[RequestRecord]
-    summary: dict[str, Any] | None
+    summary: RunSummary | None
 
 
 def _read_json(path: Path) -> Any:
@@ -206,32 +217,100 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def read_summary(run_dir: str | Path) -> Any:
-    """A run directory's summary.json, or None where the run has none yet (a run cut off before its end)."""
+def read_summary(run_dir: str | Path) -> RunSummary | None:
+    """A run directory's summary.json as a `RunSummary`, or None where the run has none yet (a run cut off
+    before its end)."""
+    from slobench.summary import RunSummary
+
     path = Path(run_dir) / SUMMARY
-    return _read_json(path) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        return RunSummary.from_dict(_read_json(path))
+    except UsageError as e:
+        raise UsageError(f"{path}: {e}") from None
 
 
-def read_record_dicts(path: Path) -> list[dict[str, Any]]:
-    """requests.jsonl as parsed objects. A torn *final* line (a crash mid-write) is forgiven: it loses at
-    most the request that was being written; anything else that is not a record is corruption."""
+def read_jsonl(path: Path, what: str, check: Callable[[Any], bool], loads: Callable[[str], Any] = _loads) -> list[Any]:
+    """A JSON-lines file written as it goes (requests.jsonl, server_metrics.jsonl). A torn *final* line (a
+    crash mid-write) is forgiven: it loses at most the line being written; any other line that is not
+    JSON, or that `check` refuses, is corruption and named by its line number."""
     if not path.exists():
         return []
     lines = path.read_text().splitlines()
-    rows: list[dict[str, Any]] = []
+    rows: list[Any] = []
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            d = _loads(line)
-            if not isinstance(d, dict) or "request_id" not in d or "scheduled_s" not in d:
-                raise TypeError("not a request record object")
+            d = loads(line)
+            if not check(d):
+                raise TypeError(f"not a {what} object")
         except (json.JSONDecodeError, TypeError) as e:
             if lineno == len(lines):
                 break
-            raise UsageError(f"{path}:{lineno}: bad request record ({e})") from None
+            raise UsageError(f"{path}:{lineno}: bad {what} ({e})") from None
         rows.append(d)
     return rows
+
+
+def read_record_dicts(path: Path) -> list[dict[str, Any]]:
+    """requests.jsonl as parsed objects (`read_jsonl`'s torn-line rule)."""
+    return read_jsonl(path, "request record",
+                      lambda d: isinstance(d, dict) and "request_id" in d and "scheduled_s" in d)  # fmt: skip
+
+
+def _is_scrape(d: Any) -> bool:
+    return (isinstance(d, dict) and isinstance(d.get("t_s"), int | float) and not isinstance(d.get("t_s"), bool)
+            and isinstance(d.get("samples"), dict)
+            and all(isinstance(v, int | float) and not isinstance(v, bool) for v in d["samples"].values()))  # fmt: skip
+
+
+def read_server_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """server_metrics.jsonl (the file, or the run directory holding it): one `{"t_s": run seconds, "samples":
+    {series: value}}` a scrape."""
+    p = Path(path)
+    p = p / SERVER_METRICS if p.is_dir() else p
+    # json.loads: a Prometheus value may be NaN, which the standard library reads and orjson refuses
+    return read_jsonl(p, "server metrics line", _is_scrape, json.loads)
+
+
+def write_sweep(out_dir: str | Path, doc: dict[str, Any]) -> None:
+    """sweep.json: `{"kind": "sweep", "manifest", "runs": [{"rate_rps", "run_dir", "summary"}], "headline"}`
+    (summaries as `RunSummary` or their dicts), written whole and atomically after every rate."""
+    write_json_atomic(Path(out_dir) / SWEEP, {"schema_version": SCHEMA_VERSION, "kind": "sweep", **doc})
+
+
+def read_sweep(sweep_dir: str | Path) -> dict[str, Any]:
+    """sweep.json checked: each run with a numeric rate and a run directory (its summary as a dict)."""
+    path = Path(sweep_dir) / SWEEP
+    doc = _read_json(path)
+    rows = doc.get("runs") if isinstance(doc, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and "rate_rps" in r and "run_dir" in r for r in rows):
+        raise UsageError(f"{path}: expected {{'runs': [{{'rate_rps': ..., 'run_dir': ...}}, ...]}}")
+    for r in rows:
+        if isinstance(r["rate_rps"], bool) or not isinstance(r["rate_rps"], int | float):
+            raise UsageError(f"{path}: rate_rps {r['rate_rps']!r} is not a number")
+    if not isinstance(doc.get("manifest", {}), dict):
+        raise UsageError(f"{path}: 'manifest' must be an object")
+    return doc
+
+
+def write_capacity(out_dir: str | Path, doc: dict[str, Any]) -> None:
+    """capacity.json: a capacity search's result (`slobench.capacity.CapacityResult.to_dict`) and its manifest."""
+    write_json_atomic(Path(out_dir) / CAPACITY, doc)
+
+
+def read_capacity(search_dir: str | Path) -> dict[str, Any]:
+    """capacity.json checked: every probe with its rate, seed and run directory."""
+    path = Path(search_dir) / CAPACITY
+    doc = _read_json(path)
+    try:
+        for r in doc["probes"]:
+            float(r["rate_rps"]), int(r["seed"]), str(r["run_dir"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise UsageError(f"{path}: expected probes with rate_rps, seed and run_dir ({type(e).__name__}: {e})") from None
+    return doc  # type: ignore[no-any-return]
 
 
 def load_run(run_dir: str | Path) -> Run:

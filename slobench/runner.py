@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from slobench.errors import SlobenchError, SpecError
 from slobench.precise_sleep import sleep_until
 from slobench.records import RequestRecord, RequestSpec, RunWriter
 from slobench.slo import SLO
-from slobench.summary import summarize
+from slobench.summary import RunSummary, summarize
 from slobench.targets.base import Target
 
 # Start the schedule a little in the future so the first requests are not late by the set-up time.
@@ -80,7 +80,7 @@ class Progress:
 @dataclass(slots=True)
 class RunResult:
     records: list[RequestRecord]
-    summary: dict[str, Any]
+    summary: RunSummary
     interrupted: bool = False
     progress: Progress = field(default_factory=lambda: Progress(0))
 
@@ -343,21 +343,21 @@ async def run(
     warmup_cut = _cut_warmup(disp.records) if opts.warmup_auto else None
     if warmup_cut is not None and writer is not None:
         writer.rewrite(disp.records)  # the file and the summary agree on which requests were warm-up
-    summary = summarize(disp.records, slo, seed=seed)
-    if warmup_cut is not None:
-        summary["warmup"] = {"rule": "MSER-5", "num_requests": warmup_cut}
-    summary["interrupted"] = interrupted or send_error is not None
-    if send_error is not None:
-        summary["stopped_by"] = str(send_error)
     # a stream's length is known once it ran out; an interrupted one's is not (an estimate is no count)
     unknown = interrupted or send_error is not None
-    summary["num_scheduled"] = total if total is not None else None if unknown else disp.num_taken
-    if callable(row_report):
-        summary["trace_rows"] = row_report()
-        if writer is not None:
-            writer.update_manifest({"trace_rows": summary["trace_rows"]})
-    if hasattr(target, "fleet_summary"):  # several replicas routed by the client: how many each got
-        summary["fleet"] = target.fleet_summary()
+    trace_rows = row_report() if callable(row_report) else None
+    if trace_rows is not None and writer is not None:
+        writer.update_manifest({"trace_rows": trace_rows})
+    summary = replace(
+        summarize(disp.records, slo, seed=seed),
+        warmup={"rule": "MSER-5", "num_requests": warmup_cut} if warmup_cut is not None else None,
+        interrupted=interrupted or send_error is not None,
+        stopped_by=str(send_error) if send_error is not None else None,
+        num_scheduled=total if total is not None else None if unknown else disp.num_taken,
+        trace_rows=trace_rows,
+        # several replicas routed by the client: how many each got
+        fleet=target.fleet_summary() if hasattr(target, "fleet_summary") else None,
+    )
     if writer is not None:
         writer.finish(summary)
     if cancelled_from_outside:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -30,12 +30,11 @@ from reference_engine.executor.modeled_executor import CostProfile
 from slobench.decode_run import decode_run
 from slobench.disagg import DisaggFleet, simulate_disagg, split_fleet_knobs
 from slobench.errors import SpecError
-from slobench.metrics import RecordArrays, describe, throughput
 from slobench.probe import ProbeMeasure, VirtualProbe, probe_jitter_seed
 from slobench.records import RequestRecord, RequestSpec
 from slobench.routing import Router
 from slobench.slo import SLO
-from slobench.summary import summarize
+from slobench.summary import RunSummary, summarize
 from slobench.targets.engine import Api, to_engine_request
 
 EngineFactory = Callable[[], LLMEngine]
@@ -343,43 +342,17 @@ def simulate_run(
     replicas: int = 1,
     router: str = "least-outstanding",
     disagg: DisaggFleet | None = None,
-) -> tuple[list[RequestRecord], dict[str, Any]]:
+) -> tuple[list[RequestRecord], RunSummary]:
     """One virtual-clock run: its records and its summary (`slobench.summary.summarize`).
 
-    `intervals=False` gives `lean_summary` instead: the same point numbers without bootstrap intervals
-    (those cost several times the simulation itself; capacity searches decide on replicates instead).
+    `intervals=False` leaves out the bootstrap intervals (they cost several times the simulation itself;
+    capacity searches decide on replicates instead).
     """
     fleet: dict[str, Any] = {}
     records = simulate_records(specs, engine, seed=seed, jitter_sd=jitter_sd, api=api, model_name=model_name,
                                replicas=replicas, router=router, fleet=fleet, disagg=disagg)
-    summary = summarize(records, slo, seed=seed) if intervals else lean_summary(records, slo)
-    summary["clock"] = "virtual"
-    if replicas != 1 or "prefill" in fleet:
-        summary["fleet"] = fleet
-    return records, summary
-
-
-def lean_summary(records: Sequence[RequestRecord], slo: SLO | None) -> dict[str, Any]:
-    """The parts of `summarize` that capacity and the gate read, without bootstrap intervals."""
-    a = RecordArrays.from_records(records)
-    tp = throughput(a)
-    out: dict[str, Any] = {
-        "num_requests": len(a), "num_ok": int(a.is_ok.sum()), "duration_s": tp.duration_s,
-        "offered_rps": tp.offered_rps, "request_throughput_rps": tp.request_rps,
-        "output_token_throughput_tps": tp.output_tokens_per_s,
-        "ttft_s": describe(a.ttft_s), "ttft_from_scheduled_s": describe(a.ttft_from_scheduled_s),
-        "tpot_s": describe(a.tpot_s), "itl_s": describe(a.itl_s), "e2e_s": describe(a.e2e_s),
-    }
-    if slo is not None:
-        met = slo.meets(a)
-        n, num_met = len(met), int(met.sum())
-        out["slo"] = slo.to_dict()
-        out["attainment"] = {
-            "value": num_met / n if n else float("nan"), "ci_low": None, "ci_high": None,
-            "num_requests": n, "num_met": num_met,
-            "good_throughput_rps": num_met / tp.duration_s if tp.duration_s > 0 else 0.0,
-        }
-    return out
+    summary = summarize(records, slo, seed=seed, intervals=intervals)
+    return records, replace(summary, clock="virtual", fleet=fleet if replicas != 1 or "prefill" in fleet else None)
 
 
 class SimulatedMeasure(ProbeMeasure):
@@ -409,7 +382,7 @@ class SimulatedMeasure(ProbeMeasure):
         intervals: bool = False,
         out_dir: str | Path | None = None,
         manifest: dict[str, Any] | None = None,
-        on_probe: Callable[[float, int, dict[str, Any]], None] | None = None,
+        on_probe: Callable[[float, int, RunSummary], None] | None = None,
         replicas: int = 1,
         router: str = "least-outstanding",
     ) -> None:
@@ -453,5 +426,5 @@ async def sweep_crossing(
 
     means = []
     for r in rates:
-        means.append(float(np.mean([(await measure(r, s))["attainment"]["value"] for s in seeds])))
+        means.append(float(np.mean([(await measure(r, s)).attainment.value for s in seeds])))
     return crossing_rate(list(rates), means, target), means

@@ -260,8 +260,8 @@ def quantile_ci(x: np.ndarray, q: float, *, level: float = 0.95, seed: int = 0) 
 @dataclass(frozen=True, slots=True)
 class Attainment:
     value: float
-    ci_low: float
-    ci_high: float
+    ci_low: float | None  # None: a summary built without intervals (summarize(intervals="none"))
+    ci_high: float | None
     num_requests: int
     num_met: int
     good_throughput_rps: float  # SLO-meeting requests per second over the run (vLLM's "--goodput" number)

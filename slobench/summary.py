@@ -1,17 +1,22 @@
-"""Turn a run's records into the summary written to summary.json and printed in tables."""
+"""A run's records into its `RunSummary`: the typed results model written to summary.json and read by the
+terminal, the HTML report, sweeps, capacity searches, the gate and the history."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
+from slobench.errors import SpecError, UsageError
 from slobench.metrics import RecordArrays, achieved_send_rps, describe, quantiles, throughput
-from slobench.records import RequestRecord
-from slobench.slo import SLO, attainment, quantile_ci, samples_beyond
+from slobench.records import REQUESTS, RequestRecord, read_record_dicts
+from slobench.slo import SLO, Attainment, attainment, quantile_ci, samples_beyond
 
 # The client is called the bottleneck when its own send lateness p99 exceeds this, or 5% of the TTFT SLO
 # if that is larger. Why 10 ms: at typical TTFT SLOs (>=200 ms) it is a <5% distortion of the tightest
@@ -28,59 +33,374 @@ def lateness_limit_s(slo: SLO | None) -> float:
     return LATENESS_P99_LIMIT_S
 
 
-def summarize(records: Sequence[RequestRecord], slo: SLO | None, *, seed: int = 0) -> dict[str, Any]:
-    a = RecordArrays.from_records(records)
+Intervals = Literal["all", "attainment", "none"]
+DIST_KEYS = ("mean", "p50", "p90", "p99", "max")
+CI_QUANTILES = ((0.5, "p50"), (0.9, "p90"), (0.99, "p99"))
+
+
+@dataclass(frozen=True, slots=True)
+class Dist:
+    """One latency (or length) distribution: mean, p50/p90/p99, max of the finite values and how many there
+    were; with intervals, each quantile's 95% interval and how many samples lie beyond it (NOTES-statistics
+    asks for >= 100 before a p99 is trusted)."""
+
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    max: float | None = None
+    count: int | None = None  # None in summaries written before it was recorded
+    ci: Mapping[str, tuple[float | None, float | None]] | None = None  # "p50" -> (low, high)
+    beyond: Mapping[str, int] | None = None
+
+    @classmethod
+    def of(cls, x: np.ndarray, *, intervals: bool = False, seed: int = 0) -> Dist:
+        d = describe(x)
+        n = int(np.count_nonzero(~np.isnan(x)))
+        ci = beyond = None
+        if intervals:
+            ci = {name: quantile_ci(x, q, seed=seed) for q, name in CI_QUANTILES}
+            beyond = {name: samples_beyond(n, q) for q, name in CI_QUANTILES}
+        return cls(d["mean"], d["p50"], d["p90"], d["p99"], d["max"], n, ci, beyond)
+
+    def get(self, stat: str) -> float | None:
+        return getattr(self, stat) if stat in DIST_KEYS else None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {k: getattr(self, k) for k in DIST_KEYS}
+        if self.count is not None:
+            out["count"] = self.count
+        for _, name in CI_QUANTILES:
+            if self.ci is not None and name in self.ci:
+                out[f"{name}_ci"] = list(self.ci[name])
+            if self.beyond is not None and name in self.beyond:
+                out[f"{name}_beyond"] = self.beyond[name]
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> Dist:
+        if not isinstance(d, Mapping):
+            return cls()
+        ci = {n: (d[f"{n}_ci"][0], d[f"{n}_ci"][1]) for _, n in CI_QUANTILES if isinstance(d.get(f"{n}_ci"), list | tuple)}
+        beyond = {n: int(d[f"{n}_beyond"]) for _, n in CI_QUANTILES if d.get(f"{n}_beyond") is not None}
+        return cls(mean=_num(d.get("mean")), p50=_num(d.get("p50")), p90=_num(d.get("p90")), p99=_num(d.get("p99")),
+                   max=_num(d.get("max")), count=d.get("count"), ci=ci or None, beyond=beyond or None)
+
+
+def _num(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientHealth:
+    """Was the load generator, not the server, the bottleneck (send lateness, rate achieved)."""
+
+    lateness_s: Mapping[str, float | None]  # p50/p90/p99/max of how late each request was sent
+    lateness_limit_s: float
+    is_bottleneck: bool
+    warning: str | None
+    ray: Mapping[str, Any] | None = None  # --ray: the load actors' clocks and health (slobench.targets.ray_pool)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"lateness_s": dict(self.lateness_s), "lateness_limit_s": self.lateness_limit_s,
+               "is_bottleneck": self.is_bottleneck, "warning": self.warning}  # fmt: skip
+        if self.ray is not None:
+            out["ray"] = dict(self.ray)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> ClientHealth:
+        d = d if isinstance(d, Mapping) else {}
+        return cls(dict(d.get("lateness_s") or {}), float(d.get("lateness_limit_s") or LATENESS_P99_LIMIT_S),
+                   bool(d.get("is_bottleneck")), d.get("warning"), d.get("ray"))  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Breakdown:
+    """One replica's or one request class's row: `label` is "replica" or "tag", `key` its value."""
+
+    label: str
+    key: Any
+    num_requests: int
+    num_ok: int
+    ttft_p50_s: float | None  # on the SLO's clock (`ttft_on_slo_clock`)
+    ttft_p99_s: float | None
+    tpot_p50_s: float | None
+    attainment: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {self.label: self.key, "num_requests": self.num_requests, "num_ok": self.num_ok,
+               "ttft_p50_s": self.ttft_p50_s, "ttft_p99_s": self.ttft_p99_s, "tpot_p50_s": self.tpot_p50_s}  # fmt: skip
+        if self.attainment is not None:
+            out["attainment"] = self.attainment
+        return out
+
+    @classmethod
+    def from_dict(cls, label: str, d: Mapping[str, Any]) -> Breakdown:
+        return cls(label, d.get(label), int(d.get("num_requests") or 0), int(d.get("num_ok") or 0),
+                   _num(d.get("ttft_p50_s")), _num(d.get("ttft_p99_s")), _num(d.get("tpot_p50_s")),
+                   _num(d.get("attainment")))  # fmt: skip
+
+
+def _attainment_from(d: Any) -> Attainment | None:
+    if not isinstance(d, Mapping) or "value" not in d:
+        return None
+    return Attainment(float("nan") if d["value"] is None else float(d["value"]), _num(d.get("ci_low")),
+                      _num(d.get("ci_high")), int(d.get("num_requests") or 0), int(d.get("num_met") or 0),
+                      float(d.get("good_throughput_rps") or 0.0))  # fmt: skip
+
+
+# summary.json keys in the order they are written; `RunSummary.to_dict` and `from_dict` follow it.
+_DISTS = (("ttft", "ttft_s"), ("ttft_from_scheduled", "ttft_from_scheduled_s"), ("tpot", "tpot_s"), ("itl", "itl_s"),
+          ("e2e", "e2e_s"), ("e2e_from_scheduled", "e2e_from_scheduled_s"), ("output_tokens", "output_tokens"),
+          ("prompt_tokens", "prompt_tokens"))  # fmt: skip
+_SECTIONS = ("deliberate_waits", "prefix_cache", "queue_drift", "lengths")
+_FACTS = ("rate_rps", "warmup", "interrupted", "stopped_by", "num_scheduled", "trace_rows", "fleet", "clock", "run_dir", "notes")
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """What one run measured: the one results model that summary.json holds and that the terminal, the HTML
+    report, sweep headlines, capacity probes, the gate and the history all read (schema `SCHEMA_VERSION`
+    of `slobench.records`). Built by `summarize` from one column reader; run facts the summary cannot see
+    in the records (interrupted, the warm-up cut, a fleet's routing, the trace's rows) are added with
+    `dataclasses.replace` by whoever measured the run."""
+
+    num_requests: int
+    num_ok: int
+    duration_s: float
+    offered_rps: float
+    request_throughput_rps: float
+    output_token_throughput_tps: float
+    total_token_throughput_tps: float
+    achieved_send_rps: float
+    ttft: Dist  # from the send (the classic definition)
+    ttft_from_scheduled: Dist  # from the scheduled arrival (no coordinated omission)
+    tpot: Dist
+    itl: Dist
+    e2e: Dist
+    e2e_from_scheduled: Dist
+    output_tokens: Dist
+    prompt_tokens: Dist
+    client: ClientHealth
+    num_warmup: int = 0
+    status_counts: Mapping[str, int] = field(default_factory=dict)
+    error_counts: Mapping[str, int] = field(default_factory=dict)  # by `error_kind`, the top MAX_ERROR_KINDS
+    deliberate_waits: Mapping[str, Any] | None = None
+    prefix_cache: Mapping[str, Any] | None = None
+    per_replica: tuple[Breakdown, ...] = ()
+    per_tag: tuple[Breakdown, ...] = ()
+    queue_drift: Mapping[str, Any] | None = None
+    lengths: Mapping[str, Any] | None = None
+    slo: SLO | None = None
+    attainment: Attainment | None = None
+    # run facts, set by whoever measured the run
+    rate_rps: float | None = None  # the nominal offered rate (a sweep point's, a probe's); None: the workload's own
+    warmup: Mapping[str, Any] | None = None
+    interrupted: bool | None = None
+    stopped_by: str | None = None
+    num_scheduled: int | None = None
+    trace_rows: Mapping[str, Any] | None = None
+    fleet: Mapping[str, Any] | None = None
+    clock: str | None = None  # "virtual" for a simulated run
+    run_dir: str | None = None  # a probe's directory, relative to its search's
+    notes: tuple[str, ...] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)  # keys this slobench does not know (a newer writer's)
+
+    # --- what readers ask for ---
+    @property
+    def attainment_value(self) -> float | None:
+        a = self.attainment
+        return None if a is None or a.num_requests == 0 else a.value
+
+    @property
+    def overloaded(self) -> bool:
+        return bool((self.queue_drift or {}).get("overloaded"))
+
+    def ttft_on_clock(self, slo: SLO | None = None) -> Dist:
+        """TTFT on the clock the SLO judges by; from the scheduled arrival when there is none (no hiding)."""
+        slo = slo if slo is not None else self.slo
+        return self.ttft if slo is not None and slo.clock == "sent" else self.ttft_from_scheduled
+
+    def e2e_on_clock(self, slo: SLO | None = None) -> Dist:
+        slo = slo if slo is not None else self.slo
+        return self.e2e if slo is not None and slo.clock == "sent" else self.e2e_from_scheduled
+
+    def flat_metrics(self) -> dict[str, float]:
+        """The numbers a gate can compare, flat: `attainment`, `ttft.p99`, `tpot.mean`, ... (`ttft` from the
+        send, the classic definition; `ttft_sched` from the scheduled arrival)."""
+        out: dict[str, float] = {}
+        if self.attainment is not None and not math.isnan(self.attainment.value):
+            out["attainment"] = float(self.attainment.value)
+            out["good_throughput"] = float(self.attainment.good_throughput_rps or 0.0)
+        if math.isfinite(self.request_throughput_rps):
+            out["throughput"] = float(self.request_throughput_rps)
+        for name, d in (("ttft", self.ttft), ("ttft_sched", self.ttft_from_scheduled), ("tpot", self.tpot),
+                        ("itl", self.itl), ("e2e", self.e2e)):  # fmt: skip
+            for stat in ("mean", "p50", "p90", "p99"):
+                v = getattr(d, stat)
+                if v is not None and math.isfinite(v):
+                    out[f"{name}.{stat}"] = float(v)
+        return out
+
+    # --- summary.json ---
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "num_requests": self.num_requests, "num_warmup": self.num_warmup, "num_ok": self.num_ok,
+            "status_counts": dict(self.status_counts), "error_counts": dict(self.error_counts),
+            "duration_s": self.duration_s, "offered_rps": self.offered_rps, "achieved_send_rps": self.achieved_send_rps,
+            "request_throughput_rps": self.request_throughput_rps,
+            "output_token_throughput_tps": self.output_token_throughput_tps,
+            "total_token_throughput_tps": self.total_token_throughput_tps,
+        }  # fmt: skip
+        for attr, key in _DISTS:
+            out[key] = getattr(self, attr).to_dict()
+        out["client"] = self.client.to_dict()
+        for key in _SECTIONS:
+            if (v := getattr(self, key)) is not None:
+                out[key] = dict(v)
+        if self.per_replica:
+            out["per_replica"] = [r.to_dict() for r in self.per_replica]
+        if self.per_tag:
+            out["per_tag"] = [r.to_dict() for r in self.per_tag]
+        if self.slo is not None:
+            out["slo"] = self.slo.to_dict()
+        if self.attainment is not None:
+            out["attainment"] = self.attainment.to_dict()
+        for key in _FACTS:
+            if (v := getattr(self, key)) is not None:
+                out[key] = list(v) if key == "notes" else v
+        return {**out, **self.extra}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RunSummary:
+        """summary.json read back (also a lean one from an older slobench: what it lacks is left empty)."""
+        if not isinstance(d, Mapping):
+            raise UsageError(f"a run summary must be a JSON object (got {type(d).__name__})")
+        known = {"schema_version", "num_requests", "num_warmup", "num_ok", "status_counts", "error_counts",
+                 "duration_s", "offered_rps", "achieved_send_rps", "request_throughput_rps",
+                 "output_token_throughput_tps", "total_token_throughput_tps", "client", "per_replica", "per_tag",
+                 "slo", "attainment", *(k for _, k in _DISTS), *_SECTIONS, *_FACTS}  # fmt: skip
+        nan = float("nan")
+
+        def f(key: str) -> float:
+            v = d.get(key)
+            return nan if v is None else float(v)
+
+        try:
+            kw: dict[str, Any] = {attr: Dist.from_dict(d.get(key)) for attr, key in _DISTS}
+            kw.update({key: d.get(key) for key in (*_SECTIONS, *_FACTS)})
+            kw["notes"] = tuple(d["notes"]) if d.get("notes") is not None else None
+            kw["rate_rps"] = _num(d.get("rate_rps"))
+            return cls(
+                num_requests=int(d.get("num_requests") or 0), num_ok=int(d.get("num_ok") or 0),
+                duration_s=f("duration_s"), offered_rps=f("offered_rps"),
+                request_throughput_rps=f("request_throughput_rps"),
+                output_token_throughput_tps=f("output_token_throughput_tps"),
+                total_token_throughput_tps=f("total_token_throughput_tps"), achieved_send_rps=f("achieved_send_rps"),
+                client=ClientHealth.from_dict(d.get("client")),
+                num_warmup=int(d.get("num_warmup") or 0),
+                status_counts=dict(d.get("status_counts") or {}), error_counts=dict(d.get("error_counts") or {}),
+                per_replica=tuple(Breakdown.from_dict("replica", r) for r in d.get("per_replica") or ()),
+                per_tag=tuple(Breakdown.from_dict("tag", r) for r in d.get("per_tag") or ()),
+                slo=SLO.from_dict(d["slo"]) if d.get("slo") else None, attainment=_attainment_from(d.get("attainment")),
+                extra={k: v for k, v in d.items() if k not in known},
+                **kw,
+            )  # fmt: skip
+        except (TypeError, ValueError, AttributeError, KeyError, SpecError) as e:
+            raise UsageError(f"a run summary is malformed ({type(e).__name__}: {e})") from None
+
+
+@dataclass(frozen=True, slots=True)
+class RunColumns:
+    """A run's measured records as columns: the one input `summarize` reads, from records in memory
+    (`columns_of`) or straight from requests.jsonl (`read_columns`, without a RequestRecord per line)."""
+
+    arrays: RecordArrays
+    error_counts: dict[str, int]
+    lengths: dict[str, Any] | None = None  # asked vs delivered lengths (`lengths_of`)
+    num_warmup: int = 0
+    records: Sequence[RequestRecord] | None = None  # when read from memory: the MSER warm-up rule wants them
+
+
+def columns_of(records: Sequence[RequestRecord]) -> RunColumns:
+    measured = [r for r in records if not r.is_warmup]
+    return RunColumns(
+        RecordArrays.from_records(measured),
+        error_kinds(r.error for r in measured if r.error),
+        length_fidelity(measured),
+        num_warmup=len(records) - len(measured),
+        records=records,
+    )
+
+
+def read_columns(run_dir: Path) -> RunColumns:
+    """requests.jsonl straight into columns. Why not through `load_run`: the report must read 100,000
+    records in well under 10 s, and a dataclass per line costs more than the JSON parsing itself."""
+    path = Path(run_dir) / REQUESTS
+    rows = read_record_dicts(path)
+    measured = [d for d in rows if not d.get("is_warmup", False)]
+    errors = error_kinds(str(d["error"]) for d in measured if d.get("error"))
+    try:
+        arrays = RecordArrays.from_rows(measured, dict.get)
+    except (TypeError, ValueError, KeyError) as e:
+        raise UsageError(f"{path}: bad value in a request record ({type(e).__name__}: {e})") from None
+    lengths = lengths_of((str(d.get("status", "ok")), False, int(d.get("max_tokens") or 0),
+                          int(d.get("output_tokens") or 0), int(d.get("input_tokens") or 0), d.get("prompt_tokens"),
+                          d.get("usage_output_tokens")) for d in measured)  # fmt: skip
+    return RunColumns(arrays, errors, lengths, num_warmup=len(rows) - len(measured))
+
+
+def summarize(source: RunColumns | Sequence[RequestRecord], slo: SLO | None, *, seed: int = 0,
+              intervals: Intervals | bool = "all") -> RunSummary:  # fmt: skip
+    """The one function that turns a run's records into its `RunSummary`.
+
+    intervals: "all" (bootstrap intervals of attainment and of the TTFT/TPOT/E2E quantiles: what a run
+    writes), "attainment" (the report's: quantile intervals cost several times the rest), "none"
+    (capacity searches on the virtual clock decide on replicates instead; True/False mean all/none)."""
+    cols = source if isinstance(source, RunColumns) else columns_of(source)
+    level = {True: "all", False: "none"}.get(intervals, intervals) if isinstance(intervals, bool) else intervals
+    a = cols.arrays
     tp = throughput(a)
-    statuses = Counter(str(s) for s in a.status)
-    errors = error_kinds(r.error for r in records if r.error and not r.is_warmup)
-    out: dict[str, Any] = {
-        "num_requests": len(a),
-        "num_warmup": sum(1 for r in records if r.is_warmup),
-        "num_ok": int(a.is_ok.sum()),
-        "status_counts": dict(statuses),
-        "error_counts": errors,
-        "duration_s": tp.duration_s,
-        "offered_rps": tp.offered_rps,
-        "achieved_send_rps": achieved_send_rps(a),
-        "request_throughput_rps": tp.request_rps,
-        "output_token_throughput_tps": tp.output_tokens_per_s,
-        "total_token_throughput_tps": tp.total_tokens_per_s,
-        "ttft_s": _with_ci(a.ttft_s, seed),
-        "ttft_from_scheduled_s": _with_ci(a.ttft_from_scheduled_s, seed),
-        "tpot_s": _with_ci(a.tpot_s, seed),
-        "itl_s": describe(a.itl_s),
-        "e2e_s": _with_ci(a.e2e_s, seed),
-        "e2e_from_scheduled_s": describe(a.e2e_from_scheduled_s),
-        "output_tokens": describe(a.output_tokens.astype(float)),
-        "prompt_tokens": describe(a.prompt_tokens.astype(float)),
-        "client": client_health(a, slo),
-    }
-    waited = a.queued_s[a.queued_s > 1e-4]  # not the microseconds an uncontended acquire takes
-    if len(waited):  # an in-flight cap, a closed loop's slots or --rate-limit held these back on purpose
-        out["deliberate_waits"] = {"num": int(len(waited)), **quantiles(waited), "max": float(waited.max())}
-    cache = prefix_cache(a)
-    if cache is not None:
-        out["prefix_cache"] = cache
-    replicas = per_replica(a, slo)
-    if replicas:
-        out["per_replica"] = replicas
-    tags = per_tag(a, slo)
-    if tags:
-        out["per_tag"] = tags
-    drift = queue_drift(a)
-    if drift is not None:
-        out["queue_drift"] = drift
-    fidelity = length_fidelity(records)
-    if fidelity is not None:
-        out["lengths"] = fidelity
+    ci = level == "all"
+    out = RunSummary(
+        num_requests=len(a), num_ok=int(a.is_ok.sum()), duration_s=tp.duration_s, offered_rps=tp.offered_rps,
+        request_throughput_rps=tp.request_rps, output_token_throughput_tps=tp.output_tokens_per_s,
+        total_token_throughput_tps=tp.total_tokens_per_s, achieved_send_rps=achieved_send_rps(a),
+        ttft=Dist.of(a.ttft_s, intervals=ci, seed=seed),
+        ttft_from_scheduled=Dist.of(a.ttft_from_scheduled_s, intervals=ci, seed=seed),
+        tpot=Dist.of(a.tpot_s, intervals=ci, seed=seed), itl=Dist.of(a.itl_s),
+        e2e=Dist.of(a.e2e_s, intervals=ci, seed=seed), e2e_from_scheduled=Dist.of(a.e2e_from_scheduled_s),
+        output_tokens=Dist.of(a.output_tokens.astype(float)), prompt_tokens=Dist.of(a.prompt_tokens.astype(float)),
+        client=client_health(a, slo), num_warmup=cols.num_warmup,
+        status_counts=dict(Counter(str(s) for s in a.status)), error_counts=cols.error_counts,
+        deliberate_waits=deliberate_waits(a), prefix_cache=prefix_cache(a),
+        per_replica=tuple(per_replica(a, slo)), per_tag=tuple(per_tag(a, slo)), queue_drift=queue_drift(a),
+        lengths=cols.lengths, slo=slo,
+    )  # fmt: skip
     if slo is not None:
-        out["slo"] = slo.to_dict()
-        out["attainment"] = attainment(a, slo, duration_s=tp.duration_s, seed=seed).to_dict()
+        if level == "none":
+            met = slo.meets(a)
+            n, k = len(met), int(met.sum())
+            att = Attainment(k / n if n else float("nan"), None, None, n, k,
+                             k / tp.duration_s if tp.duration_s > 0 else 0.0)  # fmt: skip
+        else:
+            att = attainment(a, slo, duration_s=tp.duration_s, seed=seed)
+        out = replace(out, attainment=att)
     return out
 
 
+def deliberate_waits(a: RecordArrays) -> dict[str, Any] | None:
+    """Requests an in-flight cap, a closed loop's slots or --rate-limit held back on purpose (not the
+    microseconds an uncontended acquire takes)."""
+    waited = a.queued_s[a.queued_s > 1e-4]
+    if not len(waited):
+        return None
+    return {"num": int(len(waited)), **quantiles(waited), "max": float(waited.max())}
+
+
 def breakdown(a: RecordArrays, slo: SLO | None, keys: np.ndarray, label: str, ttft_s: np.ndarray, *,
-              keep: Callable[[Any], bool] = bool, at_least: int = 1) -> list[dict[str, Any]]:  # fmt: skip
+              keep: Callable[[Any], bool] = bool, at_least: int = 1) -> list[Breakdown]:  # fmt: skip
     """Requests, failures, TTFT p50/p99 (of `ttft_s`, the caller's clock), TPOT p50 and attainment per
     distinct key of `keys` (aligned with `a`) that `keep` accepts; empty below `at_least` keys. The summary
     and the report's rate table both break fleets and classes down with it."""
@@ -96,12 +416,9 @@ def breakdown(a: RecordArrays, slo: SLO | None, keys: np.ndarray, label: str, tt
         q = quantiles(t[np.isfinite(t)])
         p = tpot[sel]
         p = p[np.isfinite(p)]
-        row: dict[str, Any] = {label: k, "num_requests": int(sel.sum()), "num_ok": int(a.is_ok[sel].sum()),
-                               "ttft_p50_s": q.get("p50"), "ttft_p99_s": q.get("p99"),
-                               "tpot_p50_s": float(np.median(p)) if len(p) else None}  # fmt: skip
-        if met is not None:
-            row["attainment"] = float(met[sel].mean())
-        out.append(row)
+        out.append(Breakdown(label, k, int(sel.sum()), int(a.is_ok[sel].sum()), q.get("p50"), q.get("p99"),
+                             float(np.median(p)) if len(p) else None,
+                             float(met[sel].mean()) if met is not None else None))  # fmt: skip
     return out
 
 
@@ -128,14 +445,14 @@ def error_kinds(errors: Iterable[str]) -> dict[str, int]:
     return dict(Counter(error_kind(e) for e in errors).most_common(MAX_ERROR_KINDS))
 
 
-def per_replica(a: RecordArrays, slo: SLO | None) -> list[dict[str, Any]]:
+def per_replica(a: RecordArrays, slo: SLO | None) -> list[Breakdown]:
     """For a routed fleet: each replica's requests, failures, TTFT p50/p99 (from sent), TPOT p50 and
     attainment, so a hot spot (one replica holding the popular prefix, say) shows. Empty when no record
     names a replica."""
     return breakdown(a, slo, a.replica, "replica", ttft_on_slo_clock(a, slo), keep=lambda k: k >= 0)
 
 
-def per_tag(a: RecordArrays, slo: SLO | None) -> list[dict[str, Any]]:
+def per_tag(a: RecordArrays, slo: SLO | None) -> list[Breakdown]:
     """The same per request class or phase (the records' tags), when a run has two or more: a mix where
     the long-document class misses while chat is fine reads as one number otherwise."""
     return breakdown(a, slo, a.tag, "tag", ttft_on_slo_clock(a, slo), at_least=2)
@@ -245,16 +562,7 @@ def prefix_cache(a: RecordArrays) -> dict[str, Any] | None:
     }
 
 
-def _with_ci(x: np.ndarray, seed: int) -> dict[str, Any]:
-    d: dict[str, Any] = describe(x)
-    n = int(np.count_nonzero(~np.isnan(x)))
-    for q, name in ((0.5, "p50"), (0.9, "p90"), (0.99, "p99")):
-        d[f"{name}_ci"] = quantile_ci(x, q, seed=seed)
-        d[f"{name}_beyond"] = samples_beyond(n, q)
-    return d
-
-
-def client_health(a: RecordArrays, slo: SLO | None) -> dict[str, Any]:
+def client_health(a: RecordArrays, slo: SLO | None) -> ClientHealth:
     late = a.lateness_s
     q = quantiles(late)
     limit = lateness_limit_s(slo)
@@ -266,15 +574,15 @@ def client_health(a: RecordArrays, slo: SLO | None) -> dict[str, Any]:
         reasons.append(f"send lateness p99 {p99 * 1e3:.1f} ms > {limit * 1e3:.0f} ms")
     if np.isfinite(offered) and np.isfinite(achieved) and achieved < ACHIEVED_RATE_MIN_FRACTION * offered:
         reasons.append(f"sent {achieved:.1f} req/s of {offered:.1f} scheduled")
-    return {
-        "lateness_s": {**q, "max": float(np.nanmax(late)) if np.any(~np.isnan(late)) else None},
-        "lateness_limit_s": limit,
-        "is_bottleneck": bool(reasons),
-        "warning": (
+    return ClientHealth(
+        lateness_s={**q, "max": float(np.nanmax(late)) if np.any(~np.isnan(late)) else None},
+        lateness_limit_s=limit,
+        is_bottleneck=bool(reasons),
+        warning=(
             "CLIENT WAS THE BOTTLENECK (" + "; ".join(reasons) + "): these numbers describe the load "
             "generator, not the server. Lower the rate, give the client cores of its own and spread it over them "
             "(--client-workers N), or use a cap."
         )
         if reasons
         else None,
-    }
+    )

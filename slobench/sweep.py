@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from slobench.errors import SpecError
 from slobench.probe import Probe
-from slobench.records import SCHEMA_VERSION, write_json_atomic
+from slobench.records import write_sweep
 from slobench.slo import SLO
-
-SWEEP = "sweep.json"
+from slobench.summary import RunSummary
 
 
 def parse_rates(text: str) -> list[float]:
@@ -59,14 +59,16 @@ def crossing_rate(rates: Sequence[float], values: Sequence[float], target: float
     return pts[-1][0]
 
 
-def headline(rows: Sequence[dict[str, Any]], slo: SLO | None) -> dict[str, Any] | None:
-    """Highest offered rate whose attainment stays >= the SLO's target, with the interval it came from."""
-    if slo is None or not rows:
+def headline(points: Sequence[RunSummary], slo: SLO | None) -> dict[str, Any] | None:
+    """Highest offered rate whose attainment stays >= the SLO's target, with the interval it came from.
+    `points`: each rate's summary (its `rate_rps` set), all judged against `slo`."""
+    points = [p for p in points if p.attainment is not None]
+    if slo is None or not points:
         return None
-    rates = [r["rate_rps"] for r in rows]
-    att = [r["summary"]["attainment"]["value"] for r in rows]
-    lows = [r["summary"]["attainment"]["ci_low"] for r in rows]
-    highs = [r["summary"]["attainment"]["ci_high"] for r in rows]
+    rates = [float(p.rate_rps if p.rate_rps is not None else p.offered_rps) for p in points]
+    att = [p.attainment.value for p in points]  # type: ignore[union-attr]
+    lows = [_edge(p.attainment.ci_low, p.attainment.value) for p in points]  # type: ignore[union-attr]
+    highs = [_edge(p.attainment.ci_high, p.attainment.value) for p in points]  # type: ignore[union-attr]
     est = crossing_rate(rates, att, slo.target)
     # The band's edges give a range for the crossing: where the lower / upper CI bound crosses.
     lo = crossing_rate(rates, lows, slo.target)
@@ -79,6 +81,10 @@ def headline(rows: Sequence[dict[str, Any]], slo: SLO | None) -> dict[str, Any] 
         "highest_measured_meeting_rps": max(meeting) if meeting else None,
         "is_lower_bound": bool(est is not None and est == max(rates)),
     }
+
+
+def _edge(v: float | None, value: float) -> float:
+    return value if v is None else v  # a summary without intervals: its band is the point
 
 
 async def run_sweep(
@@ -96,15 +102,15 @@ async def run_sweep(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
-    doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "kind": "sweep", "manifest": manifest, "runs": rows}
+    doc: dict[str, Any] = {"kind": "sweep", "manifest": manifest, "runs": rows}
     for rate in rates:
         run_dir = out / rate_dir_name(rate)
         res = await probe(rate, seed, run_dir, {**manifest, "rate_rps": rate})
-        summary, interrupted = res.summary, res.interrupted
+        summary, interrupted = replace(res.summary, rate_rps=rate), res.interrupted
         row = {"rate_rps": rate, "run_dir": run_dir.name, "summary": summary}
         rows.append(row)
-        doc["headline"] = headline(rows, slo)
-        write_json_atomic(out / SWEEP, doc)  # after every rate: an interrupted sweep keeps what it measured
+        doc["headline"] = headline([r["summary"] for r in rows], slo)
+        write_sweep(out, doc)  # after every rate: an interrupted sweep keeps what it measured
         if on_run is not None:
             on_run(row)
         if interrupted:
@@ -112,7 +118,7 @@ async def run_sweep(
             # headline (one request met the SLO says nothing of the rate)
             row["interrupted"] = True
             doc["interrupted"] = True
-            doc["headline"] = headline([r for r in rows if not r.get("interrupted")], slo)
-            write_json_atomic(out / SWEEP, doc)
+            doc["headline"] = headline([r["summary"] for r in rows if not r.get("interrupted")], slo)
+            write_sweep(out, doc)
             break
     return doc

@@ -2,6 +2,7 @@
 
 import asyncio
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -9,7 +10,6 @@ import pytest
 from slobench.capacity import (
     RunMeasure,
     SearchOptions,
-    flat_metrics,
     probe_dir_name,
     replicate_crossings,
     search_capacity,
@@ -20,6 +20,7 @@ from slobench.errors import SpecError
 from slobench.records import RequestRecord, RequestSpec, load_run
 from slobench.runner import RunOptions
 from slobench.slo import SLO
+from slobench.summary import RunSummary
 
 LN9 = math.log(9.0)
 
@@ -35,7 +36,8 @@ def logistic_curve(r0=20.0, width_rps=1.5, seed_sd=0.02, white_sd=0.01, calls=No
         white = np.random.default_rng([seed, int(rate * 1e6)]).normal(0, white_sd)
         x = (r0 * (1 + shift) - rate) / width_rps + LN9
         a = float(np.clip(1 / (1 + math.exp(min(-x, 700))) + white, 0, 1))
-        return {"attainment": {"value": a, "ci_low": a - 0.02, "ci_high": a + 0.02}, "run_dir": f"r{rate:g}-s{seed}"}
+        return RunSummary.from_dict({"attainment": {"value": a, "ci_low": a - 0.02, "ci_high": a + 0.02},
+                                     "run_dir": f"r{rate:g}-s{seed}"})
 
     return measure
 
@@ -179,9 +181,10 @@ def test_slo_scale_failures_are_infinite_need():
 
 
 def test_flat_metrics_names():
-    s = {"attainment": {"value": 0.9, "good_throughput_rps": 3.0}, "ttft_s": {"p99": 0.2, "mean": None},
-         "tpot_s": {"p50": 0.01}, "request_throughput_rps": 4.0}
-    assert flat_metrics(s) == {"attainment": 0.9, "good_throughput": 3.0, "throughput": 4.0,
+    s = RunSummary.from_dict({"attainment": {"value": 0.9, "good_throughput_rps": 3.0},
+                              "ttft_s": {"p99": 0.2, "mean": None}, "tpot_s": {"p50": 0.01},
+                              "request_throughput_rps": 4.0})
+    assert s.flat_metrics() == {"attainment": 0.9, "good_throughput": 3.0, "throughput": 4.0,
                                "ttft.p99": 0.2, "tpot.p50": 0.01}
 
 
@@ -212,11 +215,11 @@ async def test_run_measure_writes_one_run_dir_per_probe(tmp_path):
                    on_probe=lambda r, s, summ: seen.append((r, s)))
     s1 = await m(500.0, 3)
     s2 = await m(1000.0, 4)
-    assert s1["run_dir"] == probe_dir_name(0, 500.0, 3) == "probe-00-rate-500-seed-3"
-    assert s2["run_dir"] == "probe-01-rate-1000-seed-4"
-    run = load_run(tmp_path / s1["run_dir"])
+    assert s1.run_dir == probe_dir_name(0, 500.0, 3) == "probe-00-rate-500-seed-3"
+    assert s2.run_dir == "probe-01-rate-1000-seed-4"
+    run = load_run(tmp_path / s1.run_dir)
     assert run.manifest["rate_rps"] == 500.0 and run.manifest["seed"] == 3
-    assert len(run.records) == 5 and s1["attainment"]["value"] == 1.0
+    assert len(run.records) == 5 and s1.attainment.value == 1.0
     assert seen == [(500.0, 3), (1000.0, 4)]
 
 
@@ -227,7 +230,7 @@ async def test_short_probes_near_capacity_get_a_note() -> None:
 
     def lasting(duration_of):
         async def measure(rate, seed):
-            return {**await curve(rate, seed), "duration_s": duration_of(rate)}
+            return replace(await curve(rate, seed), duration_s=duration_of(rate))
 
         return measure
 

@@ -117,14 +117,14 @@ def test_mixed_fleet_records_are_ordinary_and_summarised() -> None:
              "decode_replicas": 2, "colocated_replicas": 1, "kv_link": "50GB/s,20us"}
     specs = [spec(i, 0.02 * i, n_in=200 + 13 * i, n_out=30) for i in range(80)]
     records, summary = simulate_run(specs, knobs, slo=SLO.parse("ttft=300ms,tpot=40ms"), intervals=False)
-    fleet = summary["fleet"]
+    fleet = summary.fleet
     assert fleet["prefill"] == 1 and fleet["decode"] == 2 and fleet["colocated"] == 1 and fleet["replicas"] == 4
     assert sum(fleet["requests_per_replica"][:2]) == 80  # the front pool: co-located and prefill
     assert fleet["kv_handoffs"] == sum(fleet["requests_per_replica"][2:]) == fleet["requests_per_replica"][1]
     assert {r.replica for r in records} == {0, 1}
     assert all(r.status == "ok" and r.output_tokens == 30 == len(r.chunk_times_s) for r in records)
     assert all(r.first_token_s == r.chunk_times_s[0] and r.done_s == r.chunk_times_s[-1] for r in records)
-    assert summary["attainment"]["value"] > 0 and summary["tpot_s"]["p50"] is not None
+    assert summary.attainment.value > 0 and summary.tpot.p50 is not None
 
 
 def test_cli_runs_a_disaggregated_fleet_and_refuses_bad_ones(tmp_path, capsys) -> None:  # noqa: ANN001

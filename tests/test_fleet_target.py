@@ -56,9 +56,9 @@ async def test_in_process_fleet_matches_the_simulated_fleet() -> None:
     clock = Clock()
     async with FleetTarget([EngineTarget(KNOBS, clock, model_name="tiny") for _ in range(2)]) as target:
         res = await run(specs, target, opts=QUIET, handle_sigint=False)
-    assert res.summary["num_ok"] == 120
-    assert res.summary["fleet"]["replicas"] == 2 and sum(res.summary["fleet"]["requests_per_replica"]) == 120
-    assert min(res.summary["fleet"]["requests_per_replica"]) >= 40
+    assert res.summary.num_ok == 120
+    assert res.summary.fleet["replicas"] == 2 and sum(res.summary.fleet["requests_per_replica"]) == 120
+    assert min(res.summary.fleet["requests_per_replica"]) >= 40
     real = RecordArrays.from_records(res.records)
     sim = RecordArrays.from_records(simulated)
     assert abs(np.median(real.ttft_s) - np.median(sim.ttft_s)) < 0.004, (np.median(real.ttft_s), np.median(sim.ttft_s))
@@ -115,17 +115,17 @@ def test_per_replica_summary_shows_an_affinity_hot_spot() -> None:
     knobs = {"profile": "h100-llama-1b", "kv_blocks": 300}
     slo = SLO.parse("ttft=300ms,tpot=40ms")
     recs, summary = simulate_run(specs, knobs, slo=slo, replicas=4, router="prefix-affinity")
-    rows = summary["per_replica"]
+    rows = summary.per_replica
     routed = [r for r in recs if r.replica is not None]  # requests the engine refused at once were never routed
-    assert [r["replica"] for r in rows] == [0, 1, 2, 3] and sum(r["num_requests"] for r in rows) == len(routed)
+    assert [r.key for r in rows] == [0, 1, 2, 3] and sum(r.num_requests for r in rows) == len(routed)
     assert len(routed) >= 0.95 * len(specs) and all(r.error for r in recs if r.replica is None)
-    busiest = max(rows, key=lambda r: r["num_requests"])
-    assert busiest["num_requests"] > 1.3 * len(specs) / 4  # the popular prompt's home
-    assert busiest["ttft_p99_s"] == max(r["ttft_p99_s"] for r in rows)
+    busiest = max(rows, key=lambda r: r.num_requests)
+    assert busiest.num_requests > 1.3 * len(specs) / 4  # the popular prompt's home
+    assert busiest.ttft_p99_s == max(r.ttft_p99_s for r in rows)
     text = per_replica_text(rows)
     assert text.startswith("per replica") and text.count("#") == 4
     _, single = simulate_run(specs, knobs, slo=slo)
-    assert "per_replica" not in single  # one engine: no replica field
+    assert not single.per_replica and "per_replica" not in single.to_dict()  # one engine: no replica field
 
 
 def test_least_tokens_weighs_requests_by_their_tokens() -> None:

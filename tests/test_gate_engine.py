@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from slobench.capacity import SearchOptions, flat_metrics, search_capacity
+from slobench.capacity import SearchOptions, search_capacity
 from slobench.cli import main
 from slobench.gate import Samples, gate, rate_key
 from slobench.simulate import ModeledEngine, SimulatedMeasure, sweep_crossing
@@ -57,7 +57,7 @@ async def _side(v, trial):
     for rep in res.replicates:
         s.add("capacity", rep["seed"], rep["capacity_rps"], v.name)
     for seed in range(1, 6):
-        for name, val in flat_metrics(await m(FIXED_RATE, seed)).items():
+        for name, val in (await m(FIXED_RATE, seed)).flat_metrics().items():
             s.add(rate_key(name, FIXED_RATE), seed, val, v.name)
     return s
 

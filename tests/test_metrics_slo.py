@@ -151,17 +151,17 @@ def test_throughput_and_summary_json_roundtrip():
     assert tp.offered_rps == pytest.approx(10.0)
     assert tp.request_rps == pytest.approx(50 / (4.9 + 0.2))
     s = summarize(recs, SLO(ttft_s=0.1))
-    json.dumps(s)  # serialisable
-    assert s["attainment"]["value"] == 1.0
-    assert s["client"]["is_bottleneck"] is False
+    json.dumps(s.to_dict())  # serialisable
+    assert s.attainment.value == 1.0
+    assert s.client.is_bottleneck is False
     assert quantiles(np.array([np.nan]))["p50"] is None
 
 
 def test_client_bottleneck_flagged():
     recs = [rec(i, i * 0.01, i * 0.01 + 0.05, i * 0.01 + 0.1, i * 0.01 + 0.2, 2) for i in range(100)]
     s = summarize(recs, SLO(ttft_s=0.1))
-    assert s["client"]["is_bottleneck"] is True
-    assert "BOTTLENECK" in s["client"]["warning"]
+    assert s.client.is_bottleneck is True
+    assert "BOTTLENECK" in s.client.warning
 
 
 def test_prefix_cache_summary_and_line() -> None:
@@ -180,12 +180,12 @@ def test_prefix_cache_summary_and_line() -> None:
     assert c is not None and (c["num_reported"], c["num_hits"]) == (39, 10)
     assert c["cached_token_share"] == pytest.approx(1600 / (39 * 200))
     assert c["ttft_p50_hit_s"] == pytest.approx(0.02) and c["ttft_p50_miss_s"] == pytest.approx(0.08)
-    assert summarize(recs, None)["prefix_cache"] == c
+    assert summarize(recs, None).prefix_cache == c
     assert prefix_cache_text(c) == ("prefix cache: 21% of prompt tokens served from cache; 10 of 39 requests hit; "
                                     "TTFT p50 20.0 ms with a hit, 80.0 ms without")
     for r in recs:
         r.cached_tokens = None
-    assert "prefix_cache" not in summarize(recs, None)
+    assert summarize(recs, None).prefix_cache is None and "prefix_cache" not in summarize(recs, None).to_dict()
 
 
 def test_per_class_breakdown_when_a_run_mixes_classes() -> None:
@@ -199,11 +199,11 @@ def test_per_class_breakdown_when_a_run_mixes_classes() -> None:
         r.tag = "doc" if slow else "chat"
         recs.append(r)
     s = summarize(recs, SLO(ttft_s=0.5))
-    rows = {r["tag"]: r for r in s["per_tag"]}
-    assert (rows["chat"]["num_requests"], rows["doc"]["num_requests"]) == (20, 10)
-    assert (rows["chat"]["attainment"], rows["doc"]["attainment"]) == (1.0, 0.0)
-    assert rows["doc"]["ttft_p50_s"] == pytest.approx(0.9)
-    assert per_tag_text(s["per_tag"]).startswith("per class (TTFT p50/p99, attainment): chat 20 req")
+    rows = {r.key: r for r in s.per_tag}
+    assert (rows["chat"].num_requests, rows["doc"].num_requests) == (20, 10)
+    assert (rows["chat"].attainment, rows["doc"].attainment) == (1.0, 0.0)
+    assert rows["doc"].ttft_p50_s == pytest.approx(0.9)
+    assert per_tag_text(s.per_tag).startswith("per class (TTFT p50/p99, attainment): chat 20 req")
     for r in recs:
         r.tag = "only"
-    assert "per_tag" not in summarize(recs, SLO(ttft_s=0.5))  # one class: nothing to break down
+    assert "per_tag" not in summarize(recs, SLO(ttft_s=0.5)).to_dict()  # one class: nothing to break down

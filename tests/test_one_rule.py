@@ -8,11 +8,10 @@ from pathlib import Path
 
 from slobench.cli import main
 from slobench.records import load_run
-from slobench.report.fast_records import read_columns
 from slobench.report.load import load_series
 from slobench.report.stats import run_point
 from slobench.slo import SLO
-from slobench.summary import error_kind, summarize
+from slobench.summary import error_kind, read_columns, summarize
 
 
 def test_capacity_simulate_on_a_trace_runs(tmp_path: Path) -> None:
@@ -52,10 +51,17 @@ def test_terminal_and_report_agree_on_errors_and_per_replica_rows(tmp_path: Path
     slo = SLO.parse("ttft=50ms")
     terminal = summarize(loaded.records, slo)
     report = run_point(load_series(run, slo=slo).runs[0], slo)
-    assert terminal["error_counts"] == read_columns(run).error_counts
-    assert list(terminal["error_counts"].values()) == [len(range(0, len(lines), 9))]
-    assert [dict(r) for r in report.per_replica] == terminal["per_replica"]
-    assert len(terminal["per_replica"]) == 2
+    assert terminal.error_counts == read_columns(run).error_counts == report.error_counts
+    assert list(terminal.error_counts.values()) == [len(range(0, len(lines), 9))]
+    assert report.per_replica == terminal.per_replica
+    assert len(terminal.per_replica) == 2
+    # the terminal's text and the HTML's cells come from those same rows, on the SLO's clock
+    from slobench.report.html import _group_cell
+    from slobench.report.terminal import per_replica_text
+
+    for row in terminal.per_replica:
+        assert f"#{row.key} {row.num_requests} req, TTFT " in per_replica_text(terminal.per_replica)
+        assert f"#{row.key} {row.num_requests} · {row.ttft_p99_s * 1e3:.0f}" in _group_cell(report.per_replica, "replica", "#")
 
 
 def test_an_unexpected_exception_is_exit_5_never_1(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]

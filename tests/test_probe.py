@@ -55,15 +55,15 @@ async def test_live_and_virtual_probes_write_one_run_directory_shape(tmp_path: P
     for res, d in ((v, "virtual"), (r, "live")):
         run = load_run(tmp_path / d)
         assert len(run.records) == 12 and run.summary is not None
-        assert run.summary["attainment"]["value"] == res.summary["attainment"]["value"]  # what it returned, on disk
-        assert run.manifest["made_by"] == "test" and run.summary is not None and run.summary["num_ok"] == 12
+        assert run.summary.attainment.value == res.summary.attainment.value  # what it returned, on disk
+        assert run.manifest["made_by"] == "test" and run.summary is not None and run.summary.num_ok == 12
     assert load_run(tmp_path / "virtual").manifest["clock"] == {"kind": "virtual"}
     # the same requests (same seed) went to both: the same prompt lengths, in the same order
     assert ([x.input_tokens for x in load_run(tmp_path / "virtual").records]
             == [x.input_tokens for x in load_run(tmp_path / "live").records])  # fmt: skip
     # what the terminal, the report and the gate read is there in both, under the same keys
     core = {"num_requests", "num_ok", "attainment", "ttft_s", "tpot_s"}
-    assert core <= set(v.summary) and core <= set(r.summary)
+    assert core <= set(v.summary.to_dict()) and core <= set(r.summary.to_dict())
 
 
 async def test_a_sweep_and_a_capacity_measure_drive_any_probe(tmp_path: Path) -> None:
@@ -75,6 +75,6 @@ async def test_a_sweep_and_a_capacity_measure_drive_any_probe(tmp_path: Path) ->
     measure = ProbeMeasure(probe, out_dir=tmp_path / "cap", manifest={"m": 1},
                            on_probe=lambda rate, seed, s: seen.append((rate, seed)))  # fmt: skip
     s = await measure(4.0, 7)
-    assert s["run_dir"] == "probe-00-rate-4-seed-7" and seen == [(4.0, 7)]
+    assert s.run_dir == "probe-00-rate-4-seed-7" and s.rate_rps == 4.0 and seen == [(4.0, 7)]
     # the sweep's point and the probe at one rate differ only by seed: same rate, other requests
     assert (tmp_path / "cap" / "probe-00-rate-4-seed-7" / "summary.json").is_file()

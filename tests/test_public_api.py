@@ -11,7 +11,7 @@ import pytest
 import slobench
 from slobench.testing import TokenServerProcess
 
-PUBLIC = {"__version__", "SLO", "Run", "RequestRecord", "WorkloadSpec", "compare", "load_run", "load_workload",
+PUBLIC = {"__version__", "SLO", "Run", "RequestRecord", "RunSummary", "WorkloadSpec", "compare", "load_run", "load_workload",
           "render_report", "run_load", "simulate_load", "summarize"}
 
 
@@ -31,12 +31,13 @@ def test_import_slobench_is_cheap() -> None:
 
 def test_simulate_load_summarize_compare_report(tmp_path: Path) -> None:
     sim = slobench.simulate_load(workload="tiny", rate=4, num_requests=40, slo="ttft=250ms,tpot=30ms", out=tmp_path / "a")
-    assert len(sim.records) == 40 and sim.summary is not None and sim.summary["num_ok"] == 40
+    assert len(sim.records) == 40 and sim.summary is not None and sim.summary.num_ok == 40
     again = slobench.load_run(tmp_path / "a")
     assert [r.request_id for r in again.records] == [r.request_id for r in sim.records]
     redo = slobench.summarize(again.records, "ttft=250ms,tpot=30ms")
-    assert redo["attainment"]["value"] == sim.summary["attainment"]["value"]
-    assert redo["attainment"]["value"] != slobench.summarize(again.records, "ttft=1ms")["attainment"]["value"]
+    assert isinstance(redo, slobench.RunSummary)
+    assert redo.attainment.value == sim.summary.attainment.value
+    assert redo.attainment.value != slobench.summarize(again.records, "ttft=1ms").attainment.value
     # the same run against itself: never a regression; against a slower engine at a higher rate: a verdict
     same = slobench.compare(tmp_path / "a", tmp_path / "a")
     assert same.verdict != "regression" and same.exit_code != 1
@@ -59,10 +60,10 @@ def test_simulate_load_summarize_compare_report(tmp_path: Path) -> None:
 def test_run_load_against_a_server(token_server: TokenServerProcess, tmp_path: Path) -> None:
     run = slobench.run_load(token_server.base_url, workload="tiny", rate=20, num_requests=15,
                             slo="ttft=1s", out=tmp_path / "live", extra_body={"x_ttft_ms": 5, "x_itl_ms": 1})
-    assert len(run.records) == 15 and run.summary is not None and run.summary["num_ok"] == 15
+    assert len(run.records) == 15 and run.summary is not None and run.summary.num_ok == 15
     assert run.manifest["target"]["model"] == token_server.model  # discovered from /models
     assert (tmp_path / "live" / "requests.jsonl").is_file()
-    assert run.summary["attainment"]["value"] == 1.0
+    assert run.summary.attainment.value == 1.0
 
 
 def test_bad_input_names_the_problem() -> None:

@@ -13,7 +13,6 @@ from slobench.metrics import RecordArrays, throughput
 from slobench.records import RequestRecord, RunWriter, load_run, write_records
 from slobench.report import build_report
 from slobench.report.compare import compare
-from slobench.report.fast_records import read_columns
 from slobench.report.figures import cdf_figure, client_figure, cliff_figure, percentile_figure
 from slobench.report.html import SECTIONS
 from slobench.report.load import load_series
@@ -23,6 +22,7 @@ from slobench.report.synthetic import DEFAULT_SLO, synthetic_records, write_synt
 from slobench.report.terminal import headline_text
 from slobench.report.timeline import MAX_MET_POINTS, MAX_MISS_POINTS, in_flight, timeline_figure
 from slobench.slo import SLO, attainment, bootstrap_mean_ci
+from slobench.summary import read_columns
 from slobench.sweep import crossing_rate
 
 HOSTILE = "<script>alert(1)</script><b>b</b>\"'&"
@@ -188,8 +188,8 @@ def test_comparison_deltas(sweeps, tmp_path):
     pb = {p.rate_rps: p for p in vb.points}
     for d in c.rates:
         assert d.attainment_delta_points == pytest.approx(100 * (pb[d.rate_rps].attainment.value - pa[d.rate_rps].attainment.value))
-        assert d.ttft_p99_change == pytest.approx(pb[d.rate_rps].ttft_ms["p99"] / pa[d.rate_rps].ttft_ms["p99"] - 1)
-        assert d.tpot_p99_change == pytest.approx(pb[d.rate_rps].tpot_ms["p99"] / pa[d.rate_rps].tpot_ms["p99"] - 1)
+        assert d.ttft_p99_change == pytest.approx(pb[d.rate_rps].ttft_on_clock().p99 / pa[d.rate_rps].ttft_on_clock().p99 - 1)
+        assert d.tpot_p99_change == pytest.approx(pb[d.rate_rps].tpot.p99 / pa[d.rate_rps].tpot.p99 - 1)
     cap_a, cap_b = va.headline["max_rate_meeting_rps"], vb.headline["max_rate_meeting_rps"]
     assert c.capacity_change == pytest.approx(cap_b / cap_a - 1)
     html = build_report([a, b], tmp_path / "c.html").read_text()
@@ -320,8 +320,8 @@ def test_quantiles_resting_on_few_tail_values_are_marked(tmp_path):
 
     recs = synthetic_records(5.0, 200, seed=3)
     summary = summarize(recs, DEFAULT_SLO)
-    assert (summary["ttft_s"]["p50_beyond"], summary["ttft_s"]["p99_beyond"]) == (100, 2)
-    assert summary["ttft_s"]["p99_ci"][1] is None  # 200 values cannot bound a p99 from above
+    assert (summary.ttft.beyond["p50"], summary.ttft.beyond["p99"]) == (100, 2)
+    assert summary.ttft.ci["p99"][1] is None  # 200 values cannot bound a p99 from above
     console = Console(record=True, width=200)
     print_run(summary, console)
     text = console.export_text()
@@ -355,10 +355,11 @@ def test_rate_table_shows_prefix_cache_hits_when_the_server_reports_them(tmp_pat
 
 def test_the_median_is_never_marked_thin():
     from slobench.report.html import _ms3
+    from slobench.summary import Dist
 
-    assert _ms3({"p50": 1.0, "p90": 2.0, "p99": 3.0}, 50) == "1.0 / 2.0† / 3.0†"
-    assert _ms3({"p50": 1.0, "p90": 2.0, "p99": 3.0}, 20_000) == "1.0 / 2.0 / 3.0"
-    assert _ms3({"p50": None, "p90": None, "p99": None}, 0) == "- / - / -"
+    assert _ms3(Dist(p50=1e-3, p90=2e-3, p99=3e-3, count=50)) == "1.0 / 2.0† / 3.0†"
+    assert _ms3(Dist(p50=1e-3, p90=2e-3, p99=3e-3, count=20_000)) == "1.0 / 2.0 / 3.0"
+    assert _ms3(Dist(count=0)) == "- / - / -"
 
 
 def test_header_says_where_the_load_went():

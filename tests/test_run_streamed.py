@@ -63,7 +63,7 @@ async def test_streamed_run_sends_the_eager_runs_requests_in_the_same_order(tmp_
     streamed, s2 = await run_records(StreamingReplay(str(path)).specs())
     assert len(streamed) == len(eager) == 600 - 600 // 9
     assert [key(r) for r in streamed] == [key(r) for r in eager]
-    assert s1["num_scheduled"] == s2["num_scheduled"] == len(eager)
+    assert s1.num_scheduled == s2.num_scheduled == len(eager)
     # sent in schedule order: the send times follow the request ids
     sent = [r.sent_s for r in streamed]
     assert sent == sorted(sent)
@@ -100,7 +100,7 @@ async def test_the_runner_takes_a_stream_as_it_sends():
     clock = Clock()
     target = InstantTarget(clock, taken)
     res = await run(source(), target, clock=clock, opts=RunOptions(progress=False))
-    assert len(res.records) == 300 and res.summary["num_scheduled"] == 300
+    assert len(res.records) == 300 and res.summary.num_scheduled == 300
     assert target.taken_at_send[0] <= 5  # one or two, a few more when the loaded machine ran late
     assert max(target.taken_at_send[:100]) < 300  # 0.4 s of sends before the source ran out
 
@@ -122,7 +122,7 @@ async def test_a_stream_with_duration_counts_what_it_sent():
             yield RequestSpec(i, i * 0.001, (1,), 1, 1)
 
     recs, summary = await run_records(source(), duration_s=0.0495)
-    assert len(recs) == summary["num_scheduled"] == 50
+    assert len(recs) == summary.num_scheduled == 50
 
 
 async def test_progress_total_comes_from_the_streams_hint(tmp_path):
@@ -178,21 +178,21 @@ async def test_summary_says_how_many_rows_were_left_out_and_why_streamed_or_eage
     _, streamed = await run_records(StreamingReplay.open(path).specs())
     _, eager = await run_records(TraceReplay.open(path).specs())
     for summary in (streamed, eager):
-        rows = summary["trace_rows"]
+        rows = summary.trace_rows
         assert rows["num_rows_read"] == 41 and rows["is_whole_file"] and rows["num_requests"] == 36
         assert rows["dropped"] == {"unreadable": 1, "zero_tokens": 4} and rows["num_dropped"] == 5
         assert rows["zero_tokens"] == {"zero_output": 4, "zero_input": 0}
         assert any("4 with 0 output tokens (failed requests)" in n for n in rows["notes"])
         assert "malformed" not in json.dumps(rows)
-    assert summary["num_requests"] == 36
+    assert summary.num_requests == 36
     _, kept = await run_records(StreamingReplay.open(path, keep_zero=True).specs())
-    assert kept["trace_rows"]["altered"]["zero_tokens_raised_to_1"] == 4 and kept["num_requests"] == 40
+    assert kept.trace_rows["altered"]["zero_tokens_raised_to_1"] == 4 and kept.num_requests == 40
 
 
 async def test_a_windowed_stream_reports_the_rows_it_read_not_the_file(tmp_path):
     path = mooncake(tmp_path / "m.jsonl", 10_000, zero_every=10)
     _, summary = await run_records(StreamingReplay(str(path), time_scale=0.001).specs(num_requests=100))
-    rows = summary["trace_rows"]
+    rows = summary.trace_rows
     assert not rows["is_whole_file"] and rows["num_rows_read"] < 10_000
     assert rows["dropped"]["zero_tokens"] == rows["num_rows_read"] // 10
 
@@ -242,7 +242,7 @@ async def test_client_workers_take_a_streamed_trace(tmp_path, token_server):
     recs = sorted(res.records, key=lambda r: r.request_id)
     eager = TraceReplay.open(str(path)).specs()
     assert [(r.input_tokens, r.max_tokens) for r in recs] == [(s.input_tokens, s.max_tokens) for s in eager]
-    assert res.summary["num_ok"] == 40 and res.summary["trace_rows"]["num_requests"] == 40
+    assert res.summary.num_ok == 40 and res.summary.trace_rows["num_requests"] == 40
 
 
 async def test_the_runner_builds_ahead_in_the_slack_never_between_a_spawn_and_its_send(tmp_path):
@@ -316,9 +316,9 @@ async def test_a_trace_damaged_part_way_stops_the_run_with_its_summary_written(t
         await run(StreamingReplay(str(damaged), time_scale=0.01).specs(), InstantTarget(clock), clock=clock,
                   opts=RunOptions(progress=False), run_dir=tmp_path / "r")  # fmt: skip
     back = load_run(tmp_path / "r")
-    assert back.summary is not None and "gzip-compressed" in back.summary["stopped_by"]
-    assert back.summary["interrupted"] and back.summary["num_scheduled"] is None
-    assert 4096 < len(back.records) < 8000 and back.summary["num_requests"] == len(back.records)
+    assert back.summary is not None and "gzip-compressed" in back.summary.stopped_by
+    assert back.summary.interrupted and back.summary.num_scheduled is None
+    assert 4096 < len(back.records) < 8000 and back.summary.num_requests == len(back.records)
 
 
 def test_time_scale_with_a_closed_loop_is_refused(tmp_path, capsys):

@@ -62,7 +62,7 @@ async def test_open_loop_sends_on_schedule_regardless_of_in_flight(tmp_path):
     # a closed loop would send ~0.2 s late (one service time); 50 ms leaves room for a loaded CI machine
     assert max(lates) < 0.05, max(lates)
     run_back = load_run(tmp_path / "r")
-    assert len(run_back.records) == 40 and run_back.summary["num_requests"] == 40
+    assert len(run_back.records) == 40 and run_back.summary.num_requests == 40
     assert run_back.manifest["x"] == 1 and "wall_anchor_unix_s" in run_back.manifest["clock"]
 
 
@@ -74,8 +74,8 @@ async def test_max_in_flight_cap_counts_the_wait():
     queued = sorted(r.queued_s for r in res.records)
     assert queued[-1] > 0.15  # the last waited ~4 service times
     # the wait is not the client's lateness, but it does count in the from-scheduled latency
-    assert res.summary["client"]["lateness_s"]["p99"] < 0.01
-    assert res.summary["ttft_from_scheduled_s"]["max"] > 0.15
+    assert res.summary.client.lateness_s["p99"] < 0.01
+    assert res.summary.ttft_from_scheduled.max > 0.15
 
 
 async def test_failures_and_target_bugs_become_records():
@@ -85,14 +85,14 @@ async def test_failures_and_target_bugs_become_records():
     by_id = {r.request_id: r for r in res.records}
     assert by_id[1].status == "error" and "500" in by_id[1].error
     assert by_id[2].status == "error" and "internal: RuntimeError" in by_id[2].error
-    assert res.summary["attainment"]["value"] == 0.5
+    assert res.summary.attainment.value == 0.5
 
 
 async def test_warmup_excluded_from_summary():
     clock = Clock()
     res = await run(specs(6, 0.0), FakeTarget(clock, 0.001), clock=clock,
                     opts=RunOptions(warmup_requests=2, progress=False))
-    assert res.summary["num_requests"] == 4 and res.summary["num_warmup"] == 2
+    assert res.summary.num_requests == 4 and res.summary.num_warmup == 2
 
 
 async def test_duration_bound_stops_sending():

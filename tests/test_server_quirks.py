@@ -205,11 +205,12 @@ def test_summary_files_never_hold_nan(tmp_path: Path) -> None:
 async def test_an_interrupted_sweep_point_is_marked_and_left_out_of_the_headline(tmp_path: Path) -> None:
     from slobench.probe import ProbeResult
     from slobench.slo import SLO
+    from slobench.summary import RunSummary
     from slobench.sweep import run_sweep
 
-    def summary(n: int, ok_share: float) -> dict[str, Any]:
-        return {"num_requests": n, "num_ok": n, "attainment": {"value": ok_share, "ci_low": ok_share - 0.05,
-                                                                "ci_high": min(1.0, ok_share + 0.05)}}
+    def summary(n: int, ok_share: float) -> RunSummary:
+        return RunSummary.from_dict({"num_requests": n, "num_ok": n, "attainment": {
+            "value": ok_share, "ci_low": ok_share - 0.05, "ci_high": min(1.0, ok_share + 0.05)}})
 
     async def run_one(rate: float, seed: int, run_dir: Path | None, manifest: dict[str, Any]) -> ProbeResult:
         if rate == 1:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -75,7 +76,7 @@ def test_deterministic_for_a_seed_and_jitter_changes_with_it() -> None:
     runs = [simulate_run(specs, CLIFF_KNOBS, slo=CLIFF_SLO, seed=s, jitter_sd=0.02) for s in (3, 3, 4)]
     (r1, s1), (r2, s2), (r3, _) = runs
     assert [r.to_json() for r in r1] == [r.to_json() for r in r2]
-    assert json.dumps(s1, sort_keys=True) == json.dumps(s2, sort_keys=True)
+    assert json.dumps(s1.to_dict(), sort_keys=True) == json.dumps(s2.to_dict(), sort_keys=True)
     assert [r.done_s for r in r1] != [r.done_s for r in r3]
     no_jitter = simulate_records(specs, CLIFF_KNOBS, seed=3)
     assert [r.to_json() for r in no_jitter] == [r.to_json() for r in simulate_records(specs, CLIFF_KNOBS, seed=9)]
@@ -83,19 +84,19 @@ def test_deterministic_for_a_seed_and_jitter_changes_with_it() -> None:
 
 def test_summary_is_the_libraries_summary_on_virtual_seconds() -> None:
     records, summary = simulate_run(tiny(20.0, 100), CLIFF_KNOBS, slo=CLIFF_SLO)
-    assert summary["clock"] == "virtual" and summary["num_requests"] == summary["num_ok"] == 100
-    att = summary["attainment"]
-    assert att["ci_low"] is not None and att["ci_low"] <= att["value"] <= att["ci_high"]
-    assert summary["client"]["is_bottleneck"] is False  # every request went out exactly on time
+    assert summary.clock == "virtual" and summary.num_requests == summary.num_ok == 100
+    att = summary.attainment
+    assert att.ci_low is not None and att.ci_low <= att.value <= att.ci_high
+    assert summary.client.is_bottleneck is False  # every request went out exactly on time
     assert all(r.sent_s == r.scheduled_s for r in records)
     assert all(sum(r.chunk_tokens) == r.output_tokens == r.max_tokens for r in records)
     _, lean = simulate_run(tiny(20.0, 100), CLIFF_KNOBS, slo=CLIFF_SLO, intervals=False)
-    assert lean["attainment"]["value"] == att["value"] and lean["ttft_s"]["p99"] == summary["ttft_s"]["p99"]
+    assert lean.attainment.value == att.value and lean.ttft.p99 == summary.ttft.p99 and lean.attainment.ci_low is None
 
 
 def test_attainment_falls_as_rate_rises_across_the_cliff() -> None:
     rates = [20.0, 40.0, 60.0, 80.0, 120.0]
-    att = [simulate_run(tiny(r, 200), CLIFF_KNOBS, slo=CLIFF_SLO, intervals=False)[1]["attainment"]["value"]
+    att = [simulate_run(tiny(r, 200), CLIFF_KNOBS, slo=CLIFF_SLO, intervals=False)[1].attainment.value
            for r in rates]
     assert att[0] == 1.0 and att[-1] < 0.2, att
     assert all(later <= earlier for earlier, later in zip(att, att[1:], strict=False)), att
@@ -148,11 +149,11 @@ async def test_simulated_measure_writes_probe_run_directories(tmp_path) -> None:
     m = SimulatedMeasure("tiny", CLIFF_KNOBS, CLIFF_SLO, num_requests=30, out_dir=tmp_path, manifest={"x": 1})
     s1 = await m(20.0, 1)
     s2 = await m(20.0, 1)
-    assert s1["run_dir"] == "probe-00-rate-20-seed-1" and s2["run_dir"] == "probe-01-rate-20-seed-1"
-    assert {**s1, "run_dir": None} == {**s2, "run_dir": None}  # the same probe twice: the same result
-    run = load_run(tmp_path / s1["run_dir"])
+    assert s1.run_dir == "probe-00-rate-20-seed-1" and s2.run_dir == "probe-01-rate-20-seed-1"
+    assert replace(s1, run_dir=None).to_dict() == replace(s2, run_dir=None).to_dict()  # the same probe twice: same result
+    run = load_run(tmp_path / s1.run_dir)
     assert len(run.records) == 30 and run.manifest["x"] == 1 and run.manifest["rate_rps"] == 20.0
-    assert run.summary["attainment"]["value"] == s1["attainment"]["value"]
+    assert run.summary.attainment.value == s1.attainment.value
 
 
 async def test_sweep_crosses_the_target_where_capacity_finds_capacity() -> None:
@@ -211,9 +212,9 @@ def test_least_outstanding_spreads_a_burst_and_beats_round_robin_on_heavy_tails(
     slo = SLO.parse("ttft=300ms,tpot=40ms")
     _, lo = simulate_run(specs, knobs, slo=slo, replicas=4, router="least-outstanding", intervals=False)
     _, rr = simulate_run(specs, knobs, slo=slo, replicas=4, router="round-robin", intervals=False)
-    assert lo["fleet"]["replicas"] == 4
-    assert lo["ttft_s"]["p99"] < rr["ttft_s"]["p99"]
-    assert lo["attainment"]["value"] >= rr["attainment"]["value"]
+    assert lo.fleet["replicas"] == 4
+    assert lo.ttft.p99 < rr.ttft.p99
+    assert lo.attainment.value >= rr.attainment.value
 
 
 def test_prefix_affinity_keeps_shared_prefixes_on_one_replica() -> None:
@@ -261,11 +262,11 @@ def test_queue_drift_flags_runs_past_capacity() -> None:
     for rate in (20.0, 40.0):  # the simulated chat engine's capacity is ~35 req/s
         specs = generate(load_workload("chat"), rate_rps=rate, duration_s=30, seed=1)
         _, summary = simulate_run(specs, knobs, slo=slo)
-        drift[rate] = summary["queue_drift"]
+        drift[rate] = summary.queue_drift
         console = Console(record=True, width=200)
         print_run(summary, console)
         assert ("past capacity" in console.export_text()) == (rate == 40.0)
     assert not drift[20.0]["overloaded"] and 0.7 < drift[20.0]["ratio"] < 1.4
     assert drift[40.0]["overloaded"] and drift[40.0]["ratio"] > 3
     phased = generate(load_workload("day-shift"), rate_rps=12.0, num_requests=200, seed=1)
-    assert "queue_drift" not in simulate_run(phased, knobs, slo=slo)[1]  # load changes on purpose
+    assert simulate_run(phased, knobs, slo=slo)[1].queue_drift is None  # load changes on purpose

@@ -117,9 +117,9 @@ async def test_rate_limit_holds_sends_to_the_ceiling_and_counts_the_waits_as_del
     assert sent[-1] - sent[0] >= 0.4 - 0.01
     for i in range(len(sent) - 4):
         assert sent[i + 4] - sent[i] >= 0.2 - 0.005
-    waits = res.summary["deliberate_waits"]
+    waits = res.summary.deliberate_waits
     assert waits["num"] == 8
     # client lateness excludes the deliberate waits
-    assert res.summary["client"]["lateness_s"]["p99"] < 0.05
-    assert not res.summary["client"]["is_bottleneck"]
+    assert res.summary.client.lateness_s["p99"] < 0.05
+    assert not res.summary.client.is_bottleneck
     await asyncio.sleep(0)

@@ -104,7 +104,7 @@ async def test_azure_replay_sends_one_request_per_row_at_its_scaled_time(which):
     specs = replay(trace, num_requests=200, time_scale=scale, seed=0, min_tokens="none")  # the recorder sends 1 token
     assert len(specs) == 200
     res, received = await replay_through_server(specs)
-    assert res.summary["num_ok"] == 200 and len(received) == 200
+    assert res.summary.num_ok == 200 and len(received) == 200
     # One request per row, carrying the row's token counts (a token-id prompt of ContextTokens ids).
     want = sorted((int(r["ContextTokens"]), int(r["GeneratedTokens"])) for r in rows)
     got = sorted((len(body["prompt"]), body["max_tokens"]) for _, body in received)

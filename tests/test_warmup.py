@@ -59,9 +59,9 @@ async def test_runner_auto_warmup_marks_rewrites_and_summarises(tmp_path):
     specs = [RequestSpec(i, i * 0.002, (1,), 1, 1) for i in range(500)]
     res = await run(specs, RampTarget(clock), opts=RunOptions(warmup_auto=True, progress=False),
                     run_dir=tmp_path / "r")
-    cut = res.summary["warmup"]["num_requests"]
+    cut = res.summary.warmup["num_requests"]
     assert 60 <= cut <= 140, cut
-    assert res.summary["num_warmup"] == cut and res.summary["num_requests"] == 500 - cut
+    assert res.summary.num_warmup == cut and res.summary.num_requests == 500 - cut
     lines = [json.loads(x) for x in (tmp_path / "r" / "requests.jsonl").read_text().splitlines()]
     assert len(lines) == 500 and sum(d["is_warmup"] for d in lines) == cut
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["warmup"]["num_requests"] == cut

@@ -56,7 +56,7 @@ async def test_workers_measure_what_one_process_measures(token_server: TokenServ
         alone = await run(specs(60), single, opts=QUIET, handle_sigint=False)
     for res in (pooled, alone):
         a = RecordArrays.from_records(res.records)
-        assert res.summary["num_ok"] == 60 and (a.output_tokens == 20).all()
+        assert res.summary.num_ok == 60 and (a.output_tokens == 20).all()
         assert abs(np.median(a.ttft_s) - 0.050) < 0.003  # the server's schedule (+1 ms: a loaded CI machine)
         assert abs(np.median(a.tpot_s) - 0.005) < 0.0005
         assert (a.lateness_s >= 0).all()
@@ -80,7 +80,7 @@ async def test_cancelling_the_run_cancels_in_flight_requests_and_the_pool_still_
         assert len(records) == 10 and {r.status for r in records} == {"cancelled"}
         assert all(r.sent_s is not None for r in records)  # the parent's provisional stamp survives
         again = await run(specs(4), pool, opts=QUIET, handle_sigint=False)
-        assert again.summary["num_ok"] == 4
+        assert again.summary.num_ok == 4
         pids = pool.worker_pids
     assert_gone(pids)
 

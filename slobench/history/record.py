@@ -125,17 +125,21 @@ def entry_from_results(
 
 
 def _from_run(p: Path, rates: Sequence[float] | None) -> tuple[str, dict[str, Any], Any, dict[str, list[Any]]]:
-    from slobench.capacity import flat_metrics
     from slobench.gate import rate_key, workload_identity
+    from slobench.records import read_manifest, read_summary
 
+    manifest = read_manifest(p)
+    summary = read_summary(p)
     try:
-        manifest = json.loads((p / "manifest.json").read_text())
-        summary = json.loads((p / "summary.json").read_text())
+        if summary is None:
+            raise ValueError("no summary.json")
         rate = float(manifest["rate_rps"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (UsageError, ValueError, KeyError, TypeError) as e:
         raise UsageError(f"{p}: not a readable run directory with an offered rate ({type(e).__name__}: {e})") from None
     ident = workload_identity(manifest)
-    flat = flat_metrics(summary)
+    flat = summary.flat_metrics()
+    dists = {"ttft": summary.ttft, "ttft_sched": summary.ttft_from_scheduled, "tpot": summary.tpot,
+             "itl": summary.itl, "e2e": summary.e2e}  # fmt: skip
     metrics: dict[str, list[Any]] = {}
     for name in HEADLINE:
         key = rate_key(name, rate)
@@ -143,13 +147,13 @@ def _from_run(p: Path, rates: Sequence[float] | None) -> tuple[str, dict[str, An
             continue
         lo = hi = None
         if name == "attainment":
-            att = summary.get("attainment") or {}
-            lo, hi = att.get("ci_low"), att.get("ci_high")
+            if summary.attainment is not None:
+                lo, hi = summary.attainment.ci_low, summary.attainment.ci_high
         else:
             family, stat = name.split(".")
-            ci = (summary.get(f"{family}_s") or {}).get(f"{stat}_ci")
-            if isinstance(ci, list | tuple) and len(ci) == 2:
-                lo, hi = ci
+            dist = dists.get(family)
+            if dist is not None and dist.ci and stat in dist.ci:
+                lo, hi = dist.ci[stat]
         metrics[key] = _metric(flat[name], lo, hi, None, 1)
     return "run", {"name": ident.get("name"), "hash": ident.get("hash")}, manifest.get("slo"), metrics
 

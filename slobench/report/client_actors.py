@@ -10,13 +10,13 @@ report rather than the run's); with no TTFT SLO, the run's own verdict stands.
 from __future__ import annotations
 
 import html
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from slobench.clocksync import CLOCK_LIMIT_OF_TTFT
-from slobench.records import SUMMARY
+from slobench.errors import UsageError
+from slobench.records import read_summary
 from slobench.report.load import RunData
 from slobench.slo import SLO
 
@@ -75,10 +75,10 @@ def _row(x: dict[str, Any]) -> ActorRow:
 
 def _summary_ray(run: RunData) -> dict[str, Any]:
     try:
-        summary = json.loads((run.run_dir / SUMMARY).read_text())
-    except (OSError, ValueError):
+        summary = read_summary(run.run_dir)
+    except UsageError:
         return {}
-    return _dict(_dict(_dict(summary).get("client")).get("ray"))
+    return _dict(summary.client.ray) if summary is not None else {}
 
 
 def ray_health(run: RunData, slo: SLO | None) -> RayHealth | None:

@@ -8,8 +8,10 @@ These are point differences for reading; the statistical verdict belongs to `slo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from slobench.report.stats import Analyzed, RunPoint
+from slobench.report.stats import Analyzed
+from slobench.summary import RunSummary
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,22 +62,30 @@ def _key(rate: float) -> float:
     return float(f"{rate:.6g}")  # rates written as 2 and 2.0000001 are the same offered load
 
 
-def _att(p: RunPoint) -> float | None:
-    return p.attainment.value if p.attainment is not None and p.attainment.num_requests else None
+def _att(p: RunSummary) -> float | None:
+    return p.attainment_value
+
+
+def _p99_ms(d: Any) -> float | None:
+    return None if d.p99 is None else d.p99 * 1e3
+
+
+def _rate(p: RunSummary) -> float:
+    return float(p.rate_rps if p.rate_rps is not None else p.offered_rps)  # the report always sets rate_rps
 
 
 def compare(base: Analyzed, cand: Analyzed) -> Comparison:
-    by_rate = {_key(p.rate_rps): p for p in base.points}
+    by_rate = {_key(_rate(p)): p for p in base.points}
     deltas = []
     for c in cand.points:
-        b = by_rate.get(_key(c.rate_rps))
+        b = by_rate.get(_key(_rate(c)))
         if b is None:
             continue
         deltas.append(RateDelta(
-            rate_rps=b.rate_rps,
+            rate_rps=_rate(b),
             attainment_base=_att(b), attainment_cand=_att(c),
-            ttft_p99_base_ms=b.ttft_ms["p99"], ttft_p99_cand_ms=c.ttft_ms["p99"],
-            tpot_p99_base_ms=b.tpot_ms["p99"], tpot_p99_cand_ms=c.tpot_ms["p99"],
+            ttft_p99_base_ms=_p99_ms(b.ttft_on_clock()), ttft_p99_cand_ms=_p99_ms(c.ttft_on_clock()),
+            tpot_p99_base_ms=_p99_ms(b.tpot), tpot_p99_cand_ms=_p99_ms(c.tpot),
         ))
     return Comparison(
         base_label=base.series.label,

@@ -14,8 +14,9 @@ import numpy as np
 from plotly.colors import sample_colorscale
 
 from slobench.report.plot import Fig
-from slobench.report.stats import Analyzed, cdf_points, ttft_s
+from slobench.report.stats import Analyzed, cdf_points, pcts_ms
 from slobench.report.style import MISS, TARGET, base_layout, esc, rgba
+from slobench.summary import ttft_on_slo_clock as ttft_s
 
 
 def _rate_axis(views: Sequence[Analyzed]) -> dict[str, Any]:
@@ -49,10 +50,10 @@ def cliff_figure(views: Sequence[Analyzed]) -> dict[str, Any]:
                    "name": f"{name}attainment 95% CI"})
             f.add({"x": x, "y": att, "mode": "lines+markers", "line": {"color": v.color, "width": 3},
                    "name": f"{name}attainment", "hovertemplate": "%{x:g} req/s: %{y:.1%}<extra></extra>"})
-        f.data.append({"type": "scatter", "x": x, "y": np.array([p.throughput.request_rps for p in v.points]),
+        f.data.append({"type": "scatter", "x": x, "y": np.array([p.request_throughput_rps for p in v.points]),
                        "yaxis": "y2", "mode": "lines+markers", "line": {"color": v.color, "dash": "dash"},
                        "marker": {"symbol": "square"}, "name": f"{name}completed req/s"})
-        f.data.append({"type": "scatter", "x": x, "y": np.array([p.throughput.output_tokens_per_s for p in v.points]),
+        f.data.append({"type": "scatter", "x": x, "y": np.array([p.output_token_throughput_tps for p in v.points]),
                        "yaxis": "y3", "mode": "lines+markers", "line": {"color": v.color, "dash": "dot"},
                        "marker": {"symbol": "diamond"}, "name": f"{name}output tok/s"})
         h = v.headline
@@ -79,17 +80,18 @@ def cliff_figure(views: Sequence[Analyzed]) -> dict[str, Any]:
 
 def percentile_figure(views: Sequence[Analyzed]) -> dict[str, Any]:
     slo = next((v.series.slo for v in views if v.series.slo is not None), None)
-    panels = [("ttft_ms", "TTFT", slo.ttft_s if slo else None), ("tpot_ms", "TPOT", slo.tpot_s if slo else None)]
+    panels = [("ttft", "TTFT", slo.ttft_s if slo else None), ("tpot", "TPOT", slo.tpot_s if slo else None)]
     if slo is not None and slo.e2e_s is not None:
-        panels.append(("e2e_ms", "E2E", slo.e2e_s))
+        panels.append(("e2e", "E2E", slo.e2e_s))
     clock = "from sent" if slo is not None and slo.clock == "sent" else "from scheduled arrival"
-    titles = [f"{label} ms" + (f" ({clock})" if key != "tpot_ms" else "") for key, label, _ in panels]
+    titles = [f"{label} ms" + (f" ({clock})" if key != "tpot" else "") for key, label, _ in panels]
+    dist = {"ttft": lambda p: p.ttft_on_clock(), "tpot": lambda p: p.tpot, "e2e": lambda p: p.e2e_on_clock()}
     f = Fig(1, len(panels), titles=titles)
     for k, (key, _, threshold) in enumerate(panels, 1):
         for v in views:
             name = _prefix(views, v)
             for q, dash in (("p50", "dot"), ("p90", "dash"), ("p99", "solid")):
-                y = np.array([_nan(getattr(p, key)[q]) for p in v.points])
+                y = np.array([_nan(pcts_ms(dist[key](p))[q]) for p in v.points])
                 f.add({"x": v.rates, "y": y, "mode": "lines+markers", "line": {"color": v.color, "dash": dash},
                        "name": f"{name}{q}", "legendgroup": f"{v.series.label}/{q}", "showlegend": k == 1,
                        "hovertemplate": "%{x:g} req/s: %{y:.1f} ms<extra>%{fullData.name}</extra>"}, k)
@@ -131,21 +133,21 @@ def client_figure(views: Sequence[Analyzed]) -> dict[str, Any]:
     for v in views:
         name = _prefix(views, v)
         for q, dash in (("p50", "dot"), ("p99", "solid"), ("max", "dash")):
-            y = np.array([_nan(p.client["lateness_s"].get(q)) * 1e3 for p in v.points])
+            y = np.array([_nan(p.client.lateness_s.get(q)) * 1e3 for p in v.points])
             f.add({"x": v.rates, "y": y, "mode": "lines+markers", "line": {"color": v.color, "dash": dash},
                    "name": f"{name}lateness {q}"}, 1)
-        limits.update(p.client["lateness_limit_s"] for p in v.points)
-        f.add({"x": np.array([p.throughput.offered_rps for p in v.points]),
+        limits.update(p.client.lateness_limit_s for p in v.points)
+        f.add({"x": np.array([p.offered_rps for p in v.points]),
                "y": np.array([p.achieved_send_rps for p in v.points]),
                "mode": "lines+markers", "line": {"color": v.color}, "name": f"{name}sent req/s"}, 2)
-        bad = [i for i, p in enumerate(v.points) if p.client["is_bottleneck"]]
+        bad = [i for i, p in enumerate(v.points) if p.client.is_bottleneck]
         if bad:
-            f.add({"x": v.rates[bad], "y": np.array([_nan(v.points[i].client["lateness_s"].get("p99")) * 1e3 for i in bad]),
+            f.add({"x": v.rates[bad], "y": np.array([_nan(v.points[i].client.lateness_s.get("p99")) * 1e3 for i in bad]),
                    "mode": "markers", "marker": {"color": MISS, "size": 14, "symbol": "circle-open"},
                    "name": f"{name}client was the bottleneck"}, 1)
     for lim in sorted(limits):
         f.hline(lim * 1e3, 1, color=MISS, label=f"limit {lim * 1e3:g} ms")
-    offered = [p.throughput.offered_rps for v in views for p in v.points if np.isfinite(p.throughput.offered_rps)]
+    offered = [p.offered_rps for v in views for p in v.points if np.isfinite(p.offered_rps)]
     if offered:
         lo, hi = min(offered), max(offered)
         f.add({"x": [lo, hi], "y": [lo, hi], "mode": "lines", "line": {"color": "#aaa", "width": 1},

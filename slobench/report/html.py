@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from slobench.report.terminal import (
 )
 from slobench.report.timeline import MAX_BINS, MAX_MISS_POINTS, TimelineNote, timeline_figure
 from slobench.slo import SLO, samples_beyond
+from slobench.summary import Breakdown, Dist
 
 SECTIONS = ("header", "cliff", "latency", "cdf", "timeline", "client", "compare")
 # Only inline code and styles may run; nothing may be fetched. A stray network request fails loudly
@@ -202,12 +203,13 @@ def _header(views: Sequence[Analyzed], title: str) -> str:
 # --- over offered rate --------------------------------------------------------------------------------
 
 
-def _ms3(d: dict[str, float | None], count: int) -> str:
+def _ms3(d: Dist) -> str:
     """p50 / p90 / p99 in ms, the tail ones marked † when fewer than 100 values lie beyond (NOTES-statistics)."""
     tail = {"p90": 0.9, "p99": 0.99}
+    count = d.count or 0
 
     def cell(k: str) -> str:
-        v = d[k]
+        v = None if (s := d.get(k)) is None else s * 1e3
         if v is None:
             return "-"
         thin = k in tail and samples_beyond(count, tail[k]) < MIN_BEYOND
@@ -242,13 +244,13 @@ def _rate_table(v: Analyzed) -> str:
         att_s = "-" if att is None else f"{_pct(att.value)} [{_pct(att.ci_low)}, {_pct(att.ci_high)}]"
         if p.overloaded:
             att_s += OVERLOAD_MARK
-        late = p.client["lateness_s"].get("p99")
+        late = p.client.lateness_s.get("p99")
         cells: tuple[str, ...] = (
-            f"{p.rate_rps:g}", _num(p.achieved_send_rps), _num(p.throughput.request_rps),
-            _num(p.throughput.output_tokens_per_s, ".0f"), att_s,
-            _num(att.good_throughput_rps) if att else "-", _ms3(p.ttft_ms, p.ttft_count), _ms3(p.tpot_ms, p.tpot_count),
+            f"{p.rate_rps:g}", _num(p.achieved_send_rps), _num(p.request_throughput_rps),
+            _num(p.output_token_throughput_tps, ".0f"), att_s,
+            _num(att.good_throughput_rps) if att else "-", _ms3(p.ttft_on_clock()), _ms3(p.tpot),
             str(p.num_requests - p.num_ok), ("-" if late is None else f"{late * 1e3:.1f}")
-            + (" (client!)" if p.client["is_bottleneck"] else ""),
+            + (" (client!)" if p.client.is_bottleneck else ""),
         )
         if cache:
             cells = (*cells, _cache_cell(p.prefix_cache))
@@ -268,16 +270,16 @@ def _rate_table(v: Analyzed) -> str:
             + note)
 
 
-def _group_cell(rows: Sequence[dict[str, Any]], label: str, prefix: str) -> str:
+def _group_cell(rows: Sequence[Breakdown], label: str, prefix: str) -> str:
     parts = []
     for r in rows:
-        p99 = "-" if r["ttft_p99_s"] is None else f"{r['ttft_p99_s'] * 1e3:.0f}"
-        att = "" if r.get("attainment") is None else f" · {_pct(r['attainment'])}"
-        parts.append(f"{prefix}{r[label]} {r['num_requests']} · {p99}{att}")
+        p99 = "-" if r.ttft_p99_s is None else f"{r.ttft_p99_s * 1e3:.0f}"
+        att = "" if r.attainment is None else f" · {_pct(r.attainment)}"
+        parts.append(f"{prefix}{r.key} {r.num_requests} · {p99}{att}")
     return "; ".join(parts) or "-"
 
 
-def _cache_cell(c: dict[str, Any] | None) -> str:
+def _cache_cell(c: Mapping[str, Any] | None) -> str:
     if not c:
         return "-"
     ms = ["-" if c.get(k) is None else f"{c[k] * 1e3:.1f}" for k in ("ttft_p50_hit_s", "ttft_p50_miss_s")]
@@ -329,9 +331,10 @@ def _timeline_note(n: TimelineNote) -> str:
 
 
 def _errors(run: RunData) -> str:
-    if not run.error_counts:
+    errors = run.columns.error_counts  # grouped by summary.error_kind, as the terminal groups them
+    if not errors:
         return ""
-    items = "".join(f"<li><code>{esc(e)}</code> × {n:,}</li>" for e, n in run.error_counts.items())
+    items = "".join(f"<li><code>{esc(e)}</code> × {n:,}</li>" for e, n in errors.items())
     return f'<details class="errors"><summary>errors in this run</summary><ul>{items}</ul></details>'
 
 
@@ -345,7 +348,7 @@ def _timelines(views: Sequence[Analyzed], figs: _Figures) -> str:
             label = f"{v.series.label} · {run.label} · {run.rate_rps:g} req/s"
             fig, note = timeline_figure(run, v.series.slo, plot_esc(label))
             server = "" if run.server else '<p class="note">No server metrics for this run (no /metrics endpoint).</p>'
-            lengths = "".join(f'<p class="note">{esc(line)}</p>' for line in lengths_text(run.lengths)
+            lengths = "".join(f'<p class="note">{esc(line)}</p>' for line in lengths_text(run.columns.lengths)
                               + trace_rows_text(run.manifest.get("trace_rows")))
             parts.append(f'<div class="run"><h3>{esc(label)}</h3>{figs.div(fig)}{_timeline_note(note)}'
                          f"{server}{lengths}{_errors(run)}</div>")
@@ -359,8 +362,8 @@ def _timelines(views: Sequence[Analyzed], figs: _Figures) -> str:
 def _client(views: Sequence[Analyzed], figs: _Figures) -> str:
     warnings = [
         f'<p class="warning"><strong>{esc(v.series.label)} at {p.rate_rps:g} req/s:</strong> '
-        f"{esc(p.client['warning'])}</p>"
-        for v in views for p in v.points if p.client.get("warning")
+        f"{esc(p.client.warning)}</p>"
+        for v in views for p in v.points if p.client.warning
     ]
     # runs sent from Ray load actors: a table per run, and the clock flag (slobench.report.client_actors)
     actors, is_clock_flagged = ray_section([(f"{v.series.label} at {run.rate_rps:g} req/s", run, v.series.slo)

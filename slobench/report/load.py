@@ -7,21 +7,26 @@ slobench, or judged against another SLO.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from slobench.capacity import CAPACITY
 from slobench.errors import SpecError, UsageError
 from slobench.metrics import RecordArrays, throughput
-from slobench.records import MANIFEST, SERVER_METRICS, read_manifest
-from slobench.report.fast_records import RunColumns, read_columns
+from slobench.records import (
+    CAPACITY,
+    MANIFEST,
+    SERVER_METRICS,
+    SWEEP,
+    read_capacity,
+    read_manifest,
+    read_sweep,
+)
 from slobench.report.server_state import ServerSamples, load_server_metrics
 from slobench.slo import SLO
-from slobench.sweep import SWEEP
+from slobench.summary import RunColumns, read_columns
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +41,13 @@ class RunData:
     run_dir: Path
     rate_rps: float  # offered rate: the sweep's nominal rate, else the manifest's, else measured
     manifest: dict[str, Any]
-    arrays: RecordArrays
-    error_counts: dict[str, int]
+    columns: RunColumns  # the one column reader's (slobench.summary.read_columns)
     phases: tuple[Phase, ...]
     server: ServerSamples | None
-    lengths: dict[str, Any] | None = None  # asked vs delivered prompt/output lengths, where they differ
+
+    @property
+    def arrays(self) -> RecordArrays:
+        return self.columns.arrays
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,26 +87,13 @@ def unique_labels(series: list[Series]) -> list[Series]:
 
 def _load_sweep(p: Path, slo: SLO | None) -> Series:
     path = p / SWEEP
-    try:
-        doc = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path}: not valid JSON ({e})") from None
-    rows = doc.get("runs") if isinstance(doc, dict) else None
-    if not isinstance(rows, list) or not all(isinstance(r, dict) and "rate_rps" in r and "run_dir" in r for r in rows):
-        raise UsageError(f"{path}: expected {{'runs': [{{'rate_rps': ..., 'run_dir': ...}}, ...]}}")
-    rates, dirs = [], []
-    for r in rows:
-        try:
-            rates.append(float(r["rate_rps"]))
-        except (TypeError, ValueError):
-            raise UsageError(f"{path}: rate_rps {r['rate_rps']!r} is not a number") from None
-        dirs.append(p / str(r["run_dir"]))
+    doc = read_sweep(p)
+    rates = [float(r["rate_rps"]) for r in doc["runs"]]
+    dirs = [p / str(r["run_dir"]) for r in doc["runs"]]
     manifests = [read_manifest(d) for d in dirs]  # every directory checked before the slow part
     runs = [_load_run(d, m, c, rate_rps=rate) for d, m, c, rate in zip(dirs, manifests, map(read_columns, dirs), rates, strict=True)]
     runs.sort(key=lambda r: r.rate_rps)
     manifest = doc.get("manifest") or (runs[0].manifest if runs else {})
-    if not isinstance(manifest, dict):
-        raise UsageError(f"{path}: 'manifest' must be an object")
     return Series(p.name or str(p), p, "sweep", manifest, tuple(runs), _slo_for(slo, manifest, path))
 
 
@@ -107,13 +101,8 @@ def _load_capacity(p: Path, slo: SLO | None) -> Series:
     """A capacity search drawn as a sweep over the rates it probed: at each rate the probe with the lowest
     seed (the search's own path); the replicates at the bracket edges stay in capacity.json."""
     path = p / CAPACITY
-    try:
-        doc = json.loads(path.read_text())
-        probes = [(float(r["rate_rps"]), int(r["seed"]), str(r["run_dir"])) for r in doc["probes"]]
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path}: not valid JSON ({e})") from None
-    except (KeyError, TypeError, ValueError) as e:
-        raise UsageError(f"{path}: expected probes with rate_rps, seed and run_dir ({type(e).__name__}: {e})") from None
+    doc = read_capacity(p)
+    probes = [(float(r["rate_rps"]), int(r["seed"]), str(r["run_dir"])) for r in doc["probes"]]
     first: dict[float, tuple[int, str]] = {}
     for rate, seed, run_dir in probes:
         if rate not in first or seed < first[rate][0]:
@@ -121,7 +110,8 @@ def _load_capacity(p: Path, slo: SLO | None) -> Series:
     dirs = [(rate, p / run_dir) for rate, (_, run_dir) in sorted(first.items())]
     manifests = [read_manifest(d) for _, d in dirs]
     runs = tuple(_load_run(d, m, read_columns(d), rate_rps=rate) for (rate, d), m in zip(dirs, manifests, strict=True))
-    manifest = doc.get("manifest") if isinstance(doc.get("manifest"), dict) else (runs[0].manifest if runs else {})
+    m = doc.get("manifest")
+    manifest: dict[str, Any] = m if isinstance(m, dict) else (runs[0].manifest if runs else {})
     return Series(p.name or str(p), p, "sweep", manifest, runs, _slo_for(slo, manifest, path))
 
 
@@ -142,17 +132,15 @@ def _load_run(run_dir: Path, manifest: dict[str, Any], cols: RunColumns, *, rate
     if rate_rps is None:
         m = manifest.get("rate_rps")
         rate_rps = float(m) if isinstance(m, (int, float)) else throughput(a).offered_rps
-    server_path = run_dir / SERVER_METRICS
+    has_server = (run_dir / SERVER_METRICS).is_file()
     return RunData(
         label=run_dir.name,
         run_dir=run_dir,
         rate_rps=float(rate_rps),
         manifest=manifest,
-        arrays=a,
-        error_counts=cols.error_counts,
+        columns=cols,
         phases=_phases(manifest, a.scheduled_s, a.tag),
-        server=load_server_metrics(server_path) if server_path.is_file() else None,
-        lengths=cols.lengths,
+        server=load_server_metrics(run_dir) if has_server else None,
     )
 
 

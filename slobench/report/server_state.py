@@ -43,14 +43,13 @@ gauge is drawn as the server reports it; a negative value (vLLM's "disabled") is
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from slobench.errors import UsageError
+from slobench.records import read_server_metrics
 
 MAX_POINTS = 2000  # scrapes beyond this are thinned by stride (a 1 s interval gives 33 minutes in full)
 
@@ -152,18 +151,9 @@ def _series_of(key: str) -> list[str]:
 
 
 def load_server_metrics(path: Path) -> ServerSamples | None:
-    lines = path.read_text().splitlines()
-    rows: list[tuple[float, dict[str, float]]] = []
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            d = json.loads(line)
-            rows.append((float(d["t_s"]), {str(k): float(v) for k, v in d["samples"].items()}))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
-            if lineno == len(lines):  # a torn last line after a crash
-                break
-            raise UsageError(f"{path}:{lineno}: bad server metrics line ({type(e).__name__}: {e})") from None
+    """server_metrics.jsonl (or the run directory holding it; `records.read_server_metrics`: the torn-last-line
+    rule of requests.jsonl) as the report's panels."""
+    rows = [(float(d["t_s"]), {str(k): float(v) for k, v in d["samples"].items()}) for d in read_server_metrics(path)]
     if not rows:
         return None
     num_scrapes = len(rows)

@@ -1,90 +1,38 @@
-"""The numbers behind the report: one `RunPoint` per run, the headline per series, CDF curves.
+"""The numbers behind the report: one `RunSummary` per run, the headline per series, CDF curves.
 
 Attainment and its interval are slobench.slo's (the same moving-block bootstrap, the same seed).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from slobench.metrics import RecordArrays, Throughput, achieved_send_rps, throughput
 from slobench.report.load import RunData, Series
-from slobench.slo import SLO, Attainment, attainment
-from slobench.summary import client_health, per_replica, per_tag, prefix_cache, queue_drift, ttft_on_slo_clock
+from slobench.slo import SLO
+from slobench.summary import Dist, RunSummary, summarize
 from slobench.sweep import headline
 
 MAX_CDF_POINTS = 500
 
 
-@dataclass(frozen=True, slots=True)
-class RunPoint:
-    rate_rps: float
-    num_requests: int
-    num_ok: int
-    attainment: Attainment | None
-    throughput: Throughput
-    achieved_send_rps: float
-    ttft_ms: dict[str, float | None]  # p50/p90/p99 on the SLO's clock
-    tpot_ms: dict[str, float | None]
-    e2e_ms: dict[str, float | None]
-    client: dict[str, Any]
-    ttft_count: int = 0  # finite values behind ttft_ms / tpot_ms (how many lie beyond a quantile: slo.samples_beyond)
-    tpot_count: int = 0
-    prefix_cache: dict[str, Any] | None = None  # summary.prefix_cache: None when the server reported no hits
-    per_replica: tuple[dict[str, Any], ...] = ()  # a routed fleet: summary.breakdown per replica (SLO clock)
-    per_tag: tuple[dict[str, Any], ...] = ()  # two or more request classes or phases: the same per tag
-    overloaded: bool = False  # summary.queue_drift: the queue grew all run (past capacity at this rate)
-
-
-ttft_s = ttft_on_slo_clock  # one rule for the terminal and the report (slobench.summary)
-
-
-def e2e_s(a: RecordArrays, slo: SLO | None) -> np.ndarray:
-    return a.e2e_s if slo is not None and slo.clock == "sent" else a.e2e_from_scheduled_s
-
-
-def _pcts_ms(x: np.ndarray) -> dict[str, float | None]:
-    x = x[np.isfinite(x)]
-    if len(x) == 0:
-        return {"p50": None, "p90": None, "p99": None}
-    q = np.quantile(x, [0.5, 0.9, 0.99]) * 1e3
-    return {"p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2])}
-
-
-def run_point(run: RunData, slo: SLO | None) -> RunPoint:
-    a = run.arrays
-    tp = throughput(a)
+def run_point(run: RunData, slo: SLO | None) -> RunSummary:
+    """One report point: the run's `RunSummary` recomputed from its records against the series' SLO (the
+    same function that wrote summary.json, with the attainment interval but not the quantiles')."""
     seed = int(run.manifest.get("seed", 0) or 0)
-    return RunPoint(
-        rate_rps=run.rate_rps,
-        num_requests=len(a),
-        num_ok=int(a.is_ok.sum()),
-        attainment=attainment(a, slo, duration_s=tp.duration_s, seed=seed) if slo is not None else None,
-        throughput=tp,
-        achieved_send_rps=achieved_send_rps(a),
-        ttft_ms=_pcts_ms(ttft_s(a, slo)),
-        tpot_ms=_pcts_ms(a.tpot_s),
-        e2e_ms=_pcts_ms(e2e_s(a, slo)),
-        client=client_health(a, slo),
-        ttft_count=int(np.isfinite(ttft_s(a, slo)).sum()),
-        tpot_count=int(np.isfinite(a.tpot_s).sum()),
-        prefix_cache=prefix_cache(a),
-        per_replica=tuple(per_replica(a, slo)),  # the same rows as the terminal's (slobench.summary)
-        per_tag=tuple(per_tag(a, slo)),
-        overloaded=bool((queue_drift(a) or {}).get("overloaded")),
-    )
+    return replace(summarize(run.columns, slo, seed=seed, intervals="attainment"), rate_rps=run.rate_rps)
 
 
-def series_headline(points: list[RunPoint], slo: SLO | None) -> dict[str, Any] | None:
-    """slobench.sweep.headline over the recomputed attainments (same crossing rule, same interval)."""
-    rows = [
-        {"rate_rps": p.rate_rps, "summary": {"attainment": p.attainment.to_dict()}}
-        for p in points
-        if p.attainment is not None and p.attainment.num_requests > 0
-    ]
+def pcts_ms(d: Dist) -> dict[str, float | None]:
+    """p50/p90/p99 of a distribution in milliseconds, for tables."""
+    return {k: None if (v := getattr(d, k)) is None else v * 1e3 for k in ("p50", "p90", "p99")}
+
+
+def series_headline(points: list[RunSummary], slo: SLO | None) -> dict[str, Any] | None:
+    """slobench.sweep.headline over the recomputed summaries (same crossing rule, same interval)."""
+    rows = [p for p in points if p.attainment is not None and p.attainment.num_requests > 0]
     return headline(rows, slo) if rows else None
 
 
@@ -109,13 +57,13 @@ class Analyzed:
     """A series with its numbers: what every figure and table of the report reads."""
 
     series: Series
-    points: tuple[RunPoint, ...]
+    points: tuple[RunSummary, ...]
     headline: dict[str, Any] | None
     color: str
 
     @property
     def rates(self) -> np.ndarray:
-        return np.array([p.rate_rps for p in self.points])
+        return np.array([p.rate_rps for p in self.points], dtype=float)
 
 
 def analyze(series: Series, color: str) -> Analyzed:

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from slobench import __version__
-from slobench.records import SCHEMA_VERSION, SERVER_METRICS, RequestRecord, RunWriter, write_json_atomic
+from slobench.records import SERVER_METRICS, RequestRecord, RunWriter, write_sweep
 from slobench.slo import SLO
 from slobench.summary import summarize
-from slobench.sweep import SWEEP, headline, rate_dir_name
+from slobench.sweep import headline, rate_dir_name
 
 DEFAULT_SLO = SLO(ttft_s=0.5, tpot_s=0.05)
 
@@ -133,14 +134,12 @@ def write_synthetic_sweep(
         w = RunWriter(run_dir, {**manifest, "rate_rps": rate, "clock": {"wall_anchor_unix_s": 1.7e9 + 3600 * k}})
         for r in recs:
             w.write(r)
-        summary = summarize(recs, slo, seed=seed)
+        summary = replace(summarize(recs, slo, seed=seed), rate_rps=rate)
         w.finish(summary)
         if with_server_metrics:
             with open(run_dir / SERVER_METRICS, "w") as fh:
                 for line in synthetic_server_metrics(recs):
                     fh.write(json.dumps(line) + "\n")
         rows.append({"rate_rps": rate, "run_dir": run_dir.name, "summary": summary})
-    doc = {"schema_version": SCHEMA_VERSION, "kind": "sweep", "manifest": manifest, "runs": rows,
-           "headline": headline(rows, slo)}
-    write_json_atomic(out / SWEEP, doc)
+    write_sweep(out, {"manifest": manifest, "runs": rows, "headline": headline([r["summary"] for r in rows], slo)})
     return out

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from slobench.summary import Breakdown, Dist, RunSummary
 
 
 def make_console() -> Console:
@@ -29,9 +31,9 @@ THIN_NOTE = (f"{THIN_MARK} fewer than {MIN_BEYOND} requests beyond this quantile
              "(summary.json has its 95% interval, None where the sample cannot bound it)")
 
 
-def _q(d: dict[str, Any], key: str) -> str:
+def _q(d: Dist, key: str) -> str:
     """A quantile in ms; a tail quantile (p90, p99) is marked when too few samples lie beyond it."""
-    beyond = d.get(f"{key}_beyond")
+    beyond = (d.beyond or {}).get(key)
     thin = key != "p50" and beyond is not None and beyond < MIN_BEYOND and d.get(key) is not None
     return _ms(d.get(key)) + (THIN_MARK if thin else "")
 
@@ -40,33 +42,32 @@ def _pct(v: float | None) -> str:
     return "-" if v is None or v != v else f"{v:.1%}"
 
 
-def attainment_text(s: dict[str, Any]) -> str:
-    att = s.get("attainment")
-    if not att:
+def attainment_text(s: RunSummary) -> str:
+    att = s.attainment
+    if att is None:
         return "-"
-    return f"{_pct(att['value'])} [{_pct(att['ci_low'])}, {_pct(att['ci_high'])}]"
+    return f"{_pct(att.value)} [{_pct(att.ci_low)}, {_pct(att.ci_high)}]"
 
 
-def per_replica_text(rows: Sequence[dict[str, Any]]) -> str:
-    """One line per fleet: each replica's requests, TTFT p50 / p99 and attainment."""
-    return "per replica (TTFT p50/p99, attainment): " + _groups_text(rows, "replica", "#")
+def per_replica_text(rows: Sequence[Breakdown]) -> str:
+    """One line per fleet: each replica's requests, TTFT p50 / p99 (the SLO's clock) and attainment."""
+    return "per replica (TTFT p50/p99, attainment): " + _groups_text(rows, "#")
 
 
-def per_tag_text(rows: Sequence[dict[str, Any]]) -> str:
+def per_tag_text(rows: Sequence[Breakdown]) -> str:
     """One line per run with request classes or phases: each tag's requests, TTFT p50 / p99 and attainment."""
-    return "per class (TTFT p50/p99, attainment): " + _groups_text(rows, "tag", "")
+    return "per class (TTFT p50/p99, attainment): " + _groups_text(rows, "")
 
 
-def _groups_text(rows: Sequence[dict[str, Any]], label: str, prefix: str) -> str:
+def _groups_text(rows: Sequence[Breakdown], prefix: str) -> str:
     parts = []
     for r in rows:
-        att = r.get("attainment")
-        parts.append(f"{prefix}{r[label]} {r['num_requests']} req, TTFT {_ms(r.get('ttft_p50_s'))}/"
-                     f"{_ms(r.get('ttft_p99_s'))} ms" + ("" if att is None else f", {att:.0%}"))
+        parts.append(f"{prefix}{r.key} {r.num_requests} req, TTFT {_ms(r.ttft_p50_s)}/{_ms(r.ttft_p99_s)} ms"
+                     + ("" if r.attainment is None else f", {r.attainment:.0%}"))
     return "; ".join(parts)
 
 
-def prefix_cache_text(c: dict[str, Any]) -> str:
+def prefix_cache_text(c: Mapping[str, Any]) -> str:
     """One line: the server's prefix-cache hits and what they did to TTFT (the HTML report says the same)."""
     text = (f"prefix cache: {c['cached_token_share']:.0%} of prompt tokens served from cache; "
             f"{c['num_hits']} of {c['num_reported']} requests hit")
@@ -76,78 +77,67 @@ def prefix_cache_text(c: dict[str, Any]) -> str:
     return text
 
 
-def _slo_text(d: dict[str, Any] | None) -> str:
-    if not d:
-        return ""
-    from slobench.slo import SLO
-
-    return str(SLO.from_dict(d))
-
-
-def print_run(summary: dict[str, Any], console: Console | None = None, title: str = "run") -> None:
+def print_run(summary: RunSummary, console: Console | None = None, title: str = "run") -> None:
     console = console or make_console()
     t = Table(title=Text(title), show_header=True, header_style="bold")  # a title holds server/user text
     t.add_column("metric")
     for c in ("mean", "p50", "p90", "p99", "max"):
         t.add_column(c, justify="right")
     thin = False
-    for key, label in (
-        ("ttft_s", "TTFT ms (from sent)"),
-        ("ttft_from_scheduled_s", "TTFT ms (from scheduled)"),
-        ("tpot_s", "TPOT ms"),
-        ("itl_s", "ITL ms"),
-        ("e2e_s", "E2E ms"),
+    for d, label in (
+        (summary.ttft, "TTFT ms (from sent)"),
+        (summary.ttft_from_scheduled, "TTFT ms (from scheduled)"),
+        (summary.tpot, "TPOT ms"),
+        (summary.itl, "ITL ms"),
+        (summary.e2e, "E2E ms"),
     ):
-        d = summary.get(key) or {}
-        cells = [_ms(d.get("mean")), *(_q(d, c) for c in ("p50", "p90", "p99")), _ms(d.get("max"))]
+        cells = [_ms(d.mean), *(_q(d, c) for c in ("p50", "p90", "p99")), _ms(d.max)]
         thin = thin or any(THIN_MARK in c for c in cells)
         t.add_row(label, *cells)
     console.print(t)
     if thin:
         console.print(THIN_NOTE, highlight=False)
-    lat = summary["client"]["lateness_s"]
+    lat = summary.client.lateness_s
     console.print(
-        f"requests {summary['num_requests']} (ok {summary['num_ok']}, warm-up {summary['num_warmup']})  "
-        f"offered {summary['offered_rps']:.2f} req/s  sent {summary['achieved_send_rps']:.2f} req/s  "
-        f"completed {summary['request_throughput_rps']:.2f} req/s  "
-        f"output {summary['output_token_throughput_tps']:.0f} tok/s"
+        f"requests {summary.num_requests} (ok {summary.num_ok}, warm-up {summary.num_warmup})  "
+        f"offered {summary.offered_rps:.2f} req/s  sent {summary.achieved_send_rps:.2f} req/s  "
+        f"completed {summary.request_throughput_rps:.2f} req/s  "
+        f"output {summary.output_token_throughput_tps:.0f} tok/s"
     )
     console.print(f"client lateness p50 {_ms(lat.get('p50'))} ms  p99 {_ms(lat.get('p99'))} ms")
-    if summary.get("attainment"):
-        att = summary["attainment"]
+    if summary.attainment is not None:
         console.print(
-            f"SLO {_slo_text(summary.get('slo'))} attainment {attainment_text(summary)}  "
-            f"good throughput {att['good_throughput_rps']:.2f} req/s"
+            f"SLO {summary.slo or ''} attainment {attainment_text(summary)}  "
+            f"good throughput {summary.attainment.good_throughput_rps:.2f} req/s"
         )
-    if summary.get("fleet"):
-        f = summary["fleet"]
+    if f := summary.fleet:
         console.print(f"fleet: {f['replicas']} replicas behind {f['router']}; requests per replica "
                       f"{' / '.join(map(str, f['requests_per_replica']))}", highlight=False, markup=False)
-    drift = summary.get("queue_drift")
+    drift = summary.queue_drift
     if drift and drift.get("overloaded"):
         console.print(f"[yellow]past capacity: TTFT p50 went from {_ms(drift['ttft_p50_first_quarter_s'])} ms "
                       f"(first quarter of arrivals) to {_ms(drift['ttft_p50_last_quarter_s'])} ms (last quarter); "
                       "the queue grew all run, so a longer run would miss more[/yellow]", highlight=False)
-    if summary.get("per_replica"):
-        console.print(per_replica_text(summary["per_replica"]), highlight=False, markup=False)
-    if summary.get("per_tag"):
-        console.print(per_tag_text(summary["per_tag"]), highlight=False, markup=False)  # tags are user text
-    if summary.get("prefix_cache"):
-        console.print(prefix_cache_text(summary["prefix_cache"]), highlight=False, markup=False)
-    if waits := summary.get("deliberate_waits"):
+    if summary.per_replica:
+        console.print(per_replica_text(summary.per_replica), highlight=False, markup=False)
+    if summary.per_tag:
+        console.print(per_tag_text(summary.per_tag), highlight=False, markup=False)  # tags are user text
+    if summary.prefix_cache:
+        console.print(prefix_cache_text(summary.prefix_cache), highlight=False, markup=False)
+    if waits := summary.deliberate_waits:
         console.print(f"deliberate waits (in-flight cap, --rate-limit): {waits['num']} requests held back, "
                       f"p50 {_ms(waits.get('p50'))} ms, max {_ms(waits.get('max'))} ms (not client lateness)",
                       highlight=False, markup=False)
-    for line in lengths_text(summary.get("lengths")):
+    for line in lengths_text(summary.lengths):
         console.print(line, highlight=False, markup=False)
-    for line in trace_rows_text(summary.get("trace_rows")):  # file paths and row text: never markup
+    for line in trace_rows_text(summary.trace_rows):  # file paths and row text: never markup
         console.print(line, highlight=False, markup=False)
-    if summary.get("error_counts"):
+    if summary.error_counts:
         # error texts come from servers: printed as text, never parsed as rich markup
-        console.print(Text(f"errors: {summary['error_counts']}", style="yellow"))
-    if summary["client"].get("warning"):
-        console.print(Text(summary["client"]["warning"], style="bold red"))
-    if summary.get("interrupted"):
+        console.print(Text(f"errors: {dict(summary.error_counts)}", style="yellow"))
+    if summary.client.warning:
+        console.print(Text(summary.client.warning, style="bold red"))
+    if summary.interrupted:
         console.print("[yellow]interrupted: in-flight requests after the grace period were marked cancelled[/yellow]")
 
 
@@ -161,23 +151,19 @@ def sweep_table(rows: Sequence[dict[str, Any]], title: str = "sweep") -> Table:
     ):
         t.add_column(c, justify="right")
     for r in rows:
-        s = r["summary"]
-        on_sent = (s.get("slo") or {}).get("clock") == "sent"  # TTFT on the clock the SLO judges by
-        ttft = s.get("ttft_s" if on_sent else "ttft_from_scheduled_s") or {}
-        tpot = s.get("tpot_s") or {}
-        att = s.get("attainment") or {}
-        errors = s["num_requests"] - s["num_ok"]
-        late = s["client"]["lateness_s"].get("p99")
-        bottleneck = " (client!)" if s["client"]["is_bottleneck"] else ""
+        s = r["summary"] if isinstance(r["summary"], RunSummary) else RunSummary.from_dict(r["summary"])
+        ttft = s.ttft_on_clock()  # TTFT on the clock the SLO judges by
+        late = s.client.lateness_s.get("p99")
+        bottleneck = " (client!)" if s.client.is_bottleneck else ""
         t.add_row(
             f"{r['rate_rps']:g}" + (" (interrupted)" if r.get("interrupted") else ""),
-            f"{s['achieved_send_rps']:.2f}",
-            f"{s['request_throughput_rps']:.2f}",
-            attainment_text(s) + (OVERLOAD_MARK if (s.get("queue_drift") or {}).get("overloaded") else ""),
-            f"{att.get('good_throughput_rps', 0.0):.2f}",
+            f"{s.achieved_send_rps:.2f}",
+            f"{s.request_throughput_rps:.2f}",
+            attainment_text(s) + (OVERLOAD_MARK if s.overloaded else ""),
+            f"{s.attainment.good_throughput_rps if s.attainment else 0.0:.2f}",
             "/".join(_q(ttft, k) for k in ("p50", "p90", "p99")),
-            "/".join(_q(tpot, k) for k in ("p50", "p90", "p99")),
-            str(errors),
+            "/".join(_q(s.tpot, k) for k in ("p50", "p90", "p99")),
+            str(s.num_requests - s.num_ok),
             _ms(late) + bottleneck,
         )
     return t
@@ -207,7 +193,7 @@ def print_headline(h: dict[str, Any] | None, console: Console | None = None) -> 
     console.print(f"[{style}]headline: {headline_text(h)}[/{style}]", highlight=False)
 
 
-def trace_rows_text(rows: dict[str, Any] | None) -> list[str]:
+def trace_rows_text(rows: Mapping[str, Any] | None) -> list[str]:
     """Lines on what a replayed trace's rows became (summary.json `trace_rows`): how many were read, left
     out and altered, and the loader's notes on why."""
     if not rows:
@@ -225,7 +211,7 @@ def trace_rows_text(rows: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def lengths_text(lengths: dict[str, Any] | None) -> list[str]:
+def lengths_text(lengths: Mapping[str, Any] | None) -> list[str]:
     """Lines on asked vs delivered lengths, only where they differ (a server that stops early, a prompt that
     came out longer or shorter than asked, a usage count not believed)."""
     if not lengths:

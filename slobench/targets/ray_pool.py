@@ -32,16 +32,19 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slobench.clock import Clock
 from slobench.clocksync import CLOCK_LIMIT_OF_TTFT, ClockMap, OffsetEstimate, measure_offset
 from slobench.errors import SpecError, UsageError
 from slobench.records import RequestRecord, RequestSpec
 from slobench.targets.workers import MAX_WORKERS, ProbeFront, apply_stamped, send_on_time
+
+if TYPE_CHECKING:
+    from slobench.summary import RunSummary
 
 SEND_LEAD_S = 0.25  # hand each request to the pool this much before its time (Ray hops cost milliseconds)
 BATCH_S = 0.05  # gather hand-overs (and finished records) this long before one actor call (~1 ms of CPU each)
@@ -450,28 +453,27 @@ async def _awaited(ref: Any) -> Any:
 # ---- what the CLI adds to a run directory ------------------------------------------------------------------
 
 
-async def note_client_clocks(target: Any, run_dir: Path, summary: dict[str, Any], slo: Any) -> None:
+async def note_client_clocks(target: Any, run_dir: Path, summary: RunSummary, slo: Any) -> RunSummary:
     """After a run through a `RayPool`: its per-actor health and clocks into the summary's client health
-    (summary.json rewritten) and the clocks into manifest.json. Any other target: nothing."""
+    (summary.json rewritten) and the clocks into manifest.json. Any other target: the summary as it was."""
     if not isinstance(target, RayPool):
-        return
-    from slobench.records import MANIFEST, SUMMARY, write_json_atomic
+        return summary
+    from dataclasses import replace
+
+    from slobench.records import MANIFEST, SCHEMA_VERSION, SUMMARY, read_manifest, write_json_atomic
 
     report = await target.run_report(getattr(slo, "ttft_s", None))
-    client = summary.setdefault("client", {})
-    client["ray"] = report
-    if report["warning"]:
-        client["warning"] = " ".join(w for w in (client.get("warning"), report["warning"]) if w)
+    warning = " ".join(w for w in (summary.client.warning, report["warning"]) if w) or None
+    notes = summary.notes
     if report["num_died"]:
-        summary["notes"] = [*summary.get("notes", []), f"{report['num_died']} Ray load actor(s) died during "
-                            "the run; their unfinished requests are recorded as failed and the run went on"]
+        notes = (*(notes or ()), f"{report['num_died']} Ray load actor(s) died during the run; their unfinished "
+                 "requests are recorded as failed and the run went on")
+    summary = replace(summary, client=replace(summary.client, ray=report, warning=warning), notes=notes)
     run_dir = Path(run_dir)
     if (run_dir / SUMMARY).exists():
-        write_json_atomic(run_dir / SUMMARY, summary)
+        write_json_atomic(run_dir / SUMMARY, {"schema_version": SCHEMA_VERSION, **summary.to_dict()})
     if (run_dir / MANIFEST).exists():
-        import json
-
-        manifest = json.loads((run_dir / MANIFEST).read_text())
+        manifest = read_manifest(run_dir)
         manifest["clock_sync"] = {
             "method": "NTP-style over Ray round trips: minimum-RTT sample, uncertainty RTT/2; linear between "
                       "the first estimate and the one at the run's end",
@@ -479,11 +481,12 @@ async def note_client_clocks(target: Any, run_dir: Path, summary: dict[str, Any]
             "actors": [{k: x[k] for k in ("index", "node_id", "hostname", "pid", "clock")} for x in report["actors"]],
         }
         write_json_atomic(run_dir / MANIFEST, manifest)
+    return summary
 
 
-def client_clock_lines(summary: dict[str, Any]) -> list[str]:
+def client_clock_lines(summary: RunSummary) -> list[str]:
     """Per-actor health for the terminal, after the run's table."""
-    ray = (summary.get("client") or {}).get("ray")
+    ray = summary.client.ray
     if not ray:
         return []
 
@@ -502,15 +505,3 @@ def client_clock_lines(summary: dict[str, Any]) -> list[str]:
             f"±{ms(c['uncertainty_s'])} ms, drift {c['drift_ppm']:+.1f} ppm" + (f", DIED: {x['died']}" if x["died"] else "")
         )
     return lines
-
-
-def with_client_clocks(run_one: Callable[..., Awaitable[tuple[dict[str, Any], bool]]], target: Any, slo: Any
-                       ) -> Callable[..., Awaitable[tuple[dict[str, Any], bool]]]:  # fmt: skip
-    """A sweep's `run_one` that notes the actors' clocks after each run (see `note_client_clocks`)."""
-
-    async def run_one_noted(rate: float, run_dir: Path, manifest: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        summary, interrupted = await run_one(rate, run_dir, manifest)
-        await note_client_clocks(target, run_dir, summary, slo)
-        return summary, interrupted
-
-    return run_one_noted
