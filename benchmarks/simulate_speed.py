@@ -38,7 +38,7 @@ import resource
 import time
 import tracemalloc
 
-from slobench.simulate import lean_summary, simulate_records
+from slobench.fleet.simulate import lean_summary, simulate_records
 from slobench.slo import SLO
 from slobench.workload import generate, load_workload
 

@@ -309,7 +309,7 @@ def engine_knobs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "max_model_len": getattr(args, "max_model_len", None),
         "enable_prefix_caching": not getattr(args, "no_prefix_caching", False),
     }
-    if getattr(args, "prefill_replicas", 0) or getattr(args, "decode_replicas", 0):  # slobench.disagg's knobs
+    if getattr(args, "prefill_replicas", 0) or getattr(args, "decode_replicas", 0):  # slobench.fleet.disagg's knobs
         knobs.update(prefill_replicas=args.prefill_replicas, decode_replicas=args.decode_replicas,
                      colocated_replicas=getattr(args, "colocated_replicas", 0) or 0,
                      kv_link=getattr(args, "kv_link", None) or "inf,0")

@@ -1,7 +1,7 @@
 """Several replicas loaded as one target, routed by the client: `--url A,B,C --router least-outstanding`.
 
 For replicas with no load balancer in front (a few vLLM or SGLang processes on one node, say), or to test
-a routing policy before building it into a balancer. Routing uses `slobench.routing`, the code the
+a routing policy before building it into a balancer. Routing uses `slobench.fleet.routing`, the code the
 simulated fleet (`--simulate --replicas N`) uses, so a simulated fleet and a real one are routed alike;
 `benchmarks/http_overhead.py --replicas 2` compares the two on the bundled engine.
 
@@ -16,8 +16,8 @@ from typing import Any
 
 from slobench.clock import Clock
 from slobench.errors import SpecError
+from slobench.fleet.routing import Router
 from slobench.records import RequestRecord, RequestSpec
-from slobench.routing import Router
 
 
 class FleetTarget:

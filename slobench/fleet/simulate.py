@@ -27,13 +27,13 @@ import numpy as np
 from reference_engine.config import require_positive_ints
 from reference_engine.engine import LLMEngine, VirtualClock
 from reference_engine.executor.modeled_executor import CostProfile
-from slobench.decode_run import decode_run
-from slobench.disagg import DisaggFleet, simulate_disagg, split_fleet_knobs
 from slobench.errors import SpecError
+from slobench.fleet.decode_run import decode_run
+from slobench.fleet.disagg import DisaggFleet, simulate_disagg, split_fleet_knobs
+from slobench.fleet.routing import Router
 from slobench.metrics import RecordArrays, describe, throughput
 from slobench.probe import ProbeMeasure, VirtualProbe, probe_jitter_seed
 from slobench.records import RequestRecord, RequestSpec
-from slobench.routing import Router
 from slobench.slo import SLO
 from slobench.summary import summarize
 from slobench.targets.engine import Api, to_engine_request
@@ -199,16 +199,16 @@ def simulate_records(
     """The records of one virtual-clock run, in arrival order. `engine`: knobs or a factory of fresh engines
     (its clock is replaced by the run's VirtualClock; its executor must model step times).
 
-    `replicas` > 1 simulates a fleet of identical engines behind a `router` (slobench.routing): a discrete-event loop
+    `replicas` > 1 simulates a fleet of identical engines behind a `router` (slobench.fleet.routing): a discrete-event loop
     over one virtual time, each replica with its own clock (the end of its last step). An arrival is routed
     once every busy replica's clock has reached it; the replica whose clock is earliest steps next. With one
     replica this is exactly the single-engine loop. `fleet`, if given, receives per-replica counts.
 
-    Stretches of plain decode steps are taken at once (`slobench.decode_run`), leaving every record and
+    Stretches of plain decode steps are taken at once (`slobench.fleet.decode_run`), leaving every record and
     every engine state as stepping would; `decode_runs=False` steps every step (the reference for tests).
 
     `disagg` (or knobs naming prefill_replicas/decode_replicas/colocated_replicas/kv_link) simulates a
-    disaggregated fleet instead (`slobench.disagg`); `replicas` must then stay 1."""
+    disaggregated fleet instead (`slobench.fleet.disagg`); `replicas` must then stay 1."""
     if isinstance(engine, Mapping):
         engine, named = split_fleet_knobs(dict(engine), router)
         disagg = disagg or named
@@ -282,7 +282,7 @@ def simulate_records(
         rep = min(busy, key=lambda r: (r.clock.now_s(), r.index))
         eng = rep.engine
         ran = decode_run(eng, t_arrival) if decode_runs else None
-        if ran is not None:  # a stretch of plain decode steps, taken at once (slobench.decode_run)
+        if ran is not None:  # a stretch of plain decode steps, taken at once (slobench.fleet.decode_run)
             times = ran.times_s
             k = len(times)
             ones = [1] * k
