@@ -18,6 +18,7 @@ from slobench.fleet.simulate import simulate_records
 from slobench.metrics import RecordArrays
 from slobench.records import RequestSpec
 from slobench.runner import RunOptions, run
+from slobench.targets.base import TargetBase
 from slobench.targets.engine import EngineTarget
 from slobench.testing import TokenServerProcess
 from slobench.workload import generate, load_workload
@@ -66,7 +67,7 @@ async def test_in_process_fleet_matches_the_simulated_fleet() -> None:
 
 
 def test_fleet_targets_must_share_the_run_clock() -> None:
-    class T:
+    class T(TargetBase):
         def __init__(self) -> None:
             self.clock = Clock()
 

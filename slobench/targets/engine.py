@@ -28,6 +28,7 @@ import slobench.profiles  # noqa: F401  (registers `--profile roofline:GPU/MODEL
 from slobench.clock import Clock
 from slobench.errors import SpecError, TargetUnreachable, UsageError
 from slobench.records import RequestRecord, RequestSpec
+from slobench.targets.base import TargetBase
 
 if TYPE_CHECKING:
     from reference_engine.engine import LLMEngine, TokenEvent
@@ -93,7 +94,7 @@ class _Live:
             self.ended.set_result(None)
 
 
-class EngineTarget:
+class EngineTarget(TargetBase):
     """The reference engine in this process. `engine` is an `LLMEngine` or `build_engine` knobs.
 
     Knobs are those of `reference_engine.builder.build_engine` (`executor`, `profile`, `kv_blocks`,
