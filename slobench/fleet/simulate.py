@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from reference_engine.config import require_positive_ints
+from reference_engine.config import EngineSpec, require_positive_ints
 from reference_engine.engine import LLMEngine, VirtualClock
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.errors import SpecError
@@ -40,16 +40,6 @@ from slobench.targets.engine import Api, to_engine_request
 
 EngineFactory = Callable[[], LLMEngine]
 SpecMaker = Callable[[float, int], Sequence[RequestSpec]]
-
-# build_engine's knobs that a modeled engine ignores (they shape the torch executor only)
-_TORCH_ONLY_KNOBS = frozenset({
-    "dtype", "device", "weights", "attention_backend", "enforce_eager", "gpu_memory_utilization",
-})
-_KNOBS = frozenset({
-    "model", "executor", "profile", "kv_blocks", "block_size", "max_num_seqs", "max_batched_tokens",
-    "max_model_len", "enable_prefix_caching", "seed",
-}) | _TORCH_ONLY_KNOBS
-
 
 @dataclass(frozen=True, slots=True)
 class ModeledEngine:
@@ -79,16 +69,21 @@ class ModeledEngine:
 
     @classmethod
     def from_knobs(cls, knobs: Mapping[str, Any]) -> ModeledEngine:
-        """From `reference_engine.builder.build_engine` knobs; the executor must be the modeled one."""
-        unknown = sorted(set(knobs) - _KNOBS)
-        if unknown:
-            raise SpecError("engine_knobs", unknown, f"unknown knobs; known: {sorted(_KNOBS)}")
-        if knobs.get("executor", "modeled") != "modeled":
-            raise SpecError("executor", knobs["executor"], "a virtual-clock run needs the modeled executor")
-        skip = _TORCH_ONLY_KNOBS | {"model", "executor"}
-        given = {k: v for k, v in knobs.items() if k not in skip and v is not None}
+        """From an `EngineSpec`'s fields (`run --simulate`'s knobs); the executor must be the modeled one, and
+        the torch executor's knobs are ignored. Sizes left to the builder (None) keep this class's defaults;
+        the name is the model's when one is given."""
+        spec = EngineSpec.from_knobs(knobs)
+        if spec.executor != "modeled":
+            raise SpecError("executor", spec.executor, "a virtual-clock run needs the modeled executor")
+        given: dict[str, Any] = {"profile": spec.profile, "block_size": spec.block_size, "max_num_seqs": spec.max_num_seqs,
+                                 "max_batched_tokens": spec.max_batched_tokens, "seed": spec.seed,
+                                 "enable_prefix_caching": spec.enable_prefix_caching}  # fmt: skip
+        if spec.kv_blocks is not None:
+            given["kv_blocks"] = spec.kv_blocks
+        if spec.max_model_len is not None:
+            given["max_model_len"] = spec.max_model_len
         if "model" in knobs:
-            given["name"] = str(knobs["model"])
+            given["name"] = spec.model
         return cls(**given)
 
     def cost_profile(self) -> CostProfile:
