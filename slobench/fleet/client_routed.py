@@ -38,8 +38,9 @@ class FleetTarget(TargetBase):
         return str(self.targets[0].model)
 
     def describe(self) -> dict[str, Any]:
-        return {**self.targets[0].describe(), "fleet": {"replicas": len(self.targets), "router": self.router.policy,
-                                                        "targets": [t.describe() for t in self.targets]}}  # fmt: skip
+        fleet = {"replicas": len(self.targets), "router": self.router.policy,
+                 "targets": [t.describe() for t in self.targets]}  # fmt: skip
+        return {**self.targets[0].describe(), "fleet": fleet}
 
     def fleet_summary(self) -> dict[str, Any]:
         return {"replicas": len(self.targets), "router": self.router.policy,

@@ -41,6 +41,7 @@ from slobench.targets.engine import Api, to_engine_request
 EngineFactory = Callable[[], LLMEngine]
 SpecMaker = Callable[[float, int], Sequence[RequestSpec]]
 
+
 @dataclass(frozen=True, slots=True)
 class ModeledEngine:
     """A modeled reference engine to simulate; calling it builds a fresh `LLMEngine`.
