@@ -95,9 +95,9 @@ class _Live:
 
 
 class EngineTarget(TargetBase):
-    """The reference engine in this process. `engine` is an `LLMEngine` or `build_engine` knobs.
+    """The reference engine in this process. `engine` is an `LLMEngine` or knobs.
 
-    Knobs are those of `reference_engine.builder.build_engine` (`executor`, `profile`, `kv_blocks`,
+    Knobs are `reference_engine.config.EngineSpec`'s fields (`executor`, `profile`, `kv_blocks`,
     `max_num_seqs`, ...): `EngineTarget({"executor": "modeled", "profile": "cpu-tiny"})`. The target starts
     the engine's thread in `start()` and stops it in `close()` unless `keep_running` is set (an engine
     shared with something else).
