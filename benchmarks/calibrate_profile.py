@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from reference_engine.builder import build_engine
+from reference_engine.config import EngineSpec
 from reference_engine.executor.base import StepBatch, StepResult
 from reference_engine.executor.modeled_executor import CostProfile
 
@@ -71,8 +72,8 @@ def main() -> None:
     ap.add_argument("--compare", default="cpu-tiny", help="also score this existing profile on the held-out steps")
     args = ap.parse_args()
 
-    engine, _ = build_engine(executor="torch", model=args.model, device=args.device, kv_blocks=2048,
-                             max_num_seqs=64, max_batched_tokens=1024, enable_prefix_caching=False)
+    engine, _ = build_engine(EngineSpec(executor="torch", model=args.model, device=args.device, kv_blocks=2048,
+                                        max_num_seqs=64, max_batched_tokens=1024, enable_prefix_caching=False))
     timed = TimedComposition(engine.executor)
     engine.executor = timed
     rng = np.random.default_rng(args.seed)

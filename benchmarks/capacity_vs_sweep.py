@@ -6,7 +6,7 @@ For each engine variant: one capacity search (bracket, bisect, 5 replicate seeds
 and a dense sweep (many rates, attainment averaged over 20 seeds) whose crossing of the 90% target is
 the reference. Prints both, the reported interval, and whether it covers the sweep's crossing.
 
-The engine runs in process on a `VirtualClock` (`slobench.simulate`): the real scheduler and block
+The engine runs in process on a `VirtualClock` (`slobench.fleet.simulate`): the real scheduler and block
 manager, modeled step times (baselines/ci-profile.json), a small per-step timing jitter standing in for a
 real machine's noise, and no HTTP. Every request arrives at its scheduled time, so this measures the
 server, never the client.
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from slobench.capacity import SearchOptions, search_capacity
-from slobench.simulate import ModeledEngine, SimulatedMeasure, sweep_crossing
+from slobench.fleet.simulate import ModeledEngine, SimulatedMeasure, sweep_crossing
 from slobench.slo import SLO
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -42,6 +42,7 @@ from slobench.clock import Clock
 from slobench.metrics import RecordArrays, achieved_send_rps, throughput
 from slobench.records import RequestRecord, RequestSpec
 from slobench.runner import RunOptions, run
+from slobench.targets.base import TargetBase
 from slobench.targets.openai import OpenAITarget
 from slobench.targets.workers import WorkerPool
 from slobench.testing import TokenServerProcess
@@ -57,7 +58,7 @@ def make_specs(rate: float, seconds: float, output_len: int, seed: int) -> list[
     ]
 
 
-class _LoadCpu:
+class _LoadCpu(TargetBase):
     """The target, noting the process CPU time as each of the run's last requests finishes: the CPU up to
     the last one is the load's; what run() spends after it (the summary, its lazy imports) is reported
     apart. Only the last second's requests read the CPU clock (a system call: reading it on every request
@@ -66,7 +67,7 @@ class _LoadCpu:
     def __init__(self, inner: OpenAITarget | WorkerPool, specs: list[RequestSpec]) -> None:
         self.inner = inner
         self.clock = inner.clock
-        self.send_lead_s = getattr(inner, "send_lead_s", 0.0)
+        self.send_lead_s = inner.send_lead_s
         self.cpu_at_last_s = 0.0
         self._tail_s = max(s.arrival_s for s in specs) - 1.0
 

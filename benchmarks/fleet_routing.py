@@ -21,7 +21,7 @@ import asyncio
 import time
 
 from slobench.capacity import SearchOptions, search_capacity
-from slobench.simulate import SimulatedMeasure, simulate_records
+from slobench.fleet.simulate import SimulatedMeasure, simulate_records
 from slobench.slo import SLO
 from slobench.workload import generate, load_workload
 

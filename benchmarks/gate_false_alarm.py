@@ -7,7 +7,7 @@ capacity search with replicates plus replicates at one fixed rate near capacity 
 sides), then `slobench.gate.gate` with the default thresholds (capacity -5%, attainment -2pt, TTFT and
 TPOT p99 +10%). Candidates: identical (only the per-step timing jitter differs: a fresh draw each trial,
 standing in for a real machine's noise), every step 15% slower, 30% fewer KV blocks. Targets: identical
-passes >= 19/20; both regressions fail 20/20. Runs on the virtual clock (`slobench.simulate`).
+passes >= 19/20; both regressions fail 20/20. Runs on the virtual clock (`slobench.fleet.simulate`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections import Counter
 from pathlib import Path
 
 from slobench.capacity import SearchOptions, flat_metrics, search_capacity
+from slobench.fleet.simulate import ModeledEngine, SimulatedMeasure
 from slobench.gate import Samples, gate, rate_key
-from slobench.simulate import ModeledEngine, SimulatedMeasure
 from slobench.slo import SLO
 
 CI_PROFILE = Path(__file__).resolve().parents[1] / "baselines" / "ci-profile.json"

@@ -288,6 +288,7 @@ def run_offline(args: argparse.Namespace) -> dict[str, Any]:
     """The engine as `slobench serve --executor torch` builds it: KV sized from free memory on CUDA,
     decode steps through CUDA graphs, prefills through the Triton extend kernel."""
     from reference_engine.builder import build_engine
+    from reference_engine.config import EngineSpec
     from reference_engine.model import get_config
 
     cfg = get_config(args.model)
@@ -295,7 +296,7 @@ def run_offline(args: argparse.Namespace) -> dict[str, Any]:
     max_len = max(len(p) + n for p, n in workload)
     needed_blocks = sum(math.ceil((len(p) + n) / args.block_size) for p, n in workload)
     t0 = time.perf_counter()
-    engine, _ = build_engine(
+    engine, _ = build_engine(EngineSpec(
         model=args.model,
         executor="torch",
         kv_blocks=None if args.device == "cuda" else needed_blocks,
@@ -306,7 +307,7 @@ def run_offline(args: argparse.Namespace) -> dict[str, Any]:
         device=args.device,
         enforce_eager=args.no_cuda_graphs,
         gpu_memory_utilization=args.gpu_memory_utilization,
-    )
+    ))
     executor: Any = engine.executor
     build_s = time.perf_counter() - t0
     engine.generate([workload[0][0][:128], workload[1][0][:64]], max_tokens=8, ignore_eos=True)  # warm-up

@@ -1,7 +1,7 @@
 """What does the HTTP/SSE layer add to what slobench measures?
 
 The same requests (same seed, same modeled engine knobs) three ways:
-  virtual    the engine's scheduler on a virtual clock (slobench.simulate): the modeled time alone
+  virtual    the engine's scheduler on a virtual clock (slobench.fleet.simulate): the modeled time alone
   in-process the engine in this process, on real time (slobench.targets.engine.EngineTarget)
   http       the engine served by `python -m reference_engine.server`, loaded over 127.0.0.1
 and prints TTFT and ITL quantiles for each, so the difference between rows is what real time, then the
@@ -9,7 +9,7 @@ HTTP server, SSE and the client's event loop add.
 
 With `--replicas N` (N > 1) the same three paths run a fleet: the simulated fleet (`simulate_run(...,
 replicas=N, router=...)`), N in-process engines and N engine servers, the last two behind the client-side
-router (slobench.targets.fleet) with the same policy: how far the simulated fleet is from a real one.
+router (slobench.fleet.client_routed) with the same policy: how far the simulated fleet is from a real one.
 
     python benchmarks/http_overhead.py [--rate 10] [--num-requests 200] [--profile cpu-tiny]
                                        [--replicas 2 --router least-outstanding]
@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 
 from slobench.clock import Clock
+from slobench.fleet.client_routed import FleetTarget
+from slobench.fleet.simulate import simulate_run
 from slobench.metrics import RecordArrays
 from slobench.records import RequestRecord, RequestSpec
 from slobench.runner import RunOptions, run
-from slobench.simulate import simulate_run
 from slobench.targets.engine import EngineTarget
-from slobench.targets.fleet import FleetTarget
 from slobench.targets.openai import OpenAITarget
 from slobench.testing import EngineServerProcess
 from slobench.workload import generate, load_workload

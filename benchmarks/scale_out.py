@@ -40,6 +40,7 @@ from slobench.metrics import RecordArrays, achieved_send_rps
 from slobench.records import RequestSpec
 from slobench.runner import RunOptions, run
 from slobench.targets.openai import OpenAITarget
+from slobench.targets.ray_pool import RayPool
 from slobench.testing import TokenServerProcess
 from slobench.workload import PoissonArrivals
 
@@ -71,7 +72,7 @@ class Prober:
         res = await run(specs, self.target, opts=opts, handle_sigint=False)
         driver_cpu_s = time.process_time() - cpu0
         actor_cpu_s = None
-        if hasattr(self.target, "run_report"):
+        if isinstance(self.target, RayPool):  # the actors' own CPU
             report = await self.target.run_report(None)
             actor_cpu_s = sum(x["cpu_s"] or 0.0 for x in report["actors"])  # includes the warm-up's
         ids = {s.request_id for s in specs}
@@ -133,8 +134,6 @@ def _show(label: str, r: dict[str, Any], limits_ms: list[float]) -> None:
 
 
 async def measure(args: argparse.Namespace, srv: TokenServerProcess) -> dict[str, dict[float, float | None]]:
-    from slobench.targets.ray_pool import RayPool
-
     rates = [float(r) for r in args.rates.split(",")]
     kw = {"base_url": srv.base_url, "model": srv.model, "server_profile": "vllm"}
     limits = [float(x) for x in args.limits_ms.split(",")]

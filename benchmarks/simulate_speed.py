@@ -38,7 +38,7 @@ import resource
 import time
 import tracemalloc
 
-from slobench.simulate import simulate_records
+from slobench.fleet.simulate import simulate_records
 from slobench.slo import SLO
 from slobench.summary import summarize
 from slobench.workload import generate, load_workload

@@ -26,6 +26,7 @@ import httpx
 from slobench.clock import Clock
 from slobench.records import RequestRecord, RequestSpec
 from slobench.runner import RunOptions, run
+from slobench.targets.base import TargetBase
 from slobench.targets.openai import OpenAITarget
 from slobench.testing.process import EngineServerProcess
 
@@ -41,7 +42,7 @@ def rss_mib(pid: int | str = "self") -> float:
     raise RuntimeError("no VmRSS")
 
 
-class AbortingTarget:
+class AbortingTarget(TargetBase):
     """The OpenAI target, with a share of requests abandoned by the client at a random moment."""
 
     def __init__(self, inner: OpenAITarget, abort_share: float, seed: int) -> None:

@@ -64,29 +64,30 @@ def _current_rss_mib() -> float:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-class InstantTarget:
-    """Answers every request at once: what is left is the client's own timing. Notes the first send on the
-    process's performance counter."""
-
-    def __init__(self, clock: object) -> None:
-        self.clock = clock
-        self.first_send_perf_s: float | None = None
-
-    async def send(self, spec: object, rec: object) -> None:
-        if self.first_send_perf_s is None:
-            self.first_send_perf_s = time.perf_counter()
-        t = self.clock.now_s()  # type: ignore[attr-defined]
-        rec.sent_s = rec.first_token_s = rec.done_s = t  # type: ignore[attr-defined]
-        rec.output_tokens = 1  # type: ignore[attr-defined]
-
-
 async def _run(mode: str, path: str, n: int) -> tuple[float, np.ndarray, float]:
     """Open the trace, run its first `n` requests; (seconds from opening to the first send, lateness, the
     largest RSS sampled while sending)."""
     from slobench.clock import Clock
+    from slobench.records import RequestRecord, RequestSpec
     from slobench.runner import RunOptions, run
+    from slobench.targets.base import TargetBase
     from slobench.workload.replay import TraceReplay
     from slobench.workload.trace_stream import StreamingReplay
+
+    class InstantTarget(TargetBase):
+        """Answers every request at once: what is left is the client's own timing. Notes the first send on
+        the process's performance counter. (Defined here: the child measures its RSS before importing.)"""
+
+        def __init__(self, clock: Clock) -> None:
+            self.clock = clock
+            self.first_send_perf_s: float | None = None
+
+        async def send(self, spec: RequestSpec, rec: RequestRecord) -> None:
+            if self.first_send_perf_s is None:
+                self.first_send_perf_s = time.perf_counter()
+            t = self.clock.now_s()
+            rec.sent_s = rec.first_token_s = rec.done_s = t
+            rec.output_tokens = 1
 
     t0 = time.perf_counter()
     source = TraceReplay.open(path) if mode == "whole" else StreamingReplay.open(path)
@@ -100,7 +101,7 @@ async def _run(mode: str, path: str, n: int) -> tuple[float, np.ndarray, float]:
             rss.append(_current_rss_mib())
             await asyncio.sleep(0.01)
 
-    res = await run(specs, target, clock=clock, opts=RunOptions(progress=False), handle_sigint=False,  # type: ignore[arg-type]
+    res = await run(specs, target, clock=clock, opts=RunOptions(progress=False), handle_sigint=False,
                     monitors=[sample])  # fmt: skip
     assert len(res.records) == n and target.first_send_perf_s is not None
     late = np.array([r.sent_s - r.scheduled_s for r in res.records if r.sent_s is not None])

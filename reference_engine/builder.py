@@ -1,4 +1,4 @@
-"""Building an engine from CLI-style knobs, apart from the HTTP server: `slobench run --engine`, the
+"""Building the engine an `EngineSpec` describes, apart from the HTTP server: `slobench run --engine`, the
 simulator and the GPU benchmark build engines here without importing FastAPI (the GPU machine's image
 has torch and Triton but not the web stack).
 """
@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from reference_engine.config import EngineConfig
+from reference_engine.config import EngineConfig, EngineSpec
 from reference_engine.engine import LLMEngine
-from reference_engine.errors import ConfigError
 from reference_engine.protocol import TextTokenizer
 from reference_engine.tokenizer import ByteTokenizer
 
@@ -39,79 +38,62 @@ def modeled_executor(
     return ex, tokenizer
 
 
-def build_engine(
-    *,
-    model: str = "tiny",
-    executor: str = "modeled",
-    profile: str = "cpu-tiny",
-    kv_blocks: int | None = None,
-    block_size: int = 16,
-    max_num_seqs: int = 64,
-    max_batched_tokens: int = 2048,
-    max_model_len: int | None = None,
-    enable_prefix_caching: bool = True,
-    dtype: str = "auto",
-    device: str = "cpu",
-    seed: int = 0,
-    weights: str | None = None,
-    attention_backend: str | None = None,
-    enforce_eager: bool = False,
-    gpu_memory_utilization: float = 0.9,
-) -> tuple[LLMEngine, TextTokenizer]:
-    """An engine and its tokenizer from CLI-style knobs. The modeled path never imports torch.
+def build_engine(spec: EngineSpec) -> tuple[LLMEngine, TextTokenizer]:
+    """The engine `spec` describes, and its tokenizer. The modeled path never imports torch.
 
     Torch executor: `device` "auto" is CUDA when present; `dtype` "auto" is bf16 on CUDA, fp32 on CPU;
     `kv_blocks` None is 1024 on CPU and sized from free GPU memory on CUDA (`gpu_memory_utilization`)."""
-    if executor == "modeled":
+    s = spec
+    if s.executor == "modeled":
         from reference_engine.executor.modeled_executor import CostProfile
 
-        num_blocks = 2048 if kv_blocks is None else kv_blocks
+        num_blocks = 2048 if s.kv_blocks is None else s.kv_blocks
         ex, tokenizer = modeled_executor(
-            CostProfile.load(profile), block_size=block_size, num_blocks=num_blocks, seed=seed
+            CostProfile.load(s.profile), block_size=s.block_size, num_blocks=num_blocks, seed=s.seed
         )
-        model_len = min(4096 if max_model_len is None else max_model_len, 1 << 30)
-    elif executor == "torch":
+        model_len = min(4096 if s.max_model_len is None else s.max_model_len, 1 << 30)
+    else:  # torch (EngineSpec knows no third)
         import torch  # only the torch path pays for it
 
         from reference_engine.executor.torch_executor import TorchExecutor
         from reference_engine.model import get_config
 
+        device = s.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        if weights is not None:
+        if s.weights is not None:
             from reference_engine.weights import load_config
 
-            model_cfg = load_config(weights)  # the checkpoint decides the shape, so the length limit too
+            model_cfg = load_config(s.weights)  # the checkpoint decides the shape, so the length limit too
         else:
-            model_cfg = get_config(model)
-        model_len = min(4096 if max_model_len is None else max_model_len, model_cfg.max_seq_len)
+            model_cfg = get_config(s.model)
+        model_len = min(4096 if s.max_model_len is None else s.max_model_len, model_cfg.max_seq_len)
+        kv_blocks = s.kv_blocks
         if kv_blocks is None and torch.device(device).type != "cuda":
             kv_blocks = 1024
         ex = TorchExecutor(
-            model,
+            s.model,
             kv_blocks,
-            block_size,
-            dtype=dtype,
+            s.block_size,
+            dtype=s.dtype,
             device=device,
-            seed=seed,
-            weights_path=weights,
-            attention_backend=attention_backend,
-            enforce_eager=enforce_eager,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_batched_tokens,
+            seed=s.seed,
+            weights_path=s.weights,
+            attention_backend=s.attention_backend,
+            enforce_eager=s.enforce_eager,
+            max_num_seqs=s.max_num_seqs,
+            max_num_batched_tokens=s.max_batched_tokens,
             max_model_len=model_len,
-            gpu_memory_utilization=gpu_memory_utilization,
+            gpu_memory_utilization=s.gpu_memory_utilization,
         )
         num_blocks = ex.num_blocks
         tokenizer = ex.tokenizer
-    else:
-        raise ConfigError("executor", executor, "must be 'torch' or 'modeled'")
     config = EngineConfig(
-        block_size=block_size,
+        block_size=s.block_size,
         num_blocks=num_blocks,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_batched_tokens,
+        max_num_seqs=s.max_num_seqs,
+        max_num_batched_tokens=s.max_batched_tokens,
         max_model_len=model_len,
-        enable_prefix_caching=enable_prefix_caching,
+        enable_prefix_caching=s.enable_prefix_caching,
     )
     return LLMEngine(config, ex), tokenizer

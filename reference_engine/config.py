@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,3 +44,63 @@ class EngineConfig:
     @property
     def num_kv_tokens(self) -> int:
         return self.block_size * self.num_blocks
+
+
+EXECUTORS = ("modeled", "torch")
+ATTENTION_BACKENDS = ("sdpa", "kernels")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """One engine, as `serve`, `run --engine`, `--simulate` and `builder.build_engine` all describe it, in
+    the command line's names. None leaves a size to the builder: `kv_blocks` 2048 modeled, 1024 torch on CPU,
+    from free memory on CUDA (`gpu_memory_utilization`); `max_model_len` 4096, capped by the model.
+    `EngineConfig` is what the scheduler then runs with, every size settled (`num_blocks`, ...).
+
+    `executor` "modeled" takes step times from the cost profile `profile` (no model, no torch); "torch" runs
+    the model `model` (or the checkpoint `weights`) with `dtype` on `device` ("auto": CUDA when present).
+    """
+
+    model: str = "tiny"
+    executor: str = "modeled"
+    profile: str = "cpu-tiny"
+    kv_blocks: int | None = None
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    dtype: str = "auto"
+    device: str = "cpu"
+    seed: int = 0
+    weights: str | None = None
+    attention_backend: str | None = None
+    enforce_eager: bool = False
+    gpu_memory_utilization: float = 0.9
+
+    def __post_init__(self) -> None:
+        if self.executor not in EXECUTORS:
+            raise ConfigError("executor", self.executor, "must be 'torch' or 'modeled'")
+        require_positive_ints(self, ("block_size", "max_num_seqs", "max_batched_tokens"))
+        require_positive_ints(self, [n for n in ("kv_blocks", "max_model_len") if getattr(self, n) is not None])
+        if self.attention_backend not in (None, *ATTENTION_BACKENDS):
+            raise ConfigError("attention_backend", self.attention_backend, f"must be one of {list(ATTENTION_BACKENDS)}")
+        g = self.gpu_memory_utilization
+        if isinstance(g, bool) or not isinstance(g, int | float) or not 0 < g <= 1:
+            raise ConfigError("gpu_memory_utilization", g, "must be a number in (0, 1]")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError("seed", self.seed, "must be an integer")
+        for name in ("model", "profile", "dtype", "device"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(name, getattr(self, name), "must be a string")
+
+    @classmethod
+    def from_knobs(cls, knobs: Mapping[str, Any]) -> EngineSpec:
+        """From a dict of the fields (a manifest's `knobs`, say): a name that is no field is refused."""
+        unknown = sorted(set(knobs) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ConfigError("engine_knobs", unknown, f"unknown knobs; known: {sorted(cls.__dataclass_fields__)}")
+        return cls(**knobs)
+
+    def to_knobs(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}

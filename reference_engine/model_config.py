@@ -1,5 +1,5 @@
 """Model shapes (`ModelConfig`) and the bundled configs, importable without torch: the simulator sizes KV
-transfers from them (`slobench.disagg`) where no model runs. `reference_engine.model` re-exports them."""
+transfers from them (`slobench.fleet.disagg`) where no model runs. `reference_engine.model` re-exports them."""
 
 from __future__ import annotations
 

@@ -1,9 +1,14 @@
-"""`slobench serve`'s arguments, importable without the server stack (FastAPI, uvicorn): the harness builds
-its command line from them whether or not the `serve` extra is installed."""
+"""The engine's flags and `slobench serve`'s, importable without the server stack (FastAPI, uvicorn): the
+harness builds its command line from them whether or not the `serve` extra is installed.
+
+One helper, `add_engine_spec_arguments`, writes the flags of an `EngineSpec` for `serve` and for
+`run/sweep/capacity --engine` and `--simulate`; `engine_spec_from_args` reads them back."""
 
 from __future__ import annotations
 
 import argparse
+
+from reference_engine.config import EXECUTORS, EngineSpec
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_KEEP_ALIVE_S = 5  # uvicorn's and vLLM's default, said explicitly
@@ -11,32 +16,9 @@ DEFAULT_BODY_TIMEOUT_S = 30.0
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """The knobs that shape the latency cliff; `slobench serve` reuses this."""
+    """`serve`'s flags: the engine's (`add_engine_spec_arguments`), then the server's."""
+    add_engine_spec_arguments(parser)
     a = parser.add_argument
-    a("--model", default="tiny", help="model config name (torch) / served model name (default: tiny)")
-    a("--executor", choices=("torch", "modeled"), default="modeled",
-      help="torch: a real model; modeled: no model, step times from a cost profile (default: modeled)")
-    a("--profile", default="cpu-tiny", help="cost profile name or JSON path for --executor modeled")
-    a("--kv-blocks", type=int, default=None,
-      help="KV cache size in blocks (default: 2048 modeled, 1024 torch on CPU, from free memory on CUDA)")
-    a("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
-    a("--max-num-seqs", type=int, default=64, help="most requests in a batch (default: 64)")
-    a("--max-batched-tokens", type=int, default=2048, help="token budget per step (default: 2048)")
-    a("--max-model-len", type=int, default=None, help="context length limit (default: 4096, capped by the model)")
-    a("--no-prefix-caching", action="store_true", help="disable prefix caching")
-    a("--dtype", default="auto",
-      help="torch dtype for --executor torch: auto (bf16 on CUDA, float32 on CPU), float32, bfloat16, float16")
-    a("--device", default="cpu", help="torch device for --executor torch: cpu, cuda, cuda:N, auto (default: cpu)")
-    a("--weights", default=None, metavar="PATH",
-      help="Hugging Face Llama checkpoint folder (config.json + *.safetensors) for --executor torch; "
-           "its config sets the model's shape (default: seeded dummy weights of --model)")
-    a("--attention-backend", choices=("sdpa", "kernels"), default=None,
-      help="torch executor attention: kernels (Triton on CUDA, the default there) or sdpa (the CPU default)")
-    a("--enforce-eager", action="store_true", help="never replay CUDA graphs for decode steps")
-    a("--gpu-memory-utilization", type=float, default=0.9,
-      help="share of GPU memory for weights, activations and the KV cache when --kv-blocks is not given "
-           "(default: 0.9)")
-    a("--seed", type=int, default=0)
     a("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, local only)")
     a("--port", type=int, default=8000, help="port; 0 picks a free one (default: 8000)")
     a("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
@@ -57,6 +39,62 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--fault-stall-s", type=_positive_float, default=60.0, metavar="S", help="a stall's length (default: 60)")
     a("--fault-delay-s", type=_positive_float, default=5.0, metavar="S",
       help="how long slow-headers holds a response back (default: 5)")
+
+
+def add_engine_spec_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *,
+                              in_process: bool = False) -> None:
+    """The flags of one `EngineSpec`. With `in_process` (`run/sweep/capacity`), `--engine` names the executor
+    (it replaces --url, so it has no default), the device is `--engine-device`, `--model` and `--seed` are
+    the verb's own, and the torch executor's finer knobs stay `serve`'s."""
+    a = parser.add_argument
+    x = "--engine" if in_process else "--executor"
+    if in_process:
+        a("--engine", choices=EXECUTORS, default=None,
+          help="load the bundled reference engine in this process instead of --url (modeled: step times from "
+               "--profile, no model; torch: the real tiny model)")
+    else:
+        a("--model", default="tiny", help="model config name (torch) / served model name (default: tiny)")
+        a("--executor", choices=("torch", "modeled"), default="modeled",
+          help="torch: a real model; modeled: no model, step times from a cost profile (default: modeled)")
+    a("--profile", default="cpu-tiny", help=f"cost profile name or JSON path for {x} modeled (default: cpu-tiny)")
+    a("--kv-blocks", type=int, default=None,
+      help="KV cache size in blocks (default: 2048 modeled, 1024 torch on CPU, from free memory on CUDA)")
+    a("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+    a("--max-num-seqs", type=int, default=64, help="most requests in a batch (default: 64)")
+    a("--max-batched-tokens", type=int, default=2048, help="token budget per step (default: 2048)")
+    a("--max-model-len", type=int, default=None, help="context length limit (default: 4096, capped by the model)")
+    a("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    if in_process:
+        a("--engine-device", default=None, help="torch device for --engine torch: cpu, cuda, cuda:N, auto (default: cpu)")
+        return
+    a("--dtype", default="auto",
+      help="torch dtype for --executor torch: auto (bf16 on CUDA, float32 on CPU), float32, bfloat16, float16")
+    a("--device", default="cpu", help="torch device for --executor torch: cpu, cuda, cuda:N, auto (default: cpu)")
+    a("--weights", default=None, metavar="PATH",
+      help="Hugging Face Llama checkpoint folder (config.json + *.safetensors) for --executor torch; "
+           "its config sets the model's shape (default: seeded dummy weights of --model)")
+    a("--attention-backend", choices=("sdpa", "kernels"), default=None,
+      help="torch executor attention: kernels (Triton on CUDA, the default there) or sdpa (the CPU default)")
+    a("--enforce-eager", action="store_true", help="never replay CUDA graphs for decode steps")
+    a("--gpu-memory-utilization", type=float, default=0.9,
+      help="share of GPU memory for weights, activations and the KV cache when --kv-blocks is not given "
+           "(default: 0.9)")
+    a("--seed", type=int, default=0)
+
+
+def engine_spec_from_args(args: argparse.Namespace, *, in_process: bool = False) -> EngineSpec:
+    """The `EngineSpec` of flags written by `add_engine_spec_arguments` (with the same `in_process`). In
+    process, `--model` may be unset (a URL's model is discovered) and means tiny; the engine's seed stays 0."""
+    shape = {"profile": args.profile, "kv_blocks": args.kv_blocks, "block_size": args.block_size,
+             "max_num_seqs": args.max_num_seqs, "max_batched_tokens": args.max_batched_tokens,
+             "max_model_len": args.max_model_len, "enable_prefix_caching": not args.no_prefix_caching}
+    if in_process:
+        return EngineSpec(model=args.model or "tiny", executor=args.engine or "modeled",
+                          device=args.engine_device or "cpu", **shape)
+    return EngineSpec(model=args.model, executor=args.executor, dtype=args.dtype, device=args.device, seed=args.seed,
+                      weights=args.weights, attention_backend=args.attention_backend,
+                      enforce_eager=args.enforce_eager, gpu_memory_utilization=args.gpu_memory_utilization,
+                      **shape)
 
 
 def _positive_float(text: str) -> float:

@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from reference_engine.builder import build_engine
+from reference_engine.config import EngineSpec
 from reference_engine.engine import ERROR_FINISH_REASON, LLMEngine, TokenEvent
 from reference_engine.faults import Fault, FaultInjector, FaultSpec, parse_faults
 from reference_engine.http_protocol import protocol_with, reset_connection
@@ -53,6 +54,7 @@ from reference_engine.serve_args import (  # noqa: F401  (add_serve_arguments: t
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_KEEP_ALIVE_S,
     add_serve_arguments,
+    engine_spec_from_args,
 )
 
 log = logging.getLogger(__name__)
@@ -371,6 +373,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def serve(
+    spec: EngineSpec,
     host: str = "127.0.0.1",
     port: int = 8000,
     *,
@@ -381,13 +384,13 @@ def serve(
     keep_alive_s: int = DEFAULT_KEEP_ALIVE_S,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     faults: FaultSpec | None = None,
-    **engine_knobs: Any,
 ) -> None:
-    """Build the engine, bind (port 0 picks a free one), print `LISTENING <port>` once ready, serve."""
+    """Build the engine `spec` describes, bind (port 0 picks a free one), print `LISTENING <port>` once ready,
+    serve."""
     import uvicorn
 
-    engine, tokenizer = build_engine(**engine_knobs)
-    name = served_model_name or engine_knobs.get("model", "tiny")
+    engine, tokenizer = build_engine(spec)
+    name = served_model_name or spec.model
     sock = _bind(host, port)
     bound_port = sock.getsockname()[1]
 
@@ -418,14 +421,9 @@ def faults_from_args(args: argparse.Namespace) -> FaultSpec | None:
 def serve_from_args(args: argparse.Namespace) -> None:
     faults = faults_from_args(args)
     serve(
-        args.host, args.port, api_key=args.api_key, served_model_name=args.served_model_name,
-        log_level=args.log_level, header_timeout_s=args.header_timeout, keep_alive_s=args.keep_alive,
-        body_timeout_s=args.body_timeout, faults=faults, model=args.model, executor=args.executor, profile=args.profile,
-        kv_blocks=args.kv_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-        max_batched_tokens=args.max_batched_tokens, max_model_len=args.max_model_len,
-        enable_prefix_caching=not args.no_prefix_caching, dtype=args.dtype, device=args.device, seed=args.seed,
-        weights=args.weights, attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
-        gpu_memory_utilization=args.gpu_memory_utilization,
+        engine_spec_from_args(args), args.host, args.port, api_key=args.api_key,
+        served_model_name=args.served_model_name, log_level=args.log_level, header_timeout_s=args.header_timeout,
+        keep_alive_s=args.keep_alive, body_timeout_s=args.body_timeout, faults=faults,
     )
 
 

@@ -28,8 +28,8 @@ from slobench.summary import summarize as _summarize
 from slobench.workload.spec import WorkloadSpec, generate, load_workload
 
 if TYPE_CHECKING:
+    from slobench.fleet.simulate import ModeledEngine
     from slobench.gate import GateResult
-    from slobench.simulate import ModeledEngine
 
 __all__ = ["SLO", "Run", "RequestRecord", "RunSummary", "WorkloadSpec", "compare", "load_run", "load_workload",
            "render_report", "run_load", "simulate_load", "summarize"]
@@ -116,8 +116,8 @@ def simulate_load(
     seed: int = 0,
 ) -> Run:
     """The same run on the bundled engine's real scheduler, on a virtual clock (no server, no wall time):
-    `engine` is a `slobench.simulate.ModeledEngine` (its cost profile, KV blocks, batch limits)."""
-    from slobench.simulate import ModeledEngine, simulate_run
+    `engine` is a `slobench.fleet.simulate.ModeledEngine` (its cost profile, KV blocks, batch limits)."""
+    from slobench.fleet.simulate import ModeledEngine, simulate_run
 
     spec, specs = _specs(workload, rate, num_requests, duration_s, seed, "completions")
     slo_ = _slo(slo)

@@ -369,14 +369,14 @@ class LoadSetup:
             self.engine_target = engine_target_from_args(a, clock, api=self.api)  # monitors() scrapes it
             return self.engine_target
         if len(self.urls) > 1:
-            from slobench.targets.fleet import FleetTarget
+            from slobench.fleet.client_routed import FleetTarget
 
             return FleetTarget([self._url_target(url, clock) for url in self.urls], a.router)
         return self._url_target(self.urls[0], clock)
 
     @property
     def urls(self) -> list[str]:
-        """`--url A,B,C`: several replicas, routed by this client (slobench.targets.fleet)."""
+        """`--url A,B,C`: several replicas, routed by this client (slobench.fleet.client_routed)."""
         urls = [u.strip() for u in str(self.args.url or DEFAULT_URL).split(",") if u.strip()]
         if not urls:
             raise UsageError("--url: no URL given")
@@ -472,7 +472,7 @@ class LoadSetup:
         target: dict[str, Any] = {"kind": "simulated", "knobs": engine_knobs_from_args(a), "jitter_sd": a.jitter}
         if a.replicas != 1:  # one replica leaves the manifest (and the gate's workload identity) as it was
             target["fleet"] = {"replicas": a.replicas, "router": a.router}
-        if "prefill_replicas" in target["knobs"]:  # disaggregated (slobench.disagg)
+        if "prefill_replicas" in target["knobs"]:  # disaggregated (slobench.fleet.disagg)
             k = target["knobs"]
             target["fleet"] = {"replicas": k["colocated_replicas"] + k["prefill_replicas"] + k["decode_replicas"],
                                "router": a.router, "colocated": k["colocated_replicas"],
@@ -493,7 +493,7 @@ class LoadSetup:
         pools = {f: getattr(a, f.replace("-", "_"), 0) or 0 for f in
                  ("prefill-replicas", "decode-replicas", "colocated-replicas")}
         if any(pools.values()) or getattr(a, "kv_link", None) is not None:
-            from slobench.disagg import DisaggFleet, KVLink
+            from slobench.fleet.disagg import DisaggFleet, KVLink
 
             if not getattr(a, "simulate", False):
                 raise UsageError("--prefill-replicas/--decode-replicas/--kv-link need --simulate")

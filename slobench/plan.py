@@ -1,6 +1,6 @@
 """The fleet planner: for each window of a day, the cheapest fleet of prefill (P), decode (D) and co-located
 (C) instances that meets the SLO attainment target on that window's traffic, simulated with the engine's
-real scheduler (slobench.simulate, slobench.disagg); then a plan over the day with a switching cost and
+real scheduler (slobench.fleet.simulate, slobench.fleet.disagg); then a plan over the day with a switching cost and
 hysteresis, compared with static fleets and an interpolation planner of NVIDIA Dynamo's kind.
 
 Search (one window, `search_window`). Attainment is taken to rise with every count. Co-located fleets:
@@ -39,9 +39,9 @@ from typing import Any
 import numpy as np
 
 from slobench.errors import SpecError
+from slobench.fleet.simulate import ModeledEngine
 from slobench.plan_day import DayRecipe, Window
 from slobench.records import RequestRecord, RequestSpec
-from slobench.simulate import ModeledEngine
 from slobench.slo import SLO
 
 __all__ = ["Evaluation", "Fleet", "PlanOptions", "Setup", "evaluate", "fleet_cost_order", "plan_day",
@@ -104,7 +104,7 @@ class Setup:
 
     engine: ModeledEngine
     slo: SLO
-    link: Any = None  # slobench.disagg.KVLink; None: free
+    link: Any = None  # slobench.fleet.disagg.KVLink; None: free
     bytes_per_token: int = 0
     router: str = "least-outstanding"
     api: str = "completions"
@@ -137,14 +137,14 @@ def _finite(x: float) -> float | None:
 
 
 def simulate_fleet(setup: Setup, specs: Sequence[RequestSpec], fleet: Fleet) -> list[RequestRecord]:
-    from slobench.simulate import simulate_records
+    from slobench.fleet.simulate import simulate_records
 
     if not specs:
         return []
     if fleet.prefill == 0:
         return simulate_records(specs, setup.engine, replicas=fleet.colocated, router=setup.router, api=setup.api,  # type: ignore[arg-type]
                                 seed=setup.seed)  # fmt: skip
-    from slobench.disagg import DisaggFleet, KVLink
+    from slobench.fleet.disagg import DisaggFleet, KVLink
 
     disagg = DisaggFleet(fleet.prefill, fleet.decode, fleet.colocated, setup.link or KVLink(), setup.bytes_per_token,
                          setup.router)  # fmt: skip

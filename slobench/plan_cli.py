@@ -122,10 +122,10 @@ def dispatch(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from reference_engine.executor.modeled_executor import CostProfile
-    from slobench.disagg import KVLink
+    from slobench.fleet.disagg import KVLink
+    from slobench.fleet.simulate import ModeledEngine
     from slobench.plan import PlanOptions, Setup
     from slobench.plan_day import DayRecipe
-    from slobench.simulate import ModeledEngine
     from slobench.slo import SLO
 
     if (args.workload is None) == (args.trace is None):
@@ -187,7 +187,7 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
                            lead_s=lead, max_requests=args.max_requests)  # fmt: skip
     except SpecError as e:
         raise UsageError(f"--{e.field.replace('_', '-')}: {e.why} (got {e.value!r})") from None
-    from slobench.routing import ROUTERS
+    from slobench.fleet.routing import ROUTERS
 
     if args.router not in ROUTERS:
         raise UsageError(f"--router: unknown {args.router!r}; choose from {', '.join(ROUTERS)}")
@@ -211,7 +211,7 @@ def _kv_bytes(prov: dict[str, Any], model: str) -> int:
     if prov.get("kind") == "roofline":
         m = prov["model"]
         return int(2 * m["num_layers"] * m["num_kv_heads"] * m["head_dim"] * m.get("bytes_per_param", 2))
-    from slobench.disagg import kv_bytes_per_token
+    from slobench.fleet.disagg import kv_bytes_per_token
 
     try:
         return kv_bytes_per_token(model)

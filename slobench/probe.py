@@ -67,7 +67,7 @@ class LiveProbe:
 
 
 class VirtualProbe:
-    """The same run on the bundled engine's real scheduler and a virtual clock (`slobench.simulate`).
+    """The same run on the bundled engine's real scheduler and a virtual clock (`slobench.fleet.simulate`).
 
     `engine`: `build_engine` knobs (a disaggregated fleet's included) or an engine factory such as
     `ModeledEngine`. `jitter_seed(rate_rps, seed)` seeds each probe's step-time noise (default: drawn from
@@ -77,8 +77,8 @@ class VirtualProbe:
                  api: str = "completions", jitter_sd: float = 0.0, replicas: int = 1,
                  router: str = "least-outstanding", intervals: bool = True,
                  jitter_seed: Callable[[Any, int], int] | None = None) -> None:  # fmt: skip
-        from slobench.disagg import split_fleet_knobs
-        from slobench.simulate import as_factory
+        from slobench.fleet.disagg import split_fleet_knobs
+        from slobench.fleet.simulate import as_factory
 
         self.disagg = None
         if isinstance(engine, Mapping):
@@ -96,8 +96,8 @@ class VirtualProbe:
 
     async def __call__(self, rate_rps: float | None, seed: int, run_dir: Path | None,
                        manifest: dict[str, Any]) -> ProbeResult:  # fmt: skip
+        from slobench.fleet.simulate import simulate_run
         from slobench.records import RunWriter
-        from slobench.simulate import simulate_run
 
         specs = self.make_specs(rate_rps, seed)
         records, summary = simulate_run(

@@ -169,7 +169,7 @@ class Dispatcher:
         holds it until its scheduled time itself, so the hand-over is not counted as lateness twice.
         `fill` (a stream's): called with the slack before each send to build requests ahead in it."""
         limit = self.opts.duration_s
-        lead = float(getattr(self.target, "send_lead_s", 0.0))
+        lead = float(self.target.send_lead_s)
         for i, spec in enumerate(specs):
             if limit is not None and spec.arrival_s > limit:
                 break
@@ -251,15 +251,14 @@ async def run(
     """
     opts = opts or RunOptions()
     # One clock per run: the target stamps with its own, so the dispatcher must use that very object.
-    target_clock = getattr(target, "clock", None)
     if clock is None:
-        clock = target_clock or Clock()
-    elif target_clock is not None and target_clock is not clock:
+        clock = target.clock
+    elif target.clock is not clock:
         raise ValueError("run(): `clock` must be the target's own clock (target.clock); timestamps would mix clocks")
     row_report = getattr(specs, "row_report", None)
     count_hint = getattr(specs, "count_hint", None)
     schedule, first, total = _schedule(specs, opts.duration_s)
-    if first is not None and hasattr(target, "check_compatible"):
+    if first is not None:
         target.check_compatible(first)  # e.g. token-id prompts on the chat API: refuse before sending
     writer = RunWriter(Path(run_dir), {**(manifest or {})}) if run_dir is not None else None
     disp = Dispatcher(target, clock, opts, on_record=writer.write if writer else None)
@@ -356,7 +355,7 @@ async def run(
         num_scheduled=total if total is not None else None if unknown else disp.num_taken,
         trace_rows=trace_rows,
         # several replicas routed by the client: how many each got
-        fleet=target.fleet_summary() if hasattr(target, "fleet_summary") else None,
+        fleet=target.fleet_summary(),
     )
     if writer is not None:
         writer.finish(summary)

@@ -21,6 +21,7 @@ from slobench.records import RequestRecord, RequestSpec, load_run
 from slobench.runner import RunOptions
 from slobench.slo import SLO
 from slobench.summary import RunSummary
+from slobench.targets.base import TargetBase
 
 LN9 = math.log(9.0)
 
@@ -188,7 +189,7 @@ def test_flat_metrics_names():
                                "ttft.p99": 0.2, "tpot.p50": 0.01}
 
 
-class InstantTarget:
+class InstantTarget(TargetBase):
     def __init__(self, clock):
         self.clock = clock
 

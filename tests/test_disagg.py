@@ -1,4 +1,4 @@
-"""Disaggregated prefill/decode fleets on the virtual clock (slobench.disagg): the link's arithmetic, KV
+"""Disaggregated prefill/decode fleets on the virtual clock (slobench.fleet.disagg): the link's arithmetic, KV
 capacity on both sides, and what moving prefills off the decode instance buys."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.cli import main
-from slobench.disagg import DisaggFleet, KVLink, kv_bytes_per_token
 from slobench.errors import EngineConfigError
+from slobench.fleet.disagg import DisaggFleet, KVLink, kv_bytes_per_token
+from slobench.fleet.simulate import ModeledEngine, simulate_records, simulate_run
 from slobench.metrics import RecordArrays
 from slobench.records import RequestSpec
-from slobench.simulate import ModeledEngine, simulate_records, simulate_run
 from slobench.slo import SLO
 
 PROFILE = CostProfile("exact", step_overhead_s=0.01, per_prefill_token_s=0.001, per_decode_seq_s=0.002,

@@ -348,7 +348,7 @@ async def test_api_key_guards_v1_routes_only() -> None:
 
 
 def test_modeled_server_never_imports_torch() -> None:
-    code = ("import sys, reference_engine.server, reference_engine.builder as b; b.build_engine(executor='modeled', profile='h100-llama-1b'); "
+    code = ("import sys, reference_engine.server, reference_engine.builder as b; b.build_engine(b.EngineSpec(executor='modeled', profile='h100-llama-1b')); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
@@ -524,9 +524,9 @@ async def test_soak_with_random_disconnects_leaks_no_block(server: str) -> None:
 
 def test_zero_engine_sizes_are_refused_not_defaulted():
     # Regression: `kv_blocks or 2048` turned an explicit 0 into the default and served anyway.
-    from reference_engine.builder import build_engine
+    from reference_engine.config import EngineSpec
     from slobench.errors import EngineConfigError
 
     for knobs in ({"kv_blocks": 0}, {"max_model_len": 0}):
-        with pytest.raises(EngineConfigError):
-            build_engine(executor="modeled", **knobs)
+        with pytest.raises(EngineConfigError, match=f"{next(iter(knobs))}: must be an integer >= 1"):
+            EngineSpec(executor="modeled", **knobs)

@@ -42,20 +42,21 @@ class _No(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(name, name=name)
 sys.meta_path.insert(0, _No())
 from reference_engine.builder import build_engine
+from reference_engine.config import EngineSpec
 from reference_engine.errors import ConfigError
-engine, tok = build_engine(executor='modeled', profile='cpu-tiny', kv_blocks=64)
+engine, tok = build_engine(EngineSpec(executor='modeled', profile='cpu-tiny', kv_blocks=64))
 try:
-    build_engine(executor='modeled', profile='cpu-tiny', kv_blocks=0)
+    build_engine(EngineSpec(executor='modeled', profile='cpu-tiny', kv_blocks=0))
 except ConfigError as e:
     print('refused:', e)
 try:
-    build_engine(executor='modeled', profile='roofline:h100/llama-3.1-8b', kv_blocks=64)
+    build_engine(EngineSpec(executor='modeled', profile='roofline:h100/llama-3.1-8b', kv_blocks=64))
 except ConfigError as e:
     print('refused:', e)
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "refused: num_blocks: must be an integer >= 1 (got 0)" in proc.stdout
+    assert "refused: kv_blocks: must be an integer >= 1 (got 0)" in proc.stdout
     assert "roofline profiles are built by slobench.profiles" in proc.stdout
 
 

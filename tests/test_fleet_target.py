@@ -1,4 +1,4 @@
-"""Client-side routing over several replicas (slobench.targets.fleet, slobench.routing): the policies,
+"""Client-side routing over several replicas (slobench.fleet.client_routed, slobench.fleet.routing): the policies,
 agreement with the simulated fleet, and `--url A,B` on the command line."""
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ import pytest
 from slobench.cli import main
 from slobench.clock import Clock
 from slobench.errors import SpecError
+from slobench.fleet.client_routed import FleetTarget
+from slobench.fleet.routing import Router
+from slobench.fleet.simulate import simulate_records
 from slobench.metrics import RecordArrays
 from slobench.records import RequestSpec
-from slobench.routing import Router
 from slobench.runner import RunOptions, run
-from slobench.simulate import simulate_records
+from slobench.targets.base import TargetBase
 from slobench.targets.engine import EngineTarget
-from slobench.targets.fleet import FleetTarget
 from slobench.testing import TokenServerProcess
 from slobench.workload import generate, load_workload
 
@@ -66,7 +67,7 @@ async def test_in_process_fleet_matches_the_simulated_fleet() -> None:
 
 
 def test_fleet_targets_must_share_the_run_clock() -> None:
-    class T:
+    class T(TargetBase):
         def __init__(self) -> None:
             self.clock = Clock()
 
@@ -107,8 +108,8 @@ def test_prompts_for_affinity_are_hashed_by_their_head() -> None:
 
 
 def test_per_replica_summary_shows_an_affinity_hot_spot() -> None:
+    from slobench.fleet.simulate import simulate_run
     from slobench.report.terminal import per_replica_text
-    from slobench.simulate import simulate_run
     from slobench.slo import SLO
 
     specs = generate(load_workload("system-prompts"), rate_rps=20.0, duration_s=20, seed=2)

@@ -18,8 +18,8 @@ import pytest
 
 from slobench.capacity import SearchOptions, search_capacity
 from slobench.cli import main
+from slobench.fleet.simulate import ModeledEngine, SimulatedMeasure, sweep_crossing
 from slobench.gate import Samples, gate, rate_key
-from slobench.simulate import ModeledEngine, SimulatedMeasure, sweep_crossing
 from slobench.slo import SLO
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -337,7 +337,7 @@ def test_serve_arguments_and_build_engine_on_cpu(monkeypatch: pytest.MonkeyPatch
     args = parser.parse_args(["--executor", "torch", "--enforce-eager", "--gpu-memory-utilization", "0.8",
                               "--weights", "/ckpt", "--attention-backend", "kernels"])  # fmt: skip
     seen: dict[str, object] = {}
-    monkeypatch.setattr(server, "serve", lambda *a, **kw: seen.update(kw))
+    monkeypatch.setattr(server, "serve", lambda spec, *a, **kw: seen.update(spec.to_knobs()))
     server.serve_from_args(args)
     assert seen["dtype"] == "auto" and seen["enforce_eager"] is True and seen["weights"] == "/ckpt"
     assert seen["gpu_memory_utilization"] == 0.8 and seen["attention_backend"] == "kernels"
@@ -345,7 +345,7 @@ def test_serve_arguments_and_build_engine_on_cpu(monkeypatch: pytest.MonkeyPatch
     assert (defaults.dtype, defaults.enforce_eager, defaults.gpu_memory_utilization) == ("auto", False, 0.9)
     assert defaults.weights is None and defaults.attention_backend is None
 
-    engine, _ = builder.build_engine(executor="torch", kv_blocks=None, max_model_len=100_000)
+    engine, _ = builder.build_engine(builder.EngineSpec(executor="torch", kv_blocks=None, max_model_len=100_000))
     ex = engine.executor
     assert isinstance(ex, TorchExecutor)
     assert ex.num_blocks == engine.config.num_blocks == 1024 and ex.dtype == torch.float32

@@ -13,6 +13,7 @@ import pytest
 
 from slobench.cli import main
 from slobench.errors import SpecError
+from slobench.fleet.simulate import ModeledEngine
 from slobench.plan import (
     Evaluation,
     Fleet,
@@ -29,7 +30,6 @@ from slobench.plan import (
 )
 from slobench.plan_day import DayRecipe, Window
 from slobench.plan_pool import PlanPool, windows_for
-from slobench.simulate import ModeledEngine
 from slobench.slo import SLO
 from slobench.workload import WorkloadSpec
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from slobench.cli import main
+from slobench.fleet.simulate import ModeledEngine
 from slobench.plan import PlanOptions, Setup, plan_day
 from slobench.plan_day import DayRecipe
 from slobench.plan_pool import PlanPool, windows_for
-from slobench.simulate import ModeledEngine
 from slobench.slo import SLO
 from slobench.workload import WorkloadSpec
 

@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 from slobench.clock import Clock
+from slobench.fleet.simulate import ModeledEngine
 from slobench.probe import LiveProbe, ProbeMeasure, VirtualProbe
 from slobench.records import load_run
 from slobench.runner import RunOptions
-from slobench.simulate import ModeledEngine
 from slobench.slo import SLO
 from slobench.sweep import run_sweep
 from slobench.targets.openai import OpenAITarget

@@ -41,7 +41,7 @@ def test_simulate_load_summarize_compare_report(tmp_path: Path) -> None:
     # the same run against itself: never a regression; against a slower engine at a higher rate: a verdict
     same = slobench.compare(tmp_path / "a", tmp_path / "a")
     assert same.verdict != "regression" and same.exit_code != 1
-    from slobench.simulate import ModeledEngine
+    from slobench.fleet.simulate import ModeledEngine
 
     # replicates (seeds) on each side: a 3x slower engine is a regression the gate can call
     base = [slobench.simulate_load(workload="tiny", rate=4, num_requests=40, slo="ttft=250ms,tpot=30ms", seed=s,

@@ -16,13 +16,14 @@ from slobench.clock import Clock
 from slobench.errors import SpecError, UsageError
 from slobench.records import RequestSpec
 from slobench.runner import RunOptions, run
+from slobench.targets.base import TargetBase
 from slobench.workload.replay import TraceReplay
 from slobench.workload.trace_stream import ReplayStream, StreamingReplay, count_lines
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure-llm-2023"
 
 
-class InstantTarget:
+class InstantTarget(TargetBase):
     """Answers at once; remembers how many requests its source had handed out at each send."""
 
     def __init__(self, clock: Clock, taken: list[int] | None = None) -> None:

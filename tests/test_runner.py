@@ -11,9 +11,10 @@ from slobench.clock import Clock
 from slobench.records import RequestSpec, load_run
 from slobench.runner import RunOptions, run
 from slobench.slo import SLO
+from slobench.targets.base import TargetBase
 
 
-class FakeTarget:
+class FakeTarget(TargetBase):
     """Answers after `service_s` with `n` chunks; tracks the peak number in flight."""
 
     def __init__(self, clock=None, service_s=0.02, fail_ids=(), raise_ids=()):

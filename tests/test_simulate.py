@@ -15,8 +15,14 @@ from reference_engine.protocol import chat_prompt
 from reference_engine.tokenizer import ByteTokenizer
 from slobench.capacity import SearchOptions, search_capacity
 from slobench.errors import EngineConfigError
+from slobench.fleet.simulate import (
+    ModeledEngine,
+    SimulatedMeasure,
+    simulate_records,
+    simulate_run,
+    sweep_crossing,
+)
 from slobench.records import RequestSpec, load_run
-from slobench.simulate import ModeledEngine, SimulatedMeasure, simulate_records, simulate_run, sweep_crossing
 from slobench.slo import SLO
 from slobench.workload import generate, load_workload
 

@@ -1,4 +1,4 @@
-"""Decode runs (slobench.decode_run) against stepping every step: the same records, bit for bit, wherever
+"""Decode runs (slobench.fleet.decode_run) against stepping every step: the same records, bit for bit, wherever
 the engine's state could make a run's shortcut wrong: chunked prefills ending in a one-token chunk, a full
 batch, preemption, a queue head waiting for blocks, shared prefixes, EOS-free fleets with jitter."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from slobench.simulate import ModeledEngine, simulate_records
+from slobench.fleet.simulate import ModeledEngine, simulate_records
 from slobench.workload import generate, load_workload
 
 SCENARIOS = {
@@ -41,7 +41,7 @@ def test_decode_runs_leave_every_record_as_stepping_does(name: str) -> None:
 
 
 def test_engines_end_in_the_same_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    import slobench.simulate
+    import slobench.fleet.simulate
     from reference_engine.engine import LLMEngine
 
     built: list[LLMEngine] = []
@@ -51,7 +51,7 @@ def test_engines_end_in_the_same_state(monkeypatch: pytest.MonkeyPatch) -> None:
             super().__init__(*a, **kw)  # type: ignore[arg-type]
             built.append(self)
 
-    monkeypatch.setattr(slobench.simulate, "LLMEngine", Recorded)
+    monkeypatch.setattr(slobench.fleet.simulate, "LLMEngine", Recorded)
     specs = generate(load_workload("system-prompts"), rate_rps=10.0, num_requests=120, seed=2)
     for fast in (True, False):
         simulate_records(specs, ModeledEngine("h100-llama-1b", kv_blocks=300), decode_runs=fast)
@@ -64,7 +64,7 @@ def test_engines_end_in_the_same_state(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_vectorised_tokens_are_the_executors() -> None:
     from reference_engine.executor.modeled_executor import ModeledExecutor
     from reference_engine.sequence import Sequence
-    from slobench.decode_run import _tokens
+    from slobench.fleet.decode_run import _tokens
 
     ex = ModeledExecutor(ModeledEngine().cost_profile(), block_size=16, num_blocks=8, vocab_size=300,
                          eos_token_id=100, token_id_range=(32, 127), seed=5)

@@ -12,7 +12,7 @@ import hashlib
 import pytest
 
 from reference_engine.executor.modeled_executor import CostProfile
-from slobench.simulate import simulate_records
+from slobench.fleet.simulate import simulate_records
 from slobench.workload import generate, load_workload
 
 CI_PROFILE = CostProfile.load("baselines/ci-profile.json")

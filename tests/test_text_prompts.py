@@ -15,6 +15,7 @@ from slobench.clock import Clock
 from slobench.errors import UsageError
 from slobench.records import RequestRecord, RequestSpec
 from slobench.runner import RunOptions, run
+from slobench.targets.base import TargetBase
 from slobench.workload.prompts import WORDS, token_prompts
 from slobench.workload.text import ExactText, ids_to_text
 
@@ -92,7 +93,7 @@ def test_rate_limit_refuses_bad_values(bad: str) -> None:
         parse_rate_limit(bad)
 
 
-class _Instant:
+class _Instant(TargetBase):
     """A target that answers at once, recording when each request was handed to it."""
 
     def __init__(self, clock: Clock) -> None:

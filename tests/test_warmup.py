@@ -9,6 +9,7 @@ import pytest
 from slobench.clock import Clock
 from slobench.records import RequestSpec
 from slobench.runner import RunOptions, run
+from slobench.targets.base import TargetBase
 from slobench.warmup import latency_series, mser5_cut
 
 
@@ -35,7 +36,7 @@ def test_short_series_and_failures():
     assert mser5_cut(np.concatenate([np.full(100, 5.0), np.full(400, 1.0)])) == 100
 
 
-class RampTarget:
+class RampTarget(TargetBase):
     """Latency rises over the first 100 requests, then holds: a server filling up."""
 
     def __init__(self, clock):

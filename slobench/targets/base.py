@@ -1,11 +1,19 @@
-"""The one seam every target implements: fill a RequestRecord for a RequestSpec."""
+"""The one seam every target implements: fill a RequestRecord for a RequestSpec.
+
+`Target` is the whole contract, the optional parts included: the runner, the CLI and the fleet read every
+member directly, never probing with `hasattr`. `TargetBase` gives the optional parts their defaults, so a
+target (a test's fake included) writes only `clock`, `send` and what it does differently.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from slobench.clock import Clock
 from slobench.records import RequestRecord, RequestSpec
+
+if TYPE_CHECKING:
+    from slobench.targets.capabilities import Capabilities
 
 
 class Target(Protocol):
@@ -18,6 +26,21 @@ class Target(Protocol):
     """
 
     clock: Clock
+    """The run's one clock: the target stamps on it and the runner dispatches on this very object."""
+
+    send_lead_s: float
+    """How long before its scheduled time the runner hands a request over; the target then holds it until
+    that time itself (client worker processes, Ray actors). 0: the runner sends on time."""
+
+    @property
+    def model(self) -> str:
+        """The model name requests carry ("" where none applies)."""
+        ...
+
+    @property
+    def caps(self) -> Capabilities | None:
+        """What preflight settled about what the server accepts; None for a target that negotiates nothing."""
+        ...
 
     async def start(self) -> None: ...
 
@@ -31,3 +54,54 @@ class Target(Protocol):
     async def send(self, spec: RequestSpec, record: RequestRecord) -> None: ...
 
     async def close(self) -> None: ...
+
+    def check_compatible(self, spec: RequestSpec) -> None:
+        """Raise a clear error, before anything is sent, if requests like `spec` cannot be sent at all."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """What the manifest records about this target: never a key or a header value."""
+        ...
+
+    def fleet_summary(self) -> dict[str, Any] | None:
+        """For several replicas behind one target: the summary's `fleet` entry (how many requests each got)."""
+        ...
+
+    def negotiation_notes(self) -> list[str]:
+        """What preflight settled about the server (fallbacks, counted usage), each note once."""
+        ...
+
+
+class TargetBase:
+    """The optional parts of `Target`, with their defaults. A subclass sets `clock` and writes `send` (and
+    `preflight` where there is something to reach)."""
+
+    clock: Clock
+    send_lead_s: float = 0.0
+    model: str = ""
+    caps: Capabilities | None = None
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def check_compatible(self, spec: RequestSpec) -> None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": type(self).__name__}
+
+    def fleet_summary(self) -> dict[str, Any] | None:
+        return None
+
+    def negotiation_notes(self) -> list[str]:
+        return list(self.caps.notes) if self.caps is not None else []

@@ -25,9 +25,11 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import slobench.profiles  # noqa: F401  (registers `--profile roofline:GPU/MODEL` with the engine)
+from reference_engine.serve_args import add_engine_spec_arguments, engine_spec_from_args
 from slobench.clock import Clock
 from slobench.errors import SpecError, TargetUnreachable, UsageError
 from slobench.records import RequestRecord, RequestSpec
+from slobench.targets.base import TargetBase
 
 if TYPE_CHECKING:
     from reference_engine.engine import LLMEngine, TokenEvent
@@ -35,7 +37,6 @@ if TYPE_CHECKING:
     from reference_engine.protocol import GenerationRequest, TextTokenizer
 
 Api = Literal["completions", "chat"]
-ENGINE_EXECUTORS = ("modeled", "torch")
 CLOSE_TIMEOUT_S = 10.0  # how long close() waits for aborted requests to give their blocks back
 
 
@@ -93,10 +94,10 @@ class _Live:
             self.ended.set_result(None)
 
 
-class EngineTarget:
-    """The reference engine in this process. `engine` is an `LLMEngine` or `build_engine` knobs.
+class EngineTarget(TargetBase):
+    """The reference engine in this process. `engine` is an `LLMEngine` or knobs.
 
-    Knobs are those of `reference_engine.builder.build_engine` (`executor`, `profile`, `kv_blocks`,
+    Knobs are `reference_engine.config.EngineSpec`'s fields (`executor`, `profile`, `kv_blocks`,
     `max_num_seqs`, ...): `EngineTarget({"executor": "modeled", "profile": "cpu-tiny"})`. The target starts
     the engine's thread in `start()` and stops it in `close()` unless `keep_running` is set (an engine
     shared with something else).
@@ -117,9 +118,10 @@ class EngineTarget:
         self.knobs: dict[str, Any] | None = None
         if isinstance(engine, Mapping):
             from reference_engine.builder import build_engine
+            from reference_engine.config import EngineSpec
 
             self.knobs = dict(engine)
-            engine, built_tokenizer = build_engine(**self.knobs)
+            engine, built_tokenizer = build_engine(EngineSpec.from_knobs(self.knobs))
             tokenizer = tokenizer or built_tokenizer
             model_name = model_name or str(self.knobs.get("model", "tiny"))
         if tokenizer is None:
@@ -279,43 +281,26 @@ class EngineTarget:
 
 def add_engine_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """Flags that select and shape the in-process engine: `--engine modeled|torch` replaces `--url`."""
-    a = parser.add_argument
-    a("--engine", choices=ENGINE_EXECUTORS, default=None,
-      help="load the bundled reference engine in this process instead of --url (modeled: step times from "
-           "--profile, no model; torch: the real tiny model)")
-    a("--profile", default="cpu-tiny", help="cost profile name or JSON path for --engine modeled (default cpu-tiny)")
-    a("--kv-blocks", type=int, default=None, help="engine KV cache size in blocks (default 2048 modeled, 1024 torch)")
-    a("--block-size", type=int, default=16, help="engine tokens per KV block (default 16)")
-    a("--max-num-seqs", type=int, default=64, help="engine: most requests in a batch (default 64)")
-    a("--max-batched-tokens", type=int, default=2048, help="engine: token budget per step (default 2048)")
-    a("--max-model-len", type=int, default=None, help="engine: context length limit (default 4096)")
-    a("--no-prefix-caching", action="store_true", help="engine: disable prefix caching")
-    a("--engine-device", default=None, help="torch device for --engine torch (default: build_engine's)")
+    add_engine_spec_arguments(parser, in_process=True)
+
+
+# what a run's manifest records of the engine (`target.knobs`), in this order
+_MANIFEST_KNOBS = ("executor", "model", "profile", "kv_blocks", "block_size", "max_num_seqs", "max_batched_tokens",
+                   "max_model_len", "enable_prefix_caching")
 
 
 def engine_knobs_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """`build_engine` knobs from the flags of `add_engine_arguments` (missing flags keep their defaults)."""
-    executor = getattr(args, "engine", None) or "modeled"
-    if executor not in ENGINE_EXECUTORS:
-        raise SpecError("engine", executor, f"must be one of {list(ENGINE_EXECUTORS)}")
-    knobs: dict[str, Any] = {
-        "executor": executor,
-        "model": getattr(args, "model", None) or "tiny",
-        "profile": getattr(args, "profile", "cpu-tiny"),
-        "kv_blocks": getattr(args, "kv_blocks", None),
-        "block_size": getattr(args, "block_size", 16),
-        "max_num_seqs": getattr(args, "max_num_seqs", 64),
-        "max_batched_tokens": getattr(args, "max_batched_tokens", 2048),
-        "max_model_len": getattr(args, "max_model_len", None),
-        "enable_prefix_caching": not getattr(args, "no_prefix_caching", False),
-    }
-    if getattr(args, "prefill_replicas", 0) or getattr(args, "decode_replicas", 0):  # slobench.disagg's knobs
+    """The engine's knobs (`EngineSpec` fields) from the flags of `add_engine_arguments`, as a manifest
+    records them, with a disaggregated fleet's (slobench.fleet.disagg) when its flags are given."""
+    spec = engine_spec_from_args(args, in_process=True)
+    every = spec.to_knobs()
+    knobs = {k: every[k] for k in _MANIFEST_KNOBS}
+    if getattr(args, "prefill_replicas", 0) or getattr(args, "decode_replicas", 0):  # slobench.fleet.disagg's knobs
         knobs.update(prefill_replicas=args.prefill_replicas, decode_replicas=args.decode_replicas,
                      colocated_replicas=getattr(args, "colocated_replicas", 0) or 0,
                      kv_link=getattr(args, "kv_link", None) or "inf,0")
-    device = getattr(args, "engine_device", None)
-    if executor == "torch" and device is not None:
-        knobs["device"] = device
+    if spec.executor == "torch" and args.engine_device is not None:
+        knobs["device"] = spec.device
     return knobs
 
 

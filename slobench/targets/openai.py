@@ -33,6 +33,7 @@ from orjson import loads as _loads  # about twice as fast as json.loads on SSE e
 from slobench.clock import Clock
 from slobench.errors import SpecError, TargetUnreachable
 from slobench.records import RequestRecord, RequestSpec
+from slobench.targets.base import TargetBase
 from slobench.targets.capabilities import HONOURS_IGNORE_EOS, Capabilities, is_refusal, profile_capabilities
 from slobench.targets.sse import DONE, SSEDecodeError, SSEParser
 from slobench.targets.transport import (
@@ -55,7 +56,7 @@ _SECRET_HEADER_HINTS = ("auth", "key", "token", "secret", "cookie")
 _SECRET_BODY_HINTS = ("auth", "key", "secret", "password")  # not "token": max_tokens is no secret
 
 
-class OpenAITarget:
+class OpenAITarget(TargetBase):
     """Any server speaking the OpenAI completions or chat API (vLLM, SGLang, TGI, llama.cpp, OpenAI).
 
     `base_url` is the API root, e.g. `http://localhost:8000/v1`; a URL with no path gets `/v1`.
@@ -132,7 +133,7 @@ class OpenAITarget:
         self._transport: Transport | None = None
         self.server_profile = server_profile
         # `capabilities` travels from a parent that probed already (client worker processes)
-        self.caps = (Capabilities.from_dict(dict(capabilities)) if capabilities is not None
+        self.caps: Capabilities = (Capabilities.from_dict(dict(capabilities)) if capabilities is not None
                      else profile_capabilities(server_profile))
         self.tokenizer_path = tokenizer
         self._exact = ExactText(tokenizer) if tokenizer else None

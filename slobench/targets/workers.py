@@ -40,6 +40,7 @@ from slobench.clock import Clock
 from slobench.errors import SpecError
 from slobench.precise_sleep import sleep_until
 from slobench.records import RequestRecord, RequestSpec
+from slobench.targets.base import TargetBase
 
 _HEADER = struct.Struct("!I")
 _STAMPED = ("sent_s", "first_token_s", "done_s")
@@ -96,7 +97,7 @@ def _reap(proc: subprocess.Popen[bytes], writer: asyncio.StreamWriter) -> None:
     proc.wait()  # killed: returns at once, and leaves no zombie
 
 
-class ProbeFront:
+class ProbeFront(TargetBase):
     """What a pool of senders (worker processes, Ray actors) shares: one OpenAITarget of its own, `_probe`,
     answers preflight, capabilities and the model, and never sends load. What preflight settles travels to
     the senders in `target_kwargs`; senders already started that would send differently are restarted."""
@@ -128,12 +129,13 @@ class ProbeFront:
             await self.start()
         return served
 
+    # the probe's own, read through: a copy would go stale when preflight negotiates
     @property
-    def caps(self) -> Any:
+    def caps(self) -> Any:  # type: ignore[override]
         return self._probe.caps
 
     @property
-    def model(self) -> str:
+    def model(self) -> str:  # type: ignore[override]
         return str(self._probe.model)
 
 

@@ -40,8 +40,8 @@ from reference_engine.engine import LLMEngine, VirtualClock, _Request
 from reference_engine.sequence import SeqStatus
 from reference_engine.sequence import Sequence as Seq
 from slobench.errors import SpecError
+from slobench.fleet.routing import Router
 from slobench.records import RequestRecord, RequestSpec
-from slobench.routing import Router
 
 MAX_INSTANCES = 4096
 KV_DTYPE_BYTES = 2  # bf16/fp16 KV, as GPU serving stores it
@@ -206,8 +206,8 @@ def simulate_disagg(
     """The records of one virtual-clock run of a disaggregated (or mixed) fleet, in arrival order."""
     from reference_engine.scheduler import RequestRejected
     from reference_engine.tokenizer import ByteTokenizer
-    from slobench.decode_run import decode_run
-    from slobench.simulate import _arrive, _engine_request, _JitteredWait, _wake
+    from slobench.fleet.decode_run import decode_run
+    from slobench.fleet.simulate import _arrive, _engine_request, _JitteredWait, _wake
 
     roles = ["colocated"] * fleet.colocated + ["prefill"] * fleet.prefill + ["decode"] * fleet.decode
     insts: list[_Instance] = []
@@ -411,7 +411,7 @@ def simulate_disagg(
         inst = min(busy, key=lambda x: (x.clock.now_s(), x.index))
         eng = inst.engine
         ran = decode_run(eng, min(t_arrival, t_event)) if inst.role != "prefill" else None
-        if ran is not None:  # a stretch of plain decode steps, taken at once (slobench.decode_run)
+        if ran is not None:  # a stretch of plain decode steps, taken at once (slobench.fleet.decode_run)
             times = ran.times_s
             ones = [1] * len(times)
             for seq in ran.seqs:

@@ -1,7 +1,7 @@
 """Several replicas loaded as one target, routed by the client: `--url A,B,C --router least-outstanding`.
 
 For replicas with no load balancer in front (a few vLLM or SGLang processes on one node, say), or to test
-a routing policy before building it into a balancer. Routing uses `slobench.routing`, the code the
+a routing policy before building it into a balancer. Routing uses `slobench.fleet.routing`, the code the
 simulated fleet (`--simulate --replicas N`) uses, so a simulated fleet and a real one are routed alike;
 `benchmarks/http_overhead.py --replicas 2` compares the two on the bundled engine.
 
@@ -16,12 +16,13 @@ from typing import Any
 
 from slobench.clock import Clock
 from slobench.errors import SpecError
+from slobench.fleet.routing import Router
 from slobench.records import RequestRecord, RequestSpec
-from slobench.routing import Router
+from slobench.targets.base import Target, TargetBase
 
 
-class FleetTarget:
-    def __init__(self, targets: Sequence[Any], router: str = "least-outstanding") -> None:
+class FleetTarget(TargetBase):
+    def __init__(self, targets: Sequence[Target], router: str = "least-outstanding") -> None:
         if len(targets) < 1:
             raise SpecError("replicas", len(targets), "a fleet needs at least one target")
         clocks = {id(t.clock) for t in targets}
@@ -30,26 +31,32 @@ class FleetTarget:
         self.targets = list(targets)
         self.clock: Clock = targets[0].clock
         self.router = Router(router, len(targets))
-        self.send_lead_s = min(float(getattr(t, "send_lead_s", 0.0)) for t in targets)
+        self.send_lead_s = min(float(t.send_lead_s) for t in targets)
 
-    @property
-    def model(self) -> str:
-        return str(getattr(self.targets[0], "model", ""))
+    @property  # the first replica's, read through (as a pool's is)
+    def model(self) -> str:  # type: ignore[override]
+        return str(self.targets[0].model)
 
     def describe(self) -> dict[str, Any]:
-        first = self.targets[0].describe() if hasattr(self.targets[0], "describe") else {}
-        return {**first, "fleet": {"replicas": len(self.targets), "router": self.router.policy,
-                                   "targets": [t.describe() if hasattr(t, "describe") else repr(t)
-                                               for t in self.targets]}}  # fmt: skip
+        fleet = {"replicas": len(self.targets), "router": self.router.policy,
+                 "targets": [t.describe() for t in self.targets]}  # fmt: skip
+        return {**self.targets[0].describe(), "fleet": fleet}
 
     def fleet_summary(self) -> dict[str, Any]:
         return {"replicas": len(self.targets), "router": self.router.policy,
                 "requests_per_replica": list(self.router.sent)}  # fmt: skip
 
+    def negotiation_notes(self) -> list[str]:
+        notes: list[str] = []
+        for t in self.targets:
+            for n in t.negotiation_notes():
+                if n not in notes:
+                    notes.append(n)
+        return notes
+
     def check_compatible(self, spec: RequestSpec) -> None:
         for t in self.targets:
-            if hasattr(t, "check_compatible"):
-                t.check_compatible(spec)
+            t.check_compatible(spec)
 
     async def start(self) -> None:
         for t in self.targets:
@@ -62,13 +69,6 @@ class FleetTarget:
     async def preflight(self) -> str:
         lines = [await t.preflight() for t in self.targets]
         return f"{len(lines)} replicas behind {self.router.policy}: " + "; ".join(lines)
-
-    async def __aenter__(self) -> FleetTarget:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     async def send(self, spec: RequestSpec, record: RequestRecord) -> None:
         i = self.router.pick(spec.prompt)

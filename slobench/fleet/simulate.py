@@ -24,30 +24,21 @@ from typing import Any
 
 import numpy as np
 
-from reference_engine.config import require_positive_ints
+from reference_engine.config import EngineSpec, require_positive_ints
 from reference_engine.engine import LLMEngine, VirtualClock
 from reference_engine.executor.modeled_executor import CostProfile
-from slobench.decode_run import decode_run
-from slobench.disagg import DisaggFleet, simulate_disagg, split_fleet_knobs
 from slobench.errors import SpecError
+from slobench.fleet.decode_run import decode_run
+from slobench.fleet.disagg import DisaggFleet, simulate_disagg, split_fleet_knobs
+from slobench.fleet.routing import Router
 from slobench.probe import ProbeMeasure, VirtualProbe, probe_jitter_seed
 from slobench.records import RequestRecord, RequestSpec
-from slobench.routing import Router
 from slobench.slo import SLO
 from slobench.summary import RunSummary, summarize
 from slobench.targets.engine import Api, to_engine_request
 
 EngineFactory = Callable[[], LLMEngine]
 SpecMaker = Callable[[float, int], Sequence[RequestSpec]]
-
-# build_engine's knobs that a modeled engine ignores (they shape the torch executor only)
-_TORCH_ONLY_KNOBS = frozenset({
-    "dtype", "device", "weights", "attention_backend", "enforce_eager", "gpu_memory_utilization",
-})
-_KNOBS = frozenset({
-    "model", "executor", "profile", "kv_blocks", "block_size", "max_num_seqs", "max_batched_tokens",
-    "max_model_len", "enable_prefix_caching", "seed",
-}) | _TORCH_ONLY_KNOBS
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,16 +69,21 @@ class ModeledEngine:
 
     @classmethod
     def from_knobs(cls, knobs: Mapping[str, Any]) -> ModeledEngine:
-        """From `reference_engine.builder.build_engine` knobs; the executor must be the modeled one."""
-        unknown = sorted(set(knobs) - _KNOBS)
-        if unknown:
-            raise SpecError("engine_knobs", unknown, f"unknown knobs; known: {sorted(_KNOBS)}")
-        if knobs.get("executor", "modeled") != "modeled":
-            raise SpecError("executor", knobs["executor"], "a virtual-clock run needs the modeled executor")
-        skip = _TORCH_ONLY_KNOBS | {"model", "executor"}
-        given = {k: v for k, v in knobs.items() if k not in skip and v is not None}
+        """From an `EngineSpec`'s fields (`run --simulate`'s knobs); the executor must be the modeled one, and
+        the torch executor's knobs are ignored. Sizes left to the builder (None) keep this class's defaults;
+        the name is the model's when one is given."""
+        spec = EngineSpec.from_knobs(knobs)
+        if spec.executor != "modeled":
+            raise SpecError("executor", spec.executor, "a virtual-clock run needs the modeled executor")
+        given: dict[str, Any] = {"profile": spec.profile, "block_size": spec.block_size, "max_num_seqs": spec.max_num_seqs,
+                                 "max_batched_tokens": spec.max_batched_tokens, "seed": spec.seed,
+                                 "enable_prefix_caching": spec.enable_prefix_caching}  # fmt: skip
+        if spec.kv_blocks is not None:
+            given["kv_blocks"] = spec.kv_blocks
+        if spec.max_model_len is not None:
+            given["max_model_len"] = spec.max_model_len
         if "model" in knobs:
-            given["name"] = str(knobs["model"])
+            given["name"] = spec.model
         return cls(**given)
 
     def cost_profile(self) -> CostProfile:
@@ -198,16 +194,16 @@ def simulate_records(
     """The records of one virtual-clock run, in arrival order. `engine`: knobs or a factory of fresh engines
     (its clock is replaced by the run's VirtualClock; its executor must model step times).
 
-    `replicas` > 1 simulates a fleet of identical engines behind a `router` (slobench.routing): a discrete-event loop
+    `replicas` > 1 simulates a fleet of identical engines behind a `router` (slobench.fleet.routing): a discrete-event loop
     over one virtual time, each replica with its own clock (the end of its last step). An arrival is routed
     once every busy replica's clock has reached it; the replica whose clock is earliest steps next. With one
     replica this is exactly the single-engine loop. `fleet`, if given, receives per-replica counts.
 
-    Stretches of plain decode steps are taken at once (`slobench.decode_run`), leaving every record and
+    Stretches of plain decode steps are taken at once (`slobench.fleet.decode_run`), leaving every record and
     every engine state as stepping would; `decode_runs=False` steps every step (the reference for tests).
 
     `disagg` (or knobs naming prefill_replicas/decode_replicas/colocated_replicas/kv_link) simulates a
-    disaggregated fleet instead (`slobench.disagg`); `replicas` must then stay 1."""
+    disaggregated fleet instead (`slobench.fleet.disagg`); `replicas` must then stay 1."""
     if isinstance(engine, Mapping):
         engine, named = split_fleet_knobs(dict(engine), router)
         disagg = disagg or named
@@ -281,7 +277,7 @@ def simulate_records(
         rep = min(busy, key=lambda r: (r.clock.now_s(), r.index))
         eng = rep.engine
         ran = decode_run(eng, t_arrival) if decode_runs else None
-        if ran is not None:  # a stretch of plain decode steps, taken at once (slobench.decode_run)
+        if ran is not None:  # a stretch of plain decode steps, taken at once (slobench.fleet.decode_run)
             times = ran.times_s
             k = len(times)
             ones = [1] * k
