@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slobench.records import RequestRecord, Run, RunWriter, load_run
+from slobench.records import RequestRecord, Run, load_run
 from slobench.slo import SLO
 from slobench.summary import RunSummary
 from slobench.summary import summarize as _summarize
@@ -117,22 +117,20 @@ def simulate_load(
 ) -> Run:
     """The same run on the bundled engine's real scheduler, on a virtual clock (no server, no wall time):
     `engine` is a `slobench.fleet.simulate.ModeledEngine` (its cost profile, KV blocks, batch limits)."""
-    from slobench.fleet.simulate import ModeledEngine, simulate_run
+    from slobench.fleet.simulate import ModeledEngine
+    from slobench.probe import VirtualProbe
 
     spec, specs = _specs(workload, rate, num_requests, duration_s, seed, "completions")
     slo_ = _slo(slo)
     engine_ = engine or ModeledEngine()
-    records, summary = simulate_run(specs, engine_, slo=slo_, seed=seed, replicas=replicas)
     manifest = _manifest(spec, slo_, rate=rate, seed=seed, num_requests=num_requests, duration_s=duration_s,
                          target={"simulated": True, "engine": engine_.name, "replicas": replicas},
                          made_by="slobench.api.simulate") | {"clock": {"kind": "virtual"}}  # fmt: skip
-    if out is None:
-        return Run(Path("."), manifest, records, summary)
-    writer = RunWriter(Path(out), manifest)
-    for rec in records:
-        writer.write(rec)
-    writer.finish(summary)
-    return load_run(out)
+    # the probe the CLI's `--simulate` takes, with the API's seed as the step-time noise seed
+    probe = VirtualProbe(lambda _rate, _seed: specs, engine_, slo=slo_, replicas=replicas,
+                         jitter_seed=lambda _rate, _seed: seed)  # fmt: skip
+    res = asyncio.run(probe(rate, seed, Path(out) if out is not None else None, manifest))
+    return load_run(out) if out is not None else Run(Path("."), manifest, list(res.records), res.summary)
 
 
 def summarize(records: Sequence[RequestRecord], slo: SLO | str | None = None, *, seed: int = 0) -> RunSummary:

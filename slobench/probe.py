@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from slobench.records import RequestSpec
+from slobench.records import RequestRecord, RequestSpec
 
 if TYPE_CHECKING:
     from slobench.summary import RunSummary
@@ -26,6 +26,7 @@ SpecMaker = Callable[[Any, int], Iterable[RequestSpec]]  # (rate_rps or None, se
 class ProbeResult:
     summary: RunSummary
     interrupted: bool = False  # Ctrl-C cut the run short: what finished is kept and marked
+    records: Sequence[RequestRecord] = ()  # what was measured (also in the run directory, when there is one)
 
 
 class Probe(Protocol):
@@ -63,7 +64,7 @@ class LiveProbe:
         summary = res.summary
         if self.after_run is not None and run_dir is not None:
             summary = await self.after_run(run_dir, summary)
-        return ProbeResult(summary, res.interrupted)
+        return ProbeResult(summary, res.interrupted, res.records)
 
 
 class VirtualProbe:
@@ -114,7 +115,7 @@ class VirtualProbe:
             for rec in records:
                 writer.write(rec)
             writer.finish(summary)
-        return ProbeResult(summary)
+        return ProbeResult(summary, records=records)
 
 
 def probe_jitter_seed(rate_rps: float | None, seed: int, engine_name: str, trial: int = 0) -> int:
