@@ -1,15 +1,10 @@
 """The planner's evaluations as Ray tasks (`slobench plan --ray`) give the plan one process gives.
 
-Ray left to itself reaches for this machine's network address, so the Ray test runs inside a network
-namespace of its own where only loopback exists, as tests/test_ray_pool.py does: the launcher re-runs this
-file under `unshare -n` with SLOBENCH_RAY_NETNS=1. It skips when ray is not installed or unshare is not
-permitted, unless SLOBENCH_REQUIRE_RAY=1 (CI)."""
+The Ray test runs inside a network namespace of its own where only loopback exists (tests/netns.py), as
+tests/test_ray_pool.py's do."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,10 +17,9 @@ from slobench.plan_day import DayRecipe
 from slobench.plan_pool import PlanPool, windows_for
 from slobench.slo import SLO
 from slobench.workload import WorkloadSpec
+from tests.netns import in_netns, rerun_in_own_netns
 
 pytestmark = pytest.mark.integration  # starts Ray (tens of seconds), as tests/test_ray_pool.py
-IN_NETNS = os.environ.get("SLOBENCH_RAY_NETNS") == "1"
-REQUIRE = os.environ.get("SLOBENCH_REQUIRE_RAY") == "1"
 DAY = {
     "name": "raydays",
     "class": {"doc": {"input": {"dist": "lognormal", "median": 1200, "p99": 3000, "min": 256, "max": 3072},
@@ -37,34 +31,8 @@ DAY = {
 }  # fmt: skip
 
 
-def _why_not_netns() -> str | None:
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        return "ray is not installed (pip install 'slobench[ray]')"
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        return "unshare or ip not found"
-    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"unshare -n not permitted here: {probe.stderr.strip()[:200]}"
-    return None
-
-
 def test_ray_plan_in_its_own_network_namespace() -> None:
-    if IN_NETNS:
-        pytest.skip("this is the launcher; the test is running")
-    why = _why_not_netns()
-    if why is not None:
-        if REQUIRE:
-            pytest.fail(f"SLOBENCH_REQUIRE_RAY=1 but {why}")
-        pytest.skip(why)
-    env = {**os.environ, "SLOBENCH_RAY_NETNS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
-    cmd = 'ip link set lo up && exec "$0" -m pytest -q -p no:cacheprovider -x "$1"'
-    proc = subprocess.run(["unshare", "-n", "bash", "-c", cmd, sys.executable, __file__], env=env,
-                          capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
-    tail = (proc.stdout + proc.stderr)[-6000:]
-    assert proc.returncode == 0, tail
-    assert " passed" in proc.stdout and " skipped" in proc.stdout, tail
+    rerun_in_own_netns(__file__, timeout_s=600)
 
 
 def test_without_ray_the_flag_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
@@ -75,7 +43,7 @@ def test_without_ray_the_flag_says_how_to_install_it(monkeypatch: pytest.MonkeyP
     assert rc == 2 and "pip install 'slobench[ray]'" in err and len(err.strip().splitlines()) == 1, err
 
 
-@pytest.mark.skipif(not IN_NETNS, reason="runs inside its own network namespace (see the launcher test)")
+@in_netns
 def test_ray_tasks_give_the_serial_plan() -> None:
     recipe = DayRecipe(workload=WorkloadSpec.from_dict(DAY), compression=360.0, window_s=3600.0, max_requests=30)
     setup = Setup(ModeledEngine("cpu-tiny", kv_blocks=1024, max_num_seqs=32, max_model_len=4096),

@@ -1,11 +1,9 @@
 """Ray load actors (slobench.targets.ray_pool) on a two-node Ray cluster on 127.0.0.1 (Ray's own
 `ray.cluster_utils.Cluster`), against the scheduled-token server (TTFT 50 ms, ITL 5 ms).
 
-Ray left to itself reaches for this machine's network address, so every test that starts Ray runs inside
-a network namespace of its own where only loopback exists: `test_ray_suite_in_its_own_network_namespace`
-re-runs this file under `unshare -n` (or `unshare -rn` without root) with SLOBENCH_RAY_NETNS=1, and the tests marked `in_netns` run only
-there (the token server is started inside too). It skips when ray is not installed or unshare is not
-permitted, unless SLOBENCH_REQUIRE_RAY=1 (CI), which turns either into a failure.
+Every test that starts Ray runs inside a network namespace of its own where only loopback exists
+(tests/netns.py): `test_ray_suite_in_its_own_network_namespace` re-runs this file there, and the tests
+marked `in_netns` run only there (the token server is started inside too).
 """
 
 from __future__ import annotations
@@ -13,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
-import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -30,11 +26,9 @@ from slobench.metrics import RecordArrays
 from slobench.records import RequestRecord, RequestSpec
 from slobench.runner import RunOptions, run
 from slobench.testing import TokenServerProcess
+from tests.netns import in_netns, rerun_in_own_netns
 
 pytestmark = pytest.mark.integration
-IN_NETNS = os.environ.get("SLOBENCH_RAY_NETNS") == "1"
-REQUIRE = os.environ.get("SLOBENCH_REQUIRE_RAY") == "1"
-in_netns = pytest.mark.skipif(not IN_NETNS, reason="runs inside its own network namespace (see the launcher test)")
 QUIET = RunOptions(progress=False)
 PROMPT = tuple(range(1000, 1016))
 SHIFT_S = 1234.5  # actor 1's clock reads this far ahead: a machine whose clock is nothing like ours
@@ -63,39 +57,8 @@ def server_delay_s(srv: TokenServerProcess, records: list[RequestRecord], clock:
 # ---- outside the namespace ---------------------------------------------------------------------------------
 
 
-def _unshare() -> tuple[list[str] | None, str | None]:
-    """The command that gives a child its own network namespace (root: `unshare -n`; a user without
-    CAP_SYS_ADMIN: `unshare -rn`, inside a user namespace of its own), or why there is none."""
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        return None, "ray is not installed (pip install 'slobench[ray]')"
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        return None, "unshare or ip not found"
-    why = ""
-    for cmd in (["unshare", "-n"], ["unshare", "-rn"]):
-        probe = subprocess.run([*cmd, "true"], capture_output=True, text=True)
-        if probe.returncode == 0:
-            return cmd, None
-        why += f"{' '.join(cmd)}: {probe.stderr.strip()[:200]}; "
-    return None, f"no network namespace permitted here ({why.rstrip('; ')})"
-
-
 def test_ray_suite_in_its_own_network_namespace() -> None:
-    if IN_NETNS:
-        pytest.skip("this is the launcher; the suite is running")
-    unshare, why = _unshare()
-    if unshare is None:
-        if REQUIRE:
-            pytest.fail(f"SLOBENCH_REQUIRE_RAY=1 but {why}")
-        pytest.skip(str(why))
-    env = {**os.environ, "SLOBENCH_RAY_NETNS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
-    cmd = 'ip link set lo up && exec "$0" -m pytest -q -p no:cacheprovider -x "$1"'
-    proc = subprocess.run([*unshare, "bash", "-c", cmd, sys.executable, __file__], env=env,
-                          capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
-    tail = (proc.stdout + proc.stderr)[-6000:]
-    assert proc.returncode == 0, tail
-    assert " passed" in proc.stdout and " skipped" in proc.stdout, tail  # the suite did run (and skipped this)
+    rerun_in_own_netns(__file__, timeout_s=900)
 
 
 def test_without_ray_the_flag_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch,
