@@ -38,10 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from slobench.clock import Clock
-from slobench.metrics import RecordArrays, achieved_send_rps, throughput
-from slobench.records import RequestRecord, RequestSpec
-from slobench.runner import RunOptions, run
+from slobench.analysis.metrics import RecordArrays, achieved_send_rps, throughput
+from slobench.run.clock import Clock
+from slobench.run.records import RequestRecord, RequestSpec
+from slobench.run.runner import RunOptions, run
 from slobench.targets.base import TargetBase
 from slobench.targets.openai import OpenAITarget
 from slobench.targets.workers import WorkerPool

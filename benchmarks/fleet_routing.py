@@ -1,6 +1,6 @@
 """How a fleet's capacity scales with replicas, and what the router costs or buys (virtual clock).
 
-For each router and replica count, a capacity search (`slobench.capacity.search_capacity`, 5 replicates)
+For each router and replica count, a capacity search (`slobench.experiments.capacity.search_capacity`, 5 replicates)
 on the simulated fleet: the bundled engine's scheduler per replica, the `h100-llama-1b` cost profile
 (illustrative, not measured), the `chat` workload (heavy-tailed Azure-fitted lengths) or
 `system-prompts` (Zipf-popular shared prefixes, small KV caches). Prints capacity, its interval, capacity
@@ -20,9 +20,9 @@ import argparse
 import asyncio
 import time
 
-from slobench.capacity import SearchOptions, search_capacity
+from slobench.analysis.slo import SLO
+from slobench.experiments.capacity import SearchOptions, search_capacity
 from slobench.fleet.simulate import SimulatedMeasure, simulate_records
-from slobench.slo import SLO
 from slobench.workload import generate, load_workload
 
 SETUPS = {

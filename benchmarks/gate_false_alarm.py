@@ -18,10 +18,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from slobench.capacity import SearchOptions, flat_metrics, search_capacity
+from slobench.analysis.slo import SLO
+from slobench.experiments.capacity import SearchOptions, flat_metrics, search_capacity
 from slobench.fleet.simulate import ModeledEngine, SimulatedMeasure
 from slobench.gate import Samples, gate, rate_key
-from slobench.slo import SLO
 
 CI_PROFILE = Path(__file__).resolve().parents[1] / "baselines" / "ci-profile.json"
 CI_SLO = SLO(ttft_s=0.3, tpot_s=0.07, target=0.9)

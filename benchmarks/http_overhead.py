@@ -24,12 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from slobench.clock import Clock
+from slobench.analysis.metrics import RecordArrays
 from slobench.fleet.client_routed import FleetTarget
 from slobench.fleet.simulate import simulate_run
-from slobench.metrics import RecordArrays
-from slobench.records import RequestRecord, RequestSpec
-from slobench.runner import RunOptions, run
+from slobench.run.clock import Clock
+from slobench.run.records import RequestRecord, RequestSpec
+from slobench.run.runner import RunOptions, run
 from slobench.targets.engine import EngineTarget
 from slobench.targets.openai import OpenAITarget
 from slobench.testing import EngineServerProcess

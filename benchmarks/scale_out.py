@@ -35,10 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from slobench.clock import Clock
-from slobench.metrics import RecordArrays, achieved_send_rps
-from slobench.records import RequestSpec
-from slobench.runner import RunOptions, run
+from slobench.analysis.metrics import RecordArrays, achieved_send_rps
+from slobench.run.clock import Clock
+from slobench.run.records import RequestSpec
+from slobench.run.runner import RunOptions, run
 from slobench.targets.openai import OpenAITarget
 from slobench.targets.ray_pool import RayPool
 from slobench.testing import TokenServerProcess

@@ -38,9 +38,9 @@ import resource
 import time
 import tracemalloc
 
+from slobench.analysis.slo import SLO
+from slobench.analysis.summary import summarize
 from slobench.fleet.simulate import simulate_records
-from slobench.slo import SLO
-from slobench.summary import summarize
 from slobench.workload import generate, load_workload
 
 KNOBS = {"profile": "h100-llama-1b", "kv_blocks": 2048}

@@ -23,9 +23,9 @@ from typing import Any
 
 import httpx
 
-from slobench.clock import Clock
-from slobench.records import RequestRecord, RequestSpec
-from slobench.runner import RunOptions, run
+from slobench.run.clock import Clock
+from slobench.run.records import RequestRecord, RequestSpec
+from slobench.run.runner import RunOptions, run
 from slobench.targets.base import TargetBase
 from slobench.targets.openai import OpenAITarget
 from slobench.testing.process import EngineServerProcess

@@ -4,7 +4,7 @@ The trace: --rows requests at 200 req/s (Poisson, millisecond stamps), input len
 1,000 tokens, at most 16,000), outputs lognormal (median 200); `hash_ids` in 512-token blocks whose first
 block comes from 1,000 shared "system prompts" (Zipf), the rest the request's own. Written once to --dir.
 
-Each way of reading runs in a fresh process, through `slobench.runner.run` as `slobench run --trace` does
+Each way of reading runs in a fresh process, through `slobench.run.runner.run` as `slobench run --trace` does
 (`--num-requests` = 200 × --seconds, to a target that answers at once), and prints:
   * first request s: from opening the trace to the first request sent (the runner's own 50 ms start lead
     included);
@@ -67,9 +67,9 @@ def _current_rss_mib() -> float:
 async def _run(mode: str, path: str, n: int) -> tuple[float, np.ndarray, float]:
     """Open the trace, run its first `n` requests; (seconds from opening to the first send, lateness, the
     largest RSS sampled while sending)."""
-    from slobench.clock import Clock
-    from slobench.records import RequestRecord, RequestSpec
-    from slobench.runner import RunOptions, run
+    from slobench.run.clock import Clock
+    from slobench.run.records import RequestRecord, RequestSpec
+    from slobench.run.runner import RunOptions, run
     from slobench.targets.base import TargetBase
     from slobench.workload.replay import TraceReplay
     from slobench.workload.trace_stream import StreamingReplay

@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from reference_engine.executor.modeled_executor import CostProfile
+from slobench.analysis.slo import SLO
+from slobench.analysis.summary import summarize
 from slobench.cli import main as cli
 from slobench.engine_cli import demo_engine_args
-from slobench.records import load_run
-from slobench.slo import SLO
-from slobench.summary import summarize
+from slobench.run.records import load_run
 
 # a second shape beside the bundled `tiny`: prompts 4x longer, short answers (prefill-bound, TTFT-bound)
 PREFILL_HEAVY = """\

@@ -11,7 +11,7 @@
 
 Each function is the same code path as its verb (the runner, the simulator, the gate, the report): a run
 made here and one made by `slobench run` write the same run directory. Everything here is synchronous;
-inside a running event loop (a Jupyter cell with one) use the async `slobench.runner.run` directly.
+inside a running event loop (a Jupyter cell with one) use the async `slobench.run.runner.run` directly.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slobench.records import RequestRecord, Run, load_run
-from slobench.slo import SLO
-from slobench.summary import RunSummary
-from slobench.summary import summarize as _summarize
+from slobench.analysis.slo import SLO
+from slobench.analysis.summary import RunSummary
+from slobench.analysis.summary import summarize as _summarize
+from slobench.run.records import RequestRecord, Run, load_run
 from slobench.workload.spec import WorkloadSpec, generate, load_workload
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ def run_load(
     api_key, extra_body, timeout_s, transport, ...). Preflight negotiates the server's capabilities as the
     CLI does. Returns the run read back (or, without `out`, its records and summary)."""
     from slobench.cli import discover_model
-    from slobench.runner import RunOptions, run
+    from slobench.run.runner import RunOptions, run
     from slobench.targets.openai import OpenAITarget
 
     spec, specs = _specs(workload, rate, num_requests, duration_s, seed, api)
@@ -117,8 +117,8 @@ def simulate_load(
 ) -> Run:
     """The same run on the bundled engine's real scheduler, on a virtual clock (no server, no wall time):
     `engine` is a `slobench.fleet.simulate.ModeledEngine` (its cost profile, KV blocks, batch limits)."""
+    from slobench.experiments.probe import VirtualProbe
     from slobench.fleet.simulate import ModeledEngine
-    from slobench.probe import VirtualProbe
 
     spec, specs = _specs(workload, rate, num_requests, duration_s, seed, "completions")
     slo_ = _slo(slo)

@@ -25,8 +25,8 @@ from slobench.errors import EngineError, SlobenchError, UsageError
 from slobench.redact import redact_argv, redact_text
 
 if TYPE_CHECKING:
-    from slobench.probe import Probe
-    from slobench.summary import RunSummary
+    from slobench.analysis.summary import RunSummary
+    from slobench.experiments.probe import Probe
 
 EXIT_CODES = __doc__.split("Exit codes", 1)[1].split("\n", 1)[1] if __doc__ else ""
 
@@ -221,7 +221,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def load_slo(text: str | None) -> Any:
-    from slobench.slo import SLO
+    from slobench.analysis.slo import SLO
 
     if text is None:
         return None
@@ -445,7 +445,7 @@ class LoadSetup:
         """Background tasks beside each run: the server's /metrics, scraped into server_metrics.jsonl.
 
         An in-process engine (after `target()`) is scraped through the same exposition, rendered locally."""
-        from slobench.scrape import MetricsScraper, metrics_url_for
+        from slobench.run.scrape import MetricsScraper, metrics_url_for
 
         interval = self.args.scrape_interval
         if not interval or interval <= 0:
@@ -527,7 +527,7 @@ class LoadSetup:
         scraper beside each run (both as a capacity search's probes have always been). `first`: the (rate,
         seed) measured first, whose requests are made before any connection, so a bad workload or trace is
         exit 2 before the server is touched."""
-        from slobench.probe import LiveProbe, VirtualProbe
+        from slobench.experiments.probe import LiveProbe, VirtualProbe
 
         a = self.args
 
@@ -560,7 +560,7 @@ class LoadSetup:
             await target.close()
 
     def run_options(self) -> Any:
-        from slobench.runner import RunOptions
+        from slobench.run.runner import RunOptions
 
         a = self.args
         return RunOptions(
@@ -601,7 +601,7 @@ async def discover_model(url: str, headers: dict[str, str], api_key_env: str) ->
 
 
 async def _start_target(setup: LoadSetup) -> tuple[Any, Any, str]:
-    from slobench.clock import Clock
+    from slobench.run.clock import Clock
 
     if setup.args.model is None and not setup.args.engine:
         setup.args.model = await discover_model(setup.urls[0], setup.headers, setup.args.api_key_env)
@@ -676,8 +676,8 @@ def error_rate_verdict(n: int, ok: int, max_error_rate: float | None) -> str | N
 
 
 async def _run(args: argparse.Namespace) -> int:
-    from slobench.outdir import claim_out_dir
     from slobench.report.terminal import print_run
+    from slobench.run.outdir import claim_out_dir
     from slobench.targets.ray_pool import client_clock_lines
 
     setup = LoadSetup(args)
@@ -707,9 +707,9 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 async def _sweep(args: argparse.Namespace) -> int:
-    from slobench.outdir import claim_out_dir
+    from slobench.experiments.sweep import parse_rates, run_sweep
     from slobench.report.terminal import make_console
-    from slobench.sweep import parse_rates, run_sweep
+    from slobench.run.outdir import claim_out_dir
 
     if not args.rates:
         raise UsageError("--rates is required for sweep (e.g. --rates 1,2,4 or --rates 1:16:5)")
@@ -760,15 +760,15 @@ def _maybe_report(args: argparse.Namespace, run_dirs: Sequence[Path]) -> None:
 def _summarize(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from slobench.records import load_run
+    from slobench.analysis.summary import summarize
     from slobench.report.terminal import print_run
-    from slobench.summary import summarize
+    from slobench.run.records import load_run
 
     run = load_run(args.run_dir)
     if args.slo:
         slo = load_slo(args.slo)
     elif run.manifest.get("slo"):
-        from slobench.slo import SLO
+        from slobench.analysis.slo import SLO
 
         slo = SLO.from_dict(run.manifest["slo"])
     else:

@@ -85,7 +85,7 @@ def dispatch(args: argparse.Namespace) -> int:
 def _gate(args: argparse.Namespace) -> int:
     from slobench.errors import UsageError
     from slobench.gate import Threshold, gate, junit_xml, load_samples, markdown
-    from slobench.records import write_json_atomic
+    from slobench.run.records import write_json_atomic
 
     if not args.candidate:
         raise UsageError("--candidate is required")
@@ -142,7 +142,7 @@ def check_updatable(baselines: list[str]) -> None:
 
 def update_baseline_on_pass(res: Any, cand: Any, path: Path) -> tuple[bool, str]:
     """Refresh the baseline from the candidate when the verdict is pass; (updated, what to tell the user)."""
-    from slobench.records import write_json_atomic
+    from slobench.run.records import write_json_atomic
 
     if res.verdict != "pass":
         return False, (f"baseline not updated: the verdict is {res.verdict}; {path} follows main only on a pass "
@@ -155,7 +155,7 @@ def update_baseline_on_pass(res: Any, cand: Any, path: Path) -> tuple[bool, str]
 
 
 def _tolerance(text: str) -> float:
-    from slobench.slo import parse_fraction
+    from slobench.analysis.slo import parse_fraction
 
     return parse_fraction(text, "tolerance", "0.05 or 5%")
 
@@ -163,13 +163,13 @@ def _tolerance(text: str) -> float:
 async def _capacity(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from slobench.capacity import SearchOptions, replicate_at_rates, search_capacity, t_interval
     from slobench.cli import MIN_PROBE_S, LoadSetup, default_out
     from slobench.errors import UsageError
+    from slobench.experiments.capacity import SearchOptions, replicate_at_rates, search_capacity, t_interval
+    from slobench.experiments.probe import ProbeMeasure
+    from slobench.experiments.sweep import parse_rates
     from slobench.gate import load_samples, workload_identity
-    from slobench.probe import ProbeMeasure
-    from slobench.records import CAPACITY, write_capacity, write_json_atomic
-    from slobench.sweep import parse_rates
+    from slobench.run.records import CAPACITY, write_capacity, write_json_atomic
 
     if args.concurrency:
         raise UsageError("--concurrency: capacity searches offered (open-loop) rates; drop --concurrency")
@@ -186,7 +186,7 @@ async def _capacity(args: argparse.Namespace) -> int:
     )
     if fixed and opts.replicates < 2:
         raise UsageError("--rates needs --replicates >= 2: fixed-rate replicates are what the gate compares")
-    from slobench.outdir import claim_out_dir
+    from slobench.run.outdir import claim_out_dir
 
     out = claim_out_dir(Path(args.out) if args.out else default_out("capacity"),
                         overwrite=getattr(args, "overwrite", False))  # before any request: exit 2, one line
@@ -249,8 +249,8 @@ async def _capacity(args: argparse.Namespace) -> int:
 
 def _slo_scales(out: Path, doc: dict[str, Any], slo: Any, t_interval: Any) -> list[dict[str, Any]]:
     """Per rate: the tightest SLO scale each replicate run still meets the target at (DistServe's view)."""
-    from slobench.capacity import tightest_slo_scale
-    from slobench.records import load_run
+    from slobench.experiments.capacity import tightest_slo_scale
+    from slobench.run.records import load_run
 
     reps = [p for p in doc["probes"] if p["phase"] == "replicate" and p.get("run_dir")]
     if doc.get("replicate_edges_rps") or doc.get("bracket_rps"):

@@ -38,11 +38,11 @@ from typing import Any
 
 import numpy as np
 
+from slobench.analysis.slo import SLO
 from slobench.errors import SpecError
 from slobench.fleet.simulate import ModeledEngine
 from slobench.plan_day import DayRecipe, Window
-from slobench.records import RequestRecord, RequestSpec
-from slobench.slo import SLO
+from slobench.run.records import RequestRecord, RequestSpec
 
 __all__ = ["Evaluation", "Fleet", "PlanOptions", "Setup", "evaluate", "fleet_cost_order", "plan_day",
            "search_window", "transition_fleet"]  # fmt: skip
@@ -152,7 +152,7 @@ def simulate_fleet(setup: Setup, specs: Sequence[RequestSpec], fleet: Fleet) -> 
 
 
 def _judge(setup: Setup, records: Sequence[RequestRecord], counted: set[int], missed: int = 0) -> Evaluation:
-    from slobench.metrics import RecordArrays
+    from slobench.analysis.metrics import RecordArrays
 
     a = RecordArrays.from_records([r for r in records if r.request_id in counted])
     met = setup.slo.meets(a)

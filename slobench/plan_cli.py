@@ -122,11 +122,11 @@ def dispatch(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from reference_engine.executor.modeled_executor import CostProfile
+    from slobench.analysis.slo import SLO
     from slobench.fleet.disagg import KVLink
     from slobench.fleet.simulate import ModeledEngine
     from slobench.plan import PlanOptions, Setup
     from slobench.plan_day import DayRecipe
-    from slobench.slo import SLO
 
     if (args.workload is None) == (args.trace is None):
         raise UsageError("plan needs one of --workload or --trace")

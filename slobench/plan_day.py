@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from slobench.errors import SpecError, UsageError
-from slobench.records import RequestSpec
+from slobench.run.records import RequestSpec
 
 __all__ = ["DayRecipe", "Window", "build_windows", "day_length_s", "interleave"]
 

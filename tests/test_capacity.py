@@ -7,7 +7,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from slobench.capacity import (
+from slobench.analysis.slo import SLO
+from slobench.analysis.summary import RunSummary
+from slobench.errors import SpecError
+from slobench.experiments.capacity import (
     RunMeasure,
     SearchOptions,
     probe_dir_name,
@@ -15,12 +18,9 @@ from slobench.capacity import (
     search_capacity,
     tightest_slo_scale,
 )
-from slobench.clock import Clock
-from slobench.errors import SpecError
-from slobench.records import RequestRecord, RequestSpec, load_run
-from slobench.runner import RunOptions
-from slobench.slo import SLO
-from slobench.summary import RunSummary
+from slobench.run.clock import Clock
+from slobench.run.records import RequestRecord, RequestSpec, load_run
+from slobench.run.runner import RunOptions
 from slobench.targets.base import TargetBase
 
 LN9 = math.log(9.0)
@@ -119,7 +119,7 @@ async def test_no_replicates_no_interval():
 
 
 def test_replicate_edges_never_narrow_a_wide_bracket():
-    from slobench.capacity import replicate_edges
+    from slobench.experiments.capacity import replicate_edges
 
     assert replicate_edges((10.0, 20.0), 0.2) == (10.0, 20.0)
     assert replicate_edges((10.0, 10.5), 0.0) == (10.0, 10.5)
@@ -166,7 +166,7 @@ def test_tightest_slo_scale_is_exact():
     k = tightest_slo_scale(recs, slo)
     assert k == pytest.approx(4.5)
     scaled = SLO(ttft_s=k, tpot_s=0.1 * k, target=0.9)
-    from slobench.metrics import RecordArrays
+    from slobench.analysis.metrics import RecordArrays
 
     a = RecordArrays.from_records(recs)
     assert scaled.meets(a).mean() >= 0.9

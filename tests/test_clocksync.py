@@ -1,4 +1,4 @@
-"""Clock sync (slobench.clocksync): a simulated remote clock, shifted and drifting by known amounts, seen
+"""Clock sync (slobench.run.clocksync): a simulated remote clock, shifted and drifting by known amounts, seen
 through round trips with random, asymmetric one-way delays, is recovered within the stated bound."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from slobench.clocksync import ClockMap, OffsetEstimate, estimate_offset, measure_offset
 from slobench.errors import SpecError
+from slobench.run.clocksync import ClockMap, OffsetEstimate, estimate_offset, measure_offset
 
 
 class RemoteClock:

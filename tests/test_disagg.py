@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from reference_engine.executor.modeled_executor import CostProfile
+from slobench.analysis.metrics import RecordArrays
+from slobench.analysis.slo import SLO
 from slobench.cli import main
 from slobench.errors import EngineConfigError
 from slobench.fleet.disagg import DisaggFleet, KVLink, kv_bytes_per_token
 from slobench.fleet.simulate import ModeledEngine, simulate_records, simulate_run
-from slobench.metrics import RecordArrays
-from slobench.records import RequestSpec
-from slobench.slo import SLO
+from slobench.run.records import RequestSpec
 
 PROFILE = CostProfile("exact", step_overhead_s=0.01, per_prefill_token_s=0.001, per_decode_seq_s=0.002,
                       per_context_token_s=0.0001)

@@ -14,7 +14,7 @@ from reference_engine.executor.base import StepBatch, StepResult
 from reference_engine.executor.modeled_executor import CostProfile, ModeledExecutor
 from reference_engine.metrics import EngineMetrics
 from reference_engine.scheduler import RequestRejected
-from slobench.clock import Clock
+from slobench.run.clock import Clock
 
 PROFILE = CostProfile("test", step_overhead_s=0.002, per_prefill_token_s=1e-4, per_decode_seq_s=1e-3,
                       per_context_token_s=0.0)

@@ -17,10 +17,10 @@ from reference_engine.engine import LLMEngine
 from reference_engine.executor.base import StepBatch, StepResult
 from reference_engine.executor.modeled_executor import CostProfile, ModeledExecutor
 from reference_engine.tokenizer import ByteTokenizer
-from slobench.clock import Clock
 from slobench.errors import TargetUnreachable, UsageError
-from slobench.records import RequestRecord, RequestSpec
-from slobench.runner import RunOptions, run
+from slobench.run.clock import Clock
+from slobench.run.records import RequestRecord, RequestSpec
+from slobench.run.runner import RunOptions, run
 from slobench.targets.engine import (
     EngineTarget,
     add_engine_arguments,

@@ -16,10 +16,10 @@ from reference_engine.executor.modeled_executor import CostProfile, ModeledExecu
 from reference_engine.metrics import EngineMetrics
 from reference_engine.tokenizer import ByteTokenizer
 from slobench.cli import main
-from slobench.records import RequestSpec
 from slobench.report import build_report
-from slobench.runner import RunOptions, run
-from slobench.scrape import MetricsScraper, parse_samples, sample_key
+from slobench.run.records import RequestSpec
+from slobench.run.runner import RunOptions, run
+from slobench.run.scrape import MetricsScraper, parse_samples, sample_key
 from slobench.targets.engine import EngineTarget
 
 LABELS = {"model_name": "tiny"}

@@ -11,7 +11,7 @@ import pytest
 
 from slobench.cli import main
 from slobench.errors import SpecError
-from slobench.records import RequestSpec
+from slobench.run.records import RequestSpec
 from slobench.workload import generate, load_workload
 from slobench.workload.fit import fit_trace
 from slobench.workload.prefix_fit import fit_prefix_groups, prompt_reuse, trace_reuse

@@ -9,15 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from slobench.analysis.metrics import RecordArrays
 from slobench.cli import main
-from slobench.clock import Clock
 from slobench.errors import SpecError
 from slobench.fleet.client_routed import FleetTarget
 from slobench.fleet.routing import Router
 from slobench.fleet.simulate import simulate_records
-from slobench.metrics import RecordArrays
-from slobench.records import RequestSpec
-from slobench.runner import RunOptions, run
+from slobench.run.clock import Clock
+from slobench.run.records import RequestSpec
+from slobench.run.runner import RunOptions, run
 from slobench.targets.base import TargetBase
 from slobench.targets.engine import EngineTarget
 from slobench.testing import TokenServerProcess
@@ -108,9 +108,9 @@ def test_prompts_for_affinity_are_hashed_by_their_head() -> None:
 
 
 def test_per_replica_summary_shows_an_affinity_hot_spot() -> None:
+    from slobench.analysis.slo import SLO
     from slobench.fleet.simulate import simulate_run
     from slobench.report.terminal import per_replica_text
-    from slobench.slo import SLO
 
     specs = generate(load_workload("system-prompts"), rate_rps=20.0, duration_s=20, seed=2)
     knobs = {"profile": "h100-llama-1b", "kv_blocks": 300}

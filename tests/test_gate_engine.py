@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from slobench.capacity import SearchOptions, search_capacity
+from slobench.analysis.slo import SLO
 from slobench.cli import main
+from slobench.experiments.capacity import SearchOptions, search_capacity
 from slobench.fleet.simulate import ModeledEngine, SimulatedMeasure, sweep_crossing
 from slobench.gate import Samples, gate, rate_key
-from slobench.slo import SLO
 
 ROOT = Path(__file__).resolve().parents[1]
 CI_PROFILE = ROOT / "baselines" / "ci-profile.json"

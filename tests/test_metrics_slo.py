@@ -3,10 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from slobench.errors import SpecError
-from slobench.metrics import RecordArrays, quantiles, throughput
-from slobench.records import RequestRecord
-from slobench.slo import (
+from slobench.analysis.metrics import RecordArrays, quantiles, throughput
+from slobench.analysis.slo import (
     SLO,
     attainment,
     block_length,
@@ -17,7 +15,9 @@ from slobench.slo import (
     samples_beyond,
     wilson_ci,
 )
-from slobench.summary import summarize
+from slobench.analysis.summary import summarize
+from slobench.errors import SpecError
+from slobench.run.records import RequestRecord
 
 
 def rec(i, sched, sent, first, done, out, status="ok", chunks=None, warm=False):
@@ -165,8 +165,8 @@ def test_client_bottleneck_flagged():
 
 
 def test_prefix_cache_summary_and_line() -> None:
+    from slobench.analysis.summary import prefix_cache, summarize
     from slobench.report.terminal import prefix_cache_text
-    from slobench.summary import prefix_cache, summarize
 
     recs = []
     for i in range(40):
@@ -189,8 +189,8 @@ def test_prefix_cache_summary_and_line() -> None:
 
 
 def test_per_class_breakdown_when_a_run_mixes_classes() -> None:
+    from slobench.analysis.summary import summarize
     from slobench.report.terminal import per_tag_text
-    from slobench.summary import summarize
 
     recs = []
     for i in range(30):

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from slobench.records import RequestRecord, RequestSpec
-from slobench.scrape import MetricsScraper
+from slobench.run.records import RequestRecord, RequestSpec
+from slobench.run.scrape import MetricsScraper
 from slobench.targets import OpenAITarget
 from slobench.testing import TokenServerProcess
 from slobench.testing.process import EngineServerProcess

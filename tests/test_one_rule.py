@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from slobench.analysis.slo import SLO
+from slobench.analysis.summary import error_kind, read_columns, summarize
 from slobench.cli import main
-from slobench.records import load_run
 from slobench.report.load import load_series
 from slobench.report.stats import run_point
-from slobench.slo import SLO
-from slobench.summary import error_kind, read_columns, summarize
+from slobench.run.records import load_run
 
 
 def test_capacity_simulate_on_a_trace_runs(tmp_path: Path) -> None:

@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from slobench.clock import Clock
 from slobench.errors import SpecError, TargetUnreachable
-from slobench.records import RequestRecord, RequestSpec
+from slobench.run.clock import Clock
+from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets import OpenAITarget
 from slobench.targets.transport import Response, TransportError
 from slobench.testing import TokenServerProcess

@@ -11,7 +11,7 @@ import pytest
 
 from slobench.cli import main
 from slobench.errors import UsageError
-from slobench.outdir import claim_out_dir
+from slobench.run.outdir import claim_out_dir
 
 
 def test_a_new_or_empty_directory_is_claimed(tmp_path: Path) -> None:

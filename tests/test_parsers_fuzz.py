@@ -12,9 +12,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from slobench.analysis.slo import SLO
 from slobench.errors import SlobenchError
-from slobench.records import RequestRecord, load_run, record_problem
-from slobench.slo import SLO
+from slobench.run.records import RequestRecord, load_run, record_problem
 from slobench.workload.spec import WorkloadSpec
 from slobench.workload.traces import load_trace
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from slobench.analysis.slo import SLO
 from slobench.cli import main
 from slobench.errors import SpecError
 from slobench.fleet.simulate import ModeledEngine
@@ -30,7 +31,6 @@ from slobench.plan import (
 )
 from slobench.plan_day import DayRecipe, Window
 from slobench.plan_pool import PlanPool, windows_for
-from slobench.slo import SLO
 from slobench.workload import WorkloadSpec
 
 DAY = """

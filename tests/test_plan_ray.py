@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from slobench.analysis.slo import SLO
 from slobench.cli import main
 from slobench.fleet.simulate import ModeledEngine
 from slobench.plan import PlanOptions, Setup, plan_day
 from slobench.plan_day import DayRecipe
 from slobench.plan_pool import PlanPool, windows_for
-from slobench.slo import SLO
 from slobench.workload import WorkloadSpec
 from tests.netns import in_netns, rerun_in_own_netns
 

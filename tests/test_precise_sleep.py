@@ -1,4 +1,4 @@
-"""slobench.precise_sleep: a timerfd wakes sleepers at (never before) their deadlines, in deadline order,
+"""slobench.run.precise_sleep: a timerfd wakes sleepers at (never before) their deadlines, in deadline order,
 however they were queued, and a cancelled sleeper takes nobody down with it. No assertion on how soon
 after the deadline a wake comes: that is the machine's load (benchmarks/client_overhead.py measures it)."""
 
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from slobench.clock import Clock
-from slobench.precise_sleep import PreciseSleep, sleep_until
+from slobench.run.clock import Clock
+from slobench.run.precise_sleep import PreciseSleep, sleep_until
 
 needs_timerfd = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd is Linux's")
 MS = 1_000_000

@@ -7,13 +7,13 @@ import ast
 import json
 from pathlib import Path
 
-from slobench.clock import Clock
+from slobench.analysis.slo import SLO
+from slobench.experiments.probe import LiveProbe, ProbeMeasure, VirtualProbe
+from slobench.experiments.sweep import run_sweep
 from slobench.fleet.simulate import ModeledEngine
-from slobench.probe import LiveProbe, ProbeMeasure, VirtualProbe
-from slobench.records import load_run
-from slobench.runner import RunOptions
-from slobench.slo import SLO
-from slobench.sweep import run_sweep
+from slobench.run.clock import Clock
+from slobench.run.records import load_run
+from slobench.run.runner import RunOptions
 from slobench.targets.openai import OpenAITarget
 from slobench.testing import TokenServerProcess
 from slobench.workload import generate, load_workload
@@ -39,7 +39,7 @@ def _imported(path: Path) -> set[str]:
 
 def test_sweep_and_capacity_never_import_the_runner() -> None:
     for name in ("sweep.py", "capacity.py"):
-        assert "slobench.runner" not in _imported(SRC / name), name
+        assert "slobench.run.runner" not in _imported(SRC / "experiments" / name), name
 
 
 async def test_live_and_virtual_probes_write_one_run_directory_shape(tmp_path: Path,

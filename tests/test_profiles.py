@@ -83,7 +83,7 @@ def test_the_profile_flag_accepts_a_roofline_name() -> None:
 
 def test_a_simulated_run_takes_a_roofline_profile() -> None:
     from slobench.fleet.simulate import ModeledEngine, simulate_records
-    from slobench.records import RequestSpec
+    from slobench.run.records import RequestSpec
 
     specs = [RequestSpec(i, i * 0.05, tuple(range(100, 100 + 512)), 512, 64) for i in range(20)]
     h100 = simulate_records(specs, ModeledEngine(profile="roofline:h100/llama-3.1-8b"))

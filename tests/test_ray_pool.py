@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from slobench.analysis.metrics import RecordArrays
 from slobench.cli import main
-from slobench.clock import Clock
-from slobench.metrics import RecordArrays
-from slobench.records import RequestRecord, RequestSpec
-from slobench.runner import RunOptions, run
+from slobench.run.clock import Clock
+from slobench.run.records import RequestRecord, RequestSpec
+from slobench.run.runner import RunOptions, run
 from slobench.testing import TokenServerProcess
 from tests.netns import in_netns, rerun_in_own_netns
 

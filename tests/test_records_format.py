@@ -9,7 +9,7 @@ from dataclasses import asdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slobench.records import RequestRecord
+from slobench.run.records import RequestRecord
 
 _time = st.one_of(st.none(), st.floats(min_value=0, max_value=1e6, allow_nan=False))
 _records = st.builds(

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from slobench.cli import LoadSetup, build_parser, main
-from slobench.clock import Clock
 from slobench.errors import UsageError
+from slobench.run.clock import Clock
 from slobench.targets.openai import OpenAITarget
 from slobench.workload.replay import replay
 from slobench.workload.traces import load_trace

@@ -7,10 +7,12 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
+from slobench.analysis.metrics import RecordArrays, throughput
+from slobench.analysis.slo import SLO, attainment, bootstrap_mean_ci
+from slobench.analysis.summary import read_columns
 from slobench.cli import main as main_cli
 from slobench.errors import UsageError
-from slobench.metrics import RecordArrays, throughput
-from slobench.records import RequestRecord, RunWriter, load_run, write_records
+from slobench.experiments.sweep import crossing_rate
 from slobench.report import build_report
 from slobench.report.compare import compare
 from slobench.report.figures import cdf_figure, client_figure, cliff_figure, percentile_figure
@@ -21,9 +23,7 @@ from slobench.report.stats import analyze, cdf_points
 from slobench.report.synthetic import DEFAULT_SLO, synthetic_records, write_synthetic_sweep
 from slobench.report.terminal import headline_text
 from slobench.report.timeline import MAX_MET_POINTS, MAX_MISS_POINTS, in_flight, timeline_figure
-from slobench.slo import SLO, attainment, bootstrap_mean_ci
-from slobench.summary import read_columns
-from slobench.sweep import crossing_rate
+from slobench.run.records import RequestRecord, RunWriter, load_run, write_records
 
 HOSTILE = "<script>alert(1)</script><b>b</b>\"'&"
 HOSTILE_DIR = "sw <img src=x onerror=alert(2)> \"q\""
@@ -75,7 +75,7 @@ def test_headline_is_the_crossing_rate_of_the_data(sweeps, tmp_path):
     assert expected is not None and 2 < expected < 12  # the synthetic cliff lies inside the sweep
     view = analyze(series, "#000000")
     assert view.headline["max_rate_meeting_rps"] == pytest.approx(expected, rel=1e-12)
-    # and the interval comes from the same bootstrap slobench.slo uses
+    # and the interval comes from the same bootstrap slobench.analysis.slo uses
     for p, run in zip(view.points, series.runs, strict=True):
         arr = RecordArrays.from_records(load_run(run.run_dir).records)
         ref = attainment(arr, DEFAULT_SLO, duration_s=throughput(arr).duration_s, seed=0)
@@ -88,7 +88,7 @@ def test_headline_is_the_crossing_rate_of_the_data(sweeps, tmp_path):
 @pytest.mark.parametrize("seed", [0, 3])
 def test_block_sum_bootstrap_equals_materialised_resamples(seed):
     # slo.bootstrap_mean_ci sums blocks through a prefix sum; check it against resamples built explicitly.
-    from slobench.slo import _block_indices
+    from slobench.analysis.slo import _block_indices
 
     rng = np.random.default_rng(seed)
     for n in (1, 7, 250, 2603):
@@ -315,8 +315,8 @@ def test_quantiles_resting_on_few_tail_values_are_marked(tmp_path):
     # 200 requests: 100 beyond the p50 (enough), 20 beyond the p90 and 2 beyond the p99 (marked).
     from rich.console import Console
 
+    from slobench.analysis.summary import summarize
     from slobench.report.terminal import THIN_MARK, print_run
-    from slobench.summary import summarize
 
     recs = synthetic_records(5.0, 200, seed=3)
     summary = summarize(recs, DEFAULT_SLO)
@@ -354,8 +354,8 @@ def test_rate_table_shows_prefix_cache_hits_when_the_server_reports_them(tmp_pat
 
 
 def test_the_median_is_never_marked_thin():
+    from slobench.analysis.summary import Dist
     from slobench.report.html import _ms3
-    from slobench.summary import Dist
 
     assert _ms3(Dist(p50=1e-3, p90=2e-3, p99=3e-3, count=50)) == "1.0 / 2.0† / 3.0†"
     assert _ms3(Dist(p50=1e-3, p90=2e-3, p99=3e-3, count=20_000)) == "1.0 / 2.0 / 3.0"

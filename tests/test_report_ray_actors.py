@@ -8,11 +8,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from slobench.clocksync import CLOCK_LIMIT_OF_TTFT
-from slobench.records import SUMMARY, RunWriter
+from slobench.analysis.slo import SLO
 from slobench.report import build_report
 from slobench.report.synthetic import synthetic_records
-from slobench.slo import SLO
+from slobench.run.clocksync import CLOCK_LIMIT_OF_TTFT
+from slobench.run.records import SUMMARY, RunWriter
 
 RUN_SLO = SLO(ttft_s=0.1, tpot_s=0.05)  # limit: 5% of 100 ms = 5 ms
 

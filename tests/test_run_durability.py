@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from slobench.records import REQUESTS, SUMMARY, read_record_dicts
+from slobench.run.records import REQUESTS, SUMMARY, read_record_dicts
 from slobench.testing import TokenServerProcess
 
 pytestmark = pytest.mark.integration

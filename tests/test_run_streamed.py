@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from slobench.cli import LoadSetup, build_parser, main
-from slobench.clock import Clock
 from slobench.errors import SpecError, UsageError
-from slobench.records import RequestSpec
-from slobench.runner import RunOptions, run
+from slobench.run.clock import Clock
+from slobench.run.records import RequestSpec
+from slobench.run.runner import RunOptions, run
 from slobench.targets.base import TargetBase
 from slobench.workload.replay import TraceReplay
 from slobench.workload.trace_stream import ReplayStream, StreamingReplay, count_lines
@@ -127,7 +127,7 @@ async def test_a_stream_with_duration_counts_what_it_sent():
 
 
 async def test_progress_total_comes_from_the_streams_hint(tmp_path):
-    from slobench import runner
+    from slobench.run import runner
 
     path = mooncake(tmp_path / "m.jsonl", 50)
     assert count_lines(path) == 50
@@ -249,7 +249,7 @@ async def test_client_workers_take_a_streamed_trace(tmp_path, token_server):
 async def test_the_runner_builds_ahead_in_the_slack_never_between_a_spawn_and_its_send(tmp_path):
     """A stream builds requests ahead while the runner sleeps to its next send (`fill`), never between
     the runner spawning a send and the send itself."""
-    from slobench.runner import Dispatcher
+    from slobench.run.runner import Dispatcher
     from slobench.workload import trace_stream
 
     path = mooncake(tmp_path / "m.jsonl", 120, gap_ms=3)
@@ -306,7 +306,7 @@ def test_fill_builds_ahead_only_within_its_slack_and_bound(tmp_path):
 async def test_a_trace_damaged_part_way_stops_the_run_with_its_summary_written(tmp_path):
     import gzip
 
-    from slobench.records import load_run
+    from slobench.run.records import load_run
 
     plain = mooncake(tmp_path / "m.jsonl", 8000, gap_ms=1).read_bytes()
     packed = gzip.compress(plain)

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from slobench.analysis.slo import SLO
+from slobench.analysis.summary import RunSummary, columns_of, read_columns, summarize
 from slobench.errors import UsageError
-from slobench.records import SCHEMA_VERSION, RunWriter, load_run, read_summary
 from slobench.report.synthetic import synthetic_records
-from slobench.slo import SLO
-from slobench.summary import RunSummary, columns_of, read_columns, summarize
+from slobench.run.records import SCHEMA_VERSION, RunWriter, load_run, read_summary
 
 SLO_ = SLO.parse("ttft=300ms,tpot=60ms")
 

@@ -7,10 +7,10 @@ import signal
 
 import pytest
 
-from slobench.clock import Clock
-from slobench.records import RequestSpec, load_run
-from slobench.runner import RunOptions, run
-from slobench.slo import SLO
+from slobench.analysis.slo import SLO
+from slobench.run.clock import Clock
+from slobench.run.records import RequestSpec, load_run
+from slobench.run.runner import RunOptions, run
 from slobench.targets.base import TargetBase
 
 

@@ -6,7 +6,7 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from slobench.scrape import MetricsScraper, metrics_url_for, parse_samples, sample_key
+from slobench.run.scrape import MetricsScraper, metrics_url_for, parse_samples, sample_key
 
 
 class FakeClock:

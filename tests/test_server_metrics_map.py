@@ -18,7 +18,7 @@ import pytest
 from slobench.report import build_report
 from slobench.report.server_state import ServerSeries, load_server_metrics, server_series
 from slobench.report.synthetic import write_synthetic_sweep
-from slobench.scrape import parse_samples
+from slobench.run.scrape import parse_samples
 
 # ---- expositions, one per scrape: {placeholders} are the scrape's values -----------------------------------
 
@@ -215,7 +215,7 @@ llamacpp:kv_cache_tokens 1234
 
 
 def write_scrapes(path: Path, template: str, scrapes: list[dict[str, float]]) -> Path:
-    """One server_metrics.jsonl line a scrape, one second apart, as slobench.scrape writes them."""
+    """One server_metrics.jsonl line a scrape, one second apart, as slobench.run.scrape writes them."""
     with open(path, "w") as fh:
         for i, values in enumerate(scrapes):
             samples = parse_samples(template.format(**values))

@@ -154,7 +154,7 @@ def test_bad_tokenizer_is_exit_2_with_one_line(tmp_path: Path, capsys: pytest.Ca
 @pytest.mark.parametrize(("profile", "paired"), [("vllm", False), ("sglang", False), ("llamacpp", True),
                                                  ("auto", True)])
 def test_min_tokens_goes_beside_ignore_eos_only_where_ignore_eos_may_be_ignored(profile: str, paired: bool) -> None:
-    from slobench.records import RequestSpec
+    from slobench.run.records import RequestSpec
     from slobench.targets import OpenAITarget
 
     body = OpenAITarget("http://h:1/v1", "m", server_profile=profile).build_body(
@@ -165,10 +165,10 @@ def test_min_tokens_goes_beside_ignore_eos_only_where_ignore_eos_may_be_ignored(
 
 def test_server_and_user_strings_are_printed_as_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 13 item 9: a model name, path, tag or error text holding rich markup is printed as it is."""
-    from slobench.records import RequestRecord
+    from slobench.analysis.slo import SLO
+    from slobench.analysis.summary import summarize
     from slobench.report.terminal import print_run
-    from slobench.slo import SLO
-    from slobench.summary import summarize
+    from slobench.run.records import RequestRecord
 
     nasty = "[/bold]m[red]x"
     recs = []
@@ -196,17 +196,17 @@ def test_warmup_that_leaves_nothing_to_measure_is_exit_2(capsys: pytest.CaptureF
 def test_summary_files_never_hold_nan(tmp_path: Path) -> None:
     import math
 
-    from slobench.records import write_json_atomic
+    from slobench.run.records import write_json_atomic
 
     write_json_atomic(tmp_path / "s.json", {"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": -math.inf}})
     assert json.loads((tmp_path / "s.json").read_text()) == {"a": None, "b": [1.0, None], "c": {"d": None}}
 
 
 async def test_an_interrupted_sweep_point_is_marked_and_left_out_of_the_headline(tmp_path: Path) -> None:
-    from slobench.probe import ProbeResult
-    from slobench.slo import SLO
-    from slobench.summary import RunSummary
-    from slobench.sweep import run_sweep
+    from slobench.analysis.slo import SLO
+    from slobench.analysis.summary import RunSummary
+    from slobench.experiments.probe import ProbeResult
+    from slobench.experiments.sweep import run_sweep
 
     def summary(n: int, ok_share: float) -> RunSummary:
         return RunSummary.from_dict({"num_requests": n, "num_ok": n, "attainment": {
@@ -270,7 +270,7 @@ def test_an_error_line_never_shows_a_password(capsys: pytest.CaptureFixture[str]
 
 def test_the_text_memo_is_bounded_by_size(monkeypatch: pytest.MonkeyPatch) -> None:
     import slobench.targets.openai as oa
-    from slobench.records import RequestSpec
+    from slobench.run.records import RequestSpec
 
     monkeypatch.setattr(oa, "_MEMO_CHARS", 1000)
     t = oa.OpenAITarget("http://h:1/v1", "m", "chat")

@@ -13,8 +13,9 @@ from reference_engine.executor.base import StepBatch, StepResult
 from reference_engine.executor.modeled_executor import CostProfile
 from reference_engine.protocol import chat_prompt
 from reference_engine.tokenizer import ByteTokenizer
-from slobench.capacity import SearchOptions, search_capacity
+from slobench.analysis.slo import SLO
 from slobench.errors import EngineConfigError
+from slobench.experiments.capacity import SearchOptions, search_capacity
 from slobench.fleet.simulate import (
     ModeledEngine,
     SimulatedMeasure,
@@ -22,8 +23,7 @@ from slobench.fleet.simulate import (
     simulate_run,
     sweep_crossing,
 )
-from slobench.records import RequestSpec, load_run
-from slobench.slo import SLO
+from slobench.run.records import RequestSpec, load_run
 from slobench.workload import generate, load_workload
 
 # step_s = a + b * prefill_tokens + c * decode_seqs + d * context_tokens, with round numbers

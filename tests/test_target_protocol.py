@@ -15,11 +15,11 @@ import pytest
 
 import slobench.fleet
 import slobench.targets
-from slobench.clock import Clock
 from slobench.errors import UsageError
 from slobench.fleet.client_routed import FleetTarget
-from slobench.records import RequestRecord, RequestSpec
-from slobench.runner import RunOptions, run
+from slobench.run.clock import Clock
+from slobench.run.records import RequestRecord, RequestSpec
+from slobench.run.runner import RunOptions, run
 from slobench.targets.base import Target, TargetBase
 from slobench.targets.capabilities import Capabilities
 from slobench.targets.engine import EngineTarget
@@ -172,7 +172,7 @@ def test_probe_finder_finds_probes(tmp_path: Path) -> None:
 
 
 def test_no_target_is_probed_with_hasattr_or_getattr() -> None:
-    files = [ROOT / "slobench" / "runner.py", *sorted((ROOT / "slobench" / "targets").glob("*.py")),
+    files = [ROOT / "slobench" / "run" / "runner.py", *sorted((ROOT / "slobench" / "targets").glob("*.py")),
              *sorted((ROOT / "slobench" / "fleet").glob("*.py"))]
     found = [hit for f in files for hit in _probes_on_targets(f)]
     assert not found, "read the Target protocol's members directly:\n" + "\n".join(found)

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from slobench.cli import main, parse_rate_limit
-from slobench.clock import Clock
 from slobench.errors import UsageError
-from slobench.records import RequestRecord, RequestSpec
-from slobench.runner import RunOptions, run
+from slobench.run.clock import Clock
+from slobench.run.records import RequestRecord, RequestSpec
+from slobench.run.runner import RunOptions, run
 from slobench.targets.base import TargetBase
 from slobench.workload.prompts import WORDS, token_prompts
 from slobench.workload.text import ExactText, ids_to_text

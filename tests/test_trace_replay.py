@@ -14,9 +14,9 @@ import pytest
 from aiohttp import web
 
 from slobench.cli import LoadSetup, build_parser, main
-from slobench.clock import Clock
 from slobench.errors import UsageError
-from slobench.runner import RunOptions, run
+from slobench.run.clock import Clock
+from slobench.run.runner import RunOptions, run
 from slobench.targets.openai import OpenAITarget
 from slobench.workload.replay import TraceReplay, block_token_ids, replay
 from slobench.workload.traces import load_trace

@@ -6,11 +6,11 @@ import json
 import numpy as np
 import pytest
 
-from slobench.clock import Clock
-from slobench.records import RequestSpec
-from slobench.runner import RunOptions, run
+from slobench.analysis.warmup import latency_series, mser5_cut
+from slobench.run.clock import Clock
+from slobench.run.records import RequestSpec
+from slobench.run.runner import RunOptions, run
 from slobench.targets.base import TargetBase
-from slobench.warmup import latency_series, mser5_cut
 
 
 @pytest.mark.parametrize("seed", range(5))

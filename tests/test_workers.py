@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from slobench.analysis.metrics import RecordArrays
 from slobench.cli import main
-from slobench.clock import Clock
 from slobench.errors import SpecError
-from slobench.metrics import RecordArrays
-from slobench.records import RequestSpec, load_run
-from slobench.runner import RunOptions, run
+from slobench.run.clock import Clock
+from slobench.run.records import RequestSpec, load_run
+from slobench.run.runner import RunOptions, run
 from slobench.targets.openai import OpenAITarget
 from slobench.targets.workers import WorkerPool
 from slobench.testing import TokenServerProcess

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from slobench.clock import Clock
 from slobench.errors import SpecError
 from slobench.fleet.routing import Router
-from slobench.records import RequestRecord, RequestSpec
+from slobench.run.clock import Clock
+from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.base import Target, TargetBase
 
 

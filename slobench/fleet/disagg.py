@@ -41,7 +41,7 @@ from reference_engine.sequence import SeqStatus
 from reference_engine.sequence import Sequence as Seq
 from slobench.errors import SpecError
 from slobench.fleet.routing import Router
-from slobench.records import RequestRecord, RequestSpec
+from slobench.run.records import RequestRecord, RequestSpec
 
 MAX_INSTANCES = 4096
 KV_DTYPE_BYTES = 2  # bf16/fp16 KV, as GPU serving stores it

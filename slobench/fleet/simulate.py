@@ -27,14 +27,14 @@ import numpy as np
 from reference_engine.config import EngineSpec, require_positive_ints
 from reference_engine.engine import LLMEngine, VirtualClock
 from reference_engine.executor.modeled_executor import CostProfile
+from slobench.analysis.slo import SLO
+from slobench.analysis.summary import RunSummary, summarize
 from slobench.errors import SpecError
+from slobench.experiments.probe import ProbeMeasure, VirtualProbe, probe_jitter_seed
 from slobench.fleet.decode_run import decode_run
 from slobench.fleet.disagg import DisaggFleet, simulate_disagg, split_fleet_knobs
 from slobench.fleet.routing import Router
-from slobench.probe import ProbeMeasure, VirtualProbe, probe_jitter_seed
-from slobench.records import RequestRecord, RequestSpec
-from slobench.slo import SLO
-from slobench.summary import RunSummary, summarize
+from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.engine import Api, to_engine_request
 
 EngineFactory = Callable[[], LLMEngine]
@@ -339,7 +339,7 @@ def simulate_run(
     router: str = "least-outstanding",
     disagg: DisaggFleet | None = None,
 ) -> tuple[list[RequestRecord], RunSummary]:
-    """One virtual-clock run: its records and its summary (`slobench.summary.summarize`).
+    """One virtual-clock run: its records and its summary (`slobench.analysis.summary.summarize`).
 
     `intervals=False` leaves out the bootstrap intervals (they cost several times the simulation itself;
     capacity searches decide on replicates instead).
@@ -352,7 +352,7 @@ def simulate_run(
 
 
 class SimulatedMeasure(ProbeMeasure):
-    """`slobench.capacity`'s `measure(rate_rps, seed) -> summary`, on the virtual clock: a `ProbeMeasure`
+    """`slobench.experiments.capacity`'s `measure(rate_rps, seed) -> summary`, on the virtual clock: a `ProbeMeasure`
     over a `VirtualProbe`.
 
     `workload`: a WorkloadSpec, a bundled workload name or TOML path, or a `(rate_rps, seed) -> specs`
@@ -416,9 +416,9 @@ async def sweep_crossing(
     measure: Callable[[float, int], Any], rates: Sequence[float], seeds: Sequence[int], target: float
 ) -> tuple[float | None, list[float]]:
     """A dense sweep's crossing of `target`: attainment averaged over `seeds` at each rate, then
-    `slobench.sweep.crossing_rate`. The reference a capacity search is checked against; affordable on the
+    `slobench.experiments.sweep.crossing_rate`. The reference a capacity search is checked against; affordable on the
     virtual clock only."""
-    from slobench.sweep import crossing_rate
+    from slobench.experiments.sweep import crossing_rate
 
     means = []
     for r in rates:

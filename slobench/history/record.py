@@ -64,7 +64,7 @@ def _metric(mean: float, lo: float | None, hi: float | None, sd: float | None, n
 
 
 def _from_replicates(values: Sequence[float], *, is_fraction: bool = False) -> list[Any]:
-    from slobench.capacity import t_interval
+    from slobench.experiments.capacity import t_interval
 
     v = np.asarray(values, dtype=float)
     sd = float(v.std(ddof=1)) if len(v) > 1 else None
@@ -126,7 +126,7 @@ def entry_from_results(
 
 def _from_run(p: Path, rates: Sequence[float] | None) -> tuple[str, dict[str, Any], Any, dict[str, list[Any]]]:
     from slobench.gate import rate_key, workload_identity
-    from slobench.records import read_manifest, read_summary
+    from slobench.run.records import read_manifest, read_summary
 
     manifest = read_manifest(p)
     summary = read_summary(p)

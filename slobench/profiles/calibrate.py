@@ -34,7 +34,7 @@ import numpy as np
 
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.errors import SpecError, UsageError
-from slobench.records import RequestRecord, RequestSpec
+from slobench.run.records import RequestRecord, RequestSpec
 
 TOKEN_IDS = (32, 256)  # byte ids clear of a byte tokenizer's BOS/EOS, valid in any vocabulary >= 256
 COLUMNS = ("steps", "prefill_tokens", "decode_seqs", "context_tokens", "attention_pairs", "request_overhead")
@@ -233,7 +233,7 @@ def _steady_gaps(recs: Sequence[RequestRecord], batch: int, prompt_len: int) -> 
 async def calibrate(url: str, model: str, plan: ProbePlan | None = None, *, seed: int = 0, timeout_s: float = 120.0,
                     api_key_env: str | None = "OPENAI_API_KEY", name: str | None = None,
                     on_probe: Callable[[Probe], None] | None = None) -> Calibration:
-    from slobench.clock import Clock
+    from slobench.run.clock import Clock
     from slobench.targets.openai import OpenAITarget
 
     plan = plan or ProbePlan()

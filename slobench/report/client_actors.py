@@ -14,11 +14,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from slobench.clocksync import CLOCK_LIMIT_OF_TTFT
+from slobench.analysis.slo import SLO
 from slobench.errors import UsageError
-from slobench.records import read_summary
 from slobench.report.load import RunData
-from slobench.slo import SLO
+from slobench.run.clocksync import CLOCK_LIMIT_OF_TTFT
+from slobench.run.records import read_summary
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from slobench.analysis.summary import RunSummary
 from slobench.report.stats import Analyzed
-from slobench.summary import RunSummary
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 from plotly.colors import sample_colorscale
 
+from slobench.analysis.summary import ttft_on_slo_clock as ttft_s
 from slobench.report.plot import Fig
 from slobench.report.stats import Analyzed, cdf_points, pcts_ms
 from slobench.report.style import MISS, TARGET, base_layout, esc, rgba
-from slobench.summary import ttft_on_slo_clock as ttft_s
 
 
 def _rate_axis(views: Sequence[Analyzed]) -> dict[str, Any]:

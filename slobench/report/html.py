@@ -20,6 +20,8 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from slobench import __version__
+from slobench.analysis.slo import SLO, samples_beyond
+from slobench.analysis.summary import Breakdown, Dist
 from slobench.errors import UsageError
 from slobench.report.client_actors import ray_section
 from slobench.report.compare import Comparison, compare
@@ -39,8 +41,6 @@ from slobench.report.terminal import (
     trace_rows_text,
 )
 from slobench.report.timeline import MAX_BINS, MAX_MISS_POINTS, TimelineNote, timeline_figure
-from slobench.slo import SLO, samples_beyond
-from slobench.summary import Breakdown, Dist
 
 SECTIONS = ("header", "cliff", "latency", "cdf", "timeline", "client", "compare")
 # Only inline code and styles may run; nothing may be fetched. A stray network request fails loudly

@@ -13,9 +13,12 @@ from typing import Any
 
 import numpy as np
 
+from slobench.analysis.metrics import RecordArrays, throughput
+from slobench.analysis.slo import SLO
+from slobench.analysis.summary import RunColumns, read_columns
 from slobench.errors import SpecError, UsageError
-from slobench.metrics import RecordArrays, throughput
-from slobench.records import (
+from slobench.report.server_state import ServerSamples, load_server_metrics
+from slobench.run.records import (
     CAPACITY,
     MANIFEST,
     SERVER_METRICS,
@@ -24,9 +27,6 @@ from slobench.records import (
     read_manifest,
     read_sweep,
 )
-from slobench.report.server_state import ServerSamples, load_server_metrics
-from slobench.slo import SLO
-from slobench.summary import RunColumns, read_columns
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +41,7 @@ class RunData:
     run_dir: Path
     rate_rps: float  # offered rate: the sweep's nominal rate, else the manifest's, else measured
     manifest: dict[str, Any]
-    columns: RunColumns  # the one column reader's (slobench.summary.read_columns)
+    columns: RunColumns  # the one column reader's (slobench.analysis.summary.read_columns)
     phases: tuple[Phase, ...]
     server: ServerSamples | None
 

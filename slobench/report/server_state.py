@@ -1,4 +1,4 @@
-"""The server's own state over a run, from server_metrics.jsonl (written by slobench.scrape).
+"""The server's own state over a run, from server_metrics.jsonl (written by slobench.run.scrape).
 
 Four servers' metric names are mapped onto the same panels: requests (running, waiting), cache (KV usage,
 prefix-cache hit rate) and preemptions. A panel reads the first of its names that the run's server exported,
@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from slobench.records import read_server_metrics
+from slobench.run.records import read_server_metrics
 
 MAX_POINTS = 2000  # scrapes beyond this are thinned by stride (a 1 s interval gives 33 minutes in full)
 
@@ -100,7 +100,7 @@ _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 def _labels(key: str) -> dict[str, str]:
-    """The labels of a sample key `name{a="x",b="y"}` (slobench.scrape.sample_key), values unescaped."""
+    """The labels of a sample key `name{a="x",b="y"}` (slobench.run.scrape.sample_key), values unescaped."""
     inner = key.partition("{")[2]
     return {k: re.sub(r"\\(.)", lambda e: "\n" if e.group(1) == "n" else e.group(1), v)
             for k, v in _LABEL.findall(inner)}

@@ -1,6 +1,6 @@
 """The numbers behind the report: one `RunSummary` per run, the headline per series, CDF curves.
 
-Attainment and its interval are slobench.slo's (the same moving-block bootstrap, the same seed).
+Attainment and its interval are slobench.analysis.slo's (the same moving-block bootstrap, the same seed).
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
+from slobench.analysis.slo import SLO
+from slobench.analysis.summary import Dist, RunSummary, summarize
+from slobench.experiments.sweep import headline
 from slobench.report.load import RunData, Series
-from slobench.slo import SLO
-from slobench.summary import Dist, RunSummary, summarize
-from slobench.sweep import headline
 
 MAX_CDF_POINTS = 500
 
@@ -31,7 +31,7 @@ def pcts_ms(d: Dist) -> dict[str, float | None]:
 
 
 def series_headline(points: list[RunSummary], slo: SLO | None) -> dict[str, Any] | None:
-    """slobench.sweep.headline over the recomputed summaries (same crossing rule, same interval)."""
+    """slobench.experiments.sweep.headline over the recomputed summaries (same crossing rule, same interval)."""
     rows = [p for p in points if p.attainment is not None and p.attainment.num_requests > 0]
     return headline(rows, slo) if rows else None
 

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from slobench import __version__
-from slobench.records import SERVER_METRICS, RequestRecord, RunWriter, write_sweep
-from slobench.slo import SLO
-from slobench.summary import summarize
-from slobench.sweep import headline, rate_dir_name
+from slobench.analysis.slo import SLO
+from slobench.analysis.summary import summarize
+from slobench.experiments.sweep import headline, rate_dir_name
+from slobench.run.records import SERVER_METRICS, RequestRecord, RunWriter, write_sweep
 
 DEFAULT_SLO = SLO(ttft_s=0.5, tpot_s=0.05)
 

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from slobench.summary import Breakdown, Dist, RunSummary
+from slobench.analysis.summary import Breakdown, Dist, RunSummary
 
 
 def make_console() -> Console:

@@ -12,12 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from slobench.analysis.slo import SLO
+from slobench.analysis.summary import ttft_on_slo_clock as ttft_s
 from slobench.report.load import RunData
 from slobench.report.plot import Fig
 from slobench.report.server_state import server_series
 from slobench.report.style import FAIL, MISS, OK, base_layout, esc
-from slobench.slo import SLO
-from slobench.summary import ttft_on_slo_clock as ttft_s
 
 MAX_BINS = 1000
 MAX_MET_POINTS = 5000

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
-from slobench.clock import Clock
-from slobench.records import RequestRecord, RequestSpec
+from slobench.run.clock import Clock
+from slobench.run.records import RequestRecord, RequestSpec
 
 if TYPE_CHECKING:
     from slobench.targets.capabilities import Capabilities

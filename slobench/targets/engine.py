@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import slobench.profiles  # noqa: F401  (registers `--profile roofline:GPU/MODEL` with the engine)
 from reference_engine.serve_args import add_engine_spec_arguments, engine_spec_from_args
-from slobench.clock import Clock
 from slobench.errors import SpecError, TargetUnreachable, UsageError
-from slobench.records import RequestRecord, RequestSpec
+from slobench.run.clock import Clock
+from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.base import TargetBase
 
 if TYPE_CHECKING:

@@ -30,9 +30,9 @@ import httpx
 from orjson import dumps as _orjson_dumps
 from orjson import loads as _loads  # about twice as fast as json.loads on SSE events
 
-from slobench.clock import Clock
 from slobench.errors import SpecError, TargetUnreachable
-from slobench.records import RequestRecord, RequestSpec
+from slobench.run.clock import Clock
+from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.base import TargetBase
 from slobench.targets.capabilities import HONOURS_IGNORE_EOS, Capabilities, is_refusal, profile_capabilities
 from slobench.targets.sse import DONE, SSEDecodeError, SSEParser

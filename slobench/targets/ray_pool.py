@@ -11,7 +11,7 @@ another machine, with another monotonic clock, behind a millisecond of Ray.
   call (at once when a send is due sooner, as in closed loop). Records come back the same way: each actor
   answers a long poll (`collect`) with every record finished since the last one.
 - **One clock.** Each actor is asked for its clock `NUM_SYNC_SAMPLES` times at start and a few times every
-  `RESYNC_S`, and once more at the end of each run (slobench.clocksync: the minimum-RTT round trip,
+  `RESYNC_S`, and once more at the end of each run (slobench.run.clocksync: the minimum-RTT round trip,
   uncertainty RTT/2). Send times go out mapped onto the actor's clock, its stamps come back mapped onto
   the run's, linearly between the first estimate and the latest. Offsets, uncertainty and drift per
   actor go into manifest.json and the summary's client health (`note_client_clocks`); the run is flagged
@@ -37,14 +37,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slobench.clock import Clock
-from slobench.clocksync import CLOCK_LIMIT_OF_TTFT, ClockMap, OffsetEstimate, measure_offset
 from slobench.errors import SpecError, UsageError
-from slobench.records import RequestRecord, RequestSpec
+from slobench.run.clock import Clock
+from slobench.run.clocksync import CLOCK_LIMIT_OF_TTFT, ClockMap, OffsetEstimate, measure_offset
+from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.workers import MAX_WORKERS, ProbeFront, apply_stamped, send_on_time
 
 if TYPE_CHECKING:
-    from slobench.summary import RunSummary
+    from slobench.analysis.summary import RunSummary
 
 SEND_LEAD_S = 0.25  # hand each request to the pool this much before its time (Ray hops cost milliseconds)
 BATCH_S = 0.05  # gather hand-overs (and finished records) this long before one actor call (~1 ms of CPU each)
@@ -460,7 +460,7 @@ async def note_client_clocks(target: Any, run_dir: Path, summary: RunSummary, sl
         return summary
     from dataclasses import replace
 
-    from slobench.records import MANIFEST, SCHEMA_VERSION, SUMMARY, read_manifest, write_json_atomic
+    from slobench.run.records import MANIFEST, SCHEMA_VERSION, SUMMARY, read_manifest, write_json_atomic
 
     report = await target.run_report(getattr(slo, "ttft_s", None))
     warning = " ".join(w for w in (summary.client.warning, report["warning"]) if w) or None

@@ -25,7 +25,7 @@ import aiohttp
 import httpx
 
 from slobench.errors import UsageError
-from slobench.records import Status
+from slobench.run.records import Status
 
 TransportName = Literal["aiohttp", "httpx"]
 _HTTPX_MAX_CONNECTIONS = 65_536  # "no cap" for httpx; its `None` was measured to collapse under load

@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slobench.clock import Clock
 from slobench.errors import SpecError
-from slobench.precise_sleep import sleep_until
-from slobench.records import RequestRecord, RequestSpec
+from slobench.run.clock import Clock
+from slobench.run.precise_sleep import sleep_until
+from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.base import TargetBase
 
 _HEADER = struct.Struct("!I")

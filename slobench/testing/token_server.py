@@ -15,7 +15,7 @@ Per-request knobs in the JSON body (a target's `extra_body` or a spec's `extra_b
 `--log FILE` appends one JSON line per finished request: `id`, `path`, `peer_port`, `fault`, token counts,
 `recv_s` (handler entry) and `chunk_s` (each content chunk handed to the kernel), the times on
 `time.perf_counter()`. On Linux that is CLOCK_MONOTONIC, one clock for the whole machine, so a client in
-another process reading `time.perf_counter_ns()` (as `slobench.clock.Clock` does) can subtract the two
+another process reading `time.perf_counter_ns()` (as `slobench.run.clock.Clock` does) can subtract the two
 directly. Each line is written and flushed when its request ends.
 
 `/metrics` serves a few Prometheus gauges and counters under vLLM's names (`vllm:num_requests_running`,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slobench.records import RequestSpec
+from slobench.run.records import RequestSpec
 from slobench.workload.sessions import SystemPrompts
 from slobench.workload.traces import TraceEntry
 

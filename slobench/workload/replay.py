@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from slobench.errors import SpecError, UsageError
-from slobench.records import RequestSpec
+from slobench.run.records import RequestSpec
 from slobench.workload.prompts import DEFAULT_TOKEN_ID_RANGE, WORDS, text_prompts, token_prompts
 from slobench.workload.sessions import ids_to_prompt
 from slobench.workload.traces import Trace, TraceEntry, load_trace

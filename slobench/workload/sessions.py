@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from slobench.errors import SpecError
-from slobench.records import RequestSpec
+from slobench.run.records import RequestSpec
 from slobench.workload.lengths import LengthDist, length_from_dict
 from slobench.workload.phases import RequestClass, Schedule
 from slobench.workload.prompts import WORDS, _id_objects

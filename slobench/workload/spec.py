@@ -65,7 +65,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 
 from slobench.errors import SpecError, UsageError
-from slobench.records import RequestSpec
+from slobench.run.records import RequestSpec
 from slobench.workload.arrivals import ArrivalProcess, PoissonArrivals, make_arrivals
 from slobench.workload.lengths import FixedLength, LengthDist, length_from_dict
 from slobench.workload.phases import (

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from slobench.errors import SpecError, UsageError
-from slobench.records import RequestSpec
+from slobench.run.records import RequestSpec
 from slobench.workload.prompts import DEFAULT_TOKEN_ID_RANGE
 from slobench.workload.replay import _Prompts, _salt, rate_scale, request_spec, time_scale_factor
 from slobench.workload.traces import (

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from fixture_server import FixtureServer, split_events
 
-from slobench.records import RequestRecord, RequestSpec
+from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets import OpenAITarget
 
 STREAMS = Path(__file__).parent / "streams"

@@ -4,10 +4,10 @@ A run directory holds:
   manifest.json        written at start: schema version, slobench version, workload, seed, target, SLO, clock anchor
   requests.jsonl       one line per request as it finishes (failures and cancellations included)
   server_metrics.jsonl optional: scraped Prometheus samples over time
-  summary.json         written at the end (also after Ctrl-C): a `slobench.summary.RunSummary`
+  summary.json         written at the end (also after Ctrl-C): a `slobench.analysis.summary.RunSummary`
 A sweep directory adds sweep.json (its rates, their run directories and summaries, the headline); a capacity
 search adds capacity.json (its probes, replicates and interval). Each file has its reader and writer here.
-All times in a record are seconds since the run's origin on one monotonic clock (see `slobench.clock`).
+All times in a record are seconds since the run's origin on one monotonic clock (see `slobench.run.clock`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from orjson import loads as _loads  # 3-5x faster than json.loads on a record li
 from slobench.errors import UsageError
 
 if TYPE_CHECKING:
-    from slobench.summary import RunSummary
+    from slobench.analysis.summary import RunSummary
 
 SCHEMA_VERSION = 1
 
@@ -175,7 +175,7 @@ class RunWriter:
             self._fh.flush()
 
     def finish(self, summary: Any) -> None:
-        """Close requests.jsonl and write summary.json (a `slobench.summary.RunSummary`, or its dict)."""
+        """Close requests.jsonl and write summary.json (a `slobench.analysis.summary.RunSummary`, or its dict)."""
         self.close()
         doc = summary.to_dict() if hasattr(summary, "to_dict") else dict(summary)
         write_json_atomic(self.run_dir / SUMMARY, {"schema_version": SCHEMA_VERSION, **doc})
@@ -220,7 +220,7 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any]:
 def read_summary(run_dir: str | Path) -> RunSummary | None:
     """A run directory's summary.json as a `RunSummary`, or None where the run has none yet (a run cut off
     before its end)."""
-    from slobench.summary import RunSummary
+    from slobench.analysis.summary import RunSummary
 
     path = Path(run_dir) / SUMMARY
     if not path.exists():
@@ -297,7 +297,7 @@ def read_sweep(sweep_dir: str | Path) -> dict[str, Any]:
 
 
 def write_capacity(out_dir: str | Path, doc: dict[str, Any]) -> None:
-    """capacity.json: a capacity search's result (`slobench.capacity.CapacityResult.to_dict`) and its manifest."""
+    """capacity.json: a capacity search's result (`slobench.experiments.capacity.CapacityResult.to_dict`) and its manifest."""
     write_json_atomic(Path(out_dir) / CAPACITY, doc)
 
 

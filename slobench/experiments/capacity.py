@@ -34,9 +34,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from slobench.analysis.summary import RunSummary
 from slobench.errors import SpecError
-from slobench.probe import LiveProbe, ProbeMeasure, probe_dir_name  # noqa: F401  (probe_dir_name: its old home)
-from slobench.summary import RunSummary
+from slobench.experiments.probe import LiveProbe, ProbeMeasure, probe_dir_name  # noqa: F401  (probe_dir_name: its old home)
 
 SHORT_PROBE_S = 30.0  # probes near capacity shorter than this get a note (see short_probe_note)
 
@@ -332,7 +332,7 @@ async def replicate_at_rates(
 
 class RunMeasure(ProbeMeasure):
     """The live `measure`: a `ProbeMeasure` over a `LiveProbe` (one open-loop run through
-    `slobench.runner.run`), each probe in its own run directory."""
+    `slobench.run.runner.run`), each probe in its own run directory."""
 
     def __init__(
         self,
@@ -359,7 +359,7 @@ def tightest_slo_scale(records: Sequence[Any], slo: Any) -> float:
     (inf if it failed), attainment at scale k is the share of requests needing <= k, so the answer is the
     ceil(target * n)-th smallest need.
     """
-    from slobench.metrics import RecordArrays
+    from slobench.analysis.metrics import RecordArrays
 
     a = RecordArrays.from_records(records)
     n = len(a)

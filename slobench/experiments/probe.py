@@ -14,10 +14,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from slobench.records import RequestRecord, RequestSpec
+from slobench.run.records import RequestRecord, RequestSpec
 
 if TYPE_CHECKING:
-    from slobench.summary import RunSummary
+    from slobench.analysis.summary import RunSummary
 
 SpecMaker = Callable[[Any, int], Iterable[RequestSpec]]  # (rate_rps or None, seed) -> the requests of one run
 
@@ -35,7 +35,7 @@ class Probe(Protocol):
 
 
 class LiveProbe:
-    """One open-loop run through `slobench.runner.run` against an already started target.
+    """One open-loop run through `slobench.run.runner.run` against an already started target.
 
     `monitors_for(run_dir)`: coroutines beside the run (the /metrics scraper); `after_run(run_dir,
     summary)`: what to add once the run is written (Ray load actors' clocks and health)."""
@@ -54,7 +54,7 @@ class LiveProbe:
 
     async def __call__(self, rate_rps: float | None, seed: int, run_dir: Path | None,
                        manifest: dict[str, Any]) -> ProbeResult:  # fmt: skip
-        from slobench.runner import run
+        from slobench.run.runner import run
 
         self.last_monitors = self.monitors_for(run_dir) if self.monitors_for and run_dir is not None else ()
         res = await run(
@@ -98,7 +98,7 @@ class VirtualProbe:
     async def __call__(self, rate_rps: float | None, seed: int, run_dir: Path | None,
                        manifest: dict[str, Any]) -> ProbeResult:  # fmt: skip
         from slobench.fleet.simulate import simulate_run
-        from slobench.records import RunWriter
+        from slobench.run.records import RunWriter
 
         specs = self.make_specs(rate_rps, seed)
         records, summary = simulate_run(
@@ -132,7 +132,7 @@ def probe_dir_name(index: int, rate_rps: float, seed: int) -> str:
 
 
 class ProbeMeasure:
-    """`slobench.capacity`'s `measure(rate_rps, seed) -> summary` over a probe: each probe in its own
+    """`slobench.experiments.capacity`'s `measure(rate_rps, seed) -> summary` over a probe: each probe in its own
     numbered run directory under `out_dir` (none without it), Ctrl-C raised as KeyboardInterrupt."""
 
     def __init__(self, probe: Probe, *, out_dir: str | Path | None = None, manifest: dict[str, Any] | None = None,

@@ -25,8 +25,8 @@ from typing import IO, Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from slobench.clock import Clock
-from slobench.records import SERVER_METRICS
+from slobench.run.clock import Clock
+from slobench.run.records import SERVER_METRICS
 
 _SKIP_SUFFIXES = ("_bucket", "_created", "_gcount_created")
 _KEEP_OF_DISTRIBUTIONS = ("_sum", "_count", "_gsum", "_gcount")

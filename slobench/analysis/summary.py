@@ -13,10 +13,10 @@ from typing import Any, Literal
 
 import numpy as np
 
+from slobench.analysis.metrics import RecordArrays, achieved_send_rps, describe, quantiles, throughput
+from slobench.analysis.slo import SLO, Attainment, attainment, quantile_ci, samples_beyond
 from slobench.errors import SpecError, UsageError
-from slobench.metrics import RecordArrays, achieved_send_rps, describe, quantiles, throughput
-from slobench.records import REQUESTS, RequestRecord, read_record_dicts
-from slobench.slo import SLO, Attainment, attainment, quantile_ci, samples_beyond
+from slobench.run.records import REQUESTS, RequestRecord, read_record_dicts
 
 # The client is called the bottleneck when its own send lateness p99 exceeds this, or 5% of the TTFT SLO
 # if that is larger. Why 10 ms: at typical TTFT SLOs (>=200 ms) it is a <5% distortion of the tightest
@@ -162,7 +162,7 @@ _FACTS = ("rate_rps", "warmup", "interrupted", "stopped_by", "num_scheduled", "t
 class RunSummary:
     """What one run measured: the one results model that summary.json holds and that the terminal, the HTML
     report, sweep headlines, capacity probes, the gate and the history all read (schema `SCHEMA_VERSION`
-    of `slobench.records`). Built by `summarize` from one column reader; run facts the summary cannot see
+    of `slobench.run.records`). Built by `summarize` from one column reader; run facts the summary cannot see
     in the records (interrupted, the warm-up cut, a fleet's routing, the trace's rows) are added with
     `dataclasses.replace` by whoever measured the run."""
 

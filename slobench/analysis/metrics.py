@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from slobench.records import RequestRecord
+from slobench.run.records import RequestRecord
 
 QUANTILES = (0.5, 0.9, 0.99)
 

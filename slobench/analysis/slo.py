@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from slobench.analysis.metrics import RecordArrays
 from slobench.errors import SpecError
-from slobench.metrics import RecordArrays
 
 _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 _DUR_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(s|ms|us)?\s*$")

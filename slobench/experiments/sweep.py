@@ -8,11 +8,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from slobench.analysis.slo import SLO
+from slobench.analysis.summary import RunSummary
 from slobench.errors import SpecError
-from slobench.probe import Probe
-from slobench.records import write_sweep
-from slobench.slo import SLO
-from slobench.summary import RunSummary
+from slobench.experiments.probe import Probe
+from slobench.run.records import write_sweep
 
 
 def parse_rates(text: str) -> list[float]:

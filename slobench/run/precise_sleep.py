@@ -25,7 +25,7 @@ import sys
 import time
 import weakref
 
-from slobench.clock import Clock
+from slobench.run.clock import Clock
 
 _CLOCK_MONOTONIC = 1
 _TFD_TIMER_ABSTIME = 1

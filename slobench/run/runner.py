@@ -19,12 +19,12 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
-from slobench.clock import Clock
+from slobench.analysis.slo import SLO
+from slobench.analysis.summary import RunSummary, summarize
 from slobench.errors import SlobenchError, SpecError
-from slobench.precise_sleep import sleep_until
-from slobench.records import RequestRecord, RequestSpec, RunWriter
-from slobench.slo import SLO
-from slobench.summary import RunSummary, summarize
+from slobench.run.clock import Clock
+from slobench.run.precise_sleep import sleep_until
+from slobench.run.records import RequestRecord, RequestSpec, RunWriter
 from slobench.targets.base import Target
 
 # Start the schedule a little in the future so the first requests are not late by the set-up time.
@@ -35,7 +35,7 @@ START_LEAD_S = 0.05
 class RunOptions:
     max_in_flight: int | None = None  # open loop: cap on requests in flight; waits are counted (queued_s)
     warmup_requests: int = 0  # the first N requests are sent but excluded from metrics
-    warmup_auto: bool = False  # after the run, cut the warm-up by the MSER-5 rule (slobench.warmup)
+    warmup_auto: bool = False  # after the run, cut the warm-up by the MSER-5 rule (slobench.analysis.warmup)
     duration_s: float | None = None  # send nothing scheduled after this many seconds
     grace_s: float = 5.0  # after Ctrl-C, how long in-flight requests may still finish
     closed_loop_users: int | None = None  # closed loop: N users, each sends its next request when one ends
@@ -180,7 +180,7 @@ class Dispatcher:
     async def _sleep_until(self, t_s: float, *, spin: bool = True,
                            fill: Callable[[float], bool] | None = None) -> None:  # fmt: skip
         """Sleep to an absolute time on the run clock. asyncio's timers wake up to ~1 ms late (epoll
-        rounds its timeout up to whole ms), so the wake-up is a timerfd's (slobench.precise_sleep), or
+        rounds its timeout up to whole ms), so the wake-up is a timerfd's (slobench.run.precise_sleep), or
         without one, a sleep to just short of the deadline and then yields to the loop until it passes.
         `fill(slack_s)` (a stream's) first uses the slack, one step per loop turn, while it says it did."""
         now = self.clock.now_s
@@ -405,8 +405,8 @@ async def _estimate_total(count_hint: Callable[[], int | None], progress: Progre
 
 def _cut_warmup(records: list[RequestRecord]) -> int:
     """Mark the leading requests MSER-5 finds transient as warm-up; return how many."""
-    from slobench.metrics import RecordArrays
-    from slobench.warmup import latency_series, mser5_cut
+    from slobench.analysis.metrics import RecordArrays
+    from slobench.analysis.warmup import latency_series, mser5_cut
 
     a = RecordArrays.from_records(records)
     cut = mser5_cut(latency_series(a.ttft_from_scheduled_s))

@@ -1,0 +1,2 @@
+"""Records into numbers: `metrics` (the one column reader, TTFT/TPOT/ITL/E2E), `slo` (attainment and its
+intervals), `summary` (the typed `RunSummary` every reader reads), `warmup` (the MSER-5 cut)."""
