@@ -33,7 +33,7 @@ from typing import Any
 
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.cli import main as cli
-from slobench.engine_cli import demo_engine_args
+from slobench.cli.engine import demo_engine_args
 from slobench.records import load_run
 from slobench.slo import SLO
 from slobench.summary import summarize

@@ -219,7 +219,7 @@ def _capacity_argv(inp: Inputs, out: Path) -> list[str]:
 def run_action(env: Mapping[str, str]) -> int:
     from slobench.cli import main as slobench_main
     from slobench.gate import Threshold, gate, junit_xml, load_samples, markdown
-    from slobench.gate_cli import check_updatable, update_baseline_on_pass
+    from slobench.cli.gate import check_updatable, update_baseline_on_pass
     from slobench.records import write_json_atomic
 
     inp = Inputs.from_env(env)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from slobench.cli import LoadSetup, build_parser, main
+from slobench.cli import build_parser, main
+from slobench.load_setup import LoadSetup
 from slobench.clock import Clock
 from slobench.errors import UsageError
 from slobench.targets.openai import OpenAITarget

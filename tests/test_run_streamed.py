@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from slobench.cli import LoadSetup, build_parser, main
+from slobench.cli import build_parser, main
+from slobench.load_setup import LoadSetup
 from slobench.clock import Clock
 from slobench.errors import SpecError, UsageError
 from slobench.records import RequestSpec

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from slobench.cli import main, parse_rate_limit
+from slobench.cli import main
+from slobench.load_setup import parse_rate_limit
 from slobench.clock import Clock
 from slobench.errors import UsageError
 from slobench.records import RequestRecord, RequestSpec

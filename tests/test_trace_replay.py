@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from slobench.cli import LoadSetup, build_parser, main
+from slobench.cli import build_parser, main
+from slobench.load_setup import LoadSetup
 from slobench.clock import Clock
 from slobench.errors import UsageError
 from slobench.runner import RunOptions, run

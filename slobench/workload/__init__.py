@@ -17,6 +17,7 @@ from slobench.workload.lengths import (
     ZipfLength,
     length_from_dict,
 )
+from slobench.workload.base import Workload
 from slobench.workload.phases import CurveArrivals, DiurnalArrivals, Phase, RequestClass
 from slobench.workload.prompts import (
     DEFAULT_TOKEN_ID_RANGE,
@@ -62,6 +63,7 @@ __all__ = [
     "TraceEntry",
     "TraceReplay",
     "UniformLength",
+    "Workload",
     "WorkloadSpec",
     "ZipfLength",
     "detect_format",
