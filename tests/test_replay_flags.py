@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from slobench.cli import build_parser, main
-from slobench.load_setup import LoadSetup
 from slobench.clock import Clock
 from slobench.errors import UsageError
+from slobench.load_setup import LoadSetup
 from slobench.targets.openai import OpenAITarget
 from slobench.workload.replay import replay
 from slobench.workload.traces import load_trace

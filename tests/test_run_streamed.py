@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from slobench.cli import build_parser, main
-from slobench.load_setup import LoadSetup
 from slobench.clock import Clock
 from slobench.errors import SpecError, UsageError
+from slobench.load_setup import LoadSetup
 from slobench.records import RequestSpec
 from slobench.runner import RunOptions, run
 from slobench.workload.replay import TraceReplay

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from slobench.cli import main
-from slobench.load_setup import parse_rate_limit
 from slobench.clock import Clock
 from slobench.errors import UsageError
+from slobench.load_setup import parse_rate_limit
 from slobench.records import RequestRecord, RequestSpec
 from slobench.runner import RunOptions, run
 from slobench.workload.prompts import WORDS, token_prompts

@@ -14,9 +14,9 @@ import pytest
 from aiohttp import web
 
 from slobench.cli import build_parser, main
-from slobench.load_setup import LoadSetup
 from slobench.clock import Clock
 from slobench.errors import UsageError
+from slobench.load_setup import LoadSetup
 from slobench.runner import RunOptions, run
 from slobench.targets.openai import OpenAITarget
 from slobench.workload.replay import TraceReplay, block_token_ids, replay

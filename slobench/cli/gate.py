@@ -162,8 +162,8 @@ async def _capacity(args: argparse.Namespace) -> int:
 
     from slobench.capacity import CAPACITY, SearchOptions, replicate_at_rates, search_capacity, t_interval
     from slobench.errors import UsageError
-    from slobench.load_setup import MIN_PROBE_S, LoadSetup
     from slobench.gate import load_samples, workload_identity
+    from slobench.load_setup import MIN_PROBE_S, LoadSetup
     from slobench.probe import ProbeMeasure
     from slobench.records import write_json_atomic
     from slobench.sweep import parse_rates

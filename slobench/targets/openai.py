@@ -42,7 +42,6 @@ from slobench.targets.transport import (
     TransportError,
     TransportName,
     make_transport,
-    translate_error,
 )
 from slobench.workload.text import ExactText, ids_to_text
 
@@ -146,7 +145,7 @@ class OpenAITarget:
         self.caps = caps
         self._texts.clear()
         self._texts_chars = 0
-        self._base_body = {"model": self.model, "temperature": 0, "stream": self.stream}
+        self._base_body: dict[str, Any] = {"model": self.model, "temperature": 0, "stream": self.stream}
         if self.stream and caps.include_usage:
             self._base_body["stream_options"] = {"include_usage": True}
 

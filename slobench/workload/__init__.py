@@ -7,6 +7,7 @@ from slobench.workload.arrivals import (
     PoissonArrivals,
     make_arrivals,
 )
+from slobench.workload.base import Workload
 from slobench.workload.lengths import (
     EmpiricalLength,
     FixedLength,
@@ -17,7 +18,6 @@ from slobench.workload.lengths import (
     ZipfLength,
     length_from_dict,
 )
-from slobench.workload.base import Workload
 from slobench.workload.phases import CurveArrivals, DiurnalArrivals, Phase, RequestClass
 from slobench.workload.prompts import (
     DEFAULT_TOKEN_ID_RANGE,
