@@ -274,7 +274,7 @@ class EngineTarget:
                 engine.abort(rid)
 
 
-# ---- CLI wiring (slobench.cli.common and slobench.load_setup call these) ----------------------------------------------
+# ---- CLI wiring (slobench.cli.common and slobench.load_setup call these) -----------------------------------
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
