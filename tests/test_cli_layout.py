@@ -90,3 +90,19 @@ def test_a_spec_and_a_trace_replay_are_both_workloads(tmp_path: Path) -> None:
     assert [s.input_tokens for s in spec.specs(num_requests=3, input_len=9)] == [9, 9, 9]
     with pytest.raises(SpecError, match="input_len"):
         replay.specs(input_len=9)  # a trace has its own lengths: never silently ignored
+
+
+def test_load_options_are_the_flags_defaults_with_the_values_given() -> None:
+    from slobench.cli.common import load_options
+    from slobench.cli.engine import DEMO_SLO
+    from slobench.load_setup import LoadSetup
+
+    # what demo hands LoadSetup: every name a load flag, the rest at the flags' defaults
+    opts = load_options(url="http://127.0.0.1:9/v1", workload="tiny", rates="4,8", num_requests=80, slo=DEMO_SLO,
+                        seed=3, out="runs/x", scrape_interval=0.5, no_progress=True)  # fmt: skip
+    setup = LoadSetup(opts)
+    assert setup.urls == ["http://127.0.0.1:9/v1"] and setup.workload.name == "tiny" and setup.slo is not None
+    assert opts.timeout == 600.0 and opts.transport == "aiohttp" and opts.warmup == "0"
+    assert len(setup.specs(4.0)) == 80
+    with pytest.raises(TypeError, match="no load flag 'rate_rps'"):
+        load_options(rate_rps=4.0)
