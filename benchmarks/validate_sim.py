@@ -35,7 +35,7 @@ from reference_engine.executor.modeled_executor import CostProfile
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import summarize
 from slobench.cli import main as cli
-from slobench.engine_cli import demo_engine_args
+from slobench.cli.engine import demo_engine_args
 from slobench.run.records import load_run
 
 # a second shape beside the bundled `tiny`: prompts 4x longer, short answers (prefill-bound, TTFT-bound)

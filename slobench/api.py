@@ -79,7 +79,6 @@ def run_load(
     given. `model` defaults to the first the server lists; `target_options` go to `OpenAITarget` (headers,
     api_key, extra_body, timeout_s, transport, ...). Preflight negotiates the server's capabilities as the
     CLI does. Returns the run read back (or, without `out`, its records and summary)."""
-    from slobench.cli import discover_model
     from slobench.run.runner import RunOptions, run
     from slobench.targets.openai import OpenAITarget
 
@@ -87,12 +86,10 @@ def run_load(
     slo_ = _slo(slo)
 
     async def go() -> Run:
-        name = model or await discover_model(url, dict(target_options.get("headers") or {}),
-                                             target_options.get("api_key_env") or "OPENAI_API_KEY")
-        async with OpenAITarget(url, name, api, **target_options) as target:  # type: ignore[arg-type]
-            served = await target.preflight()
+        async with OpenAITarget(url, model, api, **target_options) as target:  # type: ignore[arg-type]
+            served = await target.preflight()  # finds the model when none is given
             manifest = _manifest(spec, slo_, rate=rate, seed=seed, num_requests=num_requests, duration_s=duration_s,
-                                 target={"url": url, "model": name, "api": api, "served": served},
+                                 target={"url": url, "model": target.model, "api": api, "served": served},
                                  made_by="slobench.api.run_load")  # fmt: skip
             res = await run(specs, target, opts=RunOptions(progress=progress), slo=slo_, run_dir=out,
                             manifest=manifest, handle_sigint=False, seed=seed)

@@ -92,6 +92,22 @@ def _words(text: str) -> list[str]:
 # --- the server ---------------------------------------------------------------------------------------------
 
 
+def _answers_200(url: str) -> bool:
+    """One GET through the transport seam's control client; no answer at all is False, like a 503."""
+    import asyncio
+
+    from slobench.targets.transport import ControlClient, TransportError
+
+    async def status() -> int:
+        async with ControlClient(timeout_s=2.0) as client:
+            return (await client.get(url)).status
+
+    try:
+        return asyncio.run(status()) == 200
+    except TransportError:
+        return False
+
+
 class Server:
     """The start command in its own process group (a shell's children die with it), logged to a file."""
 
@@ -102,19 +118,14 @@ class Server:
                                          start_new_session=True)
 
     def wait_ready(self, url: str, timeout_s: float) -> None:
-        import httpx
-
         deadline = time.monotonic() + timeout_s
         models = url.rstrip("/") + "/models"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise TargetUnreachable(f"the start command exited ({self.proc.returncode}) before {models} "
                                         f"answered; its log ends:\n{self.tail()}")
-            try:
-                if httpx.get(models, timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
+            if _answers_200(models):
+                return
             time.sleep(0.5)  # polling a server that is loading a model, bounded by the deadline
         raise TargetUnreachable(f"{models} did not answer 200 within {timeout_s:g} s; the log ends:\n{self.tail()}")
 
@@ -218,8 +229,8 @@ def _capacity_argv(inp: Inputs, out: Path) -> list[str]:
 
 def run_action(env: Mapping[str, str]) -> int:
     from slobench.cli import main as slobench_main
+    from slobench.cli.gate import check_updatable, update_baseline_on_pass
     from slobench.gate import Threshold, gate, junit_xml, load_samples, markdown
-    from slobench.gate_cli import check_updatable, update_baseline_on_pass
     from slobench.run.records import write_json_atomic
 
     inp = Inputs.from_env(env)

@@ -70,6 +70,8 @@ def test_an_unexpected_exception_is_exit_5_never_1(monkeypatch, capsys) -> None:
     def boom(args):  # type: ignore[no-untyped-def]
         raise AttributeError("a bug")
 
-    monkeypatch.setattr(cli, "_summarize", boom)
+    monkeypatch.setitem(cli.HANDLERS, "summarize", boom)
     assert cli.main(["summarize", "anything"]) == 5
-    assert "internal error (AttributeError: a bug)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "internal error (AttributeError: a bug)" in err and "please report it" in err
+    assert "  5  internal error" in cli.EXIT_CODES  # and --help says so

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from slobench.cli import LoadSetup, build_parser, main
+from slobench.cli import build_parser, main
 from slobench.errors import UsageError
+from slobench.load_setup import LoadSetup
 from slobench.run.clock import Clock
 from slobench.targets.openai import OpenAITarget
 from slobench.workload.replay import replay

@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from slobench.cli import LoadSetup, build_parser, main
+from slobench.cli import build_parser, main
 from slobench.errors import SpecError, UsageError
+from slobench.load_setup import LoadSetup
 from slobench.run.clock import Clock
 from slobench.run.records import RequestSpec
 from slobench.run.runner import RunOptions, run

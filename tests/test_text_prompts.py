@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from slobench.cli import main, parse_rate_limit
+from slobench.cli import main
 from slobench.errors import UsageError
+from slobench.load_setup import parse_rate_limit
 from slobench.run.clock import Clock
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.run.runner import RunOptions, run

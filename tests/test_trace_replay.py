@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from slobench.cli import LoadSetup, build_parser, main
+from slobench.cli import build_parser, main
 from slobench.errors import UsageError
+from slobench.load_setup import LoadSetup
 from slobench.run.clock import Clock
 from slobench.run.runner import RunOptions, run
 from slobench.targets.openai import OpenAITarget

@@ -308,7 +308,7 @@ def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
 async def calibrate_main(args: Any) -> int:
     from pathlib import Path
 
-    from slobench.cli import discover_model
+    from slobench.targets.openai import OpenAITarget
 
     given = {k: v for k, v in {
         "prompt_lens": _ints(args.prompt_lens, "--prompt-lens"), "batches": _ints(args.batches, "--batches"),
@@ -318,7 +318,7 @@ async def calibrate_main(args: Any) -> int:
     out = Path(args.output)
     if not out.parent.is_dir():
         raise UsageError(f"-o {args.output}: no such folder {str(out.parent)!r}")
-    model = args.model or await discover_model(args.url, {}, args.api_key_env)
+    model = args.model or await OpenAITarget(args.url, None, api_key_env=args.api_key_env).discover_model()
     n = len(plan.prompt_lens) * plan.repeats + len(plan.batches) * len(plan.contexts)
     print(f"calibrating {model}: {n} probe sends ({len(plan.prompt_lens)} prompt lengths x {plan.repeats}, "
           f"{len(plan.batches)} batches x {len(plan.contexts)} contexts)", flush=True)

@@ -22,11 +22,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import IO, Any
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from slobench.run.clock import Clock
 from slobench.run.records import SERVER_METRICS
+from slobench.targets.transport import ControlClient, TransportError
 
 _SKIP_SUFFIXES = ("_bucket", "_created", "_gcount_created")
 _KEEP_OF_DISTRIBUTIONS = ("_sum", "_count", "_gsum", "_gcount")
@@ -142,16 +142,16 @@ class MetricsScraper:
             yield fetch_local
             return
         urls: list[str] = self.metrics_urls or [self.metrics_url or ""]
-        async with httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers) as client:
+        async with ControlClient(timeout_s=self.timeout_s, headers=self.headers) as client:
 
             async def get(url: str | None) -> str:
                 assert url is not None
                 try:
                     resp = await client.get(url)
-                except httpx.HTTPError as e:
-                    raise _NoText(f"{url}: {type(e).__name__}: {e}") from None
-                if resp.status_code != 200:
-                    raise _NoText(f"{url}: HTTP {resp.status_code}")
+                except TransportError as e:
+                    raise _NoText(f"{url}: {e}") from None
+                if resp.status != 200:
+                    raise _NoText(f"{url}: HTTP {resp.status}")
                 return resp.text
 
             async def fetch_http() -> str | list[str]:

@@ -276,7 +276,7 @@ class EngineTarget(TargetBase):
                 engine.abort(rid)
 
 
-# ---- CLI wiring (the lead calls these from slobench.cli) -------------------------------------------------
+# ---- CLI wiring (slobench.cli.common and slobench.load_setup call these) -----------------------------------
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

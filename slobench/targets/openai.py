@@ -26,7 +26,6 @@ from dataclasses import replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-import httpx
 from orjson import dumps as _orjson_dumps
 from orjson import loads as _loads  # about twice as fast as json.loads on SSE events
 
@@ -37,12 +36,13 @@ from slobench.targets.base import TargetBase
 from slobench.targets.capabilities import HONOURS_IGNORE_EOS, Capabilities, is_refusal, profile_capabilities
 from slobench.targets.sse import DONE, SSEDecodeError, SSEParser
 from slobench.targets.transport import (
+    ControlClient,
+    Reply,
     Response,
     Transport,
     TransportError,
     TransportName,
     make_transport,
-    translate_error,
 )
 from slobench.workload.text import ExactText, ids_to_text
 
@@ -59,13 +59,14 @@ _SECRET_BODY_HINTS = ("auth", "key", "secret", "password")  # not "token": max_t
 class OpenAITarget(TargetBase):
     """Any server speaking the OpenAI completions or chat API (vLLM, SGLang, TGI, llama.cpp, OpenAI).
 
-    `base_url` is the API root, e.g. `http://localhost:8000/v1`; a URL with no path gets `/v1`.
+    `base_url` is the API root, e.g. `http://localhost:8000/v1`; a URL with no path gets `/v1`. `model`
+    None: the first model the server lists, found by `preflight()` (or `discover_model()`).
     """
 
     def __init__(
         self,
         base_url: str,
-        model: str,
+        model: str | None,
         api: Api = "completions",
         clock: Clock | None = None,
         *,
@@ -96,12 +97,12 @@ class OpenAITarget(TargetBase):
         ):
             if not value > 0:
                 raise SpecError(name, value, "must be > 0 seconds")
-        if not model:
-            raise SpecError("model", model, "must name the served model")
+        if model is not None and not model:
+            raise SpecError("model", model, "must name the served model (or be None: the first one listed)")
         # credentials in the URL become a Basic header (unless one is given): aiohttp refuses a URL with
         # credentials beside an Authorization header, and the URL is recorded, the header never
         self.base_url, url_auth = _split_userinfo(_normalise_base_url(base_url))
-        self.model = model
+        self.model: str = model or ""  # "": the first the server lists, found at preflight (discover_model)
         self.api: Api = api
         self.clock = clock if clock is not None else Clock()
         self.stream = stream
@@ -145,7 +146,7 @@ class OpenAITarget(TargetBase):
         self.caps = caps
         self._texts.clear()
         self._texts_chars = 0
-        self._base_body = {"model": self.model, "temperature": 0, "stream": self.stream}
+        self._base_body: dict[str, Any] = {"model": self.model, "temperature": 0, "stream": self.stream}
         if self.stream and caps.include_usage:
             self._base_body["stream_options"] = {"include_usage": True}
 
@@ -431,33 +432,52 @@ class OpenAITarget(TargetBase):
     def _control_headers(self) -> dict[str, str]:
         return {k: v for k, v in self._headers.items() if k != "Accept"}
 
+    async def discover_model(self) -> str:
+        """The model to load: the one given, else the first the server lists at /models (`self.model` is
+        set). A server that lists none is unreachable for this purpose: pass --model."""
+        if self.model:
+            return self.model
+        url = self.base_url + "/models"
+        async with ControlClient(timeout_s=self.preflight_timeout_s) as client:
+            r = await self._control(client, "GET", url, what=f"GET {url}")
+        if r.status != 200:
+            raise TargetUnreachable(f"GET {url}: HTTP {r.status}; pass --model NAME")
+        served = _served_models(r.body)
+        if not served:
+            raise TargetUnreachable(f"GET {url}: no model listed; pass --model NAME")
+        self.model = served[0]
+        self._set_caps(self.caps)
+        return self.model
+
     async def preflight(self) -> str:
-        """Check the server answers for this model, and settle what it accepts (`self.caps`).
+        """Find the model when none was given (`discover_model`), check the server answers for it, and
+        settle what it accepts (`self.caps`).
 
         `/models` is advisory: a listing that names other models only is an error (a typo in --model), but
         a missing, failing or empty one is a note, and one tiny request decides. Then, with the "auto"
         profile, one probe per extension (see slobench.targets.capabilities); a fixed profile probes none.
         """
+        model = await self.discover_model()
         url = self.base_url + "/models"
         notes: list[str] = []
-        async with httpx.AsyncClient(timeout=self.preflight_timeout_s) as client:
+        async with ControlClient(timeout_s=self.preflight_timeout_s) as client:
             r = await self._control(client, "GET", url)
-            served = _served_models(r.content) if r.status_code < 400 else None
-            owner = _owner(r.content, self.model) if served else None
-            if r.status_code in (401, 403):
-                raise TargetUnreachable(f"{url}: {self._http_error(r.status_code, r.content)}{_auth_hint(r)}")
-            if served and self.model not in served:
+            served = _served_models(r.body) if r.status < 400 else None
+            owner = _owner(r.body, model) if served else None
+            if r.status in (401, 403):
+                raise TargetUnreachable(f"{url}: {self._http_error(r.status, r.body)}{_auth_hint(r)}")
+            if served and model not in served:
                 listing = ", ".join(repr(m) for m in served[:20])
-                raise TargetUnreachable(f"{url}: model {self.model!r} is not served; served: {listing}")
+                raise TargetUnreachable(f"{url}: model {model!r} is not served; served: {listing}")
             if not served:
-                why = (f"HTTP {r.status_code}" if r.status_code >= 400 else
+                why = (f"HTTP {r.status}" if r.status >= 400 else
                        "an empty list" if served == [] else "no model list")
-                notes.append(f"GET /models gave {why}; a request to {self.model!r} decides instead")
+                notes.append(f"GET /models gave {why}; a request to {model!r} decides instead")
             await self._negotiate(client, notes, honours_ignore_eos=owner in HONOURS_IGNORE_EOS)
         self._set_caps(self.caps)
         if served:
-            return f"{self.model} served at {self.base_url}"
-        return f"{self.model} answers at {self.url}"
+            return f"{model} served at {self.base_url}"
+        return f"{model} answers at {self.url}"
 
     def _probe_body(self, **fields: Any) -> bytes:
         body: dict[str, Any] = {"model": self.model, "temperature": 0, "max_tokens": 1, "stream": False}
@@ -469,20 +489,20 @@ class OpenAITarget(TargetBase):
         body.update(fields)
         return json.dumps(body).encode()
 
-    async def _negotiate(self, client: httpx.AsyncClient, notes: list[str], *, honours_ignore_eos: bool) -> None:
+    async def _negotiate(self, client: ControlClient, notes: list[str], *, honours_ignore_eos: bool) -> None:
         caps = self.caps
         for attempt in range(_PROBE_TRIES):  # a transient 5xx is tried again; a 4xx is an answer
             r = await self._control(client, "POST", self.url, self._probe_body())
-            if r.status_code < 500 or attempt == _PROBE_TRIES - 1:
+            if r.status < 500 or attempt == _PROBE_TRIES - 1:
                 break
             await asyncio.sleep(_PROBE_BACKOFF_S * (attempt + 1))
-        if r.status_code >= 400:
+        if r.status >= 400:
             raise TargetUnreachable(
                 f"{self.url}: the server refused the plainest request (text prompt, max_tokens=1, none of "
-                f"slobench's extensions): {self._http_error(r.status_code, r.content)}{_auth_hint(r)}"
+                f"slobench's extensions): {self._http_error(r.status, r.body)}{_auth_hint(r)}"
             )
         overhead = 0
-        plain_usage = _usage_of(r.content)
+        plain_usage = _usage_of(r.body)
         if self._is_chat and plain_usage and self._exact is not None:
             prompt_tokens = _count(plain_usage.get("prompt_tokens"))
             if prompt_tokens is not None:
@@ -501,10 +521,10 @@ class OpenAITarget(TargetBase):
             message = ""
             for attempt in range(_PROBE_TRIES):
                 resp = await self._control(client, "POST", self.url, self._probe_body(**fields))
-                if resp.status_code < 400:
+                if resp.status < 400:
                     return None
-                message = self._http_error(resp.status_code, resp.content)
-                if is_refusal(resp.status_code, message, field_name):
+                message = self._http_error(resp.status, resp.body)
+                if is_refusal(resp.status, message, field_name):
                     return message
                 if attempt < _PROBE_TRIES - 1:
                     await asyncio.sleep(_PROBE_BACKOFF_S * (attempt + 1))
@@ -534,13 +554,13 @@ class OpenAITarget(TargetBase):
         if self.stream:
             body = self._probe_body(stream=True, stream_options={"include_usage": True}, max_tokens=2)
             resp = await self._control(client, "POST", self.url, body)
-            message = self._http_error(resp.status_code, resp.content) if resp.status_code >= 400 else ""
-            if resp.status_code >= 400 and is_refusal(resp.status_code, message, "stream_options"):
+            message = self._http_error(resp.status, resp.body) if resp.status >= 400 else ""
+            if resp.status >= 400 and is_refusal(resp.status, message, "stream_options"):
                 caps = caps.with_note(f"stream_options.include_usage refused ({message}); output tokens are "
                                       "counted from the stream", include_usage=False, usage_in_stream=False)
-            elif resp.status_code >= 400:
+            elif resp.status >= 400:
                 raise TargetUnreachable(f"{self.url}: a streamed request failed: {message}")
-            elif not _stream_has_usage(resp.content):
+            elif not _stream_has_usage(resp.body):
                 caps = caps.with_note("the server sends no usage in streams (include_usage asked); output "
                                       "tokens are counted from the stream's chunks", usage_in_stream=False)
             else:
@@ -548,15 +568,12 @@ class OpenAITarget(TargetBase):
         self.caps = caps
 
     async def _control(
-        self, client: httpx.AsyncClient, method: str, url: str, body: bytes | None = None
-    ) -> httpx.Response:
+        self, client: ControlClient, method: str, url: str, body: bytes | None = None, *, what: str | None = None
+    ) -> Reply:
         try:
-            return await client.request(method, url, content=body, headers=self._control_headers())
-        except Exception as e:
-            t = translate_error(e, self.preflight_timeout_s, self.preflight_timeout_s)
-            if t is e:
-                raise
-            raise TargetUnreachable(self._scrub(f"{url}: {t}")) from None
+            return await client.request(method, url, body, headers=self._control_headers())
+        except TransportError as e:
+            raise TargetUnreachable(self._scrub(f"{what or url}: {e}")) from None
 
 
 def _split_userinfo(url: str) -> tuple[str, str | None]:
@@ -791,8 +808,8 @@ def _served_models(raw: bytes) -> list[str] | None:
         return None
 
 
-def _auth_hint(r: httpx.Response) -> str:
-    return " (check the API key)" if r.status_code in (401, 403) else ""
+def _auth_hint(r: Reply) -> str:
+    return " (check the API key)" if r.status in (401, 403) else ""
 
 
 def _redacted_keys(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -224,6 +224,7 @@ class RayPool(ProbeFront):
     async def start(self) -> None:
         if self._actors:
             return
+        await self._settle_model()
         await self._probe.start()
         ray = self._ray = require_ray()
         if not ray.is_initialized():

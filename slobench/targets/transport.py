@@ -1,4 +1,6 @@
-"""The HTTP seam under the OpenAI target: POST a body, get a status and a stream of raw byte chunks.
+"""The HTTP seam: every request slobench makes goes through here. The load: POST a body, get a status and
+a stream of raw byte chunks (`Transport`). Setup and monitoring: `ControlClient` (whole, short requests).
+No other module builds an HTTP client (tests/test_cli_layout.py holds that).
 
 aiohttp is the default because it was measured to cost about a third of httpx's CPU per streamed request
 and to hold 400 req/s where httpx's pool fell over (issue 2). httpx stays available for HTTP/2 targets.
@@ -195,6 +197,65 @@ def make_transport(
     if name == "httpx":
         return HttpxTransport(timeout_s=timeout_s, connect_timeout_s=connect_timeout_s, http2=http2)
     raise UsageError(f"transport: must be 'aiohttp' or 'httpx' (got {name!r})")
+
+
+class Reply:
+    """A whole response to a control request: its status and body."""
+
+    __slots__ = ("status", "body")
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status = status
+        self.body = body
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+    def __repr__(self) -> str:
+        return f"Reply({self.status}, {len(self.body)} bytes)"
+
+
+class ControlClient:
+    """Setup and monitoring HTTP (preflight and its probes, model discovery, /metrics scrapes): short
+    requests read whole, each bounded by `timeout_s` in total. Kept apart from the load's transport so a
+    slow scrape or probe never holds a connection the load needs, and so a 600 s request timeout never
+    applies to them. Failures below HTTP are a `TransportError`, translated in `translate_error` like the
+    load's; an HTTP error status is a `Reply` like any other.
+
+    httpx, as setup has always used: its one-off client needs no running loop to be built.
+    """
+
+    def __init__(self, *, timeout_s: float, headers: Mapping[str, str] | None = None) -> None:
+        if not timeout_s > 0:
+            raise UsageError(f"timeout_s: must be > 0 seconds (got {timeout_s!r})")
+        self.timeout_s = timeout_s
+        self._client = httpx.AsyncClient(timeout=timeout_s, headers=dict(headers or {}))
+
+    async def __aenter__(self) -> ControlClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def request(
+        self, method: str, url: str, body: bytes | None = None, headers: Mapping[str, str] | None = None
+    ) -> Reply:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                r = await self._client.request(method, url, content=body, headers=headers)
+        except Exception as e:
+            t = translate_error(e, self.timeout_s, self.timeout_s)
+            if t is e:
+                raise
+            raise t from e
+        return Reply(r.status_code, r.content)
+
+    async def get(self, url: str, headers: Mapping[str, str] | None = None) -> Reply:
+        return await self.request("GET", url, headers=headers)
+
+    async def close(self) -> None:
+        await self._client.aclose()
 
 
 def translate_error(e: Exception, timeout_s: float, connect_timeout_s: float) -> Exception:

@@ -117,6 +117,10 @@ class ProbeFront(TargetBase):
     def check_compatible(self, spec: RequestSpec) -> None:
         self._probe.check_compatible(spec)
 
+    async def _settle_model(self) -> None:
+        """The senders load the model the front found (`--model` not given): settled before any starts."""
+        self.target_kwargs["model"] = await self._probe.discover_model()
+
     async def preflight(self) -> str:
         from slobench.targets.capabilities import Capabilities
 
@@ -180,6 +184,7 @@ class WorkerPool(ProbeFront):
     async def start(self) -> None:
         if self._workers:
             return
+        await self._settle_model()
         await self._probe.start()
         spawns = [asyncio.ensure_future(self._spawn(i)) for i in range(self.num_workers)]  # they start in parallel
         results = await asyncio.gather(*spawns, return_exceptions=True)

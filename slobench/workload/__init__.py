@@ -7,6 +7,7 @@ from slobench.workload.arrivals import (
     PoissonArrivals,
     make_arrivals,
 )
+from slobench.workload.base import Workload
 from slobench.workload.lengths import (
     EmpiricalLength,
     FixedLength,
@@ -62,6 +63,7 @@ __all__ = [
     "TraceEntry",
     "TraceReplay",
     "UniformLength",
+    "Workload",
     "WorkloadSpec",
     "ZipfLength",
     "detect_format",

@@ -30,6 +30,7 @@ import numpy as np
 
 from slobench.errors import SpecError, UsageError
 from slobench.run.records import RequestSpec
+from slobench.workload.base import refuse_fixed_lengths
 from slobench.workload.prompts import DEFAULT_TOKEN_ID_RANGE, WORDS, text_prompts, token_prompts
 from slobench.workload.sessions import ids_to_prompt
 from slobench.workload.traces import Trace, TraceEntry, load_trace
@@ -315,7 +316,9 @@ class TraceReplay:
         return self.trace.name
 
     def specs(self, *, rate_rps: float | None = None, duration_s: float | None = None,
-              num_requests: int | None = None, seed: int = 0, api: str | None = None) -> ReplaySpecs:  # fmt: skip
+              num_requests: int | None = None, seed: int = 0, api: str | None = None,
+              input_len: int | None = None, output_len: int | None = None) -> ReplaySpecs:  # fmt: skip
+        refuse_fixed_lengths(input_len, output_len)
         return ReplaySpecs(replay(
             self.trace, time_scale=self.time_scale, rate_rps=rate_rps, start_s=self.start_s,
             duration_s=duration_s, num_requests=num_requests, seed=seed, api=api or self.api,

@@ -293,6 +293,21 @@ class WorkloadSpec:
             d["system_prompts"] = self.system_prompts.to_dict()
         return {k: v for k, v in d.items() if v is not None}
 
+    def specs(
+        self,
+        *,
+        rate_rps: float | None = None,
+        num_requests: int | None = None,
+        duration_s: float | None = None,
+        seed: int = 0,
+        input_len: int | None = None,
+        output_len: int | None = None,
+        api: str | None = None,
+    ) -> list[RequestSpec]:
+        """`generate(self, ...)`: the `Workload` protocol's one call (slobench.workload.base)."""
+        return generate(self, rate_rps=rate_rps, num_requests=num_requests, duration_s=duration_s, seed=seed,
+                        input_len=input_len, output_len=output_len, api=api)  # fmt: skip
+
     def __str__(self) -> str:
         if self.phases:
             segs = ", ".join(f"{p.name} {p.duration_s:g}s {p.arrival}" for p in self.phases)

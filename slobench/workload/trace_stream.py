@@ -37,6 +37,7 @@ import numpy as np
 
 from slobench.errors import SpecError, UsageError
 from slobench.run.records import RequestSpec
+from slobench.workload.base import refuse_fixed_lengths
 from slobench.workload.prompts import DEFAULT_TOKEN_ID_RANGE
 from slobench.workload.replay import _Prompts, _salt, rate_scale, request_spec, time_scale_factor
 from slobench.workload.traces import (
@@ -296,9 +297,11 @@ class StreamingReplay:
         return cls(str(path), fmt, **kwargs)
 
     def specs(self, *, rate_rps: float | None = None, duration_s: float | None = None,
-              num_requests: int | None = None, seed: int = 0, api: str | None = None) -> ReplayStream:  # fmt: skip
+              num_requests: int | None = None, seed: int = 0, api: str | None = None,
+              input_len: int | None = None, output_len: int | None = None) -> ReplayStream:  # fmt: skip
         """The run's requests in arrival order, each built when it is taken (the first now). `self.log`
         follows the latest call's stream."""
+        refuse_fixed_lengths(input_len, output_len)
         if duration_s is not None and not (math.isfinite(duration_s) and duration_s > 0):
             raise SpecError("duration_s", duration_s, "must be a finite number > 0")
         if num_requests is not None and num_requests < 1:

@@ -6,8 +6,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-VERBS: frozenset[str] = frozenset({"history"})
-
 HISTORY_HELP = """\
 Keeps a project's headline metrics over commits, so a slow drift over many merges is as visible as one bad
 commit. `add` appends one JSON line per commit (capacity and its interval; attainment and TTFT/TPOT p50/p99
@@ -49,7 +47,7 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
     r.add_argument("--fail-on-change", action="store_true", help="exit 1 when a change for the worse is found")
 
 
-def dispatch(args: argparse.Namespace) -> int:
+def history(args: argparse.Namespace) -> int:
     from slobench.errors import UsageError
 
     if args.history_verb == "add":

@@ -8,8 +8,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-VERBS = frozenset({"profile", "calibrate"})
-
 
 def add_parsers(sub: Any, *, epilog: str) -> None:
     from slobench.profiles import GPUS, MODELS
@@ -49,9 +47,7 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
     c.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
 
 
-def dispatch(args: argparse.Namespace) -> int:
-    if args.verb == "profile":
-        return _profile(args)
+def calibrate(args: argparse.Namespace) -> int:
     import asyncio
 
     from slobench.profiles.calibrate import calibrate_main
@@ -59,7 +55,7 @@ def dispatch(args: argparse.Namespace) -> int:
     return asyncio.run(calibrate_main(args))
 
 
-def _profile(args: argparse.Namespace) -> int:
+def profile(args: argparse.Namespace) -> int:
     from slobench.profiles import roofline
 
     prof = roofline(args.model, args.gpu, args.tp)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-VERBS: frozenset[str] = frozenset({"capacity", "gate"})
+from slobench.cli.common import add_load_flags, default_out, maybe_report
 
 CAPACITY_HELP = """\
 Finds the largest offered rate whose SLO attainment (share of all requests meeting every SLO) is at or
@@ -35,12 +35,10 @@ SLOs, missing or corrupt file).
 
 
 def add_parsers(sub: Any, *, epilog: str) -> None:
-    from slobench.cli import _add_load_flags
-
     fmt = argparse.RawDescriptionHelpFormatter
     cap = sub.add_parser("capacity", help="largest rate meeting the SLO, with an interval from replicates",
                          description=CAPACITY_HELP, epilog=epilog, formatter_class=fmt)
-    _add_load_flags(cap, sweep=True)
+    add_load_flags(cap, sweep=True)
     s = cap.add_argument_group("search")
     s.add_argument("--start-rate", type=float, default=1.0, help="first probe, req/s (default 1)")
     s.add_argument("--factor", type=float, default=2.0, help="geometric step while bracketing (default 2)")
@@ -73,18 +71,17 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
                         "baseline follows main; never on an inconclusive or failing run (the exit code is the gate's)")
 
 
-def dispatch(args: argparse.Namespace) -> int:
-    if args.verb == "capacity":
-        return asyncio.run(_capacity(args))
-    return _gate(args)
+def capacity(args: argparse.Namespace) -> int:
+    return asyncio.run(_capacity(args))
 
 
 # --- gate -----------------------------------------------------------------------------------------------
 
 
-def _gate(args: argparse.Namespace) -> int:
+def gate(args: argparse.Namespace) -> int:
     from slobench.errors import UsageError
-    from slobench.gate import Threshold, gate, junit_xml, load_samples, markdown
+    from slobench.gate import Threshold, junit_xml, load_samples, markdown
+    from slobench.gate import gate as judge
     from slobench.run.records import write_json_atomic
 
     if not args.candidate:
@@ -102,7 +99,7 @@ def _gate(args: argparse.Namespace) -> int:
         check_updatable(args.baseline)
     base = load_samples(args.baseline)
     ths = [Threshold.parse(t, "drop") for t in args.max_drop] + [Threshold.parse(t, "rise") for t in args.max_rise]
-    res = gate(base, cand, ths, alpha=args.alpha, pass_confidence=args.pass_confidence)
+    res = judge(base, cand, ths, alpha=args.alpha, pass_confidence=args.pass_confidence)
     md = markdown(res)
     print(md, end="")
     if args.markdown:
@@ -163,12 +160,17 @@ def _tolerance(text: str) -> float:
 async def _capacity(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from slobench.cli import MIN_PROBE_S, LoadSetup, default_out
     from slobench.errors import UsageError
-    from slobench.experiments.capacity import SearchOptions, replicate_at_rates, search_capacity, t_interval
+    from slobench.experiments.capacity import (
+        SearchOptions,
+        replicate_at_rates,
+        search_capacity,
+        t_interval,
+    )
     from slobench.experiments.probe import ProbeMeasure
     from slobench.experiments.sweep import parse_rates
     from slobench.gate import load_samples, workload_identity
+    from slobench.load_setup import MIN_PROBE_S, LoadSetup
     from slobench.run.records import CAPACITY, write_capacity, write_json_atomic
 
     if args.concurrency:
@@ -239,9 +241,7 @@ async def _capacity(args: argparse.Namespace) -> int:
         write_json_atomic(bpath, load_samples([out / CAPACITY]).to_baseline())
         console.print(f"baseline written: {bpath}", markup=False)
     _print_capacity(doc, out)
-    from slobench.cli import _maybe_report
-
-    _maybe_report(args, [out])
+    maybe_report(args, [out])
     if doc["mode"] == "search" and doc["capacity_rps"] is None:
         return 1
     return 0

@@ -14,8 +14,6 @@ from typing import Any
 
 from slobench.errors import SpecError, UsageError
 
-VERBS: frozenset[str] = frozenset({"plan"})
-
 # Bundled days compressed in time: one workload second stands for this many seconds of the day.
 DAY_COMPRESSION = {"day": 60.0}
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(s|m|min|h)?\s*$", re.IGNORECASE)

@@ -12,78 +12,10 @@ from typing import Any
 
 import numpy as np
 
+from slobench.cli.common import add_row_flags
 from slobench.errors import UsageError
 
-VERBS: frozenset[str] = frozenset({"workload"})
-
 _FORMAT_HELP = "azure, burstgpt, mooncake, sharegpt or slobench (default: detected from the content)"
-
-
-def add_row_flags(group: Any) -> None:
-    """What a trace loader keeps: shared by `run`/`sweep`/`capacity --trace` and the workload verbs."""
-    group.add_argument("--no-spread", action="store_true",
-                       help="keep coarse timestamps as they are: every request of a stamp at once (by default a "
-                       "trace stamped in buckets, e.g. Mooncake's, has each request spread over its bucket)")
-    group.add_argument("--keep-zero-rows", action="store_true",
-                       help="keep rows with 0 output tokens (BurstGPT's failed requests) as max_tokens=1 requests "
-                       "and rows with 0 input tokens with a 1-token prompt, instead of leaving them out")  # fmt: skip
-
-
-def add_replay_flags(group: Any) -> None:
-    """The trace flags of the load verbs beyond --trace, --trace-format, --time-scale and --start."""
-    add_row_flags(group)
-    group.add_argument("--min-tokens", choices=("max", "none"), default=None,
-                       help="max (default): send min_tokens = max_tokens so each output is as long as the trace "
-                       "says even where ignore_eos is not honoured; none: leave min_tokens out")  # fmt: skip
-
-
-# flag, its dest, its default: flags that only mean something with --trace
-_TRACE_ONLY = (("--trace-format", "trace_format", None), ("--time-scale", "time_scale", None),
-               ("--start", "start", 0.0), ("--no-spread", "no_spread", False),
-               ("--keep-zero-rows", "keep_zero_rows", False), ("--min-tokens", "min_tokens", None))  # fmt: skip
-
-
-def check_replay_flags(args: argparse.Namespace) -> None:
-    """A flag that would be ignored is a usage error (exit 2, one line), not a silent no-op."""
-    if getattr(args, "trace", None) is None:
-        given = [flag for flag, dest, default in _TRACE_ONLY if getattr(args, dest, default) != default]
-        if given:
-            raise UsageError(f"{given[0]} applies only to --trace")
-        return
-    if getattr(args, "workload", None) is not None:
-        raise UsageError("--trace and --workload conflict: a trace replay sends the trace's requests; give one")
-    rescaled = [f for f, on in (("--rate", getattr(args, "rate", None) is not None),
-                                ("--rates", getattr(args, "rates", None) is not None),
-                                ("capacity", getattr(args, "verb", None) == "capacity")) if on]  # fmt: skip
-    if getattr(args, "time_scale", None) is not None and getattr(args, "concurrency", None) is not None:
-        raise UsageError("--time-scale and --concurrency conflict: a closed loop sends each request when one "
-                         "ends, not at the trace's times; give one")  # fmt: skip
-    if getattr(args, "time_scale", None) is not None and rescaled:
-        what = "a capacity search" if rescaled[0] == "capacity" else rescaled[0]
-        raise UsageError(f"--time-scale and {what} conflict: a rate rescales the trace to that mean rate, "
-                         "which replaces --time-scale; give one")  # fmt: skip
-
-
-def open_replay(args: argparse.Namespace, api: str, warn: Any) -> Any:
-    """The replay the load verbs' trace flags describe (check_replay_flags first). `run` against a target
-    streams the trace (a StreamingReplay: rows read and prompts built as the run goes, so a long trace starts
-    at once in flat memory; what the rows became is reported after the run, in summary.json `trace_rows`);
-    `--simulate`, `sweep` and `capacity` replay one trace at several rates and load it whole (a
-    TraceReplay, whose warnings come now)."""
-    from slobench.workload.replay import TraceReplay
-    from slobench.workload.trace_stream import StreamingReplay
-
-    if getattr(args, "verb", None) == "run" and not getattr(args, "simulate", False):
-        return StreamingReplay.open(
-            args.trace, args.trace_format, time_scale=args.time_scale, start_s=args.start, api=api,
-            spread=not getattr(args, "no_spread", False), keep_zero=getattr(args, "keep_zero_rows", False),
-            min_tokens=getattr(args, "min_tokens", None) or "max",
-        )  # fmt: skip
-    return TraceReplay.open(
-        args.trace, args.trace_format, seed=args.seed, time_scale=args.time_scale, start_s=args.start, api=api,
-        warn=warn, spread=not getattr(args, "no_spread", False), keep_zero=getattr(args, "keep_zero_rows", False),
-        min_tokens=getattr(args, "min_tokens", None) or "max",
-    )  # fmt: skip
 
 
 def add_parsers(sub: Any, *, epilog: str) -> None:
@@ -125,7 +57,7 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
     add_row_flags(s)
 
 
-def dispatch(args: argparse.Namespace) -> int:
+def workload(args: argparse.Namespace) -> int:
     cmd = args.workload_cmd
     if cmd == "convert":
         return _convert(args)

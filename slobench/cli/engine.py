@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slobench.cli.common import default_out, load_options, sweep_rates
 from slobench.errors import UsageError
-
-VERBS = frozenset({"serve", "demo", "report"})
 
 # The demo: a sweep of the `tiny` workload across the CPU engine's cliff. Its SLO suits a 2-core CPU
 # running the tiny model (a 4-layer, d=256 Llama): TTFT 250 ms, TPOT 30 ms.
@@ -66,21 +65,25 @@ def require_server_stack(verb: str) -> None:
                          f"{' and '.join(missing)}: pip install 'slobench[serve]' (or '[engine]' for the torch model)")
 
 
-def dispatch(args: argparse.Namespace) -> int:
-    if args.verb in ("serve", "demo"):
-        require_server_stack(args.verb)
-    if args.verb == "serve":
-        import slobench.profiles  # noqa: F401  (registers `--profile roofline:GPU/MODEL` with the engine)
-        from reference_engine.server import serve_from_args
+def serve(args: argparse.Namespace) -> int:
+    require_server_stack("serve")
+    import slobench.profiles  # noqa: F401  (registers `--profile roofline:GPU/MODEL` with the engine)
+    from reference_engine.server import serve_from_args
 
-        serve_from_args(args)
-        return 0
-    if args.verb == "report":
-        from slobench.report import build_report
+    serve_from_args(args)
+    return 0
 
-        path = build_report(args.run_dirs, args.output, title=args.title)
-        print(f"report: {path}")
-        return 0
+
+def report(args: argparse.Namespace) -> int:
+    from slobench.report import build_report
+
+    path = build_report(args.run_dirs, args.output, title=args.title)
+    print(f"report: {path}")
+    return 0
+
+
+def demo(args: argparse.Namespace) -> int:
+    require_server_stack("demo")
     return asyncio.run(_demo(args))
 
 
@@ -94,13 +97,15 @@ def demo_engine_args(executor: str) -> list[str]:
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    from slobench import cli
+    from slobench.experiments.sweep import parse_rates
+    from slobench.load_setup import LoadSetup
     from slobench.report.terminal import make_console
     from slobench.testing.process import EngineServerProcess
 
     console = make_console()
     engine_args = demo_engine_args(args.executor)
-    out = Path(args.out) if args.out else cli.default_out("demo")
+    rates = parse_rates(args.rates)  # a bad --rates is exit 2 before the engine starts
+    out = Path(args.out) if args.out else default_out("demo")
     console.print(f"[bold]slobench demo[/bold]: starting the bundled engine ({' '.join(engine_args)}) on 127.0.0.1")
     t0 = time.monotonic()
     import os
@@ -109,16 +114,10 @@ async def _demo(args: argparse.Namespace) -> int:
     threads = max(1, (os.cpu_count() or 2) - 1)
     with EngineServerProcess(*engine_args, torch_threads=threads) as srv:
         console.print(f"engine ready at {srv.base_url} in {time.monotonic() - t0:.1f} s; sweeping {args.rates} req/s")
-        sweep_argv = [
-            "sweep", "--url", srv.base_url, "--workload", args.workload, "--rates", args.rates,
-            "--num-requests", str(args.num_requests), "--slo", args.slo, "--seed", str(args.seed),
-            "--out", str(out), "--scrape-interval", "0.5",
-        ]
-        if not sys.stderr.isatty():
-            sweep_argv.append("--no-progress")
-        sweep_args = cli.build_parser().parse_args(sweep_argv)
-        sweep_args.report = None
-        await cli._sweep(sweep_args)
+        options = load_options(url=srv.base_url, workload=args.workload, rates=args.rates,
+                               num_requests=args.num_requests, slo=args.slo, seed=args.seed, out=str(out),
+                               scrape_interval=0.5, no_progress=not sys.stderr.isatty())  # fmt: skip
+        await sweep_rates(LoadSetup(options), rates, out, seed=args.seed)
     if not args.no_report:
         try:
             from slobench.report import build_report

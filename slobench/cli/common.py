@@ -1,0 +1,230 @@
+"""What the verbs share: the exit codes, the load flags, and small helpers with public names."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from slobench.load_setup import LoadSetup
+
+EXIT_CODES = """\
+  0  ok
+  1  SLO not met (run) / gate found a regression
+  2  bad usage or bad input (workload file, SLO string, trace, baseline)
+  3  target unreachable (preflight failed: wrong URL, server down, wrong model)
+  4  gate inconclusive (more replicates needed)
+  5  internal error: a slobench bug (the traceback is printed; please report it)
+  130  interrupted (Ctrl-C or SIGTERM): what finished is kept and summarised
+"""
+EXIT_INTERNAL_ERROR = 5  # never 1: 1 means "SLO not met" / "regression", and a crash must not read as either
+
+EPILOG = "exit codes:\n" + EXIT_CODES
+FORMATTER = argparse.RawDescriptionHelpFormatter
+
+
+def default_out(prefix: str) -> Path:
+    import time
+
+    return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def maybe_report(args: argparse.Namespace, run_dirs: Sequence[Path]) -> None:
+    """`--report HTML`: also write the HTML report of these run directories."""
+    if getattr(args, "report", None):
+        from slobench.report import build_report
+
+        path = build_report([str(d) for d in run_dirs], args.report)
+        print(f"report: {path}")
+
+
+def add_row_flags(group: Any) -> None:
+    """What a trace loader keeps: shared by `run`/`sweep`/`capacity --trace` and the workload verbs."""
+    group.add_argument("--no-spread", action="store_true",
+                       help="keep coarse timestamps as they are: every request of a stamp at once (by default a "
+                       "trace stamped in buckets, e.g. Mooncake's, has each request spread over its bucket)")
+    group.add_argument("--keep-zero-rows", action="store_true",
+                       help="keep rows with 0 output tokens (BurstGPT's failed requests) as max_tokens=1 requests "
+                       "and rows with 0 input tokens with a 1-token prompt, instead of leaving them out")  # fmt: skip
+
+
+def add_replay_flags(group: Any) -> None:
+    """The trace flags of the load verbs beyond --trace, --trace-format, --time-scale and --start."""
+    add_row_flags(group)
+    group.add_argument("--min-tokens", choices=("max", "none"), default=None,
+                       help="max (default): send min_tokens = max_tokens so each output is as long as the trace "
+                       "says even where ignore_eos is not honoured; none: leave min_tokens out")  # fmt: skip
+
+
+
+def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
+    """The flags of every verb that sends load (run, sweep, capacity): target, engine, workload, trace, run."""
+    g = p.add_argument_group("target")
+    g.add_argument("--url", default=None,
+                   help="base URL of an OpenAI-compatible API (default http://127.0.0.1:8000/v1); several, "
+                        "comma-separated, are routed by this client (--router)")
+    g.add_argument("--model", default=None, help="model name (default: the first one the server lists)")
+    g.add_argument("--api", choices=("completions", "chat"), default=None, help="default: the workload's")
+    g.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
+    g.add_argument("--header", action="append", default=[], metavar="K:V", help="extra HTTP header (repeatable)")
+    g.add_argument("--extra-body", default=None, metavar="JSON", help="extra JSON fields merged into every body")
+    g.add_argument("--no-stream", action="store_true", help="non-streaming requests (TTFT = E2E)")
+    g.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
+    g.add_argument("--transport", choices=("aiohttp", "httpx"), default="aiohttp")
+    g.add_argument("--http2", action="store_true", help="HTTP/2 (implies --transport httpx)")
+    g.add_argument("--server-profile", default="auto",
+                   choices=("auto", "vllm", "sglang", "tgi", "llamacpp", "ollama", "openai", "generic"),
+                   help="what the server accepts of slobench's extensions (token-id prompts, ignore_eos, min_tokens, "
+                        "stream_options.include_usage); auto (default) probes each once before the run and falls "
+                        "back where refused; a named profile fixes the choice without probing")
+    g.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="a local tokenizer.json (or HF tokenizer folder) of the served model: text prompts get "
+                        "exactly the asked token count (never fetched from a hub)")
+    g.add_argument("--client-workers", type=int, default=1, metavar="N",
+                   help="send from N worker processes (the schedule stays in this one): for streams of more than "
+                        "~20,000 tokens/s, which one process cannot read on time (default 1)")
+    g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="send from --client-workers N Ray actors (spread over the cluster's nodes, clocks synced to "
+                        "this one) at ADDRESS, or a local Ray instance when no address is given; needs "
+                        "pip install 'slobench[ray]'")
+    from slobench.targets.engine import add_engine_arguments
+
+    eng = p.add_argument_group("in-process engine (instead of --url)")
+    add_engine_arguments(eng)
+    eng.add_argument("--simulate", action="store_true",
+                     help="no server, no real time: the bundled engine's scheduler and block manager on a virtual "
+                          "clock with the modeled executor (--profile, --kv-blocks, ...); seconds, not minutes")
+    eng.add_argument("--jitter", type=float, default=0.0, help="with --simulate: per-step time noise, relative sd")
+    eng.add_argument("--replicas", type=int, default=1, metavar="N",
+                     help="with --simulate: a fleet of N identical engines behind --router (default 1)")
+    eng.add_argument("--router", default="least-outstanding",
+                     choices=("least-outstanding", "least-tokens", "round-robin", "prefix-affinity",
+                              "prefix-balanced"),
+                     help="with --simulate --replicas N, or several --url A,B: how requests are spread "
+                          "(default least-outstanding)")
+    eng.add_argument("--prefill-replicas", type=int, default=0, metavar="P",
+                     help="with --simulate: a disaggregated fleet, P prefill instances (with --decode-replicas)")
+    eng.add_argument("--decode-replicas", type=int, default=0, metavar="D",
+                     help="with --simulate: D decode instances taking the KV of the prefill instances")
+    eng.add_argument("--colocated-replicas", type=int, default=0, metavar="C",
+                     help="with --prefill/--decode-replicas: C co-located instances beside them (default 0)")
+    eng.add_argument("--kv-link", default=None, metavar="BW,LAT",
+                     help="with --prefill/--decode-replicas: each prefill instance's KV link, e.g. 50GB/s,20us "
+                          "(default inf,0); bytes per token from the --model config (2*layers*kv_heads*head_dim*2)")
+    w = p.add_argument_group("workload")
+    w.add_argument("--workload", default=None, help="a bundled workload name or a TOML path (default chat)")
+    if sweep:
+        w.add_argument("--rates", required=False, default=None, help="1,2,4 or geometric START:STOP:COUNT")
+    w.add_argument("--rate", type=float, default=None, help="offered rate, req/s (default: the workload's)")
+    w.add_argument("--num-requests", type=int, default=None)
+    w.add_argument("--duration", type=float, default=None, help="seconds of arrivals")
+    w.add_argument("--input-len", type=int, default=None, help="fixed prompt length, overriding the workload")
+    w.add_argument("--output-len", type=int, default=None, help="fixed output length, overriding the workload")
+    w.add_argument("--seed", type=int, default=0)
+    t = p.add_argument_group("trace replay (instead of --workload)")
+    t.add_argument("--trace", default=None, metavar="FILE",
+                   help="replay a trace: one request per row at its time, with its token counts")
+    t.add_argument("--trace-format", default=None,
+                   choices=("azure", "burstgpt", "mooncake", "sharegpt", "slobench"),
+                   help="default: detected from the content")
+    t.add_argument("--time-scale", type=float, default=None, metavar="K",
+                   help="multiply the trace's times by K (0.5 = twice as fast); --rate instead rescales "
+                   "to a mean rate, keeping the burst shape")
+    t.add_argument("--start", type=float, default=0.0, metavar="S",
+                   help="skip the trace's first S seconds (trace time); --duration then keeps the first "
+                   "seconds of the scaled replay")  # fmt: skip
+    add_replay_flags(t)
+    r = p.add_argument_group("run")
+    r.add_argument("--slo", default=None, help="e.g. ttft=500ms,tpot=50ms[,target=0.9] or a TOML file")
+    r.add_argument("--out", default=None, help="run directory (default: runs/<time>)")
+    r.add_argument("--overwrite", "--force", action="store_true",
+                   help="replace the run already in --out (only slobench's files); without it, exit 2")
+    r.add_argument("--warmup", default="0", metavar="N|auto",
+                   help="requests sent first and excluded from metrics; auto: cut by the MSER-5 rule after the run")
+    r.add_argument("--max-in-flight", type=int, default=None, help="cap on requests in flight (waits counted)")
+    r.add_argument("--concurrency", type=int, default=None, help="closed loop: N users instead of open-loop")
+    r.add_argument("--rate-limit", default=None, metavar="N/PERIOD",
+                   help="at most N sends per period (600/min, 10/s, 36000/h), for hosted endpoints with a rate "
+                        "limit; its waits are reported as deliberate, not as client lateness")
+    r.add_argument("--max-error-rate", default=None, metavar="FRACTION",
+                   help="exit 1 when more than this share of requests failed (e.g. 0.05 or 5%%); by default only "
+                        "a run in which no request succeeded does")
+    r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--scrape-interval", type=float, default=1.0,
+                   help="seconds between scrapes of the server's /metrics (0: off)")
+    r.add_argument("--report", default=None, metavar="HTML", help="also write the HTML report here")
+
+
+def load_options(**values: Any) -> argparse.Namespace:
+    """The load flags' defaults (those of `sweep`), with `values` in place of some: the options of a verb
+    that sends load without taking the load flags itself (`demo`). A name that is no load flag is a bug."""
+    p = argparse.ArgumentParser(add_help=False)
+    add_load_flags(p, sweep=True)
+    ns = p.parse_args([])  # nothing given: every flag at its default
+    for name, value in values.items():
+        if not hasattr(ns, name):
+            raise TypeError(f"load_options: no load flag {name!r}")
+        setattr(ns, name, value)
+    ns.verb = "sweep"
+    return ns
+
+
+def error_rate_verdict(n: int, ok: int, max_error_rate: float | None) -> str | None:
+    """The one line that fails a run of `n` measured requests, `ok` of them successful, for its errors, or
+    None. Without --max-error-rate only a run in which no request succeeded fails: its latency figures
+    describe nothing."""
+    if n == 0:
+        return None
+    failed = n - ok
+    if max_error_rate is None:
+        if ok == 0:
+            return f"slobench: all {n} requests failed (see the errors above); exit 1"
+        return None
+    if failed / n > max_error_rate:
+        return (f"slobench: {failed} of {n} requests failed ({failed / n:.1%}), above --max-error-rate "
+                f"{max_error_rate:.1%}; exit 1")
+    return None
+
+
+async def sweep_rates(setup: LoadSetup, rates: Sequence[float], out: Path, *, seed: int) -> int:
+    """One run per rate through `setup`'s probe, a line per point and the table at the end; the exit code
+    (130 interrupted, 1 over --max-error-rate). `out` is claimed here, before any request (exit 2)."""
+    from slobench.experiments.sweep import run_sweep
+    from slobench.load_setup import MIN_PROBE_S
+    from slobench.report.terminal import make_console
+    from slobench.run.outdir import claim_out_dir
+
+    setup.min_duration_s = MIN_PROBE_S  # high-rate points as long as low-rate ones (probe_duration)
+    out = claim_out_dir(out, overwrite=getattr(setup.args, "overwrite", False))  # exit 2, one line
+    console = make_console()
+
+    def on_run(row: dict[str, Any]) -> None:
+        s = row["summary"]
+        console.print(f"rate {row['rate_rps']:g} req/s done: {s.num_ok}/{s.num_requests} ok")
+
+    async with setup.probe(first=(rates[0], seed)) as (probe, manifest, served):
+        doc = await run_sweep(list(rates), probe, out_dir=out, slo=setup.slo, manifest=manifest, seed=seed,
+                              on_run=on_run)
+    print_sweep(doc, console, title=f"{served} · {setup.workload.name} · {out}")
+    maybe_report(setup.args, [out])
+    if doc.get("interrupted"):
+        print("slobench: interrupted: the last point is partial and left out of the headline; exit 130",
+              file=sys.stderr)
+        return 130
+    n = sum(r["summary"].num_requests for r in doc["runs"])
+    ok = sum(r["summary"].num_ok for r in doc["runs"])
+    if (verdict := error_rate_verdict(n, ok, setup.max_error_rate)) is not None:
+        print(verdict, file=sys.stderr)
+        return 1
+    return 0
+
+
+def print_sweep(doc: dict[str, Any], console: Any, title: str) -> None:
+    from slobench.report.terminal import print_headline, sweep_table
+
+    console.print(sweep_table(doc["runs"], title=title))
+    if doc.get("headline"):
+        print_headline(doc["headline"], console)

@@ -1,0 +1,104 @@
+"""The verbs that load one target from the common flags: `run` (one rate), `sweep` (one run per rate),
+and `summarize` (recompute a run's summary)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from slobench.cli.common import (
+    EPILOG,
+    FORMATTER,
+    add_load_flags,
+    default_out,
+    error_rate_verdict,
+    maybe_report,
+    sweep_rates,
+)
+from slobench.errors import UsageError
+from slobench.load_setup import LoadSetup, load_slo
+
+
+def add_parsers(sub: Any, *, epilog: str = EPILOG) -> None:
+    run_p = sub.add_parser("run", help="one open-loop run at one rate", epilog=epilog, formatter_class=FORMATTER)
+    add_load_flags(run_p)
+    sweep_p = sub.add_parser("sweep", help="one run per offered rate, a table at the end", epilog=epilog,
+                             formatter_class=FORMATTER)
+    add_load_flags(sweep_p, sweep=True)
+    sum_p = sub.add_parser("summarize", help="recompute and print a run's summary", epilog=epilog,
+                           formatter_class=FORMATTER)
+    sum_p.add_argument("run_dir")
+    sum_p.add_argument("--slo", default=None, help="re-judge against another SLO")
+
+
+def run(args: argparse.Namespace) -> int:
+    return asyncio.run(_run(args))
+
+
+def sweep(args: argparse.Namespace) -> int:
+    from slobench.experiments.sweep import parse_rates
+
+    if not args.rates:
+        raise UsageError("--rates is required for sweep (e.g. --rates 1,2,4 or --rates 1:16:5)")
+    rates = parse_rates(args.rates)
+    setup = LoadSetup(args)
+    out = Path(args.out) if args.out else default_out("sweep")
+    return asyncio.run(sweep_rates(setup, rates, out, seed=args.seed))
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from slobench.report.terminal import print_run
+    from slobench.run.outdir import claim_out_dir
+    from slobench.targets.ray_pool import client_clock_lines
+
+    setup = LoadSetup(args)
+    out = claim_out_dir(Path(args.out) if args.out else default_out("run"),
+                        overwrite=getattr(args, "overwrite", False))  # before any request: exit 2, one line
+    async with setup.probe(first=(args.rate, args.seed)) as (probe, manifest, served):
+        res = await probe(args.rate, args.seed, out, {**manifest, "rate_rps": args.rate})
+    summary = res.summary
+    print_run(summary, title=f"{served} · {setup.workload.name} · {out}")
+    for line in client_clock_lines(summary):
+        print(line)
+    for m in getattr(probe, "last_monitors", ()):  # no /metrics is a note: the report has no server-state panels
+        if getattr(m, "disabled_reason", None):
+            print(f"note: no server metrics scraped ({m.disabled_reason}); the report has no server-state panels")
+    print(f"run directory: {out}")
+    maybe_report(args, [out])
+    if res.interrupted:
+        print("slobench: interrupted: the summary covers the requests that finished; exit 130", file=sys.stderr)
+        return 130
+    att = summary.attainment
+    if att and setup.slo and att.value < setup.slo.target:
+        return 1
+    if (verdict := error_rate_verdict(summary.num_requests, summary.num_ok, setup.max_error_rate)) is not None:
+        print(verdict, file=sys.stderr)
+        return 1
+    return 0
+
+
+def summarize(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from slobench.analysis.summary import summarize as summarize_records
+    from slobench.report.terminal import print_run
+    from slobench.run.records import load_run
+
+    loaded = load_run(args.run_dir)
+    if args.slo:
+        slo = load_slo(args.slo)
+    elif loaded.manifest.get("slo"):
+        from slobench.analysis.slo import SLO
+
+        slo = SLO.from_dict(loaded.manifest["slo"])
+    else:
+        slo = None
+    summary = summarize_records(loaded.records, slo, seed=loaded.manifest.get("seed", 0))
+    if loaded.summary is not None:  # what the run alone knew: kept from its summary.json
+        summary = replace(summary, interrupted=bool(loaded.summary.interrupted), trace_rows=loaded.summary.trace_rows,
+                          stopped_by=loaded.summary.stopped_by)
+    print_run(summary, title=str(args.run_dir))
+    return 0
