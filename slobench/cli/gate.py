@@ -162,14 +162,16 @@ async def _capacity(args: argparse.Namespace) -> int:
 
     from slobench.errors import UsageError
     from slobench.experiments.capacity import (
+        CapacityResult,
+        FixedRates,
         SearchOptions,
+        capacity_document,
         replicate_at_rates,
         search_capacity,
-        t_interval,
     )
     from slobench.experiments.probe import ProbeMeasure
     from slobench.experiments.sweep import parse_rates
-    from slobench.gate import load_samples, workload_identity
+    from slobench.gate import load_samples
     from slobench.load_setup import MIN_PROBE_S, LoadSetup
     from slobench.run.records import CAPACITY, write_capacity, write_json_atomic
 
@@ -211,29 +213,14 @@ async def _capacity(args: argparse.Namespace) -> int:
         if fixed:
             seeds = [opts.seed + 1 + i for i in range(opts.replicates)]
             probes = await replicate_at_rates(measure, fixed, seeds, target=opts.target)
-            doc: dict[str, Any] = {
-                "kind": "capacity", "mode": "fixed-rates", "attainment_target": opts.target, "capacity_rps": None,
-                "interval_rps": None, "rates_rps": fixed, "probes": [p.to_dict() for p in probes],
-                "replicates": [], "notes": [],
-            }
+            result: CapacityResult | FixedRates = FixedRates(fixed, opts.target, tuple(probes))
         else:
-            res = await search_capacity(measure, opts)
-            doc = {"mode": "search", **res.to_dict()}
+            result = await search_capacity(measure, opts)
 
-    doc["schema_version"] = 1
-    doc["slo"] = setup.slo.to_dict()
-    doc["workload"] = workload_identity(manifest)
-    doc["target"] = manifest["target"]
-    doc["manifest"] = manifest
     if not args.gpus and args.simulate and args.replicas > 1:
         args.gpus = args.replicas  # a simulated fleet: one GPU a replica
-    if args.gpus and doc.get("capacity_rps") is not None:
-        doc["gpus"] = args.gpus
-        doc["goodput_per_gpu_rps"] = doc["capacity_rps"] / args.gpus
-        if doc.get("interval_rps"):
-            doc["goodput_per_gpu_interval_rps"] = [x / args.gpus for x in doc["interval_rps"]]
-    if args.slo_scale:
-        doc["slo_scale"] = _slo_scales(out, doc, setup.slo, t_interval)
+    doc = capacity_document(result, slo=setup.slo, manifest=manifest, gpus=args.gpus,
+                            slo_scale_dir=out if args.slo_scale else None)  # fmt: skip
     write_capacity(out, doc)
     if args.baseline_out:
         bpath = Path(args.baseline_out)
@@ -245,29 +232,6 @@ async def _capacity(args: argparse.Namespace) -> int:
     if doc["mode"] == "search" and doc["capacity_rps"] is None:
         return 1
     return 0
-
-
-def _slo_scales(out: Path, doc: dict[str, Any], slo: Any, t_interval: Any) -> list[dict[str, Any]]:
-    """Per rate: the tightest SLO scale each replicate run still meets the target at (DistServe's view)."""
-    from slobench.experiments.capacity import tightest_slo_scale
-    from slobench.run.records import load_run
-
-    reps = [p for p in doc["probes"] if p["phase"] == "replicate" and p.get("run_dir")]
-    if doc.get("replicate_edges_rps") or doc.get("bracket_rps"):
-        reps = [p for p in reps if p["rate_rps"] == (doc.get("replicate_edges_rps") or doc["bracket_rps"])[0]]
-    by_rate: dict[float, list[dict[str, Any]]] = {}
-    for p in reps:
-        scale = tightest_slo_scale(load_run(out / p["run_dir"]).records, slo)
-        by_rate.setdefault(p["rate_rps"], []).append({"seed": p["seed"], "scale": scale})
-    rows = []
-    for rate, per in sorted(by_rate.items()):
-        vals = [r["scale"] for r in per]
-        finite = all(v < float("inf") for v in vals)
-        rows.append({
-            "rate_rps": rate, "replicates": per, "scale": sum(vals) / len(vals),
-            "interval": list(t_interval(vals, doc.get("level", 0.95))) if finite and len(vals) > 1 else None,
-        })
-    return rows
 
 
 def _print_capacity(doc: dict[str, Any], out: Path) -> None:

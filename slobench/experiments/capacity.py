@@ -137,6 +137,62 @@ class CapacityResult:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class FixedRates:
+    """Fixed-rate mode's result: every rate with every seed, for gating at the same offered load."""
+
+    rates_rps: Sequence[float]
+    target: float
+    probes: tuple[Probe, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "capacity", "mode": "fixed-rates", "attainment_target": self.target, "capacity_rps": None,
+                "interval_rps": None, "rates_rps": list(self.rates_rps), "probes": [p.to_dict() for p in self.probes],
+                "replicates": [], "notes": []}  # fmt: skip
+
+
+def capacity_document(result: CapacityResult | FixedRates, *, slo: Any, manifest: dict[str, Any],
+                      gpus: int | None = None, slo_scale_dir: Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """What capacity.json holds (written by `records.write_capacity`): the result, the SLO, the workload's
+    identity (what the gate pairs baselines by), the target and manifest; goodput per GPU when `gpus` is
+    known; with `slo_scale_dir` (the search's directory), DistServe's tightest SLO scale per edge rate."""
+    from slobench.gate import workload_identity
+
+    doc: dict[str, Any] = result.to_dict() if isinstance(result, FixedRates) else {"mode": "search", **result.to_dict()}
+    doc |= {"schema_version": 1, "slo": slo.to_dict(), "workload": workload_identity(manifest),
+            "target": manifest["target"], "manifest": manifest}  # fmt: skip
+    if gpus and doc.get("capacity_rps") is not None:
+        doc["gpus"] = gpus
+        doc["goodput_per_gpu_rps"] = doc["capacity_rps"] / gpus
+        if doc.get("interval_rps"):
+            doc["goodput_per_gpu_interval_rps"] = [x / gpus for x in doc["interval_rps"]]
+    if slo_scale_dir is not None:
+        doc["slo_scale"] = slo_scales(slo_scale_dir, doc, slo)
+    return doc
+
+
+def slo_scales(out: Path, doc: dict[str, Any], slo: Any) -> list[dict[str, Any]]:
+    """Per rate: the tightest SLO scale each replicate run still meets the target at (DistServe's view)."""
+    from slobench.run.records import load_run
+
+    reps = [p for p in doc["probes"] if p["phase"] == "replicate" and p.get("run_dir")]
+    if doc.get("replicate_edges_rps") or doc.get("bracket_rps"):
+        reps = [p for p in reps if p["rate_rps"] == (doc.get("replicate_edges_rps") or doc["bracket_rps"])[0]]
+    by_rate: dict[float, list[dict[str, Any]]] = {}
+    for p in reps:
+        scale = tightest_slo_scale(load_run(out / p["run_dir"]).records, slo)
+        by_rate.setdefault(p["rate_rps"], []).append({"seed": p["seed"], "scale": scale})
+    rows = []
+    for rate, per in sorted(by_rate.items()):
+        vals = [r["scale"] for r in per]
+        finite = all(v < float("inf") for v in vals)
+        rows.append({
+            "rate_rps": rate, "replicates": per, "scale": sum(vals) / len(vals),
+            "interval": list(t_interval(vals, doc.get("level", 0.95))) if finite and len(vals) > 1 else None,
+        })  # fmt: skip
+    return rows
+
+
 def _probe(rate: float, seed: int, phase: Phase, summary: RunSummary) -> Probe:
     att = summary.attainment
     value = None if att is None else att.value
