@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from slobench.cli import main
-from slobench.plan_day import DayRecipe, build_windows, day_length_s
+from slobench.fleet.plan_day import DayRecipe, build_windows, day_length_s
 from slobench.workload import generate, load_workload
 
 AZURE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure-llm-2023"

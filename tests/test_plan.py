@@ -1,4 +1,4 @@
-"""The fleet planner (slobench.plan): a window's search against a brute force, the plan's switching cost
+"""The fleet planner (slobench.fleet.plan): a window's search against a brute force, the plan's switching cost
 and hysteresis on made-up evaluations, the plan's own claims re-checked by simulation, plan.json's shape,
 the same plan from one process and from several, and bad flags. Days here are tiny (three 10 s windows of
 a few dozen requests on the slow `cpu-tiny` profile, so fleets of 1-4 instances matter)."""
@@ -14,8 +14,7 @@ import pytest
 from slobench.analysis.slo import SLO
 from slobench.cli import main
 from slobench.errors import SpecError
-from slobench.fleet.simulate import ModeledEngine
-from slobench.plan import (
+from slobench.fleet.plan import (
     Evaluation,
     Fleet,
     PlanOptions,
@@ -29,8 +28,9 @@ from slobench.plan import (
     search_window,
     transition_fleet,
 )
-from slobench.plan_day import DayRecipe, Window
-from slobench.plan_pool import PlanPool, windows_for
+from slobench.fleet.plan_day import DayRecipe, Window
+from slobench.fleet.plan_pool import PlanPool, windows_for
+from slobench.fleet.simulate import ModeledEngine
 from slobench.workload import WorkloadSpec
 
 DAY = """
@@ -236,7 +236,7 @@ def test_the_plan_meets_the_slo_where_it_says_so_and_its_json(tmp_path: Path, da
                                                              setup: Setup, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     rc, plan = _plan_json(tmp_path, day_toml, "--baselines", "static-colocated,static-disagg", "--switch-cost", "6m")
     out = capsys.readouterr().out
-    assert plan["schema"] == "slobench.plan/1"
+    assert plan["schema"] == "slobench.fleet.plan/1"
     assert set(plan["strategies"]) == {"planner", "static-colocated", "static-disagg"}
     for s in plan["strategies"].values():
         assert set(s) >= {"gpu_hours", "attainment", "goodput_per_gpu_rps", "windows_met", "num_windows",

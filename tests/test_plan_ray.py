@@ -12,10 +12,10 @@ import pytest
 
 from slobench.analysis.slo import SLO
 from slobench.cli import main
+from slobench.fleet.plan import PlanOptions, Setup, plan_day
+from slobench.fleet.plan_day import DayRecipe
+from slobench.fleet.plan_pool import PlanPool, windows_for
 from slobench.fleet.simulate import ModeledEngine
-from slobench.plan import PlanOptions, Setup, plan_day
-from slobench.plan_day import DayRecipe
-from slobench.plan_pool import PlanPool, windows_for
 from slobench.workload import WorkloadSpec
 from tests.netns import in_netns, rerun_in_own_netns
 

@@ -1,4 +1,4 @@
-"""The `slobench plan` verb: a fleet plan for a day of traffic (slobench.plan), written as plan.json and
+"""The `slobench plan` verb: a fleet plan for a day of traffic (slobench.fleet.plan), written as plan.json and
 plan.html, with a terminal table comparing it to static fleets and an interpolation planner."""
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
 
 
 def dispatch(args: argparse.Namespace) -> int:
-    from slobench.plan import PlanOptions, plan_day
-    from slobench.plan_pool import PlanPool, windows_for
+    from slobench.fleet.plan import PlanOptions, plan_day
+    from slobench.fleet.plan_pool import PlanPool, windows_for
 
     recipe, setup, options = _build(args)
     out = Path(args.out) if args.out else Path("runs") / f"plan-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -122,9 +122,9 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from reference_engine.executor.modeled_executor import CostProfile
     from slobench.analysis.slo import SLO
     from slobench.fleet.disagg import KVLink
+    from slobench.fleet.plan import PlanOptions, Setup
+    from slobench.fleet.plan_day import DayRecipe
     from slobench.fleet.simulate import ModeledEngine
-    from slobench.plan import PlanOptions, Setup
-    from slobench.plan_day import DayRecipe
 
     if (args.workload is None) == (args.trace is None):
         raise UsageError("plan needs one of --workload or --trace")

@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from slobench.errors import UsageError
-from slobench.plan_day import DayRecipe, Window, build_windows
+from slobench.fleet.plan_day import DayRecipe, Window, build_windows
 
 __all__ = ["PlanPool", "run_job"]
 
@@ -34,7 +34,7 @@ def windows_for(recipe: DayRecipe) -> list[Window]:
 
 
 def run_job(recipe: DayRecipe, setup: Any, job: tuple[Any, ...]) -> Any:
-    from slobench import plan
+    from slobench.fleet import plan
 
     kind = job[0]
     if kind == "search":

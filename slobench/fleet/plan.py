@@ -25,7 +25,7 @@ prefix reuse; a prefill instance alone against TTFT, a decode instance behind am
 then P = ceil(rate x mean input / prefill tokens/s), D = ceil(rate x mean output / decode tokens/s) for
 each window, changed every window with the same switching cost.
 
-Every evaluation is a pure function of (day recipe, setup, job), run through a `slobench.plan_pool` pool
+Every evaluation is a pure function of (day recipe, setup, job), run through a `slobench.fleet.plan_pool` pool
 (serial, processes or Ray), so every executor gives the same plan for a seed.
 """
 
@@ -40,8 +40,8 @@ import numpy as np
 
 from slobench.analysis.slo import SLO
 from slobench.errors import SpecError
+from slobench.fleet.plan_day import DayRecipe, Window
 from slobench.fleet.simulate import ModeledEngine
-from slobench.plan_day import DayRecipe, Window
 from slobench.run.records import RequestRecord, RequestSpec
 
 __all__ = ["Evaluation", "Fleet", "PlanOptions", "Setup", "evaluate", "fleet_cost_order", "plan_day",
@@ -562,7 +562,7 @@ def _result(windows: Sequence[Window], searches: Sequence[WindowSearch],
                                   "meets_target": rows[i][1].meets(target)} for name, rows in strategies.items()},
         })  # fmt: skip
     return {
-        "schema": "slobench.plan/1",
+        "schema": "slobench.fleet.plan/1",
         "day": {"name": recipe.name, "traces": list(recipe.traces), "rate_rps": recipe.rate_rps, "seed": recipe.seed,
                 "compression": recipe.compression, "window_s": recipe.window_s, "num_windows": len(windows),
                 "max_requests_per_window": recipe.max_requests, "lead_s": recipe.lead_s},
