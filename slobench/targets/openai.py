@@ -85,8 +85,8 @@ class OpenAITarget(TargetBase):
     ) -> None:
         if api not in ("completions", "chat"):
             raise SpecError("api", api, "must be 'completions' or 'chat'")
-        if isinstance(transport, str) and transport not in ("aiohttp", "httpx"):
-            raise SpecError("transport", transport, "must be 'aiohttp' or 'httpx'")
+        if isinstance(transport, str) and transport not in ("aiohttp", "httpx", "raw"):
+            raise SpecError("transport", transport, "must be 'aiohttp', 'httpx' or 'raw'")
         if http2 and transport != "httpx":
             raise SpecError("http2", http2, "needs transport='httpx' (aiohttp speaks HTTP/1.1 only)")
         for name, value in (

@@ -27,7 +27,7 @@ import httpx
 from slobench.errors import UsageError
 from slobench.records import Status
 
-TransportName = Literal["aiohttp", "httpx"]
+TransportName = Literal["aiohttp", "httpx", "raw"]  # raw: slobench.targets.rawhttp
 _HTTPX_MAX_CONNECTIONS = 65_536  # "no cap" for httpx; its `None` was measured to collapse under load
 _KEEPALIVE_S = 4.0
 
@@ -194,7 +194,11 @@ def make_transport(
         return AiohttpTransport(timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
     if name == "httpx":
         return HttpxTransport(timeout_s=timeout_s, connect_timeout_s=connect_timeout_s, http2=http2)
-    raise UsageError(f"transport: must be 'aiohttp' or 'httpx' (got {name!r})")
+    if name == "raw" and not http2:
+        from slobench.targets.rawhttp import RawHttpTransport  # imports this module: not at its top
+
+        return RawHttpTransport(timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)  # type: ignore[return-value]
+    raise UsageError(f"transport: must be 'aiohttp', 'httpx' or 'raw' (got {name!r}{', http2' if http2 else ''})")
 
 
 def translate_error(e: Exception, timeout_s: float, connect_timeout_s: float) -> Exception:
