@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from urllib.parse import urlsplit
 
 from slobench.errors import UsageError
-from slobench.targets.transport import Response, TransportError, _os_reason
+from slobench.targets.transport import TransportError, _os_reason
 
 _KEEPALIVE_S = 4.0
 _MAX_HEAD = 65_536  # bytes of status line + headers, and of one chunk-size line, before the answer is refused
@@ -202,7 +202,22 @@ class _Conn(asyncio.Protocol):
         pos = 0
         n = len(buf)
         out: list[bytes] = []
+        find = buf.find
         while pos < n:
+            if not (self.left or self.crlf or self.trailers):
+                # The common case, one whole chunk (size line, data, CRLF) in the buffer, in one step;
+                # anything else (a split chunk, an extension, the last chunk) takes the steps below.
+                eol = find(b"\r\n", pos)
+                if eol > pos:
+                    try:
+                        size = int(buf[pos:eol], 16)
+                    except ValueError:
+                        size = 0
+                    end = eol + 2 + size
+                    if size > 0 and end + 2 <= n and buf[end:end + 2] == b"\r\n":
+                        out.append(buf[eol + 2:end])
+                        pos = end + 2
+                        continue
             left = self.left
             if left:
                 take = n - pos if n - pos < left else left
