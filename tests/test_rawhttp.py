@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 
@@ -430,3 +432,93 @@ async def test_the_pool_does_not_cap_concurrency(token_server: TokenServerProces
     log = {line["id"]: line for line in token_server.read_log()}
     received = [log[i]["recv_s"] for i in ids]
     assert max(received) - min(received) < 0.5, max(received) - min(received)
+
+
+@slow
+async def test_bytes_on_an_idle_pooled_connection_retire_it() -> None:
+    # A server may say something on an idle keep-alive connection (a 408 before closing it): that answers
+    # no request, so the connection is not reused for the next one.
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\n%d" % n)
+        writer.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\n\r\n")  # unasked
+        await writer.drain()
+        await reader.read()
+
+    async with scripted_server(handler) as (url, seen):
+        tr = RawHttpTransport(timeout_s=5, connect_timeout_s=5)
+        try:
+            assert await post(tr, url) == (200, None, b"0")  # the 408 came with it: not kept
+            assert await post(tr, url) == (200, None, b"1")
+        finally:
+            await tr.close()
+    assert seen == [0, 1]
+
+
+def _self_signed(d: Path) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1 and its key, as PEM files in `d`."""
+    import datetime
+    import ipaddress
+
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    (d / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (d / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                  serialization.NoEncryption()))
+    return str(d / "cert.pem"), str(d / "key.pem")
+
+
+@slow
+async def test_https_verifies_the_server_and_streams_over_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cert, key = _self_signed(tmp_path)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+
+    async def on_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                await read_request(reader)
+                writer.write(CHUNKED)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(on_conn, "127.0.0.1", 0, ssl=server_ctx)
+    port = server.sockets[0].getsockname()[1]
+    url = f"https://127.0.0.1:{port}/v1/completions"
+    try:
+        monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "nothing.pem"))  # trusts nothing
+        tr = RawHttpTransport(timeout_s=5, connect_timeout_s=5)
+        try:
+            with pytest.raises(TransportError) as err:
+                await post(tr, url)
+        finally:
+            await tr.close()
+        assert err.value.status == "error"
+        assert err.value.reason.startswith(f"cannot connect to 127.0.0.1:{port}: tls: "), err.value.reason
+        assert "certificate" in err.value.reason
+
+        monkeypatch.setenv("SSL_CERT_FILE", cert)  # trusts the server's certificate
+        tr = RawHttpTransport(timeout_s=5, connect_timeout_s=5)
+        try:
+            for _ in range(2):
+                assert await post(tr, url) == (200, None, CHUNKED_BODY)
+        finally:
+            await tr.close()
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -43,6 +43,13 @@ _RESET_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
 _HEAD, _LENGTH, _CHUNKED, _UNTIL_CLOSE, _DONE = range(5)
 
 
+def _reason(e: OSError) -> str:
+    """An OSError in plain words; a TLS error by what TLS said (its errno is no socket's)."""
+    if isinstance(e, ssl.SSLError):
+        return f"TLS: {getattr(e, 'verify_message', None) or e.reason or e}".lower()
+    return _os_reason(e)
+
+
 class _ProtocolError(Exception):
     """The server's bytes are not HTTP/1.1 this client can read."""
 
@@ -51,7 +58,7 @@ class _Conn(asyncio.Protocol):
     """One keep-alive connection; carries one response at a time."""
 
     __slots__ = (
-        "transport", "key", "closed", "close_exc", "idle_since", "used", "state", "buf", "status",
+        "transport", "key", "closed", "close_exc", "idle_since", "idle", "used", "state", "buf", "status",
         "headers", "keep_alive", "left", "crlf", "trailers", "pieces", "waiter", "error", "got_bytes",
     )
 
@@ -61,6 +68,7 @@ class _Conn(asyncio.Protocol):
         self.closed = False
         self.close_exc: BaseException | None = None
         self.idle_since = 0.0
+        self.idle = False  # in the pool: any byte that comes now (a 408, say) answers no request of ours
         self.used = 0  # responses read on this connection
         self._reset()
 
@@ -84,6 +92,11 @@ class _Conn(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self.idle:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.abort()
+            return
         self.got_bytes = True
         state = self.state
         if state == _LENGTH:  # the common read of a Content-Length body
@@ -135,7 +148,7 @@ class _Conn(asyncio.Protocol):
         is_reset = isinstance(exc, OSError) and exc.errno in _RESET_ERRNOS
         if state == _HEAD:
             if isinstance(exc, OSError) and not is_reset:
-                self._fail(TransportError("error", f"connection error: {_os_reason(exc)}"))
+                self._fail(TransportError("error", f"connection error: {_reason(exc)}"))
             else:
                 self._fail(TransportError("error", "server closed the connection before the response ended"))
         else:
@@ -393,7 +406,10 @@ class RawHttpTransport:
             if "user-agent" not in names:
                 lines.append("User-Agent: slobench\r\n")
             lines.append("Content-Length: ")
-            head = "".join(lines).encode("latin-1")
+            try:
+                head = "".join(lines).encode("latin-1")
+            except UnicodeEncodeError as e:
+                raise UsageError(f"transport 'raw': a header or the URL has a character outside latin-1: {e}") from None
             if len(self._heads) > 64:  # bounded: a caller varying its headers per request
                 self._heads.clear()
             self._heads[(url, items)] = head
@@ -413,7 +429,7 @@ class RawHttpTransport:
                 raise self.timeout_error() from None
             raise TransportError("timeout", f"connect timed out after {self._timeouts[1]:g} s") from None
         except OSError as e:
-            raise TransportError("error", f"cannot connect to {target.host}:{target.port}: {_os_reason(e)}") from e
+            raise TransportError("error", f"cannot connect to {target.host}:{target.port}: {_reason(e)}") from e
         return conn
 
     def _pooled(self, key: tuple[str, str, int]) -> _Conn | None:
@@ -425,6 +441,7 @@ class RawHttpTransport:
             conn = pool.pop()  # the newest: the least likely to be closing
             tr = conn.transport
             if not conn.closed and tr is not None and not tr.is_closing() and conn.idle_since > oldest_ok:
+                conn.idle = False
                 return conn
             if tr is not None:
                 tr.abort()
@@ -442,6 +459,7 @@ class RawHttpTransport:
         conn._reset()
         now = time.monotonic()
         conn.idle_since = now
+        conn.idle = True
         pool = self._pools.setdefault(conn.key, [])
         while pool and pool[0].idle_since < now - _KEEPALIVE_S:  # expired: the oldest are first
             old = pool.pop(0)
@@ -522,7 +540,7 @@ class _Post:
         except BaseException as e:
             self._done()
             if isinstance(e, OSError):  # a write to a socket that broke under us
-                raise TransportError("error", f"connection error: {_os_reason(e)}") from e
+                raise TransportError("error", f"connection error: {_reason(e)}") from e
             raise
 
     async def __aexit__(self, *exc: object) -> None:
