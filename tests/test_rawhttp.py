@@ -22,7 +22,7 @@ import pytest
 from slobench.errors import UsageError
 from slobench.records import RequestRecord
 from slobench.targets import OpenAITarget
-from slobench.targets.rawhttp import _DONE, RawHttpTransport, _Chunks, _Conn
+from slobench.targets.rawhttp import _DONE, RawHttpTransport, _Chunks, _Conn, _reason
 from slobench.targets.transport import TransportError, make_transport
 from slobench.testing import TokenServerProcess
 from tests.test_openai_target import FAULT_CASES, spec
@@ -203,6 +203,12 @@ def test_bad_urls_and_headers_are_refused_by_name(url: str, headers: dict[str, s
     tr = RawHttpTransport(timeout_s=1, connect_timeout_s=1)
     with pytest.raises(UsageError, match=wrong):
         tr._head(url, headers)
+
+
+def test_name_lookup_and_tls_errors_are_said_in_their_own_words() -> None:
+    assert _reason(socket.gaierror(socket.EAI_NONAME, "Name or service not known")) == (
+        "name lookup failed: name or service not known")
+    assert _reason(ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 1)")) == "connection refused"
 
 
 async def test_make_transport_builds_it_and_refuses_http2() -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -44,7 +45,9 @@ _HEAD, _LENGTH, _CHUNKED, _UNTIL_CLOSE, _DONE = range(5)
 
 
 def _reason(e: OSError) -> str:
-    """An OSError in plain words; a TLS error by what TLS said (its errno is no socket's)."""
+    """An OSError in plain words; a TLS or name-lookup error by what it said (its errno is no socket's)."""
+    if isinstance(e, socket.gaierror):
+        return f"name lookup failed: {e.strerror or e}".lower()
     if isinstance(e, ssl.SSLError):
         return f"TLS: {getattr(e, 'verify_message', None) or e.reason or e}".lower()
     return _os_reason(e)
