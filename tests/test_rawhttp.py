@@ -276,6 +276,9 @@ async def test_a_body_written_byte_by_byte_arrives_whole_and_the_connection_is_r
         try:
             for _ in range(3):
                 assert await post(tr, url) == (200, None, CHUNKED_BODY)
+            (conn,) = [c for pool in tr._pools.values() for c in pool]
+            sock = conn.transport.get_extra_info("socket")  # type: ignore[union-attr]
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)  # issue 19: no Nagle delay
         finally:
             await tr.close()
     assert seen == [0]  # one keep-alive connection for all three
@@ -393,7 +396,7 @@ async def test_each_fault_is_the_record_aiohttp_gives(token_server: TokenServerP
             rec = RequestRecord(0, 0.0)
             await target.send(spec(max_tokens=6, extra_body=(("x_fault", fault),)), rec)
             assert (rec.status, fault) == (status, fault)
-            assert reason is None and rec.error is None or rec.error is not None and reason in rec.error, (
+            assert rec.error is None if reason is None else rec.error is not None and reason in rec.error, (
                 fault, rec.error)
             assert sum(rec.chunk_tokens) == num_tokens, fault
             assert rec.done_s is not None and rec.sent_s is not None and rec.done_s >= rec.sent_s

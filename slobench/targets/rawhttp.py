@@ -265,11 +265,11 @@ class _Conn(asyncio.Protocol):
                         self.keep_alive = False
                     break
                 continue
-            size = line.split(b";", 1)[0].strip()  # a chunk extension is ignored
+            digits = line.split(b";", 1)[0].strip()  # a chunk extension is ignored
             try:
-                if not size or size.startswith((b"-", b"+", b"0x", b"0X")):
+                if not digits or digits.startswith((b"-", b"+", b"0x", b"0X")):
                     raise ValueError
-                self.left = int(size, 16)
+                self.left = int(digits, 16)
             except ValueError:
                 raise _ProtocolError(f"bad chunk size {line[:40]!r}") from None
             if not self.left:
