@@ -444,20 +444,32 @@ async def test_the_pool_does_not_cap_concurrency(token_server: TokenServerProces
 
 
 @slow
-async def test_bytes_on_an_idle_pooled_connection_retire_it() -> None:
-    # A server may say something on an idle keep-alive connection (a 408 before closing it): that answers
+@pytest.mark.parametrize("when", ["with the answer", "while idle"])
+async def test_bytes_after_the_answer_retire_the_connection(when: str) -> None:
+    # A server may say more than it was asked (a 408 before closing a keep-alive connection): that answers
     # no request, so the connection is not reused for the next one.
+    first_read = asyncio.Event()
+    client_closed = asyncio.Event()
+    late = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\n\r\n"
+
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\n%d" % n)
-        writer.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\n\r\n")  # unasked
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\n%d" % n + (late if when == "with the answer" else b""))
         await writer.drain()
-        await reader.read()
+        if n == 0 and when == "while idle":
+            await first_read.wait()  # the client has put the connection back in its pool
+            writer.write(late)
+            await writer.drain()
+        await reader.read()  # until the client closes
+        client_closed.set()
 
     async with scripted_server(handler) as (url, seen):
         tr = RawHttpTransport(timeout_s=5, connect_timeout_s=5)
         try:
-            assert await post(tr, url) == (200, None, b"0")  # the 408 came with it: not kept
+            assert await post(tr, url) == (200, None, b"0")
+            first_read.set()
+            async with asyncio.timeout(5):
+                await client_closed.wait()  # the client dropped the connection, and did not wait to reuse it
             assert await post(tr, url) == (200, None, b"1")
         finally:
             await tr.close()
