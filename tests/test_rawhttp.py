@@ -34,8 +34,16 @@ class _FakeTransport:
     def __init__(self) -> None:
         self.aborted = False
 
+        self.reading = True
+
     def abort(self) -> None:
         self.aborted = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
 
     def is_closing(self) -> bool:
         return self.aborted
@@ -174,6 +182,17 @@ async def test_chunks_returns_what_came_since_the_last_read_joined() -> None:
     assert await it.__anext__() == b"abcd"
     c.data_received(b"ef")
     assert [p async for p in it] == [b"ef"]
+
+
+async def test_reading_pauses_while_the_reader_is_behind_and_resumes_when_it_catches_up() -> None:
+    c = _conn()
+    tr = c.transport
+    c.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+    for i in range(100):
+        c.data_received(b"x")
+        assert tr.reading == (i < 64), i  # type: ignore[union-attr]
+    assert await _Chunks(c).__anext__() == b"x" * 100
+    assert tr.reading  # type: ignore[union-attr]
 
 
 def test_request_bytes_are_built_once_per_url_and_headers() -> None:

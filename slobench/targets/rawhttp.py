@@ -11,7 +11,8 @@ does only what a POST of a prebuilt body and a streamed answer need:
 - the response's status line and headers are parsed once; the body is decoded from `Content-Length`,
   `Transfer-Encoding: chunked` (extensions and trailers skipped) or read to the connection's close, and its
   bytes are handed to the reader as they arrive: each network read appends to a list, and the reader
-  awaits one future only when the list is empty (no queue, no task).
+  awaits one future only when the list is empty (no queue, no task). A reader more than 64 reads behind
+  pauses the socket's reading until it catches up.
 - `on_sent` is called immediately before the request's bytes are written to the socket.
 - the total timeout is one timer per request (`loop.call_at`), the connect timeout bounds connection
   set-up; every failure becomes a `TransportError` with the status and wording `translate_error` gives
@@ -38,6 +39,7 @@ from slobench.targets.transport import TransportError, _os_reason
 
 _KEEPALIVE_S = 4.0
 _MAX_HEAD = 65_536  # bytes of status line + headers, and of one chunk-size line, before the answer is refused
+_MAX_PIECES = 64  # network reads (each up to 256 KiB) held for a reader that is behind, before reading pauses
 _RESET_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
 
 # protocol states
@@ -62,7 +64,7 @@ class _Conn(asyncio.Protocol):
 
     __slots__ = (
         "transport", "key", "closed", "close_exc", "idle_since", "idle", "used", "state", "buf", "status",
-        "headers", "keep_alive", "left", "crlf", "trailers", "pieces", "waiter", "error", "got_bytes",
+        "headers", "keep_alive", "left", "crlf", "trailers", "pieces", "waiter", "error", "got_bytes", "paused",
     )
 
     def __init__(self, key: tuple[str, str, int]) -> None:
@@ -85,6 +87,7 @@ class _Conn(asyncio.Protocol):
         self.crlf = False  # a chunk's data ended; its CRLF is next
         self.trailers = False  # the last chunk came; trailer lines until an empty one
         self.pieces: list[bytes] = []
+        self.paused = False  # reading paused: more than _MAX_PIECES reads wait for the reader
         self.waiter: asyncio.Future[None] | None = None
         self.error: TransportError | None = None
         self.got_bytes = False
@@ -287,6 +290,14 @@ class _Conn(asyncio.Protocol):
             self.waiter = None
             if not w.done():
                 w.set_result(None)
+        elif len(self.pieces) > _MAX_PIECES and not self.paused and self.transport is not None:
+            self.paused = True  # the reader is behind: the socket's buffer, then the server, wait for it
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        self.paused = False
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
 
     def _fail(self, error: TransportError) -> None:
         if self.error is None:
@@ -336,6 +347,8 @@ class _Chunks:
             pieces = c.pieces
             if pieces:
                 c.pieces = []
+                if c.paused:
+                    c.resume()
                 return pieces[0] if len(pieces) == 1 else b"".join(pieces)
             if c.error is not None:
                 raise c.error
@@ -459,6 +472,8 @@ class RawHttpTransport:
                 tr.abort()
             return
         conn.used += 1
+        if conn.paused:
+            conn.resume()
         conn._reset()
         now = time.monotonic()
         conn.idle_since = now
