@@ -17,8 +17,15 @@ compete with the load.
 Targets (issue 16): on one core with 16-token streams and a server TTFT of 50 ms, at most 0.6 ms of CPU
 per request and a TTFT error p99 under 1 ms at 400 req/s.
 
-    python benchmarks/client_overhead.py [--rates 400,800] [--seconds 6] [--transports aiohttp,httpx]
+    python benchmarks/client_overhead.py [--rates 400,800] [--seconds 6] [--transports aiohttp,raw,httpx]
                                          [--client-workers 1,2] [--no-floor] [--spin-ms MS]
+                                         [--rounds N] [--max-load L]
+
+`--transports` names slobench's HTTP transports to compare (aiohttp, the default; raw, the lean HTTP/1.1
+client of slobench/targets/rawhttp.py; httpx). With `--rounds N` every client runs N times, interleaved
+(each round runs them all, in an order rotated from round to round, so the drift of a shared machine falls
+on every client alike), and a last table gives each client's medians over the rounds with their range;
+`--max-load L` waits before each round until the 1-minute load average is under L.
 
 With `--client-workers N` (N > 1) the requests are sent from N worker processes (slobench.targets.workers);
 "client CPU" then counts the parent and its workers together, and "parent CPU" the dispatcher alone. The
@@ -218,11 +225,50 @@ def run_on(loop: str, coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+def _wait_for_load(max_load: float | None, limit_s: float = 300.0) -> float:
+    """Wait (up to `limit_s`) until the 1-minute load average is under `max_load`; return the load."""
+    deadline = time.monotonic() + limit_s
+    while max_load is not None and os.getloadavg()[0] >= max_load and time.monotonic() < deadline:
+        time.sleep(5.0)
+    return os.getloadavg()[0]
+
+
+def _row(r: dict) -> str:
+    return (f"| {r['transport']} | {r['workers']} | {r['rate']:g} | {r['offered']:.1f} | "
+            f"{r['achieved']:.1f} ({r['achieved'] / r['offered'] - 1:+.2%}) | "
+            f"{r['ok']}/{r['n']} | {r['late_p50_ms']:.2f} | {r['late_p99_ms']:.2f} | {r['cpu_ms_per_req']:.2f} | "
+            f"{r['parent_cpu_ms_per_req']:.2f} | {r['after_ms_per_req']:.2f} | {r['ttft_err_p50_ms']:.2f} | "
+            f"{r['ttft_err_p99_ms']:.2f} |")
+
+
+def _medians(rows: list[dict]) -> None:
+    """Per client and rate, the median over rounds and [min–max], and the CPU relative to the same
+    round's floor."""
+    floor_cpu = {(r["round"], r["rate"]): r["cpu_ms_per_req"] for r in rows if r["transport"] == "floor"}
+    print("\n| client | workers | target req/s | rounds | CPU ms / request | × floor (same round) | "
+          "lateness p50 / p99 ms | TTFT error p50 / p99 ms |")
+    print("|---|---|---|---|---|---|---|---|")
+    keys = dict.fromkeys((r["transport"], r["workers"], r["rate"]) for r in rows)
+    for name, workers, rate in keys:
+        rs = [r for r in rows if (r["transport"], r["workers"], r["rate"]) == (name, workers, rate)]
+
+        def med(k: str, rs: list[dict] = rs) -> str:
+            v = np.array([r[k] for r in rs])
+            return f"{np.median(v):.2f} [{v.min():.2f}–{v.max():.2f}]" if len(v) > 1 else f"{v[0]:.2f}"
+
+        ratio = np.array([r["cpu_ms_per_req"] / floor_cpu[r["round"], rate] for r in rs
+                          if (r["round"], rate) in floor_cpu])
+        ratio_s = (f"{np.median(ratio):.2f} [{ratio.min():.2f}–{ratio.max():.2f}]" if len(ratio) > 1
+                   else f"{ratio[0]:.2f}" if len(ratio) else "–")
+        print(f"| {name} | {workers} | {rate:g} | {len(rs)} | {med('cpu_ms_per_req')} | {ratio_s} | "
+              f"{med('late_p50_ms')} / {med('late_p99_ms')} | {med('ttft_err_p50_ms')} / {med('ttft_err_p99_ms')} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", default="400,800")
     ap.add_argument("--seconds", type=float, default=6.0)
-    ap.add_argument("--transports", default="aiohttp")
+    ap.add_argument("--transports", default="aiohttp,raw", help="comma-separated: aiohttp, raw, httpx")
     ap.add_argument("--client-workers", default="1", help="comma-separated worker counts to compare (1 = in-process)")
     ap.add_argument("--output-len", type=int, default=16)
     ap.add_argument("--ttft-ms", type=float, default=50.0)
@@ -231,34 +277,50 @@ def main() -> None:
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
                     help="the event loop of the client (uvloop: if installed)")
     ap.add_argument("--no-floor", action="store_true", help="skip the minimal aiohttp client (the floor)")
+    ap.add_argument("--rounds", type=int, default=1, help="run every client this many times, interleaved")
+    ap.add_argument("--max-load", type=float, default=None,
+                    help="before each round, wait (up to 5 min) for the 1-minute load average to fall under this")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error(f"--rounds: must be at least 1 (got {args.rounds})")
     load_before = os.getloadavg()
     cores = sorted(os.sched_getaffinity(0))
+    rates = [float(r) for r in args.rates.split(",")]
+    spin = None if args.spin_ms is None else args.spin_ms / 1e3
+    clients: list[tuple[str, int]] = [] if args.no_floor else [("floor", 1)]
+    clients += [(t, int(w)) for t in args.transports.split(",") for w in args.client_workers.split(",")]
+    round_loads = []
     with TokenServerProcess(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, log=True) as srv:
         if len(cores) >= 2:  # server on one core, client on another, as the issue's measurement setup
             os.sched_setaffinity(srv.pid or 0, {cores[-1]})
             os.sched_setaffinity(0, {cores[0]})
         rows = []
-        if not args.no_floor:
-            for rate in (float(r) for r in args.rates.split(",")):
-                rows.append(run_on(args.loop, measure_floor(srv, rate, args.seconds, args.output_len)))
-        for transport in args.transports.split(","):
-            for workers in (int(w) for w in args.client_workers.split(",")):
-                for rate in (float(r) for r in args.rates.split(",")):
-                    spin = None if args.spin_ms is None else args.spin_ms / 1e3
-                    rows.append(run_on(args.loop, measure(srv, rate, args.seconds, transport, args.output_len, workers, spin)))
+        for rnd in range(args.rounds):
+            round_loads.append(_wait_for_load(args.max_load))
+            order = clients[rnd % len(clients):] + clients[:rnd % len(clients)]
+            for rate in rates:
+                for name, workers in order:
+                    if name == "floor":
+                        row = run_on(args.loop, measure_floor(srv, rate, args.seconds, args.output_len))
+                    else:
+                        row = run_on(args.loop, measure(srv, rate, args.seconds, name, args.output_len, workers, spin))
+                    row["round"] = rnd
+                    rows.append(row)
+                    if args.rounds > 1:
+                        print(f"round {rnd + 1}/{args.rounds}: {_row(row)}", flush=True)
     print(f"\nclient overhead ({args.loop} loop): {args.output_len}-token streams, server TTFT {args.ttft_ms:g} ms / ITL {args.itl_ms:g} ms, "
           f"{args.seconds:g} s per rate, {os.cpu_count()} cores; load average (1/5/15 min) before "
-          f"{'/'.join(f'{x:.2f}' for x in load_before)}, after {'/'.join(f'{x:.2f}' for x in os.getloadavg())}")
+          f"{'/'.join(f'{x:.2f}' for x in load_before)}, after {'/'.join(f'{x:.2f}' for x in os.getloadavg())}"
+          + (f"; 1-minute load at each round's start {min(round_loads):.2f}–{max(round_loads):.2f}"
+             if args.rounds > 1 else ""))
     print("| transport | workers | target req/s | scheduled req/s | achieved req/s | ok | lateness p50 ms | "
           "lateness p99 ms | client CPU ms/req | parent CPU ms/req | after-run CPU ms/req | TTFT error p50 ms | "
           "TTFT error p99 ms |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['transport']} | {r['workers']} | {r['rate']:g} | {r['offered']:.1f} | "
-              f"{r['achieved']:.1f} ({r['achieved'] / r['offered'] - 1:+.2%}) | "
-              f"{r['ok']}/{r['n']} | {r['late_p50_ms']:.2f} | {r['late_p99_ms']:.2f} | {r['cpu_ms_per_req']:.2f} | "
-              f"{r['parent_cpu_ms_per_req']:.2f} | {r['after_ms_per_req']:.2f} | {r['ttft_err_p50_ms']:.2f} | {r['ttft_err_p99_ms']:.2f} |")
+        print(_row(r))
+    if args.rounds > 1:
+        _medians(rows)
 
 
 if __name__ == "__main__":

@@ -102,7 +102,7 @@ def test_load_options_are_the_flags_defaults_with_the_values_given() -> None:
                         seed=3, out="runs/x", scrape_interval=0.5, no_progress=True)  # fmt: skip
     setup = LoadSetup(opts)
     assert setup.urls == ["http://127.0.0.1:9/v1"] and setup.workload.name == "tiny" and setup.slo is not None
-    assert opts.timeout == 600.0 and opts.transport == "aiohttp" and opts.warmup == "0"
+    assert opts.timeout == 600.0 and opts.transport == "raw" and opts.warmup == "0"
     assert len(setup.specs(4.0)) == 80
     with pytest.raises(TypeError, match="no load flag 'rate_rps'"):
         load_options(rate_rps=4.0)

@@ -22,7 +22,7 @@ from slobench.testing import TokenServerProcess
 def test_preflight_finds_the_model_when_none_is_given(token_server: TokenServerProcess) -> None:
     async def go() -> tuple[str | None, str, str | None]:
         target = build(TargetOptions(urls=(token_server.base_url,)), Clock())
-        assert isinstance(target, OpenAITarget) and target.model is None
+        assert isinstance(target, OpenAITarget) and target.model == ""  # "": found at preflight
         async with target:
             served = await target.preflight()
         return target.model, served, target.describe()["model"]

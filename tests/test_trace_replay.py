@@ -270,7 +270,7 @@ def test_load_setup_builds_specs_from_a_trace(tmp_path):
     fast = list(setup.specs(4.0))  # --rate / a sweep's rate: the mean rate of the replay
     t = [s.arrival_s for s in fast]
     assert (len(t) - 1) / (t[-1] - t[0]) == pytest.approx(4.0)
-    man = setup.manifest(SimpleNamespace(model="m"), "m")
+    man = setup.manifest(SimpleNamespace(model="m", caps=None), "m")
     assert man["workload"]["trace"]["format"] == "azure" and man["workload"]["time_scale"] == 0.5
     assert man["phases"] == []
     assert setup.workload.name == "a"
@@ -278,9 +278,9 @@ def test_load_setup_builds_specs_from_a_trace(tmp_path):
 
 def test_load_setup_records_phase_boundaries_in_the_manifest():
     setup = setup_for(["run", "--workload", "day-shift"])
-    man = setup.manifest(SimpleNamespace(model="m"), "m")
+    man = setup.manifest(SimpleNamespace(model="m", caps=None), "m")
     assert man["phases"] == [{"name": "morning", "start_s": 0.0}, {"name": "afternoon", "start_s": 120.0}]
-    cut = setup_for(["run", "--workload", "day-shift", "--duration", "100"]).manifest(SimpleNamespace(model="m"), "m")
+    cut = setup_for(["run", "--workload", "day-shift", "--duration", "100"]).manifest(SimpleNamespace(model="m", caps=None), "m")
     assert cut["phases"] == [{"name": "morning", "start_s": 0.0}]
 
 

@@ -27,7 +27,7 @@ class TargetOptions:
     headers: Mapping[str, str] = field(default_factory=dict)
     extra_body: Mapping[str, Any] | None = None
     timeout_s: float = 600.0
-    transport: str = "aiohttp"
+    transport: str = "raw"
     http2: bool = False
     server_profile: str = "auto"
     tokenizer: str | None = None

@@ -78,7 +78,7 @@ class OpenAITarget(TargetBase):
         timeout_s: float = 600.0,
         connect_timeout_s: float = 10.0,
         preflight_timeout_s: float = 5.0,
-        transport: TransportName | Transport = "aiohttp",
+        transport: TransportName | Transport = "raw",
         http2: bool = False,
         server_profile: str = "auto",
         tokenizer: str | None = None,
@@ -86,8 +86,8 @@ class OpenAITarget(TargetBase):
     ) -> None:
         if api not in ("completions", "chat"):
             raise SpecError("api", api, "must be 'completions' or 'chat'")
-        if isinstance(transport, str) and transport not in ("aiohttp", "httpx"):
-            raise SpecError("transport", transport, "must be 'aiohttp' or 'httpx'")
+        if isinstance(transport, str) and transport not in ("aiohttp", "httpx", "raw"):
+            raise SpecError("transport", transport, "must be 'aiohttp', 'httpx' or 'raw'")
         if http2 and transport != "httpx":
             raise SpecError("http2", http2, "needs transport='httpx' (aiohttp speaks HTTP/1.1 only)")
         for name, value in (

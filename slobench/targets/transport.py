@@ -2,8 +2,12 @@
 a stream of raw byte chunks (`Transport`). Setup and monitoring: `ControlClient` (whole, short requests).
 No other module builds an HTTP client (tests/test_cli_layout.py holds that).
 
-aiohttp is the default because it was measured to cost about a third of httpx's CPU per streamed request
-and to hold 400 req/s where httpx's pool fell over (issue 2). httpx stays available for HTTP/2 targets.
+The load's default is `raw` (`slobench.targets.rawhttp`, HTTP/1.1 on asyncio's own transports): measured
+at 0.64-0.77 ms of CPU per 16-token streamed request at 400 req/s on one core, 0.80-0.84x a minimal aiohttp
+client's and 0.7-0.8x slobench's on aiohttp (issue 16, benchmarks/client_overhead.py); it passes the same
+conformance suites (LiteLLM proxy, llama.cpp server, the quirk servers). aiohttp (`--transport aiohttp`)
+was the default before: a third of httpx's CPU per streamed request, and it held 400 req/s where httpx's
+pool fell over (issue 2). httpx stays available for HTTP/2 targets.
 
 Pool sizing: aiohttp's connector is built with `limit=0, limit_per_host=0` (no cap), httpx's with an
 explicit large `max_connections`, so the client never silently queues requests behind a pool limit;
@@ -29,7 +33,7 @@ import httpx
 from slobench.errors import UsageError
 from slobench.run.records import Status
 
-TransportName = Literal["aiohttp", "httpx"]
+TransportName = Literal["aiohttp", "httpx", "raw"]  # raw: slobench.targets.rawhttp
 _HTTPX_MAX_CONNECTIONS = 65_536  # "no cap" for httpx; its `None` was measured to collapse under load
 _KEEPALIVE_S = 4.0
 
@@ -196,7 +200,11 @@ def make_transport(
         return AiohttpTransport(timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
     if name == "httpx":
         return HttpxTransport(timeout_s=timeout_s, connect_timeout_s=connect_timeout_s, http2=http2)
-    raise UsageError(f"transport: must be 'aiohttp' or 'httpx' (got {name!r})")
+    if name == "raw" and not http2:
+        from slobench.targets.rawhttp import RawHttpTransport  # imports this module: not at its top
+
+        return RawHttpTransport(timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)  # type: ignore[return-value]
+    raise UsageError(f"transport: must be 'aiohttp', 'httpx' or 'raw' (got {name!r}{', http2' if http2 else ''})")
 
 
 class Reply:

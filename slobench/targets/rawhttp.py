@@ -1,0 +1,573 @@
+"""A lean HTTP/1.1 client on asyncio's transports, for the streaming hot path (`--transport raw`, issue 16).
+
+aiohttp's request set-up and per-read work were ~48% of the client's CPU samples at 400 req/s; this client
+does only what a POST of a prebuilt body and a streamed answer need:
+
+- one `asyncio.Protocol` per connection (`loop.create_connection`, TLS through `ssl` for https URLs),
+  kept alive in a pool per (scheme, host, port) with no cap: open-loop load never queues behind a pool
+  limit. Idle connections are reused newest first and dropped after 4 s (below uvicorn's 5 s keep-alive).
+- the request is one `bytes` written in one call: the request line and header block are encoded once per
+  (URL, headers) and reused; only the Content-Length and the body change.
+- the response's status line and headers are parsed once; the body is decoded from `Content-Length`,
+  `Transfer-Encoding: chunked` (extensions and trailers skipped) or read to the connection's close, and its
+  bytes are handed to the reader as they arrive: each network read appends to a list, and the reader
+  awaits one future only when the list is empty (no queue, no task). A reader more than 64 reads behind
+  pauses the socket's reading until it catches up.
+- `on_sent` is called immediately before the request's bytes are written to the socket.
+- the total timeout is one timer per request (`loop.call_at`), the connect timeout bounds connection
+  set-up; every failure becomes a `TransportError` with the status and wording `translate_error` gives
+  the same failure under aiohttp.
+
+A pooled connection the server closed while idle is noticed before it is used (its protocol saw the
+close); one the server closes just as the request is written (no byte of an answer came back) is retried
+once on a new connection. Not supported: HTTP/2, proxies, compressed bodies (none is asked for:
+no Accept-Encoding is sent), `Expect: 100-continue`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import socket
+import ssl
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from urllib.parse import urlsplit
+
+from slobench.errors import UsageError
+from slobench.targets.transport import TransportError, _os_reason
+
+_KEEPALIVE_S = 4.0
+_MAX_HEAD = 65_536  # bytes of status line + headers, and of one chunk-size line, before the answer is refused
+_MAX_PIECES = 64  # network reads (each up to 256 KiB) held for a reader that is behind, before reading pauses
+_RESET_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
+
+# protocol states
+_HEAD, _LENGTH, _CHUNKED, _UNTIL_CLOSE, _DONE = range(5)
+
+
+def _reason(e: OSError) -> str:
+    """An OSError in plain words; a TLS or name-lookup error by what it said (its errno is no socket's)."""
+    if isinstance(e, socket.gaierror):
+        return f"name lookup failed: {e.strerror or e}".lower()
+    if isinstance(e, ssl.SSLError):
+        return f"TLS: {getattr(e, 'verify_message', None) or e.reason or e}".lower()
+    return _os_reason(e)
+
+
+class _ProtocolError(Exception):
+    """The server's bytes are not HTTP/1.1 this client can read."""
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive connection; carries one response at a time."""
+
+    __slots__ = (
+        "transport", "key", "closed", "close_exc", "idle_since", "idle", "used", "state", "buf", "status",
+        "headers", "keep_alive", "left", "crlf", "trailers", "pieces", "waiter", "error", "got_bytes", "paused",
+    )
+
+    def __init__(self, key: tuple[str, str, int]) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.key = key
+        self.closed = False
+        self.close_exc: BaseException | None = None
+        self.idle_since = 0.0
+        self.idle = False  # in the pool: any byte that comes now (a 408, say) answers no request of ours
+        self.used = 0  # responses read on this connection
+        self._reset()
+
+    def _reset(self) -> None:
+        self.state = _HEAD
+        self.buf = b""
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.keep_alive = True
+        self.left = 0  # body bytes left (Content-Length) or of the current chunk
+        self.crlf = False  # a chunk's data ended; its CRLF is next
+        self.trailers = False  # the last chunk came; trailer lines until an empty one
+        self.pieces: list[bytes] = []
+        self.paused = False  # reading paused: more than _MAX_PIECES reads wait for the reader
+        self.waiter: asyncio.Future[None] | None = None
+        self.error: TransportError | None = None
+        self.got_bytes = False
+
+    # ---- asyncio.Protocol ------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self.idle:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        self.got_bytes = True
+        state = self.state
+        if state == _LENGTH:  # the common read of a Content-Length body
+            n = len(data)
+            if n <= self.left:
+                self.left -= n
+                self.pieces.append(data)
+                if not self.left:
+                    self.state = _DONE
+            else:
+                self.pieces.append(data[: self.left])  # bytes past the body: the connection is not reused
+                self.left = 0
+                self.keep_alive = False
+                self.state = _DONE
+            self._wake()
+            return
+        if state == _UNTIL_CLOSE:
+            self.pieces.append(data)
+            self._wake()
+            return
+        try:
+            if state == _HEAD:
+                self._head(data)
+            elif state == _CHUNKED:
+                self._chunked(self.buf + data if self.buf else data)
+            # else _DONE: bytes after the response (none are asked for): the connection is not reused
+            elif state == _DONE:
+                self.keep_alive = False
+        except _ProtocolError as e:
+            self._fail(TransportError("error", f"invalid HTTP response: {e}"))
+            if self.transport is not None:
+                self.transport.abort()
+
+    def eof_received(self) -> bool | None:
+        return None  # close our end too; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.close_exc = exc
+        state = self.state
+        if state == _UNTIL_CLOSE:
+            self.state = _DONE
+            self.keep_alive = False
+            self._wake()
+            return
+        if state == _DONE or self.error is not None:
+            self._wake()
+            return
+        is_reset = isinstance(exc, OSError) and exc.errno in _RESET_ERRNOS
+        if state == _HEAD:
+            if isinstance(exc, OSError) and not is_reset:
+                self._fail(TransportError("error", f"connection error: {_reason(exc)}"))
+            else:
+                self._fail(TransportError("error", "server closed the connection before the response ended"))
+        else:
+            why = "connection reset by peer" if is_reset else "connection closed before the body ended"
+            self._fail(TransportError("error", f"connection lost mid-response ({why})"))
+
+    # ---- parsing ---------------------------------------------------------------------------------------
+
+    def _head(self, data: bytes) -> None:
+        buf = self.buf + data if self.buf else data
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > _MAX_HEAD:
+                    raise _ProtocolError(f"response head longer than {_MAX_HEAD} bytes")
+                self.buf = buf
+                return
+            lines = buf[:end].decode("latin-1").split("\r\n")
+            rest = buf[end + 4:]
+            parts = lines[0].split(" ", 2)
+            if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit() or len(parts[1]) != 3:
+                raise _ProtocolError(f"bad status line {lines[0][:100]!r}")
+            status = int(parts[1])
+            headers: dict[str, str] = {}
+            for line in lines[1:]:
+                name, sep, value = line.partition(":")
+                if not sep or not name or name != name.strip():
+                    raise _ProtocolError(f"bad header line {line[:100]!r}")
+                name = name.lower()
+                value = value.strip()
+                headers[name] = f"{headers[name]}, {value}" if name in headers else value
+            if 100 <= status < 200 and status != 101:
+                buf = rest  # an interim answer (100 Continue, 103 Early Hints): the real one follows
+                continue
+            break
+        self.buf = b""
+        self.status = status
+        self.headers = headers
+        conn = headers.get("connection", "").lower()
+        self.keep_alive = "close" not in conn and (parts[0] != "HTTP/1.0" or "keep-alive" in conn)
+        te = headers.get("transfer-encoding")
+        cl = headers.get("content-length")
+        if status in (204, 304):
+            self.state = _DONE
+        elif te is not None:
+            if te.lower().rsplit(",", 1)[-1].strip() != "chunked":
+                raise _ProtocolError(f"unsupported Transfer-Encoding {te!r}")
+            self.state = _CHUNKED
+        elif cl is not None:
+            if not cl.isdigit():
+                raise _ProtocolError(f"bad Content-Length {cl!r}")
+            self.left = int(cl)
+            self.state = _LENGTH if self.left else _DONE
+        else:
+            self.state = _UNTIL_CLOSE
+            self.keep_alive = False
+        self._wake()  # the head is in
+        if rest and self.state != _DONE:
+            self.data_received(rest)
+        elif rest:
+            self.keep_alive = False
+
+    def _chunked(self, buf: bytes) -> None:
+        pos = 0
+        n = len(buf)
+        out: list[bytes] = []
+        find = buf.find
+        while pos < n:
+            if not (self.left or self.crlf or self.trailers):
+                # The common case, one whole chunk (size line, data, CRLF) in the buffer, in one step;
+                # anything else (a split chunk, an extension, the last chunk) takes the steps below.
+                eol = find(b"\r\n", pos)
+                if eol > pos:
+                    try:
+                        size = int(buf[pos:eol], 16)
+                    except ValueError:
+                        size = 0
+                    end = eol + 2 + size
+                    if size > 0 and end + 2 <= n and buf[end:end + 2] == b"\r\n":
+                        out.append(buf[eol + 2:end])
+                        pos = end + 2
+                        continue
+            left = self.left
+            if left:
+                take = n - pos if n - pos < left else left
+                out.append(buf[pos:pos + take] if take < n or pos else buf)
+                pos += take
+                self.left = left - take
+                if not self.left:
+                    self.crlf = True
+                continue
+            if self.crlf:
+                if n - pos < 2:
+                    break
+                if buf[pos:pos + 2] != b"\r\n":
+                    raise _ProtocolError("chunk data not followed by CRLF")
+                pos += 2
+                self.crlf = False
+                continue
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                if n - pos > _MAX_HEAD:
+                    raise _ProtocolError("chunk-size line too long")
+                break
+            line = buf[pos:eol]
+            pos = eol + 2
+            if self.trailers:
+                if not line:  # the empty line after the trailers: the body ends
+                    self.state = _DONE
+                    if pos < n:
+                        self.keep_alive = False
+                    break
+                continue
+            digits = line.split(b";", 1)[0].strip()  # a chunk extension is ignored
+            try:
+                if not digits or digits.startswith((b"-", b"+", b"0x", b"0X")):
+                    raise ValueError
+                self.left = int(digits, 16)
+            except ValueError:
+                raise _ProtocolError(f"bad chunk size {line[:40]!r}") from None
+            if not self.left:
+                self.trailers = True
+        self.buf = buf[pos:] if pos < n and self.state != _DONE else b""
+        if out:
+            self.pieces.append(out[0] if len(out) == 1 else b"".join(out))
+            self._wake()
+        elif self.state == _DONE:
+            self._wake()
+
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None:
+            self.waiter = None
+            if not w.done():
+                w.set_result(None)
+        elif len(self.pieces) > _MAX_PIECES and not self.paused and self.transport is not None:
+            self.paused = True  # the reader is behind: the socket's buffer, then the server, wait for it
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        self.paused = False
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    def _fail(self, error: TransportError) -> None:
+        if self.error is None:
+            self.error = error
+        self._wake()
+
+    def timed_out(self, make_error: Callable[[], TransportError]) -> None:
+        self._fail(make_error())
+        if self.transport is not None:
+            self.transport.abort()
+
+    async def wait(self) -> None:
+        """Until something arrives (the head, a piece of body, the end) or the request fails."""
+        w = self.waiter = asyncio.get_running_loop().create_future()
+        await w
+
+
+class _RawResponse:
+    __slots__ = ("status", "retry_after", "_conn")
+
+    def __init__(self, conn: _Conn) -> None:
+        self.status = conn.status
+        self.retry_after = conn.headers.get("retry-after") if conn.status >= 400 else None
+        self._conn = conn
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        return _Chunks(self._conn)
+
+    async def read(self) -> bytes:
+        return b"".join([piece async for piece in _Chunks(self._conn)])
+
+
+class _Chunks:
+    """The body's bytes as they arrive: all that came since the last read, joined."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: _Conn) -> None:
+        self._conn = conn
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        c = self._conn
+        while True:
+            pieces = c.pieces
+            if pieces:
+                c.pieces = []
+                if c.paused:
+                    c.resume()
+                return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            if c.error is not None:
+                raise c.error
+            if c.state == _DONE:
+                raise StopAsyncIteration
+            await c.wait()
+
+
+class _Target:
+    """What one URL needs, worked out once: the pool key, where to connect, the request's first line."""
+
+    __slots__ = ("key", "host", "port", "ssl", "server_hostname", "line")
+
+    def __init__(self, url: str, ssl_context: Callable[[], ssl.SSLContext]) -> None:
+        u = urlsplit(url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise UsageError(f"transport 'raw': needs an http:// or https:// URL with a host (got {url!r})")
+        if u.username or u.password:
+            raise UsageError("transport 'raw': credentials in the URL are not sent; use an Authorization header")
+        port = u.port or (443 if u.scheme == "https" else 80)
+        host = u.hostname
+        self.key = (u.scheme, host, port)
+        self.host = host
+        self.port = port
+        self.ssl = ssl_context() if u.scheme == "https" else None
+        self.server_hostname = host if self.ssl is not None else None
+        host_header = f"[{host}]" if ":" in host else host
+        if u.port is not None and port != (443 if u.scheme == "https" else 80):
+            host_header += f":{port}"
+        path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+        self.line = f"POST {path} HTTP/1.1\r\nHost: {host_header}\r\n"
+
+
+class RawHttpTransport:
+    """A `Transport` speaking HTTP/1.1 itself; see the module's docstring."""
+
+    def __init__(self, *, timeout_s: float, connect_timeout_s: float) -> None:
+        self._timeouts = (timeout_s, connect_timeout_s)
+        self._pools: dict[tuple[str, str, int], list[_Conn]] = {}
+        self._targets: dict[str, _Target] = {}
+        self._heads: dict[tuple[str, tuple[tuple[str, str], ...]], bytes] = {}
+        self._ssl: ssl.SSLContext | None = None
+        self._busy: set[_Conn] = set()
+        self._closed = False
+
+    def timeout_error(self) -> TransportError:
+        return TransportError("timeout", f"request timed out after {self._timeouts[0]:g} s")
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        return self._ssl
+
+    def _head(self, url: str, headers: Mapping[str, str]) -> tuple[_Target, bytes]:
+        items = tuple(headers.items())
+        head = self._heads.get((url, items))
+        target = self._targets.get(url)
+        if target is None:
+            target = self._targets[url] = _Target(url, self._ssl_context)
+        if head is None:
+            lines = [target.line]
+            names = set()
+            for k, v in items:
+                if "\r" in k or "\n" in k or ":" in k or "\r" in v or "\n" in v:
+                    raise UsageError(f"transport 'raw': header {k!r} has a line break or a colon in it")
+                lower = k.lower()
+                if lower in ("host", "content-length", "transfer-encoding", "connection"):
+                    raise UsageError(f"transport 'raw': header {k!r} is set by the transport itself")
+                names.add(lower)
+                lines.append(f"{k}: {v}\r\n")
+            if "user-agent" not in names:
+                lines.append("User-Agent: slobench\r\n")
+            lines.append("Content-Length: ")
+            try:
+                head = "".join(lines).encode("latin-1")
+            except UnicodeEncodeError as e:
+                raise UsageError(f"transport 'raw': a header or the URL has a character outside latin-1: {e}") from None
+            if len(self._heads) > 64:  # bounded: a caller varying its headers per request
+                self._heads.clear()
+            self._heads[(url, items)] = head
+        return target, head
+
+    async def _connect(self, target: _Target, loop: asyncio.AbstractEventLoop, deadline: float) -> _Conn:
+        key = target.key
+        connect_by = loop.time() + self._timeouts[1]
+        try:
+            async with asyncio.timeout_at(min(connect_by, deadline)):
+                _, conn = await loop.create_connection(
+                    lambda: _Conn(key), target.host, target.port, ssl=target.ssl,
+                    server_hostname=target.server_hostname,
+                )
+        except TimeoutError:
+            if deadline < connect_by:
+                raise self.timeout_error() from None
+            raise TransportError("timeout", f"connect timed out after {self._timeouts[1]:g} s") from None
+        except OSError as e:
+            raise TransportError("error", f"cannot connect to {target.host}:{target.port}: {_reason(e)}") from e
+        return conn
+
+    def _pooled(self, key: tuple[str, str, int]) -> _Conn | None:
+        pool = self._pools.get(key)
+        if not pool:
+            return None
+        oldest_ok = time.monotonic() - _KEEPALIVE_S
+        while pool:
+            conn = pool.pop()  # the newest: the least likely to be closing
+            tr = conn.transport
+            if not conn.closed and tr is not None and not tr.is_closing() and conn.idle_since > oldest_ok:
+                conn.idle = False
+                return conn
+            if tr is not None:
+                tr.abort()
+        return None
+
+    def _release(self, conn: _Conn) -> None:
+        self._busy.discard(conn)
+        tr = conn.transport
+        if (conn.state != _DONE or not conn.keep_alive or conn.closed or conn.error is not None or tr is None
+                or tr.is_closing() or self._closed):
+            if tr is not None:
+                tr.abort()
+            return
+        conn.used += 1
+        if conn.paused:
+            conn.resume()
+        conn._reset()
+        now = time.monotonic()
+        conn.idle_since = now
+        conn.idle = True
+        pool = self._pools.setdefault(conn.key, [])
+        while pool and pool[0].idle_since < now - _KEEPALIVE_S:  # expired: the oldest are first
+            old = pool.pop(0)
+            if old.transport is not None:
+                old.transport.abort()
+        pool.append(conn)
+
+    def post(
+        self, url: str, body: bytes, headers: Mapping[str, str], on_sent: Callable[[], None] | None = None
+    ) -> _Post:
+        if self._closed:
+            raise RuntimeError("RawHttpTransport.post() after close()")
+        return _Post(self, url, body, headers, on_sent)
+
+    async def close(self) -> None:
+        self._closed = True
+        for pool in self._pools.values():
+            for conn in pool:
+                if conn.transport is not None:
+                    conn.transport.close()
+        self._pools.clear()
+        for conn in list(self._busy):
+            if conn.transport is not None:
+                conn.transport.abort()
+        self._busy.clear()
+
+
+class _Post:
+    """One request, as an async context manager: `__aenter__` sends it and waits for the answer's head,
+    `__aexit__` puts the connection back in the pool (or closes it, when the body was not read to its end)."""
+
+    __slots__ = ("_tr", "_url", "_body", "_headers", "_on_sent", "_conn", "_timer")
+
+    def __init__(self, tr: RawHttpTransport, url: str, body: bytes, headers: Mapping[str, str],
+                 on_sent: Callable[[], None] | None) -> None:
+        self._tr = tr
+        self._url = url
+        self._body = body
+        self._headers = headers
+        self._on_sent = on_sent
+        self._conn: _Conn | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def __aenter__(self) -> _RawResponse:
+        tr = self._tr
+        target, head = tr._head(self._url, self._headers)
+        body = self._body
+        data = b"".join((head, str(len(body)).encode(), b"\r\n\r\n", body))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + tr._timeouts[0]
+        try:
+            for attempt in (0, 1):
+                conn = tr._pooled(target.key)
+                reused = conn is not None
+                if conn is None:
+                    conn = await tr._connect(target, loop, deadline)
+                self._conn = conn
+                tr._busy.add(conn)
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._timer = loop.call_at(deadline, conn.timed_out, tr.timeout_error)
+                if self._on_sent is not None:
+                    self._on_sent()
+                conn.transport.write(data)  # type: ignore[union-attr]
+                while conn.state == _HEAD and conn.error is None:
+                    await conn.wait()
+                if conn.state == _HEAD:
+                    err = conn.error
+                    assert err is not None
+                    # a kept-alive connection the server closed as the request went, no answer: once more
+                    if attempt == 0 and reused and not conn.got_bytes and err.status != "timeout":
+                        tr._release(conn)
+                        self._conn = None
+                        continue
+                    raise err
+                return _RawResponse(conn)
+            raise AssertionError("unreachable")
+        except BaseException as e:
+            self._done()
+            if isinstance(e, OSError):  # a write to a socket that broke under us
+                raise TransportError("error", f"connection error: {_reason(e)}") from e
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._done()
+
+    def _done(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            self._tr._release(conn)
