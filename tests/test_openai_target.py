@@ -199,6 +199,10 @@ async def test_non_streaming_takes_usage_and_one_time() -> None:
         ([sse(tok()), b"data: {not json\n\n"], "malformed JSON in SSE event", 1),
         ([sse(tok()), b"data: [1, 2]\n\n"], "malformed JSON in SSE event", 1),
         ([sse(tok()), b"data: \xff\n\n"], "not UTF-8", 1),
+        # good events in the same read before the bad line (how a busy client reads): still the failure
+        ([sse(tok()) + sse(tok()) + b"data: \xff\n\n" + sse(tok(), FIN, b"[DONE]")], "not UTF-8", 1),
+        ([b"d", b"ata: " + sse(tok())[6:] + b'data: {"t": "\xff', b'"}\n\n' + sse(tok(), FIN, b"[DONE]")],
+         "not UTF-8", 1),
         ([sse(tok()), sse(tok())], "stream ended after 2 tokens without a finish_reason or [DONE]", 2),
         ([sse(tok()), sse(tok(), b"[DONE]")], "cut off by the server after 2 tokens", 2),
         ([sse(tok()), b'{"error": {"message": "raw"}}'], "stream ended after 1 tokens", 1),

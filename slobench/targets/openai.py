@@ -327,10 +327,11 @@ class OpenAITarget(TargetBase):
                     if error is not None:
                         break
             else:
+                bad_bytes: str | None = None
                 try:
                     events = feed(raw)
-                except SSEDecodeError as e:
-                    events, error = e.events, str(e)
+                except SSEDecodeError as e:  # the events before the bad line count; then the read fails
+                    events, bad_bytes = e.events, str(e)
                 if not events and t_last == 0.0 and len(head) < 4096:
                     head += raw
                 for ev in events:
@@ -355,6 +356,8 @@ class OpenAITarget(TargetBase):
                         finish = reason
                     if error is not None:
                         break
+                if error is None and bad_bytes is not None:
+                    error = bad_bytes  # not before the loop: each good event's _read_event would clear it
             if num:  # tokens that came in the same read as a failure still count
                 if not times:
                     record.first_token_s = t
