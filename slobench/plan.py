@@ -48,6 +48,7 @@ __all__ = ["Evaluation", "Fleet", "PlanOptions", "Setup", "evaluate", "fleet_cos
            "search_window", "transition_fleet"]  # fmt: skip
 
 FLEET_KINDS = ("colocated", "disagg", "mixed")
+TARGET_SCOPES = ("window", "day")
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -326,6 +327,7 @@ class PlanOptions:
     max_candidates: int = 4  # change candidates evaluated with their switch, per window
     baselines: tuple[str, ...] = ("static-colocated", "static-disagg", "dynamo")
     profile_requests: int = 512  # several batches' worth, so a profiling run reaches its steady state
+    target_scope: str = "window"  # "window": the target in every window; "day": the day's attainment
 
     def __post_init__(self) -> None:
         if not (isinstance(self.switch_s, int | float) and math.isfinite(self.switch_s) and self.switch_s >= 0):
@@ -334,6 +336,8 @@ class PlanOptions:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise SpecError(name.replace("_", "-"), v, "must be an integer >= 1")
+        if self.target_scope not in TARGET_SCOPES:
+            raise SpecError("target_scope", self.target_scope, f"choose from {', '.join(TARGET_SCOPES)}")
         bad = [k for k in self.kinds if k not in FLEET_KINDS]
         if bad or not self.kinds:
             raise SpecError("fleets", ",".join(self.kinds), f"choose from {', '.join(FLEET_KINDS)}")
@@ -379,10 +383,18 @@ def plan_day(pool: Any, windows: Sequence[Window], recipe: DayRecipe, setup: Set
     say(f"planning the day ({len(evals.done)} evaluations so far)")
     strategies["planner"] = _plan(windows, searches, evals, options, share, target)
     notes: list[str] = []
+    weights = _day_weights(windows, recipe)
+    if options.target_scope == "day":
+        say(f"trading windows against each other for the day's target ({len(evals.done)} evaluations so far)")
+        strategies["planner"] = _plan_for_day(windows, searches, evals, strategies["planner"], share, target,
+                                              weights, notes)  # fmt: skip
     for kind in ("colocated", "disagg"):
         if f"static-{kind}" in options.baselines:
             say(f"the best static {kind} fleet ({len(evals.done)} evaluations so far)")
-            strategies[f"static-{kind}"] = _static(windows, searches, evals, options, target, notes, kind)
+            rows = _static(windows, searches, evals, options, target, notes, kind)
+            if options.target_scope == "day":
+                rows = _static_for_day(windows, evals, rows, target, weights, kind)
+            strategies[f"static-{kind}"] = rows
     dynamo_profile: dict[str, Any] = {}
     if "dynamo" in options.baselines:
         say(f"the interpolation baseline ({len(evals.done)} evaluations so far)")
@@ -424,6 +436,108 @@ def _plan(windows: Sequence[Window], searches: Sequence[WindowSearch], evals: _E
         streak = 0
         prev = fleet
     return out
+
+
+def _day_weights(windows: Sequence[Window], recipe: DayRecipe) -> tuple[list[float], list[float]]:
+    """Each window's requests in the real day (attainment's weight) and its real hours (GPU-hours' weight)."""
+    real_s = [w.duration_s * recipe.compression for w in windows]
+    return [w.rate_rps * t for w, t in zip(windows, real_s, strict=True)], [t / 3600 for t in real_s]
+
+
+def _day_attainment(evs: Sequence[Evaluation], offered: Sequence[float]) -> float:
+    total = sum(offered)
+    return sum(ev.attainment * n for ev, n in zip(evs, offered, strict=True)) / total if total else 1.0
+
+
+def _frontier(evaluations: dict[Fleet, Evaluation]) -> list[tuple[Fleet, Evaluation]]:
+    """A window's evaluated fleets that no cheaper (or equally cheap) one beats on attainment, cheapest
+    first (ties: the cost order's)."""
+    out: list[tuple[Fleet, Evaluation]] = []
+    for f, ev in sorted(evaluations.items(), key=lambda fe: fleet_cost_order(*fe)):
+        if not out or (f.total > out[-1][0].total and ev.attainment > out[-1][1].attainment):
+            out.append((f, ev))
+    return out
+
+
+def _plan_for_day(windows: Sequence[Window], searches: Sequence[WindowSearch], evals: _Evals,
+                  start: list[tuple[Fleet, Evaluation, int]], share: float, target: float,
+                  weights: tuple[list[float], list[float]], notes: list[str]) -> list[tuple[Fleet, Evaluation, int]]:  # fmt: skip
+    """`--target-scope day`: the request-weighted attainment of the whole day must reach the target, not
+    each window's. From the per-window plan (`start`), windows are shrunk one step at a time along their
+    evaluated (cost, attainment) frontier, always the step that loses the fewest met requests per GPU-hour
+    saved, while the day's attainment (without switches) stays at the target. Then every change is
+    evaluated with its switching cost; while the day falls short with them, the last shrinks are undone.
+    The result is never more GPU-hours than `start`, nor below the target where `start` met it."""
+    offered, hours = weights
+    n = len(windows)
+    fronts = [_frontier(s.evaluations) for s in searches]
+    fleets = [f for f, _, _ in start]
+    plain = evals.get([_key(w.index, f, None, 0) for w, f in zip(windows, fleets, strict=True)])
+    met = [ev.attainment * k for ev, k in zip(plain, offered, strict=True)]
+    need = target * sum(offered) - 1e-9 * sum(offered)
+    moves: list[tuple[int, Fleet, Evaluation]] = []  # (window, fleet before, its evaluation): to undo
+    while True:
+        best: tuple[float, int, Fleet, Evaluation] | None = None
+        slack = sum(met) - need
+        for i in range(n):
+            lower = [(f, ev) for f, ev in fronts[i] if f.total < fleets[i].total]
+            if not lower:
+                continue
+            f, ev = lower[-1]  # the next cheaper step of the frontier
+            lost = met[i] - ev.attainment * offered[i]
+            if lost > slack:
+                continue
+            rate = lost / ((fleets[i].total - f.total) * hours[i])
+            if best is None or (rate, i) < (best[0], best[1]):
+                best = (rate, i, f, ev)
+        if best is None:
+            break
+        _, i, f, ev = best
+        moves.append((i, fleets[i], plain[i]))
+        fleets[i], plain[i], met[i] = f, ev, ev.attainment * offered[i]
+
+    def with_switches() -> list[tuple[Fleet, Evaluation, int]]:
+        keys = [_key(w.index, f, fleets[i - 1] if i else None, share) for i, (w, f) in enumerate(zip(windows, fleets, strict=True))]
+        evs = evals.get(keys)
+        return [(f, ev, num_switched(fleets[i - 1], f) if i else 0) for i, (f, ev) in enumerate(zip(fleets, evs, strict=True))]
+
+    rows = with_switches()
+    undone = 0
+    while moves and _day_attainment([ev for _, ev, _ in rows], offered) < target - 1e-12:
+        i, f, ev = moves.pop()
+        fleets[i], plain[i] = f, ev
+        undone += 1
+        rows = with_switches()
+    if undone:
+        notes.append(f"day target: {undone} window shrink(s) undone because the switches they caused cost the day "
+                     "its target")  # fmt: skip
+    return rows
+
+
+def _static_for_day(windows: Sequence[Window], evals: _Evals, per_window: list[tuple[Fleet, Evaluation, int]],
+                    target: float, weights: tuple[list[float], list[float]], kind: str) -> list[tuple[Fleet, Evaluation, int]]:  # fmt: skip
+    """`--target-scope day`: the cheapest static fleet of `kind` whose day reaches the target (the one
+    meeting it in every window, `per_window`, does; smaller ones are tried cheapest first). A candidate is
+    dropped as soon as the windows evaluated so far cannot reach the target even if the rest all met."""
+    offered, _ = weights
+    top = per_window[0][0]
+    if kind == "colocated":
+        cands = [Fleet(colocated=c) for c in range(1, top.colocated)]
+    else:
+        cands = [Fleet(0, p, t - p) for t in range(2, top.total) for p in range(1, t)]
+    need = target * sum(offered)
+    order = sorted(range(len(windows)), key=lambda i: -offered[i])  # the heaviest windows decide first
+    for f in cands:
+        lost = 0.0
+        for chunk in (order[:3], order[3:]):
+            evs = evals.get([_key(windows[i].index, f, None, 0) for i in chunk])
+            lost += sum((1 - ev.attainment) * offered[i] for i, ev in zip(chunk, evs, strict=True))
+            if sum(offered) - lost < need - 1e-9 * sum(offered):
+                break
+        else:
+            evs = evals.get([_key(w.index, f, None, 0) for w in windows])
+            return [(f, ev, 0) for ev in evs]
+    return per_window
 
 
 def _static(windows: Sequence[Window], searches: Sequence[WindowSearch], evals: _Evals, options: PlanOptions,
@@ -572,7 +686,7 @@ def _result(windows: Sequence[Window], searches: Sequence[WindowSearch],
                    "max_model_len": setup.engine.max_model_len, "router": setup.router,
                    "kv_link": str(setup.link) if setup.link is not None else "inf,0us",
                    "kv_bytes_per_token": setup.bytes_per_token},
-        "options": {"switch_s": options.switch_s, "switch_share": share, "min_saving": options.min_saving,
+        "options": {"target_scope": options.target_scope, "switch_s": options.switch_s, "switch_share": share, "min_saving": options.min_saving,
                     "hold": options.hold, "max_instances": options.max_instances, "fleets": list(options.kinds),
                     "gpus_per_instance": options.gpus_per_instance, "max_candidates": options.max_candidates},
         "dynamo_profile": dynamo,
