@@ -405,6 +405,8 @@ def test_plan_for_the_days_target_is_no_dearer_and_meets_it(tmp_path: Path, day_
     assert static["gpu_hours"] <= per_window["strategies"]["static-colocated"]["gpu_hours"]
     assert static["attainment"] >= 0.9
     assert rc_d == (0 if planner["attainment"] >= 0.9 else 1)
+    assert "over the whole day" in (tmp_path / "d" / "plan" / "plan.html").read_text()
+    assert "in every window" in (tmp_path / "w" / "plan" / "plan.html").read_text()
     # the windows' rows add up to the day's numbers
     offered = [w["traffic"]["rate_rps"] * w["hours"] for w in day["windows"]]
     att = [w["strategies"]["planner"]["attainment"] for w in day["windows"]]
