@@ -32,7 +32,7 @@ keeping 7%; the block manager ~35% of it (blake2b 12%), ~5 us of Python a block.
 
 Third look (2026-12-01, at 9aadf5e): 10,000 in 22.0 CPU s (455 req/s; 18.7 s at load 0.0), 100,000 in
 166.3 CPU s (601 req/s; load 4-5, niced). The cyclic GC is 2% of the CPU at both counts (717 young, 65
-middle, 5 full collections at 100,000), so the slower requests at 100,000 are not the collector. Tried
+middle, 5 full collections at 100,000): not where the time goes. Tried
 and not kept: the block state in parallel lists (ref counts, hashes, tokens, content ids) written by C-level
 scatters (`deque(map(list.__setitem__, ids, values), 0)`) for runs of >= 8 blocks, the free and eviction
 paths as list operations: callgrind, 500 requests with imports and specs, 4.92e9 -> 5.17e9 instructions
