@@ -516,28 +516,39 @@ def _plan_for_day(windows: Sequence[Window], searches: Sequence[WindowSearch], e
 
 def _static_for_day(windows: Sequence[Window], evals: _Evals, per_window: list[tuple[Fleet, Evaluation, int]],
                     target: float, weights: tuple[list[float], list[float]], kind: str) -> list[tuple[Fleet, Evaluation, int]]:  # fmt: skip
-    """`--target-scope day`: the cheapest static fleet of `kind` whose day reaches the target (the one
-    meeting it in every window, `per_window`, does; smaller ones are tried cheapest first). A candidate is
-    dropped as soon as the windows evaluated so far cannot reach the target even if the rest all met."""
+    """`--target-scope day`: the cheapest static fleet of `kind` whose day reaches the target. The one
+    meeting it in every window (`per_window`) does; smaller totals are bisected (attainment taken to rise
+    with the count, as the search does), each total's fleets (every P:D split for `disagg`) tried on the
+    heaviest windows first and dropped once the day cannot reach the target even if the rest all met."""
     offered, _ = weights
     top = per_window[0][0]
-    if kind == "colocated":
-        cands = [Fleet(colocated=c) for c in range(1, top.colocated)]
-    else:
-        cands = [Fleet(0, p, t - p) for t in range(2, top.total) for p in range(1, t)]
-    need = target * sum(offered)
+    need = target * sum(offered) - 1e-9 * sum(offered)
     order = sorted(range(len(windows)), key=lambda i: -offered[i])  # the heaviest windows decide first
-    for f in cands:
-        lost = 0.0
-        for chunk in (order[:3], order[3:]):
-            evs = evals.get([_key(windows[i].index, f, None, 0) for i in chunk])
-            lost += sum((1 - ev.attainment) * offered[i] for i, ev in zip(chunk, evs, strict=True))
-            if sum(offered) - lost < need - 1e-9 * sum(offered):
-                break
+
+    def passing(total: int) -> Fleet | None:
+        cands = [Fleet(colocated=total)] if kind == "colocated" else [Fleet(0, p, total - p) for p in range(1, total)]
+        lost = [0.0] * len(cands)
+        for chunk in (order[:1], order[1:4], order[4:]):
+            alive = [k for k in range(len(cands)) if sum(offered) - lost[k] >= need]
+            evs = evals.get([_key(windows[i].index, cands[k], None, 0) for k in alive for i in chunk])
+            for j, k in enumerate(alive):
+                lost[k] += sum((1 - ev.attainment) * offered[i]
+                               for i, ev in zip(chunk, evs[j * len(chunk):(j + 1) * len(chunk)], strict=True))  # fmt: skip
+        ok = [k for k in range(len(cands)) if sum(offered) - lost[k] >= need]
+        return cands[min(ok, key=lambda k: (lost[k], k))] if ok else None
+
+    lo, hi, best = (0 if kind == "colocated" else 1), top.total, None  # lo fails (or is impossible), hi passes
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        f = passing(mid)
+        if f is None:
+            lo = mid
         else:
-            evs = evals.get([_key(w.index, f, None, 0) for w in windows])
-            return [(f, ev, 0) for ev in evs]
-    return per_window
+            hi, best = mid, f
+    if best is None:
+        return per_window
+    evs = evals.get([_key(w.index, best, None, 0) for w in windows])
+    return [(best, ev, 0) for ev in evs]
 
 
 def _static(windows: Sequence[Window], searches: Sequence[WindowSearch], evals: _Evals, options: PlanOptions,

@@ -392,6 +392,13 @@ def test_day_target_static_fleet_is_the_cheapest_whose_day_meets_it() -> None:
     assert [f for f, _, _ in rows] == [Fleet(2)] * 3  # 2C: (85 + 99 + 99) / 300 = 94% although window 0 misses
     rows = _static_for_day(_windows(3), _Evals(FakePool(table)), per_window, 0.95, weights, "colocated")
     assert rows == per_window  # nothing smaller reaches 95% over the day
+    # disaggregated: every split of a total is tried; 1P+1D misses the day, 2P+1D makes it with more to spare
+    per_window = [(Fleet(0, 2, 2), Evaluation(100, 100, 0.1, 0.01), 0)] * 3
+    table = {(w, Fleet(0, 1, 1), None): 0.5 for w in range(3)}
+    table.update({(w, Fleet(0, 1, 2), None): 0.91 for w in range(3)})
+    table.update({(w, Fleet(0, 2, 1), None): 0.97 for w in range(3)})
+    rows = _static_for_day(_windows(3), _Evals(FakePool(table)), per_window, 0.9, weights, "disagg")
+    assert [f for f, _, _ in rows] == [Fleet(0, 2, 1)] * 3
 
 
 def test_plan_for_the_days_target_is_no_dearer_and_meets_it(tmp_path: Path, day_toml: Path) -> None:
