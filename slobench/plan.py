@@ -464,14 +464,21 @@ def _plan_for_day(windows: Sequence[Window], searches: Sequence[WindowSearch], e
                   weights: tuple[list[float], list[float]], notes: list[str]) -> list[tuple[Fleet, Evaluation, int]]:  # fmt: skip
     """`--target-scope day`: the request-weighted attainment of the whole day must reach the target, not
     each window's. From the per-window plan (`start`), windows are shrunk one step at a time along their
-    evaluated (cost, attainment) frontier, always the step that loses the fewest met requests per GPU-hour
+    evaluated (cost, attainment) frontier of the same kind of fleet, always the step that loses the fewest met requests per GPU-hour
     saved, while the day's attainment (without switches) stays at the target. Then every change is
     evaluated with its switching cost; when the day falls short with them, the shortfall is kept as a
     margin and the shrinking redone (four tries, then `start`). The result is never more GPU-hours than `start`, nor below the target where `start` met it."""
     offered, hours = weights
     n = len(windows)
-    fronts = [_frontier(s.evaluations) for s in searches]
     base = [f for f, _, _ in start]
+
+    def shape(f: Fleet) -> tuple[bool, bool]:
+        return f.colocated > 0, f.prefill > 0
+
+    # shrinks keep each window's kind of fleet: a change of role in a shrink (4C -> 2P+1D) would make its
+    # instances, and the next window's, serve nothing during the switch
+    fronts = [_frontier({f: ev for f, ev in s.evaluations.items() if shape(f) == shape(b)})
+              for s, b in zip(searches, base, strict=True)]
     base_plain = evals.get([_key(w.index, f, None, 0) for w, f in zip(windows, base, strict=True)])
     need = target * sum(offered) - 1e-9 * sum(offered)
 

@@ -362,7 +362,9 @@ def test_a_trace_day_plans_too(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 def test_day_target_shrinks_the_windows_that_cost_the_fewest_requests_a_gpu_hour() -> None:
     big, mid, small = Fleet(4), Fleet(2), Fleet(1)
-    per_window = [{small: 0.5, mid: 0.80, big: 0.99}, {mid: 0.86, big: 0.99}, {mid: 0.95, big: 0.99}]
+    # a disaggregated fleet as good as 2C in window 2 is no shrink of a co-located one: never taken
+    per_window = [{small: 0.5, mid: 0.80, big: 0.99}, {mid: 0.86, big: 0.99},
+                  {mid: 0.95, big: 0.99, Fleet(0, 1, 1): 0.99}]
     searches = _searches(per_window)
     table = {(w, f, None): a for w, evs in enumerate(per_window) for f, a in evs.items()}
     start = [(big, Evaluation(100, 99, 0.1, 0.01), 0)] * 3  # the per-window plan: 4C everywhere
