@@ -20,7 +20,10 @@ from slobench.fleet.plan import (
     PlanOptions,
     Setup,
     WindowSearch,
+    _day_attainment,
     _Evals,
+    _plan_for_day,
+    _static_for_day,
     _plan,
     evaluate,
     num_switched,
@@ -352,3 +355,92 @@ def test_a_trace_day_plans_too(tmp_path: Path, capsys: pytest.CaptureFixture[str
     _, eager = plan("1")
     sizes = [w["strategies"]["planner"]["gpus"] for w in eager["windows"]]
     assert sizes[0] > sizes[1] == 1  # the busy minute needs more than the quiet one
+
+
+# ---- the day's target (--target-scope day) ------------------------------------------------------------------
+
+
+def test_day_target_shrinks_the_windows_that_cost_the_fewest_requests_a_gpu_hour() -> None:
+    big, mid, small = Fleet(4), Fleet(2), Fleet(1)
+    # a disaggregated fleet as good as 2C in window 2 is no shrink of a co-located one: never taken
+    per_window = [{small: 0.5, mid: 0.80, big: 0.99}, {mid: 0.86, big: 0.99},
+                  {mid: 0.95, big: 0.99, Fleet(0, 1, 1): 0.99}]
+    searches = _searches(per_window)
+    table = {(w, f, None): a for w, evs in enumerate(per_window) for f, a in evs.items()}
+    start = [(big, Evaluation(100, 99, 0.1, 0.01), 0)] * 3  # the per-window plan: 4C everywhere
+    weights = ([100.0] * 3, [1.0] * 3)
+    notes: list[str] = []
+    rows = _plan_for_day(_windows(3), searches, _Evals(FakePool(table)), start, 0.0, 0.9, weights, notes)
+    # window 2 loses 4 requests for 2 instances, window 1 13, window 0 19 (more than the 10 left): not taken
+    assert [f for f, _, _ in rows] == [big, mid, mid]
+    assert _day_attainment([ev for _, ev, _ in rows], weights[0]) == pytest.approx((99 + 86 + 95) / 300)
+    assert [k for _, _, k in rows] == [0, 0, 0] and not notes  # a released instance waits for nothing
+    # window 1's shrink costs 16 more requests in its switch: the shortfall becomes a margin, and the
+    # shrinking redone leaves window 1 alone
+    table[(1, mid, big)] = 0.70
+    rows = _plan_for_day(_windows(3), searches, _Evals(FakePool(table)), start, 0.1, 0.9, weights, notes)
+    assert [f for f, _, _ in rows] == [big, big, mid]
+    assert _day_attainment([ev for _, ev, _ in rows], weights[0]) >= 0.9 and not notes
+    # and when window 2's switch costs too much as well, nothing is shrunk
+    table[(2, mid, big)] = 0.50
+    rows = _plan_for_day(_windows(3), searches, _Evals(FakePool(table)), start, 0.1, 0.9, weights, notes)
+    assert [f for f, _, _ in rows] == [big] * 3
+    # a day target the per-window plan already just meets: nothing to trade
+    rows = _plan_for_day(_windows(3), searches, _Evals(FakePool(table)), start, 0.0, 0.99, weights, [])
+    assert [f for f, _, _ in rows] == [big] * 3
+
+
+def test_day_target_static_fleet_is_the_cheapest_whose_day_meets_it() -> None:
+    per_window = [(Fleet(3), Evaluation(100, 100, 0.1, 0.01), 0)] * 3
+    table = {(0, Fleet(1), None): 0.2, (1, Fleet(1), None): 0.9, (2, Fleet(1), None): 0.9,
+             (0, Fleet(2), None): 0.85, (1, Fleet(2), None): 0.99, (2, Fleet(2), None): 0.99}
+    weights = ([100.0, 100.0, 100.0], [1.0] * 3)
+    rows = _static_for_day(_windows(3), _Evals(FakePool(table)), per_window, 0.9, weights, "colocated")
+    assert [f for f, _, _ in rows] == [Fleet(2)] * 3  # 2C: (85 + 99 + 99) / 300 = 94% although window 0 misses
+    rows = _static_for_day(_windows(3), _Evals(FakePool(table)), per_window, 0.95, weights, "colocated")
+    assert rows == per_window  # nothing smaller reaches 95% over the day
+    # disaggregated: every split of a total is tried; 1P+1D misses the day, 2P+1D makes it with more to spare
+    per_window = [(Fleet(0, 2, 2), Evaluation(100, 100, 0.1, 0.01), 0)] * 3
+    table = {(w, Fleet(0, 1, 1), None): 0.5 for w in range(3)}
+    table.update({(w, Fleet(0, 1, 2), None): 0.91 for w in range(3)})
+    table.update({(w, Fleet(0, 2, 1), None): 0.97 for w in range(3)})
+    rows = _static_for_day(_windows(3), _Evals(FakePool(table)), per_window, 0.9, weights, "disagg")
+    assert [f for f, _, _ in rows] == [Fleet(0, 2, 1)] * 3
+
+
+def test_plan_for_the_days_target_is_no_dearer_and_meets_it(tmp_path: Path, day_toml: Path) -> None:
+    rc_w, per_window = _plan_json(tmp_path / "w", day_toml, "--baselines", "static-colocated")
+    rc_d, day = _plan_json(tmp_path / "d", day_toml, "--baselines", "static-colocated", "--target-scope", "day")
+    assert per_window["options"]["target_scope"] == "window" and day["options"]["target_scope"] == "day"
+    planner, static = day["strategies"]["planner"], day["strategies"]["static-colocated"]
+    # the tiny day's morning misses 90% on one instance, but the day does not: one instance all day
+    assert planner["gpu_hours"] < per_window["strategies"]["planner"]["gpu_hours"]
+    assert planner["windows_met"] < planner["num_windows"]
+    assert static["gpu_hours"] <= per_window["strategies"]["static-colocated"]["gpu_hours"]
+    assert static["attainment"] >= 0.9
+    assert rc_d == (0 if planner["attainment"] >= 0.9 else 1)
+    assert "over the whole day" in (tmp_path / "d" / "plan" / "plan.html").read_text()
+    assert "in every window" in (tmp_path / "w" / "plan" / "plan.html").read_text()
+    # the windows' rows add up to the day's numbers
+    offered = [w["traffic"]["rate_rps"] * w["hours"] for w in day["windows"]]
+    att = [w["strategies"]["planner"]["attainment"] for w in day["windows"]]
+    assert planner["attainment"] == pytest.approx(sum(a * n for a, n in zip(att, offered)) / sum(offered))
+
+
+def test_the_planner_sizes_kv_from_the_profiles_kv_capacity(day_toml: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from slobench.cli import build_parser
+    from slobench.plan_cli import _build
+    from slobench.profiles import roofline_from_name
+
+    base = ["plan", "--workload", str(day_toml), "--slo", SLO_TEXT]
+    for name, block in (("roofline:h100/llama-3.1-8b", 16), ("roofline:h100/llama-3.1-70b/tp4", 32)):
+        cap = roofline_from_name(name).provenance["kv_capacity_tokens"]  # type: ignore[index]
+        _, setup_, _ = _build(build_parser().parse_args([*base, "--profile", name, "--block-size", str(block)]))
+        assert setup_.engine.kv_blocks == cap // block
+        assert setup_.engine().config.num_blocks == cap // block  # what every simulated instance gets
+    _, setup_, _ = _build(build_parser().parse_args([*base, "--profile", "roofline:h100/llama-3.1-8b",
+                                                     "--kv-blocks", "500"]))  # fmt: skip
+    assert setup_.engine.kv_blocks == 500  # given: kept
+    # weights that leave no KV room: a clear refusal, not a 64-block engine
+    assert main([*base, "--profile", "roofline:h200/llama-3.1-70b"]) == 2
+    assert "KV room" in capsys.readouterr().err

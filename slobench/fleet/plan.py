@@ -48,6 +48,7 @@ __all__ = ["Evaluation", "Fleet", "PlanOptions", "Setup", "evaluate", "fleet_cos
            "search_window", "transition_fleet"]  # fmt: skip
 
 FLEET_KINDS = ("colocated", "disagg", "mixed")
+TARGET_SCOPES = ("window", "day")
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -326,6 +327,7 @@ class PlanOptions:
     max_candidates: int = 4  # change candidates evaluated with their switch, per window
     baselines: tuple[str, ...] = ("static-colocated", "static-disagg", "dynamo")
     profile_requests: int = 512  # several batches' worth, so a profiling run reaches its steady state
+    target_scope: str = "window"  # "window": the target in every window; "day": the day's attainment
 
     def __post_init__(self) -> None:
         if not (isinstance(self.switch_s, int | float) and math.isfinite(self.switch_s) and self.switch_s >= 0):
@@ -334,6 +336,8 @@ class PlanOptions:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise SpecError(name.replace("_", "-"), v, "must be an integer >= 1")
+        if self.target_scope not in TARGET_SCOPES:
+            raise SpecError("target_scope", self.target_scope, f"choose from {', '.join(TARGET_SCOPES)}")
         bad = [k for k in self.kinds if k not in FLEET_KINDS]
         if bad or not self.kinds:
             raise SpecError("fleets", ",".join(self.kinds), f"choose from {', '.join(FLEET_KINDS)}")
@@ -379,10 +383,18 @@ def plan_day(pool: Any, windows: Sequence[Window], recipe: DayRecipe, setup: Set
     say(f"planning the day ({len(evals.done)} evaluations so far)")
     strategies["planner"] = _plan(windows, searches, evals, options, share, target)
     notes: list[str] = []
+    weights = _day_weights(windows, recipe)
+    if options.target_scope == "day":
+        say(f"trading windows against each other for the day's target ({len(evals.done)} evaluations so far)")
+        strategies["planner"] = _plan_for_day(windows, searches, evals, strategies["planner"], share, target,
+                                              weights, notes)  # fmt: skip
     for kind in ("colocated", "disagg"):
         if f"static-{kind}" in options.baselines:
             say(f"the best static {kind} fleet ({len(evals.done)} evaluations so far)")
-            strategies[f"static-{kind}"] = _static(windows, searches, evals, options, target, notes, kind)
+            rows = _static(windows, searches, evals, options, target, notes, kind)
+            if options.target_scope == "day":
+                rows = _static_for_day(windows, evals, rows, target, weights, kind)
+            strategies[f"static-{kind}"] = rows
     dynamo_profile: dict[str, Any] = {}
     if "dynamo" in options.baselines:
         say(f"the interpolation baseline ({len(evals.done)} evaluations so far)")
@@ -424,6 +436,128 @@ def _plan(windows: Sequence[Window], searches: Sequence[WindowSearch], evals: _E
         streak = 0
         prev = fleet
     return out
+
+
+def _day_weights(windows: Sequence[Window], recipe: DayRecipe) -> tuple[list[float], list[float]]:
+    """Each window's requests in the real day (attainment's weight) and its real hours (GPU-hours' weight)."""
+    real_s = [w.duration_s * recipe.compression for w in windows]
+    return [w.rate_rps * t for w, t in zip(windows, real_s, strict=True)], [t / 3600 for t in real_s]
+
+
+def _day_attainment(evs: Sequence[Evaluation], offered: Sequence[float]) -> float:
+    total = sum(offered)
+    return sum(ev.attainment * n for ev, n in zip(evs, offered, strict=True)) / total if total else 1.0
+
+
+def _frontier(evaluations: dict[Fleet, Evaluation]) -> list[tuple[Fleet, Evaluation]]:
+    """A window's evaluated fleets that no cheaper (or equally cheap) one beats on attainment, cheapest
+    first (ties: the cost order's)."""
+    out: list[tuple[Fleet, Evaluation]] = []
+    for f, ev in sorted(evaluations.items(), key=lambda fe: fleet_cost_order(*fe)):
+        if not out or (f.total > out[-1][0].total and ev.attainment > out[-1][1].attainment):
+            out.append((f, ev))
+    return out
+
+
+def _plan_for_day(windows: Sequence[Window], searches: Sequence[WindowSearch], evals: _Evals,
+                  start: list[tuple[Fleet, Evaluation, int]], share: float, target: float,
+                  weights: tuple[list[float], list[float]], notes: list[str]) -> list[tuple[Fleet, Evaluation, int]]:  # fmt: skip
+    """`--target-scope day`: the request-weighted attainment of the whole day must reach the target, not
+    each window's. From the per-window plan (`start`), windows are shrunk one step at a time along their
+    evaluated (cost, attainment) frontier of the same kind of fleet, always the step that loses the fewest met requests per GPU-hour
+    saved, while the day's attainment (without switches) stays at the target. Then every change is
+    evaluated with its switching cost; when the day falls short with them, the shortfall is kept as a
+    margin and the shrinking redone (four tries, then `start`). The result is never more GPU-hours than `start`, nor below the target where `start` met it."""
+    offered, hours = weights
+    n = len(windows)
+    base = [f for f, _, _ in start]
+
+    def shape(f: Fleet) -> tuple[bool, bool]:
+        return f.colocated > 0, f.prefill > 0
+
+    # shrinks keep each window's kind of fleet: a change of role in a shrink (4C -> 2P+1D) would make its
+    # instances, and the next window's, serve nothing during the switch
+    fronts = [_frontier({f: ev for f, ev in s.evaluations.items() if shape(f) == shape(b)})
+              for s, b in zip(searches, base, strict=True)]
+    base_plain = evals.get([_key(w.index, f, None, 0) for w, f in zip(windows, base, strict=True)])
+    need = target * sum(offered) - 1e-9 * sum(offered)
+
+    def shrink(margin: float) -> list[Fleet]:
+        fleets, plain = list(base), list(base_plain)
+        met = [ev.attainment * k for ev, k in zip(plain, offered, strict=True)]
+        while True:
+            best: tuple[float, int, Fleet, Evaluation] | None = None
+            slack = sum(met) - need - margin
+            for i in range(n):
+                lower = [(f, ev) for f, ev in fronts[i] if f.total < fleets[i].total]
+                if not lower:
+                    continue
+                f, ev = lower[-1]  # the next cheaper step of the frontier
+                lost = met[i] - ev.attainment * offered[i]
+                if lost > slack:
+                    continue
+                rate = lost / ((fleets[i].total - f.total) * hours[i])
+                if best is None or (rate, i) < (best[0], best[1]):
+                    best = (rate, i, f, ev)
+            if best is None:
+                return fleets
+            _, i, f, ev = best
+            fleets[i], plain[i], met[i] = f, ev, ev.attainment * offered[i]
+
+    def with_switches(fleets: list[Fleet]) -> list[tuple[Fleet, Evaluation, int]]:
+        keys = [_key(w.index, f, fleets[i - 1] if i else None, share) for i, (w, f) in enumerate(zip(windows, fleets, strict=True))]
+        evs = evals.get(keys)
+        return [(f, ev, num_switched(fleets[i - 1], f) if i else 0) for i, (f, ev) in enumerate(zip(fleets, evs, strict=True))]
+
+    # the shrinks are chosen without switches; what the switches then cost the day is kept as a margin and
+    # the shrinking redone, a few times
+    margin = 0.0
+    for _ in range(4):
+        rows = with_switches(shrink(margin))
+        short = need - sum(ev.attainment * k for (_, ev, _), k in zip(rows, offered, strict=True))
+        if short <= 0:
+            return rows
+        margin += short
+    notes.append("day target: every set of shrinks tried missed the day's target once switches were counted; "
+                 "the per-window plan is kept")
+    return list(start)
+
+
+def _static_for_day(windows: Sequence[Window], evals: _Evals, per_window: list[tuple[Fleet, Evaluation, int]],
+                    target: float, weights: tuple[list[float], list[float]], kind: str) -> list[tuple[Fleet, Evaluation, int]]:  # fmt: skip
+    """`--target-scope day`: the cheapest static fleet of `kind` whose day reaches the target. The one
+    meeting it in every window (`per_window`) does; smaller totals are bisected (attainment taken to rise
+    with the count, as the search does), each total's fleets (every P:D split for `disagg`) tried on the
+    heaviest windows first and dropped once the day cannot reach the target even if the rest all met."""
+    offered, _ = weights
+    top = per_window[0][0]
+    need = target * sum(offered) - 1e-9 * sum(offered)
+    order = sorted(range(len(windows)), key=lambda i: -offered[i])  # the heaviest windows decide first
+
+    def passing(total: int) -> Fleet | None:
+        cands = [Fleet(colocated=total)] if kind == "colocated" else [Fleet(0, p, total - p) for p in range(1, total)]
+        lost = [0.0] * len(cands)
+        for chunk in (order[:1], order[1:4], order[4:]):
+            alive = [k for k in range(len(cands)) if sum(offered) - lost[k] >= need]
+            evs = evals.get([_key(windows[i].index, cands[k], None, 0) for k in alive for i in chunk])
+            for j, k in enumerate(alive):
+                lost[k] += sum((1 - ev.attainment) * offered[i]
+                               for i, ev in zip(chunk, evs[j * len(chunk):(j + 1) * len(chunk)], strict=True))  # fmt: skip
+        ok = [k for k in range(len(cands)) if sum(offered) - lost[k] >= need]
+        return cands[min(ok, key=lambda k: (lost[k], k))] if ok else None
+
+    lo, hi, best = (0 if kind == "colocated" else 1), top.total, None  # lo fails (or is impossible), hi passes
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        f = passing(mid)
+        if f is None:
+            lo = mid
+        else:
+            hi, best = mid, f
+    if best is None:
+        return per_window
+    evs = evals.get([_key(w.index, best, None, 0) for w in windows])
+    return [(best, ev, 0) for ev in evs]
 
 
 def _static(windows: Sequence[Window], searches: Sequence[WindowSearch], evals: _Evals, options: PlanOptions,
@@ -572,7 +706,7 @@ def _result(windows: Sequence[Window], searches: Sequence[WindowSearch],
                    "max_model_len": setup.engine.max_model_len, "router": setup.router,
                    "kv_link": str(setup.link) if setup.link is not None else "inf,0us",
                    "kv_bytes_per_token": setup.bytes_per_token},
-        "options": {"switch_s": options.switch_s, "switch_share": share, "min_saving": options.min_saving,
+        "options": {"target_scope": options.target_scope, "switch_s": options.switch_s, "switch_share": share, "min_saving": options.min_saving,
                     "hold": options.hold, "max_instances": options.max_instances, "fleets": list(options.kinds),
                     "gpus_per_instance": options.gpus_per_instance, "max_candidates": options.max_candidates},
         "dynamo_profile": dynamo,
