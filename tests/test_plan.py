@@ -22,9 +22,9 @@ from slobench.fleet.plan import (
     WindowSearch,
     _day_attainment,
     _Evals,
+    _plan,
     _plan_for_day,
     _static_for_day,
-    _plan,
     evaluate,
     num_switched,
     plan_day,
@@ -424,12 +424,12 @@ def test_plan_for_the_days_target_is_no_dearer_and_meets_it(tmp_path: Path, day_
     # the windows' rows add up to the day's numbers
     offered = [w["traffic"]["rate_rps"] * w["hours"] for w in day["windows"]]
     att = [w["strategies"]["planner"]["attainment"] for w in day["windows"]]
-    assert planner["attainment"] == pytest.approx(sum(a * n for a, n in zip(att, offered)) / sum(offered))
+    assert planner["attainment"] == pytest.approx(sum(a * n for a, n in zip(att, offered, strict=True)) / sum(offered))
 
 
 def test_the_planner_sizes_kv_from_the_profiles_kv_capacity(day_toml: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from slobench.cli import build_parser
-    from slobench.plan_cli import _build
+    from slobench.cli.plan import _build
     from slobench.profiles import roofline_from_name
 
     base = ["plan", "--workload", str(day_toml), "--slo", SLO_TEXT]
