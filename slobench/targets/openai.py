@@ -320,18 +320,18 @@ class OpenAITarget(TargetBase):
                     if obj is None:  # [DONE]: whatever follows in this read is ignored, as below
                         is_done = True
                         break
-                    got_num, reason, error = _read_event(obj, data, is_chat, record)
+                    got_num, reason, event_error = _read_event(obj, data, is_chat, record)
                     num += got_num
                     if reason is not None:
                         finish = reason
-                    if error is not None:
+                    if event_error is not None:
+                        error = event_error
                         break
             else:
-                bad_bytes: str | None = None
                 try:
                     events = feed(raw)
                 except SSEDecodeError as e:  # the events before the bad line count; then the read fails
-                    events, bad_bytes = e.events, str(e)
+                    events, error = e.events, str(e)
                 if not events and t_last == 0.0 and len(head) < 4096:
                     head += raw
                 for ev in events:
@@ -350,14 +350,14 @@ class OpenAITarget(TargetBase):
                     if type(obj) is not dict:
                         error = f"malformed JSON in SSE event: {text[:120]!r}"
                         break
-                    got_num, reason, error = _read_event(obj, text, is_chat, record)
+                    # a good event's None must not clear the decode error of a later line in this read
+                    got_num, reason, event_error = _read_event(obj, text, is_chat, record)
                     num += got_num
                     if reason is not None:
                         finish = reason
-                    if error is not None:
+                    if event_error is not None:
+                        error = event_error
                         break
-                if error is None and bad_bytes is not None:
-                    error = bad_bytes  # not before the loop: each good event's _read_event would clear it
             if num:  # tokens that came in the same read as a failure still count
                 if not times:
                     record.first_token_s = t
