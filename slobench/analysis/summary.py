@@ -219,12 +219,10 @@ class RunSummary:
 
     def ttft_on_clock(self, slo: SLO | None = None) -> Dist:
         """TTFT on the clock the SLO judges by; from the scheduled arrival when there is none (no hiding)."""
-        slo = slo if slo is not None else self.slo
-        return self.ttft if slo is not None and slo.clock == "sent" else self.ttft_from_scheduled
+        return self.ttft if from_send(slo if slo is not None else self.slo) else self.ttft_from_scheduled
 
     def e2e_on_clock(self, slo: SLO | None = None) -> Dist:
-        slo = slo if slo is not None else self.slo
-        return self.e2e if slo is not None and slo.clock == "sent" else self.e2e_from_scheduled
+        return self.e2e if from_send(slo if slo is not None else self.slo) else self.e2e_from_scheduled
 
     def flat_metrics(self) -> dict[str, float]:
         """The numbers a gate can compare, flat: `attainment`, `ttft.p99`, `tpot.mean`, ... (`ttft` from the
@@ -318,19 +316,17 @@ class RunColumns:
 
     arrays: RecordArrays
     error_counts: dict[str, int]
-    lengths: dict[str, Any] | None = None  # asked vs delivered lengths (`lengths_of`)
+    lengths: dict[str, Any] | None = None  # asked vs delivered lengths (`length_fidelity`)
     num_warmup: int = 0
-    records: Sequence[RequestRecord] | None = None  # when read from memory: the MSER warm-up rule wants them
 
 
 def columns_of(records: Sequence[RequestRecord]) -> RunColumns:
     measured = [r for r in records if not r.is_warmup]
     return RunColumns(
-        RecordArrays.from_records(measured),
+        RecordArrays.from_rows(measured, getattr),
         error_kinds(r.error for r in measured if r.error),
-        length_fidelity(measured),
+        length_fidelity(measured, getattr),
         num_warmup=len(records) - len(measured),
-        records=records,
     )
 
 
@@ -345,10 +341,7 @@ def read_columns(run_dir: Path) -> RunColumns:
         arrays = RecordArrays.from_rows(measured, dict.get)
     except (TypeError, ValueError, KeyError) as e:
         raise UsageError(f"{path}: bad value in a request record ({type(e).__name__}: {e})") from None
-    lengths = lengths_of((str(d.get("status", "ok")), False, int(d.get("max_tokens") or 0),
-                          int(d.get("output_tokens") or 0), int(d.get("input_tokens") or 0), d.get("prompt_tokens"),
-                          d.get("usage_output_tokens")) for d in measured)  # fmt: skip
-    return RunColumns(arrays, errors, lengths, num_warmup=len(rows) - len(measured))
+    return RunColumns(arrays, errors, length_fidelity(measured, dict.get), num_warmup=len(rows) - len(measured))
 
 
 def summarize(source: RunColumns | Sequence[RequestRecord], slo: SLO | None, *, seed: int = 0,
@@ -359,7 +352,7 @@ def summarize(source: RunColumns | Sequence[RequestRecord], slo: SLO | None, *, 
     writes), "attainment" (the report's: quantile intervals cost several times the rest), "none"
     (capacity searches on the virtual clock decide on replicates instead; True/False mean all/none)."""
     cols = source if isinstance(source, RunColumns) else columns_of(source)
-    level = {True: "all", False: "none"}.get(intervals, intervals) if isinstance(intervals, bool) else intervals
+    level = ("all" if intervals else "none") if isinstance(intervals, bool) else intervals
     a = cols.arrays
     tp = throughput(a)
     ci = level == "all"
@@ -422,10 +415,16 @@ def breakdown(a: RecordArrays, slo: SLO | None, keys: np.ndarray, label: str, tt
     return out
 
 
+def from_send(slo: SLO | None) -> bool:
+    """Whether latencies are judged from the send (`clock=sent`) or, as without an SLO, from the scheduled
+    arrival (no hiding): the one rule for every TTFT/E2E column, on records or on a summary."""
+    return slo is not None and slo.clock == "sent"
+
+
 def ttft_on_slo_clock(a: RecordArrays, slo: SLO | None) -> np.ndarray:
-    """TTFT on the clock the SLO judges by; from the scheduled arrival when there is no SLO (no hiding).
-    The terminal's and the report's per-replica and per-class columns both use it."""
-    return a.ttft_s if slo is not None and slo.clock == "sent" else a.ttft_from_scheduled_s
+    """TTFT on the clock the SLO judges by (`from_send`). The terminal's and the report's per-replica and
+    per-class columns both use it."""
+    return a.ttft_s if from_send(slo) else a.ttft_from_scheduled_s
 
 
 MAX_ERROR_KINDS = 10
@@ -493,30 +492,23 @@ def queue_drift(a: RecordArrays) -> dict[str, Any] | None:
 PROMPT_MISMATCH = 0.05
 
 
-def length_fidelity(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
-    """Asked against delivered lengths, over the measured requests that completed.
+def length_fidelity(rows: Sequence[Any], get: Callable[[Any, str], Any]) -> dict[str, Any] | None:
+    """Asked against delivered lengths, over the measured requests that completed: records (`get=getattr`)
+    or requests.jsonl lines (`get=dict.get`), by one rule, so the terminal and the HTML say the same.
 
     output: max_tokens asked vs tokens produced (p50/p99) and the share cut short, for servers that cannot
     be made to ignore EOS (produced < asked there is the model stopping, not a failure; TPOT uses produced
     tokens). prompt: input tokens asked vs the server's usage.prompt_tokens where reported, flagged past 5%
     at the median. usage_disagreements: completions whose usage count was not believed (below the number
     of streamed content events, or above max_tokens) or differs from what was counted."""
-    return lengths_of((r.status, r.is_warmup, r.max_tokens, r.output_tokens, r.input_tokens, r.prompt_tokens,
-                       r.usage_output_tokens) for r in records)
-
-
-LengthRow = tuple[str, bool, int, int, int, "int | None", "int | None"]
-
-
-def lengths_of(rows: Iterable[LengthRow]) -> dict[str, Any] | None:
-    """length_fidelity over plain rows (status, is_warmup, max_tokens, output_tokens, input_tokens,
-    prompt_tokens, usage_output_tokens): the report's column reader calls it on record dicts, so the
-    terminal and the HTML say the same."""
-    rs = [r for r in rows if not r[1] and r[0] == "ok" and (r[2] or 0) > 0]
+    # (max_tokens, output_tokens, input_tokens, prompt_tokens, usage_output_tokens) of each completed request
+    rs = [(int(get(r, "max_tokens") or 0), int(get(r, "output_tokens") or 0), int(get(r, "input_tokens") or 0),
+           get(r, "prompt_tokens"), get(r, "usage_output_tokens"))
+          for r in rows if (get(r, "status") or "ok") == "ok" and (get(r, "max_tokens") or 0) > 0]  # fmt: skip
     if not rs:
         return None
-    asked = np.array([r[2] for r in rs], dtype=float)
-    got = np.array([r[3] for r in rs], dtype=float)
+    asked = np.array([r[0] for r in rs], dtype=float)
+    got = np.array([r[1] for r in rs], dtype=float)
     out: dict[str, Any] = {
         "output": {
             "num": len(rs),
@@ -524,9 +516,9 @@ def lengths_of(rows: Iterable[LengthRow]) -> dict[str, Any] | None:
             "produced_p50": float(np.median(got)), "produced_p99": float(np.quantile(got, 0.99)),
             "share_cut_short": float(np.mean(got < asked)),
         },
-        "usage_disagreements": sum(1 for r in rs if r[6] is not None and r[6] != r[3]),
+        "usage_disagreements": sum(1 for r in rs if r[4] is not None and r[4] != r[1]),
     }
-    pairs = [(r[4], r[5]) for r in rs if (r[4] or 0) > 0 and r[5] is not None]
+    pairs = [(r[2], r[3]) for r in rs if r[2] > 0 and r[3] is not None]
     if pairs:
         want = np.array([p[0] for p in pairs], dtype=float)
         served = np.array([p[1] for p in pairs], dtype=float)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from plotly.colors import sample_colorscale
 
+from slobench.analysis.summary import from_send
 from slobench.analysis.summary import ttft_on_slo_clock as ttft_s
 from slobench.report.plot import Fig
 from slobench.report.stats import Analyzed, cdf_points, pcts_ms
@@ -83,7 +84,7 @@ def percentile_figure(views: Sequence[Analyzed]) -> dict[str, Any]:
     panels = [("ttft", "TTFT", slo.ttft_s if slo else None), ("tpot", "TPOT", slo.tpot_s if slo else None)]
     if slo is not None and slo.e2e_s is not None:
         panels.append(("e2e", "E2E", slo.e2e_s))
-    clock = "from sent" if slo is not None and slo.clock == "sent" else "from scheduled arrival"
+    clock = "from sent" if from_send(slo) else "from scheduled arrival"
     titles = [f"{label} ms" + (f" ({clock})" if key != "tpot" else "") for key, label, _ in panels]
     dist = {"ttft": lambda p: p.ttft_on_clock(), "tpot": lambda p: p.tpot, "e2e": lambda p: p.e2e_on_clock()}
     f = Fig(1, len(panels), titles=titles)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from slobench.analysis.slo import SLO
+from slobench.analysis.summary import from_send
 from slobench.analysis.summary import ttft_on_slo_clock as ttft_s
 from slobench.report.load import RunData
 from slobench.report.plot import Fig
@@ -102,7 +103,7 @@ def timeline_figure(run: RunData, slo: SLO | None, title: str) -> tuple[dict[str
     if slo is not None:
         points(miss_idx, y[miss_idx], "missed SLO", {"size": 4, "color": MISS})
     if len(fail_idx):
-        origin = a.sent_s if slo is not None and slo.clock == "sent" else a.scheduled_s
+        origin = a.sent_s if from_send(slo) else a.scheduled_s
         points(fail_idx, (a.done_s - origin)[fail_idx], "failed (time to failure)",
                {"size": 7, "color": FAIL, "symbol": "x"})
     if slo is not None and slo.ttft_s is not None:
