@@ -166,12 +166,10 @@ def _load_one(path: Path, doc: dict[str, Any]) -> Samples:
                     str(manifest.get("slobench_version", "?")))
         if doc["kind"] == "sweep":
             seed = int(manifest.get("seed", 0))
-            from slobench.analysis.summary import RunSummary
+            from slobench.analysis.summary import as_run_summary
 
             for row in doc["runs"]:
-                run = row["summary"]
-                run = run if isinstance(run, RunSummary) else RunSummary.from_dict(run)
-                for name, v in run.flat_metrics().items():
+                for name, v in as_run_summary(row["summary"]).flat_metrics().items():
                     s.add(rate_key(name, float(row["rate_rps"])), seed, v, str(path))
             return s
         for rep in doc.get("replicates") or []:

@@ -309,6 +309,11 @@ class RunSummary:
             raise UsageError(f"a run summary is malformed ({type(e).__name__}: {e})") from None
 
 
+def as_run_summary(s: RunSummary | Mapping[str, Any]) -> RunSummary:
+    """A sweep row's summary as the typed model: in memory it is one already, read from sweep.json a dict."""
+    return s if isinstance(s, RunSummary) else RunSummary.from_dict(s)
+
+
 @dataclass(frozen=True, slots=True)
 class RunColumns:
     """A run's measured records as columns: the one input `summarize` reads, from records in memory

@@ -159,7 +159,7 @@ def capacity_document(result: CapacityResult | FixedRates, *, slo: Any, manifest
     from slobench.gate import workload_identity
 
     doc: dict[str, Any] = result.to_dict() if isinstance(result, FixedRates) else {"mode": "search", **result.to_dict()}
-    doc |= {"schema_version": 1, "slo": slo.to_dict(), "workload": workload_identity(manifest),
+    doc |= {"slo": slo.to_dict(), "workload": workload_identity(manifest),
             "target": manifest["target"], "manifest": manifest}  # fmt: skip
     if gpus and doc.get("capacity_rps") is not None:
         doc["gpus"] = gpus

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from slobench.analysis.summary import Breakdown, Dist, RunSummary
+from slobench.analysis.summary import Breakdown, Dist, RunSummary, as_run_summary
 
 
 def make_console() -> Console:
@@ -151,7 +151,7 @@ def sweep_table(rows: Sequence[dict[str, Any]], title: str = "sweep") -> Table:
     ):
         t.add_column(c, justify="right")
     for r in rows:
-        s = r["summary"] if isinstance(r["summary"], RunSummary) else RunSummary.from_dict(r["summary"])
+        s = as_run_summary(r["summary"])
         ttft = s.ttft_on_clock()  # TTFT on the clock the SLO judges by
         late = s.client.lateness_s.get("p99")
         bottleneck = " (client!)" if s.client.is_bottleneck else ""

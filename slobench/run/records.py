@@ -175,10 +175,9 @@ class RunWriter:
             self._fh.flush()
 
     def finish(self, summary: Any) -> None:
-        """Close requests.jsonl and write summary.json (a `slobench.analysis.summary.RunSummary`, or its dict)."""
+        """Close requests.jsonl and write summary.json (`write_summary`)."""
         self.close()
-        doc = summary.to_dict() if hasattr(summary, "to_dict") else dict(summary)
-        write_json_atomic(self.run_dir / SUMMARY, {"schema_version": SCHEMA_VERSION, **doc})
+        write_summary(self.run_dir, summary)
 
     def close(self) -> None:
         if self._fh is not None:
@@ -215,6 +214,12 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any]:
         got = manifest.get("schema_version") if isinstance(manifest, dict) else manifest
         raise UsageError(f"{run_dir / MANIFEST}: schema_version {got!r}, this slobench reads {SCHEMA_VERSION}")
     return manifest
+
+
+def write_summary(run_dir: str | Path, summary: Any) -> None:
+    """summary.json: a `slobench.analysis.summary.RunSummary` (or its dict) with the schema version."""
+    doc = summary.to_dict() if hasattr(summary, "to_dict") else dict(summary)
+    write_json_atomic(Path(run_dir) / SUMMARY, {"schema_version": SCHEMA_VERSION, **doc})
 
 
 def read_summary(run_dir: str | Path) -> RunSummary | None:
@@ -297,8 +302,8 @@ def read_sweep(sweep_dir: str | Path) -> dict[str, Any]:
 
 
 def write_capacity(out_dir: str | Path, doc: dict[str, Any]) -> None:
-    """capacity.json: a capacity search's result (`slobench.experiments.capacity.CapacityResult.to_dict`) and its manifest."""
-    write_json_atomic(Path(out_dir) / CAPACITY, doc)
+    """capacity.json: a capacity search's document (`slobench.experiments.capacity.capacity_document`)."""
+    write_json_atomic(Path(out_dir) / CAPACITY, {"schema_version": SCHEMA_VERSION, **doc})
 
 
 def read_capacity(search_dir: str | Path) -> dict[str, Any]:

@@ -461,7 +461,7 @@ async def note_client_clocks(target: Any, run_dir: Path, summary: RunSummary, sl
         return summary
     from dataclasses import replace
 
-    from slobench.run.records import MANIFEST, SCHEMA_VERSION, SUMMARY, read_manifest, write_json_atomic
+    from slobench.run.records import MANIFEST, SUMMARY, read_manifest, write_json_atomic, write_summary
 
     report = await target.run_report(getattr(slo, "ttft_s", None))
     warning = " ".join(w for w in (summary.client.warning, report["warning"]) if w) or None
@@ -472,7 +472,7 @@ async def note_client_clocks(target: Any, run_dir: Path, summary: RunSummary, sl
     summary = replace(summary, client=replace(summary.client, ray=report, warning=warning), notes=notes)
     run_dir = Path(run_dir)
     if (run_dir / SUMMARY).exists():
-        write_json_atomic(run_dir / SUMMARY, {"schema_version": SCHEMA_VERSION, **summary.to_dict()})
+        write_summary(run_dir, summary)
     if (run_dir / MANIFEST).exists():
         manifest = read_manifest(run_dir)
         manifest["clock_sync"] = {
