@@ -214,6 +214,11 @@ class RunSummary:
         return None if a is None or a.num_requests == 0 else a.value
 
     @property
+    def offered_rate_rps(self) -> float:
+        """The rate this run was offered at: the nominal one where a sweep or probe set it, else measured."""
+        return float(self.rate_rps if self.rate_rps is not None else self.offered_rps)
+
+    @property
     def overloaded(self) -> bool:
         return bool((self.queue_drift or {}).get("overloaded"))
 

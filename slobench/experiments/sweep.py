@@ -65,7 +65,7 @@ def headline(points: Sequence[RunSummary], slo: SLO | None) -> dict[str, Any] | 
     points = [p for p in points if p.attainment is not None]
     if slo is None or not points:
         return None
-    rates = [float(p.rate_rps if p.rate_rps is not None else p.offered_rps) for p in points]
+    rates = [p.offered_rate_rps for p in points]
     att = [p.attainment.value for p in points]  # type: ignore[union-attr]
     lows = [_edge(p.attainment.ci_low, p.attainment.value) for p in points]  # type: ignore[union-attr]
     highs = [_edge(p.attainment.ci_high, p.attainment.value) for p in points]  # type: ignore[union-attr]

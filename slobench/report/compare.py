@@ -70,19 +70,15 @@ def _p99_ms(d: Any) -> float | None:
     return None if d.p99 is None else d.p99 * 1e3
 
 
-def _rate(p: RunSummary) -> float:
-    return float(p.rate_rps if p.rate_rps is not None else p.offered_rps)  # the report always sets rate_rps
-
-
 def compare(base: Analyzed, cand: Analyzed) -> Comparison:
-    by_rate = {_key(_rate(p)): p for p in base.points}
+    by_rate = {_key(p.offered_rate_rps): p for p in base.points}
     deltas = []
     for c in cand.points:
-        b = by_rate.get(_key(_rate(c)))
+        b = by_rate.get(_key(c.offered_rate_rps))
         if b is None:
             continue
         deltas.append(RateDelta(
-            rate_rps=_rate(b),
+            rate_rps=b.offered_rate_rps,
             attainment_base=_att(b), attainment_cand=_att(c),
             ttft_p99_base_ms=_p99_ms(b.ttft_on_clock()), ttft_p99_cand_ms=_p99_ms(c.ttft_on_clock()),
             tpot_p99_base_ms=_p99_ms(b.tpot), tpot_p99_cand_ms=_p99_ms(c.tpot),
