@@ -133,8 +133,11 @@ async def test_records_match_one_process_and_a_shifted_clock_is_recovered(
     pa = RecordArrays.from_records(pooled.records)
     assert abs(np.median(pa.ttft_s) - 0.050) < 0.01
     assert abs(np.median(pa.ttft_s) - np.median(RecordArrays.from_records(alone.records).ttft_s)) < 0.005
+    # sent vs scheduled compares two clocks (the actor sends on its start offset; its stamps come back through
+    # the start-to-end drift line), so it holds within the stated uncertainty; the rest is one actor's clock
+    unc = report["clock_uncertainty_s"]
     for r in p:
-        assert r.scheduled_s <= r.sent_s < r.first_token_s <= r.done_s
+        assert r.scheduled_s - unc <= r.sent_s < r.first_token_s <= r.done_s, (r, unc)
     assert report["is_clock_flagged"] is False and report["clock_uncertainty_limit_s"] == pytest.approx(0.025)
 
 
