@@ -21,8 +21,9 @@ per request and a TTFT error p99 under 1 ms at 400 req/s.
                                          [--client-workers 1,2] [--no-floor] [--spin-ms MS]
                                          [--rounds N] [--max-load L]
 
-`--transports` names slobench's HTTP transports to compare (aiohttp, the default; raw, the lean HTTP/1.1
-client of slobench/targets/rawhttp.py; httpx). With `--rounds N` every client runs N times, interleaved
+`--transports` names slobench's HTTP transports to compare (aiohttp; raw, the lean HTTP/1.1 client of
+slobench/targets/rawhttp.py and the default; httpx); `raw+gc` is raw with Python's cyclic GC left running over
+the load (`RunOptions(hold_gc=False)`; by default the runner holds it off, slobench/run/quiet_gc.py). With `--rounds N` every client runs N times, interleaved
 (each round runs them all, in an order rotated from round to round, so the drift of a shared machine falls
 on every client alike), and a last table gives each client's medians over the rounds with their range;
 `--max-load L` waits before each round until the 1-minute load average is under L.
@@ -86,8 +87,10 @@ class _LoadCpu(TargetBase):
                 self.cpu_at_last_s = time.process_time()
 
 
-def _opts(spin_s: float | None) -> RunOptions:
-    return RunOptions(progress=False) if spin_s is None else RunOptions(progress=False, spin_s=spin_s)
+def _opts(spin_s: float | None, hold_gc: bool = True) -> RunOptions:
+    if spin_s is None:
+        return RunOptions(progress=False, hold_gc=hold_gc)
+    return RunOptions(progress=False, spin_s=spin_s, hold_gc=hold_gc)
 
 
 def _children_cpu_s() -> float:
@@ -95,8 +98,11 @@ def _children_cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-async def measure(srv: TokenServerProcess, rate: float, seconds: float, transport: str, output_len: int,
+async def measure(srv: TokenServerProcess, rate: float, seconds: float, name: str, output_len: int,
                   workers: int = 1, spin_s: float | None = None) -> dict:
+    transport, _, variant = name.partition("+")
+    if variant not in ("", "gc"):
+        raise SystemExit(f"--transports: unknown variant {name!r} (TRANSPORT or TRANSPORT+gc)")
     clock = Clock()
     specs = make_specs(rate, seconds, output_len, seed=int(rate))
     target: OpenAITarget | WorkerPool
@@ -114,7 +120,8 @@ async def measure(srv: TokenServerProcess, rate: float, seconds: float, transpor
         log_before = len(srv.read_log())
         counted = _LoadCpu(target, specs)
         cpu0 = time.process_time()
-        res = await run(specs, counted, opts=_opts(spin_s), handle_sigint=False)  # type: ignore[arg-type]
+        res = await run(specs, counted, opts=_opts(spin_s, hold_gc=variant != "gc"),  # type: ignore[arg-type]
+                        handle_sigint=False)
         cpu_all = time.process_time() - cpu0
         cpu = (counted.cpu_at_last_s or cpu0 + cpu_all) - cpu0
     finally:
@@ -131,7 +138,7 @@ async def measure(srv: TokenServerProcess, rate: float, seconds: float, transpor
     late = a.lateness_s[~np.isnan(a.lateness_s)]
     return {
         "rate": rate,
-        "transport": transport,
+        "transport": name,
         "n": len(res.records),
         "ok": int(a.is_ok.sum()),
         "achieved": achieved_send_rps(a),
@@ -268,7 +275,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", default="400,800")
     ap.add_argument("--seconds", type=float, default=6.0)
-    ap.add_argument("--transports", default="aiohttp,raw", help="comma-separated: aiohttp, raw, httpx")
+    ap.add_argument("--transports", default="aiohttp,raw", help="comma-separated: aiohttp, raw, httpx; TRANSPORT+gc leaves the GC running over the load")
     ap.add_argument("--client-workers", default="1", help="comma-separated worker counts to compare (1 = in-process)")
     ap.add_argument("--output-len", type=int, default=16)
     ap.add_argument("--ttft-ms", type=float, default=50.0)

@@ -100,19 +100,22 @@ class ClientHealth:
     is_bottleneck: bool
     warning: str | None
     ray: Mapping[str, Any] | None = None  # --ray: the load actors' clocks and health (slobench.targets.ray_pool)
+    gc: Mapping[str, Any] | None = None  # the cyclic GC held off over the load, and any pauses (run/quiet_gc.py)
 
     def to_dict(self) -> dict[str, Any]:
         out = {"lateness_s": dict(self.lateness_s), "lateness_limit_s": self.lateness_limit_s,
                "is_bottleneck": self.is_bottleneck, "warning": self.warning}  # fmt: skip
         if self.ray is not None:
             out["ray"] = dict(self.ray)
+        if self.gc is not None:
+            out["gc"] = dict(self.gc)
         return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> ClientHealth:
         d = d if isinstance(d, Mapping) else {}
         return cls(dict(d.get("lateness_s") or {}), float(d.get("lateness_limit_s") or LATENESS_P99_LIMIT_S),
-                   bool(d.get("is_bottleneck")), d.get("warning"), d.get("ray"))  # fmt: skip
+                   bool(d.get("is_bottleneck")), d.get("warning"), d.get("ray"), d.get("gc"))  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from slobench.report.terminal import (
     OVERLOAD_NOTE,
     THIN_MARK,
     THIN_NOTE,
+    gc_text,
     headline_text,
     lengths_text,
     trace_rows_text,
@@ -364,6 +365,9 @@ def _client(views: Sequence[Analyzed], figs: _Figures) -> str:
         f'<p class="warning"><strong>{esc(v.series.label)} at {p.rate_rps:g} req/s:</strong> '
         f"{esc(p.client.warning)}</p>"
         for v in views for p in v.points if p.client.warning
+    ] + [
+        f'<p class="warning"><strong>{esc(v.series.label)} at {p.rate_rps:g} req/s:</strong> {esc(note)}</p>'
+        for v in views for p in v.points if (note := gc_text(p.client.gc))
     ]
     # runs sent from Ray load actors: a table per run, and the clock flag (slobench.report.client_actors)
     actors, is_clock_flagged = ray_section([(f"{v.series.label} at {run.rate_rps:g} req/s", run, v.series.slo)

@@ -12,17 +12,28 @@ import numpy as np
 
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import Dist, RunSummary, summarize
+from slobench.errors import UsageError
 from slobench.experiments.sweep import headline
 from slobench.report.load import RunData, Series
+from slobench.run.records import read_summary
 
 MAX_CDF_POINTS = 500
 
 
 def run_point(run: RunData, slo: SLO | None) -> RunSummary:
     """One report point: the run's `RunSummary` recomputed from its records against the series' SLO (the
-    same function that wrote summary.json, with the attainment interval but not the quantiles')."""
+    same function that wrote summary.json, with the attainment interval but not the quantiles'), with the
+    client's GC note of its summary.json."""
     seed = int(run.manifest.get("seed", 0) or 0)
-    return replace(summarize(run.columns, slo, seed=seed, intervals="attainment"), rate_rps=run.rate_rps)
+    point = summarize(run.columns, slo, seed=seed, intervals="attainment")
+    # what the records cannot tell (the client's GC pauses during the load) comes from the saved summary
+    try:
+        saved = read_summary(run.run_dir)
+    except UsageError:
+        saved = None
+    if saved is not None and saved.client.gc is not None:
+        point = replace(point, client=replace(point.client, gc=saved.client.gc))
+    return replace(point, rate_rps=run.rate_rps)
 
 
 def pcts_ms(d: Dist) -> dict[str, float | None]:

@@ -67,6 +67,15 @@ def _groups_text(rows: Sequence[Breakdown], prefix: str) -> str:
     return "; ".join(parts)
 
 
+def gc_text(gc: Mapping[str, Any] | None) -> str | None:
+    """A line when Python's GC paused the client during the load (it is held off otherwise; run/quiet_gc.py)."""
+    if not gc or not gc.get("collections"):
+        return None
+    return (f"client: Python's cyclic GC collected {gc['collections']} time(s) during the load (the run made "
+            f"{gc.get('collected', 0)} objects of cyclic garbage); longest pause {_ms(gc.get('pause_s_max'))} ms, "
+            "added to the latency of every request in flight then")
+
+
 def prefix_cache_text(c: Mapping[str, Any]) -> str:
     """One line: the server's prefix-cache hits and what they did to TTFT (the HTML report says the same)."""
     text = (f"prefix cache: {c['cached_token_share']:.0%} of prompt tokens served from cache; "
@@ -137,6 +146,8 @@ def print_run(summary: RunSummary, console: Console | None = None, title: str = 
         console.print(Text(f"errors: {dict(summary.error_counts)}", style="yellow"))
     if summary.client.warning:
         console.print(Text(summary.client.warning, style="bold red"))
+    if note := gc_text(summary.client.gc):
+        console.print(Text(note, style="yellow"))
     if summary.interrupted:
         console.print("[yellow]interrupted: in-flight requests after the grace period were marked cancelled[/yellow]")
 

@@ -22,6 +22,7 @@ from typing import Any
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary, summarize
 from slobench.errors import SlobenchError, SpecError
+from slobench.run import quiet_gc
 from slobench.run.clock import Clock
 from slobench.run.precise_sleep import sleep_until
 from slobench.run.records import RequestRecord, RequestSpec, RunWriter
@@ -45,6 +46,8 @@ class RunOptions:
     # a ceiling on sends per period, (requests, seconds), for hosted endpoints with a rate limit; its waits
     # are deliberate (queued_s), not client lateness
     rate_limit: tuple[int, float] | None = None
+    # the cyclic GC held off while the load runs (slobench/run/quiet_gc.py): its pauses would be measured
+    hold_gc: bool = True
 
     def __post_init__(self) -> None:
         if self.max_in_flight is not None and self.max_in_flight < 1:
@@ -304,6 +307,9 @@ async def run(
     live = _start_live(disp.progress) if opts.progress else None
     cancelled_from_outside = False
     send_error: BaseException | None = None
+    gc_stats = quiet_gc.hold() if opts.hold_gc else None  # released in the `finally` below
+    if gc_stats is not None:
+        monitor_tasks.append(asyncio.ensure_future(quiet_gc.valve(gc_stats)))
     try:
         # Race "everything sent and finished" against Ctrl-C, which may come at any point.
         stop_task = asyncio.ensure_future(stop.wait())
@@ -338,6 +344,8 @@ async def run(
             live.stop()
         if writer is not None:
             writer.flush()
+        if gc_stats is not None:
+            quiet_gc.release()
 
     warmup_cut = _cut_warmup(disp.records) if opts.warmup_auto else None
     if warmup_cut is not None and writer is not None:
@@ -347,8 +355,11 @@ async def run(
     trace_rows = row_report() if callable(row_report) else None
     if trace_rows is not None and writer is not None:
         writer.update_manifest({"trace_rows": trace_rows})
+    summary = summarize(disp.records, slo, seed=seed)
+    if gc_stats is not None:
+        summary = replace(summary, client=replace(summary.client, gc=gc_stats.to_dict()))
     summary = replace(
-        summarize(disp.records, slo, seed=seed),
+        summary,
         warmup={"rule": "MSER-5", "num_requests": warmup_cut} if warmup_cut is not None else None,
         interrupted=interrupted or send_error is not None,
         stopped_by=str(send_error) if send_error is not None else None,

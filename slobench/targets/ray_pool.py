@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slobench.errors import SpecError, UsageError
+from slobench.run import quiet_gc
 from slobench.run.clock import Clock
 from slobench.run.clocksync import CLOCK_LIMIT_OF_TTFT, ClockMap, OffsetEstimate, measure_offset
 from slobench.run.records import RequestRecord, RequestSpec
@@ -84,6 +85,7 @@ class LoadActor:
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.outbox: list[tuple[int, dict[str, Any]]] = []
         self.ready: asyncio.Event | None = None
+        self.gc_valve: asyncio.Task[None] | None = None
 
     async def start(self) -> dict[str, Any]:
         from slobench.targets.openai import OpenAITarget
@@ -91,6 +93,8 @@ class LoadActor:
         self.target = OpenAITarget(**self.target_kwargs, clock=self.clock)
         await self.target.start()
         self.ready = asyncio.Event()
+        # the actor's process sends load: the GC's pauses would be measured (slobench/run/quiet_gc.py)
+        self.gc_valve = asyncio.ensure_future(quiet_gc.valve(quiet_gc.hold()))
         node = ""
         try:
             import ray
@@ -142,6 +146,10 @@ class LoadActor:
         return {"cpu_s": time.process_time(), "loop_cpu_s": time.thread_time(), "in_flight": len(self.tasks)}
 
     async def stop(self) -> None:
+        if self.gc_valve is not None:
+            self.gc_valve.cancel()
+            self.gc_valve = None
+            quiet_gc.release()
         for task in list(self.tasks.values()):
             task.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)

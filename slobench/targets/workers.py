@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from slobench.errors import SpecError
+from slobench.run import quiet_gc
 from slobench.run.clock import Clock
 from slobench.run.precise_sleep import sleep_until
 from slobench.run.records import RequestRecord, RequestSpec
@@ -340,6 +341,8 @@ async def _serve(fd: int) -> None:
         return
     writer.write(_frame(("ready",)))
     tasks: dict[int, asyncio.Task[None]] = {}
+    gc_stats = quiet_gc.hold()  # this process only sends: the GC's pauses would be measured (run/quiet_gc.py)
+    gc_valve = asyncio.ensure_future(quiet_gc.valve(gc_stats))
 
     async def one(rid: int, spec: RequestSpec, send_at_s: float) -> None:
         try:
@@ -366,6 +369,8 @@ async def _serve(fd: int) -> None:
             elif kind == "stop":
                 break
     finally:
+        gc_valve.cancel()
+        quiet_gc.release()
         for task in list(tasks.values()):
             task.cancel()
         await asyncio.gather(*tasks.values(), return_exceptions=True)
