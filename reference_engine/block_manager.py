@@ -264,39 +264,47 @@ class BlockManager:
         parent_cid = blocks[table[first - 1]].content_id if first else 0
         tokens = iter(seq.token_ids[first * bs : end * bs])
         per_block = zip(*[tokens] * bs, strict=False)  # the tokens in tuples of bs, cut at C speed
+        next_cid = self._next_content_id
+        setdefault = by_hash.setdefault
         for bid, h, toks in zip(table[first:end], hashes[first:end], per_block, strict=True):
             block = blocks[bid]
-            existing_id = by_hash.get(h)
-            if existing_id is None:
-                by_hash[h] = bid
-                cid = self._next_content_id
-                self._next_content_id += 1
+            existing_id = setdefault(h, bid)  # no hash maps to a block not yet registered: bid means new
+            if existing_id == bid:
+                cid = next_cid
+                next_cid += 1
             else:
                 existing = blocks[existing_id]
                 if existing.token_ids == toks and existing.parent_content_id == parent_cid:
                     cid = existing.content_id  # same prefix computed twice: share its identity
                 else:
-                    cid = self._new_content_id()  # collision: the first owner keeps the hash
+                    cid = next_cid  # collision: the first owner keeps the hash
+                    next_cid += 1
             block.hash, block.token_ids = h, toks
             block.content_id, block.parent_content_id = cid, parent_cid
             parent_cid = cid
+        self._next_content_id = next_cid
         seq.num_hashed_blocks = end
 
     def free(self, seq: Sequence) -> None:
         """Release `seq`'s blocks tail-first, so a shared prefix is the last thing the LRU evicts."""
         blocks, by_hash, cached, free = self.blocks, self._by_hash, self._cached, self._free
+        num_idle = 0
         for bid in reversed(seq.block_table):
             block = blocks[bid]
-            if block.ref_count <= 0:
+            refs = block.ref_count
+            if refs <= 0:
+                self.num_in_use -= num_idle
                 raise BlockAccountingError(f"block {bid} freed twice (seq {seq.seq_id})")
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self.num_in_use -= 1
-                if block.hash is not None and by_hash.get(block.hash) == bid:
+            block.ref_count = refs = refs - 1
+            if refs == 0:
+                num_idle += 1
+                h = block.hash
+                if h is not None and by_hash.get(h) == bid:
                     cached[bid] = None
                 else:
                     block.forget()
                     free.append(bid)
+        self.num_in_use -= num_idle
         seq.block_table = []
         seq.num_hashed_blocks = 0
 
@@ -357,18 +365,19 @@ class BlockManager:
         """`num_blocks` blocks with no content: free ones first, then the least recently used cached ones."""
         free, blocks = self._free, self.blocks
         taken = [free.popleft() for _ in range(min(num_blocks, len(free)))]
-        if len(taken) < num_blocks:
-            cached, by_hash = self._cached, self._by_hash
-            for _ in range(num_blocks - len(taken)):
-                bid, _ = cached.popitem(last=False)
-                block = blocks[bid]  # _evict, inlined: every block a long run takes is an eviction
-                if block.hash is not None and by_hash.get(block.hash) == bid:
-                    del by_hash[block.hash]
-                block.hash = block.token_ids = None
-                block.content_id = block.parent_content_id = 0
-                taken.append(bid)
         for bid in taken:
             blocks[bid].ref_count = 1
+        if len(taken) < num_blocks:
+            cached, by_hash = self._cached, self._by_hash
+            popitem = cached.popitem
+            for _ in range(num_blocks - len(taken)):
+                bid = popitem(False)[0]
+                block = blocks[bid]  # _evict, inlined: every block a long run takes is an eviction
+                del by_hash[block.hash]  # type: ignore[arg-type]  # a cached block is its hash's owner (check())
+                block.hash = block.token_ids = None
+                block.content_id = block.parent_content_id = 0
+                block.ref_count = 1
+                taken.append(bid)
         self.num_in_use += num_blocks
         return taken
 

@@ -227,7 +227,8 @@ def simulate_disagg(
     max_model_len = first.config.max_model_len
     ids_checked = first.executor.vocab_size >= tokenizer.vocab_size
     link = fleet.link
-    parse = partial(_engine_request, model_name=model_name, tokenizer=tokenizer, max_model_len=max_model_len, api=api)
+    parse = partial(_engine_request, model_name=model_name, tokenizer=tokenizer, max_model_len=max_model_len, api=api,
+                    templates={})
 
     specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
     records: list[RequestRecord] = []
