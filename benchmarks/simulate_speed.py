@@ -54,11 +54,12 @@ the per-id check (`RequestSpec.ids_below`; any other prompt still gets the exact
 managers key blocks by Python's 64-bit tuple hash (`use_unkeyed_hash`) instead of the keyed blake2b; a body
 is parsed once per (max_tokens, min_tokens, ignore_eos) a run; the eviction, registration and free loops
 lost a lookup or a counter write a block. Tried and not kept: the block manager, scheduler and sequence
-compiled with mypyc (20 s to build once FinishReason's names are `Final` and BlockAccountingError is not
-compiled): 3,000 requests in 5.2-6.2 s against 5.3-5.6 s pure, within the noise, since the hot code works on
-Python dicts, lists and blocks that interpreted code (the engine, decode_run) also touches. Still about 4x
-short of 30 s: what is left is spread thin (cProfile, 3,000 requests: the engine step of each arrival ~45%, most of it the block
-manager's per-block loops; decode runs ~38%; the loop's own lines ~6%).
+compiled with mypyc (tried at 50d72ae; 20 s to build once FinishReason's names are `Final` and
+BlockAccountingError lives outside the compiled module): 3,000 requests in 5.2-6.2 CPU s against 5.3-6.2 s
+pure, within the noise: the hot code works on Python dicts, lists and blocks that interpreted code (the
+engine, decode_run) also touches. Still about 4x short of 30 s, and what is left is spread thin (cProfile,
+3,000 requests): the engine step of each arrival ~45%, most of it the block manager's per-block loops;
+decode runs ~38%; the loop's own lines ~6%.
 """
 
 from __future__ import annotations
