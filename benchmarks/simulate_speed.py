@@ -39,6 +39,27 @@ paths as list operations: callgrind, 500 requests with imports and specs, 4.92e9
 (+5%): each C-level pass has a fixed cost near a short Python loop's at 75 blocks, and most calls (a decode
 block at a time) are of one block. CPU seconds of one code at 3,000 requests ranged 3.1-4.7 s between A/B runs on this
 shared machine, so only instruction counts decide a change of less than ~20% here.
+
+Fourth pass (2026-12-01, 50d72ae -> 34d08f0; pairs run one after the other, pinned to one core, load 1.7-3.0):
+
+| requests | before: CPU s (req/s) | after: CPU s (req/s) | load (1 min) | max RSS before / after (specs alone) |
+|---|---|---|---|---|
+| 10,000 | 19.5 (513), 13.9 (718) | 11.1 (900), 11.0 (907) | 2.4-2.6 | 259 / 259 MiB (174) |
+| 100,000 | 178.9 (559) | 119.4 (837) | 2.4-2.9 | 2,009 / 2,011 MiB (1,056) |
+
+callgrind, 300 requests: 1.40e9 -> 0.96e9 instructions in the simulation (imports and specs, 2.61e9,
+subtracted): -31%. Records kept 34 MiB, simulation peak 36 MiB, peak with the summary 96 MiB at 10,000, the
+same before and after. What changed: prompts slobench.workload drew from a range within the vocabulary skip
+the per-id check (`RequestSpec.ids_below`; any other prompt still gets the exact one); a simulation's block
+managers key blocks by Python's 64-bit tuple hash (`use_unkeyed_hash`) instead of the keyed blake2b; a body
+is parsed once per (max_tokens, min_tokens, ignore_eos) a run; the eviction, registration and free loops
+lost a lookup or a counter write a block. Tried and not kept: the block manager, scheduler and sequence
+compiled with mypyc (tried at 50d72ae; 20 s to build once FinishReason's names are `Final` and
+BlockAccountingError lives outside the compiled module): 3,000 requests in 5.2-6.2 CPU s against 5.3-6.2 s
+pure, within the noise: the hot code works on Python dicts, lists and blocks that interpreted code (the
+engine, decode_run) also touches. Still about 4x short of 30 s, and what is left is spread thin (cProfile,
+3,000 requests): the engine step of each arrival ~45%, most of it the block manager's per-block loops;
+decode runs ~38%; the loop's own lines ~6%.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ Allocation takes free blocks first, then evicts the least recently used cached o
 A full, computed block is keyed by a keyed hash of (parent block's hash, its token ids). The key is secret
 per process (or given in the config), so one tenant cannot predict another's hashes. A lookup hit is only
 trusted after comparing the stored token ids and the identity of the parent's content, so even a forced hash
-collision can never serve another prompt's KV.
+collision can never serve another prompt's KV. A simulation, where no tenant can probe the cache, may
+trade the keyed hash for Python's built-in 64-bit tuple hash (`use_unkeyed_hash`): a few times cheaper a
+block, and a collision, improbable as it is, is still caught by the same comparison.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def cdiv(a: int, b: int) -> int:
 class Block:
     block_id: int
     ref_count: int = 0
-    hash: bytes | None = None
+    hash: bytes | int | None = None  # int: the unkeyed hash (BlockManager.use_unkeyed_hash)
     token_ids: tuple[int, ...] | None = None
     # Identity of the prefix content this block holds (0 = none). Equal ids mean equal whole prefixes; new
     # ids are never reused, so a child cannot be matched under a parent whose content was replaced.
@@ -83,10 +85,11 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self._key = hash_key if hash_key is not None else os.urandom(32)
+        self._unkeyed = False
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: deque[int] = deque(range(num_blocks))
         self._cached: OrderedDict[int, None] = OrderedDict()  # least recently used first
-        self._by_hash: dict[bytes, int] = {}
+        self._by_hash: dict[bytes | int, int] = {}
         self._next_content_id = 1
         self.num_in_use = 0
         # Counted separately (NOTES bug 10): a preempted request re-hitting its own blocks inflates hits.
@@ -109,6 +112,20 @@ class BlockManager:
     @property
     def usage(self) -> float:
         return self.num_in_use / self.num_blocks
+
+    def use_unkeyed_hash(self) -> None:
+        """Key blocks by `hash((parent hash, token ids))`, Python's 64-bit tuple hash, instead of the keyed
+        blake2b: for a simulation, where no tenant shares the cache, the hash values reach no result, and a
+        hit is trusted only after comparing tokens either way. Call before the first request."""
+        if self._by_hash:
+            raise BlockAccountingError("use_unkeyed_hash on a cache that already holds blocks")
+        self._unkeyed = True
+        self._key = os.urandom(32)  # a fresh key object: chains a sequence kept from another manager start over
+
+    def _hash_block(self, parent: bytes | int | None, token_ids: SequenceABC[int]) -> bytes | int:
+        if self._unkeyed and block_hash is _block_hash:  # a replaced block_hash (tests) wins
+            return hash((0 if parent is None else parent, tuple(token_ids)))
+        return block_hash(self._key, parent, token_ids)  # type: ignore[arg-type]
 
     # ---- prefix cache ------------------------------------------------------------------------------
     def match_prefix(self, token_ids: SequenceABC[int] | Sequence) -> list[int]:
@@ -134,7 +151,7 @@ class BlockManager:
         parent_cid = 0
         for i in range(max_hit_blocks):
             if i == len(hashes):  # hashed lazily: a miss usually comes at the first block
-                hashes.append(block_hash(self._key, hashes[-1] if i else None, toks_all[i * bs : (i + 1) * bs]))
+                hashes.append(self._hash_block(hashes[-1] if i else None, toks_all[i * bs : (i + 1) * bs]))
             bid = by_hash.get(hashes[i])
             if bid is None:
                 break
@@ -145,7 +162,7 @@ class BlockManager:
             parent_cid = block.content_id
         return hits
 
-    def hash_chain(self, seq: Sequence, num_blocks: int) -> list[bytes]:
+    def hash_chain(self, seq: Sequence, num_blocks: int) -> list[bytes | int]:
         """The prefix hashes of `seq`'s first `num_blocks` full blocks (at least), each computed once per
         sequence and key and kept on it."""
         hashes = self._chain_of(seq)
@@ -156,8 +173,15 @@ class BlockManager:
         parent = hashes[-1] if hashes else None
         if block_hash is not _block_hash:  # replaced (tests force collisions): hash through it
             for i in range(first, num_blocks):
-                parent = block_hash(key, parent, toks[i * bs : (i + 1) * bs])
+                parent = block_hash(key, parent, toks[i * bs : (i + 1) * bs])  # type: ignore[arg-type]
                 hashes.append(parent)
+            return hashes
+        if self._unkeyed:  # _hash_block's hash, the blocks cut into tuples at C speed
+            h = 0 if parent is None else parent
+            per_block = iter(toks[first * bs : num_blocks * bs])
+            for block_toks in zip(*[per_block] * bs, strict=False):
+                h = hash((h, block_toks))
+                hashes.append(h)
             return hashes
         # block_hash, unrolled over the blocks: one conversion of their tokens to bytes, sliced per block
         proto = _keyed(key)
@@ -172,7 +196,7 @@ class BlockManager:
             hashes.append(parent)
         return hashes
 
-    def _chain_of(self, seq: Sequence) -> list[bytes]:
+    def _chain_of(self, seq: Sequence) -> list[bytes | int]:
         if seq.block_hashes_key is not self._key:  # made under another manager's key: start over
             seq.block_hashes = []
             seq.block_hashes_key = self._key
@@ -240,39 +264,47 @@ class BlockManager:
         parent_cid = blocks[table[first - 1]].content_id if first else 0
         tokens = iter(seq.token_ids[first * bs : end * bs])
         per_block = zip(*[tokens] * bs, strict=False)  # the tokens in tuples of bs, cut at C speed
+        next_cid = self._next_content_id
+        setdefault = by_hash.setdefault
         for bid, h, toks in zip(table[first:end], hashes[first:end], per_block, strict=True):
             block = blocks[bid]
-            existing_id = by_hash.get(h)
-            if existing_id is None:
-                by_hash[h] = bid
-                cid = self._next_content_id
-                self._next_content_id += 1
+            existing_id = setdefault(h, bid)  # no hash maps to a block not yet registered: bid means new
+            if existing_id == bid:
+                cid = next_cid
+                next_cid += 1
             else:
                 existing = blocks[existing_id]
                 if existing.token_ids == toks and existing.parent_content_id == parent_cid:
                     cid = existing.content_id  # same prefix computed twice: share its identity
                 else:
-                    cid = self._new_content_id()  # collision: the first owner keeps the hash
+                    cid = next_cid  # collision: the first owner keeps the hash
+                    next_cid += 1
             block.hash, block.token_ids = h, toks
             block.content_id, block.parent_content_id = cid, parent_cid
             parent_cid = cid
+        self._next_content_id = next_cid
         seq.num_hashed_blocks = end
 
     def free(self, seq: Sequence) -> None:
         """Release `seq`'s blocks tail-first, so a shared prefix is the last thing the LRU evicts."""
         blocks, by_hash, cached, free = self.blocks, self._by_hash, self._cached, self._free
+        num_idle = 0
         for bid in reversed(seq.block_table):
             block = blocks[bid]
-            if block.ref_count <= 0:
+            refs = block.ref_count
+            if refs <= 0:
+                self.num_in_use -= num_idle
                 raise BlockAccountingError(f"block {bid} freed twice (seq {seq.seq_id})")
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self.num_in_use -= 1
-                if block.hash is not None and by_hash.get(block.hash) == bid:
+            block.ref_count = refs = refs - 1
+            if refs == 0:
+                num_idle += 1
+                h = block.hash
+                if h is not None and by_hash.get(h) == bid:
                     cached[bid] = None
                 else:
                     block.forget()
                     free.append(bid)
+        self.num_in_use -= num_idle
         seq.block_table = []
         seq.num_hashed_blocks = 0
 
@@ -333,18 +365,19 @@ class BlockManager:
         """`num_blocks` blocks with no content: free ones first, then the least recently used cached ones."""
         free, blocks = self._free, self.blocks
         taken = [free.popleft() for _ in range(min(num_blocks, len(free)))]
-        if len(taken) < num_blocks:
-            cached, by_hash = self._cached, self._by_hash
-            for _ in range(num_blocks - len(taken)):
-                bid, _ = cached.popitem(last=False)
-                block = blocks[bid]  # _evict, inlined: every block a long run takes is an eviction
-                if block.hash is not None and by_hash.get(block.hash) == bid:
-                    del by_hash[block.hash]
-                block.hash = block.token_ids = None
-                block.content_id = block.parent_content_id = 0
-                taken.append(bid)
         for bid in taken:
             blocks[bid].ref_count = 1
+        if len(taken) < num_blocks:
+            cached, by_hash = self._cached, self._by_hash
+            popitem = cached.popitem
+            for _ in range(num_blocks - len(taken)):
+                bid = popitem(False)[0]
+                block = blocks[bid]  # _evict, inlined: every block a long run takes is an eviction
+                del by_hash[block.hash]  # type: ignore[arg-type]  # a cached block is its hash's owner (check())
+                block.hash = block.token_ids = None
+                block.content_id = block.parent_content_id = 0
+                block.ref_count = 1
+                taken.append(bid)
         self.num_in_use += num_blocks
         return taken
 

@@ -48,7 +48,7 @@ class Sequence:
     # The prefix hash of each full block of `token_ids` computed so far, under the key `block_hashes_key`
     # (BlockManager.hash_chain). Tokens are only ever appended, so a block's hash never goes stale: the
     # lookup before admission and the registration after the step hash each block once between them.
-    block_hashes: list[bytes] = field(default_factory=list)
+    block_hashes: list[bytes | int] = field(default_factory=list)
     block_hashes_key: bytes | None = None
 
     def __post_init__(self) -> None:

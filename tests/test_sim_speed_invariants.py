@@ -3,11 +3,19 @@ sequence is hashed once, however many times its admission is tried."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
+
 import reference_engine.block_manager as bm_module
+from reference_engine.block_manager import BlockAccountingError, BlockManager
 from reference_engine.config import EngineConfig
 from reference_engine.executor.base import StepResult
 from reference_engine.scheduler import Scheduler
 from reference_engine.sequence import SeqStatus, Sequence
+from slobench.fleet.simulate import ModeledEngine, simulate_records
+from slobench.run.records import RequestSpec, with_drawn_ids
+from slobench.workload import generate, load_workload
 
 BS = 4
 
@@ -42,3 +50,46 @@ def test_each_full_block_of_a_sequence_is_hashed_once(monkeypatch) -> None:  # t
     assert waited >= 3  # b's prefix was looked up step after step while a held the cache
     full_blocks = sum((len(s.token_ids) - 1) // BS for s in (a, b))  # the last sampled token has no KV
     assert len(calls) == full_blocks
+
+
+def test_generated_token_prompts_say_their_id_range_and_a_changed_prompt_forgets_it() -> None:
+    wl = load_workload("tiny")
+    specs = generate(wl, rate_rps=5.0, num_requests=5, seed=1)
+    assert all(type(s.prompt) is tuple and s.ids_below == wl.token_ids[1] for s in specs)
+    assert all(min(s.prompt) >= wl.token_ids[0] and max(s.prompt) < wl.token_ids[1] for s in specs)
+    assert replace(specs[0], prompt=(-1,)).ids_below is None  # not an argument: a new prompt is unvouched
+    assert specs[0] == replace(specs[0])  # compare=False: equality and hashing see the request only
+    text = generate(wl, rate_rps=5.0, num_requests=2, seed=1, api="chat")
+    assert all(s.ids_below is None for s in text)
+
+
+def test_a_drawn_range_past_the_vocabulary_gets_the_protocols_exact_check() -> None:
+    engine = ModeledEngine("cpu-tiny", kv_blocks=64)
+    vocab = engine().executor.vocab_size
+    good = with_drawn_ids(RequestSpec(0, 0.0, (5, 6, 7), 3, 2), (0, vocab))
+    bad = with_drawn_ids(RequestSpec(1, 0.1, (5, vocab), 2, 2), (0, vocab + 1))  # a range the engine cannot take
+    ok, refused = simulate_records([good, bad], engine)
+    assert ok.status == "ok" and ok.output_tokens == 2
+    assert refused.status == "error" and f"prompt token id {vocab} is outside the vocabulary" in refused.error
+
+
+def test_the_unkeyed_hash_finds_the_same_prefixes_as_the_keyed_one() -> None:
+    def hits(bm: BlockManager) -> list[list[int]]:
+        out = []
+        prompts = [list(range(100, 117)), list(range(100, 108)) + [1, 2, 3], list(range(100, 117)) + [9]]
+        for i, toks in enumerate(prompts):
+            seq = Sequence(i, toks, max_tokens=1)
+            found = bm.match_prefix(seq)
+            out.append(found)
+            bm.admit(seq, found)
+            seq.num_computed_tokens = len(toks)
+            bm.register_computed(seq)
+            bm.free(seq)
+            bm.check()
+        return out
+
+    unkeyed = BlockManager(8, BS)
+    unkeyed.use_unkeyed_hash()
+    assert hits(unkeyed) == hits(BlockManager(8, BS, hash_key=b"k" * 32)) == [[], [0, 1], [0, 1, 2, 3]]
+    with pytest.raises(BlockAccountingError):
+        unkeyed.use_unkeyed_hash()  # the cache already holds blocks keyed the other way

@@ -215,7 +215,9 @@ def simulate_disagg(
         built = factory()
         clock = VirtualClock()
         wait = _JitteredWait(clock, float(jitter_sd), seed if k == 0 else zlib.crc32(repr((seed, k)).encode()))
-        insts.append(_Instance(k, role, LLMEngine(built.config, built.executor, clock, wait_until=wait), clock, wait))
+        eng = LLMEngine(built.config, built.executor, clock, wait_until=wait)
+        eng.scheduler.block_manager.use_unkeyed_hash()  # no tenant to keep out: the cheaper hash
+        insts.append(_Instance(k, role, eng, clock, wait))
     front = [x for x in insts if x.role != "decode"]
     decoders = [x for x in insts if x.role == "decode"]
     front_router = Router(fleet.router, len(front))
@@ -225,7 +227,8 @@ def simulate_disagg(
     max_model_len = first.config.max_model_len
     ids_checked = first.executor.vocab_size >= tokenizer.vocab_size
     link = fleet.link
-    parse = partial(_engine_request, model_name=model_name, tokenizer=tokenizer, max_model_len=max_model_len, api=api)
+    parse = partial(_engine_request, model_name=model_name, tokenizer=tokenizer, max_model_len=max_model_len, api=api,
+                    templates={})
 
     specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
     records: list[RequestRecord] = []

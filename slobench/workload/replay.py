@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from slobench.errors import SpecError, UsageError
-from slobench.run.records import RequestSpec
+from slobench.run.records import RequestSpec, with_drawn_ids
 from slobench.workload.base import refuse_fixed_lengths
 from slobench.workload.prompts import DEFAULT_TOKEN_ID_RANGE, WORDS, text_prompts, token_prompts
 from slobench.workload.sessions import ids_to_prompt
@@ -238,8 +238,13 @@ def replay(
     for i, p in zip(plain, batch, strict=True):
         prompts[i] = p
     pin = min_tokens == "max"
-    return [request_spec(i, e, t, p, trace.name, pin, ignore_eos)  # type: ignore[arg-type]
-            for i, (e, t, p) in enumerate(zip(kept, times, prompts, strict=True))]  # fmt: skip
+    specs = [request_spec(i, e, t, p, trace.name, pin, ignore_eos)  # type: ignore[arg-type]
+             for i, (e, t, p) in enumerate(zip(kept, times, prompts, strict=True))]  # fmt: skip
+    if not is_text:  # the batch's ids were drawn from the checked range (token_prompts): say so
+        drawn = (int(token_ids[0]), int(token_ids[1]))
+        for i in plain:
+            with_drawn_ids(specs[i], drawn)
+    return specs
 
 
 def request_spec(i: int, e: TraceEntry, t: float, p: str | tuple[int, ...], name: str, pin: bool,

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from slobench.errors import SpecError
-from slobench.run.records import RequestSpec
+from slobench.run.records import RequestSpec, with_drawn_ids
 from slobench.workload.lengths import LengthDist, length_from_dict
 from slobench.workload.phases import RequestClass, Schedule
 from slobench.workload.prompts import WORDS, _id_objects
@@ -315,4 +315,8 @@ def build_requests(
             min_tokens=n_out if pin_min_tokens else None, ignore_eos=ignore_eos, tag=sched.tags[s],
             session_id=s if sessions is not None else None,
         ))  # fmt: skip
+    if not is_text:  # every id drawn from [lo, hi) above (prefixes, bodies): say so once, here
+        drawn = (int(lo), int(hi))
+        for sp in out:
+            with_drawn_ids(sp, drawn)
     return out

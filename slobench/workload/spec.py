@@ -65,7 +65,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 
 from slobench.errors import SpecError, UsageError
-from slobench.run.records import RequestSpec
+from slobench.run.records import RequestSpec, with_drawn_ids
 from slobench.workload.arrivals import ArrivalProcess, PoissonArrivals, make_arrivals
 from slobench.workload.lengths import FixedLength, LengthDist, length_from_dict
 from slobench.workload.phases import (
@@ -474,7 +474,7 @@ def generate(
     else:
         prompts = cast(Sequence[str | tuple[int, ...]], text_prompts(ins, prompt_rng))
     pin = spec.min_tokens == "max"
-    return [
+    specs = [
         RequestSpec(
             request_id=i,
             arrival_s=t,
@@ -489,6 +489,11 @@ def generate(
             zip(times.tolist(), prompts, ins.tolist(), outs.tolist(), strict=True)
         )
     ]
+    if kind == "tokens":  # every id drawn from the checked range (token_prompts): say so once, here
+        id_range = (int(spec.token_ids[0]), int(spec.token_ids[1]))
+        for sp in specs:
+            with_drawn_ids(sp, id_range)
+    return specs
 
 
 def _effective_phases(spec: WorkloadSpec, rate_rps: float | None, duration_s: float | None) -> tuple[Phase, ...]:
