@@ -59,7 +59,6 @@ FACTORS = {"a": ("step_overhead_s",), "b": ("per_prefill_token_s",), "c": ("per_
 COEFFICIENTS = ("step_overhead_s", "per_prefill_token_s", "per_decode_seq_s", "per_context_token_s",
                 "attention_per_pair_s")  # a calibrated profile's: a, b, c, and d and f, which stay the probes
 KNEE_FACTORS = (0.5, 0.8, 1.1)  # the default rates, of the probe fit's simulated knee
-KNEE_STEP = 1.2
 KNEE_TTFT_RISE = 3.0  # the knee: the last rate before TTFT p90 passes 3x its light-load value (a queue forms)
 # weight of sum(log factor ^ 2) beside the mean squared log error: a factor 2 costs what a 1% error on every
 # percentile does, enough to hold a direction the data do not see, too little to hold one they do (at 0.002,
@@ -246,21 +245,30 @@ def simulate(specs: Sequence[RequestSpec], limits: EngineLimits, profile: CostPr
 
 
 def knee_rate(specs_for: SpecsFor, limits: EngineLimits, profile: CostProfile, overhead_s: float, api: str) -> float:
-    """The last rate, on a x1.2 grid from a light load up, before the simulated TTFT p90 passes KNEE_TTFT_RISE
-    times its light-load value. No SLO needed: it is where a queue forms on this profile and these limits."""
+    """The highest rate, within ~9%, at which the simulated TTFT p90 stays under KNEE_TTFT_RISE times its
+    light-load value. No SLO needed: it is where a queue forms on this profile and these limits. Doubling
+    from a light load until it passes, then three halvings of the step in log space: ~10 simulations."""
     from slobench.analysis.metrics import RecordArrays
     from slobench.fleet.simulate import simulate_records
 
     light = RecordArrays.from_records(simulate_records(specs_for(1e-3), limits.engine(profile), api=api))  # type: ignore[arg-type]
-    base = float(np.nanquantile(light.ttft_s, 0.9)) + overhead_s
-    e2e = float(np.nanmean(light.e2e_s)) + overhead_s
-    rate = best = 0.2 / e2e  # one request in flight a fifth of the time
-    for _ in range(60):  # 1.2^60: from light load to ~10^4 in flight, past any engine's limits
-        if simulate(specs_for(rate), limits, profile, api, overhead_s)["ttft_p90"] > KNEE_TTFT_RISE * base:
+    limit = KNEE_TTFT_RISE * (float(np.nanquantile(light.ttft_s, 0.9)) + overhead_s)
+
+    def queues(rate: float) -> bool:
+        return simulate(specs_for(rate), limits, profile, api, overhead_s)["ttft_p90"] > limit
+
+    lo = 0.2 / (float(np.nanmean(light.e2e_s)) + overhead_s)  # one request in flight a fifth of the time
+    if queues(lo):
+        return lo
+    hi = lo * 2
+    for _ in range(40):  # 2^40: from light load past any engine's limits
+        if queues(hi):
             break
-        best = rate
-        rate *= KNEE_STEP
-    return best
+        lo, hi = hi, hi * 2
+    for _ in range(3):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if queues(mid) else (mid, hi)
+    return lo
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +320,11 @@ def fit_factors(profile: CostProfile, overhead_s: float, train: Sequence[tuple[S
 
     x = np.zeros(len(free))
     best = objective(x) if free else math.inf
+    if free:  # first one factor on every step cost: an idle server's view of a busy one is low across the board
+        common = minimize_scalar(lambda t: objective(np.full(len(free), t)), bounds=(-MAX_LOG_FACTOR, MAX_LOG_FACTOR),
+                                 method="bounded", options={"xatol": 0.02})
+        if common.fun < best:
+            best, x = float(common.fun), np.full(len(free), float(common.x))
     for _ in range(RESTARTS if free else 0):
         left = MAX_EVALS - count // len(train)
         if left < 4 * len(free):
@@ -384,6 +397,7 @@ async def refine(profile: CostProfile, overhead_s: float, plan: RefinePlan, meas
         if on_point is not None:
             on_point(points[-1], time.perf_counter() - t)
     measure_s = time.perf_counter() - t0
+    notes += drift_notes(points)
     t0 = time.perf_counter()
     train = [(specs(p.rate_rps), smoothed[p.rate_rps]) for p in points if not p.held_out]
     fit = fit_factors(profile, overhead_s, train, limits, api)
@@ -395,6 +409,20 @@ async def refine(profile: CostProfile, overhead_s: float, plan: RefinePlan, meas
             notes.append(f"{name} is 0 in the probe fit: no factor moves it")
     return Refinement(plan, workload, api, knee, points, fit.factors, fit.profile, fit.overhead_s, profile, overhead_s,
                       fit.num_simulations, measure_s, time.perf_counter() - t0, notes)
+
+
+def drift_notes(points: Sequence[RatePoint], drop: float = 2 / 3) -> list[str]:
+    """A median that falls by a third or more from one rate to the next higher one: the same server does not
+    serve more load faster, so its speed changed between the runs (another process on the machine, a
+    throttled CPU), and a fit to both describes neither. Said, not refused: the user decides."""
+    out = []
+    for lo, hi in zip(points, points[1:], strict=False):
+        for k in ("ttft_p50", "tpot_p50"):
+            if k in lo.measured and k in hi.measured and hi.measured[k] < drop * lo.measured[k]:
+                out.append(f"measured {k.replace('_', ' ').upper()} fell from {lo.measured[k] * 1e3:.0f} ms at "
+                           f"{lo.rate_rps:.3g} req/s to {hi.measured[k] * 1e3:.0f} ms at {hi.rate_rps:.3g}: the "
+                           "server's speed changed between the runs, and the refinement is doubtful; run it again")
+    return out
 
 
 def live_setup(url: str, model: str, plan: RefinePlan, *, timeout_s: float = 600.0,
