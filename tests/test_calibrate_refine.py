@@ -120,7 +120,8 @@ def test_bad_refinement_input_is_a_clear_error(tmp_path: Path, capsys: pytest.Ca
     base = ["calibrate", "--url", "http://127.0.0.1:9/v1", "--model", "tiny", "-o", str(tmp_path / "x.json")]
     for extra, named in ((["--refine-rates", "0,1,2"], "--refine-rates"), (["--refine-rates", "1,2"], "--refine-rates"),
                          (["--refine-rates", "1,x,2"], "--refine-rates"), (["--refine-requests", "5"], "--refine-requests"),
-                         (["--refine-workload", "no-such"], "--refine-workload"), (["--kv-blocks", "0"], "--kv-blocks")):
+                         (["--refine-workload", "no-such"], "--refine-workload"), (["--kv-blocks", "0"], "--kv-blocks"),
+                         (["--no-refine", "--max-num-seqs", "32"], "--max-num-seqs")):
         assert main([*base, *extra]) == 2, extra  # before any request: the URL is never reached
         assert named in capsys.readouterr().err, extra
     assert not (tmp_path / "x.json").exists()

@@ -16,6 +16,9 @@ grid) are held out of the fit and scored against it: that is the error figure re
 cost `o` is not part of a step, so it is not in the profile; it is reported (and recorded in the profile's
 provenance) for whoever compares simulated TTFT with TTFT measured over HTTP.
 
+A second stage (`slobench.profiles.refine`, `calibrate_main` runs it unless --no-refine) fits factors on
+this profile and `o` to open-loop runs of served load, which the probes of an idle server see only in part.
+
 Assumed: each prefill probe fits one step's token budget (the default grid stops at 1,024 tokens), the
 server batches the B decode requests together (max_num_seqs >= B) and has KV room for B·(L+K) tokens,
 and prompts do not hit a prefix cache (each probe's prompt is fresh random token ids).
@@ -327,21 +330,39 @@ def _rates(text: str | None) -> tuple[float, ...] | None:
     return rates
 
 
-def refine_plan(args: Any) -> RefinePlan:
-    """The refinement the flags ask for; every bad value is exit 2, named by its flag, before any probe."""
-    for flag in ("kv_blocks", "block_size", "max_num_seqs", "max_batched_tokens"):
-        if getattr(args, flag) < 1:
-            raise SpecError(f"--{flag.replace('_', '-')}", getattr(args, flag), "must be an integer >= 1")
-    if args.refine_requests < 10:
-        raise SpecError("--refine-requests", args.refine_requests, "must be an integer >= 10 (percentiles of a run)")
-    from slobench.workload import load_workload
+def refine_plan(args: Any) -> RefinePlan | None:
+    """The refinement the flags ask for (None: --no-refine; a flag not given is None and keeps RefinePlan's
+    or EngineLimits' default). Every bad value is exit 2, named by its flag, before any probe, and so is a
+    refinement flag beside --no-refine, which would ignore it."""
+    flags = {"--refine-workload": args.refine_workload, "--refine-rates": args.refine_rates,
+             "--refine-requests": args.refine_requests, "--refine-seed": args.refine_seed,
+             "--kv-blocks": args.kv_blocks, "--block-size": args.block_size, "--max-num-seqs": args.max_num_seqs,
+             "--max-batched-tokens": args.max_batched_tokens}
+    if args.no_refine:
+        given = [flag for flag, value in flags.items() if value is not None]
+        if given:
+            raise UsageError(f"{given[0]} applies only to the refinement, which --no-refine skips; drop one of them")
+        return None
+    least = {"--kv-blocks": 1, "--block-size": 1, "--max-num-seqs": 1, "--max-batched-tokens": 1, "--refine-requests": 10}
+    for flag, low in least.items():
+        if flags[flag] is not None and flags[flag] < low:
+            raise SpecError(flag, flags[flag], f"must be an integer >= {low}")
+    plan, lim = RefinePlan(), EngineLimits()
 
+    def pick(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
+    limits = EngineLimits(pick(args.kv_blocks, lim.kv_blocks), pick(args.max_num_seqs, lim.max_num_seqs),
+                          pick(args.max_batched_tokens, lim.max_batched_tokens), pick(args.block_size, lim.block_size))
+    workload = pick(args.refine_workload, plan.workload)
     try:
-        load_workload(args.refine_workload)
+        from slobench.workload import load_workload
+
+        load_workload(workload)
     except UsageError as e:
-        raise UsageError(f"--refine-workload {args.refine_workload}: {e}") from e
-    limits = EngineLimits(args.kv_blocks, args.max_num_seqs, args.max_batched_tokens, args.block_size)
-    return RefinePlan(args.refine_workload, _rates(args.refine_rates), args.refine_requests, args.refine_seed, limits)
+        raise UsageError(f"--refine-workload {workload}: {e}") from e
+    return RefinePlan(workload, _rates(args.refine_rates), pick(args.refine_requests, plan.num_requests),
+                      pick(args.refine_seed, plan.seed), limits)
 
 
 def _write(out: Any, profile: CostProfile, flag: str) -> None:
@@ -362,7 +383,7 @@ async def calibrate_main(args: Any) -> int:
         "contexts": _ints(args.contexts, "--contexts"), "output_len": args.output_len, "repeats": args.repeats,
     }.items() if v is not None}
     plan = ProbePlan(**given)
-    refining = None if args.no_refine else refine_plan(args)
+    refining = refine_plan(args)
     out = Path(args.output)
     if not out.parent.is_dir():
         raise UsageError(f"-o {args.output}: no such folder {str(out.parent)!r}")

@@ -10,9 +10,11 @@ see that only in part. So, black-box, against any OpenAI-compatible endpoint:
 2. the same requests (workload, seed, count) simulated on the virtual clock with candidate profiles and the
    served engine's limits, the request's fixed cost `o` added to every time after the send (as
    `benchmarks/validate_sim.py` adds it), TTFT and TPOT p50/p90 compared as log ratios;
-3. Nelder-Mead over the logs of three factors, on a (per step), b (per prompt token) and c (per decoding
-   sequence), with `o`'s factor solved inside for each candidate: `o` shifts every TTFT percentile by exactly
-   itself and leaves TPOT alone, so it needs no simulation of its own. A weak prior pulls each log factor
+3. a search over the logs of three factors, on a (per step), b (per prompt token) and c (per decoding
+   sequence): first one factor on all three (an idle server's view of a busy one is low across the board),
+   then Nelder-Mead from there, restarted once. `o`'s factor is solved inside for each candidate: `o` shifts
+   every TTFT percentile by exactly itself and leaves TPOT alone, so it needs no simulation of its own. The
+   percentiles compared are Harrell-Davis estimates (`harrell_davis`), and a weak prior pulls each log factor
    toward 0 (the probe fit).
 
 Why factors on the probe fit and not a free fit: the probes fix the shape well (held-out probe error a few
