@@ -168,6 +168,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
 
 
 @pytest.mark.slow
+@pytest.mark.integration  # a server on 127.0.0.1
 def test_refinement_over_http_corrects_a_wrong_profile(served: tuple[str, Path], tmp_path: Path) -> None:
     url, workload = served
     plan = RefinePlan(str(workload), rates_rps=(20.0, 35.0, 50.0), num_requests=20, limits=LIMITS)
@@ -204,6 +205,7 @@ def test_refinement_over_http_corrects_a_wrong_profile(served: tuple[str, Path],
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_cli_keeps_the_probe_fit_when_the_refinement_fails(served: tuple[str, Path], tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     # every refinement request fails (prompts past the server's 4,096 tokens): exit 2, the probe fit written
