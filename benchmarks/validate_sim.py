@@ -175,6 +175,7 @@ def load_and_judge(run_dir: Path, slo: SLO, shift_s: float = 0.0) -> dict[str, A
             r.done_s = None if r.done_s is None else r.done_s + shift_s
             r.chunk_times_s = [t + shift_s for t in r.chunk_times_s]
     s = summarize(recs, slo)
+    assert s.attainment is not None  # an SLO was given
     return {"attainment": s.attainment.value, "ttft_p50": s.ttft.p50, "ttft_p90": s.ttft.p90,
             "tpot_p50": s.tpot.p50, "tpot_p90": s.tpot.p90, "num_ok": s.num_ok}
 
