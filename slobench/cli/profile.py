@@ -32,7 +32,16 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
                     "several concurrencies and contexts, in interleaved rounds; fits step = a + b*prefill + "
                     "c*decode + d*context + f*attention_pairs (and a fixed cost per request, kept apart), prints "
                     "the fit and its error on the probes held out of it (every third of each grid), and writes "
-                    "the profile. About 2 minutes against the CPU reference engine.",
+                    "the profile. About 1.5-2 minutes against the CPU reference engine.\n\n"
+                    "Then (unless --no-refine) a second stage on served load: short open-loop Poisson runs of "
+                    "--refine-workload at --refine-rates, sent as `slobench run` sends them, and the same requests "
+                    "simulated with the fitted profile; factors on a, b, c and the request overhead o are "
+                    "fitted so that simulated TTFT/TPOT p50/p90 match the measured ones. The middle rate is held "
+                    "out of that fit and both profiles are scored on it. The simulation needs the served engine's "
+                    "limits, which a black-box endpoint does not reveal: give them with --kv-blocks, "
+                    "--max-num-seqs and --max-batched-tokens (default: --simulate's). The probe-fitted profile is "
+                    "written first, and stays if the refinement fails. About 1-2 more minutes against the CPU "
+                    "reference engine.",
     )
     c.add_argument("--url", required=True, help="base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1")
     c.add_argument("--model", default=None, help="model name (default: the first the server lists)")
@@ -45,6 +54,20 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
     c.add_argument("--repeats", type=int, default=None, help="rounds: each probe is sent this many times (default 3)")
     c.add_argument("--timeout", type=float, default=120.0, help="per-request timeout, seconds")
     c.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
+    r = c.add_argument_group("refinement on served load")
+    r.add_argument("--no-refine", action="store_true", help="stop after the probe fit")
+    r.add_argument("--refine-workload", default=None, metavar="NAME|TOML",
+                   help="the workload of the refinement runs: a bundled name or a TOML path (default tiny)")
+    r.add_argument("--refine-rates", default=None, metavar="R,R,R,...",
+                   help="at least 3 rates, req/s; the middle one is held out of the fit (default: 0.5, 0.8 and "
+                        "1.1 times the probe fit's simulated knee, where TTFT p90 passes 3x its light-load value)")
+    r.add_argument("--refine-requests", type=int, default=None, metavar="N", help="requests a rate (default 100)")
+    r.add_argument("--refine-seed", type=int, default=None, help="seed of the refinement's requests (default 0)")
+    r.add_argument("--kv-blocks", type=int, default=None, help="the served engine's KV blocks (default 2048)")
+    r.add_argument("--block-size", type=int, default=None, help="the served engine's tokens a KV block (default 16)")
+    r.add_argument("--max-num-seqs", type=int, default=None, help="the served engine's most sequences a step (default 64)")
+    r.add_argument("--max-batched-tokens", "--max-num-batched-tokens", dest="max_batched_tokens", type=int,
+                   default=None, help="the served engine's token budget a step (default 2048)")
 
 
 def calibrate(args: argparse.Namespace) -> int:

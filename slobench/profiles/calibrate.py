@@ -16,6 +16,9 @@ grid) are held out of the fit and scored against it: that is the error figure re
 cost `o` is not part of a step, so it is not in the profile; it is reported (and recorded in the profile's
 provenance) for whoever compares simulated TTFT with TTFT measured over HTTP.
 
+A second stage (`slobench.profiles.refine`, `calibrate_main` runs it unless --no-refine) fits factors on
+this profile and `o` to open-loop runs of served load, which the probes of an idle server see only in part.
+
 Assumed: each prefill probe fits one step's token budget (the default grid stops at 1,024 tokens), the
 server batches the B decode requests together (max_num_seqs >= B) and has KV room for B·(L+K) tokens,
 and prompts do not hit a prefix cache (each probe's prompt is fresh random token ids).
@@ -34,6 +37,14 @@ import numpy as np
 
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.errors import SpecError, UsageError
+from slobench.profiles.refine import (
+    EngineLimits,
+    RefinePlan,
+    live_setup,
+    print_refinement,
+    refine_live,
+    with_refinement,
+)
 from slobench.run.records import RequestRecord, RequestSpec
 
 TOKEN_IDS = (32, 256)  # byte ids clear of a byte tokenizer's BOS/EOS, valid in any vocabulary >= 256
@@ -305,7 +316,64 @@ def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
         raise SpecError(name, text, "must be comma-separated integers, e.g. 1,4,16") from None
 
 
+def _rates(text: str | None) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        rates = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise SpecError("--refine-rates", text, "must be comma-separated req/s, e.g. 2,3.5,5") from None
+    if any(not 0 < r < float("inf") for r in rates):
+        raise SpecError("--refine-rates", text, "every rate must be > 0 req/s")
+    if len(set(rates)) < 3:
+        raise SpecError("--refine-rates", text, "needs at least 3 distinct rates (the middle one is held out)")
+    return rates
+
+
+def refine_plan(args: Any) -> RefinePlan | None:
+    """The refinement the flags ask for (None: --no-refine; a flag not given is None and keeps RefinePlan's
+    or EngineLimits' default). Every bad value is exit 2, named by its flag, before any probe, and so is a
+    refinement flag beside --no-refine, which would ignore it."""
+    flags = {"--refine-workload": args.refine_workload, "--refine-rates": args.refine_rates,
+             "--refine-requests": args.refine_requests, "--refine-seed": args.refine_seed,
+             "--kv-blocks": args.kv_blocks, "--block-size": args.block_size, "--max-num-seqs": args.max_num_seqs,
+             "--max-batched-tokens": args.max_batched_tokens}
+    if args.no_refine:
+        given = [flag for flag, value in flags.items() if value is not None]
+        if given:
+            raise UsageError(f"{given[0]} applies only to the refinement, which --no-refine skips; drop one of them")
+        return None
+    least = {"--kv-blocks": 1, "--block-size": 1, "--max-num-seqs": 1, "--max-batched-tokens": 1, "--refine-requests": 10}
+    for flag, low in least.items():
+        if flags[flag] is not None and flags[flag] < low:
+            raise SpecError(flag, flags[flag], f"must be an integer >= {low}")
+    plan, lim = RefinePlan(), EngineLimits()
+
+    def pick(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
+    limits = EngineLimits(pick(args.kv_blocks, lim.kv_blocks), pick(args.max_num_seqs, lim.max_num_seqs),
+                          pick(args.max_batched_tokens, lim.max_batched_tokens), pick(args.block_size, lim.block_size))
+    workload = pick(args.refine_workload, plan.workload)
+    try:
+        from slobench.workload import load_workload
+
+        load_workload(workload)
+    except UsageError as e:
+        raise UsageError(f"--refine-workload {workload}: {e}") from e
+    return RefinePlan(workload, _rates(args.refine_rates), pick(args.refine_requests, plan.num_requests),
+                      pick(args.refine_seed, plan.seed), limits)
+
+
+def _write(out: Any, profile: CostProfile, flag: str) -> None:
+    try:
+        out.write_text(profile.to_json() + "\n")
+    except OSError as e:
+        raise UsageError(f"{flag}: cannot write: {e.strerror}") from e
+
+
 async def calibrate_main(args: Any) -> int:
+    import sys
     from pathlib import Path
 
     from slobench.targets.openai import OpenAITarget
@@ -315,10 +383,13 @@ async def calibrate_main(args: Any) -> int:
         "contexts": _ints(args.contexts, "--contexts"), "output_len": args.output_len, "repeats": args.repeats,
     }.items() if v is not None}
     plan = ProbePlan(**given)
+    refining = refine_plan(args)
     out = Path(args.output)
     if not out.parent.is_dir():
         raise UsageError(f"-o {args.output}: no such folder {str(out.parent)!r}")
     model = args.model or await OpenAITarget(args.url, None, api_key_env=args.api_key_env).discover_model()
+    setup = None if refining is None else live_setup(args.url, model, refining, timeout_s=args.timeout,
+                                                     api_key_env=args.api_key_env)  # a bad workload: exit 2 now
     n = len(plan.prompt_lens) * plan.repeats + len(plan.batches) * len(plan.contexts)
     print(f"calibrating {model}: {n} probe sends ({len(plan.prompt_lens)} prompt lengths x {plan.repeats}, "
           f"{len(plan.batches)} batches x {len(plan.contexts)} contexts)", flush=True)
@@ -327,9 +398,21 @@ async def calibrate_main(args: Any) -> int:
     for note in cal.notes:
         print(f"note: {note}")
     profile = with_provenance(cal, args.url, model, plan)
+    _write(out, profile, f"-o {args.output}")
+    if refining is None or setup is None:
+        print(f"written: {out} (use it with --simulate --profile {out})")
+        return 0
+    print(f"written: {out} (the probe fit); refining it on served load ({refining.workload}, "
+          f"{refining.num_requests} requests a rate)", flush=True)
     try:
-        out.write_text(profile.to_json() + "\n")
-    except OSError as e:
-        raise UsageError(f"-o {args.output}: cannot write: {e.strerror}") from e
-    print(f"written: {out} (use it with --simulate --profile {out})")
+        ref = await refine_live(setup, cal.profile, cal.request_overhead_s, refining,
+                                write=lambda line: print(line, flush=True))
+    except BaseException:
+        print(f"slobench: calibrate: the refinement did not finish; {out} holds the probe-fitted profile",
+              file=sys.stderr)
+        raise
+    print_refinement(ref)
+    _write(out, with_refinement(profile, ref), f"-o {args.output}")
+    print(f"written: {out}, refined (use it with --simulate --profile {out}; add {ref.request_overhead_s * 1e3:.1f} ms "
+          "to simulated TTFT for the request's fixed cost over HTTP)")
     return 0
