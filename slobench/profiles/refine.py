@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from reference_engine.config import EngineConfig, EngineSpec
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.errors import SpecError, UsageError
 from slobench.run.records import RequestRecord, RequestSpec
@@ -86,14 +87,18 @@ def _positive_int(name: str, value: Any, least: int = 1) -> None:
         raise SpecError(name, value, f"must be an integer >= {least}")
 
 
+_SPEC = EngineSpec()  # the one engine description's defaults, which `--simulate` uses too
+_MODELED_BLOCKS = EngineConfig().num_blocks  # EngineSpec leaves kv_blocks to the builder: this, when modeled
+
+
 @dataclass(frozen=True, slots=True)
 class EngineLimits:
     """The served engine's limits, which the simulation must share. `--simulate`'s defaults."""
 
-    kv_blocks: int = 2048
-    max_num_seqs: int = 64
-    max_batched_tokens: int = 2048
-    block_size: int = 16
+    kv_blocks: int = _MODELED_BLOCKS
+    max_num_seqs: int = _SPEC.max_num_seqs
+    max_batched_tokens: int = _SPEC.max_batched_tokens
+    block_size: int = _SPEC.block_size
 
     def __post_init__(self) -> None:
         for name in ("kv_blocks", "max_num_seqs", "max_batched_tokens", "block_size"):
