@@ -15,10 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from slobench.analysis.slo import SLO
-from slobench.errors import UsageError
 from slobench.report.load import RunData
 from slobench.run.clocksync import CLOCK_LIMIT_OF_TTFT
-from slobench.run.records import read_summary
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,11 +72,7 @@ def _row(x: dict[str, Any]) -> ActorRow:
 
 
 def _summary_ray(run: RunData) -> dict[str, Any]:
-    try:
-        summary = read_summary(run.run_dir)
-    except UsageError:
-        return {}
-    return _dict(summary.client.ray) if summary is not None else {}
+    return _dict(run.saved.client.ray) if run.saved is not None else {}
 
 
 def ray_health(run: RunData, slo: SLO | None) -> RayHealth | None:

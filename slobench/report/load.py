@@ -15,7 +15,7 @@ import numpy as np
 
 from slobench.analysis.metrics import RecordArrays, throughput
 from slobench.analysis.slo import SLO
-from slobench.analysis.summary import RunColumns, read_columns
+from slobench.analysis.summary import RunColumns, RunSummary, read_columns
 from slobench.errors import SpecError, UsageError
 from slobench.report.server_state import ServerSamples, load_server_metrics
 from slobench.run.records import (
@@ -25,6 +25,7 @@ from slobench.run.records import (
     SWEEP,
     read_capacity,
     read_manifest,
+    read_summary,
     read_sweep,
 )
 
@@ -44,6 +45,9 @@ class RunData:
     columns: RunColumns  # the one column reader's (slobench.analysis.summary.read_columns)
     phases: tuple[Phase, ...]
     server: ServerSamples | None
+    # summary.json as the run wrote it (None: absent or unreadable), for what records cannot tell: the
+    # client's GC pauses and Ray actors during the load
+    saved: RunSummary | None = None
 
     @property
     def arrays(self) -> RecordArrays:
@@ -141,7 +145,15 @@ def _load_run(run_dir: Path, manifest: dict[str, Any], cols: RunColumns, *, rate
         columns=cols,
         phases=_phases(manifest, a.scheduled_s, a.tag),
         server=load_server_metrics(run_dir) if has_server else None,
+        saved=_saved_summary(run_dir),
     )
+
+
+def _saved_summary(run_dir: Path) -> RunSummary | None:
+    try:
+        return read_summary(run_dir)
+    except UsageError:  # a damaged summary.json: the report recomputes every number from the records
+        return None
 
 
 def _phases(manifest: dict[str, Any], scheduled_s: np.ndarray, tags: np.ndarray) -> tuple[Phase, ...]:

@@ -12,10 +12,8 @@ import numpy as np
 
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import Dist, RunSummary, summarize
-from slobench.errors import UsageError
 from slobench.experiments.sweep import headline
 from slobench.report.load import RunData, Series
-from slobench.run.records import read_summary
 
 MAX_CDF_POINTS = 500
 
@@ -27,12 +25,8 @@ def run_point(run: RunData, slo: SLO | None) -> RunSummary:
     seed = int(run.manifest.get("seed", 0) or 0)
     point = summarize(run.columns, slo, seed=seed, intervals="attainment")
     # what the records cannot tell (the client's GC pauses during the load) comes from the saved summary
-    try:
-        saved = read_summary(run.run_dir)
-    except UsageError:
-        saved = None
-    if saved is not None and saved.client.gc is not None:
-        point = replace(point, client=replace(point.client, gc=saved.client.gc))
+    if run.saved is not None and run.saved.client.gc is not None:
+        point = replace(point, client=replace(point.client, gc=run.saved.client.gc))
     return replace(point, rate_rps=run.rate_rps)
 
 

@@ -356,10 +356,9 @@ async def run(
     if trace_rows is not None and writer is not None:
         writer.update_manifest({"trace_rows": trace_rows})
     summary = summarize(disp.records, slo, seed=seed)
-    if gc_stats is not None:
-        summary = replace(summary, client=replace(summary.client, gc=gc_stats.to_dict()))
     summary = replace(
         summary,
+        client=summary.client if gc_stats is None else replace(summary.client, gc=gc_stats.to_dict()),
         warmup={"rule": "MSER-5", "num_requests": warmup_cut} if warmup_cut is not None else None,
         interrupted=interrupted or send_error is not None,
         stopped_by=str(send_error) if send_error is not None else None,
