@@ -47,12 +47,14 @@ class TokenServerProcess(ServerProcess):
             self._args.append("--no-models")
         for q in quirks:
             self._args += ["--quirk", q]
-        self.log_path: Path | None = (self.tmp_path / "server.jsonl") if log is True else (Path(log) if log else None)
+        self.log_path: Path | None = (
+            (self.tmp_path / "server.jsonl") if log is True else (Path(log) if log else None)
+        )
         if self.log_path is not None:
             self._args += ["--log", str(self.log_path)]
 
     def read_log(self) -> list[dict[str, Any]]:
-        """The server's per-request lines so far (each is written and flushed when its request ends)."""
+        """The server's per-request lines so far (a stream's line is on disk before its `[DONE]` is sent)."""
         if self.log_path is None:
             raise RuntimeError("this server was started without log=True")
         if not self.log_path.exists():

@@ -16,7 +16,8 @@ Per-request knobs in the JSON body (a target's `extra_body` or a spec's `extra_b
 `recv_s` (handler entry) and `chunk_s` (each content chunk handed to the kernel), the times on
 `time.perf_counter()`. On Linux that is CLOCK_MONOTONIC, one clock for the whole machine, so a client in
 another process reading `time.perf_counter_ns()` (as `slobench.run.clock.Clock` does) can subtract the two
-directly. Each line is written and flushed when its request ends.
+directly. Each line is written and flushed when its request ends; a stream writes it after its last content
+chunk, before the usage chunk and `[DONE]`, so a client that has seen the end can read its line.
 
 `/metrics` serves a few Prometheus gauges and counters under vLLM's names (`vllm:num_requests_running`,
 `vllm:num_requests_waiting`, ...), so metric scraping can be tested without vLLM.
@@ -32,6 +33,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -70,8 +72,23 @@ QUIRKS = frozenset(
     }
 )
 # The request fields a strict server knows (OpenAI's), plus the test knobs x_*.
-_STRICT_FIELDS = frozenset({"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
-                            "top_p", "stream", "stream_options", "seed", "stop", "n", "user"})
+_STRICT_FIELDS = frozenset(
+    {
+        "model",
+        "prompt",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "stream",
+        "stream_options",
+        "seed",
+        "stop",
+        "n",
+        "user",
+    }
+)
 _FAULT_AT = 2  # token index at which mid-stream faults strike
 _RESET_AT = 3
 
@@ -160,9 +177,17 @@ class TokenServer:
             return _error(404, "Not Found", "NotFoundError")
         if "models-500" in self.config.quirks:
             return _error(500, "Internal Server Error", "InternalServerError")
-        listed = [] if "models-empty" in self.config.quirks else [
-            {"id": self.config.model, "object": "model",
-             "owned_by": "llamacpp" if "eos-early" in self.config.quirks else "slobench"}]
+        listed = (
+            []
+            if "models-empty" in self.config.quirks
+            else [
+                {
+                    "id": self.config.model,
+                    "object": "model",
+                    "owned_by": "llamacpp" if "eos-early" in self.config.quirks else "slobench",
+                }
+            ]
+        )
         body = {"object": "list", "data": listed}
         return web.json_response(body)
 
@@ -236,6 +261,28 @@ class TokenServer:
         num_prompt = _prompt_tokens(body, is_chat)
         stats.prompt_tokens += num_prompt
         chunk_s: list[float] = []
+        logged = False
+
+        def write_log() -> None:
+            # Once per request. A stream logs before its usage chunk and [DONE], so the line is on disk
+            # before the client can see the response end (a test reads the log as soon as it has).
+            nonlocal logged
+            if stats.log is None or logged:
+                return
+            logged = True
+            line = {
+                "id": request_id,
+                "path": request.path,
+                "peer_port": peer_port,  # one value over many requests: the client reuses its connection
+                "recv_s": recv_s,
+                "chunk_s": chunk_s,
+                "fault": fault,
+                "max_tokens": max_tokens,
+                "prompt_tokens": num_prompt,
+            }
+            stats.log.write(json.dumps(line) + "\n")
+            stats.log.flush()
+
         try:
             if fault == "hang":
                 await _wait_for_disconnect(request)
@@ -255,7 +302,17 @@ class TokenServer:
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
                 include_usage = include_usage and "no-usage" not in quirks
                 return await self._stream(
-                    request, is_chat, fault, recv_s, ttft_s, itl_s, max_tokens, usage, include_usage, chunk_s
+                    request,
+                    is_chat,
+                    fault,
+                    recv_s,
+                    ttft_s,
+                    itl_s,
+                    max_tokens,
+                    usage,
+                    include_usage,
+                    chunk_s,
+                    write_log,
                 )
             await _sleep_until(recv_s + ttft_s + (max_tokens - 1) * itl_s)
             chunk_s.append(time.perf_counter())  # the one write carries every token
@@ -266,19 +323,7 @@ class TokenServer:
         finally:
             stats.num_running -= 1
             stats.generation_tokens += len(chunk_s)
-            if stats.log is not None:
-                line = {
-                    "id": request_id,
-                    "path": request.path,
-                    "peer_port": peer_port,  # one value over many requests: the client reuses its connection
-                    "recv_s": recv_s,
-                    "chunk_s": chunk_s,
-                    "fault": fault,
-                    "max_tokens": max_tokens,
-                    "prompt_tokens": num_prompt,
-                }
-                stats.log.write(json.dumps(line) + "\n")
-                stats.log.flush()
+            write_log()
 
     def _full_response(self, is_chat: bool, max_tokens: int, usage: dict[str, int]) -> dict[str, Any]:
         text = " tok" * max_tokens
@@ -310,6 +355,7 @@ class TokenServer:
         usage: dict[str, int],
         include_usage: bool,
         chunk_s: list[float],
+        write_log: Callable[[], None],
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
@@ -334,6 +380,7 @@ class TokenServer:
                 return resp
             await write(last if i == max_tokens - 1 else chunk)
             chunk_s.append(perf())
+        write_log()
         if include_usage:
             obj = "chat.completion.chunk" if is_chat else "text_completion"
             u = {
@@ -457,8 +504,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--itl-ms", type=float, default=5.0)
     p.add_argument("--model", default="test-model")
     p.add_argument("--no-models", action="store_true", help="answer 404 on /v1/models")
-    p.add_argument("--quirk", action="append", default=[], choices=sorted(QUIRKS),
-                   help="behave like a real third-party server in this way (repeatable)")
+    p.add_argument(
+        "--quirk",
+        action="append",
+        default=[],
+        choices=sorted(QUIRKS),
+        help="behave like a real third-party server in this way (repeatable)",
+    )
     p.add_argument("--log", default=None, help="append per-request JSON lines (perf_counter times) here")
     args = p.parse_args(argv)
     try:
