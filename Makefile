@@ -2,6 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TEST_WORKERS ?= 2
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -20,7 +21,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check slobench reference_engine tests benchmarks
 	$(VENV)/bin/mypy slobench reference_engine
-	$(PY) -m pytest -q -ra
+	# two xdist workers for all but the timing tier, which then runs alone (tests/conftest.py says why)
+	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist worksteal -m "not timing"
+	$(PY) -m pytest -q -ra -m timing
 
 # the unit tier: no servers, processes, kernels or browser, torch made unimportable (tests/conftest.py)
 test-fast: $(STAMP)

@@ -12,6 +12,10 @@ server or a process, no kernel or browser test, nothing over ~1 s, with torch, T
 unimportable (SLOBENCH_WITHOUT_TORCH=1) so the harness is shown to need none of them; modules that need
 torch skip themselves (pytest.importorskip). Such tests get the `slow` marker here, from the fixtures they
 use, the modules that start servers inline (SERVER_MODULES), and the few measured to take seconds (SLOW).
+
+`make test` runs the suite on two pytest-xdist workers, then the `timing` tier alone: the modules whose
+tests assert on milliseconds of wall time (TIMING_MODULES: client timing against a known schedule, clock
+sync, precise sleeps, lateness, GC pauses), which a neighbouring worker's CPU would distort.
 """
 
 from __future__ import annotations
@@ -51,6 +55,11 @@ SERVER_MODULES = frozenset({
     "test_gpu_portability", "test_history_browser", "test_install_extras", "test_nodelay", "test_one_rule",
     "test_openai_target", "test_ray_pool", "test_report_browser", "test_run_durability", "test_run_streamed",
     "test_server_quirks", "test_text_prompts", "test_trace_replay", "test_workers", "test_redact",
+})
+# modules that assert on milliseconds of wall time: the `timing` marker, run alone after the parallel tier
+TIMING_MODULES = frozenset({
+    "test_openai_target", "test_workers", "test_fleet_target", "test_clocksync", "test_precise_sleep",
+    "test_nodelay", "test_runner", "test_text_prompts", "test_ray_pool", "test_rawhttp", "test_quiet_gc",
 })
 # single tests measured at over 1.4 s (pytest --durations, 2 cores under load ~8: roughly 0.4 s idle)
 SLOW = frozenset({
@@ -114,6 +123,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if (SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or path.stem in SERVER_MODULES
                 or short in SLOW or path.parent.name == "conformance"):
             item.add_marker(pytest.mark.slow)
+        if path.stem in TIMING_MODULES:
+            item.add_marker(pytest.mark.timing)
 
 
 @pytest.fixture(scope="session")
