@@ -107,10 +107,11 @@ def quiet(argv: list[str]) -> int:
         return cli(argv)
 
 
-def engine_flags() -> list[str]:
-    """The simulated engine's limits, those of the served one (`demo_engine_args("torch")`)."""
+def engine_flags(jitter_sd: float = 0.0) -> list[str]:
+    """The simulated engine's limits, those of the served one (`demo_engine_args("torch")`), and the
+    calibrated step-time noise."""
     args = demo_engine_args("torch")
-    flags = []
+    flags = ["--jitter", f"{jitter_sd:.4g}"]
     for k in ("--kv-blocks", "--max-num-seqs"):
         flags += [k, args[args.index(k) + 1]]
     return flags
@@ -120,7 +121,8 @@ def engine_limits() -> Any:
     from slobench.profiles.refine import EngineLimits
 
     flags = engine_flags()
-    return EngineLimits(kv_blocks=int(flags[1]), max_num_seqs=int(flags[3]))  # 2,048 tokens a step: both defaults
+    return EngineLimits(kv_blocks=int(flags[flags.index("--kv-blocks") + 1]),
+                        max_num_seqs=int(flags[flags.index("--max-num-seqs") + 1]))  # 2,048 tokens a step: both defaults
 
 
 def calibrate_once(url: str, args: argparse.Namespace, out: Path, refine_workload: str) -> Path:
@@ -164,7 +166,8 @@ def fitted_on(prof: CostProfile) -> str:
     rates = ", ".join(f"{r:.3g}{' (held out)' if r == ref['held_out_rate_rps'] else ''}" for r in ref["rates_rps"])
     return (f"probes of the idle server, then served load of {ref['workload']} (seed {ref['seed']}, "
             f"{ref['num_requests']} requests a rate) at {rates} req/s; factors "
-            + ", ".join(f"{k} x{v:.3g}" for k, v in ref["factors"].items()))
+            + ", ".join(f"{k} x{v:.3g}" for k, v in ref["factors"].items())
+            + f"; step-time noise sd {ref.get('step_jitter_sd', 0.0):.2f}")
 
 
 def load_and_judge(run_dir: Path, slo: SLO, shift_s: float = 0.0) -> dict[str, Any]:
@@ -185,13 +188,14 @@ def run_args(workload: str, rate: float, n: int, seed: int, slo: str, out: Path)
             "--slo", slo, "--out", str(out), "--overwrite", "--no-progress", "--scrape-interval", "0"]
 
 
-def knee(workload: str, profile: Path, n: int, seed: int, slo: str, out: Path) -> float:
+def knee(workload: str, profile: Path, n: int, seed: int, slo: str, out: Path, jitter_sd: float) -> float:
     """The highest rate, on a x1.2 grid, up to which the simulation meets the SLO's target."""
     target = SLO.parse(slo).target
     rate, best = 0.25, 0.25
     while rate < 200:
         d = out / f"knee-{rate:.4g}"
-        quiet(run_args(workload, rate, n, seed, slo, d) + ["--simulate", "--profile", str(profile), *engine_flags()])
+        quiet(run_args(workload, rate, n, seed, slo, d)
+              + ["--simulate", "--profile", str(profile), *engine_flags(jitter_sd)])
         att = json.loads((d / "summary.json").read_text())["attainment"]["value"]
         if att < target:
             break
@@ -208,6 +212,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", default=None, help="a calibrated profile JSON (default: calibrate now)")
     ap.add_argument("--no-overhead", action="store_true", help="do not add calibrate's request overhead to TTFT")
+    ap.add_argument("--no-jitter", action="store_true", help="simulate without calibrate's step-time noise")
     ap.add_argument("--no-refine", action="store_true", help="calibrate with the probes only")
     ap.add_argument("--refine-workload", default=None,
                     help="the refinement's workload (default: refine-mix, written here, validated nowhere)")
@@ -233,6 +238,7 @@ def main() -> None:
         prof_path = Path(args.profile) if args.profile else calibrate_once(srv.base_url, args, out, refine_workload)
         prof = CostProfile.load(prof_path)
         overhead_s = 0.0 if args.no_overhead else float((prof.provenance or {}).get("request_overhead_s", 0.0))
+        jitter_sd = 0.0 if args.no_jitter else float((prof.provenance or {}).get("step_jitter_sd", 0.0))
         ref = (prof.provenance or {}).get("refinement") or {}
         in_sample = [n for n in workloads if ref.get("workload") == n and ref.get("seed") == args.seed]
         print(f"fitted on: {fitted_on(prof)}", flush=True)
@@ -245,7 +251,7 @@ def main() -> None:
             if args.rates:
                 rates = [float(x) for x in args.rates.split(",")]
             else:
-                k = knee(wl, prof_path, args.num_requests, args.seed, slo_text, out / name)
+                k = knee(wl, prof_path, args.num_requests, args.seed, slo_text, out / name, jitter_sd)
                 rates = [k * f for f in RATE_FACTORS]
                 print(f"{name}: simulated knee {k:.2f} req/s ({slo_text}); rates {', '.join(f'{r:.2f}' for r in rates)}; "
                       f"~{sum(args.num_requests / r for r in rates):.0f} s of arrivals", flush=True)
@@ -256,7 +262,7 @@ def main() -> None:
                 loads.append(os.getloadavg()[0])
                 sim_dir = out / name / f"simulated-{rate:.4g}"
                 quiet([*run_args(wl, rate, args.num_requests, args.seed, slo_text, sim_dir), "--simulate", "--profile",
-                       str(prof_path), *engine_flags()])
+                       str(prof_path), *engine_flags(jitter_sd)])
                 m = load_and_judge(out / name / f"measured-{rate:.4g}", slo)
                 s = load_and_judge(sim_dir, slo, overhead_s)
                 rows.append((name, rate, m, s))
@@ -268,7 +274,7 @@ def main() -> None:
           + (f" (in sample: {', '.join(in_sample)})" if in_sample else " (none of them in the fit)"))
     print(f"wall {time.monotonic() - t_start:.0f} s; 1-minute load average during the measured runs "
           f"{min(loads):.1f}-{max(loads):.1f} (2 cores); request overhead added to simulated TTFT "
-          f"{overhead_s * 1e3:.1f} ms; run directories under {out}")
+          f"{overhead_s * 1e3:.1f} ms, step-time noise sd {jitter_sd:.2f}; run directories under {out}")
 
 
 def _err(m: float | None, s: float | None) -> str:
