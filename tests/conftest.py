@@ -15,7 +15,8 @@ use, the modules that start servers inline (SERVER_MODULES), and the few measure
 
 `make test` runs the suite on two pytest-xdist workers, then the `timing` tier alone: the modules whose
 tests assert on milliseconds of wall time (TIMING_MODULES: client timing against a known schedule, clock
-sync, precise sleeps, lateness, GC pauses), which a neighbouring worker's CPU would distort.
+sync, precise sleeps, lateness, GC pauses), which a neighbouring worker's CPU would distort, and single tests
+marked `@pytest.mark.timing` where they stand (a refinement judged on a served engine's percentiles).
 """
 
 from __future__ import annotations
