@@ -19,7 +19,6 @@ import asyncio
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -30,6 +29,7 @@ from slobench.fleet.simulate import simulate_records
 from slobench.profiles.refine import (
     EngineLimits,
     RatePoint,
+    Refinement,
     RefinePlan,
     drift_notes,
     live_setup,
@@ -89,7 +89,7 @@ def shifted(records: list[RequestRecord], shift_s: float) -> list[RequestRecord]
     return records
 
 
-def refine_virtual(tmp_path: Path, num_requests: int, jitter_sd: float, jitter_seed: int) -> Any:
+def refine_virtual(tmp_path: Path, num_requests: int, jitter_sd: float, jitter_seed: int) -> Refinement:
     """`refine` from FAST against "measured" runs that simulate TRUE with this step-time noise, plus O_TRUE_S."""
     (tmp_path / "w.toml").write_text(SMALL)
     wl = WorkloadSpec.from_toml(tmp_path / "w.toml")
@@ -136,7 +136,7 @@ def test_the_fit_finds_step_time_noise_and_the_profile_carries_it(tmp_path: Path
     assert f"--jitter {ref.jitter_sd:.2f}" in "\n".join(_lines(ref))
 
 
-def _lines(ref: Any) -> list[str]:
+def _lines(ref: Refinement) -> list[str]:
     out: list[str] = []
     print_refinement(ref, out.append)
     return out

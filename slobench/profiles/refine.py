@@ -318,8 +318,7 @@ def fit_factors(profile: CostProfile, overhead_s: float, train: Sequence[tuple[S
         if key not in seen:
             count += len(train)
             prof = scaled(profile, dict(zip(free, np.exp(x[:-1]), strict=True)))
-            jitter = float(np.clip(x[-1], 0.0, MAX_JITTER))
-            seen[key] = [simulate(specs, limits, prof, api, smooth=True, jitter_sd=jitter) for specs, _ in train]
+            seen[key] = [simulate(specs, limits, prof, api, smooth=True, jitter_sd=_noise(x)) for specs, _ in train]
         return seen[key]
 
     def loss(got: list[Percentiles], log_o: float, metric: str) -> float:
@@ -335,7 +334,7 @@ def fit_factors(profile: CostProfile, overhead_s: float, train: Sequence[tuple[S
 
     def objective(x: np.ndarray) -> float:
         got = simulated(x)
-        return loss(got, 0.0, "tpot") + solve_o(got)[1] + PRIOR * float(np.sum(np.asarray(x) ** 2))
+        return loss(got, 0.0, "tpot") + solve_o(got)[1] + PRIOR * float(np.sum(x**2))
 
     n = len(free) + 1  # the log factors, then the noise
     x = np.zeros(n)
@@ -360,8 +359,12 @@ def fit_factors(profile: CostProfile, overhead_s: float, train: Sequence[tuple[S
     log_o, _ = solve_o(simulated(x))
     factors = {k: 1.0 for k in FACTORS} | dict(zip(free, (float(v) for v in np.exp(x[:-1])), strict=True))
     factors["o"] = math.exp(log_o)
-    jitter = float(np.clip(x[-1], 0.0, MAX_JITTER))
-    return FactorFit(factors, scaled(profile, factors), overhead_s * factors["o"], count, best, jitter)
+    return FactorFit(factors, scaled(profile, factors), overhead_s * factors["o"], count, best, _noise(x))
+
+
+def _noise(x: np.ndarray) -> float:
+    """The step-time noise of a search point (its last coordinate), within the bounds Nelder-Mead may step past."""
+    return float(np.clip(x[-1], 0.0, MAX_JITTER))
 
 
 def _log_ratio(simulated: float | None, measured: float, shift_s: float = 0.0) -> float:

@@ -47,9 +47,7 @@ class TokenServerProcess(ServerProcess):
             self._args.append("--no-models")
         for q in quirks:
             self._args += ["--quirk", q]
-        self.log_path: Path | None = (
-            (self.tmp_path / "server.jsonl") if log is True else (Path(log) if log else None)
-        )
+        self.log_path: Path | None = (self.tmp_path / "server.jsonl") if log is True else (Path(log) if log else None)
         if self.log_path is not None:
             self._args += ["--log", str(self.log_path)]
 

@@ -34,9 +34,7 @@ class ServerProcess:
     ) -> None:
         self.host = host
         # stderr goes to a file, not a pipe nobody drains, so a chatty server can never block on it.
-        self._tmpdir: tempfile.TemporaryDirectory[str] | None = tempfile.TemporaryDirectory(
-            prefix="slobench-srv-"
-        )
+        self._tmpdir: tempfile.TemporaryDirectory[str] | None = tempfile.TemporaryDirectory(prefix="slobench-srv-")
         self.tmp_path = Path(self._tmpdir.name)
         self._stderr_path = self.tmp_path / "stderr.txt"
         self._args = [sys.executable, *module_args]

@@ -72,23 +72,8 @@ QUIRKS = frozenset(
     }
 )
 # The request fields a strict server knows (OpenAI's), plus the test knobs x_*.
-_STRICT_FIELDS = frozenset(
-    {
-        "model",
-        "prompt",
-        "messages",
-        "max_tokens",
-        "max_completion_tokens",
-        "temperature",
-        "top_p",
-        "stream",
-        "stream_options",
-        "seed",
-        "stop",
-        "n",
-        "user",
-    }
-)
+_STRICT_FIELDS = frozenset({"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
+                            "top_p", "stream", "stream_options", "seed", "stop", "n", "user"})
 _FAULT_AT = 2  # token index at which mid-stream faults strike
 _RESET_AT = 3
 
@@ -177,17 +162,9 @@ class TokenServer:
             return _error(404, "Not Found", "NotFoundError")
         if "models-500" in self.config.quirks:
             return _error(500, "Internal Server Error", "InternalServerError")
-        listed = (
-            []
-            if "models-empty" in self.config.quirks
-            else [
-                {
-                    "id": self.config.model,
-                    "object": "model",
-                    "owned_by": "llamacpp" if "eos-early" in self.config.quirks else "slobench",
-                }
-            ]
-        )
+        listed = [] if "models-empty" in self.config.quirks else [
+            {"id": self.config.model, "object": "model",
+             "owned_by": "llamacpp" if "eos-early" in self.config.quirks else "slobench"}]
         body = {"object": "list", "data": listed}
         return web.json_response(body)
 
@@ -302,16 +279,7 @@ class TokenServer:
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
                 include_usage = include_usage and "no-usage" not in quirks
                 return await self._stream(
-                    request,
-                    is_chat,
-                    fault,
-                    recv_s,
-                    ttft_s,
-                    itl_s,
-                    max_tokens,
-                    usage,
-                    include_usage,
-                    chunk_s,
+                    request, is_chat, fault, recv_s, ttft_s, itl_s, max_tokens, usage, include_usage, chunk_s,
                     write_log,
                 )
             await _sleep_until(recv_s + ttft_s + (max_tokens - 1) * itl_s)
@@ -504,13 +472,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--itl-ms", type=float, default=5.0)
     p.add_argument("--model", default="test-model")
     p.add_argument("--no-models", action="store_true", help="answer 404 on /v1/models")
-    p.add_argument(
-        "--quirk",
-        action="append",
-        default=[],
-        choices=sorted(QUIRKS),
-        help="behave like a real third-party server in this way (repeatable)",
-    )
+    p.add_argument("--quirk", action="append", default=[], choices=sorted(QUIRKS),
+                   help="behave like a real third-party server in this way (repeatable)")
     p.add_argument("--log", default=None, help="append per-request JSON lines (perf_counter times) here")
     args = p.parse_args(argv)
     try:
