@@ -107,11 +107,11 @@ def quiet(argv: list[str]) -> int:
         return cli(argv)
 
 
-def engine_flags(jitter_sd: float = 0.0) -> list[str]:
-    """The simulated engine's limits, those of the served one (`demo_engine_args("torch")`), and the
-    calibrated step-time noise."""
+def engine_flags(extras: tuple[str, ...] = ()) -> list[str]:
+    """The simulated engine's limits, those of the served one (`demo_engine_args("torch")`), and `extras`
+    (`--jitter 0`, `--request-overhead 0`: without them `--simulate` applies the calibrated profile's)."""
     args = demo_engine_args("torch")
-    flags = ["--jitter", f"{jitter_sd:.4g}"]
+    flags = list(extras)
     for k in ("--kv-blocks", "--max-num-seqs"):
         flags += [k, args[args.index(k) + 1]]
     return flags
@@ -170,14 +170,8 @@ def fitted_on(prof: CostProfile) -> str:
             + f"; step-time noise sd {ref.get('step_jitter_sd', 0.0):.2f}")
 
 
-def load_and_judge(run_dir: Path, slo: SLO, shift_s: float = 0.0) -> dict[str, Any]:
-    recs = load_run(run_dir).records
-    for r in recs:  # the request's fixed cost outside the steps: every time after the send moves by it
-        if shift_s and r.first_token_s is not None:
-            r.first_token_s += shift_s
-            r.done_s = None if r.done_s is None else r.done_s + shift_s
-            r.chunk_times_s = [t + shift_s for t in r.chunk_times_s]
-    s = summarize(recs, slo)
+def load_and_judge(run_dir: Path, slo: SLO) -> dict[str, Any]:
+    s = summarize(load_run(run_dir).records, slo)
     assert s.attainment is not None  # an SLO was given
     return {"attainment": s.attainment.value, "ttft_p50": s.ttft.p50, "ttft_p90": s.ttft.p90,
             "tpot_p50": s.tpot.p50, "tpot_p90": s.tpot.p90, "num_ok": s.num_ok}
@@ -188,14 +182,14 @@ def run_args(workload: str, rate: float, n: int, seed: int, slo: str, out: Path)
             "--slo", slo, "--out", str(out), "--overwrite", "--no-progress", "--scrape-interval", "0"]
 
 
-def knee(workload: str, profile: Path, n: int, seed: int, slo: str, out: Path, jitter_sd: float) -> float:
+def knee(workload: str, profile: Path, n: int, seed: int, slo: str, out: Path, extras: tuple[str, ...]) -> float:
     """The highest rate, on a x1.2 grid, up to which the simulation meets the SLO's target."""
     target = SLO.parse(slo).target
     rate, best = 0.25, 0.25
     while rate < 200:
         d = out / f"knee-{rate:.4g}"
         quiet(run_args(workload, rate, n, seed, slo, d)
-              + ["--simulate", "--profile", str(profile), *engine_flags(jitter_sd)])
+              + ["--simulate", "--profile", str(profile), *engine_flags(extras)])
         att = json.loads((d / "summary.json").read_text())["attainment"]["value"]
         if att < target:
             break
@@ -237,8 +231,10 @@ def main() -> None:
     with EngineServerProcess(*demo_engine_args("torch"), torch_threads=1) as srv:
         prof_path = Path(args.profile) if args.profile else calibrate_once(srv.base_url, args, out, refine_workload)
         prof = CostProfile.load(prof_path)
+        # `--simulate` applies the calibrated profile's o and noise itself (slobench.fleet.simulate); these say so
         overhead_s = 0.0 if args.no_overhead else float((prof.provenance or {}).get("request_overhead_s", 0.0))
         jitter_sd = 0.0 if args.no_jitter else float((prof.provenance or {}).get("step_jitter_sd", 0.0))
+        extras = (("--request-overhead", "0") if args.no_overhead else ()) + (("--jitter", "0") if args.no_jitter else ())
         ref = (prof.provenance or {}).get("refinement") or {}
         in_sample = [n for n in workloads if ref.get("workload") == n and ref.get("seed") == args.seed]
         print(f"fitted on: {fitted_on(prof)}", flush=True)
@@ -251,7 +247,7 @@ def main() -> None:
             if args.rates:
                 rates = [float(x) for x in args.rates.split(",")]
             else:
-                k = knee(wl, prof_path, args.num_requests, args.seed, slo_text, out / name, jitter_sd)
+                k = knee(wl, prof_path, args.num_requests, args.seed, slo_text, out / name, extras)
                 rates = [k * f for f in RATE_FACTORS]
                 print(f"{name}: simulated knee {k:.2f} req/s ({slo_text}); rates {', '.join(f'{r:.2f}' for r in rates)}; "
                       f"~{sum(args.num_requests / r for r in rates):.0f} s of arrivals", flush=True)
@@ -262,9 +258,9 @@ def main() -> None:
                 loads.append(os.getloadavg()[0])
                 sim_dir = out / name / f"simulated-{rate:.4g}"
                 quiet([*run_args(wl, rate, args.num_requests, args.seed, slo_text, sim_dir), "--simulate", "--profile",
-                       str(prof_path), *engine_flags(jitter_sd)])
+                       str(prof_path), *engine_flags(extras)])
                 m = load_and_judge(out / name / f"measured-{rate:.4g}", slo)
-                s = load_and_judge(sim_dir, slo, overhead_s)
+                s = load_and_judge(sim_dir, slo)
                 rows.append((name, rate, m, s))
                 print(f"  {name} {rate:.2f} req/s measured in {time.monotonic() - t0:.0f} s (load {loads[-1]:.1f}): "
                       f"attainment {m['attainment']:.0%} vs simulated {s['attainment']:.0%}", flush=True)

@@ -296,7 +296,11 @@ class LoadSetup:
                 raise UsageError(f"--{flag.replace('_', '-')}: not supported with --simulate (open loop, every "
                                  "request measured); drop one of them")
         a.engine = "modeled"
-        target: dict[str, Any] = {"kind": "simulated", "knobs": engine_knobs_from_args(a), "jitter_sd": a.jitter}
+        overhead_s, jitter_sd, source = self.simulated_extras()
+        target: dict[str, Any] = {"kind": "simulated", "knobs": engine_knobs_from_args(a), "jitter_sd": jitter_sd}
+        if overhead_s or source:  # an uncalibrated run's manifest (and the gate's workload identity) as it was
+            target["request_overhead_s"] = overhead_s
+            target["calibrated_extras"] = source
         if a.replicas != 1:  # one replica leaves the manifest (and the gate's workload identity) as it was
             target["fleet"] = {"replicas": a.replicas, "router": a.router}
         if "prefill_replicas" in target["knobs"]:  # disaggregated (slobench.fleet.disagg)
@@ -309,6 +313,44 @@ class LoadSetup:
             "workload_name": self.workload.name, "seed": a.seed, "slo": self.slo.to_dict() if self.slo else None,
             "target": target,
         }
+
+    def simulated_extras(self) -> tuple[float, float, str | None]:
+        """A --simulate run's request overhead (s) and step-time noise sd: `--request-overhead` and `--jitter`
+        when given, else what a calibrated profile carries (`slobench.fleet.simulate.calibrated_extras`; 0 for
+        a profile without them). The third value names the profile when it supplied either, else None."""
+        cached = getattr(self, "_extras", None)
+        if cached is not None:
+            return cached  # type: ignore[no-any-return]
+        from slobench.errors import SpecError
+        from slobench.fleet.disagg import split_fleet_knobs
+        from slobench.fleet.simulate import ModeledEngine, calibrated_extras
+        from slobench.targets.engine import engine_knobs_from_args
+
+        a = self.args
+        overhead_s = parse_overhead_s(getattr(a, "request_overhead", None))
+        jitter_sd = getattr(a, "jitter", None)
+        if jitter_sd is not None and not (isinstance(jitter_sd, int | float) and 0 <= jitter_sd < float("inf")):
+            raise UsageError(f"--jitter: must be a number >= 0 (got {jitter_sd!r})")
+        source = None
+        if overhead_s is None or jitter_sd is None:
+            knobs, _ = split_fleet_knobs(dict(engine_knobs_from_args(a)), getattr(a, "router", "least-outstanding"))
+            try:
+                profile = ModeledEngine.from_knobs(knobs).cost_profile()
+                o_prof, j_prof = calibrated_extras(profile)
+            except SpecError as e:
+                raise UsageError(f"--profile: {e.field}: {e.why} (got {e.value!r})") from None
+            if (overhead_s is None and o_prof) or (jitter_sd is None and j_prof):
+                source = str(knobs.get("profile", profile.name))
+                print(f"--simulate: the calibrated profile {source} adds"
+                      + (f" a request overhead of {o_prof * 1e3:.1f} ms to every time after the send"
+                         if overhead_s is None and o_prof else "")
+                      + (" and" if overhead_s is None and o_prof and jitter_sd is None and j_prof else "")
+                      + (f" step-time noise sd {j_prof:.2f}" if jitter_sd is None and j_prof else "")
+                      + " (--request-overhead 0 / --jitter 0 leave them out)", file=sys.stderr)
+            overhead_s = o_prof if overhead_s is None else overhead_s
+            jitter_sd = j_prof if jitter_sd is None else jitter_sd
+        self._extras = (float(overhead_s), float(jitter_sd), source)
+        return self._extras
 
     def check_fleet(self) -> None:
         a = self.args
@@ -370,8 +412,10 @@ class LoadSetup:
             from slobench.targets.engine import engine_knobs_from_args
 
             manifest = self.simulated_manifest()
-            yield VirtualProbe(make_specs, engine_knobs_from_args(a), slo=self.slo, api=self.api, jitter_sd=a.jitter,
-                               replicas=a.replicas, router=a.router, intervals=intervals), manifest, "simulated"  # fmt: skip
+            overhead_s, jitter_sd, _ = self.simulated_extras()
+            yield VirtualProbe(make_specs, engine_knobs_from_args(a), slo=self.slo, api=self.api, jitter_sd=jitter_sd,
+                               replicas=a.replicas, router=a.router, intervals=intervals,
+                               request_overhead_s=overhead_s), manifest, "simulated"  # fmt: skip
             return
         from slobench.targets.ray_pool import note_client_clocks
 
@@ -419,6 +463,21 @@ async def _start_target(setup: LoadSetup) -> tuple[Any, Any, str]:
 
 
 _PERIODS = {"s": 1.0, "sec": 1.0, "second": 1.0, "min": 60.0, "minute": 60.0, "h": 3600.0, "hour": 3600.0}
+
+
+def parse_overhead_s(text: str | None) -> float | None:
+    """`--request-overhead`: a duration (`13.7ms`, `0.0137s`, `0.0137`), 0 for none; None when not given."""
+    if text is None:
+        return None
+    from slobench.analysis.slo import parse_duration_s
+    from slobench.errors import SpecError
+
+    if str(text).strip() in ("0", "0.0", "0s", "0ms", "0us"):
+        return 0.0
+    try:
+        return parse_duration_s(text, "--request-overhead")
+    except SpecError as e:
+        raise UsageError(f"--request-overhead: {e.why} (got {text!r})") from None
 
 
 def parse_rate_limit(text: str | None) -> tuple[int, float] | None:

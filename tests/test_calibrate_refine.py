@@ -25,7 +25,7 @@ import pytest
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.cli import main
 from slobench.errors import SpecError, UsageError
-from slobench.fleet.simulate import simulate_records
+from slobench.fleet.simulate import calibrated_extras, simulate_records
 from slobench.profiles.refine import (
     EngineLimits,
     RatePoint,
@@ -133,7 +133,10 @@ def test_the_fit_finds_step_time_noise_and_the_profile_carries_it(tmp_path: Path
     assert ref.to_dict()["step_jitter_sd"] == ref.jitter_sd
     prof = with_refinement(FAST, ref)
     assert prof.provenance is not None and prof.provenance["step_jitter_sd"] == ref.jitter_sd
-    assert f"--jitter {ref.jitter_sd:.2f}" in "\n".join(_lines(ref))
+    assert f"step-time noise sd {ref.jitter_sd:.2f}" in "\n".join(_lines(ref))
+    # the file calibrate writes carries both into every simulation of it (--simulate, plan)
+    (tmp_path / "cal.json").write_text(prof.to_json())
+    assert calibrated_extras(CostProfile.load(tmp_path / "cal.json")) == (ref.request_overhead_s, ref.jitter_sd)
 
 
 def _lines(ref: Refinement) -> list[str]:

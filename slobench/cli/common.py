@@ -99,7 +99,12 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     eng.add_argument("--simulate", action="store_true",
                      help="no server, no real time: the bundled engine's scheduler and block manager on a virtual "
                           "clock with the modeled executor (--profile, --kv-blocks, ...); seconds, not minutes")
-    eng.add_argument("--jitter", type=float, default=0.0, help="with --simulate: per-step time noise, relative sd")
+    eng.add_argument("--jitter", type=float, default=None,
+                     help="with --simulate: per-step time noise, relative sd (default: a calibrated profile's "
+                          "fitted noise, else 0)")
+    eng.add_argument("--request-overhead", default=None, metavar="DURATION",
+                     help="with --simulate: each request's fixed cost outside the steps (HTTP, parsing), added to "
+                          "every time after the send, e.g. 13ms (default: a calibrated profile's fitted o, else 0)")
     eng.add_argument("--replicas", type=int, default=1, metavar="N",
                      help="with --simulate: a fleet of N identical engines behind --router (default 1)")
     eng.add_argument("--router", default="least-outstanding",

@@ -72,12 +72,14 @@ class VirtualProbe:
 
     `engine`: `build_engine` knobs (a disaggregated fleet's included) or an engine factory such as
     `ModeledEngine`. `jitter_seed(rate_rps, seed)` seeds each probe's step-time noise (default: drawn from
-    the rate, the seed and the engine's name, so each probe of a search sees its own noise)."""
+    the rate, the seed and the engine's name, so each probe of a search sees its own noise);
+    `request_overhead_s` moves every time after the send (`slobench.fleet.simulate`)."""
 
     def __init__(self, make_specs: SpecMaker, engine: Mapping[str, Any] | Callable[[], Any], *, slo: Any,
                  api: str = "completions", jitter_sd: float = 0.0, replicas: int = 1,
                  router: str = "least-outstanding", intervals: bool = True,
-                 jitter_seed: Callable[[Any, int], int] | None = None) -> None:  # fmt: skip
+                 jitter_seed: Callable[[Any, int], int] | None = None,
+                 request_overhead_s: float = 0.0) -> None:  # fmt: skip
         from slobench.fleet.disagg import split_fleet_knobs
         from slobench.fleet.simulate import as_factory
 
@@ -94,6 +96,7 @@ class VirtualProbe:
         self.router = router
         self.intervals = intervals
         self.jitter_seed = jitter_seed
+        self.request_overhead_s = request_overhead_s
 
     async def __call__(self, rate_rps: float | None, seed: int, run_dir: Path | None,
                        manifest: dict[str, Any]) -> ProbeResult:  # fmt: skip
@@ -106,7 +109,7 @@ class VirtualProbe:
             seed=self.jitter_seed(rate_rps, seed) if self.jitter_seed else probe_jitter_seed(rate_rps, seed, self.name),
             jitter_sd=self.jitter_sd,
             api=self.api, intervals=self.intervals, replicas=self.replicas, router=self.router,  # type: ignore[arg-type]
-            disagg=self.disagg,
+            disagg=self.disagg, request_overhead_s=self.request_overhead_s,
         )
         if (row_report := getattr(specs, "row_report", None)) is not None:
             summary = replace(summary, trace_rows=row_report())  # a trace: what its rows became, as a live run says it

@@ -110,6 +110,8 @@ class Setup:
     router: str = "least-outstanding"
     api: str = "completions"
     seed: int = 0
+    jitter_sd: float = 0.0  # step-time noise, relative sd (a calibrated profile's, `slobench.fleet.simulate`)
+    request_overhead_s: float = 0.0  # each request's fixed cost outside the steps (a calibrated profile's o)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,12 +146,14 @@ def simulate_fleet(setup: Setup, specs: Sequence[RequestSpec], fleet: Fleet) -> 
         return []
     if fleet.prefill == 0:
         return simulate_records(specs, setup.engine, replicas=fleet.colocated, router=setup.router, api=setup.api,  # type: ignore[arg-type]
-                                seed=setup.seed)  # fmt: skip
+                                seed=setup.seed, jitter_sd=setup.jitter_sd,
+                                request_overhead_s=setup.request_overhead_s)  # fmt: skip
     from slobench.fleet.disagg import DisaggFleet, KVLink
 
     disagg = DisaggFleet(fleet.prefill, fleet.decode, fleet.colocated, setup.link or KVLink(), setup.bytes_per_token,
                          setup.router)  # fmt: skip
-    return simulate_records(specs, setup.engine, seed=setup.seed, api=setup.api, disagg=disagg)  # type: ignore[arg-type]
+    return simulate_records(specs, setup.engine, seed=setup.seed, api=setup.api, disagg=disagg,  # type: ignore[arg-type]
+                            jitter_sd=setup.jitter_sd, request_overhead_s=setup.request_overhead_s)
 
 
 def _judge(setup: Setup, records: Sequence[RequestRecord], counted: set[int], missed: int = 0) -> Evaluation:
@@ -705,7 +709,8 @@ def _result(windows: Sequence[Window], searches: Sequence[WindowSearch],
                    "max_num_seqs": setup.engine.max_num_seqs, "max_batched_tokens": setup.engine.max_batched_tokens,
                    "max_model_len": setup.engine.max_model_len, "router": setup.router,
                    "kv_link": str(setup.link) if setup.link is not None else "inf,0us",
-                   "kv_bytes_per_token": setup.bytes_per_token},
+                   "kv_bytes_per_token": setup.bytes_per_token, "step_jitter_sd": setup.jitter_sd,
+                   "request_overhead_s": setup.request_overhead_s},
         "options": {"target_scope": options.target_scope, "switch_s": options.switch_s, "switch_share": share, "min_saving": options.min_saving,
                     "hold": options.hold, "max_instances": options.max_instances, "fleets": list(options.kinds),
                     "gpus_per_instance": options.gpus_per_instance, "max_candidates": options.max_candidates},

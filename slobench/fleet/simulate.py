@@ -10,6 +10,11 @@ token time - arrival, and each token is one chunk stamped at the end of the step
 A per-step timing jitter (relative s.d., default 0) multiplies each modeled step time by
 max(0.5, 1 + N(0, jitter_sd)), a stand-in for a real machine's noise when testing how often a gate cries
 wolf. Everything is deterministic for a seed.
+
+A request's fixed cost outside the steps (`request_overhead_s`, default 0: HTTP in and out, parsing, the
+first SSE event) moves every time after the send by itself: TTFT grows by it, TPOT does not. It is the `o`
+that `slobench calibrate` fits beside a profile; `calibrated_extras` reads it, and the fitted step-time
+noise, from a calibrated profile's provenance, for the CLI to apply unless told otherwise.
 """
 
 from __future__ import annotations
@@ -128,6 +133,35 @@ class _JitteredWait:
         self.clock.advance_to(now + (t_s - now) * max(0.5, 1.0 + self.rng.normal(0.0, self.jitter_sd)))
 
 
+def calibrated_extras(profile: CostProfile) -> tuple[float, float]:
+    """(request overhead s, step-time noise sd) a calibrated profile's provenance carries
+    (`slobench calibrate`: `request_overhead_s`, `step_jitter_sd`); 0 for each it lacks (a bundled or roofline
+    profile). A value that is not a finite number >= 0 is a SpecError naming the profile and the field."""
+    prov = profile.provenance or {}
+    out = []
+    for key in ("request_overhead_s", "step_jitter_sd"):
+        v = prov.get(key, 0.0)
+        if v is None:
+            v = 0.0
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf"):
+            raise SpecError(f"profile {profile.name}: provenance.{key}", v, "must be a number >= 0")
+        out.append(float(v))
+    return out[0], out[1]
+
+
+def _shift_after_send(records: list[RequestRecord], overhead_s: float) -> list[RequestRecord]:
+    """Every time after the send moved by the request's fixed cost (first token, each chunk, the end); a
+    request the protocol refused at its arrival keeps its times."""
+    if overhead_s:
+        for r in records:
+            if r.first_token_s is None and not r.chunk_times_s:
+                continue
+            r.first_token_s = None if r.first_token_s is None else r.first_token_s + overhead_s
+            r.done_s = None if r.done_s is None else r.done_s + overhead_s
+            r.chunk_times_s = [t + overhead_s for t in r.chunk_times_s]
+    return records
+
+
 def _engine_request(sp: RequestSpec, *, model_name: str, tokenizer: Any, max_model_len: int, api: Api,
                     templates: dict[tuple[int, int | None, bool], Any] | None = None) -> Any:
     """`to_engine_request`, with a token-id prompt checked at C speed. The protocol checks ids one by one
@@ -205,6 +239,7 @@ def simulate_records(
     fleet: dict[str, Any] | None = None,
     decode_runs: bool = True,
     disagg: DisaggFleet | None = None,
+    request_overhead_s: float = 0.0,
 ) -> list[RequestRecord]:
     """The records of one virtual-clock run, in arrival order. `engine`: knobs or a factory of fresh engines
     (its clock is replaced by the run's VirtualClock; its executor must model step times).
@@ -218,15 +253,20 @@ def simulate_records(
     every engine state as stepping would; `decode_runs=False` steps every step (the reference for tests).
 
     `disagg` (or knobs naming prefill_replicas/decode_replicas/colocated_replicas/kv_link) simulates a
-    disaggregated fleet instead (`slobench.fleet.disagg`); `replicas` must then stay 1."""
+    disaggregated fleet instead (`slobench.fleet.disagg`); `replicas` must then stay 1.
+
+    `request_overhead_s` (the module's doc) moves every time after the send of each record by itself."""
+    o = request_overhead_s
+    if isinstance(o, bool) or not isinstance(o, int | float) or not 0 <= o < float("inf"):
+        raise SpecError("request_overhead_s", o, "must be a number >= 0 (seconds)")
     if isinstance(engine, Mapping):
         engine, named = split_fleet_knobs(dict(engine), router)
         disagg = disagg or named
     if disagg is not None:
         if replicas != 1:
             raise SpecError("replicas", replicas, "with prefill/decode instances, co-located ones are colocated_replicas")
-        return simulate_disagg(specs, as_factory(engine), disagg, seed=seed, jitter_sd=jitter_sd, api=api,
-                               model_name=model_name, info=fleet)
+        return _shift_after_send(simulate_disagg(specs, as_factory(engine), disagg, seed=seed, jitter_sd=jitter_sd,
+                                                 api=api, model_name=model_name, info=fleet), o)
     if not (isinstance(jitter_sd, int | float) and jitter_sd >= 0):
         raise SpecError("jitter_sd", jitter_sd, "must be a number >= 0")
     if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= 4096:
@@ -340,7 +380,7 @@ def simulate_records(
             "requests_per_replica": list(route.sent),
             "output_tokens_per_replica": [r.num_output_tokens for r in reps],
         })
-    return records
+    return _shift_after_send(records, o)
 
 
 def simulate_run(
@@ -356,6 +396,7 @@ def simulate_run(
     replicas: int = 1,
     router: str = "least-outstanding",
     disagg: DisaggFleet | None = None,
+    request_overhead_s: float = 0.0,
 ) -> tuple[list[RequestRecord], RunSummary]:
     """One virtual-clock run: its records and its summary (`slobench.analysis.summary.summarize`).
 
@@ -364,7 +405,8 @@ def simulate_run(
     """
     fleet: dict[str, Any] = {}
     records = simulate_records(specs, engine, seed=seed, jitter_sd=jitter_sd, api=api, model_name=model_name,
-                               replicas=replicas, router=router, fleet=fleet, disagg=disagg)
+                               replicas=replicas, router=router, fleet=fleet, disagg=disagg,
+                               request_overhead_s=request_overhead_s)
     summary = summarize(records, slo, seed=seed, intervals=intervals)
     return records, replace(summary, clock="virtual", fleet=fleet if replicas != 1 or "prefill" in fleet else None)
 

@@ -274,7 +274,7 @@ def with_provenance(cal: Calibration, url: str, model: str, plan: ProbePlan) -> 
     note = (f"CALIBRATED {when[:10]} by slobench calibrate from {len(cal.probes)} probes of {redact_url(url)} "
             f"({model}); held-out error: prefill TTFT median {pre[0]:.1%}, decode step median "
             f"{dec[0]:.1%}. Request overhead outside the steps (HTTP, parsing, SSE): "
-            f"{cal.request_overhead_s * 1e3:.2f} ms, not in the profile.")
+            f"{cal.request_overhead_s * 1e3:.2f} ms, not a step: --simulate and plan add it to every time after the send.")
     prov = {
         "kind": "calibrated", "url": redact_url(url), "model": model, "date": when, "wall_s": round(cal.wall_s, 1),
         "plan": asdict(plan), "request_overhead_s": cal.request_overhead_s,
@@ -413,6 +413,7 @@ async def calibrate_main(args: Any) -> int:
         raise
     print_refinement(ref)
     _write(out, with_refinement(profile, ref), f"-o {args.output}")
-    print(f"written: {out}, refined (use it with --simulate --profile {out}; add {ref.request_overhead_s * 1e3:.1f} ms "
-          "to simulated TTFT for the request's fixed cost over HTTP)")
+    print(f"written: {out}, refined (use it with --simulate --profile {out}, or plan --profile {out}: both add its "
+          f"request overhead {ref.request_overhead_s * 1e3:.1f} ms and step-time noise sd {ref.jitter_sd:.2f} "
+          "unless --request-overhead / --jitter say otherwise)")
     return 0

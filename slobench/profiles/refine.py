@@ -501,8 +501,8 @@ def print_refinement(ref: Refinement, write: Callable[[str], None] = print) -> N
           f"{ref.plan.seed}{knee}; simulated with {lim.kv_blocks} KV blocks of {lim.block_size}, "
           f"{lim.max_num_seqs} sequences, {lim.max_batched_tokens} tokens a step")
     write("factors on the probe fit: " + "  ".join(f"{k} x{v:.3g}" for k, v in ref.factors.items())
-          + f"   (o = {ref.request_overhead_s * 1e3:.2f} ms; step-time noise sd {ref.jitter_sd:.2f}, which"
-          f" `--simulate --jitter {ref.jitter_sd:.2f}` applies; fit {ref.fit_s:.0f} s, {ref.num_simulations} simulations;"
+          + f"   (o = {ref.request_overhead_s * 1e3:.2f} ms; step-time noise sd {ref.jitter_sd:.2f}: `--simulate` and"
+          f" `plan` with this profile apply both; fit {ref.fit_s:.0f} s, {ref.num_simulations} simulations;"
           f" measured {ref.measure_s:.0f} s)")
     write(f"{'req/s':>8} {'':<8} {'metric':<9} {'measured':>10} {'probe-only':>18} {'refined':>18}")
     for p in ref.points:
@@ -526,10 +526,11 @@ def with_refinement(profile: CostProfile, ref: Refinement) -> CostProfile:
     p = ref.probe_profile
     prov["probe_fit"] = {**{c: getattr(p, c) for c in COEFFICIENTS}, "request_overhead_s": ref.probe_overhead_s}
     prov["request_overhead_s"] = ref.request_overhead_s
-    prov["step_jitter_sd"] = ref.jitter_sd  # what `--simulate --jitter` takes
+    prov["step_jitter_sd"] = ref.jitter_sd  # `--simulate` and `plan` apply it (slobench.fleet.simulate.calibrated_extras)
     prov["refinement"] = ref.to_dict()
     note = (f"{profile.note + ' ' if profile.note else ''}REFINED on served load ({ref.workload}, {len(ref.points)} rates): held-out rate "
             f"{ref.held_out.rate_rps:.3g} req/s, mean TTFT/TPOT p50/p90 error {ref.held_out_error('refined'):.1%} "
             f"(probe fit alone {ref.held_out_error('probe_only'):.1%}); request overhead now "
-            f"{ref.request_overhead_s * 1e3:.2f} ms, step-time noise sd {ref.jitter_sd:.2f} (--jitter).")
+            f"{ref.request_overhead_s * 1e3:.2f} ms, step-time noise sd {ref.jitter_sd:.2f}, both applied by --simulate "
+            "and plan.")
     return replace(profile, **{c: getattr(ref.profile, c) for c in COEFFICIENTS}, note=note, provenance=prov)
