@@ -1,7 +1,7 @@
 """Calibrated simulation vs measurement, on the CPU reference engine over HTTP.
 
 Starts the engine `slobench demo` starts (the torch `tiny` model, 512 KV blocks, 32 sequences, one torch
-thread so the client keeps a core) and calibrates a cost profile from it once, as `slobench calibrate` does:
+thread so the client keeps a core) and calibrates cost profiles from it as `slobench calibrate` does:
 designed probes of the idle server, then (unless `--no-refine`) the refinement on served open-loop load,
 which fits factors on the profile's a, b, c and the request overhead `o` so that simulated TTFT/TPOT p50/p90
 match measured ones (slobench.profiles.refine). Then, for each workload, it finds the knee in simulation and
@@ -10,11 +10,16 @@ over HTTP, and simulated on the virtual clock with the calibrated profile and th
 row per (workload, rate): SLO attainment and TTFT/TPOT p50 and p90 of each, and the differences, against the
 targets of issue 15 (attainment within 3 points, percentiles within 10%).
 
-What is fitted on what. The refinement runs a third workload, `refine-mix` (prompts 32-512, outputs 4-64,
-written here), with seed 1, at 0.5, 0.8 and 1.1 times its simulated knee; the validated runs are `tiny` and
-`prefill-heavy` with `--seed` (0). No validated request is in the fit: every row below is out of sample
-(other shapes, other requests, other rates). `--refine-workload tiny --refine-seed 0` would put validated
-requests in the fit; the script says so when it does.
+What is fitted on what. By default (`--refine-workload each`) the probes run once and each validated
+workload is refined on its own shape, as a user refines on the traffic they will plan for: the same
+workload with other requests (`--refine-seed` 1) at 0.5, 0.8 and 1.1 times its own simulated knee, 200
+requests a rate; the validated runs are seed 0 (`--seed`) at five other rates. So no validated request is in
+the fit. `--refine-workload mix` refines once on a third workload, `refine-mix` (prompts 32-512, outputs
+4-64, written here), for both: the protocol of the runs before 2026-12-02. A workload given with
+`--refine-seed 0` would put validated requests in the fit; the script says so when it does.
+
+`--repeat` measures every point twice, the second right after the first: the table of the server against
+itself says how many comparisons any simulation could hope to win on this machine at this sample size.
 
 The simulation's TTFT gets the request's fixed cost outside the steps (HTTP in and out, parsing), the `o`
 that calibrate fits beside the profile (the refined one by default); it is printed, and `--no-overhead`
@@ -26,7 +31,8 @@ request is 0.5 points and the error 2.1. (Simulated and measured send the same r
 which requests come is common to both; what differs is each request's timing on a real machine, whose
 flips across the SLO's line are counted at that resolution.)
 
-    python benchmarks/validate_sim.py                         # ~15-20 minutes on a quiet 2-core machine
+    python benchmarks/validate_sim.py                         # ~25 minutes on a quiet 2-core machine
+    python benchmarks/validate_sim.py --repeat                # and the server against itself: ~35 minutes
     python benchmarks/validate_sim.py --no-refine             # the probe-only calibration
     python benchmarks/validate_sim.py --profile cal.json      # reuse a calibration
     python benchmarks/validate_sim.py --workloads tiny --rates 2,4,8,12,16 --num-requests 60
@@ -125,9 +131,23 @@ def engine_limits() -> Any:
                         max_num_seqs=int(flags[flags.index("--max-num-seqs") + 1]))  # 2,048 tokens a step: both defaults
 
 
-def calibrate_once(url: str, args: argparse.Namespace, out: Path, refine_workload: str) -> Path:
-    """Probes, then (unless --no-refine) the refinement; the profile written under `out`."""
+def probe_fit(url: str, out: Path) -> tuple[Any, CostProfile]:
+    """calibrate's first stage, the designed probes: the fit, and the profile with its provenance (written
+    to `out`/calibrated.json, what `--no-refine` validates)."""
     from slobench.profiles.calibrate import ProbePlan, calibrate, print_table, with_provenance
+
+    t0 = time.monotonic()
+    plan = ProbePlan()
+    cal = asyncio.run(calibrate(url, "tiny", plan))
+    print_table(cal)
+    profile = with_provenance(cal, url, "tiny", plan)
+    (out / "calibrated.json").write_text(profile.to_json() + "\n")
+    print(f"probes fitted in {time.monotonic() - t0:.0f} s (load {os.getloadavg()[0]:.1f})", flush=True)
+    return cal, profile
+
+
+def refined(url: str, args: argparse.Namespace, cal: Any, profile: CostProfile, workload: str, path: Path) -> Path:
+    """calibrate's second stage on `workload` (seed --refine-seed): the refined profile, written to `path`."""
     from slobench.profiles.refine import (
         RefinePlan,
         live_setup,
@@ -137,22 +157,15 @@ def calibrate_once(url: str, args: argparse.Namespace, out: Path, refine_workloa
     )
 
     t0 = time.monotonic()
-    plan = ProbePlan()
-    cal = asyncio.run(calibrate(url, "tiny", plan))
-    print_table(cal)
-    profile = with_provenance(cal, url, "tiny", plan)
-    if not args.no_refine:
-        rates = tuple(float(x) for x in args.refine_rates.split(",")) if args.refine_rates else None
-        rplan = RefinePlan(refine_workload, rates, args.refine_requests, args.refine_seed, engine_limits())
-        print(f"refining on served load: {rplan.workload}, seed {rplan.seed}, {rplan.num_requests} requests a rate "
-              f"(load {os.getloadavg()[0]:.1f})", flush=True)
-        ref = asyncio.run(refine_live(live_setup(url, "tiny", rplan), cal.profile, cal.request_overhead_s, rplan,
-                                      write=lambda line: print(line, flush=True)))
-        print_refinement(ref)
-        profile = with_refinement(profile, ref)
-    path = out / "calibrated.json"
-    path.write_text(profile.to_json() + "\n")
-    print(f"calibrated in {time.monotonic() - t0:.0f} s (load {os.getloadavg()[0]:.1f}) -> {path}", flush=True)
+    rates = tuple(float(x) for x in args.refine_rates.split(",")) if args.refine_rates else None
+    rplan = RefinePlan(workload, rates, args.refine_requests, args.refine_seed, engine_limits())
+    print(f"refining on served load: {rplan.workload}, seed {rplan.seed}, {rplan.num_requests} requests a rate "
+          f"(load {os.getloadavg()[0]:.1f})", flush=True)
+    ref = asyncio.run(refine_live(live_setup(url, "tiny", rplan), cal.profile, cal.request_overhead_s, rplan,
+                                  write=lambda line: print(line, flush=True)))
+    print_refinement(ref)
+    path.write_text(with_refinement(profile, ref).to_json() + "\n")
+    print(f"refined in {time.monotonic() - t0:.0f} s (load {os.getloadavg()[0]:.1f}) -> {path}", flush=True)
     return path
 
 
@@ -208,11 +221,16 @@ def main() -> None:
     ap.add_argument("--no-overhead", action="store_true", help="do not add calibrate's request overhead to TTFT")
     ap.add_argument("--no-jitter", action="store_true", help="simulate without calibrate's step-time noise")
     ap.add_argument("--no-refine", action="store_true", help="calibrate with the probes only")
-    ap.add_argument("--refine-workload", default=None,
-                    help="the refinement's workload (default: refine-mix, written here, validated nowhere)")
+    ap.add_argument("--refine-workload", default="each",
+                    help="what the refinement runs: each (default: every validated workload refined on its own shape, "
+                         "other requests (--refine-seed), its own knee's rates), mix (refine-mix, written here, "
+                         "validated nowhere, one profile for all), or a workload name or TOML for all")
     ap.add_argument("--refine-rates", default=None, help="req/s, at least 3 (default: 0.5/0.8/1.1 x its knee)")
-    ap.add_argument("--refine-requests", type=int, default=100)
+    ap.add_argument("--refine-requests", type=int, default=200)
     ap.add_argument("--refine-seed", type=int, default=1, help="default 1: other requests than the validated ones")
+    ap.add_argument("--repeat", action="store_true",
+                    help="measure each point a second time, right after the first: how often the server agrees "
+                         "with itself within the targets is the most any simulation can score here")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     out = Path(args.out or f"runs/validate-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -220,7 +238,7 @@ def main() -> None:
     (out / "prefill-heavy.toml").write_text(PREFILL_HEAVY)
     (out / "refine-mix.toml").write_text(REFINE_MIX)
     workloads = {w: (str(out / "prefill-heavy.toml") if w == "prefill-heavy" else w) for w in args.workloads.split(",")}
-    refine_workload = args.refine_workload or str(out / "refine-mix.toml")
+    refine_on = {"mix": str(out / "refine-mix.toml")}.get(args.refine_workload, args.refine_workload)
     from slobench.testing.process import EngineServerProcess
 
     t_start = time.monotonic()
@@ -228,20 +246,37 @@ def main() -> None:
     print(f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, load average {os.getloadavg()}; engine: "
           f"{' '.join(demo_engine_args('torch'))}, 1 torch thread", flush=True)
     rows = []
+    again: list[tuple[str, float, dict[str, Any], dict[str, Any]]] = []  # (name, rate, measured, measured again)
     with EngineServerProcess(*demo_engine_args("torch"), torch_threads=1) as srv:
-        prof_path = Path(args.profile) if args.profile else calibrate_once(srv.base_url, args, out, refine_workload)
-        prof = CostProfile.load(prof_path)
+        if args.profile:
+            paths = dict.fromkeys(workloads, Path(args.profile))
+        else:
+            cal, base = probe_fit(srv.base_url, out)
+            if args.no_refine:
+                paths = dict.fromkeys(workloads, out / "calibrated.json")
+            elif refine_on == "each":
+                paths = {n: refined(srv.base_url, args, cal, base, wl, out / f"calibrated-{n}.json")
+                         for n, wl in workloads.items()}
+            else:
+                one = refined(srv.base_url, args, cal, base, refine_on, out / "calibrated-refined.json")
+                paths = dict.fromkeys(workloads, one)
         # `--simulate` applies the calibrated profile's o and noise itself (slobench.fleet.simulate); these say so
-        overhead_s = 0.0 if args.no_overhead else float((prof.provenance or {}).get("request_overhead_s", 0.0))
-        jitter_sd = 0.0 if args.no_jitter else float((prof.provenance or {}).get("step_jitter_sd", 0.0))
         extras = (("--request-overhead", "0") if args.no_overhead else ()) + (("--jitter", "0") if args.no_jitter else ())
-        ref = (prof.provenance or {}).get("refinement") or {}
-        in_sample = [n for n in workloads if ref.get("workload") == n and ref.get("seed") == args.seed]
-        print(f"fitted on: {fitted_on(prof)}", flush=True)
-        if in_sample:
-            print(f"warning: {', '.join(in_sample)} with seed {args.seed} is what the refinement ran: its rows share "
-                  "requests with the fit (in sample)", flush=True)
+        fitted: dict[str, str] = {}
+        in_sample = []
         for name, wl in workloads.items():
+            prof_path = paths[name]
+            prof = CostProfile.load(prof_path)
+            overhead_s = 0.0 if args.no_overhead else float((prof.provenance or {}).get("request_overhead_s", 0.0))
+            jitter_sd = 0.0 if args.no_jitter else float((prof.provenance or {}).get("step_jitter_sd", 0.0))
+            ref = (prof.provenance or {}).get("refinement") or {}
+            if Path(str(ref.get("workload"))).stem == name and ref.get("seed") == args.seed:
+                in_sample.append(name)
+                print(f"warning: {name} with seed {args.seed} is what the refinement ran: its rows share requests "
+                      "with the fit (in sample)", flush=True)
+            fitted[name] = (f"{fitted_on(prof)}; o {overhead_s * 1e3:.1f} ms added to simulated TTFT, step-time noise "
+                            f"sd {jitter_sd:.2f}")
+            print(f"{name}: fitted on {fitted[name]}", flush=True)
             slo_text = SLOS.get(name, SLOS["tiny"])
             slo = SLO.parse(slo_text)
             if args.rates:
@@ -262,15 +297,26 @@ def main() -> None:
                 m = load_and_judge(out / name / f"measured-{rate:.4g}", slo)
                 s = load_and_judge(sim_dir, slo)
                 rows.append((name, rate, m, s))
+                if args.repeat:
+                    d2 = out / name / f"measured-again-{rate:.4g}"
+                    quiet([*run_args(wl, rate, args.num_requests, args.seed, slo_text, d2), "--url", srv.base_url,
+                           "--model", "tiny"])
+                    loads.append(os.getloadavg()[0])
+                    again.append((name, rate, m, load_and_judge(d2, slo)))
                 print(f"  {name} {rate:.2f} req/s measured in {time.monotonic() - t0:.0f} s (load {loads[-1]:.1f}): "
                       f"attainment {m['attainment']:.0%} vs simulated {s['attainment']:.0%}", flush=True)
     print_rows(rows)
-    print(f"\nfitted on: {fitted_on(prof)}")
+    if again:
+        print("\nThe same requests measured a second time, right after the first (the server against itself):")
+        print_rows(again, "meas / again")
+        print("\nThe simulation against the second measurement:")
+        print_rows([(n, r, a, s[3]) for (n, r, _, a), s in zip(again, rows, strict=True)], "again / sim")
+    for name, text in fitted.items():
+        print(f"\n{name}: fitted on {text}")
     print(f"validated: {', '.join(workloads)} with seed {args.seed}, {args.num_requests} requests a point"
           + (f" (in sample: {', '.join(in_sample)})" if in_sample else " (none of them in the fit)"))
     print(f"wall {time.monotonic() - t_start:.0f} s; 1-minute load average during the measured runs "
-          f"{min(loads):.1f}-{max(loads):.1f} (2 cores); request overhead added to simulated TTFT "
-          f"{overhead_s * 1e3:.1f} ms, step-time noise sd {jitter_sd:.2f}; run directories under {out}")
+          f"{min(loads):.1f}-{max(loads):.1f} (2 cores); run directories under {out}")
 
 
 def _err(m: float | None, s: float | None) -> str:
@@ -279,8 +325,9 @@ def _err(m: float | None, s: float | None) -> str:
     return f"{(s - m) / m:+.0%}"
 
 
-def print_rows(rows: list[tuple[str, float, dict[str, Any], dict[str, Any]]]) -> None:
-    print("\n| workload | rate req/s | attainment meas / sim (Δ pts) | TTFT p50 ms meas / sim (err) | TTFT p90 | "
+def print_rows(rows: list[tuple[str, float, dict[str, Any], dict[str, Any]]], label: str = "meas / sim") -> int:
+    """A markdown table of (workload, rate, reference, compared) and the count within target, returned."""
+    print(f"\n| workload | rate req/s | attainment {label} (Δ pts) | TTFT p50 ms {label} (err) | TTFT p90 | "
           "TPOT p50 ms | TPOT p90 |")
     print("|---|---|---|---|---|---|---|")
     hits = total = 0
@@ -299,6 +346,7 @@ def print_rows(rows: list[tuple[str, float, dict[str, Any], dict[str, Any]]]) ->
             cells.append(f"{fm} / {fs} ({_err(mv, sv)}{'' if ok else ' ✗'})")
         print(f"| {name} | {rate:.2f} | " + " | ".join(cells) + " |")
     print(f"\n{hits} of {total} comparisons within target (attainment ±3 points, percentiles ±10%)")
+    return hits
 
 
 if __name__ == "__main__":

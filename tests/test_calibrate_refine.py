@@ -19,6 +19,7 @@ import asyncio
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,12 +28,15 @@ from slobench.cli import main
 from slobench.errors import SpecError, UsageError
 from slobench.fleet.simulate import calibrated_extras, simulate_records
 from slobench.profiles.refine import (
+    MIN_SPLIT_REQUESTS,
+    SPLIT_METRICS,
     EngineLimits,
     RatePoint,
     Refinement,
     RefinePlan,
     drift_notes,
     live_setup,
+    percentiles,
     print_refinement,
     refine,
     refine_live,
@@ -89,8 +93,9 @@ def shifted(records: list[RequestRecord], shift_s: float) -> list[RequestRecord]
     return records
 
 
-def refine_virtual(tmp_path: Path, num_requests: int, jitter_sd: float, jitter_seed: int) -> Refinement:
-    """`refine` from FAST against "measured" runs that simulate TRUE with this step-time noise, plus O_TRUE_S."""
+def refine_virtual(tmp_path: Path, num_requests: int, jitter_sd: float, jitter_seed: int, **plan: Any) -> Refinement:
+    """`refine` from FAST against "measured" runs that simulate TRUE with this step-time noise, plus O_TRUE_S;
+    `plan`: RefinePlan's options."""
     (tmp_path / "w.toml").write_text(SMALL)
     wl = WorkloadSpec.from_toml(tmp_path / "w.toml")
 
@@ -101,7 +106,7 @@ def refine_virtual(tmp_path: Path, num_requests: int, jitter_sd: float, jitter_s
         recs = simulate_records(specs_for(rate), LIMITS.engine(TRUE), jitter_sd=jitter_sd, seed=jitter_seed)
         return shifted(recs, O_TRUE_S)
 
-    return asyncio.run(refine(FAST, O_FAST_S, RefinePlan(num_requests=num_requests, limits=LIMITS), measure,
+    return asyncio.run(refine(FAST, O_FAST_S, RefinePlan(num_requests=num_requests, limits=LIMITS, **plan), measure,
                               specs_for, api="completions", workload=wl.name))
 
 
@@ -253,3 +258,35 @@ def test_cli_keeps_the_probe_fit_when_the_refinement_fails(served: tuple[str, Pa
     assert "written:" in captured.out
     kept = CostProfile.load(out).provenance
     assert kept is not None and kept["kind"] == "calibrated" and kept["probes"] and "refinement" not in kept
+
+
+def test_ttft_by_prompt_length_splits_at_the_given_length() -> None:
+    # 30 requests: prompts of 10..300 tokens, TTFT 1 ms a prompt token: the halves' percentiles are those of
+    # their own requests, shifted by the overhead like the whole run's
+    recs = []
+    for i in range(30):
+        r = RequestRecord(i, 0.0, sent_s=0.0, input_tokens=10 * (i + 1))
+        r.first_token_s = r.input_tokens * 1e-3
+        r.done_s = r.first_token_s + 0.01
+        r.chunk_times_s, r.chunk_tokens, r.output_tokens = [r.first_token_s, r.done_s], [1, 1], 2
+        recs.append(r)
+    p = percentiles(recs, 0.005, split_tokens=150)
+    assert set(p) >= set(SPLIT_METRICS)
+    assert p["ttft_short_p50"] == pytest.approx(0.005 + 0.080)  # prompts 10..150: median 80
+    assert p["ttft_long_p50"] == pytest.approx(0.005 + 0.230)  # 160..300: median 230
+    assert p["ttft_short_p90"] < p["ttft_p90"] < p["ttft_long_p90"]
+    assert not set(percentiles(recs, 0.0)) & set(SPLIT_METRICS)  # asked for only
+    # a half of fewer than MIN_SPLIT_REQUESTS gives nothing to fit: left out, the other half kept
+    few = percentiles(recs, 0.0, split_tokens=10 * (30 - MIN_SPLIT_REQUESTS + 1))
+    assert "ttft_short_p50" in few and "ttft_long_p50" not in few
+
+
+@pytest.mark.slow
+def test_the_fit_can_leave_o_to_the_probes_and_fit_ttft_by_prompt_length(tmp_path: Path) -> None:
+    # The plan's two options, as benchmarks/refit_offline.py compares them: o held at the probes' value (the
+    # factors on a, b, c then carry what o did) and the TTFT of each half of the prompts fitted too. Both still
+    # correct the wrong start on the held-out rate, and the provenance says which fit it was.
+    ref = refine_virtual(tmp_path, 24, 0.05, 1, fit_overhead=False, by_prompt_length=True)
+    assert ref.factors["o"] == 1.0 and ref.request_overhead_s == O_FAST_S
+    assert ref.held_out_error("refined") < 0.5 * ref.held_out_error("probe_only"), ref.factors
+    assert ref.to_dict()["fit_overhead"] is False and ref.to_dict()["by_prompt_length"] is True

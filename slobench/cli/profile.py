@@ -57,11 +57,12 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
     r = c.add_argument_group("refinement on served load")
     r.add_argument("--no-refine", action="store_true", help="stop after the probe fit")
     r.add_argument("--refine-workload", default=None, metavar="NAME|TOML",
-                   help="the workload of the refinement runs: a bundled name or a TOML path (default tiny)")
+                   help="the workload of the refinement runs: a bundled name or a TOML path (default tiny); give the "
+                        "traffic you will simulate: a refinement on its own shape transfers best")
     r.add_argument("--refine-rates", default=None, metavar="R,R,R,...",
                    help="at least 3 rates, req/s; the middle one is held out of the fit (default: 0.5, 0.8 and "
                         "1.1 times the probe fit's simulated knee, where TTFT p90 passes 3x its light-load value)")
-    r.add_argument("--refine-requests", type=int, default=None, metavar="N", help="requests a rate (default 100)")
+    r.add_argument("--refine-requests", type=int, default=None, metavar="N", help="requests a rate (default 200)")
     r.add_argument("--refine-seed", type=int, default=None, help="seed of the refinement's requests (default 0)")
     r.add_argument("--kv-blocks", type=int, default=None, help="the served engine's KV blocks (default 2048)")
     r.add_argument("--block-size", type=int, default=None, help="the served engine's tokens a KV block (default 16)")

@@ -58,6 +58,12 @@ if TYPE_CHECKING:
     from slobench.load_setup import LoadSetup
 
 METRICS = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")
+# With `RefinePlan.by_prompt_length`, the fit also compares the TTFT p50/p90 of the requests whose prompt is at
+# most the run's median length and of the rest: o (per request) and b (per prompt token) move a whole run's
+# TTFT percentiles alike, and only how TTFT grows with the prompt tells them apart. Scored (held-out error)
+# on METRICS alone either way.
+SPLIT_METRICS = ("ttft_short_p50", "ttft_short_p90", "ttft_long_p50", "ttft_long_p90")
+MIN_SPLIT_REQUESTS = 10  # a half with fewer requests gives no percentile to fit
 # each factor and the coefficients it scales
 FACTORS = {"a": ("step_overhead_s",), "b": ("per_prefill_token_s",), "c": ("per_decode_seq_s",)}
 COEFFICIENTS = ("step_overhead_s", "per_prefill_token_s", "per_decode_seq_s", "per_context_token_s",
@@ -125,9 +131,13 @@ class RefinePlan:
 
     workload: str = "tiny"
     rates_rps: tuple[float, ...] | None = None
-    num_requests: int = 100
+    # 200: at 100 a rate three refinements of one server put o's factor at 0.4-7.5 and a's at 0.93-1.33; at 200,
+    # two refinements on two shapes agreed within 8% on a, b, c and o (README, issue 15, 2026-12-02)
+    num_requests: int = 200
     seed: int = 0
     limits: EngineLimits = field(default_factory=EngineLimits)
+    by_prompt_length: bool = False  # also fit the TTFT of the shorter and longer half of the prompts (SPLIT_METRICS)
+    fit_overhead: bool = True  # False: o stays the probes' (the fit moves a, b, c and the noise only)
 
     def __post_init__(self) -> None:
         _positive_int("num_requests", self.num_requests, least=10)
@@ -196,6 +206,7 @@ class Refinement:
         return {
             "workload": self.workload, "api": self.api, "num_requests": self.plan.num_requests,
             "seed": self.plan.seed, "knee_rps": self.knee_rps, "rates_rps": [p.rate_rps for p in self.points],
+            "by_prompt_length": self.plan.by_prompt_length, "fit_overhead": self.plan.fit_overhead,
             "held_out_rate_rps": self.held_out.rate_rps,
             "engine_limits": {"kv_blocks": lim.kv_blocks, "block_size": lim.block_size,
                               "max_num_seqs": lim.max_num_seqs, "max_batched_tokens": lim.max_batched_tokens},
@@ -219,9 +230,12 @@ def scaled(profile: CostProfile, factors: Mapping[str, float]) -> CostProfile:
     return replace(profile, **changes)
 
 
-def percentiles(records: Sequence[RequestRecord], overhead_s: float = 0.0, *, smooth: bool = False) -> Percentiles:
+def percentiles(records: Sequence[RequestRecord], overhead_s: float = 0.0, *, smooth: bool = False,
+                split_tokens: int | None = None) -> Percentiles:  # fmt: skip
     """TTFT (from the send, plus `overhead_s`) and TPOT p50/p90 by the summary's own column rules; a metric
-    no request has is left out. `smooth`: Harrell-Davis estimates (what the fit compares, see `harrell_davis`)."""
+    no request has is left out. `smooth`: Harrell-Davis estimates (what the fit compares, see `harrell_davis`).
+    `split_tokens`: also SPLIT_METRICS, the TTFT of the requests meant to send at most that many prompt tokens
+    and of the rest (each half with at least MIN_SPLIT_REQUESTS TTFTs)."""
     from slobench.analysis.metrics import RecordArrays
 
     a = RecordArrays.from_records(records)
@@ -231,7 +245,20 @@ def percentiles(records: Sequence[RequestRecord], overhead_s: float = 0.0, *, sm
         if len(x):
             p50, p90 = harrell_davis(x, (0.5, 0.9)) if smooth else np.quantile(x, (0.5, 0.9))
             out[f"{metric}_p50"], out[f"{metric}_p90"] = float(p50) + shift, float(p90) + shift
+    if split_tokens is not None:
+        short = np.array([r.input_tokens <= split_tokens for r in records])
+        for name, mask in (("short", short), ("long", ~short)):
+            x = a.ttft_s[mask]
+            x = x[~np.isnan(x)]
+            if len(x) >= MIN_SPLIT_REQUESTS:
+                p50, p90 = harrell_davis(x, (0.5, 0.9)) if smooth else np.quantile(x, (0.5, 0.9))
+                out[f"ttft_{name}_p50"], out[f"ttft_{name}_p90"] = float(p50) + overhead_s, float(p90) + overhead_s
     return out
+
+
+def median_prompt(specs: Sequence[RequestSpec]) -> int:
+    """The split of `percentiles(split_tokens=)`: the median prompt length the requests are meant to send."""
+    return int(np.median([s.input_tokens for s in specs]))
 
 
 @functools.lru_cache(maxsize=256)
@@ -252,12 +279,13 @@ def harrell_davis(x: np.ndarray, qs: Sequence[float]) -> list[float]:
 
 
 def simulate(specs: Sequence[RequestSpec], limits: EngineLimits, profile: CostProfile, api: str,
-             overhead_s: float = 0.0, *, smooth: bool = False, jitter_sd: float = 0.0) -> Percentiles:  # fmt: skip
+             overhead_s: float = 0.0, *, smooth: bool = False, jitter_sd: float = 0.0,
+             split_tokens: int | None = None) -> Percentiles:  # fmt: skip
     from slobench.fleet.simulate import simulate_records
 
     records = simulate_records(specs, limits.engine(profile), api=api, jitter_sd=jitter_sd,  # type: ignore[arg-type]
                                seed=JITTER_SEED)
-    return percentiles(records, overhead_s, smooth=smooth)
+    return percentiles(records, overhead_s, smooth=smooth, split_tokens=split_tokens)
 
 
 def knee_rate(specs_for: SpecsFor, limits: EngineLimits, profile: CostProfile, overhead_s: float, api: str) -> float:
@@ -298,7 +326,7 @@ class FactorFit:
 
 
 def fit_factors(profile: CostProfile, overhead_s: float, train: Sequence[tuple[Sequence[RequestSpec], Percentiles]],
-                limits: EngineLimits, api: str) -> FactorFit:  # fmt: skip
+                limits: EngineLimits, api: str, *, fit_overhead: bool = True) -> FactorFit:  # fmt: skip
     """The factors (and `o`) and the step-time noise minimising the mean squared log ratio of simulated to
     measured percentiles over `train` (each: the requests of one rate and the Harrell-Davis percentiles
     measured of them), plus PRIOR * (sum(log factor ^ 2) + noise ^ 2). The search's point is the log factors
@@ -306,7 +334,9 @@ def fit_factors(profile: CostProfile, overhead_s: float, train: Sequence[tuple[S
     from scipy.optimize import minimize, minimize_scalar
 
     free = [k for k, coefs in FACTORS.items() if any(getattr(profile, c) > 0 for c in coefs)]
-    keys = [(i, k) for i, (_, m) in enumerate(train) for k in METRICS if k in m]
+    keys = [(i, k) for i, (_, m) in enumerate(train) for k in METRICS + SPLIT_METRICS if k in m]
+    # measured by prompt length (RefinePlan.by_prompt_length): simulated the same way, split at the same length
+    splits = [median_prompt(specs) if any(k in m for k in SPLIT_METRICS) else None for specs, m in train]
     if not keys:
         raise UsageError("calibrate: the refinement runs measured no TTFT or TPOT to fit")
     count = 0
@@ -318,7 +348,8 @@ def fit_factors(profile: CostProfile, overhead_s: float, train: Sequence[tuple[S
         if key not in seen:
             count += len(train)
             prof = scaled(profile, dict(zip(free, np.exp(x[:-1]), strict=True)))
-            seen[key] = [simulate(specs, limits, prof, api, smooth=True, jitter_sd=_noise(x)) for specs, _ in train]
+            seen[key] = [simulate(specs, limits, prof, api, smooth=True, jitter_sd=_noise(x), split_tokens=split)
+                         for (specs, _), split in zip(train, splits, strict=True)]
         return seen[key]
 
     def loss(got: list[Percentiles], log_o: float, metric: str) -> float:
@@ -326,7 +357,7 @@ def fit_factors(profile: CostProfile, overhead_s: float, train: Sequence[tuple[S
         return sum(_log_ratio(got[i].get(k), train[i][1][k], o) ** 2 for i, k in keys if k.startswith(metric)) / len(keys)
 
     def solve_o(got: list[Percentiles]) -> tuple[float, float]:
-        if overhead_s <= 0:
+        if overhead_s <= 0 or not fit_overhead:
             return 0.0, loss(got, 0.0, "ttft")
         r = minimize_scalar(lambda t: loss(got, t, "ttft") + PRIOR * t**2, bounds=(-MAX_LOG_FACTOR, MAX_LOG_FACTOR),
                             method="bounded", options={"xatol": 1e-3})
@@ -419,14 +450,15 @@ async def refine(profile: CostProfile, overhead_s: float, plan: RefinePlan, meas
             notes.append(f"{len(recs) - len(ok)} of {len(recs)} requests failed at {rate:.3g} req/s; its percentiles "
                          "are those of the rest")
         points.append(RatePoint(rate, i == held, percentiles(recs), len(recs), len(ok)))
-        smoothed[rate] = percentiles(recs, smooth=True)
+        smoothed[rate] = percentiles(recs, smooth=True,
+                                     split_tokens=median_prompt(specs(rate)) if plan.by_prompt_length else None)
         if on_point is not None:
             on_point(points[-1], time.perf_counter() - t)
     measure_s = time.perf_counter() - t0
     notes += drift_notes(points)
     t0 = time.perf_counter()
     train = [(specs(p.rate_rps), smoothed[p.rate_rps]) for p in points if not p.held_out]
-    fit = fit_factors(profile, overhead_s, train, limits, api)
+    fit = fit_factors(profile, overhead_s, train, limits, api, fit_overhead=plan.fit_overhead)
     for p in points:
         p.probe_only = simulate(specs(p.rate_rps), limits, profile, api, overhead_s)
         p.refined = simulate(specs(p.rate_rps), limits, fit.profile, api, fit.overhead_s, jitter_sd=fit.jitter_sd)

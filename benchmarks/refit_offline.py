@@ -1,0 +1,156 @@
+"""Variants of calibrate's refinement, compared offline on the runs of one `validate_sim.py --repeat`.
+
+`validate_sim.py --repeat` leaves, for each validated workload and rate, two measured runs of the same
+requests and the probe-fitted profile (`calibrated.json`). This refits the factors of the refinement
+(slobench.profiles.refine.fit_factors) on the first measurement of one workload at three of its rates (by
+default the 2nd-4th of five: 0.6, 0.9 and 1.3 of the knee), with each variant of the fit, and scores every
+fitted profile, by validate_sim's targets (attainment within 3 points, TTFT/TPOT p50/p90 within 10%), on the
+runs it did not see: the other workload's two measurements at every rate, and this workload's second
+measurement at every rate. The probe fit alone is scored the same way. No server, no new measurement: two
+processes, a few minutes.
+
+Variants: o (the request's fixed cost) fitted or held at the probes' value; the TTFT of the shorter and longer
+half of the prompts fitted beside the whole run's or not (`RefinePlan.fit_overhead`, `by_prompt_length`).
+
+    python benchmarks/refit_offline.py runs/validate-20261202-014900
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from multiprocessing import Pool
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import validate_sim  # noqa: E402  (the validated workloads, SLOs and engine limits)
+
+from reference_engine.executor.modeled_executor import CostProfile  # noqa: E402
+from slobench.analysis.slo import SLO  # noqa: E402
+from slobench.analysis.summary import summarize  # noqa: E402
+from slobench.fleet.simulate import simulate_records  # noqa: E402
+from slobench.profiles.refine import (  # noqa: E402
+    COEFFICIENTS,
+    RefinePlan,
+    fit_factors,
+    live_setup,
+    median_prompt,
+    percentiles,
+)
+from slobench.run.records import RequestRecord, RequestSpec, load_run  # noqa: E402
+
+VARIANTS = {"o fitted": (True, False), "o held": (False, False), "o fitted + TTFT by prompt length": (True, True),
+            "o held + TTFT by prompt length": (False, True)}  # fmt: skip
+TARGET_POINTS, TARGET_REL = 3.0, 0.10
+
+
+class Runs:
+    """One validate_sim --repeat output directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        prov = json.loads((root / "calibrated.json").read_text()).get("provenance") or {}
+        base = CostProfile.load(root / "calibrated.json")
+        probe = prov.get("probe_fit")  # a refined calibrated.json (validate_sim's older layout) keeps it here
+        if probe:
+            self.probe = replace(base, provenance=None, **{k: probe[k] for k in COEFFICIENTS})
+            self.o_s = float(probe["request_overhead_s"])
+        else:
+            self.probe, self.o_s = replace(base, provenance=None), float(prov.get("request_overhead_s", 0.0))
+        self.workloads = {"tiny": "tiny", "prefill-heavy": str(root / "prefill-heavy.toml")}
+        self.limits = validate_sim.engine_limits()
+
+    def rates(self, w: str) -> list[float]:
+        return sorted(float(p.name.rsplit("-", 1)[1]) for p in (self.root / w).glob("measured-again-*"))
+
+    def specs(self, w: str, rate: float, n: int) -> list[RequestSpec]:
+        setup = live_setup("http://127.0.0.1:9/v1", "tiny", RefinePlan(self.workloads[w], None, n, 0, self.limits))
+        return list(setup.specs(rate, seed=0))  # validate_sim's seed 0; nothing is sent
+
+    def records(self, w: str, rate: float, again: bool = False) -> list[RequestRecord]:
+        return load_run(self.root / w / f"measured-{'again-' if again else ''}{rate:.4g}").records
+
+
+def _judge(records: list[RequestRecord], slo: SLO) -> dict[str, float]:
+    s = summarize(records, slo, intervals=False)
+    assert s.attainment is not None
+    return {"attainment": s.attainment.value, "ttft_p50": s.ttft.p50, "ttft_p90": s.ttft.p90, "tpot_p50": s.tpot.p50,
+            "tpot_p90": s.tpot.p90}  # fmt: skip
+
+
+def fit(job: tuple[str, str, str, tuple[int, ...]]) -> dict[str, Any]:
+    root, variant, w, idx = job
+    runs = Runs(Path(root))
+    fit_o, split = VARIANTS[variant]
+    rates = runs.rates(w)
+    train = []
+    for i in idx:
+        recs = runs.records(w, rates[i])
+        specs = runs.specs(w, rates[i], len(recs))
+        train.append((specs, percentiles(recs, smooth=True, split_tokens=median_prompt(specs) if split else None)))
+    f = fit_factors(runs.probe, runs.o_s, train, runs.limits, "completions", fit_overhead=fit_o)
+    return {"variant": variant, "on": w, "factors": f.factors, "noise": f.jitter_sd, "o_s": f.overhead_s,
+            "profile": f.profile}
+
+
+def score(root: str, profile: CostProfile, o_s: float, noise: float, fitted_on: str) -> tuple[int, int, float]:
+    """(comparisons within target, comparisons, median |relative error| of the percentiles)."""
+    runs = Runs(Path(root))
+    hits = total = 0
+    errs = []
+    for w in runs.workloads:
+        slo = SLO.parse(validate_sim.SLOS[w])
+        for rate in runs.rates(w):
+            n = len(runs.records(w, rate))
+            sim = _judge(simulate_records(runs.specs(w, rate, n), runs.limits.engine(profile), jitter_sd=noise,
+                                          request_overhead_s=o_s, seed=0), slo)  # fmt: skip
+            for again in (False, True):
+                if w == fitted_on and not again:
+                    continue  # the fit saw (some of) these
+                m = _judge(runs.records(w, rate, again), slo)
+                total += 5
+                hits += abs(sim["attainment"] - m["attainment"]) * 100 <= TARGET_POINTS
+                for k in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"):
+                    e = abs(sim[k] - m[k]) / m[k]
+                    errs.append(e)
+                    hits += e <= TARGET_REL
+    return hits, total, float(np.median(errs))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", help="a validate_sim.py --repeat output directory")
+    ap.add_argument("--fit-rates", default="1,2,3", help="which of each workload's rates to fit on (0-based)")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
+    args = ap.parse_args()
+    root = str(Path(args.runs).resolve())
+    idx = tuple(int(i) for i in args.fit_rates.split(","))
+    variants = [v.strip() for v in args.variants.split(",")]
+    for v in variants:
+        if v not in VARIANTS:
+            raise SystemExit(f"refit_offline: unknown variant {v!r}; choose from {', '.join(VARIANTS)}")
+    runs = Runs(Path(root))
+    jobs = [(root, v, w, idx) for w in runs.workloads for v in variants]
+    with Pool(2) as pool:
+        fits = pool.map(fit, jobs)
+        scores = pool.starmap(score, [(root, f["profile"], f["o_s"], f["noise"], f["on"]) for f in fits]
+                              + [(root, runs.probe, runs.o_s, 0.0, w) for w in runs.workloads])
+    print(f"probe fit of {root}/calibrated.json; o {runs.o_s * 1e3:.1f} ms; fitted on rates {idx} (0-based) of each "
+          "workload's first measurement; scored on every run the fit did not see")
+    print("\n| fitted on | fit | factors a / b / c / o | noise sd | within target | median |error| |")
+    print("|---|---|---|---|---|---|")
+    for f, (hits, total, med) in zip(fits, scores, strict=False):
+        fa = f["factors"]
+        print(f"| {f['on']} | {f['variant']} | x{fa['a']:.2f} / x{fa['b']:.2f} / x{fa['c']:.2f} / x{fa['o']:.2f} | "
+              f"{f['noise']:.2f} | {hits}/{total} | {med:.1%} |")
+    for w, (hits, total, med) in zip(runs.workloads, scores[len(fits):], strict=True):
+        print(f"| (none: scored without {w}'s first runs) | probe fit alone | - | 0 | {hits}/{total} | {med:.1%} |")
+
+
+if __name__ == "__main__":
+    main()
