@@ -35,6 +35,7 @@ from slobench.profiles.refine import (
     Refinement,
     RefinePlan,
     drift_notes,
+    overfit_notes,
     live_setup,
     percentiles,
     print_refinement,
@@ -290,3 +291,19 @@ def test_the_fit_can_leave_o_to_the_probes_and_fit_ttft_by_prompt_length(tmp_pat
     assert ref.factors["o"] == 1.0 and ref.request_overhead_s == O_FAST_S
     assert ref.held_out_error("refined") < 0.5 * ref.held_out_error("probe_only"), ref.factors
     assert ref.to_dict()["fit_overhead"] is False and ref.to_dict()["by_prompt_length"] is True
+
+
+def test_a_refinement_worse_than_the_probe_fit_on_the_held_out_rate_is_said() -> None:
+    measured = {"ttft_p50": 0.100, "ttft_p90": 0.200, "tpot_p50": 0.010, "tpot_p90": 0.020}
+    close = {k: v * 1.05 for k, v in measured.items()}
+    far = {k: v * 1.20 for k, v in measured.items()}
+    fitted = RatePoint(4.0, False, measured, 100, 100, far, close)
+
+    def held(probe_only: dict[str, float], refined: dict[str, float]) -> RatePoint:
+        return RatePoint(6.0, True, measured, 100, 100, probe_only, refined)
+
+    assert overfit_notes([fitted, held(far, close)]) == []  # refined closer: nothing to say
+    notes = overfit_notes([fitted, held(close, far)])
+    assert len(notes) == 1 and "6 req/s" in notes[0] and "20.0%" in notes[0] and "5.0%" in notes[0], notes
+    assert "--refine-requests" in notes[0] and "--no-refine" in notes[0]
+    assert overfit_notes([fitted]) == []  # no held-out rate (an interrupted refinement): nothing

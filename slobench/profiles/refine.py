@@ -465,8 +465,24 @@ async def refine(profile: CostProfile, overhead_s: float, plan: RefinePlan, meas
     for name, coefs in FACTORS.items():
         if not any(getattr(profile, c) > 0 for c in coefs):
             notes.append(f"{name} is 0 in the probe fit: no factor moves it")
+    notes += overfit_notes(points)
     return Refinement(plan, workload, api, knee, points, fit.factors, fit.profile, fit.overhead_s, profile, overhead_s,
                       fit.num_simulations, measure_s, time.perf_counter() - t0, notes, fit.jitter_sd)
+
+
+def overfit_notes(points: Sequence[RatePoint]) -> list[str]:
+    """The refined profile scoring worse than the probe fit on the held-out rate: the factors fit noise in
+    the fitted rates rather than the server (three refinements of 100 requests a rate did so on a quiet
+    machine, README, issue 15). Said, not refused: one held-out rate is itself a small sample."""
+    held = next((p for p in points if p.held_out), None)
+    if held is None or not held.refined or not held.probe_only:
+        return []
+    refined, probe = mean_abs_error(held.refined, held.measured), mean_abs_error(held.probe_only, held.measured)
+    if not refined > probe:
+        return []
+    return [f"on the held-out rate {held.rate_rps:.3g} req/s the refined profile is further off ({refined:.1%}) than "
+            f"the probe fit alone ({probe:.1%}): the refinement may have fitted noise; refine on more requests "
+            "(--refine-requests), or keep the probe fit (--no-refine)"]
 
 
 def drift_notes(points: Sequence[RatePoint], drop: float = 2 / 3) -> list[str]:
