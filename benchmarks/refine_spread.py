@@ -48,7 +48,14 @@ def main() -> None:
     import validate_sim  # the refinement workload and the served engine's limits, shared with the validation
 
     from slobench.profiles.calibrate import ProbePlan, calibrate
-    from slobench.profiles.refine import RefinePlan, knee_rate, live_setup, refine_live, simulate
+    from slobench.profiles.refine import (
+        RefinePlan,
+        knee_rate,
+        live_setup,
+        mean_abs_error,
+        refine_live,
+        simulate,
+    )
     from slobench.testing.process import EngineServerProcess
 
     plans = [parse_plan(p) for p in args.plans]
@@ -111,8 +118,7 @@ def main() -> None:
                 p = other.held_out
                 specs = list(setup0.specs(p.rate_rps, seed=other.plan.seed))
                 sim = simulate(specs, limits, r.profile, setup0.api, r.request_overhead_s, jitter_sd=r.jitter_sd)
-                errs.append(float(np.mean([abs(sim[k] - p.measured[k]) / p.measured[k]
-                                           for k in p.measured if k in sim])))
+                errs.append(mean_abs_error(sim, p.measured))
         print(f"  plan {args.plans[i]}: {np.mean(errs):.1%} mean, {np.median(errs):.1%} median, worst {max(errs):.1%}")
 
 

@@ -32,7 +32,6 @@ import validate_sim  # noqa: E402  (the validated workloads, SLOs and engine lim
 
 from reference_engine.executor.modeled_executor import CostProfile  # noqa: E402
 from slobench.analysis.slo import SLO  # noqa: E402
-from slobench.analysis.summary import summarize  # noqa: E402
 from slobench.fleet.simulate import simulate_records  # noqa: E402
 from slobench.profiles.refine import (  # noqa: E402
     COEFFICIENTS,
@@ -46,7 +45,6 @@ from slobench.run.records import RequestRecord, RequestSpec, load_run  # noqa: E
 
 VARIANTS = {"o fitted": (True, False), "o held": (False, False), "o fitted + TTFT by prompt length": (True, True),
             "o held + TTFT by prompt length": (False, True)}  # fmt: skip
-TARGET_POINTS, TARGET_REL = 3.0, 0.10
 
 
 class Runs:
@@ -76,13 +74,6 @@ class Runs:
         return load_run(self.root / w / f"measured-{'again-' if again else ''}{rate:.4g}").records
 
 
-def _judge(records: list[RequestRecord], slo: SLO) -> dict[str, float]:
-    s = summarize(records, slo, intervals=False)
-    assert s.attainment is not None
-    return {"attainment": s.attainment.value, "ttft_p50": s.ttft.p50, "ttft_p90": s.ttft.p90, "tpot_p50": s.tpot.p50,
-            "tpot_p90": s.tpot.p90}  # fmt: skip
-
-
 def fit(job: tuple[str, str, str, tuple[int, ...]]) -> dict[str, Any]:
     root, variant, w, idx = job
     runs = Runs(Path(root))
@@ -107,18 +98,16 @@ def score(root: str, profile: CostProfile, o_s: float, noise: float, fitted_on: 
         slo = SLO.parse(validate_sim.SLOS[w])
         for rate in runs.rates(w):
             n = len(runs.records(w, rate))
-            sim = _judge(simulate_records(runs.specs(w, rate, n), runs.limits.engine(profile), jitter_sd=noise,
+            sim = validate_sim.judge(simulate_records(runs.specs(w, rate, n), runs.limits.engine(profile), jitter_sd=noise,
                                           request_overhead_s=o_s, seed=0), slo)  # fmt: skip
             for again in (False, True):
                 if w == fitted_on and not again:
                     continue  # the fit saw (some of) these
-                m = _judge(runs.records(w, rate, again), slo)
-                total += 5
-                hits += abs(sim["attainment"] - m["attainment"]) * 100 <= TARGET_POINTS
-                for k in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"):
-                    e = abs(sim[k] - m[k]) / m[k]
-                    errs.append(e)
-                    hits += e <= TARGET_REL
+                m = validate_sim.judge(runs.records(w, rate, again), slo)
+                ok = validate_sim.within_target(m, sim)
+                hits += sum(ok.values())
+                total += len(ok)
+                errs += [abs(sim[k] - m[k]) / m[k] for k in validate_sim.PERCENTILES]
     return hits, total, float(np.median(errs))
 
 

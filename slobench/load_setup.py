@@ -315,42 +315,20 @@ class LoadSetup:
         }
 
     def simulated_extras(self) -> tuple[float, float, str | None]:
-        """A --simulate run's request overhead (s) and step-time noise sd: `--request-overhead` and `--jitter`
-        when given, else what a calibrated profile carries (`slobench.fleet.simulate.calibrated_extras`; 0 for
-        a profile without them). The third value names the profile when it supplied either, else None."""
+        """A --simulate run's request overhead (s), step-time noise sd, and the profile that supplied either
+        (`calibrated_flags`). Resolved once: the manifest and the probe share it."""
         cached = getattr(self, "_extras", None)
-        if cached is not None:
-            return cached  # type: ignore[no-any-return]
-        from slobench.errors import SpecError
-        from slobench.fleet.disagg import split_fleet_knobs
-        from slobench.fleet.simulate import ModeledEngine, calibrated_extras
-        from slobench.targets.engine import engine_knobs_from_args
+        if cached is None:
+            from slobench.fleet.disagg import split_fleet_knobs
+            from slobench.fleet.simulate import ModeledEngine
+            from slobench.targets.engine import engine_knobs_from_args
 
-        a = self.args
-        overhead_s = parse_overhead_s(getattr(a, "request_overhead", None))
-        jitter_sd = getattr(a, "jitter", None)
-        if jitter_sd is not None and not (isinstance(jitter_sd, int | float) and 0 <= jitter_sd < float("inf")):
-            raise UsageError(f"--jitter: must be a number >= 0 (got {jitter_sd!r})")
-        source = None
-        if overhead_s is None or jitter_sd is None:
+            a = self.args
             knobs, _ = split_fleet_knobs(dict(engine_knobs_from_args(a)), getattr(a, "router", "least-outstanding"))
-            try:
-                profile = ModeledEngine.from_knobs(knobs).cost_profile()
-                o_prof, j_prof = calibrated_extras(profile)
-            except SpecError as e:
-                raise UsageError(f"--profile: {e.field}: {e.why} (got {e.value!r})") from None
-            if (overhead_s is None and o_prof) or (jitter_sd is None and j_prof):
-                source = str(knobs.get("profile", profile.name))
-                print(f"--simulate: the calibrated profile {source} adds"
-                      + (f" a request overhead of {o_prof * 1e3:.1f} ms to every time after the send"
-                         if overhead_s is None and o_prof else "")
-                      + (" and" if overhead_s is None and o_prof and jitter_sd is None and j_prof else "")
-                      + (f" step-time noise sd {j_prof:.2f}" if jitter_sd is None and j_prof else "")
-                      + " (--request-overhead 0 / --jitter 0 leave them out)", file=sys.stderr)
-            overhead_s = o_prof if overhead_s is None else overhead_s
-            jitter_sd = j_prof if jitter_sd is None else jitter_sd
-        self._extras = (float(overhead_s), float(jitter_sd), source)
-        return self._extras
+            cached = self._extras = calibrated_flags(
+                getattr(a, "request_overhead", None), getattr(a, "jitter", None),
+                lambda: ModeledEngine.from_knobs(knobs).cost_profile(), str(knobs.get("profile")), "--simulate")
+        return cached  # type: ignore[no-any-return]
 
     def check_fleet(self) -> None:
         a = self.args
@@ -472,12 +450,41 @@ def parse_overhead_s(text: str | None) -> float | None:
     from slobench.analysis.slo import parse_duration_s
     from slobench.errors import SpecError
 
-    if str(text).strip() in ("0", "0.0", "0s", "0ms", "0us"):
-        return 0.0
     try:
-        return parse_duration_s(text, "--request-overhead")
+        return parse_duration_s(text, "--request-overhead", allow_zero=True)
     except SpecError as e:
         raise UsageError(f"--request-overhead: {e.why} (got {text!r})") from None
+
+
+def calibrated_flags(overhead_text: str | None, jitter_sd: float | None, profile: Any, name: str,
+                     verb: str) -> tuple[float, float, str | None]:
+    """The request overhead (s) and step-time noise sd a simulation applies (`run --simulate`, `plan`):
+    `--request-overhead` and `--jitter` when given, else what a calibrated profile carries
+    (`slobench.fleet.simulate.calibrated_extras`; 0 for a profile without them), said on stderr. `profile`:
+    the CostProfile, or a callable giving it, loaded only when a flag is missing. The third value is `name`
+    when the profile supplied either, else None. A bad flag or provenance value is a UsageError naming it."""
+    from slobench.errors import SpecError
+    from slobench.fleet.simulate import calibrated_extras
+
+    overhead_s = parse_overhead_s(overhead_text)
+    if jitter_sd is not None and not (isinstance(jitter_sd, int | float) and 0 <= jitter_sd < float("inf")):
+        raise UsageError(f"--jitter: must be a number >= 0 (got {jitter_sd!r})")
+    if overhead_s is not None and jitter_sd is not None:
+        return overhead_s, float(jitter_sd), None
+    try:
+        o_prof, j_prof = calibrated_extras(profile() if callable(profile) else profile)
+    except SpecError as e:
+        raise UsageError(f"--profile: {e.field}: {e.why} (got {e.value!r})") from None
+    added = []
+    if overhead_s is None and o_prof:
+        added.append(f"a request overhead of {o_prof * 1e3:.1f} ms to every time after the send")
+    if jitter_sd is None and j_prof:
+        added.append(f"step-time noise sd {j_prof:.2f}")
+    if added:
+        print(f"{verb}: the calibrated profile {name} adds {' and '.join(added)} (--request-overhead 0 / --jitter 0 "
+              "leave them out)", file=sys.stderr)
+    return (o_prof if overhead_s is None else overhead_s), float(j_prof if jitter_sd is None else jitter_sd), \
+        (name if added else None)
 
 
 def parse_rate_limit(text: str | None) -> tuple[int, float] | None:

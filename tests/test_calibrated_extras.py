@@ -128,3 +128,23 @@ def test_plan_applies_a_calibrated_profile(tmp_path: Path) -> None:
     with_o = simulate_fleet(setup, specs, Fleet(colocated=1))
     without = simulate_fleet(replace(setup, request_overhead_s=0.0), specs, Fleet(colocated=1))
     assert [r.first_token_s for r in with_o] == pytest.approx([r.first_token_s + O_S for r in without])
+
+
+def test_the_overhead_flag_takes_any_duration_and_zero_in_any_spelling(capsys: pytest.CaptureFixture[str]) -> None:
+    from slobench.errors import UsageError
+    from slobench.load_setup import calibrated_flags, parse_overhead_s
+
+    assert parse_overhead_s(None) is None
+    assert parse_overhead_s("13ms") == pytest.approx(0.013) and parse_overhead_s("0.02") == pytest.approx(0.02)
+    assert [parse_overhead_s(z) for z in ("0", "0.00", "0ms", "0e0")] == [0.0] * 4
+    for bad in ("-1ms", "soon", "5min"):
+        with pytest.raises(UsageError, match="--request-overhead"):
+            parse_overhead_s(bad)
+    # both flags given: the profile is never loaded, nor said to add anything
+    def boom() -> CostProfile:
+        raise AssertionError("loaded")
+
+    assert calibrated_flags("5ms", 0.1, boom, "p.json", "plan") == (pytest.approx(0.005), 0.1, None)
+    assert capsys.readouterr().err == ""
+    with pytest.raises(UsageError, match="--jitter"):
+        calibrated_flags(None, float("nan"), boom, "p.json", "plan")

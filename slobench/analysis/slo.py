@@ -33,14 +33,14 @@ _DUR_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(s|ms|us)?\s*
 _KEYS = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s"}
 
 
-def parse_duration_s(text: str, field: str) -> float:
-    """'500ms' -> 0.5; '2s' -> 2.0; a bare number is seconds."""
+def parse_duration_s(text: str, field: str, *, allow_zero: bool = False) -> float:
+    """'500ms' -> 0.5; '2s' -> 2.0; a bare number is seconds. 0 only with `allow_zero`."""
     m = _DUR_RE.match(str(text))
     if not m:
         raise SpecError(field, text, "expected a duration like 500ms, 0.5s or 0.5")
     v = float(m.group(1)) * _UNITS[m.group(2) or "s"]
-    if v <= 0:
-        raise SpecError(field, text, "must be positive")
+    if v < 0 or (v == 0 and not allow_zero):
+        raise SpecError(field, text, "must be >= 0" if allow_zero else "must be positive")
     return v
 
 

@@ -10,12 +10,9 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from slobench.errors import SpecError, UsageError
-
-if TYPE_CHECKING:
-    from reference_engine.executor.modeled_executor import CostProfile
 
 # Bundled days compressed in time: one workload second stands for this many seconds of the day.
 DAY_COMPRESSION = {"day": 60.0}
@@ -208,32 +205,12 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     if args.kv_bytes_per_token is not None and args.kv_bytes_per_token < 0:
         raise UsageError(f"--kv-bytes-per-token: must be >= 0 (got {args.kv_bytes_per_token})")
     kv_bytes = args.kv_bytes_per_token if args.kv_bytes_per_token is not None else _kv_bytes(prov, args.model)
-    overhead_s, jitter_sd = _calibrated(args, profile)
+    from slobench.load_setup import calibrated_flags
+
+    overhead_s, jitter_sd, _ = calibrated_flags(args.request_overhead, args.jitter, profile, args.profile, "plan")
     setup = Setup(engine, slo, link, kv_bytes, args.router, seed=args.seed, jitter_sd=jitter_sd,
                   request_overhead_s=overhead_s)
     return recipe, setup, options
-
-
-def _calibrated(args: argparse.Namespace, profile: CostProfile) -> tuple[float, float]:
-    """The request overhead (s) and step-time noise sd every simulation of the plan applies: the flags when
-    given, else what a calibrated profile carries (0 for a bundled or roofline one)."""
-    from slobench.fleet.simulate import calibrated_extras
-    from slobench.load_setup import parse_overhead_s
-
-    overhead_s = parse_overhead_s(args.request_overhead)
-    jitter_sd = args.jitter
-    if jitter_sd is not None and not (math.isfinite(jitter_sd) and jitter_sd >= 0):
-        raise UsageError(f"--jitter: must be a number >= 0 (got {jitter_sd})")
-    try:
-        o_prof, j_prof = calibrated_extras(profile)
-    except SpecError as e:
-        raise UsageError(f"--profile: {e.field}: {e.why} (got {e.value!r})") from None
-    if (overhead_s is None and o_prof) or (jitter_sd is None and j_prof):
-        print(f"plan: the calibrated profile {args.profile} adds a request overhead of "
-              f"{(o_prof if overhead_s is None else overhead_s) * 1e3:.1f} ms and step-time noise sd "
-              f"{j_prof if jitter_sd is None else jitter_sd:.2f} to every simulation "
-              "(--request-overhead 0 / --jitter 0 leave them out)", file=sys.stderr)
-    return (o_prof if overhead_s is None else overhead_s), (j_prof if jitter_sd is None else jitter_sd)
 
 
 def _kv_blocks(prov: dict[str, Any], block_size: int) -> int:

@@ -240,19 +240,19 @@ def percentiles(records: Sequence[RequestRecord], overhead_s: float = 0.0, *, sm
 
     a = RecordArrays.from_records(records)
     out: Percentiles = {}
-    for metric, x, shift in (("ttft", a.ttft_s, overhead_s), ("tpot", a.tpot_s, 0.0)):
+
+    def put(metric: str, x: np.ndarray, shift: float, least: int) -> None:
         x = x[~np.isnan(x)]
-        if len(x):
+        if len(x) >= least:
             p50, p90 = harrell_davis(x, (0.5, 0.9)) if smooth else np.quantile(x, (0.5, 0.9))
             out[f"{metric}_p50"], out[f"{metric}_p90"] = float(p50) + shift, float(p90) + shift
+
+    put("ttft", a.ttft_s, overhead_s, 1)
+    put("tpot", a.tpot_s, 0.0, 1)
     if split_tokens is not None:
         short = np.array([r.input_tokens <= split_tokens for r in records])
-        for name, mask in (("short", short), ("long", ~short)):
-            x = a.ttft_s[mask]
-            x = x[~np.isnan(x)]
-            if len(x) >= MIN_SPLIT_REQUESTS:
-                p50, p90 = harrell_davis(x, (0.5, 0.9)) if smooth else np.quantile(x, (0.5, 0.9))
-                out[f"ttft_{name}_p50"], out[f"ttft_{name}_p90"] = float(p50) + overhead_s, float(p90) + overhead_s
+        put("ttft_short", a.ttft_s[short], overhead_s, MIN_SPLIT_REQUESTS)
+        put("ttft_long", a.ttft_s[~short], overhead_s, MIN_SPLIT_REQUESTS)
     return out
 
 
