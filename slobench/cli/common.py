@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slobench.errors import UsageError
+
 if TYPE_CHECKING:
     from slobench.load_setup import LoadSetup
 
@@ -125,6 +127,9 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     w.add_argument("--workload", default=None, help="a bundled workload name or a TOML path (default chat)")
     if sweep:
         w.add_argument("--rates", required=False, default=None, help="1,2,4 or geometric START:STOP:COUNT")
+        w.add_argument("--refine-knee", type=int, default=0, metavar="N",
+                       help="after the rates, N more, each halving the gap (geometrically) between the two "
+                            "measured rates that bracket the SLO's crossing (default 0)")
     w.add_argument("--rate", type=float, default=None, help="offered rate, req/s (default: the workload's)")
     w.add_argument("--num-requests", type=int, default=None)
     w.add_argument("--duration", type=float, default=None, help="seconds of arrivals")
@@ -204,6 +209,11 @@ async def sweep_rates(setup: LoadSetup, rates: Sequence[float], out: Path, *, se
     from slobench.report.terminal import make_console
     from slobench.run.outdir import claim_out_dir
 
+    refine = getattr(setup.args, "refine_knee", 0)
+    if refine < 0:
+        raise UsageError(f"--refine-knee {refine}: expected 0 or more extra rates")
+    if refine and setup.slo is None:
+        raise UsageError("--refine-knee narrows the SLO's crossing: give --slo too")
     setup.min_duration_s = MIN_PROBE_S  # high-rate points as long as low-rate ones (probe_duration)
     out = claim_out_dir(out, overwrite=getattr(setup.args, "overwrite", False))  # exit 2, one line
     console = make_console()
@@ -214,7 +224,7 @@ async def sweep_rates(setup: LoadSetup, rates: Sequence[float], out: Path, *, se
 
     async with setup.probe(first=(rates[0], seed)) as (probe, manifest, served):
         doc = await run_sweep(list(rates), probe, out_dir=out, slo=setup.slo, manifest=manifest, seed=seed,
-                              on_run=on_run)
+                              on_run=on_run, refine_knee=getattr(setup.args, "refine_knee", 0))
     print_sweep(doc, console, title=f"{served} · {setup.workload.name} · {out}")
     maybe_report(setup.args, [out])
     if doc.get("interrupted"):

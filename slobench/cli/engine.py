@@ -16,7 +16,8 @@ from slobench.errors import UsageError
 
 # The demo: a sweep of the `tiny` workload across the CPU engine's cliff. Its SLO suits a 2-core CPU
 # running the tiny model (a 4-layer, d=256 Llama): TTFT 250 ms, TPOT 30 ms.
-DEMO_RATES = "4,8,16,32,64"
+DEMO_RATES = "4,8,16,32"
+DEMO_REFINE = 2  # two more rates between the two that bracket the knee: the grid alone leaves it 2x wide
 DEMO_SLO = "ttft=250ms,tpot=30ms,target=0.9"
 DEMO_REQUESTS = 80
 
@@ -36,6 +37,8 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
     demo_p.add_argument("--executor", choices=("auto", "torch", "modeled"), default="auto",
                         help="auto: the torch tiny model when torch is installed, else the modeled executor")
     demo_p.add_argument("--rates", default=DEMO_RATES, help=f"offered rates, req/s (default {DEMO_RATES})")
+    demo_p.add_argument("--refine-knee", type=int, default=DEMO_REFINE, metavar="N",
+                        help=f"then N rates between the two that bracket the knee (default {DEMO_REFINE})")
     demo_p.add_argument("--num-requests", type=int, default=DEMO_REQUESTS, help="requests per rate")
     demo_p.add_argument("--slo", default=DEMO_SLO)
     demo_p.add_argument("--workload", default="tiny")
@@ -105,6 +108,8 @@ async def _demo(args: argparse.Namespace) -> int:
     console = make_console()
     engine_args = demo_engine_args(args.executor)
     rates = parse_rates(args.rates)  # a bad --rates is exit 2 before the engine starts
+    if args.refine_knee < 0:
+        raise UsageError(f"--refine-knee {args.refine_knee}: expected 0 or more extra rates")
     out = Path(args.out) if args.out else default_out("demo")
     console.print(f"[bold]slobench demo[/bold]: starting the bundled engine ({' '.join(engine_args)}) on 127.0.0.1")
     t0 = time.monotonic()
@@ -116,6 +121,7 @@ async def _demo(args: argparse.Namespace) -> int:
         console.print(f"engine ready at {srv.base_url} in {time.monotonic() - t0:.1f} s; sweeping {args.rates} req/s")
         options = load_options(url=srv.base_url, workload=args.workload, rates=args.rates,
                                num_requests=args.num_requests, slo=args.slo, seed=args.seed, out=str(out),
+                               refine_knee=args.refine_knee,
                                scrape_interval=0.5, no_progress=not sys.stderr.isatty())  # fmt: skip
         await sweep_rates(LoadSetup(options), rates, out, seed=args.seed)
     if not args.no_report:

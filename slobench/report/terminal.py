@@ -195,7 +195,18 @@ def headline_text(h: dict[str, Any] | None) -> str:
         return (f"attainment stays >= {h['target']:.0%} up to {rate:.3g} req/s "
                 f"(a lower bound: no rate tried missed){low}")
     hi_s = "above the highest rate tried" if hi is None else f"{hi:.3g}"
-    return f"attainment stays >= {h['target']:.0%} up to {rate:.3g} req/s; 95% interval {lo_s} to {hi_s} req/s"
+    text = f"attainment stays >= {h['target']:.0%} up to {rate:.3g} req/s; 95% interval {lo_s} to {hi_s} req/s"
+    b_lo, b_hi = h.get("bracket_rps") or (None, None)
+    if b_lo is not None and b_hi is not None and (lo, hi) == (b_lo, b_hi) and b_hi > 1.25 * b_lo:
+        # the interval is two rates far apart, and the straight line drawn between them a guess
+        undecided = h.get("undecided_rps") or []
+        if undecided:
+            at = " and ".join(f"{r:.3g}" for r in undecided[:3])
+            text += (f" (the rates that surely meet and surely miss it; {at} req/s, between them, measured within "
+                     "sampling noise of the target: more requests a rate, --num-requests, narrow it)")
+        else:
+            text += " (the measured rates around the crossing; sweep between them, e.g. --refine-knee 2, to narrow it)"
+    return text
 
 
 def print_headline(h: dict[str, Any] | None, console: Console | None = None) -> None:
