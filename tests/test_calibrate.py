@@ -96,3 +96,41 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["calibrate", "--url", "http://127.0.0.1:9/v1", "-o", str(tmp_path / "no" / "x.json")]) == 2
     assert "no such folder" in capsys.readouterr().err
     assert main(["calibrate", "--url", "http://127.0.0.1:9/v1", "--model", "tiny", "-o", str(tmp_path / "x.json")]) == 3
+
+
+def test_calibrate_finds_how_many_requests_the_server_decodes_at_once(tmp_path: Path) -> None:
+    # the served engine runs at most 4 sequences a step: the probes' batches 6 and 12 can never decode
+    # together, which used to end calibrate with an error; now it probes batches 1 and 4 and says why
+    path = tmp_path / "truth.json"
+    path.write_text(TRUE.to_json())
+    with EngineServerProcess("--executor", "modeled", "--profile", str(path), "--kv-blocks", "1024",
+                             "--max-num-seqs", "4") as srv:
+        cal = asyncio.run(calibrate(srv.base_url, "tiny", PLAN))
+    assert cal.max_num_seqs == 4
+    batches = {p.label.split(" x ")[0] for p in cal.probes if p.kind == "decode"}
+    assert batches == {"batch 1", "batch 4"}, batches
+    assert any("at most 4 requests at a time" in n and "--max-num-seqs 4" in n for n in cal.notes), cal.notes
+    # a step of 4 sequences takes the truth's time plus the served engine's own (as in the test above)
+    step4 = cal.profile.step_s(0, 4, 4 * 100)
+    assert TRUE.step_s(0, 4, 4 * 100) * 0.9 < step4 < TRUE.step_s(0, 4, 4 * 100) + 0.004, cal.profile
+    held = cal.held_out_errors()
+    assert len(held) >= 3 and np.median(held) < 0.15, [(q.label, q.error) for q in cal.probes]
+
+
+def test_decoding_together_counts_overlapping_decode_windows() -> None:
+    from slobench.profiles.calibrate import max_decoding_together, served_batches
+    from slobench.run.records import RequestRecord
+
+    def rec(first: float, last: float) -> RequestRecord:
+        r = RequestRecord(0, 0.0)
+        r.first_token_s, r.chunk_times_s = first, [first, (first + last) / 2, last]
+        return r
+
+    serial = [rec(i, i + 1) for i in range(5)]  # one after another; each starts as the last one ends
+    assert max_decoding_together(serial) == 1
+    batched = [rec(0.1 * i, 3 + 0.1 * i) for i in range(6)] + [rec(4, 5)]
+    assert max_decoding_together(batched) == 6
+    assert served_batches((1, 4, 8, 16, 32), 1) == (1,)
+    assert served_batches((1, 4, 8, 16, 32), 12) == (1, 4, 8, 12)
+    assert served_batches((1, 4, 8), 8) == (1, 4, 8)
+    assert served_batches((4, 8), 2) == (2,)

@@ -89,3 +89,16 @@ def test_text_prompts_with_shared_prefix():
 def test_word_list_is_short_common_words():
     assert len(WORDS) == len(set(WORDS)) >= 200
     assert all(w.isalpha() and w.islower() and len(w) <= 6 for w in WORDS)
+
+
+def test_words_for_tokens_keeps_the_length_and_the_shared_prefix_share() -> None:
+    from slobench.workload.text import words_for_tokens
+
+    shared = tuple(range(100, 400))  # 300 ids shared, then 700 of each prompt's own
+    a, b = shared + tuple(range(5000, 5700)), shared + tuple(range(9000, 9700))
+    wa, wb = words_for_tokens(a, 4.0), words_for_tokens(b, 4.0)
+    assert len(wa) == len(wb) == 250  # 1,000 tokens asked, 4 a word
+    common = next(i for i, (x, y) in enumerate(zip(wa, wb, strict=True)) if x != y)
+    assert common == 75  # 300 of 1,000 tokens shared: 75 of 250 words
+    assert words_for_tokens((7,), 4.0) == (7,)  # never empty
+    assert words_for_tokens(tuple(range(10)), 0.5) == (0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9)

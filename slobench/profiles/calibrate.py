@@ -104,6 +104,7 @@ class Calibration:
     probes: list[Probe]
     wall_s: float
     notes: list[str] = field(default_factory=list)
+    max_num_seqs: int | None = None  # the most requests the server decoded at once, when below the probes' batch
 
     def held_out_errors(self, kind: str | None = None) -> np.ndarray:
         return np.array([abs(p.error) for p in self.probes if p.held_out and (kind is None or p.kind == kind)])
@@ -162,17 +163,24 @@ async def _send(target: Any, specs: Sequence[RequestSpec]) -> list[RequestRecord
 
 
 async def measure(target: Any, plan: ProbePlan, *, seed: int = 0,
-                  on_probe: Callable[[Probe], None] | None = None) -> list[Probe]:
-    """Send the probes (after a warm-up) and return them with their measurements."""
+                  on_probe: Callable[[Probe], None] | None = None, info: dict[str, Any] | None = None) -> list[Probe]:
+    """Send the probes (after a warm-up) and return them with their measurements. `info`, if given, gets
+    `decoding_together` (max_decoding_together) and the decode `batches` sent."""
     rng = np.random.default_rng(seed)
     ids = iter(range(1 << 62))
 
     def spec(n: int, out: int) -> RequestSpec:
         return RequestSpec(next(ids), 0.0, _prompt(rng, n), n, out, ignore_eos=True)
 
-    # warm-up: the first requests pay for allocations and compilation, not steps
+    # warm-up: the first requests pay for allocations and compilation, not steps. The batch of the warm-up
+    # also shows how many requests the server decodes at once: batches above that are dropped.
     await _send(target, [spec(max(plan.prompt_lens), 1)])
-    await _send(target, [spec(max(plan.contexts), 8) for _ in range(max(plan.batches))])
+    warm = await _send(target, [spec(max(plan.contexts), WARMUP_OUTPUT) for _ in range(max(plan.batches))])
+    together = max_decoding_together(warm)
+    batches = served_batches(plan.batches, together)
+    if info is not None:
+        info["decoding_together"] = together
+        info["batches"] = batches
     probes: list[Probe] = []
 
     def add(p: Probe) -> None:
@@ -183,7 +191,7 @@ async def measure(target: Any, plan: ProbePlan, *, seed: int = 0,
     # rounds: every probe once a round, so a slow spell of the machine spreads over all of them
     ttfts: dict[int, list[float]] = {n: [] for n in plan.prompt_lens}
     prompt_tokens = {n: n for n in plan.prompt_lens}
-    decodes = [(b, L) for b in plan.batches for L in plan.contexts]
+    decodes = [(b, L) for b in batches for L in plan.contexts]
     halves: dict[tuple[int, int], list[list[tuple[float, float]]]] = {bl: [[], []] for bl in decodes}
     for _ in range(plan.repeats):
         for n in plan.prompt_lens:
@@ -205,6 +213,30 @@ async def measure(target: Any, plan: ProbePlan, *, seed: int = 0,
             add(Probe("decode", f"batch {batch} x prompt {ctx}, {'1st' if half == 0 else '2nd'} half",
                       decode_row(batch, float(g[:, 1].mean()) * batch), _trimmed_mean(g[:, 0]), held_out=k % 3 == 1))
     return probes
+
+
+WARMUP_OUTPUT = 16  # tokens each warm-up decode request generates: long enough for a batch to overlap
+
+
+def max_decoding_together(recs: Sequence[RequestRecord]) -> int:
+    """The most requests decoding at one time (between a request's first token and its last), over
+    `recs` sent together: a continuous-batching server decodes them all at once up to its max_num_seqs; a
+    server that serves one request at a time (llama-cpp-python's) shows 1."""
+    events = sorted(e for r in recs if r.first_token_s is not None and r.chunk_times_s
+                    for e in ((r.first_token_s, 1), (r.chunk_times_s[-1], -1)))
+    # an end sorts before a start at the same time: touching windows are not overlapping ones
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return max(most, 1)
+
+
+def served_batches(batches: Sequence[int], together: int) -> tuple[int, ...]:
+    """The decode probe batches a server that decodes `together` requests at once can run: those up to it,
+    and `together` itself in place of any above it."""
+    kept = sorted({b for b in batches if b <= together} | ({together} if max(batches) > together else set()))
+    return tuple(kept)
 
 
 def _trimmed_mean(x: np.ndarray, cut: float = 0.1) -> float:
@@ -253,14 +285,24 @@ async def calibrate(url: str, model: str, plan: ProbePlan | None = None, *, seed
     await target.start()
     try:
         await target.preflight()
-        probes = await measure(target, plan, seed=seed, on_probe=on_probe)
+        info: dict[str, Any] = {}
+        probes = await measure(target, plan, seed=seed, on_probe=on_probe, info=info)
     finally:
         await target.close()
     profile, overhead = fit(probes, name or f"calibrated-{model}")
     cal = Calibration(profile, overhead, probes, time.perf_counter() - t0)
     if not target.caps.token_prompts:
+        per_word = target.caps.tokens_per_word
         cal.notes.append("the server took text, not token ids: prompt lengths are the server's usage counts "
-                         "where it reports them, else approximate")
+                         "where it reports them, else approximate"
+                         + (f"; it counts {per_word:.2f} tokens a word, so each prompt was sent as its length "
+                            f"/ {per_word:.2f} words" if per_word != 1.0 else ""))
+    if info.get("batches") and set(info["batches"]) != set(plan.batches):
+        k = info["decoding_together"]
+        cal.max_num_seqs = k
+        cal.notes.append(f"the server decoded at most {k} request{'s' * (k > 1)} at a time ({max(plan.batches)} "
+                         f"sent together): decode probes at batches {', '.join(map(str, info['batches']))} only; "
+                         f"its max_num_seqs is {k} (a simulation of it needs --max-num-seqs {k})")
     return cal
 
 
@@ -374,6 +416,7 @@ def _write(out: Any, profile: CostProfile, flag: str) -> None:
 
 async def calibrate_main(args: Any) -> int:
     import sys
+    from dataclasses import replace
     from pathlib import Path
 
     from slobench.targets.openai import OpenAITarget
@@ -402,6 +445,14 @@ async def calibrate_main(args: Any) -> int:
     if refining is None or setup is None:
         print(f"written: {out} (use it with --simulate --profile {out})")
         return 0
+    k = cal.max_num_seqs
+    if k is not None and k < refining.limits.max_num_seqs:
+        if args.max_num_seqs is None:
+            refining = replace(refining, limits=replace(refining.limits, max_num_seqs=k))
+            print(f"note: the refinement simulates the server with --max-num-seqs {k}, as measured", flush=True)
+        else:
+            print(f"note: --max-num-seqs {args.max_num_seqs} is above the {k} requests the server decoded at once",
+                  flush=True)
     print(f"written: {out} (the probe fit); refining it on served load ({refining.workload}, "
           f"{refining.num_requests} requests a rate)", flush=True)
     try:

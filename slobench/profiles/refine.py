@@ -466,6 +466,10 @@ async def refine(profile: CostProfile, overhead_s: float, plan: RefinePlan, meas
         if not any(getattr(profile, c) > 0 for c in coefs):
             notes.append(f"{name} is 0 in the probe fit: no factor moves it")
     notes += overfit_notes(points)
+    if fit.jitter_sd >= MAX_JITTER * 0.99:
+        notes.append(f"the step-time noise reached its bound ({MAX_JITTER:g}): the measured spread (the p90s "
+                     "against the p50s) is wider than noise on each step explains, e.g. a server that queues "
+                     "requests outside its steps or a client sharing its cores; read the refined p90s with care")
     return Refinement(plan, workload, api, knee, points, fit.factors, fit.profile, fit.overhead_s, profile, overhead_s,
                       fit.num_simulations, measure_s, time.perf_counter() - t0, notes, fit.jitter_sd)
 

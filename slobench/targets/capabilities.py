@@ -41,6 +41,9 @@ class Capabilities:
     # should see the plain request
     pair_min_tokens: bool = True
     probed: bool = False
+    # the server's tokens a word of slobench's text prompts (measured when it takes text and no --tokenizer
+    # is given); a prompt of n ids is sent as about n / this many words, so the server sees about n tokens
+    tokens_per_word: float = 1.0
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -50,7 +53,8 @@ class Capabilities:
 
     def sends_like(self, other: Capabilities) -> bool:
         """Whether requests built under `other` are the same as under these (workers need no restart)."""
-        keys = ("token_prompts", "ignore_eos", "min_tokens", "include_usage", "template_overhead", "pair_min_tokens")
+        keys = ("token_prompts", "ignore_eos", "min_tokens", "include_usage", "template_overhead", "pair_min_tokens",
+                "tokens_per_word")
         return all(getattr(self, k) == getattr(other, k) for k in keys)
 
     def with_note(self, note: str, **changes: Any) -> Capabilities:

@@ -44,13 +44,15 @@ from slobench.targets.transport import (
     TransportName,
     make_transport,
 )
-from slobench.workload.text import ExactText, ids_to_text
+from slobench.workload.text import ExactText, ids_to_text, thin_words, words_for_tokens
 
 Api = Literal["completions", "chat"]
 MAX_ERROR_CHARS = 300
 _MEMO_CHARS = 64 * 1024 * 1024  # text built from token ids, kept for reuse up to this many characters
 _PROBE_TRIES = 3
 _PROBE_IDS = (72, 101, 108, 108, 111)  # "Hello" in bytes: inside every vocabulary, byte-level ones included
+WORDS_PROBE = 200  # words of the prompt that measures the server's tokens a word (_measure_words)
+_WORD_IDS = tuple(range(1000, 1000 + WORDS_PROBE))  # ids standing for as many different prompt words
 _PROBE_BACKOFF_S = 0.2
 _SECRET_HEADER_HINTS = ("auth", "key", "token", "secret", "cookie")
 _SECRET_BODY_HINTS = ("auth", "key", "secret", "password")  # not "token": max_tokens is no secret
@@ -212,7 +214,7 @@ class OpenAITarget(TargetBase):
         caps = self.caps
         if type(prompt) is tuple and (self._is_chat or not caps.token_prompts):
             prompt = self._text_of(prompt, spec.input_tokens)
-        elif self._exact is not None and type(prompt) is str:
+        elif type(prompt) is str and (self._exact is not None or caps.tokens_per_word != 1.0):
             prompt = self._text_of(prompt, spec.input_tokens)
         if self._is_chat:
             body["messages"] = [{"role": "user", "content": prompt}]
@@ -234,10 +236,18 @@ class OpenAITarget(TargetBase):
         return body
 
     def _text_of(self, prompt: tuple[int, ...] | str, input_tokens: int) -> str:
-        """The text sent for a prompt: ids as words; with a tokenizer, exactly the asked token count."""
+        """The text sent for a prompt: ids as words; with a tokenizer, exactly the asked token count; else,
+        where the server counts several tokens a word (`caps.tokens_per_word`), one word in that many."""
         text = self._texts.get(prompt)
         if text is None:
-            text = ids_to_text(prompt) if type(prompt) is tuple else str(prompt)
+            if type(prompt) is tuple:
+                per_word = self.caps.tokens_per_word
+                text = ids_to_text(prompt if per_word == 1.0 or self._exact is not None else
+                                   words_for_tokens(prompt, per_word))
+            elif self._exact is None and self.caps.tokens_per_word != 1.0:
+                text = thin_words(str(prompt), self.caps.tokens_per_word)
+            else:
+                text = str(prompt)
             if self._exact is not None:
                 n = len(prompt) if type(prompt) is tuple else input_tokens
                 text = self._exact.fit(text, n - self.caps.template_overhead if self._is_chat else n)
@@ -477,10 +487,37 @@ class OpenAITarget(TargetBase):
                        "an empty list" if served == [] else "no model list")
                 notes.append(f"GET /models gave {why}; a request to {model!r} decides instead")
             await self._negotiate(client, notes, honours_ignore_eos=owner in HONOURS_IGNORE_EOS)
+            if self.caps.probed and self._exact is None and (self._is_chat or not self.caps.token_prompts):
+                await self._measure_words(client)
         self._set_caps(self.caps)
         if served:
             return f"{model} served at {self.base_url}"
         return f"{model} answers at {self.url}"
+
+    async def _measure_words(self, client: ControlClient) -> None:
+        """How many tokens the server counts a word of the text prompts (`ids_to_text`): the usage of
+        WORDS_PROBE words less that of one word (a chat template's tokens cancel), over WORDS_PROBE - 1.
+        The words are one token each in common BPE vocabularies; a character-level one counts several, and
+        its prompts would be that many times the asked length. Off the 0.95-1.05 band, prompts are sent as
+        length / ratio words (`words_for_tokens`), and a note says so. A server that reports no usage
+        outside streams, or refuses the request, leaves prompts as they are. Only the "auto" profile measures
+        (a fixed --server-profile sends no probe)."""
+        counts = []
+        for n in (1, WORDS_PROBE):
+            resp = await self._control(client, "POST", self.url, self._probe_body(
+                **({"messages": [{"role": "user", "content": ids_to_text(_WORD_IDS[:n])}]} if self._is_chat
+                   else {"prompt": ids_to_text(_WORD_IDS[:n])})))
+            usage = _usage_of(resp.body) if resp.status < 400 else None
+            counted = None if usage is None else _count(usage.get("prompt_tokens"))
+            if counted is None:
+                return
+            counts.append(counted)
+        ratio = (counts[1] - counts[0]) / (WORDS_PROBE - 1)
+        if ratio > 0 and not 0.95 <= ratio <= 1.05:
+            self.caps = self.caps.with_note(
+                f"the server counts {ratio:.2f} tokens a word of slobench's text prompts (measured): each prompt "
+                f"is sent as its length / {ratio:.2f} words, so the server sees about the asked length "
+                "(--tokenizer makes it exact)", tokens_per_word=round(ratio, 4))
 
     def _probe_body(self, **fields: Any) -> bytes:
         body: dict[str, Any] = {"model": self.model, "temperature": 0, "max_tokens": 1, "stream": False}

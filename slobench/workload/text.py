@@ -13,18 +13,35 @@ measured at preflight.
 
 from __future__ import annotations
 
+from collections.abc import Sequence as SequenceABC
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from slobench.errors import UsageError
 from slobench.workload.prompts import WORDS
 
 _NUM_WORDS = len(WORDS)
+T = TypeVar("T")
 _PADS = (" the", " a", " of", " x", ".", "a", " ")  # short pieces; padding takes one that adds a single token
 
 
 def ids_to_text(ids: tuple[int, ...] | list[int]) -> str:
     return " ".join([WORDS[i % _NUM_WORDS] for i in ids])
+
+
+def words_for_tokens(ids: SequenceABC[T], tokens_per_word: float) -> tuple[T, ...]:
+    """The ids whose words make a text of about len(ids) tokens for a server that counts `tokens_per_word`
+    tokens a word: every (tokens_per_word)-th id, by position. A prefix two prompts share stays shared, and
+    stays the same share of each prompt (both are sampled at the same positions)."""
+    n = max(1, round(len(ids) / tokens_per_word))
+    last = len(ids) - 1
+    return tuple(ids[min(int(j * tokens_per_word), last)] for j in range(n))
+
+
+def thin_words(text: str, tokens_per_word: float) -> str:
+    """`words_for_tokens` for a text prompt of words: every (tokens_per_word)-th word, by position."""
+    words = text.split(" ")
+    return " ".join(words_for_tokens(words, tokens_per_word))
 
 
 class ExactText:

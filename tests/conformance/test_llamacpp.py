@@ -12,6 +12,7 @@ complete request produced exactly max_tokens tokens.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from run_checks import Expect, check_run_dir, describe_errors, read_records
@@ -53,3 +54,30 @@ def test_streams_cut_off_by_a_new_request_are_errors(
     assert not short, f"cut-off streams recorded as ok: {[(r['output_tokens'], r['max_tokens']) for r in short]}"
     cut = [r for r in records if r["status"] == "error" and "cut off by the server" in (r.get("error") or "")]
     assert cut, f"8 requests at 40 req/s and none recorded as cut off; errors:\n{describe_errors(records)}"
+
+
+def test_calibrate_fits_a_profile_of_a_server_that_serves_one_request_at_a_time(
+    llamacpp_server: Served, tmp_path: Path
+) -> None:
+    """llama-cpp-python decodes one request at a time and takes text only, with a character-level
+    vocabulary here (~4.4 tokens a prompt word). calibrate used to send 1,024-word prompts (4,700 tokens,
+    past the 2,048 context: a failed probe) and then stop at "batch 4 never decoded all together"; now it
+    sizes the text to the server's count and probes decode at the one batch the server runs."""
+    import subprocess
+    import sys
+
+    from reference_engine.executor.modeled_executor import CostProfile
+
+    out = tmp_path / "llamacpp.json"
+    p = subprocess.run([sys.executable, "-m", "slobench", "calibrate", "--url", llamacpp_server.base_url, "-o",
+                        str(out), "--no-refine", "--repeats", "1"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "decoded at most 1 request at a time" in p.stdout and "--max-num-seqs 1" in p.stdout, p.stdout
+    assert "tokens a word" in p.stdout, p.stdout
+    prof = CostProfile.load(out)
+    assert prof.provenance is not None
+    # one decode step of one sequence takes some time; the prefill of 1,024 tokens takes more than of 16
+    assert prof.step_s(0, 1, 100) > 0
+    assert prof.step_s(1024, 0, 1024, 1024 * 1025 // 2) > prof.step_s(16, 0, 16, 136)
+    labels = [q["label"] for q in prof.provenance["probes"]]
+    assert not any(label.startswith("batch 4") for label in labels), labels
