@@ -36,6 +36,13 @@ flips across the SLO's line are counted at that resolution.)
     python benchmarks/validate_sim.py --no-refine             # the probe-only calibration
     python benchmarks/validate_sim.py --profile cal.json      # reuse a calibration
     python benchmarks/validate_sim.py --workloads tiny --rates 2,4,8,12,16 --num-requests 60
+    python benchmarks/validate_sim.py --server llamacpp --repeat  # a third-party server instead (below)
+
+`--server llamacpp` validates against llama-cpp-python's server (the conformance suite's tiny random GGUF
+model, one thread, `--interrupt_requests False`; `.ci/conformance-deps.sh` builds it) with calibrate's
+defaults, as a user would: the server takes text only and decodes one request at a time, so the simulation
+shares its limits (one sequence, 128 blocks of 16 = its 2,048-token context, 512-token batches) and the SLOs
+are its own (TTFT 60 / 120 ms, TPOT 5 ms: a request decodes alone, so TTFT, the queue, is what breaks).
 """
 
 from __future__ import annotations
@@ -105,6 +112,13 @@ min = 4
 max = 64
 """
 SLOS = {"tiny": "ttft=300ms,tpot=40ms,target=0.9", "prefill-heavy": "ttft=600ms,tpot=60ms,target=0.9"}
+# llama.cpp (llama-cpp-python's server, the conformance suite's tiny GGUF model, one thread) serves one request
+# at a time: a request decodes alone (TPOT ~1.2 ms whatever the load) and the knee is its TTFT, the queue
+LLAMACPP_SLOS = {"tiny": "ttft=60ms,tpot=5ms,target=0.9", "prefill-heavy": "ttft=120ms,tpot=5ms,target=0.9"}
+# the server validated: the bundled engine (default) or llama.cpp (`--server llamacpp`), its model name and the
+# limits the simulation shares with it (llama.cpp: one sequence, its 2,048-token context, 512-token batches)
+SERVER: dict[str, Any] = {"name": "engine", "model": "tiny", "limits": None, "slos": SLOS}
+LLAMACPP_LIMITS = {"--kv-blocks": "128", "--max-num-seqs": "1", "--max-batched-tokens": "512"}
 RATE_FACTORS = (0.3, 0.6, 0.9, 1.3, 2.0)  # of the simulated knee: light to well past it
 
 
@@ -116,8 +130,12 @@ def quiet(argv: list[str]) -> int:
 def engine_flags(extras: tuple[str, ...] = ()) -> list[str]:
     """The simulated engine's limits, those of the served one (`demo_engine_args("torch")`), and `extras`
     (`--jitter 0`, `--request-overhead 0`: without them `--simulate` applies the calibrated profile's)."""
-    args = demo_engine_args("torch")
     flags = list(extras)
+    if SERVER["limits"] is not None:
+        for k, v in SERVER["limits"].items():
+            flags += [k, v]
+        return flags
+    args = demo_engine_args("torch")
     for k in ("--kv-blocks", "--max-num-seqs"):
         flags += [k, args[args.index(k) + 1]]
     return flags
@@ -127,8 +145,9 @@ def engine_limits() -> Any:
     from slobench.profiles.refine import EngineLimits
 
     flags = engine_flags()
+    budget = int(flags[flags.index("--max-batched-tokens") + 1]) if "--max-batched-tokens" in flags else 2048
     return EngineLimits(kv_blocks=int(flags[flags.index("--kv-blocks") + 1]),
-                        max_num_seqs=int(flags[flags.index("--max-num-seqs") + 1]))  # 2,048 tokens a step: both defaults
+                        max_num_seqs=int(flags[flags.index("--max-num-seqs") + 1]), max_batched_tokens=budget)
 
 
 def probe_fit(url: str, out: Path) -> tuple[Any, CostProfile]:
@@ -138,9 +157,11 @@ def probe_fit(url: str, out: Path) -> tuple[Any, CostProfile]:
 
     t0 = time.monotonic()
     plan = ProbePlan()
-    cal = asyncio.run(calibrate(url, "tiny", plan))
+    cal = asyncio.run(calibrate(url, SERVER["model"], plan))
     print_table(cal)
-    profile = with_provenance(cal, url, "tiny", plan)
+    for note in cal.notes:
+        print(f"note: {note}")
+    profile = with_provenance(cal, url, SERVER["model"], plan)
     (out / "calibrated.json").write_text(profile.to_json() + "\n")
     print(f"probes fitted in {time.monotonic() - t0:.0f} s (load {os.getloadavg()[0]:.1f})", flush=True)
     return cal, profile
@@ -163,7 +184,7 @@ def refined(url: str, args: argparse.Namespace, cal: Any, profile: CostProfile, 
     print(f"refining on served load: {rplan.workload}, seed {rplan.seed}, {rplan.num_requests} requests a rate, "
           f"o {'fitted' if rplan.fit_overhead else 'held'}{', TTFT by prompt length' if rplan.by_prompt_length else ''} "
           f"(load {os.getloadavg()[0]:.1f})", flush=True)
-    ref = asyncio.run(refine_live(live_setup(url, "tiny", rplan), cal.profile, cal.request_overhead_s, rplan,
+    ref = asyncio.run(refine_live(live_setup(url, SERVER["model"], rplan), cal.profile, cal.request_overhead_s, rplan,
                                   write=lambda line: print(line, flush=True)))
     print_refinement(ref)
     path.write_text(with_refinement(profile, ref).to_json() + "\n")
@@ -254,8 +275,13 @@ def main() -> None:
     ap.add_argument("--repeat", action="store_true",
                     help="measure each point a second time, right after the first: how often the server agrees "
                          "with itself within the targets is the most any simulation can score here")
+    ap.add_argument("--server", choices=("engine", "llamacpp"), default="engine",
+                    help="engine: the bundled CPU engine (default); llamacpp: llama-cpp-python's server on the "
+                         "conformance suite's tiny GGUF model (needs .ci/conformance-deps.sh)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.server == "llamacpp":
+        SERVER.update(name="llamacpp", model="tiny-gguf", limits=LLAMACPP_LIMITS, slos=LLAMACPP_SLOS)
     out = Path(args.out or f"runs/validate-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "prefill-heavy.toml").write_text(PREFILL_HEAVY)
@@ -266,11 +292,14 @@ def main() -> None:
 
     t_start = time.monotonic()
     loads = [os.getloadavg()[0]]
-    print(f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, load average {os.getloadavg()}; engine: "
-          f"{' '.join(demo_engine_args('torch'))}, 1 torch thread", flush=True)
+    served = ("llama-cpp-python's server, tiny GGUF, 1 thread" if args.server == "llamacpp" else
+              f"engine: {' '.join(demo_engine_args('torch'))}, 1 torch thread")
+    print(f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, load average {os.getloadavg()}; {served}", flush=True)
     rows = []
     again: list[tuple[str, float, dict[str, Any], dict[str, Any]]] = []  # (name, rate, measured, measured again)
-    with EngineServerProcess(*demo_engine_args("torch"), torch_threads=1) as srv:
+    server = (llamacpp_server(out) if args.server == "llamacpp" else
+              EngineServerProcess(*demo_engine_args("torch"), torch_threads=1))
+    with server as srv:
         if args.profile:
             paths = dict.fromkeys(workloads, Path(args.profile))
         else:
@@ -300,7 +329,7 @@ def main() -> None:
             fitted[name] = (f"{fitted_on(prof)}; o {overhead_s * 1e3:.1f} ms added to simulated TTFT, step-time noise "
                             f"sd {jitter_sd:.2f}")
             print(f"{name}: fitted on {fitted[name]}", flush=True)
-            slo_text = SLOS.get(name, SLOS["tiny"])
+            slo_text = SERVER["slos"].get(name, SERVER["slos"]["tiny"])
             slo = SLO.parse(slo_text)
             if args.rates:
                 rates = [float(x) for x in args.rates.split(",")]
@@ -312,7 +341,7 @@ def main() -> None:
             for rate in rates:
                 common = run_args(wl, rate, args.num_requests, args.seed, slo_text, out / name / f"measured-{rate:.4g}")
                 t0 = time.monotonic()
-                quiet([*common, "--url", srv.base_url, "--model", "tiny"])
+                quiet([*common, "--url", srv.base_url, "--model", SERVER["model"]])
                 loads.append(os.getloadavg()[0])
                 sim_dir = out / name / f"simulated-{rate:.4g}"
                 quiet([*run_args(wl, rate, args.num_requests, args.seed, slo_text, sim_dir), "--simulate", "--profile",
@@ -323,7 +352,7 @@ def main() -> None:
                 if args.repeat:
                     d2 = out / name / f"measured-again-{rate:.4g}"
                     quiet([*run_args(wl, rate, args.num_requests, args.seed, slo_text, d2), "--url", srv.base_url,
-                           "--model", "tiny"])
+                           "--model", SERVER["model"]])
                     loads.append(os.getloadavg()[0])
                     again.append((name, rate, m, load_and_judge(d2, slo)))
                 print(f"  {name} {rate:.2f} req/s measured in {time.monotonic() - t0:.0f} s (load {loads[-1]:.1f}): "
@@ -340,6 +369,46 @@ def main() -> None:
           + (f" (in sample: {', '.join(in_sample)})" if in_sample else " (none of them in the fit)"))
     print(f"wall {time.monotonic() - t_start:.0f} s; 1-minute load average during the measured runs "
           f"{min(loads):.1f}-{max(loads):.1f} (2 cores); run directories under {out}")
+
+
+@contextlib.contextmanager
+def llamacpp_server(out: Path) -> Any:
+    """llama-cpp-python's server on 127.0.0.1 with the conformance suite's tiny GGUF model, as a user would
+    serve it (`--interrupt_requests False`: a new request does not cut the one in progress off)."""
+    import socket
+    import subprocess
+    import sys
+    import types
+
+    import httpx
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "conformance"))
+    from tiny_gguf import write_tiny_gguf
+
+    model = write_tiny_gguf(out / "tiny.gguf")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias",
+                             "tiny-gguf", "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
+                             "--n_threads", "1", "--interrupt_requests", "False"],
+                            stdout=subprocess.DEVNULL, stderr=open(out / "llamacpp.log", "w"))  # noqa: SIM115
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(base + "/models", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"llama.cpp server did not start: see {out / 'llamacpp.log'}")
+            time.sleep(0.2)
+        yield types.SimpleNamespace(base_url=base)
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def _err(m: float | None, s: float | None) -> str:
@@ -362,8 +431,8 @@ def print_rows(rows: list[tuple[str, float, dict[str, Any], dict[str, Any]]], la
         cells = [f"{m['attainment']:.0%} / {s['attainment']:.0%} ({d_att:+.0f}{'' if ok['attainment'] else ' ✗'})"]
         for key in PERCENTILES:
             mv, sv = m[key], s[key]
-            fm = "n/a" if mv is None else f"{mv * 1e3:.0f}"
-            fs = "n/a" if sv is None else f"{sv * 1e3:.0f}"
+            fm = "n/a" if mv is None else f"{mv * 1e3:.{1 if mv < 0.01 else 0}f}"
+            fs = "n/a" if sv is None else f"{sv * 1e3:.{1 if sv < 0.01 else 0}f}"
             cells.append(f"{fm} / {fs} ({_err(mv, sv)}{'' if ok[key] else ' ✗'})")
         print(f"| {name} | {rate:.2f} | " + " | ".join(cells) + " |")
     print(f"\n{hits} of {total} comparisons within target (attainment ±3 points, percentiles ±10%)")

@@ -327,7 +327,8 @@ class LoadSetup:
             knobs, _ = split_fleet_knobs(dict(engine_knobs_from_args(a)), getattr(a, "router", "least-outstanding"))
             cached = self._extras = calibrated_flags(
                 getattr(a, "request_overhead", None), getattr(a, "jitter", None),
-                lambda: ModeledEngine.from_knobs(knobs).cost_profile(), str(knobs.get("profile")), "--simulate")
+                lambda: ModeledEngine.from_knobs(knobs).cost_profile(), str(knobs.get("profile")), "--simulate",
+                max_num_seqs=ModeledEngine.from_knobs(knobs).max_num_seqs)
         return cached  # type: ignore[no-any-return]
 
     def check_fleet(self) -> None:
@@ -457,7 +458,7 @@ def parse_overhead_s(text: str | None) -> float | None:
 
 
 def calibrated_flags(overhead_text: str | None, jitter_sd: float | None, profile: Any, name: str,
-                     verb: str) -> tuple[float, float, str | None]:
+                     verb: str, *, max_num_seqs: int | None = None) -> tuple[float, float, str | None]:
     """The request overhead (s) and step-time noise sd a simulation applies (`run --simulate`, `plan`):
     `--request-overhead` and `--jitter` when given, else what a calibrated profile carries
     (`slobench.fleet.simulate.calibrated_extras`; 0 for a profile without them), said on stderr. `profile`:
@@ -469,6 +470,14 @@ def calibrated_flags(overhead_text: str | None, jitter_sd: float | None, profile
     overhead_s = parse_overhead_s(overhead_text)
     if jitter_sd is not None and not (isinstance(jitter_sd, int | float) and 0 <= jitter_sd < float("inf")):
         raise UsageError(f"--jitter: must be a number >= 0 (got {jitter_sd!r})")
+    if max_num_seqs is not None:
+        prof = profile() if callable(profile) else profile
+        profile = prof
+        served = (getattr(prof, "provenance", None) or {}).get("served_max_num_seqs")
+        if isinstance(served, int) and max_num_seqs > served:
+            print(f"{verb}: warning: the server calibrated into {name} decoded at most {served} request"
+                  f"{'s' * (served > 1)} at a time; --max-num-seqs {max_num_seqs} simulates one that batches more "
+                  f"(--max-num-seqs {served} simulates that server)", file=sys.stderr)
     if overhead_s is not None and jitter_sd is not None:
         return overhead_s, float(jitter_sd), None
     try:

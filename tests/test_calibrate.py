@@ -110,6 +110,10 @@ def test_calibrate_finds_how_many_requests_the_server_decodes_at_once(tmp_path: 
     batches = {p.label.split(" x ")[0] for p in cal.probes if p.kind == "decode"}
     assert batches == {"batch 1", "batch 4"}, batches
     assert any("at most 4 requests at a time" in n and "--max-num-seqs 4" in n for n in cal.notes), cal.notes
+    from slobench.profiles.calibrate import with_provenance
+
+    prov = with_provenance(cal, srv.base_url, "tiny", PLAN).provenance
+    assert prov is not None and prov["served_max_num_seqs"] == 4  # --simulate warns above it
     # a step of 4 sequences takes the truth's time plus the served engine's own (as in the test above)
     step4 = cal.profile.step_s(0, 4, 4 * 100)
     assert TRUE.step_s(0, 4, 4 * 100) * 0.9 < step4 < TRUE.step_s(0, 4, 4 * 100) + 0.004, cal.profile

@@ -148,3 +148,21 @@ def test_the_overhead_flag_takes_any_duration_and_zero_in_any_spelling(capsys: p
     assert capsys.readouterr().err == ""
     with pytest.raises(UsageError, match="--jitter"):
         calibrated_flags(None, float("nan"), boom, "p.json", "plan")
+
+
+def test_a_simulation_batching_more_than_the_calibrated_server_is_warned(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # calibrate records how many requests the server decoded at once when it was fewer than it sent
+    # (llama-cpp-python's server: 1); simulating it with --simulate's default 64 is another server
+    path = _calibrated(tmp_path, request_overhead_s=O_S, served_max_num_seqs=1)
+    base = ["run", "--simulate", "--profile", str(path), "--workload", "tiny", "--rate", "5", "--num-requests", "10",
+            "--no-progress"]
+    assert main([*base, "--out", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    assert "decoded at most 1 request at a time" in err and "--max-num-seqs 1 simulates that server" in err, err
+    assert main([*base, "--max-num-seqs", "1", "--out", str(tmp_path / "b")]) == 0
+    assert "decoded at most" not in capsys.readouterr().err
+    plain = _calibrated(tmp_path, request_overhead_s=O_S)  # nothing recorded: nothing to warn of
+    assert main([*base[:3], str(plain), *base[4:], "--out", str(tmp_path / "c")]) == 0
+    assert "decoded at most" not in capsys.readouterr().err

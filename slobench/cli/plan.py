@@ -207,7 +207,8 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     kv_bytes = args.kv_bytes_per_token if args.kv_bytes_per_token is not None else _kv_bytes(prov, args.model)
     from slobench.load_setup import calibrated_flags
 
-    overhead_s, jitter_sd, _ = calibrated_flags(args.request_overhead, args.jitter, profile, args.profile, "plan")
+    overhead_s, jitter_sd, _ = calibrated_flags(args.request_overhead, args.jitter, profile, args.profile, "plan",
+                                                max_num_seqs=args.max_num_seqs)
     setup = Setup(engine, slo, link, kv_bytes, args.router, seed=args.seed, jitter_sd=jitter_sd,
                   request_overhead_s=overhead_s)
     return recipe, setup, options

@@ -326,6 +326,8 @@ def with_provenance(cal: Calibration, url: str, model: str, plan: ProbePlan) -> 
                     "held_out": p.held_out, "row": dict(zip(COLUMNS, p.row, strict=True))} for p in cal.probes],
         "notes": cal.notes,
     }
+    if cal.max_num_seqs is not None:
+        prov["served_max_num_seqs"] = cal.max_num_seqs  # a simulation above it is another server (calibrated_flags)
     return replace(cal.profile, note=note, provenance=prov)
 
 
