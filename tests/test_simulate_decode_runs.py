@@ -24,6 +24,13 @@ SCENARIOS = {
     # 33-token prompts through a 32-token budget: the first token comes from a one-token "decode" chunk
     "one-token-last-chunk": ("tiny", 5.0, 60, ModeledEngine("cpu-tiny", kv_blocks=256, max_batched_tokens=32),
                              {"input_len": 33}),
+    # arrivals admitted and prefilled whole inside a run (decode_run's first step), with step-time noise
+    "lone-admissions-jitter": ("chat", 25.0, 300, ModeledEngine("h100-llama-1b", kv_blocks=2048),
+                               {"jitter_sd": 0.05, "seed": 1}),
+    # the same under a roofline profile, whose mixed step counts attention pairs
+    "lone-admissions-roofline": ("chat", 6.0, 150, ModeledEngine("roofline:h100/llama-3.1-8b", kv_blocks=2048), {}),
+    # a fully cached prompt: the admitting step's chunk is one token, which the executor counts as a decode
+    "cached-prompt-repeats": ("tiny", 4.0, 80, ModeledEngine("cpu-tiny", kv_blocks=512), {"input_len": 33}),
 }
 GENERATE_KW = ("input_len", "output_len")
 
@@ -73,3 +80,24 @@ def test_vectorised_tokens_are_the_executors() -> None:
     for s, toks in zip(seqs, got, strict=True):
         assert toks == [ex.token_at(s.seq_id, len(s.token_ids) + j) for j in range(200)]
     assert 100 not in {t for toks in got for t in toks}
+
+
+def test_lone_admissions_are_taken_inside_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path is not a dead branch: at a light load most arrivals are admitted inside a run, so the
+    engine is stepped for far fewer steps than there are requests (stepping admits each in a step of its
+    own)."""
+    from reference_engine.engine import LLMEngine
+
+    stepped = 0
+    step = LLMEngine.step
+
+    def counted(self: LLMEngine) -> object:
+        nonlocal stepped
+        stepped += 1
+        return step(self)
+
+    monkeypatch.setattr(LLMEngine, "step", counted)
+    specs = generate(load_workload("chat"), rate_rps=10.0, num_requests=400, seed=5)
+    simulate_records(specs, ModeledEngine("h100-llama-1b", kv_blocks=2048))
+    # what is left to step: prompts longer than a step's budget (chunked), arrivals finding others waiting
+    assert stepped < 400 // 3, stepped

@@ -12,15 +12,18 @@ declines (returns None) whenever the next step could be anything else, and the c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import islice
+from typing import Any
 
 import numpy as np
 
 from reference_engine.block_manager import BlockManager
 from reference_engine.engine import LLMEngine, _NullObserver
 from reference_engine.executor.modeled_executor import ModeledExecutor, _mix64
-from reference_engine.sequence import FinishReason, Sequence
+from reference_engine.sequence import FinishReason, SeqStatus, Sequence
 
 _C0, _C1, _C2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31, _S32 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(32)
@@ -57,12 +60,15 @@ def _tokens(ex: ModeledExecutor, seqs: list[Sequence], num_steps: int) -> list[l
 
 @dataclass(frozen=True, slots=True)
 class DecodeRun:
-    """What a run of decode steps did: every request in `seqs` got one token at the end of each step."""
+    """What a run of decode steps did: every request in `seqs` got one token at the end of each step, from
+    the step `first_step` names for it (a prompt filled in the run samples its first token at the end of
+    its last chunk), else from the first."""
 
     seqs: list[Sequence]  # batch order
     times_s: list[float]  # the end of each step
     finished: list[Sequence]  # ended ("length") with the last step
     first_token_cached: dict[int, int | None]  # seq_id -> its prefix-cache hit, for those whose first token came here
+    first_step: dict[int, int] = field(default_factory=dict)  # seq_id -> index of its first token's step, if not 0
 
 
 def _head_stays_out(head: Sequence, running: list[Sequence], bm: BlockManager) -> bool:
@@ -84,11 +90,64 @@ def _head_stays_out(head: Sequence, running: list[Sequence], bm: BlockManager) -
     return True
 
 
+def _admissions(sched: Any, decodes: list[Sequence], bm: BlockManager, first_alloc: list[int],
+                budget: int) -> list[tuple[Sequence, list[int]]] | None:
+    """The whole queue with its prefix hits, if the next step admits all of it and nothing in that step can
+    differ from what decode_run replays: fresh requests (no tokens of their own yet, no stop check), room
+    for every sequence (max_num_seqs) and every block (counted without the hits two of them share: never
+    less than the scheduler needs), the token budget left for each (only the last may be cut into chunks),
+    and none of their hits among the cached blocks that the step's new blocks may evict (the scheduler
+    matches each after the blocks taken before it). None otherwise: the caller steps the engine."""
+    heads = list(sched.waiting)
+    if len(decodes) + len(heads) > sched.config.max_num_seqs:
+        return None
+    bs = bm.block_size
+    need = fresh = first_alloc.count(0)
+    hit_blocks: set[int] = set()
+    out = []
+    for head in heads:
+        if budget <= 0:
+            return None  # the budget ends before the queue does: the next step would admit the rest
+        num = len(head.token_ids)
+        if (num != head.num_prompt_tokens or head.num_computed_tokens or head.block_table
+                or head.stop_check is not None or head.max_tokens < 1):
+            return None
+        hits = bm.match_prefix(head)
+        need += bm.num_blocks_to_admit(num, hits)
+        fresh += -(-num // bs) - len(hits)
+        hit_blocks.update(hits)
+        budget -= num - len(hits) * bs
+        out.append((head, hits))
+    if budget < 0 and len(decodes) + len(heads) - 1 >= sched.config.max_num_batched_tokens:
+        return None  # the last prompt, cut into chunks, would get no budget from the next step's decodes
+    if need > bm.num_allocatable:
+        return None
+    # taking hits out of the LRU list moves later blocks up: look past as many as there are hits
+    evicted = fresh - bm.num_free
+    if evicted > 0 and hit_blocks and not hit_blocks.isdisjoint(islice(bm._cached, evicted + len(hit_blocks))):
+        return None
+    return out
+
+
+def _filling(seq: Sequence, bs: int) -> bool:
+    """A running request whose prompt is still being computed (chunk by chunk), which decode_run can carry:
+    its blocks already hold every known token (admission gives them all), no stop check."""
+    n = len(seq.token_ids)
+    return (seq.num_computed_tokens < n - 1 and seq.stop_check is None and len(seq.block_table) * bs >= n
+            and seq.num_tokens - seq.num_prompt_tokens < seq.max_tokens)
+
+
 def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     """Take every step up to the next event at once: while the engine's clock is before `until_s` (the next
     arrival), up to and including the step where the first running request samples its last token (those
-    that do finish in it, with "length"), and short of any step that would preempt. Returns what it did, or None (nothing
-    done) when the next step is not a plain decode step of a modeled engine."""
+    that do finish in it, with "length"), and short of any step that would preempt.
+
+    The first step may admit the whole queue (`_admissions`) as the scheduler would, each prompt prefilled
+    within the token budget the decodes leave. A prompt that does not fit whole (one at most: the last
+    admitted, or the last running request when nothing waits) is filled chunk by chunk over the next steps,
+    samples its first token at the end of its last chunk, and decodes with the rest from there. Returns
+    what it did, or None (nothing done) when the next step could be anything else, or the engine is not a
+    modeled one."""
     ex = engine.executor
     if (type(ex) is not ModeledExecutor or ex._eos_threshold or engine._pending_aborts
             or type(engine.observer) is not _NullObserver):
@@ -97,38 +156,128 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         engine._apply_pending()  # what step() does first: arrivals join the queue (a full one keeps them out)
     sched = engine.scheduler
     cfg = sched.config
-    running = list(sched.running)
-    batch = len(running)
-    if not batch or batch >= cfg.max_num_batched_tokens:
-        return None  # a budget cut could come next (or, at the budget exactly, no admission: rare, stepped)
     bm = sched.block_manager
-    if sched.waiting and batch < cfg.max_num_seqs and not _head_stays_out(sched.waiting[0], running, bm):
-        return None  # the queue's head could be admitted
+    bs = bm.block_size
+    max_tokens = cfg.max_num_batched_tokens
+    decodes = list(sched.running)
+    fill: Sequence | None = None  # the request filling its prompt, if any: last in the batch
+    if decodes and not sched.waiting and _filling(decodes[-1], bs):
+        fill = decodes.pop()
+    batch = len(decodes)  # decoding sequences
+    if batch >= max_tokens:
+        return None  # a budget cut could come next (or, at the budget exactly, no admission: rare, stepped)
     num_steps = 1 << 30
-    for s in running:
+    for s in decodes:
         n = len(s.token_ids)
         if s.stop_check is not None or s.num_computed_tokens != n - 1:
             return None
         # tokens it may still sample: the step that samples the last one finishes it, and ends the run
         num_steps = min(num_steps, s.max_tokens - (n - s.num_prompt_tokens))
-    if num_steps < 1:
-        return None
-    bs = bm.block_size
     # step j writes position len-1+j; a new block is taken when that position starts one past the table
-    first_alloc = [len(s.block_table) * bs - (len(s.token_ids) - 1) for s in running]
-    allocs = [range(j, num_steps, bs) for j in first_alloc]
-    if sum(len(r) for r in allocs) > bm.num_allocatable:  # stop before the step that would preempt
-        steps = sorted(j for r in allocs for j in r)
-        num_steps = steps[bm.num_allocatable]
-    if num_steps < 1:
+    first_alloc = [len(s.block_table) * bs - (len(s.token_ids) - 1) for s in decodes]
+    admitted = None
+    if sched.waiting and batch < cfg.max_num_seqs and not _head_stays_out(sched.waiting[0], decodes, bm):
+        admitted = _admissions(sched, decodes, bm, first_alloc, max_tokens - batch)
+        if admitted is None:
+            return None  # the queue's head could be admitted, in a step not replayed here
+    if not batch and fill is None and not admitted:
         return None
-
     clock, wait = engine.clock, engine._wait_until
+    if num_steps < 1 or clock.now_s() >= until_s:
+        return None
     profile = ex.profile
-    context = sum(len(s.token_ids) for s in running)
+    roofline = profile.is_roofline
+    context = sum(len(s.token_ids) for s in decodes)  # the decodes' tokens in context at the next step
     times: list[float] = []
+    chunks: dict[int, int] = {}  # the filling prompt's chunk at each step until its last
+    events: list[tuple[int, int, int, int]] = []  # (step, phase, index in `every`, computed tokens then)
+    fill_from = 0  # the first step at which `fill` (if any) is carried by the loop below
+    if admitted:
+        # The first step, as the scheduler builds it: the decodes' new blocks, then each admission, its chunk
+        # what the budget leaves. Done now (the clock is before until_s: the step is taken, whatever follows).
+        grow0 = [s for s, j in zip(decodes, first_alloc, strict=True) if j == 0]
+        if grow0:
+            bm.grow_each(grow0)
+        first_alloc = [j if j else bs for j in first_alloc]  # taken already
+        left = max_tokens - batch
+        prefill = extra_decodes = 0
+        context0 = pairs0 = context
+        whole: list[Sequence] = []
+        t0 = clock.now_s()
+        for head, hits in admitted:
+            sched.waiting.popleft()
+            bm.admit(head, hits)
+            head.status = SeqStatus.RUNNING
+            sched.running.append(head)
+            req = engine._requests[head.seq_id]
+            if req.first_scheduled_s is None:  # as step() records it
+                req.first_scheduled_s = t0
+                req.cached_tokens = head.num_cached_tokens
+            start, length = head.num_computed_tokens, len(head.token_ids)
+            n = min(length - start, left)
+            left -= n
+            context0 += start + n
+            pairs0 += n * start + n * (n + 1) // 2
+            if start + n == length:
+                whole.append(head)
+                if n == 1:
+                    extra_decodes += 1  # a one-token chunk that samples: the executor counts it as a decode
+                else:
+                    prefill += n
+            else:
+                fill, fill_from = head, 1
+                prefill += n
+                chunks[0] = n
+        step_s = profile.step_s(prefill, batch + extra_decodes, context0, pairs0 if roofline else None)
+        ex.num_steps += 1
+        ex.total_modeled_s += step_s
+        wait(t0 + step_s)
+        times.append(clock.now_s())
+        last_tokens = batch + sum(len(h.token_ids) - h.num_computed_tokens for h, _ in admitted if h is not fill) \
+            + chunks.get(0, 0)
+        # the whole prompts sampled their first token: decodes from the second step on
+        for h in whole:
+            length = len(h.token_ids)
+            num_steps = min(num_steps, h.max_tokens)
+            first_alloc.append(-(-length // bs) * bs - length + 1)
+            context += length
+            if bm.enable_prefix_caching and length % bs:
+                events.append((0, 2, len(decodes), length))  # its prompt's full blocks, with the first step
+            decodes.append(h)
+        batch = len(decodes)
+        context += batch
+    room = bm.num_allocatable
+    if fill is not None:
+        length = len(fill.token_ids)
+        pos = fill.num_computed_tokens + chunks.get(0, 0)
+        budget = max_tokens - batch  # >= 1: checked above (no admission) or in _admissions
+        last_chunk = fill_from + -(-(length - pos) // budget) - 1
+        num_steps = min(num_steps, last_chunk + fill.max_tokens - (length - fill.num_prompt_tokens))
+    allocs = [range(j, num_steps, bs) for j in first_alloc]
+    if fill is not None:  # as a decode after its last chunk: position length-1+(j-last_chunk) at step j
+        fill_alloc = last_chunk + 1 + len(fill.block_table) * bs - length
+        allocs.append(range(fill_alloc, num_steps, bs))
+    if sum(len(r) for r in allocs) > room:  # stop before the step that would preempt
+        steps = sorted(j for r in allocs for j in r)
+        num_steps = steps[room]
+    if num_steps < 1:
+        return None  # (never after an admitting first step: its blocks were counted, and later ones start at 1)
+
     while len(times) < num_steps and clock.now_s() < until_s:
-        step_s = profile.step_s(0, batch, context)  # as ModeledExecutor.execute computes it
+        j = len(times)
+        if fill is None:
+            step_s = profile.step_s(0, batch, context)  # as ModeledExecutor.execute computes it
+        elif j <= last_chunk:
+            n = min(length - pos, budget)
+            chunks[j] = n
+            pairs = context + n * pos + n * (n + 1) // 2 if roofline else None
+            if n == 1 and j == last_chunk:  # a one-token chunk that samples: the executor counts it as a decode
+                step_s = profile.step_s(0, batch + 1, context + length, pairs)
+            else:
+                step_s = profile.step_s(n, batch, context + pos + n, pairs)
+            pos += n
+        else:
+            step_s = profile.step_s(0, batch + 1, context + length + j - last_chunk)
         ex.num_steps += 1
         ex.total_modeled_s += step_s
         wait(clock.now_s() + step_s)
@@ -138,50 +287,106 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     if not k:
         return None
 
-    tokens = _tokens(ex, running, k)
-    starts = [len(s.token_ids) for s in running]
-    for s, toks in zip(running, tokens, strict=True):
+    tokens = _tokens(ex, decodes, k)
+    starts = [len(s.token_ids) for s in decodes]
+    for s, toks in zip(decodes, tokens, strict=True):
         s.token_ids.extend(toks)
-    # blocks taken (phase 0, in schedule) and registered (phase 1, in update) in the scheduler's order
-    events: list[tuple[int, int, int]] = [(j, 0, i) for i, j0 in enumerate(first_alloc) for j in range(j0, k, bs)]
+    # blocks taken (phase 0, in schedule) and registered (phase 2, in update) in the scheduler's order; the
+    # first step's admissions (phase 1) came between, done above
+    events += [(j, 0, i, 0) for i, j0 in enumerate(first_alloc) for j in range(j0, k, bs)]
     if bm.enable_prefix_caching:
-        events += [(j, 1, i) for i, n in enumerate(starts) for j in range((-n) % bs, k, bs)]
+        events += [(j, 2, i, n + j) for i, n in enumerate(starts) for j in range((-n) % bs, k, bs)]
+    seqs = decodes
+    emitted = 0
+    if fill is not None:
+        i = batch
+        computed = fill.num_computed_tokens
+        for j in sorted(chunks):  # each chunk registers what it filled (a no-op when no block filled)
+            computed += chunks[j]
+            if bm.enable_prefix_caching:
+                events.append((j, 2, i, computed))
+        emitted = k - last_chunk
+        if emitted > 0:
+            fill.token_ids.extend(_tokens(ex, [fill], emitted)[0])
+            events += [(j, 0, i, 0) for j in range(fill_alloc, k, bs)]
+            if bm.enable_prefix_caching:  # as a decode: position length-1+(j-last_chunk) written at step j
+                events += [(j, 2, i, length + j - last_chunk) for j in range(last_chunk + 1, k)
+                           if (length + j - last_chunk) % bs == 0]
+            seqs = [*decodes, fill]
+            computed = length + k - 1 - last_chunk
+    every = decodes if fill is None else [*decodes, fill]
     # requests whose last token came in the last step finish there (update() frees each in batch order)
-    finished = [i for i, s in enumerate(running) if s.max_tokens == len(s.token_ids) - s.num_prompt_tokens]
-    events += [(k - 1, 2, i) for i in finished]
+    finished = [i for i, s in enumerate(seqs) if s.max_tokens == len(s.token_ids) - s.num_prompt_tokens]
+    events += [(k - 1, 3, i, 0) for i in finished]
     events.sort()
     grow: list[Sequence] = []  # consecutive allocations, taken together in the same order
-    for j, phase, i in events:
-        s = running[i]
+    for _j, phase, i, computed_then in events:
+        s = every[i]
         if phase == 0:
             grow.append(s)
             continue
         if grow:
             bm.grow_each(grow)
             grow = []
-        s.num_computed_tokens = starts[i] + j
-        if phase == 1:
+        if phase == 2:
+            s.num_computed_tokens = computed_then
             bm.register_computed(s)
         else:
             sched._finish(s, FinishReason.LENGTH)
     if grow:
         bm.grow_each(grow)
-    for s, n in zip(running, starts, strict=True):
+    for s, n in zip(decodes, starts, strict=True):
         s.num_computed_tokens = n + k - 1
+    if fill is not None:
+        fill.num_computed_tokens = computed
     engine.num_steps += k
-    engine.last_step_num_tokens = batch
-    engine.num_generation_tokens += batch * k
+    if k == 1 and admitted:
+        engine.last_step_num_tokens = last_tokens
+    elif fill is not None and k - 1 <= last_chunk:
+        engine.last_step_num_tokens = batch + chunks[k - 1]
+    else:
+        engine.last_step_num_tokens = batch + (fill is not None)
+    engine.num_generation_tokens += batch * k + max(emitted, 0)
     requests = engine._requests
     t_end = times[-1]
     first: dict[int, int | None] = {}
-    for s in running:
+    first_step: dict[int, int] = {}
+    for s in seqs:
         req = requests[s.seq_id]
-        if req.first_token_s is None:  # its prefill's last chunk was one token: this run samples its first
-            req.first_token_s = times[0]
+        at = last_chunk if s is fill else 0
+        if req.first_token_s is None:  # a prompt whose last chunk came in this run (or was one token)
+            req.first_token_s = times[at]
             engine.num_prompt_tokens += s.num_prompt_tokens
             first[s.seq_id] = req.cached_tokens
+        if at:
+            first_step[s.seq_id] = at
         req.last_token_s = t_end
     for i in finished:
-        engine._finished(requests[running[i].seq_id], FinishReason.LENGTH, t_end)
-    return DecodeRun(running, times, [running[i] for i in finished], first)
+        engine._finished(requests[seqs[i].seq_id], FinishReason.LENGTH, t_end)
+    return DecodeRun(seqs, times, [seqs[i] for i in finished], first, first_step)
 
+
+def record_run(ran: DecodeRun, record_of: Callable[[int], Any]) -> int:
+    """Each request's record (`record_of(seq_id)`, a RequestRecord) takes the tokens `ran` gave it: its first
+    token's time where it came in the run, one chunk a step. Returns the tokens emitted."""
+    times = ran.times_s
+    k = len(times)
+    ones = [1] * k
+    late = ran.first_step
+    emitted = 0
+    for seq in ran.seqs:
+        rec = record_of(seq.seq_id)
+        at = late.get(seq.seq_id, 0) if late else 0
+        if rec.first_token_s is None:  # a prompt filled in this run, or whose last chunk was one token
+            rec.first_token_s = times[at]
+            if (cached := ran.first_token_cached[seq.seq_id]) is not None:
+                rec.cached_tokens = cached
+        if at:
+            rec.chunk_times_s.extend(times[at:])
+            rec.chunk_tokens.extend(ones[at:])
+        else:
+            rec.chunk_times_s.extend(times)
+            rec.chunk_tokens.extend(ones)
+        rec.output_tokens += k - at
+        emitted += k - at
+    return emitted

@@ -206,7 +206,7 @@ def simulate_disagg(
     """The records of one virtual-clock run of a disaggregated (or mixed) fleet, in arrival order."""
     from reference_engine.scheduler import RequestRejected
     from reference_engine.tokenizer import ByteTokenizer
-    from slobench.fleet.decode_run import decode_run
+    from slobench.fleet.decode_run import decode_run, record_run
     from slobench.fleet.simulate import _arrive, _engine_request, _JitteredWait, _wake
 
     roles = ["colocated"] * fleet.colocated + ["prefill"] * fleet.prefill + ["decode"] * fleet.decode
@@ -416,17 +416,8 @@ def simulate_disagg(
         ran = decode_run(eng, min(t_arrival, t_event)) if inst.role != "prefill" else None
         if ran is not None:  # a stretch of plain decode steps, taken at once (slobench.fleet.decode_run)
             times = ran.times_s
-            ones = [1] * len(times)
-            for seq in ran.seqs:
-                rec = owned[(inst.index, seq.seq_id)][0]
-                if rec.first_token_s is None:
-                    rec.first_token_s = times[0]
-                    if (cached := ran.first_token_cached[seq.seq_id]) is not None:
-                        rec.cached_tokens = cached
-                rec.chunk_times_s.extend(times)
-                rec.chunk_tokens.extend(ones)
-                rec.output_tokens += len(times)
-            inst.num_output_tokens += len(times) * len(ran.seqs)
+            index = inst.index
+            inst.num_output_tokens += record_run(ran, lambda sid: owned[(index, sid)][0])  # noqa: B023 (called at once)
             for seq in ran.finished:
                 finish(inst, seq.seq_id, times[-1])
         else:

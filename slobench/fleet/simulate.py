@@ -37,7 +37,7 @@ from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary, summarize
 from slobench.errors import SpecError
 from slobench.experiments.probe import ProbeMeasure, VirtualProbe, probe_jitter_seed
-from slobench.fleet.decode_run import decode_run
+from slobench.fleet.decode_run import decode_run, record_run
 from slobench.fleet.disagg import DisaggFleet, simulate_disagg, split_fleet_knobs
 from slobench.fleet.routing import Router
 from slobench.run.records import RequestRecord, RequestSpec
@@ -337,18 +337,8 @@ def simulate_records(
         ran = decode_run(eng, t_arrival) if decode_runs else None
         if ran is not None:  # a stretch of plain decode steps, taken at once (slobench.fleet.decode_run)
             times = ran.times_s
-            k = len(times)
-            ones = [1] * k
-            for seq in ran.seqs:
-                rec = by_rid[(rep.index, seq.seq_id)]
-                if rec.first_token_s is None:  # a prefill whose last chunk was one token
-                    rec.first_token_s = times[0]
-                    if (cached := ran.first_token_cached[seq.seq_id]) is not None:
-                        rec.cached_tokens = cached
-                rec.chunk_times_s.extend(times)
-                rec.chunk_tokens.extend(ones)
-                rec.output_tokens += k
-            rep.num_output_tokens += k * len(ran.seqs)
+            index = rep.index
+            rep.num_output_tokens += record_run(ran, lambda sid: by_rid[(index, sid)])  # noqa: B023 (called at once)
             for seq in ran.finished:
                 by_rid[(rep.index, seq.seq_id)].done_s = times[-1]
                 route.finished(rep.index, weights.pop((rep.index, seq.seq_id)))
