@@ -157,6 +157,12 @@ async def _send(target: Any, specs: Sequence[RequestSpec]) -> list[RequestRecord
     await asyncio.gather(*(target.send(s, r) for s, r in zip(specs, recs, strict=True)))
     for s, r in zip(specs, recs, strict=True):
         if r.status != "ok" or r.first_token_s is None or r.sent_s is None:
+            if len(specs) > 1 and "cut off by the server" in (r.error or ""):
+                raise UsageError(
+                    f"calibrate: the server cut a stream off when {len(specs)} requests came together ({r.error}): "
+                    "it ends the request in progress when another arrives (llama-cpp-python's server does by "
+                    "default), so it cannot serve concurrent load at all; restart it with --interrupt_requests "
+                    "False (llama-cpp-python) and calibrate again")
             raise UsageError(f"calibrate: a probe request ({s.input_tokens} prompt tokens, {s.max_tokens} out) "
                              f"failed: {r.error or r.status}; is it within the server's limits?")
     return recs

@@ -81,3 +81,17 @@ def test_calibrate_fits_a_profile_of_a_server_that_serves_one_request_at_a_time(
     assert prof.step_s(1024, 0, 1024, 1024 * 1025 // 2) > prof.step_s(16, 0, 16, 136)
     labels = [q["label"] for q in prof.provenance["probes"]]
     assert not any(label.startswith("batch 4") for label in labels), labels
+
+
+def test_calibrate_says_how_to_serve_concurrent_load(llamacpp_interrupting_server: Served, tmp_path: Path) -> None:
+    """With the server's default --interrupt_requests True, the probes sent together cut each other off:
+    calibrate stops with exit 2 and names the server option, instead of "is it within the server's limits?"."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "never.json"
+    p = subprocess.run([sys.executable, "-m", "slobench", "calibrate", "--url", llamacpp_interrupting_server.base_url,
+                        "-o", str(out), "--no-refine", "--repeats", "1"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "--interrupt_requests False" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert not out.exists()
