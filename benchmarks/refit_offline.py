@@ -43,8 +43,10 @@ from slobench.profiles.refine import (  # noqa: E402
 )
 from slobench.run.records import RequestRecord, RequestSpec, load_run  # noqa: E402
 
-VARIANTS = {"o fitted": (True, False), "o held": (False, False), "o fitted + TTFT by prompt length": (True, True),
-            "o held + TTFT by prompt length": (False, True)}  # fmt: skip
+VARIANTS = {"o fitted": (True, False, False), "o held": (False, False, False),
+            "o fitted + TTFT by prompt length": (True, True, False), "o held + TTFT by prompt length": (False, True, False),
+            "o fitted + r inside": (True, False, True)}  # fmt: skip
+DEFAULT_VARIANTS = "o fitted,o held,o fitted + TTFT by prompt length,o held + TTFT by prompt length"
 
 
 class Runs:
@@ -77,16 +79,16 @@ class Runs:
 def fit(job: tuple[str, str, str, tuple[int, ...]]) -> dict[str, Any]:
     root, variant, w, idx = job
     runs = Runs(Path(root))
-    fit_o, split = VARIANTS[variant]
+    fit_o, split, inside = VARIANTS[variant]
     rates = runs.rates(w)
     train = []
     for i in idx:
         recs = runs.records(w, rates[i])
         specs = runs.specs(w, rates[i], len(recs))
         train.append((specs, percentiles(recs, smooth=True, split_tokens=median_prompt(specs) if split else None)))
-    f = fit_factors(runs.probe, runs.o_s, train, runs.limits, "completions", fit_overhead=fit_o)
+    f = fit_factors(runs.probe, runs.o_s, train, runs.limits, "completions", fit_overhead=fit_o, fit_inside=inside)
     return {"variant": variant, "on": w, "factors": f.factors, "noise": f.jitter_sd, "o_s": f.overhead_s,
-            "profile": f.profile}
+            "profile": f.profile, "r_s": f.inside_s}
 
 
 def score(root: str, profile: CostProfile, o_s: float, noise: float, fitted_on: str) -> tuple[int, int, float]:
@@ -95,7 +97,7 @@ def score(root: str, profile: CostProfile, o_s: float, noise: float, fitted_on: 
     hits = total = 0
     errs = []
     for w in runs.workloads:
-        slo = SLO.parse(validate_sim.SLOS[w])
+        slo = SLO.parse(validate_sim.SERVER["slos"][w])
         for rate in runs.rates(w):
             n = len(runs.records(w, rate))
             sim = validate_sim.judge(simulate_records(runs.specs(w, rate, n), runs.limits.engine(profile), jitter_sd=noise,
@@ -115,8 +117,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", help="a validate_sim.py --repeat output directory")
     ap.add_argument("--fit-rates", default="1,2,3", help="which of each workload's rates to fit on (0-based)")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS, help="comma-separated, of: " + ", ".join(VARIANTS))
+    ap.add_argument("--server", choices=("engine", "llamacpp"), default="engine",
+                    help="the server the runs measured (validate_sim --server): its limits and SLOs")
     args = ap.parse_args()
+    if args.server == "llamacpp":
+        validate_sim.SERVER.update(name="llamacpp", model="tiny-gguf", limits=validate_sim.LLAMACPP_LIMITS,
+                                   slos=validate_sim.LLAMACPP_SLOS)
     root = str(Path(args.runs).resolve())
     idx = tuple(int(i) for i in args.fit_rates.split(","))
     variants = [v.strip() for v in args.variants.split(",")]
@@ -135,7 +142,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for f, (hits, total, med) in zip(fits, scores, strict=False):
         fa = f["factors"]
-        print(f"| {f['on']} | {f['variant']} | x{fa['a']:.2f} / x{fa['b']:.2f} / x{fa['c']:.2f} / x{fa['o']:.2f} | "
+        r = f" (r {f['r_s'] * 1e3:.1f} ms)" if f["r_s"] else ""
+        print(f"| {f['on']} | {f['variant']}{r} | x{fa['a']:.2f} / x{fa['b']:.2f} / x{fa['c']:.2f} / x{fa['o']:.2f} | "
               f"{f['noise']:.2f} | {hits}/{total} | {med:.1%} |")
     for w, (hits, total, med) in zip(runs.workloads, scores[len(fits):], strict=True):
         print(f"| (none: scored without {w}'s first runs) | probe fit alone | - | 0 | {hits}/{total} | {med:.1%} |")

@@ -307,3 +307,41 @@ def test_a_refinement_worse_than_the_probe_fit_on_the_held_out_rate_is_said() ->
     assert len(notes) == 1 and "6 req/s" in notes[0] and "20.0%" in notes[0] and "5.0%" in notes[0], notes
     assert "--refine-requests" in notes[0] and "--no-refine" in notes[0]
     assert overfit_notes([fitted]) == []  # no held-out rate (an interrupted refinement): nothing
+
+
+@pytest.mark.slow  # seconds of simulation: not the unit tier
+def test_a_request_cost_inside_a_serial_server_is_told_from_one_outside_it(tmp_path: Path) -> None:
+    # A server that serves one request at a time and spends 6 ms of each request's time inside itself (llama.cpp:
+    # tokenizing, setting up) besides 2 ms outside (HTTP). An idle server's probes see 8 ms either way; under
+    # load only the inside part queues the others. fit_inside finds it; without it, the fit cannot.
+    from dataclasses import replace
+
+    serial = EngineLimits(kv_blocks=256, max_num_seqs=1, max_batched_tokens=2048)
+    truth = replace(TRUE, per_request_s=0.006)
+    (tmp_path / "w.toml").write_text(SMALL)
+    wl = WorkloadSpec.from_toml(tmp_path / "w.toml")
+
+    def specs_for(rate: float) -> list[RequestSpec]:
+        return list(wl.specs(rate_rps=rate, num_requests=80, seed=0))
+
+    async def measure(rate: float) -> Sequence[RequestRecord]:
+        return shifted(simulate_records(specs_for(rate), serial.engine(truth), jitter_sd=0.02, seed=3), 0.002)
+
+    def run(inside: bool) -> Refinement:
+        return asyncio.run(refine(TRUE, 0.008, RefinePlan(num_requests=80, limits=serial, fit_inside=inside), measure,
+                                  specs_for, api="completions", workload=wl.name))
+
+    with_r, without = run(True), run(False)
+    assert with_r.profile.per_request_s == pytest.approx(0.006, rel=0.5), (with_r.factors, with_r.profile)
+    assert without.profile.per_request_s == 0.0
+    assert with_r.held_out_error("refined") < without.held_out_error("refined"), (
+        with_r.held_out_error("refined"), without.held_out_error("refined"))
+    assert any("inside the server" in line for line in _lines(with_r))
+    prof = with_refinement(TRUE, with_r)
+    assert CostProfile.load(_write(tmp_path, prof)).per_request_s == with_r.profile.per_request_s
+
+
+def _write(tmp_path: Path, prof: CostProfile) -> Path:
+    path = tmp_path / "inside.json"
+    path.write_text(prof.to_json())
+    return path

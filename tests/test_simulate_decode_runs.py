@@ -101,3 +101,28 @@ def test_lone_admissions_are_taken_inside_runs(monkeypatch: pytest.MonkeyPatch) 
     simulate_records(specs, ModeledEngine("h100-llama-1b", kv_blocks=2048))
     # what is left to step: prompts longer than a step's budget (chunked), arrivals finding others waiting
     assert stepped < 400 // 3, stepped
+
+
+def test_a_request_cost_inside_the_server_is_charged_once_at_its_first_token() -> None:
+    """CostProfile.per_request_s (r): the step that samples a request's first token takes r longer for each
+    such request; no other step does. A lone request's TTFT grows by r exactly and its TPOT not at all."""
+    from dataclasses import replace
+
+    from reference_engine.executor.modeled_executor import CostProfile
+
+    base = CostProfile.load("cpu-tiny")
+    specs = generate(load_workload("tiny"), rate_rps=0.2, num_requests=5, seed=1)  # one at a time
+    plain = simulate_records(specs, ModeledEngine(base))
+    costly = simulate_records(specs, ModeledEngine(replace(base, per_request_s=0.005)))
+    for p, c in zip(plain, costly, strict=True):
+        assert c.first_token_s == pytest.approx(p.first_token_s + 0.005, abs=1e-12)
+        gaps_p = [b - a for a, b in zip(p.chunk_times_s, p.chunk_times_s[1:], strict=False)]
+        gaps_c = [b - a for a, b in zip(c.chunk_times_s, c.chunk_times_s[1:], strict=False)]
+        assert gaps_c == pytest.approx(gaps_p, abs=1e-12)
+    # and decode runs replay it exactly, under load too (admissions, chunked prompts, first tokens together)
+    heavy = generate(load_workload("chat"), rate_rps=30.0, num_requests=200, seed=2)
+    engine = ModeledEngine(replace(CostProfile.load("h100-llama-1b"), per_request_s=0.003), kv_blocks=1024,
+                           max_batched_tokens=600)
+    fast = simulate_records(heavy, engine)
+    slow = simulate_records(heavy, engine, decode_runs=False)
+    assert [r.to_json() for r in fast] == [r.to_json() for r in slow]

@@ -32,7 +32,8 @@ PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 PROFILE_BUILDERS: dict[str, Callable[[str], CostProfile]] = {}
 _MASK64 = (1 << 64) - 1
 _COEFFICIENTS = ("step_overhead_s", "per_prefill_token_s", "per_decode_seq_s", "per_context_token_s",
-                 "compute_per_token_s", "weights_read_s", "attention_per_pair_s", "kv_read_per_context_token_s")
+                 "compute_per_token_s", "weights_read_s", "attention_per_pair_s", "kv_read_per_context_token_s",
+                 "per_request_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,9 @@ class CostProfile:
     weights_read_s: float = 0.0  # w: all weights read once at the effective bandwidth
     attention_per_pair_s: float = 0.0  # f: attention FLOPs of one (query, key) pair
     kv_read_per_context_token_s: float = 0.0  # v: one token's K and V read, all layers
+    # r: a request's own work inside the server (tokenizing, setting up its sampling), charged to the step
+    # that samples its first token; 0 unless a refinement fits it (slobench.profiles.refine, fit_inside)
+    per_request_s: float = 0.0
     # where the numbers come from (written to JSON, not used in the model)
     provenance: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
@@ -64,15 +68,18 @@ class CostProfile:
 
     def step_s(
         self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int,
-        num_attention_pairs: int | None = None,
+        num_attention_pairs: int | None = None, num_first_tokens: int = 0,
     ) -> float:
-        """`num_attention_pairs` None: the context tokens (exact for a step of decodes only)."""
+        """`num_attention_pairs` None: the context tokens (exact for a step of decodes only).
+        `num_first_tokens`: requests sampling their first token in the step (each costs `per_request_s`)."""
         t = (
             self.step_overhead_s
             + self.per_prefill_token_s * num_prefill_tokens
             + self.per_decode_seq_s * num_decode_seqs
             + self.per_context_token_s * num_context_tokens
         )
+        if self.per_request_s and num_first_tokens:
+            t += self.per_request_s * num_first_tokens
         if not self.is_roofline:
             return t
         pairs = num_context_tokens if num_attention_pairs is None else num_attention_pairs
@@ -114,7 +121,8 @@ class CostProfile:
 
     def to_json(self) -> str:
         doc = asdict(self)
-        for k in ("compute_per_token_s", "weights_read_s", "attention_per_pair_s", "kv_read_per_context_token_s"):
+        for k in ("compute_per_token_s", "weights_read_s", "attention_per_pair_s", "kv_read_per_context_token_s",
+                  "per_request_s"):
             if not doc[k]:
                 del doc[k]  # a linear profile's JSON stays as it was
         if doc["provenance"] is None:
@@ -194,7 +202,7 @@ class ModeledExecutor:
 
     def execute(self, batch: StepBatch) -> StepResult:
         tokens: list[int | None] = []
-        prefill = decode = context = pairs = 0
+        prefill = decode = context = pairs = firsts = 0
         count_pairs = self.profile.is_roofline  # the linear model needs no pairs: keep its hot loop short
         for c in batch.chunks:
             n = len(c.token_ids)
@@ -206,8 +214,10 @@ class ModeledExecutor:
             if count_pairs:
                 pairs += n * c.start_pos + n * (n + 1) // 2
             allow_eos = c.num_generated >= c.sampling.min_tokens
+            if c.sample and not c.num_generated:
+                firsts += 1
             tokens.append(self.token_at(c.seq_id, c.start_pos + n, allow_eos=allow_eos) if c.sample else None)
-        step_s = self.profile.step_s(prefill, decode, context, pairs if count_pairs else None)
+        step_s = self.profile.step_s(prefill, decode, context, pairs if count_pairs else None, firsts)
         self.num_steps += 1
         self.total_modeled_s += step_s
         return StepResult(tokens, modeled_s=step_s)

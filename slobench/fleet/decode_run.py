@@ -175,6 +175,8 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         num_steps = min(num_steps, s.max_tokens - (n - s.num_prompt_tokens))
     # step j writes position len-1+j; a new block is taken when that position starts one past the table
     first_alloc = [len(s.block_table) * bs - (len(s.token_ids) - 1) for s in decodes]
+    # decodes whose prompt's last chunk was one token sample their first token in the first step
+    firsts0 = sum(len(s.token_ids) == s.num_prompt_tokens for s in decodes)
     admitted = None
     if sched.waiting and batch < cfg.max_num_seqs and not _head_stays_out(sched.waiting[0], decodes, bm):
         admitted = _admissions(sched, decodes, bm, first_alloc, max_tokens - batch)
@@ -228,7 +230,8 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
                 fill, fill_from = head, 1
                 prefill += n
                 chunks[0] = n
-        step_s = profile.step_s(prefill, batch + extra_decodes, context0, pairs0 if roofline else None)
+        step_s = profile.step_s(prefill, batch + extra_decodes, context0, pairs0 if roofline else None,
+                                firsts0 + len(whole))
         ex.num_steps += 1
         ex.total_modeled_s += step_s
         wait(t0 + step_s)
@@ -251,6 +254,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         length = len(fill.token_ids)
         pos = fill.num_computed_tokens + chunks.get(0, 0)
         budget = max_tokens - batch  # >= 1: checked above (no admission) or in _admissions
+        fresh_fill = length == fill.num_prompt_tokens  # its last chunk samples the request's first token
         last_chunk = fill_from + -(-(length - pos) // budget) - 1
         num_steps = min(num_steps, last_chunk + fill.max_tokens - (length - fill.num_prompt_tokens))
     allocs = [range(j, num_steps, bs) for j in first_alloc]
@@ -265,19 +269,22 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
 
     while len(times) < num_steps and clock.now_s() < until_s:
         j = len(times)
+        firsts = firsts0 if j == 0 and not admitted else 0
         if fill is None:
-            step_s = profile.step_s(0, batch, context)  # as ModeledExecutor.execute computes it
+            step_s = profile.step_s(0, batch, context, None, firsts)  # as ModeledExecutor.execute computes it
         elif j <= last_chunk:
             n = min(length - pos, budget)
             chunks[j] = n
             pairs = context + n * pos + n * (n + 1) // 2 if roofline else None
+            if j == last_chunk and fresh_fill:
+                firsts += 1
             if n == 1 and j == last_chunk:  # a one-token chunk that samples: the executor counts it as a decode
-                step_s = profile.step_s(0, batch + 1, context + length, pairs)
+                step_s = profile.step_s(0, batch + 1, context + length, pairs, firsts)
             else:
-                step_s = profile.step_s(n, batch, context + pos + n, pairs)
+                step_s = profile.step_s(n, batch, context + pos + n, pairs, firsts)
             pos += n
         else:
-            step_s = profile.step_s(0, batch + 1, context + length + j - last_chunk)
+            step_s = profile.step_s(0, batch + 1, context + length + j - last_chunk, None, firsts)
         ex.num_steps += 1
         ex.total_modeled_s += step_s
         wait(clock.now_s() + step_s)

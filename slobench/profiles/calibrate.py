@@ -454,6 +454,11 @@ async def calibrate_main(args: Any) -> int:
         print(f"written: {out} (use it with --simulate --profile {out})")
         return 0
     k = cal.max_num_seqs
+    if k == 1:
+        # one request at a time: a request's own cost inside the server queues every other (refine, fit_inside)
+        refining = replace(refining, fit_inside=True)
+        print("note: the refinement also fits a request cost inside the server (r): in a server that serves one "
+              "request at a time it holds the others back, as o outside it does not", flush=True)
     if k is not None and k < refining.limits.max_num_seqs:
         if args.max_num_seqs is None:
             refining = replace(refining, limits=replace(refining.limits, max_num_seqs=k))

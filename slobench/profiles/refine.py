@@ -67,7 +67,7 @@ MIN_SPLIT_REQUESTS = 10  # a half with fewer requests gives no percentile to fit
 # each factor and the coefficients it scales
 FACTORS = {"a": ("step_overhead_s",), "b": ("per_prefill_token_s",), "c": ("per_decode_seq_s",)}
 COEFFICIENTS = ("step_overhead_s", "per_prefill_token_s", "per_decode_seq_s", "per_context_token_s",
-                "attention_per_pair_s")  # a calibrated profile's: a, b, c, and d and f, which stay the probes
+                "attention_per_pair_s", "per_request_s")  # a, b, c; d and f stay the probes'; r (fit_inside)
 KNEE_FACTORS = (0.5, 0.8, 1.1)  # the default rates, of the probe fit's simulated knee
 KNEE_TTFT_RISE = 3.0  # the knee: the last rate before TTFT p90 passes 3x its light-load value (a queue forms)
 # weight of sum(log factor ^ 2) beside the mean squared log error: a factor 2 costs what a 1% error on every
@@ -88,6 +88,11 @@ XATOL, FATOL = 0.03, 3e-5  # a run has settled when its simplex spans 3% and its
 # made of those: without it the p90s came out 12-38% low below the knee (README, issue 15). Searched from 0
 # in [0, MAX_JITTER], first move JITTER_STEP.
 MAX_JITTER, JITTER_STEP, JITTER_SEED = 1.0, 0.2, 0
+# With `RefinePlan.fit_inside`, a sixth: the request's own cost inside the server (CostProfile.per_request_s, r),
+# as a multiple u of the probes' o, in [0, MAX_INSIDE]. o shifts a request's times and delays no one; r holds
+# the server (the step sampling its first token) and delays everyone behind it: in a server that serves one
+# request at a time, the difference is the queue past the knee (README, llama.cpp). First move INSIDE_STEP.
+MAX_INSIDE, INSIDE_STEP = 4.0, 0.5
 MAX_ARRIVALS_S = 600.0  # the issue's 10 minutes for a whole calibrate: arrivals alone past it are refused
 
 Percentiles = dict[str, float]
@@ -138,6 +143,7 @@ class RefinePlan:
     limits: EngineLimits = field(default_factory=EngineLimits)
     by_prompt_length: bool = False  # also fit the TTFT of the shorter and longer half of the prompts (SPLIT_METRICS)
     fit_overhead: bool = True  # False: o stays the probes' (the fit moves a, b, c and the noise only)
+    fit_inside: bool = False  # also fit r, the request's cost inside the server (MAX_INSIDE)
 
     def __post_init__(self) -> None:
         _positive_int("num_requests", self.num_requests, least=10)
@@ -207,6 +213,7 @@ class Refinement:
             "workload": self.workload, "api": self.api, "num_requests": self.plan.num_requests,
             "seed": self.plan.seed, "knee_rps": self.knee_rps, "rates_rps": [p.rate_rps for p in self.points],
             "by_prompt_length": self.plan.by_prompt_length, "fit_overhead": self.plan.fit_overhead,
+            "fit_inside": self.plan.fit_inside, "per_request_s": self.profile.per_request_s,
             "held_out_rate_rps": self.held_out.rate_rps,
             "engine_limits": {"kv_blocks": lim.kv_blocks, "block_size": lim.block_size,
                               "max_num_seqs": lim.max_num_seqs, "max_batched_tokens": lim.max_batched_tokens},
@@ -323,10 +330,11 @@ class FactorFit:
     num_simulations: int
     objective: float
     jitter_sd: float = 0.0
+    inside_s: float = 0.0  # r (fit_inside), also in `profile`
 
 
 def fit_factors(profile: CostProfile, overhead_s: float, train: Sequence[tuple[Sequence[RequestSpec], Percentiles]],
-                limits: EngineLimits, api: str, *, fit_overhead: bool = True) -> FactorFit:  # fmt: skip
+                limits: EngineLimits, api: str, *, fit_overhead: bool = True, fit_inside: bool = False) -> FactorFit:  # fmt: skip
     """The factors (and `o`) and the step-time noise minimising the mean squared log ratio of simulated to
     measured percentiles over `train` (each: the requests of one rate and the Harrell-Davis percentiles
     measured of them), plus PRIOR * (sum(log factor ^ 2) + noise ^ 2). The search's point is the log factors
@@ -347,7 +355,9 @@ def fit_factors(profile: CostProfile, overhead_s: float, train: Sequence[tuple[S
         key = np.asarray(x, dtype=float).tobytes()
         if key not in seen:
             count += len(train)
-            prof = scaled(profile, dict(zip(free, np.exp(x[:-1]), strict=True)))
+            prof = scaled(profile, dict(zip(free, np.exp(x[:len(free)]), strict=True)))
+            if inside:
+                prof = replace(prof, per_request_s=_inside(x, len(free), overhead_s))
             seen[key] = [simulate(specs, limits, prof, api, smooth=True, jitter_sd=_noise(x), split_tokens=split)
                          for (specs, _), split in zip(train, splits, strict=True)]
         return seen[key]
@@ -367,30 +377,39 @@ def fit_factors(profile: CostProfile, overhead_s: float, train: Sequence[tuple[S
         got = simulated(x)
         return loss(got, 0.0, "tpot") + solve_o(got)[1] + PRIOR * float(np.sum(x**2))
 
-    n = len(free) + 1  # the log factors, then the noise
+    inside = fit_inside and overhead_s > 0
+    n = len(free) + inside + 1  # the log factors, r's multiple of o (fit_inside), then the noise
     x = np.zeros(n)
     best = objective(x)
     if free:  # first one factor on every step cost: an idle server's view of a busy one is low across the board
-        common = minimize_scalar(lambda t: objective(np.append(np.full(len(free), t), 0.0)),
+        common = minimize_scalar(lambda t: objective(np.append(np.full(len(free), t), np.zeros(n - len(free)))),
                                  bounds=(-MAX_LOG_FACTOR, MAX_LOG_FACTOR), method="bounded", options={"xatol": 0.02})
         if common.fun < best:
-            best, x = float(common.fun), np.append(np.full(len(free), float(common.x)), 0.0)
-    steps = np.array([SIMPLEX_STEP] * len(free) + [JITTER_STEP])
+            best, x = float(common.fun), np.append(np.full(len(free), float(common.x)), np.zeros(n - len(free)))
+    steps = np.array([SIMPLEX_STEP] * len(free) + [INSIDE_STEP] * inside + [JITTER_STEP])
     for _ in range(RESTARTS):
         left = MAX_EVALS - count // len(train)
         if left < 4 * n:
             break
         simplex = np.vstack([x, x + np.diag(steps)])
         res = minimize(objective, x, method="Nelder-Mead",
-                       bounds=[(-MAX_LOG_FACTOR, MAX_LOG_FACTOR)] * len(free) + [(0.0, MAX_JITTER)],
+                       bounds=[(-MAX_LOG_FACTOR, MAX_LOG_FACTOR)] * len(free) + [(0.0, MAX_INSIDE)] * inside
+                       + [(0.0, MAX_JITTER)],
                        options={"initial_simplex": simplex, "xatol": XATOL, "fatol": FATOL, "maxfev": left})
         if not res.fun < best - 1e-6:
             break  # a restart from the best point found nothing better: the search has settled
         best, x = float(res.fun), res.x
     log_o, _ = solve_o(simulated(x))
-    factors = {k: 1.0 for k in FACTORS} | dict(zip(free, (float(v) for v in np.exp(x[:-1])), strict=True))
+    factors = {k: 1.0 for k in FACTORS} | dict(zip(free, (float(v) for v in np.exp(x[:len(free)])), strict=True))
     factors["o"] = math.exp(log_o)
-    return FactorFit(factors, scaled(profile, factors), overhead_s * factors["o"], count, best, _noise(x))
+    r = _inside(x, len(free), overhead_s) if inside else 0.0
+    return FactorFit(factors, replace(scaled(profile, factors), per_request_s=r), overhead_s * factors["o"], count,
+                     best, _noise(x), r)
+
+
+def _inside(x: np.ndarray, at: int, overhead_s: float) -> float:
+    """r of a search point (fit_inside: its coordinate `at`, a multiple of the probes' o, within bounds)."""
+    return float(np.clip(x[at], 0.0, MAX_INSIDE)) * overhead_s
 
 
 def _noise(x: np.ndarray) -> float:
@@ -458,7 +477,8 @@ async def refine(profile: CostProfile, overhead_s: float, plan: RefinePlan, meas
     notes += drift_notes(points)
     t0 = time.perf_counter()
     train = [(specs(p.rate_rps), smoothed[p.rate_rps]) for p in points if not p.held_out]
-    fit = fit_factors(profile, overhead_s, train, limits, api, fit_overhead=plan.fit_overhead)
+    fit = fit_factors(profile, overhead_s, train, limits, api, fit_overhead=plan.fit_overhead,
+                      fit_inside=plan.fit_inside)
     for p in points:
         p.probe_only = simulate(specs(p.rate_rps), limits, profile, api, overhead_s)
         p.refined = simulate(specs(p.rate_rps), limits, fit.profile, api, fit.overhead_s, jitter_sd=fit.jitter_sd)
@@ -553,6 +573,7 @@ def print_refinement(ref: Refinement, write: Callable[[str], None] = print) -> N
           f"{ref.plan.seed}{knee}; simulated with {lim.kv_blocks} KV blocks of {lim.block_size}, "
           f"{lim.max_num_seqs} sequences, {lim.max_batched_tokens} tokens a step")
     write("factors on the probe fit: " + "  ".join(f"{k} x{v:.3g}" for k, v in ref.factors.items())
+          + (f"  r {ref.profile.per_request_s * 1e3:.2f} ms inside the server" if ref.profile.per_request_s else "")
           + f"   (o = {ref.request_overhead_s * 1e3:.2f} ms; step-time noise sd {ref.jitter_sd:.2f}: `--simulate` and"
           f" `plan` with this profile apply both; fit {ref.fit_s:.0f} s, {ref.num_simulations} simulations;"
           f" measured {ref.measure_s:.0f} s)")
