@@ -181,7 +181,7 @@ def refined(url: str, args: argparse.Namespace, cal: Any, profile: CostProfile, 
     rates = tuple(float(x) for x in args.refine_rates.split(",")) if args.refine_rates else None
     rplan = RefinePlan(workload, rates, args.refine_requests, args.refine_seed, engine_limits(),
                        by_prompt_length=args.ttft_by_prompt_length, fit_overhead=not args.hold_overhead,
-                       fit_inside=args.fit_inside if args.fit_inside is not None else cal.max_num_seqs == 1)
+                       fit_inside=args.fit_inside)
     print(f"refining on served load: {rplan.workload}, seed {rplan.seed}, {rplan.num_requests} requests a rate, "
           f"o {'fitted' if rplan.fit_overhead else 'held'}{', TTFT by prompt length' if rplan.by_prompt_length else ''}"
           f"{', r inside fitted' if rplan.fit_inside else ''} "
@@ -274,9 +274,8 @@ def main() -> None:
     ap.add_argument("--hold-overhead", action="store_true", help="the refinement keeps the probes' o (fit_overhead=False)")
     ap.add_argument("--ttft-by-prompt-length", action="store_true",
                     help="the refinement also fits the TTFT of each half of the prompts (by_prompt_length=True)")
-    ap.add_argument("--fit-inside", action=argparse.BooleanOptionalAction, default=None,
-                    help="the refinement also fits a request cost inside the server (RefinePlan.fit_inside; default: "
-                         "as calibrate, when the server decoded one request at a time)")
+    ap.add_argument("--fit-inside", action="store_true",
+                    help="the refinement also fits a request cost inside the server (RefinePlan.fit_inside)")
     ap.add_argument("--repeat", action="store_true",
                     help="measure each point a second time, right after the first: how often the server agrees "
                          "with itself within the targets is the most any simulation can score here")

@@ -156,7 +156,8 @@ def test_bad_refinement_input_is_a_clear_error(tmp_path: Path, capsys: pytest.Ca
     for extra, named in ((["--refine-rates", "0,1,2"], "--refine-rates"), (["--refine-rates", "1,2"], "--refine-rates"),
                          (["--refine-rates", "1,x,2"], "--refine-rates"), (["--refine-requests", "5"], "--refine-requests"),
                          (["--refine-workload", "no-such"], "--refine-workload"), (["--kv-blocks", "0"], "--kv-blocks"),
-                         (["--no-refine", "--max-num-seqs", "32"], "--max-num-seqs")):
+                         (["--no-refine", "--max-num-seqs", "32"], "--max-num-seqs"),
+                         (["--no-refine", "--fit-inside"], "--fit-inside")):
         assert main([*base, *extra]) == 2, extra  # before any request: the URL is never reached
         assert named in capsys.readouterr().err, extra
     assert not (tmp_path / "x.json").exists()

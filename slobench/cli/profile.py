@@ -64,6 +64,9 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
                         "1.1 times the probe fit's simulated knee, where TTFT p90 passes 3x its light-load value)")
     r.add_argument("--refine-requests", type=int, default=None, metavar="N", help="requests a rate (default 200)")
     r.add_argument("--refine-seed", type=int, default=None, help="seed of the refinement's requests (default 0)")
+    r.add_argument("--fit-inside", action="store_true",
+                   help="also fit r, each request's own cost inside the server (charged to the step of its first "
+                        "token, so it delays the requests behind it), beside o outside it (which delays none)")
     r.add_argument("--kv-blocks", type=int, default=None, help="the served engine's KV blocks (default 2048)")
     r.add_argument("--block-size", type=int, default=None, help="the served engine's tokens a KV block (default 16)")
     r.add_argument("--max-num-seqs", type=int, default=None, help="the served engine's most sequences a step (default 64)")

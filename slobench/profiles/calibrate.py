@@ -387,7 +387,8 @@ def refine_plan(args: Any) -> RefinePlan | None:
     flags = {"--refine-workload": args.refine_workload, "--refine-rates": args.refine_rates,
              "--refine-requests": args.refine_requests, "--refine-seed": args.refine_seed,
              "--kv-blocks": args.kv_blocks, "--block-size": args.block_size, "--max-num-seqs": args.max_num_seqs,
-             "--max-batched-tokens": args.max_batched_tokens}
+             "--max-batched-tokens": args.max_batched_tokens,
+             "--fit-inside": True if getattr(args, "fit_inside", False) else None}
     if args.no_refine:
         given = [flag for flag, value in flags.items() if value is not None]
         if given:
@@ -412,7 +413,7 @@ def refine_plan(args: Any) -> RefinePlan | None:
     except UsageError as e:
         raise UsageError(f"--refine-workload {workload}: {e}") from e
     return RefinePlan(workload, _rates(args.refine_rates), pick(args.refine_requests, plan.num_requests),
-                      pick(args.refine_seed, plan.seed), limits)
+                      pick(args.refine_seed, plan.seed), limits, fit_inside=bool(getattr(args, "fit_inside", False)))
 
 
 def _write(out: Any, profile: CostProfile, flag: str) -> None:
@@ -454,11 +455,6 @@ async def calibrate_main(args: Any) -> int:
         print(f"written: {out} (use it with --simulate --profile {out})")
         return 0
     k = cal.max_num_seqs
-    if k == 1:
-        # one request at a time: a request's own cost inside the server queues every other (refine, fit_inside)
-        refining = replace(refining, fit_inside=True)
-        print("note: the refinement also fits a request cost inside the server (r): in a server that serves one "
-              "request at a time it holds the others back, as o outside it does not", flush=True)
     if k is not None and k < refining.limits.max_num_seqs:
         if args.max_num_seqs is None:
             refining = replace(refining, limits=replace(refining.limits, max_num_seqs=k))
