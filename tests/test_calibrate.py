@@ -138,3 +138,17 @@ def test_decoding_together_counts_overlapping_decode_windows() -> None:
     assert served_batches((1, 4, 8, 16, 32), 12) == (1, 4, 8, 12)
     assert served_batches((1, 4, 8), 8) == (1, 4, 8)
     assert served_batches((4, 8), 2) == (2,)
+
+
+def test_probes_no_engine_could_produce_are_said() -> None:
+    from slobench.profiles.calibrate import retiming_notes
+
+    def probes(decode_ms: dict[int, float], prefill_ms: dict[int, float]) -> list[Probe]:
+        out = [Probe("decode", f"batch {b}", decode_row(b, b * 100.0), ms / 1e3, False) for b, ms in decode_ms.items()]
+        return out + [Probe("prefill", f"prompt {n}", prefill_row(n), ms / 1e3, False) for n, ms in prefill_ms.items()]
+
+    engine = probes({1: 1.6, 4: 2.2, 8: 2.9}, {16: 7.5, 256: 21.0})
+    assert retiming_notes(engine) == []
+    proxied = probes({1: 1.7, 4: 1.5, 8: 0.7}, {16: 77.0, 128: 52.0, 256: 53.0})  # LiteLLM's, 2026-12-02
+    notes = retiming_notes(proxied)
+    assert len(notes) == 2 and "1.70 ms at batch 1 to 0.70 ms at batch 8" in notes[0] and "77.0 ms" in notes[1]

@@ -181,7 +181,8 @@ async def measure(target: Any, plan: ProbePlan, *, seed: int = 0,
     # warm-up: the first requests pay for allocations and compilation, not steps. The batch of the warm-up
     # also shows how many requests the server decodes at once: batches above that are dropped.
     await _send(target, [spec(max(plan.prompt_lens), 1)])
-    warm = await _send(target, [spec(max(plan.contexts), WARMUP_OUTPUT) for _ in range(max(plan.batches))])
+    warm = await _send(target, [spec(max(plan.contexts), max(WARMUP_OUTPUT, plan.output_len))
+                                for _ in range(max(plan.batches))])
     together = max_decoding_together(warm)
     batches = served_batches(plan.batches, together)
     if info is not None:
@@ -206,7 +207,17 @@ async def measure(target: Any, plan: ProbePlan, *, seed: int = 0,
             prompt_tokens[n] = r.prompt_tokens or n
         for batch, ctx in decodes:
             recs = await _send(target, [spec(ctx, plan.output_len) for _ in range(batch)])
-            for h, gaps in zip(halves[batch, ctx], _steady_gaps(recs, batch, ctx), strict=True):
+            try:
+                steady = _steady_gaps(recs, batch, ctx)
+            except UsageError:
+                if batch > 1 and batch <= together:
+                    raise UsageError(
+                        f"calibrate: the {batch} requests of a decode probe never streamed in step, though "
+                        f"{together} decoded together in the warm-up: something between the engine and slobench "
+                        "(a proxy relaying tokens in bursts?) re-times the streams, and the gaps between tokens "
+                        "are not the engine's steps; calibrate the engine itself") from None
+                raise
+            for h, gaps in zip(halves[batch, ctx], steady, strict=True):
                 h.extend(gaps)
     for i, n in enumerate(plan.prompt_lens):
         add(Probe("prefill", f"prompt {prompt_tokens[n]}", prefill_row(prompt_tokens[n]), float(np.median(ttfts[n])),
@@ -221,7 +232,10 @@ async def measure(target: Any, plan: ProbePlan, *, seed: int = 0,
     return probes
 
 
-WARMUP_OUTPUT = 16  # tokens each warm-up decode request generates: long enough for a batch to overlap
+# tokens each warm-up decode request generates (at least; the plan's output_len if longer): long enough that
+# requests a proxy passes on a little apart still decode together (at 16, LiteLLM's spread of 8 requests
+# made 5 look like the engine's limit), short of a slow server's minute
+WARMUP_OUTPUT = 64
 
 
 def max_decoding_together(recs: Sequence[RequestRecord]) -> int:
@@ -243,6 +257,34 @@ def served_batches(batches: Sequence[int], together: int) -> tuple[int, ...]:
     and `together` itself in place of any above it."""
     kept = sorted({b for b in batches if b <= together} | ({together} if max(batches) > together else set()))
     return tuple(kept)
+
+
+def retiming_notes(probes: Sequence[Probe], drop: float = 0.9) -> list[str]:
+    """What no engine does, said plainly: a decode step measured faster at the largest batch than at the
+    smallest (more sequences a step never make it shorter), or a prefill faster for the longest prompt
+    than the shortest. Through LiteLLM on this 2-core machine both happened (2026-12-02: gaps between tokens
+    1.7 ms at batch 1 and 0.6-0.9 ms at batch 8, TTFT 77 ms at 16 prompt tokens and 53 ms at 256): the proxy
+    relays tokens in bursts and adds a request cost that swamps the prefill, so the probes measure it, not
+    the engine's steps. `drop`: how far below the smaller case counts."""
+    notes = []
+    by_batch: dict[int, list[float]] = {}
+    for p in probes:
+        if p.kind == "decode":
+            by_batch.setdefault(int(p.row[2]), []).append(p.measured_s)
+    if len(by_batch) >= 2:
+        small, large = min(by_batch), max(by_batch)
+        s_ms, l_ms = float(np.mean(by_batch[small])) * 1e3, float(np.mean(by_batch[large])) * 1e3
+        if l_ms < drop * s_ms:
+            notes.append(f"the gap between tokens fell from {s_ms:.2f} ms at batch {small} to {l_ms:.2f} ms at batch "
+                         f"{large}, which no engine's step does: something between the engine and slobench (a proxy "
+                         "relaying tokens in bursts?) re-times the stream, and the decode fit describes that; "
+                         "calibrate the engine itself")
+    pre = sorted((int(p.row[1]), p.measured_s) for p in probes if p.kind == "prefill")
+    if len(pre) >= 2 and pre[-1][1] < drop * pre[0][1]:
+        notes.append(f"TTFT fell from {pre[0][1] * 1e3:.1f} ms at {pre[0][0]} prompt tokens to {pre[-1][1] * 1e3:.1f} ms "
+                     f"at {pre[-1][0]}: the request's own cost varies more than its prefill, which the prefill fit "
+                     "cannot see through (a proxy in front?)")
+    return notes
 
 
 def _trimmed_mean(x: np.ndarray, cut: float = 0.1) -> float:
@@ -297,6 +339,7 @@ async def calibrate(url: str, model: str, plan: ProbePlan | None = None, *, seed
         await target.close()
     profile, overhead = fit(probes, name or f"calibrated-{model}")
     cal = Calibration(profile, overhead, probes, time.perf_counter() - t0)
+    cal.notes += retiming_notes(probes)
     if not target.caps.token_prompts:
         per_word = target.caps.tokens_per_word
         cal.notes.append("the server took text, not token ids: prompt lengths are the server's usage counts "
