@@ -17,7 +17,7 @@ import pytest
 
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.cli import main
-from slobench.errors import SpecError
+from slobench.errors import SpecError, UsageError
 from slobench.profiles.calibrate import Probe, ProbePlan, calibrate, decode_row, fit, prefill_row
 from slobench.testing.process import EngineServerProcess
 
@@ -98,27 +98,23 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["calibrate", "--url", "http://127.0.0.1:9/v1", "--model", "tiny", "-o", str(tmp_path / "x.json")]) == 3
 
 
-def test_calibrate_finds_how_many_requests_the_server_decodes_at_once(tmp_path: Path) -> None:
-    # the served engine runs at most 4 sequences a step: the probes' batches 6 and 12 can never decode
-    # together, which used to end calibrate with an error; now it probes batches 1 and 4 and says why
+def test_a_server_decoding_fewer_than_a_batch_is_named_with_both_readings(tmp_path: Path) -> None:
+    # the served engine runs at most 4 sequences a step: the probes' batch 6 can never decode together. That
+    # alone cannot tell a server's limit from a proxy relaying streams late (LiteLLM showed "4 of 8 at once"
+    # in front of an engine taking all 8), so calibrate stops saying both, and names the batches that fit
     path = tmp_path / "truth.json"
     path.write_text(TRUE.to_json())
     with EngineServerProcess("--executor", "modeled", "--profile", str(path), "--kv-blocks", "1024",
                              "--max-num-seqs", "4") as srv:
-        cal = asyncio.run(calibrate(srv.base_url, "tiny", PLAN))
-    assert cal.max_num_seqs == 4
-    batches = {p.label.split(" x ")[0] for p in cal.probes if p.kind == "decode"}
-    assert batches == {"batch 1", "batch 4"}, batches
-    assert any("at most 4 requests at a time" in n and "--max-num-seqs 4" in n for n in cal.notes), cal.notes
-    from slobench.profiles.calibrate import with_provenance
-
-    prov = with_provenance(cal, srv.base_url, "tiny", PLAN).provenance
-    assert prov is not None and prov["served_max_num_seqs"] == 4  # --simulate warns above it
+        with pytest.raises(UsageError, match="batch 6 never decoded all together.*at most 4.*--batches up to 4"):
+            asyncio.run(calibrate(srv.base_url, "tiny", PLAN))
+        fits = ProbePlan(prompt_lens=PLAN.prompt_lens, batches=(1, 2, 4), contexts=PLAN.contexts, output_len=10,
+                         repeats=1)
+        cal = asyncio.run(calibrate(srv.base_url, "tiny", fits))
+    assert cal.max_num_seqs is None and not any("at a time" in n for n in cal.notes), cal.notes
     # a step of 4 sequences takes the truth's time plus the served engine's own (as in the test above)
     step4 = cal.profile.step_s(0, 4, 4 * 100)
     assert TRUE.step_s(0, 4, 4 * 100) * 0.9 < step4 < TRUE.step_s(0, 4, 4 * 100) + 0.004, cal.profile
-    held = cal.held_out_errors()
-    assert len(held) >= 3 and np.median(held) < 0.15, [(q.label, q.error) for q in cal.probes]
 
 
 def test_decoding_together_counts_overlapping_decode_windows() -> None:
@@ -134,10 +130,9 @@ def test_decoding_together_counts_overlapping_decode_windows() -> None:
     assert max_decoding_together(serial) == 1
     batched = [rec(0.1 * i, 3 + 0.1 * i) for i in range(6)] + [rec(4, 5)]
     assert max_decoding_together(batched) == 6
-    assert served_batches((1, 4, 8, 16, 32), 1) == (1,)
-    assert served_batches((1, 4, 8, 16, 32), 12) == (1, 4, 8, 12)
-    assert served_batches((1, 4, 8), 8) == (1, 4, 8)
-    assert served_batches((4, 8), 2) == (2,)
+    assert served_batches((1, 4, 8, 16, 32), 1) == (1,)  # one at a time: batch 1 alone
+    assert served_batches((1, 4, 8, 16, 32), 12) == (1, 4, 8, 16, 32)  # no limit read from a partial overlap
+    assert served_batches((4, 8), 1) == (1,)
 
 
 def test_probes_no_engine_could_produce_are_said() -> None:

@@ -216,7 +216,11 @@ async def measure(target: Any, plan: ProbePlan, *, seed: int = 0,
                         f"{together} decoded together in the warm-up: something between the engine and slobench "
                         "(a proxy relaying tokens in bursts?) re-times the streams, and the gaps between tokens "
                         "are not the engine's steps; calibrate the engine itself") from None
-                raise
+                raise UsageError(
+                    f"calibrate: batch {batch} never decoded all together, and the warm-up saw at most {together} "
+                    f"requests decoding at once: either the server's max_num_seqs is below {batch} (give --batches "
+                    f"up to {together}), or something between it and slobench (a proxy?) re-times the streams "
+                    "(calibrate the engine itself)") from None
             for h, gaps in zip(halves[batch, ctx], steady, strict=True):
                 h.extend(gaps)
     for i, n in enumerate(plan.prompt_lens):
@@ -253,10 +257,12 @@ def max_decoding_together(recs: Sequence[RequestRecord]) -> int:
 
 
 def served_batches(batches: Sequence[int], together: int) -> tuple[int, ...]:
-    """The decode probe batches a server that decodes `together` requests at once can run: those up to it,
-    and `together` itself in place of any above it."""
-    kept = sorted({b for b in batches if b <= together} | ({together} if max(batches) > together else set()))
-    return tuple(kept)
+    """The decode probe batches to send when the warm-up saw at most `together` requests decoding at once:
+    batch 1 alone for a server that serves one request at a time, else all of them. Only that case is
+    clear-cut: through a proxy that relays streams late (LiteLLM on a loaded 2-core machine: 4 of 8 seen at
+    once, the engine behind it taking all 8), fewer requests seen at once than sent is no limit of the
+    server's, and a batch that then never streams in step stops calibrate with both readings (measure)."""
+    return (1,) if together == 1 else tuple(batches)
 
 
 def retiming_notes(probes: Sequence[Probe], drop: float = 0.9) -> list[str]:
@@ -347,11 +353,10 @@ async def calibrate(url: str, model: str, plan: ProbePlan | None = None, *, seed
                          + (f"; it counts {per_word:.2f} tokens a word, so each prompt was sent as its length "
                             f"/ {per_word:.2f} words" if per_word != 1.0 else ""))
     if info.get("batches") and set(info["batches"]) != set(plan.batches):
-        k = info["decoding_together"]
-        cal.max_num_seqs = k
-        cal.notes.append(f"the server decoded at most {k} request{'s' * (k > 1)} at a time ({max(plan.batches)} "
-                         f"sent together): decode probes at batches {', '.join(map(str, info['batches']))} only; "
-                         f"its max_num_seqs is {k} (a simulation of it needs --max-num-seqs {k})")
+        cal.max_num_seqs = 1
+        cal.notes.append(f"the server decoded at most 1 request at a time ({max(plan.batches)} sent together): "
+                         "decode probes at batch 1 only; it serves one request at a time (a simulation of it "
+                         "needs --max-num-seqs 1)")
     return cal
 
 
