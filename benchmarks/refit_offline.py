@@ -88,7 +88,7 @@ def fit(job: tuple[str, str, str, tuple[int, ...]]) -> dict[str, Any]:
         train.append((specs, percentiles(recs, smooth=True, split_tokens=median_prompt(specs) if split else None)))
     f = fit_factors(runs.probe, runs.o_s, train, runs.limits, "completions", fit_overhead=fit_o, fit_inside=inside)
     return {"variant": variant, "on": w, "factors": f.factors, "noise": f.jitter_sd, "o_s": f.overhead_s,
-            "profile": f.profile, "r_s": f.inside_s}
+            "profile": f.profile, "r_s": f.profile.per_request_s}
 
 
 def score(root: str, profile: CostProfile, o_s: float, noise: float, fitted_on: str) -> tuple[int, int, float]:

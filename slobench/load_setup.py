@@ -325,10 +325,10 @@ class LoadSetup:
 
             a = self.args
             knobs, _ = split_fleet_knobs(dict(engine_knobs_from_args(a)), getattr(a, "router", "least-outstanding"))
+            engine = ModeledEngine.from_knobs(knobs)
             cached = self._extras = calibrated_flags(
-                getattr(a, "request_overhead", None), getattr(a, "jitter", None),
-                lambda: ModeledEngine.from_knobs(knobs).cost_profile(), str(knobs.get("profile")), "--simulate",
-                max_num_seqs=ModeledEngine.from_knobs(knobs).max_num_seqs)
+                getattr(a, "request_overhead", None), getattr(a, "jitter", None), engine.cost_profile,
+                str(knobs.get("profile")), "--simulate", max_num_seqs=engine.max_num_seqs)
         return cached  # type: ignore[no-any-return]
 
     def check_fleet(self) -> None:
@@ -462,8 +462,10 @@ def calibrated_flags(overhead_text: str | None, jitter_sd: float | None, profile
     """The request overhead (s) and step-time noise sd a simulation applies (`run --simulate`, `plan`):
     `--request-overhead` and `--jitter` when given, else what a calibrated profile carries
     (`slobench.fleet.simulate.calibrated_extras`; 0 for a profile without them), said on stderr. `profile`:
-    the CostProfile, or a callable giving it, loaded only when a flag is missing. The third value is `name`
-    when the profile supplied either, else None. A bad flag or provenance value is a UsageError naming it."""
+    the CostProfile, or a callable giving it, loaded only when a flag is missing or `max_num_seqs` is given.
+    With `max_num_seqs` (the simulation's), a warning when it batches more than the calibrated server did
+    (`served_max_num_seqs` in the provenance). The third value is `name` when the profile supplied either,
+    else None. A bad flag or provenance value is a UsageError naming it."""
     from slobench.errors import SpecError
     from slobench.fleet.simulate import calibrated_extras
 
@@ -471,9 +473,8 @@ def calibrated_flags(overhead_text: str | None, jitter_sd: float | None, profile
     if jitter_sd is not None and not (isinstance(jitter_sd, int | float) and 0 <= jitter_sd < float("inf")):
         raise UsageError(f"--jitter: must be a number >= 0 (got {jitter_sd!r})")
     if max_num_seqs is not None:
-        prof = profile() if callable(profile) else profile
-        profile = prof
-        served = (getattr(prof, "provenance", None) or {}).get("served_max_num_seqs")
+        profile = profile() if callable(profile) else profile
+        served = (getattr(profile, "provenance", None) or {}).get("served_max_num_seqs")
         if isinstance(served, int) and max_num_seqs > served:
             print(f"{verb}: warning: the server calibrated into {name} decoded at most {served} request"
                   f"{'s' * (served > 1)} at a time; --max-num-seqs {max_num_seqs} simulates one that batches more "

@@ -201,6 +201,15 @@ def error_rate_verdict(n: int, ok: int, max_error_rate: float | None) -> str | N
     return None
 
 
+def check_refine_knee(n: int, *, has_slo: bool) -> int:
+    """`--refine-knee N`, checked (exit 2 naming it): 0 or more, and only with an SLO to bracket."""
+    if n < 0:
+        raise UsageError(f"--refine-knee {n}: expected 0 or more extra rates")
+    if n and not has_slo:
+        raise UsageError("--refine-knee narrows the SLO's crossing: give --slo too")
+    return n
+
+
 async def sweep_rates(setup: LoadSetup, rates: Sequence[float], out: Path, *, seed: int) -> int:
     """One run per rate through `setup`'s probe, a line per point and the table at the end; the exit code
     (130 interrupted, 1 over --max-error-rate). `out` is claimed here, before any request (exit 2)."""
@@ -209,11 +218,7 @@ async def sweep_rates(setup: LoadSetup, rates: Sequence[float], out: Path, *, se
     from slobench.report.terminal import make_console
     from slobench.run.outdir import claim_out_dir
 
-    refine = getattr(setup.args, "refine_knee", 0)
-    if refine < 0:
-        raise UsageError(f"--refine-knee {refine}: expected 0 or more extra rates")
-    if refine and setup.slo is None:
-        raise UsageError("--refine-knee narrows the SLO's crossing: give --slo too")
+    refine = check_refine_knee(getattr(setup.args, "refine_knee", 0), has_slo=setup.slo is not None)
     setup.min_duration_s = MIN_PROBE_S  # high-rate points as long as low-rate ones (probe_duration)
     out = claim_out_dir(out, overwrite=getattr(setup.args, "overwrite", False))  # exit 2, one line
     console = make_console()
@@ -224,7 +229,7 @@ async def sweep_rates(setup: LoadSetup, rates: Sequence[float], out: Path, *, se
 
     async with setup.probe(first=(rates[0], seed)) as (probe, manifest, served):
         doc = await run_sweep(list(rates), probe, out_dir=out, slo=setup.slo, manifest=manifest, seed=seed,
-                              on_run=on_run, refine_knee=getattr(setup.args, "refine_knee", 0))
+                              on_run=on_run, refine_knee=refine)
     print_sweep(doc, console, title=f"{served} · {setup.workload.name} · {out}")
     maybe_report(setup.args, [out])
     if doc.get("interrupted"):

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slobench.cli.common import default_out, load_options, sweep_rates
+from slobench.cli.common import check_refine_knee, default_out, load_options, sweep_rates
 from slobench.errors import UsageError
 
 # The demo: a sweep of the `tiny` workload across the CPU engine's cliff. Its SLO suits a 2-core CPU
@@ -108,8 +108,7 @@ async def _demo(args: argparse.Namespace) -> int:
     console = make_console()
     engine_args = demo_engine_args(args.executor)
     rates = parse_rates(args.rates)  # a bad --rates is exit 2 before the engine starts
-    if args.refine_knee < 0:
-        raise UsageError(f"--refine-knee {args.refine_knee}: expected 0 or more extra rates")
+    check_refine_knee(args.refine_knee, has_slo=True)  # the demo always has its SLO; exit 2 before the engine starts
     out = Path(args.out) if args.out else default_out("demo")
     console.print(f"[bold]slobench demo[/bold]: starting the bundled engine ({' '.join(engine_args)}) on 127.0.0.1")
     t0 = time.monotonic()

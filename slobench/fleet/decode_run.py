@@ -236,8 +236,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         ex.total_modeled_s += step_s
         wait(t0 + step_s)
         times.append(clock.now_s())
-        last_tokens = batch + sum(len(h.token_ids) - h.num_computed_tokens for h, _ in admitted if h is not fill) \
-            + chunks.get(0, 0)
+        last_tokens = batch + prefill + extra_decodes  # the first step's tokens: every chunk and decode in it
         # the whole prompts sampled their first token: decodes from the second step on
         for h in whole:
             length = len(h.token_ids)

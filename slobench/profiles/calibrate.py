@@ -171,7 +171,7 @@ async def _send(target: Any, specs: Sequence[RequestSpec]) -> list[RequestRecord
 async def measure(target: Any, plan: ProbePlan, *, seed: int = 0,
                   on_probe: Callable[[Probe], None] | None = None, info: dict[str, Any] | None = None) -> list[Probe]:
     """Send the probes (after a warm-up) and return them with their measurements. `info`, if given, gets
-    `decoding_together` (max_decoding_together) and the decode `batches` sent."""
+    `decoding_together` (max_decoding_together)."""
     rng = np.random.default_rng(seed)
     ids = iter(range(1 << 62))
 
@@ -187,7 +187,6 @@ async def measure(target: Any, plan: ProbePlan, *, seed: int = 0,
     batches = served_batches(plan.batches, together)
     if info is not None:
         info["decoding_together"] = together
-        info["batches"] = batches
     probes: list[Probe] = []
 
     def add(p: Probe) -> None:
@@ -210,7 +209,9 @@ async def measure(target: Any, plan: ProbePlan, *, seed: int = 0,
             try:
                 steady = _steady_gaps(recs, batch, ctx)
             except UsageError:
-                if batch > 1 and batch <= together:
+                if batch == 1:
+                    raise  # one request alone never streamed steadily: _steady_gaps says so
+                if batch <= together:
                     raise UsageError(
                         f"calibrate: the {batch} requests of a decode probe never streamed in step, though "
                         f"{together} decoded together in the warm-up: something between the engine and slobench "
@@ -352,7 +353,7 @@ async def calibrate(url: str, model: str, plan: ProbePlan | None = None, *, seed
                          "where it reports them, else approximate"
                          + (f"; it counts {per_word:.2f} tokens a word, so each prompt was sent as its length "
                             f"/ {per_word:.2f} words" if per_word != 1.0 else ""))
-    if info.get("batches") and set(info["batches"]) != set(plan.batches):
+    if info.get("decoding_together") == 1 and max(plan.batches) > 1:  # measure probed batch 1 alone
         cal.max_num_seqs = 1
         cal.notes.append(f"the server decoded at most 1 request at a time ({max(plan.batches)} sent together): "
                          "decode probes at batch 1 only; it serves one request at a time (a simulation of it "

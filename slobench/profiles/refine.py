@@ -330,7 +330,6 @@ class FactorFit:
     num_simulations: int
     objective: float
     jitter_sd: float = 0.0
-    inside_s: float = 0.0  # r (fit_inside), also in `profile`
 
 
 def fit_factors(profile: CostProfile, overhead_s: float, train: Sequence[tuple[Sequence[RequestSpec], Percentiles]],
@@ -404,7 +403,7 @@ def fit_factors(profile: CostProfile, overhead_s: float, train: Sequence[tuple[S
     factors["o"] = math.exp(log_o)
     r = _inside(x, len(free), overhead_s) if inside else 0.0
     return FactorFit(factors, replace(scaled(profile, factors), per_request_s=r), overhead_s * factors["o"], count,
-                     best, _noise(x), r)
+                     best, _noise(x))
 
 
 def _inside(x: np.ndarray, at: int, overhead_s: float) -> float:
