@@ -36,6 +36,7 @@ from slobench.profiles.refine import (
     RefinePlan,
     drift_notes,
     live_setup,
+    noise_notes,
     overfit_notes,
     percentiles,
     print_refinement,
@@ -346,3 +347,11 @@ def _write(tmp_path: Path, prof: CostProfile) -> Path:
     path = tmp_path / "inside.json"
     path.write_text(prof.to_json())
     return path
+
+
+def test_noise_at_its_bound_is_said() -> None:
+    from slobench.profiles.refine import MAX_JITTER
+
+    assert noise_notes(0.3) == [] and noise_notes(MAX_JITTER * 0.98) == []
+    (note,) = noise_notes(MAX_JITTER)
+    assert "reached its bound" in note and "p90s" in note

@@ -406,6 +406,16 @@ def fit_factors(profile: CostProfile, overhead_s: float, train: Sequence[tuple[S
                      best, _noise(x))
 
 
+def noise_notes(jitter_sd: float) -> list[str]:
+    """A note when the fitted step-time noise sits at its bound (llama.cpp's refinements, 2026-12-02: 0.99-1.00):
+    the search wanted more, so the noise stands for something else the model lacks."""
+    if jitter_sd < MAX_JITTER * 0.99:
+        return []
+    return [f"the step-time noise reached its bound ({MAX_JITTER:g}): the measured spread (the p90s against the "
+            "p50s) is wider than noise on each step explains, e.g. a server that queues requests outside its steps "
+            "or a client sharing its cores; read the refined p90s with care"]
+
+
 def _inside(x: np.ndarray, at: int, overhead_s: float) -> float:
     """r of a search point (fit_inside: its coordinate `at`, a multiple of the probes' o, within bounds)."""
     return float(np.clip(x[at], 0.0, MAX_INSIDE)) * overhead_s
@@ -484,11 +494,7 @@ async def refine(profile: CostProfile, overhead_s: float, plan: RefinePlan, meas
     for name, coefs in FACTORS.items():
         if not any(getattr(profile, c) > 0 for c in coefs):
             notes.append(f"{name} is 0 in the probe fit: no factor moves it")
-    notes += overfit_notes(points)
-    if fit.jitter_sd >= MAX_JITTER * 0.99:
-        notes.append(f"the step-time noise reached its bound ({MAX_JITTER:g}): the measured spread (the p90s "
-                     "against the p50s) is wider than noise on each step explains, e.g. a server that queues "
-                     "requests outside its steps or a client sharing its cores; read the refined p90s with care")
+    notes += overfit_notes(points) + noise_notes(fit.jitter_sd)
     return Refinement(plan, workload, api, knee, points, fit.factors, fit.profile, fit.overhead_s, profile, overhead_s,
                       fit.num_simulations, measure_s, time.perf_counter() - t0, notes, fit.jitter_sd)
 
