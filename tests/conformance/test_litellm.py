@@ -59,7 +59,9 @@ def test_calibrate_through_the_proxy(litellm_proxy: Served, tmp_path: Path) -> N
     # fit, and calibrate says when they show it (below), or no batch streams in step, and it says why
     if p.returncode == 2:
         assert "re-times the streams" in p.stderr and "Traceback" not in p.stderr, p.stderr
-        assert "max_num_seqs" not in p.stderr  # not the misleading guess it made before
+        # not the guess it made before ("is the server's max_num_seqs below it?") alone: when the warm-up saw
+        # fewer at once than the batch (5 of 8 under CI load), both readings, the re-timing among them
+        assert "is the server's max_num_seqs below it?" not in p.stderr, p.stderr
         return
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     prof = CostProfile.load(out)
