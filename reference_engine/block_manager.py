@@ -12,6 +12,18 @@ trusted after comparing the stored token ids and the identity of the parent's co
 collision can never serve another prompt's KV. A simulation, where no tenant can probe the cache, may
 trade the keyed hash for Python's built-in 64-bit tuple hash (`use_unkeyed_hash`): a few times cheaper a
 block, and a collision, improbable as it is, is still caught by the same comparison.
+
+Private blocks (a simulation's shortcut; `Sequence.unshared_from`). A simulator knows every prompt before the
+run, so it can tell, for each request, the first block that no other request's prompt shares
+(`shared_prefix_blocks`). No other request can ever hit that block or any after it (their whole prefix would
+have to match), so only the request itself could, re-admitted after a preemption. Such blocks are kept
+without per-block bookkeeping: never hashed nor registered, no reference count written (they count in
+`num_in_use` and in `_num_private`), and when the request finishes its registered ones enter the LRU list
+as one unreachable run, evicted in the same order as the blocks one by one would be. If the request is
+preempted instead, they are registered there and then, as they would have been when computed, and the
+request is kept like any other from then on. What differs from registering every block is which content
+ids the blocks get, and which block would keep a 64-bit hash that two different blocks share: nothing a
+lookup, a count or a step time can see.
 """
 
 from __future__ import annotations
@@ -25,7 +37,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from reference_engine.sequence import Sequence
+from reference_engine.sequence import NEVER_PRIVATE, Sequence
 
 
 class BlockAccountingError(RuntimeError):
@@ -52,6 +64,35 @@ def _keyed(key: bytes) -> Any:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def shared_prefix_blocks(prompts: SequenceABC[SequenceABC[int]], block_size: int) -> list[int]:
+    """For each prompt, how many of its leading full blocks some other prompt also holds in full, at the same
+    place after the same tokens (the only blocks another request's lookup could ever hit): the longest
+    common prefix with any other prompt, in whole blocks. Prompts that share no first block (the usual
+    case) cost one slice each; the others are sorted, and each compared with its neighbours, which hold its
+    longest common prefix."""
+    bs = block_size
+    out = [0] * len(prompts)
+    by_first: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(prompts):
+        if len(p) >= bs:
+            by_first.setdefault(tuple(p[:bs]), []).append(i)
+    for group in by_first.values():
+        if len(group) < 2:
+            continue
+        group.sort(key=lambda i: tuple(prompts[i]))
+        for a, b in zip(group, group[1:], strict=False):
+            pa, pb = prompts[a], prompts[b]
+            lo, hi = 1, min(len(pa), len(pb)) // bs  # lo blocks are known equal (the same first block)
+            while lo < hi:  # the most whole blocks equal in both
+                mid = (lo + hi + 1) // 2
+                if tuple(pa[: mid * bs]) == tuple(pb[: mid * bs]):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            out[a], out[b] = max(out[a], lo), max(out[b], lo)
+    return out
 
 
 @dataclass(slots=True, eq=False)
@@ -88,7 +129,12 @@ class BlockManager:
         self._unkeyed = False
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: deque[int] = deque(range(num_blocks))
-        self._cached: OrderedDict[int, None] = OrderedDict()  # least recently used first
+        # Least recently used first. A key >= 0 is one cached block (value None); a key < 0 is a run of private
+        # blocks (the module's doc), its value their ids in the order they are evicted.
+        self._cached: OrderedDict[int, list[int] | None] = OrderedDict()
+        self._num_cached = 0
+        self._next_run_key = -1
+        self._num_private = 0  # private blocks in use (no reference count written)
         self._by_hash: dict[bytes | int, int] = {}
         self._next_content_id = 1
         self.num_in_use = 0
@@ -103,11 +149,11 @@ class BlockManager:
 
     @property
     def num_cached(self) -> int:
-        return len(self._cached)
+        return self._num_cached
 
     @property
     def num_allocatable(self) -> int:
-        return len(self._free) + len(self._cached)
+        return len(self._free) + self._num_cached
 
     @property
     def usage(self) -> float:
@@ -145,6 +191,8 @@ class BlockManager:
             toks_all = token_ids
         bs = self.block_size
         max_hit_blocks = (len(toks_all) - 1) // bs
+        if seq is not None and seq.unshared_from < max_hit_blocks:
+            max_hit_blocks = seq.unshared_from  # none of its private blocks is registered
         hits: list[int] = []
         hashes = self._chain_of(seq) if seq is not None else []
         by_hash, blocks = self._by_hash, self.blocks
@@ -222,7 +270,13 @@ class BlockManager:
         if not self.can_admit(seq.num_tokens, hits):
             raise BlockAccountingError(f"seq {seq.seq_id} admitted without room")
         table = [self._take_hit(bid) for bid in hits]
-        table += self._take_fresh_blocks(cdiv(seq.num_tokens, self.block_size) - len(hits))
+        num = cdiv(seq.num_tokens, self.block_size)
+        private = num - max(seq.unshared_from, len(hits))
+        if private > 0:
+            table += self._take_fresh_blocks(num - len(hits) - private)
+            table += self._take_private(private)
+        else:
+            table += self._take_fresh_blocks(num - len(hits))
         seq.block_table = table
         seq.num_computed_tokens = len(hits) * self.block_size
         seq.num_hashed_blocks = len(hits)
@@ -241,23 +295,41 @@ class BlockManager:
             raise BlockAccountingError(
                 f"seq {seq.seq_id} grown by {num_blocks} blocks with {self.num_allocatable} left"
             )
-        seq.block_table += self._take_fresh_blocks(num_blocks)
+        private = min(num_blocks, len(seq.block_table) + num_blocks - seq.unshared_from)
+        if private > 0:
+            seq.block_table += self._take_fresh_blocks(num_blocks - private)
+            seq.block_table += self._take_private(private)
+        else:
+            seq.block_table += self._take_fresh_blocks(num_blocks)
 
     def grow_each(self, seqs: list[Sequence]) -> None:
         """One new block for each of `seqs`, taken in their order: `append_blocks(seq, 1)` for each."""
         if len(seqs) > self.num_allocatable:
             raise BlockAccountingError(f"{len(seqs)} sequences grown by a block with {self.num_allocatable} left")
-        for seq, bid in zip(seqs, self._take_fresh_blocks(len(seqs)), strict=True):
-            seq.block_table.append(bid)
+        blocks = self.blocks
+        private = 0
+        for seq, bid in zip(seqs, self._take_private(len(seqs)), strict=True):
+            table = seq.block_table
+            if len(table) < seq.unshared_from:
+                blocks[bid].ref_count = 1
+            else:
+                private += 1
+            table.append(bid)
+        self._num_private += private - len(seqs)  # _take_private counted them all as private
 
     def register_computed(self, seq: Sequence) -> None:
         """Make every full block whose KV is now written findable by its prefix hash."""
         if not self.enable_prefix_caching:
             return
-        bs = self.block_size
-        first, end = seq.num_hashed_blocks, seq.num_computed_tokens // bs
+        first, end = seq.num_hashed_blocks, seq.num_computed_tokens // self.block_size
         if first >= end:
             return
+        seq.num_hashed_blocks = end
+        if first < seq.unshared_from:
+            self._register(seq, first, min(end, seq.unshared_from))  # private blocks: counted, never hashed
+
+    def _register(self, seq: Sequence, first: int, end: int) -> None:
+        bs = self.block_size
         hashes = self.hash_chain(seq, end)
         table, blocks, by_hash = seq.block_table, self.blocks, self._by_hash
         # a block's parent is the one before it in the table: registered earlier, or a prefix hit
@@ -283,13 +355,34 @@ class BlockManager:
             block.content_id, block.parent_content_id = cid, parent_cid
             parent_cid = cid
         self._next_content_id = next_cid
-        seq.num_hashed_blocks = end
 
-    def free(self, seq: Sequence) -> None:
-        """Release `seq`'s blocks tail-first, so a shared prefix is the last thing the LRU evicts."""
+    def free(self, seq: Sequence, *, finished: bool = False) -> None:
+        """Release `seq`'s blocks tail-first, so a shared prefix is the last thing the LRU evicts.
+
+        `finished`: the request is over and will never be admitted again, so its private blocks (the module's
+        doc) can go to the LRU as one unreachable run; otherwise (a preemption) they are registered first."""
         blocks, by_hash, cached, free = self.blocks, self._by_hash, self._cached, self._free
-        num_idle = 0
-        for bid in reversed(seq.block_table):
+        table = seq.block_table
+        d = seq.unshared_from
+        if d < len(table):
+            if not finished:
+                self._make_public(seq)
+            else:  # the private tail: its unregistered blocks to the free list, the registered ones one LRU run
+                private = table[d:]
+                registered = max(seq.num_hashed_blocks - d, 0)
+                if registered < len(private):
+                    free.extend(reversed(private[registered:]))
+                if registered:
+                    run = private[:registered]
+                    run.reverse()
+                    cached[self._next_run_key] = run
+                    self._next_run_key -= 1
+                    self._num_cached += registered
+                self._num_private -= len(private)
+                self.num_in_use -= len(private)
+                table = table[:d]
+        num_idle = num_cached = 0
+        for bid in reversed(table):
             block = blocks[bid]
             refs = block.ref_count
             if refs <= 0:
@@ -301,29 +394,56 @@ class BlockManager:
                 h = block.hash
                 if h is not None and by_hash.get(h) == bid:
                     cached[bid] = None
+                    num_cached += 1
                 else:
                     block.forget()
                     free.append(bid)
         self.num_in_use -= num_idle
+        self._num_cached += num_cached
         seq.block_table = []
         seq.num_hashed_blocks = 0
+
+    def _make_public(self, seq: Sequence) -> None:
+        """Register `seq`'s private blocks, as they would have been when computed, and keep it like any other
+        sequence from now on (it is being preempted: its blocks may be hit when it comes back)."""
+        d = seq.unshared_from
+        table, blocks = seq.block_table, self.blocks
+        for bid in table[d:]:
+            blocks[bid].ref_count = 1
+        self._num_private -= len(table) - d
+        seq.unshared_from = NEVER_PRIVATE
+        if self.enable_prefix_caching and seq.num_hashed_blocks > d:
+            self._register(seq, d, seq.num_hashed_blocks)
 
     def reset_prefix_cache(self) -> None:
         """Forget every idle cached block (e.g. between benchmark runs)."""
         while self._cached:
-            bid, _ = self._cached.popitem(last=False)
-            self._evict(bid)
-            self._free.append(bid)
+            key, run = self._cached.popitem(last=False)
+            if run is None:
+                self._evict(key)
+                self._free.append(key)
+            else:
+                self._free.extend(run)
+        self._num_cached = 0
 
     # ---- invariants --------------------------------------------------------------------------------
     def check(self) -> None:
         """Raise BlockAccountingError unless free + in use + cached == total and every state is coherent."""
-        free, cached = set(self._free), set(self._cached)
+        free = set(self._free)
         if len(free) != len(self._free):
             raise BlockAccountingError("a block is on the free list twice")
+        cached = {key for key, run in self._cached.items() if run is None}
+        in_runs = [bid for run in self._cached.values() if run is not None for bid in run]
+        if len(cached) + len(in_runs) != self._num_cached:
+            raise BlockAccountingError(f"{len(cached) + len(in_runs)} blocks cached but counted {self._num_cached}")
+        for bid in in_runs:
+            b = self.blocks[bid]
+            if b.ref_count or b.hash is not None or bid in free or bid in cached:
+                raise BlockAccountingError(f"block {bid} in a private run is also in use, hashed, free or cached")
+        cached.update(in_runs)
         if free & cached:
             raise BlockAccountingError(f"blocks both free and cached: {sorted(free & cached)}")
-        in_use = 0
+        in_use = private = 0
         for b in self.blocks:
             if b.ref_count < 0:
                 raise BlockAccountingError(f"block {b.block_id} has ref_count {b.ref_count}")
@@ -332,16 +452,20 @@ class BlockManager:
                 if b.block_id in free or b.block_id in cached:
                     raise BlockAccountingError(f"block {b.block_id} in use but listed as idle")
             elif b.block_id not in free and b.block_id not in cached:
-                raise BlockAccountingError(f"block {b.block_id} leaked: ref_count 0 but neither free nor cached")
-        for bid in cached:
-            b = self.blocks[bid]
-            if b.hash is None or self._by_hash.get(b.hash) != bid:
-                raise BlockAccountingError(f"cached block {bid} is unreachable by its hash")
-        if in_use != self.num_in_use:
-            raise BlockAccountingError(f"in-use count {self.num_in_use} but {in_use} blocks referenced")
-        if len(free) + len(cached) + in_use != self.num_blocks:
+                private += 1  # held by one sequence, privately (the module's doc)
+        if private != self._num_private:
+            raise BlockAccountingError(f"{private} blocks neither referenced, free nor cached, but "
+                                       f"{self._num_private} private ones in use: a leak")
+        for key, run in self._cached.items():
+            h = self.blocks[key].hash if run is None else key
+            if h is None or run is None and self._by_hash.get(h) != key:
+                raise BlockAccountingError(f"cached block {key} is unreachable by its hash")
+        if in_use + private != self.num_in_use:
+            raise BlockAccountingError(f"in-use count {self.num_in_use} but {in_use} blocks referenced and "
+                                       f"{private} private")
+        if len(free) + len(cached) + in_use + private != self.num_blocks:
             raise BlockAccountingError(
-                f"free {len(free)} + cached {len(cached)} + in use {in_use} != total {self.num_blocks}"
+                f"free {len(free)} + cached {len(cached)} + in use {in_use + private} != total {self.num_blocks}"
             )
 
     # ---- internals ---------------------------------------------------------------------------------
@@ -354,6 +478,7 @@ class BlockManager:
         block = self.blocks[bid]
         if block.ref_count == 0:
             del self._cached[bid]
+            self._num_cached -= 1
             self.num_in_use += 1
         block.ref_count += 1
         return bid
@@ -362,24 +487,62 @@ class BlockManager:
         return self._take_fresh_blocks(1)[0]
 
     def _take_fresh_blocks(self, num_blocks: int) -> list[int]:
-        """`num_blocks` blocks with no content: free ones first, then the least recently used cached ones."""
-        free, blocks = self._free, self.blocks
-        taken = [free.popleft() for _ in range(min(num_blocks, len(free)))]
+        """`num_blocks` blocks with no content, free ones first, then the least recently used cached ones,
+        each held once."""
+        taken = self._take_private(num_blocks)
+        blocks = self.blocks
         for bid in taken:
             blocks[bid].ref_count = 1
-        if len(taken) < num_blocks:
+        self._num_private -= num_blocks
+        return taken
+
+    def _take_private(self, num_blocks: int) -> list[int]:
+        """`num_blocks` blocks with no content (free ones first, then evictions from the LRU list's head),
+        counted in use as private ones: no reference count written."""
+        free, blocks = self._free, self.blocks
+        if num_blocks <= len(free):
+            taken = [free.popleft() for _ in range(num_blocks)]
+        else:
+            taken = list(free)
+            free.clear()
+            need = num_blocks - len(taken)
+            self._num_cached -= need
             cached, by_hash = self._cached, self._by_hash
             popitem = cached.popitem
-            for _ in range(num_blocks - len(taken)):
-                bid = popitem(False)[0]
-                block = blocks[bid]  # _evict, inlined: every block a long run takes is an eviction
-                del by_hash[block.hash]  # type: ignore[arg-type]  # a cached block is its hash's owner (check())
-                block.hash = block.token_ids = None
-                block.content_id = block.parent_content_id = 0
-                block.ref_count = 1
-                taken.append(bid)
+            while need:
+                key, run = popitem(False)
+                if run is None:
+                    block = blocks[key]  # _evict, inlined: every block a long run takes is an eviction
+                    del by_hash[block.hash]  # type: ignore[arg-type]  # a cached block is its hash's owner (check())
+                    block.hash = block.token_ids = None
+                    block.content_id = block.parent_content_id = 0
+                    taken.append(key)
+                    need -= 1
+                elif len(run) <= need:
+                    taken += run
+                    need -= len(run)
+                else:  # the run's head goes; the rest stays first in line
+                    taken += run[:need]
+                    del run[:need]
+                    cached[key] = run
+                    cached.move_to_end(key, last=False)
+                    need = 0
         self.num_in_use += num_blocks
+        self._num_private += num_blocks
         return taken
+
+    def evicts_any(self, bids: set[int], num_evicted: int) -> bool:
+        """Whether any of `bids` (cached blocks) is among the first `num_evicted` blocks in the LRU list."""
+        for key, run in self._cached.items():
+            if num_evicted <= 0:
+                return False
+            if run is None:
+                if key in bids:
+                    return True
+                num_evicted -= 1
+            else:
+                num_evicted -= len(run)
+        return False
 
     def _evict(self, bid: int) -> None:
         block = self.blocks[bid]

@@ -175,13 +175,16 @@ class LLMEngine:
         on_token: Callable[[TokenEvent], None] | None = None,
         stop_check: Callable[[int], bool] | None = None,
         ids_checked: bool = False,
+        unshared_from: int | None = None,
     ) -> int:
         """Queue a request; returns its id. Raises RequestRejected (and changes nothing) if it can never run.
 
         `stop_check` is fed each output token on the engine's thread; True ends the request with "stop" in
         that step (stop strings: `GenerationRequest.stop_check()`). `ids_checked`: the caller has already
         checked that every prompt id is an int in the vocabulary (the simulator, which parses the request as
-        the server does); the check costs ~0.1 ms for a 1k-token prompt."""
+        the server does); the check costs ~0.1 ms for a 1k-token prompt. `unshared_from`: the first block of
+        the prompt that no other request's prompt shares, when the caller knows every prompt (a simulator;
+        `Sequence.unshared_from`)."""
         if self.error is not None:
             raise RuntimeError("the engine loop has died") from self.error
         prompt = list(prompt_token_ids)
@@ -202,6 +205,8 @@ class LLMEngine:
                 rid, prompt, max_tokens, min_tokens, ignore_eos, sampling if sampling is not None else SamplingParams(),
                 stop_check,
             )
+            if unshared_from is not None:
+                seq.unshared_from = unshared_from
             self._pending_adds.append(_Request(seq, on_token, self.clock.now_s()))
         self._wake.set()
         return rid

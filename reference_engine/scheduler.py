@@ -106,7 +106,7 @@ class Scheduler:
             return None
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
-            self.block_manager.free(seq)
+            self.block_manager.free(seq, finished=True)
         else:
             self.waiting.remove(seq)
         seq.status = SeqStatus.FINISHED
@@ -233,7 +233,7 @@ class Scheduler:
     def _finish(self, seq: Sequence, reason: str) -> None:
         self.running.remove(seq)
         del self._by_id[seq.seq_id]
-        self.block_manager.free(seq)
+        self.block_manager.free(seq, finished=True)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
 
@@ -244,17 +244,26 @@ class Scheduler:
         bm = self.block_manager
         bm.check()
         refs: dict[int, int] = {}
+        private: set[int] = set()
         for seq in self.running:
             if seq.num_computed_tokens > len(seq.block_table) * bm.block_size:
                 raise AssertionError(f"seq {seq.seq_id} computed {seq.num_computed_tokens} past its blocks")
             # All known tokens have blocks, except a just-sampled one whose block comes with its next step.
             if len(seq.block_table) not in (cdiv(seq.num_tokens, bm.block_size), cdiv(seq.num_tokens - 1, bm.block_size)):
                 raise AssertionError(f"seq {seq.seq_id}: {len(seq.block_table)} blocks for {seq.num_tokens} tokens")
-            for bid in seq.block_table:
-                refs[bid] = refs.get(bid, 0) + 1
+            for i, bid in enumerate(seq.block_table):
+                if i >= seq.unshared_from:  # private: held by it alone, no reference count written
+                    if bid in private:
+                        raise AssertionError(f"private block {bid} held twice")
+                    private.add(bid)
+                else:
+                    refs[bid] = refs.get(bid, 0) + 1
         for seq in self.waiting:
             if seq.block_table:
                 raise AssertionError(f"waiting seq {seq.seq_id} holds blocks {seq.block_table}")
+        if not private.isdisjoint(refs) or len(private) != bm._num_private:
+            raise AssertionError(f"{len(private)} private blocks held, {bm._num_private} counted, "
+                                 f"{len(private & refs.keys())} also referenced")
         for block in bm.blocks:
             if block.ref_count != refs.get(block.block_id, 0):
                 raise AssertionError(

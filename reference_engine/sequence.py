@@ -8,6 +8,8 @@ from enum import Enum
 
 from reference_engine.executor.base import SamplingParams
 
+NEVER_PRIVATE = 1 << 62  # Sequence.unshared_from when nothing is known: every block kept in full
+
 
 class SeqStatus(Enum):
     WAITING = "waiting"
@@ -50,6 +52,9 @@ class Sequence:
     # lookup before admission and the registration after the step hash each block once between them.
     block_hashes: list[bytes | int] = field(default_factory=list)
     block_hashes_key: bytes | None = None
+    # The first block index no other request's prompt shares (a simulator, which knows every prompt, says so):
+    # its blocks from there on are private (reference_engine.block_manager's doc). Until its first preemption.
+    unshared_from: int = NEVER_PRIVATE
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens == 0:

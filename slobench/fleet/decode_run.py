@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -124,7 +123,7 @@ def _admissions(sched: Any, decodes: list[Sequence], bm: BlockManager, first_all
         return None
     # taking hits out of the LRU list moves later blocks up: look past as many as there are hits
     evicted = fresh - bm.num_free
-    if evicted > 0 and hit_blocks and not hit_blocks.isdisjoint(islice(bm._cached, evicted + len(hit_blocks))):
+    if evicted > 0 and hit_blocks and bm.evicts_any(hit_blocks, evicted + len(hit_blocks)):
         return None
     return out
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from reference_engine.block_manager import shared_prefix_blocks
 from reference_engine.config import EngineSpec, require_positive_ints
 from reference_engine.engine import LLMEngine, VirtualClock
 from reference_engine.executor.modeled_executor import CostProfile
@@ -193,6 +194,18 @@ def _engine_request(sp: RequestSpec, *, model_name: str, tokenizer: Any, max_mod
     return req
 
 
+def _unshared_from(specs: Sequence[RequestSpec], api: Api, block_size: int) -> list[int] | None:
+    """Each spec's first block that no other prompt shares (`shared_prefix_blocks`), when every prompt is a
+    token-id tuple the engine will see as it is (the completions API passes such a prompt through, and no
+    spec's extra body replaces it); None otherwise (text is tokenized at arrival, so its ids are not known
+    before the run)."""
+    if api != "completions" or not all(type(sp.prompt) is tuple for sp in specs):
+        return None
+    if any(sp.extra_body and any(k == "prompt" for k, _ in sp.extra_body) for sp in specs):
+        return None
+    return shared_prefix_blocks([sp.prompt for sp in specs], block_size)  # type: ignore[misc]
+
+
 def _arrive(sp: RequestSpec, records: list[RequestRecord], parse: Callable[[RequestSpec], Any]) -> tuple[RequestRecord, Any]:
     """A request arriving at its scheduled time: its record (appended to `records`; sent = scheduled) and
     its engine request, parsed by `parse` as the server would; None when the protocol refuses it, which the
@@ -240,6 +253,7 @@ def simulate_records(
     decode_runs: bool = True,
     disagg: DisaggFleet | None = None,
     request_overhead_s: float = 0.0,
+    private_blocks: bool = True,
 ) -> list[RequestRecord]:
     """The records of one virtual-clock run, in arrival order. `engine`: knobs or a factory of fresh engines
     (its clock is replaced by the run's VirtualClock; its executor must model step times).
@@ -251,6 +265,9 @@ def simulate_records(
 
     Stretches of plain decode steps are taken at once (`slobench.fleet.decode_run`), leaving every record and
     every engine state as stepping would; `decode_runs=False` steps every step (the reference for tests).
+    Token-id prompts are all known before the run, so each request's blocks past what any other prompt
+    shares are kept as private blocks (reference_engine.block_manager's doc): the same lookups, counts and
+    times with no per-block bookkeeping; `private_blocks=False` keeps every block in full (the reference).
 
     `disagg` (or knobs naming prefill_replicas/decode_replicas/colocated_replicas/kv_link) simulates a
     disaggregated fleet instead (`slobench.fleet.disagg`); `replicas` must then stay 1.
@@ -295,6 +312,7 @@ def simulate_records(
                     templates={})
 
     specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
+    unshared = _unshared_from(specs, api, first.config.block_size) if private_blocks else None
     records: list[RequestRecord] = []
     by_rid: dict[tuple[int, int], RequestRecord] = {}
     weights: dict[tuple[int, int], int] = {}  # the token weight each routed request holds on its replica
@@ -320,7 +338,8 @@ def simulate_records(
             try:
                 rid = rep.engine.add_request(req.prompt_token_ids, req.max_tokens, min_tokens=req.min_tokens,
                                              ignore_eos=req.ignore_eos, sampling=req.sampling,
-                                             stop_check=req.stop_check(), ids_checked=ids_checked)
+                                             stop_check=req.stop_check(), ids_checked=ids_checked,
+                                             unshared_from=None if unshared is None else unshared[i - 1])
             except RequestRejected as e:
                 rec.fail("error", f"rejected: {e}", t)
                 continue
