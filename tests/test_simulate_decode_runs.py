@@ -71,14 +71,16 @@ def test_engines_end_in_the_same_state(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_vectorised_tokens_are_the_executors() -> None:
     from reference_engine.executor.modeled_executor import ModeledExecutor
     from reference_engine.sequence import Sequence
-    from slobench.fleet.decode_run import _tokens
+    from slobench.fleet.decode_run import _tokens_ahead
 
     ex = ModeledExecutor(ModeledEngine().cost_profile(), block_size=16, num_blocks=8, vocab_size=300,
                          eos_token_id=100, token_id_range=(32, 127), seed=5)
-    seqs = [Sequence(sid, [40] * n, 64) for sid, n in ((0, 1), (7, 30), (2**40, 5))]
-    got = _tokens(ex, seqs, 200)
+    seqs = [Sequence(sid, [40] * n, m) for sid, n, m in ((0, 1, 200), (7, 30, 1), (2**40, 5, 64))]
+    seqs[2].token_ids += [41] * 10  # ten sampled already: the rest comes from its position on
+    got = _tokens_ahead(ex, seqs)
+    assert [len(t) for t in got] == [200, 1, 54]
     for s, toks in zip(seqs, got, strict=True):
-        assert toks == [ex.token_at(s.seq_id, len(s.token_ids) + j) for j in range(200)]
+        assert toks == [ex.token_at(s.seq_id, len(s.token_ids) + j) for j in range(len(toks))]
     assert 100 not in {t for toks in got for t in toks}
 
 

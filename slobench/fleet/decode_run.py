@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
@@ -41,20 +42,49 @@ def _head(x: int) -> int:
     return _mix64(x)  # a request's first hash, the same for each of its steps
 
 
-def _tokens(ex: ModeledExecutor, seqs: list[Sequence], num_steps: int) -> list[list[int]]:
-    """`ex.token_at(seq_id, position)` for each seq's next `num_steps` positions (EOS never drawn)."""
+def _tokens_ahead(ex: ModeledExecutor, seqs: list[Sequence]) -> list[list[int]]:
+    """`ex.token_at(seq_id, position)` for every position each seq may still sample (up to its prompt plus
+    max_tokens), in one vectorised pass over all of them: position p of a seq gets mix(head ^ p), as
+    `ModeledExecutor.token_at` draws it (EOS never drawn)."""
     seed = ex._seed << 32
-    heads = np.array([_head(s.seq_id ^ seed) for s in seqs], dtype=np.uint64)
-    first = np.array([len(s.token_ids) for s in seqs], dtype=np.uint64)
-    pos = first[:, None] + np.arange(num_steps, dtype=np.uint64)[None, :]
-    r = _mix64_array(heads[:, None] ^ pos)
+    starts = [len(s.token_ids) for s in seqs]
+    lens = [s.num_prompt_tokens + s.max_tokens - n for s, n in zip(seqs, starts, strict=True)]
+    heads = np.repeat(np.array([_head(s.seq_id ^ seed) for s in seqs], dtype=np.uint64), lens)
+    offsets = np.cumsum([0, *lens[:-1]], dtype=np.int64)
+    pos = (np.arange(len(heads), dtype=np.int64) + np.repeat(np.array(starts, dtype=np.int64) - offsets, lens))
+    r = _mix64_array(heads ^ pos.astype(np.uint64))
     lo, span = np.uint64(ex._lo), np.uint64(ex._span)
     tok = lo + (r >> _S32) % span
     if ex.eos_token_id is not None and ex._lo <= ex.eos_token_id < ex._lo + ex._span:
         eos = np.uint64(ex.eos_token_id)
         tok = np.where(tok == eos, lo + (tok - lo + np.uint64(1)) % span, tok)
-    out: list[list[int]] = tok.tolist()
-    return out
+    flat: list[int] = tok.tolist()
+    return [flat[o : o + n] for o, n in zip(offsets.tolist(), lens, strict=True)]
+
+
+# Per engine: seq_id -> (the position of its first token there, every token it may still sample from there).
+# A request's tokens are drawn once, at its first run, not a run at a time: most runs are short (an arrival or
+# a finish ends each), and drawing a few tokens for every request of the batch cost more than the run itself.
+_AHEAD: WeakKeyDictionary[LLMEngine, dict[int, tuple[int, list[int]]]] = WeakKeyDictionary()
+
+
+def _extend_tokens(engine: LLMEngine, ex: ModeledExecutor, seqs: list[Sequence], k: int) -> None:
+    """Append each seq's next `k` tokens, as the executor draws them."""
+    store = _AHEAD.get(engine)
+    if store is None:
+        store = _AHEAD[engine] = {}
+    new = [s for s in seqs if s.seq_id not in store]
+    if new:
+        if len(store) > 2 * len(engine.scheduler.running) + 256:  # drop the finished (and the preempted)
+            keep = {s.seq_id for s in engine.scheduler.running}
+            for sid in [sid for sid in store if sid not in keep]:
+                del store[sid]
+        for s, toks in zip(new, _tokens_ahead(ex, new), strict=True):
+            store[s.seq_id] = (len(s.token_ids), toks)
+    for s in seqs:
+        base, toks = store[s.seq_id]
+        a = len(s.token_ids) - base
+        s.token_ids += toks[a : a + k]
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,10 +322,8 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     if not k:
         return None
 
-    tokens = _tokens(ex, decodes, k)
     starts = [len(s.token_ids) for s in decodes]
-    for s, toks in zip(decodes, tokens, strict=True):
-        s.token_ids.extend(toks)
+    _extend_tokens(engine, ex, decodes, k)
     # blocks taken (phase 0, in schedule) and registered (phase 2, in update) in the scheduler's order; the
     # first step's admissions (phase 1) came between, done above
     events += [(j, 0, i, 0) for i, j0 in enumerate(first_alloc) for j in range(j0, k, bs)]
@@ -312,7 +340,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
                 events.append((j, 2, i, computed))
         emitted = k - last_chunk
         if emitted > 0:
-            fill.token_ids.extend(_tokens(ex, [fill], emitted)[0])
+            _extend_tokens(engine, ex, [fill], emitted)
             events += [(j, 0, i, 0) for j in range(fill_alloc, k, bs)]
             if bm.enable_prefix_caching:  # as a decode: position length-1+(j-last_chunk) written at step j
                 events += [(j, 2, i, length + j - last_chunk) for j in range(last_chunk + 1, k)
