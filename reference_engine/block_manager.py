@@ -412,6 +412,9 @@ class BlockManager:
             blocks[bid].ref_count = 1
         self._num_private -= len(table) - d
         seq.unshared_from = NEVER_PRIVATE
+        if seq.draw_tokens is not None:  # its output ids were stand-ins: the hashes need the real ones
+            seq.draw_tokens(seq)
+            seq.draw_tokens = None
         if self.enable_prefix_caching and seq.num_hashed_blocks > d:
             self._register(seq, d, seq.num_hashed_blocks)
 

@@ -55,6 +55,10 @@ class Sequence:
     # The first block index no other request's prompt shares (a simulator, which knows every prompt, says so):
     # its blocks from there on are private (reference_engine.block_manager's doc). Until its first preemption.
     unshared_from: int = NEVER_PRIVATE
+    # Set by a simulator that appended stand-in ids for output tokens nothing reads (a private request's: no
+    # lookup can reach its blocks); rewrites them with the real ones before anything does (the block manager
+    # calls it when the request is preempted and its blocks get registered).
+    draw_tokens: Callable[[Sequence], None] | None = None
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens == 0:

@@ -158,3 +158,26 @@ def test_a_chat_run_registers_no_private_block(monkeypatch: pytest.MonkeyPatch) 
     assert registered == []
     simulate_records(specs, {"profile": "h100-llama-1b", "kv_blocks": 2048}, private_blocks=False)
     assert sum(registered) > 100 * 30
+
+
+def test_a_preempted_private_request_gets_its_real_output_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A private request's output ids are stand-ins until it is preempted; then (before its blocks are
+    hashed) they are the executor's, exactly those keeping every block in full gives it."""
+    from reference_engine.scheduler import Scheduler
+
+    seen: list[tuple[int, int, list[int]]] = []
+    real_preempt = Scheduler._preempt
+
+    def recording(self: Scheduler, seq: Sequence) -> None:
+        real_preempt(self, seq)
+        seen.append((seq.seq_id, seq.num_prompt_tokens, list(seq.token_ids)))
+
+    monkeypatch.setattr(Scheduler, "_preempt", recording)
+    specs = generate(load_workload("chat"), rate_rps=60, num_requests=300, seed=3)
+    knobs = {"profile": "h100-llama-1b", "kv_blocks": 250}
+    simulate_records(specs, knobs)
+    private = list(seen)
+    seen.clear()
+    simulate_records(specs, knobs, private_blocks=False)
+    assert len(private) > 10 and sum(len(t) > n + 1 for _, n, t in private) > 5  # with output ids to redraw
+    assert private == seen

@@ -5,7 +5,8 @@ an admission), every step decodes one token for each running request, in the sam
 time is `profile.step_s(0, B, context)` with the context growing by B a step. Stepping the engine through
 such a stretch costs tens of microseconds per token in Python; `decode_run` takes the stretch at once and
 leaves the engine exactly as the steps would have: the same step times (the same floating-point
-operations, the same jitter draws, in the same order), the same tokens (the executor's hash, vectorised),
+operations, the same jitter draws, in the same order), the same tokens (the executor's hash, vectorised;
+a private request's output ids are stand-ins until it is preempted, as nothing reads them: `_extend_tokens`),
 the same blocks allocated and registered in the order the scheduler would, and the same counters. It
 declines (returns None) whenever the next step could be anything else, and the caller steps the engine.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 from weakref import WeakKeyDictionary
 
@@ -23,7 +24,7 @@ import numpy as np
 from reference_engine.block_manager import BlockManager
 from reference_engine.engine import LLMEngine, _NullObserver
 from reference_engine.executor.modeled_executor import ModeledExecutor, _mix64
-from reference_engine.sequence import FinishReason, SeqStatus, Sequence
+from reference_engine.sequence import NEVER_PRIVATE, FinishReason, SeqStatus, Sequence
 
 _C0, _C1, _C2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31, _S32 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(32)
@@ -42,13 +43,17 @@ def _head(x: int) -> int:
     return _mix64(x)  # a request's first hash, the same for each of its steps
 
 
-def _tokens_ahead(ex: ModeledExecutor, seqs: list[Sequence]) -> list[list[int]]:
-    """`ex.token_at(seq_id, position)` for every position each seq may still sample (up to its prompt plus
-    max_tokens), in one vectorised pass over all of them: position p of a seq gets mix(head ^ p), as
-    `ModeledExecutor.token_at` draws it (EOS never drawn)."""
+def _tokens_ahead(ex: ModeledExecutor, seqs: list[Sequence], starts: list[int] | None = None,
+                  ends: list[int] | None = None) -> list[list[int]]:
+    """`ex.token_at(seq_id, position)` for positions `starts`..`ends` of each seq (by default every position
+    it may still sample: from its length to its prompt plus max_tokens), in one vectorised pass over all of
+    them: position p of a seq gets mix(head ^ p), as `ModeledExecutor.token_at` draws it (EOS never drawn)."""
     seed = ex._seed << 32
-    starts = [len(s.token_ids) for s in seqs]
-    lens = [s.num_prompt_tokens + s.max_tokens - n for s, n in zip(seqs, starts, strict=True)]
+    if starts is None:
+        starts = [len(s.token_ids) for s in seqs]
+    if ends is None:
+        ends = [s.num_prompt_tokens + s.max_tokens for s in seqs]
+    lens = [e - n for n, e in zip(starts, ends, strict=True)]
     heads = np.repeat(np.array([_head(s.seq_id ^ seed) for s in seqs], dtype=np.uint64), lens)
     offsets = np.cumsum([0, *lens[:-1]], dtype=np.int64)
     pos = (np.arange(len(heads), dtype=np.int64) + np.repeat(np.array(starts, dtype=np.int64) - offsets, lens))
@@ -68,8 +73,33 @@ def _tokens_ahead(ex: ModeledExecutor, seqs: list[Sequence]) -> list[list[int]]:
 _AHEAD: WeakKeyDictionary[LLMEngine, dict[int, tuple[int, list[int]]]] = WeakKeyDictionary()
 
 
+def _draw_now(ex: ModeledExecutor, seq: Sequence) -> None:
+    """`Sequence.draw_tokens`: every output id of `seq` as the executor draws it (stand-ins replaced)."""
+    n = seq.num_prompt_tokens
+    seq.token_ids[n:] = _tokens_ahead(ex, [seq], [n], [len(seq.token_ids)])[0]
+
+
+_DRAWERS: WeakKeyDictionary[ModeledExecutor, Callable[[Sequence], None]] = WeakKeyDictionary()
+
+
 def _extend_tokens(engine: LLMEngine, ex: ModeledExecutor, seqs: list[Sequence], k: int) -> None:
-    """Append each seq's next `k` tokens, as the executor draws them."""
+    """Append each seq's next `k` tokens, as the executor draws them; a private request (its blocks past what
+    any other prompt shares: reference_engine.block_manager) gets stand-ins, drawn only if it is ever
+    preempted (`Sequence.draw_tokens`): nothing else reads a token of its output, and drawing them was a
+    sixth of a simulation."""
+    drawer = None
+    later = [s for s in seqs if s.unshared_from != NEVER_PRIVATE]
+    if later:
+        drawer = _DRAWERS.get(ex)
+        if drawer is None:
+            drawer = _DRAWERS[ex] = partial(_draw_now, ex)
+        stand_ins = [ex._lo] * k
+        for s in later:
+            s.token_ids += stand_ins
+            s.draw_tokens = drawer
+        if len(later) == len(seqs):
+            return
+        seqs = [s for s in seqs if s.unshared_from == NEVER_PRIVATE]
     store = _AHEAD.get(engine)
     if store is None:
         store = _AHEAD[engine] = {}
