@@ -29,6 +29,11 @@ SCENARIOS = {
                                {"jitter_sd": 0.05, "seed": 1}),
     # the same under a roofline profile, whose mixed step counts attention pairs
     "lone-admissions-roofline": ("chat", 6.0, 150, ModeledEngine("roofline:h100/llama-3.1-8b", kv_blocks=2048), {}),
+    # prompts chunked while others queue: a chunk takes the budget, its last leaves the rest to the queue,
+    # the queue is admitted in part (budget, blocks), the rest waits; shared prefixes make hits among them
+    "congested-chunking": ("system-prompts", 40.0, 300, ModeledEngine("h100-llama-1b", kv_blocks=700,
+                                                                      max_batched_tokens=512), {}),
+    "congested-chat": ("chat", 40.0, 300, ModeledEngine("h100-llama-1b", kv_blocks=2048, max_batched_tokens=1024), {}),
     # a fully cached prompt: the admitting step's chunk is one token, which the executor counts as a decode
     "cached-prompt-repeats": ("tiny", 4.0, 80, ModeledEngine("cpu-tiny", kv_blocks=512), {"input_len": 33}),
 }
@@ -84,10 +89,16 @@ def test_vectorised_tokens_are_the_executors() -> None:
     assert 100 not in {t for toks in got for t in toks}
 
 
-def test_lone_admissions_are_taken_inside_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fast path is not a dead branch: at a light load most arrivals are admitted inside a run, so the
-    engine is stepped for far fewer steps than there are requests (stepping admits each in a step of its
-    own)."""
+@pytest.mark.parametrize(("rate", "engine", "most"), [
+    (10.0, ModeledEngine("h100-llama-1b", kv_blocks=2048), 400 // 3),
+    # chunked prompts with a queue behind them: 1,344 steps were stepped before runs took the queue; now 85
+    (20.0, ModeledEngine("h100-llama-1b", kv_blocks=1024, max_batched_tokens=300), 400 // 4),
+])
+def test_admissions_are_taken_inside_runs(monkeypatch: pytest.MonkeyPatch, rate: float, engine: ModeledEngine,
+                                          most: int) -> None:
+    """The fast path is not a dead branch: most arrivals are admitted inside a run, so the engine is
+    stepped for far fewer steps than there are requests (stepping admits each in a step of its own), at a
+    light load and with long prompts chunked while others queue."""
     from reference_engine.engine import LLMEngine
 
     stepped = 0
@@ -99,10 +110,10 @@ def test_lone_admissions_are_taken_inside_runs(monkeypatch: pytest.MonkeyPatch) 
         return step(self)
 
     monkeypatch.setattr(LLMEngine, "step", counted)
-    specs = generate(load_workload("chat"), rate_rps=10.0, num_requests=400, seed=5)
-    simulate_records(specs, ModeledEngine("h100-llama-1b", kv_blocks=2048))
-    # what is left to step: prompts longer than a step's budget (chunked), arrivals finding others waiting
-    assert stepped < 400 // 3, stepped
+    specs = generate(load_workload("chat"), rate_rps=rate, num_requests=400, seed=5)
+    simulate_records(specs, engine)
+    # what is left to step: preempted requests coming back, queues whose hits make the block count a bound
+    assert stepped < most, stepped
 
 
 def test_a_request_cost_inside_the_server_is_charged_once_at_its_first_token() -> None:

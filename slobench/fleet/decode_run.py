@@ -130,20 +130,23 @@ class DecodeRun:
     first_step: dict[int, int] = field(default_factory=dict)  # seq_id -> index of its first token's step, if not 0
 
 
-def _head_stays_out(head: Sequence, running: list[Sequence], bm: BlockManager) -> bool:
+def _head_stays_out(head: Sequence, running: list[Sequence], bm: BlockManager, fill: Sequence | None = None) -> bool:
     """The queue's head cannot be admitted now, nor at any step of a decode run: decode steps only take
-    blocks (fewer allocatable), and evicting a cached block its prefix hits on never lowers what the head
-    needs by more than the allocatable pool loses. Only a newly registered block could lengthen its hits,
-    and a run registers blocks that end past each running request's last token, whose parents chain through
-    that request's own tokens: the head would have to share them all up to that block."""
+    blocks (fewer allocatable; a prompt filled chunk by chunk has all of its own already), and evicting a
+    cached block its prefix hits on never lowers what the head needs by more than the allocatable pool
+    loses. Only a newly registered block could lengthen its hits, and a run registers blocks that end past
+    each running request's last computed token, whose parents chain through that request's own tokens: the
+    head would have to share them all up to that block."""
     if bm.can_admit(head.num_tokens, bm.match_prefix(head)):
         return False
     if not bm.enable_prefix_caching:
         return True
     bs = bm.block_size
     toks = head.token_ids
-    for s in running:
-        start = (len(s.token_ids) - 1) // bs * bs  # first block a run of s's steps fills
+    starts = [(s, (len(s.token_ids) - 1) // bs * bs) for s in running]  # the first block a run of s's steps fills
+    if fill is not None:
+        starts.append((fill, fill.num_computed_tokens // bs * bs))
+    for s, start in starts:
         if start + bs < len(toks) and toks[0] == s.token_ids[0] and toks[:start] == s.token_ids[:start]:
             return False
     return True
@@ -151,36 +154,38 @@ def _head_stays_out(head: Sequence, running: list[Sequence], bm: BlockManager) -
 
 def _admissions(sched: Any, decodes: list[Sequence], bm: BlockManager, first_alloc: list[int],
                 budget: int) -> list[tuple[Sequence, list[int]]] | None:
-    """The whole queue with its prefix hits, if the next step admits all of it and nothing in that step can
-    differ from what decode_run replays: fresh requests (no tokens of their own yet, no stop check), room
-    for every sequence (max_num_seqs) and every block (counted without the hits two of them share: never
-    less than the scheduler needs), the token budget left for each (only the last may be cut into chunks),
-    and none of their hits among the cached blocks that the step's new blocks may evict (the scheduler
+    """The queue's heads the next step admits, with their prefix hits, if nothing in that step can differ
+    from what decode_run replays. The scheduler admits heads while the token budget lasts, max_num_seqs
+    leaves room and the blocks do (only the last may be cut into chunks); each must be fresh (no tokens of
+    its own yet, no stop check). Blocks are counted without the hits two of them share (never less than the
+    scheduler needs): where that count says a head does not fit, it decides only if no head has hits.
+    None of their hits may be among the cached blocks that the step's new blocks may evict (the scheduler
     matches each after the blocks taken before it). None otherwise: the caller steps the engine."""
-    heads = list(sched.waiting)
-    if len(decodes) + len(heads) > sched.config.max_num_seqs:
-        return None
+    room = sched.config.max_num_seqs - len(sched.running)
     bs = bm.block_size
     need = fresh = first_alloc.count(0)
     hit_blocks: set[int] = set()
-    out = []
-    for head in heads:
-        if budget <= 0:
-            return None  # the budget ends before the queue does: the next step would admit the rest
+    out: list[tuple[Sequence, list[int]]] = []
+    for head in sched.waiting:
+        if budget <= 0 or len(out) == room:
+            break  # the rest waits
         num = len(head.token_ids)
         if (num != head.num_prompt_tokens or head.num_computed_tokens or head.block_table
                 or head.stop_check is not None or head.max_tokens < 1):
             return None
         hits = bm.match_prefix(head)
-        need += bm.num_blocks_to_admit(num, hits)
+        head_need = bm.num_blocks_to_admit(num, hits)
+        if need + head_need > bm.num_allocatable:
+            if hits or hit_blocks:
+                return None  # with hits the count is only a bound: whether the scheduler admits it is unknown
+            break  # no hits: the count is exact, and the head waits for room (FIFO: so does the rest)
+        need += head_need
         fresh += -(-num // bs) - len(hits)
         hit_blocks.update(hits)
         budget -= num - len(hits) * bs
         out.append((head, hits))
-    if budget < 0 and len(decodes) + len(heads) - 1 >= sched.config.max_num_batched_tokens:
-        return None  # the last prompt, cut into chunks, would get no budget from the next step's decodes
-    if need > bm.num_allocatable:
-        return None
+    if not out or budget < 0 and len(sched.running) + len(out) - 1 >= sched.config.max_num_batched_tokens:
+        return None  # (or) the last prompt, cut into chunks, would get no budget from the next step's decodes
     # taking hits out of the LRU list moves later blocks up: look past as many as there are hits
     evicted = fresh - bm.num_free
     if evicted > 0 and hit_blocks and bm.evicts_any(hit_blocks, evicted + len(hit_blocks)):
@@ -201,12 +206,13 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     arrival), up to and including the step where the first running request samples its last token (those
     that do finish in it, with "length"), and short of any step that would preempt.
 
-    The first step may admit the whole queue (`_admissions`) as the scheduler would, each prompt prefilled
-    within the token budget the decodes leave. A prompt that does not fit whole (one at most: the last
-    admitted, or the last running request when nothing waits) is filled chunk by chunk over the next steps,
-    samples its first token at the end of its last chunk, and decodes with the rest from there. Returns
-    what it did, or None (nothing done) when the next step could be anything else, or the engine is not a
-    modeled one."""
+    The first step may admit the queue's heads (`_admissions`) as the scheduler would, each prompt prefilled
+    within the token budget the decodes (and the last chunk of a prompt being filled) leave. A prompt that
+    does not fit whole (one at most: the last admitted, or the last running request) is filled chunk by
+    chunk over the next steps, samples its first token at the end of its last chunk, and decodes with the
+    rest from there. While heads still wait that a step could admit, the run stops short of the first step
+    that leaves them budget: the next run admits them. Returns what it did, or None (nothing done) when the
+    next step could be anything else, or the engine is not a modeled one."""
     ex = engine.executor
     if (type(ex) is not ModeledExecutor or ex._eos_threshold or engine._pending_aborts
             or type(engine.observer) is not _NullObserver):
@@ -220,7 +226,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     max_tokens = cfg.max_num_batched_tokens
     decodes = list(sched.running)
     fill: Sequence | None = None  # the request filling its prompt, if any: last in the batch
-    if decodes and not sched.waiting and _filling(decodes[-1], bs):
+    if decodes and _filling(decodes[-1], bs):
         fill = decodes.pop()
     batch = len(decodes)  # decoding sequences
     if batch >= max_tokens:
@@ -237,10 +243,25 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     # decodes whose prompt's last chunk was one token sample their first token in the first step
     firsts0 = sum(len(s.token_ids) == s.num_prompt_tokens for s in decodes)
     admitted = None
-    if sched.waiting and batch < cfg.max_num_seqs and not _head_stays_out(sched.waiting[0], decodes, bm):
-        admitted = _admissions(sched, decodes, bm, first_alloc, max_tokens - batch)
-        if admitted is None:
-            return None  # the queue's head could be admitted, in a step not replayed here
+    filled: Sequence | None = None  # a prompt whose last chunk the first step takes, before the admissions
+    # heads wait that a later step of the run could admit: the run stops short of that step
+    queue_live = False
+    if (sched.waiting and len(sched.running) < cfg.max_num_seqs
+            and not _head_stays_out(sched.waiting[0], decodes, bm, fill)):
+        # the filling prompt's chunk comes first in a step: while it takes the whole budget left, the queue
+        # waits; its last chunk leaves the rest of the budget to the queue, in the same step
+        rest = max_tokens - batch - (len(fill.token_ids) - fill.num_computed_tokens if fill is not None else 0)
+        if rest == 0:
+            return None  # its last chunk takes the budget exactly: the queue is admitted a step later (rare)
+        if rest < 0:
+            queue_live = True
+        else:
+            admitted = _admissions(sched, decodes, bm, first_alloc, rest)
+            if admitted is None:
+                return None  # the queue's head could be admitted, in a step not replayed here
+            queue_live = len(admitted) < len(sched.waiting) and len(sched.running) + len(admitted) < cfg.max_num_seqs
+            if fill is not None:
+                filled, fill = fill, None  # its last chunk comes with the first step, then it decodes
     if not batch and fill is None and not admitted:
         return None
     clock, wait = engine.clock, engine._wait_until
@@ -263,8 +284,21 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         left = max_tokens - batch
         prefill = extra_decodes = 0
         context0 = pairs0 = context
-        whole: list[Sequence] = []
+        whole: list[Sequence] = []  # prompts whose last chunk is in the first step, in batch order
+        firsts = firsts0
         t0 = clock.now_s()
+        if filled is not None:  # running before the admissions: its chunk first
+            start, length = filled.num_computed_tokens, len(filled.token_ids)
+            n = length - start
+            left -= n
+            context0 += length
+            pairs0 += n * start + n * (n + 1) // 2
+            if n == 1:
+                extra_decodes += 1
+            else:
+                prefill += n
+            whole.append(filled)
+            firsts += length == filled.num_prompt_tokens  # its first token, unless it was preempted
         for head, hits in admitted:
             sched.waiting.popleft()
             bm.admit(head, hits)
@@ -281,6 +315,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
             pairs0 += n * start + n * (n + 1) // 2
             if start + n == length:
                 whole.append(head)
+                firsts += 1
                 if n == 1:
                     extra_decodes += 1  # a one-token chunk that samples: the executor counts it as a decode
                 else:
@@ -289,8 +324,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
                 fill, fill_from = head, 1
                 prefill += n
                 chunks[0] = n
-        step_s = profile.step_s(prefill, batch + extra_decodes, context0, pairs0 if roofline else None,
-                                firsts0 + len(whole))
+        step_s = profile.step_s(prefill, batch + extra_decodes, context0, pairs0 if roofline else None, firsts)
         ex.num_steps += 1
         ex.total_modeled_s += step_s
         wait(t0 + step_s)
@@ -299,7 +333,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         # the whole prompts sampled their first token: decodes from the second step on
         for h in whole:
             length = len(h.token_ids)
-            num_steps = min(num_steps, h.max_tokens)
+            num_steps = min(num_steps, h.max_tokens - (length - h.num_prompt_tokens))
             first_alloc.append(-(-length // bs) * bs - length + 1)
             context += length
             if bm.enable_prefix_caching and length % bs:
@@ -315,6 +349,8 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         fresh_fill = length == fill.num_prompt_tokens  # its last chunk samples the request's first token
         last_chunk = fill_from + -(-(length - pos) // budget) - 1
         num_steps = min(num_steps, last_chunk + fill.max_tokens - (length - fill.num_prompt_tokens))
+    if queue_live:  # the queue's head may be admitted once a step leaves budget: stop before that step
+        num_steps = min(num_steps, last_chunk if fill is not None else 1)
     allocs = [range(j, num_steps, bs) for j in first_alloc]
     if fill is not None:  # as a decode after its last chunk: position length-1+(j-last_chunk) at step j
         fill_alloc = last_chunk + 1 + len(fill.block_table) * bs - length
