@@ -504,7 +504,7 @@ class BlockManager:
         counted in use as private ones: no reference count written."""
         free, blocks = self._free, self.blocks
         if num_blocks <= len(free):
-            taken = [free.popleft() for _ in range(num_blocks)]
+            taken = [free.popleft()] if num_blocks == 1 else [free.popleft() for _ in range(num_blocks)]
         else:
             taken = list(free)
             free.clear()
@@ -512,6 +512,12 @@ class BlockManager:
             self._num_cached -= need
             cached, by_hash = self._cached, self._by_hash
             popitem = cached.popitem
+            key = next(iter(cached))
+            run = cached[key]
+            if run is not None and len(run) > need:  # (most takes, in a simulation: no change to the order)
+                taken += run[:need]
+                del run[:need]
+                need = 0
             while need:
                 key, run = popitem(False)
                 if run is None:

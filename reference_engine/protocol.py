@@ -10,6 +10,7 @@ import json
 import re
 import time
 from collections.abc import Callable
+from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -53,7 +54,7 @@ class TextTokenizer(Protocol):
 
 @dataclass(slots=True)
 class GenerationRequest:
-    prompt_token_ids: list[int]
+    prompt_token_ids: SequenceABC[int]  # a list from the wire; the simulator passes its prompt's tuple
     max_tokens: int
     min_tokens: int
     ignore_eos: bool

@@ -181,3 +181,28 @@ def test_a_preempted_private_request_gets_its_real_output_ids(monkeypatch: pytes
     simulate_records(specs, knobs, private_blocks=False)
     assert len(private) > 10 and sum(len(t) > n + 1 for _, n, t in private) > 5  # with output ids to redraw
     assert private == seen
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_engines_end_alike_with_private_blocks(monkeypatch: pytest.MonkeyPatch, caching: bool) -> None:
+    """Decode runs leave registrations of private blocks out and count them: the engine's counters (blocks
+    free and cached among them) end as keeping every block in full, and as stepping, leave them."""
+    import slobench.fleet.simulate
+    from slobench.fleet.simulate import ModeledEngine
+
+    built: list[LLMEngine] = []
+
+    class Recorded(LLMEngine):
+        def __init__(self, *a: object, **kw: object) -> None:
+            super().__init__(*a, **kw)  # type: ignore[arg-type]
+            built.append(self)
+
+    monkeypatch.setattr(slobench.fleet.simulate, "LLMEngine", Recorded)
+    specs = generate(load_workload("system-prompts"), rate_rps=30, num_requests=300, seed=2)
+    engine = ModeledEngine("h100-llama-1b", kv_blocks=400, enable_prefix_caching=caching)
+    ends = []
+    for kw in ({}, {"private_blocks": False}, {"decode_runs": False}):
+        simulate_records(specs, engine, **kw)  # type: ignore[arg-type]
+        ends.append(built[-1].stats())
+    assert ends[0] == ends[1] == ends[2]
+    assert (ends[0].num_blocks_cached > 0) is caching

@@ -232,16 +232,21 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     if batch >= max_tokens:
         return None  # a budget cut could come next (or, at the budget exactly, no admission: rare, stepped)
     num_steps = 1 << 30
+    # step j writes position len-1+j; a new block is taken when that position starts one past the table
+    first_alloc: list[int] = []
+    firsts0 = 0  # decodes whose prompt's last chunk was one token sample their first token in the first step
+    context = 0  # the decodes' tokens in context at the next step
     for s in decodes:
         n = len(s.token_ids)
         if s.stop_check is not None or s.num_computed_tokens != n - 1:
             return None
         # tokens it may still sample: the step that samples the last one finishes it, and ends the run
-        num_steps = min(num_steps, s.max_tokens - (n - s.num_prompt_tokens))
-    # step j writes position len-1+j; a new block is taken when that position starts one past the table
-    first_alloc = [len(s.block_table) * bs - (len(s.token_ids) - 1) for s in decodes]
-    # decodes whose prompt's last chunk was one token sample their first token in the first step
-    firsts0 = sum(len(s.token_ids) == s.num_prompt_tokens for s in decodes)
+        if (left_s := s.max_tokens - (n - s.num_prompt_tokens)) < num_steps:
+            num_steps = left_s
+        first_alloc.append(len(s.block_table) * bs - n + 1)
+        context += n
+        if n == s.num_prompt_tokens:
+            firsts0 += 1
     admitted = None
     filled: Sequence | None = None  # a prompt whose last chunk the first step takes, before the admissions
     # heads wait that a later step of the run could admit: the run stops short of that step
@@ -269,7 +274,6 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         return None
     profile = ex.profile
     roofline = profile.is_roofline
-    context = sum(len(s.token_ids) for s in decodes)  # the decodes' tokens in context at the next step
     times: list[float] = []
     chunks: dict[int, int] = {}  # the filling prompt's chunk at each step until its last
     events: list[tuple[int, int, int, int]] = []  # (step, phase, index in `every`, computed tokens then)
@@ -351,13 +355,16 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         num_steps = min(num_steps, last_chunk + fill.max_tokens - (length - fill.num_prompt_tokens))
     if queue_live:  # the queue's head may be admitted once a step leaves budget: stop before that step
         num_steps = min(num_steps, last_chunk if fill is not None else 1)
-    allocs = [range(j, num_steps, bs) for j in first_alloc]
     if fill is not None:  # as a decode after its last chunk: position length-1+(j-last_chunk) at step j
         fill_alloc = last_chunk + 1 + len(fill.block_table) * bs - length
-        allocs.append(range(fill_alloc, num_steps, bs))
-    if sum(len(r) for r in allocs) > room:  # stop before the step that would preempt
-        steps = sorted(j for r in allocs for j in r)
-        num_steps = steps[room]
+    # each takes at most a block every bs steps: count them only when that many could run out
+    if (len(first_alloc) + (fill is not None)) * (num_steps // bs + 1) > room:
+        allocs = [range(j, num_steps, bs) for j in first_alloc]
+        if fill is not None:
+            allocs.append(range(fill_alloc, num_steps, bs))
+        if sum(len(r) for r in allocs) > room:  # stop before the step that would preempt
+            steps = sorted(j for r in allocs for j in r)
+            num_steps = steps[room]
     if num_steps < 1:
         return None  # (never after an admitting first step: its blocks were counted, and later ones start at 1)
 
@@ -392,9 +399,11 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     _extend_tokens(engine, ex, decodes, k)
     # blocks taken (phase 0, in schedule) and registered (phase 2, in update) in the scheduler's order; the
     # first step's admissions (phase 1) came between, done above
-    events += [(j, 0, i, 0) for i, j0 in enumerate(first_alloc) for j in range(j0, k, bs)]
-    if bm.enable_prefix_caching:
-        events += [(j, 2, i, n + j) for i, n in enumerate(starts) for j in range((-n) % bs, k, bs)]
+    events += [(j, 0, i, 0) for i, j0 in enumerate(first_alloc) if j0 < k for j in range(j0, k, bs)]
+    caching = bm.enable_prefix_caching
+    if caching:  # a request past its shared blocks registers nothing more: left out (below)
+        events += [(j, 2, i, n + j) for i, (s, n) in enumerate(zip(decodes, starts, strict=True))
+                   if s.unshared_from > s.num_hashed_blocks for j in range((-n) % bs, k, bs)]
     seqs = decodes
     emitted = 0
     if fill is not None:
@@ -431,11 +440,15 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
             s.num_computed_tokens = computed_then
             bm.register_computed(s)
         else:
+            if s.unshared_from <= s.num_hashed_blocks and caching:  # what its left-out registrations counted
+                s.num_hashed_blocks = (len(s.token_ids) - 1) // bs
             sched._finish(s, FinishReason.LENGTH)
     if grow:
         bm.grow_each(grow)
     for s, n in zip(decodes, starts, strict=True):
         s.num_computed_tokens = n + k - 1
+        if s.unshared_from <= s.num_hashed_blocks and caching and s.block_table:
+            s.num_hashed_blocks = (n + k - 1) // bs
     if fill is not None:
         fill.num_computed_tokens = computed
     engine.num_steps += k

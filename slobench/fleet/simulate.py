@@ -190,7 +190,7 @@ def _engine_request(sp: RequestSpec, *, model_name: str, tokenizer: Any, max_mod
     else:
         req = to_engine_request(dataclasses.replace(sp, prompt=p[:1]), model_name=model_name, tokenizer=tokenizer,
                                 max_model_len=max_model_len, api=api)
-    req.prompt_token_ids = list(p)
+    req.prompt_token_ids = p  # the engine copies it
     return req
 
 
@@ -314,13 +314,18 @@ def simulate_records(
     specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
     unshared = _unshared_from(specs, api, first.config.block_size) if private_blocks else None
     records: list[RequestRecord] = []
-    by_rid: dict[tuple[int, int], RequestRecord] = {}
+    by_rid: list[dict[int, RequestRecord]] = [{} for _ in reps]  # per replica: engine request id -> record
     weights: dict[tuple[int, int], int] = {}  # the token weight each routed request holds on its replica
     inf = float("inf")
     i, n = 0, len(specs)
+    lone = reps[0] if replicas == 1 else None
     while True:
-        busy = [r for r in reps if r.engine.has_work() and not r.stuck]
-        t_step = min((r.clock.now_s() for r in busy), default=inf)
+        if lone is not None:  # (the same, without the lists)
+            busy = [lone] if not lone.stuck and lone.engine.has_work() else []
+            t_step = lone.clock.now_s() if busy else inf
+        else:
+            busy = [r for r in reps if r.engine.has_work() and not r.stuck]
+            t_step = min((r.clock.now_s() for r in busy), default=inf)
         t_arrival = specs[i].arrival_s if i < n else inf
         if t_arrival == inf and t_step == inf:
             if any(r.engine.has_work() for r in reps):
@@ -347,19 +352,19 @@ def simulate_records(
             if replicas > 1:
                 rec.replica = rep.index
             weight = len(req.prompt_token_ids) + req.max_tokens
-            by_rid[(rep.index, rid)] = rec
+            by_rid[rep.index][rid] = rec
             weights[(rep.index, rid)] = weight
             route.started(rep.index, weight)
             continue
-        rep = min(busy, key=lambda r: (r.clock.now_s(), r.index))
+        rep = busy[0] if lone is not None else min(busy, key=lambda r: (r.clock.now_s(), r.index))
         eng = rep.engine
         ran = decode_run(eng, t_arrival) if decode_runs else None
         if ran is not None:  # a stretch of plain decode steps, taken at once (slobench.fleet.decode_run)
             times = ran.times_s
-            index = rep.index
-            rep.num_output_tokens += record_run(ran, lambda sid: by_rid[(index, sid)])  # noqa: B023 (called at once)
+            mine = by_rid[rep.index]
+            rep.num_output_tokens += record_run(ran, mine.__getitem__)
             for seq in ran.finished:
-                by_rid[(rep.index, seq.seq_id)].done_s = times[-1]
+                mine[seq.seq_id].done_s = times[-1]
                 route.finished(rep.index, weights.pop((rep.index, seq.seq_id)))
             continue
         steps, waits = eng.num_steps, rep.wait.num_waits
@@ -370,7 +375,7 @@ def simulate_records(
         if eng.num_steps == steps and not events:
             rep.stuck = True  # nothing could be scheduled: only an arrival can help
         for ev in events:
-            rec = by_rid[(rep.index, ev.request_id)]
+            rec = by_rid[rep.index][ev.request_id]
             if ev.num_cached_tokens is not None:
                 rec.cached_tokens = ev.num_cached_tokens
             if ev.token_id is not None:
