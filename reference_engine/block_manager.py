@@ -253,6 +253,8 @@ class BlockManager:
     def num_blocks_to_admit(self, num_tokens: int, hits: list[int]) -> int:
         """Blocks the allocatable pool loses when a request of `num_tokens` is admitted with these hits:
         its new blocks plus the cached hits that leave the LRU list."""
+        if not hits:
+            return -(-num_tokens // self.block_size)
         reused_idle = sum(1 for bid in hits if self.blocks[bid].ref_count == 0)
         return cdiv(num_tokens, self.block_size) - len(hits) + reused_idle
 
@@ -269,11 +271,12 @@ class BlockManager:
             raise BlockAccountingError(f"seq {seq.seq_id} admitted while still holding {seq.block_table}")
         if not self.can_admit(seq.num_tokens, hits):
             raise BlockAccountingError(f"seq {seq.seq_id} admitted without room")
-        table = [self._take_hit(bid) for bid in hits]
+        table = [self._take_hit(bid) for bid in hits] if hits else []
         num = cdiv(seq.num_tokens, self.block_size)
         private = num - max(seq.unshared_from, len(hits))
         if private > 0:
-            table += self._take_fresh_blocks(num - len(hits) - private)
+            if num - len(hits) > private:
+                table += self._take_fresh_blocks(num - len(hits) - private)
             table += self._take_private(private)
         else:
             table += self._take_fresh_blocks(num - len(hits))

@@ -87,19 +87,20 @@ def _extend_tokens(engine: LLMEngine, ex: ModeledExecutor, seqs: list[Sequence],
     any other prompt shares: reference_engine.block_manager) gets stand-ins, drawn only if it is ever
     preempted (`Sequence.draw_tokens`): nothing else reads a token of its output, and drawing them was a
     sixth of a simulation."""
-    drawer = None
-    later = [s for s in seqs if s.unshared_from != NEVER_PRIVATE]
-    if later:
-        drawer = _DRAWERS.get(ex)
-        if drawer is None:
-            drawer = _DRAWERS[ex] = partial(_draw_now, ex)
-        stand_ins = [ex._lo] * k
-        for s in later:
+    drawer = _DRAWERS.get(ex)
+    if drawer is None:
+        drawer = _DRAWERS[ex] = partial(_draw_now, ex)
+    stand_ins = [ex._lo] * k
+    drawn: list[Sequence] = []
+    for s in seqs:
+        if s.unshared_from != NEVER_PRIVATE:
             s.token_ids += stand_ins
             s.draw_tokens = drawer
-        if len(later) == len(seqs):
-            return
-        seqs = [s for s in seqs if s.unshared_from == NEVER_PRIVATE]
+        else:
+            drawn.append(s)
+    if not drawn:
+        return
+    seqs = drawn
     store = _AHEAD.get(engine)
     if store is None:
         store = _AHEAD[engine] = {}
@@ -117,7 +118,7 @@ def _extend_tokens(engine: LLMEngine, ex: ModeledExecutor, seqs: list[Sequence],
         s.token_ids += toks[a : a + k]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__
 class DecodeRun:
     """What a run of decode steps did: every request in `seqs` got one token at the end of each step, from
     the step `first_step` names for it (a prompt filled in the run samples its first token at the end of
@@ -139,7 +140,9 @@ def _head_stays_out(head: Sequence, running: list[Sequence], bm: BlockManager, f
     head would have to share them all up to that block."""
     if bm.can_admit(head.num_tokens, bm.match_prefix(head)):
         return False
-    if not bm.enable_prefix_caching:
+    # no block past what the head shares with another prompt can ever be a hit (its private blocks)
+    limit = min(len(head.token_ids) - bm.block_size, head.unshared_from * bm.block_size)
+    if not bm.enable_prefix_caching or limit <= 0:
         return True
     bs = bm.block_size
     toks = head.token_ids
@@ -147,7 +150,7 @@ def _head_stays_out(head: Sequence, running: list[Sequence], bm: BlockManager, f
     if fill is not None:
         starts.append((fill, fill.num_computed_tokens // bs * bs))
     for s, start in starts:
-        if start + bs < len(toks) and toks[0] == s.token_ids[0] and toks[:start] == s.token_ids[:start]:
+        if start < limit and toks[0] == s.token_ids[0] and toks[:start] == s.token_ids[:start]:
             return False
     return True
 
