@@ -159,8 +159,8 @@ def _admissions(sched: Any, decodes: list[Sequence], bm: BlockManager, first_all
                 budget: int) -> list[tuple[Sequence, list[int]]] | None:
     """The queue's heads the next step admits, with their prefix hits, if nothing in that step can differ
     from what decode_run replays. The scheduler admits heads while the token budget lasts, max_num_seqs
-    leaves room and the blocks do (only the last may be cut into chunks); each must be fresh (no tokens of
-    its own yet, no stop check). Blocks are counted without the hits two of them share (never less than the
+    leaves room and the blocks do (only the last may be cut into chunks); each must hold no blocks, have no
+    stop check and tokens left to sample (a preempted one comes back to recompute what it had). Blocks are counted without the hits two of them share (never less than the
     scheduler needs): where that count says a head does not fit, it decides only if no head has hits.
     None of their hits may be among the cached blocks that the step's new blocks may evict (the scheduler
     matches each after the blocks taken before it). None otherwise: the caller steps the engine."""
@@ -173,8 +173,8 @@ def _admissions(sched: Any, decodes: list[Sequence], bm: BlockManager, first_all
         if budget <= 0 or len(out) == room:
             break  # the rest waits
         num = len(head.token_ids)
-        if (num != head.num_prompt_tokens or head.num_computed_tokens or head.block_table
-                or head.stop_check is not None or head.max_tokens < 1):
+        if (head.num_computed_tokens or head.block_table or head.stop_check is not None
+                or num - head.num_prompt_tokens >= head.max_tokens):
             return None
         hits = bm.match_prefix(head)
         head_need = bm.num_blocks_to_admit(num, hits)
@@ -322,7 +322,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
             pairs0 += n * start + n * (n + 1) // 2
             if start + n == length:
                 whole.append(head)
-                firsts += 1
+                firsts += length == head.num_prompt_tokens  # its first token, unless it was preempted
                 if n == 1:
                     extra_decodes += 1  # a one-token chunk that samples: the executor counts it as a decode
                 else:
