@@ -239,6 +239,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     first_alloc: list[int] = []
     firsts0 = 0  # decodes whose prompt's last chunk was one token sample their first token in the first step
     context = 0  # the decodes' tokens in context at the next step
+    starts: list[int] = []  # each decode's tokens before the run
     for s in decodes:
         n = len(s.token_ids)
         if s.stop_check is not None or s.num_computed_tokens != n - 1:
@@ -247,6 +248,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         if (left_s := s.max_tokens - (n - s.num_prompt_tokens)) < num_steps:
             num_steps = left_s
         first_alloc.append(len(s.block_table) * bs - n + 1)
+        starts.append(n)
         context += n
         if n == s.num_prompt_tokens:
             firsts0 += 1
@@ -341,6 +343,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         for h in whole:
             length = len(h.token_ids)
             num_steps = min(num_steps, h.max_tokens - (length - h.num_prompt_tokens))
+            starts.append(length)
             first_alloc.append(-(-length // bs) * bs - length + 1)
             context += length
             if bm.enable_prefix_caching and length % bs:
@@ -348,6 +351,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
             decodes.append(h)
         batch = len(decodes)
         context += batch
+    decodes_end = num_steps  # no decode samples its last token before this step
     room = bm.num_allocatable
     if fill is not None:
         length = len(fill.token_ids)
@@ -398,7 +402,6 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     if not k:
         return None
 
-    starts = [len(s.token_ids) for s in decodes]
     _extend_tokens(engine, ex, decodes, k)
     # blocks taken (phase 0, in schedule) and registered (phase 2, in update) in the scheduler's order; the
     # first step's admissions (phase 1) came between, done above
@@ -427,7 +430,8 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
             computed = length + k - 1 - last_chunk
     every = decodes if fill is None else [*decodes, fill]
     # requests whose last token came in the last step finish there (update() frees each in batch order)
-    finished = [i for i, s in enumerate(seqs) if s.max_tokens == len(s.token_ids) - s.num_prompt_tokens]
+    finished = [i for i, s in enumerate(seqs) if s.max_tokens == len(s.token_ids) - s.num_prompt_tokens] if (
+        k >= decodes_end or fill is not None) else []
     events += [(k - 1, 3, i, 0) for i in finished]
     events.sort()
     grow: list[Sequence] = []  # consecutive allocations, taken together in the same order
@@ -488,6 +492,19 @@ def record_run(ran: DecodeRun, record_of: Callable[[int], Any]) -> int:
     k = len(times)
     ones = [1] * k
     late = ran.first_step
+    if not late:  # (the same, for a run where every request has a token at every step)
+        for seq in ran.seqs:
+            rec = record_of(seq.seq_id)
+            rec.chunk_times_s += times
+            rec.chunk_tokens += ones
+            rec.output_tokens += k
+        for sid, cached in ran.first_token_cached.items():
+            rec = record_of(sid)
+            if rec.first_token_s is None:
+                rec.first_token_s = times[0]
+                if cached is not None:
+                    rec.cached_tokens = cached
+        return k * len(ran.seqs)
     emitted = 0
     for seq in ran.seqs:
         rec = record_of(seq.seq_id)
