@@ -151,3 +151,21 @@ def start_token_server() -> Iterator[Callable[..., TokenServerProcess]]:
     yield start
     for srv in started:
         srv.stop()
+
+
+@pytest.fixture
+def simulated_engines(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every LLMEngine slobench.fleet.simulate builds from now on, in order (each run builds one from its
+    factory, then the one it steps): to compare the state engines end in."""
+    import slobench.fleet.simulate
+    from reference_engine.engine import LLMEngine
+
+    built: list[Any] = []
+
+    class Recorded(LLMEngine):
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, **kw)
+            built.append(self)
+
+    monkeypatch.setattr(slobench.fleet.simulate, "LLMEngine", Recorded)
+    return built

@@ -184,20 +184,12 @@ def test_a_preempted_private_request_gets_its_real_output_ids(monkeypatch: pytes
 
 
 @pytest.mark.parametrize("caching", [True, False])
-def test_engines_end_alike_with_private_blocks(monkeypatch: pytest.MonkeyPatch, caching: bool) -> None:
+def test_engines_end_alike_with_private_blocks(simulated_engines: list[LLMEngine], caching: bool) -> None:
     """Decode runs leave registrations of private blocks out and count them: the engine's counters (blocks
     free and cached among them) end as keeping every block in full, and as stepping, leave them."""
-    import slobench.fleet.simulate
     from slobench.fleet.simulate import ModeledEngine
 
-    built: list[LLMEngine] = []
-
-    class Recorded(LLMEngine):
-        def __init__(self, *a: object, **kw: object) -> None:
-            super().__init__(*a, **kw)  # type: ignore[arg-type]
-            built.append(self)
-
-    monkeypatch.setattr(slobench.fleet.simulate, "LLMEngine", Recorded)
+    built = simulated_engines
     specs = generate(load_workload("system-prompts"), rate_rps=30, num_requests=300, seed=2)
     engine = ModeledEngine("h100-llama-1b", kv_blocks=400, enable_prefix_caching=caching)
     ends = []

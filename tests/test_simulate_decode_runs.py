@@ -4,6 +4,8 @@ batch, preemption, a queue head waiting for blocks, shared prefixes, EOS-free fl
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from slobench.fleet.simulate import ModeledEngine, simulate_records
@@ -52,18 +54,8 @@ def test_decode_runs_leave_every_record_as_stepping_does(name: str) -> None:
     assert any(r.output_tokens > 1 for r in fast)
 
 
-def test_engines_end_in_the_same_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    import slobench.fleet.simulate
-    from reference_engine.engine import LLMEngine
-
-    built: list[LLMEngine] = []
-
-    class Recorded(LLMEngine):
-        def __init__(self, *a: object, **kw: object) -> None:
-            super().__init__(*a, **kw)  # type: ignore[arg-type]
-            built.append(self)
-
-    monkeypatch.setattr(slobench.fleet.simulate, "LLMEngine", Recorded)
+def test_engines_end_in_the_same_state(simulated_engines: list[Any]) -> None:
+    built = simulated_engines
     specs = generate(load_workload("system-prompts"), rate_rps=10.0, num_requests=120, seed=2)
     for fast in (True, False):
         simulate_records(specs, ModeledEngine("h100-llama-1b", kv_blocks=300), decode_runs=fast)
