@@ -156,6 +156,11 @@ class BlockManager:
         return len(self._free) + self._num_cached
 
     @property
+    def num_private(self) -> int:
+        """Private blocks in use (the module's doc): held by one sequence each, no reference count written."""
+        return self._num_private
+
+    @property
     def usage(self) -> float:
         return self.num_in_use / self.num_blocks
 
@@ -272,14 +277,7 @@ class BlockManager:
         if not self.can_admit(seq.num_tokens, hits):
             raise BlockAccountingError(f"seq {seq.seq_id} admitted without room")
         table = [self._take_hit(bid) for bid in hits] if hits else []
-        num = cdiv(seq.num_tokens, self.block_size)
-        private = num - max(seq.unshared_from, len(hits))
-        if private > 0:
-            if num - len(hits) > private:
-                table += self._take_fresh_blocks(num - len(hits) - private)
-            table += self._take_private(private)
-        else:
-            table += self._take_fresh_blocks(num - len(hits))
+        table += self._take_at(seq, len(hits), cdiv(seq.num_tokens, self.block_size) - len(hits))
         seq.block_table = table
         seq.num_computed_tokens = len(hits) * self.block_size
         seq.num_hashed_blocks = len(hits)
@@ -298,12 +296,7 @@ class BlockManager:
             raise BlockAccountingError(
                 f"seq {seq.seq_id} grown by {num_blocks} blocks with {self.num_allocatable} left"
             )
-        private = min(num_blocks, len(seq.block_table) + num_blocks - seq.unshared_from)
-        if private > 0:
-            seq.block_table += self._take_fresh_blocks(num_blocks - private)
-            seq.block_table += self._take_private(private)
-        else:
-            seq.block_table += self._take_fresh_blocks(num_blocks)
+        seq.block_table += self._take_at(seq, len(seq.block_table), num_blocks)
 
     def grow_each(self, seqs: list[Sequence]) -> None:
         """One new block for each of `seqs`, taken in their order: `append_blocks(seq, 1)` for each."""
@@ -491,6 +484,16 @@ class BlockManager:
 
     def _take_fresh(self) -> int:
         return self._take_fresh_blocks(1)[0]
+
+    def _take_at(self, seq: Sequence, index: int, num_blocks: int) -> list[int]:
+        """`num_blocks` fresh blocks for `seq`'s table from `index` on: held once where it shares them, private
+        from its `unshared_from` on (the module's doc)."""
+        private = min(num_blocks, index + num_blocks - seq.unshared_from)
+        if private <= 0:
+            return self._take_fresh_blocks(num_blocks)
+        if private == num_blocks:
+            return self._take_private(num_blocks)
+        return self._take_fresh_blocks(num_blocks - private) + self._take_private(private)
 
     def _take_fresh_blocks(self, num_blocks: int) -> list[int]:
         """`num_blocks` blocks with no content, free ones first, then the least recently used cached ones,

@@ -261,8 +261,8 @@ class Scheduler:
         for seq in self.waiting:
             if seq.block_table:
                 raise AssertionError(f"waiting seq {seq.seq_id} holds blocks {seq.block_table}")
-        if not private.isdisjoint(refs) or len(private) != bm._num_private:
-            raise AssertionError(f"{len(private)} private blocks held, {bm._num_private} counted, "
+        if not private.isdisjoint(refs) or len(private) != bm.num_private:
+            raise AssertionError(f"{len(private)} private blocks held, {bm.num_private} counted, "
                                  f"{len(private & refs.keys())} also referenced")
         for block in bm.blocks:
             if block.ref_count != refs.get(block.block_id, 0):

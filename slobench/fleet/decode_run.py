@@ -140,12 +140,12 @@ def _head_stays_out(head: Sequence, running: list[Sequence], bm: BlockManager, f
     head would have to share them all up to that block."""
     if bm.can_admit(head.num_tokens, bm.match_prefix(head)):
         return False
-    # no block past what the head shares with another prompt can ever be a hit (its private blocks)
-    limit = min(len(head.token_ids) - bm.block_size, head.unshared_from * bm.block_size)
-    if not bm.enable_prefix_caching or limit <= 0:
-        return True
     bs = bm.block_size
     toks = head.token_ids
+    # no block past what the head shares with another prompt can ever be a hit (its private blocks)
+    limit = min(len(toks) - bs, head.unshared_from * bs)
+    if not bm.enable_prefix_caching or limit <= 0:
+        return True
     starts = [(s, (len(s.token_ids) - 1) // bs * bs) for s in running]  # the first block a run of s's steps fills
     if fill is not None:
         starts.append((fill, fill.num_computed_tokens // bs * bs))
@@ -160,8 +160,9 @@ def _admissions(sched: Any, decodes: list[Sequence], bm: BlockManager, first_all
     """The queue's heads the next step admits, with their prefix hits, if nothing in that step can differ
     from what decode_run replays. The scheduler admits heads while the token budget lasts, max_num_seqs
     leaves room and the blocks do (only the last may be cut into chunks); each must hold no blocks, have no
-    stop check and tokens left to sample (a preempted one comes back to recompute what it had). Blocks are counted without the hits two of them share (never less than the
-    scheduler needs): where that count says a head does not fit, it decides only if no head has hits.
+    stop check and tokens left to sample (a preempted one comes back to recompute what it had). Blocks are
+    counted without the hits two of them share (never less than the scheduler needs): where that count says
+    a head does not fit, it decides only if no head has hits.
     None of their hits may be among the cached blocks that the step's new blocks may evict (the scheduler
     matches each after the blocks taken before it). None otherwise: the caller steps the engine."""
     room = sched.config.max_num_seqs - len(sched.running)
@@ -296,27 +297,18 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         whole: list[Sequence] = []  # prompts whose last chunk is in the first step, in batch order
         firsts = firsts0
         t0 = clock.now_s()
-        if filled is not None:  # running before the admissions: its chunk first
-            start, length = filled.num_computed_tokens, len(filled.token_ids)
-            n = length - start
-            left -= n
-            context0 += length
-            pairs0 += n * start + n * (n + 1) // 2
-            if n == 1:
-                extra_decodes += 1
-            else:
-                prefill += n
-            whole.append(filled)
-            firsts += length == filled.num_prompt_tokens  # its first token, unless it was preempted
-        for head, hits in admitted:
-            sched.waiting.popleft()
-            bm.admit(head, hits)
-            head.status = SeqStatus.RUNNING
-            sched.running.append(head)
-            req = engine._requests[head.seq_id]
-            if req.first_scheduled_s is None:  # as step() records it
-                req.first_scheduled_s = t0
-                req.cached_tokens = head.num_cached_tokens
+        # a prompt being filled is running: its last chunk comes before the admissions (hits None: not admitted)
+        chunked: list[tuple[Sequence, list[int] | None]] = [(filled, None)] if filled is not None else []
+        for head, hits in chunked + admitted:
+            if hits is not None:
+                sched.waiting.popleft()
+                bm.admit(head, hits)
+                head.status = SeqStatus.RUNNING
+                sched.running.append(head)
+                req = engine._requests[head.seq_id]
+                if req.first_scheduled_s is None:  # as step() records it
+                    req.first_scheduled_s = t0
+                    req.cached_tokens = head.num_cached_tokens
             start, length = head.num_computed_tokens, len(head.token_ids)
             n = min(length - start, left)
             left -= n
@@ -492,27 +484,16 @@ def record_run(ran: DecodeRun, record_of: Callable[[int], Any]) -> int:
     k = len(times)
     ones = [1] * k
     late = ran.first_step
-    if not late:  # (the same, for a run where every request has a token at every step)
-        for seq in ran.seqs:
-            rec = record_of(seq.seq_id)
-            rec.chunk_times_s += times
-            rec.chunk_tokens += ones
-            rec.output_tokens += k
-        for sid, cached in ran.first_token_cached.items():
-            rec = record_of(sid)
-            if rec.first_token_s is None:
-                rec.first_token_s = times[0]
-                if cached is not None:
-                    rec.cached_tokens = cached
-        return k * len(ran.seqs)
+    for sid, cached in ran.first_token_cached.items():  # a prompt filled in this run, or whose last chunk was one token
+        rec = record_of(sid)
+        if rec.first_token_s is None:
+            rec.first_token_s = times[late.get(sid, 0)]
+            if cached is not None:
+                rec.cached_tokens = cached
     emitted = 0
     for seq in ran.seqs:
         rec = record_of(seq.seq_id)
         at = late.get(seq.seq_id, 0) if late else 0
-        if rec.first_token_s is None:  # a prompt filled in this run, or whose last chunk was one token
-            rec.first_token_s = times[at]
-            if (cached := ran.first_token_cached[seq.seq_id]) is not None:
-                rec.cached_tokens = cached
         if at:
             rec.chunk_times_s.extend(times[at:])
             rec.chunk_tokens.extend(ones[at:])
