@@ -79,13 +79,14 @@ Results identical (attainment 0.965 at 10k, 0.955 at 100k; every pinned digest a
 | requests | fifth pass: CPU s (req/s) | sixth pass: CPU s (req/s) | max RSS (specs alone) |
 |---|---|---|---|
 | 10,000 | 9.2-11.3 (884-1,091) | 2.67 (3,750) | 258 MiB (174) |
-| 100,000 | 87.6 (1,141) | 23.2-25.7 (3,899-4,305) | 2,003 MiB (1,057) |
+| 100,000 | 87.6 (1,141) | 21.6-25.7 (3,899-4,633) | 2,003 MiB (1,057) |
 
 Step by step (100,000 requests, CPU s; callgrind, 1,000 requests with imports and specs, instructions):
 private blocks 87.6 -> 64.6 s; a request's tokens drawn once 4.60e9 -> 4.00e9; stand-in output ids
 4.00e9 -> 3.82e9 (64.6 -> 43.4 s for the two); the queue taken inside runs (in part, behind a chunked
 prompt) 3.82e9 -> 3.71e9, stepped steps 760 -> 171 for 3,000 requests; merged passes, cheaper run takes,
-records without a lambda 3.71e9 -> 3.42e9 (43.1 -> 32.9 s); the rest 3.42e9 -> 3.33e9 (30.6 -> 23.2 s).
+records without a lambda 3.71e9 -> 3.42e9 (43.1 -> 32.9 s); the rest 3.42e9 -> 3.33e9 (30.6 -> 23.2 s);
+review mends (one helper for held/private takes, one record loop) 3.33e9 -> 3.37e9 (21.6 s, 3bf83d0).
 What changed:
 - Private blocks (reference_engine/block_manager.py's doc): the simulator knows every prompt, so a
   request's blocks past what any other prompt shares are never hashed nor registered and hold no written
