@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import io
 import json
@@ -59,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from reference_engine.executor.modeled_executor import CostProfile
+from reference_engine.step_log import read_step_log, speed_ratio
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import summarize
 from slobench.cli import main as cli
@@ -168,7 +170,8 @@ def probe_fit(url: str, out: Path) -> tuple[Any, CostProfile]:
 
 
 def refined(url: str, args: argparse.Namespace, cal: Any, profile: CostProfile, workload: str, path: Path) -> Path:
-    """calibrate's second stage on `workload` (seed --refine-seed): the refined profile, written to `path`."""
+    """calibrate's second stage on `workload` (seed --refine-seed): the refined profile, written to `path`. The
+    wall-clock window of its served load is kept (`REFERENCE`): the machine's speed then is the profile's."""
     from slobench.profiles.refine import (
         RefinePlan,
         live_setup,
@@ -186,12 +189,42 @@ def refined(url: str, args: argparse.Namespace, cal: Any, profile: CostProfile, 
           f"o {'fitted' if rplan.fit_overhead else 'held'}{', TTFT by prompt length' if rplan.by_prompt_length else ''}"
           f"{', r inside fitted' if rplan.fit_inside else ''} "
           f"(load {os.getloadavg()[0]:.1f})", flush=True)
+    w0 = time.time()
     ref = asyncio.run(refine_live(live_setup(url, SERVER["model"], rplan), cal.profile, cal.request_overhead_s, rplan,
                                   write=lambda line: print(line, flush=True)))
+    REFERENCE[path] = (w0, time.time())
     print_refinement(ref)
     path.write_text(with_refinement(profile, ref).to_json() + "\n")
     print(f"refined in {time.monotonic() - t0:.0f} s (load {os.getloadavg()[0]:.1f}) -> {path}", flush=True)
     return path
+
+
+# the machine's speed (reference_engine.step_log): the wall-clock windows of each profile's refinement, whose
+# steps set the speed the profile describes; each measured run's steps are scored against the same profile
+REFERENCE: dict[Path, tuple[float, float]] = {}
+
+
+def machine_speed(step_log: Path | None, prof: CostProfile, window: tuple[float, float],
+                  reference: tuple[float, float] | None) -> float | None:
+    """How much slower (>1) the engine's steps ran in `window` than in `reference`, both scored against `prof`
+    on the steps they actually made: their measured over predicted time, one over the other. None without a
+    step log (llama.cpp) or a reference window (`--profile` given)."""
+    if step_log is None or reference is None:
+        return None
+    rows = read_step_log(step_log)
+    now, then = speed_ratio(prof, rows.between(*window)), speed_ratio(prof, rows.between(*reference))
+    return None if now is None or then is None else now / then
+
+
+def at_speed(prof_path: Path, speed: float, out: Path) -> Path:
+    """The profile with every step coefficient and its request overhead `o` times `speed`, written to `out`."""
+    prof = CostProfile.load(prof_path)
+    prov = dict(prof.provenance or {})
+    if "request_overhead_s" in prov:
+        prov["request_overhead_s"] = float(prov["request_overhead_s"]) * speed
+    prov["machine_speed"] = speed
+    out.write_text(dataclasses.replace(prof.scaled(speed), provenance=prov).to_json() + "\n")
+    return out
 
 
 def fitted_on(prof: CostProfile) -> str:
@@ -221,7 +254,14 @@ def judge(records: list[Any], slo: SLO) -> dict[str, Any]:
 
 
 def load_and_judge(run_dir: Path, slo: SLO) -> dict[str, Any]:
-    return judge(load_run(run_dir).records, slo)
+    records = load_run(run_dir).records
+    cached = sum(r.cached_tokens or 0 for r in records)
+    if cached:  # the simulation starts with a cold cache: this run's prompts were served from an earlier one's
+        prompt = sum(r.prompt_tokens or r.input_tokens or 0 for r in records)
+        print(f"warning: {run_dir}: the server served {cached / max(prompt, 1):.0%} of the prompt tokens from its prefix "
+              "cache, warm from an earlier run of the same requests (too few requests a point to cycle it); "
+              "the simulation starts cold, so this row compares unlike things", flush=True)
+    return judge(records, slo)
 
 
 def within_target(m: dict[str, Any], s: dict[str, Any]) -> dict[str, bool]:
@@ -301,8 +341,12 @@ def main() -> None:
     print(f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, load average {os.getloadavg()}; {served}", flush=True)
     rows = []
     again: list[tuple[str, float, dict[str, Any], dict[str, Any]]] = []  # (name, rate, measured, measured again)
+    # the engine logs its steps (reference_engine.step_log): the machine's speed during each run, beside the profile's
+    step_log = None if args.server == "llamacpp" else out / "steps.jsonl"
     server = (llamacpp_server(out) if args.server == "llamacpp" else
-              EngineServerProcess(*demo_engine_args("torch"), torch_threads=1))
+              EngineServerProcess(*demo_engine_args("torch"), "--step-log", str(step_log), torch_threads=1))
+    at_speed_rows: list[tuple[str, float, dict[str, Any], dict[str, Any]]] = []
+    speeds: list[tuple[str, float, float | None, float | None]] = []  # (name, rate, speed, speed again)
     with server as srv:
         if args.profile:
             paths = dict.fromkeys(workloads, Path(args.profile))
@@ -344,8 +388,9 @@ def main() -> None:
                       f"~{sum(args.num_requests / r for r in rates):.0f} s of arrivals", flush=True)
             for rate in rates:
                 common = run_args(wl, rate, args.num_requests, args.seed, slo_text, out / name / f"measured-{rate:.4g}")
-                t0 = time.monotonic()
+                t0, w0 = time.monotonic(), time.time()
                 quiet([*common, "--url", srv.base_url, "--model", SERVER["model"]])
+                speed = machine_speed(step_log, prof, (w0, time.time()), REFERENCE.get(prof_path))
                 loads.append(os.getloadavg()[0])
                 sim_dir = out / name / f"simulated-{rate:.4g}"
                 quiet([*run_args(wl, rate, args.num_requests, args.seed, slo_text, sim_dir), "--simulate", "--profile",
@@ -353,20 +398,41 @@ def main() -> None:
                 m = load_and_judge(out / name / f"measured-{rate:.4g}", slo)
                 s = load_and_judge(sim_dir, slo)
                 rows.append((name, rate, m, s))
+                if speed is not None:  # the same simulation, on a machine as fast as this run's
+                    sp_dir = out / name / f"simulated-at-speed-{rate:.4g}"
+                    sp_prof = at_speed(prof_path, speed, out / name / f"profile-at-speed-{rate:.4g}.json")
+                    quiet([*run_args(wl, rate, args.num_requests, args.seed, slo_text, sp_dir), "--simulate",
+                           "--profile", str(sp_prof), *engine_flags(extras)])
+                    at_speed_rows.append((name, rate, m, load_and_judge(sp_dir, slo)))
+                speed2 = None
                 if args.repeat:
                     d2 = out / name / f"measured-again-{rate:.4g}"
+                    w0 = time.time()
                     quiet([*run_args(wl, rate, args.num_requests, args.seed, slo_text, d2), "--url", srv.base_url,
                            "--model", SERVER["model"]])
+                    speed2 = machine_speed(step_log, prof, (w0, time.time()), REFERENCE.get(prof_path))
                     loads.append(os.getloadavg()[0])
                     again.append((name, rate, m, load_and_judge(d2, slo)))
-                print(f"  {name} {rate:.2f} req/s measured in {time.monotonic() - t0:.0f} s (load {loads[-1]:.1f}): "
-                      f"attainment {m['attainment']:.0%} vs simulated {s['attainment']:.0%}", flush=True)
+                speeds.append((name, rate, speed, speed2))
+                print(f"  {name} {rate:.2f} req/s measured in {time.monotonic() - t0:.0f} s (load {loads[-1]:.1f}"
+                      + (f", steps x{speed:.3f} the refinement's" if speed is not None else "")
+                      + (f", again x{speed2:.3f}" if speed2 is not None else "")
+                      + f"): attainment {m['attainment']:.0%} vs simulated {s['attainment']:.0%}", flush=True)
     print_rows(rows)
     if again:
         print("\nThe same requests measured a second time, right after the first (the server against itself):")
         print_rows(again, "meas / again")
         print("\nThe simulation against the second measurement:")
         print_rows([(n, r, a, s[3]) for (n, r, _, a), s in zip(again, rows, strict=True)], "again / sim")
+    if at_speed_rows:
+        print("\nThe engine's steps during each measured run, against the refinement's (both scored on the profile, "
+              "reference_engine.step_log):")
+        for name, rate, sp, sp2 in speeds:
+            print(f"  {name} {rate:.2f} req/s: x{sp:.3f}" + (f", again x{sp2:.3f}" if sp2 is not None else "")
+                  if sp is not None else f"  {name} {rate:.2f} req/s: n/a")
+        print("\nThe simulation with the profile scaled to the machine's speed during each run (one number a run, "
+              "from the run's own steps: a diagnosis of the misses above, not a prediction):")
+        print_rows(at_speed_rows, "meas / sim@speed")
     for name, text in fitted.items():
         print(f"\n{name}: fitted on {text}")
     print(f"validated: {', '.join(workloads)} with seed {args.seed}, {args.num_requests} requests a point"

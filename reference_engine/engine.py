@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from reference_engine.block_manager import BlockAccountingError
 from reference_engine.config import EngineConfig
@@ -27,6 +27,9 @@ from reference_engine.errors import ConfigError
 from reference_engine.executor.base import Executor, SamplingParams
 from reference_engine.scheduler import RequestRejected, Scheduler
 from reference_engine.sequence import FinishReason, Sequence
+
+if TYPE_CHECKING:
+    from reference_engine.step_log import StepLog
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +160,7 @@ class LLMEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.error: BaseException | None = None
+        self.step_log: StepLog | None = None  # one line per step when set (reference_engine.step_log)
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
         self.num_steps = 0
@@ -240,6 +244,8 @@ class LLMEngine:
         if result.modeled_s is not None:
             self._wait_until(t0 + result.modeled_s)
         t1 = self.clock.now_s()
+        if self.step_log is not None:
+            self.step_log.record(t0, t1, batch)
         outputs = sched.update(batch, result)
         self.num_steps += 1
         self.last_step_num_tokens = sum(len(c.token_ids) for c in batch.chunks)

@@ -24,6 +24,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
     a("--served-model-name", default=None, help="model name in the API (default: --model)")
     a("--log-level", default="warning")
+    a("--step-log", default=None, metavar="PATH",
+      help="write one JSON line per engine step to PATH: its start, duration, prompt tokens, decoding sequences, "
+           "context and first tokens (what a cost profile models; reference_engine.step_log)")
     a("--header-timeout", type=_positive_float, default=DEFAULT_HEADER_TIMEOUT_S, metavar="S",
       help=f"close a connection whose request head is not complete within S seconds "
            f"(default: {DEFAULT_HEADER_TIMEOUT_S:g})")

@@ -32,6 +32,7 @@ from starlette.requests import ClientDisconnect
 from reference_engine.builder import build_engine
 from reference_engine.config import EngineSpec
 from reference_engine.engine import ERROR_FINISH_REASON, LLMEngine, TokenEvent
+from reference_engine.errors import ConfigError
 from reference_engine.faults import Fault, FaultInjector, FaultSpec, parse_faults
 from reference_engine.http_protocol import protocol_with, reset_connection
 from reference_engine.metrics import CONTENT_TYPE, EngineMetrics
@@ -56,6 +57,7 @@ from reference_engine.serve_args import (  # noqa: F401  (add_serve_arguments: t
     add_serve_arguments,
     engine_spec_from_args,
 )
+from reference_engine.step_log import StepLog
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 32 << 20  # a prompt filling a 128k-token context as text is ~1 MB; token ids ~1 MB too
@@ -384,12 +386,16 @@ def serve(
     keep_alive_s: int = DEFAULT_KEEP_ALIVE_S,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     faults: FaultSpec | None = None,
+    step_log: str | None = None,
 ) -> None:
     """Build the engine `spec` describes, bind (port 0 picks a free one), print `LISTENING <port>` once ready,
-    serve."""
+    serve. `step_log`: a path to write the engine's step log to (reference_engine.step_log)."""
     import uvicorn
 
     engine, tokenizer = build_engine(spec)
+    if step_log is not None:
+        engine.step_log = StepLog(step_log, clock_now_s=engine.clock.now_s(),
+                                  header={"model": spec.model, "executor": spec.executor})
     name = served_model_name or spec.model
     sock = _bind(host, port)
     bound_port = sock.getsockname()[1]
@@ -403,7 +409,11 @@ def serve(
     # body_timeout_s, and an idle keep-alive connection lasts keep_alive_s (issue 13, slow-loris).
     config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5,
                             http=protocol_with(header_timeout_s), timeout_keep_alive=keep_alive_s)
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        if engine.step_log is not None:
+            engine.step_log.close()
 
 
 def faults_from_args(args: argparse.Namespace) -> FaultSpec | None:
@@ -424,6 +434,7 @@ def serve_from_args(args: argparse.Namespace) -> None:
         engine_spec_from_args(args), args.host, args.port, api_key=args.api_key,
         served_model_name=args.served_model_name, log_level=args.log_level, header_timeout_s=args.header_timeout,
         keep_alive_s=args.keep_alive, body_timeout_s=args.body_timeout, faults=faults,
+        step_log=args.step_log,
     )
 
 
@@ -433,7 +444,10 @@ def main(argv: SequenceABC[str] | None = None) -> int:
     add_serve_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
-    serve_from_args(args)
+    try:
+        serve_from_args(args)
+    except ConfigError as e:
+        parser.error(str(e))  # one line naming the flag, exit 2 (as `slobench serve` says it)
     return 0
 
 

@@ -1,0 +1,124 @@
+"""The engine's step log: one JSON line per step, with what the step held and how long it took.
+
+`python -m reference_engine.server --step-log steps.jsonl` (and `slobench serve --step-log`) writes, after a
+header line, one line per executed step:
+
+    {"t": 12.3456, "s": 0.0071, "p": 128, "d": 7, "c": 1534, "a": 17040, "f": 1, "n": 8}
+
+- `t`: when the step started, seconds on the engine's clock (the header's `origin_unix` + t is Unix time);
+- `s`: its duration, the executor's forward and sampling (what a cost profile models), in seconds;
+- `p` prompt tokens computed, `d` sequences decoding one token, `c` tokens in context (the KV attended over),
+  `a` (query, key) attention pairs, `f` requests sampling their first token, `n` sequences in the step.
+
+These are the quantities `CostProfile.step_s` takes, so any profile can be scored against the steps a served
+run actually made (`predicted_s`), and the machine's speed during a run compared with its speed when a profile
+was fitted (`speed_ratio`): on a shared machine whose speed drifts, that tells a simulator's error from the
+machine's (benchmarks/validate_sim.py). Each line is written whole as the step ends (line-buffered), so a
+reader sees every finished step without the server stopping; ~2 µs a step.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from reference_engine.errors import ConfigError
+from reference_engine.executor.base import StepBatch
+
+FIELDS = ("t", "s", "p", "d", "c", "a", "f", "n")
+FORMAT = "slobench-step-log/1"
+
+
+def batch_features(batch: StepBatch) -> tuple[int, int, int, int, int]:
+    """(prompt tokens, decoding sequences, context tokens, attention pairs, first tokens) of one step, as the
+    modeled executor counts them for `CostProfile.step_s`."""
+    prefill = decode = context = pairs = firsts = 0
+    for c in batch.chunks:
+        n = len(c.token_ids)
+        context += c.start_pos + n
+        pairs += n * c.start_pos + n * (n + 1) // 2
+        if c.sample and n == 1:
+            decode += 1
+        else:
+            prefill += n
+        if c.sample and not c.num_generated:
+            firsts += 1
+    return prefill, decode, context, pairs, firsts
+
+
+class StepLog:
+    """Appends one line per step to `path` (created, or truncated, with a header line)."""
+
+    def __init__(self, path: str | Path, *, clock_now_s: float = 0.0, header: dict[str, Any] | None = None) -> None:
+        try:
+            self._f: IO[str] = open(path, "w", buffering=1, encoding="utf-8")  # noqa: SIM115 (closed by close())
+        except OSError as e:
+            raise ConfigError("step_log", str(path), f"cannot be written: {e.strerror}") from None
+        self.path = Path(path)
+        head = {"format": FORMAT, "origin_unix": time.time() - clock_now_s, **(header or {})}
+        self._f.write(json.dumps(head) + "\n")
+
+    def record(self, t0: float, t1: float, batch: StepBatch) -> None:
+        p, d, c, a, f = batch_features(batch)
+        self._f.write(f'{{"t":{t0:.6f},"s":{t1 - t0:.6f},"p":{p},"d":{d},"c":{c},"a":{a},"f":{f},'
+                      f'"n":{len(batch.chunks)}}}\n')
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+
+@dataclass(frozen=True, slots=True)
+class StepRows:
+    """A step log read back: its header and one dict per step (keys FIELDS)."""
+
+    header: dict[str, Any]
+    steps: list[dict[str, float]]
+
+    def between(self, start_unix: float, end_unix: float) -> list[dict[str, float]]:
+        """The steps that started in [start_unix, end_unix) (Unix seconds)."""
+        origin = float(self.header.get("origin_unix", 0.0))
+        return [s for s in self.steps if start_unix <= origin + s["t"] < end_unix]
+
+
+def read_step_log(path: str | Path) -> StepRows:
+    """Read a step log; a line cut off by a step still being written (the last one) is left out. Anything
+    else malformed is an error naming the file and line."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    if not lines:
+        raise ValueError(f"{path}: empty, not a step log (no header line)")
+    try:
+        header = json.loads(lines[0])
+    except json.JSONDecodeError:
+        header = None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise ValueError(f"{path}: line 1 is not a step log header (format {FORMAT!r})")
+    steps = []
+    for i, line in enumerate(lines[1:], start=2):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines):
+                break  # the step being written as we read
+            raise ValueError(f"{path}: line {i} is not JSON") from None
+        if not isinstance(row, dict) or any(k not in row for k in FIELDS):
+            raise ValueError(f"{path}: line {i} lacks one of the fields {', '.join(FIELDS)}")
+        steps.append(row)
+    return StepRows(header, steps)
+
+
+def predicted_s(profile: Any, steps: list[dict[str, float]]) -> float:
+    """What `profile` (a CostProfile) says the given steps took in all."""
+    return sum(profile.step_s(int(s["p"]), int(s["d"]), int(s["c"]), int(s["a"]), int(s["f"])) for s in steps)
+
+
+def speed_ratio(profile: Any, steps: list[dict[str, float]]) -> float | None:
+    """Measured over predicted time of `steps` (None for no steps): above 1, the machine ran them slower
+    than `profile` says."""
+    if not steps:
+        return None
+    pred = predicted_s(profile, steps)
+    return sum(s["s"] for s in steps) / pred if pred > 0 else None
