@@ -7,12 +7,14 @@ One helper, `add_engine_spec_arguments`, writes the flags of an `EngineSpec` for
 from __future__ import annotations
 
 import argparse
+import json
 
 from reference_engine.config import EXECUTORS, EngineSpec
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_KEEP_ALIVE_S = 5  # uvicorn's and vLLM's default, said explicitly
 DEFAULT_BODY_TIMEOUT_S = 30.0
+DEFAULT_MAX_NUM_SEQS = 64
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,7 +65,9 @@ def add_engine_spec_arguments(parser: argparse.ArgumentParser | argparse._Argume
     a("--kv-blocks", type=int, default=None,
       help="KV cache size in blocks (default: 2048 modeled, 1024 torch on CPU, from free memory on CUDA)")
     a("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
-    a("--max-num-seqs", type=int, default=64, help="most requests in a batch (default: 64)")
+    a("--max-num-seqs", type=int, default=None,
+      help=f"most requests in a batch (default: {DEFAULT_MAX_NUM_SEQS}; with {x} modeled, a calibrated profile's "
+           "served_max_num_seqs when it has one: the most the calibrated server decoded at once)")
     a("--max-batched-tokens", type=int, default=2048, help="token budget per step (default: 2048)")
     a("--max-model-len", type=int, default=None, help="context length limit (default: 4096, capped by the model)")
     a("--no-prefix-caching", action="store_true", help="disable prefix caching")
@@ -88,8 +92,12 @@ def add_engine_spec_arguments(parser: argparse.ArgumentParser | argparse._Argume
 def engine_spec_from_args(args: argparse.Namespace, *, in_process: bool = False) -> EngineSpec:
     """The `EngineSpec` of flags written by `add_engine_spec_arguments` (with the same `in_process`). In
     process, `--model` may be unset (a URL's model is discovered) and means tiny; the engine's seed stays 0."""
+    modeled = (args.engine or "modeled") == "modeled" if in_process else args.executor == "modeled"
+    max_num_seqs = args.max_num_seqs
+    if max_num_seqs is None:
+        max_num_seqs = (served_max_num_seqs(args.profile) if modeled else None) or DEFAULT_MAX_NUM_SEQS
     shape = {"profile": args.profile, "kv_blocks": args.kv_blocks, "block_size": args.block_size,
-             "max_num_seqs": args.max_num_seqs, "max_batched_tokens": args.max_batched_tokens,
+             "max_num_seqs": max_num_seqs, "max_batched_tokens": args.max_batched_tokens,
              "max_model_len": args.max_model_len, "enable_prefix_caching": not args.no_prefix_caching}
     if in_process:
         return EngineSpec(model=args.model or "tiny", executor=args.engine or "modeled",
@@ -98,6 +106,20 @@ def engine_spec_from_args(args: argparse.Namespace, *, in_process: bool = False)
                       weights=args.weights, attention_backend=args.attention_backend,
                       enforce_eager=args.enforce_eager, gpu_memory_utilization=args.gpu_memory_utilization,
                       **shape)
+
+
+def served_max_num_seqs(profile: str | None) -> int | None:
+    """The most requests the server a calibrated profile (a JSON file) was fitted on decoded at once, from its
+    provenance (`slobench calibrate` writes it when that server batched fewer than it was sent); None for
+    anything else. A file that cannot be read is left to the profile's own loading to report."""
+    if not profile or not profile.endswith(".json"):
+        return None
+    try:
+        with open(profile, encoding="utf-8") as f:
+            served = (json.load(f).get("provenance") or {}).get("served_max_num_seqs")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return served if isinstance(served, int) and not isinstance(served, bool) and served >= 1 else None
 
 
 def _positive_float(text: str) -> float:

@@ -328,7 +328,8 @@ class LoadSetup:
             engine = ModeledEngine.from_knobs(knobs)
             cached = self._extras = calibrated_flags(
                 getattr(a, "request_overhead", None), getattr(a, "jitter", None), engine.cost_profile,
-                str(knobs.get("profile")), "--simulate", max_num_seqs=engine.max_num_seqs)
+                str(knobs.get("profile")), "--simulate", max_num_seqs=engine.max_num_seqs,
+                max_num_seqs_given=getattr(a, "max_num_seqs", None) is not None)
         return cached  # type: ignore[no-any-return]
 
     def check_fleet(self) -> None:
@@ -458,13 +459,15 @@ def parse_overhead_s(text: str | None) -> float | None:
 
 
 def calibrated_flags(overhead_text: str | None, jitter_sd: float | None, profile: Any, name: str,
-                     verb: str, *, max_num_seqs: int | None = None) -> tuple[float, float, str | None]:
+                     verb: str, *, max_num_seqs: int | None = None,
+                     max_num_seqs_given: bool = True) -> tuple[float, float, str | None]:
     """The request overhead (s) and step-time noise sd a simulation applies (`run --simulate`, `plan`):
     `--request-overhead` and `--jitter` when given, else what a calibrated profile carries
     (`slobench.fleet.simulate.calibrated_extras`; 0 for a profile without them), said on stderr. `profile`:
     the CostProfile, or a callable giving it, loaded only when a flag is missing or `max_num_seqs` is given.
     With `max_num_seqs` (the simulation's), a warning when it batches more than the calibrated server did
-    (`served_max_num_seqs` in the provenance). The third value is `name` when the profile supplied either,
+    (`served_max_num_seqs` in the provenance), or, when `max_num_seqs_given` is False (the default was taken
+    from that value, `served_max_num_seqs`), a note saying so. The third value is `name` when the profile supplied either,
     else None. A bad flag or provenance value is a UsageError naming it."""
     from slobench.errors import SpecError
     from slobench.fleet.simulate import calibrated_extras
@@ -479,6 +482,9 @@ def calibrated_flags(overhead_text: str | None, jitter_sd: float | None, profile
             print(f"{verb}: warning: the server calibrated into {name} decoded at most {served} request"
                   f"{'s' * (served > 1)} at a time; --max-num-seqs {max_num_seqs} simulates one that batches more "
                   f"(--max-num-seqs {served} simulates that server)", file=sys.stderr)
+        elif isinstance(served, int) and max_num_seqs == served and not max_num_seqs_given:
+            print(f"{verb}: --max-num-seqs {served}, from {name}: the server calibrated into it decoded at most "
+                  f"{served} request{'s' * (served > 1)} at a time (--max-num-seqs N simulates another)", file=sys.stderr)
     if overhead_s is not None and jitter_sd is not None:
         return overhead_s, float(jitter_sd), None
     try:

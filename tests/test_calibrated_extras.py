@@ -150,19 +150,50 @@ def test_the_overhead_flag_takes_any_duration_and_zero_in_any_spelling(capsys: p
         calibrated_flags(None, float("nan"), boom, "p.json", "plan")
 
 
-def test_a_simulation_batching_more_than_the_calibrated_server_is_warned(
+def test_a_calibrated_servers_batch_limit_is_the_default_and_more_is_warned(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # calibrate records how many requests the server decoded at once when it was fewer than it sent
-    # (llama-cpp-python's server: 1); simulating it with --simulate's default 64 is another server
+    # (llama-cpp-python's server: 1): --simulate and plan simulate that server unless told otherwise
     path = _calibrated(tmp_path, request_overhead_s=O_S, served_max_num_seqs=1)
-    base = ["run", "--simulate", "--profile", str(path), "--workload", "tiny", "--rate", "5", "--num-requests", "10",
-            "--no-progress"]
+    base = ["run", "--simulate", "--profile", str(path), "--workload", "tiny", "--rate", "20", "--num-requests", "30",
+            "--no-progress", "--seed", "2"]
     assert main([*base, "--out", str(tmp_path / "a")]) == 0
     err = capsys.readouterr().err
-    assert "decoded at most 1 request at a time" in err and "--max-num-seqs 1 simulates that server" in err, err
+    assert "--max-num-seqs 1, from" in err and "decoded at most 1 request at a time" in err, err
+    assert load_run(tmp_path / "a").manifest["target"]["knobs"]["max_num_seqs"] == 1
     assert main([*base, "--max-num-seqs", "1", "--out", str(tmp_path / "b")]) == 0
+    assert "decoded at most" not in capsys.readouterr().err  # said by the user: nothing to add
+    # the same requests, one at a time either way: the same records
+    assert _times(load_run(tmp_path / "a").records) == _times(load_run(tmp_path / "b").records)
+    assert main([*base, "--max-num-seqs", "8", "--out", str(tmp_path / "c")]) == 0
+    err = capsys.readouterr().err
+    assert "--max-num-seqs 8 simulates one that batches more" in err and "--max-num-seqs 1 simulates that" in err, err
+    # batching 8 is another server: at 20 req/s its requests overlap, so its records differ
+    assert _times(load_run(tmp_path / "c").records) != _times(load_run(tmp_path / "a").records)
+    plain = _calibrated(tmp_path, request_overhead_s=O_S)  # nothing recorded: the default 64, nothing said
+    assert main([*base[:3], str(plain), *base[4:], "--out", str(tmp_path / "d")]) == 0
     assert "decoded at most" not in capsys.readouterr().err
-    plain = _calibrated(tmp_path, request_overhead_s=O_S)  # nothing recorded: nothing to warn of
-    assert main([*base[:3], str(plain), *base[4:], "--out", str(tmp_path / "c")]) == 0
-    assert "decoded at most" not in capsys.readouterr().err
+    assert load_run(tmp_path / "d").manifest["target"]["knobs"]["max_num_seqs"] == 64
+
+
+def test_plan_takes_the_calibrated_servers_batch_limit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from slobench.cli import build_parser
+    from slobench.cli.plan import PLAN_MAX_NUM_SEQS, _build
+
+    cal = _calibrated(tmp_path, request_overhead_s=O_S, served_max_num_seqs=2)
+    base = ["plan", "--workload", "day", "--slo", "ttft=500ms,tpot=40ms", "--profile", str(cal)]
+    _, setup, _ = _build(build_parser().parse_args(base))
+    assert setup.engine.max_num_seqs == 2
+    assert "--max-num-seqs 2, from" in capsys.readouterr().err
+    _, setup, _ = _build(build_parser().parse_args([*base, "--max-num-seqs", "16"]))
+    assert setup.engine.max_num_seqs == 16
+    assert "batches more" in capsys.readouterr().err
+    _, setup, _ = _build(build_parser().parse_args([*base[:-1], "cpu-tiny"]))
+    assert setup.engine.max_num_seqs == PLAN_MAX_NUM_SEQS
+    from reference_engine.serve_args import served_max_num_seqs
+
+    for bad in (0, True, "2", 1.5):  # not a batch limit: ignored, the default stands
+        assert served_max_num_seqs(str(_calibrated(tmp_path, served_max_num_seqs=bad))) is None
+    assert served_max_num_seqs(str(tmp_path / "missing.json")) is None  # the profile's loading reports it
+    assert served_max_num_seqs("roofline:h100/llama-3.1-8b") is None

@@ -19,6 +19,7 @@ DAY_COMPRESSION = {"day": 60.0}
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(s|m|min|h)?\s*$", re.IGNORECASE)
 _UNIT_S = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 BASELINES = ("static-colocated", "static-disagg", "dynamo")
+PLAN_MAX_NUM_SEQS = 128  # `plan --max-num-seqs` when the profile names no served limit
 
 
 def parse_span_s(text: str, flag: str, *, allow_zero: bool = False) -> float:
@@ -63,7 +64,8 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
                      help="KV blocks an instance (default: what a roofline profile's GPU memory holds at 90%%, "
                           "else 8192)")
     eng.add_argument("--block-size", type=int, default=16)
-    eng.add_argument("--max-num-seqs", type=int, default=128)
+    eng.add_argument("--max-num-seqs", type=int, default=None,
+                     help=f"most requests in a batch (default: {PLAN_MAX_NUM_SEQS}, or a calibrated profile's served_max_num_seqs)")
     eng.add_argument("--max-batched-tokens", type=int, default=2048)
     eng.add_argument("--max-model-len", type=int, default=16384)
     eng.add_argument("--kv-link", default="50GB/s,20us", help="prefill -> decode KV link (default 50GB/s,20us)")
@@ -184,9 +186,14 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     profile = CostProfile.load(args.profile)
     prov = getattr(profile, "provenance", None) or {}
     kv_blocks = args.kv_blocks if args.kv_blocks is not None else _kv_blocks(prov, args.block_size)
+    max_num_seqs = args.max_num_seqs
+    if max_num_seqs is None:  # a calibrated profile's server, else the planner's default
+        from reference_engine.serve_args import served_max_num_seqs
+
+        max_num_seqs = served_max_num_seqs(args.profile) or PLAN_MAX_NUM_SEQS
     try:
         engine = ModeledEngine(profile, kv_blocks=kv_blocks, block_size=args.block_size,
-                               max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens,
+                               max_num_seqs=max_num_seqs, max_batched_tokens=args.max_batched_tokens,
                                max_model_len=args.max_model_len, seed=args.seed)  # fmt: skip
         link = KVLink.parse(args.kv_link)
         options = PlanOptions(switch_s=switch_s, min_saving=args.min_saving, hold=args.hold,
@@ -208,7 +215,8 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from slobench.load_setup import calibrated_flags
 
     overhead_s, jitter_sd, _ = calibrated_flags(args.request_overhead, args.jitter, profile, args.profile, "plan",
-                                                max_num_seqs=args.max_num_seqs)
+                                                max_num_seqs=max_num_seqs,
+                                                max_num_seqs_given=args.max_num_seqs is not None)
     setup = Setup(engine, slo, link, kv_bytes, args.router, seed=args.seed, jitter_sd=jitter_sd,
                   request_overhead_s=overhead_s)
     return recipe, setup, options
