@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from reference_engine.executor.modeled_executor import CostProfile
-from reference_engine.step_log import read_step_log, speed_ratio
+from reference_engine.step_log import machine_speed, read_step_log
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import summarize
 from slobench.cli import main as cli
@@ -200,20 +200,18 @@ def refined(url: str, args: argparse.Namespace, cal: Any, profile: CostProfile, 
 
 
 # the machine's speed (reference_engine.step_log): the wall-clock windows of each profile's refinement, whose
-# steps set the speed the profile describes; each measured run's steps are scored against the same profile
+# steps set the speed the profile describes; each measured run's steps are scored against a model fitted on them
 REFERENCE: dict[Path, tuple[float, float]] = {}
 
 
-def machine_speed(step_log: Path | None, prof: CostProfile, window: tuple[float, float],
-                  reference: tuple[float, float] | None) -> float | None:
-    """How much slower (>1) the engine's steps ran in `window` than in `reference`, both scored against `prof`
-    on the steps they actually made: their measured over predicted time, one over the other. None without a
-    step log (llama.cpp) or a reference window (`--profile` given)."""
+def run_speed(step_log: Path | None, window: tuple[float, float], reference: tuple[float, float] | None) -> float | None:
+    """How much slower (>1) the engine's steps ran in `window` than in `reference` (reference_engine.step_log's
+    machine_speed: a step-time model fitted on the reference's steps scores both). None without a step log
+    (llama.cpp) or a reference window (`--profile` given)."""
     if step_log is None or reference is None:
         return None
     rows = read_step_log(step_log)
-    now, then = speed_ratio(prof, rows.between(*window)), speed_ratio(prof, rows.between(*reference))
-    return None if now is None or then is None else now / then
+    return machine_speed(rows.between(*reference), rows.between(*window))
 
 
 def at_speed(prof_path: Path, speed: float, out: Path) -> Path:
@@ -347,6 +345,7 @@ def main() -> None:
               EngineServerProcess(*demo_engine_args("torch"), "--step-log", str(step_log), torch_threads=1))
     at_speed_rows: list[tuple[str, float, dict[str, Any], dict[str, Any]]] = []
     speeds: list[tuple[str, float, float | None, float | None]] = []  # (name, rate, speed, speed again)
+    windows: dict[str, tuple[float, float]] = {}  # each measured run's wall-clock window (windows.json)
     with server as srv:
         if args.profile:
             paths = dict.fromkeys(workloads, Path(args.profile))
@@ -390,7 +389,8 @@ def main() -> None:
                 common = run_args(wl, rate, args.num_requests, args.seed, slo_text, out / name / f"measured-{rate:.4g}")
                 t0, w0 = time.monotonic(), time.time()
                 quiet([*common, "--url", srv.base_url, "--model", SERVER["model"]])
-                speed = machine_speed(step_log, prof, (w0, time.time()), REFERENCE.get(prof_path))
+                speed = run_speed(step_log, (w0, time.time()), REFERENCE.get(prof_path))
+                windows[f"{name}/measured-{rate:.4g}"] = (w0, time.time())
                 loads.append(os.getloadavg()[0])
                 sim_dir = out / name / f"simulated-{rate:.4g}"
                 quiet([*run_args(wl, rate, args.num_requests, args.seed, slo_text, sim_dir), "--simulate", "--profile",
@@ -410,9 +410,12 @@ def main() -> None:
                     w0 = time.time()
                     quiet([*run_args(wl, rate, args.num_requests, args.seed, slo_text, d2), "--url", srv.base_url,
                            "--model", SERVER["model"]])
-                    speed2 = machine_speed(step_log, prof, (w0, time.time()), REFERENCE.get(prof_path))
+                    speed2 = run_speed(step_log, (w0, time.time()), REFERENCE.get(prof_path))
+                    windows[f"{name}/measured-again-{rate:.4g}"] = (w0, time.time())
                     loads.append(os.getloadavg()[0])
                     again.append((name, rate, m, load_and_judge(d2, slo)))
+                (out / "windows.json").write_text(json.dumps(  # for offline reading of steps.jsonl
+                    {"refinements": {p.name: w for p, w in REFERENCE.items()}, "runs": windows}, indent=1) + "\n")
                 speeds.append((name, rate, speed, speed2))
                 print(f"  {name} {rate:.2f} req/s measured in {time.monotonic() - t0:.0f} s (load {loads[-1]:.1f}"
                       + (f", steps x{speed:.3f} the refinement's" if speed is not None else "")

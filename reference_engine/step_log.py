@@ -11,8 +11,9 @@ header line, one line per executed step:
   `a` (query, key) attention pairs, `f` requests sampling their first token, `n` sequences in the step.
 
 These are the quantities `CostProfile.step_s` takes, so any profile can be scored against the steps a served
-run actually made (`predicted_s`), and the machine's speed during a run compared with its speed when a profile
-was fitted (`speed_ratio`): on a shared machine whose speed drifts, that tells a simulator's error from the
+run actually made (`predicted_s`, `speed_ratio`), and the machine's speed during a run compared with its speed
+when a profile was fitted (`machine_speed`: a model of step time fitted on the reference steps scores both on
+their own compositions): on a shared machine whose speed drifts, that tells a simulator's error from the
 machine's (benchmarks/validate_sim.py). Each line is written whole as the step ends (line-buffered), so a
 reader sees every finished step without the server stopping; ~2 µs a step.
 """
@@ -113,6 +114,25 @@ def read_step_log(path: str | Path) -> StepRows:
 def predicted_s(profile: Any, steps: list[dict[str, float]]) -> float:
     """What `profile` (a CostProfile) says the given steps took in all."""
     return sum(profile.step_s(int(s["p"]), int(s["d"]), int(s["c"]), int(s["a"]), int(s["f"])) for s in steps)
+
+
+def fit_steps(steps: list[dict[str, float]], name: str = "steps") -> Any:
+    """A linear CostProfile (a + b·prompt tokens + c·decoding sequences + d·context) fitted by least squares
+    on logged steps: the executor's own time, a reference to score other steps against (`machine_speed`)."""
+    from reference_engine.executor.modeled_executor import CostProfile
+
+    return CostProfile.fit(name, ((s["s"], int(s["p"]), int(s["d"]), int(s["c"])) for s in steps))
+
+
+def machine_speed(reference: list[dict[str, float]], steps: list[dict[str, float]]) -> float | None:
+    """How much slower (>1) the machine ran `steps` than `reference`: a linear model of step time fitted on
+    `reference` (`fit_steps`) scores both sets on their own compositions, and the ratio of their measured over
+    predicted time is the answer. None when either set is empty."""
+    if len(reference) < 4 or not steps:
+        return None
+    model = fit_steps(reference)
+    now, then = speed_ratio(model, steps), speed_ratio(model, reference)
+    return None if now is None or then is None else now / then
 
 
 def speed_ratio(profile: Any, steps: list[dict[str, float]]) -> float | None:

@@ -11,7 +11,7 @@ import pytest
 from reference_engine.config import EngineConfig
 from reference_engine.engine import LLMEngine, VirtualClock
 from reference_engine.executor.modeled_executor import CostProfile, ModeledExecutor
-from reference_engine.step_log import FIELDS, StepLog, predicted_s, read_step_log, speed_ratio
+from reference_engine.step_log import FIELDS, StepLog, machine_speed, predicted_s, read_step_log, speed_ratio
 from slobench.testing import EngineServerProcess
 
 PROFILE = CostProfile("lin", 0.004, 2e-5, 3e-4, 1e-6, attention_per_pair_s=1e-9, per_request_s=5e-4)
@@ -59,6 +59,19 @@ def test_speed_ratio_finds_a_slower_machine(tmp_path: Path) -> None:
     assert speed_ratio(PROFILE, rows.steps) == pytest.approx(1.3, rel=1e-3)
     assert speed_ratio(PROFILE.scaled(1.3), rows.steps) == pytest.approx(1.0, rel=1e-3)
     assert speed_ratio(PROFILE, []) is None
+
+
+def test_machine_speed_compares_runs_of_other_compositions(tmp_path: Path) -> None:
+    """A step-time model fitted on the reference's steps scores another run on its own steps: a run of other
+    requests on a machine 1.25x slower reads 1.25, and the same machine reads 1, whatever the batches held."""
+    lin = CostProfile("lin", 0.004, 2e-5, 3e-4, 1e-6)  # what fit_steps can represent exactly
+    run_engine(lin, tmp_path / "ref.jsonl", prompts=12)
+    run_engine(lin.scaled(1.25), tmp_path / "slow.jsonl", prompts=5)
+    run_engine(lin, tmp_path / "same.jsonl", prompts=7)
+    ref, slow, same = (read_step_log(tmp_path / f"{n}.jsonl").steps for n in ("ref", "slow", "same"))
+    assert machine_speed(ref, slow) == pytest.approx(1.25, rel=2e-3)
+    assert machine_speed(ref, same) == pytest.approx(1.0, rel=2e-3)
+    assert machine_speed(ref[:3], slow) is None and machine_speed(ref, []) is None
 
 
 def test_between_selects_by_unix_time(tmp_path: Path) -> None:
