@@ -4,13 +4,17 @@
 and `windows.json`, the wall-clock windows of each refinement and each measured run. This reads them and,
 for every measured run, says how fast the machine ran the engine's steps against the refinement that fitted
 the run's profile (`machine_speed`: a step-time model fitted on the refinement's steps scores both on their
-own compositions; 1.10 = 10% slower). Then three tables against the same measurements:
+own compositions; 1.10 = 10% slower). Then four tables against the same measurements, every simulation the
+same requests with the calibrated profile, its `o` and its noise (`simulate_records`, noise seed 0):
 
-- the simulation as validated (the calibrated profile as it is), re-simulated here;
-- *forecast*: the profile scaled by the machine's speed in the measured run just before (the last thing a
-  user could know before the run: a prediction, not a fit);
-- *at the run's speed*: scaled by the run's own speed (one number from the run itself: a diagnosis of how
-  much of the miss is the machine's speed, not a prediction).
+- *as calibrated*: the profile as it is (the validation; its noise draws differ from `run --simulate`'s);
+- *forecast*: every step and `o` scaled by the machine's speed in the measured run just before (the last
+  thing a user could know before the run: a prediction, not a fit);
+- *at the run's speed*: scaled by the run's own speed, one number (a diagnosis, not a prediction);
+- *second by second*: each step scaled by the machine's speed in its second of the run (`SpeedTrace`,
+  1 s bins of the run's own steps; a bin with under 10 steps takes the run's): the most the step log can
+  tell the simulation, so what is left is the scheduler's and the profile's own error, and the part of the
+  machine's noise no step log sees (the HTTP and client work between steps).
 
 And, when the validation ran `--repeat`, the server against itself next to the ratio of the two runs' speeds.
 
@@ -28,16 +32,44 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import validate_sim  # noqa: E402  (its SLOs, limits, judging and table)
 
-from reference_engine.step_log import machine_speed, read_step_log  # noqa: E402
+from reference_engine.executor.modeled_executor import CostProfile  # noqa: E402
+from reference_engine.step_log import fit_steps, machine_speed, read_step_log, speed_ratio  # noqa: E402
 from slobench.analysis.slo import SLO  # noqa: E402
+from slobench.fleet.simulate import SpeedTrace, calibrated_extras, simulate_records  # noqa: E402
+from slobench.workload import generate, load_workload  # noqa: E402
+
+BIN_S, MIN_STEPS = 1.0, 10  # the second-by-second trace: bin width, and the fewest steps a bin is read from
 
 
-def simulate(root: Path, name: str, rate: float, n: int, seed: int, slo: str, prof: Path, tag: str) -> dict[str, Any]:
+def simulate(root: Path, name: str, rate: float, n: int, seed: int, slo: str, prof: Path,
+             speed: SpeedTrace | None, o_factor: float) -> dict[str, Any]:
+    """The same requests as the measured run, simulated with `prof` (its o times `o_factor`) at `speed`."""
     wl = str(root / "prefill-heavy.toml") if name == "prefill-heavy" else name
-    out = root / name / f"drift-{tag}-{rate:.4g}"
-    validate_sim.quiet([*validate_sim.run_args(wl, rate, n, seed, slo, out), "--simulate", "--profile", str(prof),
-                        *validate_sim.engine_flags()])
-    return validate_sim.load_and_judge(out, SLO.parse(slo))
+    specs = generate(load_workload(wl), rate_rps=rate, num_requests=n, seed=seed)
+    o, jitter = calibrated_extras(CostProfile.load(prof))
+    flags = validate_sim.engine_flags()
+    knobs = {"profile": str(prof), "kv_blocks": int(flags[flags.index("--kv-blocks") + 1]),
+             "max_num_seqs": int(flags[flags.index("--max-num-seqs") + 1])}
+    records = simulate_records(specs, knobs, seed=0, jitter_sd=jitter, request_overhead_s=o * o_factor, speed=speed)
+    return validate_sim.judge(records, SLO.parse(slo))
+
+
+def trace_of(ref: list[dict[str, float]], steps: list[dict[str, float]], origin: float, anchor: float,
+             whole: float) -> SpeedTrace:
+    """The machine's speed in each BIN_S of a run (virtual time: the run's clock, 0 at `anchor`), from the
+    run's steps against a model fitted on the reference's; `whole` (the run's) where a bin has few steps."""
+    model = fit_steps(ref)
+    base = speed_ratio(model, ref) or 1.0
+    bins: dict[int, list[dict[str, float]]] = {}
+    for st in steps:
+        bins.setdefault(int((origin + st["t"] - anchor) // BIN_S), []).append(st)
+    first, last = min(bins), max(bins)
+    factors = []
+    for k in range(first, last + 1):
+        b = bins.get(k, [])
+        r = speed_ratio(model, b) if len(b) >= MIN_STEPS else None
+        factors.append(whole if r is None else r / base)
+    return SpeedTrace(tuple(k * BIN_S for k in range(first, last + 1)), tuple(factors))
 
 
 def main() -> None:
@@ -61,9 +93,9 @@ def main() -> None:
     for key, _ in runs:
         sp = speed[key]
         print(f"  {key}: " + ("n/a" if sp is None else f"x{sp:.3f}"))
-    as_is, forecast, own, again = [], [], [], []
+    as_is, forecast, own, traced, again = [], [], [], [], []
     previous: float | None = None
-    for key, _ in runs:
+    for key, w in runs:
         name, leaf = key.split("/")
         is_again = leaf.startswith("measured-again-")
         rate = float(leaf.rsplit("-", 1)[1])
@@ -77,25 +109,34 @@ def main() -> None:
             prof = root / "calibrated-refined.json"
         sp = speed[key]
         if is_again:
-            first = validate_sim.load_and_judge(root / name / f"measured-{leaf.removeprefix('measured-again-')}",
-                                               SLO.parse(slo))
-            first_sp = speed.get(f"{name}/measured-{leaf.removeprefix('measured-again-')}")
+            first_key = f"{name}/measured-{leaf.removeprefix('measured-again-')}"
+            first = validate_sim.load_and_judge(root / first_key, SLO.parse(slo))
+            first_sp = speed.get(first_key)
             again.append((name, rate, first, m, None if sp is None or first_sp is None else sp / first_sp))
         else:
-            as_is.append((name, rate, m, simulate(root, name, rate, n, seed, slo, prof, "as-is")))
+            def sim(trace: SpeedTrace | None, o_factor: float = 1.0) -> dict[str, Any]:
+                return simulate(root, name, rate, n, seed, slo, prof, trace, o_factor)  # noqa: B023 (used at once)
+
+            as_is.append((name, rate, m, sim(None)))
             if previous is not None:
-                p = validate_sim.at_speed(prof, previous, root / name / f"profile-forecast-{rate:.4g}.json")
-                forecast.append((name, rate, m, simulate(root, name, rate, n, seed, slo, p, "forecast")))
+                forecast.append((name, rate, m, sim(SpeedTrace((0.0,), (previous,)), previous)))
             if sp is not None:
-                p = validate_sim.at_speed(prof, sp, root / name / f"profile-own-{rate:.4g}.json")
-                own.append((name, rate, m, simulate(root, name, rate, n, seed, slo, p, "own")))
+                own.append((name, rate, m, sim(SpeedTrace((0.0,), (sp,)), sp)))
+                ref = refs.get(name) or next(iter(refs.values()))
+                trace = trace_of(rows_log.between(*ref), rows_log.between(*w), float(rows_log.header["origin_unix"]),
+                                 float(man["clock"]["wall_anchor_unix_s"]), sp)
+                traced.append((name, rate, m, sim(trace, sp)))
+                print(f"  {key}: second by second x{min(trace.factors):.2f}-x{max(trace.factors):.2f} "
+                      f"over {len(trace.factors)} s", flush=True)
         previous = sp if sp is not None else previous
-    print("\nThe calibrated simulation as validated:")
+    print("\nAs calibrated:")
     validate_sim.print_rows(as_is)
     print("\nForecast: the profile scaled by the machine's speed in the measured run before (the first run has none):")
     validate_sim.print_rows(forecast, "meas / forecast")
-    print("\nAt the run's own speed (a diagnosis, not a prediction):")
+    print("\nAt the run's own speed, one number (a diagnosis, not a prediction):")
     validate_sim.print_rows(own, "meas / sim@speed")
+    print("\nAt the run's speed second by second (a diagnosis: what the step log can tell the simulation):")
+    validate_sim.print_rows(traced, "meas / sim@trace")
     if again:
         print("\nThe server against itself, and how much slower the second run's steps were than the first's:")
         validate_sim.print_rows([(n_, r, a, b) for n_, r, a, b, _ in again], "meas / again")

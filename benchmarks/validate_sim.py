@@ -21,6 +21,10 @@ the fit. `--refine-workload mix` refines once on a third workload, `refine-mix` 
 `--repeat` measures every point twice, the second right after the first: the table of the server against
 itself says how many comparisons any simulation could hope to win on this machine at this sample size.
 
+The engine logs its steps (`--step-log`, reference_engine.step_log): each measured run's machine speed against
+the refinement's is printed, with the simulation rescaled to it as a diagnosis, and the windows of every run
+are written to windows.json for `benchmarks/speed_drift.py` (the same second by second, and a forecast).
+
 The simulation's TTFT gets the request's fixed cost outside the steps (HTTP in and out, parsing), the `o`
 that calibrate fits beside the profile (the refined one by default); it is printed, and `--no-overhead`
 leaves it out.
@@ -436,6 +440,7 @@ def main() -> None:
         print("\nThe simulation with the profile scaled to the machine's speed during each run (one number a run, "
               "from the run's own steps: a diagnosis of the misses above, not a prediction):")
         print_rows(at_speed_rows, "meas / sim@speed")
+        print(f"(second by second, and a forecast from the run before: python benchmarks/speed_drift.py {out})")
     for name, text in fitted.items():
         print(f"\n{name}: fitted on {text}")
     print(f"validated: {', '.join(workloads)} with seed {args.seed}, {args.num_requests} requests a point"

@@ -19,6 +19,7 @@ noise, from a calibrated profile's provenance, for the CLI to apply unless told 
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -117,22 +118,51 @@ def as_factory(engine: Mapping[str, Any] | EngineFactory) -> EngineFactory:
     return ModeledEngine.from_knobs(engine) if isinstance(engine, Mapping) else engine
 
 
-class _JitteredWait:
-    """The engine's `wait_until` on a VirtualClock: jump over the modeled step time, optionally jittered."""
+@dataclass(frozen=True, slots=True)
+class SpeedTrace:
+    """How much slower (>1) than its profile the machine ran, from `times_s[i]` (virtual seconds, ascending) to
+    the next: a step starting then takes `factors[i]` times its modeled time (before `times_s[0]`, the first
+    factor). Read from a served run's step log (benchmarks/speed_drift.py) to ask what the simulation says when
+    told the machine's speed as it varied."""
 
-    def __init__(self, clock: VirtualClock, jitter_sd: float, seed: int) -> None:
+    times_s: tuple[float, ...]
+    factors: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.times_s or len(self.times_s) != len(self.factors):
+            raise SpecError("speed", len(self.factors), "needs one factor per time, at least one")
+        if any(b < a for a, b in zip(self.times_s, self.times_s[1:], strict=False)):
+            raise SpecError("speed", self.times_s, "times must be ascending")
+        if not all(isinstance(f, int | float) and 0 < f < float("inf") for f in self.factors):
+            raise SpecError("speed", self.factors, "factors must be numbers > 0")
+
+    def at(self, t_s: float) -> float:
+        return self.factors[max(bisect.bisect_right(self.times_s, t_s) - 1, 0)]
+
+
+class _JitteredWait:
+    """The engine's `wait_until` on a VirtualClock: jump over the modeled step time, optionally jittered and
+    scaled by the machine's speed at the step's start (`SpeedTrace`)."""
+
+    def __init__(self, clock: VirtualClock, jitter_sd: float, seed: int, speed: SpeedTrace | None = None) -> None:
         self.clock = clock
         self.jitter_sd = jitter_sd
         self.rng = np.random.default_rng(seed) if jitter_sd > 0 else None
+        self.speed = speed
         self.num_waits = 0
 
     def __call__(self, t_s: float) -> None:
         self.num_waits += 1
-        if self.rng is None:
+        if self.rng is None and self.speed is None:
             self.clock.advance_to(t_s)
             return
         now = self.clock.now_s()
-        self.clock.advance_to(now + (t_s - now) * max(0.5, 1.0 + self.rng.normal(0.0, self.jitter_sd)))
+        dt = t_s - now
+        if self.speed is not None:
+            dt *= self.speed.at(now)
+        if self.rng is not None:
+            dt *= max(0.5, 1.0 + self.rng.normal(0.0, self.jitter_sd))
+        self.clock.advance_to(now + dt)
 
 
 def calibrated_extras(profile: CostProfile) -> tuple[float, float]:
@@ -263,6 +293,7 @@ def simulate_records(
     disagg: DisaggFleet | None = None,
     request_overhead_s: float = 0.0,
     private_blocks: bool = True,
+    speed: SpeedTrace | None = None,
 ) -> list[RequestRecord]:
     """The records of one virtual-clock run, in arrival order. `engine`: knobs or a factory of fresh engines
     (its clock is replaced by the run's VirtualClock; its executor must model step times).
@@ -281,7 +312,8 @@ def simulate_records(
     `disagg` (or knobs naming prefill_replicas/decode_replicas/colocated_replicas/kv_link) simulates a
     disaggregated fleet instead (`slobench.fleet.disagg`); `replicas` must then stay 1.
 
-    `request_overhead_s` (the module's doc) moves every time after the send of each record by itself."""
+    `request_overhead_s` (the module's doc) moves every time after the send of each record by itself.
+    `speed` scales each step's time by the machine's speed when it starts (`SpeedTrace`; co-located fleets)."""
     o = request_overhead_s
     if isinstance(o, bool) or not isinstance(o, int | float) or not 0 <= o < float("inf"):
         raise SpecError("request_overhead_s", o, "must be a number >= 0 (seconds)")
@@ -289,6 +321,8 @@ def simulate_records(
         engine, named = split_fleet_knobs(dict(engine), router)
         disagg = disagg or named
     if disagg is not None:
+        if speed is not None:
+            raise SpecError("speed", "a trace", "applies to co-located replicas, not a disaggregated fleet")
         if replicas != 1:
             raise SpecError("replicas", replicas, "with prefill/decode instances, co-located ones are colocated_replicas")
         return _shift_after_send(simulate_disagg(specs, as_factory(engine), disagg, seed=seed, jitter_sd=jitter_sd,
@@ -306,7 +340,7 @@ def simulate_records(
         built = factory()
         clock = VirtualClock()
         # replica 0 keeps the run's own jitter stream, so one replica repeats the single-engine run exactly
-        wait = _JitteredWait(clock, float(jitter_sd), seed if k == 0 else zlib.crc32(repr((seed, k)).encode()))
+        wait = _JitteredWait(clock, float(jitter_sd), seed if k == 0 else zlib.crc32(repr((seed, k)).encode()), speed)
         eng = LLMEngine(built.config, built.executor, clock, wait_until=wait)
         eng.scheduler.block_manager.use_unkeyed_hash()  # no tenant to keep out: the cheaper hash
         reps.append(_Replica(k, eng, clock, wait))
