@@ -135,6 +135,13 @@ def machine_speed(reference: list[dict[str, float]], steps: list[dict[str, float
     return None if now is None or then is None else now / then
 
 
+def speeds_across(parts: list[list[dict[str, float]]]) -> list[float | None]:
+    """Each part's machine speed against all the parts' steps together (1.2: that part ran 20% slower than
+    the mean of the whole), from one step-time model fitted on them all; None for a part with no steps."""
+    every = [s for part in parts for s in part]
+    return [machine_speed(every, part) if part else None for part in parts]
+
+
 def speed_ratio(profile: Any, steps: list[dict[str, float]]) -> float | None:
     """Measured over predicted time of `steps` (None for no steps): above 1, the machine ran them slower
     than `profile` says."""

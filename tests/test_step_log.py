@@ -11,7 +11,15 @@ import pytest
 from reference_engine.config import EngineConfig
 from reference_engine.engine import LLMEngine, VirtualClock
 from reference_engine.executor.modeled_executor import CostProfile, ModeledExecutor
-from reference_engine.step_log import FIELDS, StepLog, machine_speed, predicted_s, read_step_log, speed_ratio
+from reference_engine.step_log import (
+    FIELDS,
+    StepLog,
+    machine_speed,
+    predicted_s,
+    read_step_log,
+    speed_ratio,
+    speeds_across,
+)
 from slobench.testing import EngineServerProcess
 
 PROFILE = CostProfile("lin", 0.004, 2e-5, 3e-4, 1e-6, attention_per_pair_s=1e-9, per_request_s=5e-4)
@@ -72,6 +80,43 @@ def test_machine_speed_compares_runs_of_other_compositions(tmp_path: Path) -> No
     assert machine_speed(ref, slow) == pytest.approx(1.25, rel=2e-3)
     assert machine_speed(ref, same) == pytest.approx(1.0, rel=2e-3)
     assert machine_speed(ref[:3], slow) is None and machine_speed(ref, []) is None
+
+
+def test_speeds_across_parts_are_against_their_mean(tmp_path: Path) -> None:
+    lin = CostProfile("lin", 0.004, 2e-5, 3e-4, 1e-6)
+    run_engine(lin, tmp_path / "a.jsonl", prompts=8)
+    run_engine(lin.scaled(1.5), tmp_path / "b.jsonl", prompts=8)
+    a, b = (read_step_log(tmp_path / f"{n}.jsonl").steps for n in ("a", "b"))
+    fast, slow, none = speeds_across([a, b, []])
+    assert none is None and fast is not None and slow is not None
+    assert slow / fast == pytest.approx(1.5, rel=0.05)  # one model for both: their ratio is the machines'
+    assert fast < 1 < slow
+
+
+def test_the_demo_keeps_the_step_log_and_says_how_fast_each_point_ran(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from slobench.cli import main
+    from slobench.cli.engine import _keep_step_log
+
+    out = tmp_path / "demo"
+    assert main(["demo", "--executor", "modeled", "--rates", "10,30", "--refine-knee", "0", "--num-requests", "30",
+                 "--out", str(out), "--no-report"]) == 0
+    text = capsys.readouterr().out
+    assert "machine speed (the engine's own steps, engine-steps.jsonl): the points ran x1.0" in text, text
+    assert "moved during the sweep" not in text  # modeled steps take what the profile says: the speed held
+    rows = read_step_log(out / "engine-steps.jsonl")
+    assert rows.header["executor"] == "modeled" and len(rows.steps) > 60
+    # a machine whose speed moved between the points is said to have moved
+    import reference_engine.step_log as step_log
+
+    spare = tmp_path / "steps.jsonl"
+    spare.write_text((out / "engine-steps.jsonl").read_text())
+    monkeypatch.setattr(step_log, "speeds_across", lambda parts: [0.9, 1.2][: len(parts)])
+    line = _keep_step_log(spare, out)
+    assert line is not None and "x0.90 (10 req/s) to x1.20 (30 req/s)" in line and "moved during the sweep" in line
+    assert not spare.exists()
+    assert _keep_step_log(tmp_path / "gone.jsonl", tmp_path / "no-sweep") is None  # nothing measured: nothing said
 
 
 def test_between_selects_by_unix_time(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import importlib
 import importlib.util
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -116,13 +117,23 @@ async def _demo(args: argparse.Namespace) -> int:
 
     # leave the client a core: on 2 cores, torch's default threads starve the load generator
     threads = max(1, (os.cpu_count() or 2) - 1)
-    with EngineServerProcess(*engine_args, torch_threads=threads) as srv:
-        console.print(f"engine ready at {srv.base_url} in {time.monotonic() - t0:.1f} s; sweeping {args.rates} req/s")
-        options = load_options(url=srv.base_url, workload=args.workload, rates=args.rates,
-                               num_requests=args.num_requests, slo=args.slo, seed=args.seed, out=str(out),
-                               refine_knee=args.refine_knee,
-                               scrape_interval=0.5, no_progress=not sys.stderr.isatty())  # fmt: skip
-        await sweep_rates(LoadSetup(options), rates, out, seed=args.seed)
+    # the engine logs its steps (reference_engine.step_log) beside the sweep, read back for the speed line
+    fd, steps_tmp = tempfile.mkstemp(prefix="slobench-demo-steps-", suffix=".jsonl")
+    os.close(fd)
+    try:
+        with EngineServerProcess(*engine_args, "--step-log", steps_tmp, torch_threads=threads) as srv:
+            console.print(f"engine ready at {srv.base_url} in {time.monotonic() - t0:.1f} s; sweeping {args.rates} req/s")
+            options = load_options(url=srv.base_url, workload=args.workload, rates=args.rates,
+                                   num_requests=args.num_requests, slo=args.slo, seed=args.seed, out=str(out),
+                                   refine_knee=args.refine_knee,
+                                   scrape_interval=0.5, no_progress=not sys.stderr.isatty())  # fmt: skip
+            code = await sweep_rates(LoadSetup(options), rates, out, seed=args.seed)
+    except BaseException:
+        Path(steps_tmp).unlink(missing_ok=True)
+        raise
+    line = _keep_step_log(Path(steps_tmp), out)
+    if line:
+        console.print(line, markup=False)
     if not args.no_report:
         try:
             from slobench.report import build_report
@@ -132,4 +143,49 @@ async def _demo(args: argparse.Namespace) -> int:
             path = build_report([str(out)], args.report or out / "report.html")
             console.print(f"report: {path}", markup=False)
     console.print(f"demo finished in {time.monotonic() - t0:.0f} s; run directories under {out}", markup=False)
-    return 0
+    return code
+
+
+SPEED_SPREAD_WARN = 1.15  # slowest / fastest point beyond which the demo says its knee moves with the machine
+
+
+def _keep_step_log(steps_tmp: Path, out: Path) -> str | None:
+    """Move the engine's step log into the sweep directory (engine-steps.jsonl) and say how fast the machine
+    ran each point's steps against the sweep's mean (reference_engine.step_log.speeds_across): on a shared
+    machine the knee moves with that speed from one demo to the next. None when there is nothing to say."""
+    import json
+    import shutil
+
+    from reference_engine.step_log import read_step_log, speeds_across
+    from slobench.run.records import load_run
+
+    try:
+        if not out.is_dir() or not (out / "sweep.json").exists():
+            return None
+        kept = out / "engine-steps.jsonl"
+        shutil.move(str(steps_tmp), kept)
+        rows = read_step_log(kept)
+        points, parts = [], []
+        for run in json.loads((out / "sweep.json").read_text()).get("runs", []):
+            d = out / run["run_dir"]
+            anchor = json.loads((d / "manifest.json").read_text())["clock"]["wall_anchor_unix_s"]
+            recs = load_run(d).records
+            ends = [r.done_s for r in recs if r.done_s is not None] or [r.sent_s for r in recs if r.sent_s is not None]
+            if not recs or not ends:
+                continue
+            points.append(run["rate_rps"])
+            parts.append(rows.between(anchor + min(r.scheduled_s for r in recs), anchor + max(ends) + 0.01))
+        speeds = [(r, s) for r, s in zip(points, speeds_across(parts), strict=True) if s is not None]
+    except (OSError, ValueError, KeyError) as e:  # the sweep is measured and kept: this line is only a note
+        return f"(machine speed: the engine's step log could not be read: {e})"
+    finally:
+        steps_tmp.unlink(missing_ok=True)
+    if len(speeds) < 2:
+        return None
+    lo, hi = min(speeds, key=lambda x: x[1]), max(speeds, key=lambda x: x[1])
+    text = (f"machine speed (the engine's own steps, {kept.name}): the points ran x{lo[1]:.2f} ({lo[0]:g} req/s) "
+            f"to x{hi[1]:.2f} ({hi[0]:g} req/s) of the sweep's mean step time")
+    if hi[1] / lo[1] > SPEED_SPREAD_WARN:
+        text += ("; the machine's speed moved during the sweep, and the knee moves with it: compare demos only "
+                 "from a quiet machine (README, \"The machine's speed\")")
+    return text
