@@ -16,6 +16,11 @@ same requests with the calibrated profile, its `o` and its noise (`simulate_reco
   tell the simulation, so what is left is the scheduler's and the profile's own error, and the part of the
   machine's noise no step log sees (the HTTP and client work between steps).
 
+Then a band instead of a point, which is a prediction: the machine's speed while the profile was fitted
+(the refinement's steps, 1 s bins) is read as an AR(1) process on its log (sd, lag-1 autocorrelation). Each
+point is simulated 40 times, each time with a path of that process drawn. The table counts the measured values
+that fall inside the 5-95% band of those simulations.
+
 And, when the validation ran `--repeat`, the server against itself next to the ratio of the two runs' speeds.
 
     python benchmarks/speed_drift.py runs/validate-20261202-092315
@@ -25,9 +30,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import validate_sim  # noqa: E402  (its SLOs, limits, judging and table)
@@ -72,6 +81,57 @@ def trace_of(ref: list[dict[str, float]], steps: list[dict[str, float]], origin:
     return SpeedTrace(tuple(k * BIN_S for k in range(first, last + 1)), tuple(factors))
 
 
+DRAWS, BAND = 40, (5.0, 95.0)  # speed paths drawn a point, and the band of their simulations (percentiles)
+
+
+def speed_process(ref: list[dict[str, float]], origin: float) -> tuple[float, float, int]:
+    """How the machine's speed wandered while the profile was fitted: the sd and lag-1 autocorrelation of its
+    log per BIN_S (an AR(1) process), from the reference's steps against a model fitted on them, and the number
+    of bins read."""
+    model = fit_steps(ref)
+    base = speed_ratio(model, ref) or 1.0
+    bins: dict[int, list[dict[str, float]]] = {}
+    for st in ref:
+        bins.setdefault(int((origin + st["t"]) // BIN_S), []).append(st)
+    logs = {k: math.log((speed_ratio(model, b) or base) / base) for k, b in bins.items() if len(b) >= MIN_STEPS}
+    if len(logs) < 4:
+        return 0.0, 0.0, len(logs)
+    pairs = np.array([(v, logs[k + 1]) for k, v in logs.items() if k + 1 in logs])
+    phi = float(np.corrcoef(pairs.T)[0, 1]) if len(pairs) > 2 else 0.0
+    return float(np.std(list(logs.values()))), max(0.0, min(phi, 0.99)), len(logs)
+
+
+def draw_trace(rng: np.random.Generator, sigma: float, phi: float, num_bins: int) -> SpeedTrace:
+    """One path of the AR(1) speed process, mean factor 1, BIN_S a step."""
+    x = np.empty(num_bins)
+    x[0] = rng.normal(0.0, sigma)
+    shocks = rng.normal(0.0, sigma * math.sqrt(1.0 - phi * phi), num_bins)
+    for t in range(1, num_bins):
+        x[t] = phi * x[t - 1] + shocks[t]
+    return SpeedTrace(tuple(i * BIN_S for i in range(num_bins)), tuple(np.exp(x - sigma * sigma / 2)))
+
+
+def print_bands(rows: list[tuple[str, float, dict[str, Any], dict[str, tuple[float, float]]]]) -> int:
+    """A table of measured values and the simulated bands; the count of values inside their band."""
+    keys = ("attainment", *validate_sim.PERCENTILES)
+    print("\n| workload | rate req/s | attainment meas [band] | TTFT p50 ms | TTFT p90 | TPOT p50 ms | TPOT p90 |")
+    print("|---|---|---|---|---|---|---|")
+    hits = total = 0
+    for name, rate, m, band in rows:
+        cells = []
+        for k in keys:
+            lo, hi = band[k]
+            v = m[k]
+            ok = v is not None and lo <= v <= hi
+            hits += ok
+            total += 1
+            f = (lambda x: f"{x:.0%}") if k == "attainment" else (lambda x: f"{x * 1e3:.{1 if x < 0.01 else 0}f}")
+            cells.append(f"{'n/a' if v is None else f(v)} [{f(lo)}-{f(hi)}]{'' if ok else ' ✗'}")
+        print(f"| {name} | {rate:.2f} | " + " | ".join(cells) + " |")
+    print(f"\n{hits} of {total} measured values inside the simulated {BAND[0]:g}-{BAND[1]:g}% band")
+    return hits
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dir", type=Path, help="a validate_sim.py output directory with steps.jsonl and windows.json")
@@ -93,7 +153,14 @@ def main() -> None:
     for key, _ in runs:
         sp = speed[key]
         print(f"  {key}: " + ("n/a" if sp is None else f"x{sp:.3f}"))
-    as_is, forecast, own, traced, again = [], [], [], [], []
+    as_is, forecast, own, traced, again, banded = [], [], [], [], [], []
+    processes = {}  # per workload: the speed process while its profile was fitted (AR(1) on log speed)
+    origin = float(rows_log.header["origin_unix"])
+    for name in {k.split("/")[0] for k, _ in runs}:
+        processes[name] = speed_process(rows_log.between(*(refs.get(name) or next(iter(refs.values())))), origin)
+        sigma, phi, nb = processes[name]
+        print(f"  {name}: while its profile was fitted, log speed per {BIN_S:g} s had sd {sigma:.3f} and lag-1 "
+              f"autocorrelation {phi:.2f} ({nb} bins)")
     previous: float | None = None
     for key, w in runs:
         name, leaf = key.split("/")
@@ -118,6 +185,15 @@ def main() -> None:
                 return simulate(root, name, rate, n, seed, slo, prof, trace, o_factor)  # noqa: B023 (used at once)
 
             as_is.append((name, rate, m, sim(None)))
+            sigma, phi, _ = processes[name]
+            if sigma > 0:
+                rng = np.random.default_rng(zlib.crc32(key.encode()))
+                num_bins = int(3 * n / rate / BIN_S) + 30  # past the knee the queue drains long after the last arrival
+                draws = [sim(draw_trace(rng, sigma, phi, num_bins)) for _ in range(DRAWS)]
+                band = {k: (float(np.percentile([d[k] for d in draws], BAND[0])),
+                            float(np.percentile([d[k] for d in draws], BAND[1])))
+                        for k in ("attainment", *validate_sim.PERCENTILES)}
+                banded.append((name, rate, m, band))
             if previous is not None:
                 forecast.append((name, rate, m, sim(SpeedTrace((0.0,), (previous,)), previous)))
             if sp is not None:
@@ -137,6 +213,10 @@ def main() -> None:
     validate_sim.print_rows(own, "meas / sim@speed")
     print("\nAt the run's speed second by second (a diagnosis: what the step log can tell the simulation):")
     validate_sim.print_rows(traced, "meas / sim@trace")
+    if banded:
+        print(f"\nA band, not a point: {DRAWS} simulations a point, each with a path of the machine's speed drawn "
+              "from the process measured while the profile was fitted (a prediction: nothing of the run is used):")
+        print_bands(banded)
     if again:
         print("\nThe server against itself, and how much slower the second run's steps were than the first's:")
         validate_sim.print_rows([(n_, r, a, b) for n_, r, a, b, _ in again], "meas / again")
