@@ -21,6 +21,7 @@ reader sees every finished step without the server stopping; ~2 µs a step.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import IO, Any
 from reference_engine.errors import ConfigError
 from reference_engine.executor.base import StepBatch
 
+log = logging.getLogger(__name__)
 FIELDS = ("t", "s", "p", "d", "c", "a", "f", "n")
 FORMAT = "slobench-step-log/1"
 
@@ -59,13 +61,20 @@ class StepLog:
         except OSError as e:
             raise ConfigError("step_log", str(path), f"cannot be written: {e.strerror}") from None
         self.path = Path(path)
+        self.failed: str | None = None  # why the log stopped, if it did (the engine serves on)
         head = {"format": FORMAT, "origin_unix": time.time() - clock_now_s, **(header or {})}
         self._f.write(json.dumps(head) + "\n")
 
     def record(self, t0: float, t1: float, batch: StepBatch) -> None:
+        if self.failed is not None:
+            return
         p, d, c, a, f = batch_features(batch)
-        self._f.write(f'{{"t":{t0:.6f},"s":{t1 - t0:.6f},"p":{p},"d":{d},"c":{c},"a":{a},"f":{f},'
-                      f'"n":{len(batch.chunks)}}}\n')
+        try:
+            self._f.write(f'{{"t":{t0:.6f},"s":{t1 - t0:.6f},"p":{p},"d":{d},"c":{c},"a":{a},"f":{f},'
+                          f'"n":{len(batch.chunks)}}}\n')
+        except (OSError, ValueError) as e:  # a full disk must not stop the serving: the log stops, said once
+            self.failed = str(e)
+            log.warning("step log %s: stopped after an error (%s); the engine serves on", self.path, e)
 
     def close(self) -> None:
         if not self._f.closed:

@@ -119,6 +119,18 @@ def test_the_demo_keeps_the_step_log_and_says_how_fast_each_point_ran(
     assert _keep_step_log(tmp_path / "gone.jsonl", tmp_path / "no-sweep") is None  # nothing measured: nothing said
 
 
+def test_a_log_that_cannot_be_written_stops_and_the_engine_serves_on(tmp_path: Path) -> None:
+    log = tmp_path / "s.jsonl"
+    engine = run_engine(PROFILE, log, prompts=2)  # closes the log at the end: every later write fails
+    assert engine.step_log is not None and engine.step_log.failed is None
+    n = engine.num_steps
+    engine.add_request([60, 61, 62, 63], max_tokens=3, ignore_eos=True)
+    while engine.has_work():
+        engine.step()
+    assert engine.num_steps == n + 3 and engine.step_log.failed  # it served; the log said why it stopped
+    assert len(read_step_log(log).steps) == n
+
+
 def test_between_selects_by_unix_time(tmp_path: Path) -> None:
     run_engine(PROFILE, tmp_path / "s.jsonl")
     rows = read_step_log(tmp_path / "s.jsonl")

@@ -133,7 +133,7 @@ async def _demo(args: argparse.Namespace) -> int:
         raise
     line = _keep_step_log(Path(steps_tmp), out)
     if line:
-        console.print(line, markup=False)
+        console.print(line, markup=False, soft_wrap=True)  # one line, whatever the width
     if not args.no_report:
         try:
             from slobench.report import build_report
