@@ -147,3 +147,37 @@ def test_probes_no_engine_could_produce_are_said() -> None:
     proxied = probes({1: 1.7, 4: 1.5, 8: 0.7}, {16: 77.0, 128: 52.0, 256: 53.0})  # LiteLLM's, 2026-12-02
     notes = retiming_notes(proxied)
     assert len(notes) == 2 and "1.70 ms at batch 1 to 0.70 ms at batch 8" in notes[0] and "77.0 ms" in notes[1]
+
+
+def test_round_speeds_read_the_rounds_against_their_median() -> None:
+    from slobench.profiles.calibrate import round_speeds
+
+    # three probes, the third round 30% slower for every one: the rounds read 1, 1 and 1.3
+    assert round_speeds([[1.0, 1.0, 1.3], [2.0, 2.0, 2.6], [5.0, 5.0, 6.5]]) == pytest.approx([1.0, 1.0, 1.3])
+    # one probe's noise does not move a round: the median over probes reads the machine
+    assert round_speeds([[1.0, 1.0, 1.3], [2.0, 2.0, 2.6], [5.0, 9.0, 6.5]]) == pytest.approx([1.0, 1.0, 1.3])
+    assert round_speeds([[1.0], [2.0]]) == [] and round_speeds([]) == []
+
+
+def test_calibrate_says_when_the_servers_speed_moved_between_rounds(
+    server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import slobench.profiles.calibrate as calmod
+
+    plan = ProbePlan(prompt_lens=(16, 64, 128), batches=(1, 6), contexts=(32, 64), output_len=8, repeats=2)
+    cal = asyncio.run(calibrate(server, "tiny", plan))
+    # the modeled server's steps take what its profile says: the rounds agree, and nothing is said
+    assert len(cal.round_speeds) == 2 and all(0.8 < x < 1.25 for x in cal.round_speeds), cal.round_speeds
+    assert not [n for n in cal.notes if "speed moved" in n]
+    real = calmod.measure
+
+    async def drifting(*a: object, **kw: object) -> list[Probe]:
+        probes = await real(*a, **kw)  # type: ignore[arg-type]
+        kw["info"]["round_speeds"] = [0.95, 1.3]  # type: ignore[index]  (as a machine that slowed down would read)
+        return probes
+
+    monkeypatch.setattr(calmod, "measure", drifting)
+    cal = asyncio.run(calibrate(server, "tiny", plan))
+    said = [n for n in cal.notes if "speed moved" in n]
+    assert said and "x0.95, x1.30" in said[0] and "by x1.37" in said[0], cal.notes
+    assert calmod.with_provenance(cal, server, "tiny", plan).provenance["round_speeds"] == [0.95, 1.3]  # type: ignore[index]

@@ -105,6 +105,7 @@ class Calibration:
     wall_s: float
     notes: list[str] = field(default_factory=list)
     max_num_seqs: int | None = None  # the most requests the server decoded at once, when below the probes' batch
+    round_speeds: list[float] = field(default_factory=list)  # each round of probes against the median (round_speeds)
 
     def held_out_errors(self, kind: str | None = None) -> np.ndarray:
         return np.array([abs(p.error) for p in self.probes if p.held_out and (kind is None or p.kind == kind)])
@@ -199,10 +200,12 @@ async def measure(target: Any, plan: ProbePlan, *, seed: int = 0,
     prompt_tokens = {n: n for n in plan.prompt_lens}
     decodes = [(b, L) for b in batches for L in plan.contexts]
     halves: dict[tuple[int, int], list[list[tuple[float, float]]]] = {bl: [[], []] for bl in decodes}
+    by_round: dict[tuple[str, int, int], list[float]] = {}  # each probe's value in each round (round_speeds)
     for _ in range(plan.repeats):
         for n in plan.prompt_lens:
             (r,) = await _send(target, [spec(n, 1)])
             ttfts[n].append(r.first_token_s - r.sent_s)  # type: ignore[operator]
+            by_round.setdefault(("prefill", n, 0), []).append(ttfts[n][-1])
             prompt_tokens[n] = r.prompt_tokens or n
         for batch, ctx in decodes:
             recs = await _send(target, [spec(ctx, plan.output_len) for _ in range(batch)])
@@ -224,6 +227,11 @@ async def measure(target: Any, plan: ProbePlan, *, seed: int = 0,
                     "(calibrate the engine itself)") from None
             for h, gaps in zip(halves[batch, ctx], steady, strict=True):
                 h.extend(gaps)
+            both = [g for gaps in steady for g, _ in gaps]
+            if both:
+                by_round.setdefault(("decode", batch, ctx), []).append(float(np.median(both)))
+    if info is not None:
+        info["round_speeds"] = round_speeds(list(by_round.values()))
     for i, n in enumerate(plan.prompt_lens):
         add(Probe("prefill", f"prompt {prompt_tokens[n]}", prefill_row(prompt_tokens[n]), float(np.median(ttfts[n])),
                   held_out=i % 3 == 1))
@@ -235,6 +243,23 @@ async def measure(target: Any, plan: ProbePlan, *, seed: int = 0,
             add(Probe("decode", f"batch {batch} x prompt {ctx}, {'1st' if half == 0 else '2nd'} half",
                       decode_row(batch, float(g[:, 1].mean()) * batch), _trimmed_mean(g[:, 0]), held_out=k % 3 == 1))
     return probes
+
+
+def round_speeds(by_round: Sequence[Sequence[float]]) -> list[float]:
+    """How fast the server ran each round of the probes, against its median round: for each probe, its value
+    in a round over its median over the rounds; for each round, the median of that over the probes (1.2: the
+    round ran 20% slower). The same probes a round apart differ only by the server's speed and its noise, so a
+    spread well above 1 is the server's (or its machine's) speed moving while it was calibrated, which the
+    profile, fitted on the medians, cannot carry (README: "The machine's speed"). [] with under two rounds."""
+    full = [v for v in by_round if len(v) >= 2 and all(x > 0 for x in v)]
+    if not full:
+        return []
+    rounds = min(len(v) for v in full)
+    rel = np.array([[x / float(np.median(v[:rounds])) for x in v[:rounds]] for v in full])
+    return [float(x) for x in np.median(rel, axis=0)]
+
+
+SPEED_SPREAD_NOTE = 1.1  # slowest / fastest round beyond which calibrate says the server's speed moved
 
 
 # tokens each warm-up decode request generates (at least; the plan's output_len if longer): long enough that
@@ -353,6 +378,13 @@ async def calibrate(url: str, model: str, plan: ProbePlan | None = None, *, seed
                          "where it reports them, else approximate"
                          + (f"; it counts {per_word:.2f} tokens a word, so each prompt was sent as its length "
                             f"/ {per_word:.2f} words" if per_word != 1.0 else ""))
+    cal.round_speeds = list(info.get("round_speeds") or [])
+    if len(cal.round_speeds) >= 2 and max(cal.round_speeds) / min(cal.round_speeds) > SPEED_SPREAD_NOTE:
+        cal.notes.append("the same probes ran at " + ", ".join(f"x{x:.2f}" for x in cal.round_speeds)
+                         + " of their median in the successive rounds: the server's speed moved by "
+                         f"x{max(cal.round_speeds) / min(cal.round_speeds):.2f} while it was calibrated, and a "
+                         "simulation of this profile cannot know when it will move again (calibrate again on a "
+                         "steadier machine, or read simulated attainment near the knee with that margin)")
     if info.get("decoding_together") == 1 and max(plan.batches) > 1:  # measure probed batch 1 alone
         cal.max_num_seqs = 1
         cal.notes.append(f"the server decoded at most 1 request at a time ({max(plan.batches)} sent together): "
@@ -379,7 +411,7 @@ def with_provenance(cal: Calibration, url: str, model: str, plan: ProbePlan) -> 
                            "decode_max": dec[1]},
         "probes": [{"kind": p.kind, "label": p.label, "measured_s": p.measured_s, "predicted_s": p.predicted_s,
                     "held_out": p.held_out, "row": dict(zip(COLUMNS, p.row, strict=True))} for p in cal.probes],
-        "notes": cal.notes,
+        "notes": cal.notes, "round_speeds": cal.round_speeds,
     }
     if cal.max_num_seqs is not None:
         prov["served_max_num_seqs"] = cal.max_num_seqs  # a simulation above it is another server (calibrated_flags)
@@ -403,6 +435,8 @@ def print_table(cal: Calibration, write: Callable[[str], None] = print) -> None:
     for kind in ("prefill", "decode"):
         med, worst, n = cal.error_summary(kind)
         write(f"held-out {kind:<7} error: median {med:.1%}, max {worst:.1%} over {n} probes")
+    if cal.round_speeds:
+        write("rounds of the same probes against their median: " + ", ".join(f"x{x:.2f}" for x in cal.round_speeds))
     write(f"wall time {cal.wall_s:.0f} s")
 
 
