@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -103,8 +104,13 @@ def test_the_demo_keeps_the_step_log_and_says_how_fast_each_point_ran(
     assert main(["demo", "--executor", "modeled", "--rates", "10,30", "--refine-knee", "0", "--num-requests", "30",
                  "--out", str(out), "--no-report"]) == 0
     text = capsys.readouterr().out
-    assert "machine speed (the engine's own steps, engine-steps.jsonl): the points ran x1.0" in text, text
-    assert "moved during the sweep" not in text  # modeled steps take what the profile says: the speed held
+    said = re.search(r"machine speed \(the engine's own steps, engine-steps.jsonl\): the points ran x([0-9.]+) "
+                     r"\((10|30) req/s\) to x([0-9.]+) \((10|30) req/s\) of the sweep's mean step time", text)
+    assert said is not None, text
+    # modeled steps sleep what the profile says, plus the OS's wake-up lateness (which a loaded machine
+    # stretches: whether the spread passes the warning's 1.15 is the machine's, not asserted here)
+    lo, hi = float(said[1]), float(said[3])
+    assert 0.5 < lo <= hi < 2.0 and {said[2], said[4]} == {"10", "30"}
     rows = read_step_log(out / "engine-steps.jsonl")
     assert rows.header["executor"] == "modeled" and len(rows.steps) > 60
     # a machine whose speed moved between the points is said to have moved
