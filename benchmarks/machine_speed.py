@@ -52,7 +52,9 @@ def main() -> None:
         loads["torch matmul"] = mm
     cores = sorted(os.sched_getaffinity(0))
     times: dict[tuple[str, int], list[float]] = {(name, c): [] for name in loads for c in cores}
-    end = time.monotonic() + args.seconds
+    by_minute: dict[tuple[str, int], list[float]] = {}  # every core's samples of a load, per minute
+    start = time.monotonic()
+    end = start + args.seconds
     try:
         while time.monotonic() < end:
             for c in cores:
@@ -60,7 +62,9 @@ def main() -> None:
                 for name, fn in loads.items():
                     t0 = time.perf_counter()
                     fn()
-                    times[(name, c)].append(time.perf_counter() - t0)
+                    dt = time.perf_counter() - t0
+                    times[(name, c)].append(dt)
+                    by_minute.setdefault((name, int((t0 - start) // 60)), []).append(dt)
             time.sleep(args.every)
     finally:
         os.sched_setaffinity(0, set(cores))
@@ -72,6 +76,12 @@ def main() -> None:
         if ts:
             print(f"| {name} | {c} | {len(ts)} | {min(ts) * 1e3:.1f} | {statistics.median(ts) * 1e3:.1f} | "
                   f"{max(ts) * 1e3:.1f} | {max(ts) / min(ts):.2f} |")
+    minutes = sorted({m for _, m in by_minute})
+    if len(minutes) > 1:  # the slower drift: each minute's median, against the fastest minute's
+        print("\nmedian ms per minute (both cores), and slowest / fastest minute:")
+        for name in loads:
+            meds = [statistics.median(by_minute[(name, m)]) for m in minutes if (name, m) in by_minute]
+            print(f"  {name}: " + " ".join(f"{x * 1e3:.1f}" for x in meds) + f"  ({max(meds) / min(meds):.2f})")
 
 
 if __name__ == "__main__":
