@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import validate_sim  # noqa: E402  (its SLOs, limits, judging and table)
 
 from reference_engine.executor.modeled_executor import CostProfile  # noqa: E402
-from reference_engine.step_log import fit_steps, machine_speed, read_step_log, speed_ratio  # noqa: E402
+from reference_engine.step_log import machine_speed, read_step_log, speeds_across  # noqa: E402
 from slobench.analysis.slo import SLO  # noqa: E402
 from slobench.fleet.simulate import SpeedTrace, calibrated_extras, simulate_records  # noqa: E402
 from slobench.workload import generate, load_workload  # noqa: E402
@@ -63,22 +63,25 @@ def simulate(root: Path, name: str, rate: float, n: int, seed: int, slo: str, pr
     return validate_sim.judge(records, SLO.parse(slo))
 
 
+def per_bin(ref: list[dict[str, float]], steps: list[dict[str, float]], origin: float,
+            t0: float = 0.0) -> dict[int, float]:
+    """The machine's speed in each BIN_S of `steps` (bin k: from t0 + k BIN_S, Unix time) that holds at least
+    MIN_STEPS steps, against a model fitted on the reference's (`speeds_across`)."""
+    bins: dict[int, list[dict[str, float]]] = {}
+    for st in steps:
+        bins.setdefault(int((origin + st["t"] - t0) // BIN_S), []).append(st)
+    keys = [k for k, b in bins.items() if len(b) >= MIN_STEPS]
+    return {k: v for k, v in zip(keys, speeds_across([bins[k] for k in keys], ref), strict=True) if v is not None}
+
+
 def trace_of(ref: list[dict[str, float]], steps: list[dict[str, float]], origin: float, anchor: float,
              whole: float) -> SpeedTrace:
     """The machine's speed in each BIN_S of a run (virtual time: the run's clock, 0 at `anchor`), from the
     run's steps against a model fitted on the reference's; `whole` (the run's) where a bin has few steps."""
-    model = fit_steps(ref)
-    base = speed_ratio(model, ref) or 1.0
-    bins: dict[int, list[dict[str, float]]] = {}
-    for st in steps:
-        bins.setdefault(int((origin + st["t"] - anchor) // BIN_S), []).append(st)
-    first, last = min(bins), max(bins)
-    factors = []
-    for k in range(first, last + 1):
-        b = bins.get(k, [])
-        r = speed_ratio(model, b) if len(b) >= MIN_STEPS else None
-        factors.append(whole if r is None else r / base)
-    return SpeedTrace(tuple(k * BIN_S for k in range(first, last + 1)), tuple(factors))
+    speeds = per_bin(ref, steps, origin, anchor)
+    first, last = (int((origin + st["t"] - anchor) // BIN_S) for st in (steps[0], steps[-1]))
+    return SpeedTrace(tuple(k * BIN_S for k in range(first, last + 1)),
+                      tuple(speeds.get(k, whole) for k in range(first, last + 1)))
 
 
 DRAWS, BAND = 40, (5.0, 95.0)  # speed paths drawn a point, and the band of their simulations (percentiles)
@@ -88,12 +91,7 @@ def speed_process(ref: list[dict[str, float]], origin: float) -> tuple[float, fl
     """How the machine's speed wandered while the profile was fitted: the sd and lag-1 autocorrelation of its
     log per BIN_S (an AR(1) process), from the reference's steps against a model fitted on them, and the number
     of bins read."""
-    model = fit_steps(ref)
-    base = speed_ratio(model, ref) or 1.0
-    bins: dict[int, list[dict[str, float]]] = {}
-    for st in ref:
-        bins.setdefault(int((origin + st["t"]) // BIN_S), []).append(st)
-    logs = {k: math.log((speed_ratio(model, b) or base) / base) for k, b in bins.items() if len(b) >= MIN_STEPS}
+    logs = {k: math.log(v) for k, v in per_bin(ref, ref, origin).items()}
     if len(logs) < 4:
         return 0.0, 0.0, len(logs)
     pairs = np.array([(v, logs[k + 1]) for k, v in logs.items() if k + 1 in logs])

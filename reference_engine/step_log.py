@@ -35,23 +35,6 @@ FIELDS = ("t", "s", "p", "d", "c", "a", "f", "n")
 FORMAT = "slobench-step-log/1"
 
 
-def batch_features(batch: StepBatch) -> tuple[int, int, int, int, int]:
-    """(prompt tokens, decoding sequences, context tokens, attention pairs, first tokens) of one step, as the
-    modeled executor counts them for `CostProfile.step_s`."""
-    prefill = decode = context = pairs = firsts = 0
-    for c in batch.chunks:
-        n = len(c.token_ids)
-        context += c.start_pos + n
-        pairs += n * c.start_pos + n * (n + 1) // 2
-        if c.sample and n == 1:
-            decode += 1
-        else:
-            prefill += n
-        if c.sample and not c.num_generated:
-            firsts += 1
-    return prefill, decode, context, pairs, firsts
-
-
 class StepLog:
     """Appends one line per step to `path` (created, or truncated, with a header line)."""
 
@@ -68,7 +51,7 @@ class StepLog:
     def record(self, t0: float, t1: float, batch: StepBatch) -> None:
         if self.failed is not None:
             return
-        p, d, c, a, f = batch_features(batch)
+        p, d, c, a, f = batch.features()
         try:
             self._f.write(f'{{"t":{t0:.6f},"s":{t1 - t0:.6f},"p":{p},"d":{d},"c":{c},"a":{a},"f":{f},'
                           f'"n":{len(batch.chunks)}}}\n')
@@ -137,18 +120,25 @@ def machine_speed(reference: list[dict[str, float]], steps: list[dict[str, float
     """How much slower (>1) the machine ran `steps` than `reference`: a linear model of step time fitted on
     `reference` (`fit_steps`) scores both sets on their own compositions, and the ratio of their measured over
     predicted time is the answer. None when either set is empty."""
-    if len(reference) < 4 or not steps:
-        return None
+    return speeds_across([steps], reference)[0]
+
+
+def speeds_across(parts: list[list[dict[str, float]]],
+                  reference: list[dict[str, float]] | None = None) -> list[float | None]:
+    """Each part's machine speed against `reference` (by default all the parts' steps together: 1.2, that part
+    ran 20% slower than the mean of the whole), from one step-time model fitted once on the reference; None
+    for a part with no steps, or every part when the reference has under 4."""
+    if reference is None:
+        reference = [s for part in parts for s in part]
+    if len(reference) < 4:
+        return [None] * len(parts)
     model = fit_steps(reference)
-    now, then = speed_ratio(model, steps), speed_ratio(model, reference)
-    return None if now is None or then is None else now / then
-
-
-def speeds_across(parts: list[list[dict[str, float]]]) -> list[float | None]:
-    """Each part's machine speed against all the parts' steps together (1.2: that part ran 20% slower than
-    the mean of the whole), from one step-time model fitted on them all; None for a part with no steps."""
-    every = [s for part in parts for s in part]
-    return [machine_speed(every, part) if part else None for part in parts]
+    base = speed_ratio(model, reference)
+    out: list[float | None] = []
+    for part in parts:
+        now = speed_ratio(model, part)
+        out.append(None if now is None or base is None else now / base)
+    return out
 
 
 def speed_ratio(profile: Any, steps: list[dict[str, float]]) -> float | None:

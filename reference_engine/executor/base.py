@@ -56,6 +56,23 @@ class StepBatch:
     def num_context_tokens(self) -> int:
         return sum(c.start_pos + len(c.token_ids) for c in self.chunks)
 
+    def features(self) -> tuple[int, int, int, int, int]:
+        """(prompt tokens, decoding sequences, context tokens, attention pairs, first tokens) in one pass: what
+        `CostProfile.step_s` charges (the modeled executor) and the step log records (reference_engine.step_log).
+        A one-token chunk that samples is a decode; a request samples its first token when it has none yet."""
+        prefill = decode = context = pairs = firsts = 0
+        for c in self.chunks:
+            n = len(c.token_ids)
+            context += c.start_pos + n
+            pairs += n * c.start_pos + n * (n + 1) // 2
+            if c.sample and n == 1:
+                decode += 1
+            else:
+                prefill += n
+            if c.sample and not c.num_generated:
+                firsts += 1
+        return prefill, decode, context, pairs, firsts
+
 
 @dataclass(slots=True)
 class StepResult:

@@ -201,23 +201,12 @@ class ModeledExecutor:
         return token
 
     def execute(self, batch: StepBatch) -> StepResult:
-        tokens: list[int | None] = []
-        prefill = decode = context = pairs = firsts = 0
-        count_pairs = self.profile.is_roofline  # the linear model needs no pairs: keep its hot loop short
-        for c in batch.chunks:
-            n = len(c.token_ids)
-            context += c.start_pos + n
-            if c.sample and n == 1:
-                decode += 1
-            else:
-                prefill += n
-            if count_pairs:
-                pairs += n * c.start_pos + n * (n + 1) // 2
-            allow_eos = c.num_generated >= c.sampling.min_tokens
-            if c.sample and not c.num_generated:
-                firsts += 1
-            tokens.append(self.token_at(c.seq_id, c.start_pos + n, allow_eos=allow_eos) if c.sample else None)
-        step_s = self.profile.step_s(prefill, decode, context, pairs if count_pairs else None, firsts)
+        prefill, decode, context, pairs, firsts = batch.features()
+        tokens: list[int | None] = [
+            self.token_at(c.seq_id, c.start_pos + len(c.token_ids), allow_eos=c.num_generated >= c.sampling.min_tokens)
+            if c.sample else None for c in batch.chunks]
+        # the linear model reads context tokens where a roofline one reads pairs
+        step_s = self.profile.step_s(prefill, decode, context, pairs if self.profile.is_roofline else None, firsts)
         self.num_steps += 1
         self.total_modeled_s += step_s
         return StepResult(tokens, modeled_s=step_s)

@@ -128,10 +128,9 @@ async def _demo(args: argparse.Namespace) -> int:
                                    refine_knee=args.refine_knee,
                                    scrape_interval=0.5, no_progress=not sys.stderr.isatty())  # fmt: skip
             code = await sweep_rates(LoadSetup(options), rates, out, seed=args.seed)
-    except BaseException:
-        Path(steps_tmp).unlink(missing_ok=True)
-        raise
-    line = _keep_step_log(Path(steps_tmp), out)
+        line = _keep_step_log(Path(steps_tmp), out)
+    finally:
+        Path(steps_tmp).unlink(missing_ok=True)  # moved into the sweep directory, unless the sweep made none
     if line:
         console.print(line, markup=False, soft_wrap=True)  # one line, whatever the width
     if not args.no_report:
@@ -150,9 +149,10 @@ SPEED_SPREAD_WARN = 1.15  # slowest / fastest point beyond which the demo says i
 
 
 def _keep_step_log(steps_tmp: Path, out: Path) -> str | None:
-    """Move the engine's step log into the sweep directory (engine-steps.jsonl) and say how fast the machine
-    ran each point's steps against the sweep's mean (reference_engine.step_log.speeds_across): on a shared
-    machine the knee moves with that speed from one demo to the next. None when there is nothing to say."""
+    """Move the engine's step log into the sweep directory (engine-steps.jsonl; with no sweep there, the caller
+    removes `steps_tmp`) and say how fast the machine ran each point's steps against the sweep's mean
+    (reference_engine.step_log.speeds_across): on a shared machine the knee moves with that speed from one
+    demo to the next. None when there is nothing to say."""
     import json
     import shutil
 
@@ -178,8 +178,6 @@ def _keep_step_log(steps_tmp: Path, out: Path) -> str | None:
         speeds = [(r, s) for r, s in zip(points, speeds_across(parts), strict=True) if s is not None]
     except (OSError, ValueError, KeyError) as e:  # the sweep is measured and kept: this line is only a note
         return f"(machine speed: the engine's step log could not be read: {e})"
-    finally:
-        steps_tmp.unlink(missing_ok=True)
     if len(speeds) < 2:
         return None
     lo, hi = min(speeds, key=lambda x: x[1]), max(speeds, key=lambda x: x[1])
