@@ -65,9 +65,9 @@ def run_batch(args: argparse.Namespace, batch: int) -> dict[str, float]:
     prompt_len = args.context - args.steps // 2
     num_blocks = batch * -(-(prompt_len + args.steps + 2) // BLOCK_SIZE) + 8
     ex = TorchExecutor(args.model, num_blocks, BLOCK_SIZE, dtype=getattr(torch, args.dtype), device=device,
-                       attention_backend=args.attention_backend)  # fmt: skip
+                       attention_backend=args.attention_backend)
     cfg = EngineConfig(block_size=BLOCK_SIZE, num_blocks=num_blocks, max_num_seqs=batch,
-                       max_num_batched_tokens=2048, max_model_len=4096, enable_prefix_caching=True)  # fmt: skip
+                       max_num_batched_tokens=2048, max_model_len=4096, enable_prefix_caching=True)
     engine = LLMEngine(cfg, ex)
     gen = torch.Generator().manual_seed(batch)
     for _ in range(batch):  # distinct prompts: no prefix hits, every sequence has its own KV
@@ -115,13 +115,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=32, help="timed decode steps per batch size")
     parser.add_argument("--batches", default="1,8,32,64")
     parser.add_argument("--attention-backend", choices=["sdpa", "kernels"], default=None,
-                        help="default: kernels on CUDA, sdpa on the CPU")  # fmt: skip
+                        help="default: kernels on CUDA, sdpa on the CPU")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     print(f"engine step, model={args.model} device={args.device} dtype={args.dtype} threads={args.threads} "
-          f"context~{args.context} block_size={BLOCK_SIZE}, real LLMEngine + TorchExecutor, per-step medians")  # fmt: skip
+          f"context~{args.context} block_size={BLOCK_SIZE}, real LLMEngine + TorchExecutor, per-step medians")
     header = (
         f"{'batch':>5} {'decode tok/s':>12} {'step ms':>8} {'forward ms':>10} {'outside %':>9} {'GFLOP/s':>8}"
     )
@@ -133,7 +133,7 @@ def main() -> None:
     for batch in (int(b) for b in args.batches.split(",")):
         r = run_batch(args, batch)
         print(f"{batch:>5} {r['tok_s']:>12.0f} {r['step_ms']:>8.2f} {r['forward_ms']:>10.2f} "
-              f"{r['outside_pct']:>9.1f} {r['gflop_s']:>8.1f}")  # fmt: skip
+              f"{r['outside_pct']:>9.1f} {r['gflop_s']:>8.1f}")
 
 
 if __name__ == "__main__":

@@ -174,7 +174,7 @@ class DecodeBench:
             SeqChunk(i, [self.rng.randrange(self.cfg.vocab_size)], context_len - 1,
                      blocks[i * per_seq : (i + 1) * per_seq], sample=True)
             for i in range(batch)
-        ]  # fmt: skip
+        ]
         return StepBatch(chunks)
 
     def time_cell(self, batch: int, context_len: int) -> tuple[float, float | None, str]:
@@ -236,9 +236,9 @@ def run_decode_grid(args: argparse.Namespace, bandwidth: float) -> list[DecodeCe
         roof_s = (bench.weight_bytes + batch * context_len * bench.kv_bytes_per_token) / bandwidth
         if bench.blocks_needed(batch, context_len) > bench.num_blocks:
             cell = DecodeCell(batch, context_len, None, None, roof_s * 1e3, None, None, None, None,
-                              "skipped: KV does not fit")  # fmt: skip
+                              "skipped: KV does not fit")
             print(f"{batch:>5} {context_len:>7} {'—':>9} {'—':>9} {roof_s * 1e3:>8.3f} {'—':>7} {'—':>8} "
-                  f"{'—':>7} {'—':>9} {cell.mode}")  # fmt: skip
+                  f"{'—':>7} {'—':>9} {cell.mode}")
             cells.append(cell)
             continue
         step_s, graph_s, mode = bench.time_cell(batch, context_len)

@@ -20,10 +20,10 @@ from slobench.cli import main as slobench
 
 def markdown(plan: dict) -> str:
     rows = ["| strategy | GPU-hours | attainment | goodput / GPU (req/s) | windows at target | most instances | instances switched |",
-            "|---|---|---|---|---|---|---|"]  # fmt: skip
+            "|---|---|---|---|---|---|---|"]
     for name, s in plan["strategies"].items():
         rows.append(f"| {name} | {s['gpu_hours']:.1f} | {s['attainment']:.2%} | {s['goodput_per_gpu_rps']:.2f} | "
-                     f"{s['windows_met']}/{s['num_windows']} | {s['max_instances']} | {s['instances_switched']} |")  # fmt: skip
+                     f"{s['windows_met']}/{s['num_windows']} | {s['max_instances']} | {s['instances_switched']} |")
     return "\n".join(rows)
 
 
@@ -41,7 +41,7 @@ def main() -> int:
     t0 = time.perf_counter()
     rc = slobench(["plan", "--workload", "day", "--rate", a.rate, "--profile", a.profile, "--slo", a.slo,
                    "--window", a.window, "--max-requests", a.max_requests, "--jobs", a.jobs, "--out", a.out,
-                   *a.extra])  # fmt: skip
+                   *a.extra])
     wall = time.perf_counter() - t0
     path = Path(a.out) / "plan.json"
     if not path.is_file():

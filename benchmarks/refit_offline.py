@@ -45,7 +45,7 @@ from slobench.run.records import RequestRecord, RequestSpec, load_run  # noqa: E
 
 VARIANTS = {"o fitted": (True, False, False), "o held": (False, False, False),
             "o fitted + TTFT by prompt length": (True, True, False), "o held + TTFT by prompt length": (False, True, False),
-            "o fitted + r inside": (True, False, True)}  # fmt: skip
+            "o fitted + r inside": (True, False, True)}
 DEFAULT_VARIANTS = "o fitted,o held,o fitted + TTFT by prompt length,o held + TTFT by prompt length"
 
 
@@ -101,7 +101,7 @@ def score(root: str, profile: CostProfile, o_s: float, noise: float, fitted_on: 
         for rate in runs.rates(w):
             n = len(runs.records(w, rate))
             sim = validate_sim.judge(simulate_records(runs.specs(w, rate, n), runs.limits.engine(profile), jitter_sd=noise,
-                                          request_overhead_s=o_s, seed=0), slo)  # fmt: skip
+                                          request_overhead_s=o_s, seed=0), slo)
             for again in (False, True):
                 if w == fitted_on and not again:
                     continue  # the fit saw (some of) these

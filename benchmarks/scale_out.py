@@ -51,7 +51,7 @@ def make_specs(rate: float, seconds: float, output_len: int, seed: int, first_id
     arrivals = PoissonArrivals(rate).schedule(np.random.default_rng(seed), duration_s=seconds)
     prompt = tuple(range(1000, 1016))
     return [RequestSpec(first_id + i, float(t), prompt, len(prompt), output_len,
-                        extra_body=(("x_request_id", first_id + i),)) for i, t in enumerate(arrivals)]  # fmt: skip
+                        extra_body=(("x_request_id", first_id + i),)) for i, t in enumerate(arrivals)]
 
 
 class Prober:
@@ -97,7 +97,7 @@ class Prober:
             "driver_cpu_ms_per_req": driver_cpu_s / max(1, n) * 1e3,
             "actor_cpu_ms_per_req": None if actor_cpu_s is None else actor_cpu_s / max(1, n + rate * 0.5) * 1e3,
             "on_rate": ok == n and abs(achieved - rate) <= noise,
-        }  # fmt: skip
+        }
 
 
 def held(row: dict[str, Any], limit_ms: float) -> bool:
@@ -105,7 +105,7 @@ def held(row: dict[str, Any], limit_ms: float) -> bool:
 
 
 async def highest_held(prober: Prober, rates: list[float], label: str, limits_ms: list[float]
-                       ) -> dict[float, float | None]:  # fmt: skip
+                       ) -> dict[float, float | None]:
     """Climb the ladder until the loosest limit is missed; per limit, the highest rate held with every
     rate below it held too."""
     rows = []
@@ -145,7 +145,7 @@ async def measure(args: argparse.Namespace, srv: TokenServerProcess) -> dict[str
     if not args.no_inprocess:
         async with OpenAITarget(**kw, clock=Clock()) as t:  # type: ignore[arg-type]
             best["in-process"] = await highest_held(Prober(srv, t, args.seconds, args.output_len), rates,
-                                                    "in-process", limits)  # fmt: skip
+                                                    "in-process", limits)
     for n in (int(x) for x in args.actors.split(",")):
         async with RayPool(n, dict(kw)) as pool:
             label = f"ray × {n}"

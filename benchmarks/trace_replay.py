@@ -52,7 +52,7 @@ def write_trace(path: Path, rows: int, seed: int = 0) -> None:
             ids = [first, *range(next_id, next_id + num_blocks - 1)]
             next_id += num_blocks - 1
             fh.write(json.dumps({"timestamp": ts, "input_length": n_in, "output_length": n_out,
-                                 "hash_ids": ids}, separators=(",", ":")) + "\n")  # fmt: skip
+                                 "hash_ids": ids}, separators=(",", ":")) + "\n")
 
 
 def _rss_mib() -> float:
@@ -102,7 +102,7 @@ async def _run(mode: str, path: str, n: int) -> tuple[float, np.ndarray, float]:
             await asyncio.sleep(0.01)
 
     res = await run(specs, target, clock=clock, opts=RunOptions(progress=False), handle_sigint=False,
-                    monitors=[sample])  # fmt: skip
+                    monitors=[sample])
     assert len(res.records) == n and target.first_send_perf_s is not None
     late = np.array([r.sent_s - r.scheduled_s for r in res.records if r.sent_s is not None])
     return target.first_send_perf_s - t0, late, max(rss)
@@ -158,16 +158,16 @@ def main() -> None:
     if not path.exists():  # in a child: a child forked from a large parent reports the parent's RSS as its own
         t = time.perf_counter()
         subprocess.run([sys.executable, __file__, "--child", "write", "--path", str(path), "--rows", str(a.rows)],
-                       check=True)  # fmt: skip
+                       check=True)
         print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - t:.1f} s")
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {os.getloadavg()[0]:.2f} "
           f"on {os.cpu_count()} CPUs")
     print(f"trace: {a.rows:,} rows at {RATE_RPS:g} req/s; sending the first {a.seconds:g} s "
-          f"({int(RATE_RPS * a.seconds):,} requests)\n")  # fmt: skip
+          f"({int(RATE_RPS * a.seconds):,} requests)\n")
     print("| way of reading | first request s | RSS sending MiB | peak RSS MiB | lateness p50 ms | lateness p99 ms |")
     print("|---|---:|---:|---:|---:|---:|")
     labels = {"whole": "whole (TraceReplay: sweep, capacity)", "stream": "stream (StreamingReplay: run --trace)",
-              "all": "stream, all rows pulled"}  # fmt: skip
+              "all": "stream, all rows pulled"}
     base = 0.0
     for mode in a.modes.split(","):
         label = labels[mode]

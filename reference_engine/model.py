@@ -88,7 +88,7 @@ class Attention(nn.Module):
         return self.wo(out.reshape(num_tokens, q_size))
 
     def forward_fused(self, x: Tensor, positions: Tensor, cos_table: Tensor, sin_table: Tensor,
-                      layer_idx: int, attend: AttendFn) -> Tensor:  # fmt: skip
+                      layer_idx: int, attend: AttendFn) -> Tensor:
         num_tokens = x.shape[0]
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
@@ -127,7 +127,7 @@ class Block(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
     def forward_fused(self, x: Tensor, residual: Tensor | None, positions: Tensor, cos_table: Tensor,
-                      sin_table: Tensor, layer_idx: int, attend: AttendFn) -> tuple[Tensor, Tensor]:  # fmt: skip
+                      sin_table: Tensor, layer_idx: int, attend: AttendFn) -> tuple[Tensor, Tensor]:
         """(sublayer output, residual stream) -> the same pair one block later. The output is not yet
         added to the stream: the next norm adds it in its own launch (vLLM's fused_add_rms_norm)."""
         if residual is None:  # first block: the embedding is the stream

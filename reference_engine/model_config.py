@@ -64,7 +64,7 @@ CONFIGS: dict[str, ModelConfig] = {
         rope_scaling=RopeScaling(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                  original_max_seq_len=8192),
     ),
-}  # fmt: skip
+}
 
 
 def get_config(model_config: str | ModelConfig) -> ModelConfig:

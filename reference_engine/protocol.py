@@ -281,7 +281,7 @@ def _message_text(content: Any, i: int) -> str:
 
 # ---- responses ---------------------------------------------------------------------------------------
 def usage(num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int | None = None
-          ) -> dict[str, Any]:  # fmt: skip
+          ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "prompt_tokens": num_prompt_tokens,
         "completion_tokens": num_completion_tokens,
@@ -318,7 +318,7 @@ class ResponseShape:
         return {**self._head("text_completion"), "choices": [choice]}
 
     def usage_chunk(self, num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int | None = None
-                    ) -> dict[str, Any]:  # fmt: skip
+                    ) -> dict[str, Any]:
         head = self._head("chat.completion.chunk" if self.is_chat else "text_completion")
         return {**head, "choices": [], "usage": usage(num_prompt_tokens, num_completion_tokens, num_cached_tokens)}
 

@@ -214,7 +214,7 @@ def build_app(
         injected.labels(fault.kind).inc()
 
     async def faulty(chunks: AsyncIterator[str], fault: Fault, live: _Live, request: Request
-                     ) -> AsyncIterator[str]:  # fmt: skip
+                     ) -> AsyncIterator[str]:
         """The stream, reset or stalled after `fault.after_chunks` chunks; one that has already carried its
         finish_reason by then escapes (the client has its answer: a fault there would not be one)."""
         assert faults is not None
@@ -230,7 +230,7 @@ def build_app(
                 await asyncio.sleep(faults.stall_s)
 
     async def generate(request: Request, req: GenerationRequest, *, is_chat: bool, fault: Fault | None = None
-                       ) -> Response:  # fmt: skip
+                       ) -> Response:
         if fault is not None and fault.kind == "error":
             strike(fault)
             return _error(500, "injected fault: internal server error (slobench serve --faults)", "server_error",

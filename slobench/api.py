@@ -44,13 +44,13 @@ def _workload(workload: WorkloadSpec | str | Path) -> WorkloadSpec:
 
 
 def _specs(workload: WorkloadSpec | str | Path, rate: float, num_requests: int | None, duration_s: float | None,
-           seed: int, api: str) -> tuple[WorkloadSpec, list[Any]]:  # fmt: skip
+           seed: int, api: str) -> tuple[WorkloadSpec, list[Any]]:
     spec = _workload(workload)
     return spec, generate(spec, rate_rps=rate, num_requests=num_requests, duration_s=duration_s, seed=seed, api=api)
 
 
 def _manifest(spec: WorkloadSpec, slo: SLO | None, *, rate: float, seed: int, num_requests: int | None,
-              duration_s: float | None, target: dict[str, Any], made_by: str) -> dict[str, Any]:  # fmt: skip
+              duration_s: float | None, target: dict[str, Any], made_by: str) -> dict[str, Any]:
     """The keys `slobench run` writes that the report and the gate read (workload identity, SLO, options)."""
     from slobench import __version__
 
@@ -90,7 +90,7 @@ def run_load(
             served = await target.preflight()  # finds the model when none is given
             manifest = _manifest(spec, slo_, rate=rate, seed=seed, num_requests=num_requests, duration_s=duration_s,
                                  target={"url": url, "model": target.model, "api": api, "served": served},
-                                 made_by="slobench.api.run_load")  # fmt: skip
+                                 made_by="slobench.api.run_load")
             res = await run(specs, target, opts=RunOptions(progress=progress), slo=slo_, run_dir=out,
                             manifest=manifest, handle_sigint=False, seed=seed)
         if out is not None:
@@ -122,10 +122,10 @@ def simulate_load(
     engine_ = engine or ModeledEngine()
     manifest = _manifest(spec, slo_, rate=rate, seed=seed, num_requests=num_requests, duration_s=duration_s,
                          target={"simulated": True, "engine": engine_.name, "replicas": replicas},
-                         made_by="slobench.api.simulate") | {"clock": {"kind": "virtual"}}  # fmt: skip
+                         made_by="slobench.api.simulate") | {"clock": {"kind": "virtual"}}
     # the probe the CLI's `--simulate` takes, with the API's seed as the step-time noise seed
     probe = VirtualProbe(lambda _rate, _seed: specs, engine_, slo=slo_, replicas=replicas,
-                         jitter_seed=lambda _rate, _seed: seed)  # fmt: skip
+                         jitter_seed=lambda _rate, _seed: seed)
     res = asyncio.run(probe(rate, seed, Path(out) if out is not None else None, manifest))
     return load_run(out) if out is not None else Run(Path("."), manifest, list(res.records), res.summary)
 
@@ -137,7 +137,7 @@ def summarize(records: Sequence[RequestRecord], slo: SLO | str | None = None, *,
 
 
 def compare(baseline: str | Path | Sequence[str | Path], candidate: str | Path | Sequence[str | Path], *,
-            alpha: float = 0.01) -> GateResult:  # fmt: skip
+            alpha: float = 0.01) -> GateResult:
     """The regression gate's verdict on two runs (or sweeps, or capacity probes, or a baseline file):
     `.verdict` is pass / regression / inconclusive, `.exit_code` what `slobench gate` exits with, `.checks` each
     metric's test."""

@@ -80,7 +80,7 @@ def probe_duration(workload: Any, num_requests: int | None, duration_s: float | 
 # flag, its dest, its default: flags that only mean something with --trace
 _TRACE_ONLY = (("--trace-format", "trace_format", None), ("--time-scale", "time_scale", None),
                ("--start", "start", 0.0), ("--no-spread", "no_spread", False),
-               ("--keep-zero-rows", "keep_zero_rows", False), ("--min-tokens", "min_tokens", None))  # fmt: skip
+               ("--keep-zero-rows", "keep_zero_rows", False), ("--min-tokens", "min_tokens", None))
 
 
 def check_replay_flags(args: argparse.Namespace) -> None:
@@ -94,14 +94,14 @@ def check_replay_flags(args: argparse.Namespace) -> None:
         raise UsageError("--trace and --workload conflict: a trace replay sends the trace's requests; give one")
     rescaled = [f for f, on in (("--rate", getattr(args, "rate", None) is not None),
                                 ("--rates", getattr(args, "rates", None) is not None),
-                                ("capacity", getattr(args, "verb", None) == "capacity")) if on]  # fmt: skip
+                                ("capacity", getattr(args, "verb", None) == "capacity")) if on]
     if getattr(args, "time_scale", None) is not None and getattr(args, "concurrency", None) is not None:
         raise UsageError("--time-scale and --concurrency conflict: a closed loop sends each request when one "
-                         "ends, not at the trace's times; give one")  # fmt: skip
+                         "ends, not at the trace's times; give one")
     if getattr(args, "time_scale", None) is not None and rescaled:
         what = "a capacity search" if rescaled[0] == "capacity" else rescaled[0]
         raise UsageError(f"--time-scale and {what} conflict: a rate rescales the trace to that mean rate, "
-                         "which replaces --time-scale; give one")  # fmt: skip
+                         "which replaces --time-scale; give one")
 
 
 def open_replay(args: argparse.Namespace, api: str, warn: Any) -> Any:
@@ -118,12 +118,12 @@ def open_replay(args: argparse.Namespace, api: str, warn: Any) -> Any:
             args.trace, args.trace_format, time_scale=args.time_scale, start_s=args.start, api=api,
             spread=not getattr(args, "no_spread", False), keep_zero=getattr(args, "keep_zero_rows", False),
             min_tokens=getattr(args, "min_tokens", None) or "max",
-        )  # fmt: skip
+        )
     return TraceReplay.open(
         args.trace, args.trace_format, seed=args.seed, time_scale=args.time_scale, start_s=args.start, api=api,
         warn=warn, spread=not getattr(args, "no_spread", False), keep_zero=getattr(args, "keep_zero_rows", False),
         min_tokens=getattr(args, "min_tokens", None) or "max",
-    )  # fmt: skip
+    )
 
 
 class LoadSetup:
@@ -141,7 +141,7 @@ class LoadSetup:
             if args.input_len is not None or args.output_len is not None:
                 raise UsageError("--input-len / --output-len do not apply to --trace (it has the lengths)")
             self.workload = open_replay(args, args.api or "completions",
-                                        warn=lambda msg: print(f"slobench: {msg}", file=sys.stderr))  # fmt: skip
+                                        warn=lambda msg: print(f"slobench: {msg}", file=sys.stderr))
         else:
             self.workload = load_workload(args.workload or "chat")
         self.slo = load_slo(args.slo)
@@ -395,7 +395,7 @@ class LoadSetup:
             overhead_s, jitter_sd, _ = self.simulated_extras()
             yield VirtualProbe(make_specs, engine_knobs_from_args(a), slo=self.slo, api=self.api, jitter_sd=jitter_sd,
                                replicas=a.replicas, router=a.router, intervals=intervals,
-                               request_overhead_s=overhead_s), manifest, "simulated"  # fmt: skip
+                               request_overhead_s=overhead_s), manifest, "simulated"
             return
         from slobench.targets.ray_pool import note_client_clocks
 
@@ -405,7 +405,7 @@ class LoadSetup:
                 return await note_client_clocks(target, run_dir, summary, self.slo)  # Ray actors: clocks, health
 
             probe = LiveProbe(make_specs, target, slo=self.slo, opts=self.run_options(), clock=clock,
-                              monitors_for=self.monitors if scrape else None, after_run=after_run)  # fmt: skip
+                              monitors_for=self.monitors if scrape else None, after_run=after_run)
             yield probe, self.manifest(target, served), served
         finally:
             await target.close()

@@ -18,7 +18,7 @@ REDACTED = "<redacted>"
 _SECRET_WORDS = frozenset({
     "auth", "authorization", "authentication", "key", "apikey", "token", "secret", "password", "passwd", "pwd",
     "cookie", "credential", "credentials", "bearer", "signature", "jwt", "xapikey",
-})  # fmt: skip
+})
 _WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
 _URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s,]+")
 _BEARER = re.compile(r"(?i)\b(bearer|basic|token)\s+\S+")

@@ -193,7 +193,7 @@ def engine_launches(model: str, dtype: torch.dtype) -> None:
 
 
 def check_all(models: tuple[str, ...] = MODELS, dtypes: tuple[str, ...] = tuple(DTYPES),
-              archs: tuple[int, ...] = ARCHS) -> tuple[int, list[str]]:  # fmt: skip
+              archs: tuple[int, ...] = ARCHS) -> tuple[int, list[str]]:
     """(number of distinct launches compiled, failure messages)."""
     compiled, failures = 0, []
     for model in models:
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(problems) or "refusal check: the bad kernel was refused, its twin compiled")
         return 1 if problems else 0
     n, failures = check_all(tuple(args.models.split(",")), tuple(args.dtypes.split(",")),
-                            tuple(int(a) for a in args.archs.split(",")))  # fmt: skip
+                            tuple(int(a) for a in args.archs.split(",")))
     for f in failures:
         print("FAILED", f)
     print(f"compiled {n} kernel launches to cubin, {len(failures)} failures, {time.perf_counter() - t0:.1f} s")

@@ -51,7 +51,7 @@ def rerun_in_own_netns(test_file: str, *, timeout_s: float) -> None:
     env = {**os.environ, "SLOBENCH_RAY_NETNS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
     cmd = 'ip link set lo up && exec "$0" -m pytest -q -p no:cacheprovider -x "$1"'
     proc = subprocess.run([*unshare, "bash", "-c", cmd, sys.executable, test_file], env=env, capture_output=True,
-                          text=True, timeout=timeout_s, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+                          text=True, timeout=timeout_s, cwd=Path(__file__).resolve().parents[1])
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, tail
     assert " passed" in proc.stdout and " skipped" in proc.stdout, tail  # the suite did run (and skipped this)

@@ -40,7 +40,7 @@ def files(tmp_path: Path) -> Path:
     ],
 )
 def test_bad_run_input_is_exit_2_with_one_line(files: Path, argv: list[str], needle: str,
-                                                capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+                                                capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["run", *URL, *(a.format(d=files) for a in argv), "--out", str(files / "r")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2, err
@@ -57,7 +57,7 @@ def test_an_in_process_engine_with_a_url_is_exit_2(flag: list[str], capsys: pyte
 def test_summarize_names_the_bad_record(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "r"
     assert main(["run", "--simulate", "--workload", "tiny", "--num-requests", "5", "--rate", "5", "--out", str(run),
-                 "--no-progress"]) == 0  # fmt: skip
+                 "--no-progress"]) == 0
     capsys.readouterr()
     lines = (run / "requests.jsonl").read_text().splitlines()
     bad = json.loads(lines[2])
@@ -70,10 +70,10 @@ def test_summarize_names_the_bad_record(tmp_path: Path, capsys: pytest.CaptureFi
 
 @pytest.mark.parametrize("where", ["dir", "unwritable"])
 def test_report_into_a_directory_or_nowhere_is_exit_2(tmp_path: Path, where: str,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "r"
     assert main(["run", "--simulate", "--workload", "tiny", "--num-requests", "5", "--rate", "5", "--out", str(run),
-                 "--no-progress"]) == 0  # fmt: skip
+                 "--no-progress"]) == 0
     capsys.readouterr()
     (tmp_path / "f").write_text("a file")
     out = tmp_path if where == "dir" else tmp_path / "f" / "report.html"

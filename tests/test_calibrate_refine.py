@@ -247,7 +247,7 @@ def test_refinement_over_http_corrects_a_wrong_profile(served: tuple[str, Path],
 @pytest.mark.slow
 @pytest.mark.integration
 def test_cli_keeps_the_probe_fit_when_the_refinement_fails(served: tuple[str, Path], tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
     # every refinement request fails (prompts past the server's 4,096 tokens): exit 2, the probe fit written
     url, _ = served
     out = tmp_path / "cal.json"

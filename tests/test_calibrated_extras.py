@@ -66,7 +66,7 @@ def _sim(tmp_path: Path, name: str, profile: Path | str, *flags: str) -> Any:
 
 
 def test_run_simulate_applies_a_calibrated_profile_unless_told_not_to(tmp_path: Path,
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     cal = _calibrated(tmp_path, request_overhead_s=O_S, step_jitter_sd=JITTER)
     capsys.readouterr()
     default = _sim(tmp_path, "default", cal)
@@ -99,7 +99,7 @@ def test_run_simulate_applies_a_calibrated_profile_unless_told_not_to(tmp_path: 
 
 
 def test_a_bad_calibrated_value_is_refused_before_anything_runs(tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     bad = _calibrated(tmp_path, step_jitter_sd=-1)
     assert main(["run", "--workload", "tiny", "--simulate", "--profile", str(bad), "--out", str(tmp_path / "r"),
                  "--no-progress"]) == 2

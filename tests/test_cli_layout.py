@@ -81,7 +81,7 @@ def test_a_spec_and_a_trace_replay_are_both_workloads(tmp_path: Path) -> None:
     spec = load_workload("tiny")
     trace = tmp_path / "t.csv"
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                     + "".join(f"2023-11-16 18:15:0{i}.000000,{10 + i},{3 + i}\n" for i in range(5)))  # fmt: skip
+                     + "".join(f"2023-11-16 18:15:0{i}.000000,{10 + i},{3 + i}\n" for i in range(5)))
     replay = TraceReplay.open(str(trace))
     assert isinstance(spec, WorkloadSpec) and isinstance(spec, Workload) and isinstance(replay, Workload)
     # one call for both: what LoadSetup.specs makes, and what the capacity search on a trace crashed on
@@ -99,7 +99,7 @@ def test_load_options_are_the_flags_defaults_with_the_values_given() -> None:
 
     # what demo hands LoadSetup: every name a load flag, the rest at the flags' defaults
     opts = load_options(url="http://127.0.0.1:9/v1", workload="tiny", rates="4,8", num_requests=80, slo=DEMO_SLO,
-                        seed=3, out="runs/x", scrape_interval=0.5, no_progress=True)  # fmt: skip
+                        seed=3, out="runs/x", scrape_interval=0.5, no_progress=True)
     setup = LoadSetup(opts)
     assert setup.urls == ["http://127.0.0.1:9/v1"] and setup.workload.name == "tiny" and setup.slo is not None
     assert opts.timeout == 600.0 and opts.transport == "raw" and opts.warmup == "0"

@@ -81,7 +81,7 @@ def test_the_day_runs_anywhere_a_workload_does(capsys: pytest.CaptureFixture[str
     assert main(["workload", "show", "day"]) == 0
     assert "h00" in capsys.readouterr().out
     rc = main(["run", "--simulate", "--workload", "day", "--duration", "4", "--profile", "h100-llama-1b",
-               "--max-model-len", "16384", "--out", str(tmp_path / "r"), "--no-progress"])  # fmt: skip
+               "--max-model-len", "16384", "--out", str(tmp_path / "r"), "--no-progress"])
     assert rc == 0, capsys.readouterr().err
     lines = (tmp_path / "r" / "requests.jsonl").read_text().splitlines()
     tags = {json.loads(line).get("tag") for line in lines[1:]}
@@ -95,7 +95,7 @@ def test_a_trace_day_is_cut_by_its_own_clock(tmp_path: Path) -> None:
     with open(p, "w") as fh:
         for i, t in enumerate(t_ms):
             fh.write(json.dumps({"timestamp": int(t), "input_length": 1024, "output_length": 20,
-                                 "hash_ids": [i % 3, 100 + i]}) + "\n")  # fmt: skip
+                                 "hash_ids": [i % 3, 100 + i]}) + "\n")
     ws = build_windows(DayRecipe(traces=(str(p),), window_s=120, max_requests=30))
     assert len(ws) == 5
     assert sum(w.num_requests for w in ws) == 400

@@ -97,7 +97,7 @@ async def test_chat_whole_and_streamed(app_client: tuple[httpx.AsyncClient, LLME
 
 
 async def test_neutral_values_of_unsupported_fields_are_accepted(app_client: tuple[httpx.AsyncClient, LLMEngine]
-                                                                  ) -> None:  # fmt: skip
+                                                                  ) -> None:
     # Clients send these defaults unasked; only a value the engine would silently ignore is refused.
     client, _ = app_client
     neutral = {"logprobs": None, "echo": False, "presence_penalty": 0, "frequency_penalty": 0.0, "best_of": 1,
@@ -126,7 +126,7 @@ def predicted_text(engine: LLMEngine, request_id: int, prompt_len: int, n: int) 
 
 
 async def test_stop_strings_cut_the_text_and_end_the_request(app_client: tuple[httpx.AsyncClient, LLMEngine]
-                                                             ) -> None:  # fmt: skip
+                                                             ) -> None:
     client, engine = app_client
     r = await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 40})
     first = r.json()
@@ -162,7 +162,7 @@ async def test_stop_strings_cut_the_text_and_end_the_request(app_client: tuple[h
 
 
 async def test_stop_strings_wait_for_min_tokens_and_work_in_chat(app_client: tuple[httpx.AsyncClient, LLMEngine]
-                                                                 ) -> None:  # fmt: skip
+                                                                 ) -> None:
     client, engine = app_client
     r = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
     rid = int(r.json()["id"].split("-")[-1])

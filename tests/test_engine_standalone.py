@@ -70,10 +70,10 @@ def test_one_except_catches_a_bad_setting_from_either_side() -> None:
 
 def test_an_engine_error_is_exit_2_with_its_words(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["run", "--simulate", "--workload", "tiny", "--rate", "2", "--num-requests", "3", "--no-progress",
-               "--profile", "no-such-profile", "--out", str(tmp_path / "r")])  # fmt: skip
+               "--profile", "no-such-profile", "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err
     assert rc == 2 and "profile: no such profile file" in err and "Traceback" not in err
     # a roofline name resolves through slobench.profiles when slobench is the caller
     rc = main(["run", "--simulate", "--workload", "tiny", "--rate", "2", "--num-requests", "3", "--no-progress",
-               "--profile", "roofline:h100/llama-3.1-8b", "--out", str(tmp_path / "r2")])  # fmt: skip
+               "--profile", "roofline:h100/llama-3.1-8b", "--out", str(tmp_path / "r2")])
     assert rc in (0, 1), capsys.readouterr().err[-2000:]

@@ -126,7 +126,7 @@ def test_every_bundled_spec_survives_the_toml_writer(name):
 
 def test_toml_writer_escapes_and_special_values():
     d = {"s": 'quote " back \\ nl \n tab \t', "odd key": 1, "f": math.inf, "b": False,
-         "nested": {"deep": {"x": [1, 2]}}, "arr": [{"a": 1}, {"a": 2, "t": {"k": "v"}}], "empty": []}  # fmt: skip
+         "nested": {"deep": {"x": [1, 2]}}, "arr": [{"a": 1}, {"a": 2, "t": {"k": "v"}}], "empty": []}
     text = dumps_toml(d, ["a comment"])
     assert text.startswith("# a comment\n")
     assert tomllib.loads(text) == d

@@ -44,7 +44,7 @@ def write_burstgpt(path: Path, t: np.ndarray, seed: int = 0) -> Path:
     outs = np.where(is_gpt4, rng.integers(5, 40, len(t)), rng.integers(200, 600, len(t)))
     lines = ["Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"]
     lines += [f"{x:.3f},{'GPT-4' if g else 'ChatGPT'},{a},{b},{a + b},API log"
-              for x, g, a, b in zip(t.tolist(), is_gpt4.tolist(), ins.tolist(), outs.tolist(), strict=True)]  # fmt: skip
+              for x, g, a, b in zip(t.tolist(), is_gpt4.tolist(), ins.tolist(), outs.tolist(), strict=True)]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -92,7 +92,7 @@ def test_fitted_spec_has_per_class_lengths(tmp_path, capsys):
     assert (tags == "GPT-4").mean() == pytest.approx((t_tags == "GPT-4").mean(), abs=0.04)
     for name in ("GPT-4", "ChatGPT"):
         for got, want in ((ins[tags == name], trace.input_tokens[t_tags == name]),
-                          (outs[tags == name], trace.output_tokens[t_tags == name])):  # fmt: skip
+                          (outs[tags == name], trace.output_tokens[t_tags == name])):
             assert np.median(got) == pytest.approx(np.median(want), rel=0.15)  # auto: lognormal within 10% at p50
             assert got.min() >= want.min() and got.max() <= want.max()
 

@@ -45,7 +45,7 @@ def mooncake_with_reuse(path: Path, n: int, *, p_followup: float, seed: int = 0,
             next_id += k
             fh.write(json.dumps({"timestamp": i * 300 + int(rng.integers(0, 300)),
                                  "input_length": len(ids) * 512 - int(rng.integers(0, 400)),
-                                 "output_length": int(rng.integers(20, 400)), "hash_ids": ids}) + "\n")  # fmt: skip
+                                 "output_length": int(rng.integers(20, 400)), "hash_ids": ids}) + "\n")
     return path
 
 
@@ -57,7 +57,7 @@ def test_trace_reuse_counts_the_leading_blocks_seen_before():
     entries = [entry([1, 2, 3], 1500),  # nothing seen: 0
                entry([1, 2, 4], 1400),  # 1, 2 seen: 1024
                entry([5, 2], 700),  # 5 is new: the 2 after it does not count (not a prefix)
-               entry([1, 2, 3, 6], 1200)]  # 1, 2, 3 seen, but only 1200 tokens: 1200  # fmt: skip
+               entry([1, 2, 3, 6], 1200)]  # 1, 2, 3 seen, but only 1200 tokens: 1200
     r = trace_reuse(entries, 512)
     assert (r.reused_tokens, r.prompt_tokens, r.num_requests_reusing) == (1024 + 1200, 4800, 2)
     assert r.share == pytest.approx(2224 / 4800)
@@ -67,7 +67,7 @@ def test_prompt_reuse_hashes_whole_blocks_in_a_chain():
     a = tuple(range(1000))
     specs = [RequestSpec(0, 0.0, a, 1000, 1),
              RequestSpec(1, 0.0, a[:600] + tuple(range(5000, 5400)), 1000, 1),  # block 0 shared, block 1 not
-             RequestSpec(2, 0.0, tuple(range(7000, 7512)) + a[512:1000], 1000, 1)]  # block 1 equal, block 0 not  # fmt: skip
+             RequestSpec(2, 0.0, tuple(range(7000, 7512)) + a[512:1000], 1000, 1)]  # block 1 equal, block 0 not
     r = prompt_reuse(specs, 512)
     assert (r.reused_tokens, r.prompt_tokens, r.num_requests_reusing) == (512, 3000, 1)
 
@@ -96,7 +96,7 @@ def test_fit_keeps_the_traces_prefix_reuse_share(tmp_path, p_followup):
 def test_prefix_groups_are_whole_blocks_weighted_by_requests(tmp_path):
     entries = [entry([1, 10], 1000), entry([1, 11], 900), entry([1, 12], 800),  # group 1: reuse 512, 512
                entry([2, 20, 21], 1500), entry([2, 20, 22], 1400),  # group 2: reuse 1024
-               entry([3], 300)]  # alone: no group  # fmt: skip
+               entry([3], 300)]  # alone: no group
     pf = fit_prefix_groups(entries, 512)
     assert pf is not None
     assert pf.prompts.lengths() == [512, 1024] and pf.prompts.weights == (3.0, 2.0)

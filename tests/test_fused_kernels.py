@@ -115,7 +115,7 @@ def _qkv(num_tokens: int, n_heads: int, n_kv: int, head_dim: int, seed: int):
     qkv = randn(num_tokens, (n_heads + 2 * n_kv) * head_dim, seed=seed)
     q, k, v = qkv.split([n_heads * head_dim, n_kv * head_dim, n_kv * head_dim], dim=-1)
     return (qkv, q.view(num_tokens, n_heads, head_dim), k.view(num_tokens, n_kv, head_dim),
-            v.view(num_tokens, n_kv, head_dim))  # fmt: skip
+            v.view(num_tokens, n_kv, head_dim))
 
 
 @pytest.mark.parametrize(
@@ -134,7 +134,7 @@ def test_rotary_in_place_matches_twin_and_model(
     cos_table, sin_table = (t.to(DEVICE) for t in rope_table(cfg))
     rng = random.Random(num_tokens)
     positions = torch.tensor([rng.randrange(cfg.max_seq_len) for _ in range(num_tokens - 1)]
-                             + [cfg.max_seq_len - 1], device=DEVICE)  # fmt: skip  # far positions too
+                             + [cfg.max_seq_len - 1], device=DEVICE)  # far positions too
     qkv, q, k, v = _qkv(num_tokens, n_heads, n_kv, cfg.head_dim, seed=11)
     v_before, qkv_before = v.clone(), qkv.clone()
     cos = cos_table[positions].unsqueeze(1)

@@ -94,7 +94,7 @@ def test_graphs_only_on_cuda_with_the_kernels_and_not_enforce_eager() -> None:
     assert use_cuda_graphs("cuda", "kernels", False)[0]
     assert use_cuda_graphs(torch.device("cuda", 1), "kernels", False)[0]
     off = {use_cuda_graphs("cpu", "kernels", False), use_cuda_graphs("cuda", "sdpa", False),
-           use_cuda_graphs("cuda", "kernels", True)}  # fmt: skip
+           use_cuda_graphs("cuda", "kernels", True)}
     assert {is_on for is_on, _ in off} == {False}
     assert use_cuda_graphs("cuda", "kernels", True)[1] == "enforce_eager is set"
 
@@ -103,7 +103,7 @@ def test_graphs_only_on_cuda_with_the_kernels_and_not_enforce_eager() -> None:
     ("given", "device", "want"),
     [("auto", "cuda", torch.bfloat16), ("auto", "cuda:1", torch.bfloat16), ("auto", "cpu", torch.float32),
      ("bfloat16", "cpu", torch.bfloat16), ("float16", "cuda", torch.float16), (torch.float64, "cpu", torch.float64)],
-)  # fmt: skip
+)
 def test_dtype_auto_resolution(given: str | torch.dtype, device: str, want: torch.dtype) -> None:
     assert resolve_dtype(given, device) == want
 
@@ -129,7 +129,7 @@ def test_kv_blocks_from_given_memory_numbers() -> None:
 def test_kv_sizing_says_clearly_when_nothing_fits() -> None:
     profile = MemoryProfile(total_bytes=80 * GIB, used_bytes=70 * GIB, activation_peak_bytes=3 * GIB)
     with pytest.raises(EngineConfigError, match=r"leaves room for 0 KV blocks.*0.9 × 80.00 GiB total − 70.00 GiB in use"
-                                        r".*3.00 GiB activation peak = -1.00 GiB.*--kv-blocks"):  # fmt: skip
+                                        r".*3.00 GiB activation peak = -1.00 GiB.*--kv-blocks"):
         num_kv_blocks(profile, 0.9, 512 * 1024)
     roomy = MemoryProfile(total_bytes=80 * GIB, used_bytes=0, activation_peak_bytes=0)
     with pytest.raises(EngineConfigError, match="leaves room for 10 KV blocks, 11 needed"):
@@ -141,7 +141,7 @@ def test_kv_sizing_says_clearly_when_nothing_fits() -> None:
 
 
 @pytest.mark.parametrize(("tokens", "max_seqs", "max_len"), [(2048, 64, 4096), (8192, 256, 8192), (100, 256, 4096),
-                                                             (8192, 1, 2048), (10, 3, 16)])  # fmt: skip
+                                                             (8192, 1, 2048), (10, 3, 16)])
 def test_warmup_step_covers_the_token_budget(tokens: int, max_seqs: int, max_len: int) -> None:
     chunks, num_blocks = warmup_chunks(tokens, max_seqs, max_len, 16)
     lens = [len(c.token_ids) for c in chunks]
@@ -242,7 +242,7 @@ def test_padded_decode_on_the_cpu_gives_the_unpadded_tokens() -> None:
     for step in range(6):
         chunks = [SeqChunk(i, s[-1:], len(s) - 1, tables[i], True) for i, s in enumerate(seqs)]
         real_slots = {tables[i][(len(s) - 1) // BLOCK_SIZE] * BLOCK_SIZE + (len(s) - 1) % BLOCK_SIZE
-                      for i, s in enumerate(seqs)}  # fmt: skip
+                      for i, s in enumerate(seqs)}
         before = padded._k_flat.clone()
         want = plain.execute(StepBatch(chunks)).tokens
         got = padded.execute(StepBatch(chunks)).tokens
@@ -269,7 +269,7 @@ def test_llm_engine_with_graph_sized_decode_matches_dense() -> None:
 
     ex = padded_executor(GraphPlan((1, 2, 4), BLOCK_SIZE, 64))
     cfg = EngineConfig(block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS, max_num_seqs=6, max_num_batched_tokens=16,
-                       max_model_len=64, prefix_hash_key=b"test")  # fmt: skip
+                       max_model_len=64, prefix_hash_key=b"test")
     engine = LLMEngine(cfg, ex)
     rng = random.Random(5)
     prompts = [[rng.randrange(256) for _ in range(n)] for n in (2, 5, 8, 3, 6, 4)]
@@ -322,7 +322,7 @@ def test_padded_decode_through_the_triton_kernels_in_the_interpreter() -> None:
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "SLOBENCH_FORCE_TRITON": "1"}
     proc = subprocess.run([sys.executable, "-c", _TRITON_PADDED_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+                          text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
 
 
@@ -335,7 +335,7 @@ def test_serve_arguments_and_build_engine_on_cpu(monkeypatch: pytest.MonkeyPatch
     parser = argparse.ArgumentParser()
     server.add_serve_arguments(parser)
     args = parser.parse_args(["--executor", "torch", "--enforce-eager", "--gpu-memory-utilization", "0.8",
-                              "--weights", "/ckpt", "--attention-backend", "kernels"])  # fmt: skip
+                              "--weights", "/ckpt", "--attention-backend", "kernels"])
     seen: dict[str, object] = {}
     monkeypatch.setattr(server, "serve", lambda spec, *a, **kw: seen.update(spec.to_knobs()))
     server.serve_from_args(args)
@@ -387,7 +387,7 @@ def test_cuda_graph_replay_matches_eager(num_seqs: int) -> None:
 @needs_cuda
 def test_cuda_kv_sized_from_free_memory() -> None:
     ex = TorchExecutor("tiny", None, 16, device="cuda", max_num_batched_tokens=1024, max_num_seqs=16,
-                       max_model_len=512, gpu_memory_utilization=0.25)  # fmt: skip
+                       max_model_len=512, gpu_memory_utilization=0.25)
     prof = ex.memory_profile
     assert prof is not None and prof.activation_peak_bytes > 0 and ex.dtype == torch.bfloat16
     per_block = ex.kv_bytes_per_token * 16

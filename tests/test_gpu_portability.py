@@ -31,7 +31,7 @@ def _clean_env() -> dict[str, str]:
 def _aot(*args: str) -> subprocess.CompletedProcess[str]:
     pytest.importorskip("triton")
     return subprocess.run([sys.executable, str(REPO / "tests" / "aot_compile.py"), *args], cwd=REPO,
-                          env=_clean_env(), capture_output=True, text=True, timeout=600)  # fmt: skip
+                          env=_clean_env(), capture_output=True, text=True, timeout=600)
 
 
 # ---- 1. ahead-of-time compilation of the launches the engine makes ---------------------------------------
@@ -58,7 +58,7 @@ def test_the_compile_check_refuses_to_run_under_the_interpreter() -> None:
     pytest.importorskip("triton")
     env = _clean_env() | {"TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, str(REPO / "tests" / "aot_compile.py")], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "unset TRITON_INTERPRET" in proc.stderr
 
 
@@ -66,7 +66,7 @@ def test_the_compile_check_refuses_to_run_under_the_interpreter() -> None:
 
 # Installed here (the harness's web server, report and HTTP/2 client) but not on a torch-only GPU image.
 ABSENT_ON_GPU_IMAGE = ("fastapi", "starlette", "uvicorn", "pydantic", "pydantic_core", "annotated_types",
-                       "plotly", "h2", "pytest_asyncio")  # fmt: skip
+                       "plotly", "h2", "pytest_asyncio")
 
 _BLOCKER = f"""
 import importlib.abc, sys
@@ -81,7 +81,7 @@ sys.meta_path.insert(0, _Absent())
 
 def _run_without_web_stack(code: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", _BLOCKER + code], cwd=REPO, env=_clean_env(), capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+                          text=True, timeout=timeout)
 
 
 def test_the_blocker_blocks() -> None:
@@ -91,7 +91,7 @@ def test_the_blocker_blocks() -> None:
 
 def test_gpu_roofline_runs_without_the_web_stack() -> None:
     code = ("import runpy; sys.argv = ['gpu_roofline.py', '--cpu-smoke']; "
-            "runpy.run_path('benchmarks/gpu_roofline.py', run_name='__main__')")  # fmt: skip
+            "runpy.run_path('benchmarks/gpu_roofline.py', run_name='__main__')")
     proc = _run_without_web_stack(code, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "decode graphs:" in proc.stdout and "offline target" in proc.stdout
@@ -101,7 +101,7 @@ def test_gpu_roofline_runs_without_the_web_stack() -> None:
 def test_gpu_check_tests_collect_without_the_web_stack() -> None:
     code = ("import pytest; sys.exit(pytest.main(['--collect-only', '-q', '--noconftest', '-p', 'no:cacheprovider', "
             "'tests/test_kernels.py', 'tests/test_gpu_path.py', 'tests/test_fused_kernels.py', "
-            "'tests/test_gpu_portability.py']))")  # fmt: skip
+            "'tests/test_gpu_portability.py']))")
     proc = _run_without_web_stack(code, timeout=120)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " error" not in proc.stdout.lower(), proc.stdout[-4000:]

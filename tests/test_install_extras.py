@@ -30,7 +30,7 @@ sys.exit(main(sys.argv[1:]))
 
 def slobench_base(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", _BLOCKER, *argv], cwd=cwd, capture_output=True, text=True,
-                          timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})  # fmt: skip
+                          timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
 
 
 def _names(requirements: list[str]) -> set[str]:
@@ -52,7 +52,7 @@ def test_harness_verbs_work_without_the_server_and_model_stack(tmp_path: Path) -
     for verb in ("run", "sweep", "capacity", "gate", "report", "serve", "workload"):
         assert verb in help_.stdout
     run = slobench_base("run", "--simulate", "--workload", "tiny", "--rate", "4", "--num-requests", "20",
-                        "--out", str(tmp_path / "r"), "--no-progress", cwd=tmp_path)  # fmt: skip
+                        "--out", str(tmp_path / "r"), "--no-progress", cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     assert (tmp_path / "r" / "summary.json").is_file()
     rep = slobench_base("report", str(tmp_path / "r"), "-o", str(tmp_path / "r.html"), cwd=tmp_path)

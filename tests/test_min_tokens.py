@@ -40,7 +40,7 @@ def eos_model() -> Iterator[TorchExecutor]:
 
 def engine_on(ex: TorchExecutor | ModeledExecutor) -> LLMEngine:
     cfg = EngineConfig(block_size=4, num_blocks=ex.num_blocks, max_num_seqs=8, max_num_batched_tokens=16,
-                       max_model_len=128, enable_prefix_caching=False)  # fmt: skip
+                       max_model_len=128, enable_prefix_caching=False)
     return LLMEngine(cfg, ex, VirtualClock())
 
 
@@ -79,7 +79,7 @@ def test_rows_are_masked_by_their_own_min_tokens(eos_model: TorchExecutor) -> No
     params = [SamplingParams(min_tokens=0), SamplingParams(min_tokens=2), SamplingParams(min_tokens=3)]
     num_generated = [0, 0, 3]
     chunks = [SeqChunk(i, p, 0, [4 * i, 4 * i + 1], True, sp, g)
-              for i, (p, sp, g) in enumerate(zip(prompts, params, num_generated, strict=True))]  # fmt: skip
+              for i, (p, sp, g) in enumerate(zip(prompts, params, num_generated, strict=True))]
     tokens = eos_model.execute(StepBatch(chunks)).tokens
     assert tokens == [eos, dense_greedy(prompts[1], 1)[0], eos]
 
@@ -94,13 +94,13 @@ def test_ignore_eos_with_min_tokens_masks_then_keeps_eos_as_a_token(eos_model: T
 def test_seeded_sampling_with_min_tokens_is_reproducible(eos_model: TorchExecutor, top_p: float) -> None:
     eos = eos_model.eos_token_id
     seeded = {"max_tokens": 20, "min_tokens": 6, "sampling": SamplingParams(temperature=1.0, top_p=top_p,
-                                                                            seed=11)}  # fmt: skip
+                                                                            seed=11)}
     [alone] = run_each(engine_on(eos_model), [(PROMPT, seeded)])
     # Batched with others (an unmasked greedy one, an unseeded sampled one): the same tokens again.
     other = [9, 8, 7, 6, 5, 4, 3, 2, 1]
     batched = run_each(engine_on(eos_model), [(other, {"max_tokens": 4}), (PROMPT, seeded),
                                               (other, {"max_tokens": 9, "min_tokens": 8,
-                                                       "sampling": SamplingParams(temperature=1.0)})])  # fmt: skip
+                                                       "sampling": SamplingParams(temperature=1.0)})])
     assert batched[1] == alone
     assert len(alone) == 7 and eos not in alone[:6] and alone[6] == eos
     assert batched[0] == [eos] and eos not in batched[2][:8]
@@ -111,19 +111,19 @@ def test_seeded_sampling_with_min_tokens_is_reproducible(eos_model: TorchExecuto
 
 # ---- modeled executor ----------------------------------------------------------------------------------
 PROFILE = CostProfile("test", step_overhead_s=0.001, per_prefill_token_s=0.0, per_decode_seq_s=0.0,
-                      per_context_token_s=0.0)  # fmt: skip
+                      per_context_token_s=0.0)
 
 
 @pytest.mark.parametrize("min_tokens", [0, 1, 9])
 def test_modeled_always_eos_yields_exactly_min_tokens_then_eos(min_tokens: int) -> None:
     ex = ModeledExecutor(PROFILE, block_size=4, num_blocks=32, vocab_size=300, eos_token_id=0,
-                         eos_probability=1.0)  # fmt: skip
+                         eos_probability=1.0)
     [out] = engine_on(ex).generate([PROMPT], max_tokens=20, min_tokens=min_tokens)
     assert len(out.token_ids) == min_tokens + 1 and out.finish_reason == "stop"
     assert 0 not in out.token_ids[:min_tokens] and out.token_ids[-1] == 0
     n = len(PROMPT)
     assert out.token_ids[:min_tokens] == [ex.token_at(out.request_id, n + i, allow_eos=False)
-                                          for i in range(min_tokens)]  # fmt: skip
+                                          for i in range(min_tokens)]
 
 
 # ---- scheduler -----------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ def test_capacity_simulate_on_a_trace_runs(tmp_path: Path) -> None:
     rows += [f"2023-11-16 18:15:{i // 10:02d}.{(i % 10) * 100000:06d},{20 + i % 7},{4 + i % 5}" for i in range(200)]
     trace.write_text("\n".join(rows) + "\n")
     code = main(["capacity", "--simulate", "--trace", str(trace), "--slo", "ttft=1s,tpot=200ms",
-                 "--num-requests", "60", "--replicates", "2", "--out", str(tmp_path / "cap")])  # fmt: skip
+                 "--num-requests", "60", "--replicates", "2", "--out", str(tmp_path / "cap")])
     assert code in (0, 1)  # it ran: 0 or 1 is the verdict, never the crash (AttributeError, exit 1 before)
     assert json.loads((tmp_path / "cap" / "capacity.json").read_text())
 
@@ -36,7 +36,7 @@ def test_terminal_and_report_agree_on_errors_and_per_replica_rows(tmp_path: Path
     run = tmp_path / "r"
     assert main(["run", "--simulate", "--replicas", "2", "--router", "round-robin", "--workload", "tiny",
                  "--rate", "30", "--num-requests", "80", "--kv-blocks", "40", "--slo", "ttft=50ms",
-                 "--out", str(run), "--no-progress"]) in (0, 1)  # fmt: skip
+                 "--out", str(run), "--no-progress"]) in (0, 1)
     loaded = load_run(run)
     # give some records errors of one kind with different numbers, as real servers do
     lines = (run / "requests.jsonl").read_text().splitlines()

@@ -100,7 +100,7 @@ CFIN = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
 
 def spec(prompt: str | tuple[int, ...] = (1, 2, 3), **kw: Any) -> RequestSpec:
     return RequestSpec(request_id=kw.pop("request_id", 0), arrival_s=0.0, prompt=prompt, input_tokens=3,
-                       max_tokens=kw.pop("max_tokens", 4), **kw)  # fmt: skip
+                       max_tokens=kw.pop("max_tokens", 4), **kw)
 
 
 async def run_scripted(
@@ -143,7 +143,7 @@ async def test_token_ids_and_logprobs_give_tokens_per_chunk() -> None:
 
 async def test_empty_text_and_role_chunks_are_not_content() -> None:
     rec, _ = await run_scripted([sse(ctok("", role="assistant")), sse(ctok(None)), sse(ctok("x")), sse(b"[DONE]")],
-                                api="chat")  # fmt: skip
+                                api="chat")
     assert rec.chunk_times_s == [5.0]
     assert rec.first_token_s == 5.0
 
@@ -157,7 +157,7 @@ async def test_reasoning_and_tool_call_deltas_are_output_tokens() -> None:
         [sse(ctok(None, role="assistant")), sse(ctok(None, reasoning_content="hmm")), sse(ctok(None, reasoning="so")),
          sse(ctok(None, **no_args)), sse(ctok(None, **call)), sse(ctok("answer"), CFIN), sse(b"[DONE]")],
         api="chat",
-    )  # fmt: skip
+    )
     assert rec.status == "ok", rec.error
     assert rec.first_token_s == 4.0  # the reasoning delta, read at t=4 (t=3 was the role-only chunk)
     assert rec.chunk_times_s == [4.0, 5.0, 7.0, 8.0] and rec.output_tokens == 4
@@ -165,7 +165,7 @@ async def test_reasoning_and_tool_call_deltas_are_output_tokens() -> None:
 
 async def test_cached_prompt_tokens_from_usage_details() -> None:
     usage = {"choices": [], "usage": {"prompt_tokens": 300, "completion_tokens": 2,
-                                      "prompt_tokens_details": {"cached_tokens": 256}}}  # fmt: skip
+                                      "prompt_tokens_details": {"cached_tokens": 256}}}
     rec, _ = await run_scripted([sse(tok(), tok(), FIN, usage, b"[DONE]")])
     assert (rec.prompt_tokens, rec.cached_tokens) == (300, 256)
     for details in (None, {"cached_tokens": None}, {"cached_tokens": True}, "x"):
@@ -285,7 +285,7 @@ async def test_completions_body_with_token_ids_and_merge_order() -> None:
     assert body == {
         "model": "m", "temperature": 0.5, "stream": True, "stream_options": {"include_usage": True},
         "prompt": [1, 2, 3], "max_tokens": 7, "ignore_eos": True, "min_tokens": 7, "top_k": 9, "x_fault": None,
-    }  # fmt: skip
+    }
 
 
 async def test_chat_body_and_text_prompt() -> None:
@@ -314,7 +314,7 @@ async def test_api_key_from_env_is_sent_and_never_shown(monkeypatch: pytest.Monk
     monkeypatch.setenv("MY_KEY", KEY)
     tr = ScriptedTransport(200, [sse(b"[DONE]")])
     target = OpenAITarget("http://h:1/v1", "m", transport=tr, api_key_env="MY_KEY",  # type: ignore[arg-type]
-                          headers={"X-Trace": "t1", "X-Api-Key": "hdr-secret"})  # fmt: skip
+                          headers={"X-Trace": "t1", "X-Api-Key": "hdr-secret"})
     await target.start()
     rec = RequestRecord(0, 0.0)
     await target.send(spec(), rec)
@@ -448,7 +448,7 @@ async def test_each_fault_is_a_failed_record_and_the_next_request_works(
 ) -> None:
     fast = {"x_ttft_ms": 1, "x_itl_ms": 1}
     async with OpenAITarget(token_server.base_url, token_server.model, extra_body=fast, timeout_s=0.5,
-                            transport=transport) as target:  # type: ignore[arg-type]  # fmt: skip
+                            transport=transport) as target:  # type: ignore[arg-type]
         for fault, status, reason, num_tokens in FAULT_CASES:
             rec = RequestRecord(0, 0.0)
             await target.send(spec(max_tokens=6, extra_body=(("x_fault", fault),)), rec)
@@ -472,7 +472,7 @@ async def test_apis_prompts_and_usage(token_server: TokenServerProcess, api: str
         prompts.append(tuple(range(11)))
     fast = {"x_ttft_ms": 1, "x_itl_ms": 1}
     async with OpenAITarget(token_server.base_url, token_server.model, api, stream=stream,  # type: ignore[arg-type]
-                            extra_body=fast) as target:  # fmt: skip
+                            extra_body=fast) as target:
         for prompt in prompts:
             rec = RequestRecord(0, 0.0)
             await target.send(spec(prompt, max_tokens=5), rec)
@@ -512,10 +512,10 @@ async def test_the_pool_does_not_cap_concurrency(token_server: TokenServerProces
     ids = _ids("pool", num)
     body = {"x_ttft_ms": 2000, "x_itl_ms": 1}
     async with OpenAITarget(token_server.base_url, token_server.model, extra_body=body,
-                            transport=transport) as target:  # type: ignore[arg-type]  # fmt: skip
+                            transport=transport) as target:  # type: ignore[arg-type]
         records = [RequestRecord(i, 0.0) for i in range(num)]
         await asyncio.gather(*(target.send(spec(max_tokens=1, extra_body=(("x_request_id", ids[r.request_id]),)), r)
-                               for r in records))  # fmt: skip
+                               for r in records))
     assert all(r.status == "ok" for r in records)
     log = {line["id"]: line for line in token_server.read_log()}
     received = [log[i]["recv_s"] for i in ids]
@@ -531,7 +531,7 @@ async def test_aiohttp_and_httpx_give_the_same_records(token_server: TokenServer
     results = {}
     for transport in ("aiohttp", "httpx"):
         async with OpenAITarget(token_server.base_url, token_server.model, transport=transport,  # type: ignore[arg-type]
-                                extra_body=fast) as target:  # fmt: skip
+                                extra_body=fast) as target:
             await target.send(spec(max_tokens=1), RequestRecord(0, 0.0))  # connect outside the comparison
             recs = []
             for max_tokens in (1, 4, 9, 2, 5, 3, 7):
@@ -542,7 +542,7 @@ async def test_aiohttp_and_httpx_give_the_same_records(token_server: TokenServer
     for a, b in zip(results["aiohttp"], results["httpx"], strict=True):
         assert (a.status, a.error, a.http_status) == (b.status, b.error, b.http_status)
         assert (a.output_tokens, a.prompt_tokens, sum(a.chunk_tokens)) == (
-            b.output_tokens, b.prompt_tokens, sum(b.chunk_tokens))  # fmt: skip
+            b.output_tokens, b.prompt_tokens, sum(b.chunk_tokens))
     # Both stamp on the schedule: never before the server's 10 ms, and not far after. (httpx costs more CPU
     # per request, so on a busy 2-core machine its median can trail aiohttp's by several ms; the exact
     # 2 ms agreement is checked for the default transport in the timing test above.)
@@ -608,7 +608,7 @@ async def test_connections_are_kept_alive_and_reused(
     ids = _ids("keepalive", 5)
     fast = {"x_ttft_ms": 1, "x_itl_ms": 1}
     async with OpenAITarget(token_server.base_url, token_server.model, extra_body=fast,
-                            transport=transport) as target:  # type: ignore[arg-type]  # fmt: skip
+                            transport=transport) as target:  # type: ignore[arg-type]
         for i in ids:
             rec = RequestRecord(0, 0.0)
             await target.send(spec(max_tokens=4, extra_body=(("x_request_id", i),)), rec)

@@ -47,7 +47,7 @@ def test_slo_tables(d: dict[str, Any]) -> None:
 
 WORKLOAD_KEYS = st.sampled_from(["name", "api", "prompt", "num_requests", "ignore_eos", "min_tokens", "arrival",
                                  "input", "output", "process", "rate", "dist", "mean", "min", "max", "classes",
-                                 "phases", "system_prompts", "sessions"])  # fmt: skip
+                                 "phases", "system_prompts", "sessions"])
 
 
 @FAST
@@ -80,12 +80,12 @@ def test_record_reader(d: dict[str, Any]) -> None:
 TRACE_HEADS = st.sampled_from([
     "TIMESTAMP,ContextTokens,GeneratedTokens\n", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n",
     '{"timestamp": 0, "input_length": 3, "output_length": 2, "hash_ids": [1]}\n', "",
-])  # fmt: skip
+])
 
 
 @FAST
 @given(TRACE_HEADS, st.lists(st.text(alphabet=st.characters(codec="utf-8"), max_size=40), max_size=6),
-       st.sampled_from([".csv", ".jsonl", ".txt"]))  # fmt: skip
+       st.sampled_from([".csv", ".jsonl", ".txt"]))
 def test_trace_files(head: str, rows: list[str], suffix: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"t{suffix}"

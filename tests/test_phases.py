@@ -206,4 +206,4 @@ def test_bundled_diurnal_spec_peaks_mid_run():
 def test_bad_curves_are_spec_errors(table):
     with pytest.raises(SpecError):
         WorkloadSpec.from_dict({"name": "x", "arrival": table, "input": {"dist": "fixed", "value": 1},
-                                "output": {"dist": "fixed", "value": 1}, "num_requests": 3})  # fmt: skip
+                                "output": {"dist": "fixed", "value": 1}, "num_requests": 3})

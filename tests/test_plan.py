@@ -82,7 +82,7 @@ def recipe(day_toml: Path) -> DayRecipe:
 @pytest.fixture(scope="module")
 def setup() -> Setup:
     return Setup(ModeledEngine("cpu-tiny", kv_blocks=1024, max_num_seqs=32, max_model_len=4096),
-                 SLO.parse(SLO_TEXT))  # fmt: skip
+                 SLO.parse(SLO_TEXT))
 
 
 # ---- pure parts ----------------------------------------------------------------------------------------------
@@ -197,7 +197,7 @@ def test_search_finds_the_brute_force_cheapest_fleet(recipe: DayRecipe, setup: S
     s = search_window(window, ev, 0.9, max_instances=n_max, kinds=("colocated", "disagg", "mixed"))
     assert s.best is not None
     brute = [Fleet(c, p, d) for c in range(n_max + 1) for p in range(n_max + 1) for d in range(n_max + 1)
-             if 0 < c + p + d <= n_max and Fleet(c, p, d).is_servable]  # fmt: skip
+             if 0 < c + p + d <= n_max and Fleet(c, p, d).is_servable]
     feasible = [f for f in brute if ev(f).meets(0.9)]
     assert feasible, "the tiny day is too heavy for 4 instances"
     assert s.best.total == min(f.total for f in feasible)
@@ -205,7 +205,7 @@ def test_search_finds_the_brute_force_cheapest_fleet(recipe: DayRecipe, setup: S
     searched_ok = [f for f, e in s.evaluations.items() if e.meets(0.9)]
     assert s.best.total == min(f.total for f in searched_ok)
     assert s.evaluations[s.best].attainment == max(s.evaluations[f].attainment for f in searched_ok
-                                                   if f.total == s.best.total)  # fmt: skip
+                                                   if f.total == s.best.total)
     assert len(s.evaluations) < len(brute)  # it did not evaluate everything
     assert s.best.total >= 2  # the morning needs more than one instance: the search had something to do
 
@@ -231,19 +231,19 @@ def _plan_json(tmp: Path, day_toml: Path, *extra: str) -> tuple[int, dict[str, A
     rc = main(["plan", "--workload", str(day_toml), "--compression", "360", "--window", "1h", "--slo", SLO_TEXT,
                "--profile", "cpu-tiny", "--kv-blocks", "1024", "--max-num-seqs", "32", "--max-model-len", "4096",
                "--max-requests", "40", "--max-instances", "6", "--kv-link", "inf,0", "--kv-bytes-per-token", "0",
-               "--out", str(out), *extra])  # fmt: skip
+               "--out", str(out), *extra])
     return rc, json.loads((out / "plan.json").read_text())
 
 
 def test_the_plan_meets_the_slo_where_it_says_so_and_its_json(tmp_path: Path, day_toml: Path, recipe: DayRecipe,
-                                                             setup: Setup, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+                                                             setup: Setup, capsys: pytest.CaptureFixture[str]) -> None:
     rc, plan = _plan_json(tmp_path, day_toml, "--baselines", "static-colocated,static-disagg", "--switch-cost", "6m")
     out = capsys.readouterr().out
     assert plan["schema"] == "slobench.fleet.plan/1"
     assert set(plan["strategies"]) == {"planner", "static-colocated", "static-disagg"}
     for s in plan["strategies"].values():
         assert set(s) >= {"gpu_hours", "attainment", "goodput_per_gpu_rps", "windows_met", "num_windows",
-                          "instances_switched", "max_instances"}  # fmt: skip
+                          "instances_switched", "max_instances"}
         assert s["num_windows"] == 3 and 0 <= s["attainment"] <= 1
     assert plan["options"]["switch_share"] == pytest.approx(0.1)
     assert len(plan["windows"]) == 3
@@ -262,7 +262,7 @@ def test_the_plan_meets_the_slo_where_it_says_so_and_its_json(tmp_path: Path, da
         prev = fleet
     planner = plan["strategies"]["planner"]
     assert planner["gpu_hours"] == pytest.approx(sum(w["strategies"]["planner"]["gpus"] * w["hours"]
-                                                     for w in plan["windows"]))  # fmt: skip
+                                                     for w in plan["windows"]))
     assert rc == (0 if planner["windows_met"] == 3 else 1)
     # the static fleets are one fleet all day, and meet the target in every window
     for name in ("static-colocated", "static-disagg"):
@@ -309,9 +309,9 @@ def test_serial_and_process_pools_give_the_same_plan(recipe: DayRecipe, setup: S
     (["--rate", "-1"], "--rate"),
     (["--time-scale", "2"], "--time-scale"),
     (["--max-requests", "3"], "max-requests"),
-])  # fmt: skip
+])
 def test_bad_flags_exit_2_with_one_line(flags: list[str], needle: str, day_toml: Path, tmp_path: Path,
-                                        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+                                        capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["plan", "--workload", str(day_toml), "--slo", SLO_TEXT, "--out", str(tmp_path / "p"), *flags])
     err = capsys.readouterr().err.strip()
     assert rc == 2, err
@@ -320,7 +320,7 @@ def test_bad_flags_exit_2_with_one_line(flags: list[str], needle: str, day_toml:
 
 
 def test_workload_and_trace_are_one_or_the_other(day_toml: Path, tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--slo", SLO_TEXT]) == 2
     assert "--workload or --trace" in capsys.readouterr().err
     assert main(["plan", "--workload", str(day_toml), "--trace", str(day_toml), "--slo", SLO_TEXT]) == 2
@@ -340,7 +340,7 @@ def test_a_trace_day_plans_too(tmp_path: Path, capsys: pytest.CaptureFixture[str
         rc = main(["plan", "--trace", str(trace), "--window", "1m", "--slo", SLO_TEXT, "--profile", "cpu-tiny",
                    "--kv-blocks", "1024", "--max-num-seqs", "32", "--max-model-len", "4096", "--max-requests", "40",
                    "--max-instances", "4", "--kv-link", "inf,0", "--kv-bytes-per-token", "0", "--baselines", "none",
-                   "--hold", hold, "--out", str(out)])  # fmt: skip
+                   "--hold", hold, "--out", str(out)])
         return rc, json.loads((out / "plan.json").read_text())
 
     rc, held = plan("2")
@@ -439,7 +439,7 @@ def test_the_planner_sizes_kv_from_the_profiles_kv_capacity(day_toml: Path, caps
         assert setup_.engine.kv_blocks == cap // block
         assert setup_.engine().config.num_blocks == cap // block  # what every simulated instance gets
     _, setup_, _ = _build(build_parser().parse_args([*base, "--profile", "roofline:h100/llama-3.1-8b",
-                                                     "--kv-blocks", "500"]))  # fmt: skip
+                                                     "--kv-blocks", "500"]))
     assert setup_.engine.kv_blocks == 500  # given: kept
     # weights that leave no KV room: a clear refusal, not a 64-block engine
     assert main([*base, "--profile", "roofline:h200/llama-3.1-70b"]) == 2

@@ -28,7 +28,7 @@ DAY = {
                       "output": {"dist": "lognormal", "median": 40, "p99": 100, "min": 8, "max": 128}}},
     "phase": [{"name": "am", "duration_s": 10, "rate_rps": 6, "mix": {"doc": 1}},
               {"name": "pm", "duration_s": 10, "rate_rps": 4, "mix": {"gen": 1}}],
-}  # fmt: skip
+}
 
 
 def test_ray_plan_in_its_own_network_namespace() -> None:
@@ -36,7 +36,7 @@ def test_ray_plan_in_its_own_network_namespace() -> None:
 
 
 def test_without_ray_the_flag_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
     rc = main(["plan", "--workload", "day", "--slo", "ttft=1s", "--ray", "--out", str(tmp_path / "p")])
     err = capsys.readouterr().err
@@ -47,7 +47,7 @@ def test_without_ray_the_flag_says_how_to_install_it(monkeypatch: pytest.MonkeyP
 def test_ray_tasks_give_the_serial_plan() -> None:
     recipe = DayRecipe(workload=WorkloadSpec.from_dict(DAY), compression=360.0, window_s=3600.0, max_requests=30)
     setup = Setup(ModeledEngine("cpu-tiny", kv_blocks=1024, max_num_seqs=32, max_model_len=4096),
-                  SLO.parse("ttft=400ms,tpot=20ms,target=0.9"))  # fmt: skip
+                  SLO.parse("ttft=400ms,tpot=20ms,target=0.9"))
     options = PlanOptions(max_instances=4, switch_s=360.0, profile_requests=20, hold=1)
     with PlanPool(recipe, setup) as pool:
         serial = plan_day(pool, windows_for(recipe), recipe, setup, options)

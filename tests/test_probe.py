@@ -43,12 +43,12 @@ def test_sweep_and_capacity_never_import_the_runner() -> None:
 
 
 async def test_live_and_virtual_probes_write_one_run_directory_shape(tmp_path: Path,
-                                                                    token_server: TokenServerProcess) -> None:  # fmt: skip
+                                                                    token_server: TokenServerProcess) -> None:
     virtual = VirtualProbe(make_specs, ModeledEngine(), slo=SLO_)
     v = await virtual(8.0, 3, tmp_path / "virtual", {"made_by": "test", "rate_rps": 8.0})
     clock = Clock()
     async with OpenAITarget(token_server.base_url, token_server.model, clock=clock,
-                            extra_body={"x_ttft_ms": 5, "x_itl_ms": 1}) as target:  # fmt: skip
+                            extra_body={"x_ttft_ms": 5, "x_itl_ms": 1}) as target:
         live = LiveProbe(make_specs, target, slo=SLO_, opts=RunOptions(progress=False), clock=clock)
         r = await live(8.0, 3, tmp_path / "live", {"made_by": "test", "rate_rps": 8.0})
     assert not v.interrupted and not r.interrupted
@@ -60,7 +60,7 @@ async def test_live_and_virtual_probes_write_one_run_directory_shape(tmp_path: P
     assert load_run(tmp_path / "virtual").manifest["clock"] == {"kind": "virtual"}
     # the same requests (same seed) went to both: the same prompt lengths, in the same order
     assert ([x.input_tokens for x in load_run(tmp_path / "virtual").records]
-            == [x.input_tokens for x in load_run(tmp_path / "live").records])  # fmt: skip
+            == [x.input_tokens for x in load_run(tmp_path / "live").records])
     # what the terminal, the report and the gate read is there in both, under the same keys
     core = {"num_requests", "num_ok", "attainment", "ttft_s", "tpot_s"}
     assert core <= set(v.summary.to_dict()) and core <= set(r.summary.to_dict())
@@ -73,7 +73,7 @@ async def test_a_sweep_and_a_capacity_measure_drive_any_probe(tmp_path: Path) ->
     assert json.loads((tmp_path / "sweep" / "rate-2" / "manifest.json").read_text())["rate_rps"] == 2.0
     seen: list[tuple[float, int]] = []
     measure = ProbeMeasure(probe, out_dir=tmp_path / "cap", manifest={"m": 1},
-                           on_probe=lambda rate, seed, s: seen.append((rate, seed)))  # fmt: skip
+                           on_probe=lambda rate, seed, s: seen.append((rate, seed)))
     s = await measure(4.0, 7)
     assert s.run_dir == "probe-00-rate-4-seed-7" and s.rate_rps == 4.0 and seen == [(4.0, 7)]
     # the sweep's point and the probe at one rate differ only by seed: same rate, other requests

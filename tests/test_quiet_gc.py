@@ -89,7 +89,7 @@ async def test_the_send_path_makes_no_cyclic_garbage_per_request(token_server, t
     a cycle, the second count would be ~120 cycles' worth larger."""
     found = []
     async with OpenAITarget(token_server.base_url, token_server.model, transport=transport,
-                            extra_body={"x_ttft_ms": 0, "x_itl_ms": 0}) as target:  # fmt: skip
+                            extra_body={"x_ttft_ms": 0, "x_itl_ms": 0}) as target:
         for n in (40, 160):
             gc.collect()
             stats = quiet_gc.hold()

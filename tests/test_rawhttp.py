@@ -410,7 +410,7 @@ async def test_a_hang_times_out_and_a_refused_connect_says_where() -> None:
 async def test_each_fault_is_the_record_aiohttp_gives(token_server: TokenServerProcess) -> None:
     fast = {"x_ttft_ms": 1, "x_itl_ms": 1}
     async with OpenAITarget(token_server.base_url, token_server.model, extra_body=fast, timeout_s=0.5,
-                            transport="raw") as target:  # fmt: skip
+                            transport="raw") as target:
         for fault, status, reason, num_tokens in FAULT_CASES:
             rec = RequestRecord(0, 0.0)
             await target.send(spec(max_tokens=6, extra_body=(("x_fault", fault),)), rec)
@@ -435,7 +435,7 @@ async def test_quirky_servers_give_the_records_aiohttp_gives(
     records = {}
     for transport in ("aiohttp", "raw"):
         async with OpenAITarget(srv.base_url, srv.model, api, transport=transport,  # type: ignore[arg-type]
-                                server_profile="vllm") as target:  # fmt: skip
+                                server_profile="vllm") as target:
             recs = []
             for max_tokens in (1, 4, 8):
                 rec = RequestRecord(0, 0.0)
@@ -452,10 +452,10 @@ async def test_the_pool_does_not_cap_concurrency(token_server: TokenServerProces
     u = uuid.uuid4().hex[:8]
     ids = [f"rawpool-{u}-{i}" for i in range(num)]
     async with OpenAITarget(token_server.base_url, token_server.model, transport="raw",
-                            extra_body={"x_ttft_ms": 1000, "x_itl_ms": 1}) as target:  # fmt: skip
+                            extra_body={"x_ttft_ms": 1000, "x_itl_ms": 1}) as target:
         records = [RequestRecord(i, 0.0) for i in range(num)]
         await asyncio.gather(*(target.send(spec(max_tokens=1, extra_body=(("x_request_id", ids[r.request_id]),)), r)
-                               for r in records))  # fmt: skip
+                               for r in records))
     assert all(r.status == "ok" for r in records)
     log = {line["id"]: line for line in token_server.read_log()}
     received = [log[i]["recv_s"] for i in ids]

@@ -35,11 +35,11 @@ SHIFT_S = 1234.5  # actor 1's clock reads this far ahead: a machine whose clock 
 
 
 def poisson_specs(n: int, rate_rps: float, seed: int, first_id: int = 0, max_tokens: int = 20,
-                  start_s: float = 0.0) -> list[RequestSpec]:  # fmt: skip
+                  start_s: float = 0.0) -> list[RequestSpec]:
     """One Poisson schedule; each request names itself to the server (x_request_id) for its log."""
     times = start_s + np.cumsum(np.random.default_rng(seed).exponential(1 / rate_rps, n))
     return [RequestSpec(first_id + i, float(t), PROMPT, len(PROMPT), max_tokens,
-                        extra_body=(("x_request_id", first_id + i),)) for i, t in enumerate(times)]  # fmt: skip
+                        extra_body=(("x_request_id", first_id + i),)) for i, t in enumerate(times)]
 
 
 def kwargs(srv: TokenServerProcess) -> dict[str, Any]:
@@ -62,14 +62,14 @@ def test_ray_suite_in_its_own_network_namespace() -> None:
 
 
 def test_without_ray_the_flag_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:  # fmt: skip
+                                                     capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
     rc = main(["run", "--url", "http://127.0.0.1:9/v1", "--model", "m", "--ray", "--workload", "tiny",
-               "--num-requests", "2", "--out", str(tmp_path / "r"), "--no-progress"])  # fmt: skip
+               "--num-requests", "2", "--out", str(tmp_path / "r"), "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and "pip install 'slobench[ray]'" in err, err
     rc = main(["run", "--engine", "modeled", "--ray", "--workload", "tiny", "--num-requests", "2",
-               "--out", str(tmp_path / "e"), "--no-progress"])  # fmt: skip
+               "--out", str(tmp_path / "e"), "--no-progress"])
     assert rc == 2 and "--ray needs --url" in capsys.readouterr().err
 
 
@@ -158,7 +158,7 @@ async def test_a_killed_actor_fails_only_its_requests(cluster: Any, token_server
         # 10 long streams (1 s each) by 0.1 s over both actors, 4 more at 0.3 s (handed over 0.25 s early,
         # so some sit unsent on the victim when it dies at 0.2 s), 4 short ones at 1.5 s for the survivor.
         wave = (poisson_specs(10, 100.0, seed=2, max_tokens=200) + poisson_specs(4, 100.0, seed=3, first_id=10,
-                start_s=0.3) + poisson_specs(4, 100.0, seed=4, first_id=20, start_s=1.5))  # fmt: skip
+                start_s=0.3) + poisson_specs(4, 100.0, seed=4, first_id=20, start_s=1.5))
         res = await run(wave, pool, opts=QUIET, handle_sigint=False, monitors=[await kill_at(0.2)])
         report = await pool.run_report(ttft_slo_s=None)
     by_id = {r.request_id: r for r in res.records}
@@ -174,11 +174,11 @@ async def test_a_killed_actor_fails_only_its_requests(cluster: Any, token_server
 
 @in_netns
 def test_cli_ray_writes_clocks_and_health(cluster: Any, token_server: TokenServerProcess, tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+                                          capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
     rc = main(["run", "--url", token_server.base_url, "--workload", "tiny", "--rate", "40", "--num-requests", "30",
                "--ray", "--client-workers", "2", "--slo", "ttft=1ms", "--server-profile", "vllm",
-               "--out", str(out), "--no-progress"])  # fmt: skip
+               "--out", str(out), "--no-progress"])
     printed = capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     manifest = json.loads((out / "manifest.json").read_text())
@@ -195,7 +195,7 @@ def test_cli_ray_writes_clocks_and_health(cluster: Any, token_server: TokenServe
     # a sweep notes each rate's run the same way
     rc = main(["sweep", "--url", token_server.base_url, "--workload", "tiny", "--rates", "20,40", "--duration", "1",
                "--ray", "--client-workers", "2", "--slo", "ttft=5s", "--out", str(tmp_path / "sweep"),
-               "--no-progress"])  # fmt: skip
+               "--no-progress"])
     assert rc == 0
     runs = sorted((tmp_path / "sweep").glob("*/summary.json"))
     assert len(runs) == 2
@@ -215,7 +215,7 @@ def test_capacity_ray_notes_each_probe_and_the_report_shows_the_actors(
     out = tmp_path / "cap"
     rc = main(["capacity", "--url", token_server.base_url, "--workload", "tiny", "--rates", "20", "--replicates", "2",
                "--duration", "1", "--ray", "--client-workers", "2", "--slo", "ttft=1ms", "--server-profile", "vllm",
-               "--out", str(out), "--no-progress"])  # fmt: skip
+               "--out", str(out), "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 0, err  # fixed rates: replicates are measured, not judged
     probes = sorted(p.parent for p in out.glob("*/summary.json"))

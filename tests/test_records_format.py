@@ -54,7 +54,7 @@ def test_to_json_writes_the_same_bytes_as_before(r: RequestRecord) -> None:
 def test_a_record_line_is_pinned() -> None:
     r = RequestRecord(7, 0.5, tag="chat", sent_s=0.5001, first_token_s=0.55, done_s=0.6,
                       chunk_times_s=[0.55, 0.5612345678912], chunk_tokens=[1, 2], input_tokens=16, output_tokens=3,
-                      max_tokens=3, error="cut…", queued_s=2.5e-06)  # fmt: skip
+                      max_tokens=3, error="cut…", queued_s=2.5e-06)
     assert r.to_json() == (
         '{"request_id":7,"scheduled_s":0.5,"tag":"chat","sent_s":0.5001,"first_token_s":0.55,"done_s":0.6,'
         '"chunk_times_s":[0.55,0.561234568],"chunk_tokens":[1,2],"input_tokens":16,"prompt_tokens":null,'

@@ -82,7 +82,7 @@ def test_sweep_rates_and_capacity_conflict_with_time_scale(tmp_path):
 
 
 @pytest.mark.parametrize("flag", [["--time-scale", "0.5"], ["--start", "3"], ["--trace-format", "azure"],
-                                  ["--no-spread"], ["--keep-zero-rows"], ["--min-tokens", "none"]])  # fmt: skip
+                                  ["--no-spread"], ["--keep-zero-rows"], ["--min-tokens", "none"]])
 def test_trace_flags_without_a_trace_exit_2(capsys, flag):
     assert main(["run", "--workload", "chat", "--url", URL, "--no-progress", *flag]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -19,25 +19,25 @@ RUN_SLO = SLO(ttft_s=0.1, tpot_s=0.05)  # limit: 5% of 100 ms = 5 ms
 
 def actor(index: int, host: str, uncertainty_s: float, *, died: str | None = None) -> dict[str, Any]:
     est = {"offset_s": 1234.5 * index, "uncertainty_s": uncertainty_s, "at_s": 0.0, "rtt_s": 2 * uncertainty_s,
-           "num_samples": 24}  # fmt: skip
+           "num_samples": 24}
     return {"index": index, "node_id": f"node{index}", "hostname": host, "pid": 100 + index, "alive": died is None,
             "died": died, "num_records": 60 + index, "lateness_s": {"p50": 0.0002, "p99": 0.0031 + index * 1e-3},
             "cpu_s": 1.5, "loop_cpu_s": 0.9,
-            "clock": {"start": est, "end": est, "drift_ppm": 3.25, "uncertainty_s": uncertainty_s}}  # fmt: skip
+            "clock": {"start": est, "end": est, "drift_ppm": 3.25, "uncertainty_s": uncertainty_s}}
 
 
 def ray_run(tmp_path: Path, uncertainties: tuple[float, ...], *, with_summary: bool = True) -> Path:
     run_dir = tmp_path / "ray-run"
     actors = [actor(i, f"host-{i}" if i else "<b>evil</b>", u, died="node lost" if i == 2 else None)
-              for i, u in enumerate(uncertainties)]  # fmt: skip
+              for i, u in enumerate(uncertainties)]
     limit = CLOCK_LIMIT_OF_TTFT * RUN_SLO.ttft_s  # type: ignore[operator]
     worst = max(uncertainties)
     w = RunWriter(run_dir, {"slo": RUN_SLO.to_dict(), "rate_rps": 8.0, "target": {"url": "http://x/v1", "ray": {"address": "local", "actors": len(actors)}},
-                            "clock_sync": {"limit_s": limit, "actors": [{k: a[k] for k in ("index", "node_id", "hostname", "pid", "clock")} for a in actors]}})  # fmt: skip
+                            "clock_sync": {"limit_s": limit, "actors": [{k: a[k] for k in ("index", "node_id", "hostname", "pid", "clock")} for a in actors]}})
     for r in synthetic_records(8.0, 150, seed=3):
         w.write(r)
     ray = {"num_actors": len(actors), "num_died": 1, "actors": actors, "clock_uncertainty_s": worst,
-           "clock_uncertainty_limit_s": limit, "is_clock_flagged": worst > limit, "warning": None}  # fmt: skip
+           "clock_uncertainty_limit_s": limit, "is_clock_flagged": worst > limit, "warning": None}
     w.finish({"client": {"ray": ray}} if with_summary else {})
     return run_dir
 

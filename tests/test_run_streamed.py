@@ -45,7 +45,7 @@ def mooncake(path: Path, n: int, *, zero_every: int = 0, gap_ms: int = 2) -> Pat
         for i in range(n):
             out = 0 if zero_every and i % zero_every == zero_every - 1 else 1 + i % 7
             fh.write(json.dumps({"timestamp": gap_ms * i + (i % 3), "input_length": 1 + (i * 37) % 900,
-                                 "output_length": out, "hash_ids": [i % 5, 1000 + i]}) + "\n")  # fmt: skip
+                                 "output_length": out, "hash_ids": [i % 5, 1000 + i]}) + "\n")
     return path
 
 
@@ -219,7 +219,7 @@ def test_slobench_run_trace_streams_and_reports_its_rows(tmp_path, token_server,
     path = burstgpt(tmp_path / "b.csv")
     out = tmp_path / "run"
     argv = ["run", "--trace", str(path), "--time-scale", "0.02", "--url", token_server.base_url,
-            "--model", token_server.model, "--no-progress", "--out", str(out)]  # fmt: skip
+            "--model", token_server.model, "--no-progress", "--out", str(out)]
     assert main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
     manifest = json.loads((out / "manifest.json").read_text())
@@ -241,7 +241,7 @@ async def test_client_workers_take_a_streamed_trace(tmp_path, token_server):
     async with WorkerPool(2, {"base_url": token_server.base_url, "model": token_server.model}) as pool:
         await pool.preflight()
         res = await run(StreamingReplay(str(path)).specs(), pool, opts=RunOptions(progress=False),
-                        handle_sigint=False)  # fmt: skip
+                        handle_sigint=False)
     recs = sorted(res.records, key=lambda r: r.request_id)
     eager = TraceReplay.open(str(path)).specs()
     assert [(r.input_tokens, r.max_tokens) for r in recs] == [(s.input_tokens, s.max_tokens) for s in eager]
@@ -317,7 +317,7 @@ async def test_a_trace_damaged_part_way_stops_the_run_with_its_summary_written(t
     clock = Clock()
     with pytest.raises(UsageError, match="cannot read the gzip-compressed file"):
         await run(StreamingReplay(str(damaged), time_scale=0.01).specs(), InstantTarget(clock), clock=clock,
-                  opts=RunOptions(progress=False), run_dir=tmp_path / "r")  # fmt: skip
+                  opts=RunOptions(progress=False), run_dir=tmp_path / "r")
     back = load_run(tmp_path / "r")
     assert back.summary is not None and "gzip-compressed" in back.summary.stopped_by
     assert back.summary.interrupted and back.summary.num_scheduled is None

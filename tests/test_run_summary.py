@@ -20,7 +20,7 @@ SLO_ = SLO.parse("ttft=300ms,tpot=60ms")
 
 def _records():  # type: ignore[no-untyped-def]
     recs = synthetic_records(12, 300, capacity_rps=10, seed=3, error_text="HTTP 500: boom",
-                             tags=("chat", "doc"))  # fmt: skip
+                             tags=("chat", "doc"))
     for i, r in enumerate(recs):
         r.replica = i % 2
         if i % 7 == 0:
@@ -31,7 +31,7 @@ def _records():  # type: ignore[no-untyped-def]
 
 def test_summary_json_round_trips_through_the_typed_model(tmp_path: Path) -> None:
     s = replace(summarize(_records(), SLO_, seed=1), interrupted=False, num_scheduled=300, rate_rps=12.0,
-                notes=("one note",))  # fmt: skip
+                notes=("one note",))
     assert s.per_replica and s.per_tag and s.prefix_cache and s.attainment is not None
     w = RunWriter(tmp_path, {"rate_rps": 12.0})
     w.finish(s)

@@ -65,7 +65,7 @@ class KVEcho:
 
 
 def reference_output(prompt: list[int], max_tokens: int, eos_every: int = 0, ignore_eos: bool = False,
-                     min_tokens: int = 0) -> list[int]:  # fmt: skip
+                     min_tokens: int = 0) -> list[int]:
     ctx = list(prompt)
     out: list[int] = []
     while len(out) < max_tokens:

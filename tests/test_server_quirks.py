@@ -26,7 +26,7 @@ def _run(srv: TokenServerProcess, out: Path, *extra: str, n: int = 12) -> tuple[
         "run", "--url", srv.base_url, "--model", srv.model, "--workload", "tiny", "--rate", "50",
         "--num-requests", str(n), "--input-len", "8", "--output-len", "6", "--out", str(out),
         "--no-progress", "--scrape-interval", "0", *extra,
-    ])  # fmt: skip
+    ])
     path = out / "requests.jsonl"
     records = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
     manifest = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").exists() else {}
@@ -189,7 +189,7 @@ def test_server_and_user_strings_are_printed_as_text(tmp_path: Path, capsys: pyt
 
 def test_warmup_that_leaves_nothing_to_measure_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--url", "http://127.0.0.1:9/v1", "--model", "m", "--warmup", "10",
-                 "--num-requests", "5"]) == 2  # fmt: skip
+                 "--num-requests", "5"]) == 2
     assert "leaves nothing to measure" in capsys.readouterr().err
 
 
@@ -236,7 +236,7 @@ def test_an_interrupted_run_exits_130(tmp_path: Path) -> None:
              "tiny", "--rate", "20", "--num-requests", "40", "--output-len", "200", "--out", str(out),
              "--no-progress", "--scrape-interval", "0", "--slo", "ttft=10s"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
+        )
         deadline = time.monotonic() + 60
         while not (out / "requests.jsonl").exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)  # bounded poll for the run to start, not a wait for a result
@@ -276,7 +276,7 @@ def test_the_text_memo_is_bounded_by_size(monkeypatch: pytest.MonkeyPatch) -> No
     t = oa.OpenAITarget("http://h:1/v1", "m", "chat")
     for i in range(50):
         t.build_body(RequestSpec(request_id=i, arrival_s=0.0, prompt=tuple(range(i, i + 40)), input_tokens=40,
-                                 max_tokens=1))  # fmt: skip
+                                 max_tokens=1))
         assert t._texts_chars <= 1000 + 40 * 7
 
 

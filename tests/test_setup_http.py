@@ -37,7 +37,7 @@ def test_a_server_listing_no_model_is_exit_3_naming_the_flag(
 ) -> None:
     srv = start_token_server(ttft_ms=2, itl_ms=1, quirks=("models-empty",))
     code = main(["run", "--url", srv.base_url, "--workload", "tiny", "--num-requests", "3", "--no-progress",
-                 "--out", str(tmp_path / "r")])  # fmt: skip
+                 "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err
     assert code == 3 and "no model listed; pass --model NAME" in err, err
 

@@ -204,7 +204,7 @@ def test_data_events_takes_only_whole_data_events_with_nothing_pending() -> None
     assert p.data_events(b"data: a\n\ndata: [DONE]\n\n") == [b"a", b"[DONE]"]
     for not_only_data in (b"data: a\n", b"data: a\r\n\r\n", b"data:a\n\n", b"event: x\n\n", b"data: a\ndata: b\n\n",
                           b"\xef\xbb\xbfdata: a\n\n", b": hi\n\n", b"data: a\n\n: hi\n\n", b"data: a\n\n\n\n",
-                          b"data: a\n\nid: 7\n\n", b"data: a\n\ndata: b"):  # fmt: skip
+                          b"data: a\n\nid: 7\n\n", b"data: a\n\ndata: b"):
         assert p.data_events(not_only_data) is None, not_only_data
     p.feed(b"data: half")  # a line is pending: the next piece must go through feed
     assert p.data_events(b"data: x\n\n") is None

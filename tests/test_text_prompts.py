@@ -74,7 +74,7 @@ def test_exact_text_through_a_text_only_server(tmp_path: Path) -> None:
     with TokenServerProcess(ttft_ms=1, itl_ms=1, quirks=("text-prompts-only",)) as srv:
         code = main(["run", "--url", srv.base_url, "--model", srv.model, "--workload", "tiny", "--rate", "50",
                      "--num-requests", "10", "--out", str(tmp_path / "r"), "--no-progress", "--scrape-interval", "0",
-                     "--tokenizer", str(tok)])  # fmt: skip
+                     "--tokenizer", str(tok)])
     assert code == 0
     records = [json.loads(x) for x in (tmp_path / "r" / "requests.jsonl").read_text().splitlines()]
     # the server counts words; the word tokenizer made each text exactly input_tokens long
@@ -113,7 +113,7 @@ async def test_rate_limit_holds_sends_to_the_ceiling_and_counts_the_waits_as_del
     target = _Instant(clock)
     specs = [RequestSpec(request_id=i, arrival_s=0.0, prompt="x", input_tokens=1, max_tokens=1) for i in range(12)]
     res = await run(specs, target, clock=clock, handle_sigint=False,  # type: ignore[arg-type]
-                    opts=RunOptions(progress=False, rate_limit=(4, 0.2)))  # fmt: skip
+                    opts=RunOptions(progress=False, rate_limit=(4, 0.2)))
     sent = sorted(target.sent)
     # 12 sends at 4 per 0.2 s: three windows
     assert sent[-1] - sent[0] >= 0.4 - 0.01

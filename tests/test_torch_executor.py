@@ -52,7 +52,7 @@ def step(ex: TorchExecutor, seqs: list[Seq], rng: random.Random, max_chunk: int)
         n = min(len(s.tokens) - s.num_computed, rng.randint(1, max_chunk))
         sample = s.num_computed + n == len(s.tokens)
         chunks.append(SeqChunk(s.seq_id, s.tokens[s.num_computed : s.num_computed + n], s.num_computed,
-                               s.block_table, sample, s.sampling, len(s.generated)))  # fmt: skip
+                               s.block_table, sample, s.sampling, len(s.generated)))
     result = ex.execute(StepBatch(chunks))
     assert len(result.tokens) == len(chunks)
     for s, c, token in zip(live, chunks, result.tokens, strict=True):
@@ -241,7 +241,7 @@ def test_triton_kernels_through_the_interpreter_match_dense() -> None:
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "SLOBENCH_FORCE_TRITON": "1"}
     proc = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+                          timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
 
 
@@ -290,7 +290,7 @@ def test_llm_engine_generate_matches_dense(prefix_caching: bool, num_blocks: int
     ]
     num_new = 10
     cfg = EngineConfig(block_size=4, num_blocks=num_blocks, max_num_seqs=8, max_num_batched_tokens=12,
-                       max_model_len=64, enable_prefix_caching=prefix_caching, prefix_hash_key=b"test")  # fmt: skip
+                       max_model_len=64, enable_prefix_caching=prefix_caching, prefix_hash_key=b"test")
     ex = TorchExecutor("tiny", num_blocks, 4, seed=0)
     poison(ex)
     engine = LLMEngine(cfg, ex)

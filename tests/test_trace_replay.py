@@ -312,7 +312,7 @@ def test_slobench_run_trace_end_to_end(tmp_path, token_server):
     path = write(tmp_path, "a.csv", AZURE)
     out = tmp_path / "run"
     argv = ["run", "--trace", str(path), "--time-scale", "0.1", "--url", token_server.base_url,
-            "--model", token_server.model, "--no-progress", "--out", str(out)]  # fmt: skip
+            "--model", token_server.model, "--no-progress", "--out", str(out)]
     assert main(argv) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["workload"]["trace"]["format"] == "azure" and manifest["phases"] == []

@@ -18,7 +18,7 @@ TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure-llm-
 
 
 def mooncake_file(path: Path, n: int, *, rate_rps: float = 200.0, seed: int = 0, stamp_ms: int = 1,
-                  max_input: int = 3000) -> Path:  # fmt: skip
+                  max_input: int = 3000) -> Path:
     rng = np.random.default_rng(seed)
     t = np.cumsum(rng.exponential(1000.0 / rate_rps, n))
     t = (t // stamp_ms * stamp_ms).astype(np.int64)
@@ -27,7 +27,7 @@ def mooncake_file(path: Path, n: int, *, rate_rps: float = 200.0, seed: int = 0,
         for i, (ts, k) in enumerate(zip(t.tolist(), ins.tolist(), strict=True)):
             blocks = [i % 7] + [100 + i * 8 + j for j in range(-(-k // 512) - 1)]
             fh.write(json.dumps({"timestamp": ts, "input_length": k, "output_length": 1 + i % 50,
-                                 "hash_ids": blocks}) + "\n")  # fmt: skip
+                                 "hash_ids": blocks}) + "\n")
     return path
 
 

@@ -40,7 +40,7 @@ SHAREGPT = [
         {"from": "human", "value": "one two"},
         {"from": "gpt", "value": "three four five"},
     ]},
-]  # fmt: skip
+]
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -98,7 +98,7 @@ def test_unreadable_rows_are_skipped_with_their_line_numbers(tmp_path):
         "",  # blank lines are not rows
         "2023-11-16 18:17:08.0,100,-1",  # line 11
         "2023-11-16 18:17:09.0,100,7",  # line 12: fine
-    ]) + "\n"  # fmt: skip
+    ]) + "\n"
     tr = load_trace(write(tmp_path, "a.csv", text))
     assert len(tr.entries) == 4 and tr.num_rows == 10
     assert [p.line for p in tr.problems] == [5, 6, 7, 9, 11]

@@ -26,7 +26,7 @@ AZURE = """TIMESTAMP,ContextTokens,GeneratedTokens
 
 def mooncake_rows(stamps_ms) -> str:
     return "".join(json.dumps({"timestamp": int(t), "input_length": 10 + i, "output_length": 3}) + "\n"
-                   for i, t in enumerate(stamps_ms))  # fmt: skip
+                   for i, t in enumerate(stamps_ms))
 
 
 def write(tmp_path: Path, name: str, text: str | bytes) -> Path:

@@ -29,10 +29,10 @@ PROMPT = tuple(range(1000, 1016))
 
 
 def specs(n: int, spacing_s: float = 0.01, max_tokens: int = 20, start_s: float = 0.0, first_id: int = 0,
-          **body: object) -> list[RequestSpec]:  # fmt: skip
+          **body: object) -> list[RequestSpec]:
     extra = tuple(body.items())
     return [RequestSpec(first_id + i, start_s + i * spacing_s, PROMPT, len(PROMPT), max_tokens, extra_body=extra)
-            for i in range(n)]  # fmt: skip
+            for i in range(n)]
 
 
 def kwargs(srv: TokenServerProcess) -> dict[str, object]:
@@ -75,7 +75,7 @@ async def test_cancelling_the_run_cancels_in_flight_requests_and_the_pool_still_
         # 10 requests sent within 0.1 s, each streaming for ~1 s; the run is cancelled at 0.5 s.
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(run(specs(10, max_tokens=200), pool, opts=QUIET, run_dir=tmp_path / "r",
-                                       handle_sigint=False), timeout=0.5)  # fmt: skip
+                                       handle_sigint=False), timeout=0.5)
         records = load_run(tmp_path / "r").records
         assert len(records) == 10 and {r.status for r in records} == {"cancelled"}
         assert all(r.sent_s is not None for r in records)  # the parent's provisional stamp survives
@@ -118,7 +118,7 @@ def test_bad_worker_counts_and_kwargs_are_refused(token_server: TokenServerProce
 
 
 def test_cli_client_workers(token_server: TokenServerProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-                            ) -> None:  # fmt: skip
+                            ) -> None:
     out = tmp_path / "run"
     rc = main(["run", "--url", token_server.base_url, "--workload", "tiny", "--rate", "40", "--num-requests", "30",
                "--client-workers", "2", "--slo", "ttft=5s", "--out", str(out), "--no-progress"])
@@ -131,7 +131,7 @@ def test_cli_client_workers(token_server: TokenServerProcess, tmp_path: Path, ca
 
 
 async def test_a_worker_that_cannot_start_is_a_clear_error(token_server: TokenServerProcess,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil
     import sys
 

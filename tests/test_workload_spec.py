@@ -72,7 +72,7 @@ def test_public_api_is_pinned():
         "ThinkTime", "Trace", "TraceEntry", "TraceReplay", "detect_format", "load_trace",
         "phase_boundaries", "replay",
         "Workload",  # the protocol every source of requests implements (issue 12)
-    }  # fmt: skip
+    }
     assert all(hasattr(workload, name) for name in workload.__all__)
 
 

@@ -83,7 +83,7 @@ class GraphPlan:
 
     @classmethod
     def for_limits(cls, max_num_seqs: int, max_context_len: int, block_size: int,
-                   candidates: Sequence[int] = DEFAULT_GRAPH_BATCH_SIZES) -> GraphPlan:  # fmt: skip
+                   candidates: Sequence[int] = DEFAULT_GRAPH_BATCH_SIZES) -> GraphPlan:
         return cls(graph_batch_sizes(max_num_seqs, candidates), block_size, max_context_len)
 
     @property
@@ -111,10 +111,10 @@ class GraphPlan:
         size = self.padded_size(len(chunks))
         if size is None:
             return GraphChoice(None, f"eager: {len(chunks)} sequences, above the largest graph "
-                                     f"({self.max_batch_size})")  # fmt: skip
+                                     f"({self.max_batch_size})")
         if widest > self.max_context_len:
             return GraphChoice(None, f"eager: context {widest} wider than the captured block tables "
-                                     f"({self.max_context_len} tokens)")  # fmt: skip
+                                     f"({self.max_context_len} tokens)")
         return GraphChoice(size, f"graph: {len(chunks)} sequences padded to {size}")
 
 
@@ -144,7 +144,7 @@ class DecodeBuffers:
     side is written again (a step usually syncs anyway when it reads its tokens back, but not always)."""
 
     def __init__(self, max_batch_size: int, max_blocks_per_seq: int, block_size: int,
-                 device: torch.device) -> None:  # fmt: skip
+                 device: torch.device) -> None:
         self.max_batch_size, self.width, self.block_size = max_batch_size, max_blocks_per_seq, block_size
         self.device = device
         on_cuda = device.type == "cuda"
@@ -156,7 +156,7 @@ class DecodeBuffers:
         if on_cuda:
             self._host_ints = torch.zeros(4, max_batch_size, dtype=torch.long, pin_memory=True)
             self._host_tables = torch.zeros(max_batch_size * max_blocks_per_seq, dtype=torch.int32,
-                                            pin_memory=True)  # fmt: skip
+                                            pin_memory=True)
             self._staging_tables = torch.zeros_like(self._host_tables, device=device)
         else:  # the CPU (tests): fill the buffers in place
             self._host_ints = self.ints
@@ -242,7 +242,7 @@ class _StaticDecodeAttention:
         kc, vc = self.k_cache[layer_idx], self.v_cache[layer_idx]
         kernels.write_kv(k, v, kc, vc, self.slot_mapping)
         return kernels.paged_decode_attention(q, kc, vc, self.block_tables, self.context_lens, self.scale,
-                                              max_context_len=self.max_context_len)  # fmt: skip
+                                              max_context_len=self.max_context_len)
 
 
 class DecodeGraphRunner:
@@ -270,7 +270,7 @@ class DecodeGraphRunner:
         b.context_lens[:size].copy_(b.ints[3, :size])
         attend = _StaticDecodeAttention(self.k_cache, self.v_cache, b.slot_mapping[:size], b.block_tables[:size],
                                         b.context_lens[:size], self.plan.max_blocks_per_seq * self.plan.block_size,
-                                        self.scale)  # fmt: skip
+                                        self.scale)
         return self.model(b.token_ids[:size], b.positions[:size], attend)
 
     @torch.inference_mode()

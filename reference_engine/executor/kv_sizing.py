@@ -42,7 +42,7 @@ class MemoryProfile:
 
 
 def num_kv_blocks(profile: MemoryProfile, gpu_memory_utilization: float, bytes_per_block: int,
-                  min_blocks: int = 1) -> int:  # fmt: skip
+                  min_blocks: int = 1) -> int:
     """Blocks that fit in the budget; a ConfigError naming every term when fewer than `min_blocks` do."""
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise ConfigError("gpu_memory_utilization", gpu_memory_utilization, "must be in (0, 1]")
@@ -61,19 +61,19 @@ def num_kv_blocks(profile: MemoryProfile, gpu_memory_utilization: float, bytes_p
             f"− {profile.activation_peak_bytes / GIB:.2f} GiB activation peak "
             f"= {budget / GIB:.2f} GiB for blocks of {bytes_per_block / 2**20:.2f} MiB; raise "
             "--gpu-memory-utilization, free GPU memory, lower --max-batched-tokens, or pass --kv-blocks",
-        )  # fmt: skip
+        )
     return blocks
 
 
 def warmup_chunks(max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
-                  block_size: int) -> tuple[list[SeqChunk], int]:  # fmt: skip
+                  block_size: int) -> tuple[list[SeqChunk], int]:
     """The dummy step that profiles the activation peak, and how many KV blocks it writes into.
 
     All `max_num_batched_tokens` tokens as fresh prefills spread over as many sequences as the step may
     sample (each at most `max_model_len` long), every one sampled: the largest dense work and the largest
     logits the real steps can reach. Blocks are numbered back to back from 0."""
     for name, value in (("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs),
-                        ("max_model_len", max_model_len), ("block_size", block_size)):  # fmt: skip
+                        ("max_model_len", max_model_len), ("block_size", block_size)):
         if value < 1:
             raise ConfigError(name, value, "must be >= 1")
     num_seqs = max(
@@ -94,7 +94,7 @@ def warmup_chunks(max_num_batched_tokens: int, max_num_seqs: int, max_model_len:
 
 
 def measure_cuda_memory(run_warmup: Callable[[], object], free_warmup_state: Callable[[], None],
-                        device: torch.device | str) -> MemoryProfile:  # fmt: skip
+                        device: torch.device | str) -> MemoryProfile:
     """Run the warm-up, note its peak, release what it held (`free_warmup_state`), read the driver."""
     import torch
 

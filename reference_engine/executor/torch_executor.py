@@ -89,7 +89,7 @@ class _StepAttention:
     block past the context are masked, so what they hold (stale or unwritten) never counts."""
 
     def __init__(self, executor: TorchExecutor, slots: Tensor, decode: _DecodeGroup | None,
-                 prefills: list[_PrefillChunk]) -> None:  # fmt: skip
+                 prefills: list[_PrefillChunk]) -> None:
         self.ex = executor
         self.slots, self.decode, self.prefills = slots, decode, prefills
         self.group = executor.config.n_heads // executor.config.n_kv_heads
@@ -110,7 +110,7 @@ class _StepAttention:
             qp = q[rows].transpose(0, 1)  # [heads, n, hd]
             kp, vp = _context(k_blocks, p), _context(v_blocks, p)  # [kv, L, hd]
             o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, is_causal=p.mask is None,
-                                               enable_gqa=True)  # fmt: skip
+                                               enable_gqa=True)
             out[rows] = o.transpose(0, 1)
         return out
 
@@ -147,10 +147,10 @@ class _KernelAttention:
         scale = q.shape[-1] ** -0.5
         if self.context_lens is not None:
             return kernels.paged_decode_attention(q, k_blocks, v_blocks, self.block_tables, self.context_lens,
-                                                  scale, max_context_len=self.max_context_len)  # fmt: skip
+                                                  scale, max_context_len=self.max_context_len)
         assert self.cu_seqlens_q is not None and self.prefix_lens is not None
         return kernels.extend_attention(q, k_blocks, v_blocks, self.cu_seqlens_q, self.prefix_lens,
-                                        self.block_tables, scale, max_seqlen_q=self.max_seqlen_q)  # fmt: skip
+                                        self.block_tables, scale, max_seqlen_q=self.max_seqlen_q)
 
 
 def _context(blocks: Tensor, p: _PrefillChunk) -> Tensor:
@@ -245,9 +245,9 @@ class TorchExecutor:
         """Warm-up step on a scratch cache just big enough for it, then size the real cache (kv_sizing)."""
         if self.device.type != "cuda":
             raise ConfigError("num_blocks", None, f"must be given on {self.device.type}: free memory is only "
-                                                "measured on CUDA")  # fmt: skip
+                                                "measured on CUDA")
         chunks, warmup_blocks = warmup_chunks(max_num_batched_tokens, max_num_seqs, self.max_model_len,
-                                              self.block_size)  # fmt: skip
+                                              self.block_size)
         self._allocate_kv(warmup_blocks)
 
         def release() -> None:
@@ -298,12 +298,12 @@ class TorchExecutor:
                 raise ValueError(f"seq {c.seq_id}: a chunk must hold at least one token")
             if len(c.block_table) < nb:
                 raise ValueError(f"seq {c.seq_id}: block_table has {len(c.block_table)} blocks, "
-                                 f"positions up to {c.start_pos + n - 1} need {nb}")  # fmt: skip
+                                 f"positions up to {c.start_pos + n - 1} need {nb}")
             if c.start_pos + n > self.config.max_seq_len:
                 raise ValueError(f"seq {c.seq_id}: position {c.start_pos + n - 1} is past max_seq_len")
         max_blocks = max(num_ctx_blocks)
         tables = torch.tensor([c.block_table[:nb] + [c.block_table[0]] * (max_blocks - nb)
-                               for c, nb in zip(chunks, num_ctx_blocks, strict=True)], device=dev)  # fmt: skip
+                               for c, nb in zip(chunks, num_ctx_blocks, strict=True)], device=dev)
         token_ids = torch.tensor(list(itertools.chain.from_iterable(c.token_ids for c in chunks)), device=dev)
 
         all_decode = max(lens) == 1

@@ -51,7 +51,7 @@ def _rms_norm_kernel(
     normed = (x * (1.0 / tl.sqrt(mean_sq + eps))).to(out_ptr.dtype.element_ty)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_o + cols, (normed.to(tl.float32) * w).to(out_ptr.dtype.element_ty),
-             mask=mask)  # fmt: skip
+             mask=mask)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -98,7 +98,7 @@ def rms_norm(
 
 @triton.jit
 def _rotate_heads(x_ptr, t, stride_t, stride_h, stride_d, cos, sin, NUM_HEADS: tl.constexpr,
-                  HEADS_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr):  # fmt: skip
+                  HEADS_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr):
     h = tl.arange(0, HEADS_PAD)
     d = tl.arange(0, HALF_PAD)
     mask = (h[:, None] < NUM_HEADS) & (d[None, :] < HALF)
@@ -164,10 +164,10 @@ def apply_rotary_(
     num_k_heads = k.shape[1]
     if k.shape[0] != num_tokens or k.shape[2] != head_dim or positions.shape != (num_tokens,):
         raise ValueError(f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, positions "
-                         f"{tuple(positions.shape)} do not agree")  # fmt: skip
+                         f"{tuple(positions.shape)} do not agree")
     if head_dim % 2 or cos_table.shape[-1] != head_dim // 2:
         raise ValueError(f"head_dim {head_dim} must be even and the tables hold {cos_table.shape[-1]} "
-                         "frequencies, not head_dim / 2")  # fmt: skip
+                         "frequencies, not head_dim / 2")
     if num_tokens == 0:
         return
     half = head_dim // 2

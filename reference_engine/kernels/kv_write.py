@@ -9,7 +9,7 @@ import triton.language as tl
 
 @triton.jit
 def _copy_token_heads(src_ptr, dst_ptr, t64, block, offset, h, d, mask, stride_t, stride_h, stride_d,
-                      stride_cb, stride_co, stride_ch, stride_cd):  # fmt: skip
+                      stride_cb, stride_co, stride_ch, stride_cd):
     """Token t64's [heads, head_dim] row of K (or V) into its cache slot (block, offset)."""
     x = tl.load(src_ptr + t64 * stride_t + h[:, None] * stride_h + d[None, :] * stride_d, mask=mask)
     dst = dst_ptr + block * stride_cb + offset * stride_co + h[:, None] * stride_ch + d[None, :] * stride_cd
@@ -55,9 +55,9 @@ def _write_kv_kernel(
     # int64 offsets: a large cache holds more than 2**31 elements.
     t64 = t.to(tl.int64)
     _copy_token_heads(k_ptr, k_cache_ptr, t64, block, offset, h, d, mask, stride_kt, stride_kh, stride_kd,
-                      stride_kcb, stride_kco, stride_kch, stride_kcd)  # fmt: skip
+                      stride_kcb, stride_kco, stride_kch, stride_kcd)
     _copy_token_heads(v_ptr, v_cache_ptr, t64, block, offset, h, d, mask, stride_vt, stride_vh, stride_vd,
-                      stride_vcb, stride_vco, stride_vch, stride_vcd)  # fmt: skip
+                      stride_vcb, stride_vco, stride_vch, stride_vcd)
 
 
 def write_kv(

@@ -67,7 +67,7 @@ class RecordArrays:
         is_ok = np.asarray(status == "ok", dtype=bool)
         itl_s, itl_owner = chunk_gaps([get(r, "chunk_times_s") or [] for r in rows], is_ok)
         prompt = np.fromiter((int(v) if (v := get(r, "prompt_tokens")) is not None else int(get(r, "input_tokens") or 0)
-                              for r in rows), np.int64, n)  # fmt: skip
+                              for r in rows), np.int64, n)
         return cls(
             request_id=rid[order],
             scheduled_s=sched[order],

@@ -104,7 +104,7 @@ class ClientHealth:
 
     def to_dict(self) -> dict[str, Any]:
         out = {"lateness_s": dict(self.lateness_s), "lateness_limit_s": self.lateness_limit_s,
-               "is_bottleneck": self.is_bottleneck, "warning": self.warning}  # fmt: skip
+               "is_bottleneck": self.is_bottleneck, "warning": self.warning}
         if self.ray is not None:
             out["ray"] = dict(self.ray)
         if self.gc is not None:
@@ -115,7 +115,7 @@ class ClientHealth:
     def from_dict(cls, d: Mapping[str, Any] | None) -> ClientHealth:
         d = d if isinstance(d, Mapping) else {}
         return cls(dict(d.get("lateness_s") or {}), float(d.get("lateness_limit_s") or LATENESS_P99_LIMIT_S),
-                   bool(d.get("is_bottleneck")), d.get("warning"), d.get("ray"), d.get("gc"))  # fmt: skip
+                   bool(d.get("is_bottleneck")), d.get("warning"), d.get("ray"), d.get("gc"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +133,7 @@ class Breakdown:
 
     def to_dict(self) -> dict[str, Any]:
         out = {self.label: self.key, "num_requests": self.num_requests, "num_ok": self.num_ok,
-               "ttft_p50_s": self.ttft_p50_s, "ttft_p99_s": self.ttft_p99_s, "tpot_p50_s": self.tpot_p50_s}  # fmt: skip
+               "ttft_p50_s": self.ttft_p50_s, "ttft_p99_s": self.ttft_p99_s, "tpot_p50_s": self.tpot_p50_s}
         if self.attainment is not None:
             out["attainment"] = self.attainment
         return out
@@ -142,7 +142,7 @@ class Breakdown:
     def from_dict(cls, label: str, d: Mapping[str, Any]) -> Breakdown:
         return cls(label, d.get(label), int(d.get("num_requests") or 0), int(d.get("num_ok") or 0),
                    _num(d.get("ttft_p50_s")), _num(d.get("ttft_p99_s")), _num(d.get("tpot_p50_s")),
-                   _num(d.get("attainment")))  # fmt: skip
+                   _num(d.get("attainment")))
 
 
 def _attainment_from(d: Any) -> Attainment | None:
@@ -150,13 +150,13 @@ def _attainment_from(d: Any) -> Attainment | None:
         return None
     return Attainment(float("nan") if d["value"] is None else float(d["value"]), _num(d.get("ci_low")),
                       _num(d.get("ci_high")), int(d.get("num_requests") or 0), int(d.get("num_met") or 0),
-                      float(d.get("good_throughput_rps") or 0.0))  # fmt: skip
+                      float(d.get("good_throughput_rps") or 0.0))
 
 
 # summary.json keys in the order they are written; `RunSummary.to_dict` and `from_dict` follow it.
 _DISTS = (("ttft", "ttft_s"), ("ttft_from_scheduled", "ttft_from_scheduled_s"), ("tpot", "tpot_s"), ("itl", "itl_s"),
           ("e2e", "e2e_s"), ("e2e_from_scheduled", "e2e_from_scheduled_s"), ("output_tokens", "output_tokens"),
-          ("prompt_tokens", "prompt_tokens"))  # fmt: skip
+          ("prompt_tokens", "prompt_tokens"))
 _SECTIONS = ("deliberate_waits", "prefix_cache", "queue_drift", "lengths")
 _FACTS = ("rate_rps", "warmup", "interrupted", "stopped_by", "num_scheduled", "trace_rows", "fleet", "clock", "run_dir", "notes")
 
@@ -242,7 +242,7 @@ class RunSummary:
         if math.isfinite(self.request_throughput_rps):
             out["throughput"] = float(self.request_throughput_rps)
         for name, d in (("ttft", self.ttft), ("ttft_sched", self.ttft_from_scheduled), ("tpot", self.tpot),
-                        ("itl", self.itl), ("e2e", self.e2e)):  # fmt: skip
+                        ("itl", self.itl), ("e2e", self.e2e)):
             for stat in ("mean", "p50", "p90", "p99"):
                 v = getattr(d, stat)
                 if v is not None and math.isfinite(v):
@@ -258,7 +258,7 @@ class RunSummary:
             "request_throughput_rps": self.request_throughput_rps,
             "output_token_throughput_tps": self.output_token_throughput_tps,
             "total_token_throughput_tps": self.total_token_throughput_tps,
-        }  # fmt: skip
+        }
         for attr, key in _DISTS:
             out[key] = getattr(self, attr).to_dict()
         out["client"] = self.client.to_dict()
@@ -286,7 +286,7 @@ class RunSummary:
         known = {"schema_version", "num_requests", "num_warmup", "num_ok", "status_counts", "error_counts",
                  "duration_s", "offered_rps", "achieved_send_rps", "request_throughput_rps",
                  "output_token_throughput_tps", "total_token_throughput_tps", "client", "per_replica", "per_tag",
-                 "slo", "attainment", *(k for _, k in _DISTS), *_SECTIONS, *_FACTS}  # fmt: skip
+                 "slo", "attainment", *(k for _, k in _DISTS), *_SECTIONS, *_FACTS}
         nan = float("nan")
 
         def f(key: str) -> float:
@@ -312,7 +312,7 @@ class RunSummary:
                 slo=SLO.from_dict(d["slo"]) if d.get("slo") else None, attainment=_attainment_from(d.get("attainment")),
                 extra={k: v for k, v in d.items() if k not in known},
                 **kw,
-            )  # fmt: skip
+            )
         except (TypeError, ValueError, AttributeError, KeyError, SpecError) as e:
             raise UsageError(f"a run summary is malformed ({type(e).__name__}: {e})") from None
 
@@ -358,7 +358,7 @@ def read_columns(run_dir: Path) -> RunColumns:
 
 
 def summarize(source: RunColumns | Sequence[RequestRecord], slo: SLO | None, *, seed: int = 0,
-              intervals: Intervals | bool = "all") -> RunSummary:  # fmt: skip
+              intervals: Intervals | bool = "all") -> RunSummary:
     """The one function that turns a run's records into its `RunSummary`.
 
     intervals: "all" (bootstrap intervals of attainment and of the TTFT/TPOT/E2E quantiles: what a run
@@ -383,13 +383,13 @@ def summarize(source: RunColumns | Sequence[RequestRecord], slo: SLO | None, *, 
         deliberate_waits=deliberate_waits(a), prefix_cache=prefix_cache(a),
         per_replica=tuple(per_replica(a, slo)), per_tag=tuple(per_tag(a, slo)), queue_drift=queue_drift(a),
         lengths=cols.lengths, slo=slo,
-    )  # fmt: skip
+    )
     if slo is not None:
         if level == "none":
             met = slo.meets(a)
             n, k = len(met), int(met.sum())
             att = Attainment(k / n if n else float("nan"), None, None, n, k,
-                             k / tp.duration_s if tp.duration_s > 0 else 0.0)  # fmt: skip
+                             k / tp.duration_s if tp.duration_s > 0 else 0.0)
         else:
             att = attainment(a, slo, duration_s=tp.duration_s, seed=seed)
         out = replace(out, attainment=att)
@@ -406,7 +406,7 @@ def deliberate_waits(a: RecordArrays) -> dict[str, Any] | None:
 
 
 def breakdown(a: RecordArrays, slo: SLO | None, keys: np.ndarray, label: str, ttft_s: np.ndarray, *,
-              keep: Callable[[Any], bool] = bool, at_least: int = 1) -> list[Breakdown]:  # fmt: skip
+              keep: Callable[[Any], bool] = bool, at_least: int = 1) -> list[Breakdown]:
     """Requests, failures, TTFT p50/p99 (of `ttft_s`, the caller's clock), TPOT p50 and attainment per
     distinct key of `keys` (aligned with `a`) that `keep` accepts; empty below `at_least` keys. The summary
     and the report's rate table both break fleets and classes down with it."""
@@ -424,7 +424,7 @@ def breakdown(a: RecordArrays, slo: SLO | None, keys: np.ndarray, label: str, tt
         p = p[np.isfinite(p)]
         out.append(Breakdown(label, k, int(sel.sum()), int(a.is_ok[sel].sum()), q.get("p50"), q.get("p99"),
                              float(np.median(p)) if len(p) else None,
-                             float(met[sel].mean()) if met is not None else None))  # fmt: skip
+                             float(met[sel].mean()) if met is not None else None))
     return out
 
 
@@ -497,7 +497,7 @@ def queue_drift(a: RecordArrays) -> dict[str, Any] | None:
     f, l_ = float(np.median(first)), float(np.median(last))
     ratio = l_ / f if f > 0 else float("inf")
     return {"ttft_p50_first_quarter_s": f, "ttft_p50_last_quarter_s": l_, "ratio": ratio,
-            "overloaded": bool(ratio > DRIFT_RATIO and l_ - f > DRIFT_MIN_S)}  # fmt: skip
+            "overloaded": bool(ratio > DRIFT_RATIO and l_ - f > DRIFT_MIN_S)}
 
 
 # Served prompt lengths (usage.prompt_tokens) further than this from the asked ones at the median flag a run:
@@ -517,7 +517,7 @@ def length_fidelity(rows: Sequence[Any], get: Callable[[Any, str], Any]) -> dict
     # (max_tokens, output_tokens, input_tokens, prompt_tokens, usage_output_tokens) of each completed request
     rs = [(int(get(r, "max_tokens") or 0), int(get(r, "output_tokens") or 0), int(get(r, "input_tokens") or 0),
            get(r, "prompt_tokens"), get(r, "usage_output_tokens"))
-          for r in rows if (get(r, "status") or "ok") == "ok" and (get(r, "max_tokens") or 0) > 0]  # fmt: skip
+          for r in rows if (get(r, "status") or "ok") == "ok" and (get(r, "max_tokens") or 0) > 0]
     if not rs:
         return None
     asked = np.array([r[0] for r in rs], dtype=float)

@@ -50,7 +50,7 @@ def add_row_flags(group: Any) -> None:
                        "trace stamped in buckets, e.g. Mooncake's, has each request spread over its bucket)")
     group.add_argument("--keep-zero-rows", action="store_true",
                        help="keep rows with 0 output tokens (BurstGPT's failed requests) as max_tokens=1 requests "
-                       "and rows with 0 input tokens with a 1-token prompt, instead of leaving them out")  # fmt: skip
+                       "and rows with 0 input tokens with a 1-token prompt, instead of leaving them out")
 
 
 def add_replay_flags(group: Any) -> None:
@@ -58,7 +58,7 @@ def add_replay_flags(group: Any) -> None:
     add_row_flags(group)
     group.add_argument("--min-tokens", choices=("max", "none"), default=None,
                        help="max (default): send min_tokens = max_tokens so each output is as long as the trace "
-                       "says even where ignore_eos is not honoured; none: leave min_tokens out")  # fmt: skip
+                       "says even where ignore_eos is not honoured; none: leave min_tokens out")
 
 
 
@@ -147,7 +147,7 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
                    "to a mean rate, keeping the burst shape")
     t.add_argument("--start", type=float, default=0.0, metavar="S",
                    help="skip the trace's first S seconds (trace time); --duration then keeps the first "
-                   "seconds of the scaled replay")  # fmt: skip
+                   "seconds of the scaled replay")
     add_replay_flags(t)
     r = p.add_argument_group("run")
     r.add_argument("--slo", default=None, help="e.g. ttft=500ms,tpot=50ms[,target=0.9] or a TOML file")

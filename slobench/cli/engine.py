@@ -126,7 +126,7 @@ async def _demo(args: argparse.Namespace) -> int:
             options = load_options(url=srv.base_url, workload=args.workload, rates=args.rates,
                                    num_requests=args.num_requests, slo=args.slo, seed=args.seed, out=str(out),
                                    refine_knee=args.refine_knee,
-                                   scrape_interval=0.5, no_progress=not sys.stderr.isatty())  # fmt: skip
+                                   scrape_interval=0.5, no_progress=not sys.stderr.isatty())
             code = await sweep_rates(LoadSetup(options), rates, out, seed=args.seed)
         line = _keep_step_log(Path(steps_tmp), out)
     finally:

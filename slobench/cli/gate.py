@@ -220,7 +220,7 @@ async def _capacity(args: argparse.Namespace) -> int:
     if not args.gpus and args.simulate and args.replicas > 1:
         args.gpus = args.replicas  # a simulated fleet: one GPU a replica
     doc = capacity_document(result, slo=setup.slo, manifest=manifest, gpus=args.gpus,
-                            slo_scale_dir=out if args.slo_scale else None)  # fmt: skip
+                            slo_scale_dir=out if args.slo_scale else None)
     write_capacity(out, doc)
     if args.baseline_out:
         bpath = Path(args.baseline_out)

@@ -38,7 +38,7 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
         "plan", help="the cheapest fleet (prefill, decode, co-located) for each window of a day of traffic",
         epilog=epilog + "\nplan exits 1 when the plan misses the SLO target in some window.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     day = p.add_argument_group("the day")
     day.add_argument("--workload", default=None, help="a bundled workload (day) or a spec .toml")
     day.add_argument("--trace", action="append", default=None, metavar="FILE",
@@ -179,7 +179,7 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     lead = parse_span_s(args.lead_in, "--lead-in", allow_zero=True) if args.lead_in is not None else None
     kinds = tuple(k.strip() for k in args.fleets.split(",") if k.strip())
     baselines = () if args.baselines.strip() == "none" else tuple(
-        b.strip() for b in args.baselines.split(",") if b.strip())  # fmt: skip
+        b.strip() for b in args.baselines.split(",") if b.strip())
     bad = [b for b in baselines if b not in BASELINES]
     if bad:
         raise UsageError(f"--baselines: unknown {bad[0]!r}; choose from {', '.join(BASELINES)} or none")
@@ -194,15 +194,15 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     try:
         engine = ModeledEngine(profile, kv_blocks=kv_blocks, block_size=args.block_size,
                                max_num_seqs=max_num_seqs, max_batched_tokens=args.max_batched_tokens,
-                               max_model_len=args.max_model_len, seed=args.seed)  # fmt: skip
+                               max_model_len=args.max_model_len, seed=args.seed)
         link = KVLink.parse(args.kv_link)
         options = PlanOptions(switch_s=switch_s, min_saving=args.min_saving, hold=args.hold,
                               max_instances=args.max_instances, kinds=kinds,
                               gpus_per_instance=int(prov.get("tp", 1)), baselines=baselines,
-                              target_scope=args.target_scope)  # fmt: skip
+                              target_scope=args.target_scope)
         recipe = DayRecipe(workload=wl, traces=tuple(args.trace or ()), rate_rps=args.rate,
                            time_scale=args.time_scale, seed=args.seed, compression=compression, window_s=window_s,
-                           lead_s=lead, max_requests=args.max_requests)  # fmt: skip
+                           lead_s=lead, max_requests=args.max_requests)
     except SpecError as e:
         raise UsageError(f"--{e.field.replace('_', '-')}: {e.why} (got {e.value!r})") from None
     from slobench.fleet.routing import ROUTERS
@@ -254,7 +254,7 @@ def plan_table(result: dict[str, Any]) -> str:
     target = result["slo"].get("target", 0.9)
     lines = [f"plan for {result['day']['name']}: {result['day']['num_windows']} windows of "
              f"{result['day']['window_s'] / 3600:g} h, SLO {_slo_text(result['slo'])}, profile "
-             f"{result['engine']['profile']}"]  # fmt: skip
+             f"{result['engine']['profile']}"]
     names = list(result["strategies"])
     head = f"{'window':>6} {'req/s':>7} {'in':>6} {'out':>5} {'P:D':>6}  " + "  ".join(f"{n:>18}" for n in names)
     lines += ["", head, "-" * len(head)]
@@ -266,7 +266,7 @@ def plan_table(result: dict[str, Any]) -> str:
             mark = "" if s["meets_target"] else "!"
             cells.append(f"{s['label'] + ' ' + format(s['attainment'], '.0%') + mark:>18}")
         lines.append(f"{_clock(w['start_h']):>6} {t['rate_rps']:>7.1f} {t['mean_input_tokens']:>6.0f} "
-                     f"{t['mean_output_tokens']:>5.0f} {t['prefill_decode_ratio']:>6.1f}  " + "  ".join(cells))  # fmt: skip
+                     f"{t['mean_output_tokens']:>5.0f} {t['prefill_decode_ratio']:>6.1f}  " + "  ".join(cells))
     scope = result["options"].get("target_scope", "window")
     lines += ["", f"(! = below the {target * 100:g}% target in that window"
               + ("; the target is the day's" if scope == "day" else "") + ")", ""]
@@ -274,11 +274,11 @@ def plan_table(result: dict[str, Any]) -> str:
     lines += [head2, "-" * len(head2)]
     for n, s in result["strategies"].items():
         lines.append(f"{n:<18} {s['gpu_hours']:>10.1f} {s['attainment']:>11.2%} {s['goodput_per_gpu_rps']:>10.2f}/s "
-                     f"{s['windows_met']:>6}/{s['num_windows']:<5} {s['max_instances']:>4} {s['instances_switched']:>9}")  # fmt: skip
+                     f"{s['windows_met']:>6}/{s['num_windows']:<5} {s['max_instances']:>4} {s['instances_switched']:>9}")
     vs = result["strategies"]["planner"].get("vs_best_static")
     if vs:
         lines.append(f"\nplanner vs best static ({vs['static']}): {vs['gpu_hours_saved']:+.1f} GPU-hours saved "
-                     f"({vs['gpu_hours_saved_share']:+.1%}), attainment {vs['attainment_delta'] * 100:+.2f} points")  # fmt: skip
+                     f"({vs['gpu_hours_saved_share']:+.1%}), attainment {vs['attainment_delta'] * 100:+.2f} points")
     for note in result.get("notes", []):
         lines.append(f"note: {note}")
     return "\n".join(lines)

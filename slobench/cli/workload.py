@@ -21,11 +21,11 @@ _FORMAT_HELP = "azure, burstgpt, mooncake, sharegpt or slobench (default: detect
 def add_parsers(sub: Any, *, epilog: str) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser("workload", help="convert, fit or show workloads and traces", epilog=epilog,
-                       formatter_class=fmt)  # fmt: skip
+                       formatter_class=fmt)
     wsub = p.add_subparsers(dest="workload_cmd", required=True)
 
     c = wsub.add_parser("convert", help="a trace in any known format -> slobench JSONL", epilog=epilog,
-                        formatter_class=fmt)  # fmt: skip
+                        formatter_class=fmt)
     c.add_argument("trace")
     c.add_argument("-o", "--out", required=True, help="output .jsonl")
     c.add_argument("--trace-format", default=None, help=_FORMAT_HELP)
@@ -33,21 +33,21 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
     add_row_flags(c)
 
     f = wsub.add_parser("fit", help="fit arrival burstiness and lengths; write a spec", epilog=epilog,
-                        formatter_class=fmt)  # fmt: skip
+                        formatter_class=fmt)
     f.add_argument("trace")
     f.add_argument("-o", "--out", default=None, help="spec .toml to write (default: print only)")
     f.add_argument("--trace-format", default=None, help=_FORMAT_HELP)
     f.add_argument("--lengths", choices=("auto", "lognormal", "empirical"), default="auto",
                    help="length model written: auto = lognormal when it regenerates p50/p90/p99 within 10%%, "
-                   "else the empirical quantile table")  # fmt: skip
+                   "else the empirical quantile table")
     f.add_argument("--arrivals", choices=("curve", "gamma"), default="curve",
                    help="arrival model written: curve (default) = Poisson modulated by the trace's per-second "
-                   "rate curve, keeping its burstiness at 1 s and 1 min; gamma = a gamma renewal process")  # fmt: skip
+                   "rate curve, keeping its burstiness at 1 s and 1 min; gamma = a gamma renewal process")
     f.add_argument("--seed", type=int, default=0)
     add_row_flags(f)
 
     s = wsub.add_parser("show", help="counts, rates and length quantiles of a spec or a trace", epilog=epilog,
-                        formatter_class=fmt)  # fmt: skip
+                        formatter_class=fmt)
     s.add_argument("source", help="a bundled workload name, a spec .toml, or a trace file")
     s.add_argument("--trace-format", default=None, help=_FORMAT_HELP)
     s.add_argument("--seed", type=int, default=0)
@@ -79,7 +79,7 @@ def _load(path: str, fmt: str | None, seed: int, args: argparse.Namespace) -> An
 
 def entry_to_json(e: Any) -> dict[str, Any]:
     d: dict[str, Any] = {"arrival_s": round(e.arrival_s, 9), "input_tokens": e.input_tokens,
-                         "max_tokens": e.output_tokens}  # fmt: skip
+                         "max_tokens": e.output_tokens}
     if e.tag:
         d["tag"] = e.tag
     if e.session_id is not None:
@@ -120,7 +120,7 @@ def _fit(args: argparse.Namespace) -> int:
 def _quantile_line(label: str, x: np.ndarray) -> str:
     q = np.quantile(x, (0.5, 0.9, 0.99))
     return (f"  {label:<7} mean {x.mean():9.1f}  p50 {q[0]:8.0f}  p90 {q[1]:8.0f}  p99 {q[2]:8.0f}  "
-            f"max {x.max():8.0f}")  # fmt: skip
+            f"max {x.max():8.0f}")
 
 
 def _is_spec(source: str) -> bool:
@@ -135,7 +135,7 @@ def _show(args: argparse.Namespace) -> int:
 
         spec = load_workload(args.source)
         reqs = generate(spec, rate_rps=args.rate, num_requests=args.num_requests, duration_s=args.duration,
-                        seed=args.seed)  # fmt: skip
+                        seed=args.seed)
         print(f"{spec}")
         bounds = phase_boundaries(spec, duration_s=args.duration)
         if bounds:
@@ -150,9 +150,9 @@ def _show(args: argparse.Namespace) -> int:
     else:
         trace = _load(args.source, args.trace_format, args.seed, args)
         zero = (f", {trace.num_zero_dropped} with zero tokens left out" if trace.num_zero_dropped else
-                f", {trace.num_zero_kept} with zero tokens raised to 1" if trace.num_zero_kept else "")  # fmt: skip
+                f", {trace.num_zero_kept} with zero tokens raised to 1" if trace.num_zero_kept else "")
         print(f"{trace.path}: {trace.format}, {len(trace.entries)} requests from {trace.num_rows} rows "
-              f"({len(trace.problems)} unreadable{zero})")  # fmt: skip
+              f"({len(trace.problems)} unreadable{zero})")
         t, ins, outs = trace.arrival_s, trace.input_tokens, trace.output_tokens
         tags = [e.tag for e in trace.entries]
     if len(t) == 0:

@@ -148,11 +148,11 @@ class FixedRates:
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "capacity", "mode": "fixed-rates", "attainment_target": self.target, "capacity_rps": None,
                 "interval_rps": None, "rates_rps": list(self.rates_rps), "probes": [p.to_dict() for p in self.probes],
-                "replicates": [], "notes": []}  # fmt: skip
+                "replicates": [], "notes": []}
 
 
 def capacity_document(result: CapacityResult | FixedRates, *, slo: Any, manifest: dict[str, Any],
-                      gpus: int | None = None, slo_scale_dir: Path | None = None) -> dict[str, Any]:  # fmt: skip
+                      gpus: int | None = None, slo_scale_dir: Path | None = None) -> dict[str, Any]:
     """What capacity.json holds (written by `records.write_capacity`): the result, the SLO, the workload's
     identity (what the gate pairs baselines by), the target and manifest; goodput per GPU when `gpus` is
     known; with `slo_scale_dir` (the search's directory), DistServe's tightest SLO scale per edge rate."""
@@ -160,7 +160,7 @@ def capacity_document(result: CapacityResult | FixedRates, *, slo: Any, manifest
 
     doc: dict[str, Any] = result.to_dict() if isinstance(result, FixedRates) else {"mode": "search", **result.to_dict()}
     doc |= {"slo": slo.to_dict(), "workload": workload_identity(manifest),
-            "target": manifest["target"], "manifest": manifest}  # fmt: skip
+            "target": manifest["target"], "manifest": manifest}
     if gpus and doc.get("capacity_rps") is not None:
         doc["gpus"] = gpus
         doc["goodput_per_gpu_rps"] = doc["capacity_rps"] / gpus
@@ -189,7 +189,7 @@ def slo_scales(out: Path, doc: dict[str, Any], slo: Any) -> list[dict[str, Any]]
         rows.append({
             "rate_rps": rate, "replicates": per, "scale": sum(vals) / len(vals),
             "interval": list(t_interval(vals, doc.get("level", 0.95))) if finite and len(vals) > 1 else None,
-        })  # fmt: skip
+        })
     return rows
 
 

@@ -31,7 +31,7 @@ class ProbeResult:
 
 class Probe(Protocol):
     async def __call__(self, rate_rps: float | None, seed: int, run_dir: Path | None,
-                       manifest: dict[str, Any]) -> ProbeResult: ...  # fmt: skip
+                       manifest: dict[str, Any]) -> ProbeResult: ...
 
 
 class LiveProbe:
@@ -42,7 +42,7 @@ class LiveProbe:
 
     def __init__(self, make_specs: SpecMaker, target: Any, *, slo: Any, opts: Any, clock: Any = None,
                  monitors_for: Callable[[Path], Sequence[Any]] | None = None,
-                 after_run: Callable[[Path, RunSummary], Awaitable[RunSummary]] | None = None) -> None:  # fmt: skip
+                 after_run: Callable[[Path, RunSummary], Awaitable[RunSummary]] | None = None) -> None:
         self.make_specs = make_specs
         self.target = target
         self.slo = slo
@@ -53,7 +53,7 @@ class LiveProbe:
         self.last_monitors: Sequence[Any] = ()  # the last run's, for their notes (a server without /metrics)
 
     async def __call__(self, rate_rps: float | None, seed: int, run_dir: Path | None,
-                       manifest: dict[str, Any]) -> ProbeResult:  # fmt: skip
+                       manifest: dict[str, Any]) -> ProbeResult:
         from slobench.run.runner import run
 
         self.last_monitors = self.monitors_for(run_dir) if self.monitors_for and run_dir is not None else ()
@@ -79,7 +79,7 @@ class VirtualProbe:
                  api: str = "completions", jitter_sd: float = 0.0, replicas: int = 1,
                  router: str = "least-outstanding", intervals: bool = True,
                  jitter_seed: Callable[[Any, int], int] | None = None,
-                 request_overhead_s: float = 0.0) -> None:  # fmt: skip
+                 request_overhead_s: float = 0.0) -> None:
         from slobench.fleet.disagg import split_fleet_knobs
         from slobench.fleet.simulate import as_factory
 
@@ -99,7 +99,7 @@ class VirtualProbe:
         self.request_overhead_s = request_overhead_s
 
     async def __call__(self, rate_rps: float | None, seed: int, run_dir: Path | None,
-                       manifest: dict[str, Any]) -> ProbeResult:  # fmt: skip
+                       manifest: dict[str, Any]) -> ProbeResult:
         from slobench.fleet.simulate import simulate_run
         from slobench.run.records import RunWriter
 
@@ -139,7 +139,7 @@ class ProbeMeasure:
     numbered run directory under `out_dir` (none without it), Ctrl-C raised as KeyboardInterrupt."""
 
     def __init__(self, probe: Probe, *, out_dir: str | Path | None = None, manifest: dict[str, Any] | None = None,
-                 on_probe: Callable[[float, int, RunSummary], None] | None = None) -> None:  # fmt: skip
+                 on_probe: Callable[[float, int, RunSummary], None] | None = None) -> None:
         self.probe = probe
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.manifest = manifest or {}

@@ -39,12 +39,12 @@ class FleetTarget(TargetBase):
 
     def describe(self) -> dict[str, Any]:
         fleet = {"replicas": len(self.targets), "router": self.router.policy,
-                 "targets": [t.describe() for t in self.targets]}  # fmt: skip
+                 "targets": [t.describe() for t in self.targets]}
         return {**self.targets[0].describe(), "fleet": fleet}
 
     def fleet_summary(self) -> dict[str, Any]:
         return {"replicas": len(self.targets), "router": self.router.policy,
-                "requests_per_replica": list(self.router.sent)}  # fmt: skip
+                "requests_per_replica": list(self.router.sent)}
 
     def negotiation_notes(self) -> list[str]:
         notes: list[str] = []

@@ -45,7 +45,7 @@ from slobench.fleet.simulate import ModeledEngine
 from slobench.run.records import RequestRecord, RequestSpec
 
 __all__ = ["Evaluation", "Fleet", "PlanOptions", "Setup", "evaluate", "fleet_cost_order", "plan_day",
-           "search_window", "transition_fleet"]  # fmt: skip
+           "search_window", "transition_fleet"]
 
 FLEET_KINDS = ("colocated", "disagg", "mixed")
 TARGET_SCOPES = ("window", "day")
@@ -132,7 +132,7 @@ class Evaluation:
     def to_dict(self) -> dict[str, Any]:
         return {"attainment": self.attainment, "num_requests": self.num_requests, "num_met": self.num_met,
                 "ttft_p90_s": _finite(self.ttft_p90_s), "tpot_p90_s": _finite(self.tpot_p90_s),
-                "e2e_p50_s": _finite(self.e2e_p50_s)}  # fmt: skip
+                "e2e_p50_s": _finite(self.e2e_p50_s)}
 
 
 def _finite(x: float) -> float | None:
@@ -147,11 +147,11 @@ def simulate_fleet(setup: Setup, specs: Sequence[RequestSpec], fleet: Fleet) -> 
     if fleet.prefill == 0:
         return simulate_records(specs, setup.engine, replicas=fleet.colocated, router=setup.router, api=setup.api,  # type: ignore[arg-type]
                                 seed=setup.seed, jitter_sd=setup.jitter_sd,
-                                request_overhead_s=setup.request_overhead_s)  # fmt: skip
+                                request_overhead_s=setup.request_overhead_s)
     from slobench.fleet.disagg import DisaggFleet, KVLink
 
     disagg = DisaggFleet(fleet.prefill, fleet.decode, fleet.colocated, setup.link or KVLink(), setup.bytes_per_token,
-                         setup.router)  # fmt: skip
+                         setup.router)
     return simulate_records(specs, setup.engine, seed=setup.seed, api=setup.api, disagg=disagg,  # type: ignore[arg-type]
                             jitter_sd=setup.jitter_sd, request_overhead_s=setup.request_overhead_s)
 
@@ -169,7 +169,7 @@ def _judge(setup: Setup, records: Sequence[RequestRecord], counted: set[int], mi
 
 
 def evaluate(setup: Setup, window: Window, fleet: Fleet, previous: Fleet | None = None,
-             switch_share: float = 0.0) -> Evaluation:  # fmt: skip
+             switch_share: float = 0.0) -> Evaluation:
     """`fleet` on the window's sample. With `previous` (a change) the arrivals of the first `switch_share`
     of the sample are served by `transition_fleet(previous, fleet)`, the rest by `fleet` (its lead-in: the
     requests before them, from the lead-in and the switching part)."""
@@ -222,7 +222,7 @@ class WindowSearch:
 
 
 def search_window(window: Window, evaluate_one: Callable[[Fleet], Evaluation], target: float, *,
-                  max_instances: int = 64, kinds: Iterable[str] = ("colocated", "disagg")) -> WindowSearch:  # fmt: skip
+                  max_instances: int = 64, kinds: Iterable[str] = ("colocated", "disagg")) -> WindowSearch:
     kinds = tuple(kinds)
     out = WindowSearch(window.index)
 
@@ -280,7 +280,7 @@ PROFILE_GRID = tuple(2 ** (k / 3) for k in range(-9, 4))  # rates around the est
 
 
 def profile_run(setup: Setup, kind: str, input_tokens: int, output_tokens: int, rate_rps: float,
-                num_requests: int) -> Evaluation:  # fmt: skip
+                num_requests: int) -> Evaluation:
     """One profiling run of the interpolation baseline: random prompts (no prefix reuse) of fixed lengths,
     Poisson at `rate_rps`. `prefill`: one instance, prompts only (max_tokens 1), judged on TTFT alone;
     `decode`: one decode instance behind PROFILE_PREFILL_INSTANCES prefill ones, judged on the whole SLO (on
@@ -295,7 +295,7 @@ def profile_run(setup: Setup, kind: str, input_tokens: int, output_tokens: int, 
     prompts = token_prompts(np.full(num_requests, input_tokens), rng)
     out = 1 if kind == "prefill" else output_tokens
     specs = [RequestSpec(i, float(t), p, input_tokens, out, min_tokens=out) for i, (t, p) in
-             enumerate(zip(times.tolist(), prompts, strict=True))]  # fmt: skip
+             enumerate(zip(times.tolist(), prompts, strict=True))]
     if kind == "prefill":
         slo = SLO(ttft_s=setup.slo.ttft_s, target=setup.slo.target, clock=setup.slo.clock)
         fleet = Fleet(colocated=1)
@@ -372,7 +372,7 @@ def _key(w: int, fleet: Fleet, previous: Fleet | None, share: float) -> Key:
 
 
 def plan_day(pool: Any, windows: Sequence[Window], recipe: DayRecipe, setup: Setup, options: PlanOptions,
-             progress: Callable[[str], None] | None = None) -> dict[str, Any]:  # fmt: skip
+             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     target = setup.slo.target
     share = min(1.0, options.switch_s / recipe.window_s)
     say = progress or (lambda _: None)
@@ -391,7 +391,7 @@ def plan_day(pool: Any, windows: Sequence[Window], recipe: DayRecipe, setup: Set
     if options.target_scope == "day":
         say(f"trading windows against each other for the day's target ({len(evals.done)} evaluations so far)")
         strategies["planner"] = _plan_for_day(windows, searches, evals, strategies["planner"], share, target,
-                                              weights, notes)  # fmt: skip
+                                              weights, notes)
     for kind in ("colocated", "disagg"):
         if f"static-{kind}" in options.baselines:
             say(f"the best static {kind} fleet ({len(evals.done)} evaluations so far)")
@@ -407,7 +407,7 @@ def plan_day(pool: Any, windows: Sequence[Window], recipe: DayRecipe, setup: Set
 
 
 def _plan(windows: Sequence[Window], searches: Sequence[WindowSearch], evals: _Evals, options: PlanOptions,
-          share: float, target: float) -> list[tuple[Fleet, Evaluation, int]]:  # fmt: skip
+          share: float, target: float) -> list[tuple[Fleet, Evaluation, int]]:
     out: list[tuple[Fleet, Evaluation, int]] = []
     prev: Fleet | None = None
     streak = 0
@@ -465,7 +465,7 @@ def _frontier(evaluations: dict[Fleet, Evaluation]) -> list[tuple[Fleet, Evaluat
 
 def _plan_for_day(windows: Sequence[Window], searches: Sequence[WindowSearch], evals: _Evals,
                   start: list[tuple[Fleet, Evaluation, int]], share: float, target: float,
-                  weights: tuple[list[float], list[float]], notes: list[str]) -> list[tuple[Fleet, Evaluation, int]]:  # fmt: skip
+                  weights: tuple[list[float], list[float]], notes: list[str]) -> list[tuple[Fleet, Evaluation, int]]:
     """`--target-scope day`: the request-weighted attainment of the whole day must reach the target, not
     each window's. From the per-window plan (`start`), windows are shrunk one step at a time along their
     evaluated (cost, attainment) frontier of the same kind of fleet, always the step that loses the fewest met requests per GPU-hour
@@ -528,7 +528,7 @@ def _plan_for_day(windows: Sequence[Window], searches: Sequence[WindowSearch], e
 
 
 def _static_for_day(windows: Sequence[Window], evals: _Evals, per_window: list[tuple[Fleet, Evaluation, int]],
-                    target: float, weights: tuple[list[float], list[float]], kind: str) -> list[tuple[Fleet, Evaluation, int]]:  # fmt: skip
+                    target: float, weights: tuple[list[float], list[float]], kind: str) -> list[tuple[Fleet, Evaluation, int]]:
     """`--target-scope day`: the cheapest static fleet of `kind` whose day reaches the target. The one
     meeting it in every window (`per_window`) does; smaller totals are bisected (attainment taken to rise
     with the count, as the search does), each total's fleets (every P:D split for `disagg`) tried on the
@@ -546,7 +546,7 @@ def _static_for_day(windows: Sequence[Window], evals: _Evals, per_window: list[t
             evs = evals.get([_key(windows[i].index, cands[k], None, 0) for k in alive for i in chunk])
             for j, k in enumerate(alive):
                 lost[k] += sum((1 - ev.attainment) * offered[i]
-                               for i, ev in zip(chunk, evs[j * len(chunk):(j + 1) * len(chunk)], strict=True))  # fmt: skip
+                               for i, ev in zip(chunk, evs[j * len(chunk):(j + 1) * len(chunk)], strict=True))
         ok = [k for k in range(len(cands)) if sum(offered) - lost[k] >= need]
         return cands[min(ok, key=lambda k: (lost[k], k))] if ok else None
 
@@ -565,7 +565,7 @@ def _static_for_day(windows: Sequence[Window], evals: _Evals, per_window: list[t
 
 
 def _static(windows: Sequence[Window], searches: Sequence[WindowSearch], evals: _Evals, options: PlanOptions,
-            target: float, notes: list[str], kind: str) -> list[tuple[Fleet, Evaluation, int]]:  # fmt: skip
+            target: float, notes: list[str], kind: str) -> list[tuple[Fleet, Evaluation, int]]:
     """The cheapest fleet of one kind that meets the target in every window (none does: the biggest tried)."""
     order = sorted(range(len(windows)), key=lambda i: -(searches[i].best or searches[i].fallback()).total)
 
@@ -588,7 +588,7 @@ def _static(windows: Sequence[Window], searches: Sequence[WindowSearch], evals: 
         fallback = Fleet(0, options.max_instances // 2, options.max_instances - options.max_instances // 2)
     if chosen is None:
         notes.append(f"no static {kind} fleet up to {options.max_instances} instances met the target in every "
-                     f"window; shown: {fallback.label()}")  # fmt: skip
+                     f"window; shown: {fallback.label()}")
         chosen = fallback
     evs = evals.get([_key(w.index, chosen, None, 0) for w in windows])
     return [(chosen, ev, 0) for ev in evs]
@@ -615,12 +615,12 @@ def _static_disagg(windows: Sequence[Window], searches: Sequence[WindowSearch], 
         passing = [f for k, f in enumerate(alive) if all(ev.meets(target) for ev in evs[k * len(rest):(k + 1) * len(rest)])]
         if passing:
             return max(passing, key=lambda f: (min(evals.done[_key(i, f, None, 0)].attainment
-                                                   for i in range(len(windows))), -f.prefill))  # fmt: skip
+                                                   for i in range(len(windows))), -f.prefill))
     return None
 
 
 def _dynamo(pool: Any, windows: Sequence[Window], evals: _Evals, setup: Setup, options: PlanOptions,
-            share: float, info: dict[str, Any]) -> list[tuple[Fleet, Evaluation, int]]:  # fmt: skip
+            share: float, info: dict[str, Any]) -> list[tuple[Fleet, Evaluation, int]]:
     weights = np.array([w.rate_rps * w.duration_s for w in windows])
     isl = int(round(np.average([w.stats["mean_input_tokens"] for w in windows], weights=weights)))
     osl = int(round(np.average([w.stats["mean_output_tokens"] for w in windows], weights=weights)))
@@ -639,7 +639,7 @@ def _dynamo(pool: Any, windows: Sequence[Window], evals: _Evals, setup: Setup, o
         rate = max(ok_rates) if ok_rates else est * PROFILE_GRID[0]
         tps[kind] = rate * (isl if kind == "prefill" else osl)
     info.update({"mean_input_tokens": isl, "mean_output_tokens": osl, "prefill_tokens_per_s": tps["prefill"],
-                 "decode_tokens_per_s": tps["decode"], "profile_requests": n})  # fmt: skip
+                 "decode_tokens_per_s": tps["decode"], "profile_requests": n})
     fleets = []
     for w in windows:
         p = max(1, math.ceil(w.rate_rps * w.stats["mean_input_tokens"] / tps["prefill"]))
@@ -654,7 +654,7 @@ def _dynamo(pool: Any, windows: Sequence[Window], evals: _Evals, setup: Setup, o
 def _result(windows: Sequence[Window], searches: Sequence[WindowSearch],
             strategies: dict[str, list[tuple[Fleet, Evaluation, int]]], recipe: DayRecipe, setup: Setup,
             options: PlanOptions, share: float, dynamo: dict[str, Any], notes: list[str],
-            evals: _Evals) -> dict[str, Any]:  # fmt: skip
+            evals: _Evals) -> dict[str, Any]:
     target = setup.slo.target
     real_s = [w.duration_s * recipe.compression for w in windows]
     offered = [w.rate_rps * t for w, t in zip(windows, real_s, strict=True)]  # requests in the real window
@@ -676,7 +676,7 @@ def _result(windows: Sequence[Window], searches: Sequence[WindowSearch],
             "static": best, "gpu_hours_saved": summary[best]["gpu_hours"] - summary["planner"]["gpu_hours"],
             "gpu_hours_saved_share": 1 - summary["planner"]["gpu_hours"] / summary[best]["gpu_hours"],
             "attainment_delta": summary["planner"]["attainment"] - summary[best]["attainment"],
-        }  # fmt: skip
+        }
     short = []
     for i, w in enumerate(windows):  # a sample shorter than a few requests' own time cannot show a queue build
         lo, hi = w.sample_span()
@@ -685,7 +685,7 @@ def _result(windows: Sequence[Window], searches: Sequence[WindowSearch],
             short.append(f"{i} ({hi - lo:.0f} s sample, median request {e2e:.0f} s)")
     if short:
         notes.append("windows whose sample spans less than 3 median requests (queues may not have built up; "
-                     "raise --max-requests): " + ", ".join(short))  # fmt: skip
+                     "raise --max-requests): " + ", ".join(short))
     out_windows = []
     for i, w in enumerate(windows):
         s = searches[i]
@@ -698,7 +698,7 @@ def _result(windows: Sequence[Window], searches: Sequence[WindowSearch],
                                   "gpus": rows[i][0].total * options.gpus_per_instance,
                                   "switched": rows[i][2], **rows[i][1].to_dict(),
                                   "meets_target": rows[i][1].meets(target)} for name, rows in strategies.items()},
-        })  # fmt: skip
+        })
     return {
         "schema": "slobench.fleet.plan/1",
         "day": {"name": recipe.name, "traces": list(recipe.traces), "rate_rps": recipe.rate_rps, "seed": recipe.seed,
@@ -719,4 +719,4 @@ def _result(windows: Sequence[Window], searches: Sequence[WindowSearch],
         "windows": out_windows,
         "notes": notes,
         "num_evaluations": len(evals.done),
-    }  # fmt: skip
+    }

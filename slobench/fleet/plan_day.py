@@ -193,7 +193,7 @@ def _spec_windows(recipe: DayRecipe) -> list[Window]:
         counted = specs[num_lead:][: recipe.max_requests]
         specs = specs[: num_lead + len(counted)]
         out.append(Window(k, start, end, tuple(specs), num_lead, round(rate * (end - start)),
-                          _stats(counted, rate, end - start)))  # fmt: skip
+                          _stats(counted, rate, end - start)))
     return out
 
 
@@ -227,10 +227,10 @@ def _trace_windows(recipe: DayRecipe) -> list[Window]:
         t0 = trace.entries[first].arrival_s
         sub = Trace(trace.path, trace.format, tuple(replace(e, arrival_s=e.arrival_s - t0)
                                                     for e in trace.entries[first:b]),
-                    block_tokens=trace.block_tokens)  # fmt: skip
+                    block_tokens=trace.block_tokens)
         specs = replay(sub, time_scale=k_scale, seed=_window_seed(recipe.seed, k), api=recipe.api)
         out.append(Window(k, start, end, tuple(specs), a - first, hi - lo,
-                          _stats(specs[a - first:], (hi - lo) / (end - start), end - start)))  # fmt: skip
+                          _stats(specs[a - first:], (hi - lo) / (end - start), end - start)))
     return out
 
 
@@ -251,7 +251,7 @@ def interleave(paths: tuple[str, ...], *, seed: int) -> Any:
     with_blocks = [t for t in traces if any(e.hash_ids for e in t.entries)]
     block_tokens = with_blocks[0].block_tokens if with_blocks else traces[0].block_tokens
     return Trace("+".join(t.path for t in traces), traces[0].format, tuple(entries),
-                 num_rows=sum(t.num_rows for t in traces), block_tokens=block_tokens)  # fmt: skip
+                 num_rows=sum(t.num_rows for t in traces), block_tokens=block_tokens)
 
 
 def _stats(specs: list[RequestSpec], rate_rps: float, duration_s: float) -> dict[str, Any]:

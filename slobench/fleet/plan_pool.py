@@ -41,7 +41,7 @@ def run_job(recipe: DayRecipe, setup: Any, job: tuple[Any, ...]) -> Any:
         _, w, target, max_instances, kinds = job
         window = windows_for(recipe)[w]
         return plan.search_window(window, lambda f: plan.evaluate(setup, window, f), target,
-                                  max_instances=max_instances, kinds=kinds)  # fmt: skip
+                                  max_instances=max_instances, kinds=kinds)
     if kind == "eval":
         _, w, fleet, previous, share = job
         return plan.evaluate(setup, windows_for(recipe)[w], fleet, previous, share)
@@ -96,7 +96,7 @@ class PlanPool:
 
             # spawn: a fresh interpreter per worker, so no lock or thread state of this one is copied
             self._executor = ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=_init_worker, initargs=(self.recipe, self.setup))  # fmt: skip
+                                                 initializer=_init_worker, initargs=(self.recipe, self.setup))
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -86,7 +86,7 @@ class ModeledEngine:
             raise SpecError("executor", spec.executor, "a virtual-clock run needs the modeled executor")
         given: dict[str, Any] = {"profile": spec.profile, "block_size": spec.block_size, "max_num_seqs": spec.max_num_seqs,
                                  "max_batched_tokens": spec.max_batched_tokens, "seed": spec.seed,
-                                 "enable_prefix_caching": spec.enable_prefix_caching}  # fmt: skip
+                                 "enable_prefix_caching": spec.enable_prefix_caching}
         if spec.kv_blocks is not None:
             given["kv_blocks"] = spec.kv_blocks
         if spec.max_model_len is not None:

@@ -139,7 +139,7 @@ def _from_run(p: Path, rates: Sequence[float] | None) -> tuple[str, dict[str, An
     ident = workload_identity(manifest)
     flat = summary.flat_metrics()
     dists = {"ttft": summary.ttft, "ttft_sched": summary.ttft_from_scheduled, "tpot": summary.tpot,
-             "itl": summary.itl, "e2e": summary.e2e}  # fmt: skip
+             "itl": summary.itl, "e2e": summary.e2e}
     metrics: dict[str, list[Any]] = {}
     for name in HEADLINE:
         key = rate_key(name, rate)

@@ -238,7 +238,7 @@ def scaled(profile: CostProfile, factors: Mapping[str, float]) -> CostProfile:
 
 
 def percentiles(records: Sequence[RequestRecord], overhead_s: float = 0.0, *, smooth: bool = False,
-                split_tokens: int | None = None) -> Percentiles:  # fmt: skip
+                split_tokens: int | None = None) -> Percentiles:
     """TTFT (from the send, plus `overhead_s`) and TPOT p50/p90 by the summary's own column rules; a metric
     no request has is left out. `smooth`: Harrell-Davis estimates (what the fit compares, see `harrell_davis`).
     `split_tokens`: also SPLIT_METRICS, the TTFT of the requests meant to send at most that many prompt tokens
@@ -287,7 +287,7 @@ def harrell_davis(x: np.ndarray, qs: Sequence[float]) -> list[float]:
 
 def simulate(specs: Sequence[RequestSpec], limits: EngineLimits, profile: CostProfile, api: str,
              overhead_s: float = 0.0, *, smooth: bool = False, jitter_sd: float = 0.0,
-             split_tokens: int | None = None) -> Percentiles:  # fmt: skip
+             split_tokens: int | None = None) -> Percentiles:
     from slobench.fleet.simulate import simulate_records
 
     records = simulate_records(specs, limits.engine(profile), api=api, jitter_sd=jitter_sd,  # type: ignore[arg-type]
@@ -333,7 +333,7 @@ class FactorFit:
 
 
 def fit_factors(profile: CostProfile, overhead_s: float, train: Sequence[tuple[Sequence[RequestSpec], Percentiles]],
-                limits: EngineLimits, api: str, *, fit_overhead: bool = True, fit_inside: bool = False) -> FactorFit:  # fmt: skip
+                limits: EngineLimits, api: str, *, fit_overhead: bool = True, fit_inside: bool = False) -> FactorFit:
     """The factors (and `o`) and the step-time noise minimising the mean squared log ratio of simulated to
     measured percentiles over `train` (each: the requests of one rate and the Harrell-Davis percentiles
     measured of them), plus PRIOR * (sum(log factor ^ 2) + noise ^ 2). The search's point is the log factors
@@ -441,7 +441,7 @@ def check_budget(rates: Sequence[float], num_requests: int) -> None:
 
 
 async def refine(profile: CostProfile, overhead_s: float, plan: RefinePlan, measure: Measure, specs_for: SpecsFor,
-                 *, api: str, workload: str, on_point: Callable[[RatePoint, float], None] | None = None) -> Refinement:  # fmt: skip
+                 *, api: str, workload: str, on_point: Callable[[RatePoint, float], None] | None = None) -> Refinement:
     """Measure `plan`'s rates with `measure(rate) -> records` (the requests `specs_for(rate)`), fit the
     factors on all but the middle rate, and score both profiles everywhere."""
     cache: dict[float, Sequence[RequestSpec]] = {}
@@ -529,7 +529,7 @@ def drift_notes(points: Sequence[RatePoint], drop: float = 2 / 3) -> list[str]:
 
 
 def live_setup(url: str, model: str, plan: RefinePlan, *, timeout_s: float = 600.0,
-               api_key_env: str | None = "OPENAI_API_KEY") -> LoadSetup:  # fmt: skip
+               api_key_env: str | None = "OPENAI_API_KEY") -> LoadSetup:
     """The `LoadSetup` that `slobench run --url URL --workload W --num-requests N --seed S` would build: the
     refinement's runs are sent exactly as a run's. Made before any request: a bad workload is exit 2 now."""
     from slobench.cli.common import load_options
@@ -544,7 +544,7 @@ def live_setup(url: str, model: str, plan: RefinePlan, *, timeout_s: float = 600
 
 
 async def refine_live(setup: LoadSetup, profile: CostProfile, overhead_s: float, plan: RefinePlan,
-                      *, write: Callable[[str], None] = print) -> Refinement:  # fmt: skip
+                      *, write: Callable[[str], None] = print) -> Refinement:
     """`refine` against the endpoint `setup` names, through `LoadSetup.probe` (a `LiveProbe`)."""
 
     def specs_for(rate: float) -> list[RequestSpec]:

@@ -371,7 +371,7 @@ def _client(views: Sequence[Analyzed], figs: _Figures) -> str:
     ]
     # runs sent from Ray load actors: a table per run, and the clock flag (slobench.report.client_actors)
     actors, is_clock_flagged = ray_section([(f"{v.series.label} at {run.rate_rps:g} req/s", run, v.series.slo)
-                                            for v in views for run in v.series.runs])  # fmt: skip
+                                            for v in views for run in v.series.runs])
     ok = '<p class="ok">The client kept its schedule at every rate: the numbers above describe the server.</p>'
     return ('<section id="client"><h2>Client health</h2>' + ("".join(warnings) or ("" if is_clock_flagged else ok))
             + actors + figs.div(client_figure(views)) + "</section>")

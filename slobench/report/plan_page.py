@@ -34,7 +34,7 @@ def render_plan(result: dict[str, Any]) -> str:
     figs = plan_figures(result)
     divs = [pio.to_html(f, config=PLOTLY_CONFIG, include_plotlyjs=False, full_html=False, div_id=f"fig-{i + 1}",
                         default_height=f"{f['layout'].get('height', 420)}px", validate=False)
-            for i, f in enumerate(figs)]  # fmt: skip
+            for i, f in enumerate(figs)]
     day = result["day"]
     title = f"Fleet plan: {day['name']}"
     body = [f"<h1>{esc(title)}</h1>", _header(result), _table(result), divs[3], divs[0], divs[1], divs[2]]
@@ -51,7 +51,7 @@ def _header(result: dict[str, Any]) -> str:
     dyn = result.get("dynamo_profile") or {}
     dyn_line = (f"<li>interpolation baseline profiled at {dyn['mean_input_tokens']} input / "
                 f"{dyn['mean_output_tokens']} output tokens: {dyn['prefill_tokens_per_s']:,.0f} prefill and "
-                f"{dyn['decode_tokens_per_s']:,.0f} decode tokens/s an instance</li>") if dyn else ""  # fmt: skip
+                f"{dyn['decode_tokens_per_s']:,.0f} decode tokens/s an instance</li>") if dyn else ""
     notes = "".join(f"<li>{esc(n)}</li>" for n in result.get("notes", []))
     return (
         "<ul>"
@@ -78,7 +78,7 @@ def _table(result: dict[str, Any]) -> str:
         )
     return ("<table><thead><tr><th>strategy</th><th>GPU-hours</th><th>attainment</th><th>goodput / GPU (req/s)"
             "</th><th>windows meeting the target</th><th>most instances</th><th>instances switched</th></tr>"
-            f"</thead><tbody>{''.join(rows)}</tbody></table>")  # fmt: skip
+            f"</thead><tbody>{''.join(rows)}</tbody></table>")
 
 
 def _instances(result: dict[str, Any]) -> dict[str, Any]:
@@ -87,11 +87,11 @@ def _instances(result: dict[str, Any]) -> dict[str, Any]:
     plan = [w["strategies"]["planner"]["fleet"] for w in result["windows"]]
     for role, color in ROLE_COLORS.items():
         fig.add({"type": "bar", "x": x, "y": [f[role] for f in plan], "name": f"planner: {role}",
-                 "marker": {"color": color}, "width": [w["hours"] * 0.9 for w in result["windows"]]})  # fmt: skip
+                 "marker": {"color": color}, "width": [w["hours"] * 0.9 for w in result["windows"]]})
     for i, name in enumerate(n for n in result["strategies"] if n != "planner"):
         fig.add({"x": x, "y": [w["strategies"][name]["fleet"]["instances"] for w in result["windows"]],
                  "name": f"{plot_esc(name)}: instances", "mode": "lines", "line": {"shape": "hvh",
-                 "color": series_color(i + 1), "width": 2}})  # fmt: skip
+                 "color": series_color(i + 1), "width": 2}})
     fig.x_axis(title={"text": "hour of the day"})
     fig.y_axis(title={"text": "instances"}, rangemode="tozero")
     d = fig.to_dict()
@@ -104,7 +104,7 @@ def _attainment(result: dict[str, Any]) -> dict[str, Any]:
     fig = Fig(1, 1)
     for i, name in enumerate(result["strategies"]):
         fig.add({"x": x, "y": [w["strategies"][name]["attainment"] for w in result["windows"]],
-                 "name": plot_esc(name), "mode": "lines+markers", "line": {"color": series_color(i)}})  # fmt: skip
+                 "name": plot_esc(name), "mode": "lines+markers", "line": {"color": series_color(i)}})
     target = result["slo"].get("target", 0.9)
     fig.hline(target, color=TARGET, label=f"target {target * 100:g}%")
     fig.x_axis(title={"text": "hour of the day"})
@@ -118,9 +118,9 @@ def _traffic(result: dict[str, Any]) -> dict[str, Any]:
     x = _hours(result)
     fig = Fig(2, 1, shared_x=True, titles=("offered rate (req/s)", "prefill:decode tokens"))
     fig.add({"x": x, "y": [w["traffic"]["rate_rps"] for w in result["windows"]], "name": "rate",
-             "mode": "lines+markers", "line": {"color": series_color(0)}}, 1)  # fmt: skip
+             "mode": "lines+markers", "line": {"color": series_color(0)}}, 1)
     fig.add({"x": x, "y": [w["traffic"]["prefill_decode_ratio"] for w in result["windows"]], "name": "prefill:decode",
-             "mode": "lines+markers", "line": {"color": series_color(1)}}, 2)  # fmt: skip
+             "mode": "lines+markers", "line": {"color": series_color(1)}}, 2)
     fig.y_axis(2, type="log")
     fig.x_axis(2, title={"text": "hour of the day"})
     d = fig.to_dict()
@@ -133,9 +133,9 @@ def _totals(result: dict[str, Any]) -> dict[str, Any]:
     fig = Fig(1, 2, titles=("GPU-hours", "goodput per GPU (req/s)"))
     colors = [series_color(i) for i in range(len(names))]
     fig.add({"type": "bar", "x": [plot_esc(n) for n in names],
-             "y": [result["strategies"][n]["gpu_hours"] for n in names], "marker": {"color": colors}}, 1)  # fmt: skip
+             "y": [result["strategies"][n]["gpu_hours"] for n in names], "marker": {"color": colors}}, 1)
     fig.add({"type": "bar", "x": [plot_esc(n) for n in names],
-             "y": [result["strategies"][n]["goodput_per_gpu_rps"] for n in names], "marker": {"color": colors}}, 2)  # fmt: skip
+             "y": [result["strategies"][n]["goodput_per_gpu_rps"] for n in names], "marker": {"color": colors}}, 2)
     d = fig.to_dict()
     d["layout"] |= {**base_layout("Cost and goodput of each strategy", height=380), "showlegend": False}
     return d

@@ -46,7 +46,7 @@ class OffsetEstimate:
 
     def to_dict(self) -> dict[str, Any]:
         return {"offset_s": self.offset_s, "uncertainty_s": self.uncertainty_s, "at_s": self.at_s,
-                "rtt_s": self.rtt_s, "num_samples": self.num_samples}  # fmt: skip
+                "rtt_s": self.rtt_s, "num_samples": self.num_samples}
 
 
 def estimate_offset(samples: Sequence[tuple[float, float, float]]) -> OffsetEstimate:

@@ -276,13 +276,13 @@ def read_jsonl(path: Path, what: str, check: Callable[[Any], bool], loads: Calla
 def read_record_dicts(path: Path) -> list[dict[str, Any]]:
     """requests.jsonl as parsed objects (`read_jsonl`'s torn-line rule)."""
     return read_jsonl(path, "request record",
-                      lambda d: isinstance(d, dict) and "request_id" in d and "scheduled_s" in d)  # fmt: skip
+                      lambda d: isinstance(d, dict) and "request_id" in d and "scheduled_s" in d)
 
 
 def _is_scrape(d: Any) -> bool:
     return (isinstance(d, dict) and isinstance(d.get("t_s"), int | float) and not isinstance(d.get("t_s"), bool)
             and isinstance(d.get("samples"), dict)
-            and all(isinstance(v, int | float) and not isinstance(v, bool) for v in d["samples"].values()))  # fmt: skip
+            and all(isinstance(v, int | float) and not isinstance(v, bool) for v in d["samples"].values()))
 
 
 def read_server_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -181,7 +181,7 @@ class Dispatcher:
             self._spawn(self._send_one(spec, self._new_record(i, spec, spec.arrival_s)))
 
     async def _sleep_until(self, t_s: float, *, spin: bool = True,
-                           fill: Callable[[float], bool] | None = None) -> None:  # fmt: skip
+                           fill: Callable[[float], bool] | None = None) -> None:
         """Sleep to an absolute time on the run clock. asyncio's timers wake up to ~1 ms late (epoll
         rounds its timeout up to whole ms), so the wake-up is a timerfd's (slobench.run.precise_sleep), or
         without one, a sleep to just short of the deadline and then yields to the loop until it passes.
@@ -377,7 +377,7 @@ async def run(
 
 
 def _schedule(specs: Iterable[RequestSpec], duration_s: float | None
-              ) -> tuple[Iterator[RequestSpec], RequestSpec | None, int | None]:  # fmt: skip
+              ) -> tuple[Iterator[RequestSpec], RequestSpec | None, int | None]:
     """The requests in send order, the first (for `check_compatible`), and how many will be sent when
     that is known without taking them all (a sequence: sorted and counted; an iterator: neither)."""
     if isinstance(specs, Sequence):
@@ -400,7 +400,7 @@ def _in_order(specs: Iterator[RequestSpec]) -> Iterator[RequestSpec]:
         if spec.arrival_s < prev_s:
             raise SpecError("specs", f"request {spec.request_id} at {spec.arrival_s:.6f} s after request "
                             f"{prev_id} at {prev_s:.6f} s", "an iterator must give requests in schedule order "
-                            "(pass a list to have them sorted)")  # fmt: skip
+                            "(pass a list to have them sorted)")
         prev_s, prev_id = spec.arrival_s, spec.request_id
         yield spec
 

@@ -66,7 +66,7 @@ def _url_target(o: TargetOptions, url: str, clock: Clock) -> Any:
         base_url=url, model=o.model, api=o.api, stream=o.stream, api_key_env=o.api_key_env, headers=dict(o.headers),
         extra_body=o.extra_body, timeout_s=o.timeout_s, transport=o.transport, http2=o.http2,
         server_profile=o.server_profile, tokenizer=o.tokenizer,
-    )  # fmt: skip
+    )
     if o.ray is not None:
         from slobench.targets.ray_pool import RayPool
 

@@ -192,7 +192,7 @@ class RayPool(ProbeFront):
     """
 
     def __init__(self, num_actors: int, target_kwargs: dict[str, Any], clock: Clock | None = None,
-                 address: str | None = None, clock_shift_s: Sequence[float] = ()) -> None:  # fmt: skip
+                 address: str | None = None, clock_shift_s: Sequence[float] = ()) -> None:
         from slobench.targets.openai import OpenAITarget
 
         if isinstance(num_actors, bool) or not isinstance(num_actors, int) or not 1 <= num_actors <= MAX_WORKERS:
@@ -218,7 +218,7 @@ class RayPool(ProbeFront):
 
     def describe(self) -> dict[str, Any]:
         return {**self._probe.describe(), "client_workers": self.num_actors,
-                "ray": {"address": self.address or "local", "actors": self.num_actors}}  # fmt: skip
+                "ray": {"address": self.address or "local", "actors": self.num_actors}}
 
     def _started(self) -> bool:
         return bool(self._actors)
@@ -385,7 +385,7 @@ class RayPool(ProbeFront):
                 record.sent_s = None
             record.fail("error", f"internal: {e.args[0]} " + (
                 "while this request was in flight (or due to be sent)" if due else "before this request was sent"),
-                self.clock.now_s())  # fmt: skip
+                self.clock.now_s())
             return
         cmap = a.cmap  # the latest estimate: linear between the first and it
         apply_stamped(record, stamped, lambda t: cmap.to_driver(t) - origin_s)
@@ -436,7 +436,7 @@ class RayPool(ProbeFront):
                 "cpu_s": cpu_s,  # the actor's process, Ray's threads included
                 "loop_cpu_s": loop_cpu_s,  # its event loop's thread: the load itself
                 "clock": a.cmap.to_dict(),
-            })  # fmt: skip
+            })
             a.lateness_s, a.num_records = [], 0
         worst = max((x["clock"]["uncertainty_s"] for x in actors), default=0.0)
         limit = CLOCK_LIMIT_OF_TTFT * ttft_slo_s if ttft_slo_s else None
@@ -451,7 +451,7 @@ class RayPool(ProbeFront):
             "is_clock_flagged": flagged,
             "warning": (f"CLIENT CLOCKS UNCERTAIN: the load actors' clocks are known to ±{worst * 1e3:.2f} ms, "
                         f"more than {CLOCK_LIMIT_OF_TTFT:.0%} of the TTFT SLO ({limit * 1e3:.1f} ms); send times "
-                        "and cross-actor ordering are that uncertain") if flagged and limit else None,  # fmt: skip
+                        "and cross-actor ordering are that uncertain") if flagged and limit else None,
         }
 
 
@@ -503,7 +503,7 @@ def client_clock_lines(summary: RunSummary) -> list[str]:
         return "-" if x is None else f"{x * 1e3:.2f}"
 
     lines = [f"ray load actors: {ray['num_actors']} ({ray['num_died']} died); clock uncertainty "
-             f"±{ms(ray['clock_uncertainty_s'])} ms"]  # fmt: skip
+             f"±{ms(ray['clock_uncertainty_s'])} ms"]
     for x in ray["actors"]:
         c = x["clock"]
         off = (c["end"] or c["start"])["offset_s"]

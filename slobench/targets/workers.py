@@ -204,7 +204,7 @@ class WorkerPool(ProbeFront):
             proc = subprocess.Popen(
                 [sys.executable, "-m", "slobench.targets.workers", str(child_sock.fileno())],
                 pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL, env=env,
-            )  # fmt: skip
+            )
         finally:
             child_sock.close()
         reader, writer = await asyncio.open_unix_connection(sock=parent_sock)

@@ -40,7 +40,7 @@ class TokenServerProcess(ServerProcess):
         args = [
             "-m", "slobench.testing.token_server", "--host", host, "--port", "0",
             "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), "--model", model,
-        ]  # fmt: skip
+        ]
         super().__init__(args, host=host, startup_timeout_s=startup_timeout_s)
         self.model = model
         if not serve_models:

@@ -81,7 +81,7 @@ class ArrivalFit:
 
     def __str__(self) -> str:
         d1, d60 = (("n/a" if math.isnan(d) else f"{d:.1f}") for d in (self.dispersion_per_second,
-                                                                         self.dispersion_per_minute))  # fmt: skip
+                                                                         self.dispersion_per_minute))
         return (
             f"arrivals: {self.rate_rps:.3f} req/s; gap CV {self.gap_cv_moments:.2f} (moments), "
             f"{self.gap_cv_gamma_mle:.2f} (gamma MLE, KS {self.ks_gamma:.3f}); "
@@ -184,7 +184,7 @@ class CurveFit:
 
     def __str__(self) -> str:
         return (f"arrival model: Poisson modulated by the trace's rate curve, {len(self.rates_rps)} steps of "
-                f"{self.step_s:g} s (minute-scale weight a = {self.a:.3f}, within-minute b = {self.b:.3f})")  # fmt: skip
+                f"{self.step_s:g} s (minute-scale weight a = {self.a:.3f}, within-minute b = {self.b:.3f})")
 
 
 def fit_rate_curve(t: np.ndarray) -> CurveFit:
@@ -230,7 +230,7 @@ class ClassFit:
         return (f"class {self.name}: {self.num_requests} requests; input p50/p99 "
                 f"{self.input.trace_quantiles[0]:g}/{self.input.trace_quantiles[2]:g} ({self.input.chosen}), "
                 f"output p50/p99 {self.output.trace_quantiles[0]:g}/{self.output.trace_quantiles[2]:g} "
-                f"({self.output.chosen})")  # fmt: skip
+                f"({self.output.chosen})")
 
 
 def _class_name(tag: str) -> str:
@@ -238,7 +238,7 @@ def _class_name(tag: str) -> str:
 
 
 def fit_classes(trace: Trace, *, choose: str = "auto", seed: int = 0,
-                ins: np.ndarray | None = None) -> tuple[ClassFit, ...]:  # fmt: skip
+                ins: np.ndarray | None = None) -> tuple[ClassFit, ...]:
     """One class per tag with at least MIN_CLASS_REQUESTS requests, the rest as "other"; () when the trace
     has fewer than two such groups. `ins`: the input lengths to fit (default the trace's)."""
     tags = np.array([e.tag for e in trace.entries])
@@ -257,7 +257,7 @@ def fit_classes(trace: Trace, *, choose: str = "auto", seed: int = 0,
         sel = np.isin(tags, members)
         out.append(ClassFit(name, members, int(sel.sum()),
                             fit_lengths(ins[sel], f"{name} input", choose=choose, seed=seed + 2 + 2 * i),
-                            fit_lengths(outs[sel], f"{name} output", choose=choose, seed=seed + 3 + 2 * i)))  # fmt: skip
+                            fit_lengths(outs[sel], f"{name} output", choose=choose, seed=seed + 3 + 2 * i)))
     return tuple(out)
 
 
@@ -321,7 +321,7 @@ def _quantiles(x: np.ndarray) -> str:
 
 
 def compare(trace: Trace, spec: WorkloadSpec, classes: tuple[ClassFit, ...], seed: int,
-            prefix: PrefixFit | None = None) -> tuple[str, ...]:  # fmt: skip
+            prefix: PrefixFit | None = None) -> tuple[str, ...]:
     """Trace against one run generated from the spec (its own bounds, `seed`): what `fit` prints."""
     reqs = generate(spec, seed=seed, api="completions")
     g_t = np.array([r.arrival_s for r in reqs])
@@ -341,30 +341,30 @@ def compare(trace: Trace, spec: WorkloadSpec, classes: tuple[ClassFit, ...], see
             ("mean rate, req/s", len(t) / span if span else math.nan, len(g_t) / span if span else math.nan),
             ("gap CV", cv(t), cv(g_t)),
             ("dispersion, 1 s", dispersion(t - t[0], 1.0, span), dispersion(g_t, 1.0, span)),
-            ("dispersion, 1 min", dispersion(t - t[0], 60.0, span), dispersion(g_t, 60.0, span))]  # fmt: skip
+            ("dispersion, 1 min", dispersion(t - t[0], 60.0, span), dispersion(g_t, 60.0, span))]
     out = [f"trace vs generated (seed {seed}, {len(g_t)} requests from the spec written):",
-           f"  {'':<20}{'trace':>18}{'generated':>18}"]  # fmt: skip
+           f"  {'':<20}{'trace':>18}{'generated':>18}"]
     out += [f"  {k:<20}{a:>18.4g}{b:>18.4g}  {off(a, b)}" for k, a, b in rows]
     if prefix is not None:
         g = prompt_reuse(reqs, trace.block_tokens)
         t_r = prefix.trace
         out += [f"  {'prefix reuse share':<20}{t_r.share:>17.1%} {g.share:>17.1%}  {off(t_r.share, g.share)}",
                 f"  {'requests reusing':<20}{t_r.num_requests_reusing / t_r.num_requests:>17.1%} "
-                f"{g.num_requests_reusing / max(g.num_requests, 1):>17.1%}"]  # fmt: skip
+                f"{g.num_requests_reusing / max(g.num_requests, 1):>17.1%}"]
     out += [f"  {'input p50/p90/p99':<20}{_quantiles(trace.input_tokens):>18}{_quantiles(g_in):>18}",
-            f"  {'output p50/p90/p99':<20}{_quantiles(trace.output_tokens):>18}{_quantiles(g_out):>18}"]  # fmt: skip
+            f"  {'output p50/p90/p99':<20}{_quantiles(trace.output_tokens):>18}{_quantiles(g_out):>18}"]
     tags = np.array([e.tag for e in trace.entries])
     g_tags = np.array([r.tag.rsplit("/", 1)[-1] for r in reqs])
     for c in classes:
         sel, g_sel = np.isin(tags, c.tags), g_tags == c.name
         out += [f"  class {c.name}: share {sel.mean():.1%} vs {g_sel.mean():.1%}; input p50/p90/p99 "
                 f"{_quantiles(trace.input_tokens[sel])} vs {_quantiles(g_in[g_sel])}; output "
-                f"{_quantiles(trace.output_tokens[sel])} vs {_quantiles(g_out[g_sel])}"]  # fmt: skip
+                f"{_quantiles(trace.output_tokens[sel])} vs {_quantiles(g_out[g_sel])}"]
     return tuple(out)
 
 
 def fit_trace(trace: Trace, *, choose: str = "auto", seed: int = 0, arrivals: str = "curve",
-              check: bool = True) -> TraceFit:  # fmt: skip
+              check: bool = True) -> TraceFit:
     """Fit `trace`; with `check`, one run generated from the fitted spec is compared with the trace."""
     if arrivals not in ARRIVAL_MODELS:
         raise SpecError("arrivals", arrivals, f"must be one of {list(ARRIVAL_MODELS)}")
@@ -377,7 +377,7 @@ def fit_trace(trace: Trace, *, choose: str = "auto", seed: int = 0, arrivals: st
         fit_rate_curve(trace.arrival_s) if arrivals == "curve" else None,
         fit_classes(trace, choose=choose, seed=seed, ins=ins),
         prefix=prefix,
-    )  # fmt: skip
+    )
     if not check:
         return fit
     return replace(fit, comparison=compare(trace, fit.spec(), fit.classes, seed, prefix))

@@ -123,7 +123,7 @@ class DiurnalArrivals:
 
     def to_dict(self) -> dict[str, object]:
         d: dict[str, object] = {"process": self.name, "rate_rps": self.rate_rps,
-                                "peak_to_trough": self.peak_to_trough, "period_s": self.period_s}  # fmt: skip
+                                "peak_to_trough": self.peak_to_trough, "period_s": self.period_s}
         if self.peak_s is not None:
             d["peak_s"] = self.peak_s
         return d

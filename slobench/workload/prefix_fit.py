@@ -103,7 +103,7 @@ class PrefixFit:
         return (f"prefix reuse: {self.trace.share:.1%} of prompt tokens reused, {self.trace.num_requests_reusing} "
                 f"of {self.trace.num_requests} requests; model: {self.prompts.num_groups} shared-prefix groups"
                 f"{tail}, prefix p50 {np.median(lengths):.0f} / max {lengths.max()} tokens, "
-                f"{self.prompts.share:.1%} of requests in a group")  # fmt: skip
+                f"{self.prompts.share:.1%} of requests in a group")
 
 
 def fit_prefix_groups(entries: Sequence[TraceEntry], block_tokens: int) -> PrefixFit | None:
@@ -130,5 +130,5 @@ def fit_prefix_groups(entries: Sequence[TraceEntry], block_tokens: int) -> Prefi
         own[m] = np.maximum(own[m] - length, 1)
     in_group = sum(len(m) for m in kept)
     prompts = SystemPrompts(len(kept), tuple(lengths), weights=tuple(float(len(m)) for m in kept),
-                            share=round(in_group / len(entries), 6))  # fmt: skip
+                            share=round(in_group / len(entries), 6))
     return PrefixFit(reuse, prompts, own, len(groups))

@@ -72,7 +72,7 @@ def blocks_token_ids(key: int, hash_ids: list[int], num_tokens: int, id_range: t
 
 def replay_scale(trace: Trace, *, start_s: float = 0.0, time_scale: float | None = None,
                  rate_rps: float | None = None, duration_s: float | None = None,
-                 num_requests: int | None = None) -> float:  # fmt: skip
+                 num_requests: int | None = None) -> float:
     """The factor k that multiplies trace time (see the module doc); `rate_rps` wins over `time_scale`.
 
     With `rate_rps`, k makes the window actually replayed offer that rate: the first `num_requests` from
@@ -84,7 +84,7 @@ def replay_scale(trace: Trace, *, start_s: float = 0.0, time_scale: float | None
         raise SpecError("rate_rps", rate_rps, "must be a finite number > 0")
     t = trace.arrival_s
     return rate_scale(t[t >= start_s], trace.path, start_s=start_s, rate_rps=rate_rps, duration_s=duration_s,
-                      num_requests=num_requests)  # fmt: skip
+                      num_requests=num_requests)
 
 
 def time_scale_factor(time_scale: float | None) -> float:
@@ -95,7 +95,7 @@ def time_scale_factor(time_scale: float | None) -> float:
 
 
 def rate_scale(t: np.ndarray, path: str, *, start_s: float, rate_rps: float, duration_s: float | None,
-               num_requests: int | None) -> float:  # fmt: skip
+               num_requests: int | None) -> float:
     """replay_scale's arithmetic on the arrival times from `start_s` on (at least the window's, and with
     `duration_s` one more)."""
     if num_requests is not None:
@@ -106,7 +106,7 @@ def rate_scale(t: np.ndarray, path: str, *, start_s: float, rate_rps: float, dur
             return duration_s / float(t[n] - start_s)
     if len(t) < 2 or t[-1] <= t[0]:
         raise UsageError(f"{path}: cannot rescale to a rate: fewer than two distinct arrival times "
-                         f"after --start {start_s:g}")  # fmt: skip
+                         f"after --start {start_s:g}")
     native_rps = (len(t) - 1) / float(t[-1] - t[0])
     return native_rps / rate_rps
 
@@ -117,7 +117,7 @@ def _salt(name: str, scale: float, seed: int) -> int:
 
 
 def _window(trace: Trace, start_s: float, scale: float, duration_s: float | None,
-            num_requests: int | None) -> tuple[list[TraceEntry], list[float]]:  # fmt: skip
+            num_requests: int | None) -> tuple[list[TraceEntry], list[float]]:
     if not (math.isfinite(start_s) and start_s >= 0):
         raise SpecError("start_s", start_s, "must be a finite number >= 0")
     if duration_s is not None and not (math.isfinite(duration_s) and duration_s > 0):
@@ -224,7 +224,7 @@ def replay(
 ) -> list[RequestSpec]:
     """The requests of one replay of `trace`, in arrival order (see the module doc)."""
     scale = replay_scale(trace, start_s=start_s, time_scale=time_scale, rate_rps=rate_rps, duration_s=duration_s,
-                         num_requests=num_requests)  # fmt: skip
+                         num_requests=num_requests)
     kept, times = _window(trace, start_s, scale, duration_s, num_requests)
     is_text = api == "chat" or prompt == "text"
     key = _salt(trace.name, scale, seed)
@@ -239,7 +239,7 @@ def replay(
         prompts[i] = p
     pin = min_tokens == "max"
     specs = [request_spec(i, e, t, p, trace.name, pin, ignore_eos)  # type: ignore[arg-type]
-             for i, (e, t, p) in enumerate(zip(kept, times, prompts, strict=True))]  # fmt: skip
+             for i, (e, t, p) in enumerate(zip(kept, times, prompts, strict=True))]
     if not is_text:  # the batch's ids were drawn from the checked range (token_prompts): say so
         drawn = (int(token_ids[0]), int(token_ids[1]))
         for i in plain:
@@ -248,13 +248,13 @@ def replay(
 
 
 def request_spec(i: int, e: TraceEntry, t: float, p: str | tuple[int, ...], name: str, pin: bool,
-                 ignore_eos: bool) -> RequestSpec:  # fmt: skip
+                 ignore_eos: bool) -> RequestSpec:
     n_in = len(p) if isinstance(p, tuple) else (e.input_tokens if e.prompt is not None else len(p.split()))
     return RequestSpec(
         request_id=i, arrival_s=t, prompt=p, input_tokens=n_in, max_tokens=e.output_tokens,
         min_tokens=e.output_tokens if pin else None, ignore_eos=ignore_eos, tag=e.tag or name,
         session_id=e.session_id,
-    )  # fmt: skip
+    )
 
 
 class ReplaySpecs(list[RequestSpec]):
@@ -322,14 +322,14 @@ class TraceReplay:
 
     def specs(self, *, rate_rps: float | None = None, duration_s: float | None = None,
               num_requests: int | None = None, seed: int = 0, api: str | None = None,
-              input_len: int | None = None, output_len: int | None = None) -> ReplaySpecs:  # fmt: skip
+              input_len: int | None = None, output_len: int | None = None) -> ReplaySpecs:
         refuse_fixed_lengths(input_len, output_len)
         return ReplaySpecs(replay(
             self.trace, time_scale=self.time_scale, rate_rps=rate_rps, start_s=self.start_s,
             duration_s=duration_s, num_requests=num_requests, seed=seed, api=api or self.api,
             prompt=self.prompt, token_ids=self.token_ids, ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,
-        ), self.trace.rows)  # fmt: skip
+        ), self.trace.rows)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -119,7 +119,7 @@ class SessionSpec:
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"turns": self.turns.to_dict(), "think": self.think.to_dict(),
-                             "response_s_per_token": self.response_s_per_token}  # fmt: skip
+                             "response_s_per_token": self.response_s_per_token}
         if self.max_context_tokens is not None:
             d["max_context_tokens"] = self.max_context_tokens
         return d
@@ -144,7 +144,7 @@ class SystemPrompts:
         _positive("zipf_s", self.zipf_s)
         if self.weights and (len(self.weights) != n or not all(
                 not isinstance(w, bool) and isinstance(w, int | float) and math.isfinite(w) and w > 0
-                for w in self.weights)):  # fmt: skip
+                for w in self.weights)):
             raise SpecError("weights", list(self.weights), f"must be {n} numbers > 0, one per group")
         s = self.share
         if isinstance(s, bool) or not isinstance(s, int | float) or not 0 < s <= 1:
@@ -207,7 +207,7 @@ class _Turns:
 
 
 def _expand(sched: Schedule, classes: Sequence[RequestClass], sessions: SessionSpec | None,
-            prefix_len: np.ndarray, rng: np.random.Generator) -> _Turns:  # fmt: skip
+            prefix_len: np.ndarray, rng: np.random.Generator) -> _Turns:
     n = len(sched.times_s)
     if sessions is None:
         return _Turns(np.arange(n), np.zeros(n, np.int64), sched.times_s, sched.input_tokens, sched.output_tokens)
@@ -246,7 +246,7 @@ def _expand(sched: Schedule, classes: Sequence[RequestClass], sessions: SessionS
             context += out[j]
         pos += int(later[s])
     return _Turns(np.array(cols[0], np.int64), np.array(cols[1], np.int64), np.array(cols[2], np.float64),
-                  np.array(cols[3], np.int64), np.array(cols[4], np.int64))  # fmt: skip
+                  np.array(cols[3], np.int64), np.array(cols[4], np.int64))
 
 
 def build_requests(
@@ -314,7 +314,7 @@ def build_requests(
             input_tokens=len(p) if isinstance(p, tuple) else len(p.split()), max_tokens=n_out,
             min_tokens=n_out if pin_min_tokens else None, ignore_eos=ignore_eos, tag=sched.tags[s],
             session_id=s if sessions is not None else None,
-        ))  # fmt: skip
+        ))
     if not is_text:  # every id drawn from [lo, hi) above (prefixes, bodies): say so once, here
         drawn = (int(lo), int(hi))
         for sp in out:

@@ -306,7 +306,7 @@ class WorkloadSpec:
     ) -> list[RequestSpec]:
         """`generate(self, ...)`: the `Workload` protocol's one call (slobench.workload.base)."""
         return generate(self, rate_rps=rate_rps, num_requests=num_requests, duration_s=duration_s, seed=seed,
-                        input_len=input_len, output_len=output_len, api=api)  # fmt: skip
+                        input_len=input_len, output_len=output_len, api=api)
 
     def __str__(self) -> str:
         if self.phases:
@@ -319,7 +319,7 @@ class WorkloadSpec:
         extra = "".join([
             f", sessions of {self.sessions.turns} turns" if self.sessions else "",
             f", {self.system_prompts.num_groups} system prompts" if self.system_prompts else "",
-        ])  # fmt: skip
+        ])
         return f"{head}{extra}, {self.api}/{self.prompt}"
 
 
@@ -557,4 +557,4 @@ def _generate_structured(
         ss_prompt=s_prompt, is_text=api == "chat" or spec.prompt == "text", id_range=spec.token_ids,
         num_requests=num_requests, duration_s=duration_s, ignore_eos=spec.ignore_eos,
         pin_min_tokens=spec.min_tokens == "max",
-    )  # fmt: skip
+    )

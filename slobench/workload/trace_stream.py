@@ -82,23 +82,23 @@ class StreamLog:
         """What became of the rows read so far (see `RowCounts.report`)."""
         if self.counts is None:  # ShareGPT: read whole, counted by load_trace
             return {"path": path, "format": "sharegpt", "num_rows_read": None, "is_whole_file": self.is_complete,
-                    "num_requests": self.num_given, "notes": self.notes()}  # fmt: skip
+                    "num_requests": self.num_given, "notes": self.notes()}
         return self.counts.report(path, self.num_given, self.notes(), is_whole_file=self.is_complete,
-                                  spread_s=self.bucket_s, num_late=self.num_late)  # fmt: skip
+                                  spread_s=self.bucket_s, num_late=self.num_late)
 
     def notes(self) -> list[str]:
         out = list(self.extra_notes)
         if self.bucket_s is not None:
             out.append(f"timestamps come in {self.bucket_s:g} s buckets (a regular grid in the first {PREFIX_ROWS} "
                        "rows): each request was spread uniformly over its bucket instead of firing the bucket at "
-                       "once; --no-spread keeps the stamps")  # fmt: skip
+                       "once; --no-spread keeps the stamps")
         if self.num_late:
             out.append(f"{self.num_late} rows came earlier than rows before them in the file and were sent late")
         return out + (self.counts.notes() if self.counts is not None else [])
 
 
 def stream_entries(path: str | Path, fmt: str | None = None, *, seed: int = 0, spread: bool = True,
-                   keep_zero: bool = False, log: StreamLog | None = None) -> Iterator[TraceEntry]:  # fmt: skip
+                   keep_zero: bool = False, log: StreamLog | None = None) -> Iterator[TraceEntry]:
     """The trace's entries in arrival order, read as they are taken (see the module doc)."""
     path = Path(path)
     fmt = detect_format(path) if fmt is None else fmt
@@ -127,13 +127,13 @@ def stream_entries(path: str | Path, fmt: str | None = None, *, seed: int = 0, s
 
 
 def _ordered(rows: Iterator[TraceEntry], fmt: str, seed: int, spread: bool, log: StreamLog,
-             path: Path) -> Iterator[TraceEntry]:  # fmt: skip
+             path: Path) -> Iterator[TraceEntry]:
     head = list(islice(rows, PREFIX_ROWS))
     counts = log.counts
     assert counts is not None
     if not head:
         raise UsageError(f"{path}: no usable requests in {counts.num_rows} rows"
-                         + (f"; {len(counts.problems)} unreadable: {counts.problems[0]}" if counts.problems else ""))  # fmt: skip
+                         + (f"; {len(counts.problems)} unreadable: {counts.problems[0]}" if counts.problems else ""))
     t0 = min(e.arrival_s for e in head)
     width = stamp_grid(np.array([e.arrival_s for e in head])) if spread and fmt in _STAMPED else None
     log.bucket_s = width
@@ -170,7 +170,7 @@ class ReplayStream(Iterator[RequestSpec]):
     `count_hint()` (an estimate of its length)."""
 
     def __init__(self, specs: Iterator[RequestSpec], path: str, log: StreamLog,
-                 count_hint: Callable[[], int | None]) -> None:  # fmt: skip
+                 count_hint: Callable[[], int | None]) -> None:
         self._specs = specs
         self._ready: deque[RequestSpec] = deque()
         self._failed: list[BaseException] = []
@@ -298,7 +298,7 @@ class StreamingReplay:
 
     def specs(self, *, rate_rps: float | None = None, duration_s: float | None = None,
               num_requests: int | None = None, seed: int = 0, api: str | None = None,
-              input_len: int | None = None, output_len: int | None = None) -> ReplayStream:  # fmt: skip
+              input_len: int | None = None, output_len: int | None = None) -> ReplayStream:
         """The run's requests in arrival order, each built when it is taken (the first now). `self.log`
         follows the latest call's stream."""
         refuse_fixed_lengths(input_len, output_len)
@@ -325,20 +325,20 @@ class StreamingReplay:
                 self.log.reset()
                 after = self._after(start, seed, self.log)
             scale = rate_scale(t, self.path, start_s=start, rate_rps=rate_rps, duration_s=duration_s,
-                               num_requests=num_requests)  # fmt: skip
+                               num_requests=num_requests)
             if not window:  # rate_scale saw the span as two times: it holds n - 1 gaps, not 1
                 scale *= n - 1
             after = chain(window, after)
         stream = ReplayStream(self._requests(after, scale, duration_s, num_requests, seed, api or self.api),
-                              self.path, self.log, lambda: self._count_hint(rate_rps, duration_s, num_requests))  # fmt: skip
+                              self.path, self.log, lambda: self._count_hint(rate_rps, duration_s, num_requests))
         if stream.is_empty:
             raise UsageError(f"{self.path}: the window (--start {start:g} s, --duration {duration_s} s at scale "
-                             f"{scale:g}) holds no request")  # fmt: skip
+                             f"{scale:g}) holds no request")
         return stream
 
     def _after(self, start: float, seed: int, log: StreamLog) -> Iterator[TraceEntry]:
         entries = stream_entries(self.path, self.fmt, seed=seed, spread=self.spread, keep_zero=self.keep_zero,
-                                 log=log)  # fmt: skip
+                                 log=log)
         return (e for e in entries if e.arrival_s >= start)
 
     def _count_span(self, start: float, seed: int) -> tuple[int, float, float]:
@@ -360,7 +360,7 @@ class StreamingReplay:
         return count_lines(self.path) if self.fmt != "sharegpt" else None
 
     def _requests(self, entries: Iterator[TraceEntry], scale: float, duration_s: float | None,
-                  num_requests: int | None, seed: int, api: str) -> Iterator[RequestSpec]:  # fmt: skip
+                  num_requests: int | None, seed: int, api: str) -> Iterator[RequestSpec]:
         is_text = api == "chat" or self.prompt == "text"
         name = self.name
         builder = _Prompts(MOONCAKE_BLOCK_TOKENS, _salt(name, scale, seed), is_text, self.token_ids)
@@ -379,4 +379,4 @@ class StreamingReplay:
         runner adds it to the manifest and summary.json as `trace_rows`)."""
         return {"trace": {"path": self.path, "format": self.fmt, "streamed": True},
                 "time_scale": self.time_scale, "start_s": self.start_s, "api": self.api, "prompt": self.prompt,
-                "min_tokens": self.min_tokens}  # fmt: skip
+                "min_tokens": self.min_tokens}

@@ -113,7 +113,7 @@ class Trace:
             raise SpecError("format", self.format, f"must be one of {list(FORMATS)}")
         if not self.entries:
             dropped = (f"; {self.num_zero_dropped} with 0 input or output tokens dropped (--keep-zero-rows "
-                       "keeps them)") if self.num_zero_dropped else ""  # fmt: skip
+                       "keeps them)") if self.num_zero_dropped else ""
             raise UsageError(f"{self.path}: no usable requests in {self.num_rows} rows{self._problem_tail()}{dropped}")
 
     @property
@@ -149,7 +149,7 @@ class Trace:
         if not self.problems:
             return ""
         return (f"{self.path}: skipped {len(self.problems)} unreadable of {self.num_rows} rows: "
-                f"{self._first_problems()}")  # fmt: skip
+                f"{self._first_problems()}")
 
     def describe(self) -> dict[str, Any]:
         """What a manifest records about the trace."""
@@ -214,7 +214,7 @@ def _read_head(path: Path) -> str:
 
 
 _MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"),
-          (b"PK\x03\x04", "zip"))  # fmt: skip
+          (b"PK\x03\x04", "zip"))
 
 
 def compression(path: str | Path) -> str | None:
@@ -254,7 +254,7 @@ def _open_text(path: Path, newline: str | None = None) -> io.TextIOBase:
 
 
 def load_trace(path: str | Path, fmt: str | None = None, *, seed: int = 0, spread: bool = True,
-               keep_zero: bool = False) -> Trace:  # fmt: skip
+               keep_zero: bool = False) -> Trace:
     """Read a trace. `seed` drives what the file leaves open: the spread within a coarse stamp and
     ShareGPT's synthetic arrival times. `spread=False` keeps coarse stamps as they are (every request of a
     stamp at once); `keep_zero=True` keeps rows with 0 input or output tokens (see the module doc)."""
@@ -291,7 +291,7 @@ def load_trace(path: str | Path, fmt: str | None = None, *, seed: int = 0, sprea
     report = counts.report(str(path), len(rows), notes, is_whole_file=True, spread_s=spread_s)
     return Trace(str(path), fmt, tuple(rows), tuple(counts.problems), tuple(notes), counts.num_rows,
                  num_zero_dropped=0 if keep_zero else counts.num_zero,
-                 num_zero_kept=counts.num_zero if keep_zero else 0, rows=report)  # fmt: skip
+                 num_zero_kept=counts.num_zero if keep_zero else 0, rows=report)
 
 
 _STAMPED = ("azure", "burstgpt", "mooncake")  # slobench JSONL times are exact; ShareGPT's are made up
@@ -346,7 +346,7 @@ class RowCounts:
         return e
 
     def report(self, path: str, num_requests: int, notes: list[str], *, is_whole_file: bool,
-               spread_s: float | None = None, num_late: int = 0) -> dict[str, Any]:  # fmt: skip
+               spread_s: float | None = None, num_late: int = 0) -> dict[str, Any]:
         """What became of the rows read, for summary.json's `trace_rows`: counts of rows dropped and of
         requests altered by kind, and the notes that say why (never "malformed": a row is unreadable, or
         readable but not a request as it stands)."""
@@ -354,7 +354,7 @@ class RowCounts:
         dropped = {"unreadable": len(self.problems), "zero_tokens": self.num_zero - kept}
         altered = {"zero_tokens_raised_to_1": kept, "sent_with_session_history": self.num_grown,
                    "spread_over_stamp_bucket": num_requests if spread_s else 0,
-                   "sent_late_out_of_file_order": num_late}  # fmt: skip
+                   "sent_late_out_of_file_order": num_late}
         return {
             "path": path, "format": self.fmt, "num_rows_read": self.num_rows, "is_whole_file": is_whole_file,
             "num_requests": num_requests, "num_dropped": sum(dropped.values()),
@@ -362,13 +362,13 @@ class RowCounts:
             "dropped": dropped, "altered": altered,
             "zero_tokens": {"zero_output": self.zero_out, "zero_input": self.zero_in},
             "unreadable_first": [str(p) for p in self.problems[:_MAX_SHOWN]], "notes": list(notes),
-        }  # fmt: skip
+        }
 
     def notes(self) -> list[str]:
         out = []
         if self.num_zero:
             out.append(_zero_note(self.fmt, self.num_rows, self.num_zero, self.zero_in, self.zero_out,
-                                  self.keep_zero))  # fmt: skip
+                                  self.keep_zero))
         if self.num_grown:
             out.append(
                 f"{self.num_grown} of {self.num_turns} later session turns had fewer input tokens than the "
@@ -384,14 +384,14 @@ def _zero_note(fmt: str, num_rows: int, num_zero: int, zero_in: int, zero_out: i
     parts += [f"{zero_in} with 0 input tokens"] if zero_in else []
     if keep:
         return (f"kept {num_zero} of {num_rows} rows with zero tokens ({', '.join(parts)}): 0 output tokens are "
-                "sent as max_tokens 1, 0 input tokens as a 1-token prompt")  # fmt: skip
+                "sent as max_tokens 1, 0 input tokens as a 1-token prompt")
     return (f"left out {num_zero} of {num_rows} rows with zero tokens ({', '.join(parts)}); "
-            "--keep-zero-rows sends them as 1-token requests")  # fmt: skip
+            "--keep-zero-rows sends them as 1-token requests")
 
 
 def _shift(e: TraceEntry, t0: float) -> TraceEntry:
     return TraceEntry(e.arrival_s - t0, e.input_tokens, e.output_tokens, e.line, e.hash_ids, e.prompt,
-                      e.session_id, e.tag)  # fmt: skip
+                      e.session_id, e.tag)
 
 
 _FRACTION = re.compile(r"(\.\d{6})\d+")
@@ -660,7 +660,7 @@ def _sharegpt_rows(path: Path, seed: int, notes: list[str]) -> Iterator[TraceEnt
     for sid, (conv, t) in enumerate(zip(convs, starts.tolist(), strict=True)):
         for turn in conv.turns:
             yield TraceEntry(t, turn.input_words, turn.output_words, conv.item, prompt=turn.prompt,
-                             session_id=sid)  # fmt: skip
+                             session_id=sid)
             t += SHAREGPT_THINK_S + SHAREGPT_S_PER_OUTPUT_TOKEN * turn.output_words
     if convs:
         notes.append(
