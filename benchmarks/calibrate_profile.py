@@ -1,15 +1,13 @@
 """Calibrate the modeled executor's cost profile from the real engine, and check how well it predicts.
 
-Runs the real LLMEngine with the TorchExecutor (the `tiny` model on CPU by default) over a mix of steps —
-prompt chunks of many sizes, decode batches of 1 to 64, contexts up to ~1k — timing every whole
-`engine.step()` (scheduling and sampling included, as a served step would be) beside its composition
-(prefill tokens, decode sequences, context tokens). Fits `step = a + b·prefill + c·decode + d·context` by
-least squares (`CostProfile.fit`), prints the fit and its error on held-out steps, and writes the profile.
+Runs the real LLMEngine with the TorchExecutor over a mix of steps (prompt chunks of many sizes, decode
+batches of 1 to 64, contexts up to ~1k), timing every whole `engine.step()` beside its composition, fits
+`step = a + b·prefill + c·decode + d·context` (`CostProfile.fit`) and prints its error on held-out steps.
+Figures: docs/measurements/calibrate_profile.md.
 
     python benchmarks/calibrate_profile.py                      # tiny on CPU -> prints, writes nothing
     python benchmarks/calibrate_profile.py -o reference_engine/profiles/cpu-tiny.json
-    python benchmarks/calibrate_profile.py --model llama-3.2-1b --device cuda -o my-gpu.json
-"""
+    python benchmarks/calibrate_profile.py --model llama-3.2-1b --device cuda -o my-gpu.json"""
 
 from __future__ import annotations
 

@@ -1,16 +1,12 @@
 """Does the capacity search agree with a dense sweep? The modeled reference engine on a virtual clock.
 
-    .venv/bin/python benchmarks/capacity_vs_sweep.py [--replicates 5] [--sweep-seeds 20]
+For each engine variant: one capacity search (bracket, bisect, replicate seeds at the bracket edges) and a
+dense sweep (many rates, attainment averaged over many seeds) whose crossing of the 90% target is the
+reference; prints both and whether the search's interval covers the crossing. The engine runs on a
+`VirtualClock` with modeled step times (baselines/ci-profile.json) and a small per-step jitter, no HTTP,
+so this measures the server, never the client. Figures: docs/measurements/capacity_vs_sweep.md.
 
-For each engine variant: one capacity search (bracket, bisect, 5 replicate seeds at the bracket edges),
-and a dense sweep (many rates, attainment averaged over 20 seeds) whose crossing of the 90% target is
-the reference. Prints both, the reported interval, and whether it covers the sweep's crossing.
-
-The engine runs in process on a `VirtualClock` (`slobench.fleet.simulate`): the real scheduler and block
-manager, modeled step times (baselines/ci-profile.json), a small per-step timing jitter standing in for a
-real machine's noise, and no HTTP. Every request arrives at its scheduled time, so this measures the
-server, never the client.
-"""
+    python benchmarks/capacity_vs_sweep.py [--replicates 5] [--sweep-seeds 20]"""
 
 from __future__ import annotations
 

@@ -1,38 +1,14 @@
 """How much does the client itself distort what it measures, and what does it cost per request?
 
-Drives the scheduled-token test server (its own process, pinned to one core) with open-loop Poisson
-traffic from this process (pinned to the other core) and prints, per target rate and HTTP transport:
-achieved send rate, send lateness p50/p99, client CPU per request, and the TTFT error — the client's
-TTFT minus the server's own (first chunk written − request received, from the server's log on the same
-system-wide monotonic clock).
+Drives the scheduled-token server (pinned to one core) with open-loop Poisson traffic from this process
+(pinned to the other) and prints, per rate and client: achieved send rate, send lateness, client CPU per
+request, and the TTFT error (the client's TTFT minus the server's own, from its log on the same clock).
+"floor" is a minimal aiohttp client that parses nothing; `raw+gc` is raw with the cyclic GC left running;
+`--rounds N` interleaves the clients; `--client-workers N` sends from N processes. Target: at most 0.6 ms
+of CPU a request and a TTFT error p99 under 1 ms at 400 req/s. Figures: docs/measurements/client_overhead.md.
 
-The first rows ("floor") are a minimal aiohttp client on the same traffic: it sleeps to each send time,
-POSTs a prebuilt body, stamps the send (the same hook slobench uses) and the first read, and reads on to
-the end: no SSE, no JSON, no records. slobench's rows are what it costs beyond that.
-
-"client CPU" is the process's CPU from the first send until the last request finished, per request; what
-`run()` spends after that (the summary, its lazy imports) is "after-run CPU", apart, since it does not
-compete with the load.
-
-Targets (issue 16): on one core with 16-token streams and a server TTFT of 50 ms, at most 0.6 ms of CPU
-per request and a TTFT error p99 under 1 ms at 400 req/s.
-
-    python benchmarks/client_overhead.py [--rates 400,800] [--seconds 6] [--transports aiohttp,raw,httpx]
-                                         [--client-workers 1,2] [--no-floor] [--spin-ms MS]
-                                         [--rounds N] [--max-load L]
-
-`--transports` names slobench's HTTP transports to compare (aiohttp; raw, the lean HTTP/1.1 client of
-slobench/targets/rawhttp.py and the default; httpx); `raw+gc` is raw with Python's cyclic GC left running over
-the load (`RunOptions(hold_gc=False)`; by default the runner holds it off, slobench/run/quiet_gc.py). With `--rounds N` every client runs N times, interleaved
-(each round runs them all, in an order rotated from round to round, so the drift of a shared machine falls
-on every client alike), and a last table gives each client's medians over the rounds with their range;
-`--max-load L` waits before each round until the 1-minute load average is under L.
-
-With `--client-workers N` (N > 1) the requests are sent from N worker processes (slobench.targets.workers);
-"client CPU" then counts the parent and its workers together, and "parent CPU" the dispatcher alone. The
-workers inherit the client's core, so on a 2-core machine this measures the cost of the hop, not the
-scaling (that needs a core per worker).
-"""
+    python benchmarks/client_overhead.py [--rates 400,800] [--seconds 6] [--transports raw,httpx]
+                                         [--client-workers 1,2] [--rounds N] [--max-load L]"""
 
 from __future__ import annotations
 
@@ -298,7 +274,7 @@ def main() -> None:
     clients += [(t, int(w)) for t in args.transports.split(",") for w in args.client_workers.split(",")]
     round_loads = []
     with TokenServerProcess(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, log=True) as srv:
-        if len(cores) >= 2:  # server on one core, client on another, as the issue's measurement setup
+        if len(cores) >= 2:  # server on one core, client on another: neither measures the other's CPU
             os.sched_setaffinity(srv.pid or 0, {cores[-1]})
             os.sched_setaffinity(0, {cores[0]})
         rows = []

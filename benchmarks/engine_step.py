@@ -1,14 +1,12 @@
 """Decode throughput of the reference engine, and the share of each step spent outside the model's forward.
 
-Runs the real LLMEngine (scheduler, block manager, step loop) on the TorchExecutor. For each batch size,
-B requests with ~240-token prompts are prefilled, then `--steps` pure-decode steps are timed (context
-~256 on average). "forward" is the model's forward pass (dense layers, paged attention, LM head);
-"outside" is everything else in `engine.step()`: scheduling, block bookkeeping, building the step's index
-tensors, sampling, token emission. Per-step medians. Target: outside < 25% at batch 32 (tiny, CPU).
+Runs the real LLMEngine on the TorchExecutor: for each batch size, B requests with ~240-token prompts are
+prefilled, then `--steps` pure-decode steps are timed. "outside" is everything in `engine.step()` but the
+forward: scheduling, block bookkeeping, index tensors, sampling, token emission. Per-step medians.
+Target: outside < 25% at batch 32 (tiny, CPU). Figures: docs/measurements/engine_step.md.
 
     .venv/bin/python benchmarks/engine_step.py            # tiny on CPU, 2 threads, < 2 minutes
-    .venv/bin/python benchmarks/engine_step.py --device cuda --model llama-3.2-1b --dtype bfloat16
-"""
+    .venv/bin/python benchmarks/engine_step.py --device cuda --model llama-3.2-1b --dtype bfloat16"""
 
 from __future__ import annotations
 

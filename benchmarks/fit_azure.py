@@ -1,16 +1,12 @@
 """Fit the bundled workload shapes to the Azure LLM inference traces (2023 sample).
 
-Prints, per trace: request count and rate, the inter-arrival gaps' coefficient of variation, and for
-prompt and output lengths the trace's quantiles beside a lognormal fitted two ways: by matching the
-median and p99 (what `workloads/chat.toml` and `code.toml` use) and by maximum likelihood on ln(tokens),
-with each fit's Kolmogorov–Smirnov distance. Ends with the TOML lines to paste.
+Prints, per trace: request count and rate, the inter-arrival gaps' CV, and the prompt and output length
+quantiles beside a lognormal fitted by median and p99 (what workloads/chat.toml and code.toml use) and by
+maximum likelihood, with each fit's Kolmogorov–Smirnov distance; ends with the TOML lines to paste.
+Data: Azure Public Dataset (CC-BY-4.0; Patel et al., "Splitwise", ISCA 2024), read from
+../shared/traces/azure-llm-2023/ or a path argument, never copied into the repo.
 
-Data: Azure Public Dataset (CC-BY-4.0), expected in ../shared/traces/azure-llm-2023/ relative to the
-repo (override with a path argument). Cite: Patel et al., "Splitwise: Efficient generative LLM inference
-using phase splitting", ISCA 2024. The trace itself is never copied into the repo.
-
-    .venv/bin/python benchmarks/fit_azure.py [TRACE_DIR]
-"""
+    .venv/bin/python benchmarks/fit_azure.py [TRACE_DIR]"""
 
 from __future__ import annotations
 

@@ -1,18 +1,12 @@
 """How a fleet's capacity scales with replicas, and what the router costs or buys (virtual clock).
 
-For each router and replica count, a capacity search (`slobench.experiments.capacity.search_capacity`, 5 replicates)
-on the simulated fleet: the bundled engine's scheduler per replica, the `h100-llama-1b` cost profile
-(illustrative, not measured), the `chat` workload (heavy-tailed Azure-fitted lengths) or
-`system-prompts` (Zipf-popular shared prefixes, small KV caches). Prints capacity, its interval, capacity
-per replica, and for system-prompts the share of prompt tokens served from the prefix cache at the
-capacity rate.
+For each router and replica count, a capacity search with replicates on a simulated fleet of the bundled
+engine (the illustrative `h100-llama-1b` profile) under `chat` (heavy-tailed lengths) or `system-prompts`
+(Zipf-popular shared prefixes, small KV caches); prints capacity, its interval, capacity per replica and
+the share of prompt tokens served from cache. Probes last a fixed duration, not a request count: a run too
+short to show the queue growing past capacity reads the cliff as a slope. Figures: docs/measurements/fleet_routing.md.
 
-    python benchmarks/fleet_routing.py [--replicas 1,2,4] [--duration 30] [--workloads chat,system-prompts]
-
-Probes are fixed-duration runs (30 s of traffic), not fixed request counts: past capacity the queue grows
-without bound, and a run too short to show that (a few hundred requests) reads the cliff as a slope and
-sends the search's interpolation far off.
-"""
+    python benchmarks/fleet_routing.py [--replicas 1,2,4] [--duration 30] [--workloads chat,system-prompts]"""
 
 from __future__ import annotations
 

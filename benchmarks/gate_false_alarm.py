@@ -1,14 +1,12 @@
 """How often does the gate cry wolf, and how often does it catch a real regression?
 
-    .venv/bin/python benchmarks/gate_false_alarm.py [--trials 20] [--replicates 5]
+Each trial measures a baseline and a candidate of the modeled engine as CI does (a capacity search with
+replicates plus replicates at one fixed rate, same seeds on both sides), then applies `slobench.gate.gate`
+with the default thresholds. Candidates: identical (a fresh timing-jitter draw), every step 15% slower,
+30% fewer KV blocks. Targets: identical passes >= 19/20; both regressions fail 20/20. Virtual clock.
+Figures: docs/measurements/gate_false_alarm.md.
 
-Each trial measures a baseline and a candidate of the modeled reference engine the way CI does: a
-capacity search with replicates plus replicates at one fixed rate near capacity (same seeds on both
-sides), then `slobench.gate.gate` with the default thresholds (capacity -5%, attainment -2pt, TTFT and
-TPOT p99 +10%). Candidates: identical (only the per-step timing jitter differs: a fresh draw each trial,
-standing in for a real machine's noise), every step 15% slower, 30% fewer KV blocks. Targets: identical
-passes >= 19/20; both regressions fail 20/20. Runs on the virtual clock (`slobench.fleet.simulate`).
-"""
+    .venv/bin/python benchmarks/gate_false_alarm.py [--trials 20] [--replicates 5]"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one prepared GPU check of issue 7: the kernel tests compiled on the GPU (fp32 and bf16), the
+# The one prepared GPU check: the kernel tests compiled on the GPU (fp32 and bf16), the
 # executor's CUDA-graph and KV-sizing tests, then benchmarks/gpu_roofline.py (decode grid and offline run
 # through the executor's real GPU path). Everything is written to $OUT (or runs/gpu_check when OUT is unset):
 #   env.txt            nvidia-smi, torch / triton versions

@@ -1,24 +1,14 @@
 """Decode step time of the reference engine's model on a GPU against the memory-bandwidth roofline, and
 offline throughput of the whole engine.
 
-A decode step re-reads every weight and every running sequence's KV cache, so its floor is
-(weight bytes + batch × context × KV bytes per token) ÷ copy bandwidth, the bandwidth measured here by a
-large device-to-device copy. For each (batch, context) cell the script times one decode step of the
-`llama-3.2-1b` shape (bf16, dummy weights) through the engine's real GPU path, `TorchExecutor.execute`:
-KV cache sized from free memory after its warm-up, the decode step replayed from the executor's CUDA
-graph (padded to the next captured batch size; Triton `write_kv` + `paged_decode_attention` inside),
-then logits and greedy sampling. It prints that time ("step", host work included) and the graph's replay
-alone ("graph", the device work) beside the floor as fractions. Then it runs a fixed offline workload
-(256 requests, input and output lengths uniform in 100–1024, seeded) through the engine that
-`slobench serve --executor torch --device cuda` builds (`build_engine`) and prints output tokens/s.
+For each (batch, context) cell, one decode step of the `llama-3.2-1b` shape (bf16, dummy weights) through
+`TorchExecutor.execute` (CUDA graph replay, Triton kernels), beside the floor (weight bytes + batch ×
+context × KV bytes a token) ÷ the measured copy bandwidth; then 256 seeded requests through the engine
+`slobench serve --executor torch --device cuda` builds. Targets on an H200: decode >= 60% of the roofline
+for batch >= 32, offline >= 20,000 tokens/s. Without CUDA it prints "no CUDA device: skipped" and exits 0;
+`--cpu-smoke` runs every path once on the CPU. Run by benchmarks/gpu_check.sh; docs/measurements/gpu_roofline.md.
 
-Targets on an H200 (issue 7): decode ≥ 60% of the roofline for batch ≥ 32; offline ≥ 20,000 tokens/s.
-Whole script: under 6 minutes. Without CUDA it prints "no CUDA device: skipped" and exits 0;
-`--cpu-smoke` runs every path once on the CPU with the tiny model (the decode steps through the padded
-graph buffers, eagerly) and measures nothing.
-
-    python benchmarks/gpu_roofline.py [--json results.json] [--batch-sizes 1,8,32] [--skip-offline]
-"""
+    python benchmarks/gpu_roofline.py [--json results.json] [--batch-sizes 1,8,32] [--skip-offline]"""
 
 from __future__ import annotations
 

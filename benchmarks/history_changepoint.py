@@ -1,18 +1,12 @@
 """False alarms and detections of the history's change-point search, on synthetic commit histories.
 
-    .venv/bin/python benchmarks/history_changepoint.py [--histories 100] [--commits 10,20,40]
+Each history is a series of CI jobs running the same 5 seeds (slobench.history.synthetic: noise only, a
+-2% drift per commit, or a -10% step halfway; one noise kind heavy-tailed). Each is judged by the
+per-commit gate (each commit against the one before) and by slobench.history.find_change_points on the
+commit means, with and without its size floor; a last row tests a page of 11 noise-only metrics at
+alpha / 11, as `slobench history report` does. Figures: docs/measurements/history_changepoint.md.
 
-Each history is a series of CI jobs that run the same 5 seeds (slobench.history.synthetic: seed effect 2%
-shared across commits, job effect 0.5%, run noise 1%, all relative sd). Kinds: noise only; a drift of
--2% per commit; a single -10% step halfway. Each history is judged twice:
-  per-commit gate  each commit against the one before (paired by seed, capacity -5%, alpha 0.01), as a
-                   baseline that follows main would: the share of histories where it never said "regression"
-  change points    slobench.history.find_change_points on the commit means (alpha 0.01, shift >= 5%): the
-                   share of histories with at least one change point (false alarms on noise, detections else)
-"test alone" is the same search without the size floor. One noise kind has heavy-tailed job effects
-(Student t, 3 df, scale 1%: an odd runner now and then). A last row is a page: 11 metrics of noise-only
-history tested together, each at alpha / 11 (what `slobench history report` does).
-"""
+    .venv/bin/python benchmarks/history_changepoint.py [--histories 100] [--commits 10,20,40]"""
 
 from __future__ import annotations
 

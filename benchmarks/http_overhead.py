@@ -1,19 +1,13 @@
 """What does the HTTP/SSE layer add to what slobench measures?
 
-The same requests (same seed, same modeled engine knobs) three ways:
-  virtual    the engine's scheduler on a virtual clock (slobench.fleet.simulate): the modeled time alone
-  in-process the engine in this process, on real time (slobench.targets.engine.EngineTarget)
-  http       the engine served by `python -m reference_engine.server`, loaded over 127.0.0.1
-and prints TTFT and ITL quantiles for each, so the difference between rows is what real time, then the
-HTTP server, SSE and the client's event loop add.
-
-With `--replicas N` (N > 1) the same three paths run a fleet: the simulated fleet (`simulate_run(...,
-replicas=N, router=...)`), N in-process engines and N engine servers, the last two behind the client-side
-router (slobench.fleet.client_routed) with the same policy: how far the simulated fleet is from a real one.
+The same requests (same seed, same modeled engine) three ways: on a virtual clock (slobench.fleet.simulate),
+to the engine in this process on real time (EngineTarget), and to `python -m reference_engine.server`
+over 127.0.0.1; prints TTFT and ITL quantiles of each. With `--replicas N` the same for a fleet: the
+simulated one, N in-process engines and N servers, the last two behind the client-side router
+(slobench.fleet.client_routed). Figures: docs/measurements/http_overhead.md.
 
     python benchmarks/http_overhead.py [--rate 10] [--num-requests 200] [--profile cpu-tiny]
-                                       [--replicas 2 --router least-outstanding]
-"""
+                                       [--replicas 2 --router least-outstanding]"""
 
 from __future__ import annotations
 

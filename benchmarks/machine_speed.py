@@ -1,15 +1,13 @@
 """How steady is this machine? A fixed piece of CPU work, timed again and again.
 
-Two fixed loads, alternated every `--every` seconds for `--seconds`, each pinned to one core in turn: a pure
-Python loop (300,000 multiply-adds: the interpreter, as the HTTP server, the scheduler and the client run) and,
-with torch installed, 200 fp32 256x256 matmuls on one thread (the kernels, as the CPU engine's steps run).
-Prints, per load and core, the fastest, median and slowest time and slowest / fastest. On a steady machine
-the ratio is near 1. Whatever it is above 1 is speed that no calibration made before a run can know
-(benchmarks/speed_drift.py measures the same from the engine's own steps). On this 2-core VM, idle, on
-2026-12-02: 1.42-1.52 for the loop, 1.09-1.10 for the matmul (README, "The machine's speed").
+Two fixed loads, alternated every `--every` seconds for `--seconds`, each pinned to one core in turn: a
+pure-Python loop (the interpreter, as the HTTP server, scheduler and client run) and, with torch, 200 fp32
+256x256 matmuls on one thread (the kernels, as the CPU engine's steps run). Prints, per load and core, the
+fastest, median and slowest time and slowest / fastest: near 1 on a steady machine; above 1, speed no
+calibration made before a run can know (benchmarks/speed_drift.py reads the same from the engine's steps).
+Figures: docs/measurements/machine_speed.md.
 
-    python benchmarks/machine_speed.py --seconds 60
-"""
+    python benchmarks/machine_speed.py --seconds 60"""
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
 """The fleet plan for the bundled day against static fleets and the interpolation baseline: prints the
 terminal table of `slobench plan` and a Markdown table of the strategies (GPU-hours, attainment, goodput
 per GPU), with the wall time. Defaults: roofline H100 Llama-3.1-8B instances, the day at a mean 10 req/s,
-1 h windows (60 s of traffic each, every request of a window simulated), SLO TTFT 500 ms and TPOT
-40 ms for 90%, a 60 s switching cost.
+1 h windows, SLO TTFT 500 ms and TPOT 40 ms for 90%, a 60 s switching cost.
+Figures: docs/measurements/plan_day.md.
 
-    .venv/bin/python benchmarks/plan_day.py [--rate 10] [--jobs 2] [--out runs/plan-day] [-- extra plan flags]
-"""
+    .venv/bin/python benchmarks/plan_day.py [--rate 10] [--jobs 2] [--out runs/plan-day] [-- extra plan flags]"""
 
 from __future__ import annotations
 

@@ -1,20 +1,14 @@
 """How far apart two refinements of the same server land: the spread of calibrate's second stage.
 
-Starts the engine `slobench demo` starts (torch `tiny`, one torch thread), fits the probe profile once, then
-refines it several times with each refinement plan, interleaved (A, B, A, B, ...) so that a slow spell of the
-machine falls on both, each repeat with fresh requests (seeds 1, 2, 3, ...). Prints every refinement's
-factors (a, b, c, o), step-time noise and held-out error, then, for each plan, the spread of each factor
-across repeats: the standard deviation of its log (0.10 = about ±10%) and its range. A refinement whose
-factors move by more than the targets allow (10% on a percentile) from one repeat to the next cannot meet
-them however good the model is; what lowers that spread is the plan to ship.
-
-A plan is `RATE_FACTORS@REQUESTS[+split]`: rates as multiples of the probe fit's simulated knee on the
-refinement workload (the middle one held out of the fit, as calibrate does), requests a rate, and `+split` to
-fit the TTFT of the shorter and longer half of the prompts too (`RefinePlan.by_prompt_length`).
+Starts the engine `slobench demo` starts, fits the probe profile once, then refines it several times with
+each refinement plan, interleaved (A, B, A, B, ...) so a slow spell of the machine falls on both, each
+repeat with fresh requests. Prints every refinement's factors (a, b, c, o), noise and held-out error, then
+per plan each factor's spread: the sd of its log (0.10 = about ±10%) and its range. A plan is
+`RATE_FACTORS@REQUESTS[+split]`: rates as multiples of the probe fit's simulated knee (the middle one held
+out), requests a rate, `+split` to fit TTFT by prompt length too. Figures: docs/measurements/refine_spread.md.
 
     python benchmarks/refine_spread.py                                  # 0.5,0.8,1.1@100 against 0.3,0.5,0.8,1.0,1.2@150, x3
-    python benchmarks/refine_spread.py --plans 0.5,0.8,1.1@100 --repeats 5
-"""
+    python benchmarks/refine_spread.py --plans 0.5,0.8,1.1@100 --repeats 5"""
 
 from __future__ import annotations
 

@@ -1,19 +1,13 @@
 """Variants of calibrate's refinement, compared offline on the runs of one `validate_sim.py --repeat`.
 
-`validate_sim.py --repeat` leaves, for each validated workload and rate, two measured runs of the same
-requests and the probe-fitted profile (`calibrated.json`). This refits the factors of the refinement
-(slobench.profiles.refine.fit_factors) on the first measurement of one workload at three of its rates (by
-default the 2nd-4th of five: 0.6, 0.9 and 1.3 of the knee), with each variant of the fit, and scores every
-fitted profile, by validate_sim's targets (attainment within 3 points, TTFT/TPOT p50/p90 within 10%), on the
-runs it did not see: the other workload's two measurements at every rate, and this workload's second
-measurement at every rate. The probe fit alone is scored the same way. No server, no new measurement: two
-processes, a few minutes.
+Refits the refinement's factors (slobench.profiles.refine.fit_factors) on the first measurement of one
+workload at three of its rates, with each variant of the fit, and scores every fitted profile, and the
+probe fit alone, by validate_sim's targets on the runs it did not see: the other workload's two
+measurements and this workload's second. No server, no new measurement. Variants: o held at the probes'
+value or fitted; TTFT of the shorter and longer half of the prompts fitted beside the whole run's or not
+(`RefinePlan.fit_overhead`, `by_prompt_length`). Figures: docs/measurements/refit_offline.md.
 
-Variants: o (the request's fixed cost) fitted or held at the probes' value; the TTFT of the shorter and longer
-half of the prompts fitted beside the whole run's or not (`RefinePlan.fit_overhead`, `by_prompt_length`).
-
-    python benchmarks/refit_offline.py runs/validate-20261202-014900
-"""
+    python benchmarks/refit_offline.py runs/validate-YYYYMMDD-HHMMSS"""
 
 from __future__ import annotations
 

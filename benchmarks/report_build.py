@@ -1,12 +1,11 @@
 """How long the HTML report takes to build for a large sweep, and how big the file gets.
 
-    python benchmarks/report_build.py [--records 100000] [--rates 5] [--median-output-tokens 32]
-
 Synthesises a sweep (slobench.report.synthetic: a queue with a real cliff, one content chunk per token,
-server metrics every second), then times build_report and its parts. Targets (issue 4): < 10 s and
-< 15 MB for 100,000 records. Reading requests.jsonl grows with the chunk timestamps each record carries,
-so the table shows the input size beside the time.
-"""
+server metrics every second), then times build_report and its parts. Targets: < 10 s and < 15 MB for
+100,000 records. Reading requests.jsonl grows with the chunk timestamps each record carries, so the
+table shows the input size beside the time. Figures: docs/measurements/report_build.md.
+
+    python benchmarks/report_build.py [--records 100000] [--rates 5] [--median-output-tokens 32]"""
 
 from __future__ import annotations
 

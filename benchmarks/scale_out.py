@@ -1,26 +1,13 @@
 """The highest rate held accurately with 1, 2, 4 ... Ray load actors (slobench.targets.ray_pool).
 
-Drives the scheduled-token server (TTFT 50 ms, 16-token streams; its own process, pinned to the last
-core) with open-loop Poisson traffic from a `RayPool` of N actors on a local Ray instance (driver, Ray's
-own processes and the actors on the remaining cores), and for each N climbs a ladder of rates, then
-stops at the first rate missed. A rate is *held* when
+Drives the scheduled-token server (its own process, pinned to the last core) with open-loop Poisson
+traffic from a `RayPool` of N actors on a local Ray instance, and for each N climbs a ladder of rates until
+one is missed. A rate is held when every request succeeded, the achieved rate is within 3 sqrt(n) / T of
+the target, the TTFT error p99 is under each bar of `--limits-ms`, and every lower rung was held too. The
+in-process client is measured the same way. Ray runs in a network namespace with only loopback (the script
+re-executes itself under `unshare -n`). Figures: docs/measurements/scale_out.md.
 
-- every request succeeded,
-- the achieved send rate is within the Poisson noise of the target rate (|achieved - target| <= 3 sqrt(n) / T
-  for n requests in T seconds), and
-- the TTFT error p99 is under 2 ms (the issue's bar; `--limits-ms` adds looser ones, 10 ms by default):
-  the client's TTFT minus the server's own (first chunk written - request received, from the server's
-  log on the machine's one monotonic clock),
-
-and every rate below it on the ladder was held too.
-
-The in-process client (no Ray) is measured the same way, for reference. Ray runs inside a network
-namespace of its own where only loopback exists (the script re-executes itself under `unshare -n`).
-
-    python benchmarks/scale_out.py [--actors 1,2,4] [--rates 25,50,...] [--seconds 4] [--limits-ms 2,10] [--no-pin]
-
-Say where it ran: the table's header names the cores the client had and whether the server had its own.
-"""
+    python benchmarks/scale_out.py [--actors 1,2,4] [--rates 25,50,...] [--seconds 4] [--limits-ms 2,10] [--no-pin]"""
 
 from __future__ import annotations
 
@@ -44,7 +31,7 @@ from slobench.targets.ray_pool import RayPool
 from slobench.testing import TokenServerProcess
 from slobench.workload import PoissonArrivals
 
-TTFT_ERR_P99_LIMITS_MS = (2.0, 10.0)  # the issue's bar, and a looser one that a loaded shared machine can show
+TTFT_ERR_P99_LIMITS_MS = (2.0, 10.0)  # the target, and a looser bar that a loaded shared machine can show
 
 
 def make_specs(rate: float, seconds: float, output_len: int, seed: int, first_id: int) -> list[RequestSpec]:
@@ -158,7 +145,7 @@ def main() -> None:
     ap.add_argument("--actors", default="1,2,4")
     ap.add_argument("--rates", default="25,50,100,150,200,300,400,600,800")
     ap.add_argument("--limits-ms", default=",".join(f"{x:g}" for x in TTFT_ERR_P99_LIMITS_MS),
-                    help="TTFT error p99 bars, ms (default 2,10: the issue's, and a looser one)")
+                    help="TTFT error p99 bars, ms (default 2,10: the target, and a looser one)")
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--output-len", type=int, default=16)
     ap.add_argument("--ttft-ms", type=float, default=50.0)

@@ -1,15 +1,14 @@
 """Soak: 20k requests with random client aborts against the bundled engine; nothing may grow or leak.
 
-The harness (slobench's runner and OpenAI target, in this process) sends open-loop segments of requests to
-the engine's server (a child process, modeled executor); a share of them is abandoned by the client at a
-random moment (mid-stream, or while a whole response is awaited). After each segment, once the engine is
-idle, it checks: every request has exactly one record, no KV block is held (free + cached == total), the
-engine's idle check never failed, and the server finished no more requests than were sent. It prints the
-RSS of both processes per segment and fails (exit 1) when either grew more than 10% after warm-up.
+Sends open-loop segments from slobench's runner and OpenAI target to the engine's server (a child process,
+modeled executor), abandoning a share of requests at a random moment. After each segment, once the engine
+is idle: every request has exactly one record, no KV block is held (free + cached == total), the engine's
+idle check never failed, and the server finished no more requests than were sent. Prints both processes'
+RSS per segment and fails (exit 1) when either grew more than 10% after warm-up.
+Figures: docs/measurements/soak.md.
 
     python benchmarks/soak.py                       # 20,000 requests in 10 segments at 150 req/s
-    python benchmarks/soak.py --requests 4000 --segments 4 --rate 100
-"""
+    python benchmarks/soak.py --requests 4000 --segments 4 --rate 100"""
 
 from __future__ import annotations
 

@@ -1,30 +1,13 @@
 """How much of a validation's misses is the machine: the engine's step log read back, offline.
 
-`validate_sim.py` (bundled engine) leaves `steps.jsonl`, the engine's step log (reference_engine.step_log),
-and `windows.json`, the wall-clock windows of each refinement and each measured run. This reads them and,
-for every measured run, says how fast the machine ran the engine's steps against the refinement that fitted
-the run's profile (`machine_speed`: a step-time model fitted on the refinement's steps scores both on their
-own compositions; 1.10 = 10% slower). Then four tables against the same measurements, every simulation the
-same requests with the calibrated profile, its `o` and its noise (`simulate_records`, noise seed 0):
+Reads what `validate_sim.py` leaves (steps.jsonl, the engine's step log; windows.json, each run's wall-clock
+window) and, for every measured run, how fast the machine ran the engine's steps against the refinement
+that fitted its profile (`machine_speed`). Then re-simulates every run: as calibrated; scaled by the speed
+of the run before (a forecast); by the run's own speed; second by second (`SpeedTrace`); and 40 times along
+paths of an AR(1) speed process fitted on the refinement (a band). With `--repeat` runs, the server against
+itself beside the two runs' speeds. Figures: docs/measurements/speed_drift.md.
 
-- *as calibrated*: the profile as it is (the validation; its noise draws differ from `run --simulate`'s);
-- *forecast*: every step and `o` scaled by the machine's speed in the measured run just before (the last
-  thing a user could know before the run: a prediction, not a fit);
-- *at the run's speed*: scaled by the run's own speed, one number (a diagnosis, not a prediction);
-- *second by second*: each step scaled by the machine's speed in its second of the run (`SpeedTrace`,
-  1 s bins of the run's own steps; a bin with under 10 steps takes the run's): the most the step log can
-  tell the simulation, so what is left is the scheduler's and the profile's own error, and the part of the
-  machine's noise no step log sees (the HTTP and client work between steps).
-
-Then a band instead of a point, which is a prediction: the machine's speed while the profile was fitted
-(the refinement's steps, 1 s bins) is read as an AR(1) process on its log (sd, lag-1 autocorrelation). Each
-point is simulated 40 times, each time with a path of that process drawn. The table counts the measured values
-that fall inside the 5-95% band of those simulations.
-
-And, when the validation ran `--repeat`, the server against itself next to the ratio of the two runs' speeds.
-
-    python benchmarks/speed_drift.py runs/validate-20261202-092315
-"""
+    python benchmarks/speed_drift.py runs/validate-YYYYMMDD-HHMMSS"""
 
 from __future__ import annotations
 

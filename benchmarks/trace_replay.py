@@ -1,25 +1,13 @@
-"""Streaming trace replay against loading the trace whole, on a synthetic Mooncake-style trace (issue 14).
+"""Streaming trace replay against loading the trace whole, on a synthetic Mooncake-style trace.
 
-The trace: --rows requests at 200 req/s (Poisson, millisecond stamps), input lengths lognormal (median
-1,000 tokens, at most 16,000), outputs lognormal (median 200); `hash_ids` in 512-token blocks whose first
-block comes from 1,000 shared "system prompts" (Zipf), the rest the request's own. Written once to --dir.
+Writes a trace once to --dir (--rows requests at 200 req/s, lognormal lengths, `hash_ids` whose first block
+comes from 1,000 Zipf-popular system prompts), then, each way in a fresh process, sends its first --seconds
+through `slobench.run.runner.run` to a target that answers at once. Prints the time to the first request,
+RSS while sending and at its peak, and send lateness. "whole" is `TraceReplay` (sweep, capacity); "stream"
+is `StreamingReplay` (`run --trace`); "all" pulls every request, nothing sent, to show memory flat in the
+trace's length. Figures: docs/measurements/trace_replay.md.
 
-Each way of reading runs in a fresh process, through `slobench.run.runner.run` as `slobench run --trace` does
-(`--num-requests` = 200 × --seconds, to a target that answers at once), and prints:
-  * first request s: from opening the trace to the first request sent (the runner's own 50 ms start lead
-    included);
-  * RSS sending MiB: the largest resident set sampled (every 10 ms) while the run sends, i.e. what reading
-    the trace holds (the summary's bootstrap afterwards takes more: "peak RSS" is the process's high-water
-    mark, summary included; the imports alone: the last line). "all rows" samples at each tenth of its pull;
-  * lateness p50/p99 ms: sent − scheduled over the requests sent at the trace's own 200 req/s: the client
-    alone.
-"whole" is `TraceReplay` (the trace loaded whole, then `replay`: what `slobench sweep`/`capacity --trace`
-do, and `run --trace` did before it streamed); "stream" is `StreamingReplay` (what `slobench run --trace`
-does); "stream, all rows" pulls every request of the trace (prompts built and dropped, nothing sent) to
-show memory flat in the trace's length.
-
-    .venv/bin/python benchmarks/trace_replay.py [--rows 1000000] [--seconds 20] [--dir /tmp]
-"""
+    .venv/bin/python benchmarks/trace_replay.py [--rows 1000000] [--seconds 20] [--dir /tmp]"""
 
 from __future__ import annotations
 

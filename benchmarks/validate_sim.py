@@ -1,53 +1,14 @@
-"""Calibrated simulation vs measurement, on the CPU reference engine over HTTP.
+"""Calibrated simulation vs measurement, on the CPU reference engine (or llama.cpp's server) over HTTP.
 
-Starts the engine `slobench demo` starts (the torch `tiny` model, 512 KV blocks, 32 sequences, one torch
-thread so the client keeps a core) and calibrates cost profiles from it as `slobench calibrate` does:
-designed probes of the idle server, then (unless `--no-refine`) the refinement on served open-loop load,
-which fits factors on the profile's a, b, c and the request overhead `o` so that simulated TTFT/TPOT p50/p90
-match measured ones (slobench.profiles.refine). Then, for each workload, it finds the knee in simulation and
-for five rates from light to past it runs the same requests (same workload, seed and count) twice: measured
-over HTTP, and simulated on the virtual clock with the calibrated profile and the engine's limits. Prints one
-row per (workload, rate): SLO attainment and TTFT/TPOT p50 and p90 of each, and the differences, against the
-targets of issue 15 (attainment within 3 points, percentiles within 10%).
+Starts the engine `slobench demo` starts, calibrates it as `slobench calibrate` does (probes, then unless
+`--no-refine` each workload refined on its own shape with other requests, `--refine-seed` 1), finds each
+workload's knee in simulation, and at five rates sends the same requests twice: measured over HTTP and
+simulated with the calibrated profile, its request overhead and noise, and the engine's limits. Prints
+attainment and TTFT/TPOT p50/p90 of each against the targets (3 points, 10%). 200 requests a point: with
+50, one request is 2 attainment points. `--repeat` measures each point twice (the server against itself);
+the engine's step log and windows.json feed benchmarks/speed_drift.py. Figures: docs/measurements/validate_sim.md.
 
-What is fitted on what. By default (`--refine-workload each`) the probes run once and each validated
-workload is refined on its own shape, as a user refines on the traffic they will plan for: the same
-workload with other requests (`--refine-seed` 1) at 0.5, 0.8 and 1.1 times its own simulated knee, 200
-requests a rate; the validated runs are seed 0 (`--seed`) at five other rates. So no validated request is in
-the fit. `--refine-workload mix` refines once on a third workload, `refine-mix` (prompts 32-512, outputs
-4-64, written here), for both: the protocol of the runs before 2026-12-02. A workload given with
-`--refine-seed 0` would put validated requests in the fit; the script says so when it does.
-
-`--repeat` measures every point twice, the second right after the first: the table of the server against
-itself says how many comparisons any simulation could hope to win on this machine at this sample size.
-
-The engine logs its steps (`--step-log`, reference_engine.step_log): each measured run's machine speed against
-the refinement's is printed, with the simulation rescaled to it as a diagnosis, and the windows of every run
-are written to windows.json for `benchmarks/speed_drift.py` (the same second by second, and a forecast).
-
-The simulation's TTFT gets the request's fixed cost outside the steps (HTTP in and out, parsing), the `o`
-that calibrate fits beside the profile (the refined one by default); it is printed, and `--no-overhead`
-leaves it out.
-
-200 requests a point (`--num-requests`): with 50 one request is 2 attainment points and the binomial
-standard error at 90% is 4.2 points, so the 3-point target was finer than the measurement; with 200 a
-request is 0.5 points and the error 2.1. (Simulated and measured send the same requests, so the sampling of
-which requests come is common to both; what differs is each request's timing on a real machine, whose
-flips across the SLO's line are counted at that resolution.)
-
-    python benchmarks/validate_sim.py                         # ~25 minutes on a quiet 2-core machine
-    python benchmarks/validate_sim.py --repeat                # and the server against itself: ~35 minutes
-    python benchmarks/validate_sim.py --no-refine             # the probe-only calibration
-    python benchmarks/validate_sim.py --profile cal.json      # reuse a calibration
-    python benchmarks/validate_sim.py --workloads tiny --rates 2,4,8,12,16 --num-requests 60
-    python benchmarks/validate_sim.py --server llamacpp --repeat  # a third-party server instead (below)
-
-`--server llamacpp` validates against llama-cpp-python's server (the conformance suite's tiny random GGUF
-model, one thread, `--interrupt_requests False`; `.ci/conformance-deps.sh` builds it) with calibrate's
-defaults, as a user would: the server takes text only and decodes one request at a time, so the simulation
-shares its limits (one sequence, 128 blocks of 16 = its 2,048-token context, 512-token batches) and the SLOs
-are its own (TTFT 60 / 120 ms, TPOT 5 ms: a request decodes alone, so TTFT, the queue, is what breaks).
-"""
+    python benchmarks/validate_sim.py [--repeat] [--no-refine] [--profile cal.json] [--server llamacpp]"""
 
 from __future__ import annotations
 
@@ -244,7 +205,7 @@ def fitted_on(prof: CostProfile) -> str:
 
 
 PERCENTILES = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")
-TARGET_POINTS, TARGET_REL = 3.0, 0.10  # issue 15: attainment within 3 points, each percentile within 10%
+TARGET_POINTS, TARGET_REL = 3.0, 0.10  # the targets: attainment within 3 points, each percentile within 10%
 
 
 def judge(records: list[Any], slo: SLO) -> dict[str, Any]:
@@ -267,7 +228,7 @@ def load_and_judge(run_dir: Path, slo: SLO) -> dict[str, Any]:
 
 
 def within_target(m: dict[str, Any], s: dict[str, Any]) -> dict[str, bool]:
-    """Which of attainment and the four percentiles of `s` are within the issue's targets of `m`'s."""
+    """Which of attainment and the four percentiles of `s` are within the targets of `m`'s."""
     ok = {"attainment": abs(s["attainment"] - m["attainment"]) * 100 <= TARGET_POINTS}
     for key in PERCENTILES:
         mv, sv = m[key], s[key]

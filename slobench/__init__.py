@@ -1,6 +1,6 @@
 """slobench: SLO-aware open-loop load testing for LLM inference servers.
 
-The Python API (see `slobench.api` and the README's "From Python"): `run_load`, `simulate_load`, `load_run`,
+The Python API (see `slobench.api` and docs/guide/python-api.md): `run_load`, `simulate_load`, `load_run`,
 `summarize`, `compare`, `render_report`, with the types they take and return. `import slobench` stays
 cheap: each name is imported from `slobench.api` on first use.
 """

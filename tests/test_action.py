@@ -131,11 +131,11 @@ def test_action_yml_maps_every_input_and_output_the_script_uses():
 
 
 def docs_workflow_steps() -> list[dict]:
-    """Every step of the YAML blocks in docs/ci.md that uses the action (`uses: ./.slobench`)."""
+    """Every step of the YAML blocks in docs/guide/ci.md that uses the action (`uses: ./.slobench`)."""
     yaml = pytest.importorskip("yaml")
     import re
 
-    text = (ROOT / "docs/ci.md").read_text()
+    text = (ROOT / "docs/guide/ci.md").read_text()
     steps = []
     for block in re.findall(r"```yaml\n(.*?)```", text, re.S):
         doc = yaml.safe_load(block)

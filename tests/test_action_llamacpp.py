@@ -1,4 +1,4 @@
-"""The docs/ci.md example for real: the action's script, with the inputs that file gives it, against the
+"""The docs/guide/ci.md example for real: the action's script, with the inputs that file gives it, against the
 llama.cpp server of llama-cpp-python[server] on the tiny GGUF model (tests/conformance/tiny_gguf.py).
 First run on "main" records the baseline, the second is gated against it. Fewer replicates and requests
 than the example, to keep the suite short. Skips unless llama-cpp-python and gguf are installed

@@ -185,5 +185,5 @@ def _keep_step_log(steps_tmp: Path, out: Path) -> str | None:
             f"to x{hi[1]:.2f} ({hi[0]:g} req/s) of the sweep's mean step time")
     if hi[1] / lo[1] > SPEED_SPREAD_WARN:
         text += ("; the machine's speed moved during the sweep, and the knee moves with it: compare demos only "
-                 "from a quiet machine (README, \"The machine's speed\")")
+                 "from a quiet machine (docs/measurements/machine_speed.md)")
     return text

@@ -17,7 +17,7 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
         "profile", epilog=epilog, formatter_class=fmt,
         help="write a roofline cost profile for a model on a GPU (for --simulate --profile)",
         description="A cost profile from a GPU's datasheet peaks and a model's shapes, with efficiencies fitted "
-                    "to measured operator times (see README, 'Roofline profiles'). The same profile is "
+                    "to measured operator times (see docs/guide/simulator.md). The same profile is "
                     "available without a file as --profile roofline:GPU/MODEL[/tpN].",
     )
     p.add_argument("--gpu", required=True, help=f"one of {', '.join(GPUS)}")

@@ -250,7 +250,7 @@ def round_speeds(by_round: Sequence[Sequence[float]]) -> list[float]:
     in a round over its median over the rounds; for each round, the median of that over the probes (1.2: the
     round ran 20% slower). The same probes a round apart differ only by the server's speed and its noise, so a
     spread well above 1 is the server's (or its machine's) speed moving while it was calibrated, which the
-    profile, fitted on the medians, cannot carry (README: "The machine's speed"). [] with under two rounds."""
+    profile, fitted on the medians, cannot carry (docs/measurements/speed_drift.md). [] with under two rounds."""
     full = [v for v in by_round if len(v) >= 2 and all(x > 0 for x in v)]
     if not full:
         return []

@@ -85,13 +85,13 @@ XATOL, FATOL = 0.03, 3e-5  # a run has settled when its simplex spans 3% and its
 # The fifth parameter: step-time noise, the relative sd of each simulated step's time (the simulator's
 # `jitter_sd`, drawn with JITTER_SEED). The simulated engine's steps take their modeled time exactly; a served
 # one's do not (a GC pause, an SSE write landing mid-step, the client sharing the cores), and its p90s are
-# made of those: without it the p90s came out 12-38% low below the knee (README, issue 15). Searched from 0
+# made of those: without it the p90s came out 12-38% low below the knee (docs/measurements/validate_sim.md). Searched from 0
 # in [0, MAX_JITTER], first move JITTER_STEP.
 MAX_JITTER, JITTER_STEP, JITTER_SEED = 1.0, 0.2, 0
 # With `RefinePlan.fit_inside`, a sixth: the request's own cost inside the server (CostProfile.per_request_s, r),
 # as a multiple u of the probes' o, in [0, MAX_INSIDE]. o shifts a request's times and delays no one; r holds
 # the server (the step sampling its first token) and delays everyone behind it: in a server that serves one
-# request at a time, the difference is the queue past the knee (README, llama.cpp). First move INSIDE_STEP.
+# request at a time, the difference is the queue past the knee (docs/measurements/refit_offline.md). First move INSIDE_STEP.
 MAX_INSIDE, INSIDE_STEP = 4.0, 0.5
 MAX_ARRIVALS_S = 600.0  # the issue's 10 minutes for a whole calibrate: arrivals alone past it are refused
 
@@ -137,7 +137,7 @@ class RefinePlan:
     workload: str = "tiny"
     rates_rps: tuple[float, ...] | None = None
     # 200: at 100 a rate three refinements of one server put o's factor at 0.4-7.5 and a's at 0.93-1.33; at 200,
-    # two refinements on two shapes agreed within 8% on a, b, c and o (README, issue 15, 2026-12-02)
+    # two refinements on two shapes agreed within 8% on a, b, c and o (docs/measurements/refine_spread.md)
     num_requests: int = 200
     seed: int = 0
     limits: EngineLimits = field(default_factory=EngineLimits)
@@ -502,7 +502,7 @@ async def refine(profile: CostProfile, overhead_s: float, plan: RefinePlan, meas
 def overfit_notes(points: Sequence[RatePoint]) -> list[str]:
     """The refined profile scoring worse than the probe fit on the held-out rate: the factors fit noise in
     the fitted rates rather than the server (three refinements of 100 requests a rate did so on a quiet
-    machine, README, issue 15). Said, not refused: one held-out rate is itself a small sample."""
+    machine, docs/measurements/refine_spread.md). Said, not refused: one held-out rate is itself a small sample."""
     held = next((p for p in points if p.held_out), None)
     if held is None or not held.refined or not held.probe_only:
         return []

@@ -73,7 +73,7 @@ class Capabilities:
         return cls(**known)
 
 
-# What each server is known to accept, from its documentation and source (see docs/servers.md). A fixed
+# What each server is known to accept, from its documentation and source (see docs/guide/servers.md). A fixed
 # profile skips probing: for a server that must not see probe traffic, or whose refusals are ambiguous.
 _KNOWN: dict[str, Capabilities] = {
     "vllm": Capabilities("vllm", pair_min_tokens=False),
