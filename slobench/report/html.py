@@ -19,7 +19,6 @@ from typing import Any
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from slobench import __version__
 from slobench.analysis.slo import SLO, samples_beyond
 from slobench.analysis.summary import Breakdown, Dist
 from slobench.errors import UsageError
@@ -42,6 +41,7 @@ from slobench.report.terminal import (
     trace_rows_text,
 )
 from slobench.report.timeline import MAX_BINS, MAX_MISS_POINTS, TimelineNote, timeline_figure
+from slobench.version import __version__
 
 SECTIONS = ("header", "cliff", "latency", "cdf", "timeline", "client", "compare")
 # Only inline code and styles may run; nothing may be fetched. A stray network request fails loudly

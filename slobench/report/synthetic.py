@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from slobench import __version__
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import summarize
 from slobench.experiments.sweep import headline, rate_dir_name
 from slobench.run.records import SERVER_METRICS, RequestRecord, RunWriter, write_sweep
+from slobench.version import __version__
 
 DEFAULT_SLO = SLO(ttft_s=0.5, tpot_s=0.05)
 
