@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary
 from slobench.analysis.summary import summarize as _summarize
-from slobench.run.records import RequestRecord, Run, load_run
+from slobench.run.records import RequestRecord
+from slobench.run.rundir import Run, load_run
 from slobench.workload.spec import WorkloadSpec, generate, load_workload
 
 if TYPE_CHECKING:

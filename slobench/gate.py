@@ -30,7 +30,7 @@ from typing import Any, Literal
 import numpy as np
 
 from slobench.errors import SpecError, UsageError
-from slobench.run.records import CAPACITY, SWEEP
+from slobench.run.rundir import CAPACITY, SWEEP
 
 BASELINE_KIND = "baseline"
 EXIT_PASS, EXIT_REGRESSION, EXIT_INCONCLUSIVE = 0, 1, 4
@@ -116,7 +116,7 @@ def load_samples(paths: Sequence[str | Path]) -> Samples:
 
 def _single_run_doc(path: Path) -> dict[str, Any] | None:
     """A run directory (summary.json beside manifest.json, no sweep or capacity file) as a one-point sweep."""
-    from slobench.run.records import MANIFEST, SUMMARY, read_manifest, read_summary
+    from slobench.run.rundir import MANIFEST, SUMMARY, read_manifest, read_summary
 
     if not path.is_dir() or any((path / n).is_file() for n in (CAPACITY, SWEEP, "baseline.json")):
         return None

@@ -23,7 +23,8 @@ from slobench.report.stats import analyze, cdf_points
 from slobench.report.synthetic import DEFAULT_SLO, synthetic_records, write_synthetic_sweep
 from slobench.report.terminal import headline_text
 from slobench.report.timeline import MAX_MET_POINTS, MAX_MISS_POINTS, in_flight, timeline_figure
-from slobench.run.records import RequestRecord, RunWriter, load_run, write_records
+from slobench.run.records import RequestRecord, write_records
+from slobench.run.rundir import RunWriter, load_run
 
 HOSTILE = "<script>alert(1)</script><b>b</b>\"'&"
 HOSTILE_DIR = "sw <img src=x onerror=alert(2)> \"q\""

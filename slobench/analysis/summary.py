@@ -165,7 +165,7 @@ _FACTS = ("rate_rps", "warmup", "interrupted", "stopped_by", "num_scheduled", "t
 class RunSummary:
     """What one run measured: the one results model that summary.json holds and that the terminal, the HTML
     report, sweep headlines, capacity probes, the gate and the history all read (schema `SCHEMA_VERSION`
-    of `slobench.run.records`). Built by `summarize` from one column reader; run facts the summary cannot see
+    of `slobench.run.rundir`). Built by `summarize` from one column reader; run facts the summary cannot see
     in the records (interrupted, the warm-up cut, a fleet's routing, the trace's rows) are added with
     `dataclasses.replace` by whoever measured the run."""
 

@@ -173,7 +173,7 @@ def capacity_document(result: CapacityResult | FixedRates, *, slo: Any, manifest
 
 def slo_scales(out: Path, doc: dict[str, Any], slo: Any) -> list[dict[str, Any]]:
     """Per rate: the tightest SLO scale each replicate run still meets the target at (DistServe's view)."""
-    from slobench.run.records import load_run
+    from slobench.run.rundir import load_run
 
     reps = [p for p in doc["probes"] if p["phase"] == "replicate" and p.get("run_dir")]
     if doc.get("replicate_edges_rps") or doc.get("bracket_rps"):

@@ -12,7 +12,7 @@ from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary
 from slobench.errors import SpecError
 from slobench.experiments.probe import Probe
-from slobench.run.records import write_sweep
+from slobench.run.rundir import rate_dir_name, write_sweep
 
 
 def parse_rates(text: str) -> list[float]:
@@ -40,10 +40,6 @@ def geometric_rates(start: float, stop: float, num: int) -> list[float]:
         return [start]
     ratio = (stop / start) ** (1 / (num - 1))
     return [round(start * ratio**i, 6) for i in range(num)]
-
-
-def rate_dir_name(rate_rps: float) -> str:
-    return f"rate-{rate_rps:g}"
 
 
 def crossing_rate(rates: Sequence[float], values: Sequence[float], target: float) -> float | None:

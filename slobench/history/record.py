@@ -126,7 +126,7 @@ def entry_from_results(
 
 def _from_run(p: Path, rates: Sequence[float] | None) -> tuple[str, dict[str, Any], Any, dict[str, list[Any]]]:
     from slobench.gate import rate_key, workload_identity
-    from slobench.run.records import read_manifest, read_summary
+    from slobench.run.rundir import read_manifest, read_summary
 
     manifest = read_manifest(p)
     summary = read_summary(p)

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from slobench.run.records import read_server_metrics
+from slobench.run.rundir import read_server_metrics
 
 MAX_POINTS = 2000  # scrapes beyond this are thinned by stride (a 1 s interval gives 33 minutes in full)
 
@@ -151,7 +151,7 @@ def _series_of(key: str) -> list[str]:
 
 
 def load_server_metrics(path: Path) -> ServerSamples | None:
-    """server_metrics.jsonl (or the run directory holding it; `records.read_server_metrics`: the torn-last-line
+    """server_metrics.jsonl (or the run directory holding it; `rundir.read_server_metrics`: the torn-last-line
     rule of requests.jsonl) as the report's panels."""
     rows = [(float(d["t_s"]), {str(k): float(v) for k, v in d["samples"].items()}) for d in read_server_metrics(path)]
     if not rows:

@@ -17,8 +17,9 @@ import numpy as np
 
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import summarize
-from slobench.experiments.sweep import headline, rate_dir_name
-from slobench.run.records import SERVER_METRICS, RequestRecord, RunWriter, write_sweep
+from slobench.experiments.sweep import headline
+from slobench.run.records import RequestRecord
+from slobench.run.rundir import SERVER_METRICS, RunWriter, rate_dir_name, write_sweep
 from slobench.version import __version__
 
 DEFAULT_SLO = SLO(ttft_s=0.5, tpot_s=0.05)

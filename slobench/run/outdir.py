@@ -11,7 +11,7 @@ from pathlib import Path
 
 from slobench.errors import UsageError
 
-# Every file a run, sweep or capacity directory holds (records.py, sweep.py, capacity.py, the gate).
+# Every file a run, sweep or capacity directory holds (rundir.py, the gate).
 ARTEFACTS = ("manifest.json", "requests.jsonl", "requests.jsonl.tmp", "summary.json", "server_metrics.jsonl",
              "sweep.json", "capacity.json", "baseline.json")
 

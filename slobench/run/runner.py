@@ -25,7 +25,8 @@ from slobench.errors import SlobenchError, SpecError
 from slobench.run import quiet_gc
 from slobench.run.clock import Clock
 from slobench.run.precise_sleep import sleep_until
-from slobench.run.records import RequestRecord, RequestSpec, RunWriter
+from slobench.run.records import RequestRecord, RequestSpec
+from slobench.run.rundir import RunWriter
 from slobench.targets.base import Target
 
 # Start the schedule a little in the future so the first requests are not late by the set-up time.

@@ -25,7 +25,7 @@ from typing import IO, Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from slobench.run.clock import Clock
-from slobench.run.records import SERVER_METRICS
+from slobench.run.rundir import SERVER_METRICS
 from slobench.targets.transport import ControlClient, TransportError
 
 _SKIP_SUFFIXES = ("_bucket", "_created", "_gcount_created")
