@@ -155,7 +155,7 @@ def _fmt(key: str, x: float) -> str:
 
 
 def _with_interval(key: str, values: Sequence[float]) -> str:
-    from slobench.experiments.capacity import t_interval
+    from slobench.analysis.slo import t_interval
 
     mean = sum(values) / len(values)
     if len(values) < 2:

@@ -7,12 +7,12 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
+from slobench.analysis.headline import crossing_rate
 from slobench.analysis.metrics import RecordArrays, throughput
 from slobench.analysis.slo import SLO, attainment, bootstrap_mean_ci
 from slobench.analysis.summary import read_columns
 from slobench.cli import main as main_cli
 from slobench.errors import UsageError
-from slobench.experiments.sweep import crossing_rate
 from slobench.report import build_report
 from slobench.report.compare import compare
 from slobench.report.figures import cdf_figure, client_figure, cliff_figure, percentile_figure

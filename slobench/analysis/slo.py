@@ -17,8 +17,10 @@ Replicate runs (different seeds) remain the honest unit for decisions; see slobe
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -221,6 +223,18 @@ def wilson_ci(num_met: int, n: int, *, level: float = 0.95) -> tuple[float, floa
     center = (p + z * z / (2 * n)) / denom
     half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     return float(max(0.0, center - half)), float(min(1.0, center + half))
+
+
+def t_interval(x: Sequence[float], level: float) -> tuple[float, float]:
+    """Student-t interval for the mean of replicate values (one per seed); the point itself from one."""
+    from scipy import stats
+
+    v = np.asarray(x, dtype=float)
+    m = float(v.mean())
+    if len(v) < 2:
+        return (m, m)
+    half = float(stats.t.ppf((1 + level) / 2, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
+    return (m - half, m + half)
 
 
 def order_statistic_ci(x: np.ndarray, q: float, *, level: float = 0.95) -> tuple[float | None, float | None]:

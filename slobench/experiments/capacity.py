@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from slobench.analysis.slo import t_interval
 from slobench.analysis.summary import RunSummary
 from slobench.errors import SpecError
 from slobench.experiments.probe import LiveProbe, ProbeMeasure, probe_dir_name  # noqa: F401  (probe_dir_name: its old home)
@@ -361,17 +362,6 @@ def jackknife_interval(
     se = math.sqrt((k - 1) / k * float(((loo - loo.mean()) ** 2).sum()))
     half = float(stats.t.ppf((1 + level) / 2, k - 1)) * se
     return (est - half, est + half)
-
-
-def t_interval(x: Sequence[float], level: float) -> tuple[float, float]:
-    from scipy import stats
-
-    v = np.asarray(x, dtype=float)
-    m = float(v.mean())
-    if len(v) < 2:
-        return (m, m)
-    half = float(stats.t.ppf((1 + level) / 2, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
-    return (m - half, m + half)
 
 
 async def replicate_at_rates(

@@ -64,7 +64,7 @@ def _metric(mean: float, lo: float | None, hi: float | None, sd: float | None, n
 
 
 def _from_replicates(values: Sequence[float], *, is_fraction: bool = False) -> list[Any]:
-    from slobench.experiments.capacity import t_interval
+    from slobench.analysis.slo import t_interval
 
     v = np.asarray(values, dtype=float)
     sd = float(v.std(ddof=1)) if len(v) > 1 else None

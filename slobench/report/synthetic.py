@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from slobench.analysis.headline import headline
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import summarize
-from slobench.experiments.sweep import headline
 from slobench.run.records import RequestRecord
 from slobench.run.rundir import SERVER_METRICS, RunWriter, rate_dir_name, write_sweep
 from slobench.version import __version__
