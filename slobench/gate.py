@@ -29,8 +29,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from slobench.analysis.summary import as_run_summary
 from slobench.errors import SpecError, UsageError
-from slobench.run.rundir import CAPACITY, SWEEP
+from slobench.run.rundir import CAPACITY, MANIFEST, SUMMARY, SWEEP, read_manifest, read_summary
 
 BASELINE_KIND = "baseline"
 EXIT_PASS, EXIT_REGRESSION, EXIT_INCONCLUSIVE = 0, 1, 4
@@ -100,7 +101,7 @@ def load_samples(paths: Sequence[str | Path]) -> Samples:
     merged: Samples | None = None
     for raw in paths:
         run_doc = _single_run_doc(Path(raw))
-        path = Path(raw) if run_doc is not None else _resolve(Path(raw))
+        path = Path(raw) if run_doc is not None else result_file(Path(raw))
         s = _load_one(path, run_doc if run_doc is not None else _read_doc(path))
         if merged is None:
             merged = s
@@ -116,8 +117,6 @@ def load_samples(paths: Sequence[str | Path]) -> Samples:
 
 def _single_run_doc(path: Path) -> dict[str, Any] | None:
     """A run directory (summary.json beside manifest.json, no sweep or capacity file) as a one-point sweep."""
-    from slobench.run.rundir import MANIFEST, SUMMARY, read_manifest, read_summary
-
     if not path.is_dir() or any((path / n).is_file() for n in (CAPACITY, SWEEP, "baseline.json")):
         return None
     if not ((path / SUMMARY).is_file() and (path / MANIFEST).is_file()):
@@ -129,7 +128,8 @@ def _single_run_doc(path: Path) -> dict[str, Any] | None:
     return {"kind": "sweep", "manifest": manifest, "runs": [{"rate_rps": rate, "summary": summary}]}
 
 
-def _resolve(path: Path) -> Path:
+def result_file(path: Path) -> Path:
+    """A result file as given, or the capacity.json, sweep.json or baseline.json a directory holds."""
     if path.is_dir():
         for name in (CAPACITY, SWEEP, "baseline.json"):
             if (path / name).is_file():
@@ -166,8 +166,6 @@ def _load_one(path: Path, doc: dict[str, Any]) -> Samples:
                     str(manifest.get("slobench_version", "?")))
         if doc["kind"] == "sweep":
             seed = int(manifest.get("seed", 0))
-            from slobench.analysis.summary import as_run_summary
-
             for row in doc["runs"]:
                 for name, v in as_run_summary(row["summary"]).flat_metrics().items():
                     s.add(rate_key(name, float(row["rate_rps"])), seed, v, str(path))

@@ -23,7 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from slobench.analysis.slo import t_interval
 from slobench.errors import UsageError
+from slobench.gate import load_samples, rate_key, result_file, workload_identity
+from slobench.run.rundir import read_manifest, read_summary
 
 SCHEMA = 1
 VERDICTS = ("pass", "fail", "inconclusive")
@@ -64,8 +67,6 @@ def _metric(mean: float, lo: float | None, hi: float | None, sd: float | None, n
 
 
 def _from_replicates(values: Sequence[float], *, is_fraction: bool = False) -> list[Any]:
-    from slobench.analysis.slo import t_interval
-
     v = np.asarray(values, dtype=float)
     sd = float(v.std(ddof=1)) if len(v) > 1 else None
     lo, hi = t_interval(list(v), LEVEL) if len(v) > 1 else (None, None)
@@ -86,8 +87,6 @@ def entry_from_results(
     rates: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """The history line of a capacity result, sweeps (one per seed), a baseline file or one run directory."""
-    from slobench.gate import _resolve, load_samples
-
     if not commit or not commit.strip() or len(commit) > 100:
         raise UsageError(f"--commit: expected a commit id (got {commit!r})")
     if not paths:
@@ -97,7 +96,7 @@ def entry_from_results(
         source, workload, slo, metrics = _from_run(first, rates)
     else:
         samples = load_samples(paths)
-        doc = json.loads(_resolve(first).read_text())
+        doc = json.loads(result_file(first).read_text())
         source = str(doc.get("kind"))
         workload = {"name": samples.workload.get("name"), "hash": samples.workload.get("hash")}
         slo = samples.slo
@@ -125,9 +124,6 @@ def entry_from_results(
 
 
 def _from_run(p: Path, rates: Sequence[float] | None) -> tuple[str, dict[str, Any], Any, dict[str, list[Any]]]:
-    from slobench.gate import rate_key, workload_identity
-    from slobench.run.rundir import read_manifest, read_summary
-
     manifest = read_manifest(p)
     summary = read_summary(p)
     try:
