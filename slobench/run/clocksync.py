@@ -19,7 +19,7 @@ Pure: no Ray, no sockets; the probe and the clock are handed in.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from slobench.errors import SpecError
@@ -45,8 +45,7 @@ class OffsetEstimate:
             raise SpecError("uncertainty_s", self.uncertainty_s, "must be >= 0")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"offset_s": self.offset_s, "uncertainty_s": self.uncertainty_s, "at_s": self.at_s,
-                "rtt_s": self.rtt_s, "num_samples": self.num_samples}
+        return asdict(self)
 
 
 def estimate_offset(samples: Sequence[tuple[float, float, float]]) -> OffsetEstimate:
