@@ -1,19 +1,13 @@
 """The CI regression gate: compare a candidate with a baseline, metric by metric, with a verdict per metric.
 
-Inputs on either side (one or more files, merged): a capacity result (capacity.json), sweeps at the same
-rates (sweep.json, one seed each), or a small committed baseline file (kind "baseline", written by
-`slobench gate --write-baseline` or `slobench capacity --baseline-out`). Each becomes `Samples`: per metric
-key (`capacity`, `attainment@4`, `ttft.p99@4`) the replicate values keyed by seed.
-
-A metric regresses only with BOTH a practical change beyond its threshold AND statistical evidence across
-replicates (what asv and Bencher do, NOTES-statistics):
-  regression    the observed degradation exceeds the threshold and a one-sided t-test says the
-                degradation is > 0 at alpha (default 0.01): paired over common seeds (common random
-                numbers cancel the workload's own noise), else Welch.
-  pass          the degradation's one-sided upper bound at `pass_confidence` (default 90%) is within the
-                threshold: the data rule out a practical regression.
-  inconclusive  neither; a power calculation (80%) from the observed effect and spread says how many
-                replicates per side would decide it.
+Either side is one or more files, merged: a capacity result, sweeps at the same rates (one seed each), a
+run directory, or a committed baseline file (kind "baseline"). Each becomes `Samples`: per metric key
+(`capacity`, `attainment@4`, `ttft.p99@4`) the replicate values by seed. A metric regresses only with both
+a practical change beyond its threshold and statistical evidence (as asv and Bencher, NOTES-statistics):
+  regression    degradation beyond the threshold, and a one-sided t-test (paired over common seeds, else
+                Welch) says it is > 0 at alpha (default 0.01)
+  pass          the degradation's upper bound at `pass_confidence` (default 90%) is within the threshold
+  inconclusive  neither; a power calculation (80%) says how many replicates per side would decide it
 """
 
 from __future__ import annotations

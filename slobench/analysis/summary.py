@@ -49,7 +49,7 @@ class Dist:
     p90: float | None = None
     p99: float | None = None
     max: float | None = None
-    count: int | None = None  # None in summaries written before it was recorded
+    count: int | None = None  # None where the summary read does not record it
     ci: Mapping[str, tuple[float | None, float | None]] | None = None  # "p50" -> (low, high)
     beyond: Mapping[str, int] | None = None
 

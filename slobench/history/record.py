@@ -4,11 +4,10 @@
      "source": "capacity", "workload": {"name": "tiny", "hash": "49fb..."}, "slo": {...},
      "metrics": {"capacity": [20.1, 19.6, 20.6, 0.41, 5], "ttft.p99@12": [0.131, ...], ...}}
 
-Each metric is [mean, interval low, interval high, replicate sd, replicates] (sd null from one replicate;
-the interval is the capacity search's own for `capacity`, else a 95% t-interval over replicates, or a single
-run's bootstrap interval). Headline metrics only: capacity, and at each offered rate measured at fixed
-rates (capacity --rates, or sweeps) attainment and TTFT/TPOT p50/p99. A capacity search's replicates sit at
-bracket edges that move from commit to commit, so from a search only the capacity is kept.
+Each metric is [mean, interval low, interval high, replicate sd (null from one), replicates]: the capacity
+search's own interval, else a 95% t-interval over replicates, or one run's bootstrap interval. Headline
+metrics only: capacity, and attainment and TTFT/TPOT p50/p99 at fixed rates (a search's replicates sit at
+bracket edges that move from commit to commit, so from a search only the capacity is kept).
 """
 
 from __future__ import annotations

@@ -185,7 +185,7 @@ def _header(views: Sequence[Analyzed], title: str) -> str:
             ("slobench version", m.get("slobench_version") or (s.runs[0].manifest.get("slobench_version") if s.runs else None) or "-"),
         ]
         caps = t.get("capabilities")
-        if isinstance(caps, dict):  # what preflight settled with the server (issue 11): each fallback, said
+        if isinstance(caps, dict):  # what preflight settled with the server: each fallback, said
             facts.append(("server profile", f"{caps.get('profile', '-')}"
                           + ("" if caps.get("enforces_output_length", True) else
                              " (output lengths not enforced: the server may stop early)")))
