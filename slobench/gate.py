@@ -25,7 +25,7 @@ import numpy as np
 
 from slobench.analysis.summary import as_run_summary
 from slobench.errors import SpecError, UsageError
-from slobench.run.rundir import CAPACITY, MANIFEST, SUMMARY, SWEEP, read_manifest, read_summary
+from slobench.run.rundir import BASELINE, CAPACITY, MANIFEST, SUMMARY, SWEEP, read_manifest, read_summary
 
 BASELINE_KIND = "baseline"
 EXIT_PASS, EXIT_REGRESSION, EXIT_INCONCLUSIVE = 0, 1, 4
@@ -111,7 +111,7 @@ def load_samples(paths: Sequence[str | Path]) -> Samples:
 
 def _single_run_doc(path: Path) -> dict[str, Any] | None:
     """A run directory (summary.json beside manifest.json, no sweep or capacity file) as a one-point sweep."""
-    if not path.is_dir() or any((path / n).is_file() for n in (CAPACITY, SWEEP, "baseline.json")):
+    if not path.is_dir() or any((path / n).is_file() for n in (CAPACITY, SWEEP, BASELINE)):
         return None
     if not ((path / SUMMARY).is_file() and (path / MANIFEST).is_file()):
         return None
@@ -125,10 +125,10 @@ def _single_run_doc(path: Path) -> dict[str, Any] | None:
 def result_file(path: Path) -> Path:
     """A result file as given, or the capacity.json, sweep.json or baseline.json a directory holds."""
     if path.is_dir():
-        for name in (CAPACITY, SWEEP, "baseline.json"):
+        for name in (CAPACITY, SWEEP, BASELINE):
             if (path / name).is_file():
                 return path / name
-        raise UsageError(f"{path}: a directory with no {CAPACITY}, sweep.json, baseline.json or run summary in it")
+        raise UsageError(f"{path}: a directory with no {CAPACITY}, {SWEEP}, {BASELINE} or run summary in it")
     return path
 
 

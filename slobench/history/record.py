@@ -25,7 +25,7 @@ import numpy as np
 from slobench.analysis.slo import t_interval
 from slobench.errors import UsageError
 from slobench.gate import load_samples, rate_key, result_file, workload_identity
-from slobench.run.rundir import read_manifest, read_summary
+from slobench.run.rundir import MANIFEST, SUMMARY, read_manifest, read_summary
 
 SCHEMA = 1
 VERDICTS = ("pass", "fail", "inconclusive")
@@ -91,7 +91,7 @@ def entry_from_results(
     if not paths:
         raise UsageError("history add: give a capacity, sweep or run directory")
     first = Path(paths[0])
-    if len(paths) == 1 and first.is_dir() and (first / "summary.json").is_file() and (first / "manifest.json").is_file():
+    if len(paths) == 1 and first.is_dir() and (first / SUMMARY).is_file() and (first / MANIFEST).is_file():
         source, workload, slo, metrics = _from_run(first, rates)
     else:
         samples = load_samples(paths)

@@ -29,6 +29,7 @@ SUMMARY = "summary.json"
 SERVER_METRICS = "server_metrics.jsonl"
 SWEEP = "sweep.json"
 CAPACITY = "capacity.json"
+BASELINE = "baseline.json"  # a gate baseline (`slobench.gate`), beside or instead of the results
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
