@@ -1,11 +1,12 @@
-"""The run directory: the one place that knows its files and their formats.
+"""The run directory: its files' names, and the reader and writer of each (requests.jsonl's lines are
+`slobench.run.records`').
 
   manifest.json        written at start: schema version, slobench version, workload, seed, target, SLO, clock anchor
-  requests.jsonl       one record a line as each request finishes (`slobench.run.records`)
+  requests.jsonl       one record a line as each request finishes
   server_metrics.jsonl optional: scraped Prometheus samples over time
   summary.json         written at the end (also after Ctrl-C): a `RunSummary`
 A sweep directory adds sweep.json (its rates, their run directories and summaries, the headline); a capacity
-search adds capacity.json (its probes, replicates and interval). Each file has its reader and writer here.
+search adds capacity.json (its probes, replicates and interval).
 """
 
 from __future__ import annotations
