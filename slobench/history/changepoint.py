@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -33,7 +33,7 @@ class ChangePoint:
     statistic: float
 
     def to_dict(self) -> dict[str, object]:
-        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+        return asdict(self)
 
 
 def noise_scale(x: np.ndarray) -> np.ndarray:
