@@ -35,7 +35,8 @@ from slobench.profiles.refine import (  # noqa: E402
     median_prompt,
     percentiles,
 )
-from slobench.run.records import RequestRecord, RequestSpec, load_run  # noqa: E402
+from slobench.run.records import RequestRecord, RequestSpec  # noqa: E402
+from slobench.run.rundir import load_run  # noqa: E402
 
 VARIANTS = {"o fitted": (True, False, False), "o held": (False, False, False),
             "o fitted + TTFT by prompt length": (True, True, False), "o held + TTFT by prompt length": (False, True, False),

@@ -30,7 +30,7 @@ from slobench.analysis.slo import SLO
 from slobench.analysis.summary import summarize
 from slobench.cli import main as cli
 from slobench.cli.engine import demo_engine_args
-from slobench.run.records import load_run
+from slobench.run.rundir import load_run
 
 # a second shape beside the bundled `tiny`: prompts 4x longer, short answers (prefill-bound, TTFT-bound)
 PREFILL_HEAVY = """\

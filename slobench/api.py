@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary
 from slobench.analysis.summary import summarize as _summarize
-from slobench.run.records import RequestRecord, Run, load_run
+from slobench.run.records import RequestRecord
+from slobench.run.rundir import Run, load_run
 from slobench.workload.spec import WorkloadSpec, generate, load_workload
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def _specs(workload: WorkloadSpec | str | Path, rate: float, num_requests: int |
 def _manifest(spec: WorkloadSpec, slo: SLO | None, *, rate: float, seed: int, num_requests: int | None,
               duration_s: float | None, target: dict[str, Any], made_by: str) -> dict[str, Any]:
     """The keys `slobench run` writes that the report and the gate read (workload identity, SLO, options)."""
-    from slobench import __version__
+    from slobench.version import __version__
 
     return {"slobench_version": __version__, "made_by": made_by, "workload": spec.to_dict(),
             "workload_name": spec.name, "seed": seed, "rate_rps": rate, "target": target,

@@ -155,7 +155,7 @@ def _fmt(key: str, x: float) -> str:
 
 
 def _with_interval(key: str, values: Sequence[float]) -> str:
-    from slobench.experiments.capacity import t_interval
+    from slobench.analysis.slo import t_interval
 
     mean = sum(values) / len(values)
     if len(values) < 2:
@@ -231,7 +231,7 @@ def run_action(env: Mapping[str, str]) -> int:
     from slobench.cli import main as slobench_main
     from slobench.cli.gate import check_updatable, update_baseline_on_pass
     from slobench.gate import Threshold, gate, junit_xml, load_samples, markdown
-    from slobench.run.records import write_json_atomic
+    from slobench.run.rundir import write_json_atomic
 
     inp = Inputs.from_env(env)
     out = inp.out_dir

@@ -1,19 +1,13 @@
 """The CI regression gate: compare a candidate with a baseline, metric by metric, with a verdict per metric.
 
-Inputs on either side (one or more files, merged): a capacity result (capacity.json), sweeps at the same
-rates (sweep.json, one seed each), or a small committed baseline file (kind "baseline", written by
-`slobench gate --write-baseline` or `slobench capacity --baseline-out`). Each becomes `Samples`: per metric
-key (`capacity`, `attainment@4`, `ttft.p99@4`) the replicate values keyed by seed.
-
-A metric regresses only with BOTH a practical change beyond its threshold AND statistical evidence across
-replicates (what asv and Bencher do, NOTES-statistics):
-  regression    the observed degradation exceeds the threshold and a one-sided t-test says the
-                degradation is > 0 at alpha (default 0.01): paired over common seeds (common random
-                numbers cancel the workload's own noise), else Welch.
-  pass          the degradation's one-sided upper bound at `pass_confidence` (default 90%) is within the
-                threshold: the data rule out a practical regression.
-  inconclusive  neither; a power calculation (80%) from the observed effect and spread says how many
-                replicates per side would decide it.
+Either side is one or more files, merged: a capacity result, sweeps at the same rates (one seed each), a
+run directory, or a committed baseline file (kind "baseline"). Each becomes `Samples`: per metric key
+(`capacity`, `attainment@4`, `ttft.p99@4`) the replicate values by seed. A metric regresses only with both
+a practical change beyond its threshold and statistical evidence (as asv and Bencher, NOTES-statistics):
+  regression    degradation beyond the threshold, and a one-sided t-test (paired over common seeds, else
+                Welch) says it is > 0 at alpha (default 0.01)
+  pass          the degradation's upper bound at `pass_confidence` (default 90%) is within the threshold
+  inconclusive  neither; a power calculation (80%) says how many replicates per side would decide it
 """
 
 from __future__ import annotations
@@ -23,14 +17,15 @@ import json
 import math
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
+from slobench.analysis.summary import as_run_summary
 from slobench.errors import SpecError, UsageError
-from slobench.run.records import CAPACITY, SWEEP
+from slobench.run.rundir import BASELINE, CAPACITY, MANIFEST, SUMMARY, SWEEP, read_manifest, read_summary
 
 BASELINE_KIND = "baseline"
 EXIT_PASS, EXIT_REGRESSION, EXIT_INCONCLUSIVE = 0, 1, 4
@@ -100,7 +95,7 @@ def load_samples(paths: Sequence[str | Path]) -> Samples:
     merged: Samples | None = None
     for raw in paths:
         run_doc = _single_run_doc(Path(raw))
-        path = Path(raw) if run_doc is not None else _resolve(Path(raw))
+        path = Path(raw) if run_doc is not None else result_file(Path(raw))
         s = _load_one(path, run_doc if run_doc is not None else _read_doc(path))
         if merged is None:
             merged = s
@@ -116,9 +111,7 @@ def load_samples(paths: Sequence[str | Path]) -> Samples:
 
 def _single_run_doc(path: Path) -> dict[str, Any] | None:
     """A run directory (summary.json beside manifest.json, no sweep or capacity file) as a one-point sweep."""
-    from slobench.run.records import MANIFEST, SUMMARY, read_manifest, read_summary
-
-    if not path.is_dir() or any((path / n).is_file() for n in (CAPACITY, SWEEP, "baseline.json")):
+    if not path.is_dir() or any((path / n).is_file() for n in (CAPACITY, SWEEP, BASELINE)):
         return None
     if not ((path / SUMMARY).is_file() and (path / MANIFEST).is_file()):
         return None
@@ -129,12 +122,13 @@ def _single_run_doc(path: Path) -> dict[str, Any] | None:
     return {"kind": "sweep", "manifest": manifest, "runs": [{"rate_rps": rate, "summary": summary}]}
 
 
-def _resolve(path: Path) -> Path:
+def result_file(path: Path) -> Path:
+    """A result file as given, or the capacity.json, sweep.json or baseline.json a directory holds."""
     if path.is_dir():
-        for name in (CAPACITY, SWEEP, "baseline.json"):
+        for name in (CAPACITY, SWEEP, BASELINE):
             if (path / name).is_file():
                 return path / name
-        raise UsageError(f"{path}: a directory with no {CAPACITY}, sweep.json, baseline.json or run summary in it")
+        raise UsageError(f"{path}: a directory with no {CAPACITY}, {SWEEP}, {BASELINE} or run summary in it")
     return path
 
 
@@ -166,8 +160,6 @@ def _load_one(path: Path, doc: dict[str, Any]) -> Samples:
                     str(manifest.get("slobench_version", "?")))
         if doc["kind"] == "sweep":
             seed = int(manifest.get("seed", 0))
-            from slobench.analysis.summary import as_run_summary
-
             for row in doc["runs"]:
                 for name, v in as_run_summary(row["summary"]).flat_metrics().items():
                     s.add(rate_key(name, float(row["rate_rps"])), seed, v, str(path))
@@ -321,7 +313,7 @@ class Check:
     message: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+        return asdict(self)
 
 
 def compare_metric(

@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slobench import __version__
 from slobench.errors import UsageError
 from slobench.redact import redact_argv, redact_text
+from slobench.version import __version__
 
 if TYPE_CHECKING:
     from slobench.analysis.summary import RunSummary

@@ -15,7 +15,7 @@ from reference_engine.executor.modeled_executor import CostProfile
 from slobench.cli import main
 from slobench.errors import SpecError
 from slobench.fleet.simulate import calibrated_extras, simulate_records
-from slobench.run.records import load_run
+from slobench.run.rundir import load_run
 from slobench.workload import generate, load_workload
 
 O_S, JITTER = 0.025, 0.15

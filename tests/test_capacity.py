@@ -19,7 +19,8 @@ from slobench.experiments.capacity import (
     tightest_slo_scale,
 )
 from slobench.run.clock import Clock
-from slobench.run.records import RequestRecord, RequestSpec, load_run
+from slobench.run.records import RequestRecord, RequestSpec
+from slobench.run.rundir import load_run
 from slobench.run.runner import RunOptions
 from slobench.targets.base import TargetBase
 

@@ -13,7 +13,7 @@ import pytest
 
 from reference_engine.faults import FaultInjector, FaultSpec, parse_faults
 from slobench.cli import main
-from slobench.run.records import load_run
+from slobench.run.rundir import load_run
 from slobench.testing.process import EngineServerProcess
 
 

@@ -11,7 +11,7 @@ from slobench.analysis.summary import error_kind, read_columns, summarize
 from slobench.cli import main
 from slobench.report.load import load_series
 from slobench.report.stats import run_point
-from slobench.run.records import load_run
+from slobench.run.rundir import load_run
 
 
 def test_capacity_simulate_on_a_trace_runs(tmp_path: Path) -> None:

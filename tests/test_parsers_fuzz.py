@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from slobench.analysis.slo import SLO
 from slobench.errors import SlobenchError
-from slobench.run.records import RequestRecord, load_run, record_problem
+from slobench.run.records import RequestRecord, record_problem
+from slobench.run.rundir import load_run
 from slobench.workload.spec import WorkloadSpec
 from slobench.workload.traces import load_trace
 

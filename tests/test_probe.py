@@ -12,7 +12,7 @@ from slobench.experiments.probe import LiveProbe, ProbeMeasure, VirtualProbe
 from slobench.experiments.sweep import run_sweep
 from slobench.fleet.simulate import ModeledEngine
 from slobench.run.clock import Clock
-from slobench.run.records import load_run
+from slobench.run.rundir import load_run
 from slobench.run.runner import RunOptions
 from slobench.targets.openai import OpenAITarget
 from slobench.testing import TokenServerProcess

@@ -7,12 +7,12 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
+from slobench.analysis.headline import crossing_rate
 from slobench.analysis.metrics import RecordArrays, throughput
 from slobench.analysis.slo import SLO, attainment, bootstrap_mean_ci
 from slobench.analysis.summary import read_columns
 from slobench.cli import main as main_cli
 from slobench.errors import UsageError
-from slobench.experiments.sweep import crossing_rate
 from slobench.report import build_report
 from slobench.report.compare import compare
 from slobench.report.figures import cdf_figure, client_figure, cliff_figure, percentile_figure
@@ -23,7 +23,8 @@ from slobench.report.stats import analyze, cdf_points
 from slobench.report.synthetic import DEFAULT_SLO, synthetic_records, write_synthetic_sweep
 from slobench.report.terminal import headline_text
 from slobench.report.timeline import MAX_MET_POINTS, MAX_MISS_POINTS, in_flight, timeline_figure
-from slobench.run.records import RequestRecord, RunWriter, load_run, write_records
+from slobench.run.records import RequestRecord, write_records
+from slobench.run.rundir import RunWriter, load_run
 
 HOSTILE = "<script>alert(1)</script><b>b</b>\"'&"
 HOSTILE_DIR = "sw <img src=x onerror=alert(2)> \"q\""

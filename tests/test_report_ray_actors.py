@@ -12,7 +12,7 @@ from slobench.analysis.slo import SLO
 from slobench.report import build_report
 from slobench.report.synthetic import synthetic_records
 from slobench.run.clocksync import CLOCK_LIMIT_OF_TTFT
-from slobench.run.records import SUMMARY, RunWriter
+from slobench.run.rundir import SUMMARY, RunWriter
 
 RUN_SLO = SLO(ttft_s=0.1, tpot_s=0.05)  # limit: 5% of 100 ms = 5 ms
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from slobench.run.records import REQUESTS, SUMMARY, read_record_dicts
+from slobench.run.records import REQUESTS, read_record_dicts
+from slobench.run.rundir import SUMMARY
 from slobench.testing import TokenServerProcess
 
 pytestmark = pytest.mark.integration

@@ -308,7 +308,7 @@ def test_fill_builds_ahead_only_within_its_slack_and_bound(tmp_path):
 async def test_a_trace_damaged_part_way_stops_the_run_with_its_summary_written(tmp_path):
     import gzip
 
-    from slobench.run.records import load_run
+    from slobench.run.rundir import load_run
 
     plain = mooncake(tmp_path / "m.jsonl", 8000, gap_ms=1).read_bytes()
     packed = gzip.compress(plain)

@@ -13,7 +13,7 @@ from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary, columns_of, read_columns, summarize
 from slobench.errors import UsageError
 from slobench.report.synthetic import synthetic_records
-from slobench.run.records import SCHEMA_VERSION, RunWriter, load_run, read_summary
+from slobench.run.rundir import SCHEMA_VERSION, RunWriter, load_run, read_summary
 
 SLO_ = SLO.parse("ttft=300ms,tpot=60ms")
 

@@ -9,7 +9,8 @@ import pytest
 
 from slobench.analysis.slo import SLO
 from slobench.run.clock import Clock
-from slobench.run.records import RequestSpec, load_run
+from slobench.run.records import RequestSpec
+from slobench.run.rundir import load_run
 from slobench.run.runner import RunOptions, run
 from slobench.targets.base import TargetBase
 

@@ -196,7 +196,7 @@ def test_warmup_that_leaves_nothing_to_measure_is_exit_2(capsys: pytest.CaptureF
 def test_summary_files_never_hold_nan(tmp_path: Path) -> None:
     import math
 
-    from slobench.run.records import write_json_atomic
+    from slobench.run.rundir import write_json_atomic
 
     write_json_atomic(tmp_path / "s.json", {"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": -math.inf}})
     assert json.loads((tmp_path / "s.json").read_text()) == {"a": None, "b": [1.0, None], "c": {"d": None}}

@@ -23,7 +23,8 @@ from slobench.fleet.simulate import (
     simulate_run,
     sweep_crossing,
 )
-from slobench.run.records import RequestSpec, load_run
+from slobench.run.records import RequestSpec
+from slobench.run.rundir import load_run
 from slobench.workload import generate, load_workload
 
 # step_s = a + b * prefill_tokens + c * decode_seqs + d * context_tokens, with round numbers

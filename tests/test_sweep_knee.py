@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
+from slobench.analysis.headline import headline, knee_bracket
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary
 from slobench.cli import main
 from slobench.experiments.probe import ProbeResult
-from slobench.experiments.sweep import headline, knee_bracket, next_knee_rate, run_sweep
+from slobench.experiments.sweep import next_knee_rate, run_sweep
 from slobench.report.terminal import headline_text
 
 SLO90 = SLO.parse("ttft=1s,target=0.9")

@@ -17,7 +17,8 @@ from slobench.analysis.metrics import RecordArrays
 from slobench.cli import main
 from slobench.errors import SpecError
 from slobench.run.clock import Clock
-from slobench.run.records import RequestSpec, load_run
+from slobench.run.records import RequestSpec
+from slobench.run.rundir import load_run
 from slobench.run.runner import RunOptions, run
 from slobench.targets.openai import OpenAITarget
 from slobench.targets.workers import WorkerPool

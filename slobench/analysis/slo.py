@@ -1,24 +1,20 @@
 """SLO specs, attainment, good throughput, and confidence intervals.
 
-Attainment = requests meeting *every* SLO at once / *all* measured requests issued (failed, timed-out and
-cancelled requests are misses). By default latencies are taken from the *scheduled* arrival, so a client
-that fell behind (or a request that waited for an in-flight cap) cannot hide queueing; `clock="sent"`
-gives the classic definition from the moment the request left.
-
-Requests in one run are not independent near saturation (NOTES-statistics: variance inflated 3-50x), so
-intervals come from a moving-block bootstrap over requests in arrival order, not an i.i.d. resample. The
-bootstrap is blind where few samples decide a number: every request met the SLO (every resample says
-100%), or a p99 from a few hundred requests (every resample reuses the same three tail values). So each
-interval is the envelope of the block bootstrap and an exact small-sample interval: Wilson's for
-attainment, the distribution-free order-statistic interval for quantiles (as asv's `quantile_ci`), whose
-upper end is unbounded (None) when the sample cannot bound it, e.g. a p99 from 100 requests.
-Replicate runs (different seeds) remain the honest unit for decisions; see slobench.gate.
+Attainment = requests meeting *every* SLO at once / *all* measured requests issued (failures are misses).
+Latencies are taken from the *scheduled* arrival by default, so a client that fell behind (or a request
+held by an in-flight cap) cannot hide queueing; `clock="sent"` gives the classic definition from the send.
+Each interval is the envelope of a moving-block bootstrap over requests in arrival order (requests near
+saturation are not independent) and an exact small-sample interval where the bootstrap is blind (every
+request met the SLO; a p99 from a few hundred requests). Replicate runs (different seeds) remain the
+honest unit for decisions; see slobench.gate.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -157,6 +153,11 @@ def _fmt(v: float) -> str:
 
 
 # --- intervals -------------------------------------------------------------------------------------
+# Requests in one run are correlated near saturation (NOTES-statistics: variance inflated 3-50x), hence
+# blocks, not an i.i.d. resample. The exact partners: Wilson's interval for attainment (every resample of a
+# run where all requests met the SLO says 100%), and the distribution-free order-statistic interval for
+# quantiles (as asv's `quantile_ci`), whose upper end is None where the sample cannot bound it (a p99 from
+# 100 requests).
 
 
 def block_length(n: int) -> int:
@@ -221,6 +222,18 @@ def wilson_ci(num_met: int, n: int, *, level: float = 0.95) -> tuple[float, floa
     center = (p + z * z / (2 * n)) / denom
     half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     return float(max(0.0, center - half)), float(min(1.0, center + half))
+
+
+def t_interval(x: Sequence[float], level: float) -> tuple[float, float]:
+    """Student-t interval for the mean of replicate values (one per seed); the point itself from one."""
+    from scipy import stats
+
+    v = np.asarray(x, dtype=float)
+    m = float(v.mean())
+    if len(v) < 2:
+        return (m, m)
+    half = float(stats.t.ppf((1 + level) / 2, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
+    return (m - half, m + half)
 
 
 def order_statistic_ci(x: np.ndarray, q: float, *, level: float = 0.95) -> tuple[float | None, float | None]:

@@ -7,9 +7,9 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import Field, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_type_hints
 
 import numpy as np
 
@@ -49,7 +49,7 @@ class Dist:
     p90: float | None = None
     p99: float | None = None
     max: float | None = None
-    count: int | None = None  # None in summaries written before it was recorded
+    count: int | None = None  # None where the summary read does not record it
     ci: Mapping[str, tuple[float | None, float | None]] | None = None  # "p50" -> (low, high)
     beyond: Mapping[str, int] | None = None
 
@@ -103,13 +103,7 @@ class ClientHealth:
     gc: Mapping[str, Any] | None = None  # the cyclic GC held off over the load, and any pauses (run/quiet_gc.py)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"lateness_s": dict(self.lateness_s), "lateness_limit_s": self.lateness_limit_s,
-               "is_bottleneck": self.is_bottleneck, "warning": self.warning}
-        if self.ray is not None:
-            out["ray"] = dict(self.ray)
-        if self.gc is not None:
-            out["gc"] = dict(self.gc)
-        return out
+        return fields_to_json(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> ClientHealth:
@@ -153,48 +147,46 @@ def _attainment_from(d: Any) -> Attainment | None:
                       float(d.get("good_throughput_rps") or 0.0))
 
 
-# summary.json keys in the order they are written; `RunSummary.to_dict` and `from_dict` follow it.
-_DISTS = (("ttft", "ttft_s"), ("ttft_from_scheduled", "ttft_from_scheduled_s"), ("tpot", "tpot_s"), ("itl", "itl_s"),
-          ("e2e", "e2e_s"), ("e2e_from_scheduled", "e2e_from_scheduled_s"), ("output_tokens", "output_tokens"),
-          ("prompt_tokens", "prompt_tokens"))
-_SECTIONS = ("deliberate_waits", "prefix_cache", "queue_drift", "lengths")
-_FACTS = ("rate_rps", "warmup", "interrupted", "stopped_by", "num_scheduled", "trace_rows", "fleet", "clock", "run_dir", "notes")
+def _json_key(key: str) -> Any:
+    """A field written to summary.json under another name than its own."""
+    return field(metadata={"json": key})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunSummary:
     """What one run measured: the one results model that summary.json holds and that the terminal, the HTML
     report, sweep headlines, capacity probes, the gate and the history all read (schema `SCHEMA_VERSION`
-    of `slobench.run.records`). Built by `summarize` from one column reader; run facts the summary cannot see
+    of `slobench.run.rundir`). Built by `summarize` from one column reader; run facts the summary cannot see
     in the records (interrupted, the warm-up cut, a fleet's routing, the trace's rows) are added with
-    `dataclasses.replace` by whoever measured the run."""
+    `dataclasses.replace` by whoever measured the run. Fields are declared in summary.json's key order: the
+    file is written and read field by field (`to_dict`, `from_dict`)."""
 
     num_requests: int
+    num_warmup: int = 0
     num_ok: int
+    status_counts: Mapping[str, int] = field(default_factory=dict)
+    error_counts: Mapping[str, int] = field(default_factory=dict)  # by `error_kind`, the top MAX_ERROR_KINDS
     duration_s: float
     offered_rps: float
+    achieved_send_rps: float
     request_throughput_rps: float
     output_token_throughput_tps: float
     total_token_throughput_tps: float
-    achieved_send_rps: float
-    ttft: Dist  # from the send (the classic definition)
-    ttft_from_scheduled: Dist  # from the scheduled arrival (no coordinated omission)
-    tpot: Dist
-    itl: Dist
-    e2e: Dist
-    e2e_from_scheduled: Dist
+    ttft: Dist = _json_key("ttft_s")  # from the send (the classic definition)
+    ttft_from_scheduled: Dist = _json_key("ttft_from_scheduled_s")  # from the scheduled arrival (no coordinated omission)
+    tpot: Dist = _json_key("tpot_s")
+    itl: Dist = _json_key("itl_s")
+    e2e: Dist = _json_key("e2e_s")
+    e2e_from_scheduled: Dist = _json_key("e2e_from_scheduled_s")
     output_tokens: Dist
     prompt_tokens: Dist
     client: ClientHealth
-    num_warmup: int = 0
-    status_counts: Mapping[str, int] = field(default_factory=dict)
-    error_counts: Mapping[str, int] = field(default_factory=dict)  # by `error_kind`, the top MAX_ERROR_KINDS
     deliberate_waits: Mapping[str, Any] | None = None
     prefix_cache: Mapping[str, Any] | None = None
-    per_replica: tuple[Breakdown, ...] = ()
-    per_tag: tuple[Breakdown, ...] = ()
     queue_drift: Mapping[str, Any] | None = None
     lengths: Mapping[str, Any] | None = None
+    per_replica: tuple[Breakdown, ...] = ()
+    per_tag: tuple[Breakdown, ...] = ()
     slo: SLO | None = None
     attainment: Attainment | None = None
     # run facts, set by whoever measured the run
@@ -251,70 +243,68 @@ class RunSummary:
 
     # --- summary.json ---
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "num_requests": self.num_requests, "num_warmup": self.num_warmup, "num_ok": self.num_ok,
-            "status_counts": dict(self.status_counts), "error_counts": dict(self.error_counts),
-            "duration_s": self.duration_s, "offered_rps": self.offered_rps, "achieved_send_rps": self.achieved_send_rps,
-            "request_throughput_rps": self.request_throughput_rps,
-            "output_token_throughput_tps": self.output_token_throughput_tps,
-            "total_token_throughput_tps": self.total_token_throughput_tps,
-        }
-        for attr, key in _DISTS:
-            out[key] = getattr(self, attr).to_dict()
-        out["client"] = self.client.to_dict()
-        for key in _SECTIONS:
-            if (v := getattr(self, key)) is not None:
-                out[key] = dict(v)
-        if self.per_replica:
-            out["per_replica"] = [r.to_dict() for r in self.per_replica]
-        if self.per_tag:
-            out["per_tag"] = [r.to_dict() for r in self.per_tag]
-        if self.slo is not None:
-            out["slo"] = self.slo.to_dict()
-        if self.attainment is not None:
-            out["attainment"] = self.attainment.to_dict()
-        for key in _FACTS:
-            if (v := getattr(self, key)) is not None:
-                out[key] = list(v) if key == "notes" else v
-        return {**out, **self.extra}
+        return {**fields_to_json(self), **self.extra}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RunSummary:
         """summary.json read back (also a lean one from an older slobench: what it lacks is left empty)."""
         if not isinstance(d, Mapping):
             raise UsageError(f"a run summary must be a JSON object (got {type(d).__name__})")
-        known = {"schema_version", "num_requests", "num_warmup", "num_ok", "status_counts", "error_counts",
-                 "duration_s", "offered_rps", "achieved_send_rps", "request_throughput_rps",
-                 "output_token_throughput_tps", "total_token_throughput_tps", "client", "per_replica", "per_tag",
-                 "slo", "attainment", *(k for _, k in _DISTS), *_SECTIONS, *_FACTS}
-        nan = float("nan")
-
-        def f(key: str) -> float:
-            v = d.get(key)
-            return nan if v is None else float(v)
-
         try:
-            kw: dict[str, Any] = {attr: Dist.from_dict(d.get(key)) for attr, key in _DISTS}
-            kw.update({key: d.get(key) for key in (*_SECTIONS, *_FACTS)})
-            kw["notes"] = tuple(d["notes"]) if d.get("notes") is not None else None
-            kw["rate_rps"] = _num(d.get("rate_rps"))
-            return cls(
-                num_requests=int(d.get("num_requests") or 0), num_ok=int(d.get("num_ok") or 0),
-                duration_s=f("duration_s"), offered_rps=f("offered_rps"),
-                request_throughput_rps=f("request_throughput_rps"),
-                output_token_throughput_tps=f("output_token_throughput_tps"),
-                total_token_throughput_tps=f("total_token_throughput_tps"), achieved_send_rps=f("achieved_send_rps"),
-                client=ClientHealth.from_dict(d.get("client")),
-                num_warmup=int(d.get("num_warmup") or 0),
-                status_counts=dict(d.get("status_counts") or {}), error_counts=dict(d.get("error_counts") or {}),
-                per_replica=tuple(Breakdown.from_dict("replica", r) for r in d.get("per_replica") or ()),
-                per_tag=tuple(Breakdown.from_dict("tag", r) for r in d.get("per_tag") or ()),
-                slo=SLO.from_dict(d["slo"]) if d.get("slo") else None, attainment=_attainment_from(d.get("attainment")),
-                extra={k: v for k, v in d.items() if k not in known},
-                **kw,
-            )
+            kw = {f.name: decode(d.get(key)) for f, key, decode in _CODEC}
+            return cls(**kw, extra={k: v for k, v in d.items() if k not in _KNOWN_KEYS})
         except (TypeError, ValueError, AttributeError, KeyError, SpecError) as e:
             raise UsageError(f"a run summary is malformed ({type(e).__name__}: {e})") from None
+
+
+def fields_to_json(obj: Any) -> dict[str, Any]:
+    """A summary section's JSON form, field by field in declaration order, under each field's JSON key: a
+    field at its empty default (None, or no rows) is left out, `extra` is the caller's to merge."""
+    out: dict[str, Any] = {}
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        if f.name == "extra" or (f.default in (None, ()) and v == f.default):
+            continue
+        out[f.metadata.get("json", f.name)] = _to_json(v)
+    return out
+
+
+def _to_json(v: Any) -> Any:
+    if hasattr(v, "to_dict"):
+        return v.to_dict()
+    if isinstance(v, Mapping):
+        return dict(v)
+    if isinstance(v, tuple):
+        return [_to_json(x) for x in v]
+    return v
+
+
+# How a summary.json value becomes a field, by the field's type; any type not named here is taken as it is.
+_DECODERS: dict[Any, Callable[[Any], Any]] = {
+    int: lambda v: int(v or 0),
+    float: lambda v: float("nan") if v is None else float(v),
+    float | None: _num,
+    Mapping[str, int]: lambda v: dict(v or {}),
+    Dist: Dist.from_dict,
+    ClientHealth: ClientHealth.from_dict,
+    SLO | None: lambda v: SLO.from_dict(v) if v else None,
+    Attainment | None: _attainment_from,
+    tuple[str, ...] | None: lambda v: None if v is None else tuple(v),
+}
+
+
+def _decoder(f: Field[Any], hint: Any) -> Callable[[Any], Any]:
+    if hint == tuple[Breakdown, ...]:  # per_replica, per_tag: rows keyed by "replica", "tag"
+        label = f.name.removeprefix("per_")
+        return lambda rows: tuple(Breakdown.from_dict(label, r) for r in rows or ())
+    return _DECODERS.get(hint, lambda v: v)
+
+
+_HINTS = get_type_hints(RunSummary)
+# (field, its summary.json key, its decoder) for every field but `extra`
+_CODEC = tuple((f, f.metadata.get("json", f.name), _decoder(f, _HINTS[f.name]))
+               for f in fields(RunSummary) if f.name != "extra")
+_KNOWN_KEYS = frozenset({"schema_version", *(key for _, key, _ in _CODEC)})
 
 
 def as_run_summary(s: RunSummary | Mapping[str, Any]) -> RunSummary:

@@ -14,10 +14,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from slobench import __version__
 from slobench.cli import engine, gate, history, plan, profile, run, workload
 from slobench.cli.common import EPILOG, EXIT_CODES, EXIT_INTERNAL_ERROR, FORMATTER
 from slobench.errors import EngineError, SlobenchError
+from slobench.version import __version__
 
 __all__ = ["EXIT_CODES", "HANDLERS", "build_parser", "main"]
 

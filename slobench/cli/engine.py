@@ -157,7 +157,7 @@ def _keep_step_log(steps_tmp: Path, out: Path) -> str | None:
     import shutil
 
     from reference_engine.step_log import read_step_log, speeds_across
-    from slobench.run.records import load_run
+    from slobench.run.rundir import load_run
 
     try:
         if not out.is_dir() or not (out / "sweep.json").exists():

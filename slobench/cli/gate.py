@@ -82,7 +82,7 @@ def gate(args: argparse.Namespace) -> int:
     from slobench.errors import UsageError
     from slobench.gate import Threshold, junit_xml, load_samples, markdown
     from slobench.gate import gate as judge
-    from slobench.run.records import write_json_atomic
+    from slobench.run.rundir import write_json_atomic
 
     if not args.candidate:
         raise UsageError("--candidate is required")
@@ -139,7 +139,7 @@ def check_updatable(baselines: list[str]) -> None:
 
 def update_baseline_on_pass(res: Any, cand: Any, path: Path) -> tuple[bool, str]:
     """Refresh the baseline from the candidate when the verdict is pass; (updated, what to tell the user)."""
-    from slobench.run.records import write_json_atomic
+    from slobench.run.rundir import write_json_atomic
 
     if res.verdict != "pass":
         return False, (f"baseline not updated: the verdict is {res.verdict}; {path} follows main only on a pass "
@@ -173,7 +173,7 @@ async def _capacity(args: argparse.Namespace) -> int:
     from slobench.experiments.sweep import parse_rates
     from slobench.gate import load_samples
     from slobench.load_setup import MIN_PROBE_S, LoadSetup
-    from slobench.run.records import CAPACITY, write_capacity, write_json_atomic
+    from slobench.run.rundir import CAPACITY, write_capacity, write_json_atomic
 
     if args.concurrency:
         raise UsageError("--concurrency: capacity searches offered (open-loop) rates; drop --concurrency")

@@ -85,7 +85,7 @@ def summarize(args: argparse.Namespace) -> int:
 
     from slobench.analysis.summary import summarize as summarize_records
     from slobench.report.terminal import print_run
-    from slobench.run.records import load_run
+    from slobench.run.rundir import load_run
 
     loaded = load_run(args.run_dir)
     if args.slo:

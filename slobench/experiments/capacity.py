@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from slobench.analysis.slo import t_interval
 from slobench.analysis.summary import RunSummary
 from slobench.errors import SpecError
 from slobench.experiments.probe import LiveProbe, ProbeMeasure, probe_dir_name  # noqa: F401  (probe_dir_name: its old home)
@@ -173,7 +174,7 @@ def capacity_document(result: CapacityResult | FixedRates, *, slo: Any, manifest
 
 def slo_scales(out: Path, doc: dict[str, Any], slo: Any) -> list[dict[str, Any]]:
     """Per rate: the tightest SLO scale each replicate run still meets the target at (DistServe's view)."""
-    from slobench.run.records import load_run
+    from slobench.run.rundir import load_run
 
     reps = [p for p in doc["probes"] if p["phase"] == "replicate" and p.get("run_dir")]
     if doc.get("replicate_edges_rps") or doc.get("bracket_rps"):
@@ -361,17 +362,6 @@ def jackknife_interval(
     se = math.sqrt((k - 1) / k * float(((loo - loo.mean()) ** 2).sum()))
     half = float(stats.t.ppf((1 + level) / 2, k - 1)) * se
     return (est - half, est + half)
-
-
-def t_interval(x: Sequence[float], level: float) -> tuple[float, float]:
-    from scipy import stats
-
-    v = np.asarray(x, dtype=float)
-    m = float(v.mean())
-    if len(v) < 2:
-        return (m, m)
-    half = float(stats.t.ppf((1 + level) / 2, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
-    return (m - half, m + half)
 
 
 async def replicate_at_rates(

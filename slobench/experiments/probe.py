@@ -101,7 +101,7 @@ class VirtualProbe:
     async def __call__(self, rate_rps: float | None, seed: int, run_dir: Path | None,
                        manifest: dict[str, Any]) -> ProbeResult:
         from slobench.fleet.simulate import simulate_run
-        from slobench.run.records import RunWriter
+        from slobench.run.rundir import RunWriter
 
         specs = self.make_specs(rate_rps, seed)
         records, summary = simulate_run(

@@ -535,7 +535,7 @@ async def sweep_crossing(
     """A dense sweep's crossing of `target`: attainment averaged over `seeds` at each rate, then
     `slobench.experiments.sweep.crossing_rate`. The reference a capacity search is checked against; affordable on the
     virtual clock only."""
-    from slobench.experiments.sweep import crossing_rate
+    from slobench.analysis.headline import crossing_rate
 
     means = []
     for r in rates:

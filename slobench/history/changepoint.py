@@ -1,43 +1,19 @@
 """Change points in one metric's history: a shift the per-commit gate missed because each step was small.
 
-The per-commit gate compares a candidate with the baseline of the commit before it. Ten merges that each
-cost 2% pass it one by one (each is inside a 5% threshold) and together cost 18%. This looks at the whole
-series of commit means instead.
-
-Method: binary segmentation with a likelihood-ratio (CUSUM) statistic, a simulated null, a practical-size floor.
-  statistic  T = max over splits k of |mean(x[k:]) - mean(x[:k])| / (s * sqrt(1/k + 1/(n-k))), the
-             likelihood-ratio (CUSUM) statistic for one shift in the mean of Gaussian noise of scale s,
-             each side at least `min_segment` commits long.
-  noise s    from the series itself, robustly: the MAD of the first differences about their median,
-             / sqrt(2). Why not the replicates' own intervals: replicates of one CI job share its runner,
-             so the job-to-job scatter (another machine, another neighbour) is wider than they say, and
-             weighting by them would turn every runner change into an alarm. First differences remove a
-             slow drift (their median is the drift rate) and the MAD ignores the one big difference a step
-             makes, so s stays the noise's scale whether or not the series has changed.
-  threshold  T's null distribution, simulated: with s estimated as above, T does not depend on the noise's
-             level or scale, only on the number of commits n, so `num_null` series of n Gaussian draws give
-             its distribution once per n (seeded and cached: a page is the same every time) and a p-value
-             as fine as 1/num_null. A permutation test was tried first: it needs no Gaussian assumption, but
-             a step halfway through ten commits is then undetectable at alpha below 2/C(10,5) = 0.8%
-             (shuffles that keep the two halves apart are as extreme as the truth), and a page of 11
-             metrics tests each at alpha/11. The false-alarm rate on noise-only histories is measured in
-             benchmarks/history_changepoint.py; heavy-tailed noise (an odd commit) is tempered by the robust
-             s and by segments of at least two commits.
-  size floor a change is reported only when the shift between the two segments' means is also beyond
-             `min_shift` (by default the gate's own default thresholds: capacity 5%, attainment 2 points,
-             latencies 10%): a cumulative change the gate would fail in one commit, made of steps it passed.
-  recursion  after a change at k, each side is searched again (binary segmentation), so a drift shows as
-             one or more change points; the first test decides whether anything is reported at all, so
-             the false-alarm rate of a series is the first test's alpha.
-What it assumes: commit means independent under no change. Noise correlated over commits (a runner pool
-that slowly degrades) is a change too, and will be reported as one.
+The per-commit gate compares a candidate with the commit before it: ten merges that each cost 2% pass it
+one by one (inside a 5% threshold) and together cost 18%. This looks at the whole series of commit means:
+binary segmentation with a likelihood-ratio (CUSUM) statistic (`shift_test`), a simulated null
+(`null_statistics`), a robust noise scale (`noise_scale`) and a practical-size floor (`find_change_points`).
+It assumes commit means independent under no change: noise correlated over commits (a runner pool that
+slowly degrades) is a change too, and is reported as one. The false-alarm rate on noise-only histories is
+measured in benchmarks/history_changepoint.py.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -57,18 +33,24 @@ class ChangePoint:
     statistic: float
 
     def to_dict(self) -> dict[str, object]:
-        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+        return asdict(self)
 
 
 def noise_scale(x: np.ndarray) -> np.ndarray:
-    """Robust per-row noise sd from first differences (rows are series); works on (n,) or (B, n)."""
+    """Robust per-row noise sd from first differences (rows are series); works on (n,) or (B, n): their MAD
+    about their median, / sqrt(2). First differences remove a slow drift (their median is its rate) and
+    the MAD ignores the one big difference a step makes, so s is the noise's scale with or without a change.
+    Not the replicates' own intervals: replicates of one CI job share its runner, so the job-to-job scatter
+    (another machine, another neighbour) is wider than they say, and every runner change would alarm."""
     d = np.diff(x, axis=-1)
     med = np.median(d, axis=-1, keepdims=True)
     return 1.4826 * np.median(np.abs(d - med), axis=-1) / math.sqrt(2)
 
 
 def _statistics(x: np.ndarray, min_segment: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: the largest standardised mean shift and where it is. x has shape (B, n)."""
+    """Per row: the largest standardised mean shift and where it is. x has shape (B, n).
+    T = max over splits k of |mean(x[k:]) - mean(x[:k])| / (s * sqrt(1/k + 1/(n-k))), the likelihood-ratio
+    statistic for one shift in the mean of Gaussian noise of scale s, each side >= `min_segment` long."""
     n = x.shape[-1]
     k = np.arange(min_segment, n - min_segment + 1)
     csum = np.cumsum(x, axis=-1)
@@ -86,7 +68,12 @@ def _statistics(x: np.ndarray, min_segment: int) -> tuple[np.ndarray, np.ndarray
 
 @functools.lru_cache(maxsize=256)
 def null_statistics(n: int, min_segment: int = MIN_SEGMENT, num_null: int = NUM_NULL) -> np.ndarray:
-    """T of `num_null` noise-only series of length n, sorted (T is location- and scale-free)."""
+    """T of `num_null` noise-only series of length n, sorted: with s estimated from the series, T depends
+    only on n, so one simulation per n (seeded and cached: a page is the same every time) gives p-values as
+    fine as 1/num_null. A permutation test would need no Gaussian assumption, but a step halfway through ten
+    commits would be undetectable below alpha 2/C(10,5) = 0.8% (shuffles that keep the halves apart are as
+    extreme as the truth), and a page of 11 metrics tests each at alpha/11. Heavy-tailed noise (an odd
+    commit) is tempered by the robust s and by segments of at least two commits."""
     rng = np.random.default_rng(1_000_003 * n + min_segment)
     chunks = []
     for start in range(0, num_null, 4096):
@@ -110,7 +97,11 @@ def find_change_points(
     values: list[float] | np.ndarray, *, alpha: float = 0.01, min_shift: float = 0.05, is_relative: bool = True,
     min_segment: int = MIN_SEGMENT,
 ) -> list[ChangePoint]:
-    """Change points of one metric's commit means, in commit order (see the module docstring)."""
+    """Change points of one metric's commit means, in commit order. A change is reported only when the
+    shift between the segments' means is also beyond `min_shift` (the history page passes the gate's own
+    defaults: capacity 5%, attainment 2 points, latencies 10%). After a change at k each side is searched
+    again, so a drift shows as one or more change points; the first test decides whether anything is
+    reported, so a series' false-alarm rate is that test's alpha."""
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     x = np.asarray(values, dtype=float)

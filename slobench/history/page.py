@@ -18,6 +18,7 @@ from typing import Any
 import plotly.io as pio
 
 from slobench.errors import UsageError
+from slobench.gate import HIGHER_IS_BETTER
 from slobench.history.changepoint import MIN_COMMITS, ChangePoint, find_change_points
 from slobench.history.record import identity_mismatch, read_history
 from slobench.report.html import page, write_page
@@ -126,8 +127,6 @@ def _shift_text(c: ChangePoint) -> str:
 
 
 def is_worse(key: str, c: ChangePoint) -> bool:
-    from slobench.gate import HIGHER_IS_BETTER
-
     higher_better = key.split("@", 1)[0].split(".", 1)[0] in HIGHER_IS_BETTER
     return (c.after_mean < c.before_mean) == higher_better
 

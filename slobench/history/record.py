@@ -4,11 +4,10 @@
      "source": "capacity", "workload": {"name": "tiny", "hash": "49fb..."}, "slo": {...},
      "metrics": {"capacity": [20.1, 19.6, 20.6, 0.41, 5], "ttft.p99@12": [0.131, ...], ...}}
 
-Each metric is [mean, interval low, interval high, replicate sd, replicates] (sd null from one replicate;
-the interval is the capacity search's own for `capacity`, else a 95% t-interval over replicates, or a single
-run's bootstrap interval). Headline metrics only: capacity, and at each offered rate measured at fixed
-rates (capacity --rates, or sweeps) attainment and TTFT/TPOT p50/p99. A capacity search's replicates sit at
-bracket edges that move from commit to commit, so from a search only the capacity is kept.
+Each metric is [mean, interval low, interval high, replicate sd (null from one), replicates]: the capacity
+search's own interval, else a 95% t-interval over replicates, or one run's bootstrap interval. Headline
+metrics only: capacity, and attainment and TTFT/TPOT p50/p99 at fixed rates (a search's replicates sit at
+bracket edges that move from commit to commit, so from a search only the capacity is kept).
 """
 
 from __future__ import annotations
@@ -23,7 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from slobench.analysis.slo import t_interval
 from slobench.errors import UsageError
+from slobench.gate import load_samples, rate_key, result_file, workload_identity
+from slobench.run.rundir import MANIFEST, SUMMARY, read_manifest, read_summary
 
 SCHEMA = 1
 VERDICTS = ("pass", "fail", "inconclusive")
@@ -64,8 +66,6 @@ def _metric(mean: float, lo: float | None, hi: float | None, sd: float | None, n
 
 
 def _from_replicates(values: Sequence[float], *, is_fraction: bool = False) -> list[Any]:
-    from slobench.experiments.capacity import t_interval
-
     v = np.asarray(values, dtype=float)
     sd = float(v.std(ddof=1)) if len(v) > 1 else None
     lo, hi = t_interval(list(v), LEVEL) if len(v) > 1 else (None, None)
@@ -86,18 +86,16 @@ def entry_from_results(
     rates: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """The history line of a capacity result, sweeps (one per seed), a baseline file or one run directory."""
-    from slobench.gate import _resolve, load_samples
-
     if not commit or not commit.strip() or len(commit) > 100:
         raise UsageError(f"--commit: expected a commit id (got {commit!r})")
     if not paths:
         raise UsageError("history add: give a capacity, sweep or run directory")
     first = Path(paths[0])
-    if len(paths) == 1 and first.is_dir() and (first / "summary.json").is_file() and (first / "manifest.json").is_file():
+    if len(paths) == 1 and first.is_dir() and (first / SUMMARY).is_file() and (first / MANIFEST).is_file():
         source, workload, slo, metrics = _from_run(first, rates)
     else:
         samples = load_samples(paths)
-        doc = json.loads(_resolve(first).read_text())
+        doc = json.loads(result_file(first).read_text())
         source = str(doc.get("kind"))
         workload = {"name": samples.workload.get("name"), "hash": samples.workload.get("hash")}
         slo = samples.slo
@@ -125,9 +123,6 @@ def entry_from_results(
 
 
 def _from_run(p: Path, rates: Sequence[float] | None) -> tuple[str, dict[str, Any], Any, dict[str, list[Any]]]:
-    from slobench.gate import rate_key, workload_identity
-    from slobench.run.records import read_manifest, read_summary
-
     manifest = read_manifest(p)
     summary = read_summary(p)
     try:

@@ -19,7 +19,6 @@ from typing import Any
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from slobench import __version__
 from slobench.analysis.slo import SLO, samples_beyond
 from slobench.analysis.summary import Breakdown, Dist
 from slobench.errors import UsageError
@@ -42,6 +41,7 @@ from slobench.report.terminal import (
     trace_rows_text,
 )
 from slobench.report.timeline import MAX_BINS, MAX_MISS_POINTS, TimelineNote, timeline_figure
+from slobench.version import __version__
 
 SECTIONS = ("header", "cliff", "latency", "cdf", "timeline", "client", "compare")
 # Only inline code and styles may run; nothing may be fetched. A stray network request fails loudly
@@ -185,7 +185,7 @@ def _header(views: Sequence[Analyzed], title: str) -> str:
             ("slobench version", m.get("slobench_version") or (s.runs[0].manifest.get("slobench_version") if s.runs else None) or "-"),
         ]
         caps = t.get("capabilities")
-        if isinstance(caps, dict):  # what preflight settled with the server (issue 11): each fallback, said
+        if isinstance(caps, dict):  # what preflight settled with the server: each fallback, said
             facts.append(("server profile", f"{caps.get('profile', '-')}"
                           + ("" if caps.get("enforces_output_length", True) else
                              " (output lengths not enforced: the server may stop early)")))

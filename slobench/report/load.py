@@ -18,7 +18,7 @@ from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunColumns, RunSummary, read_columns
 from slobench.errors import SpecError, UsageError
 from slobench.report.server_state import ServerSamples, load_server_metrics
-from slobench.run.records import (
+from slobench.run.rundir import (
     CAPACITY,
     MANIFEST,
     SERVER_METRICS,

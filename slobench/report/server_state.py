@@ -1,44 +1,12 @@
 """The server's own state over a run, from server_metrics.jsonl (written by slobench.run.scrape).
 
-Four servers' metric names are mapped onto the same panels: requests (running, waiting), cache (KV usage,
-prefix-cache hit rate) and preemptions. A panel reads the first of its names that the run's server exported,
-so a server exporting an old and a new spelling of one quantity (vLLM 0.9) is read once.
-
-    vLLM V1 (vllm/v1/metrics/loggers.py) and V0 (vllm/engine/metrics.py)
-        waiting      vllm:num_requests_waiting
-        running      vllm:num_requests_running
-        KV usage     vllm:kv_cache_usage_perc (V1 since 0.9), vllm:gpu_cache_usage_perc (V0; V1 until 0.10)
-        preemptions  vllm:num_preemptions_total (V0 names the counter so; V1's vllm:num_preemptions is
-                     exposed with the _total suffix)
-        prefix hits  vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total (V1 since 0.9),
-                     vllm:gpu_prefix_cache_hits_total / vllm:gpu_prefix_cache_queries_total (V1 before),
-                     else the gauge vllm:gpu_prefix_cache_hit_rate (V0; -1 when prefix caching is off)
-    SGLang (python/sglang/srt/metrics/collector.py)
-        waiting      sglang:num_queue_reqs
-        running      sglang:num_running_reqs
-        KV usage     sglang:token_usage (used / max_total_num_tokens of the KV pool)
-        preemptions  sglang:num_retracted_requests_total (SGLang retracts where vLLM preempts)
-        prefix hits  sglang:realtime_tokens_total{mode="prefill_cache"} over {mode="prefill_cache"} +
-                     {mode="prefill_compute"} (scheduler, each log interval), else sglang:cached_tokens_total
-                     over sglang:prompt_tokens_total (tokenizer, as requests finish), else the gauge
-                     sglang:cache_hit_rate (the last prefill batch's cached share of its prompt tokens)
-    TGI (backends/v3/src/queue.rs, backends/v3/src/backend.rs; docs/source/reference/metrics.md)
-        waiting      tgi_queue_size
-        running      tgi_batch_current_size
-        TGI exports no KV-cache, prefix-cache or preemption metric.
-    llama.cpp server (tools/server/server-context.cpp, before it tools/server/server.cpp and
-    examples/server/server.cpp)
-        waiting      llamacpp:requests_deferred (tasks waiting for a free slot)
-        running      llamacpp:requests_processing (slots busy)
-        KV usage     llamacpp:kv_cache_usage_ratio (builds before mid-2025, ggml-org/llama.cpp#13660 removed it)
-        llama.cpp exports no prefix-cache or preemption metric.
-
-Samples are summed over label sets per metric name (a server with several engines, data-parallel ranks or
-replicas reports one line each), except fractions (KV usage, hit-rate gauges), which are averaged. SGLang's
-tensor-, pipeline- and expert-parallel ranks share one batch: when they all report it
-(--enable-metrics-for-all-schedulers), only the lowest rank's samples are read. Counters
-become rates from consecutive scrapes; a counter that goes down (server restart) counts as zero. A hit-rate
-gauge is drawn as the server reports it; a negative value (vLLM's "disabled") is drawn as absent.
+Four servers' metric names (vLLM, SGLang, TGI, llama.cpp; the table above `WAITING`) are mapped onto the
+same panels: requests (running, waiting), cache (KV usage, prefix-cache hit rate) and preemptions. A panel
+reads the first of its names that the run's server exported, so a server exporting an old and a new
+spelling of one quantity (vLLM 0.9) is read once. Samples are summed over label sets per metric name (one
+line per engine, data-parallel rank or replica), fractions averaged; of SGLang's ranks sharing one batch
+only the lowest is read. Counters become rates between scrapes (one that goes down, a restart, counts as
+zero); a negative hit-rate gauge (vLLM's "disabled") is drawn as absent.
 """
 
 from __future__ import annotations
@@ -49,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from slobench.run.records import read_server_metrics
+from slobench.run.rundir import read_server_metrics
 
 MAX_POINTS = 2000  # scrapes beyond this are thinned by stride (a 1 s interval gives 33 minutes in full)
 
@@ -62,6 +30,35 @@ _SELECTED: dict[str, tuple[str, str, frozenset[str]]] = {
         "sglang:realtime_tokens_total", "mode", frozenset({"prefill_cache", "prefill_compute"})),
 }
 
+# Where each server's names come from (the file that defines them):
+# vLLM V1 (vllm/v1/metrics/loggers.py) and V0 (vllm/engine/metrics.py)
+#     waiting      vllm:num_requests_waiting
+#     running      vllm:num_requests_running
+#     KV usage     vllm:kv_cache_usage_perc (V1 since 0.9), vllm:gpu_cache_usage_perc (V0; V1 until 0.10)
+#     preemptions  vllm:num_preemptions_total (V0 names the counter so; V1's vllm:num_preemptions is
+#                  exposed with the _total suffix)
+#     prefix hits  vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total (V1 since 0.9),
+#                  vllm:gpu_prefix_cache_hits_total / vllm:gpu_prefix_cache_queries_total (V1 before),
+#                  else the gauge vllm:gpu_prefix_cache_hit_rate (V0; -1 when prefix caching is off)
+# SGLang (python/sglang/srt/metrics/collector.py)
+#     waiting      sglang:num_queue_reqs
+#     running      sglang:num_running_reqs
+#     KV usage     sglang:token_usage (used / max_total_num_tokens of the KV pool)
+#     preemptions  sglang:num_retracted_requests_total (SGLang retracts where vLLM preempts)
+#     prefix hits  sglang:realtime_tokens_total{mode="prefill_cache"} over {mode="prefill_cache"} +
+#                  {mode="prefill_compute"} (scheduler, each log interval), else sglang:cached_tokens_total
+#                  over sglang:prompt_tokens_total (tokenizer, as requests finish), else the gauge
+#                  sglang:cache_hit_rate (the last prefill batch's cached share of its prompt tokens)
+# TGI (backends/v3/src/queue.rs, backends/v3/src/backend.rs; docs/source/reference/metrics.md)
+#     waiting      tgi_queue_size
+#     running      tgi_batch_current_size
+#     TGI exports no KV-cache, prefix-cache or preemption metric.
+# llama.cpp server (tools/server/server-context.cpp, before it tools/server/server.cpp and
+# examples/server/server.cpp)
+#     waiting      llamacpp:requests_deferred (tasks waiting for a free slot)
+#     running      llamacpp:requests_processing (slots busy)
+#     KV usage     llamacpp:kv_cache_usage_ratio (builds before mid-2025, ggml-org/llama.cpp#13660 removed it)
+#     llama.cpp exports no prefix-cache or preemption metric.
 WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "tgi_queue_size", "llamacpp:requests_deferred")
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "tgi_batch_current_size",
            "llamacpp:requests_processing")
@@ -151,7 +148,7 @@ def _series_of(key: str) -> list[str]:
 
 
 def load_server_metrics(path: Path) -> ServerSamples | None:
-    """server_metrics.jsonl (or the run directory holding it; `records.read_server_metrics`: the torn-last-line
+    """server_metrics.jsonl (or the run directory holding it; `rundir.read_server_metrics`: the torn-last-line
     rule of requests.jsonl) as the report's panels."""
     rows = [(float(d["t_s"]), {str(k): float(v) for k, v in d["samples"].items()}) for d in read_server_metrics(path)]
     if not rows:

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from slobench.analysis.headline import headline
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import Dist, RunSummary, summarize
-from slobench.experiments.sweep import headline
 from slobench.report.load import RunData, Series
 
 MAX_CDF_POINTS = 500
@@ -36,7 +36,7 @@ def pcts_ms(d: Dist) -> dict[str, float | None]:
 
 
 def series_headline(points: list[RunSummary], slo: SLO | None) -> dict[str, Any] | None:
-    """slobench.experiments.sweep.headline over the recomputed summaries (same crossing rule, same interval)."""
+    """slobench.analysis.headline.headline over the recomputed summaries (same crossing rule, same interval)."""
     rows = [p for p in points if p.attainment is not None and p.attainment.num_requests > 0]
     return headline(rows, slo) if rows else None
 

@@ -15,11 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from slobench import __version__
+from slobench.analysis.headline import headline
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import summarize
-from slobench.experiments.sweep import headline, rate_dir_name
-from slobench.run.records import SERVER_METRICS, RequestRecord, RunWriter, write_sweep
+from slobench.run.records import RequestRecord
+from slobench.run.rundir import SERVER_METRICS, RunWriter, rate_dir_name, write_sweep
+from slobench.version import __version__
 
 DEFAULT_SLO = SLO(ttft_s=0.5, tpot_s=0.05)
 

@@ -1,25 +1,18 @@
 """One clock across machines: NTP-style offset estimates from round trips, and a map between two clocks.
 
-A load actor on another machine stamps its records on its own monotonic clock. The driver asks it for
-its clock a few times (round trips over Ray), keeps the round trip with the smallest RTT, and estimates
-
+A load actor on another machine stamps its records on its own monotonic clock. The driver asks it for its
+clock a few times, keeps the round trip with the smallest RTT, and estimates
     offset = remote_stamp - (driver_sent + driver_received) / 2      (remote - driver, seconds)
-
-Whatever the split of that round trip into its two one-way delays, the true offset at the moment of the
-remote stamp lies within RTT/2 of the estimate: that is the stated uncertainty, a bound and not a
-standard deviation. Two estimates (at the start of a run and at its end) give the drift between the
-clocks; `ClockMap` maps a remote time onto the driver's clock linearly in time between them. Within the
-two estimates the map's error is at most the larger of their two uncertainties (if the drift is constant,
-the map's error is a weighted mean of the two estimates' errors); past the last one it grows by the
-drift's own uncertainty times the distance (`ClockMap.bound_at`).
-
-Pure: no Ray, no sockets; the probe and the clock are handed in.
+whose error is at most RTT/2 whatever the split into one-way delays (a bound, not a standard deviation).
+Two estimates (a run's start and end) give the drift; `ClockMap` maps remote times onto the driver's
+clock linearly between them, its bound growing past them (`ClockMap.bound_at`). Pure: no Ray, no
+sockets; the probe and the clock are handed in.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from slobench.errors import SpecError
@@ -45,8 +38,7 @@ class OffsetEstimate:
             raise SpecError("uncertainty_s", self.uncertainty_s, "must be >= 0")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"offset_s": self.offset_s, "uncertainty_s": self.uncertainty_s, "at_s": self.at_s,
-                "rtt_s": self.rtt_s, "num_samples": self.num_samples}
+        return asdict(self)
 
 
 def estimate_offset(samples: Sequence[tuple[float, float, float]]) -> OffsetEstimate:

@@ -10,10 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from slobench.errors import UsageError
+from slobench.run.records import REQUESTS
+from slobench.run.rundir import BASELINE, CAPACITY, MANIFEST, SERVER_METRICS, SUMMARY, SWEEP
 
-# Every file a run, sweep or capacity directory holds (records.py, sweep.py, capacity.py, the gate).
-ARTEFACTS = ("manifest.json", "requests.jsonl", "requests.jsonl.tmp", "summary.json", "server_metrics.jsonl",
-             "sweep.json", "capacity.json", "baseline.json")
+# Every file a run, sweep or capacity directory holds (requests.jsonl.tmp: `RunWriter.rewrite` cut short).
+ARTEFACTS = (MANIFEST, REQUESTS, f"{REQUESTS}.tmp", SUMMARY, SERVER_METRICS, SWEEP, CAPACITY, BASELINE)
 
 
 def _holds_run(path: Path) -> bool:

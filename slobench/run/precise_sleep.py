@@ -1,15 +1,11 @@
 """Sleep to an absolute time with microsecond precision, without spinning: a Linux timerfd on the event loop.
 
-asyncio's timers wake up to 1 ms late, because epoll takes its timeout in whole milliseconds, rounded up.
-The runner used to sleep to 1.5 ms short of each send and then yield to the loop until the time came; at
-400 req/s that spin was most of the client's CPU (the loop polled epoll with a zero timeout hundreds of
-times per request). A timerfd armed for the exact deadline (CLOCK_MONOTONIC, which `time.perf_counter_ns`
-reads on Linux) is an fd like any socket: epoll returns the moment it fires, and the loop does nothing
-until then. One timerfd serves all the sleepers of one loop, armed for the earliest deadline.
-
-`sleep_until(clock, t_s, spin_s)` is what callers use; `PreciseSleep.for_running_loop()` gives the loop's
-sleeper, or None where there is no timerfd (not Linux, no libc through ctypes, a perf_counter that is not
-CLOCK_MONOTONIC), and then `sleep_until` falls back to sleep-then-yield.
+asyncio's timers wake up to 1 ms late (epoll takes its timeout in whole milliseconds, rounded up), and
+sleeping short then yielding until the time comes spends most of the client's CPU at 400 req/s polling
+epoll. A timerfd armed for the exact deadline (CLOCK_MONOTONIC, which `time.perf_counter_ns` reads on
+Linux) is an fd like any socket: epoll returns the moment it fires. One timerfd serves a loop's sleepers.
+`sleep_until(clock, t_s, spin_s)` is what callers use; where there is no timerfd (not Linux, no libc
+through ctypes, a perf_counter that is not CLOCK_MONOTONIC) it falls back to sleep-then-yield.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """The cyclic garbage collector held off while a load is sent, so its pauses are not measured as latency.
 
-CPython's cyclic GC stops the event loop whenever enough container objects have been allocated: a young
-collection every ~700, an older one every ten of those, a full one now and then. A run keeps every record
-it has taken (each a few containers), so the older generations grow with the run and each collection of
-them scans more: at 400 req/s on one core, a 6 s run saw ~150 young and ~13 older collections, the older
-ones 3-12 ms each, and every request whose first token arrived during one is stamped that much late. That
-is a client artefact in the TTFT tail, the quantity slobench exists to measure.
-
-The send path makes almost no cyclic garbage (2,451 requests at 400 req/s left ~400 unreachable objects,
-all from start-up and the summary), so while a load runs the automatic GC is off and what existed
-before is frozen (moved out of every collection's reach; garbage among it waits for the end). A safety valve keeps a pathological run (one
-that does leak cycles, e.g. every request failing with an exception whose traceback points back at its
-frame) from growing without bound: once `budget` tracked objects have been allocated since the last
-look, one collection runs and what survives is frozen again, so the next one scans only what is new. Each
-such pause is counted and timed, and the run's summary says so (`client.gc`). At the end the GC's state is
-given back as it was found; nested and concurrent runs in one process share one hold (a depth count).
-A client worker process (`--client-workers`) and a Ray load actor hold it for their whole life, with the
-same valve.
+A run keeps every record it has taken, so CPython's older GC generations grow with it and each collection
+scans more: at 400 req/s on one core a 6 s run saw ~13 older collections of 3-12 ms each, every one
+stamped onto the TTFT of the requests it delayed. The send path makes almost no cyclic garbage, so while
+a load runs the automatic GC is off and what existed before is frozen. A safety valve (`check`, `valve`)
+bounds a run that does leak cycles: past `budget` allocations one timed collection runs and the survivors
+are frozen again; the summary reports such pauses (`client.gc`). Holds nest (a depth count) and the GC's
+state is given back as found; client worker processes and Ray load actors hold it for their whole life.
 """
 
 from __future__ import annotations
@@ -27,6 +17,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+# The send path's garbage: 2,451 requests at 400 req/s left ~400 unreachable objects, all from start-up and
+# the summary. A leaking run (every request failing with an exception whose traceback points back at its
+# frame) is what the valve is for; a young collection comes every ~700 allocations, an older one every ten.
 DEFAULT_BUDGET = 500_000  # tracked allocations between looks; at ~10 a request, ~50,000 requests
 
 

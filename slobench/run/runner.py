@@ -19,13 +19,16 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
+from slobench.analysis.metrics import RecordArrays
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary, summarize
+from slobench.analysis.warmup import latency_series, mser5_cut
 from slobench.errors import SlobenchError, SpecError
 from slobench.run import quiet_gc
 from slobench.run.clock import Clock
 from slobench.run.precise_sleep import sleep_until
-from slobench.run.records import RequestRecord, RequestSpec, RunWriter
+from slobench.run.records import RequestRecord, RequestSpec
+from slobench.run.rundir import RunWriter
 from slobench.targets.base import Target
 
 # Start the schedule a little in the future so the first requests are not late by the set-up time.
@@ -415,9 +418,6 @@ async def _estimate_total(count_hint: Callable[[], int | None], progress: Progre
 
 def _cut_warmup(records: list[RequestRecord]) -> int:
     """Mark the leading requests MSER-5 finds transient as warm-up; return how many."""
-    from slobench.analysis.metrics import RecordArrays
-    from slobench.analysis.warmup import latency_series, mser5_cut
-
     a = RecordArrays.from_records(records)
     cut = mser5_cut(latency_series(a.ttft_from_scheduled_s))
     drop = set(a.request_id[:cut].tolist())

@@ -1,15 +1,11 @@
 """Poll a target's Prometheus `/metrics` while a run goes, into `server_metrics.jsonl` in the run directory.
 
-One JSON line per scrape, on the run's clock, so server state lines up with the request records:
+One JSON line per scrape on the run's clock, so server state lines up with the records:
     {"t_s": 12.0, "samples": {"vllm:num_requests_waiting{model_name=\"m\"}": 3.0, ...}}
-Gauges, counters, and the `_sum`/`_count` of histograms and summaries are kept; `_bucket` and `_created`
-samples are dropped (they are most of the text and say nothing a timeline needs).
-
-Used as a runner monitor: `run(..., monitors=[MetricsScraper(url, run_dir / SERVER_METRICS)])`. The text
-may also come from this process (`MetricsScraper(engine_target.metrics_text, run_dir)`): an in-process
-engine renders the exposition its HTTP server would serve, so both give the same timeline.
-A target without the endpoint (first scrape 404, refused, timed out, or not Prometheus text) leaves no
-file and no error: the report then simply has no server-state panel.
+Gauges, counters and histograms' `_sum`/`_count` are kept; `_bucket` and `_created` samples are dropped.
+A runner monitor (`MetricsScraper(url, path)`); the text may also come from this process (an in-process
+engine's `metrics_text`), so both give the same timeline. A target without the endpoint (404, refused,
+timed out, not Prometheus text) leaves no file and no error: the report has no server-state panel.
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ from typing import IO, Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from slobench.run.clock import Clock
-from slobench.run.records import SERVER_METRICS
+from slobench.run.rundir import SERVER_METRICS
 from slobench.targets.transport import ControlClient, TransportError
 
 _SKIP_SUFFIXES = ("_bucket", "_created", "_gcount_created")

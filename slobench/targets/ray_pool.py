@@ -469,7 +469,7 @@ async def note_client_clocks(target: Any, run_dir: Path, summary: RunSummary, sl
         return summary
     from dataclasses import replace
 
-    from slobench.run.records import MANIFEST, SUMMARY, read_manifest, write_json_atomic, write_summary
+    from slobench.run.rundir import MANIFEST, SUMMARY, read_manifest, write_json_atomic, write_summary
 
     report = await target.run_report(getattr(slo, "ttft_s", None))
     warning = " ".join(w for w in (summary.client.warning, report["warning"]) if w) or None
