@@ -7,7 +7,7 @@ TTFT minus the server's own (first chunk written − request received, from the 
 system-wide monotonic clock).
 
 The first rows ("floor") are a minimal aiohttp client on the same traffic: it sleeps to each send time,
-POSTs a prebuilt body, stamps the send (the same hook slobench uses) and the first read, and reads on to
+POSTs a prebuilt body, stamps the send (aiohttp's request-sent hook) and the first read, and reads on to
 the end: no SSE, no JSON, no records. slobench's rows are what it costs beyond that.
 
 "client CPU" is the process's CPU from the first send until the last request finished, per request; what
@@ -17,11 +17,11 @@ compete with the load.
 Targets (issue 16): on one core with 16-token streams and a server TTFT of 50 ms, at most 0.6 ms of CPU
 per request and a TTFT error p99 under 1 ms at 400 req/s.
 
-    python benchmarks/client_overhead.py [--rates 400,800] [--seconds 6] [--transports aiohttp,raw,httpx]
+    python benchmarks/client_overhead.py [--rates 400,800] [--seconds 6] [--transports raw,httpx]
                                          [--client-workers 1,2] [--no-floor] [--spin-ms MS]
                                          [--rounds N] [--max-load L]
 
-`--transports` names slobench's HTTP transports to compare (aiohttp; raw, the lean HTTP/1.1 client of
+`--transports` names slobench's HTTP transports to compare (raw, the lean HTTP/1.1 client of
 slobench/targets/rawhttp.py and the default; httpx); `raw+gc` is raw with Python's cyclic GC left running over
 the load (`RunOptions(hold_gc=False)`; by default the runner holds it off, slobench/run/quiet_gc.py). With `--rounds N` every client runs N times, interleaved
 (each round runs them all, in an order rotated from round to round, so the drift of a shared machine falls
@@ -156,16 +156,17 @@ async def measure(srv: TokenServerProcess, rate: float, seconds: float, name: st
 
 async def measure_floor(srv: TokenServerProcess, rate: float, seconds: float, output_len: int) -> dict:
     """The floor: the least an aiohttp client can do for the same traffic. It sleeps to each send time (an
-    asyncio sleep: up to ~1 ms late), POSTs a small JSON body, stamps the send with the same hook slobench
-    uses and the first read of the body, and reads on to the end: no SSE parsing, no JSON decoding, no
+    asyncio sleep: up to ~1 ms late), POSTs a small JSON body, stamps the send with aiohttp's request-sent
+    hook and the first read of the body, and reads on to the end: no SSE parsing, no JSON decoding, no
     record."""
     import aiohttp
 
-    from slobench.targets.transport import _call_on_sent
+    async def call_on_sent(_session: object, ctx: Any, _params: object) -> None:
+        ctx.trace_request_ctx()
 
     clock = Clock()
     hook = aiohttp.TraceConfig()
-    hook.on_request_chunk_sent.append(_call_on_sent)
+    hook.on_request_chunk_sent.append(call_on_sent)
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=4),
                                     trace_configs=[hook])
     url = srv.base_url + "/completions"
@@ -275,7 +276,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", default="400,800")
     ap.add_argument("--seconds", type=float, default=6.0)
-    ap.add_argument("--transports", default="aiohttp,raw", help="comma-separated: aiohttp, raw, httpx; TRANSPORT+gc leaves the GC running over the load")
+    ap.add_argument("--transports", default="raw,httpx", help="comma-separated: raw, httpx; TRANSPORT+gc leaves the GC running over the load")
     ap.add_argument("--client-workers", default="1", help="comma-separated worker counts to compare (1 = in-process)")
     ap.add_argument("--output-len", type=int, default=16)
     ap.add_argument("--ttft-ms", type=float, default=50.0)

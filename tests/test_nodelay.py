@@ -147,7 +147,7 @@ async def observer() -> AsyncIterator[tuple[_Observer, str]]:
         await runner.cleanup()
 
 
-@pytest.mark.parametrize("transport", ["raw", "aiohttp", "httpx"])
+@pytest.mark.parametrize("transport", ["raw", "httpx"])
 async def test_every_client_connection_has_tcp_nodelay(
     observer: tuple[_Observer, str], transport: str, tmp_path: Path
 ) -> None:

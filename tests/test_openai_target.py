@@ -442,7 +442,7 @@ FAULT_CASES = [
 
 
 @integration
-@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+@pytest.mark.parametrize("transport", ["raw", "httpx"])
 async def test_each_fault_is_a_failed_record_and_the_next_request_works(
     token_server: TokenServerProcess, transport: str
 ) -> None:
@@ -504,9 +504,9 @@ async def test_api_key_is_sent_and_an_echoing_server_cannot_leak_it(
 
 
 @integration
-@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+@pytest.mark.parametrize("transport", ["raw", "httpx"])
 async def test_the_pool_does_not_cap_concurrency(token_server: TokenServerProcess, transport: str) -> None:
-    # aiohttp's default pool holds 100 connections (httpx's 100 too): with a cap, request 101 would reach
+    # httpx's default pool holds 100 connections: with a cap, request 101 would reach
     # the server only once an earlier one had finished, 2 s after it arrived.
     num = 120
     ids = _ids("pool", num)
@@ -526,10 +526,10 @@ async def test_the_pool_does_not_cap_concurrency(token_server: TokenServerProces
 
 
 @integration
-async def test_aiohttp_and_httpx_give_the_same_records(token_server: TokenServerProcess) -> None:
+async def test_raw_and_httpx_give_the_same_records(token_server: TokenServerProcess) -> None:
     fast = {"x_ttft_ms": 10, "x_itl_ms": 3}
     results = {}
-    for transport in ("aiohttp", "httpx"):
+    for transport in ("raw", "httpx"):
         async with OpenAITarget(token_server.base_url, token_server.model, transport=transport,  # type: ignore[arg-type]
                                 extra_body=fast) as target:
             await target.send(spec(max_tokens=1), RequestRecord(0, 0.0))  # connect outside the comparison
@@ -539,12 +539,12 @@ async def test_aiohttp_and_httpx_give_the_same_records(token_server: TokenServer
                 await target.send(spec(max_tokens=max_tokens), rec)
                 recs.append(rec)
             results[transport] = recs
-    for a, b in zip(results["aiohttp"], results["httpx"], strict=True):
+    for a, b in zip(results["raw"], results["httpx"], strict=True):
         assert (a.status, a.error, a.http_status) == (b.status, b.error, b.http_status)
         assert (a.output_tokens, a.prompt_tokens, sum(a.chunk_tokens)) == (
             b.output_tokens, b.prompt_tokens, sum(b.chunk_tokens))
     # Both stamp on the schedule: never before the server's 10 ms, and not far after. (httpx costs more CPU
-    # per request, so on a busy 2-core machine its median can trail aiohttp's by several ms; the exact
+    # per request, so on a busy 2-core machine its median can trail raw's by several ms; the exact
     # 2 ms agreement is checked for the default transport in the timing test above.)
     ttft = {k: statistics.median(r.first_token_s - r.sent_s for r in v) for k, v in results.items()}  # type: ignore[operator]
     assert all(0.010 <= v < 0.040 for v in ttft.values()), ttft
@@ -601,7 +601,7 @@ async def test_preflight_without_models_endpoint_falls_back_to_a_request(
 
 
 @integration
-@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+@pytest.mark.parametrize("transport", ["raw", "httpx"])
 async def test_connections_are_kept_alive_and_reused(
     token_server: TokenServerProcess, transport: str
 ) -> None:
@@ -674,7 +674,7 @@ async def test_a_whole_answer_without_output_is_not_ok(body: bytes) -> None:
 
 
 async def test_credentials_in_the_url_become_a_basic_header_and_leave_the_url(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("OPENAI_API_KEY", KEY)  # an Authorization header as well: aiohttp refused the pair
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)  # an Authorization header as well as the URL's credentials
     tr = ScriptedTransport(200, [sse(tok(finish_reason="length"), b"[DONE]")])
     target = OpenAITarget("http://user:pw@h:1/v1", "m", transport=tr)  # type: ignore[arg-type]
     assert target.base_url == "http://h:1/v1" and "pw" not in json.dumps(target.describe())

@@ -29,20 +29,22 @@ from urllib.parse import urlsplit
 from orjson import dumps as _orjson_dumps
 from orjson import loads as _loads  # about twice as fast as json.loads on SSE events
 
-from slobench.errors import SpecError, TargetUnreachable
+from slobench.errors import SpecError, TargetUnreachable, UsageError
 from slobench.run.clock import Clock
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.base import TargetBase
 from slobench.targets.capabilities import HONOURS_IGNORE_EOS, Capabilities, is_refusal, profile_capabilities
+from slobench.targets.rawhttp import RawHttpTransport
 from slobench.targets.sse import DONE, SSEDecodeError, SSEParser
 from slobench.targets.transport import (
+    TRANSPORTS,
     ControlClient,
+    HttpxTransport,
     Reply,
     Response,
     Transport,
     TransportError,
     TransportName,
-    make_transport,
 )
 from slobench.workload.text import ExactText, ids_to_text, thin_words, words_for_tokens
 
@@ -88,10 +90,10 @@ class OpenAITarget(TargetBase):
     ) -> None:
         if api not in ("completions", "chat"):
             raise SpecError("api", api, "must be 'completions' or 'chat'")
-        if isinstance(transport, str) and transport not in ("aiohttp", "httpx", "raw"):
-            raise SpecError("transport", transport, "must be 'aiohttp', 'httpx' or 'raw'")
+        if isinstance(transport, str) and transport not in TRANSPORTS:
+            raise SpecError("transport", transport, "must be 'raw' or 'httpx'")
         if http2 and transport != "httpx":
-            raise SpecError("http2", http2, "needs transport='httpx' (aiohttp speaks HTTP/1.1 only)")
+            raise SpecError("http2", http2, "needs transport='httpx' (raw speaks HTTP/1.1 only)")
         for name, value in (
             ("timeout_s", timeout_s),
             ("connect_timeout_s", connect_timeout_s),
@@ -101,8 +103,8 @@ class OpenAITarget(TargetBase):
                 raise SpecError(name, value, "must be > 0 seconds")
         if model is not None and not model:
             raise SpecError("model", model, "must name the served model (or be None: the first one listed)")
-        # credentials in the URL become a Basic header (unless one is given): aiohttp refuses a URL with
-        # credentials beside an Authorization header, and the URL is recorded, the header never
+        # credentials in the URL become a Basic header (unless one is given): the URL is recorded, the
+        # header never
         self.base_url, url_auth = _split_userinfo(_normalise_base_url(base_url))
         self.model: str = model or ""  # "": the first the server lists, found at preflight (discover_model)
         self.api: Api = api
@@ -309,7 +311,7 @@ class OpenAITarget(TargetBase):
                 raw = await chunks.__anext__()
             except StopAsyncIteration:
                 break
-            except Exception:  # the transport's own error (aiohttp, httpx); translated above us if re-raised
+            except Exception:  # the client's own error: the transport maps it to a TransportError if re-raised
                 if finish is None and not is_done:
                     raise
                 # after a finish only a trailing usage chunk or [DONE] was lost; after [DONE] without a
@@ -614,6 +616,17 @@ class OpenAITarget(TargetBase):
             return await client.request(method, url, body, headers=self._control_headers())
         except TransportError as e:
             raise TargetUnreachable(self._scrub(f"{what or url}: {e}")) from None
+
+
+def make_transport(
+    name: TransportName, *, timeout_s: float, connect_timeout_s: float, http2: bool = False
+) -> Transport:
+    """The load's client: `raw` (HTTP/1.1, the least CPU per request) or `httpx` (HTTP/2 with `http2`)."""
+    if name == "httpx":
+        return HttpxTransport(timeout_s=timeout_s, connect_timeout_s=connect_timeout_s, http2=http2)
+    if name == "raw" and not http2:
+        return RawHttpTransport(timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)  # type: ignore[return-value]
+    raise UsageError(f"transport: must be 'raw' or 'httpx' (got {name!r}{', http2' if http2 else ''})")
 
 
 def _split_userinfo(url: str) -> tuple[str, str | None]:
