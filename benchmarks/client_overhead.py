@@ -52,6 +52,7 @@ from slobench.run.records import RequestRecord, RequestSpec
 from slobench.run.runner import RunOptions, run
 from slobench.targets.base import TargetBase
 from slobench.targets.openai import OpenAITarget
+from slobench.targets.options import TargetOptions
 from slobench.targets.workers import WorkerPool
 from slobench.testing import TokenServerProcess
 from slobench.workload import PoissonArrivals
@@ -107,10 +108,10 @@ async def measure(srv: TokenServerProcess, rate: float, seconds: float, name: st
     specs = make_specs(rate, seconds, output_len, seed=int(rate))
     target: OpenAITarget | WorkerPool
     if workers > 1:
-        target = WorkerPool(workers, {"base_url": srv.base_url, "model": srv.model, "transport": transport},
+        target = WorkerPool(workers, srv.base_url, TargetOptions(model=srv.model, transport=transport),  # type: ignore[arg-type]
                             clock=clock)
     else:
-        target = OpenAITarget(srv.base_url, srv.model, clock=clock, transport=transport)  # type: ignore[arg-type]
+        target = OpenAITarget(srv.base_url, TargetOptions(model=srv.model, transport=transport), clock)  # type: ignore[arg-type]
     await target.start()
     children0 = _children_cpu_s()
     try:

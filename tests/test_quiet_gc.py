@@ -15,6 +15,7 @@ from slobench.run.records import RequestSpec
 from slobench.run.runner import RunOptions, run
 from slobench.targets.base import TargetBase
 from slobench.targets.openai import OpenAITarget
+from slobench.targets.options import TargetOptions
 
 
 class Watching(TargetBase):
@@ -88,8 +89,8 @@ async def test_the_send_path_makes_no_cyclic_garbage_per_request(token_server, t
     """Run 40 then 160 requests with the GC held and count what a collection then finds: if a request left
     a cycle, the second count would be ~120 cycles' worth larger."""
     found = []
-    async with OpenAITarget(token_server.base_url, token_server.model, transport=transport,
-                            extra_body={"x_ttft_ms": 0, "x_itl_ms": 0}) as target:
+    options = TargetOptions(model=token_server.model, transport=transport, extra_body={"x_ttft_ms": 0, "x_itl_ms": 0})
+    async with OpenAITarget(token_server.base_url, options) as target:
         for n in (40, 160):
             gc.collect()
             stats = quiet_gc.hold()

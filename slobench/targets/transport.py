@@ -16,15 +16,13 @@ import asyncio
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
-from typing import Literal, Protocol
+from typing import Protocol
 
 import httpx
 
 from slobench.errors import UsageError
 from slobench.run.records import Status
 
-TransportName = Literal["httpx", "raw"]
-TRANSPORTS: tuple[TransportName, ...] = ("raw", "httpx")
 KEEPALIVE_S = 4.0  # idle connections are dropped after this, below uvicorn's 5 s keep-alive (vLLM, SGLang)
 # "no cap" for httpx: open-loop load must reach the server when it is scheduled, never queue behind a pool
 # limit; httpx's own `None` collapses under load
