@@ -38,6 +38,8 @@ class Timeouts:
 
 @dataclass(frozen=True, slots=True)
 class TargetOptions:
+    """Which target to load and how to talk to it: the CLI's target flags as one value, checked when made."""
+
     urls: tuple[str, ...] = (DEFAULT_URL,)
     model: str | None = None  # None: the first model the server lists, found at preflight
     api: Api = "completions"

@@ -76,7 +76,7 @@ async def negotiate(target: OpenAITarget) -> tuple[Capabilities, str]:
             why = (f"HTTP {r.status}" if r.status >= 400 else
                    "an empty list" if served == [] else "no model list")
             notes.append(f"GET /models gave {why}; a request to {model!r} decides instead")
-        caps = await _probe(target, client, notes, honours_ignore_eos=owner in HONOURS_IGNORE_EOS)
+        caps = await _probe_extensions(target, client, notes, honours_ignore_eos=owner in HONOURS_IGNORE_EOS)
         if caps.probed and target.exact_text is None and (target.api == "chat" or not caps.token_prompts):
             caps = await _measure_words(target, client, caps)
     if served:
@@ -84,8 +84,9 @@ async def negotiate(target: OpenAITarget) -> tuple[Capabilities, str]:
     return caps, f"{model} answers at {target.url}"
 
 
-async def _probe(target: OpenAITarget, client: ControlClient, notes: list[str], *,
-                 honours_ignore_eos: bool) -> Capabilities:
+async def _probe_extensions(target: OpenAITarget, client: ControlClient, notes: list[str], *,
+                            honours_ignore_eos: bool) -> Capabilities:
+    """The plainest request first (it must succeed), then, with the "auto" profile, one probe per extension."""
     caps = target.caps
     is_chat = target.api == "chat"
     for attempt in range(PROBE_TRIES):  # a transient 5xx is tried again; a 4xx is an answer
