@@ -28,6 +28,7 @@ from slobench.run.records import RequestRecord, RequestSpec
 from slobench.run.runner import RunOptions, run
 from slobench.targets.base import TargetBase
 from slobench.targets.openai import OpenAITarget
+from slobench.targets.options import TargetOptions
 from slobench.targets.workers import WorkerPool
 from slobench.testing import TokenServerProcess
 from slobench.workload import PoissonArrivals
@@ -83,10 +84,10 @@ async def measure(srv: TokenServerProcess, rate: float, seconds: float, name: st
     specs = make_specs(rate, seconds, output_len, seed=int(rate))
     target: OpenAITarget | WorkerPool
     if workers > 1:
-        target = WorkerPool(workers, {"base_url": srv.base_url, "model": srv.model, "transport": transport},
+        target = WorkerPool(workers, srv.base_url, TargetOptions(model=srv.model, transport=transport),  # type: ignore[arg-type]
                             clock=clock)
     else:
-        target = OpenAITarget(srv.base_url, srv.model, clock=clock, transport=transport)  # type: ignore[arg-type]
+        target = OpenAITarget(srv.base_url, TargetOptions(model=srv.model, transport=transport), clock)  # type: ignore[arg-type]
     await target.start()
     children0 = _children_cpu_s()
     try:
@@ -132,16 +133,17 @@ async def measure(srv: TokenServerProcess, rate: float, seconds: float, name: st
 
 async def measure_floor(srv: TokenServerProcess, rate: float, seconds: float, output_len: int) -> dict:
     """The floor: the least an aiohttp client can do for the same traffic. It sleeps to each send time (an
-    asyncio sleep: up to ~1 ms late), POSTs a small JSON body, stamps the send with the same hook slobench
-    uses and the first read of the body, and reads on to the end: no SSE parsing, no JSON decoding, no
+    asyncio sleep: up to ~1 ms late), POSTs a small JSON body, stamps the send with aiohttp's request-sent
+    hook and the first read of the body, and reads on to the end: no SSE parsing, no JSON decoding, no
     record."""
     import aiohttp
 
-    from slobench.targets.transport import _call_on_sent
+    async def call_on_sent(_session: object, ctx: Any, _params: object) -> None:
+        ctx.trace_request_ctx()
 
     clock = Clock()
     hook = aiohttp.TraceConfig()
-    hook.on_request_chunk_sent.append(_call_on_sent)
+    hook.on_request_chunk_sent.append(call_on_sent)
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=4),
                                     trace_configs=[hook])
     url = srv.base_url + "/completions"
@@ -251,7 +253,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", default="400,800")
     ap.add_argument("--seconds", type=float, default=6.0)
-    ap.add_argument("--transports", default="aiohttp,raw", help="comma-separated: aiohttp, raw, httpx; TRANSPORT+gc leaves the GC running over the load")
+    ap.add_argument("--transports", default="raw,httpx", help="comma-separated: raw, httpx; TRANSPORT+gc leaves the GC running over the load")
     ap.add_argument("--client-workers", default="1", help="comma-separated worker counts to compare (1 = in-process)")
     ap.add_argument("--output-len", type=int, default=16)
     ap.add_argument("--ttft-ms", type=float, default=50.0)

@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from slobench.analysis.slo import SLO
-from slobench.experiments.capacity import SearchOptions, flat_metrics, search_capacity
+from slobench.experiments.capacity import SearchOptions, search_capacity
 from slobench.fleet.simulate import ModeledEngine, SimulatedMeasure
 from slobench.gate import Samples, gate, rate_key
 
@@ -39,7 +39,7 @@ async def measure_side(v: ModeledEngine, trial: int, replicates: int) -> Samples
     for rep in res.replicates:
         s.add("capacity", rep["seed"], rep["capacity_rps"], s.source)
     for seed in range(1, replicates + 1):
-        for name, val in flat_metrics(await m(FIXED_RATE_RPS, seed)).items():
+        for name, val in (await m(FIXED_RATE_RPS, seed)).flat_metrics().items():
             s.add(rate_key(name, FIXED_RATE_RPS), seed, val, s.source)
     return s
 

@@ -26,6 +26,7 @@ from slobench.run.records import RequestRecord, RequestSpec
 from slobench.run.runner import RunOptions, run
 from slobench.targets.engine import EngineTarget
 from slobench.targets.openai import OpenAITarget
+from slobench.targets.options import TargetOptions
 from slobench.testing import EngineServerProcess
 from slobench.workload import generate, load_workload
 
@@ -43,7 +44,7 @@ def row(name: str, records: list[RequestRecord]) -> str:
 async def measure(specs: list[RequestSpec], knobs: dict, urls: list[str] | None, replicas: int = 1,
                   router: str = "least-outstanding") -> list[RequestRecord]:
     clock = Clock()
-    one: list[Any] = ([OpenAITarget(url, "tiny", clock=clock) for url in urls] if urls else
+    one: list[Any] = ([OpenAITarget(url, TargetOptions(model="tiny"), clock) for url in urls] if urls else
                       [EngineTarget(knobs, clock, model_name="tiny") for _ in range(replicas)])
     target: Any = FleetTarget(one, router) if len(one) > 1 else one[0]
     await target.start()

@@ -27,6 +27,7 @@ from slobench.run.clock import Clock
 from slobench.run.records import RequestSpec
 from slobench.run.runner import RunOptions, run
 from slobench.targets.openai import OpenAITarget
+from slobench.targets.options import TargetOptions
 from slobench.targets.ray_pool import RayPool
 from slobench.testing import TokenServerProcess
 from slobench.workload import PoissonArrivals
@@ -122,7 +123,7 @@ def _show(label: str, r: dict[str, Any], limits_ms: list[float]) -> None:
 
 async def measure(args: argparse.Namespace, srv: TokenServerProcess) -> dict[str, dict[float, float | None]]:
     rates = [float(r) for r in args.rates.split(",")]
-    kw = {"base_url": srv.base_url, "model": srv.model, "server_profile": "vllm"}
+    options = TargetOptions(model=srv.model, server_profile="vllm")
     limits = [float(x) for x in args.limits_ms.split(",")]
     best: dict[str, dict[float, float | None]] = {}
     print("| client | target req/s | achieved req/s (Poisson 3σ) | ok | lateness p99 ms | TTFT error p50 ms | "
@@ -130,11 +131,11 @@ async def measure(args: argparse.Namespace, srv: TokenServerProcess) -> dict[str
           + " / ".join(f"{x:g}" for x in limits) + " ms) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     if not args.no_inprocess:
-        async with OpenAITarget(**kw, clock=Clock()) as t:  # type: ignore[arg-type]
+        async with OpenAITarget(srv.base_url, options, Clock()) as t:
             best["in-process"] = await highest_held(Prober(srv, t, args.seconds, args.output_len), rates,
                                                     "in-process", limits)
     for n in (int(x) for x in args.actors.split(",")):
-        async with RayPool(n, dict(kw)) as pool:
+        async with RayPool(n, srv.base_url, options) as pool:
             label = f"ray × {n}"
             best[label] = await highest_held(Prober(srv, pool, args.seconds, args.output_len), rates, label, limits)
     return best

@@ -27,6 +27,7 @@ from slobench.run.records import RequestRecord, RequestSpec
 from slobench.run.runner import RunOptions, run
 from slobench.targets.base import TargetBase
 from slobench.targets.openai import OpenAITarget
+from slobench.targets.options import TargetOptions, Timeouts
 from slobench.testing.process import EngineServerProcess
 
 WARMUP_SEGMENTS = 2
@@ -107,7 +108,7 @@ async def soak(args: argparse.Namespace) -> int:
     with EngineServerProcess("--executor", "modeled", "--kv-blocks", "4096", "--max-num-seqs", "128",
                              "--max-batched-tokens", "4096") as srv:
         assert srv.pid is not None
-        target = OpenAITarget(srv.base_url, "tiny", "completions", Clock(), timeout_s=60.0)
+        target = OpenAITarget(srv.base_url, TargetOptions(model="tiny", timeouts=Timeouts(request_s=60.0)), Clock())
         await target.start()
         await target.preflight()
         aborting = AbortingTarget(target, args.abort, args.seed)

@@ -77,17 +77,20 @@ def run_load(
     **target_options: Any,
 ) -> Run:
     """One open-loop run against an OpenAI-compatible endpoint; the run directory is written when `out` is
-    given. `model` defaults to the first the server lists; `target_options` go to `OpenAITarget` (headers,
-    api_key, extra_body, timeout_s, transport, ...). Preflight negotiates the server's capabilities as the
-    CLI does. Returns the run read back (or, without `out`, its records and summary)."""
+    given. `model` defaults to the first the server lists; `target_options` are `TargetOptions` fields
+    (headers, extra_body, timeouts, transport, ...) and `api_key`. Preflight negotiates the server's
+    capabilities as the CLI does. Returns the run read back (or, without `out`, its records and summary)."""
     from slobench.run.runner import RunOptions, run
     from slobench.targets.openai import OpenAITarget
+    from slobench.targets.options import TargetOptions
 
     spec, specs = _specs(workload, rate, num_requests, duration_s, seed, api)
     slo_ = _slo(slo)
+    api_key = target_options.pop("api_key", None)
+    options = TargetOptions(model=model, api=api, **target_options)  # type: ignore[arg-type]
 
     async def go() -> Run:
-        async with OpenAITarget(url, model, api, **target_options) as target:  # type: ignore[arg-type]
+        async with OpenAITarget(url, options, api_key=api_key) as target:
             served = await target.preflight()  # finds the model when none is given
             manifest = _manifest(spec, slo_, rate=rate, seed=seed, num_requests=num_requests, duration_s=duration_s,
                                  target={"url": url, "model": target.model, "api": api, "served": served},

@@ -19,7 +19,7 @@ from slobench.version import __version__
 if TYPE_CHECKING:
     from slobench.analysis.summary import RunSummary
     from slobench.experiments.probe import Probe
-    from slobench.targets.build import TargetOptions
+    from slobench.targets.options import TargetOptions
     from slobench.workload.base import Workload
 
 MIN_RATE_RPS = 1 / 86400  # one request a day: anything slower is a typo, and would wait for ever
@@ -197,7 +197,7 @@ class LoadSetup:
     @property
     def urls(self) -> list[str]:
         """`--url A,B,C`: several replicas, routed by this client (slobench.fleet.client_routed)."""
-        from slobench.targets.build import DEFAULT_URL
+        from slobench.targets.options import DEFAULT_URL
 
         urls = [u.strip() for u in str(self.args.url or DEFAULT_URL).split(",") if u.strip()]
         if not urls:
@@ -206,19 +206,19 @@ class LoadSetup:
 
     def target_options(self) -> TargetOptions:
         """What `slobench.targets.build` needs from the flags."""
-        from slobench.targets.build import TargetOptions
         from slobench.targets.engine import engine_knobs_from_args
+        from slobench.targets.options import TargetOptions, Timeouts
 
         a = self.args
         return TargetOptions(
             urls=tuple(self.urls),
             model=a.model,
-            api=self.api,
+            api=self.api,  # type: ignore[arg-type]  # TargetOptions checks it
             stream=not a.no_stream,
             api_key_env=a.api_key_env,
             headers=self.headers,
             extra_body=self.extra_body,
-            timeout_s=a.timeout,
+            timeouts=Timeouts(request_s=a.timeout),
             transport="httpx" if a.http2 else a.transport,
             http2=a.http2,
             server_profile=a.server_profile,
@@ -238,7 +238,7 @@ class LoadSetup:
         return target
 
     def manifest(self, target: Any, served: str) -> dict[str, Any]:
-        from slobench.targets.build import DEFAULT_URL
+        from slobench.targets.options import DEFAULT_URL
         from slobench.workload import phase_boundaries
 
         a = self.args

@@ -28,6 +28,7 @@ from slobench.targets.engine import (
     engine_target_from_args,
 )
 from slobench.targets.openai import OpenAITarget
+from slobench.targets.options import TargetOptions
 from slobench.testing import EngineServerProcess
 
 STEP_S = 0.002  # every modeled step takes 2 ms
@@ -257,7 +258,7 @@ async def test_records_match_the_http_server_path(tmp_path: Path) -> None:
     specs = mixed_specs()
     with EngineServerProcess("--executor", "modeled", "--profile", str(profile_path), "--kv-blocks", "128",
                              "--max-model-len", "512", "--model", "m") as srv:
-        http = OpenAITarget(srv.base_url, "m", api_key_env=None)
+        http = OpenAITarget(srv.base_url, TargetOptions(model="m", api_key_env=None))
         await http.start()
         try:
             await http.preflight()

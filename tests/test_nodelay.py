@@ -22,6 +22,7 @@ from aiohttp import web
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.run.scrape import MetricsScraper
 from slobench.targets import OpenAITarget
+from slobench.targets.options import TargetOptions
 from slobench.testing import TokenServerProcess
 from slobench.testing.process import EngineServerProcess
 
@@ -147,12 +148,12 @@ async def observer() -> AsyncIterator[tuple[_Observer, str]]:
         await runner.cleanup()
 
 
-@pytest.mark.parametrize("transport", ["raw", "aiohttp", "httpx"])
+@pytest.mark.parametrize("transport", ["raw", "httpx"])
 async def test_every_client_connection_has_tcp_nodelay(
     observer: tuple[_Observer, str], transport: str, tmp_path: Path
 ) -> None:
     obs, url = observer
-    target = OpenAITarget(url, "m", transport=transport)  # type: ignore[arg-type]
+    target = OpenAITarget(url, TargetOptions(model="m", transport=transport))  # type: ignore[arg-type]
     await target.preflight()
     async with target:
         rec = RequestRecord(0, 0.0)

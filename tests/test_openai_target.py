@@ -20,6 +20,7 @@ from slobench.errors import SpecError, TargetUnreachable
 from slobench.run.clock import Clock
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets import OpenAITarget
+from slobench.targets.options import TargetOptions, Timeouts
 from slobench.targets.transport import Response, TransportError
 from slobench.testing import TokenServerProcess
 
@@ -104,10 +105,12 @@ def spec(prompt: str | tuple[int, ...] = (1, 2, 3), **kw: Any) -> RequestSpec:
 
 
 async def run_scripted(
-    pieces: list[bytes | BaseException], *, status: int = 200, api: str = "completions", **kw: Any
+    pieces: list[bytes | BaseException], *, status: int = 200, api: str = "completions", api_key: str | None = None,
+    **kw: Any
 ) -> tuple[RequestRecord, ScriptedTransport]:
     tr = ScriptedTransport(status, pieces)
-    target = OpenAITarget("http://h:1/v1", "m", api, TickClock(), transport=tr, **kw)  # type: ignore[arg-type]
+    target = OpenAITarget("http://h:1/v1", TargetOptions(model="m", api=api, **kw), TickClock(),  # type: ignore[arg-type]
+                          transport=tr, api_key=api_key)
     await target.start()
     rec = RequestRecord(0, 0.0)
     await target.send(spec("hi there") if api == "chat" else spec(), rec)
@@ -263,7 +266,7 @@ async def test_http_429_is_labelled() -> None:
 
 async def test_cancellation_propagates_and_keeps_partial_times() -> None:
     tr = ScriptedTransport(200, [sse(tok()), asyncio.CancelledError()])
-    target = OpenAITarget("http://h:1/v1", "m", clock=TickClock(), transport=tr)  # type: ignore[arg-type]
+    target = OpenAITarget("http://h:1/v1", TargetOptions(model="m"), TickClock(), transport=tr)  # type: ignore[arg-type]
     await target.start()
     record = RequestRecord(0, 0.0)
     with pytest.raises(asyncio.CancelledError):
@@ -276,7 +279,8 @@ async def test_cancellation_propagates_and_keeps_partial_times() -> None:
 
 async def test_completions_body_with_token_ids_and_merge_order() -> None:
     tr = ScriptedTransport(200, [sse(b"[DONE]")])
-    target = OpenAITarget("http://h:1/v1", "m", transport=tr, extra_body={"temperature": 0.5, "top_k": 3})  # type: ignore[arg-type]
+    target = OpenAITarget("http://h:1/v1", TargetOptions(model="m", extra_body={"temperature": 0.5, "top_k": 3}),
+                          transport=tr)  # type: ignore[arg-type]
     await target.start()
     s = spec((1, 2, 3), max_tokens=7, min_tokens=7, extra_body=(("top_k", 9), ("x_fault", None)))
     await target.send(s, RequestRecord(0, 0.0))
@@ -290,7 +294,7 @@ async def test_completions_body_with_token_ids_and_merge_order() -> None:
 
 async def test_chat_body_and_text_prompt() -> None:
     tr = ScriptedTransport(200, [sse(b"[DONE]")])
-    target = OpenAITarget("http://h:1/", "m", "chat", transport=tr)  # type: ignore[arg-type]
+    target = OpenAITarget("http://h:1/", TargetOptions(model="m", api="chat"), transport=tr)  # type: ignore[arg-type]
     await target.start()
     await target.send(spec("hello world", ignore_eos=False), RequestRecord(0, 0.0))
     url, body, _ = tr.sent[0]
@@ -301,7 +305,7 @@ async def test_chat_body_and_text_prompt() -> None:
 
 async def test_chat_with_token_ids_sends_the_ids_as_words() -> None:
     tr = ScriptedTransport(200, [sse(ctok("x"), CFIN, b"[DONE]")])
-    target = OpenAITarget("http://h:1/v1", "m", "chat", transport=tr)  # type: ignore[arg-type]
+    target = OpenAITarget("http://h:1/v1", TargetOptions(model="m", api="chat"), transport=tr)  # type: ignore[arg-type]
     await target.start()
     rec = RequestRecord(0, 0.0)
     await target.send(spec((1000, 1001, 1000)), rec)
@@ -313,8 +317,8 @@ async def test_chat_with_token_ids_sends_the_ids_as_words() -> None:
 async def test_api_key_from_env_is_sent_and_never_shown(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MY_KEY", KEY)
     tr = ScriptedTransport(200, [sse(b"[DONE]")])
-    target = OpenAITarget("http://h:1/v1", "m", transport=tr, api_key_env="MY_KEY",  # type: ignore[arg-type]
-                          headers={"X-Trace": "t1", "X-Api-Key": "hdr-secret"})
+    options = TargetOptions(model="m", api_key_env="MY_KEY", headers={"X-Trace": "t1", "X-Api-Key": "hdr-secret"})
+    target = OpenAITarget("http://h:1/v1", options, transport=tr)  # type: ignore[arg-type]
     await target.start()
     rec = RequestRecord(0, 0.0)
     await target.send(spec(), rec)
@@ -328,33 +332,34 @@ async def test_api_key_from_env_is_sent_and_never_shown(monkeypatch: pytest.Monk
 async def test_no_key_no_authorization_header(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     tr = ScriptedTransport(200, [sse(b"[DONE]")])
-    target = OpenAITarget("http://h:1/v1", "m", transport=tr)  # type: ignore[arg-type]
+    target = OpenAITarget("http://h:1/v1", TargetOptions(model="m"), transport=tr)  # type: ignore[arg-type]
     await target.start()
     await target.send(spec(), RequestRecord(0, 0.0))
     assert "Authorization" not in tr.sent[0][2]
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "field_name"),
+    ("url", "kwargs", "field_name"),
     [
-        ({"base_url": "localhost:8000"}, "url"),
-        ({"base_url": "ftp://h/v1"}, "url"),
-        ({"api": "embeddings"}, "api"),
-        ({"transport": "requests"}, "transport"),
-        ({"timeout_s": 0}, "timeout_s"),
-        ({"http2": True}, "http2"),
-        ({"model": ""}, "model"),
+        ("localhost:8000", {}, "url"),
+        ("ftp://h/v1", {}, "url"),
+        ("http://h:1/v1", {"api": "embeddings"}, "api"),
+        ("http://h:1/v1", {"transport": "requests"}, "transport"),
+        ("http://h:1/v1", {"timeouts": {"request_s": 0}}, "request_s"),
+        ("http://h:1/v1", {"http2": True}, "http2"),
+        ("http://h:1/v1", {"model": ""}, "model"),
     ],
 )
-def test_bad_arguments_name_the_field(kwargs: dict[str, Any], field_name: str) -> None:
-    args: dict[str, Any] = {"base_url": "http://h:1/v1", "model": "m", **kwargs}
+def test_bad_arguments_name_the_field(url: str, kwargs: dict[str, Any], field_name: str) -> None:
     with pytest.raises(SpecError) as e:
-        OpenAITarget(**args)
+        if "timeouts" in kwargs:
+            kwargs = {**kwargs, "timeouts": Timeouts(**kwargs["timeouts"])}
+        OpenAITarget(url, TargetOptions(**{"model": "m", **kwargs}))
     assert e.value.field == field_name
 
 
 async def test_send_before_start_is_a_programming_error() -> None:
-    target = OpenAITarget("http://h:1/v1", "m")
+    target = OpenAITarget("http://h:1/v1", TargetOptions(model="m"))
     with pytest.raises(RuntimeError, match="start"):
         await target.send(spec(), RequestRecord(0, 0.0))
 
@@ -383,7 +388,7 @@ class TimingRound:
 async def _timing_round(server: TokenServerProcess) -> TimingRound:
     clock = Clock()
     ids = _ids("timing", 30)
-    async with OpenAITarget(server.base_url, server.model, clock=clock) as target:
+    async with OpenAITarget(server.base_url, TargetOptions(model=server.model), clock) as target:
         await target.send(spec(max_tokens=2), RequestRecord(0, 0.0))  # warm the connection pool
 
         async def one(i: int) -> RequestRecord:
@@ -442,13 +447,14 @@ FAULT_CASES = [
 
 
 @integration
-@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+@pytest.mark.parametrize("transport", ["raw", "httpx"])
 async def test_each_fault_is_a_failed_record_and_the_next_request_works(
     token_server: TokenServerProcess, transport: str
 ) -> None:
     fast = {"x_ttft_ms": 1, "x_itl_ms": 1}
-    async with OpenAITarget(token_server.base_url, token_server.model, extra_body=fast, timeout_s=0.5,
-                            transport=transport) as target:  # type: ignore[arg-type]
+    options = TargetOptions(model=token_server.model, extra_body=fast, timeouts=Timeouts(request_s=0.5),
+                            transport=transport)  # type: ignore[arg-type]
+    async with OpenAITarget(token_server.base_url, options) as target:
         for fault, status, reason, num_tokens in FAULT_CASES:
             rec = RequestRecord(0, 0.0)
             await target.send(spec(max_tokens=6, extra_body=(("x_fault", fault),)), rec)
@@ -471,8 +477,8 @@ async def test_apis_prompts_and_usage(token_server: TokenServerProcess, api: str
     if api == "completions":
         prompts.append(tuple(range(11)))
     fast = {"x_ttft_ms": 1, "x_itl_ms": 1}
-    async with OpenAITarget(token_server.base_url, token_server.model, api, stream=stream,  # type: ignore[arg-type]
-                            extra_body=fast) as target:
+    options = TargetOptions(model=token_server.model, api=api, stream=stream, extra_body=fast)  # type: ignore[arg-type]
+    async with OpenAITarget(token_server.base_url, options) as target:
         for prompt in prompts:
             rec = RequestRecord(0, 0.0)
             await target.send(spec(prompt, max_tokens=5), rec)
@@ -490,29 +496,29 @@ async def test_api_key_is_sent_and_an_echoing_server_cannot_leak_it(
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     echo = (("x_fault", "echo_auth"),)
-    async with OpenAITarget(token_server.base_url, token_server.model) as target:
+    async with OpenAITarget(token_server.base_url, TargetOptions(model=token_server.model)) as target:
         rec = RequestRecord(0, 0.0)
         await target.send(spec(extra_body=echo), rec)
     assert rec.http_status == 401
     assert rec.error == "HTTP 401: invalid credentials: ***"  # the server saw the key and echoed it
     assert KEY not in rec.to_json()
     monkeypatch.delenv("OPENAI_API_KEY")
-    async with OpenAITarget(token_server.base_url, token_server.model) as target:
+    async with OpenAITarget(token_server.base_url, TargetOptions(model=token_server.model)) as target:
         rec = RequestRecord(0, 0.0)
         await target.send(spec(extra_body=echo), rec)
     assert rec.error == "HTTP 401: invalid credentials:"  # no key, nothing sent
 
 
 @integration
-@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+@pytest.mark.parametrize("transport", ["raw", "httpx"])
 async def test_the_pool_does_not_cap_concurrency(token_server: TokenServerProcess, transport: str) -> None:
-    # aiohttp's default pool holds 100 connections (httpx's 100 too): with a cap, request 101 would reach
+    # httpx's default pool holds 100 connections: with a cap, request 101 would reach
     # the server only once an earlier one had finished, 2 s after it arrived.
     num = 120
     ids = _ids("pool", num)
     body = {"x_ttft_ms": 2000, "x_itl_ms": 1}
-    async with OpenAITarget(token_server.base_url, token_server.model, extra_body=body,
-                            transport=transport) as target:  # type: ignore[arg-type]
+    options = TargetOptions(model=token_server.model, extra_body=body, transport=transport)  # type: ignore[arg-type]
+    async with OpenAITarget(token_server.base_url, options) as target:
         records = [RequestRecord(i, 0.0) for i in range(num)]
         await asyncio.gather(*(target.send(spec(max_tokens=1, extra_body=(("x_request_id", ids[r.request_id]),)), r)
                                for r in records))
@@ -526,12 +532,12 @@ async def test_the_pool_does_not_cap_concurrency(token_server: TokenServerProces
 
 
 @integration
-async def test_aiohttp_and_httpx_give_the_same_records(token_server: TokenServerProcess) -> None:
+async def test_raw_and_httpx_give_the_same_records(token_server: TokenServerProcess) -> None:
     fast = {"x_ttft_ms": 10, "x_itl_ms": 3}
     results = {}
-    for transport in ("aiohttp", "httpx"):
-        async with OpenAITarget(token_server.base_url, token_server.model, transport=transport,  # type: ignore[arg-type]
-                                extra_body=fast) as target:
+    for transport in ("raw", "httpx"):
+        options = TargetOptions(model=token_server.model, transport=transport, extra_body=fast)  # type: ignore[arg-type]
+        async with OpenAITarget(token_server.base_url, options) as target:
             await target.send(spec(max_tokens=1), RequestRecord(0, 0.0))  # connect outside the comparison
             recs = []
             for max_tokens in (1, 4, 9, 2, 5, 3, 7):
@@ -539,12 +545,12 @@ async def test_aiohttp_and_httpx_give_the_same_records(token_server: TokenServer
                 await target.send(spec(max_tokens=max_tokens), rec)
                 recs.append(rec)
             results[transport] = recs
-    for a, b in zip(results["aiohttp"], results["httpx"], strict=True):
+    for a, b in zip(results["raw"], results["httpx"], strict=True):
         assert (a.status, a.error, a.http_status) == (b.status, b.error, b.http_status)
         assert (a.output_tokens, a.prompt_tokens, sum(a.chunk_tokens)) == (
             b.output_tokens, b.prompt_tokens, sum(b.chunk_tokens))
     # Both stamp on the schedule: never before the server's 10 ms, and not far after. (httpx costs more CPU
-    # per request, so on a busy 2-core machine its median can trail aiohttp's by several ms; the exact
+    # per request, so on a busy 2-core machine its median can trail raw's by several ms; the exact
     # 2 ms agreement is checked for the default transport in the timing test above.)
     ttft = {k: statistics.median(r.first_token_s - r.sent_s for r in v) for k, v in results.items()}  # type: ignore[operator]
     assert all(0.010 <= v < 0.040 for v in ttft.values()), ttft
@@ -561,14 +567,14 @@ def _closed_port() -> int:
 
 @integration
 async def test_preflight_ok(token_server: TokenServerProcess) -> None:
-    target = OpenAITarget(token_server.base_url, token_server.model)
+    target = OpenAITarget(token_server.base_url, TargetOptions(model=token_server.model))
     assert "test-model" in await target.preflight()
 
 
 @integration
 async def test_preflight_unreachable_fails_fast_naming_the_url() -> None:
     port = _closed_port()
-    target = OpenAITarget(f"http://127.0.0.1:{port}/v1", "m")
+    target = OpenAITarget(f"http://127.0.0.1:{port}/v1", TargetOptions(model="m"))
     t0 = time.perf_counter()
     with pytest.raises(TargetUnreachable) as e:
         await target.preflight()
@@ -580,7 +586,7 @@ async def test_preflight_unreachable_fails_fast_naming_the_url() -> None:
 
 @integration
 async def test_preflight_wrong_model_lists_the_served_ones(token_server: TokenServerProcess) -> None:
-    target = OpenAITarget(token_server.base_url, "llama-9000")
+    target = OpenAITarget(token_server.base_url, TargetOptions(model="llama-9000"))
     with pytest.raises(TargetUnreachable, match=r"model 'llama-9000' is not served; served: 'test-model'"):
         await target.preflight()
 
@@ -590,25 +596,25 @@ async def test_preflight_without_models_endpoint_falls_back_to_a_request(
     start_token_server: Callable[..., TokenServerProcess],
 ) -> None:
     srv = start_token_server(serve_models=False, ttft_ms=1, itl_ms=1)
-    assert "answers at" in await OpenAITarget(srv.base_url, srv.model, "chat").preflight()
+    assert "answers at" in await OpenAITarget(srv.base_url, TargetOptions(model=srv.model, api="chat")).preflight()
     with pytest.raises(
         TargetUnreachable, match=r"/v1/completions: the server refused the plainest request .*HTTP 404: The model `nope`"
     ):
-        await OpenAITarget(srv.base_url, "nope").preflight()
+        await OpenAITarget(srv.base_url, TargetOptions(model="nope")).preflight()
 
 
 # ---- integration: the token server's own promises ----------------------------------------------------
 
 
 @integration
-@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+@pytest.mark.parametrize("transport", ["raw", "httpx"])
 async def test_connections_are_kept_alive_and_reused(
     token_server: TokenServerProcess, transport: str
 ) -> None:
     ids = _ids("keepalive", 5)
     fast = {"x_ttft_ms": 1, "x_itl_ms": 1}
-    async with OpenAITarget(token_server.base_url, token_server.model, extra_body=fast,
-                            transport=transport) as target:  # type: ignore[arg-type]
+    options = TargetOptions(model=token_server.model, extra_body=fast, transport=transport)  # type: ignore[arg-type]
+    async with OpenAITarget(token_server.base_url, options) as target:
         for i in ids:
             rec = RequestRecord(0, 0.0)
             await target.send(spec(max_tokens=4, extra_body=(("x_request_id", i),)), rec)
@@ -620,7 +626,7 @@ async def test_connections_are_kept_alive_and_reused(
 @integration
 async def test_metrics_endpoint_reports_running_requests(token_server: TokenServerProcess) -> None:
     body = {"x_ttft_ms": 2000, "x_itl_ms": 1}
-    async with OpenAITarget(token_server.base_url, token_server.model, extra_body=body) as target:
+    async with OpenAITarget(token_server.base_url, TargetOptions(model=token_server.model, extra_body=body)) as target:
         task = asyncio.create_task(target.send(spec(max_tokens=1), RequestRecord(0, 0.0)))
         metrics_url = token_server.base_url.removesuffix("/v1") + "/metrics"
         async with httpx.AsyncClient() as client:
@@ -674,9 +680,9 @@ async def test_a_whole_answer_without_output_is_not_ok(body: bytes) -> None:
 
 
 async def test_credentials_in_the_url_become_a_basic_header_and_leave_the_url(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("OPENAI_API_KEY", KEY)  # an Authorization header as well: aiohttp refused the pair
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)  # an Authorization header as well as the URL's credentials
     tr = ScriptedTransport(200, [sse(tok(finish_reason="length"), b"[DONE]")])
-    target = OpenAITarget("http://user:pw@h:1/v1", "m", transport=tr)  # type: ignore[arg-type]
+    target = OpenAITarget("http://user:pw@h:1/v1", TargetOptions(model="m"), transport=tr)  # type: ignore[arg-type]
     assert target.base_url == "http://h:1/v1" and "pw" not in json.dumps(target.describe())
     await target.start()
     rec = RequestRecord(0, 0.0)
@@ -684,17 +690,18 @@ async def test_credentials_in_the_url_become_a_basic_header_and_leave_the_url(mo
     assert rec.status == "ok" and tr.sent[0][0] == "http://h:1/v1/completions"
     assert tr.sent[0][2]["Authorization"] == f"Bearer {KEY}"  # the explicit key wins
     monkeypatch.delenv("OPENAI_API_KEY")
-    basic = OpenAITarget("http://user:pw@h:1/v1", "m", transport=ScriptedTransport())  # type: ignore[arg-type]
+    basic = OpenAITarget("http://user:pw@h:1/v1", TargetOptions(model="m"), transport=ScriptedTransport())  # type: ignore[arg-type]
     assert basic._headers["Authorization"] == "Basic dXNlcjpwdw=="
 
 
 def test_the_request_body_is_the_json_of_build_body_whatever_extra_body_holds() -> None:
     from slobench.targets.openai import _body_bytes
 
-    t = OpenAITarget("http://127.0.0.1:9/v1", "m", extra_body={"big": 2**70, "note": "café ☕", "seq": (1, 2)})
+    t = OpenAITarget("http://127.0.0.1:9/v1", TargetOptions(model="m", extra_body={"big": 2**70, "note": "café ☕",
+                                                                                    "seq": (1, 2)}))
     s = spec(prompt=(1, 2, 3), extra_body=(("x_request_id", "é-1"),))
     body = t.build_body(s)
     sent = _body_bytes(body)  # orjson, or json where orjson refuses (the int past 64 bits here)
     assert json.loads(sent) == json.loads(json.dumps(body)) and b", " not in sent and b": " not in sent
-    del t._extra_body["big"]
+    del t.extra_body["big"]
     assert json.loads(_body_bytes(t.build_body(s))) == json.loads(json.dumps(t.build_body(s)))

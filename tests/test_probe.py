@@ -15,6 +15,7 @@ from slobench.run.clock import Clock
 from slobench.run.rundir import load_run
 from slobench.run.runner import RunOptions
 from slobench.targets.openai import OpenAITarget
+from slobench.targets.options import TargetOptions
 from slobench.testing import TokenServerProcess
 from slobench.workload import generate, load_workload
 
@@ -47,8 +48,8 @@ async def test_live_and_virtual_probes_write_one_run_directory_shape(tmp_path: P
     virtual = VirtualProbe(make_specs, ModeledEngine(), slo=SLO_)
     v = await virtual(8.0, 3, tmp_path / "virtual", {"made_by": "test", "rate_rps": 8.0})
     clock = Clock()
-    async with OpenAITarget(token_server.base_url, token_server.model, clock=clock,
-                            extra_body={"x_ttft_ms": 5, "x_itl_ms": 1}) as target:
+    options = TargetOptions(model=token_server.model, extra_body={"x_ttft_ms": 5, "x_itl_ms": 1})
+    async with OpenAITarget(token_server.base_url, options, clock) as target:
         live = LiveProbe(make_specs, target, slo=SLO_, opts=RunOptions(progress=False), clock=clock)
         r = await live(8.0, 3, tmp_path / "live", {"made_by": "test", "rate_rps": 8.0})
     assert not v.interrupted and not r.interrupted

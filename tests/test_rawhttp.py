@@ -4,7 +4,7 @@ Unit tests feed the connection's protocol bytes directly (every split of a chunk
 trailers, Content-Length, bodies ending at the close, bad framing). Integration tests (marked slow) drive it
 against scripted asyncio servers on 127.0.0.1 for the failures a server causes (a connection closed
 mid-stream, a kept-alive connection closed under the client, a hang, a refused connect) and against the
-token server, fault by fault and quirk by quirk, beside aiohttp.
+token server, fault by fault and quirk by quirk, beside httpx.
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ import pytest
 from slobench.errors import UsageError
 from slobench.run.records import RequestRecord
 from slobench.targets import OpenAITarget
+from slobench.targets.openai import make_transport
+from slobench.targets.options import TargetOptions, Timeouts
 from slobench.targets.rawhttp import _DONE, RawHttpTransport, _Chunks, _Conn, _reason
-from slobench.targets.transport import TransportError, make_transport
+from slobench.targets.transport import TransportError
 from slobench.testing import TokenServerProcess
 from tests.test_openai_target import FAULT_CASES, spec
 
@@ -402,15 +404,15 @@ async def test_a_hang_times_out_and_a_refused_connect_says_where() -> None:
     assert (err.value.status, err.value.reason) == ("error", f"cannot connect to 127.0.0.1:{port}: connection refused")
 
 
-# ---- integration: the token server, beside aiohttp -------------------------------------------------------
+# ---- integration: the token server, beside httpx ---------------------------------------------------------
 
 
 @slow
 @pytest.mark.integration
-async def test_each_fault_is_the_record_aiohttp_gives(token_server: TokenServerProcess) -> None:
+async def test_each_fault_is_the_record_httpx_gives(token_server: TokenServerProcess) -> None:
     fast = {"x_ttft_ms": 1, "x_itl_ms": 1}
-    async with OpenAITarget(token_server.base_url, token_server.model, extra_body=fast, timeout_s=0.5,
-                            transport="raw") as target:
+    options = TargetOptions(model=token_server.model, extra_body=fast, timeouts=Timeouts(request_s=0.5), transport="raw")
+    async with OpenAITarget(token_server.base_url, options) as target:
         for fault, status, reason, num_tokens in FAULT_CASES:
             rec = RequestRecord(0, 0.0)
             await target.send(spec(max_tokens=6, extra_body=(("x_fault", fault),)), rec)
@@ -428,21 +430,21 @@ async def test_each_fault_is_the_record_aiohttp_gives(token_server: TokenServerP
 @pytest.mark.integration
 @pytest.mark.parametrize("quirk", ["no-done", "strict-fields", "no-usage", "interrupt", "eos-early"])
 @pytest.mark.parametrize("api", ["completions", "chat"])
-async def test_quirky_servers_give_the_records_aiohttp_gives(
+async def test_quirky_servers_give_the_records_httpx_gives(
     start_token_server: Callable[..., TokenServerProcess], quirk: str, api: str
 ) -> None:
     srv = start_token_server(ttft_ms=1.0, itl_ms=1.0, quirks=(quirk,))
     records = {}
-    for transport in ("aiohttp", "raw"):
-        async with OpenAITarget(srv.base_url, srv.model, api, transport=transport,  # type: ignore[arg-type]
-                                server_profile="vllm") as target:
+    for transport in ("httpx", "raw"):
+        options = TargetOptions(model=srv.model, api=api, transport=transport, server_profile="vllm")  # type: ignore[arg-type]
+        async with OpenAITarget(srv.base_url, options) as target:
             recs = []
             for max_tokens in (1, 4, 8):
                 rec = RequestRecord(0, 0.0)
                 await target.send(spec(max_tokens=max_tokens, ignore_eos=True), rec)
                 recs.append((rec.status, rec.error, rec.http_status, rec.output_tokens, sum(rec.chunk_tokens)))
             records[transport] = recs
-    assert records["raw"] == records["aiohttp"]
+    assert records["raw"] == records["httpx"]
 
 
 @slow
@@ -451,8 +453,8 @@ async def test_the_pool_does_not_cap_concurrency(token_server: TokenServerProces
     num = 120
     u = uuid.uuid4().hex[:8]
     ids = [f"rawpool-{u}-{i}" for i in range(num)]
-    async with OpenAITarget(token_server.base_url, token_server.model, transport="raw",
-                            extra_body={"x_ttft_ms": 1000, "x_itl_ms": 1}) as target:
+    options = TargetOptions(model=token_server.model, transport="raw", extra_body={"x_ttft_ms": 1000, "x_itl_ms": 1})
+    async with OpenAITarget(token_server.base_url, options) as target:
         records = [RequestRecord(i, 0.0) for i in range(num)]
         await asyncio.gather(*(target.send(spec(max_tokens=1, extra_body=(("x_request_id", ids[r.request_id]),)), r)
                                for r in records))

@@ -25,6 +25,7 @@ from slobench.cli import main
 from slobench.run.clock import Clock
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.run.runner import RunOptions, run
+from slobench.targets.options import TargetOptions
 from slobench.testing import TokenServerProcess
 from tests.netns import in_netns, rerun_in_own_netns
 
@@ -42,8 +43,8 @@ def poisson_specs(n: int, rate_rps: float, seed: int, first_id: int = 0, max_tok
                         extra_body=(("x_request_id", first_id + i),)) for i, t in enumerate(times)]
 
 
-def kwargs(srv: TokenServerProcess) -> dict[str, Any]:
-    return {"base_url": srv.base_url, "model": srv.model, "server_profile": "vllm"}
+def options(srv: TokenServerProcess) -> TargetOptions:
+    return TargetOptions(model=srv.model, server_profile="vllm")
 
 
 def server_delay_s(srv: TokenServerProcess, records: list[RequestRecord], clock: Clock) -> np.ndarray:
@@ -98,10 +99,10 @@ async def test_records_match_one_process_and_a_shifted_clock_is_recovered(
     from slobench.targets.openai import OpenAITarget
     from slobench.targets.ray_pool import RayPool
 
-    async with OpenAITarget(**kwargs(token_server)) as single:
+    async with OpenAITarget(token_server.base_url, options(token_server)) as single:
         alone = await run(poisson_specs(80, 40.0, seed=1), single, opts=QUIET, handle_sigint=False)
         alone_delay = server_delay_s(token_server, alone.records, single.clock)
-    async with RayPool(2, kwargs(token_server), clock_shift_s=[0.0, SHIFT_S]) as pool:
+    async with RayPool(2, token_server.base_url, options(token_server), clock_shift_s=[0.0, SHIFT_S]) as pool:
         await pool.preflight()
         pooled = await run(poisson_specs(80, 40.0, seed=1, first_id=1000), pool, opts=QUIET, handle_sigint=False)
         pooled_delay = server_delay_s(token_server, pooled.records, pool.clock)
@@ -145,7 +146,7 @@ async def test_records_match_one_process_and_a_shifted_clock_is_recovered(
 async def test_a_killed_actor_fails_only_its_requests(cluster: Any, token_server: TokenServerProcess) -> None:
     from slobench.targets.ray_pool import RayPool
 
-    async with RayPool(2, kwargs(token_server)) as pool:
+    async with RayPool(2, token_server.base_url, options(token_server)) as pool:
         victim = pool.actor_pids[0]
 
         async def kill_at(t_s: float) -> Callable[[Clock], Awaitable[None]]:

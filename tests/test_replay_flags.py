@@ -12,6 +12,7 @@ from slobench.errors import UsageError
 from slobench.load_setup import LoadSetup
 from slobench.run.clock import Clock
 from slobench.targets.openai import OpenAITarget
+from slobench.targets.options import TargetOptions
 from slobench.workload.replay import replay
 from slobench.workload.traces import load_trace
 
@@ -37,7 +38,7 @@ def setup_for(argv: list[str]) -> LoadSetup:
 def test_replay_sends_min_tokens_equal_to_max_tokens(tmp_path):
     specs = replay(load_trace(trace_file(tmp_path)))
     assert [(s.max_tokens, s.min_tokens) for s in specs] == [(10, 10), (20, 20), (40, 40)]
-    body = OpenAITarget(URL, "m", clock=Clock()).build_body(specs[0])
+    body = OpenAITarget(URL, TargetOptions(model="m"), Clock()).build_body(specs[0])
     assert body["min_tokens"] == body["max_tokens"] == 10
     assert all(s.min_tokens is None for s in replay(load_trace(trace_file(tmp_path)), min_tokens="none"))
 

@@ -18,6 +18,7 @@ from slobench.run.clock import Clock
 from slobench.run.records import RequestSpec
 from slobench.run.runner import RunOptions, run
 from slobench.targets.base import TargetBase
+from slobench.targets.options import TargetOptions
 from slobench.workload.replay import TraceReplay
 from slobench.workload.trace_stream import ReplayStream, StreamingReplay, count_lines
 
@@ -238,7 +239,7 @@ async def test_client_workers_take_a_streamed_trace(tmp_path, token_server):
     from slobench.targets.workers import WorkerPool
 
     path = mooncake(tmp_path / "m.jsonl", 40, gap_ms=10)
-    async with WorkerPool(2, {"base_url": token_server.base_url, "model": token_server.model}) as pool:
+    async with WorkerPool(2, token_server.base_url, TargetOptions(model=token_server.model)) as pool:
         await pool.preflight()
         res = await run(StreamingReplay(str(path)).specs(), pool, opts=RunOptions(progress=False),
                         handle_sigint=False)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from slobench.cli import main
+from slobench.targets.options import TargetOptions
 from slobench.testing import TokenServerProcess
 
 pytestmark = pytest.mark.integration
@@ -157,7 +158,7 @@ def test_min_tokens_goes_beside_ignore_eos_only_where_ignore_eos_may_be_ignored(
     from slobench.run.records import RequestSpec
     from slobench.targets import OpenAITarget
 
-    body = OpenAITarget("http://h:1/v1", "m", server_profile=profile).build_body(
+    body = OpenAITarget("http://h:1/v1", TargetOptions(model="m", server_profile=profile)).build_body(
         RequestSpec(request_id=0, arrival_s=0.0, prompt=(1, 2), input_tokens=2, max_tokens=9))
     assert body.get("min_tokens") == (9 if paired else None)
     assert body.get("ignore_eos") is (None if profile == "llamacpp" else True)
@@ -273,7 +274,7 @@ def test_the_text_memo_is_bounded_by_size(monkeypatch: pytest.MonkeyPatch) -> No
     from slobench.run.records import RequestSpec
 
     monkeypatch.setattr(oa, "_MEMO_CHARS", 1000)
-    t = oa.OpenAITarget("http://h:1/v1", "m", "chat")
+    t = oa.OpenAITarget("http://h:1/v1", TargetOptions(model="m", api="chat"))
     for i in range(50):
         t.build_body(RequestSpec(request_id=i, arrival_s=0.0, prompt=tuple(range(i, i + 40)), input_tokens=40,
                                  max_tokens=1))
@@ -301,6 +302,6 @@ def test_a_small_vocabulary_keeps_token_prompts(tmp_path: Path) -> None:
 
     pytest.importorskip("torch")
     with EngineServerProcess("--executor", "torch", "--model", "tiny", torch_threads=1) as srv:  # vocab 512
-        target = OpenAITarget(srv.base_url, "tiny")
+        target = OpenAITarget(srv.base_url, TargetOptions(model="tiny"))
         asyncio.run(target.preflight())
     assert target.caps.token_prompts is True, target.caps.notes

@@ -13,8 +13,9 @@ import pytest
 
 from slobench.cli import main
 from slobench.run.clock import Clock
-from slobench.targets.build import TargetOptions, build
+from slobench.targets.build import build
 from slobench.targets.openai import OpenAITarget
+from slobench.targets.options import TargetOptions
 from slobench.targets.transport import ControlClient, TransportError
 from slobench.testing import TokenServerProcess
 

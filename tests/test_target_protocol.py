@@ -24,6 +24,7 @@ from slobench.targets.base import Target, TargetBase
 from slobench.targets.capabilities import Capabilities
 from slobench.targets.engine import EngineTarget
 from slobench.targets.openai import OpenAITarget
+from slobench.targets.options import TargetOptions
 from slobench.targets.ray_pool import RayPool
 from slobench.targets.workers import WorkerPool
 
@@ -51,14 +52,14 @@ def concrete_targets() -> set[type]:
 
 
 def instances(clock: Clock) -> dict[type, Any]:
-    kw = {"base_url": "http://127.0.0.1:9/v1", "model": "m"}
-    one = OpenAITarget(**kw, clock=clock)
+    url, options = "http://127.0.0.1:9/v1", TargetOptions(model="m")
+    one = OpenAITarget(url, options, clock)
     return {
         OpenAITarget: one,
         EngineTarget: EngineTarget({"executor": "modeled", "profile": "cpu-tiny", "kv_blocks": 64}, clock, model_name="m"),
-        WorkerPool: WorkerPool(2, kw, clock),
-        RayPool: RayPool(2, kw, clock),
-        FleetTarget: FleetTarget([one, OpenAITarget(**kw, clock=clock)]),
+        WorkerPool: WorkerPool(2, url, options, clock),
+        RayPool: RayPool(2, url, options, clock),
+        FleetTarget: FleetTarget([one, OpenAITarget(url, options, clock)]),
     }
 
 

@@ -19,6 +19,7 @@ from slobench.load_setup import LoadSetup
 from slobench.run.clock import Clock
 from slobench.run.runner import RunOptions, run
 from slobench.targets.openai import OpenAITarget
+from slobench.targets.options import TargetOptions
 from slobench.workload.replay import TraceReplay, block_token_ids, replay
 from slobench.workload.traces import load_trace
 
@@ -81,7 +82,7 @@ async def start_recorder(clock: Clock) -> tuple[Recorder, web.AppRunner, str]:
 async def replay_through_server(specs):
     clock = Clock()
     rec, server, url = await start_recorder(clock)
-    target = OpenAITarget(url, "m", clock=clock)
+    target = OpenAITarget(url, TargetOptions(model="m"), clock)
     await target.start()
     try:
         res = await run(specs, target, clock=clock, opts=RunOptions(progress=False), handle_sigint=False)

@@ -21,6 +21,7 @@ from slobench.run.records import RequestSpec
 from slobench.run.rundir import load_run
 from slobench.run.runner import RunOptions, run
 from slobench.targets.openai import OpenAITarget
+from slobench.targets.options import TargetOptions, Timeouts
 from slobench.targets.workers import WorkerPool
 from slobench.testing import TokenServerProcess
 
@@ -36,8 +37,8 @@ def specs(n: int, spacing_s: float = 0.01, max_tokens: int = 20, start_s: float 
             for i in range(n)]
 
 
-def kwargs(srv: TokenServerProcess) -> dict[str, object]:
-    return {"base_url": srv.base_url, "model": srv.model}
+def options(srv: TokenServerProcess) -> TargetOptions:
+    return TargetOptions(model=srv.model)
 
 
 def assert_gone(pids: list[int]) -> None:
@@ -47,13 +48,13 @@ def assert_gone(pids: list[int]) -> None:
 
 
 async def test_workers_measure_what_one_process_measures(token_server: TokenServerProcess) -> None:
-    async with WorkerPool(3, kwargs(token_server)) as pool:
+    async with WorkerPool(3, token_server.base_url, options(token_server)) as pool:
         assert "test-model" in await pool.preflight()
         assert pool.describe()["client_workers"] == 3 and len(set(pool.worker_pids)) == 3
         pooled = await run(specs(60), pool, opts=QUIET, handle_sigint=False)
         pids = pool.worker_pids
     assert_gone(pids)
-    async with OpenAITarget(token_server.base_url, token_server.model) as single:
+    async with OpenAITarget(token_server.base_url, options(token_server)) as single:
         alone = await run(specs(60), single, opts=QUIET, handle_sigint=False)
     for res in (pooled, alone):
         a = RecordArrays.from_records(res.records)
@@ -72,7 +73,7 @@ async def test_workers_measure_what_one_process_measures(token_server: TokenServ
 async def test_cancelling_the_run_cancels_in_flight_requests_and_the_pool_still_works(
     token_server: TokenServerProcess, tmp_path: Path
 ) -> None:
-    async with WorkerPool(2, kwargs(token_server)) as pool:
+    async with WorkerPool(2, token_server.base_url, options(token_server)) as pool:
         # 10 requests sent within 0.1 s, each streaming for ~1 s; the run is cancelled at 0.5 s.
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(run(specs(10, max_tokens=200), pool, opts=QUIET, run_dir=tmp_path / "r",
@@ -87,7 +88,7 @@ async def test_cancelling_the_run_cancels_in_flight_requests_and_the_pool_still_
 
 
 async def test_a_dying_worker_fails_only_its_requests(token_server: TokenServerProcess) -> None:
-    async with WorkerPool(2, kwargs(token_server)) as pool:
+    async with WorkerPool(2, token_server.base_url, options(token_server)) as pool:
         victim = pool.worker_pids[0]
 
         async def kill_at(t_s: float) -> Callable[[Clock], Awaitable[None]]:
@@ -108,14 +109,14 @@ async def test_a_dying_worker_fails_only_its_requests(token_server: TokenServerP
     assert all(by_id[i].status == "ok" for i in range(10, 14))
 
 
-def test_bad_worker_counts_and_kwargs_are_refused(token_server: TokenServerProcess) -> None:
+def test_bad_worker_counts_and_options_are_refused(token_server: TokenServerProcess) -> None:
     for n in (0, -1, 65, True, 2.5):
         with pytest.raises(SpecError, match="client_workers"):
-            WorkerPool(n, kwargs(token_server))  # type: ignore[arg-type]
-    with pytest.raises(SpecError, match="clock"):
-        WorkerPool(2, {**kwargs(token_server), "clock": Clock()})
-    with pytest.raises(SpecError, match="timeout_s"):
-        WorkerPool(2, {**kwargs(token_server), "timeout_s": -1})
+            WorkerPool(n, token_server.base_url, options(token_server))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="clock"):  # what travels to a worker holds no clock
+        TargetOptions(model=token_server.model, clock=Clock())  # type: ignore[call-arg]
+    with pytest.raises(SpecError, match="request_s"):
+        WorkerPool(2, token_server.base_url, TargetOptions(model=token_server.model, timeouts=Timeouts(request_s=-1)))
 
 
 def test_cli_client_workers(token_server: TokenServerProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -137,7 +138,7 @@ async def test_a_worker_that_cannot_start_is_a_clear_error(token_server: TokenSe
     import sys
 
     monkeypatch.setattr(sys, "executable", shutil.which("false") or "/bin/false")  # exits at once, says nothing
-    pool = WorkerPool(2, kwargs(token_server))
+    pool = WorkerPool(2, token_server.base_url, options(token_server))
     with pytest.raises(RuntimeError, match=r"client worker \d did not start"):
         await pool.start()
     assert pool.worker_pids == []

@@ -75,9 +75,9 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     g.add_argument("--extra-body", default=None, metavar="JSON", help="extra JSON fields merged into every body")
     g.add_argument("--no-stream", action="store_true", help="non-streaming requests (TTFT = E2E)")
     g.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
-    g.add_argument("--transport", choices=("raw", "aiohttp", "httpx"), default="raw",
-                   help="HTTP client for the load: raw (default; slobench's own HTTP/1.1 client, the cheapest per request), "
-                        "aiohttp, or httpx (HTTP/2 with --http2)")
+    g.add_argument("--transport", choices=("raw", "httpx"), default="raw",
+                   help="HTTP client for the load: raw (default; slobench's own HTTP/1.1 client, the cheapest per request) "
+                        "or httpx (HTTP/2 with --http2)")
     g.add_argument("--http2", action="store_true", help="HTTP/2 (implies --transport httpx)")
     g.add_argument("--server-profile", default="auto",
                    choices=("auto", "vllm", "sglang", "tgi", "llamacpp", "ollama", "openai", "generic"),

@@ -44,7 +44,8 @@ from slobench.fleet.decode_run import decode_run, record_run
 from slobench.fleet.disagg import DisaggFleet, simulate_disagg, split_fleet_knobs
 from slobench.fleet.routing import Router
 from slobench.run.records import RequestRecord, RequestSpec
-from slobench.targets.engine import Api, to_engine_request
+from slobench.targets.engine import to_engine_request
+from slobench.targets.options import Api
 
 EngineFactory = Callable[[], LLMEngine]
 SpecMaker = Callable[[float, int], Sequence[RequestSpec]]

@@ -358,10 +358,12 @@ async def calibrate(url: str, model: str, plan: ProbePlan | None = None, *, seed
                     on_probe: Callable[[Probe], None] | None = None) -> Calibration:
     from slobench.run.clock import Clock
     from slobench.targets.openai import OpenAITarget
+    from slobench.targets.options import TargetOptions, Timeouts
 
     plan = plan or ProbePlan()
     t0 = time.perf_counter()
-    target = OpenAITarget(url, model, clock=Clock(), timeout_s=timeout_s, api_key_env=api_key_env)
+    options = TargetOptions(model=model, timeouts=Timeouts(request_s=timeout_s), api_key_env=api_key_env)
+    target = OpenAITarget(url, options, Clock())
     await target.start()
     try:
         await target.preflight()
@@ -512,6 +514,7 @@ async def calibrate_main(args: Any) -> int:
     from pathlib import Path
 
     from slobench.targets.openai import OpenAITarget
+    from slobench.targets.options import TargetOptions
 
     given = {k: v for k, v in {
         "prompt_lens": _ints(args.prompt_lens, "--prompt-lens"), "batches": _ints(args.batches, "--batches"),
@@ -522,7 +525,7 @@ async def calibrate_main(args: Any) -> int:
     out = Path(args.output)
     if not out.parent.is_dir():
         raise UsageError(f"-o {args.output}: no such folder {str(out.parent)!r}")
-    model = args.model or await OpenAITarget(args.url, None, api_key_env=args.api_key_env).discover_model()
+    model = args.model or await OpenAITarget(args.url, TargetOptions(api_key_env=args.api_key_env)).discover_model()
     setup = None if refining is None else live_setup(args.url, model, refining, timeout_s=args.timeout,
                                                      api_key_env=args.api_key_env)  # a bad workload: exit 2 now
     n = len(plan.prompt_lens) * plan.repeats + len(plan.batches) * len(plan.contexts)

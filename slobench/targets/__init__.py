@@ -2,5 +2,6 @@
 
 from slobench.targets.base import Target
 from slobench.targets.openai import OpenAITarget
+from slobench.targets.options import TargetOptions, Timeouts
 
-__all__ = ["OpenAITarget", "Target"]
+__all__ = ["OpenAITarget", "Target", "TargetOptions", "Timeouts"]

@@ -1,18 +1,15 @@
 """What a server accepts of the request extensions slobench relies on, and what to send instead.
 
-slobench's defaults are vLLM-shaped: token-id prompts (exact prompt lengths), `ignore_eos` and
-`min_tokens` (exact output lengths), `stream_options.include_usage` (the server's own token counts). Many
-real servers refuse some of these (TGI, Ollama, OpenAI and LiteLLM-fronted providers answer 400/422 to
-unknown fields; llama-cpp-python answers a token-id prompt with 500 and a validation message), and some
-accept a field and ignore it (llama.cpp takes `ignore_eos` silently). So before a run, unless a
-`--server-profile` fixes the choice, one tiny request probes each extension, and a refusal turns it off:
+slobench's defaults are vLLM-shaped: token-id prompts, `ignore_eos` and `min_tokens` (exact lengths),
+`stream_options.include_usage` (the server's own counts). Many servers refuse some (400/422 to unknown
+fields, or a 500 with a validation message), and some take a field and ignore it (llama.cpp's `ignore_eos`).
+Unless a `--server-profile` fixes the choice, slobench.targets.preflight probes each, and a refusal turns it off:
 
     token-id prompts  ->  text prompts (the same ids map to the same words, so shared prefixes stay shared)
     ignore_eos        ->  min_tokens = max_tokens  ->  neither (the server may stop early: said, and measured)
     include_usage     ->  no stream_options (output tokens counted from the stream, and said so)
 
-Every choice is a `Fallback` line: printed once before the run, stored in `manifest.json` under
-`target.capabilities`, and shown in the report's header.
+Each fallback is a note: printed once before the run, in `manifest.json` (`target.capabilities`), in the report.
 """
 
 from __future__ import annotations

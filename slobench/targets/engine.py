@@ -1,19 +1,11 @@
 """The bundled reference engine as an in-process target: no HTTP, no SSE, the same RequestRecord.
 
-Each RequestSpec becomes the body the OpenAI target would send, parsed by the engine server's own
-request parser (so validation, prompt templating and rejections match the HTTP path exactly) and handed
-to an `LLMEngine` stepping in its background thread. The engine calls back on its thread for every token;
-the callback stamps the time on the run's clock there and then, and forwards the event into asyncio with
-`loop.call_soon_threadsafe`. Stamping on the engine thread measures the engine alone: the event loop's
-wake-up lag is part of what the HTTP/SSE path adds, and comparing the two runs shows how much that is.
-
-Records: `sent_s` just before `add_request`; one chunk per token event (one token each); `first_token_s`
-and `done_s` from the first and the finishing event; `prompt_tokens` and `output_tokens` from the engine.
-A request the engine refuses (prompt too long, empty, ids outside the vocabulary, ...) is a failed
-record whose error starts with "rejected:". Cancelling `send` aborts the request in the engine, which
-frees its KV blocks at its next step boundary. `close()` aborts whatever is still in flight and waits for
-the engine to confirm every abort before it stops the engine, so after it `engine.stats()` shows no block
-in use. `asyncio.CancelledError` propagates.
+Each RequestSpec becomes the body the OpenAI target would send, parsed by the engine server's own request
+parser (validation and rejections match the HTTP path), and goes to an `LLMEngine` stepping in its thread.
+Every token is stamped on the run's clock on the engine's thread, so the engine alone is measured: the
+event loop's wake-up lag is part of what the HTTP/SSE path adds. One chunk per token; a request the engine
+refuses is a failed record whose error starts with "rejected:". Cancelling `send` aborts the request in
+the engine; `close()` aborts what is in flight and waits until the engine has freed those blocks.
 """
 
 from __future__ import annotations
@@ -22,21 +14,30 @@ import argparse
 import asyncio
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 import slobench.profiles  # noqa: F401  (registers `--profile roofline:GPU/MODEL` with the engine)
+from reference_engine.builder import build_engine
+from reference_engine.config import EngineSpec
+from reference_engine.engine import ERROR_FINISH_REASON, LLMEngine, TokenEvent, _NullObserver
+from reference_engine.metrics import EngineMetrics
+from reference_engine.protocol import (
+    BadRequest,
+    GenerationRequest,
+    TextTokenizer,
+    parse_chat,
+    parse_completion,
+)
+from reference_engine.scheduler import RequestRejected
+from reference_engine.sequence import FinishReason
 from reference_engine.serve_args import add_engine_spec_arguments, engine_spec_from_args
+from reference_engine.tokenizer import ByteTokenizer
 from slobench.errors import SpecError, TargetUnreachable, UsageError
 from slobench.run.clock import Clock
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.base import TargetBase
+from slobench.targets.options import Api
 
-if TYPE_CHECKING:
-    from reference_engine.engine import LLMEngine, TokenEvent
-    from reference_engine.metrics import EngineMetrics
-    from reference_engine.protocol import GenerationRequest, TextTokenizer
-
-Api = Literal["completions", "chat"]
 CLOSE_TIMEOUT_S = 10.0  # how long close() waits for aborted requests to give their blocks back
 
 
@@ -47,8 +48,6 @@ def to_engine_request(
 
     Raises `reference_engine.protocol.BadRequest` where the server would answer 400.
     """
-    from reference_engine.protocol import parse_chat, parse_completion
-
     body: dict[str, Any] = {"model": model_name, "temperature": 0, "max_tokens": spec.max_tokens}
     if api == "chat":
         body["messages"] = [{"role": "user", "content": spec.prompt}]
@@ -70,9 +69,6 @@ def _engine_metrics(engine: LLMEngine, model_name: str) -> EngineMetrics:
     same numbers; one with some other observer keeps that one, and these metrics still read its stats, with
     empty latency histograms.
     """
-    from reference_engine.engine import _NullObserver
-    from reference_engine.metrics import EngineMetrics
-
     if isinstance(engine.observer, EngineMetrics):
         return engine.observer
     metrics = EngineMetrics(model_name, engine.stats)
@@ -117,16 +113,11 @@ class EngineTarget(TargetBase):
             raise SpecError("api", api, "must be 'completions' or 'chat'")
         self.knobs: dict[str, Any] | None = None
         if isinstance(engine, Mapping):
-            from reference_engine.builder import build_engine
-            from reference_engine.config import EngineSpec
-
             self.knobs = dict(engine)
             engine, built_tokenizer = build_engine(EngineSpec.from_knobs(self.knobs))
             tokenizer = tokenizer or built_tokenizer
             model_name = model_name or str(self.knobs.get("model", "tiny"))
         if tokenizer is None:
-            from reference_engine.tokenizer import ByteTokenizer
-
             tokenizer = getattr(engine.executor, "tokenizer", None) or ByteTokenizer(engine.executor.vocab_size)
         self.engine = engine
         self.tokenizer = tokenizer
@@ -199,21 +190,9 @@ class EngineTarget(TargetBase):
             await asyncio.to_thread(self.engine.stop)
         self._started = False
 
-    async def __aenter__(self) -> EngineTarget:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
     # ---- the hot path ----------------------------------------------------------------------------------
 
     async def send(self, spec: RequestSpec, record: RequestRecord) -> None:
-        from reference_engine.engine import ERROR_FINISH_REASON
-        from reference_engine.protocol import BadRequest
-        from reference_engine.scheduler import RequestRejected
-        from reference_engine.sequence import FinishReason
-
         if not self._started:
             raise RuntimeError("EngineTarget.send() called before start()")
         engine = self.engine

@@ -1,27 +1,10 @@
-"""A lean HTTP/1.1 client on asyncio's transports, for the streaming hot path (`--transport raw`, issue 16).
+"""A lean HTTP/1.1 client on asyncio's transports: the load's default (`--transport raw`).
 
-aiohttp's request set-up and per-read work were ~48% of the client's CPU samples at 400 req/s; this client
-does only what a POST of a prebuilt body and a streamed answer need:
-
-- one `asyncio.Protocol` per connection (`loop.create_connection`, TLS through `ssl` for https URLs),
-  kept alive in a pool per (scheme, host, port) with no cap: open-loop load never queues behind a pool
-  limit. Idle connections are reused newest first and dropped after 4 s (below uvicorn's 5 s keep-alive).
-- the request is one `bytes` written in one call: the request line and header block are encoded once per
-  (URL, headers) and reused; only the Content-Length and the body change.
-- the response's status line and headers are parsed once; the body is decoded from `Content-Length`,
-  `Transfer-Encoding: chunked` (extensions and trailers skipped) or read to the connection's close, and its
-  bytes are handed to the reader as they arrive: each network read appends to a list, and the reader
-  awaits one future only when the list is empty (no queue, no task). A reader more than 64 reads behind
-  pauses the socket's reading until it catches up.
-- `on_sent` is called immediately before the request's bytes are written to the socket.
-- the total timeout is one timer per request (`loop.call_at`), the connect timeout bounds connection
-  set-up; every failure becomes a `TransportError` with the status and wording `translate_error` gives
-  the same failure under aiohttp.
-
-A pooled connection the server closed while idle is noticed before it is used (its protocol saw the
-close); one the server closes just as the request is written (no byte of an answer came back) is retried
-once on a new connection. Not supported: HTTP/2, proxies, compressed bodies (none is asked for:
-no Accept-Encoding is sent), `Expect: 100-continue`.
+It does only what a POST of a prebuilt body and a streamed answer need, and hands the body's bytes to
+the reader as they arrive. A pooled connection the server closed while idle is noticed before it is used;
+one the server closes just as the request is written (no byte of an answer came back) is retried once on
+a new connection. Every failure is a `TransportError`, its status and wording what the record will carry.
+Not supported: HTTP/2, proxies, compressed bodies (no Accept-Encoding is sent), `Expect: 100-continue`.
 """
 
 from __future__ import annotations
@@ -35,9 +18,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from urllib.parse import urlsplit
 
 from slobench.errors import UsageError
-from slobench.targets.transport import TransportError, _os_reason
+from slobench.targets.transport import KEEPALIVE_S, TransportError, os_reason
 
-_KEEPALIVE_S = 4.0
 _MAX_HEAD = 65_536  # bytes of status line + headers, and of one chunk-size line, before the answer is refused
 _MAX_PIECES = 64  # network reads (each up to 256 KiB) held for a reader that is behind, before reading pauses
 _RESET_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
@@ -52,7 +34,7 @@ def _reason(e: OSError) -> str:
         return f"name lookup failed: {e.strerror or e}".lower()
     if isinstance(e, ssl.SSLError):
         return f"TLS: {getattr(e, 'verify_message', None) or e.reason or e}".lower()
-    return _os_reason(e)
+    return os_reason(e)
 
 
 class _ProtocolError(Exception):
@@ -383,7 +365,19 @@ class _Target:
 
 
 class RawHttpTransport:
-    """A `Transport` speaking HTTP/1.1 itself; see the module's docstring."""
+    """A `Transport` speaking HTTP/1.1 itself.
+
+    - one `asyncio.Protocol` per connection (`loop.create_connection`, TLS through `ssl` for https URLs),
+      kept alive in a pool per (scheme, host, port) with no cap: open-loop load never queues behind a pool
+      limit. Idle connections are reused newest first and dropped after `KEEPALIVE_S`.
+    - the request is one `bytes` written in one call: the request line and header block are encoded once
+      per (URL, headers) and reused; only the Content-Length and the body change.
+    - the response's head is parsed once; the body (`Content-Length`, chunked, or to the close) is handed
+      to the reader as it arrives: each network read appends to a list, and the reader awaits one future
+      only when the list is empty (no queue, no task). A reader more than 64 reads behind pauses the socket.
+    - `on_sent` is called immediately before the request's bytes are written to the socket; the total
+      timeout is one timer per request, the connect timeout bounds connection set-up.
+    """
 
     def __init__(self, *, timeout_s: float, connect_timeout_s: float) -> None:
         self._timeouts = (timeout_s, connect_timeout_s)
@@ -452,7 +446,7 @@ class RawHttpTransport:
         pool = self._pools.get(key)
         if not pool:
             return None
-        oldest_ok = time.monotonic() - _KEEPALIVE_S
+        oldest_ok = time.monotonic() - KEEPALIVE_S
         while pool:
             conn = pool.pop()  # the newest: the least likely to be closing
             tr = conn.transport
@@ -479,7 +473,7 @@ class RawHttpTransport:
         conn.idle_since = now
         conn.idle = True
         pool = self._pools.setdefault(conn.key, [])
-        while pool and pool[0].idle_since < now - _KEEPALIVE_S:  # expired: the oldest are first
+        while pool and pool[0].idle_since < now - KEEPALIVE_S:  # expired: the oldest are first
             old = pool.pop(0)
             if old.transport is not None:
                 old.transport.abort()

@@ -1,27 +1,12 @@
 """Load actors on Ray: the OpenAI target's streaming work spread over N actors, on one machine or many.
 
-`RayPool` is a target like `WorkerPool` (slobench.targets.workers): the runner keeps the one schedule (a
-Poisson schedule split over the actors is still that Poisson schedule at the server), the in-flight cap,
-Ctrl-C and the run directory; each request's HTTP exchange happens in one of N Ray actors, each with its
-own event loop, connection pool and `OpenAITarget`. What differs is the distance: an actor may be on
-another machine, with another monotonic clock, behind a millisecond of Ray.
-
-- **Batches, not messages per request.** The runner hands a request over `send_lead_s` (0.25 s) before
-  its time; the pool gathers what each actor is handed and ships it every `BATCH_S` (50 ms) in one actor
-  call (at once when a send is due sooner, as in closed loop). Records come back the same way: each actor
-  answers a long poll (`collect`) with every record finished since the last one.
-- **One clock.** Each actor is asked for its clock `NUM_SYNC_SAMPLES` times at start and a few times every
-  `RESYNC_S`, and once more at the end of each run (slobench.run.clocksync: the minimum-RTT round trip,
-  uncertainty RTT/2). Send times go out mapped onto the actor's clock, its stamps come back mapped onto
-  the run's, linearly between the first estimate and the latest. Offsets, uncertainty and drift per
-  actor go into manifest.json and the summary's client health (`note_client_clocks`); the run is flagged
-  when the uncertainty exceeds 5% of the TTFT SLO.
-- **Faults.** An actor (or its node) that dies fails the requests it held, each recorded with the reason
-  and whether it had been due to be sent; later requests go to the survivors and the run goes on.
-
-Ray is optional (`pip install 'slobench[ray]'`); nothing here imports it until a pool starts. Against a
-cluster (`--ray ADDRESS`) every node needs slobench and its dependencies installed (the actors import
-this module); the API key's variable, when set here, travels in the actors' `runtime_env`.
+`RayPool` is a target like `WorkerPool` (slobench.targets.workers): the runner keeps the one schedule,
+the in-flight cap, Ctrl-C and the run directory; each request's HTTP exchange happens in one of N Ray
+actors, each with its own event loop and `OpenAITarget`. An actor may be on another machine, with another
+monotonic clock, behind a millisecond of Ray: hand-overs and records travel in batches, and each actor's
+clock is mapped onto the run's (see `RayPool`). Ray is optional (`pip install 'slobench[ray]'`); nothing
+here imports it until a pool starts. Against a cluster (`--ray ADDRESS`) every node needs slobench
+installed; the API key's variable, when set here, travels in the actors' `runtime_env`.
 """
 
 from __future__ import annotations
@@ -33,7 +18,7 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +27,10 @@ from slobench.run import quiet_gc
 from slobench.run.clock import Clock
 from slobench.run.clocksync import CLOCK_LIMIT_OF_TTFT, ClockMap, OffsetEstimate, measure_offset
 from slobench.run.records import RequestRecord, RequestSpec
+from slobench.run.rundir import MANIFEST, SUMMARY, read_manifest, write_json_atomic, write_summary
+from slobench.targets.capabilities import Capabilities
+from slobench.targets.openai import OpenAITarget
+from slobench.targets.options import TargetOptions
 from slobench.targets.workers import MAX_WORKERS, ProbeFront, apply_stamped, send_on_time
 
 if TYPE_CHECKING:
@@ -76,9 +65,12 @@ class ActorGone(Exception):
 class LoadActor:
     """One load actor: an `OpenAITarget` on this machine's monotonic clock (origin 0: absolute seconds)."""
 
-    def __init__(self, index: int, target_kwargs: dict[str, Any], clock_shift_s: float = 0.0) -> None:
+    def __init__(self, index: int, url: str, options: TargetOptions, caps: Capabilities | None,
+                 clock_shift_s: float = 0.0) -> None:
         self.index = index
-        self.target_kwargs = target_kwargs
+        self.url = url
+        self.options = options
+        self.caps = caps
         # a clock that reads `clock_shift_s` ahead of perf_counter: tests stand in a machine's clock with it
         self.clock = Clock(origin_ns=-round(clock_shift_s * 1e9))
         self.target: Any = None
@@ -88,9 +80,7 @@ class LoadActor:
         self.gc_valve: asyncio.Task[None] | None = None
 
     async def start(self) -> dict[str, Any]:
-        from slobench.targets.openai import OpenAITarget
-
-        self.target = OpenAITarget(**self.target_kwargs, clock=self.clock)
+        self.target = OpenAITarget(self.url, self.options, self.clock, capabilities=self.caps)
         await self.target.start()
         self.ready = asyncio.Event()
         # the actor's process sends load: the GC's pauses would be measured (slobench/run/quiet_gc.py)
@@ -185,27 +175,37 @@ class _Actor:
 class RayPool(ProbeFront):
     """An OpenAI-compatible target whose requests are sent from `num_actors` Ray actors.
 
+    - Batches, not messages per request: the runner hands a request over `SEND_LEAD_S` before its time;
+      the pool gathers what each actor is handed and ships it every `BATCH_S` in one actor call (at once
+      when a send is due sooner, as in closed loop). Each actor answers a long poll (`collect`) with every
+      record finished since the last one.
+    - One clock: each actor is asked for its clock `NUM_SYNC_SAMPLES` times at start, a few times every
+      `RESYNC_S`, and once more at the end of each run (slobench.run.clocksync: the minimum-RTT round trip,
+      uncertainty RTT/2). Send times go out mapped onto the actor's clock, its stamps come back mapped onto
+      the run's, linearly between the first estimate and the latest; offsets, uncertainty and drift per
+      actor go into manifest.json and the summary's client health (`note_client_clocks`), and the run is
+      flagged when the uncertainty exceeds `CLOCK_LIMIT_OF_TTFT` of the TTFT SLO.
+    - Faults: an actor (or its node) that dies fails the requests it held, each recorded with the reason
+      and whether it had been due to be sent; later requests go to the survivors and the run goes on.
+
     `address`: a Ray cluster's address (`ray.init(address=...)`), or None / "local" for a local instance
     this pool starts and stops. When Ray is already initialised in this process (a test's cluster), that
-    one is used and left running. `target_kwargs` are `OpenAITarget`'s, as for `WorkerPool`.
+    one is used and left running. Each actor builds its own `OpenAITarget(url, options)`, as for `WorkerPool`.
     `clock_shift_s` (tests): actor i's clock reads that many seconds ahead of its machine's.
     """
 
-    def __init__(self, num_actors: int, target_kwargs: dict[str, Any], clock: Clock | None = None,
+    def __init__(self, num_actors: int, url: str, options: TargetOptions | None = None, clock: Clock | None = None,
                  address: str | None = None, clock_shift_s: Sequence[float] = ()) -> None:
-        from slobench.targets.openai import OpenAITarget
-
         if isinstance(num_actors, bool) or not isinstance(num_actors, int) or not 1 <= num_actors <= MAX_WORKERS:
             raise SpecError("client_workers", num_actors, f"must be an integer from 1 to {MAX_WORKERS}")
-        if "clock" in target_kwargs or not isinstance(target_kwargs.get("transport", "aiohttp"), str):
-            raise SpecError("target_kwargs", sorted(target_kwargs), "no clock and only a transport *name* may travel")
         self.num_actors = num_actors
         self.clock_shift_s = list(clock_shift_s) + [0.0] * (num_actors - len(clock_shift_s))  # tests only
         self.address = None if address in (None, "", "local") else address
         self.send_lead_s = SEND_LEAD_S
-        self.target_kwargs = dict(target_kwargs)
+        self.url = url
+        self.options = options if options is not None else TargetOptions()
         self.clock = clock if clock is not None else Clock()
-        self._probe = OpenAITarget(**self.target_kwargs, clock=self.clock)  # validates the kwargs here
+        self._probe = OpenAITarget(url, self.options, self.clock)  # validates the URL here
         self._actors: list[_Actor] = []
         self._ids = itertools.count()
         self._ray: Any = None
@@ -245,11 +245,11 @@ class RayPool(ProbeFront):
             ray.init(**init)
             self._owns_ray = True
         opts: dict[str, Any] = {"num_cpus": 1, "scheduling_strategy": "SPREAD", "max_restarts": 0}
-        key_var = self.target_kwargs.get("api_key_env")
+        key_var = self.options.api_key_env
         if key_var and os.environ.get(key_var):  # the API key reaches actors on other nodes this way only
             opts["runtime_env"] = {"env_vars": {key_var: os.environ[key_var]}}
         remote_cls = ray.remote(LoadActor)
-        handles = [remote_cls.options(**opts).remote(i, self.target_kwargs, self.clock_shift_s[i])
+        handles = [remote_cls.options(**opts).remote(i, self.url, self.options, self.sender_caps, self.clock_shift_s[i])
                    for i in range(self.num_actors)]
         try:
             infos = await asyncio.wait_for(asyncio.gather(*(h.start.remote() for h in handles)), START_TIMEOUT_S)
@@ -314,13 +314,6 @@ class RayPool(ProbeFront):
         if self._owns_ray and self._ray is not None:
             self._ray.shutdown()
             self._owns_ray = False
-
-    async def __aenter__(self) -> RayPool:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # ---- records coming back -----------------------------------------------------------------------------
 
@@ -467,10 +460,6 @@ async def note_client_clocks(target: Any, run_dir: Path, summary: RunSummary, sl
     (summary.json rewritten) and the clocks into manifest.json. Any other target: the summary as it was."""
     if not isinstance(target, RayPool):
         return summary
-    from dataclasses import replace
-
-    from slobench.run.rundir import MANIFEST, SUMMARY, read_manifest, write_json_atomic, write_summary
-
     report = await target.run_report(getattr(slo, "ttft_s", None))
     warning = " ".join(w for w in (summary.client.warning, report["warning"]) if w) or None
     notes = summary.notes

@@ -4,12 +4,9 @@ Follows the WHATWG event-stream rules: lines end in `\\n`, `\\r\\n` or a lone `\
 is a comment (keep-alives); `field: value` drops one space after the colon; several `data:` lines join
 with `\\n`; a blank line dispatches the event (an event with no data is not dispatched); an incomplete
 event at end of stream is discarded. A leading UTF-8 BOM is skipped. Bytes that are not UTF-8 raise
-`SSEDecodeError`, since the spec's replacement-character decoding would hide a broken server.
-
-Speed matters: every streamed token passes through `feed`. Line endings are found on bytes (they are
-ASCII, so a split can never fall inside them and a UTF-8 character can never contain one), the
-complete lines of a feed are decoded once, and the common `data: ...` line takes the first branch. A read
-holding only whole one-line `data: ` events (the common case) can skip all of that through `data_events`.
+`SSEDecodeError`, since the spec's replacement-character decoding would hide a broken server. Every
+streamed token passes through here: line endings are found on bytes, the complete lines of a feed are
+decoded once, and a read of whole one-line `data: ` events (the common case) skips all that (`data_events`).
 """
 
 from __future__ import annotations
@@ -44,8 +41,8 @@ class SSELineTooLong(SSEDecodeError):
 class SSEParser:
     """Feed it bytes as they arrive; it returns the events each feed completes.
 
-    A line arriving in many pieces is gathered in a bytearray and joined once its end comes, so a 40 MB
-    line read in 64 KiB pieces costs linear time (it was quadratic: each piece copied the whole tail)."""
+    A line arriving in many pieces is gathered in a bytearray and joined once its end comes, so a long
+    line read in many pieces costs linear time, not a copy of the whole tail per piece."""
 
     __slots__ = ("_tail", "_skip_lf", "_at_start", "_data", "_event", "_last_id", "max_line_bytes")
 

@@ -1,21 +1,13 @@
 """Client worker processes: the OpenAI target's streaming work spread over N processes.
 
-One Python process reads SSE streams at about 20 µs of CPU per token chunk (aiohttp, SSE and JSON; see
-benchmarks/client_overhead.py), so one core tops out near 50,000 streamed tokens/s, and well before that
-its event loop starts sending late. A GPU server with a small model produces that much. `WorkerPool`
-keeps the dispatcher (schedule, in-flight cap, closed loop, Ctrl-C, records) in the parent and moves each
-request's HTTP exchange to one of N worker processes, each with its own event loop and connection pool.
-
-Per request the parent sends the spec over a socket to the least busy worker `send_lead_s` (5 ms) before
-its scheduled time (the runner honours a target's `send_lead_s` in open loop), the worker holds it until
-that time on its own loop (the same sleep-then-yield as the runner), sends it, and returns the stamped
-record: two small messages, not one per token. Workers stamp times on the system-wide monotonic clock
-(`time.perf_counter_ns`, CLOCK_MONOTONIC on Linux, shared by every process), and the parent moves them
-onto the run's clock, so TTFT and ITL are measured where the bytes arrive, and send lateness
-(sent − scheduled) is the worker's own: a worker too busy to send on time shows up there.
-
-A worker that dies turns its in-flight requests into error records naming it; the others carry on.
-Workers ignore SIGINT: the parent's runner owns Ctrl-C and cancels what is in flight.
+One process can read only so many streamed tokens a second before its event loop sends late (see
+benchmarks/client_overhead.py). `WorkerPool` keeps the dispatcher (schedule, in-flight cap, Ctrl-C,
+records) in the parent and moves each request's HTTP exchange to one of N worker processes, each with its
+own event loop and connection pool: the parent hands the spec to the least busy worker `send_lead_s`
+before its time, the worker holds it until then, sends it, and returns the stamped record (two small
+messages, not one per token). Workers stamp on the system-wide monotonic clock, which the parent moves
+onto the run's. A worker that dies fails its in-flight requests; the others carry on. Workers ignore
+SIGINT: the parent's runner owns Ctrl-C.
 
     python -m slobench.targets.workers FD   # how the parent starts a worker (not for people)
 """
@@ -32,7 +24,7 @@ import struct
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +34,9 @@ from slobench.run.clock import Clock
 from slobench.run.precise_sleep import sleep_until
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.base import TargetBase
+from slobench.targets.capabilities import Capabilities
+from slobench.targets.openai import OpenAITarget
+from slobench.targets.options import TargetOptions
 
 _HEADER = struct.Struct("!I")
 _STAMPED = ("sent_s", "first_token_s", "done_s")
@@ -100,11 +95,14 @@ def _reap(proc: subprocess.Popen[bytes], writer: asyncio.StreamWriter) -> None:
 
 class ProbeFront(TargetBase):
     """What a pool of senders (worker processes, Ray actors) shares: one OpenAITarget of its own, `_probe`,
-    answers preflight, capabilities and the model, and never sends load. What preflight settles travels to
-    the senders in `target_kwargs`; senders already started that would send differently are restarted."""
+    answers preflight, capabilities and the model, and never sends load. Each sender builds its own target
+    from `url`, `options` and `sender_caps`, which carry what preflight settled; senders already started
+    that would send differently are restarted."""
 
-    _probe: Any
-    target_kwargs: dict[str, Any]
+    _probe: OpenAITarget
+    url: str
+    options: TargetOptions
+    sender_caps: Capabilities | None = None  # None: each sender starts from its options' server profile
 
     def _started(self) -> bool:
         raise NotImplementedError
@@ -120,15 +118,12 @@ class ProbeFront(TargetBase):
 
     async def _settle_model(self) -> None:
         """The senders load the model the front found (`--model` not given): settled before any starts."""
-        self.target_kwargs["model"] = await self._probe.discover_model()
+        self.options = replace(self.options, model=await self._probe.discover_model())
 
     async def preflight(self) -> str:
-        from slobench.targets.capabilities import Capabilities
-
-        kw = self.target_kwargs
-        before = Capabilities.from_dict(kw["capabilities"]) if "capabilities" in kw else self._probe.caps
-        served: str = await self._probe.preflight()
-        kw["capabilities"] = self._probe.caps.to_dict()
+        before = self.sender_caps if self.sender_caps is not None else self._probe.caps
+        served = await self._probe.preflight()
+        self.sender_caps = self._probe.caps
         if self._started() and not before.sends_like(self._probe.caps):
             await self.close()
             await self.start()
@@ -136,34 +131,31 @@ class ProbeFront(TargetBase):
 
     # the probe's own, read through: a copy would go stale when preflight negotiates
     @property
-    def caps(self) -> Any:  # type: ignore[override]
+    def caps(self) -> Capabilities:  # type: ignore[override]
         return self._probe.caps
 
     @property
     def model(self) -> str:  # type: ignore[override]
-        return str(self._probe.model)
+        return self._probe.model
 
 
 class WorkerPool(ProbeFront):
-    """An OpenAI-compatible target whose requests are sent from `num_workers` worker processes.
+    """An OpenAI-compatible target at `url` whose requests are sent from `num_workers` worker processes.
 
-    `target_kwargs` are `OpenAITarget`'s keyword arguments (base_url, model, api, stream, headers, ...;
-    no clock, no Transport instance); every worker builds its own target from them. The parent keeps one
-    target of its own for `preflight`, `describe` and `check_compatible`, and never sends load through it.
+    Every worker builds its own `OpenAITarget(url, options)`. The parent keeps one target of its own for
+    `preflight`, `describe` and `check_compatible`, and never sends load through it.
     """
 
-    def __init__(self, num_workers: int, target_kwargs: dict[str, Any], clock: Clock | None = None) -> None:
-        from slobench.targets.openai import OpenAITarget
-
+    def __init__(self, num_workers: int, url: str, options: TargetOptions | None = None,
+                 clock: Clock | None = None) -> None:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or not 1 <= num_workers <= MAX_WORKERS:
             raise SpecError("client_workers", num_workers, f"must be an integer from 1 to {MAX_WORKERS}")
-        if "clock" in target_kwargs or not isinstance(target_kwargs.get("transport", "aiohttp"), str):
-            raise SpecError("target_kwargs", sorted(target_kwargs), "no clock and only a transport *name* may travel")
         self.num_workers = num_workers
         self.send_lead_s = SEND_LEAD_S
-        self.target_kwargs = dict(target_kwargs)
+        self.url = url
+        self.options = options if options is not None else TargetOptions()
         self.clock = clock if clock is not None else Clock()
-        self._probe = OpenAITarget(**self.target_kwargs, clock=self.clock)  # validates the kwargs here
+        self._probe = OpenAITarget(url, self.options, self.clock)  # validates the URL here
         self._workers: list[_Worker] = []
         self._ids = itertools.count()
 
@@ -209,7 +201,7 @@ class WorkerPool(ProbeFront):
             child_sock.close()
         reader, writer = await asyncio.open_unix_connection(sock=parent_sock)
         w = _Worker(index, proc, reader, writer)
-        w.send(("config", self.target_kwargs))
+        w.send(("config", self.url, self.options, self.sender_caps))
         try:
             reply = await asyncio.wait_for(_read_frame(reader), timeout=60)
         except (asyncio.IncompleteReadError, TimeoutError, ConnectionError) as e:
@@ -257,13 +249,6 @@ class WorkerPool(ProbeFront):
             w.writer.close()
             w.gone(f"client worker {w.index} was stopped")
         await self._probe.close()
-
-    async def __aenter__(self) -> WorkerPool:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # ---- the seam --------------------------------------------------------------------------------------
 
@@ -324,8 +309,6 @@ def apply_stamped(record: RequestRecord, stamped: dict[str, Any], to_run_s: Call
 
 
 async def _serve(fd: int) -> None:
-    from slobench.targets.openai import OpenAITarget
-
     sock = socket.socket(fileno=fd)
     reader, writer = await asyncio.open_unix_connection(sock=sock)
     msg = await _read_frame(reader)
@@ -333,7 +316,7 @@ async def _serve(fd: int) -> None:
         if msg[0] != "config":
             raise ValueError(f"expected the target's config first, got {msg[0]!r}")
         # Origin 0: stamps are absolute perf_counter seconds, which the parent moves onto the run's clock.
-        target = OpenAITarget(**msg[1], clock=Clock(origin_ns=0))
+        target = OpenAITarget(msg[1], msg[2], Clock(origin_ns=0), capabilities=msg[3])
         await target.start()
     except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it with the worker's index
         writer.write(_frame(("error", f"{type(e).__name__}: {e}")))

@@ -2,25 +2,13 @@
 
     python -m slobench.testing.token_server --host 127.0.0.1 --port 0 --ttft-ms 50 --itl-ms 5 [--log FILE]
 
-It prints `LISTENING <port>` on stdout once bound. Every request gets exactly `max_tokens` content chunks of
-one token each: the first at receive + TTFT, then one every ITL, each slept to its absolute deadline (so
-lateness never accumulates). Streaming responses end with a usage chunk (when `stream_options.include_usage`)
-and `data: [DONE]`; chat streams open with an empty role chunk at once, which is not a content token.
-
-Per-request knobs in the JSON body (a target's `extra_body` or a spec's `extra_body` sets them):
-  x_fault       one of FAULTS below
-  x_ttft_ms, x_itl_ms   override the server's schedule for this request
-  x_request_id  echoed into the log line, to match client records with server times
-
-`--log FILE` appends one JSON line per finished request: `id`, `path`, `peer_port`, `fault`, token counts,
-`recv_s` (handler entry) and `chunk_s` (each content chunk handed to the kernel), the times on
-`time.perf_counter()`. On Linux that is CLOCK_MONOTONIC, one clock for the whole machine, so a client in
-another process reading `time.perf_counter_ns()` (as `slobench.run.clock.Clock` does) can subtract the two
-directly. Each line is written and flushed when its request ends; a stream writes it after its last content
-chunk, before the usage chunk and `[DONE]`, so a client that has seen the end can read its line.
-
-`/metrics` serves a few Prometheus gauges and counters under vLLM's names (`vllm:num_requests_running`,
-`vllm:num_requests_waiting`, ...), so metric scraping can be tested without vLLM.
+It prints `LISTENING <port>` once bound. Every request gets `max_tokens` content chunks of one token: the
+first at receive + TTFT, then one every ITL, each slept to its absolute deadline; a stream ends with a usage
+chunk (when asked) and `[DONE]`, a chat stream opens with an empty role chunk. Per-request knobs in the
+body: `x_fault` (one of FAULTS), `x_ttft_ms`/`x_itl_ms`, `x_request_id` (echoed into the log). `--log FILE`
+appends one JSON line per request with `recv_s` and each `chunk_s` on `time.perf_counter()` (the machine's
+one monotonic clock, which a client in another process can subtract directly), written before the stream's
+`[DONE]`. `/metrics` serves a few gauges and counters under vLLM's names.
 """
 
 from __future__ import annotations
@@ -54,8 +42,8 @@ FAULTS = frozenset(
         "hang_after_3",  # 3 tokens, then silence
     }
 )
-# Whole-server behaviours of real third-party servers (`--quirk NAME`, repeatable), for the tests of
-# issue 11: each is something a popular OpenAI-compatible server does with its defaults.
+# Whole-server behaviours of real third-party servers (`--quirk NAME`, repeatable): each is something a
+# popular OpenAI-compatible server does with its defaults.
 QUIRKS = frozenset(
     {
         "models-500",  # GET /v1/models answers 500 (seen on a real server's start)
@@ -430,7 +418,7 @@ async def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 0) ->
     )
     await runner.setup()
     # IPPROTO_TCP named, and TCP_NODELAY on the listener (inherited on accept): without them Nagle's
-    # algorithm holds every chunk after the first on a reused connection back ~40 ms (issue 19).
+    # algorithm holds every chunk after the first on a reused connection back ~40 ms.
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

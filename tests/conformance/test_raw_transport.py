@@ -1,6 +1,6 @@
-"""The conformance runs again with `--transport raw` (slobench/targets/rawhttp.py, issue 16): the lean
-HTTP/1.1 client must read the real servers' streams (LiteLLM's proxy, llama.cpp's server) exactly as the
-default aiohttp transport does, so the same checks hold."""
+"""The conformance runs again with `--transport raw` (slobench/targets/rawhttp.py) named on the command
+line: the lean HTTP/1.1 client must read the real servers' streams (LiteLLM's proxy, llama.cpp's server)
+so that the same checks hold."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from fixture_server import FixtureServer, split_events
 
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets import OpenAITarget
+from slobench.targets.options import TargetOptions, Timeouts
 
 STREAMS = Path(__file__).parent / "streams"
 FIXTURES = sorted(p.stem for p in STREAMS.glob("*.sse"))
@@ -54,7 +55,8 @@ async def test_stream_fixture(name: str) -> None:
     spec = RequestSpec(request_id=0, arrival_s=0.0, prompt="Hello there", input_tokens=2, max_tokens=16)
     record = RequestRecord(0, 0.0)
     async with FixtureServer(STREAMS / f"{name}.sse", abort=exp.get("abort", False)) as srv:
-        async with OpenAITarget(srv.base_url, srv.model, exp["api"], api_key_env=None, timeout_s=10.0) as target:
+        options = TargetOptions(model=srv.model, api=exp["api"], api_key_env=None, timeouts=Timeouts(request_s=10.0))
+        async with OpenAITarget(srv.base_url, options) as target:
             await target.send(spec, record)
 
     got = {

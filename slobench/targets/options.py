@@ -1,0 +1,72 @@
+"""What the user asked of the target, as values: `TargetOptions` and the `Timeouts` inside it.
+
+`slobench.targets.build` chooses and makes the target from them; an `OpenAITarget` takes them beside the
+one URL it loads, and client worker processes and Ray actors receive them as they are (they pickle). The
+API key never travels in them: only the name of the environment variable that holds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from slobench.errors import SpecError, UsageError
+
+DEFAULT_URL = "http://127.0.0.1:8000/v1"
+Api = Literal["completions", "chat"]
+TransportName = Literal["raw", "httpx"]  # raw: slobench.targets.rawhttp; httpx: HTTP/2 where asked
+TRANSPORTS: tuple[TransportName, ...] = ("raw", "httpx")
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """How long slobench waits, in seconds: a load request in total (`request_s`), the set-up of a load
+    connection (`connect_s`), and each setup request in total (`preflight_s`: model discovery, preflight
+    and its probes)."""
+
+    request_s: float = 600.0
+    connect_s: float = 10.0
+    preflight_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in ("request_s", "connect_s", "preflight_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise SpecError(name, value, "must be > 0 seconds")
+
+
+@dataclass(frozen=True, slots=True)
+class TargetOptions:
+    """Which target to load and how to talk to it: the CLI's target flags as one value, checked when made."""
+
+    urls: tuple[str, ...] = (DEFAULT_URL,)
+    model: str | None = None  # None: the first model the server lists, found at preflight
+    api: Api = "completions"
+    stream: bool = True
+    api_key_env: str | None = "OPENAI_API_KEY"  # None: no key
+    headers: Mapping[str, str] = field(default_factory=dict)
+    extra_body: Mapping[str, Any] | None = None
+    timeouts: Timeouts = Timeouts()
+    transport: TransportName = "raw"
+    http2: bool = False
+    server_profile: str = "auto"
+    tokenizer: str | None = None
+    client_workers: int = 1
+    ray: str | None = None  # a Ray address ("local": start one here); None: no Ray
+    router: str = "least-outstanding"  # several URLs: how requests are spread
+    engine_knobs: Mapping[str, Any] | None = None  # the in-process reference engine instead of a URL
+
+    def __post_init__(self) -> None:
+        if self.engine_knobs is None and not self.urls:
+            raise UsageError("--url: no URL given")
+        if self.client_workers < 1:
+            raise UsageError(f"--client-workers must be >= 1 (got {self.client_workers})")
+        if self.api not in ("completions", "chat"):
+            raise SpecError("api", self.api, "must be 'completions' or 'chat'")
+        if self.transport not in TRANSPORTS:
+            raise SpecError("transport", self.transport, "must be 'raw' or 'httpx'")
+        if self.http2 and self.transport != "httpx":
+            raise SpecError("http2", self.http2, "needs transport='httpx' (raw speaks HTTP/1.1 only)")
+        if self.model is not None and not self.model:
+            raise SpecError("model", self.model, "must name the served model (or be None: the first one listed)")
