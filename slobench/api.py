@@ -19,17 +19,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary
 from slobench.analysis.summary import summarize as _summarize
+from slobench.experiments.probe import VirtualProbe
+from slobench.fleet.simulate import ModeledEngine
+from slobench.gate import GateResult, gate, load_samples
+from slobench.report import build_report
+from slobench.run.manifest import build_manifest
 from slobench.run.records import RequestRecord, Run, load_run
+from slobench.run.runner import RunOptions
+from slobench.run.runner import run as run_records
+from slobench.targets.openai import OpenAITarget
 from slobench.workload.spec import WorkloadSpec, generate, load_workload
-
-if TYPE_CHECKING:
-    from slobench.fleet.simulate import ModeledEngine
-    from slobench.gate import GateResult
 
 __all__ = ["SLO", "Run", "RequestRecord", "RunSummary", "WorkloadSpec", "compare", "load_run", "load_workload",
            "render_report", "run_load", "simulate_load", "summarize"]
@@ -47,17 +51,6 @@ def _specs(workload: WorkloadSpec | str | Path, rate: float, num_requests: int |
            seed: int, api: str) -> tuple[WorkloadSpec, list[Any]]:
     spec = _workload(workload)
     return spec, generate(spec, rate_rps=rate, num_requests=num_requests, duration_s=duration_s, seed=seed, api=api)
-
-
-def _manifest(spec: WorkloadSpec, slo: SLO | None, *, rate: float, seed: int, num_requests: int | None,
-              duration_s: float | None, target: dict[str, Any], made_by: str) -> dict[str, Any]:
-    """The keys `slobench run` writes that the report and the gate read (workload identity, SLO, options)."""
-    from slobench import __version__
-
-    return {"slobench_version": __version__, "made_by": made_by, "workload": spec.to_dict(),
-            "workload_name": spec.name, "seed": seed, "rate_rps": rate, "target": target,
-            "slo": slo.to_dict() if slo else None,
-            "options": {"num_requests": num_requests, "duration_s": duration_s}}
 
 
 def run_load(
@@ -79,19 +72,17 @@ def run_load(
     given. `model` defaults to the first the server lists; `target_options` go to `OpenAITarget` (headers,
     api_key, extra_body, timeout_s, transport, ...). Preflight negotiates the server's capabilities as the
     CLI does. Returns the run read back (or, without `out`, its records and summary)."""
-    from slobench.run.runner import RunOptions, run
-    from slobench.targets.openai import OpenAITarget
-
     spec, specs = _specs(workload, rate, num_requests, duration_s, seed, api)
     slo_ = _slo(slo)
 
     async def go() -> Run:
         async with OpenAITarget(url, model, api, **target_options) as target:  # type: ignore[arg-type]
             served = await target.preflight()  # finds the model when none is given
-            manifest = _manifest(spec, slo_, rate=rate, seed=seed, num_requests=num_requests, duration_s=duration_s,
-                                 target={"url": url, "model": target.model, "api": api, "served": served},
-                                 made_by="slobench.api.run_load")
-            res = await run(specs, target, opts=RunOptions(progress=progress), slo=slo_, run_dir=out,
+            manifest = build_manifest(
+                spec, seed=seed, made_by="slobench.api.run_load", rate_rps=rate,
+                target={"url": url, "model": target.model, "api": api, "served": served},
+                slo=slo_.to_dict() if slo_ else None, options={"num_requests": num_requests, "duration_s": duration_s})
+            res = await run_records(specs, target, opts=RunOptions(progress=progress), slo=slo_, run_dir=out,
                             manifest=manifest, handle_sigint=False, seed=seed)
         if out is not None:
             return load_run(out)
@@ -114,15 +105,14 @@ def simulate_load(
 ) -> Run:
     """The same run on the bundled engine's real scheduler, on a virtual clock (no server, no wall time):
     `engine` is a `slobench.fleet.simulate.ModeledEngine` (its cost profile, KV blocks, batch limits)."""
-    from slobench.experiments.probe import VirtualProbe
-    from slobench.fleet.simulate import ModeledEngine
-
     spec, specs = _specs(workload, rate, num_requests, duration_s, seed, "completions")
     slo_ = _slo(slo)
     engine_ = engine or ModeledEngine()
-    manifest = _manifest(spec, slo_, rate=rate, seed=seed, num_requests=num_requests, duration_s=duration_s,
-                         target={"simulated": True, "engine": engine_.name, "replicas": replicas},
-                         made_by="slobench.api.simulate") | {"clock": {"kind": "virtual"}}
+    manifest = build_manifest(
+        spec, seed=seed, made_by="slobench.api.simulate", rate_rps=rate,
+        target={"simulated": True, "engine": engine_.name, "replicas": replicas},
+        slo=slo_.to_dict() if slo_ else None, options={"num_requests": num_requests, "duration_s": duration_s},
+        clock={"kind": "virtual"})
     # the probe the CLI's `--simulate` takes, with the API's seed as the step-time noise seed
     probe = VirtualProbe(lambda _rate, _seed: specs, engine_, slo=slo_, replicas=replicas,
                          jitter_seed=lambda _rate, _seed: seed)
@@ -141,8 +131,6 @@ def compare(baseline: str | Path | Sequence[str | Path], candidate: str | Path |
     """The regression gate's verdict on two runs (or sweeps, or capacity probes, or a baseline file):
     `.verdict` is pass / regression / inconclusive, `.exit_code` what `slobench gate` exits with, `.checks` each
     metric's test."""
-    from slobench.gate import gate, load_samples
-
     def paths(p: str | Path | Sequence[str | Path]) -> list[str | Path]:
         return [p] if isinstance(p, str | Path) else list(p)
 
@@ -151,6 +139,4 @@ def compare(baseline: str | Path | Sequence[str | Path], candidate: str | Path |
 
 def render_report(run_dirs: Sequence[str | Path], out: str | Path = "report.html", *, title: str | None = None) -> Path:
     """The self-contained HTML report of run or sweep directories (opens from disk, no network)."""
-    from slobench.report import build_report
-
     return Path(build_report(list(run_dirs), out, title=title))

@@ -7,27 +7,37 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from slobench import __version__
-from slobench.errors import UsageError
-from slobench.redact import redact_argv, redact_text
-
-if TYPE_CHECKING:
-    from slobench.analysis.summary import RunSummary
-    from slobench.experiments.probe import Probe
-    from slobench.targets.build import TargetOptions
-    from slobench.workload.base import Workload
+from slobench.analysis.slo import SLO, parse_duration_s
+from slobench.analysis.summary import RunSummary
+from slobench.errors import SpecError, UsageError
+from slobench.experiments.probe import LiveProbe, Probe, VirtualProbe
+from slobench.fleet.disagg import DisaggFleet, KVLink, split_fleet_knobs
+from slobench.fleet.simulate import ModeledEngine, calibrated_extras
+from slobench.redact import redact_text
+from slobench.run.clock import Clock
+from slobench.run.manifest import build_manifest
+from slobench.run.runner import RunOptions
+from slobench.run.scrape import MetricsScraper, metrics_url_for
+from slobench.targets.build import DEFAULT_URL, TargetOptions, build
+from slobench.targets.engine import engine_knobs_from_args
+from slobench.targets.ray_pool import note_client_clocks, require_ray
+from slobench.targets.workers import MAX_WORKERS
+from slobench.workload import WorkloadSpec, load_workload, phase_boundaries
+from slobench.workload.base import Workload
+from slobench.workload.replay import TraceReplay
+from slobench.workload.text import load_tokenizer
+from slobench.workload.trace_stream import StreamingReplay
 
 MIN_RATE_RPS = 1 / 86400  # one request a day: anything slower is a typo, and would wait for ever
 
 
 def load_slo(text: str | None) -> Any:
-    from slobench.analysis.slo import SLO
-
     if text is None:
         return None
     if text.endswith(".toml") or Path(text).is_file():
@@ -46,8 +56,6 @@ def _parse_headers(items: Sequence[str]) -> dict[str, str]:
 
 
 def _parse_extra_body(text: str | None) -> dict[str, Any] | None:
-    import json
-
     if text is None:
         return None
     try:
@@ -70,8 +78,6 @@ def probe_duration(workload: Any, num_requests: int | None, duration_s: float | 
     (capacity.short_probe_note). Workloads with phases keep their own timeline."""
     if min_s is None or num_requests is not None or duration_s is not None or not rate_rps:
         return duration_s
-    from slobench.workload import WorkloadSpec
-
     if not isinstance(workload, WorkloadSpec) or workload.phases:  # a trace replay keeps its own timeline too
         return duration_s
     return max(min_s, (workload.num_requests or 1000) / rate_rps)
@@ -110,9 +116,6 @@ def open_replay(args: argparse.Namespace, api: str, warn: Any) -> Any:
     at once in flat memory; what the rows became is reported after the run, in summary.json `trace_rows`);
     `--simulate`, `sweep` and `capacity` replay one trace at several rates and load it whole (a
     TraceReplay, whose warnings come now)."""
-    from slobench.workload.replay import TraceReplay
-    from slobench.workload.trace_stream import StreamingReplay
-
     if getattr(args, "verb", None) == "run" and not getattr(args, "simulate", False):
         return StreamingReplay.open(
             args.trace, args.trace_format, time_scale=args.time_scale, start_s=args.start, api=api,
@@ -130,8 +133,6 @@ class LoadSetup:
     """What every load-sending verb builds from the common flags."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from slobench.workload import load_workload
-
         self.args = args
         self.min_duration_s: float | None = None  # sweeps and capacity: see probe_duration
         self.check_fleet()
@@ -176,8 +177,6 @@ class LoadSetup:
         if getattr(args, "tokenizer", None):
             if getattr(args, "engine", None) or getattr(args, "simulate", False):
                 raise UsageError("--tokenizer applies to --url targets (the bundled engine takes token ids)")
-            from slobench.workload.text import load_tokenizer
-
             load_tokenizer(Path(args.tokenizer))  # a missing or unreadable file is exit 2 before any request
 
     def specs(self, rate_rps: float | None, seed: int | None = None) -> Any:
@@ -197,8 +196,6 @@ class LoadSetup:
     @property
     def urls(self) -> list[str]:
         """`--url A,B,C`: several replicas, routed by this client (slobench.fleet.client_routed)."""
-        from slobench.targets.build import DEFAULT_URL
-
         urls = [u.strip() for u in str(self.args.url or DEFAULT_URL).split(",") if u.strip()]
         if not urls:
             raise UsageError("--url: no URL given")
@@ -206,9 +203,6 @@ class LoadSetup:
 
     def target_options(self) -> TargetOptions:
         """What `slobench.targets.build` needs from the flags."""
-        from slobench.targets.build import TargetOptions
-        from slobench.targets.engine import engine_knobs_from_args
-
         a = self.args
         return TargetOptions(
             urls=tuple(self.urls),
@@ -230,26 +224,16 @@ class LoadSetup:
         )
 
     def target(self, clock: Any) -> Any:
-        from slobench.targets.build import build
-
         target = build(self.target_options(), clock)
         if self.args.engine:
             self.engine_target = target  # monitors() scrapes it
         return target
 
     def manifest(self, target: Any, served: str) -> dict[str, Any]:
-        from slobench.targets.build import DEFAULT_URL
-        from slobench.workload import phase_boundaries
-
         a = self.args
-        wl = self.workload.to_dict()
-        return {
-            "slobench_version": __version__,
-            "command": redact_argv(sys.argv[1:]),
-            "workload": wl,
-            "workload_name": getattr(self.workload, "name", a.workload),
-            "seed": a.seed,
-            "target": (
+        return build_manifest(
+            self.workload, seed=a.seed, command=sys.argv[1:],
+            target=(
                 {**target.describe(), "served": served} if a.engine else
                 {"url": redact_text(a.url or DEFAULT_URL), "model": target.model, "api": self.api, "stream": not a.no_stream, "served": served}
                 | ({"capabilities": target.caps.to_dict()} if target.caps is not None else {})
@@ -258,22 +242,20 @@ class LoadSetup:
                 | ({"ray": (target.describe().get("ray") or {})} if getattr(a, "ray", None) is not None else {})
                 | ({"fleet": {"replicas": len(self.urls), "router": a.router}} if len(self.urls) > 1 else {})
             ),
-            "slo": self.slo.to_dict() if self.slo else None,
-            "phases": phase_boundaries(self.workload, duration_s=a.duration),
-            "options": {
+            slo=self.slo.to_dict() if self.slo else None,
+            phases=phase_boundaries(self.workload, duration_s=a.duration),
+            options={
                 "num_requests": a.num_requests, "duration_s": a.duration, "input_len": a.input_len,
                 "output_len": a.output_len, "warmup": a.warmup if a.warmup == "auto" else int(a.warmup),
                 "max_in_flight": a.max_in_flight,
                 "concurrency": a.concurrency,
             },
-        }
+        )
 
     def monitors(self, run_dir: Path) -> list[Any]:
         """Background tasks beside each run: the server's /metrics, scraped into server_metrics.jsonl.
 
         An in-process engine (after `target()`) is scraped through the same exposition, rendered locally."""
-        from slobench.run.scrape import MetricsScraper, metrics_url_for
-
         interval = self.args.scrape_interval
         if not interval or interval <= 0:
             return []
@@ -286,8 +268,6 @@ class LoadSetup:
 
     def simulated_manifest(self) -> dict[str, Any]:
         """The manifest of a --simulate run: the engine's knobs stand where a target's URL would."""
-        from slobench.targets.engine import engine_knobs_from_args
-
         a = self.args
         if a.engine == "torch":
             raise UsageError("--simulate runs the modeled executor only; drop --engine torch")
@@ -308,21 +288,14 @@ class LoadSetup:
             target["fleet"] = {"replicas": k["colocated_replicas"] + k["prefill_replicas"] + k["decode_replicas"],
                                "router": a.router, "colocated": k["colocated_replicas"],
                                "prefill": k["prefill_replicas"], "decode": k["decode_replicas"], "kv_link": k["kv_link"]}
-        return {
-            "slobench_version": __version__, "command": redact_argv(sys.argv[1:]), "workload": self.workload.to_dict(),
-            "workload_name": self.workload.name, "seed": a.seed, "slo": self.slo.to_dict() if self.slo else None,
-            "target": target,
-        }
+        return build_manifest(self.workload, seed=a.seed, command=sys.argv[1:],
+                              slo=self.slo.to_dict() if self.slo else None, target=target)
 
     def simulated_extras(self) -> tuple[float, float, str | None]:
         """A --simulate run's request overhead (s), step-time noise sd, and the profile that supplied either
         (`calibrated_flags`). Resolved once: the manifest and the probe share it."""
         cached = getattr(self, "_extras", None)
         if cached is None:
-            from slobench.fleet.disagg import split_fleet_knobs
-            from slobench.fleet.simulate import ModeledEngine
-            from slobench.targets.engine import engine_knobs_from_args
-
             a = self.args
             knobs, _ = split_fleet_knobs(dict(engine_knobs_from_args(a)), getattr(a, "router", "least-outstanding"))
             engine = ModeledEngine.from_knobs(knobs)
@@ -342,8 +315,6 @@ class LoadSetup:
         pools = {f: getattr(a, f.replace("-", "_"), 0) or 0 for f in
                  ("prefill-replicas", "decode-replicas", "colocated-replicas")}
         if any(pools.values()) or getattr(a, "kv_link", None) is not None:
-            from slobench.fleet.disagg import DisaggFleet, KVLink
-
             if not getattr(a, "simulate", False):
                 raise UsageError("--prefill-replicas/--decode-replicas/--kv-link need --simulate")
             if not (pools["prefill-replicas"] or pools["decode-replicas"]):
@@ -353,8 +324,6 @@ class LoadSetup:
                                  "--colocated-replicas")
             DisaggFleet(pools["prefill-replicas"], pools["decode-replicas"], pools["colocated-replicas"],
                         KVLink.parse(a.kv_link or "inf,0"))  # bad values are exit 2 here, before any run
-        from slobench.targets.workers import MAX_WORKERS
-
         workers = getattr(a, "client_workers", 1)
         if not 1 <= workers <= MAX_WORKERS:  # before any network call: a bad flag is exit 2, not 3
             raise UsageError(f"--client-workers must be from 1 to {MAX_WORKERS} (got {workers})")
@@ -363,8 +332,6 @@ class LoadSetup:
                 raise UsageError("--ray needs --url: the in-process engine and --simulate send nothing over HTTP")
             if "," in str(a.url or ""):
                 raise UsageError("--ray with several --url: not supported; point --url at the fleet's load balancer")
-            from slobench.targets.ray_pool import require_ray
-
             require_ray()  # not installed: exit 2 with the pip line, before any network call
 
     @contextlib.asynccontextmanager
@@ -376,8 +343,6 @@ class LoadSetup:
         scraper beside each run (both as a capacity search's probes have always been). `first`: the (rate,
         seed) measured first, whose requests are made before any connection, so a bad workload or trace is
         exit 2 before the server is touched."""
-        from slobench.experiments.probe import LiveProbe, VirtualProbe
-
         a = self.args
 
         ready: dict[tuple[float | None, int], Any] = {}
@@ -389,16 +354,12 @@ class LoadSetup:
             return made if made is not None else self.specs(rate, seed=seed)
 
         if a.simulate:
-            from slobench.targets.engine import engine_knobs_from_args
-
             manifest = self.simulated_manifest()
             overhead_s, jitter_sd, _ = self.simulated_extras()
             yield VirtualProbe(make_specs, engine_knobs_from_args(a), slo=self.slo, api=self.api, jitter_sd=jitter_sd,
                                replicas=a.replicas, router=a.router, intervals=intervals,
                                request_overhead_s=overhead_s), manifest, "simulated"
             return
-        from slobench.targets.ray_pool import note_client_clocks
-
         target, clock, served = await _start_target(self)
         try:
             async def after_run(run_dir: Path, summary: RunSummary) -> RunSummary:
@@ -411,8 +372,6 @@ class LoadSetup:
             await target.close()
 
     def run_options(self) -> Any:
-        from slobench.run.runner import RunOptions
-
         a = self.args
         return RunOptions(
             max_in_flight=a.max_in_flight,
@@ -427,8 +386,6 @@ class LoadSetup:
 
 
 async def _start_target(setup: LoadSetup) -> tuple[Any, Any, str]:
-    from slobench.run.clock import Clock
-
     clock = Clock()
     target = setup.target(clock)
     await target.start()
@@ -449,9 +406,6 @@ def parse_overhead_s(text: str | None) -> float | None:
     """`--request-overhead`: a duration (`13.7ms`, `0.0137s`, `0.0137`), 0 for none; None when not given."""
     if text is None:
         return None
-    from slobench.analysis.slo import parse_duration_s
-    from slobench.errors import SpecError
-
     try:
         return parse_duration_s(text, "--request-overhead", allow_zero=True)
     except SpecError as e:
@@ -469,9 +423,6 @@ def calibrated_flags(overhead_text: str | None, jitter_sd: float | None, profile
     (`served_max_num_seqs` in the provenance), or, when `max_num_seqs_given` is False (the default was taken
     from that value, `served_max_num_seqs`), a note saying so. The third value is `name` when the profile supplied either,
     else None. A bad flag or provenance value is a UsageError naming it."""
-    from slobench.errors import SpecError
-    from slobench.fleet.simulate import calibrated_extras
-
     overhead_s = parse_overhead_s(overhead_text)
     if jitter_sd is not None and not (isinstance(jitter_sd, int | float) and 0 <= jitter_sd < float("inf")):
         raise UsageError(f"--jitter: must be a number >= 0 (got {jitter_sd!r})")

@@ -10,7 +10,10 @@ Exit codes (each means one thing): see `common.EXIT_CODES`, printed under every 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,6 +21,7 @@ from slobench import __version__
 from slobench.cli import engine, gate, history, plan, profile, run, workload
 from slobench.cli.common import EPILOG, EXIT_CODES, EXIT_INTERNAL_ERROR, FORMATTER
 from slobench.errors import EngineError, SlobenchError
+from slobench.redact import redact_text
 
 __all__ = ["EXIT_CODES", "HANDLERS", "build_parser", "main"]
 
@@ -65,9 +69,6 @@ def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    import signal
-    import threading
-
     on_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt) if on_main else None
     try:
@@ -81,16 +82,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     try:
         return int(HANDLERS[args.verb](args))
     except (SlobenchError, EngineError) as e:  # the engine's own errors are bad settings or files: exit 2
-        from slobench.redact import redact_text
-
         print(f"slobench: error: {redact_text(str(e))}", file=sys.stderr)  # a URL as typed may hold a password
         return e.exit_code if isinstance(e, SlobenchError) else 2
     except KeyboardInterrupt:
         print("slobench: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # a bug, never to be read as "SLO not met" (1)
-        import traceback
-
         traceback.print_exc()
         print(f"slobench: internal error ({type(e).__name__}: {e}); this is a slobench bug, please report it "
               f"with the traceback above; exit {EXIT_INTERNAL_ERROR}", file=sys.stderr)

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from slobench.errors import UsageError
-
-if TYPE_CHECKING:
-    from slobench.load_setup import LoadSetup
+from slobench.experiments.sweep import run_sweep
+from slobench.load_setup import MIN_PROBE_S, LoadSetup
+from slobench.report import build_report
+from slobench.report.terminal import make_console, print_headline, sweep_table
+from slobench.run.outdir import claim_out_dir
+from slobench.targets.engine import add_engine_arguments
 
 EXIT_CODES = """\
   0  ok
@@ -29,16 +33,12 @@ FORMATTER = argparse.RawDescriptionHelpFormatter
 
 
 def default_out(prefix: str) -> Path:
-    import time
-
     return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def maybe_report(args: argparse.Namespace, run_dirs: Sequence[Path]) -> None:
     """`--report HTML`: also write the HTML report of these run directories."""
     if getattr(args, "report", None):
-        from slobench.report import build_report
-
         path = build_report([str(d) for d in run_dirs], args.report)
         print(f"report: {path}")
 
@@ -94,8 +94,6 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
                    help="send from --client-workers N Ray actors (spread over the cluster's nodes, clocks synced to "
                         "this one) at ADDRESS, or a local Ray instance when no address is given; needs "
                         "pip install 'slobench[ray]'")
-    from slobench.targets.engine import add_engine_arguments
-
     eng = p.add_argument_group("in-process engine (instead of --url)")
     add_engine_arguments(eng)
     eng.add_argument("--simulate", action="store_true",
@@ -213,11 +211,6 @@ def check_refine_knee(n: int, *, has_slo: bool) -> int:
 async def sweep_rates(setup: LoadSetup, rates: Sequence[float], out: Path, *, seed: int) -> int:
     """One run per rate through `setup`'s probe, a line per point and the table at the end; the exit code
     (130 interrupted, 1 over --max-error-rate). `out` is claimed here, before any request (exit 2)."""
-    from slobench.experiments.sweep import run_sweep
-    from slobench.load_setup import MIN_PROBE_S
-    from slobench.report.terminal import make_console
-    from slobench.run.outdir import claim_out_dir
-
     refine = check_refine_knee(getattr(setup.args, "refine_knee", 0), has_slo=setup.slo is not None)
     setup.min_duration_s = MIN_PROBE_S  # high-rate points as long as low-rate ones (probe_duration)
     out = claim_out_dir(out, overwrite=getattr(setup.args, "overwrite", False))  # exit 2, one line
@@ -245,8 +238,6 @@ async def sweep_rates(setup: LoadSetup, rates: Sequence[float], out: Path, *, se
 
 
 def print_sweep(doc: dict[str, Any], console: Any, title: str) -> None:
-    from slobench.report.terminal import print_headline, sweep_table
-
     console.print(sweep_table(doc["runs"], title=title))
     if doc.get("headline"):
         print_headline(doc["headline"], console)

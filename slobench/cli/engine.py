@@ -6,14 +6,26 @@ import argparse
 import asyncio
 import importlib
 import importlib.util
+import json
+import os
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import slobench.profiles  # noqa: F401  (registers `--profile roofline:GPU/MODEL` with the engine)
+from reference_engine.serve_args import add_serve_arguments
+from reference_engine.step_log import read_step_log, speeds_across
 from slobench.cli.common import check_refine_knee, default_out, load_options, sweep_rates
 from slobench.errors import UsageError
+from slobench.experiments.sweep import parse_rates
+from slobench.load_setup import LoadSetup
+from slobench.report import build_report
+from slobench.report.terminal import make_console
+from slobench.run.records import load_run
+from slobench.testing.process import EngineServerProcess
 
 # The demo: a sweep of the `tiny` workload across the CPU engine's cliff. Its SLO suits a 2-core CPU
 # running the tiny model (a 4-layer, d=256 Llama): TTFT 250 ms, TPOT 30 ms.
@@ -27,8 +39,6 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
     serve_p = sub.add_parser("serve", help="serve the bundled reference engine (OpenAI API)", epilog=epilog,
                              formatter_class=fmt)
-    from reference_engine.serve_args import add_serve_arguments
-
     add_serve_arguments(serve_p)
 
     demo_p = sub.add_parser(
@@ -71,7 +81,6 @@ def require_server_stack(verb: str) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     require_server_stack("serve")
-    import slobench.profiles  # noqa: F401  (registers `--profile roofline:GPU/MODEL` with the engine)
     from reference_engine.server import serve_from_args
 
     serve_from_args(args)
@@ -79,8 +88,6 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def report(args: argparse.Namespace) -> int:
-    from slobench.report import build_report
-
     path = build_report(args.run_dirs, args.output, title=args.title)
     print(f"report: {path}")
     return 0
@@ -101,11 +108,6 @@ def demo_engine_args(executor: str) -> list[str]:
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    from slobench.experiments.sweep import parse_rates
-    from slobench.load_setup import LoadSetup
-    from slobench.report.terminal import make_console
-    from slobench.testing.process import EngineServerProcess
-
     console = make_console()
     engine_args = demo_engine_args(args.executor)
     rates = parse_rates(args.rates)  # a bad --rates is exit 2 before the engine starts
@@ -113,8 +115,6 @@ async def _demo(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out("demo")
     console.print(f"[bold]slobench demo[/bold]: starting the bundled engine ({' '.join(engine_args)}) on 127.0.0.1")
     t0 = time.monotonic()
-    import os
-
     # leave the client a core: on 2 cores, torch's default threads starve the load generator
     threads = max(1, (os.cpu_count() or 2) - 1)
     # the engine logs its steps (reference_engine.step_log) beside the sweep, read back for the speed line
@@ -134,13 +134,8 @@ async def _demo(args: argparse.Namespace) -> int:
     if line:
         console.print(line, markup=False, soft_wrap=True)  # one line, whatever the width
     if not args.no_report:
-        try:
-            from slobench.report import build_report
-        except ImportError:
-            build_report = None  # type: ignore[assignment]
-        if build_report is not None:
-            path = build_report([str(out)], args.report or out / "report.html")
-            console.print(f"report: {path}", markup=False)
+        path = build_report([str(out)], args.report or out / "report.html")
+        console.print(f"report: {path}", markup=False)
     console.print(f"demo finished in {time.monotonic() - t0:.0f} s; run directories under {out}", markup=False)
     return code
 
@@ -153,12 +148,6 @@ def _keep_step_log(steps_tmp: Path, out: Path) -> str | None:
     removes `steps_tmp`) and say how fast the machine ran each point's steps against the sweep's mean
     (reference_engine.step_log.speeds_across): on a shared machine the knee moves with that speed from one
     demo to the next. None when there is nothing to say."""
-    import json
-    import shutil
-
-    from reference_engine.step_log import read_step_log, speeds_across
-    from slobench.run.records import load_run
-
     try:
         if not out.is_dir() or not (out / "sweep.json").exists():
             return None

@@ -4,12 +4,32 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
+from slobench.analysis.slo import parse_fraction
 from slobench.cli.common import add_load_flags, default_out, maybe_report
+from slobench.errors import UsageError
+from slobench.experiments.capacity import (
+    CapacityResult,
+    FixedRates,
+    SearchOptions,
+    capacity_document,
+    replicate_at_rates,
+    search_capacity,
+)
+from slobench.experiments.probe import ProbeMeasure
+from slobench.experiments.sweep import parse_rates
+from slobench.gate import BASELINE_KIND, Threshold, junit_xml, load_samples, markdown
+from slobench.gate import gate as judge
+from slobench.load_setup import MIN_PROBE_S, LoadSetup
+from slobench.run.outdir import claim_out_dir
+from slobench.run.records import CAPACITY, write_capacity, write_json_atomic
 
 CAPACITY_HELP = """\
 Finds the largest offered rate whose SLO attainment (share of all requests meeting every SLO) is at or
@@ -79,11 +99,6 @@ def capacity(args: argparse.Namespace) -> int:
 
 
 def gate(args: argparse.Namespace) -> int:
-    from slobench.errors import UsageError
-    from slobench.gate import Threshold, junit_xml, load_samples, markdown
-    from slobench.gate import gate as judge
-    from slobench.run.records import write_json_atomic
-
     if not args.candidate:
         raise UsageError("--candidate is required")
     cand = load_samples(args.candidate)
@@ -120,11 +135,6 @@ def gate(args: argparse.Namespace) -> int:
 
 def check_updatable(baselines: list[str]) -> None:
     """--update-baseline-on-pass rewrites one committed baseline file; anything else is bad usage."""
-    import json
-
-    from slobench.errors import UsageError
-    from slobench.gate import BASELINE_KIND
-
     if len(baselines) != 1:
         raise UsageError("--update-baseline-on-pass: give exactly one --baseline (the file to refresh)")
     path = Path(baselines[0])
@@ -139,8 +149,6 @@ def check_updatable(baselines: list[str]) -> None:
 
 def update_baseline_on_pass(res: Any, cand: Any, path: Path) -> tuple[bool, str]:
     """Refresh the baseline from the candidate when the verdict is pass; (updated, what to tell the user)."""
-    from slobench.run.records import write_json_atomic
-
     if res.verdict != "pass":
         return False, (f"baseline not updated: the verdict is {res.verdict}; {path} follows main only on a pass "
                        f"(an inconclusive or failing run would move the bar)")
@@ -152,29 +160,10 @@ def update_baseline_on_pass(res: Any, cand: Any, path: Path) -> tuple[bool, str]
 
 
 def _tolerance(text: str) -> float:
-    from slobench.analysis.slo import parse_fraction
-
     return parse_fraction(text, "tolerance", "0.05 or 5%")
 
 
 async def _capacity(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from slobench.errors import UsageError
-    from slobench.experiments.capacity import (
-        CapacityResult,
-        FixedRates,
-        SearchOptions,
-        capacity_document,
-        replicate_at_rates,
-        search_capacity,
-    )
-    from slobench.experiments.probe import ProbeMeasure
-    from slobench.experiments.sweep import parse_rates
-    from slobench.gate import load_samples
-    from slobench.load_setup import MIN_PROBE_S, LoadSetup
-    from slobench.run.records import CAPACITY, write_capacity, write_json_atomic
-
     if args.concurrency:
         raise UsageError("--concurrency: capacity searches offered (open-loop) rates; drop --concurrency")
     if args.gpus is not None and args.gpus < 1:
@@ -190,8 +179,6 @@ async def _capacity(args: argparse.Namespace) -> int:
     )
     if fixed and opts.replicates < 2:
         raise UsageError("--rates needs --replicates >= 2: fixed-rate replicates are what the gate compares")
-    from slobench.run.outdir import claim_out_dir
-
     out = claim_out_dir(Path(args.out) if args.out else default_out("capacity"),
                         overwrite=getattr(args, "overwrite", False))  # before any request: exit 2, one line
     console = Console(stderr=True)

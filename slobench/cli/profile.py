@@ -4,14 +4,17 @@ of a live endpoint)."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
+from slobench.errors import UsageError
+from slobench.profiles import GPUS, MODELS, roofline
+from slobench.profiles.calibrate import calibrate_main
+
 
 def add_parsers(sub: Any, *, epilog: str) -> None:
-    from slobench.profiles import GPUS, MODELS
-
     fmt = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser(
         "profile", epilog=epilog, formatter_class=fmt,
@@ -75,16 +78,10 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
 
 
 def calibrate(args: argparse.Namespace) -> int:
-    import asyncio
-
-    from slobench.profiles.calibrate import calibrate_main
-
     return asyncio.run(calibrate_main(args))
 
 
 def profile(args: argparse.Namespace) -> int:
-    from slobench.profiles import roofline
-
     prof = roofline(args.model, args.gpu, args.tp)
     text = prof.to_json() + "\n"
     if args.output is None:
@@ -94,8 +91,6 @@ def profile(args: argparse.Namespace) -> int:
     try:
         out.write_text(text)
     except OSError as e:
-        from slobench.errors import UsageError
-
         raise UsageError(f"-o {args.output}: cannot write: {e.strerror}") from e
     roof = json.loads(text)["provenance"]
     print(f"{prof.name}: {roof['weights_gb_per_gpu']} GB of weights a GPU, dense layers weights-bound below "

@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from slobench.analysis.slo import SLO
+from slobench.analysis.summary import summarize as summarize_records
 from slobench.cli.common import (
     EPILOG,
     FORMATTER,
@@ -19,7 +22,12 @@ from slobench.cli.common import (
     sweep_rates,
 )
 from slobench.errors import UsageError
+from slobench.experiments.sweep import parse_rates
 from slobench.load_setup import LoadSetup, load_slo
+from slobench.report.terminal import print_run
+from slobench.run.outdir import claim_out_dir
+from slobench.run.records import load_run
+from slobench.targets.ray_pool import client_clock_lines
 
 
 def add_parsers(sub: Any, *, epilog: str = EPILOG) -> None:
@@ -39,8 +47,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def sweep(args: argparse.Namespace) -> int:
-    from slobench.experiments.sweep import parse_rates
-
     if not args.rates:
         raise UsageError("--rates is required for sweep (e.g. --rates 1,2,4 or --rates 1:16:5)")
     rates = parse_rates(args.rates)
@@ -50,10 +56,6 @@ def sweep(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    from slobench.report.terminal import print_run
-    from slobench.run.outdir import claim_out_dir
-    from slobench.targets.ray_pool import client_clock_lines
-
     setup = LoadSetup(args)
     out = claim_out_dir(Path(args.out) if args.out else default_out("run"),
                         overwrite=getattr(args, "overwrite", False))  # before any request: exit 2, one line
@@ -81,18 +83,10 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def summarize(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
-    from slobench.analysis.summary import summarize as summarize_records
-    from slobench.report.terminal import print_run
-    from slobench.run.records import load_run
-
     loaded = load_run(args.run_dir)
     if args.slo:
         slo = load_slo(args.slo)
     elif loaded.manifest.get("slo"):
-        from slobench.analysis.slo import SLO
-
         slo = SLO.from_dict(loaded.manifest["slo"])
     else:
         slo = None
