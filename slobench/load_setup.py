@@ -29,7 +29,7 @@ from slobench.targets.engine import engine_knobs_from_args
 from slobench.targets.ray_pool import note_client_clocks, require_ray
 from slobench.targets.workers import MAX_WORKERS
 from slobench.workload import WorkloadSpec, load_workload, phase_boundaries
-from slobench.workload.base import Workload
+from slobench.workload.base import RunShape, Workload
 from slobench.workload.replay import TraceReplay
 from slobench.workload.text import load_tokenizer
 from slobench.workload.trace_stream import StreamingReplay
@@ -183,7 +183,7 @@ class LoadSetup:
         """The requests of one run at `rate_rps` (a workload spec or a trace alike: `Workload.specs`); `seed`
         defaults to --seed (capacity replicates pass their own). Every verb that sends load takes them here."""
         a = self.args
-        return self.workload.specs(
+        return self.workload.specs(RunShape(
             rate_rps=rate_rps,
             num_requests=a.num_requests,
             duration_s=probe_duration(self.workload, a.num_requests, a.duration, rate_rps, self.min_duration_s),
@@ -191,7 +191,7 @@ class LoadSetup:
             input_len=a.input_len,
             output_len=a.output_len,
             api=self.api,
-        )
+        ))
 
     @property
     def urls(self) -> list[str]:

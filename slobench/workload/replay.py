@@ -30,7 +30,7 @@ import numpy as np
 
 from slobench.errors import SpecError, UsageError
 from slobench.run.records import RequestSpec, with_drawn_ids
-from slobench.workload.base import refuse_fixed_lengths
+from slobench.workload.base import AS_IT_IS, RunShape, refuse_fixed_lengths
 from slobench.workload.prompts import DEFAULT_TOKEN_ID_RANGE, WORDS, text_prompts, token_prompts
 from slobench.workload.sessions import ids_to_prompt
 from slobench.workload.traces import Trace, TraceEntry, load_trace
@@ -320,13 +320,11 @@ class TraceReplay:
     def name(self) -> str:
         return self.trace.name
 
-    def specs(self, *, rate_rps: float | None = None, duration_s: float | None = None,
-              num_requests: int | None = None, seed: int = 0, api: str | None = None,
-              input_len: int | None = None, output_len: int | None = None) -> ReplaySpecs:
-        refuse_fixed_lengths(input_len, output_len)
+    def specs(self, shape: RunShape = AS_IT_IS) -> ReplaySpecs:
+        refuse_fixed_lengths(shape)
         return ReplaySpecs(replay(
-            self.trace, time_scale=self.time_scale, rate_rps=rate_rps, start_s=self.start_s,
-            duration_s=duration_s, num_requests=num_requests, seed=seed, api=api or self.api,
+            self.trace, time_scale=self.time_scale, rate_rps=shape.rate_rps, start_s=self.start_s,
+            duration_s=shape.duration_s, num_requests=shape.num_requests, seed=shape.seed, api=shape.api or self.api,
             prompt=self.prompt, token_ids=self.token_ids, ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,
         ), self.trace.rows)

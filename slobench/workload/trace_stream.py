@@ -37,7 +37,7 @@ import numpy as np
 
 from slobench.errors import SpecError, UsageError
 from slobench.run.records import RequestSpec
-from slobench.workload.base import refuse_fixed_lengths
+from slobench.workload.base import AS_IT_IS, RunShape, refuse_fixed_lengths
 from slobench.workload.prompts import DEFAULT_TOKEN_ID_RANGE
 from slobench.workload.replay import _Prompts, _salt, rate_scale, request_spec, time_scale_factor
 from slobench.workload.traces import (
@@ -296,24 +296,17 @@ class StreamingReplay:
         _read_head(Path(path))
         return cls(str(path), fmt, **kwargs)
 
-    def specs(self, *, rate_rps: float | None = None, duration_s: float | None = None,
-              num_requests: int | None = None, seed: int = 0, api: str | None = None,
-              input_len: int | None = None, output_len: int | None = None) -> ReplayStream:
+    def specs(self, shape: RunShape = AS_IT_IS) -> ReplayStream:
         """The run's requests in arrival order, each built when it is taken (the first now). `self.log`
         follows the latest call's stream."""
-        refuse_fixed_lengths(input_len, output_len)
-        if duration_s is not None and not (math.isfinite(duration_s) and duration_s > 0):
-            raise SpecError("duration_s", duration_s, "must be a finite number > 0")
-        if num_requests is not None and num_requests < 1:
-            raise SpecError("num_requests", num_requests, "must be >= 1")
+        refuse_fixed_lengths(shape)
+        rate_rps, duration_s, num_requests, seed = shape.rate_rps, shape.duration_s, shape.num_requests, shape.seed
         self.log.reset()
         start = self.start_s
         after = self._after(start, seed, self.log)
         if rate_rps is None:
             scale = time_scale_factor(self.time_scale)
         else:
-            if not (math.isfinite(rate_rps) and rate_rps > 0):
-                raise SpecError("rate_rps", rate_rps, "must be a finite number > 0")
             if num_requests is not None or duration_s is not None:
                 n = max(num_requests, 2) if num_requests is not None else max(2, round(rate_rps * (duration_s or 0))) + 1
                 window = list(islice(after, n))
@@ -329,7 +322,7 @@ class StreamingReplay:
             if not window:  # rate_scale saw the span as two times: it holds n - 1 gaps, not 1
                 scale *= n - 1
             after = chain(window, after)
-        stream = ReplayStream(self._requests(after, scale, duration_s, num_requests, seed, api or self.api),
+        stream = ReplayStream(self._requests(after, scale, duration_s, num_requests, seed, shape.api or self.api),
                               self.path, self.log, lambda: self._count_hint(rate_rps, duration_s, num_requests))
         if stream.is_empty:
             raise UsageError(f"{self.path}: the window (--start {start:g} s, --duration {duration_s} s at scale "
