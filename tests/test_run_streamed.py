@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from slobench.cli import build_parser, main
+from slobench.cli.common import options_from_args
 from slobench.errors import SpecError, UsageError
 from slobench.load_setup import LoadSetup
 from slobench.run.clock import Clock
@@ -208,7 +209,7 @@ def test_run_streams_the_trace_and_sweep_loads_it(tmp_path):
     path = str(mooncake(tmp_path / "m.jsonl", 30))
 
     def setup(argv: list[str]) -> LoadSetup:
-        return LoadSetup(build_parser().parse_args(argv))
+        return LoadSetup(options_from_args(build_parser().parse_args(argv)))
 
     assert isinstance(setup(["run", "--trace", path]).specs(None), ReplayStream)
     assert isinstance(setup(["run", "--trace", path, "--simulate"]).specs(None), list)

@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 
 from slobench.analysis.slo import parse_fraction
-from slobench.cli.common import add_load_flags, default_out, maybe_report
+from slobench.cli.common import add_load_flags, default_out, maybe_report, options_from_args
 from slobench.errors import UsageError
 from slobench.experiments.capacity import (
     CapacityResult,
@@ -168,7 +168,7 @@ async def _capacity(args: argparse.Namespace) -> int:
         raise UsageError("--concurrency: capacity searches offered (open-loop) rates; drop --concurrency")
     if args.gpus is not None and args.gpus < 1:
         raise UsageError(f"--gpus: must be >= 1 (got {args.gpus})")
-    setup = LoadSetup(args)
+    setup = LoadSetup(options_from_args(args))
     if setup.slo is None:
         raise UsageError("--slo is required for capacity (e.g. --slo ttft=500ms,tpot=50ms)")
     fixed = parse_rates(args.rates) if args.rates else None
@@ -215,7 +215,7 @@ async def _capacity(args: argparse.Namespace) -> int:
         write_json_atomic(bpath, load_samples([out / CAPACITY]).to_baseline())
         console.print(f"baseline written: {bpath}", markup=False)
     _print_capacity(doc, out)
-    maybe_report(args, [out])
+    maybe_report(args.report, [out])
     if doc["mode"] == "search" and doc["capacity_rps"] is None:
         return 1
     return 0

@@ -19,6 +19,7 @@ from slobench.cli.common import (
     default_out,
     error_rate_verdict,
     maybe_report,
+    options_from_args,
     sweep_rates,
 )
 from slobench.errors import UsageError
@@ -50,13 +51,13 @@ def sweep(args: argparse.Namespace) -> int:
     if not args.rates:
         raise UsageError("--rates is required for sweep (e.g. --rates 1,2,4 or --rates 1:16:5)")
     rates = parse_rates(args.rates)
-    setup = LoadSetup(args)
+    setup = LoadSetup(options_from_args(args))
     out = Path(args.out) if args.out else default_out("sweep")
     return asyncio.run(sweep_rates(setup, rates, out, seed=args.seed))
 
 
 async def _run(args: argparse.Namespace) -> int:
-    setup = LoadSetup(args)
+    setup = LoadSetup(options_from_args(args))
     out = claim_out_dir(Path(args.out) if args.out else default_out("run"),
                         overwrite=getattr(args, "overwrite", False))  # before any request: exit 2, one line
     async with setup.probe(first=(args.rate, args.seed)) as (probe, manifest, served):
@@ -69,7 +70,7 @@ async def _run(args: argparse.Namespace) -> int:
         if getattr(m, "disabled_reason", None):
             print(f"note: no server metrics scraped ({m.disabled_reason}); the report has no server-state panels")
     print(f"run directory: {out}")
-    maybe_report(args, [out])
+    maybe_report(args.report, [out])
     if res.interrupted:
         print("slobench: interrupted: the summary covers the requests that finished; exit 130", file=sys.stderr)
         return 130
