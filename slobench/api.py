@@ -1,17 +1,12 @@
-"""slobench from Python: for notebooks and scripts, the five things the command line does.
+"""slobench from Python, for notebooks and scripts: each function takes its verb's code path, so a run made
+here and one made by `slobench run` write the same run directory. Synchronous; inside a running event loop
+(a Jupyter cell with one) use the async `slobench.run.runner.run`.
 
-    import slobench
     run = slobench.run_load("http://127.0.0.1:8000/v1", workload="chat", rate=4, num_requests=200,
                             slo="ttft=500ms,tpot=50ms", out="runs/chat-4")
-    print(run.summary.attainment.value)
     sim = slobench.simulate_load(workload="chat", rate=4, num_requests=200, slo="ttft=500ms,tpot=50ms")
     verdict = slobench.compare("runs/baseline", "runs/chat-4")      # the CI gate's verdict
     slobench.render_report(["runs/chat-4"], "report.html")
-    again = slobench.load_run("runs/chat-4"); slobench.summarize(again.records, slo="ttft=500ms")
-
-Each function is the same code path as its verb (the runner, the simulator, the gate, the report): a run
-made here and one made by `slobench run` write the same run directory. Everything here is synchronous;
-inside a running event loop (a Jupyter cell with one) use the async `slobench.run.runner.run` directly.
 """
 
 from __future__ import annotations

@@ -347,10 +347,10 @@ class LoadSetup:
                                  "request measured); drop one of them")
         overhead_s, jitter_sd, source = self.simulated_extras()
         target: dict[str, Any] = {"kind": "simulated", "knobs": self.engine_knobs, "jitter_sd": jitter_sd}
-        if overhead_s or source:  # an uncalibrated run's manifest (and the gate's workload identity) as it was
+        if overhead_s or source:  # left out uncalibrated: the manifest and the gate's workload identity stay put
             target["request_overhead_s"] = overhead_s
             target["calibrated_extras"] = source
-        if o.replicas != 1:  # one replica leaves the manifest (and the gate's workload identity) as it was
+        if o.replicas != 1:  # left out for one replica, for the same reason
             target["fleet"] = {"replicas": o.replicas, "router": o.router}
         if "prefill_replicas" in target["knobs"]:  # disaggregated (slobench.fleet.disagg)
             k = target["knobs"]
@@ -409,7 +409,7 @@ class LoadSetup:
         """The probe the flags name, its manifest and what it serves: the simulator (`--simulate`), else a
         started target (closed on the way out). Every verb that sends load measures through this.
         `intervals=False`: simulated summaries without bootstrap intervals; `scrape=False`: no /metrics
-        scraper beside each run (both as a capacity search's probes have always been). `first`: the (rate,
+        scraper beside each run (both as a capacity search's probes run). `first`: the (rate,
         seed) measured first, whose requests are made before any connection, so a bad workload or trace is
         exit 2 before the server is touched."""
         o = self.options

@@ -194,7 +194,7 @@ async def _capacity(args: argparse.Namespace) -> int:
             if note:
                 console.print(f"  {note}", markup=False)
 
-    # the one path every verb takes (setup.specs): a trace replay is not a workload spec (issue 12's crash)
+    # the one path every verb takes (setup.specs), so a trace replay is searched like a workload spec
     async with setup.probe(intervals=False, scrape=False) as (probe, manifest, _served):
         measure = ProbeMeasure(probe, out_dir=out, manifest=manifest, on_probe=on_probe)
         if fixed:

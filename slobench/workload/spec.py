@@ -1,56 +1,5 @@
-"""The TOML workload spec, the bundled `workloads/`, and `generate`: a spec and a seed become requests.
-
-A spec file (every key but the length tables optional; unknown keys are errors so typos surface):
-
-    name = "chat"                  # default: the file's stem; used as the requests' tag
-    description = "..."
-    api = "completions"            # or "chat" (chat always sends text prompts)
-    prompt = "tokens"              # or "text"
-    num_requests = 1000            # default bounds; --num-requests / --duration replace both
-    duration_s = 60.0
-    ignore_eos = true
-    min_tokens = "none"            # or "max": send min_tokens = max_tokens, for servers without ignore_eos
-    token_ids = [1000, 30000]      # half-open id range for token prompts
-
-    [arrival]                      # default: poisson at 1 req/s
-    process = "gamma"              # poisson | gamma | constant
-    rate_rps = 5.0
-    cv = 2.0                       # gamma only; vLLM's burstiness = 1/cv²
-
-    [input]                        # and [output]: see slobench.workload.lengths
-    dist = "lognormal"
-    median = 1020
-    p99 = 4142
-    min = 1
-    max = 8192
-
-Traffic that changes over the run (see slobench.workload.phases and .sessions; all optional):
-
-    [arrival]                      # also: a rate curve, non-homogeneous Poisson by thinning
-    process = "diurnal"            # rate_rps (mean), peak_to_trough, period_s[, peak_s]
-                                   # or process = "curve", points = [[t_s, rate_rps], ...]
-    [class.doc]                    # request classes, each its own lengths (default: [input]/[output])
-    input = {dist = "lognormal", median = 5000, p99 = 7800}
-    output = {dist = "lognormal", median = 48, p99 = 200}
-    mix = {doc = 3, chat = 1}      # class weights for a run without phases
-
-    [[phase]]                      # segments run one after another; requests are tagged "phase/class"
-    name = "morning"
-    duration_s = 60
-    rate_rps = 4.0                 # Poisson shorthand, or an arrival = {process = ..., ...} table
-    mix = {doc = 3, chat = 1}      # default: the top-level mix, else the top-level [input]/[output]
-
-    [sessions]                     # multi-turn: each arrival starts a conversation
-    turns = {dist = "uniform", min = 2, max = 6}
-    think = {dist = "exponential", mean_s = 8.0}
-    response_s_per_token = 0.02    # next turn = previous scheduled arrival + output·this + think
-    max_context_tokens = 8192
-
-    [system_prompts]               # shared prefixes: Zipf popularity over groups
-    num_groups = 8
-    tokens = 1024                  # or one length per group
-    zipf_s = 1.1
-"""
+"""The TOML workload spec (`WorkloadSpec`: every key, with an example, in its docstring), the bundled
+`workloads/`, and `generate`: a spec, a run's shape and a seed become requests."""
 
 from __future__ import annotations
 
@@ -130,6 +79,60 @@ def _is_int(x: object) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class WorkloadSpec:
+    """A workload: arrivals, lengths, prompts, and optionally classes, phases, sessions and shared system
+    prompts. Its TOML file (every key but the length tables optional; unknown keys are errors so typos
+    surface):
+
+        name = "chat"                  # default: the file's stem; used as the requests' tag
+        description = "..."
+        api = "completions"            # or "chat" (chat always sends text prompts)
+        prompt = "tokens"              # or "text"
+        num_requests = 1000            # default bounds; --num-requests / --duration replace both
+        duration_s = 60.0
+        ignore_eos = true
+        min_tokens = "none"            # or "max": send min_tokens = max_tokens, for servers without ignore_eos
+        token_ids = [1000, 30000]      # half-open id range for token prompts
+
+        [arrival]                      # default: poisson at 1 req/s
+        process = "gamma"              # poisson | gamma | constant
+        rate_rps = 5.0
+        cv = 2.0                       # gamma only; vLLM's burstiness = 1/cv²
+
+        [input]                        # and [output]: see slobench.workload.lengths
+        dist = "lognormal"
+        median = 1020
+        p99 = 4142
+        min = 1
+        max = 8192
+
+    Traffic that changes over the run (see slobench.workload.phases and .sessions; all optional):
+
+        [arrival]                      # also: a rate curve, non-homogeneous Poisson by thinning
+        process = "diurnal"            # rate_rps (mean), peak_to_trough, period_s[, peak_s]
+                                       # or process = "curve", points = [[t_s, rate_rps], ...]
+        [class.doc]                    # request classes, each its own lengths (default: [input]/[output])
+        input = {dist = "lognormal", median = 5000, p99 = 7800}
+        output = {dist = "lognormal", median = 48, p99 = 200}
+        mix = {doc = 3, chat = 1}      # class weights for a run without phases
+
+        [[phase]]                      # segments run one after another; requests are tagged "phase/class"
+        name = "morning"
+        duration_s = 60
+        rate_rps = 4.0                 # Poisson shorthand, or an arrival = {process = ..., ...} table
+        mix = {doc = 3, chat = 1}      # default: the top-level mix, else the top-level [input]/[output]
+
+        [sessions]                     # multi-turn: each arrival starts a conversation
+        turns = {dist = "uniform", min = 2, max = 6}
+        think = {dist = "exponential", mean_s = 8.0}
+        response_s_per_token = 0.02    # next turn = previous scheduled arrival + output·this + think
+        max_context_tokens = 8192
+
+        [system_prompts]               # shared prefixes: Zipf popularity over groups
+        num_groups = 8
+        tokens = 1024                  # or one length per group
+        zipf_s = 1.1
+    """
+
     name: str
     input: LengthDist
     output: LengthDist

@@ -1,23 +1,6 @@
 """Streaming trace replay: rows are read as requests are taken and each prompt is built when its request
-is, so a million-row trace starts at once and memory does not grow with its length.
-
-`stream_entries` reads a file row by row into `TraceEntry`s in arrival order, with the loader's rules
-(unreadable and zero-token rows, coarse stamps, session history; see `slobench.workload.traces`):
-times are shifted by the earliest of the first `PREFIX_ROWS` rows, and the stamp grid is detected on
-them. Rows come out through a heap that holds only what may still be overtaken: with coarse stamps,
-the rows of the current bucket. A row earlier than one already given out (a file out of time order) is
-given out at once, late, and counted. ShareGPT files (one JSON document, no timestamps) are read whole.
-
-`StreamingReplay.specs` turns that stream into `RequestSpec`s lazily: a consumer that takes each request
-just before sending it (the runner's open loop iterates so) holds one at a time. Each is handed out
-already built; inside a running event loop the next one is built in the loop's next turn, after the
-send the consumer has just started got its turn, so building a prompt never delays the send before it. With `rate_rps` the
-window's rows are read first (the rate is the window's, as in `replay`): the first `num_requests`, or
-rate × `duration_s` + 1, or with neither the whole trace (its entries, not its prompts).
-
-Same rows, counts and unspread times as `load_trace` + `replay`; the spread draws and prompt tokens come
-from other random streams (per row, in file order), so one seed gives other, equally distributed, values.
-"""
+is, so a million-row trace starts at once and memory does not grow with its length (`stream_entries`,
+`StreamingReplay`)."""
 
 from __future__ import annotations
 
@@ -99,7 +82,13 @@ class StreamLog:
 
 def stream_entries(path: str | Path, fmt: str | None = None, *, seed: int = 0, spread: bool = True,
                    keep_zero: bool = False, log: StreamLog | None = None) -> Iterator[TraceEntry]:
-    """The trace's entries in arrival order, read as they are taken (see the module doc)."""
+    """The trace's entries in arrival order, read row by row as they are taken, with the loader's rules
+    (unreadable and zero-token rows, coarse stamps, session history; see `slobench.workload.traces`):
+    times are shifted by the earliest of the first `PREFIX_ROWS` rows, and the stamp grid is detected on
+    them. Rows come out through a heap that holds only what may still be overtaken: with coarse stamps,
+    the rows of the current bucket. A row earlier than one already given out (a file out of time order) is
+    given out at once, late, and counted. ShareGPT files (one JSON document, no timestamps) are read whole.
+    """
     path = Path(path)
     fmt = detect_format(path) if fmt is None else fmt
     if fmt not in FORMATS:
@@ -257,7 +246,18 @@ def count_lines(path: str | Path) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class StreamingReplay:
-    """A trace file and how to replay it, read as the run goes (see the module doc)."""
+    """A trace file and how to replay it, read as the run goes.
+
+    `specs` turns `stream_entries` into `RequestSpec`s lazily: a consumer that takes each request just
+    before sending it (the runner's open loop iterates so) holds one at a time. Each is handed out already
+    built; inside a running event loop the next one is built in the loop's next turn, after the send the
+    consumer has just started got its turn, so building a prompt never delays the send before it. With a
+    rate the window's rows are read first (the rate is the window's, as in `replay`): the first `num_requests`, or
+    rate × `duration_s` + 1, or with neither the whole trace (its entries, not its prompts).
+
+    Same rows, counts and unspread times as `load_trace` + `replay`; the spread draws and prompt tokens come
+    from other random streams (per row, in file order), so one seed gives other, equally distributed, values.
+    """
 
     path: str
     fmt: str | None = None
