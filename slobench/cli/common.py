@@ -1,4 +1,5 @@
-"""What the verbs share: the exit codes, the load flags, and small helpers with public names."""
+"""What the verbs share: the load flags, the typed options made from them, and small helpers with public
+names."""
 
 from __future__ import annotations
 
@@ -17,20 +18,6 @@ from slobench.report import build_report
 from slobench.report.terminal import make_console, print_headline, sweep_table
 from slobench.run.outdir import claim_out_dir
 from slobench.targets.engine import add_engine_arguments, engine_knobs_from_args
-
-EXIT_CODES = """\
-  0  ok
-  1  SLO not met (run) / gate found a regression
-  2  bad usage or bad input (workload file, SLO string, trace, baseline)
-  3  target unreachable (preflight failed: wrong URL, server down, wrong model)
-  4  gate inconclusive (more replicates needed)
-  5  internal error: a slobench bug (the traceback is printed; please report it)
-  130  interrupted (Ctrl-C or SIGTERM): what finished is kept and summarised
-"""
-EXIT_INTERNAL_ERROR = 5  # never 1: 1 means "SLO not met" / "regression", and a crash must not read as either
-
-EPILOG = "exit codes:\n" + EXIT_CODES
-FORMATTER = argparse.RawDescriptionHelpFormatter
 
 
 def default_out(prefix: str) -> Path:

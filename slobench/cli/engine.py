@@ -13,7 +13,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import slobench.profiles  # noqa: F401  (registers `--profile roofline:GPU/MODEL` with the engine)
 from reference_engine.serve_args import add_serve_arguments
@@ -35,35 +34,27 @@ DEMO_SLO = "ttft=250ms,tpot=30ms,target=0.9"
 DEMO_REQUESTS = 80
 
 
-def add_parsers(sub: Any, *, epilog: str) -> None:
-    fmt = argparse.RawDescriptionHelpFormatter
-    serve_p = sub.add_parser("serve", help="serve the bundled reference engine (OpenAI API)", epilog=epilog,
-                             formatter_class=fmt)
-    add_serve_arguments(serve_p)
-
-    demo_p = sub.add_parser(
-        "demo", epilog=epilog, formatter_class=fmt,
-        help="start the bundled engine, sweep a workload across its cliff, print the table",
-    )
-    demo_p.add_argument("--executor", choices=("auto", "torch", "modeled"), default="auto",
-                        help="auto: the torch tiny model when torch is installed, else the modeled executor")
-    demo_p.add_argument("--rates", default=DEMO_RATES, help=f"offered rates, req/s (default {DEMO_RATES})")
-    demo_p.add_argument("--refine-knee", type=int, default=DEMO_REFINE, metavar="N",
-                        help=f"then N rates between the two that bracket the knee (default {DEMO_REFINE})")
-    demo_p.add_argument("--num-requests", type=int, default=DEMO_REQUESTS, help="requests per rate")
-    demo_p.add_argument("--slo", default=DEMO_SLO)
-    demo_p.add_argument("--workload", default="tiny")
-    demo_p.add_argument("--seed", type=int, default=0)
-    demo_p.add_argument("--out", default=None, help="sweep directory (default runs/demo-<time>)")
-    demo_p.add_argument("--report", default=None, metavar="HTML",
-                        help="HTML report path (default: report.html in the sweep directory)")
-    demo_p.add_argument("--no-report", action="store_true")
-
-    rep = sub.add_parser("report", help="build the self-contained HTML report from run or sweep directories",
-                         epilog=epilog, formatter_class=fmt)
-    rep.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    rep.add_argument("-o", "--output", default="report.html")
-    rep.add_argument("--title", default=None)
+def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
+    if verb == "serve":
+        add_serve_arguments(p)
+    elif verb == "demo":
+        p.add_argument("--executor", choices=("auto", "torch", "modeled"), default="auto",
+                       help="auto: the torch tiny model when torch is installed, else the modeled executor")
+        p.add_argument("--rates", default=DEMO_RATES, help=f"offered rates, req/s (default {DEMO_RATES})")
+        p.add_argument("--refine-knee", type=int, default=DEMO_REFINE, metavar="N",
+                       help=f"then N rates between the two that bracket the knee (default {DEMO_REFINE})")
+        p.add_argument("--num-requests", type=int, default=DEMO_REQUESTS, help="requests per rate")
+        p.add_argument("--slo", default=DEMO_SLO)
+        p.add_argument("--workload", default="tiny")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--out", default=None, help="sweep directory (default runs/demo-<time>)")
+        p.add_argument("--report", default=None, metavar="HTML",
+                       help="HTML report path (default: report.html in the sweep directory)")
+        p.add_argument("--no-report", action="store_true")
+    else:
+        p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+        p.add_argument("-o", "--output", default="report.html")
+        p.add_argument("--title", default=None)
 
 
 def require_server_stack(verb: str) -> None:

@@ -54,10 +54,15 @@ SLOs, missing or corrupt file).
 """
 
 
-def add_parsers(sub: Any, *, epilog: str) -> None:
-    fmt = argparse.RawDescriptionHelpFormatter
-    cap = sub.add_parser("capacity", help="largest rate meeting the SLO, with an interval from replicates",
-                         description=CAPACITY_HELP, epilog=epilog, formatter_class=fmt)
+def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
+    if verb == "capacity":
+        _add_capacity_arguments(p)
+    else:
+        _add_gate_arguments(p)
+
+
+def _add_capacity_arguments(cap: argparse.ArgumentParser) -> None:
+    cap.description = CAPACITY_HELP
     add_load_flags(cap, sweep=True)
     s = cap.add_argument_group("search")
     s.add_argument("--start-rate", type=float, default=1.0, help="first probe, req/s (default 1)")
@@ -72,8 +77,9 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
                    help="also the tightest SLO scale still meeting the target, per replicate at the lower edge")
     s.add_argument("--baseline-out", default=None, metavar="FILE", help="also write a committable baseline file")
 
-    g = sub.add_parser("gate", help="CI verdict: candidate vs baseline (exit 0/1/4)", description=GATE_HELP,
-                       epilog=epilog, formatter_class=fmt)
+
+def _add_gate_arguments(g: argparse.ArgumentParser) -> None:
+    g.description = GATE_HELP
     g.add_argument("--baseline", action="append", default=[], metavar="FILE", help="repeatable")
     g.add_argument("--candidate", action="append", default=[], metavar="FILE", help="repeatable")
     g.add_argument("--max-drop", action="append", default=[], metavar="METRIC=AMOUNT")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from slobench.errors import UsageError
 from slobench.gate import Threshold
@@ -26,10 +25,10 @@ Exit 0 ok (report: also when change points are found, unless --fail-on-change, t
 """
 
 
-def add_parsers(sub: Any, *, epilog: str) -> None:
+def add_arguments(verb: str, h: argparse.ArgumentParser) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
-    h = sub.add_parser("history", help="headline metrics over commits: add a result, report change points",
-                       description=HISTORY_HELP, epilog=epilog, formatter_class=fmt)
+    epilog = h.epilog
+    h.description = HISTORY_HELP
     hs = h.add_subparsers(dest="history_verb", required=True)
     a = hs.add_parser("add", help="append a result's headline metrics to the history file", epilog=epilog,
                       formatter_class=fmt)

@@ -45,12 +45,8 @@ def parse_span_s(text: str, flag: str, *, allow_zero: bool = False) -> float:
     return v
 
 
-def add_parsers(sub: Any, *, epilog: str) -> None:
-    p = sub.add_parser(
-        "plan", help="the cheapest fleet (prefill, decode, co-located) for each window of a day of traffic",
-        epilog=epilog + "\nplan exits 1 when the plan misses the SLO target in some window.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
+    p.epilog = f"{p.epilog}\nplan exits 1 when the plan misses the SLO target in some window."
     day = p.add_argument_group("the day")
     day.add_argument("--workload", default=None, help="a bundled workload (day) or a spec .toml")
     day.add_argument("--trace", action="append", default=None, metavar="FILE",

@@ -8,13 +8,10 @@ import asyncio
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import summarize as summarize_records
 from slobench.cli.common import (
-    EPILOG,
-    FORMATTER,
     add_load_flags,
     default_out,
     error_rate_verdict,
@@ -31,16 +28,12 @@ from slobench.run.records import load_run
 from slobench.targets.ray_pool import client_clock_lines
 
 
-def add_parsers(sub: Any, *, epilog: str = EPILOG) -> None:
-    run_p = sub.add_parser("run", help="one open-loop run at one rate", epilog=epilog, formatter_class=FORMATTER)
-    add_load_flags(run_p)
-    sweep_p = sub.add_parser("sweep", help="one run per offered rate, a table at the end", epilog=epilog,
-                             formatter_class=FORMATTER)
-    add_load_flags(sweep_p, sweep=True)
-    sum_p = sub.add_parser("summarize", help="recompute and print a run's summary", epilog=epilog,
-                           formatter_class=FORMATTER)
-    sum_p.add_argument("run_dir")
-    sum_p.add_argument("--slo", default=None, help="re-judge against another SLO")
+def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
+    if verb == "summarize":
+        p.add_argument("run_dir")
+        p.add_argument("--slo", default=None, help="re-judge against another SLO")
+    else:
+        add_load_flags(p, sweep=verb == "sweep")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,10 +20,9 @@ from slobench.workload.traces import load_trace
 _FORMAT_HELP = "azure, burstgpt, mooncake, sharegpt or slobench (default: detected from the content)"
 
 
-def add_parsers(sub: Any, *, epilog: str) -> None:
+def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
-    p = sub.add_parser("workload", help="convert, fit or show workloads and traces", epilog=epilog,
-                       formatter_class=fmt)
+    epilog = p.epilog
     wsub = p.add_subparsers(dest="workload_cmd", required=True)
 
     c = wsub.add_parser("convert", help="a trace in any known format -> slobench JSONL", epilog=epilog,
