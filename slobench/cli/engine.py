@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import slobench.profiles  # noqa: F401  (registers `--profile roofline:GPU/MODEL` with the engine)
+from reference_engine import step_log
 from reference_engine.serve_args import add_serve_arguments
-from reference_engine.step_log import read_step_log, speeds_across
 from slobench.cli.common import check_refine_knee, default_out, load_options, sweep_rates
 from slobench.errors import UsageError
 from slobench.experiments.sweep import parse_rates
@@ -144,7 +144,7 @@ def _keep_step_log(steps_tmp: Path, out: Path) -> str | None:
             return None
         kept = out / "engine-steps.jsonl"
         shutil.move(str(steps_tmp), kept)
-        rows = read_step_log(kept)
+        rows = step_log.read_step_log(kept)
         points, parts = [], []
         for run in json.loads((out / "sweep.json").read_text()).get("runs", []):
             d = out / run["run_dir"]
@@ -155,7 +155,7 @@ def _keep_step_log(steps_tmp: Path, out: Path) -> str | None:
                 continue
             points.append(run["rate_rps"])
             parts.append(rows.between(anchor + min(r.scheduled_s for r in recs), anchor + max(ends) + 0.01))
-        speeds = [(r, s) for r, s in zip(points, speeds_across(parts), strict=True) if s is not None]
+        speeds = [(r, s) for r, s in zip(points, step_log.speeds_across(parts), strict=True) if s is not None]
     except (OSError, ValueError, KeyError) as e:  # the sweep is measured and kept: this line is only a note
         return f"(machine speed: the engine's step log could not be read: {e})"
     if len(speeds) < 2:
