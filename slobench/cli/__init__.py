@@ -1,8 +1,8 @@
 """The `slobench` command. Thin: parses, calls the library, prints.
 
-One module per group of verbs (`run`, `engine`, `gate`, `history`, `workload`, `profile`, `plan`), each
-with `add_arguments(verb, parser)` and one handler per verb; `common` holds what they share. `VERBS`
-below is the whole map from verb to code. The verb modules import nothing from one another.
+One module per group of verbs (`run`, `engine`, `capacity`, `gate`, `history`, `workload`, `profile`,
+`plan`), each with `add_arguments(verb, parser)` and one handler per verb; `common` holds what they share.
+`VERBS` below is the whole map from verb to code. The verb modules import nothing from one another.
 
 Exit codes (each means one thing): `EXIT_CODES`, printed under every `--help`.
 """
@@ -53,7 +53,7 @@ VERBS: dict[str, tuple[str, str, str]] = {
     "serve": ("engine", "serve", "serve the bundled reference engine (OpenAI API)"),
     "demo": ("engine", "demo", "start the bundled engine, sweep a workload across its cliff, print the table"),
     "report": ("engine", "report", "build the self-contained HTML report from run or sweep directories"),
-    "capacity": ("gate", "capacity", "largest rate meeting the SLO, with an interval from replicates"),
+    "capacity": ("capacity", "capacity", "largest rate meeting the SLO, with an interval from replicates"),
     "gate": ("gate", "gate", "CI verdict: candidate vs baseline (exit 0/1/4)"),
     "history": ("history", "history", "headline metrics over commits: add a result, report change points"),
     "workload": ("workload", "workload", "convert, fit or show workloads and traces"),
