@@ -59,6 +59,7 @@ async def _run(mode: str, path: str, n: int) -> tuple[float, np.ndarray, float]:
     from slobench.run.records import RequestRecord, RequestSpec
     from slobench.run.runner import RunOptions, run
     from slobench.targets.base import TargetBase
+    from slobench.workload.base import RunShape
     from slobench.workload.replay import TraceReplay
     from slobench.workload.trace_stream import StreamingReplay
 
@@ -79,7 +80,7 @@ async def _run(mode: str, path: str, n: int) -> tuple[float, np.ndarray, float]:
 
     t0 = time.perf_counter()
     source = TraceReplay.open(path) if mode == "whole" else StreamingReplay.open(path)
-    specs = source.specs(num_requests=n)
+    specs = source.specs(RunShape(num_requests=n))
     clock = Clock()
     target = InstantTarget(clock)
     rss = [_current_rss_mib()]

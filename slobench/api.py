@@ -1,17 +1,12 @@
-"""slobench from Python: for notebooks and scripts, the five things the command line does.
+"""slobench from Python, for notebooks and scripts: each function takes its verb's code path, so a run made
+here and one made by `slobench run` write the same run directory. Synchronous; inside a running event loop
+(a Jupyter cell with one) use the async `slobench.run.runner.run`.
 
-    import slobench
     run = slobench.run_load("http://127.0.0.1:8000/v1", workload="chat", rate=4, num_requests=200,
                             slo="ttft=500ms,tpot=50ms", out="runs/chat-4")
-    print(run.summary.attainment.value)
     sim = slobench.simulate_load(workload="chat", rate=4, num_requests=200, slo="ttft=500ms,tpot=50ms")
     verdict = slobench.compare("runs/baseline", "runs/chat-4")      # the CI gate's verdict
     slobench.render_report(["runs/chat-4"], "report.html")
-    again = slobench.load_run("runs/chat-4"); slobench.summarize(again.records, slo="ttft=500ms")
-
-Each function is the same code path as its verb (the runner, the simulator, the gate, the report): a run
-made here and one made by `slobench run` write the same run directory. Everything here is synchronous;
-inside a running event loop (a Jupyter cell with one) use the async `slobench.run.runner.run` directly.
 """
 
 from __future__ import annotations
@@ -19,18 +14,23 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary
 from slobench.analysis.summary import summarize as _summarize
+from slobench.experiments.probe import VirtualProbe
+from slobench.fleet.simulate import ModeledEngine
+from slobench.gate import GateResult, gate, load_samples
+from slobench.report import build_report
+from slobench.run.manifest import build_manifest
 from slobench.run.records import RequestRecord
 from slobench.run.rundir import Run, load_run
+from slobench.run.runner import RunOptions
+from slobench.run.runner import run as run_records
+from slobench.targets.openai import OpenAITarget
+from slobench.targets.options import TargetOptions
 from slobench.workload.spec import WorkloadSpec, generate, load_workload
-
-if TYPE_CHECKING:
-    from slobench.fleet.simulate import ModeledEngine
-    from slobench.gate import GateResult
 
 __all__ = ["SLO", "Run", "RequestRecord", "RunSummary", "WorkloadSpec", "compare", "load_run", "load_workload",
            "render_report", "run_load", "simulate_load", "summarize"]
@@ -48,17 +48,6 @@ def _specs(workload: WorkloadSpec | str | Path, rate: float, num_requests: int |
            seed: int, api: str) -> tuple[WorkloadSpec, list[Any]]:
     spec = _workload(workload)
     return spec, generate(spec, rate_rps=rate, num_requests=num_requests, duration_s=duration_s, seed=seed, api=api)
-
-
-def _manifest(spec: WorkloadSpec, slo: SLO | None, *, rate: float, seed: int, num_requests: int | None,
-              duration_s: float | None, target: dict[str, Any], made_by: str) -> dict[str, Any]:
-    """The keys `slobench run` writes that the report and the gate read (workload identity, SLO, options)."""
-    from slobench.version import __version__
-
-    return {"slobench_version": __version__, "made_by": made_by, "workload": spec.to_dict(),
-            "workload_name": spec.name, "seed": seed, "rate_rps": rate, "target": target,
-            "slo": slo.to_dict() if slo else None,
-            "options": {"num_requests": num_requests, "duration_s": duration_s}}
 
 
 def run_load(
@@ -80,10 +69,6 @@ def run_load(
     given. `model` defaults to the first the server lists; `target_options` are `TargetOptions` fields
     (headers, extra_body, timeouts, transport, ...) and `api_key`. Preflight negotiates the server's
     capabilities as the CLI does. Returns the run read back (or, without `out`, its records and summary)."""
-    from slobench.run.runner import RunOptions, run
-    from slobench.targets.openai import OpenAITarget
-    from slobench.targets.options import TargetOptions
-
     spec, specs = _specs(workload, rate, num_requests, duration_s, seed, api)
     slo_ = _slo(slo)
     api_key = target_options.pop("api_key", None)
@@ -92,10 +77,11 @@ def run_load(
     async def go() -> Run:
         async with OpenAITarget(url, options, api_key=api_key) as target:
             served = await target.preflight()  # finds the model when none is given
-            manifest = _manifest(spec, slo_, rate=rate, seed=seed, num_requests=num_requests, duration_s=duration_s,
-                                 target={"url": url, "model": target.model, "api": api, "served": served},
-                                 made_by="slobench.api.run_load")
-            res = await run(specs, target, opts=RunOptions(progress=progress), slo=slo_, run_dir=out,
+            manifest = build_manifest(
+                spec, seed=seed, made_by="slobench.api.run_load", rate_rps=rate,
+                target={"url": url, "model": target.model, "api": api, "served": served},
+                slo=slo_.to_dict() if slo_ else None, options={"num_requests": num_requests, "duration_s": duration_s})
+            res = await run_records(specs, target, opts=RunOptions(progress=progress), slo=slo_, run_dir=out,
                             manifest=manifest, handle_sigint=False, seed=seed)
         if out is not None:
             return load_run(out)
@@ -118,15 +104,14 @@ def simulate_load(
 ) -> Run:
     """The same run on the bundled engine's real scheduler, on a virtual clock (no server, no wall time):
     `engine` is a `slobench.fleet.simulate.ModeledEngine` (its cost profile, KV blocks, batch limits)."""
-    from slobench.experiments.probe import VirtualProbe
-    from slobench.fleet.simulate import ModeledEngine
-
     spec, specs = _specs(workload, rate, num_requests, duration_s, seed, "completions")
     slo_ = _slo(slo)
     engine_ = engine or ModeledEngine()
-    manifest = _manifest(spec, slo_, rate=rate, seed=seed, num_requests=num_requests, duration_s=duration_s,
-                         target={"simulated": True, "engine": engine_.name, "replicas": replicas},
-                         made_by="slobench.api.simulate") | {"clock": {"kind": "virtual"}}
+    manifest = build_manifest(
+        spec, seed=seed, made_by="slobench.api.simulate", rate_rps=rate,
+        target={"simulated": True, "engine": engine_.name, "replicas": replicas},
+        slo=slo_.to_dict() if slo_ else None, options={"num_requests": num_requests, "duration_s": duration_s},
+        clock={"kind": "virtual"})
     # the probe the CLI's `--simulate` takes, with the API's seed as the step-time noise seed
     probe = VirtualProbe(lambda _rate, _seed: specs, engine_, slo=slo_, replicas=replicas,
                          jitter_seed=lambda _rate, _seed: seed)
@@ -145,8 +130,6 @@ def compare(baseline: str | Path | Sequence[str | Path], candidate: str | Path |
     """The regression gate's verdict on two runs (or sweeps, or capacity probes, or a baseline file):
     `.verdict` is pass / regression / inconclusive, `.exit_code` what `slobench gate` exits with, `.checks` each
     metric's test."""
-    from slobench.gate import gate, load_samples
-
     def paths(p: str | Path | Sequence[str | Path]) -> list[str | Path]:
         return [p] if isinstance(p, str | Path) else list(p)
 
@@ -155,6 +138,4 @@ def compare(baseline: str | Path | Sequence[str | Path], candidate: str | Path |
 
 def render_report(run_dirs: Sequence[str | Path], out: str | Path = "report.html", *, title: str | None = None) -> Path:
     """The self-contained HTML report of run or sweep directories (opens from disk, no network)."""
-    from slobench.report import build_report
-
     return Path(build_report(list(run_dirs), out, title=title))

@@ -12,6 +12,7 @@ input, 3 the server did not come up, 4 inconclusive with INPUT_FAIL_ON_INCONCLUS
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shlex
@@ -25,7 +26,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from slobench.analysis.slo import t_interval
+from slobench.cli import main as slobench_main
+from slobench.cli.gate import check_updatable, update_baseline_on_pass
 from slobench.errors import SlobenchError, TargetUnreachable, UsageError
+from slobench.gate import Threshold, gate, junit_xml, load_samples, markdown
+from slobench.history import append_entry, entry_from_results
+from slobench.history.page import build_history_page
+from slobench.report import build_report
+from slobench.run.rundir import write_json_atomic
+from slobench.targets.transport import ControlClient, TransportError
 
 COMMENT_LIMIT = 65_536  # GitHub's maximum issue/PR comment body, in characters
 COMMENT_MARKER = "<!-- slobench-gate -->"  # lets a workflow find and edit its previous comment
@@ -94,10 +104,6 @@ def _words(text: str) -> list[str]:
 
 def _answers_200(url: str) -> bool:
     """One GET through the transport seam's control client; no answer at all is False, like a 503."""
-    import asyncio
-
-    from slobench.targets.transport import ControlClient, TransportError
-
     async def status() -> int:
         async with ControlClient(timeout_s=2.0) as client:
             return (await client.get(url)).status
@@ -155,8 +161,6 @@ def _fmt(key: str, x: float) -> str:
 
 
 def _with_interval(key: str, values: Sequence[float]) -> str:
-    from slobench.analysis.slo import t_interval
-
     mean = sum(values) / len(values)
     if len(values) < 2:
         return _fmt(key, mean)
@@ -228,11 +232,6 @@ def _capacity_argv(inp: Inputs, out: Path) -> list[str]:
 
 
 def run_action(env: Mapping[str, str]) -> int:
-    from slobench.cli import main as slobench_main
-    from slobench.cli.gate import check_updatable, update_baseline_on_pass
-    from slobench.gate import Threshold, gate, junit_xml, load_samples, markdown
-    from slobench.run.rundir import write_json_atomic
-
     inp = Inputs.from_env(env)
     out = inp.out_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -255,8 +254,6 @@ def run_action(env: Mapping[str, str]) -> int:
         return code
     result = out / "capacity"
     outputs["result"] = str(result)
-    from slobench.report import build_report
-
     outputs["html"] = str(build_report([result], out / "report.html"))
     cand = load_samples([result])
     if inp.baseline and Path(inp.baseline).is_file():
@@ -288,9 +285,6 @@ def run_action(env: Mapping[str, str]) -> int:
             print(msg)
             outputs["baseline-updated"] = str(updated).lower()
     if inp.history:
-        from slobench.history import append_entry, entry_from_results
-        from slobench.history.page import build_history_page
-
         entry = entry_from_results([result], commit=env.get("GITHUB_SHA") or "local",
                                    date=datetime.now(UTC).isoformat(timespec="seconds"),
                                    verdict={"regression": "fail", "no-baseline": None}.get(verdict, verdict))

@@ -1,33 +1,115 @@
-"""What every load-sending verb builds from its flags: the workload (a spec or a trace replay), the SLO, the
-target (through `slobench.targets.build`), the run options, the manifest, and the probe that measures one
-(rate, seed). The command line parses and prints; this decides. It reads an `argparse.Namespace` of the
-load flags (`slobench.cli.common.add_load_flags`), any object with those attributes will do."""
+"""What every load-sending verb builds from its options: the workload (a spec or a trace replay), the SLO,
+the target (through `slobench.targets.build`), the run options, the manifest, and the probe that measures
+one (rate, seed). The command line turns its flags into a `LoadOptions` once (`slobench.cli.common`) and
+prints; this decides."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import json
 import sys
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from slobench.errors import UsageError
-from slobench.redact import redact_argv, redact_text
-from slobench.version import __version__
-
-if TYPE_CHECKING:
-    from slobench.analysis.summary import RunSummary
-    from slobench.experiments.probe import Probe
-    from slobench.targets.options import TargetOptions
-    from slobench.workload.base import Workload
+from slobench.analysis.slo import SLO, parse_duration_s
+from slobench.analysis.summary import RunSummary
+from slobench.errors import SpecError, UsageError
+from slobench.experiments.probe import LiveProbe, Probe, VirtualProbe
+from slobench.fleet.disagg import DisaggFleet, KVLink, split_fleet_knobs
+from slobench.fleet.simulate import ModeledEngine, calibrated_extras
+from slobench.redact import redact_text
+from slobench.run.clock import Clock
+from slobench.run.manifest import build_manifest
+from slobench.run.runner import RunOptions
+from slobench.run.scrape import MetricsScraper, metrics_url_for
+from slobench.targets.build import build
+from slobench.targets.options import DEFAULT_URL, TargetOptions, Timeouts, TransportName
+from slobench.targets.ray_pool import note_client_clocks, require_ray
+from slobench.targets.workers import MAX_WORKERS
+from slobench.workload import WorkloadSpec, load_workload, phase_boundaries
+from slobench.workload.base import RunShape, Workload
+from slobench.workload.replay import TraceReplay
+from slobench.workload.text import load_tokenizer
+from slobench.workload.trace_stream import StreamingReplay
 
 MIN_RATE_RPS = 1 / 86400  # one request a day: anything slower is a typo, and would wait for ever
 
 
-def load_slo(text: str | None) -> Any:
-    from slobench.analysis.slo import SLO
+@dataclass(frozen=True, slots=True)
+class LoadOptions:
+    """The load flags (`slobench.cli.common.add_load_flags`) as one typed value, named as the flags' dests;
+    the engine's shape flags arrive as `engine_knobs` (with --engine or --simulate; else None). `LoadSetup`
+    checks them, naming the flag of a bad one."""
 
+    verb: str  # run, sweep or capacity: what the options are for
+    # target
+    url: str | None
+    model: str | None
+    api: str | None
+    api_key_env: str
+    header: tuple[str, ...]
+    extra_body: str | None
+    no_stream: bool
+    timeout: float
+    transport: TransportName
+    http2: bool
+    server_profile: str
+    tokenizer: str | None
+    client_workers: int
+    ray: str | None
+    # the bundled engine in process (--engine), or simulated (--simulate)
+    engine: str | None
+    engine_knobs: dict[str, Any] | None
+    max_num_seqs: int | None
+    simulate: bool
+    jitter: float | None
+    request_overhead: str | None
+    replicas: int
+    router: str
+    prefill_replicas: int
+    decode_replicas: int
+    colocated_replicas: int
+    kv_link: str | None
+    # workload
+    workload: str | None
+    rate: float | None
+    num_requests: int | None
+    duration: float | None
+    input_len: int | None
+    output_len: int | None
+    seed: int
+    # trace replay
+    trace: str | None
+    trace_format: str | None
+    time_scale: float | None
+    start: float
+    no_spread: bool
+    keep_zero_rows: bool
+    min_tokens: str | None
+    # run
+    slo: str | None
+    out: str | None
+    overwrite: bool
+    warmup: str
+    max_in_flight: int | None
+    concurrency: int | None
+    rate_limit: str | None
+    max_error_rate: str | None
+    no_progress: bool
+    scrape_interval: float
+    report: str | None
+    # sweep and capacity only
+    rates: str | None = None
+    refine_knee: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.engine or self.simulate) and self.engine_knobs is None:
+            raise ValueError("LoadOptions.engine_knobs: needed with engine or simulate (the engine's shape)")
+
+
+def load_slo(text: str | None) -> Any:
     if text is None:
         return None
     if text.endswith(".toml") or Path(text).is_file():
@@ -46,8 +128,6 @@ def _parse_headers(items: Sequence[str]) -> dict[str, str]:
 
 
 def _parse_extra_body(text: str | None) -> dict[str, Any] | None:
-    import json
-
     if text is None:
         return None
     try:
@@ -70,8 +150,6 @@ def probe_duration(workload: Any, num_requests: int | None, duration_s: float | 
     (capacity.short_probe_note). Workloads with phases keep their own timeline."""
     if min_s is None or num_requests is not None or duration_s is not None or not rate_rps:
         return duration_s
-    from slobench.workload import WorkloadSpec
-
     if not isinstance(workload, WorkloadSpec) or workload.phases:  # a trace replay keeps its own timeline too
         return duration_s
     return max(min_s, (workload.num_requests or 1000) / rate_rps)
@@ -83,202 +161,177 @@ _TRACE_ONLY = (("--trace-format", "trace_format", None), ("--time-scale", "time_
                ("--keep-zero-rows", "keep_zero_rows", False), ("--min-tokens", "min_tokens", None))
 
 
-def check_replay_flags(args: argparse.Namespace) -> None:
+def check_replay_flags(o: LoadOptions) -> None:
     """A flag that would be ignored is a usage error (exit 2, one line), not a silent no-op."""
-    if getattr(args, "trace", None) is None:
-        given = [flag for flag, dest, default in _TRACE_ONLY if getattr(args, dest, default) != default]
+    if o.trace is None:
+        given = [flag for flag, dest, default in _TRACE_ONLY if getattr(o, dest) != default]
         if given:
             raise UsageError(f"{given[0]} applies only to --trace")
         return
-    if getattr(args, "workload", None) is not None:
+    if o.workload is not None:
         raise UsageError("--trace and --workload conflict: a trace replay sends the trace's requests; give one")
-    rescaled = [f for f, on in (("--rate", getattr(args, "rate", None) is not None),
-                                ("--rates", getattr(args, "rates", None) is not None),
-                                ("capacity", getattr(args, "verb", None) == "capacity")) if on]
-    if getattr(args, "time_scale", None) is not None and getattr(args, "concurrency", None) is not None:
+    rescaled = [f for f, on in (("--rate", o.rate is not None), ("--rates", o.rates is not None),
+                                ("capacity", o.verb == "capacity")) if on]
+    if o.time_scale is not None and o.concurrency is not None:
         raise UsageError("--time-scale and --concurrency conflict: a closed loop sends each request when one "
                          "ends, not at the trace's times; give one")
-    if getattr(args, "time_scale", None) is not None and rescaled:
+    if o.time_scale is not None and rescaled:
         what = "a capacity search" if rescaled[0] == "capacity" else rescaled[0]
         raise UsageError(f"--time-scale and {what} conflict: a rate rescales the trace to that mean rate, "
                          "which replaces --time-scale; give one")
 
 
-def open_replay(args: argparse.Namespace, api: str, warn: Any) -> Any:
+def open_replay(o: LoadOptions, api: str, warn: Any) -> Any:
     """The replay the load verbs' trace flags describe (check_replay_flags first). `run` against a target
     streams the trace (a StreamingReplay: rows read and prompts built as the run goes, so a long trace starts
     at once in flat memory; what the rows became is reported after the run, in summary.json `trace_rows`);
     `--simulate`, `sweep` and `capacity` replay one trace at several rates and load it whole (a
     TraceReplay, whose warnings come now)."""
-    from slobench.workload.replay import TraceReplay
-    from slobench.workload.trace_stream import StreamingReplay
-
-    if getattr(args, "verb", None) == "run" and not getattr(args, "simulate", False):
+    assert o.trace is not None
+    if o.verb == "run" and not o.simulate:
         return StreamingReplay.open(
-            args.trace, args.trace_format, time_scale=args.time_scale, start_s=args.start, api=api,
-            spread=not getattr(args, "no_spread", False), keep_zero=getattr(args, "keep_zero_rows", False),
-            min_tokens=getattr(args, "min_tokens", None) or "max",
+            o.trace, o.trace_format, time_scale=o.time_scale, start_s=o.start, api=api, spread=not o.no_spread,
+            keep_zero=o.keep_zero_rows, min_tokens=o.min_tokens or "max",
         )
     return TraceReplay.open(
-        args.trace, args.trace_format, seed=args.seed, time_scale=args.time_scale, start_s=args.start, api=api,
-        warn=warn, spread=not getattr(args, "no_spread", False), keep_zero=getattr(args, "keep_zero_rows", False),
-        min_tokens=getattr(args, "min_tokens", None) or "max",
+        o.trace, o.trace_format, seed=o.seed, time_scale=o.time_scale, start_s=o.start, api=api, warn=warn,
+        spread=not o.no_spread, keep_zero=o.keep_zero_rows, min_tokens=o.min_tokens or "max",
     )
 
 
 class LoadSetup:
-    """What every load-sending verb builds from the common flags."""
+    """What every load-sending verb builds from its `LoadOptions`."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        from slobench.workload import load_workload
-
-        self.args = args
+    def __init__(self, options: LoadOptions) -> None:
+        self.options = o = options
+        self.engine_knobs: dict[str, Any] = o.engine_knobs or {}  # empty for a URL target
         self.min_duration_s: float | None = None  # sweeps and capacity: see probe_duration
         self.check_fleet()
         self.workload: Workload
-        check_replay_flags(args)
-        if getattr(args, "trace", None) is not None:  # a trace stands where a WorkloadSpec stands
-            if args.input_len is not None or args.output_len is not None:
+        check_replay_flags(o)
+        if o.trace is not None:  # a trace stands where a WorkloadSpec stands
+            if o.input_len is not None or o.output_len is not None:
                 raise UsageError("--input-len / --output-len do not apply to --trace (it has the lengths)")
-            self.workload = open_replay(args, args.api or "completions",
+            self.workload = open_replay(o, o.api or "completions",
                                         warn=lambda msg: print(f"slobench: {msg}", file=sys.stderr))
         else:
-            self.workload = load_workload(args.workload or "chat")
-        self.slo = load_slo(args.slo)
-        self.api = args.api or self.workload.api
-        self.headers = _parse_headers(args.header)
-        self.extra_body = _parse_extra_body(args.extra_body)
-        if args.warmup != "auto" and not str(args.warmup).isdigit():
-            raise UsageError(f"--warmup: expected a number of requests or 'auto' (got {args.warmup!r})")
-        if str(args.warmup).isdigit() and args.num_requests is not None and int(args.warmup) >= args.num_requests:
-            raise UsageError(f"--warmup {args.warmup} leaves nothing to measure of --num-requests "
-                             f"{args.num_requests}; use fewer warm-up requests or more requests")
+            self.workload = load_workload(o.workload or "chat")
+        self.slo = load_slo(o.slo)
+        self.api = o.api or self.workload.api
+        self.headers = _parse_headers(o.header)
+        self.extra_body = _parse_extra_body(o.extra_body)
+        if o.warmup != "auto" and not str(o.warmup).isdigit():
+            raise UsageError(f"--warmup: expected a number of requests or 'auto' (got {o.warmup!r})")
+        if str(o.warmup).isdigit() and o.num_requests is not None and int(o.warmup) >= o.num_requests:
+            raise UsageError(f"--warmup {o.warmup} leaves nothing to measure of --num-requests "
+                             f"{o.num_requests}; use fewer warm-up requests or more requests")
         for flag in ("num_requests", "input_len", "output_len"):
-            v = getattr(args, flag)
+            v = getattr(o, flag)
             if v is not None and v < 1:
                 raise UsageError(f"--{flag.replace('_', '-')}: must be >= 1 (got {v})")
-        if args.rate is not None and args.rate <= 0:
-            raise UsageError(f"--rate: must be positive (got {args.rate})")
-        if args.rate is not None and args.rate < MIN_RATE_RPS:
-            raise UsageError(f"--rate {args.rate:g}: below {MIN_RATE_RPS:g} req/s, one request a day; the run "
+        if o.rate is not None and o.rate <= 0:
+            raise UsageError(f"--rate: must be positive (got {o.rate})")
+        if o.rate is not None and o.rate < MIN_RATE_RPS:
+            raise UsageError(f"--rate {o.rate:g}: below {MIN_RATE_RPS:g} req/s, one request a day; the run "
                              "would wait for ever")
-        interval = getattr(args, "scrape_interval", 0.0)
+        interval = o.scrape_interval
         if interval is not None and not (interval >= 0 and interval < float("inf")):
             raise UsageError(f"--scrape-interval: must be a number of seconds >= 0 (got {interval})")
-        off_url = "--simulate" if getattr(args, "simulate", False) else "--engine" if getattr(args, "engine", None) else None
-        if off_url and args.url is not None:
+        off_url = "--simulate" if o.simulate else "--engine" if o.engine else None
+        if off_url and o.url is not None:
             raise UsageError(f"{off_url} runs the bundled engine here, so --url would be ignored; drop one of them")
-        if getattr(args, "concurrency", None) is not None and getattr(args, "max_in_flight", None) is not None:
+        if o.concurrency is not None and o.max_in_flight is not None:
             raise UsageError("--concurrency (closed loop: N users) and --max-in-flight (a cap on an open loop) "
                              "exclude each other; drop one")
-        self.max_error_rate = parse_error_rate(getattr(args, "max_error_rate", None))
-        parse_rate_limit(getattr(args, "rate_limit", None))  # a bad value is exit 2 before any request
-        if getattr(args, "tokenizer", None):
-            if getattr(args, "engine", None) or getattr(args, "simulate", False):
+        self.max_error_rate = parse_error_rate(o.max_error_rate)
+        parse_rate_limit(o.rate_limit)  # a bad value is exit 2 before any request
+        if o.tokenizer:
+            if o.engine or o.simulate:
                 raise UsageError("--tokenizer applies to --url targets (the bundled engine takes token ids)")
-            from slobench.workload.text import load_tokenizer
-
-            load_tokenizer(Path(args.tokenizer))  # a missing or unreadable file is exit 2 before any request
+            load_tokenizer(Path(o.tokenizer))  # a missing or unreadable file is exit 2 before any request
 
     def specs(self, rate_rps: float | None, seed: int | None = None) -> Any:
         """The requests of one run at `rate_rps` (a workload spec or a trace alike: `Workload.specs`); `seed`
         defaults to --seed (capacity replicates pass their own). Every verb that sends load takes them here."""
-        a = self.args
-        return self.workload.specs(
+        o = self.options
+        return self.workload.specs(RunShape(
             rate_rps=rate_rps,
-            num_requests=a.num_requests,
-            duration_s=probe_duration(self.workload, a.num_requests, a.duration, rate_rps, self.min_duration_s),
-            seed=a.seed if seed is None else seed,
-            input_len=a.input_len,
-            output_len=a.output_len,
-            api=self.api,
-        )
+            num_requests=o.num_requests,
+            duration_s=probe_duration(self.workload, o.num_requests, o.duration, rate_rps, self.min_duration_s),
+            seed=o.seed if seed is None else seed,
+            input_len=o.input_len,
+            output_len=o.output_len,
+            api=self.api,  # type: ignore[arg-type]  # TargetOptions checks it
+        ))
 
     @property
     def urls(self) -> list[str]:
         """`--url A,B,C`: several replicas, routed by this client (slobench.fleet.client_routed)."""
-        from slobench.targets.options import DEFAULT_URL
-
-        urls = [u.strip() for u in str(self.args.url or DEFAULT_URL).split(",") if u.strip()]
+        urls = [u.strip() for u in str(self.options.url or DEFAULT_URL).split(",") if u.strip()]
         if not urls:
             raise UsageError("--url: no URL given")
         return urls
 
     def target_options(self) -> TargetOptions:
         """What `slobench.targets.build` needs from the flags."""
-        from slobench.targets.engine import engine_knobs_from_args
-        from slobench.targets.options import TargetOptions, Timeouts
-
-        a = self.args
+        o = self.options
         return TargetOptions(
             urls=tuple(self.urls),
-            model=a.model,
+            model=o.model,
             api=self.api,  # type: ignore[arg-type]  # TargetOptions checks it
-            stream=not a.no_stream,
-            api_key_env=a.api_key_env,
+            stream=not o.no_stream,
+            api_key_env=o.api_key_env,
             headers=self.headers,
             extra_body=self.extra_body,
-            timeouts=Timeouts(request_s=a.timeout),
-            transport="httpx" if a.http2 else a.transport,
-            http2=a.http2,
-            server_profile=a.server_profile,
-            tokenizer=a.tokenizer,
-            client_workers=getattr(a, "client_workers", 1),
-            ray=getattr(a, "ray", None),
-            router=a.router,
-            engine_knobs=engine_knobs_from_args(a) if a.engine else None,
+            timeouts=Timeouts(request_s=o.timeout),
+            transport="httpx" if o.http2 else o.transport,
+            http2=o.http2,
+            server_profile=o.server_profile,
+            tokenizer=o.tokenizer,
+            client_workers=o.client_workers,
+            ray=o.ray,
+            router=o.router,
+            engine_knobs=self.engine_knobs if o.engine else None,
         )
 
     def target(self, clock: Any) -> Any:
-        from slobench.targets.build import build
-
         target = build(self.target_options(), clock)
-        if self.args.engine:
+        if self.options.engine:
             self.engine_target = target  # monitors() scrapes it
         return target
 
     def manifest(self, target: Any, served: str) -> dict[str, Any]:
-        from slobench.targets.options import DEFAULT_URL
-        from slobench.workload import phase_boundaries
-
-        a = self.args
-        wl = self.workload.to_dict()
-        return {
-            "slobench_version": __version__,
-            "command": redact_argv(sys.argv[1:]),
-            "workload": wl,
-            "workload_name": getattr(self.workload, "name", a.workload),
-            "seed": a.seed,
-            "target": (
-                {**target.describe(), "served": served} if a.engine else
-                {"url": redact_text(a.url or DEFAULT_URL), "model": target.model, "api": self.api, "stream": not a.no_stream, "served": served}
+        o = self.options
+        return build_manifest(
+            self.workload, seed=o.seed, command=sys.argv[1:],
+            target=(
+                {**target.describe(), "served": served} if o.engine else
+                {"url": redact_text(o.url or DEFAULT_URL), "model": target.model, "api": self.api, "stream": not o.no_stream, "served": served}
                 | ({"capabilities": target.caps.to_dict()} if target.caps is not None else {})
-                | ({"tokenizer": a.tokenizer} if a.tokenizer else {})
-                | ({"client_workers": a.client_workers} if getattr(a, "client_workers", 1) != 1 else {})
-                | ({"ray": (target.describe().get("ray") or {})} if getattr(a, "ray", None) is not None else {})
-                | ({"fleet": {"replicas": len(self.urls), "router": a.router}} if len(self.urls) > 1 else {})
+                | ({"tokenizer": o.tokenizer} if o.tokenizer else {})
+                | ({"client_workers": o.client_workers} if o.client_workers != 1 else {})
+                | ({"ray": (target.describe().get("ray") or {})} if o.ray is not None else {})
+                | ({"fleet": {"replicas": len(self.urls), "router": o.router}} if len(self.urls) > 1 else {})
             ),
-            "slo": self.slo.to_dict() if self.slo else None,
-            "phases": phase_boundaries(self.workload, duration_s=a.duration),
-            "options": {
-                "num_requests": a.num_requests, "duration_s": a.duration, "input_len": a.input_len,
-                "output_len": a.output_len, "warmup": a.warmup if a.warmup == "auto" else int(a.warmup),
-                "max_in_flight": a.max_in_flight,
-                "concurrency": a.concurrency,
+            slo=self.slo.to_dict() if self.slo else None,
+            phases=phase_boundaries(self.workload, duration_s=o.duration),
+            options={
+                "num_requests": o.num_requests, "duration_s": o.duration, "input_len": o.input_len,
+                "output_len": o.output_len, "warmup": o.warmup if o.warmup == "auto" else int(o.warmup),
+                "max_in_flight": o.max_in_flight,
+                "concurrency": o.concurrency,
             },
-        }
+        )
 
     def monitors(self, run_dir: Path) -> list[Any]:
         """Background tasks beside each run: the server's /metrics, scraped into server_metrics.jsonl.
 
         An in-process engine (after `target()`) is scraped through the same exposition, rendered locally."""
-        from slobench.run.scrape import MetricsScraper, metrics_url_for
-
-        interval = self.args.scrape_interval
+        interval = self.options.scrape_interval
         if not interval or interval <= 0:
             return []
         run_dir.mkdir(parents=True, exist_ok=True)
-        if self.args.engine:
+        if self.options.engine:
             return [MetricsScraper(self.engine_target.metrics_text, run_dir, interval)]
         urls = [metrics_url_for(u) for u in self.urls]
         source: str | list[str] = urls[0] if len(urls) == 1 else urls  # a fleet: every replica, labelled
@@ -286,65 +339,53 @@ class LoadSetup:
 
     def simulated_manifest(self) -> dict[str, Any]:
         """The manifest of a --simulate run: the engine's knobs stand where a target's URL would."""
-        from slobench.targets.engine import engine_knobs_from_args
-
-        a = self.args
-        if a.engine == "torch":
+        o = self.options
+        if o.engine == "torch":
             raise UsageError("--simulate runs the modeled executor only; drop --engine torch")
         for flag in ("concurrency", "max_in_flight", "warmup"):
-            if getattr(a, flag, None) not in (None, 0, "0"):
+            if getattr(o, flag) not in (None, 0, "0"):
                 raise UsageError(f"--{flag.replace('_', '-')}: not supported with --simulate (open loop, every "
                                  "request measured); drop one of them")
-        a.engine = "modeled"
         overhead_s, jitter_sd, source = self.simulated_extras()
-        target: dict[str, Any] = {"kind": "simulated", "knobs": engine_knobs_from_args(a), "jitter_sd": jitter_sd}
-        if overhead_s or source:  # an uncalibrated run's manifest (and the gate's workload identity) as it was
+        target: dict[str, Any] = {"kind": "simulated", "knobs": self.engine_knobs, "jitter_sd": jitter_sd}
+        if overhead_s or source:  # left out uncalibrated: the manifest and the gate's workload identity stay put
             target["request_overhead_s"] = overhead_s
             target["calibrated_extras"] = source
-        if a.replicas != 1:  # one replica leaves the manifest (and the gate's workload identity) as it was
-            target["fleet"] = {"replicas": a.replicas, "router": a.router}
+        if o.replicas != 1:  # left out for one replica, for the same reason
+            target["fleet"] = {"replicas": o.replicas, "router": o.router}
         if "prefill_replicas" in target["knobs"]:  # disaggregated (slobench.fleet.disagg)
             k = target["knobs"]
             target["fleet"] = {"replicas": k["colocated_replicas"] + k["prefill_replicas"] + k["decode_replicas"],
-                               "router": a.router, "colocated": k["colocated_replicas"],
+                               "router": o.router, "colocated": k["colocated_replicas"],
                                "prefill": k["prefill_replicas"], "decode": k["decode_replicas"], "kv_link": k["kv_link"]}
-        return {
-            "slobench_version": __version__, "command": redact_argv(sys.argv[1:]), "workload": self.workload.to_dict(),
-            "workload_name": self.workload.name, "seed": a.seed, "slo": self.slo.to_dict() if self.slo else None,
-            "target": target,
-        }
+        return build_manifest(self.workload, seed=o.seed, command=sys.argv[1:],
+                              slo=self.slo.to_dict() if self.slo else None, target=target)
 
     def simulated_extras(self) -> tuple[float, float, str | None]:
         """A --simulate run's request overhead (s), step-time noise sd, and the profile that supplied either
         (`calibrated_flags`). Resolved once: the manifest and the probe share it."""
         cached = getattr(self, "_extras", None)
         if cached is None:
-            from slobench.fleet.disagg import split_fleet_knobs
-            from slobench.fleet.simulate import ModeledEngine
-            from slobench.targets.engine import engine_knobs_from_args
-
-            a = self.args
-            knobs, _ = split_fleet_knobs(dict(engine_knobs_from_args(a)), getattr(a, "router", "least-outstanding"))
+            o = self.options
+            knobs, _ = split_fleet_knobs(dict(self.engine_knobs), o.router)
             engine = ModeledEngine.from_knobs(knobs)
             cached = self._extras = calibrated_flags(
-                getattr(a, "request_overhead", None), getattr(a, "jitter", None), engine.cost_profile,
+                o.request_overhead, o.jitter, engine.cost_profile,
                 str(knobs.get("profile")), "--simulate", max_num_seqs=engine.max_num_seqs,
-                max_num_seqs_given=getattr(a, "max_num_seqs", None) is not None)
+                max_num_seqs_given=o.max_num_seqs is not None)
         return cached  # type: ignore[no-any-return]
 
     def check_fleet(self) -> None:
-        a = self.args
-        replicas = getattr(a, "replicas", 1)
-        if replicas != 1 and not getattr(a, "simulate", False):
+        o = self.options
+        replicas = o.replicas
+        if replicas != 1 and not o.simulate:
             raise UsageError("--replicas needs --simulate (against a real fleet, point --url at its load balancer)")
         if replicas < 1:
             raise UsageError(f"--replicas must be >= 1 (got {replicas})")
-        pools = {f: getattr(a, f.replace("-", "_"), 0) or 0 for f in
+        pools = {f: getattr(o, f.replace("-", "_")) or 0 for f in
                  ("prefill-replicas", "decode-replicas", "colocated-replicas")}
-        if any(pools.values()) or getattr(a, "kv_link", None) is not None:
-            from slobench.fleet.disagg import DisaggFleet, KVLink
-
-            if not getattr(a, "simulate", False):
+        if any(pools.values()) or o.kv_link is not None:
+            if not o.simulate:
                 raise UsageError("--prefill-replicas/--decode-replicas/--kv-link need --simulate")
             if not (pools["prefill-replicas"] or pools["decode-replicas"]):
                 raise UsageError("--kv-link and --colocated-replicas need --prefill-replicas and --decode-replicas")
@@ -352,19 +393,15 @@ class LoadSetup:
                 raise UsageError("--replicas with --prefill/--decode-replicas: give co-located ones as "
                                  "--colocated-replicas")
             DisaggFleet(pools["prefill-replicas"], pools["decode-replicas"], pools["colocated-replicas"],
-                        KVLink.parse(a.kv_link or "inf,0"))  # bad values are exit 2 here, before any run
-        from slobench.targets.workers import MAX_WORKERS
-
-        workers = getattr(a, "client_workers", 1)
+                        KVLink.parse(o.kv_link or "inf,0"))  # bad values are exit 2 here, before any run
+        workers = o.client_workers
         if not 1 <= workers <= MAX_WORKERS:  # before any network call: a bad flag is exit 2, not 3
             raise UsageError(f"--client-workers must be from 1 to {MAX_WORKERS} (got {workers})")
-        if getattr(a, "ray", None) is not None:
-            if a.engine or getattr(a, "simulate", False):
+        if o.ray is not None:
+            if o.engine or o.simulate:
                 raise UsageError("--ray needs --url: the in-process engine and --simulate send nothing over HTTP")
-            if "," in str(a.url or ""):
+            if "," in str(o.url or ""):
                 raise UsageError("--ray with several --url: not supported; point --url at the fleet's load balancer")
-            from slobench.targets.ray_pool import require_ray
-
             require_ray()  # not installed: exit 2 with the pip line, before any network call
 
     @contextlib.asynccontextmanager
@@ -373,12 +410,10 @@ class LoadSetup:
         """The probe the flags name, its manifest and what it serves: the simulator (`--simulate`), else a
         started target (closed on the way out). Every verb that sends load measures through this.
         `intervals=False`: simulated summaries without bootstrap intervals; `scrape=False`: no /metrics
-        scraper beside each run (both as a capacity search's probes have always been). `first`: the (rate,
+        scraper beside each run (both as a capacity search's probes run). `first`: the (rate,
         seed) measured first, whose requests are made before any connection, so a bad workload or trace is
         exit 2 before the server is touched."""
-        from slobench.experiments.probe import LiveProbe, VirtualProbe
-
-        a = self.args
+        o = self.options
 
         ready: dict[tuple[float | None, int], Any] = {}
         if first is not None:
@@ -388,17 +423,13 @@ class LoadSetup:
             made = ready.pop((rate, seed), None)
             return made if made is not None else self.specs(rate, seed=seed)
 
-        if a.simulate:
-            from slobench.targets.engine import engine_knobs_from_args
-
+        if o.simulate:
             manifest = self.simulated_manifest()
             overhead_s, jitter_sd, _ = self.simulated_extras()
-            yield VirtualProbe(make_specs, engine_knobs_from_args(a), slo=self.slo, api=self.api, jitter_sd=jitter_sd,
-                               replicas=a.replicas, router=a.router, intervals=intervals,
+            yield VirtualProbe(make_specs, self.engine_knobs, slo=self.slo, api=self.api, jitter_sd=jitter_sd,
+                               replicas=o.replicas, router=o.router, intervals=intervals,
                                request_overhead_s=overhead_s), manifest, "simulated"
             return
-        from slobench.targets.ray_pool import note_client_clocks
-
         target, clock, served = await _start_target(self)
         try:
             async def after_run(run_dir: Path, summary: RunSummary) -> RunSummary:
@@ -411,24 +442,20 @@ class LoadSetup:
             await target.close()
 
     def run_options(self) -> Any:
-        from slobench.run.runner import RunOptions
-
-        a = self.args
+        o = self.options
         return RunOptions(
-            max_in_flight=a.max_in_flight,
-            warmup_requests=0 if a.warmup == "auto" else int(a.warmup),
-            warmup_auto=a.warmup == "auto",
-            duration_s=a.duration,
-            closed_loop_users=a.concurrency,
-            closed_loop_rate_rps=a.rate if a.concurrency else None,
-            rate_limit=parse_rate_limit(getattr(a, "rate_limit", None)),
-            progress=not a.no_progress,
+            max_in_flight=o.max_in_flight,
+            warmup_requests=0 if o.warmup == "auto" else int(o.warmup),
+            warmup_auto=o.warmup == "auto",
+            duration_s=o.duration,
+            closed_loop_users=o.concurrency,
+            closed_loop_rate_rps=o.rate if o.concurrency else None,
+            rate_limit=parse_rate_limit(o.rate_limit),
+            progress=not o.no_progress,
         )
 
 
 async def _start_target(setup: LoadSetup) -> tuple[Any, Any, str]:
-    from slobench.run.clock import Clock
-
     clock = Clock()
     target = setup.target(clock)
     await target.start()
@@ -449,9 +476,6 @@ def parse_overhead_s(text: str | None) -> float | None:
     """`--request-overhead`: a duration (`13.7ms`, `0.0137s`, `0.0137`), 0 for none; None when not given."""
     if text is None:
         return None
-    from slobench.analysis.slo import parse_duration_s
-    from slobench.errors import SpecError
-
     try:
         return parse_duration_s(text, "--request-overhead", allow_zero=True)
     except SpecError as e:
@@ -469,9 +493,6 @@ def calibrated_flags(overhead_text: str | None, jitter_sd: float | None, profile
     (`served_max_num_seqs` in the provenance), or, when `max_num_seqs_given` is False (the default was taken
     from that value, `served_max_num_seqs`), a note saying so. The third value is `name` when the profile supplied either,
     else None. A bad flag or provenance value is a UsageError naming it."""
-    from slobench.errors import SpecError
-    from slobench.fleet.simulate import calibrated_extras
-
     overhead_s = parse_overhead_s(overhead_text)
     if jitter_sd is not None and not (isinstance(jitter_sd, int | float) and 0 <= jitter_sd < float("inf")):
         raise UsageError(f"--jitter: must be a number >= 0 (got {jitter_sd!r})")

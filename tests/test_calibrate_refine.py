@@ -48,6 +48,7 @@ from slobench.profiles.refine import (
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.testing.process import EngineServerProcess
 from slobench.workload import WorkloadSpec
+from slobench.workload.base import RunShape
 
 TRUE = CostProfile("truth", step_overhead_s=0.004, per_prefill_token_s=8e-5, per_decode_seq_s=6e-4,
                    per_context_token_s=2e-6)
@@ -102,7 +103,7 @@ def refine_virtual(tmp_path: Path, num_requests: int, jitter_sd: float, jitter_s
     wl = WorkloadSpec.from_toml(tmp_path / "w.toml")
 
     def specs_for(rate: float) -> list[RequestSpec]:
-        return list(wl.specs(rate_rps=rate, num_requests=num_requests, seed=0))
+        return list(wl.specs(RunShape(rate_rps=rate, num_requests=num_requests, seed=0)))
 
     async def measure(rate: float) -> Sequence[RequestRecord]:
         recs = simulate_records(specs_for(rate), LIMITS.engine(TRUE), jitter_sd=jitter_sd, seed=jitter_seed)
@@ -166,7 +167,7 @@ def test_bad_refinement_input_is_a_clear_error(tmp_path: Path, capsys: pytest.Ca
         RefinePlan(rates_rps=(1.0, -1.0, 2.0))
 
     def specs_for(rate: float) -> list[RequestSpec]:
-        return list(WorkloadSpec.from_toml(tmp_path / "w.toml").specs(rate_rps=rate, num_requests=10, seed=0))
+        return list(WorkloadSpec.from_toml(tmp_path / "w.toml").specs(RunShape(rate_rps=rate, num_requests=10, seed=0)))
 
     async def failing(rate: float) -> Sequence[RequestRecord]:
         recs = [RequestRecord(s.request_id, s.arrival_s, sent_s=s.arrival_s) for s in specs_for(rate)]
@@ -324,7 +325,7 @@ def test_a_request_cost_inside_a_serial_server_is_told_from_one_outside_it(tmp_p
     wl = WorkloadSpec.from_toml(tmp_path / "w.toml")
 
     def specs_for(rate: float) -> list[RequestSpec]:
-        return list(wl.specs(rate_rps=rate, num_requests=80, seed=0))
+        return list(wl.specs(RunShape(rate_rps=rate, num_requests=80, seed=0)))
 
     async def measure(rate: float) -> Sequence[RequestRecord]:
         return shifted(simulate_records(specs_for(rate), serial.engine(truth), jitter_sd=0.02, seed=3), 0.002)

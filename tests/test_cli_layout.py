@@ -11,6 +11,7 @@ import pytest
 import slobench
 from slobench import cli
 from slobench.workload import TraceReplay, Workload, WorkloadSpec, load_workload
+from slobench.workload.base import RunShape
 
 ROOT = Path(slobench.__file__).parent
 CLI = ROOT / "cli"
@@ -85,11 +86,11 @@ def test_a_spec_and_a_trace_replay_are_both_workloads(tmp_path: Path) -> None:
     replay = TraceReplay.open(str(trace))
     assert isinstance(spec, WorkloadSpec) and isinstance(spec, Workload) and isinstance(replay, Workload)
     # one call for both: what LoadSetup.specs makes, and what the capacity search on a trace crashed on
-    assert len(spec.specs(rate_rps=5.0, num_requests=7, seed=1)) == 7
-    assert [s.input_tokens for s in replay.specs(rate_rps=2.0, seed=1)] == [10, 11, 12, 13, 14]
-    assert [s.input_tokens for s in spec.specs(num_requests=3, input_len=9)] == [9, 9, 9]
+    assert len(spec.specs(RunShape(rate_rps=5.0, num_requests=7, seed=1))) == 7
+    assert [s.input_tokens for s in replay.specs(RunShape(rate_rps=2.0, seed=1))] == [10, 11, 12, 13, 14]
+    assert [s.input_tokens for s in spec.specs(RunShape(num_requests=3, input_len=9))] == [9, 9, 9]
     with pytest.raises(SpecError, match="input_len"):
-        replay.specs(input_len=9)  # a trace has its own lengths: never silently ignored
+        replay.specs(RunShape(input_len=9))  # a trace has its own lengths: never silently ignored
 
 
 def test_load_options_are_the_flags_defaults_with_the_values_given() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from slobench.cli import build_parser, main
+from slobench.cli.common import options_from_args
 from slobench.errors import UsageError
 from slobench.load_setup import LoadSetup
 from slobench.run.clock import Clock
@@ -32,7 +33,7 @@ def trace_file(tmp_path: Path) -> Path:
 
 
 def setup_for(argv: list[str]) -> LoadSetup:
-    return LoadSetup(build_parser().parse_args(argv))
+    return LoadSetup(options_from_args(build_parser().parse_args(argv)))
 
 
 def test_replay_sends_min_tokens_equal_to_max_tokens(tmp_path):

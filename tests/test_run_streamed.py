@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from slobench.cli import build_parser, main
+from slobench.cli.common import options_from_args
 from slobench.errors import SpecError, UsageError
 from slobench.load_setup import LoadSetup
 from slobench.run.clock import Clock
@@ -19,6 +20,7 @@ from slobench.run.records import RequestSpec
 from slobench.run.runner import RunOptions, run
 from slobench.targets.base import TargetBase
 from slobench.targets.options import TargetOptions
+from slobench.workload.base import RunShape
 from slobench.workload.replay import TraceReplay
 from slobench.workload.trace_stream import ReplayStream, StreamingReplay, count_lines
 
@@ -75,16 +77,16 @@ async def test_streamed_run_sends_the_eager_runs_requests_in_the_same_order(tmp_
 @pytest.mark.skipif(not TRACES.is_dir(), reason=f"Azure traces not present at {TRACES}")
 async def test_streamed_and_eager_agree_on_an_azure_window_at_a_rate():
     path = str(TRACES / "AzureLLMInferenceTrace_conv.csv")
-    eager, _ = await run_records(TraceReplay.open(path, start_s=600).specs(rate_rps=400.0, num_requests=800))
-    streamed, _ = await run_records(StreamingReplay.open(path, start_s=600).specs(rate_rps=400.0, num_requests=800))
+    eager, _ = await run_records(TraceReplay.open(path, start_s=600).specs(RunShape(rate_rps=400.0, num_requests=800)))
+    streamed, _ = await run_records(StreamingReplay.open(path, start_s=600).specs(RunShape(rate_rps=400.0, num_requests=800)))
     assert len(streamed) == len(eager) == 800
     assert [key(r) for r in streamed] == [key(r) for r in eager]
 
 
 def test_a_rate_over_the_whole_trace_streams_in_two_passes_with_the_eager_scale(tmp_path):
     path = mooncake(tmp_path / "m.jsonl", 400)
-    eager = TraceReplay.open(str(path)).specs(rate_rps=50.0)
-    streamed = list(StreamingReplay(str(path)).specs(rate_rps=50.0))
+    eager = TraceReplay.open(str(path)).specs(RunShape(rate_rps=50.0))
+    streamed = list(StreamingReplay(str(path)).specs(RunShape(rate_rps=50.0)))
     assert np.allclose([s.arrival_s for s in streamed], [s.arrival_s for s in eager])
     t = [s.arrival_s for s in streamed]
     assert (len(t) - 1) / (t[-1] - t[0]) == pytest.approx(50.0)
@@ -135,7 +137,7 @@ async def test_progress_total_comes_from_the_streams_hint(tmp_path):
     assert count_lines(path) == 50
     stream = StreamingReplay(str(path)).specs()
     assert stream.count_hint() == 50
-    assert StreamingReplay(str(path)).specs(num_requests=7).count_hint() == 7
+    assert StreamingReplay(str(path)).specs(RunShape(num_requests=7)).count_hint() == 7
     seen = []
     real = runner._estimate_total
 
@@ -195,7 +197,7 @@ async def test_summary_says_how_many_rows_were_left_out_and_why_streamed_or_eage
 
 async def test_a_windowed_stream_reports_the_rows_it_read_not_the_file(tmp_path):
     path = mooncake(tmp_path / "m.jsonl", 10_000, zero_every=10)
-    _, summary = await run_records(StreamingReplay(str(path), time_scale=0.001).specs(num_requests=100))
+    _, summary = await run_records(StreamingReplay(str(path), time_scale=0.001).specs(RunShape(num_requests=100)))
     rows = summary.trace_rows
     assert not rows["is_whole_file"] and rows["num_rows_read"] < 10_000
     assert rows["dropped"]["zero_tokens"] == rows["num_rows_read"] // 10
@@ -208,7 +210,7 @@ def test_run_streams_the_trace_and_sweep_loads_it(tmp_path):
     path = str(mooncake(tmp_path / "m.jsonl", 30))
 
     def setup(argv: list[str]) -> LoadSetup:
-        return LoadSetup(build_parser().parse_args(argv))
+        return LoadSetup(options_from_args(build_parser().parse_args(argv)))
 
     assert isinstance(setup(["run", "--trace", path]).specs(None), ReplayStream)
     assert isinstance(setup(["run", "--trace", path, "--simulate"]).specs(None), list)
@@ -339,9 +341,9 @@ def test_streamed_burstgpt_sessions_grow_and_share_their_history(tmp_path):
                  "100.0,aaaa-1,3,GPT-4,100,20,120,Conversation log\n101.0,api-1,1,ChatGPT,50,5,55,API log\n"
                  "110.0,bbbb-2,2,ChatGPT,200,40,240,Conversation log\n120.0,aaaa-1,2,GPT-4,30,10,40,Conversation log\n"
                  "130.0,bbbb-2,4,ChatGPT,260,15,275,Conversation log\n140.0,aaaa-1,2,GPT-4,25,5,30,Conversation log\n")
-    stream = StreamingReplay.open(str(p)).specs(seed=4)
+    stream = StreamingReplay.open(str(p)).specs(RunShape(seed=4))
     specs = list(stream)
-    eager = TraceReplay.open(str(p)).specs(seed=4)
+    eager = TraceReplay.open(str(p)).specs(RunShape(seed=4))
     assert [(s.session_id, s.input_tokens, s.max_tokens) for s in specs] == [
         (s.session_id, s.input_tokens, s.max_tokens) for s in eager]
     a = [s.prompt for s in specs if s.session_id == 0]

@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 
 from slobench.cli import build_parser, main
+from slobench.cli.common import options_from_args
 from slobench.errors import UsageError
 from slobench.load_setup import LoadSetup
 from slobench.run.clock import Clock
@@ -259,7 +260,7 @@ def test_mooncake_buckets_are_spread_and_said_so(tmp_path):
 
 
 def setup_for(argv: list[str]) -> LoadSetup:
-    return LoadSetup(build_parser().parse_args(argv))
+    return LoadSetup(options_from_args(build_parser().parse_args(argv)))
 
 
 def test_load_setup_builds_specs_from_a_trace(tmp_path):

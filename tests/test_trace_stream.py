@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from slobench.workload.base import RunShape
 from slobench.workload.replay import replay
 from slobench.workload.trace_stream import PREFIX_ROWS, StreamingReplay, StreamLog, stream_entries
 from slobench.workload.traces import load_trace
@@ -78,7 +79,7 @@ def test_memory_does_not_grow_with_the_trace(tmp_path):
 def test_streamed_replay_matches_replay_in_times_counts_and_shared_blocks(tmp_path):
     path = mooncake_file(tmp_path / "m.jsonl", 3_000)
     whole = replay(load_trace(path), rate_rps=50.0, num_requests=500)
-    streamed = list(StreamingReplay(str(path)).specs(rate_rps=50.0, num_requests=500))
+    streamed = list(StreamingReplay(str(path)).specs(RunShape(rate_rps=50.0, num_requests=500)))
     assert np.allclose([s.arrival_s for s in streamed], [s.arrival_s for s in whole])
     assert [(s.input_tokens, s.max_tokens, s.min_tokens) for s in streamed] == [
         (s.input_tokens, s.max_tokens, s.min_tokens) for s in whole]
@@ -91,7 +92,7 @@ def test_streamed_replay_matches_replay_in_times_counts_and_shared_blocks(tmp_pa
 
 def test_a_duration_at_a_rate_reads_its_window(tmp_path):
     path = mooncake_file(tmp_path / "m.jsonl", 5_000)
-    specs = list(StreamingReplay(str(path)).specs(rate_rps=20.0, duration_s=30.0))
+    specs = list(StreamingReplay(str(path)).specs(RunShape(rate_rps=20.0, duration_s=30.0)))
     assert len(specs) == 600 and specs[-1].arrival_s < 30.0
 
 
@@ -150,7 +151,7 @@ def test_the_next_prompt_is_built_after_the_send_just_started(tmp_path):
 
     trace_stream.StreamingReplay._requests = recording  # type: ignore[method-assign]
     try:
-        asyncio.run(open_loop(StreamingReplay(str(path)).specs(num_requests=100)))
+        asyncio.run(open_loop(StreamingReplay(str(path)).specs(RunShape(num_requests=100))))
     finally:
         trace_stream.StreamingReplay._requests = real  # type: ignore[method-assign]
     for i in range(100):

@@ -1,50 +1,83 @@
 """The `slobench` command. Thin: parses, calls the library, prints.
 
-One module per group of verbs (`run`, `engine`, `gate`, `history`, `workload`, `profile`, `plan`), each
-with `add_parsers(sub, *, epilog)` and one handler per verb; `common` holds what they share. `HANDLERS`
-below is the whole map from verb to code. The verb modules import nothing from one another.
+One module per group of verbs (`run`, `engine`, `capacity`, `gate`, `history`, `workload`, `profile`,
+`plan`), each with `add_arguments(verb, parser)` and one handler per verb; `common` holds what they share.
+`VERBS` below is the whole map from verb to code. The verb modules import nothing from one another.
 
-Exit codes (each means one thing): see `common.EXIT_CODES`, printed under every `--help`.
+Exit codes (each means one thing): `EXIT_CODES`, printed under every `--help`.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
+import signal
 import sys
+import threading
+import traceback
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
-from slobench.cli import engine, gate, history, plan, profile, run, workload
-from slobench.cli.common import EPILOG, EXIT_CODES, EXIT_INTERNAL_ERROR, FORMATTER
 from slobench.errors import EngineError, SlobenchError
+from slobench.redact import redact_text
 from slobench.version import __version__
 
-__all__ = ["EXIT_CODES", "HANDLERS", "build_parser", "main"]
+__all__ = ["EXIT_CODES", "HANDLERS", "VERBS", "build_parser", "main"]
+
+EXIT_CODES = """\
+  0  ok
+  1  SLO not met (run) / gate found a regression
+  2  bad usage or bad input (workload file, SLO string, trace, baseline)
+  3  target unreachable (preflight failed: wrong URL, server down, wrong model)
+  4  gate inconclusive (more replicates needed)
+  5  internal error: a slobench bug (the traceback is printed; please report it)
+  130  interrupted (Ctrl-C or SIGTERM): what finished is kept and summarised
+"""
+EXIT_INTERNAL_ERROR = 5  # never 1: 1 means "SLO not met" / "regression", and a crash must not read as either
+
+EPILOG = "exit codes:\n" + EXIT_CODES
+FORMATTER = argparse.RawDescriptionHelpFormatter
 
 Handler = Callable[[argparse.Namespace], int]
 
-# verb -> the code that runs it (asyncio.run inside a handler where it awaits)
-HANDLERS: dict[str, Handler] = {
-    "run": run.run,
-    "sweep": run.sweep,
-    "summarize": run.summarize,
-    "serve": engine.serve,
-    "demo": engine.demo,
-    "report": engine.report,
-    "capacity": gate.capacity,
-    "gate": gate.gate,
-    "history": history.history,
-    "workload": workload.workload,
-    "profile": profile.profile,
-    "calibrate": profile.calibrate,
-    "plan": plan.dispatch,
+# verb -> (its module under slobench.cli, the handler there, the line `slobench --help` shows for it).
+# A verb's module is imported by name (importlib) only when that verb is parsed: each module imports the
+# library it drives at its top (targets, simulator, report, fitting), and importing all of them made
+# `slobench --help` take about 1.6x as long. Handlers call asyncio.run where they await.
+VERBS: dict[str, tuple[str, str, str]] = {
+    "run": ("run", "run", "one open-loop run at one rate"),
+    "sweep": ("run", "sweep", "one run per offered rate, a table at the end"),
+    "summarize": ("run", "summarize", "recompute and print a run's summary"),
+    "serve": ("engine", "serve", "serve the bundled reference engine (OpenAI API)"),
+    "demo": ("engine", "demo", "start the bundled engine, sweep a workload across its cliff, print the table"),
+    "report": ("engine", "report", "build the self-contained HTML report from run or sweep directories"),
+    "capacity": ("capacity", "capacity", "largest rate meeting the SLO, with an interval from replicates"),
+    "gate": ("gate", "gate", "CI verdict: candidate vs baseline (exit 0/1/4)"),
+    "history": ("history", "history", "headline metrics over commits: add a result, report change points"),
+    "workload": ("workload", "workload", "convert, fit or show workloads and traces"),
+    "profile": ("profile", "profile", "write a roofline cost profile for a model on a GPU (for --simulate --profile)"),
+    "calibrate": ("profile", "calibrate", "fit a cost profile from designed probes of a live endpoint"),
+    "plan": ("plan", "dispatch", "the cheapest fleet (prefill, decode, co-located) for each window of a day of "
+             "traffic"),
 }
 
-# the order `slobench --help` lists them in
-_PARSER_GROUPS = (run, engine, gate, history, workload, profile, plan)
+
+def verb_module(verb: str) -> ModuleType:
+    return importlib.import_module(f"slobench.cli.{VERBS[verb][0]}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _run_verb(verb: str, args: argparse.Namespace) -> int:
+    return int(getattr(verb_module(verb), VERBS[verb][1])(args))
+
+
+HANDLERS: dict[str, Handler] = {verb: functools.partial(_run_verb, verb) for verb in VERBS}
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The command line. Given `argv`, only the verb it names gets its flags (and its module imported);
+    the others are listed by name and help line. Without, every verb gets its flags."""
     p = argparse.ArgumentParser(
         prog="slobench",
         description="SLO-aware open-loop load testing for LLM inference servers.",
@@ -53,8 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"slobench {__version__}")
     sub = p.add_subparsers(dest="verb", required=True)
-    for group in _PARSER_GROUPS:
-        group.add_parsers(sub, epilog=EPILOG)
+    named = None if argv is None else next((a for a in argv if not a.startswith("-")), None)
+    for verb, (_module, _handler, line) in VERBS.items():
+        verb_p = sub.add_parser(verb, help=line, epilog=EPILOG, formatter_class=FORMATTER)
+        if argv is None or verb == named:
+            verb_module(verb).add_arguments(verb, verb_p)
     return p
 
 
@@ -63,11 +99,8 @@ def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    import signal
-    import threading
-
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     on_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt) if on_main else None
     try:
@@ -81,16 +114,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     try:
         return int(HANDLERS[args.verb](args))
     except (SlobenchError, EngineError) as e:  # the engine's own errors are bad settings or files: exit 2
-        from slobench.redact import redact_text
-
         print(f"slobench: error: {redact_text(str(e))}", file=sys.stderr)  # a URL as typed may hold a password
         return e.exit_code if isinstance(e, SlobenchError) else 2
     except KeyboardInterrupt:
         print("slobench: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # a bug, never to be read as "SLO not met" (1)
-        import traceback
-
         traceback.print_exc()
         print(f"slobench: internal error ({type(e).__name__}: {e}); this is a slobench bug, please report it "
               f"with the traceback above; exit {EXIT_INTERNAL_ERROR}", file=sys.stderr)

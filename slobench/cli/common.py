@@ -1,45 +1,33 @@
-"""What the verbs share: the exit codes, the load flags, and small helpers with public names."""
+"""What the verbs share: the load flags, the typed options made from them, and small helpers with public
+names."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from slobench.errors import UsageError
-
-if TYPE_CHECKING:
-    from slobench.load_setup import LoadSetup
-
-EXIT_CODES = """\
-  0  ok
-  1  SLO not met (run) / gate found a regression
-  2  bad usage or bad input (workload file, SLO string, trace, baseline)
-  3  target unreachable (preflight failed: wrong URL, server down, wrong model)
-  4  gate inconclusive (more replicates needed)
-  5  internal error: a slobench bug (the traceback is printed; please report it)
-  130  interrupted (Ctrl-C or SIGTERM): what finished is kept and summarised
-"""
-EXIT_INTERNAL_ERROR = 5  # never 1: 1 means "SLO not met" / "regression", and a crash must not read as either
-
-EPILOG = "exit codes:\n" + EXIT_CODES
-FORMATTER = argparse.RawDescriptionHelpFormatter
+from slobench.experiments.sweep import run_sweep
+from slobench.load_setup import MIN_PROBE_S, LoadOptions, LoadSetup
+from slobench.report import build_report
+from slobench.report.terminal import make_console, print_headline, sweep_table
+from slobench.run.outdir import claim_out_dir
+from slobench.targets.engine import add_engine_arguments, engine_knobs_from_args
 
 
 def default_out(prefix: str) -> Path:
-    import time
-
     return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def maybe_report(args: argparse.Namespace, run_dirs: Sequence[Path]) -> None:
+def maybe_report(html: str | None, run_dirs: Sequence[Path]) -> None:
     """`--report HTML`: also write the HTML report of these run directories."""
-    if getattr(args, "report", None):
-        from slobench.report import build_report
-
-        path = build_report([str(d) for d in run_dirs], args.report)
+    if html:
+        path = build_report([str(d) for d in run_dirs], html)
         print(f"report: {path}")
 
 
@@ -94,8 +82,6 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
                    help="send from --client-workers N Ray actors (spread over the cluster's nodes, clocks synced to "
                         "this one) at ADDRESS, or a local Ray instance when no address is given; needs "
                         "pip install 'slobench[ray]'")
-    from slobench.targets.engine import add_engine_arguments
-
     eng = p.add_argument_group("in-process engine (instead of --url)")
     add_engine_arguments(eng)
     eng.add_argument("--simulate", action="store_true",
@@ -170,7 +156,16 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     r.add_argument("--report", default=None, metavar="HTML", help="also write the HTML report here")
 
 
-def load_options(**values: Any) -> argparse.Namespace:
+def options_from_args(args: argparse.Namespace) -> LoadOptions:
+    """The load flags of a parsed command line as the typed `LoadOptions` that `LoadSetup` takes: the one
+    place they are read. The engine's shape flags become its knobs, modeled under --simulate."""
+    values = {f.name: getattr(args, f.name) for f in fields(LoadOptions) if hasattr(args, f.name)}
+    engine = "modeled" if args.simulate else args.engine
+    knobs = engine_knobs_from_args(argparse.Namespace(**{**vars(args), "engine": engine})) if engine else None
+    return LoadOptions(**{**values, "header": tuple(args.header), "engine_knobs": knobs})
+
+
+def load_options(**values: Any) -> LoadOptions:
     """The load flags' defaults (those of `sweep`), with `values` in place of some: the options of a verb
     that sends load without taking the load flags itself (`demo`). A name that is no load flag is a bug."""
     p = argparse.ArgumentParser(add_help=False)
@@ -181,7 +176,7 @@ def load_options(**values: Any) -> argparse.Namespace:
             raise TypeError(f"load_options: no load flag {name!r}")
         setattr(ns, name, value)
     ns.verb = "sweep"
-    return ns
+    return options_from_args(ns)
 
 
 def error_rate_verdict(n: int, ok: int, max_error_rate: float | None) -> str | None:
@@ -213,14 +208,9 @@ def check_refine_knee(n: int, *, has_slo: bool) -> int:
 async def sweep_rates(setup: LoadSetup, rates: Sequence[float], out: Path, *, seed: int) -> int:
     """One run per rate through `setup`'s probe, a line per point and the table at the end; the exit code
     (130 interrupted, 1 over --max-error-rate). `out` is claimed here, before any request (exit 2)."""
-    from slobench.experiments.sweep import run_sweep
-    from slobench.load_setup import MIN_PROBE_S
-    from slobench.report.terminal import make_console
-    from slobench.run.outdir import claim_out_dir
-
-    refine = check_refine_knee(getattr(setup.args, "refine_knee", 0), has_slo=setup.slo is not None)
+    refine = check_refine_knee(setup.options.refine_knee, has_slo=setup.slo is not None)
     setup.min_duration_s = MIN_PROBE_S  # high-rate points as long as low-rate ones (probe_duration)
-    out = claim_out_dir(out, overwrite=getattr(setup.args, "overwrite", False))  # exit 2, one line
+    out = claim_out_dir(out, overwrite=setup.options.overwrite)  # exit 2, one line
     console = make_console()
 
     def on_run(row: dict[str, Any]) -> None:
@@ -231,7 +221,7 @@ async def sweep_rates(setup: LoadSetup, rates: Sequence[float], out: Path, *, se
         doc = await run_sweep(list(rates), probe, out_dir=out, slo=setup.slo, manifest=manifest, seed=seed,
                               on_run=on_run, refine_knee=refine)
     print_sweep(doc, console, title=f"{served} · {setup.workload.name} · {out}")
-    maybe_report(setup.args, [out])
+    maybe_report(setup.options.report, [out])
     if doc.get("interrupted"):
         print("slobench: interrupted: the last point is partial and left out of the headline; exit 130",
               file=sys.stderr)
@@ -245,8 +235,6 @@ async def sweep_rates(setup: LoadSetup, rates: Sequence[float], out: Path, *, se
 
 
 def print_sweep(doc: dict[str, Any], console: Any, title: str) -> None:
-    from slobench.report.terminal import print_headline, sweep_table
-
     console.print(sweep_table(doc["runs"], title=title))
     if doc.get("headline"):
         print_headline(doc["headline"], console)

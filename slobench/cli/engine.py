@@ -6,14 +6,25 @@ import argparse
 import asyncio
 import importlib
 import importlib.util
+import json
+import os
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
+import slobench.profiles  # noqa: F401  (registers `--profile roofline:GPU/MODEL` with the engine)
+from reference_engine import step_log
+from reference_engine.serve_args import add_serve_arguments
 from slobench.cli.common import check_refine_knee, default_out, load_options, sweep_rates
 from slobench.errors import UsageError
+from slobench.experiments.sweep import parse_rates
+from slobench.load_setup import LoadSetup
+from slobench.report import build_report
+from slobench.report.terminal import make_console
+from slobench.run.rundir import load_run
+from slobench.testing.process import EngineServerProcess
 
 # The demo: a sweep of the `tiny` workload across the CPU engine's cliff. Its SLO suits a 2-core CPU
 # running the tiny model (a 4-layer, d=256 Llama): TTFT 250 ms, TPOT 30 ms.
@@ -23,37 +34,27 @@ DEMO_SLO = "ttft=250ms,tpot=30ms,target=0.9"
 DEMO_REQUESTS = 80
 
 
-def add_parsers(sub: Any, *, epilog: str) -> None:
-    fmt = argparse.RawDescriptionHelpFormatter
-    serve_p = sub.add_parser("serve", help="serve the bundled reference engine (OpenAI API)", epilog=epilog,
-                             formatter_class=fmt)
-    from reference_engine.serve_args import add_serve_arguments
-
-    add_serve_arguments(serve_p)
-
-    demo_p = sub.add_parser(
-        "demo", epilog=epilog, formatter_class=fmt,
-        help="start the bundled engine, sweep a workload across its cliff, print the table",
-    )
-    demo_p.add_argument("--executor", choices=("auto", "torch", "modeled"), default="auto",
-                        help="auto: the torch tiny model when torch is installed, else the modeled executor")
-    demo_p.add_argument("--rates", default=DEMO_RATES, help=f"offered rates, req/s (default {DEMO_RATES})")
-    demo_p.add_argument("--refine-knee", type=int, default=DEMO_REFINE, metavar="N",
-                        help=f"then N rates between the two that bracket the knee (default {DEMO_REFINE})")
-    demo_p.add_argument("--num-requests", type=int, default=DEMO_REQUESTS, help="requests per rate")
-    demo_p.add_argument("--slo", default=DEMO_SLO)
-    demo_p.add_argument("--workload", default="tiny")
-    demo_p.add_argument("--seed", type=int, default=0)
-    demo_p.add_argument("--out", default=None, help="sweep directory (default runs/demo-<time>)")
-    demo_p.add_argument("--report", default=None, metavar="HTML",
-                        help="HTML report path (default: report.html in the sweep directory)")
-    demo_p.add_argument("--no-report", action="store_true")
-
-    rep = sub.add_parser("report", help="build the self-contained HTML report from run or sweep directories",
-                         epilog=epilog, formatter_class=fmt)
-    rep.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    rep.add_argument("-o", "--output", default="report.html")
-    rep.add_argument("--title", default=None)
+def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
+    if verb == "serve":
+        add_serve_arguments(p)
+    elif verb == "demo":
+        p.add_argument("--executor", choices=("auto", "torch", "modeled"), default="auto",
+                       help="auto: the torch tiny model when torch is installed, else the modeled executor")
+        p.add_argument("--rates", default=DEMO_RATES, help=f"offered rates, req/s (default {DEMO_RATES})")
+        p.add_argument("--refine-knee", type=int, default=DEMO_REFINE, metavar="N",
+                       help=f"then N rates between the two that bracket the knee (default {DEMO_REFINE})")
+        p.add_argument("--num-requests", type=int, default=DEMO_REQUESTS, help="requests per rate")
+        p.add_argument("--slo", default=DEMO_SLO)
+        p.add_argument("--workload", default="tiny")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--out", default=None, help="sweep directory (default runs/demo-<time>)")
+        p.add_argument("--report", default=None, metavar="HTML",
+                       help="HTML report path (default: report.html in the sweep directory)")
+        p.add_argument("--no-report", action="store_true")
+    else:
+        p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+        p.add_argument("-o", "--output", default="report.html")
+        p.add_argument("--title", default=None)
 
 
 def require_server_stack(verb: str) -> None:
@@ -71,7 +72,6 @@ def require_server_stack(verb: str) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     require_server_stack("serve")
-    import slobench.profiles  # noqa: F401  (registers `--profile roofline:GPU/MODEL` with the engine)
     from reference_engine.server import serve_from_args
 
     serve_from_args(args)
@@ -79,8 +79,6 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def report(args: argparse.Namespace) -> int:
-    from slobench.report import build_report
-
     path = build_report(args.run_dirs, args.output, title=args.title)
     print(f"report: {path}")
     return 0
@@ -101,11 +99,6 @@ def demo_engine_args(executor: str) -> list[str]:
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    from slobench.experiments.sweep import parse_rates
-    from slobench.load_setup import LoadSetup
-    from slobench.report.terminal import make_console
-    from slobench.testing.process import EngineServerProcess
-
     console = make_console()
     engine_args = demo_engine_args(args.executor)
     rates = parse_rates(args.rates)  # a bad --rates is exit 2 before the engine starts
@@ -113,8 +106,6 @@ async def _demo(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out("demo")
     console.print(f"[bold]slobench demo[/bold]: starting the bundled engine ({' '.join(engine_args)}) on 127.0.0.1")
     t0 = time.monotonic()
-    import os
-
     # leave the client a core: on 2 cores, torch's default threads starve the load generator
     threads = max(1, (os.cpu_count() or 2) - 1)
     # the engine logs its steps (reference_engine.step_log) beside the sweep, read back for the speed line
@@ -134,13 +125,8 @@ async def _demo(args: argparse.Namespace) -> int:
     if line:
         console.print(line, markup=False, soft_wrap=True)  # one line, whatever the width
     if not args.no_report:
-        try:
-            from slobench.report import build_report
-        except ImportError:
-            build_report = None  # type: ignore[assignment]
-        if build_report is not None:
-            path = build_report([str(out)], args.report or out / "report.html")
-            console.print(f"report: {path}", markup=False)
+        path = build_report([str(out)], args.report or out / "report.html")
+        console.print(f"report: {path}", markup=False)
     console.print(f"demo finished in {time.monotonic() - t0:.0f} s; run directories under {out}", markup=False)
     return code
 
@@ -153,18 +139,12 @@ def _keep_step_log(steps_tmp: Path, out: Path) -> str | None:
     removes `steps_tmp`) and say how fast the machine ran each point's steps against the sweep's mean
     (reference_engine.step_log.speeds_across): on a shared machine the knee moves with that speed from one
     demo to the next. None when there is nothing to say."""
-    import json
-    import shutil
-
-    from reference_engine.step_log import read_step_log, speeds_across
-    from slobench.run.rundir import load_run
-
     try:
         if not out.is_dir() or not (out / "sweep.json").exists():
             return None
         kept = out / "engine-steps.jsonl"
         shutil.move(str(steps_tmp), kept)
-        rows = read_step_log(kept)
+        rows = step_log.read_step_log(kept)
         points, parts = [], []
         for run in json.loads((out / "sweep.json").read_text()).get("runs", []):
             d = out / run["run_dir"]
@@ -175,7 +155,7 @@ def _keep_step_log(steps_tmp: Path, out: Path) -> str | None:
                 continue
             points.append(run["rate_rps"])
             parts.append(rows.between(anchor + min(r.scheduled_s for r in recs), anchor + max(ends) + 0.01))
-        speeds = [(r, s) for r, s in zip(points, speeds_across(parts), strict=True) if s is not None]
+        speeds = [(r, s) for r, s in zip(points, step_log.speeds_across(parts), strict=True) if s is not None]
     except (OSError, ValueError, KeyError) as e:  # the sweep is measured and kept: this line is only a note
         return f"(machine speed: the engine's step log could not be read: {e})"
     if len(speeds) < 2:

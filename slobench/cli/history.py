@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+
+from slobench.errors import UsageError
+from slobench.gate import Threshold
+from slobench.history.page import build_history_page, is_worse
+from slobench.history.record import append_entry, entry_from_results, read_history
 
 HISTORY_HELP = """\
 Keeps a project's headline metrics over commits, so a slow drift over many merges is as visible as one bad
@@ -21,10 +25,10 @@ Exit 0 ok (report: also when change points are found, unless --fail-on-change, t
 """
 
 
-def add_parsers(sub: Any, *, epilog: str) -> None:
+def add_arguments(verb: str, h: argparse.ArgumentParser) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
-    h = sub.add_parser("history", help="headline metrics over commits: add a result, report change points",
-                       description=HISTORY_HELP, epilog=epilog, formatter_class=fmt)
+    epilog = h.epilog
+    h.description = HISTORY_HELP
     hs = h.add_subparsers(dest="history_verb", required=True)
     a = hs.add_parser("add", help="append a result's headline metrics to the history file", epilog=epilog,
                       formatter_class=fmt)
@@ -48,11 +52,7 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
 
 
 def history(args: argparse.Namespace) -> int:
-    from slobench.errors import UsageError
-
     if args.history_verb == "add":
-        from slobench.history.record import append_entry, entry_from_results
-
         rates = None
         if args.rates:
             try:
@@ -64,9 +64,6 @@ def history(args: argparse.Namespace) -> int:
         size = append_entry(args.history, entry)
         print(f"history: {args.history} += {entry['commit']} ({len(entry['metrics'])} metrics, {size} bytes)")
         return 0
-    from slobench.gate import Threshold
-    from slobench.history.page import build_history_page, is_worse
-
     if not 0 < args.alpha < 0.5:
         raise UsageError(f"--alpha: must be in (0, 0.5) (got {args.alpha})")
     shifts = {}
@@ -75,8 +72,6 @@ def history(args: argparse.Namespace) -> int:
         shifts[th.metric] = (th.amount, th.is_relative)
     out, metrics = build_history_page(args.history, Path(args.out), alpha=args.alpha, title=args.title,
                                       min_shift=shifts)
-    from slobench.history.record import read_history
-
     entries = read_history(args.history)
     worse = 0
     for h in metrics:

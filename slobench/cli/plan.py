@@ -12,7 +12,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from reference_engine.executor.modeled_executor import CostProfile
+from reference_engine.serve_args import served_max_num_seqs
+from slobench.analysis.slo import SLO
 from slobench.errors import SpecError, UsageError
+from slobench.fleet.disagg import KVLink, kv_bytes_per_token
+from slobench.fleet.plan import PlanOptions, Setup, plan_day
+from slobench.fleet.plan_day import DayRecipe
+from slobench.fleet.plan_pool import PlanPool, windows_for
+from slobench.fleet.routing import ROUTERS
+from slobench.fleet.simulate import ModeledEngine
+from slobench.load_setup import calibrated_flags
+from slobench.report.plan_page import write_plan_page
+from slobench.workload import load_workload
 
 # Bundled days compressed in time: one workload second stands for this many seconds of the day.
 DAY_COMPRESSION = {"day": 60.0}
@@ -33,12 +45,8 @@ def parse_span_s(text: str, flag: str, *, allow_zero: bool = False) -> float:
     return v
 
 
-def add_parsers(sub: Any, *, epilog: str) -> None:
-    p = sub.add_parser(
-        "plan", help="the cheapest fleet (prefill, decode, co-located) for each window of a day of traffic",
-        epilog=epilog + "\nplan exits 1 when the plan misses the SLO target in some window.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
+    p.epilog = f"{p.epilog}\nplan exits 1 when the plan misses the SLO target in some window."
     day = p.add_argument_group("the day")
     day.add_argument("--workload", default=None, help="a bundled workload (day) or a spec .toml")
     day.add_argument("--trace", action="append", default=None, metavar="FILE",
@@ -100,9 +108,6 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
 
 
 def dispatch(args: argparse.Namespace) -> int:
-    from slobench.fleet.plan import PlanOptions, plan_day
-    from slobench.fleet.plan_pool import PlanPool, windows_for
-
     recipe, setup, options = _build(args)
     out = Path(args.out) if args.out else Path("runs") / f"plan-{time.strftime('%Y%m%d-%H%M%S')}"
     if out.exists() and not out.is_dir():
@@ -119,8 +124,6 @@ def dispatch(args: argparse.Namespace) -> int:
         (out / "plan.json").write_text(json.dumps(result, indent=1) + "\n")
     except OSError as e:
         raise UsageError(f"--out {out}: cannot write there ({e.strerror or e})") from None
-    from slobench.report.plan_page import write_plan_page
-
     write_plan_page(result, out / "plan.html")
     print(plan_table(result))
     print(f"wrote {out / 'plan.json'} and {out / 'plan.html'} ({result['run']['wall_s']} s, {pool.kind})")
@@ -133,13 +136,6 @@ def dispatch(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
-    from reference_engine.executor.modeled_executor import CostProfile
-    from slobench.analysis.slo import SLO
-    from slobench.fleet.disagg import KVLink
-    from slobench.fleet.plan import PlanOptions, Setup
-    from slobench.fleet.plan_day import DayRecipe
-    from slobench.fleet.simulate import ModeledEngine
-
     if (args.workload is None) == (args.trace is None):
         raise UsageError("plan needs one of --workload or --trace")
     if args.trace is not None and args.rate is not None:
@@ -162,8 +158,6 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     slo = SLO.from_toml(args.slo) if args.slo.endswith(".toml") else SLO.parse(args.slo)
     wl = None
     if args.workload is not None:
-        from slobench.workload import load_workload
-
         wl = load_workload(args.workload)
     else:
         for t in args.trace:
@@ -188,8 +182,6 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     kv_blocks = args.kv_blocks if args.kv_blocks is not None else _kv_blocks(prov, args.block_size)
     max_num_seqs = args.max_num_seqs
     if max_num_seqs is None:  # a calibrated profile's server, else the planner's default
-        from reference_engine.serve_args import served_max_num_seqs
-
         max_num_seqs = served_max_num_seqs(args.profile) or PLAN_MAX_NUM_SEQS
     try:
         engine = ModeledEngine(profile, kv_blocks=kv_blocks, block_size=args.block_size,
@@ -205,15 +197,11 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
                            lead_s=lead, max_requests=args.max_requests)
     except SpecError as e:
         raise UsageError(f"--{e.field.replace('_', '-')}: {e.why} (got {e.value!r})") from None
-    from slobench.fleet.routing import ROUTERS
-
     if args.router not in ROUTERS:
         raise UsageError(f"--router: unknown {args.router!r}; choose from {', '.join(ROUTERS)}")
     if args.kv_bytes_per_token is not None and args.kv_bytes_per_token < 0:
         raise UsageError(f"--kv-bytes-per-token: must be >= 0 (got {args.kv_bytes_per_token})")
     kv_bytes = args.kv_bytes_per_token if args.kv_bytes_per_token is not None else _kv_bytes(prov, args.model)
-    from slobench.load_setup import calibrated_flags
-
     overhead_s, jitter_sd, _ = calibrated_flags(args.request_overhead, args.jitter, profile, args.profile, "plan",
                                                 max_num_seqs=max_num_seqs,
                                                 max_num_seqs_given=args.max_num_seqs is not None)
@@ -240,8 +228,6 @@ def _kv_bytes(prov: dict[str, Any], model: str) -> int:
     if prov.get("kind") == "roofline":
         m = prov["model"]
         return int(2 * m["num_layers"] * m["num_kv_heads"] * m["head_dim"] * m.get("bytes_per_param", 2))
-    from slobench.fleet.disagg import kv_bytes_per_token
-
     try:
         return kv_bytes_per_token(model)
     except ImportError:

@@ -4,45 +4,47 @@ of a live endpoint)."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 from pathlib import Path
-from typing import Any
+
+from slobench.errors import UsageError
+from slobench.profiles import GPUS, MODELS, roofline
+from slobench.profiles.calibrate import calibrate_main
 
 
-def add_parsers(sub: Any, *, epilog: str) -> None:
-    from slobench.profiles import GPUS, MODELS
+def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
+    if verb == "profile":
+        _add_profile_arguments(p)
+    else:
+        _add_calibrate_arguments(p)
 
-    fmt = argparse.RawDescriptionHelpFormatter
-    p = sub.add_parser(
-        "profile", epilog=epilog, formatter_class=fmt,
-        help="write a roofline cost profile for a model on a GPU (for --simulate --profile)",
-        description="A cost profile from a GPU's datasheet peaks and a model's shapes, with efficiencies fitted "
-                    "to measured operator times (see docs/guide/simulator.md). The same profile is "
-                    "available without a file as --profile roofline:GPU/MODEL[/tpN].",
-    )
+
+def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("A cost profile from a GPU's datasheet peaks and a model's shapes, with efficiencies fitted "
+                     "to measured operator times (see docs/guide/simulator.md). The same profile is "
+                     "available without a file as --profile roofline:GPU/MODEL[/tpN].")
     p.add_argument("--gpu", required=True, help=f"one of {', '.join(GPUS)}")
     p.add_argument("--model", required=True, help=f"one of {', '.join(MODELS)}")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (GPUs per instance, default 1)")
     p.add_argument("-o", "--output", default=None, help="write the profile JSON here (default: print it)")
 
-    c = sub.add_parser(
-        "calibrate", epilog=epilog, formatter_class=fmt,
-        help="fit a cost profile from designed probes of a live endpoint",
-        description="Single requests over a grid of prompt lengths (prefill), and steady batches of decode at "
-                    "several concurrencies and contexts, in interleaved rounds; fits step = a + b*prefill + "
-                    "c*decode + d*context + f*attention_pairs (and a fixed cost per request, kept apart), prints "
-                    "the fit and its error on the probes held out of it (every third of each grid), and writes "
-                    "the profile. About 1.5-2 minutes against the CPU reference engine.\n\n"
-                    "Then (unless --no-refine) a second stage on served load: short open-loop Poisson runs of "
-                    "--refine-workload at --refine-rates, sent as `slobench run` sends them, and the same requests "
-                    "simulated with the fitted profile; factors on a, b, c and the request overhead o are "
-                    "fitted so that simulated TTFT/TPOT p50/p90 match the measured ones. The middle rate is held "
-                    "out of that fit and both profiles are scored on it. The simulation needs the served engine's "
-                    "limits, which a black-box endpoint does not reveal: give them with --kv-blocks, "
-                    "--max-num-seqs and --max-batched-tokens (default: --simulate's). The probe-fitted profile is "
-                    "written first, and stays if the refinement fails. About 1-2 more minutes against the CPU "
-                    "reference engine.",
-    )
+
+def _add_calibrate_arguments(c: argparse.ArgumentParser) -> None:
+    c.description = ("Single requests over a grid of prompt lengths (prefill), and steady batches of decode at "
+                     "several concurrencies and contexts, in interleaved rounds; fits step = a + b*prefill + "
+                     "c*decode + d*context + f*attention_pairs (and a fixed cost per request, kept apart), prints "
+                     "the fit and its error on the probes held out of it (every third of each grid), and writes "
+                     "the profile. About 1.5-2 minutes against the CPU reference engine.\n\n"
+                     "Then (unless --no-refine) a second stage on served load: short open-loop Poisson runs of "
+                     "--refine-workload at --refine-rates, sent as `slobench run` sends them, and the same requests "
+                     "simulated with the fitted profile; factors on a, b, c and the request overhead o are "
+                     "fitted so that simulated TTFT/TPOT p50/p90 match the measured ones. The middle rate is held "
+                     "out of that fit and both profiles are scored on it. The simulation needs the served engine's "
+                     "limits, which a black-box endpoint does not reveal: give them with --kv-blocks, "
+                     "--max-num-seqs and --max-batched-tokens (default: --simulate's). The probe-fitted profile is "
+                     "written first, and stays if the refinement fails. About 1-2 more minutes against the CPU "
+                     "reference engine.")
     c.add_argument("--url", required=True, help="base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1")
     c.add_argument("--model", default=None, help="model name (default: the first the server lists)")
     c.add_argument("-o", "--output", required=True, help="write the fitted profile JSON here")
@@ -75,16 +77,10 @@ def add_parsers(sub: Any, *, epilog: str) -> None:
 
 
 def calibrate(args: argparse.Namespace) -> int:
-    import asyncio
-
-    from slobench.profiles.calibrate import calibrate_main
-
     return asyncio.run(calibrate_main(args))
 
 
 def profile(args: argparse.Namespace) -> int:
-    from slobench.profiles import roofline
-
     prof = roofline(args.model, args.gpu, args.tp)
     text = prof.to_json() + "\n"
     if args.output is None:
@@ -94,8 +90,6 @@ def profile(args: argparse.Namespace) -> int:
     try:
         out.write_text(text)
     except OSError as e:
-        from slobench.errors import UsageError
-
         raise UsageError(f"-o {args.output}: cannot write: {e.strerror}") from e
     roof = json.loads(text)["provenance"]
     print(f"{prof.name}: {roof['weights_gb_per_gpu']} GB of weights a GPU, dense layers weights-bound below "

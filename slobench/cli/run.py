@@ -6,32 +6,34 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
+from slobench.analysis.slo import SLO
+from slobench.analysis.summary import summarize as summarize_records
 from slobench.cli.common import (
-    EPILOG,
-    FORMATTER,
     add_load_flags,
     default_out,
     error_rate_verdict,
     maybe_report,
+    options_from_args,
     sweep_rates,
 )
 from slobench.errors import UsageError
+from slobench.experiments.sweep import parse_rates
 from slobench.load_setup import LoadSetup, load_slo
+from slobench.report.terminal import print_run
+from slobench.run.outdir import claim_out_dir
+from slobench.run.rundir import load_run
+from slobench.targets.ray_pool import client_clock_lines
 
 
-def add_parsers(sub: Any, *, epilog: str = EPILOG) -> None:
-    run_p = sub.add_parser("run", help="one open-loop run at one rate", epilog=epilog, formatter_class=FORMATTER)
-    add_load_flags(run_p)
-    sweep_p = sub.add_parser("sweep", help="one run per offered rate, a table at the end", epilog=epilog,
-                             formatter_class=FORMATTER)
-    add_load_flags(sweep_p, sweep=True)
-    sum_p = sub.add_parser("summarize", help="recompute and print a run's summary", epilog=epilog,
-                           formatter_class=FORMATTER)
-    sum_p.add_argument("run_dir")
-    sum_p.add_argument("--slo", default=None, help="re-judge against another SLO")
+def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
+    if verb == "summarize":
+        p.add_argument("run_dir")
+        p.add_argument("--slo", default=None, help="re-judge against another SLO")
+    else:
+        add_load_flags(p, sweep=verb == "sweep")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,22 +41,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def sweep(args: argparse.Namespace) -> int:
-    from slobench.experiments.sweep import parse_rates
-
     if not args.rates:
         raise UsageError("--rates is required for sweep (e.g. --rates 1,2,4 or --rates 1:16:5)")
     rates = parse_rates(args.rates)
-    setup = LoadSetup(args)
+    setup = LoadSetup(options_from_args(args))
     out = Path(args.out) if args.out else default_out("sweep")
     return asyncio.run(sweep_rates(setup, rates, out, seed=args.seed))
 
 
 async def _run(args: argparse.Namespace) -> int:
-    from slobench.report.terminal import print_run
-    from slobench.run.outdir import claim_out_dir
-    from slobench.targets.ray_pool import client_clock_lines
-
-    setup = LoadSetup(args)
+    setup = LoadSetup(options_from_args(args))
     out = claim_out_dir(Path(args.out) if args.out else default_out("run"),
                         overwrite=getattr(args, "overwrite", False))  # before any request: exit 2, one line
     async with setup.probe(first=(args.rate, args.seed)) as (probe, manifest, served):
@@ -67,7 +63,7 @@ async def _run(args: argparse.Namespace) -> int:
         if getattr(m, "disabled_reason", None):
             print(f"note: no server metrics scraped ({m.disabled_reason}); the report has no server-state panels")
     print(f"run directory: {out}")
-    maybe_report(args, [out])
+    maybe_report(args.report, [out])
     if res.interrupted:
         print("slobench: interrupted: the summary covers the requests that finished; exit 130", file=sys.stderr)
         return 130
@@ -81,18 +77,10 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def summarize(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
-    from slobench.analysis.summary import summarize as summarize_records
-    from slobench.report.terminal import print_run
-    from slobench.run.rundir import load_run
-
     loaded = load_run(args.run_dir)
     if args.slo:
         slo = load_slo(args.slo)
     elif loaded.manifest.get("slo"):
-        from slobench.analysis.slo import SLO
-
         slo = SLO.from_dict(loaded.manifest["slo"])
     else:
         slo = None

@@ -14,14 +14,15 @@ import numpy as np
 
 from slobench.cli.common import add_row_flags
 from slobench.errors import UsageError
+from slobench.workload import generate, list_workloads, load_workload, phase_boundaries
+from slobench.workload.traces import load_trace
 
 _FORMAT_HELP = "azure, burstgpt, mooncake, sharegpt or slobench (default: detected from the content)"
 
 
-def add_parsers(sub: Any, *, epilog: str) -> None:
+def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
-    p = sub.add_parser("workload", help="convert, fit or show workloads and traces", epilog=epilog,
-                       formatter_class=fmt)
+    epilog = p.epilog
     wsub = p.add_subparsers(dest="workload_cmd", required=True)
 
     c = wsub.add_parser("convert", help="a trace in any known format -> slobench JSONL", epilog=epilog,
@@ -67,8 +68,6 @@ def workload(args: argparse.Namespace) -> int:
 
 
 def _load(path: str, fmt: str | None, seed: int, args: argparse.Namespace) -> Any:
-    from slobench.workload.traces import load_trace
-
     trace = load_trace(path, fmt, seed=seed, spread=not args.no_spread, keep_zero=args.keep_zero_rows)
     if trace.problems:
         print(f"warning: {trace.problem_summary()}", file=sys.stderr)
@@ -124,15 +123,11 @@ def _quantile_line(label: str, x: np.ndarray) -> str:
 
 
 def _is_spec(source: str) -> bool:
-    from slobench.workload import list_workloads
-
     return source.endswith(".toml") or (source in list_workloads() and not Path(source).is_file())
 
 
 def _show(args: argparse.Namespace) -> int:
     if _is_spec(args.source):
-        from slobench.workload import generate, load_workload, phase_boundaries
-
         spec = load_workload(args.source)
         reqs = generate(spec, rate_rps=args.rate, num_requests=args.num_requests, duration_s=args.duration,
                         seed=args.seed)

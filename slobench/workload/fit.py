@@ -1,34 +1,6 @@
-"""Fit a workload spec to a trace: arrivals that keep the trace's burstiness, and token lengths, overall
-and per request class.
-
-Arrivals: the rate is the trace's mean ((n − 1) / span); the gaps' coefficient of variation is reported
-two ways, by moments (std/mean, dominated by a few long pauses) and by gamma maximum likelihood, with the
-Kolmogorov–Smirnov distance of the fitted gamma; and the index of dispersion (variance/mean of counts)
-per second and per minute (1 for Poisson; the Azure code trace is ~13 and ~160). A renewal process
-cannot hold those, so by default (`arrivals="curve"`) the spec's arrivals are a rate curve taken from the
-trace, one step per second, for a Poisson process modulated by it (thinning, `CurveArrivals`). The curve
-is not the trace's counts themselves, which would add Poisson noise on top of the trace's own: with c_s
-the count in second s, m_s its minute's mean count and μ the overall mean,
-
-    rate_s = μ + a·(m_s − μ) + b·(c_s − m_s),   a² = (D_min − 1) / D_min,   b² from D_sec likewise,
-
-chosen so that the generated counts' dispersion equals the trace's at both 1 s and 1 min (to Poisson
-noise; `fit` prints trace against generated). Long traces get wider steps (at most `MAX_CURVE_STEPS`).
-`arrivals="gamma"` writes the compact gamma renewal process instead.
-
-Classes: when the trace's requests carry two or more tags (BurstGPT's model), each tag with at least
-`MIN_CLASS_REQUESTS` requests becomes a request class with its own fitted lengths, weighted by its share.
-
-Prefix reuse: a trace whose requests carry `hash_ids` (Mooncake) gets shared-prefix groups fitted from
-them (`slobench.workload.prefix_fit`): the spec's `system_prompts`, and input lengths that are each
-request's own part beside its group's prefix; `fit` prints the share of prompt tokens reused, trace
-against generated.
-
-Lengths: a lognormal by maximum likelihood on ln(tokens) with its KS distance, and an empirical inverse
-CDF through ~100 quantiles. `choose="auto"` writes the lognormal when regenerating from it lands p50,
-p90 and p99 within 10% of the trace's, else the empirical table (real traces are seldom lognormal in the
-tail: the Azure samples are not). The choice is printed and written as a comment in the spec.
-"""
+"""Fit a workload spec to a trace: arrivals that keep the trace's burstiness (a rate curve, or a gamma
+renewal process), token lengths (lognormal or an empirical table), request classes from the trace's tags,
+and shared-prefix groups from its `hash_ids`. `fit_trace` says how each is fitted."""
 
 from __future__ import annotations
 
@@ -163,7 +135,7 @@ def fit_arrivals(t: np.ndarray) -> ArrivalFit:
 
 @dataclass(frozen=True, slots=True)
 class CurveFit:
-    """The modulated-Poisson rate curve (see the module doc): one rate per `step_s` step."""
+    """The modulated-Poisson rate curve (see `fit_trace`): one rate per `step_s` step."""
 
     step_s: float
     rates_rps: np.ndarray
@@ -365,7 +337,36 @@ def compare(trace: Trace, spec: WorkloadSpec, classes: tuple[ClassFit, ...], see
 
 def fit_trace(trace: Trace, *, choose: str = "auto", seed: int = 0, arrivals: str = "curve",
               check: bool = True) -> TraceFit:
-    """Fit `trace`; with `check`, one run generated from the fitted spec is compared with the trace."""
+    """Fit `trace`; with `check`, one run generated from the fitted spec is compared with the trace.
+
+    Arrivals: the rate is the trace's mean ((n − 1) / span); the gaps' coefficient of variation is reported
+    two ways, by moments (std/mean, dominated by a few long pauses) and by gamma maximum likelihood, with the
+    Kolmogorov–Smirnov distance of the fitted gamma; and the index of dispersion (variance/mean of counts)
+    per second and per minute (1 for Poisson; the Azure code trace is ~13 and ~160). A renewal process
+    cannot hold those, so by default (`arrivals="curve"`) the spec's arrivals are a rate curve taken from the
+    trace, one step per second, for a Poisson process modulated by it (thinning, `CurveArrivals`). The curve
+    is not the trace's counts themselves, which would add Poisson noise on top of the trace's own: with c_s
+    the count in second s, m_s its minute's mean count and μ the overall mean,
+
+        rate_s = μ + a·(m_s − μ) + b·(c_s − m_s),   a² = (D_min − 1) / D_min,   b² from D_sec likewise,
+
+    chosen so that the generated counts' dispersion equals the trace's at both 1 s and 1 min (to Poisson
+    noise; `fit` prints trace against generated). Long traces get wider steps (at most `MAX_CURVE_STEPS`).
+    `arrivals="gamma"` writes the compact gamma renewal process instead.
+
+    Classes: when the trace's requests carry two or more tags (BurstGPT's model), each tag with at least
+    `MIN_CLASS_REQUESTS` requests becomes a request class with its own fitted lengths, weighted by its share.
+
+    Prefix reuse: a trace whose requests carry `hash_ids` (Mooncake) gets shared-prefix groups fitted from
+    them (`slobench.workload.prefix_fit`): the spec's `system_prompts`, and input lengths that are each
+    request's own part beside its group's prefix; `fit` prints the share of prompt tokens reused, trace
+    against generated.
+
+    Lengths: a lognormal by maximum likelihood on ln(tokens) with its KS distance, and an empirical inverse
+    CDF through ~100 quantiles. `choose="auto"` writes the lognormal when regenerating from it lands p50,
+    p90 and p99 within 10% of the trace's, else the empirical table (real traces are seldom lognormal in the
+    tail: the Azure samples are not). The choice is printed and written as a comment in the spec.
+    """
     if arrivals not in ARRIVAL_MODELS:
         raise SpecError("arrivals", arrivals, f"must be one of {list(ARRIVAL_MODELS)}")
     prefix = fit_prefix_groups(trace.entries, trace.block_tokens) if any(e.hash_ids for e in trace.entries) else None

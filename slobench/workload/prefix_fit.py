@@ -1,19 +1,5 @@
-"""Prefix reuse in a trace with Mooncake-style `hash_ids`, measured and fitted as shared-prefix groups.
-
-Reuse: a request reuses the leading blocks of its prompt that some earlier request already had (what a
-prefix cache without evictions could serve): the longest leading run of its `hash_ids` seen before, times
-the block size, at most its input length. Mooncake's ids hash each block with the blocks before it, so a
-repeated id means its whole prefix repeats. The share is reused tokens over all prompt tokens. Generated
-prompts are measured the same way, their token blocks hashed in a chain (`prompt_reuse`).
-
-The model (`fit_prefix_groups`): requests whose first block is the same form a group (a system prompt,
-or one conversation's turns); each group of two or more requests becomes one `system_prompts` group with
-its popularity (its request count) and a prefix of the mean tokens its later requests reused, so a
-generated run reuses about as many tokens per group as the trace. Requests alone in their group take
-none (`share`). The input lengths the spec draws are then each request's own part: its input less its
-group's prefix. Prefixes are whole blocks (the mean rounded), as the reuse is counted. What it does not keep: a conversation's prefix growing turn by turn (each group has one
-prefix length) and which groups come when; `fit` prints the trace's share against a generated run's.
-"""
+"""Prefix reuse in a trace with Mooncake-style `hash_ids`, measured (`trace_reuse`, `prompt_reuse`) and
+fitted as shared-prefix groups (`fit_prefix_groups`)."""
 
 from __future__ import annotations
 
@@ -53,7 +39,14 @@ def _leading_seen(ids: Sequence[int], seen: set[int]) -> int:
 
 
 def trace_reuse(entries: Iterable[TraceEntry], block_tokens: int) -> Reuse:
-    """Prefix reuse of a trace's requests in arrival order (see the module doc)."""
+    """Prefix reuse of a trace's requests in arrival order.
+
+    A request reuses the leading blocks of its prompt that some earlier request already had (what a
+    prefix cache without evictions could serve): the longest leading run of its `hash_ids` seen before, times
+    the block size, at most its input length. Mooncake's ids hash each block with the blocks before it, so a
+    repeated id means its whole prefix repeats. The share is reused tokens over all prompt tokens. Generated
+    prompts are measured the same way, their token blocks hashed in a chain (`prompt_reuse`).
+    """
     seen: set[int] = set()
     reused = total = num_reusing = n = 0
     for e in entries:
@@ -107,8 +100,17 @@ class PrefixFit:
 
 
 def fit_prefix_groups(entries: Sequence[TraceEntry], block_tokens: int) -> PrefixFit | None:
-    """Shared-prefix groups from the entries' hash_ids (see the module doc); None when no request
-    reuses a prefix."""
+    """Shared-prefix groups from the entries' hash_ids; None when no request reuses a prefix.
+
+    Requests whose first block is the same form a group (a system prompt,
+    or one conversation's turns); each group of two or more requests becomes one `system_prompts` group with
+    its popularity (its request count) and a prefix of the mean tokens its later requests reused, so a
+    generated run reuses about as many tokens per group as the trace. Requests alone in their group take
+    none (`share`). The input lengths the spec draws are then each request's own part: its input less its
+    group's prefix. Prefixes are whole blocks (the mean rounded), as the reuse is counted. What it does
+    not keep: a conversation's prefix growing turn by turn (each group has one prefix length) and which
+    groups come when; `fit` prints the trace's share against a generated run's.
+    """
     reuse = trace_reuse(entries, block_tokens)
     if reuse.reused_tokens == 0:
         return None

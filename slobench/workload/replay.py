@@ -1,21 +1,5 @@
-"""Trace replay: a `Trace` becomes the requests of one run, scaled in time, windowed and given prompts.
-
-Time: `start_s` skips the trace's first seconds (trace time); the kept part is multiplied by a scale
-factor k — `time_scale` as given (0.5 replays twice as fast), or, when `rate_rps` is given, the k that
-makes the mean rate of the trace from `start_s` on equal `rate_rps` (every gap scaled alike, so bursts
-keep their shape); `duration_s` then keeps the arrivals in the first seconds of the *scaled* replay (run
-time, matching the runner's --duration); `num_requests` keeps the first N.
-
-Prompts, in order of preference: the trace's own when it is of the kind being sent (text for the chat
-API or `prompt="text"`, token ids otherwise; so ShareGPT's text goes out with chat, and a token-id
-replay of it sends ids of its word-count lengths instead); prompt blocks
-derived from Mooncake-style `hash_ids` (each id stands for `block_tokens` tokens whose ids are a
-deterministic function of the seed and the id, so requests sharing an id share those tokens, and a last
-partial block is a prefix of the full block); for a session's later turn, the previous turn's prompt
-grown by fresh tokens (the shared prefix a multi-turn chat has); else fresh random tokens of the
-trace's length. Prompt content is salted by the trace name and scale so that the runs of a sweep do not
-share prefixes across rates (see `slobench.workload.spec._salted`).
-"""
+"""Trace replay: a `Trace` becomes the requests of one run, scaled in time, windowed and given prompts
+(`replay` says how); `TraceReplay` is a loaded trace as a `Workload`."""
 
 from __future__ import annotations
 
@@ -30,7 +14,7 @@ import numpy as np
 
 from slobench.errors import SpecError, UsageError
 from slobench.run.records import RequestSpec, with_drawn_ids
-from slobench.workload.base import refuse_fixed_lengths
+from slobench.workload.base import AS_IT_IS, RunShape, refuse_fixed_lengths
 from slobench.workload.prompts import DEFAULT_TOKEN_ID_RANGE, WORDS, text_prompts, token_prompts
 from slobench.workload.sessions import ids_to_prompt
 from slobench.workload.traces import Trace, TraceEntry, load_trace
@@ -73,7 +57,7 @@ def blocks_token_ids(key: int, hash_ids: list[int], num_tokens: int, id_range: t
 def replay_scale(trace: Trace, *, start_s: float = 0.0, time_scale: float | None = None,
                  rate_rps: float | None = None, duration_s: float | None = None,
                  num_requests: int | None = None) -> float:
-    """The factor k that multiplies trace time (see the module doc); `rate_rps` wins over `time_scale`.
+    """The factor k that multiplies trace time (see `replay`); `rate_rps` wins over `time_scale`.
 
     With `rate_rps`, k makes the window actually replayed offer that rate: the first `num_requests` from
     `start_s` span (N − 1) / rate seconds; else the first round(rate × duration_s) fill `duration_s`
@@ -222,7 +206,23 @@ def replay(
     ignore_eos: bool = True,
     min_tokens: str = "max",
 ) -> list[RequestSpec]:
-    """The requests of one replay of `trace`, in arrival order (see the module doc)."""
+    """The requests of one replay of `trace`, in arrival order.
+
+    Time: `start_s` skips the trace's first seconds (trace time); the kept part is multiplied by a scale
+    factor k — `time_scale` as given (0.5 replays twice as fast), or, when `rate_rps` is given, the k that
+    makes the mean rate of the trace from `start_s` on equal `rate_rps` (every gap scaled alike, so bursts
+    keep their shape); `duration_s` then keeps the arrivals in the first seconds of the *scaled* replay (run
+    time, matching the runner's --duration); `num_requests` keeps the first N.
+
+    Prompts, in order of preference: the trace's own when it is of the kind being sent (text for the chat
+    API or `prompt="text"`, token ids otherwise; so ShareGPT's text goes out with chat, and a token-id
+    replay of it sends ids of its word-count lengths instead); prompt blocks derived from Mooncake-style `hash_ids` (each id stands for `block_tokens` tokens whose ids are a
+    deterministic function of the seed and the id, so requests sharing an id share those tokens, and a last
+    partial block is a prefix of the full block); for a session's later turn, the previous turn's prompt
+    grown by fresh tokens (the shared prefix a multi-turn chat has); else fresh random tokens of the
+    trace's length. Prompt content is salted by the trace name and scale so that the runs of a sweep do not
+    share prefixes across rates (see `slobench.workload.spec._salted`).
+    """
     scale = replay_scale(trace, start_s=start_s, time_scale=time_scale, rate_rps=rate_rps, duration_s=duration_s,
                          num_requests=num_requests)
     kept, times = _window(trace, start_s, scale, duration_s, num_requests)
@@ -320,13 +320,11 @@ class TraceReplay:
     def name(self) -> str:
         return self.trace.name
 
-    def specs(self, *, rate_rps: float | None = None, duration_s: float | None = None,
-              num_requests: int | None = None, seed: int = 0, api: str | None = None,
-              input_len: int | None = None, output_len: int | None = None) -> ReplaySpecs:
-        refuse_fixed_lengths(input_len, output_len)
+    def specs(self, shape: RunShape = AS_IT_IS) -> ReplaySpecs:
+        refuse_fixed_lengths(shape)
         return ReplaySpecs(replay(
-            self.trace, time_scale=self.time_scale, rate_rps=rate_rps, start_s=self.start_s,
-            duration_s=duration_s, num_requests=num_requests, seed=seed, api=api or self.api,
+            self.trace, time_scale=self.time_scale, rate_rps=shape.rate_rps, start_s=self.start_s,
+            duration_s=shape.duration_s, num_requests=shape.num_requests, seed=shape.seed, api=shape.api or self.api,
             prompt=self.prompt, token_ids=self.token_ids, ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,
         ), self.trace.rows)

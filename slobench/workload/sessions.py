@@ -1,23 +1,5 @@
 """Multi-turn sessions and shared system-prompt groups: what turns a schedule of arrivals into prompts
-that share prefixes the way real chat traffic does.
-
-Sessions. Each arrival of the schedule starts a conversation of K turns (K from `turns`). Turn 1 is
-[system prompt] + user tokens (the class's input length); turn k+1 is turn k's whole prompt + a synthetic
-answer of turn k's output length + new user tokens (again the class's input length), so the prompt grows
-and every turn's prefix is the previous turn's prompt. Turn k+1 arrives at
-
-    scheduled arrival of turn k + output_k · response_s_per_token + think time,
-
-i.e. after an *estimate* of turn k's response, not its real completion: the whole schedule is computed
-before the run, so the load stays open-loop across and within sessions (a slow server does not slow the
-offered load down, which is what a capacity measurement needs). A turn whose prompt would pass
-`max_context_tokens` ends its session. With sessions, the arrival rate counts *conversations* per second.
-
-System prompts. `num_groups` fixed prefixes of `tokens` tokens each; every request (or every session,
-for its first turn) picks a group with Zipf popularity P(g) ∝ g^-zipf_s (or the given `weights`), and its
-prompt is that prefix followed by its user tokens (the input length is the user part; the prefix comes on
-top). With `share` < 1 only that fraction takes a group; the others have no shared prefix.
-"""
+that share prefixes the way real chat traffic does (`SessionSpec`, `SystemPrompts`, `build_requests`)."""
 
 from __future__ import annotations
 
@@ -86,6 +68,18 @@ class ThinkTime:
 
 @dataclass(frozen=True, slots=True)
 class SessionSpec:
+    """Multi-turn sessions: each arrival of the schedule starts a conversation of K turns (K from `turns`). Turn 1 is
+    [system prompt] + user tokens (the class's input length); turn k+1 is turn k's whole prompt + a synthetic
+    answer of turn k's output length + new user tokens (again the class's input length), so the prompt grows
+    and every turn's prefix is the previous turn's prompt. Turn k+1 arrives at
+
+        scheduled arrival of turn k + output_k · response_s_per_token + think time,
+
+    i.e. after an *estimate* of turn k's response, not its real completion: the whole schedule is computed
+    before the run, so the load stays open-loop across and within sessions (a slow server does not slow the
+    offered load down, which is what a capacity measurement needs). A turn whose prompt would pass
+    `max_context_tokens` ends its session. With sessions, the arrival rate counts *conversations* per second."""
+
     turns: LengthDist
     think: ThinkTime = ThinkTime("exponential", (("mean_s", 5.0),))
     response_s_per_token: float = 0.02
@@ -127,6 +121,11 @@ class SessionSpec:
 
 @dataclass(frozen=True, slots=True)
 class SystemPrompts:
+    """Shared system prompts: `num_groups` fixed prefixes of `tokens` tokens each; every request (or every session,
+    for its first turn) picks a group with Zipf popularity P(g) ∝ g^-zipf_s (or the given `weights`), and its
+    prompt is that prefix followed by its user tokens (the input length is the user part; the prefix comes on
+    top). With `share` < 1 only that fraction takes a group; the others have no shared prefix."""
+
     num_groups: int
     tokens: tuple[int, ...]  # one length for every group, or one per group
     zipf_s: float = 1.0
@@ -264,8 +263,8 @@ def build_requests(
     ignore_eos: bool,
     pin_min_tokens: bool,
 ) -> list[RequestSpec]:
-    """RequestSpecs in arrival order, with session turns expanded and prompts built (see the module doc).
-    `ss` drives session shapes and group choice; `ss_prompt` the prompt content."""
+    """RequestSpecs in arrival order, with session turns expanded and prompts built (see `SessionSpec`
+    and `SystemPrompts`). `ss` drives session shapes and group choice; `ss_prompt` the prompt content."""
     s_group, s_sess = ss.spawn(2)
     n = len(sched.times_s)
     group = np.full(n, -1, dtype=np.int64)

@@ -1,56 +1,5 @@
-"""The TOML workload spec, the bundled `workloads/`, and `generate`: a spec and a seed become requests.
-
-A spec file (every key but the length tables optional; unknown keys are errors so typos surface):
-
-    name = "chat"                  # default: the file's stem; used as the requests' tag
-    description = "..."
-    api = "completions"            # or "chat" (chat always sends text prompts)
-    prompt = "tokens"              # or "text"
-    num_requests = 1000            # default bounds; --num-requests / --duration replace both
-    duration_s = 60.0
-    ignore_eos = true
-    min_tokens = "none"            # or "max": send min_tokens = max_tokens, for servers without ignore_eos
-    token_ids = [1000, 30000]      # half-open id range for token prompts
-
-    [arrival]                      # default: poisson at 1 req/s
-    process = "gamma"              # poisson | gamma | constant
-    rate_rps = 5.0
-    cv = 2.0                       # gamma only; vLLM's burstiness = 1/cv²
-
-    [input]                        # and [output]: see slobench.workload.lengths
-    dist = "lognormal"
-    median = 1020
-    p99 = 4142
-    min = 1
-    max = 8192
-
-Traffic that changes over the run (see slobench.workload.phases and .sessions; all optional):
-
-    [arrival]                      # also: a rate curve, non-homogeneous Poisson by thinning
-    process = "diurnal"            # rate_rps (mean), peak_to_trough, period_s[, peak_s]
-                                   # or process = "curve", points = [[t_s, rate_rps], ...]
-    [class.doc]                    # request classes, each its own lengths (default: [input]/[output])
-    input = {dist = "lognormal", median = 5000, p99 = 7800}
-    output = {dist = "lognormal", median = 48, p99 = 200}
-    mix = {doc = 3, chat = 1}      # class weights for a run without phases
-
-    [[phase]]                      # segments run one after another; requests are tagged "phase/class"
-    name = "morning"
-    duration_s = 60
-    rate_rps = 4.0                 # Poisson shorthand, or an arrival = {process = ..., ...} table
-    mix = {doc = 3, chat = 1}      # default: the top-level mix, else the top-level [input]/[output]
-
-    [sessions]                     # multi-turn: each arrival starts a conversation
-    turns = {dist = "uniform", min = 2, max = 6}
-    think = {dist = "exponential", mean_s = 8.0}
-    response_s_per_token = 0.02    # next turn = previous scheduled arrival + output·this + think
-    max_context_tokens = 8192
-
-    [system_prompts]               # shared prefixes: Zipf popularity over groups
-    num_groups = 8
-    tokens = 1024                  # or one length per group
-    zipf_s = 1.1
-"""
+"""The TOML workload spec (`WorkloadSpec`: every key, with an example, in its docstring), the bundled
+`workloads/`, and `generate`: a spec, a run's shape and a seed become requests."""
 
 from __future__ import annotations
 
@@ -67,6 +16,7 @@ import numpy as np
 from slobench.errors import SpecError, UsageError
 from slobench.run.records import RequestSpec, with_drawn_ids
 from slobench.workload.arrivals import ArrivalProcess, PoissonArrivals, make_arrivals
+from slobench.workload.base import APIS, AS_IT_IS, RunShape
 from slobench.workload.lengths import FixedLength, LengthDist, length_from_dict
 from slobench.workload.phases import (
     Phase,
@@ -84,7 +34,6 @@ __all__ = ["WORKLOADS_DIR", "WorkloadSpec", "generate", "list_workloads", "load_
 # The package is installed editable, so the repo's workloads/ sits two levels above this package.
 WORKLOADS_DIR = Path(__file__).resolve().parents[2] / "workloads"
 
-APIS = ("completions", "chat")
 PROMPT_KINDS = ("tokens", "text")
 MIN_TOKENS_POLICIES = ("none", "max")
 
@@ -130,6 +79,60 @@ def _is_int(x: object) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class WorkloadSpec:
+    """A workload: arrivals, lengths, prompts, and optionally classes, phases, sessions and shared system
+    prompts. Its TOML file (every key but the length tables optional; unknown keys are errors so typos
+    surface):
+
+        name = "chat"                  # default: the file's stem; used as the requests' tag
+        description = "..."
+        api = "completions"            # or "chat" (chat always sends text prompts)
+        prompt = "tokens"              # or "text"
+        num_requests = 1000            # default bounds; --num-requests / --duration replace both
+        duration_s = 60.0
+        ignore_eos = true
+        min_tokens = "none"            # or "max": send min_tokens = max_tokens, for servers without ignore_eos
+        token_ids = [1000, 30000]      # half-open id range for token prompts
+
+        [arrival]                      # default: poisson at 1 req/s
+        process = "gamma"              # poisson | gamma | constant
+        rate_rps = 5.0
+        cv = 2.0                       # gamma only; vLLM's burstiness = 1/cv²
+
+        [input]                        # and [output]: see slobench.workload.lengths
+        dist = "lognormal"
+        median = 1020
+        p99 = 4142
+        min = 1
+        max = 8192
+
+    Traffic that changes over the run (see slobench.workload.phases and .sessions; all optional):
+
+        [arrival]                      # also: a rate curve, non-homogeneous Poisson by thinning
+        process = "diurnal"            # rate_rps (mean), peak_to_trough, period_s[, peak_s]
+                                       # or process = "curve", points = [[t_s, rate_rps], ...]
+        [class.doc]                    # request classes, each its own lengths (default: [input]/[output])
+        input = {dist = "lognormal", median = 5000, p99 = 7800}
+        output = {dist = "lognormal", median = 48, p99 = 200}
+        mix = {doc = 3, chat = 1}      # class weights for a run without phases
+
+        [[phase]]                      # segments run one after another; requests are tagged "phase/class"
+        name = "morning"
+        duration_s = 60
+        rate_rps = 4.0                 # Poisson shorthand, or an arrival = {process = ..., ...} table
+        mix = {doc = 3, chat = 1}      # default: the top-level mix, else the top-level [input]/[output]
+
+        [sessions]                     # multi-turn: each arrival starts a conversation
+        turns = {dist = "uniform", min = 2, max = 6}
+        think = {dist = "exponential", mean_s = 8.0}
+        response_s_per_token = 0.02    # next turn = previous scheduled arrival + output·this + think
+        max_context_tokens = 8192
+
+        [system_prompts]               # shared prefixes: Zipf popularity over groups
+        num_groups = 8
+        tokens = 1024                  # or one length per group
+        zipf_s = 1.1
+    """
+
     name: str
     input: LengthDist
     output: LengthDist
@@ -293,20 +296,17 @@ class WorkloadSpec:
             d["system_prompts"] = self.system_prompts.to_dict()
         return {k: v for k, v in d.items() if v is not None}
 
-    def specs(
-        self,
-        *,
-        rate_rps: float | None = None,
-        num_requests: int | None = None,
-        duration_s: float | None = None,
-        seed: int = 0,
-        input_len: int | None = None,
-        output_len: int | None = None,
-        api: str | None = None,
-    ) -> list[RequestSpec]:
-        """`generate(self, ...)`: the `Workload` protocol's one call (slobench.workload.base)."""
-        return generate(self, rate_rps=rate_rps, num_requests=num_requests, duration_s=duration_s, seed=seed,
-                        input_len=input_len, output_len=output_len, api=api)
+    def specs(self, shape: RunShape = AS_IT_IS) -> list[RequestSpec]:
+        """The requests of one run of this shape (the `Workload` protocol's one call).
+
+        Arrivals, input lengths, output lengths and prompts each draw from their own stream spawned from the
+        seed, so a sweep that changes only the rate keeps every request's lengths (common random numbers)
+        and scales its arrival times, and the first k requests are the same whatever the total. Prompt
+        content also depends on the workload name and rate, so runs of a sweep never share prompt prefixes
+        (see `_salted`); replicate runs at one rate should use different seeds for the same reason."""
+        if self.is_structured:
+            return _generate_structured(self, shape)
+        return _generate_flat(self, shape)
 
     def __str__(self) -> str:
         if self.phases:
@@ -413,36 +413,13 @@ def _salted(ss: np.random.SeedSequence, name: str, rate_rps: float) -> np.random
     return np.random.SeedSequence(ss.entropy, spawn_key=(*ss.spawn_key, *key))
 
 
-def _fixed(name: str, value: int) -> FixedLength:
-    if not _is_int(value) or value < 1:
-        raise SpecError(name, value, "must be an integer >= 1")
-    return FixedLength(int(value))
+def generate(spec: WorkloadSpec, **shape: Any) -> list[RequestSpec]:
+    """`spec.specs(RunShape(**shape))`: the requests of one run, the shape's fields given by keyword."""
+    return spec.specs(RunShape(**shape))
 
 
-def generate(
-    spec: WorkloadSpec,
-    *,
-    rate_rps: float | None = None,
-    num_requests: int | None = None,
-    duration_s: float | None = None,
-    seed: int = 0,
-    input_len: int | None = None,
-    output_len: int | None = None,
-    api: str | None = None,
-) -> list[RequestSpec]:
-    """The requests of one run. Arguments given here win over the spec; `input_len` / `output_len` force
-    fixed lengths. Giving either bound (num_requests, duration_s) replaces both of the spec's.
-
-    Arrivals, input lengths, output lengths and prompts each draw from their own stream spawned from
-    `seed`, so a sweep that changes only the rate keeps every request's lengths (common random numbers)
-    and scales its arrival times, and the first k requests are the same whatever the total. Prompt
-    content also depends on the workload name and rate, so runs of a sweep never share prompt prefixes
-    (see `_salted`); replicate runs at one rate should use different seeds for the same reason.
-    """
-    if not _is_int(seed) or seed < 0:
-        raise SpecError("seed", seed, "must be an integer >= 0")
-    if spec.is_structured:
-        return _generate_structured(spec, rate_rps, num_requests, duration_s, seed, input_len, output_len, api)
+def _generate_flat(spec: WorkloadSpec, shape: RunShape) -> list[RequestSpec]:
+    rate_rps, num_requests, duration_s = shape.rate_rps, shape.num_requests, shape.duration_s
     arrival = spec.arrival if rate_rps is None else spec.arrival.with_rate(rate_rps)
     if num_requests is None and duration_s is None:
         num_requests, duration_s = spec.num_requests, spec.duration_s
@@ -450,14 +427,12 @@ def generate(
         raise SpecError(
             "num_requests", None, f"workload {spec.name!r} sets no bound; give num_requests or duration_s"
         )
-    in_dist = spec.input if input_len is None else _fixed("input_len", input_len)
-    out_dist = spec.output if output_len is None else _fixed("output_len", output_len)
-    api = spec.api if api is None else api
-    if api not in APIS:
-        raise SpecError("api", api, f"must be one of {list(APIS)}")
+    in_dist = spec.input if shape.input_len is None else FixedLength(int(shape.input_len))
+    out_dist = spec.output if shape.output_len is None else FixedLength(int(shape.output_len))
+    api = spec.api if shape.api is None else shape.api
     kind = "text" if api == "chat" else spec.prompt
 
-    s_arrival, s_input, s_output, s_prompt = np.random.SeedSequence(seed).spawn(4)
+    s_arrival, s_input, s_output, s_prompt = np.random.SeedSequence(shape.seed).spawn(4)
     s_prompt = _salted(s_prompt, spec.name, arrival.rate_rps)
     times = arrival.schedule(
         np.random.default_rng(s_arrival), num_requests=num_requests, duration_s=duration_s
@@ -515,37 +490,28 @@ def phase_boundaries(spec: object, *, duration_s: float | None = None) -> list[d
     return boundaries(spec.phases, duration_s if duration_s is not None else spec.duration_s)
 
 
-def _generate_structured(
-    spec: WorkloadSpec,
-    rate_rps: float | None,
-    num_requests: int | None,
-    duration_s: float | None,
-    seed: int,
-    input_len: int | None,
-    output_len: int | None,
-    api: str | None,
-) -> list[RequestSpec]:
+def _generate_structured(spec: WorkloadSpec, shape: RunShape) -> list[RequestSpec]:
+    rate_rps, num_requests, duration_s = shape.rate_rps, shape.num_requests, shape.duration_s
+    input_len, output_len = shape.input_len, shape.output_len
     if num_requests is None and duration_s is None:
         num_requests, duration_s = spec.num_requests, spec.duration_s
     if num_requests is None and duration_s is None and not spec.phases:
         raise SpecError(
             "num_requests", None, f"workload {spec.name!r} sets no bound; give num_requests or duration_s"
         )
-    api = spec.api if api is None else api
-    if api not in APIS:
-        raise SpecError("api", api, f"must be one of {list(APIS)}")
+    api = spec.api if shape.api is None else shape.api
     classes = (*spec.classes, RequestClass(DEFAULT_CLASS, spec.input, spec.output))
     if input_len is not None or output_len is not None:
         classes = tuple(
             RequestClass(
                 c.name,
-                c.input if input_len is None else _fixed("input_len", input_len),
-                c.output if output_len is None else _fixed("output_len", output_len),
+                c.input if input_len is None else FixedLength(int(input_len)),
+                c.output if output_len is None else FixedLength(int(output_len)),
             )
             for c in classes
         )
     phases = _effective_phases(spec, rate_rps, duration_s)
-    s_sched, s_build, s_prompt = np.random.SeedSequence(seed).spawn(3)
+    s_sched, s_build, s_prompt = np.random.SeedSequence(shape.seed).spawn(3)
     # The salt needs one number per rate: the mean offered rate after any rescaling.
     mean_rps = sum(p.arrival.rate_rps for p in phases) / len(phases)
     s_prompt = _salted(s_prompt, spec.name, mean_rps)

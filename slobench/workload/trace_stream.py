@@ -1,23 +1,6 @@
 """Streaming trace replay: rows are read as requests are taken and each prompt is built when its request
-is, so a million-row trace starts at once and memory does not grow with its length.
-
-`stream_entries` reads a file row by row into `TraceEntry`s in arrival order, with the loader's rules
-(unreadable and zero-token rows, coarse stamps, session history; see `slobench.workload.traces`):
-times are shifted by the earliest of the first `PREFIX_ROWS` rows, and the stamp grid is detected on
-them. Rows come out through a heap that holds only what may still be overtaken: with coarse stamps,
-the rows of the current bucket. A row earlier than one already given out (a file out of time order) is
-given out at once, late, and counted. ShareGPT files (one JSON document, no timestamps) are read whole.
-
-`StreamingReplay.specs` turns that stream into `RequestSpec`s lazily: a consumer that takes each request
-just before sending it (the runner's open loop iterates so) holds one at a time. Each is handed out
-already built; inside a running event loop the next one is built in the loop's next turn, after the
-send the consumer has just started got its turn, so building a prompt never delays the send before it. With `rate_rps` the
-window's rows are read first (the rate is the window's, as in `replay`): the first `num_requests`, or
-rate × `duration_s` + 1, or with neither the whole trace (its entries, not its prompts).
-
-Same rows, counts and unspread times as `load_trace` + `replay`; the spread draws and prompt tokens come
-from other random streams (per row, in file order), so one seed gives other, equally distributed, values.
-"""
+is, so a million-row trace starts at once and memory does not grow with its length (`stream_entries`,
+`StreamingReplay`)."""
 
 from __future__ import annotations
 
@@ -37,7 +20,7 @@ import numpy as np
 
 from slobench.errors import SpecError, UsageError
 from slobench.run.records import RequestSpec
-from slobench.workload.base import refuse_fixed_lengths
+from slobench.workload.base import AS_IT_IS, RunShape, refuse_fixed_lengths
 from slobench.workload.prompts import DEFAULT_TOKEN_ID_RANGE
 from slobench.workload.replay import _Prompts, _salt, rate_scale, request_spec, time_scale_factor
 from slobench.workload.traces import (
@@ -99,7 +82,13 @@ class StreamLog:
 
 def stream_entries(path: str | Path, fmt: str | None = None, *, seed: int = 0, spread: bool = True,
                    keep_zero: bool = False, log: StreamLog | None = None) -> Iterator[TraceEntry]:
-    """The trace's entries in arrival order, read as they are taken (see the module doc)."""
+    """The trace's entries in arrival order, read row by row as they are taken, with the loader's rules
+    (unreadable and zero-token rows, coarse stamps, session history; see `slobench.workload.traces`):
+    times are shifted by the earliest of the first `PREFIX_ROWS` rows, and the stamp grid is detected on
+    them. Rows come out through a heap that holds only what may still be overtaken: with coarse stamps,
+    the rows of the current bucket. A row earlier than one already given out (a file out of time order) is
+    given out at once, late, and counted. ShareGPT files (one JSON document, no timestamps) are read whole.
+    """
     path = Path(path)
     fmt = detect_format(path) if fmt is None else fmt
     if fmt not in FORMATS:
@@ -257,7 +246,18 @@ def count_lines(path: str | Path) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class StreamingReplay:
-    """A trace file and how to replay it, read as the run goes (see the module doc)."""
+    """A trace file and how to replay it, read as the run goes.
+
+    `specs` turns `stream_entries` into `RequestSpec`s lazily: a consumer that takes each request just
+    before sending it (the runner's open loop iterates so) holds one at a time. Each is handed out already
+    built; inside a running event loop the next one is built in the loop's next turn, after the send the
+    consumer has just started got its turn, so building a prompt never delays the send before it. With a
+    rate the window's rows are read first (the rate is the window's, as in `replay`): the first `num_requests`, or
+    rate × `duration_s` + 1, or with neither the whole trace (its entries, not its prompts).
+
+    Same rows, counts and unspread times as `load_trace` + `replay`; the spread draws and prompt tokens come
+    from other random streams (per row, in file order), so one seed gives other, equally distributed, values.
+    """
 
     path: str
     fmt: str | None = None
@@ -296,24 +296,17 @@ class StreamingReplay:
         _read_head(Path(path))
         return cls(str(path), fmt, **kwargs)
 
-    def specs(self, *, rate_rps: float | None = None, duration_s: float | None = None,
-              num_requests: int | None = None, seed: int = 0, api: str | None = None,
-              input_len: int | None = None, output_len: int | None = None) -> ReplayStream:
+    def specs(self, shape: RunShape = AS_IT_IS) -> ReplayStream:
         """The run's requests in arrival order, each built when it is taken (the first now). `self.log`
         follows the latest call's stream."""
-        refuse_fixed_lengths(input_len, output_len)
-        if duration_s is not None and not (math.isfinite(duration_s) and duration_s > 0):
-            raise SpecError("duration_s", duration_s, "must be a finite number > 0")
-        if num_requests is not None and num_requests < 1:
-            raise SpecError("num_requests", num_requests, "must be >= 1")
+        refuse_fixed_lengths(shape)
+        rate_rps, duration_s, num_requests, seed = shape.rate_rps, shape.duration_s, shape.num_requests, shape.seed
         self.log.reset()
         start = self.start_s
         after = self._after(start, seed, self.log)
         if rate_rps is None:
             scale = time_scale_factor(self.time_scale)
         else:
-            if not (math.isfinite(rate_rps) and rate_rps > 0):
-                raise SpecError("rate_rps", rate_rps, "must be a finite number > 0")
             if num_requests is not None or duration_s is not None:
                 n = max(num_requests, 2) if num_requests is not None else max(2, round(rate_rps * (duration_s or 0))) + 1
                 window = list(islice(after, n))
@@ -329,7 +322,7 @@ class StreamingReplay:
             if not window:  # rate_scale saw the span as two times: it holds n - 1 gaps, not 1
                 scale *= n - 1
             after = chain(window, after)
-        stream = ReplayStream(self._requests(after, scale, duration_s, num_requests, seed, api or self.api),
+        stream = ReplayStream(self._requests(after, scale, duration_s, num_requests, seed, shape.api or self.api),
                               self.path, self.log, lambda: self._count_hint(rate_rps, duration_s, num_requests))
         if stream.is_empty:
             raise UsageError(f"{self.path}: the window (--start {start:g} s, --duration {duration_s} s at scale "

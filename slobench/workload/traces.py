@@ -1,40 +1,7 @@
 """Trace loaders: a file of real requests becomes a `Trace` (arrival times, token counts, and what else
-the format carries), whatever its format.
-
-Formats (detected from the content, or named):
-  azure     Azure LLM inference trace CSV: `TIMESTAMP,ContextTokens,GeneratedTokens`
-  burstgpt  BurstGPT CSV: `Timestamp` (seconds), `Model`, `Request tokens`, `Response tokens`, ..., and in
-            BurstGPT_3 a `Session ID`: the rows of one session are the turns of one conversation
-  mooncake  Mooncake JSONL: `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (one per 512-token
-            block; requests sharing an id share those prompt tokens)
-  sharegpt  ShareGPT-style JSON: a list of `{"conversations": [{"from": "human"|"gpt", "value": text}]}`;
-            one request per human turn, its prompt the conversation so far; lengths counted in words
-  slobench  slobench's own JSONL (`slobench workload convert` writes it): one object per line with
-            `arrival_s`, `input_tokens`, `max_tokens` and optionally `prompt`, `tag`, `session_id`, `hash_ids`
-
-Files may be gzip-, bz2- or xz-compressed (read through the standard library) or zstd-compressed (read
-when the `zstandard` package is installed); the compression is told from the first bytes, not the name.
-
-A row that cannot be read (a missing column, a count that is not a number) is skipped and recorded as a
-`RowProblem` with its line number, so one bad line in a million does not stop a replay; a trace with no
-usable row at all is a `UsageError` (exit 2). A row with 0 input or 0 output tokens is readable but not a
-request as it stands (BurstGPT marks a failed request with 0 response tokens; Azure and Mooncake have
-zero-token rows too): it is dropped and counted, or with `keep_zero=True` kept as the closest request
-that loads the server (0 output tokens -> max_tokens 1, 0 input tokens -> a 1-token prompt), and counted.
-Either way a note says how many.
-
-Sessions: a later turn of a conversation sends the conversation so far. When a turn's input count is at
-least the previous turn's, it is taken to include that history (replay grows the previous prompt to it);
-when it is smaller it cannot, and the turn is sent with the history: its input becomes the previous
-turn's input + that turn's output + its own count (a note says how many turns and tokens).
-
-Coarse stamps: when the trace is stamped on a grid much coarser than its requests (at least
-`COARSE_REQUESTS_PER_STAMP` requests per distinct stamp on average, and the distinct stamps on a regular
-grid), each request is spread uniformly (seeded) over its stamp's grid cell instead of firing the cell at
-once; `spread=False` turns that off. A few duplicated stamps in a finely stamped trace are left alone.
-Times in a `Trace` are trace seconds from its first request, unscaled; `slobench.workload.replay` scales,
-windows and turns them into requests.
-"""
+the format carries), whatever its format: Azure, BurstGPT, Mooncake, ShareGPT or slobench's own JSONL,
+compressed or not. `load_trace` says how each format is read and what becomes of unreadable rows,
+zero-token rows, session turns and coarse timestamps."""
 
 from __future__ import annotations
 
@@ -257,7 +224,42 @@ def load_trace(path: str | Path, fmt: str | None = None, *, seed: int = 0, sprea
                keep_zero: bool = False) -> Trace:
     """Read a trace. `seed` drives what the file leaves open: the spread within a coarse stamp and
     ShareGPT's synthetic arrival times. `spread=False` keeps coarse stamps as they are (every request of a
-    stamp at once); `keep_zero=True` keeps rows with 0 input or output tokens (see the module doc)."""
+    stamp at once); `keep_zero=True` keeps rows with 0 input or output tokens.
+
+    Formats (detected from the content, or named):
+      azure     Azure LLM inference trace CSV: `TIMESTAMP,ContextTokens,GeneratedTokens`
+      burstgpt  BurstGPT CSV: `Timestamp` (seconds), `Model`, `Request tokens`, `Response tokens`, ..., and in
+                BurstGPT_3 a `Session ID`: the rows of one session are the turns of one conversation
+      mooncake  Mooncake JSONL: `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (one per 512-token
+                block; requests sharing an id share those prompt tokens)
+      sharegpt  ShareGPT-style JSON: a list of `{"conversations": [{"from": "human"|"gpt", "value": text}]}`;
+                one request per human turn, its prompt the conversation so far; lengths counted in words
+      slobench  slobench's own JSONL (`slobench workload convert` writes it): one object per line with
+                `arrival_s`, `input_tokens`, `max_tokens` and optionally `prompt`, `tag`, `session_id`, `hash_ids`
+
+    Files may be gzip-, bz2- or xz-compressed (read through the standard library) or zstd-compressed (read
+    when the `zstandard` package is installed); the compression is told from the first bytes, not the name.
+
+    A row that cannot be read (a missing column, a count that is not a number) is skipped and recorded as a
+    `RowProblem` with its line number, so one bad line in a million does not stop a replay; a trace with no
+    usable row at all is a `UsageError` (exit 2). A row with 0 input or 0 output tokens is readable but not a
+    request as it stands (BurstGPT marks a failed request with 0 response tokens; Azure and Mooncake have
+    zero-token rows too): it is dropped and counted, or with `keep_zero=True` kept as the closest request
+    that loads the server (0 output tokens -> max_tokens 1, 0 input tokens -> a 1-token prompt), and counted.
+    Either way a note says how many.
+
+    Sessions: a later turn of a conversation sends the conversation so far. When a turn's input count is at
+    least the previous turn's, it is taken to include that history (replay grows the previous prompt to it);
+    when it is smaller it cannot, and the turn is sent with the history: its input becomes the previous
+    turn's input + that turn's output + its own count (a note says how many turns and tokens).
+
+    Coarse stamps: when the trace is stamped on a grid much coarser than its requests (at least
+    `COARSE_REQUESTS_PER_STAMP` requests per distinct stamp on average, and the distinct stamps on a regular
+    grid), each request is spread uniformly (seeded) over its stamp's grid cell instead of firing the cell at
+    once; `spread=False` turns that off. A few duplicated stamps in a finely stamped trace are left alone.
+    Times in a `Trace` are trace seconds from its first request, unscaled; `slobench.workload.replay` scales,
+    windows and turns them into requests.
+    """
     path = Path(path)
     fmt = detect_format(path) if fmt is None else fmt
     if fmt not in FORMATS:
@@ -300,7 +302,7 @@ _STAMPED = ("azure", "burstgpt", "mooncake")  # slobench JSONL times are exact; 
 @dataclass(slots=True)
 class RowCounts:
     """A loader's row-by-row bookkeeping, the source of its notes: unreadable rows, zero-token rows (left
-    out or raised to 1), and session turns sent with their history (see the module doc)."""
+    out or raised to 1), and session turns sent with their history (see `load_trace`)."""
 
     fmt: str
     keep_zero: bool = False
