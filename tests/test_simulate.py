@@ -16,9 +16,9 @@ from reference_engine.tokenizer import ByteTokenizer
 from slobench.analysis.slo import SLO
 from slobench.errors import EngineConfigError
 from slobench.experiments.capacity import SearchOptions, search_capacity
+from slobench.experiments.probe import SimulatedMeasure
 from slobench.fleet.simulate import (
     ModeledEngine,
-    SimulatedMeasure,
     simulate_records,
     simulate_run,
     sweep_crossing,

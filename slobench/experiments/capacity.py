@@ -36,7 +36,7 @@ import numpy as np
 
 from slobench.analysis.summary import RunSummary
 from slobench.errors import SpecError
-from slobench.experiments.probe import LiveProbe, ProbeMeasure, probe_dir_name  # noqa: F401  (probe_dir_name: its old home)
+from slobench.experiments.probe import LiveProbe, ProbeMeasure
 
 SHORT_PROBE_S = 30.0  # probes near capacity shorter than this get a note (see short_probe_note)
 

@@ -29,17 +29,19 @@ from __future__ import annotations
 import heapq
 import math
 import re
-import zlib
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Any
 
 from reference_engine.engine import LLMEngine, VirtualClock, _Request
+from reference_engine.model_config import CONFIGS
+from reference_engine.scheduler import RequestRejected
 from reference_engine.sequence import SeqStatus
 from reference_engine.sequence import Sequence as Seq
 from slobench.errors import SpecError
+from slobench.fleet.decode_run import decode_run, record_run
+from slobench.fleet.replica import EngineFactory, JitteredWait, arrive, request_parser, virtual_engine, wake
 from slobench.fleet.routing import Router
 from slobench.run.records import RequestRecord, RequestSpec
 
@@ -103,9 +105,7 @@ class KVLink:
 
 def kv_bytes_per_token(model: str, dtype_bytes: int = KV_DTYPE_BYTES) -> int:
     """K and V of every layer for one token: 2 * layers * kv_heads * head_dim * dtype bytes, from the
-    engine's model config (`reference_engine.model.CONFIGS`)."""
-    from reference_engine.model_config import CONFIGS
-
+    engine's model config (`reference_engine.model_config.CONFIGS`)."""
     if model not in CONFIGS:
         raise SpecError("model", model, f"KV bytes per token come from a model config; known: {sorted(CONFIGS)}")
     cfg = CONFIGS[model]
@@ -164,7 +164,7 @@ class _Instance:
     role: str  # colocated | prefill | decode
     engine: LLMEngine
     clock: VirtualClock
-    wait: Any
+    wait: JitteredWait
     stuck: bool = False
     num_output_tokens: int = 0
     link_free_s: float = 0.0  # prefill: when its link has sent everything queued
@@ -194,7 +194,7 @@ class _Handoff:
 
 def simulate_disagg(
     specs: Sequence[RequestSpec],
-    factory: Any,
+    factory: EngineFactory,
     fleet: DisaggFleet,
     *,
     seed: int = 0,
@@ -204,31 +204,14 @@ def simulate_disagg(
     info: dict[str, Any] | None = None,
 ) -> list[RequestRecord]:
     """The records of one virtual-clock run of a disaggregated (or mixed) fleet, in arrival order."""
-    from reference_engine.scheduler import RequestRejected
-    from reference_engine.tokenizer import ByteTokenizer
-    from slobench.fleet.decode_run import decode_run, record_run
-    from slobench.fleet.simulate import _arrive, _engine_request, _JitteredWait, _wake
-
     roles = ["colocated"] * fleet.colocated + ["prefill"] * fleet.prefill + ["decode"] * fleet.decode
-    insts: list[_Instance] = []
-    for k, role in enumerate(roles):
-        built = factory()
-        clock = VirtualClock()
-        wait = _JitteredWait(clock, float(jitter_sd), seed if k == 0 else zlib.crc32(repr((seed, k)).encode()))
-        eng = LLMEngine(built.config, built.executor, clock, wait_until=wait)
-        eng.scheduler.block_manager.use_unkeyed_hash()  # no tenant to keep out: the cheaper hash
-        insts.append(_Instance(k, role, eng, clock, wait))
+    insts = [_Instance(k, role, *virtual_engine(factory, k, seed, jitter_sd)) for k, role in enumerate(roles)]
     front = [x for x in insts if x.role != "decode"]
     decoders = [x for x in insts if x.role == "decode"]
     front_router = Router(fleet.router, len(front))
     decode_router = Router(fleet.router, len(decoders)) if decoders else None
-    first = insts[0].engine
-    tokenizer = getattr(first.executor, "tokenizer", None) or ByteTokenizer(first.executor.vocab_size)
-    max_model_len = first.config.max_model_len
-    ids_checked = first.executor.vocab_size >= tokenizer.vocab_size
+    parse, ids_checked = request_parser(insts[0].engine, model_name=model_name, api=api)
     link = fleet.link
-    parse = partial(_engine_request, model_name=model_name, tokenizer=tokenizer, max_model_len=max_model_len, api=api,
-                    templates={})
 
     specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
     records: list[RequestRecord] = []
@@ -288,7 +271,7 @@ def simulate_disagg(
         d, seq = h.decode, h.seq
         assert d is not None and seq is not None
         eng, sched = d.engine, d.engine.scheduler
-        _wake(d, t)
+        wake(d, t)
         seq.num_computed_tokens = len(h.prompt)  # the prompt's KV is here; the first token is the last sampled
         sched.block_manager.register_computed(seq)
         seq.status = SeqStatus.RUNNING
@@ -380,12 +363,12 @@ def simulate_disagg(
             sp = specs[i]
             i += 1
             t = sp.arrival_s
-            rec, req = _arrive(sp, records, parse)
+            rec, req = arrive(sp, records, parse)
             if req is None:
                 continue
             k = front_router.pick(req.prompt_token_ids)
             inst = front[k]
-            _wake(inst, t)
+            wake(inst, t)
             prompt = req.prompt_token_ids
             weight = len(prompt) + req.max_tokens
             stop_check = req.stop_check()

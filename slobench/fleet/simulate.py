@@ -19,35 +19,36 @@ noise, from a calibrated profile's provenance, for the CLI to apply unless told 
 
 from __future__ import annotations
 
-import bisect
-import dataclasses
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
-from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from reference_engine.block_manager import shared_prefix_blocks
-from reference_engine.config import EngineSpec, require_positive_ints
+from reference_engine.builder import modeled_executor
+from reference_engine.config import EngineConfig, EngineSpec, require_positive_ints
 from reference_engine.engine import LLMEngine, VirtualClock
 from reference_engine.executor.modeled_executor import CostProfile
-from reference_engine.protocol import GenerationRequest
+from reference_engine.scheduler import RequestRejected
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary, summarize
 from slobench.errors import SpecError
-from slobench.experiments.probe import ProbeMeasure, VirtualProbe, probe_jitter_seed
 from slobench.fleet.decode_run import decode_run, record_run
 from slobench.fleet.disagg import DisaggFleet, simulate_disagg, split_fleet_knobs
+from slobench.fleet.replica import (
+    EngineFactory,
+    JitteredWait,
+    SpeedTrace,
+    arrive,
+    request_parser,
+    virtual_engine,
+    wake,
+)
 from slobench.fleet.routing import Router
 from slobench.run.records import RequestRecord, RequestSpec
-from slobench.targets.engine import Api, to_engine_request
-
-EngineFactory = Callable[[], LLMEngine]
-SpecMaker = Callable[[float, int], Sequence[RequestSpec]]
+from slobench.targets.engine import Api
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +104,6 @@ class ModeledEngine:
         return base.scaled(s)
 
     def __call__(self) -> LLMEngine:
-        from reference_engine.builder import modeled_executor
-        from reference_engine.config import EngineConfig
-
         ex, _ = modeled_executor(self.cost_profile(), block_size=self.block_size, num_blocks=self.kv_blocks,
                                  seed=self.seed)
         cfg = EngineConfig(block_size=self.block_size, num_blocks=self.kv_blocks, max_num_seqs=self.max_num_seqs,
@@ -116,53 +114,6 @@ class ModeledEngine:
 
 def as_factory(engine: Mapping[str, Any] | EngineFactory) -> EngineFactory:
     return ModeledEngine.from_knobs(engine) if isinstance(engine, Mapping) else engine
-
-
-@dataclass(frozen=True, slots=True)
-class SpeedTrace:
-    """How much slower (>1) than its profile the machine ran, from `times_s[i]` (virtual seconds, ascending) to
-    the next: a step starting then takes `factors[i]` times its modeled time (before `times_s[0]`, the first
-    factor). Read from a served run's step log (benchmarks/speed_drift.py) to ask what the simulation says when
-    told the machine's speed as it varied."""
-
-    times_s: tuple[float, ...]
-    factors: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        if not self.times_s or len(self.times_s) != len(self.factors):
-            raise SpecError("speed", len(self.factors), "needs one factor per time, at least one")
-        if any(b < a for a, b in zip(self.times_s, self.times_s[1:], strict=False)):
-            raise SpecError("speed", self.times_s, "times must be ascending")
-        if not all(isinstance(f, int | float) and 0 < f < float("inf") for f in self.factors):
-            raise SpecError("speed", self.factors, "factors must be numbers > 0")
-
-    def at(self, t_s: float) -> float:
-        return self.factors[max(bisect.bisect_right(self.times_s, t_s) - 1, 0)]
-
-
-class _JitteredWait:
-    """The engine's `wait_until` on a VirtualClock: jump over the modeled step time, optionally jittered and
-    scaled by the machine's speed at the step's start (`SpeedTrace`)."""
-
-    def __init__(self, clock: VirtualClock, jitter_sd: float, seed: int, speed: SpeedTrace | None = None) -> None:
-        self.clock = clock
-        self.jitter_sd = jitter_sd
-        self.rng = np.random.default_rng(seed) if jitter_sd > 0 else None
-        self.speed = speed
-        self.num_waits = 0
-
-    def __call__(self, t_s: float) -> None:
-        self.num_waits += 1
-        if self.rng is None and self.speed is None:
-            self.clock.advance_to(t_s)
-            return
-        now = self.clock.now_s()
-        dt = t_s - now
-        if self.speed is not None:
-            dt *= self.speed.at(now)
-        if self.rng is not None:
-            dt *= max(0.5, 1.0 + self.rng.normal(0.0, self.jitter_sd))
-        self.clock.advance_to(now + dt)
 
 
 def calibrated_extras(profile: CostProfile) -> tuple[float, float]:
@@ -194,37 +145,6 @@ def _shift_after_send(records: list[RequestRecord], overhead_s: float) -> list[R
     return records
 
 
-def _engine_request(sp: RequestSpec, *, model_name: str, tokenizer: Any, max_model_len: int, api: Api,
-                    templates: dict[tuple[int, int | None, bool], Any] | None = None) -> Any:
-    """`to_engine_request`, with a token-id prompt checked at C speed. The protocol checks ids one by one
-    (~0.4 ms for a 1k-token prompt, most of a simulated request); a prompt that passes the quick check
-    would pass that one, so the body is parsed with its first id standing for it and the prompt put back.
-    A prompt slobench.workload drew from a range within the vocabulary (`RequestSpec.ids_below`) passes
-    without a look at its ids (the quick check alone is ~0.3 ms a 1k-token prompt). Anything else (text, a
-    doubtful id, a body that overrides the prompt or max_tokens) is parsed whole. With `templates` (one
-    dict a run), the parse of a body without extra fields is done once per (max_tokens, min_tokens,
-    ignore_eos): the rest of such a body never depends on the prompt, and the request it gives is copied."""
-    p = sp.prompt
-    keys = {k for k, _ in sp.extra_body} if sp.extra_body else ()
-    if (api != "completions" or type(p) is not tuple or not p or "prompt" in keys or "max_tokens" in keys
-            or not ((below := sp.ids_below) is not None and below <= tokenizer.vocab_size
-                    or set(map(type, p)) <= {int} and min(p) >= 0 and max(p) < tokenizer.vocab_size)):
-        return to_engine_request(sp, model_name=model_name, tokenizer=tokenizer, max_model_len=max_model_len,
-                                 api=api)
-    if templates is not None and not sp.extra_body:
-        key = (sp.max_tokens, sp.min_tokens, sp.ignore_eos)
-        template = templates.get(key)
-        if template is None:
-            template = templates[key] = _engine_request(dataclasses.replace(sp, prompt=p[:1]), model_name=model_name,
-                                                        tokenizer=tokenizer, max_model_len=max_model_len, api=api)
-        req = _copy_request(template)
-    else:
-        req = to_engine_request(dataclasses.replace(sp, prompt=p[:1]), model_name=model_name, tokenizer=tokenizer,
-                                max_model_len=max_model_len, api=api)
-    req.prompt_token_ids = p  # the engine copies it
-    return req
-
-
 def _unshared_from(specs: Sequence[RequestSpec], api: Api, block_size: int) -> list[int] | None:
     """Each spec's first block that no other prompt shares (`shared_prefix_blocks`), when every prompt is a
     token-id tuple the engine will see as it is (the completions API passes such a prompt through, and no
@@ -237,43 +157,12 @@ def _unshared_from(specs: Sequence[RequestSpec], api: Api, block_size: int) -> l
     return shared_prefix_blocks([sp.prompt for sp in specs], block_size)  # type: ignore[misc]
 
 
-_REQUEST_FIELDS = attrgetter(*(f.name for f in dataclasses.fields(GenerationRequest)))
-
-
-def _copy_request(req: GenerationRequest) -> GenerationRequest:
-    """A shallow copy (copy.copy goes through __reduce_ex__ for a slotted class: several times slower)."""
-    return GenerationRequest(*_REQUEST_FIELDS(req))
-
-
-def _arrive(sp: RequestSpec, records: list[RequestRecord], parse: Callable[[RequestSpec], Any]) -> tuple[RequestRecord, Any]:
-    """A request arriving at its scheduled time: its record (appended to `records`; sent = scheduled) and
-    its engine request, parsed by `parse` as the server would; None when the protocol refuses it, which the
-    record then says."""
-    from reference_engine.protocol import BadRequest
-
-    t = sp.arrival_s
-    rec = RequestRecord(sp.request_id, t, tag=sp.tag, sent_s=t, input_tokens=sp.input_tokens, max_tokens=sp.max_tokens)
-    records.append(rec)
-    try:
-        return rec, parse(sp)
-    except BadRequest as e:
-        rec.fail("error", f"rejected: {e.message}", t)
-        return rec, None
-
-
-def _wake(unit: Any, t_s: float) -> None:
-    """An idle (or stuck) engine's clock waits for work that comes at `t_s` (`unit`: a replica or instance)."""
-    if not unit.engine.has_work() or unit.stuck:
-        unit.clock.advance_to(max(unit.clock.now_s(), t_s))
-        unit.stuck = False
-
-
 @dataclass(slots=True)
 class _Replica:
     index: int
     engine: LLMEngine
     clock: VirtualClock
-    wait: _JitteredWait
+    wait: JitteredWait
     num_output_tokens: int = 0
     stuck: bool = False  # its last step scheduled nothing: only a new arrival can help it
 
@@ -331,28 +220,11 @@ def simulate_records(
         raise SpecError("jitter_sd", jitter_sd, "must be a number >= 0")
     if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= 4096:
         raise SpecError("replicas", replicas, "must be an integer from 1 to 4096")
-    from reference_engine.scheduler import RequestRejected
-    from reference_engine.tokenizer import ByteTokenizer
-
     factory = as_factory(engine)
-    reps: list[_Replica] = []
-    for k in range(replicas):
-        built = factory()
-        clock = VirtualClock()
-        # replica 0 keeps the run's own jitter stream, so one replica repeats the single-engine run exactly
-        wait = _JitteredWait(clock, float(jitter_sd), seed if k == 0 else zlib.crc32(repr((seed, k)).encode()), speed)
-        eng = LLMEngine(built.config, built.executor, clock, wait_until=wait)
-        eng.scheduler.block_manager.use_unkeyed_hash()  # no tenant to keep out: the cheaper hash
-        reps.append(_Replica(k, eng, clock, wait))
+    reps = [_Replica(k, *virtual_engine(factory, k, seed, jitter_sd, speed)) for k in range(replicas)]
     route = Router(router, replicas)
     first = reps[0].engine
-    tokenizer = getattr(first.executor, "tokenizer", None) or ByteTokenizer(first.executor.vocab_size)
-    max_model_len = first.config.max_model_len
-    # the protocol has checked every id against the tokenizer's vocabulary: the engine need not check again
-    ids_checked = first.executor.vocab_size >= tokenizer.vocab_size
-
-    parse = partial(_engine_request, model_name=model_name, tokenizer=tokenizer, max_model_len=max_model_len, api=api,
-                    templates={})
+    parse, ids_checked = request_parser(first, model_name=model_name, api=api)
 
     specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
     unshared = _unshared_from(specs, api, first.config.block_size) if private_blocks else None
@@ -378,11 +250,11 @@ def simulate_records(
             sp = specs[i]
             i += 1
             t = sp.arrival_s
-            rec, req = _arrive(sp, records, parse)
+            rec, req = arrive(sp, records, parse)
             if req is None:
                 continue
             rep = reps[route.pick(req.prompt_token_ids)]
-            _wake(rep, t)
+            wake(rep, t)
             try:
                 rid = rep.engine.add_request(req.prompt_token_ids, req.max_tokens, min_tokens=req.min_tokens,
                                              ignore_eos=req.ignore_eos, sampling=req.sampling,
@@ -466,67 +338,6 @@ def simulate_run(
                                request_overhead_s=request_overhead_s)
     summary = summarize(records, slo, seed=seed, intervals=intervals)
     return records, replace(summary, clock="virtual", fleet=fleet if replicas != 1 or "prefill" in fleet else None)
-
-
-class SimulatedMeasure(ProbeMeasure):
-    """`slobench.experiments.capacity`'s `measure(rate_rps, seed) -> summary`, on the virtual clock: a `ProbeMeasure`
-    over a `VirtualProbe`.
-
-    `workload`: a WorkloadSpec, a bundled workload name or TOML path, or a `(rate_rps, seed) -> specs`
-    callable (e.g. the CLI's trace replay). The jitter stream of each probe is drawn from
-    (trial, rate, seed, engine name), so two measures differing only in `trial` see fresh timing noise on
-    the same requests. With `out_dir`, each probe is also written as a run directory (records, manifest,
-    summary) named as a live probe's is, so gates and reports read simulated probes like real ones.
-    """
-
-    def __init__(
-        self,
-        workload: Any,
-        engine: Mapping[str, Any] | EngineFactory,
-        slo: SLO,
-        *,
-        num_requests: int | None = None,
-        duration_s: float | None = None,
-        input_len: int | None = None,
-        output_len: int | None = None,
-        api: Api | None = None,
-        jitter_sd: float = 0.0,
-        trial: int = 0,
-        intervals: bool = False,
-        out_dir: str | Path | None = None,
-        manifest: dict[str, Any] | None = None,
-        on_probe: Callable[[float, int, RunSummary], None] | None = None,
-        replicas: int = 1,
-        router: str = "least-outstanding",
-    ) -> None:
-        make_specs: SpecMaker
-        if callable(workload):
-            make_specs = workload
-            api_: Api = api or "completions"
-        else:
-            from slobench.workload import generate, load_workload
-
-            wl = load_workload(workload) if isinstance(workload, str | Path) else workload
-            api_ = api or ("chat" if wl.api == "chat" else "completions")
-
-            def make_specs(rate_rps: float, seed: int) -> list[RequestSpec]:
-                return generate(wl, rate_rps=rate_rps, num_requests=num_requests, duration_s=duration_s, seed=seed,
-                                input_len=input_len, output_len=output_len, api=api_)
-
-        self.trial = trial
-        self.jitter_sd = jitter_sd
-        probe = VirtualProbe(make_specs, engine, slo=slo, api=api_, jitter_sd=jitter_sd, replicas=replicas,
-                             router=router, intervals=intervals, jitter_seed=self.jitter_seed)
-        self.factory = probe.factory
-        self.name = probe.name
-        super().__init__(probe, out_dir=out_dir, manifest=manifest, on_probe=on_probe)
-
-    def jitter_seed(self, rate_rps: float, seed: int) -> int:
-        return probe_jitter_seed(rate_rps, seed, self.name, self.trial)
-
-    def manifest_for(self, rate_rps: float, seed: int) -> dict[str, Any]:
-        return {**super().manifest_for(rate_rps, seed), "engine": repr(self.factory), "jitter_sd": self.jitter_sd,
-                "trial": self.trial}
 
 
 async def sweep_crossing(
