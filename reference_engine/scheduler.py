@@ -99,6 +99,16 @@ class Scheduler:
         self.waiting.append(seq)
         self._by_id[seq.seq_id] = seq
 
+    def adopt_running(self, seq: Sequence) -> None:
+        """`seq`, its blocks admitted and its computed count set, joins the running batch as it is (its KV was
+        computed elsewhere: a disaggregated prefill); its full blocks become findable by their prefix."""
+        if seq.seq_id in self._by_id:
+            raise ValueError(f"seq_id {seq.seq_id} is already scheduled")
+        self.block_manager.register_computed(seq)
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+        self._by_id[seq.seq_id] = seq
+
     def abort(self, seq_id: int) -> Sequence | None:
         """Drop a request now and free its blocks. Returns it, or None if it was not here (already done)."""
         seq = self._by_id.pop(seq_id, None)
@@ -210,7 +220,7 @@ class Scheduler:
             seq.token_ids.append(token)
             reason = self._finish_reason(seq, token)
             if reason is not None:
-                self._finish(seq, reason)
+                self.finish(seq, reason)
             outputs.append(SeqOutput(seq, token, reason))
         return outputs
 
@@ -230,7 +240,8 @@ class Scheduler:
             return FinishReason.LENGTH
         return None
 
-    def _finish(self, seq: Sequence, reason: str) -> None:
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """`seq` is done: it leaves the batch and its blocks are freed (its last token already appended)."""
         self.running.remove(seq)
         del self._by_id[seq.seq_id]
         self.block_manager.free(seq, finished=True)

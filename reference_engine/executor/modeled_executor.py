@@ -188,6 +188,20 @@ class ModeledExecutor:
         self.num_steps = 0
         self.total_modeled_s = 0.0
 
+    @property
+    def samples_eos(self) -> bool:
+        """Whether a draw can be EOS (`eos_probability` > 0)."""
+        return bool(self._eos_threshold)
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    @property
+    def token_id_range(self) -> tuple[int, int]:
+        """(lo, hi): sampled ids lie in [lo, hi)."""
+        return self._lo, self._lo + self._span
+
     def token_at(self, seq_id: int, position: int, *, allow_eos: bool = True) -> int:
         """The token sampled after `position` tokens of sequence `seq_id` (a pure function). With
         `allow_eos` False (a request short of its min_tokens) the draw that would be EOS gives the id the

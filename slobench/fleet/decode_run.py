@@ -22,9 +22,9 @@ from weakref import WeakKeyDictionary
 import numpy as np
 
 from reference_engine.block_manager import BlockManager
-from reference_engine.engine import LLMEngine, _NullObserver
+from reference_engine.engine import LLMEngine, NullObserver
 from reference_engine.executor.modeled_executor import ModeledExecutor, _mix64
-from reference_engine.sequence import NEVER_PRIVATE, FinishReason, SeqStatus, Sequence
+from reference_engine.sequence import NEVER_PRIVATE, SeqStatus, Sequence
 
 _C0, _C1, _C2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31, _S32 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(32)
@@ -48,7 +48,7 @@ def _tokens_ahead(ex: ModeledExecutor, seqs: list[Sequence], starts: list[int] |
     """`ex.token_at(seq_id, position)` for positions `starts`..`ends` of each seq (by default every position
     it may still sample: from its length to its prompt plus max_tokens), in one vectorised pass over all of
     them: position p of a seq gets mix(head ^ p), as `ModeledExecutor.token_at` draws it (EOS never drawn)."""
-    seed = ex._seed << 32
+    seed = ex.seed << 32
     if starts is None:
         starts = [len(s.token_ids) for s in seqs]
     if ends is None:
@@ -58,9 +58,10 @@ def _tokens_ahead(ex: ModeledExecutor, seqs: list[Sequence], starts: list[int] |
     offsets = np.cumsum([0, *lens[:-1]], dtype=np.int64)
     pos = (np.arange(len(heads), dtype=np.int64) + np.repeat(np.array(starts, dtype=np.int64) - offsets, lens))
     r = _mix64_array(heads ^ pos.astype(np.uint64))
-    lo, span = np.uint64(ex._lo), np.uint64(ex._span)
+    first, end = ex.token_id_range
+    lo, span = np.uint64(first), np.uint64(end - first)
     tok = lo + (r >> _S32) % span
-    if ex.eos_token_id is not None and ex._lo <= ex.eos_token_id < ex._lo + ex._span:
+    if ex.eos_token_id is not None and first <= ex.eos_token_id < end:
         eos = np.uint64(ex.eos_token_id)
         tok = np.where(tok == eos, lo + (tok - lo + np.uint64(1)) % span, tok)
     flat: list[int] = tok.tolist()
@@ -90,7 +91,7 @@ def _extend_tokens(engine: LLMEngine, ex: ModeledExecutor, seqs: list[Sequence],
     drawer = _DRAWERS.get(ex)
     if drawer is None:
         drawer = _DRAWERS[ex] = partial(_draw_now, ex)
-    stand_ins = [ex._lo] * k
+    stand_ins = [ex.token_id_range[0]] * k
     drawn: list[Sequence] = []
     for s in seqs:
         if s.unshared_from != NEVER_PRIVATE:
@@ -218,11 +219,10 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     that leaves them budget: the next run admits them. Returns what it did, or None (nothing done) when the
     next step could be anything else, or the engine is not a modeled one."""
     ex = engine.executor
-    if (type(ex) is not ModeledExecutor or ex._eos_threshold or engine._pending_aborts
-            or type(engine.observer) is not _NullObserver):
+    if (type(ex) is not ModeledExecutor or ex.samples_eos or engine.has_pending_aborts()
+            or type(engine.observer) is not NullObserver):
         return None
-    if engine._pending_adds:
-        engine._apply_pending()  # what step() does first: arrivals join the queue (a full one keeps them out)
+    engine.apply_pending()  # what step() does first: arrivals join the queue (a full one keeps them out)
     sched = engine.scheduler
     cfg = sched.config
     bm = sched.block_manager
@@ -275,7 +275,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
                 filled, fill = fill, None  # its last chunk comes with the first step, then it decodes
     if not batch and fill is None and not admitted:
         return None
-    clock, wait = engine.clock, engine._wait_until
+    clock, wait = engine.clock, engine.wait_until
     if num_steps < 1 or clock.now_s() >= until_s:
         return None
     profile = ex.profile
@@ -305,7 +305,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
                 bm.admit(head, hits)
                 head.status = SeqStatus.RUNNING
                 sched.running.append(head)
-                req = engine._requests[head.seq_id]
+                req = engine.request_state(head.seq_id)
                 if req.first_scheduled_s is None:  # as step() records it
                     req.first_scheduled_s = t0
                     req.cached_tokens = head.num_cached_tokens
@@ -426,6 +426,20 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         k >= decodes_end or fill is not None) else []
     events += [(k - 1, 3, i, 0) for i in finished]
     events.sort()
+    t_end = times[-1]
+    first: dict[int, int | None] = {}
+    first_step: dict[int, int] = {}
+    request_state = engine.request_state
+    for s in seqs:  # before any finishes: a finished request's state is gone
+        req = request_state(s.seq_id)
+        at = last_chunk if s is fill else 0
+        if req.first_token_s is None:  # a prompt whose last chunk came in this run (or was one token)
+            req.first_token_s = times[at]
+            engine.num_prompt_tokens += s.num_prompt_tokens
+            first[s.seq_id] = req.cached_tokens
+        if at:
+            first_step[s.seq_id] = at
+        req.last_token_s = t_end
     grow: list[Sequence] = []  # consecutive allocations, taken together in the same order
     for _j, phase, i, computed_then in events:
         s = every[i]
@@ -441,7 +455,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         else:
             if s.unshared_from <= s.num_hashed_blocks and caching:  # what its left-out registrations counted
                 s.num_hashed_blocks = (len(s.token_ids) - 1) // bs
-            sched._finish(s, FinishReason.LENGTH)
+            engine.finish_by_length(s, t_end)
     if grow:
         bm.grow_each(grow)
     for s, n in zip(decodes, starts, strict=True):
@@ -458,22 +472,6 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     else:
         engine.last_step_num_tokens = batch + (fill is not None)
     engine.num_generation_tokens += batch * k + max(emitted, 0)
-    requests = engine._requests
-    t_end = times[-1]
-    first: dict[int, int | None] = {}
-    first_step: dict[int, int] = {}
-    for s in seqs:
-        req = requests[s.seq_id]
-        at = last_chunk if s is fill else 0
-        if req.first_token_s is None:  # a prompt whose last chunk came in this run (or was one token)
-            req.first_token_s = times[at]
-            engine.num_prompt_tokens += s.num_prompt_tokens
-            first[s.seq_id] = req.cached_tokens
-        if at:
-            first_step[s.seq_id] = at
-        req.last_token_s = t_end
-    for i in finished:
-        engine._finished(requests[seqs[i].seq_id], FinishReason.LENGTH, t_end)
     return DecodeRun(seqs, times, [seqs[i] for i in finished], first, first_step)
 
 

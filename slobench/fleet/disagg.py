@@ -31,13 +31,12 @@ import math
 import re
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from reference_engine.engine import LLMEngine, VirtualClock, _Request
+from reference_engine.engine import LLMEngine, VirtualClock
 from reference_engine.model_config import CONFIGS
 from reference_engine.scheduler import RequestRejected
-from reference_engine.sequence import SeqStatus
 from reference_engine.sequence import Sequence as Seq
 from slobench.errors import SpecError
 from slobench.fleet.decode_run import decode_run, record_run
@@ -236,10 +235,8 @@ def simulate_disagg(
             h = d.incoming[0]
             if len(sched.running) + d.num_reserved >= sched.config.max_num_seqs:
                 return
-            sampling = h.sampling if h.sampling.min_tokens == h.min_tokens else replace(h.sampling,
-                                                                                        min_tokens=h.min_tokens)
-            seq = Seq(next(d.engine._ids), [*h.prompt, h.first_token], h.max_tokens, h.min_tokens, h.ignore_eos,
-                      sampling, h.stop_check, num_prompt_tokens=len(h.prompt))
+            seq = d.engine.prefilled_sequence(h.prompt, h.first_token, h.max_tokens, min_tokens=h.min_tokens,
+                                              ignore_eos=h.ignore_eos, sampling=h.sampling, stop_check=h.stop_check)
             hits = bm.match_prefix(seq)
             if not bm.can_admit(seq.num_tokens, hits):
                 return
@@ -270,15 +267,8 @@ def simulate_disagg(
     def land(h: _Handoff, t: float) -> None:
         d, seq = h.decode, h.seq
         assert d is not None and seq is not None
-        eng, sched = d.engine, d.engine.scheduler
         wake(d, t)
-        seq.num_computed_tokens = len(h.prompt)  # the prompt's KV is here; the first token is the last sampled
-        sched.block_manager.register_computed(seq)
-        seq.status = SeqStatus.RUNNING
-        sched.running.append(seq)
-        sched._by_id[seq.seq_id] = seq
-        eng._requests[seq.seq_id] = _Request(seq, None, t, first_scheduled_s=t, cached_tokens=h.cached_tokens,
-                                             first_token_s=t, last_token_s=t)
+        d.engine.adopt_prefilled(seq, t, h.cached_tokens)  # the prompt's KV is here; its first token came with it
         d.num_reserved -= 1
         rec = h.rec
         rec.first_token_s = t

@@ -70,13 +70,13 @@ def _engine_metrics(engine: LLMEngine, model_name: str) -> EngineMetrics:
     same numbers; one with some other observer keeps that one, and these metrics still read its stats, with
     empty latency histograms.
     """
-    from reference_engine.engine import _NullObserver
+    from reference_engine.engine import NullObserver
     from reference_engine.metrics import EngineMetrics
 
     if isinstance(engine.observer, EngineMetrics):
         return engine.observer
     metrics = EngineMetrics(model_name, engine.stats)
-    if isinstance(engine.observer, _NullObserver):
+    if isinstance(engine.observer, NullObserver):
         engine.observer = metrics
     return metrics
 
