@@ -88,7 +88,7 @@ prompt) 3.82e9 -> 3.71e9, stepped steps 760 -> 171 for 3,000 requests; merged pa
 records without a lambda 3.71e9 -> 3.42e9 (43.1 -> 32.9 s); the rest 3.42e9 -> 3.33e9 (30.6 -> 23.2 s);
 review mends (one helper for held/private takes, one record loop) 3.33e9 -> 3.37e9 (21.6 s, 3bf83d0).
 What changed:
-- Private blocks (reference_engine/block_manager.py's doc): the simulator knows every prompt, so a
+- Private blocks (slobench/fleet/sim_blocks.py's doc): the simulator knows every prompt, so a
   request's blocks past what any other prompt shares are never hashed nor registered and hold no written
   reference count; a finished request's go to the LRU list as one unreachable run (evicted in the same
   order as block by block); a preempted one's are registered then, as they would have been.

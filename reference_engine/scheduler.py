@@ -254,29 +254,13 @@ class Scheduler:
         running request has more computed tokens than its blocks can hold."""
         bm = self.block_manager
         bm.check()
-        refs: dict[int, int] = {}
-        private: set[int] = set()
         for seq in self.running:
             if seq.num_computed_tokens > len(seq.block_table) * bm.block_size:
                 raise AssertionError(f"seq {seq.seq_id} computed {seq.num_computed_tokens} past its blocks")
             # All known tokens have blocks, except a just-sampled one whose block comes with its next step.
             if len(seq.block_table) not in (cdiv(seq.num_tokens, bm.block_size), cdiv(seq.num_tokens - 1, bm.block_size)):
                 raise AssertionError(f"seq {seq.seq_id}: {len(seq.block_table)} blocks for {seq.num_tokens} tokens")
-            for i, bid in enumerate(seq.block_table):
-                if i >= seq.unshared_from:  # private: held by it alone, no reference count written
-                    if bid in private:
-                        raise AssertionError(f"private block {bid} held twice")
-                    private.add(bid)
-                else:
-                    refs[bid] = refs.get(bid, 0) + 1
         for seq in self.waiting:
             if seq.block_table:
                 raise AssertionError(f"waiting seq {seq.seq_id} holds blocks {seq.block_table}")
-        if not private.isdisjoint(refs) or len(private) != bm.num_private:
-            raise AssertionError(f"{len(private)} private blocks held, {bm.num_private} counted, "
-                                 f"{len(private & refs.keys())} also referenced")
-        for block in bm.blocks:
-            if block.ref_count != refs.get(block.block_id, 0):
-                raise AssertionError(
-                    f"block {block.block_id}: ref_count {block.ref_count}, held {refs.get(block.block_id, 0)} times"
-                )
+        bm.check_holders(self.running)

@@ -21,10 +21,10 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-from reference_engine.block_manager import BlockManager
 from reference_engine.engine import LLMEngine, NullObserver
 from reference_engine.executor.modeled_executor import ModeledExecutor, _mix64
 from reference_engine.sequence import NEVER_PRIVATE, SeqStatus, Sequence
+from slobench.fleet.sim_blocks import SimBlockManager
 
 _C0, _C1, _C2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31, _S32 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(32)
@@ -85,7 +85,7 @@ _DRAWERS: WeakKeyDictionary[ModeledExecutor, Callable[[Sequence], None]] = WeakK
 
 def _extend_tokens(engine: LLMEngine, ex: ModeledExecutor, seqs: list[Sequence], k: int) -> None:
     """Append each seq's next `k` tokens, as the executor draws them; a private request (its blocks past what
-    any other prompt shares: reference_engine.block_manager) gets stand-ins, drawn only if it is ever
+    any other prompt shares: slobench.fleet.sim_blocks) gets stand-ins, drawn only if it is ever
     preempted (`Sequence.draw_tokens`): nothing else reads a token of its output, and drawing them was a
     sixth of a simulation."""
     drawer = _DRAWERS.get(ex)
@@ -132,7 +132,7 @@ class DecodeRun:
     first_step: dict[int, int] = field(default_factory=dict)  # seq_id -> index of its first token's step, if not 0
 
 
-def _head_stays_out(head: Sequence, running: list[Sequence], bm: BlockManager, fill: Sequence | None = None) -> bool:
+def _head_stays_out(head: Sequence, running: list[Sequence], bm: SimBlockManager, fill: Sequence | None = None) -> bool:
     """The queue's head cannot be admitted now, nor at any step of a decode run: decode steps only take
     blocks (fewer allocatable; a prompt filled chunk by chunk has all of its own already), and evicting a
     cached block its prefix hits on never lowers what the head needs by more than the allocatable pool
@@ -156,7 +156,7 @@ def _head_stays_out(head: Sequence, running: list[Sequence], bm: BlockManager, f
     return True
 
 
-def _admissions(sched: Any, decodes: list[Sequence], bm: BlockManager, first_alloc: list[int],
+def _admissions(sched: Any, decodes: list[Sequence], bm: SimBlockManager, first_alloc: list[int],
                 budget: int) -> list[tuple[Sequence, list[int]]] | None:
     """The queue's heads the next step admits, with their prefix hits, if nothing in that step can differ
     from what decode_run replays. The scheduler admits heads while the token budget lasts, max_num_seqs
@@ -217,15 +217,15 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     chunk over the next steps, samples its first token at the end of its last chunk, and decodes with the
     rest from there. While heads still wait that a step could admit, the run stops short of the first step
     that leaves them budget: the next run admits them. Returns what it did, or None (nothing done) when the
-    next step could be anything else, or the engine is not a modeled one."""
+    next step could be anything else, or the engine is not a modeled one with the simulator's block manager."""
     ex = engine.executor
-    if (type(ex) is not ModeledExecutor or ex.samples_eos or engine.has_pending_aborts()
-            or type(engine.observer) is not NullObserver):
+    sched = engine.scheduler
+    bm = sched.block_manager
+    if (type(ex) is not ModeledExecutor or ex.samples_eos or not isinstance(bm, SimBlockManager)
+            or engine.has_pending_aborts() or type(engine.observer) is not NullObserver):
         return None
     engine.apply_pending()  # what step() does first: arrivals join the queue (a full one keeps them out)
-    sched = engine.scheduler
     cfg = sched.config
-    bm = sched.block_manager
     bs = bm.block_size
     max_tokens = cfg.max_num_batched_tokens
     decodes = list(sched.running)

@@ -42,6 +42,7 @@ from slobench.errors import SpecError
 from slobench.fleet.decode_run import decode_run, record_run
 from slobench.fleet.replica import EngineFactory, JitteredWait, arrive, request_parser, virtual_engine, wake
 from slobench.fleet.routing import Router
+from slobench.fleet.sim_blocks import SimBlockManager
 from slobench.run.records import RequestRecord, RequestSpec
 
 MAX_INSTANCES = 4096
@@ -164,6 +165,7 @@ class _Instance:
     engine: LLMEngine
     clock: VirtualClock
     wait: JitteredWait
+    blocks: SimBlockManager  # its engine's
     stuck: bool = False
     num_output_tokens: int = 0
     link_free_s: float = 0.0  # prefill: when its link has sent everything queued
@@ -254,14 +256,12 @@ def simulate_disagg(
 
     def hold_prompt(inst: _Instance, h: _Handoff) -> None:
         """Keep the prompt's KV on the prefill instance (its blocks were just freed with the request)."""
-        bm = inst.engine.scheduler.block_manager
+        bm = inst.blocks
         hold = Seq(-1, h.prompt, 1)
         hits = bm.match_prefix(hold)
         if not bm.can_admit(hold.num_tokens, hits):
             return  # a block it shared is held past its cap elsewhere: nothing to keep
-        queries, hit_tokens = bm.num_prefix_query_tokens, bm.num_prefix_hit_tokens
-        bm.admit(hold, hits)
-        bm.num_prefix_query_tokens, bm.num_prefix_hit_tokens = queries, hit_tokens  # not a request's lookup
+        bm.admit_uncounted(hold, hits)
         h.hold = hold
 
     def land(h: _Handoff, t: float) -> None:

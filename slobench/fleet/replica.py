@@ -21,6 +21,7 @@ from reference_engine.engine import LLMEngine, VirtualClock
 from reference_engine.protocol import BadRequest, GenerationRequest
 from reference_engine.tokenizer import ByteTokenizer
 from slobench.errors import SpecError
+from slobench.fleet.sim_blocks import SimBlockManager
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.engine import Api, to_engine_request
 
@@ -84,15 +85,17 @@ class Unit(Protocol):
 
 
 def virtual_engine(factory: EngineFactory, index: int, seed: int, jitter_sd: float,
-                   speed: SpeedTrace | None = None) -> tuple[LLMEngine, VirtualClock, JitteredWait]:
-    """The fleet's engine number `index`: a fresh one from `factory` on its own clock. Engine 0 keeps the
-    run's own jitter stream, so a fleet of one repeats the single-engine run exactly."""
+                   speed: SpeedTrace | None = None) -> tuple[LLMEngine, VirtualClock, JitteredWait, SimBlockManager]:
+    """The fleet's engine number `index`: a fresh one from `factory` on its own clock, with the simulator's
+    block manager (`SimBlockManager`). Engine 0 keeps the run's own jitter stream, so a fleet of one repeats
+    the single-engine run exactly."""
     built = factory()
     clock = VirtualClock()
     wait = JitteredWait(clock, float(jitter_sd), seed if index == 0 else zlib.crc32(repr((seed, index)).encode()), speed)
-    eng = LLMEngine(built.config, built.executor, clock, wait_until=wait)
-    eng.scheduler.block_manager.use_unkeyed_hash()  # no tenant to keep out: the cheaper hash
-    return eng, clock, wait
+    cfg = built.config
+    blocks = SimBlockManager(cfg.num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching)
+    blocks.use_unkeyed_hash()  # no tenant to keep out: the cheaper hash
+    return LLMEngine(cfg, built.executor, clock, wait_until=wait, block_manager=blocks), clock, wait, blocks
 
 
 def request_parser(engine: LLMEngine, *, model_name: str, api: Api) -> tuple[RequestParser, bool]:

@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-from reference_engine.block_manager import shared_prefix_blocks
 from reference_engine.builder import modeled_executor
 from reference_engine.config import EngineConfig, EngineSpec, require_positive_ints
 from reference_engine.engine import LLMEngine, VirtualClock
@@ -47,6 +46,7 @@ from slobench.fleet.replica import (
     wake,
 )
 from slobench.fleet.routing import Router
+from slobench.fleet.sim_blocks import SimBlockManager, shared_prefix_blocks
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.engine import Api
 
@@ -163,6 +163,7 @@ class _Replica:
     engine: LLMEngine
     clock: VirtualClock
     wait: JitteredWait
+    blocks: SimBlockManager  # its engine's
     num_output_tokens: int = 0
     stuck: bool = False  # its last step scheduled nothing: only a new arrival can help it
 
@@ -195,7 +196,7 @@ def simulate_records(
     Stretches of plain decode steps are taken at once (`slobench.fleet.decode_run`), leaving every record and
     every engine state as stepping would; `decode_runs=False` steps every step (the reference for tests).
     Token-id prompts are all known before the run, so each request's blocks past what any other prompt
-    shares are kept as private blocks (reference_engine.block_manager's doc): the same lookups, counts and
+    shares are kept as private blocks (slobench.fleet.sim_blocks): the same lookups, counts and
     times with no per-block bookkeeping; `private_blocks=False` keeps every block in full (the reference).
 
     `disagg` (or knobs naming prefill_replicas/decode_replicas/colocated_replicas/kv_link) simulates a
