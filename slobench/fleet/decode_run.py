@@ -15,57 +15,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any
 from weakref import WeakKeyDictionary
 
-import numpy as np
-
 from reference_engine.engine import LLMEngine, NullObserver
-from reference_engine.executor.modeled_executor import ModeledExecutor, _mix64
+from reference_engine.executor.modeled_executor import ModeledExecutor
 from reference_engine.sequence import NEVER_PRIVATE, SeqStatus, Sequence
 from slobench.fleet.sim_blocks import SimBlockManager
-
-_C0, _C1, _C2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-_S30, _S27, _S31, _S32 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(32)
-
-
-def _mix64_array(x: np.ndarray) -> np.ndarray:
-    """`modeled_executor._mix64` on uint64 arrays (numpy's uint64 arithmetic wraps as the mask does)."""
-    x = x + _C0
-    x = (x ^ (x >> _S30)) * _C1
-    x = (x ^ (x >> _S27)) * _C2
-    return x ^ (x >> _S31)
-
-
-@lru_cache(maxsize=1 << 14)
-def _head(x: int) -> int:
-    return _mix64(x)  # a request's first hash, the same for each of its steps
 
 
 def _tokens_ahead(ex: ModeledExecutor, seqs: list[Sequence], starts: list[int] | None = None,
                   ends: list[int] | None = None) -> list[list[int]]:
     """`ex.token_at(seq_id, position)` for positions `starts`..`ends` of each seq (by default every position
-    it may still sample: from its length to its prompt plus max_tokens), in one vectorised pass over all of
-    them: position p of a seq gets mix(head ^ p), as `ModeledExecutor.token_at` draws it (EOS never drawn)."""
-    seed = ex.seed << 32
+    it may still sample: from its length to its prompt plus max_tokens), in one vectorised pass."""
     if starts is None:
         starts = [len(s.token_ids) for s in seqs]
     if ends is None:
         ends = [s.num_prompt_tokens + s.max_tokens for s in seqs]
-    lens = [e - n for n, e in zip(starts, ends, strict=True)]
-    heads = np.repeat(np.array([_head(s.seq_id ^ seed) for s in seqs], dtype=np.uint64), lens)
-    offsets = np.cumsum([0, *lens[:-1]], dtype=np.int64)
-    pos = (np.arange(len(heads), dtype=np.int64) + np.repeat(np.array(starts, dtype=np.int64) - offsets, lens))
-    r = _mix64_array(heads ^ pos.astype(np.uint64))
-    first, end = ex.token_id_range
-    lo, span = np.uint64(first), np.uint64(end - first)
-    tok = lo + (r >> _S32) % span
-    if ex.eos_token_id is not None and first <= ex.eos_token_id < end:
-        eos = np.uint64(ex.eos_token_id)
-        tok = np.where(tok == eos, lo + (tok - lo + np.uint64(1)) % span, tok)
-    flat: list[int] = tok.tolist()
-    return [flat[o : o + n] for o, n in zip(offsets.tolist(), lens, strict=True)]
+    return ex.tokens_at([s.seq_id for s in seqs], starts, ends)
 
 
 # Per engine: seq_id -> (the position of its first token there, every token it may still sample from there).
