@@ -33,15 +33,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from slobench.analysis.slo import SLO
 from slobench.errors import SpecError
+from slobench.fleet.disagg import DisaggFleet, KVLink
 from slobench.fleet.plan_day import DayRecipe, Window
-from slobench.fleet.simulate import ModeledEngine
+from slobench.fleet.simulate import ModeledEngine, SimOptions, simulate_records
 from slobench.run.records import RequestRecord, RequestSpec
 
 __all__ = ["Evaluation", "Fleet", "PlanOptions", "Setup", "evaluate", "fleet_cost_order", "plan_day",
@@ -140,20 +141,15 @@ def _finite(x: float) -> float | None:
 
 
 def simulate_fleet(setup: Setup, specs: Sequence[RequestSpec], fleet: Fleet) -> list[RequestRecord]:
-    from slobench.fleet.simulate import simulate_records
-
     if not specs:
         return []
+    opts = SimOptions(seed=setup.seed, jitter_sd=setup.jitter_sd, api=setup.api, router=setup.router,  # type: ignore[arg-type]
+                      request_overhead_s=setup.request_overhead_s)
     if fleet.prefill == 0:
-        return simulate_records(specs, setup.engine, replicas=fleet.colocated, router=setup.router, api=setup.api,  # type: ignore[arg-type]
-                                seed=setup.seed, jitter_sd=setup.jitter_sd,
-                                request_overhead_s=setup.request_overhead_s)
-    from slobench.fleet.disagg import DisaggFleet, KVLink
-
+        return simulate_records(specs, setup.engine, replace(opts, replicas=fleet.colocated))
     disagg = DisaggFleet(fleet.prefill, fleet.decode, fleet.colocated, setup.link or KVLink(), setup.bytes_per_token,
                          setup.router)
-    return simulate_records(specs, setup.engine, seed=setup.seed, api=setup.api, disagg=disagg,  # type: ignore[arg-type]
-                            jitter_sd=setup.jitter_sd, request_overhead_s=setup.request_overhead_s)
+    return simulate_records(specs, setup.engine, replace(opts, disagg=disagg))
 
 
 def _judge(setup: Setup, records: Sequence[RequestRecord], counted: set[int], missed: int = 0) -> Evaluation:

@@ -45,7 +45,7 @@ from slobench.fleet.replica import (
     virtual_engine,
     wake,
 )
-from slobench.fleet.routing import Router
+from slobench.fleet.routing import ROUTERS, Router
 from slobench.fleet.sim_blocks import SimBlockManager, shared_prefix_blocks
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.engine import Api
@@ -168,67 +168,96 @@ class _Replica:
     stuck: bool = False  # its last step scheduled nothing: only a new arrival can help it
 
 
+@dataclass(frozen=True, slots=True)
+class SimOptions:
+    """How a virtual-clock run is simulated, checked once. `seed` seeds the step-time noise (`jitter_sd`, the
+    module's doc); `api` and `model_name` shape each request's body as the server parses it; `replicas` > 1
+    co-located engines behind a `router` (slobench.fleet.routing), or a disaggregated fleet (`disagg`,
+    slobench.fleet.disagg; `replicas` then stays 1); `request_overhead_s` moves every time after the send;
+    `speed` scales each step by the machine's speed as it varied (co-located fleets). `decode_runs` and
+    `private_blocks` are the fast paths (False: the reference the tests compare them with)."""
+
+    seed: int = 0
+    jitter_sd: float = 0.0
+    api: Api = "completions"
+    model_name: str = "tiny"
+    replicas: int = 1
+    router: str = "least-outstanding"
+    disagg: DisaggFleet | None = None
+    request_overhead_s: float = 0.0
+    speed: SpeedTrace | None = None
+    decode_runs: bool = True
+    private_blocks: bool = True
+
+    def __post_init__(self) -> None:
+        o = self.request_overhead_s
+        if isinstance(o, bool) or not isinstance(o, int | float) or not 0 <= o < float("inf"):
+            raise SpecError("request_overhead_s", o, "must be a number >= 0 (seconds)")
+        if self.disagg is not None:
+            if self.speed is not None:
+                raise SpecError("speed", "a trace", "applies to co-located replicas, not a disaggregated fleet")
+            if self.replicas != 1:
+                raise SpecError("replicas", self.replicas,
+                                "with prefill/decode instances, co-located ones are colocated_replicas")
+        if isinstance(self.jitter_sd, bool) or not (isinstance(self.jitter_sd, int | float) and self.jitter_sd >= 0):
+            raise SpecError("jitter_sd", self.jitter_sd, "must be a number >= 0")
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or not 1 <= self.replicas <= 4096:
+            raise SpecError("replicas", self.replicas, "must be an integer from 1 to 4096")
+        if self.router not in ROUTERS:
+            raise SpecError("router", self.router, f"must be one of {list(ROUTERS)}")
+        if self.api not in ("completions", "chat"):
+            raise SpecError("api", self.api, "must be completions or chat")
+
+    @classmethod
+    def of(cls, opts: SimOptions | None, knobs: Mapping[str, Any]) -> SimOptions:
+        """`opts`, or the options the keywords `knobs` name (an entry point takes either, not both)."""
+        if opts is None:
+            return cls(**knobs)
+        if knobs:
+            raise TypeError(f"simulator options given twice: as SimOptions and as {sorted(knobs)}")
+        return opts
+
+
 def simulate_records(
     specs: Sequence[RequestSpec],
     engine: Mapping[str, Any] | EngineFactory,
+    opts: SimOptions | None = None,
     *,
-    seed: int = 0,
-    jitter_sd: float = 0.0,
-    api: Api = "completions",
-    model_name: str = "tiny",
-    replicas: int = 1,
-    router: str = "least-outstanding",
     fleet: dict[str, Any] | None = None,
-    decode_runs: bool = True,
-    disagg: DisaggFleet | None = None,
-    request_overhead_s: float = 0.0,
-    private_blocks: bool = True,
-    speed: SpeedTrace | None = None,
+    **knobs: Any,
 ) -> list[RequestRecord]:
     """The records of one virtual-clock run, in arrival order. `engine`: knobs or a factory of fresh engines
-    (its clock is replaced by the run's VirtualClock; its executor must model step times).
+    (its clock is replaced by the run's VirtualClock; its executor must model step times). `opts`: how
+    (`SimOptions`), or its fields as keywords.
 
-    `replicas` > 1 simulates a fleet of identical engines behind a `router` (slobench.fleet.routing): a discrete-event loop
-    over one virtual time, each replica with its own clock (the end of its last step). An arrival is routed
-    once every busy replica's clock has reached it; the replica whose clock is earliest steps next. With one
-    replica this is exactly the single-engine loop. `fleet`, if given, receives per-replica counts.
+    Replicas: a discrete-event loop over one virtual time, each replica with its own clock (the end of its
+    last step). An arrival is routed once every busy replica's clock has reached it; the replica whose clock
+    is earliest steps next. With one replica this is exactly the single-engine loop. `fleet`, if given,
+    receives per-replica counts. Engine knobs naming prefill_replicas/decode_replicas/colocated_replicas/
+    kv_link simulate that disaggregated fleet (`slobench.fleet.disagg`).
 
     Stretches of plain decode steps are taken at once (`slobench.fleet.decode_run`), leaving every record and
-    every engine state as stepping would; `decode_runs=False` steps every step (the reference for tests).
-    Token-id prompts are all known before the run, so each request's blocks past what any other prompt
-    shares are kept as private blocks (slobench.fleet.sim_blocks): the same lookups, counts and
-    times with no per-block bookkeeping; `private_blocks=False` keeps every block in full (the reference).
-
-    `disagg` (or knobs naming prefill_replicas/decode_replicas/colocated_replicas/kv_link) simulates a
-    disaggregated fleet instead (`slobench.fleet.disagg`); `replicas` must then stay 1.
-
-    `request_overhead_s` (the module's doc) moves every time after the send of each record by itself.
-    `speed` scales each step's time by the machine's speed when it starts (`SpeedTrace`; co-located fleets)."""
-    o = request_overhead_s
-    if isinstance(o, bool) or not isinstance(o, int | float) or not 0 <= o < float("inf"):
-        raise SpecError("request_overhead_s", o, "must be a number >= 0 (seconds)")
+    every engine state as stepping would. Token-id prompts are all known before the run, so each request's
+    blocks past what any other prompt shares are kept as private blocks (slobench.fleet.sim_blocks): the same
+    lookups, counts and times with no per-block bookkeeping."""
+    opts = SimOptions.of(opts, knobs)
     if isinstance(engine, Mapping):
-        engine, named = split_fleet_knobs(dict(engine), router)
-        disagg = disagg or named
-    if disagg is not None:
-        if speed is not None:
-            raise SpecError("speed", "a trace", "applies to co-located replicas, not a disaggregated fleet")
-        if replicas != 1:
-            raise SpecError("replicas", replicas, "with prefill/decode instances, co-located ones are colocated_replicas")
-        return _shift_after_send(simulate_disagg(specs, as_factory(engine), disagg, seed=seed, jitter_sd=jitter_sd,
-                                                 api=api, model_name=model_name, info=fleet), o)
-    if not (isinstance(jitter_sd, int | float) and jitter_sd >= 0):
-        raise SpecError("jitter_sd", jitter_sd, "must be a number >= 0")
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= 4096:
-        raise SpecError("replicas", replicas, "must be an integer from 1 to 4096")
+        engine, named = split_fleet_knobs(dict(engine), opts.router)
+        if named is not None and opts.disagg is None:
+            opts = replace(opts, disagg=named)
+    seed, jitter_sd, api, replicas = opts.seed, opts.jitter_sd, opts.api, opts.replicas
+    if opts.disagg is not None:
+        return _shift_after_send(simulate_disagg(specs, as_factory(engine), opts.disagg, seed=seed, jitter_sd=jitter_sd,
+                                                 api=api, model_name=opts.model_name, info=fleet),
+                                 opts.request_overhead_s)
     factory = as_factory(engine)
-    reps = [_Replica(k, *virtual_engine(factory, k, seed, jitter_sd, speed)) for k in range(replicas)]
-    route = Router(router, replicas)
+    reps = [_Replica(k, *virtual_engine(factory, k, seed, jitter_sd, opts.speed)) for k in range(replicas)]
+    route = Router(opts.router, replicas)
     first = reps[0].engine
-    parse, ids_checked = request_parser(first, model_name=model_name, api=api)
+    parse, ids_checked = request_parser(first, model_name=opts.model_name, api=api)
 
     specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
-    unshared = _unshared_from(specs, api, first.config.block_size) if private_blocks else None
+    unshared = _unshared_from(specs, api, first.config.block_size) if opts.private_blocks else None
     records: list[RequestRecord] = []
     by_rid: list[dict[int, RequestRecord]] = [{} for _ in reps]  # per replica: engine request id -> record
     weights: dict[tuple[int, int], int] = {}  # the token weight each routed request holds on its replica
@@ -274,7 +303,7 @@ def simulate_records(
             continue
         rep = busy[0] if lone is not None else min(busy, key=lambda r: (r.clock.now_s(), r.index))
         eng = rep.engine
-        ran = decode_run(eng, t_arrival) if decode_runs else None
+        ran = decode_run(eng, t_arrival) if opts.decode_runs else None
         if ran is not None:  # a stretch of plain decode steps, taken at once (slobench.fleet.decode_run)
             times = ran.times_s
             mine = by_rid[rep.index]
@@ -306,39 +335,33 @@ def simulate_records(
                 route.finished(rep.index, weights.pop((rep.index, ev.request_id)))
     if fleet is not None:
         fleet.update({
-            "replicas": replicas, "router": router,
+            "replicas": replicas, "router": opts.router,
             "requests_per_replica": list(route.sent),
             "output_tokens_per_replica": [r.num_output_tokens for r in reps],
         })
-    return _shift_after_send(records, o)
+    return _shift_after_send(records, opts.request_overhead_s)
 
 
 def simulate_run(
     specs: Sequence[RequestSpec],
     engine: Mapping[str, Any] | EngineFactory,
+    opts: SimOptions | None = None,
     *,
     slo: SLO | None = None,
-    seed: int = 0,
-    jitter_sd: float = 0.0,
-    api: Api = "completions",
-    model_name: str = "tiny",
     intervals: bool = True,
-    replicas: int = 1,
-    router: str = "least-outstanding",
-    disagg: DisaggFleet | None = None,
-    request_overhead_s: float = 0.0,
+    **knobs: Any,
 ) -> tuple[list[RequestRecord], RunSummary]:
-    """One virtual-clock run: its records and its summary (`slobench.analysis.summary.summarize`).
+    """One virtual-clock run (`simulate_records`): its records and its summary
+    (`slobench.analysis.summary.summarize`, seeded by the run's seed).
 
     `intervals=False` leaves out the bootstrap intervals (they cost several times the simulation itself;
     capacity searches decide on replicates instead).
     """
+    opts = SimOptions.of(opts, knobs)
     fleet: dict[str, Any] = {}
-    records = simulate_records(specs, engine, seed=seed, jitter_sd=jitter_sd, api=api, model_name=model_name,
-                               replicas=replicas, router=router, fleet=fleet, disagg=disagg,
-                               request_overhead_s=request_overhead_s)
-    summary = summarize(records, slo, seed=seed, intervals=intervals)
-    return records, replace(summary, clock="virtual", fleet=fleet if replicas != 1 or "prefill" in fleet else None)
+    records = simulate_records(specs, engine, opts, fleet=fleet)
+    summary = summarize(records, slo, seed=opts.seed, intervals=intervals)
+    return records, replace(summary, clock="virtual", fleet=fleet if opts.replicas != 1 or "prefill" in fleet else None)
 
 
 async def sweep_crossing(
