@@ -29,6 +29,7 @@ from typing import IO, Any
 
 from reference_engine.errors import ConfigError
 from reference_engine.executor.base import StepBatch
+from reference_engine.executor.modeled_executor import CostProfile
 
 log = logging.getLogger(__name__)
 FIELDS = ("t", "s", "p", "d", "c", "a", "f", "n")
@@ -111,8 +112,6 @@ def predicted_s(profile: Any, steps: list[dict[str, float]]) -> float:
 def fit_steps(steps: list[dict[str, float]], name: str = "steps") -> Any:
     """A linear CostProfile (a + b·prompt tokens + c·decoding sequences + d·context) fitted by least squares
     on logged steps: the executor's own time, a reference to score other steps against (`machine_speed`)."""
-    from reference_engine.executor.modeled_executor import CostProfile
-
     return CostProfile.fit(name, ((s["s"], int(s["p"]), int(s["d"]), int(s["c"])) for s in steps))
 
 

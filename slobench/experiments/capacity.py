@@ -34,9 +34,12 @@ from typing import Any, Literal
 
 import numpy as np
 
+from slobench.analysis.metrics import RecordArrays
 from slobench.analysis.summary import RunSummary
 from slobench.errors import SpecError
 from slobench.experiments.probe import LiveProbe, ProbeMeasure
+from slobench.gate import workload_identity
+from slobench.run.records import load_run
 
 SHORT_PROBE_S = 30.0  # probes near capacity shorter than this get a note (see short_probe_note)
 
@@ -156,8 +159,6 @@ def capacity_document(result: CapacityResult | FixedRates, *, slo: Any, manifest
     """What capacity.json holds (written by `records.write_capacity`): the result, the SLO, the workload's
     identity (what the gate pairs baselines by), the target and manifest; goodput per GPU when `gpus` is
     known; with `slo_scale_dir` (the search's directory), DistServe's tightest SLO scale per edge rate."""
-    from slobench.gate import workload_identity
-
     doc: dict[str, Any] = result.to_dict() if isinstance(result, FixedRates) else {"mode": "search", **result.to_dict()}
     doc |= {"slo": slo.to_dict(), "workload": workload_identity(manifest),
             "target": manifest["target"], "manifest": manifest}
@@ -173,8 +174,6 @@ def capacity_document(result: CapacityResult | FixedRates, *, slo: Any, manifest
 
 def slo_scales(out: Path, doc: dict[str, Any], slo: Any) -> list[dict[str, Any]]:
     """Per rate: the tightest SLO scale each replicate run still meets the target at (DistServe's view)."""
-    from slobench.run.records import load_run
-
     reps = [p for p in doc["probes"] if p["phase"] == "replicate" and p.get("run_dir")]
     if doc.get("replicate_edges_rps") or doc.get("bracket_rps"):
         reps = [p for p in reps if p["rate_rps"] == (doc.get("replicate_edges_rps") or doc["bracket_rps"])[0]]
@@ -415,8 +414,6 @@ def tightest_slo_scale(records: Sequence[Any], slo: Any) -> float:
     (inf if it failed), attainment at scale k is the share of requests needing <= k, so the answer is the
     ceil(target * n)-th smallest need.
     """
-    from slobench.analysis.metrics import RecordArrays
-
     a = RecordArrays.from_records(records)
     n = len(a)
     if n == 0:

@@ -20,6 +20,7 @@ from slobench.fleet.disagg import split_fleet_knobs
 from slobench.fleet.replica import EngineFactory
 from slobench.fleet.simulate import SimOptions, as_factory, simulate_run
 from slobench.run.records import RequestRecord, RequestSpec, RunWriter
+from slobench.run.runner import run
 from slobench.targets.engine import Api
 from slobench.workload import generate, load_workload
 
@@ -61,8 +62,6 @@ class LiveProbe:
 
     async def __call__(self, rate_rps: float | None, seed: int, run_dir: Path | None,
                        manifest: dict[str, Any]) -> ProbeResult:
-        from slobench.run.runner import run
-
         self.last_monitors = self.monitors_for(run_dir) if self.monitors_for and run_dir is not None else ()
         res = await run(
             self.make_specs(rate_rps, seed), self.target, clock=self.clock, opts=self.opts, slo=self.slo,

@@ -38,12 +38,14 @@ from typing import Any
 
 import numpy as np
 
+from slobench.analysis.metrics import RecordArrays
 from slobench.analysis.slo import SLO
 from slobench.errors import SpecError
 from slobench.fleet.disagg import DisaggFleet, KVLink
 from slobench.fleet.plan_day import DayRecipe, Window
 from slobench.fleet.simulate import ModeledEngine, SimOptions, simulate_records
 from slobench.run.records import RequestRecord, RequestSpec
+from slobench.workload.prompts import token_prompts
 
 __all__ = ["Evaluation", "Fleet", "PlanOptions", "Setup", "evaluate", "fleet_cost_order", "plan_day",
            "search_window", "transition_fleet"]
@@ -153,8 +155,6 @@ def simulate_fleet(setup: Setup, specs: Sequence[RequestSpec], fleet: Fleet) -> 
 
 
 def _judge(setup: Setup, records: Sequence[RequestRecord], counted: set[int], missed: int = 0) -> Evaluation:
-    from slobench.analysis.metrics import RecordArrays
-
     a = RecordArrays.from_records([r for r in records if r.request_id in counted])
     met = setup.slo.meets(a)
     ttft = a.ttft_from_scheduled_s
@@ -282,10 +282,6 @@ def profile_run(setup: Setup, kind: str, input_tokens: int, output_tokens: int, 
     `decode`: one decode instance behind PROFILE_PREFILL_INSTANCES prefill ones, judged on the whole SLO (on
     TPOT alone an overloaded decode instance looks fine: its batch is capped, the queue waits before the
     first token, so it shows in TTFT only)."""
-    from dataclasses import replace
-
-    from slobench.workload.prompts import token_prompts
-
     rng = np.random.default_rng([setup.seed, 0x5EED, int(rate_rps * 1e6)])
     times = np.cumsum(rng.exponential(1.0 / rate_rps, num_requests))
     prompts = token_prompts(np.full(num_requests, input_tokens), rng)

@@ -45,7 +45,11 @@ from slobench.profiles.refine import (
     refine_live,
     with_refinement,
 )
+from slobench.redact import redact_url
+from slobench.run.clock import Clock
 from slobench.run.records import RequestRecord, RequestSpec
+from slobench.targets.openai import OpenAITarget
+from slobench.workload import load_workload
 
 TOKEN_IDS = (32, 256)  # byte ids clear of a byte tokenizer's BOS/EOS, valid in any vocabulary >= 256
 COLUMNS = ("steps", "prefill_tokens", "decode_seqs", "context_tokens", "attention_pairs", "request_overhead")
@@ -356,9 +360,6 @@ def _steady_gaps(recs: Sequence[RequestRecord], batch: int, prompt_len: int) -> 
 async def calibrate(url: str, model: str, plan: ProbePlan | None = None, *, seed: int = 0, timeout_s: float = 120.0,
                     api_key_env: str | None = "OPENAI_API_KEY", name: str | None = None,
                     on_probe: Callable[[Probe], None] | None = None) -> Calibration:
-    from slobench.run.clock import Clock
-    from slobench.targets.openai import OpenAITarget
-
     plan = plan or ProbePlan()
     t0 = time.perf_counter()
     target = OpenAITarget(url, model, clock=Clock(), timeout_s=timeout_s, api_key_env=api_key_env)
@@ -396,7 +397,6 @@ async def calibrate(url: str, model: str, plan: ProbePlan | None = None, *, seed
 def with_provenance(cal: Calibration, url: str, model: str, plan: ProbePlan) -> CostProfile:
     from dataclasses import asdict, replace
 
-    from slobench.redact import redact_url
 
     pre, dec = cal.error_summary("prefill"), cal.error_summary("decode")
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -490,8 +490,6 @@ def refine_plan(args: Any) -> RefinePlan | None:
                           pick(args.max_batched_tokens, lim.max_batched_tokens), pick(args.block_size, lim.block_size))
     workload = pick(args.refine_workload, plan.workload)
     try:
-        from slobench.workload import load_workload
-
         load_workload(workload)
     except UsageError as e:
         raise UsageError(f"--refine-workload {workload}: {e}") from e
@@ -511,7 +509,6 @@ async def calibrate_main(args: Any) -> int:
     from dataclasses import replace
     from pathlib import Path
 
-    from slobench.targets.openai import OpenAITarget
 
     given = {k: v for k, v in {
         "prompt_lens": _ints(args.prompt_lens, "--prompt-lens"), "batches": _ints(args.batches, "--batches"),

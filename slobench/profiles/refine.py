@@ -50,11 +50,12 @@ import numpy as np
 
 from reference_engine.config import EngineConfig, EngineSpec
 from reference_engine.executor.modeled_executor import CostProfile
+from slobench.analysis.metrics import RecordArrays
 from slobench.errors import SpecError, UsageError
+from slobench.fleet.simulate import ModeledEngine, simulate_records
 from slobench.run.records import RequestRecord, RequestSpec
 
 if TYPE_CHECKING:
-    from slobench.fleet.simulate import ModeledEngine
     from slobench.load_setup import LoadSetup
 
 METRICS = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")
@@ -123,8 +124,6 @@ class EngineLimits:
             _positive_int(name, getattr(self, name))
 
     def engine(self, profile: CostProfile) -> ModeledEngine:
-        from slobench.fleet.simulate import ModeledEngine
-
         return ModeledEngine(profile, kv_blocks=self.kv_blocks, block_size=self.block_size,
                              max_num_seqs=self.max_num_seqs, max_batched_tokens=self.max_batched_tokens, name="refine")
 
@@ -243,8 +242,6 @@ def percentiles(records: Sequence[RequestRecord], overhead_s: float = 0.0, *, sm
     no request has is left out. `smooth`: Harrell-Davis estimates (what the fit compares, see `harrell_davis`).
     `split_tokens`: also SPLIT_METRICS, the TTFT of the requests meant to send at most that many prompt tokens
     and of the rest (each half with at least MIN_SPLIT_REQUESTS TTFTs)."""
-    from slobench.analysis.metrics import RecordArrays
-
     a = RecordArrays.from_records(records)
     out: Percentiles = {}
 
@@ -288,8 +285,6 @@ def harrell_davis(x: np.ndarray, qs: Sequence[float]) -> list[float]:
 def simulate(specs: Sequence[RequestSpec], limits: EngineLimits, profile: CostProfile, api: str,
              overhead_s: float = 0.0, *, smooth: bool = False, jitter_sd: float = 0.0,
              split_tokens: int | None = None) -> Percentiles:
-    from slobench.fleet.simulate import simulate_records
-
     records = simulate_records(specs, limits.engine(profile), api=api, jitter_sd=jitter_sd,  # type: ignore[arg-type]
                                seed=JITTER_SEED)
     return percentiles(records, overhead_s, smooth=smooth, split_tokens=split_tokens)
@@ -299,9 +294,6 @@ def knee_rate(specs_for: SpecsFor, limits: EngineLimits, profile: CostProfile, o
     """The highest rate, within ~9%, at which the simulated TTFT p90 stays under KNEE_TTFT_RISE times its
     light-load value. No SLO needed: it is where a queue forms on this profile and these limits. Doubling
     from a light load until it passes, then three halvings of the step in log space: ~10 simulations."""
-    from slobench.analysis.metrics import RecordArrays
-    from slobench.fleet.simulate import simulate_records
-
     light = RecordArrays.from_records(simulate_records(specs_for(1e-3), limits.engine(profile), api=api))  # type: ignore[arg-type]
     limit = KNEE_TTFT_RISE * (float(np.nanquantile(light.ttft_s, 0.9)) + overhead_s)
 
