@@ -9,9 +9,6 @@ front of the queue. A step that preempted admits nobody.
 A waiting request is admitted only when blocks for its whole known token list fit now (vLLM PR #21809), so
 admission never forces a preemption by itself; a request that could never fit in the whole cache is
 rejected when it is added, instead of preempting forever.
-
-A request ends on its first EOS unless ignore_eos: `min_tokens` is honoured by the executor, which masks EOS
-out of the logits until that many tokens are generated (as vLLM does), not by keeping an early EOS here.
 """
 
 from __future__ import annotations
@@ -225,6 +222,9 @@ class Scheduler:
         return outputs
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        """A request ends on its first EOS unless ignore_eos: `min_tokens` is honoured by the executor, which
+        masks EOS out of the logits until that many tokens are generated (as vLLM does), not by keeping an
+        early EOS here."""
         if token == self.eos_token_id and not seq.ignore_eos:
             # Executors mask EOS until min_tokens (SamplingParams.min_tokens): one arriving earlier is an
             # executor bug, and ending the request here would silently break min_tokens.

@@ -6,8 +6,6 @@
 
 The two max() terms are a roofline (slobench.profiles.roofline fills them from a GPU spec and a model
 config); they are zero in a fitted linear profile, which then reads as the first line alone.
-`attention_pairs` counts (query, key) pairs: a chunk of n tokens after `start` cached ones has
-n*start + n*(n+1)/2; a decode token has its context.
 
 It lets the real scheduler and block manager run at GPU-like speed on any machine (the engine waits until
 step start + step_s on its clock). Sampled tokens are deterministic pseudo-random ids from (seq_id, position),
@@ -74,7 +72,9 @@ class CostProfile:
         self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int,
         num_attention_pairs: int | None = None, num_first_tokens: int = 0,
     ) -> float:
-        """`num_attention_pairs` None: the context tokens (exact for a step of decodes only).
+        """`num_attention_pairs` counts (query, key) pairs: a chunk of n tokens after `start` cached ones has
+        n*start + n*(n+1)/2; a decode token has its context. None: the context tokens (exact for a step of
+        decodes only).
         `num_first_tokens`: requests sampling their first token in the step (each costs `per_request_s`)."""
         t = (
             self.step_overhead_s

@@ -5,23 +5,7 @@ upward geometrically from a start rate until attainment breaks (downward if the 
 misses), then bisects the bracket until it is narrower than a relative tolerance. The answer's error bar
 comes from *replicate runs at the bracket edges*, never from intervals over the requests of one run: near
 saturation those requests share a queue and are strongly correlated (NOTES-statistics: variance
-inflated 3-50x), so replicates with different seeds are the honest unit.
-
-How one replicate becomes one capacity number (the choice, and why):
-  Each replicate seed s is run at both bracket edges lo and hi (optionally widened: `replicate_edges`)
-  with the same seed (common random numbers:
-  the same requests, the arrival times scaled by the rate), giving a_lo[s] and a_hi[s]. Its crossing is
-  found by linear interpolation (DistServe's goodput definition) through its own level at the bracket
-  mid-point, ā_s = (a_lo[s] + a_hi[s]) / 2, with the slope β pooled over all replicates:
-      c_s = (lo + hi) / 2 + (ā_s - target) / β,     β = (mean a_lo - mean a_hi) / (hi - lo)
-  A per-seed slope would divide by the difference of two noisy numbers over a bracket only ~5% wide and
-  explode whenever one seed's curve is flat or non-monotone there; pooling keeps each c_s linear in that
-  seed's data. The capacity is the mean of c_s; its interval is a Student-t interval with a jackknife
-  (leave one seed out) standard error: it carries the between-seed variance (queueing correlation
-  included) and, because each leave-one-out sample re-pools the slope, the slope's uncertainty too
-  (synthetic logistic curves: 94-96% coverage at 95% nominal with 5 replicates; a t-interval over the
-  c_s alone gave 82-91%). If the replicates' pooled slope is not positive (noise swamped a flat curve),
-  the search bracket's own slope is used instead.
+inflated 3-50x), so replicates with different seeds are the honest unit (`replicate_crossings`).
 """
 
 from __future__ import annotations
@@ -326,7 +310,24 @@ def interpolate(bracket: tuple[float, float], a_lo: float, a_hi: float, target: 
 def replicate_crossings(
     bracket: tuple[float, float], edges: Sequence[tuple[float, float]], target: float, fallback_slope: float
 ) -> tuple[list[float], float]:
-    """Per-seed crossing rates from (attainment at lo, attainment at hi) pairs; see the module docstring."""
+    """Per-seed crossing rates from (attainment at lo, attainment at hi) pairs, and the pooled slope: how one
+    replicate becomes one capacity number (the choice, and why).
+
+      Each replicate seed s is run at both bracket edges lo and hi (optionally widened: `replicate_edges`)
+      with the same seed (common random numbers:
+      the same requests, the arrival times scaled by the rate), giving a_lo[s] and a_hi[s]. Its crossing is
+      found by linear interpolation (DistServe's goodput definition) through its own level at the bracket
+      mid-point, ā_s = (a_lo[s] + a_hi[s]) / 2, with the slope β pooled over all replicates:
+          c_s = (lo + hi) / 2 + (ā_s - target) / β,     β = (mean a_lo - mean a_hi) / (hi - lo)
+      A per-seed slope would divide by the difference of two noisy numbers over a bracket only ~5% wide and
+      explode whenever one seed's curve is flat or non-monotone there; pooling keeps each c_s linear in that
+      seed's data. The capacity is the mean of c_s; its interval is a Student-t interval with a jackknife
+      (leave one seed out) standard error: it carries the between-seed variance (queueing correlation
+      included) and, because each leave-one-out sample re-pools the slope, the slope's uncertainty too
+      (synthetic logistic curves: 94-96% coverage at 95% nominal with 5 replicates; a t-interval over the
+      c_s alone gave 82-91%). If the replicates' pooled slope is not positive (noise swamped a flat curve),
+      the search bracket's own slope is used instead.
+    """
     lo, hi = bracket
     a = np.asarray(edges, dtype=float)
     slope = float((np.nanmean(a[:, 0]) - np.nanmean(a[:, 1])) / (hi - lo))

@@ -2,26 +2,9 @@
 
 Every instance is the bundled engine (real scheduler and block manager, modeled step times). A request is
 routed on arrival among the instances that take new prompts (co-located and prefill, one router). On a
-co-located instance it runs whole, as in `simulate_records`. On a prefill instance it runs with
-max_tokens=1: its prompt's KV is computed and its first token sampled. Then:
-
-  1. KV ready (prefill end): a second router picks a decode instance; the request queues there for room.
-  2. Transfer start: once the decode instance can hold the request (blocks for its prompt and first token,
-     as its scheduler admits, prefix hits there counted; a batch slot), it reserves them; the bytes not
-     already cached there, `bytes_per_token` each, leave over the prefill instance's link in FIFO order:
-     bytes / bandwidth, then the link's latency. The prefill instance keeps the prompt's blocks until the
-     bytes have left (as vLLM's NIXL connector delays freeing them).
-  3. KV landed: the request joins the decode instance's running batch at its next step boundary, with its
-     prompt's KV written and its first token as the last sampled one, and decodes there to the end.
-
-The client sees the first token when the KV has landed (TTFT includes the queue for room and the
-transfer), then a token at the end of every decode step that produced one: records are ordinary records,
-so every metric, report and gate reads them unchanged. `replica` on a record is the instance that took its
-prompt (co-located or prefill). Instances are numbered co-located first, then prefill, then decode.
-
-Not modeled: transfers overlapping the prefill layer by layer (the transfer starts when the prefill ends),
-link contention beyond one FIFO per prefill instance, and a decode instance preempting a request whose KV
-is in flight (its blocks are reserved, so it cannot be).
+co-located instance it runs whole, as in `simulate_records`; on a prefill instance its prompt is computed
+and its first token sampled, then its KV moves to a decode instance (`simulate_disagg`). Records are
+ordinary records, so every metric, report and gate reads them unchanged.
 """
 
 from __future__ import annotations
@@ -204,7 +187,26 @@ def simulate_disagg(
     model_name: str = "tiny",
     info: dict[str, Any] | None = None,
 ) -> list[RequestRecord]:
-    """The records of one virtual-clock run of a disaggregated (or mixed) fleet, in arrival order."""
+    """The records of one virtual-clock run of a disaggregated (or mixed) fleet, in arrival order. A request
+    prefilled on a prefill instance (max_tokens=1) then goes through:
+
+      1. KV ready (prefill end): a second router picks a decode instance; the request queues there for room.
+      2. Transfer start: once the decode instance can hold the request (blocks for its prompt and first
+         token, as its scheduler admits, prefix hits there counted; a batch slot), it reserves them; the
+         bytes not already cached there, `bytes_per_token` each, leave over the prefill instance's link in
+         FIFO order: bytes / bandwidth, then the link's latency. The prefill instance keeps the prompt's
+         blocks until the bytes have left (as vLLM's NIXL connector delays freeing them).
+      3. KV landed: the request joins the decode instance's running batch at its next step boundary, with its
+         prompt's KV written and its first token as the last sampled one, and decodes there to the end.
+
+    The client sees the first token when the KV has landed (TTFT includes the queue for room and the
+    transfer), then a token at the end of every decode step that produced one. `replica` on a record is the
+    instance that took its prompt (co-located or prefill). Instances are numbered co-located first, then
+    prefill, then decode.
+
+    Not modeled: transfers overlapping the prefill layer by layer (the transfer starts when the prefill
+    ends), link contention beyond one FIFO per prefill instance, and a decode instance preempting a request
+    whose KV is in flight (its blocks are reserved, so it cannot be)."""
     roles = ["colocated"] * fleet.colocated + ["prefill"] * fleet.prefill + ["decode"] * fleet.decode
     insts = [_Instance(k, role, *virtual_engine(factory, k, seed, jitter_sd)) for k, role in enumerate(roles)]
     front = [x for x in insts if x.role != "decode"]

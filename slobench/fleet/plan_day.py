@@ -5,14 +5,8 @@ traces (`--trace A --trace B`: their requests interleaved by arrival, each tagge
 e.g. the Azure 2023 code and conversation traces). `compression` says how many seconds of the real day one
 second of the workload stands for (60 for the bundled day, 1 for a trace replayed as it was): rates are
 real rates, durations are compressed, so a window of `--window 1h` is 60 s of the bundled day's traffic.
-
-A window's evaluation sample is its requests, or a contiguous stretch of at most `max_requests` of them
-from its middle when it has more (the rate is kept, the stretch is shorter), preceded by a lead-in: the
-requests of the `lead_s` before the stretch, simulated on the same fleet but not counted, so the fleet
-starts the window with the queue and the prefix cache it would have, not empty.
-
-A `DayRecipe` is everything needed to rebuild the windows (the spec or trace paths, rate, seed, window
-sizes); workers rebuild them from it once per process instead of receiving every prompt by pickle.
+A `DayRecipe` is everything needed to rebuild the windows (`build_windows`): workers rebuild them from it
+once per process instead of receiving every prompt by pickle.
 """
 
 from __future__ import annotations
@@ -265,6 +259,10 @@ def _stats(specs: list[RequestSpec], rate_rps: float, duration_s: float) -> dict
 
 
 def build_windows(recipe: DayRecipe) -> list[Window]:
+    """The day's windows. A window's evaluation sample is its requests, or a contiguous stretch of at most
+    `max_requests` of them from its middle when it has more (the rate is kept, the stretch is shorter),
+    preceded by a lead-in: the requests of the `lead_s` before the stretch, simulated on the same fleet but
+    not counted, so the fleet starts the window with the queue and the prefix cache it would have."""
     windows = _spec_windows(recipe) if recipe.workload is not None else _trace_windows(recipe)
     if not any(w.counted for w in windows):
         raise UsageError(f"{recipe.name}: the day has no requests")

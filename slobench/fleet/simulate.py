@@ -6,15 +6,7 @@ thread applies requests added while it steps), run one step, and let the step's 
 instant jump of the clock; when idle, jump to the next arrival. Every request is "sent" exactly at its
 scheduled time, so the run measures the engine, never a client: sent = scheduled = arrival, TTFT = first
 token time - arrival, and each token is one chunk stamped at the end of the step that produced it.
-
-A per-step timing jitter (relative s.d., default 0) multiplies each modeled step time by
-max(0.5, 1 + N(0, jitter_sd)), a stand-in for a real machine's noise when testing how often a gate cries
-wolf. Everything is deterministic for a seed.
-
-A request's fixed cost outside the steps (`request_overhead_s`, default 0: HTTP in and out, parsing, the
-first SSE event) moves every time after the send by itself: TTFT grows by it, TPOT does not. It is the `o`
-that `slobench calibrate` fits beside a profile; `calibrated_extras` reads it, and the fitted step-time
-noise, from a calibrated profile's provenance, for the CLI to apply unless told otherwise.
+Everything is deterministic for a seed; how a run is simulated is a `SimOptions`.
 """
 
 from __future__ import annotations
@@ -170,12 +162,18 @@ class _Replica:
 
 @dataclass(frozen=True, slots=True)
 class SimOptions:
-    """How a virtual-clock run is simulated, checked once. `seed` seeds the step-time noise (`jitter_sd`, the
-    module's doc); `api` and `model_name` shape each request's body as the server parses it; `replicas` > 1
-    co-located engines behind a `router` (slobench.fleet.routing), or a disaggregated fleet (`disagg`,
-    slobench.fleet.disagg; `replicas` then stays 1); `request_overhead_s` moves every time after the send;
-    `speed` scales each step by the machine's speed as it varied (co-located fleets). `decode_runs` and
-    `private_blocks` are the fast paths (False: the reference the tests compare them with)."""
+    """How a virtual-clock run is simulated, checked once. `api` and `model_name` shape each request's body as
+    the server parses it; `replicas` > 1 co-located engines behind a `router` (slobench.fleet.routing), or a
+    disaggregated fleet (`disagg`, slobench.fleet.disagg; `replicas` then stays 1); `speed` scales each step
+    by the machine's speed as it varied (co-located fleets). `decode_runs` and `private_blocks` are the fast
+    paths (False: the reference the tests compare them with).
+
+    `jitter_sd` (relative s.d., default 0) multiplies each modeled step time by max(0.5, 1 + N(0, jitter_sd)),
+    drawn from `seed`: a stand-in for a real machine's noise when testing how often a gate cries wolf.
+    `request_overhead_s`, a request's fixed cost outside the steps (HTTP in and out, parsing, the first SSE
+    event), moves every time after the send by itself: TTFT grows by it, TPOT does not. It is the `o` that
+    `slobench calibrate` fits beside a profile; `calibrated_extras` reads it, and the fitted step-time noise,
+    from a calibrated profile's provenance, for the CLI to apply unless told otherwise."""
 
     seed: int = 0
     jitter_sd: float = 0.0

@@ -3,38 +3,8 @@
 The probes (`slobench.profiles.calibrate`) time an idle server: one prompt at a time, or one batch decoding
 in lockstep. Under open-loop load the server also does work per request and per token (HTTP, SSE writes,
 scheduling, a GIL shared by its event loop and its engine thread) while other requests step, and the probes
-see that only in part. So, black-box, against any OpenAI-compatible endpoint:
-
-1. short open-loop Poisson runs of a workload at a few rates, sent as `slobench run` sends them (the load
-   flags' `LoadSetup`: its target, the runner, `LiveProbe`);
-2. the same requests (workload, seed, count) simulated on the virtual clock with candidate profiles and the
-   served engine's limits, the request's fixed cost `o` added to every time after the send (as
-   `benchmarks/validate_sim.py` adds it), TTFT and TPOT p50/p90 compared as log ratios;
-3. a search over the logs of three factors, on a (per step), b (per prompt token) and c (per decoding
-   sequence): first one factor on all three (an idle server's view of a busy one is low across the board),
-   then Nelder-Mead from there, restarted once. `o`'s factor is solved inside for each candidate: `o` shifts
-   every TTFT percentile by exactly itself and leaves TPOT alone, so it needs no simulation of its own. The
-   percentiles compared are Harrell-Davis estimates (`harrell_davis`), and a weak prior pulls each log factor
-   toward 0 (the probe fit). A fifth parameter, searched beside them from 0, is the step-time noise: the
-   relative sd of each simulated step's time (MAX_JITTER says why).
-
-Why factors on the probe fit and not a free fit: the probes fix the shape well (held-out probe error a few
-percent); served load moves the level of some costs. A factor is unit-free (one step size and one prior for a
-10 µs and a 10 ms coefficient), keeps the coefficient's sign, and makes twice and half equally far. Why these
-four: what the served path adds is work per step (scheduling, the event loop's turn), per token streamed (an
-SSE write, under the GIL the engine's thread needs: c) and per request (HTTP, parsing: o, and the steps it
-lands in), none of which grows with the context. d and f, the context's cost (attention), stay the probes'
-(decode at three contexts, prefill up to 1,024 tokens measure them as well as an idle server can): served
-percentiles cannot tell c from d (c·B and d·ΣC both grow with the batch), and a free d+f factor let the fit
-trade one for the other (in a test against a known profile it ended 45% off on d and c). A coefficient the
-probes put at 0 stays 0 (no factor moves it; the search leaves it out and says so).
-
-The middle rate is held out of the fit; both profiles, refined and probe-only, are scored on it, and that
-is the figure to trust. The profile written is the one fitted without it.
-
-The simulation needs the served engine's limits (KV blocks, most sequences, token budget a step). A
-black-box endpoint does not reveal them: they are given (`--kv-blocks`, `--max-num-seqs`,
-`--max-batched-tokens`), else `--simulate`'s defaults stand in, and the refinement is as good as they are.
+see that only in part. So, black-box, against any OpenAI-compatible endpoint, short open-loop runs at a few
+rates are compared with their simulation on candidate profiles (`refine`'s doc says how and why).
 """
 
 from __future__ import annotations
@@ -86,7 +56,7 @@ XATOL, FATOL = 0.03, 3e-5  # a run has settled when its simplex spans 3% and its
 # The fifth parameter: step-time noise, the relative sd of each simulated step's time (the simulator's
 # `jitter_sd`, drawn with JITTER_SEED). The simulated engine's steps take their modeled time exactly; a served
 # one's do not (a GC pause, an SSE write landing mid-step, the client sharing the cores), and its p90s are
-# made of those: without it the p90s came out 12-38% low below the knee (README, issue 15). Searched from 0
+# made of those: without it the p90s came out 12-38% low below the knee (README). Searched from 0
 # in [0, MAX_JITTER], first move JITTER_STEP.
 MAX_JITTER, JITTER_STEP, JITTER_SEED = 1.0, 0.2, 0
 # With `RefinePlan.fit_inside`, a sixth: the request's own cost inside the server (CostProfile.per_request_s, r),
@@ -136,7 +106,7 @@ class RefinePlan:
     workload: str = "tiny"
     rates_rps: tuple[float, ...] | None = None
     # 200: at 100 a rate three refinements of one server put o's factor at 0.4-7.5 and a's at 0.93-1.33; at 200,
-    # two refinements on two shapes agreed within 8% on a, b, c and o (README, issue 15, 2026-12-02)
+    # two refinements on two shapes agreed within 8% on a, b, c and o (README)
     num_requests: int = 200
     seed: int = 0
     limits: EngineLimits = field(default_factory=EngineLimits)
@@ -435,7 +405,39 @@ def check_budget(rates: Sequence[float], num_requests: int) -> None:
 async def refine(profile: CostProfile, overhead_s: float, plan: RefinePlan, measure: Measure, specs_for: SpecsFor,
                  *, api: str, workload: str, on_point: Callable[[RatePoint, float], None] | None = None) -> Refinement:
     """Measure `plan`'s rates with `measure(rate) -> records` (the requests `specs_for(rate)`), fit the
-    factors on all but the middle rate, and score both profiles everywhere."""
+    factors on all but the middle rate, and score both profiles everywhere:
+
+    1. short open-loop Poisson runs of a workload at a few rates, sent as `slobench run` sends them (the load
+       flags' `LoadSetup`: its target, the runner, `LiveProbe`);
+    2. the same requests (workload, seed, count) simulated on the virtual clock with candidate profiles and the
+       served engine's limits, the request's fixed cost `o` added to every time after the send (as
+       `benchmarks/validate_sim.py` adds it), TTFT and TPOT p50/p90 compared as log ratios;
+    3. a search over the logs of three factors, on a (per step), b (per prompt token) and c (per decoding
+       sequence): first one factor on all three (an idle server's view of a busy one is low across the board),
+       then Nelder-Mead from there, restarted once. `o`'s factor is solved inside for each candidate: `o` shifts
+       every TTFT percentile by exactly itself and leaves TPOT alone, so it needs no simulation of its own. The
+       percentiles compared are Harrell-Davis estimates (`harrell_davis`), and a weak prior pulls each log factor
+       toward 0 (the probe fit). A fifth parameter, searched beside them from 0, is the step-time noise: the
+       relative sd of each simulated step's time (MAX_JITTER says why).
+
+    Why factors on the probe fit and not a free fit: the probes fix the shape well (held-out probe error a few
+    percent); served load moves the level of some costs. A factor is unit-free (one step size and one prior for a
+    10 µs and a 10 ms coefficient), keeps the coefficient's sign, and makes twice and half equally far. Why these
+    four: what the served path adds is work per step (scheduling, the event loop's turn), per token streamed (an
+    SSE write, under the GIL the engine's thread needs: c) and per request (HTTP, parsing: o, and the steps it
+    lands in), none of which grows with the context. d and f, the context's cost (attention), stay the probes'
+    (decode at three contexts, prefill up to 1,024 tokens measure them as well as an idle server can): served
+    percentiles cannot tell c from d (c·B and d·ΣC both grow with the batch), and a free d+f factor let the fit
+    trade one for the other (in a test against a known profile it ended 45% off on d and c). A coefficient the
+    probes put at 0 stays 0 (no factor moves it; the search leaves it out and says so).
+
+    The middle rate is held out of the fit; both profiles, refined and probe-only, are scored on it, and that
+    is the figure to trust. The profile written is the one fitted without it.
+
+    The simulation needs the served engine's limits (KV blocks, most sequences, token budget a step). A
+    black-box endpoint does not reveal them: they are given (`--kv-blocks`, `--max-num-seqs`,
+    `--max-batched-tokens`), else `--simulate`'s defaults stand in, and the refinement is as good as they are.
+    """
     cache: dict[float, Sequence[RequestSpec]] = {}
 
     def specs(rate: float) -> Sequence[RequestSpec]:
@@ -494,7 +496,7 @@ async def refine(profile: CostProfile, overhead_s: float, plan: RefinePlan, meas
 def overfit_notes(points: Sequence[RatePoint]) -> list[str]:
     """The refined profile scoring worse than the probe fit on the held-out rate: the factors fit noise in
     the fitted rates rather than the server (three refinements of 100 requests a rate did so on a quiet
-    machine, README, issue 15). Said, not refused: one held-out rate is itself a small sample."""
+    machine, README). Said, not refused: one held-out rate is itself a small sample."""
     held = next((p for p in points if p.held_out), None)
     if held is None or not held.refined or not held.probe_only:
         return []
