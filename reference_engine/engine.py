@@ -16,7 +16,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
@@ -380,9 +380,10 @@ class LLMEngine:
     def has_pending_aborts(self) -> bool:
         return bool(self._pending_aborts)
 
-    def request_state(self, request_id: int) -> RequestState:
-        """The state of an open request (KeyError once it has finished)."""
-        return self._requests[request_id]
+    @property
+    def requests(self) -> Mapping[int, RequestState]:
+        """The open requests' states by id (a finished one is gone), read-only."""
+        return self._requests
 
     def finish_by_length(self, seq: Sequence, now_s: float) -> None:
         """`seq` sampled its last allowed token in a step taken outside `step()`: the scheduler frees it and

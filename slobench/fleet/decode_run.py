@@ -273,7 +273,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
                 bm.admit(head, hits)
                 head.status = SeqStatus.RUNNING
                 sched.running.append(head)
-                req = engine.request_state(head.seq_id)
+                req = engine.requests[head.seq_id]
                 if req.first_scheduled_s is None:  # as step() records it
                     req.first_scheduled_s = t0
                     req.cached_tokens = head.num_cached_tokens
@@ -397,9 +397,9 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     t_end = times[-1]
     first: dict[int, int | None] = {}
     first_step: dict[int, int] = {}
-    request_state = engine.request_state
+    requests = engine.requests
     for s in seqs:  # before any finishes: a finished request's state is gone
-        req = request_state(s.seq_id)
+        req = requests[s.seq_id]
         at = last_chunk if s is fill else 0
         if req.first_token_s is None:  # a prompt whose last chunk came in this run (or was one token)
             req.first_token_s = times[at]
