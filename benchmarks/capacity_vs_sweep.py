@@ -19,7 +19,8 @@ import numpy as np
 
 from slobench.analysis.slo import SLO
 from slobench.experiments.capacity import SearchOptions, search_capacity
-from slobench.fleet.simulate import ModeledEngine, SimulatedMeasure, sweep_crossing
+from slobench.experiments.probe import SimulatedMeasure
+from slobench.fleet.simulate import ModeledEngine, sweep_crossing
 
 ROOT = Path(__file__).resolve().parents[1]
 CI_PROFILE = ROOT / "baselines" / "ci-profile.json"

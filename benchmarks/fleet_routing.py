@@ -16,7 +16,8 @@ import time
 
 from slobench.analysis.slo import SLO
 from slobench.experiments.capacity import SearchOptions, search_capacity
-from slobench.fleet.simulate import SimulatedMeasure, simulate_records
+from slobench.experiments.probe import SimulatedMeasure
+from slobench.fleet.simulate import simulate_records
 from slobench.workload import generate, load_workload
 
 SETUPS = {

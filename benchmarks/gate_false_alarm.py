@@ -18,7 +18,8 @@ from pathlib import Path
 
 from slobench.analysis.slo import SLO
 from slobench.experiments.capacity import SearchOptions, search_capacity
-from slobench.fleet.simulate import ModeledEngine, SimulatedMeasure
+from slobench.experiments.probe import SimulatedMeasure
+from slobench.fleet.simulate import ModeledEngine
 from slobench.gate import Samples, gate, rate_key
 
 CI_PROFILE = Path(__file__).resolve().parents[1] / "baselines" / "ci-profile.json"

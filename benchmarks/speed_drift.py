@@ -27,7 +27,8 @@ import validate_sim  # noqa: E402  (its SLOs, limits, judging and table)
 from reference_engine.executor.modeled_executor import CostProfile  # noqa: E402
 from reference_engine.step_log import machine_speed, read_step_log, speeds_across  # noqa: E402
 from slobench.analysis.slo import SLO  # noqa: E402
-from slobench.fleet.simulate import SpeedTrace, calibrated_extras, simulate_records  # noqa: E402
+from slobench.fleet.replica import SpeedTrace  # noqa: E402
+from slobench.fleet.simulate import calibrated_extras, simulate_records  # noqa: E402
 from slobench.workload import generate, load_workload  # noqa: E402
 
 BIN_S, MIN_STEPS = 1.0, 10  # the second-by-second trace: bin width, and the fewest steps a bin is read from

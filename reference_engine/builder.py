@@ -9,6 +9,7 @@ from typing import Any
 
 from reference_engine.config import EngineConfig, EngineSpec
 from reference_engine.engine import LLMEngine
+from reference_engine.executor.modeled_executor import CostProfile, ModeledExecutor
 from reference_engine.protocol import TextTokenizer
 from reference_engine.tokenizer import ByteTokenizer
 
@@ -23,8 +24,6 @@ def modeled_executor(
     profile: Any, *, block_size: int, num_blocks: int, seed: int = 0
 ) -> tuple[Any, ByteTokenizer]:
     """The modeled executor and tokenizer that `serve --executor modeled` and the simulator share."""
-    from reference_engine.executor.modeled_executor import ModeledExecutor
-
     tokenizer = ByteTokenizer(vocab_size=MODELED_VOCAB_SIZE)
     ex = ModeledExecutor(
         profile,
@@ -45,8 +44,6 @@ def build_engine(spec: EngineSpec) -> tuple[LLMEngine, TextTokenizer]:
     `kv_blocks` None is 1024 on CPU and sized from free GPU memory on CUDA (`gpu_memory_utilization`)."""
     s = spec
     if s.executor == "modeled":
-        from reference_engine.executor.modeled_executor import CostProfile
-
         num_blocks = 2048 if s.kv_blocks is None else s.kv_blocks
         ex, tokenizer = modeled_executor(
             CostProfile.load(s.profile), block_size=s.block_size, num_blocks=num_blocks, seed=s.seed

@@ -16,12 +16,12 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from collections.abc import Sequence as SequenceABC
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
-from reference_engine.block_manager import BlockAccountingError
+from reference_engine.block_manager import BlockAccountingError, BlockManager
 from reference_engine.config import EngineConfig
 from reference_engine.errors import ConfigError
 from reference_engine.executor.base import Executor, SamplingParams
@@ -70,7 +70,9 @@ class StatsObserver(Protocol):
     def observe_finished(self, finish_reason: str, e2e_s: float, queue_s: float | None) -> None: ...
 
 
-class _NullObserver:
+class NullObserver:
+    """Observes nothing: the engine's default, and what a caller that replays steps itself checks for."""
+
     def observe_iteration_tokens(self, num_tokens: int) -> None: ...
     def observe_ttft(self, seconds: float) -> None: ...
     def observe_itl(self, seconds: float) -> None: ...
@@ -119,7 +121,9 @@ class GenerateOutput:
 
 
 @dataclass(slots=True)
-class _Request:
+class RequestState:
+    """The engine's record of one request: its sequence, where its tokens go, and its times."""
+
     seq: Sequence
     on_token: Callable[[TokenEvent], None] | None
     arrival_s: float
@@ -138,7 +142,10 @@ class LLMEngine:
         *,
         wait_until: Callable[[float], None] | None = None,
         observer: StatsObserver | None = None,
+        block_manager: BlockManager | None = None,
     ) -> None:
+        """`wait_until(t_s)` waits on `clock` until `t_s` (a modeled step's end); `block_manager` replaces the
+        one the scheduler would build from `config` (a simulator's, say)."""
         if executor.block_size != config.block_size:
             raise ConfigError("block_size", executor.block_size, f"executor's differs from config's {config.block_size}")
         if executor.num_blocks != config.num_blocks:
@@ -148,13 +155,13 @@ class LLMEngine:
         self.clock: EngineClock = clock if clock is not None else _MonotonicClock()
         if wait_until is None:
             wait_until = self.clock.advance_to if isinstance(self.clock, VirtualClock) else self._sleep_until
-        self._wait_until = wait_until
-        self.observer: StatsObserver = observer if observer is not None else _NullObserver()
-        self.scheduler = Scheduler(config, eos_token_id=executor.eos_token_id)
-        self._requests: dict[int, _Request] = {}
+        self.wait_until = wait_until
+        self.observer: StatsObserver = observer if observer is not None else NullObserver()
+        self.scheduler = Scheduler(config, eos_token_id=executor.eos_token_id, block_manager=block_manager)
+        self._requests: dict[int, RequestState] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()
-        self._pending_adds: list[_Request] = []
+        self._pending_adds: list[RequestState] = []
         self._pending_aborts: list[int] = []
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -211,7 +218,7 @@ class LLMEngine:
             )
             if unshared_from is not None:
                 seq.unshared_from = unshared_from
-            self._pending_adds.append(_Request(seq, on_token, self.clock.now_s()))
+            self._pending_adds.append(RequestState(seq, on_token, self.clock.now_s()))
         self._wake.set()
         return rid
 
@@ -227,7 +234,7 @@ class LLMEngine:
 
     def step(self) -> list[TokenEvent]:
         """One iteration. Returns the token events it emitted (also sent to each request's callback)."""
-        events = self._apply_pending()
+        events = self.apply_pending()
         sched = self.scheduler
         if not sched.has_work():
             return events
@@ -242,7 +249,7 @@ class LLMEngine:
                 req.cached_tokens = req.seq.num_cached_tokens
         result = self.executor.execute(batch)
         if result.modeled_s is not None:
-            self._wait_until(t0 + result.modeled_s)
+            self.wait_until(t0 + result.modeled_s)
         t1 = self.clock.now_s()
         if self.step_log is not None:
             self.step_log.record(t0, t1, batch)
@@ -369,8 +376,46 @@ class LLMEngine:
             return False
         return True
 
-    # ---- internals ---------------------------------------------------------------------------------
-    def _apply_pending(self) -> list[TokenEvent]:
+    # ---- for a caller that takes steps itself (a simulator's fast path) -----------------------------
+    def has_pending_aborts(self) -> bool:
+        return bool(self._pending_aborts)
+
+    @property
+    def requests(self) -> Mapping[int, RequestState]:
+        """The open requests' states by id (a finished one is gone), read-only."""
+        return self._requests
+
+    def finish_by_length(self, seq: Sequence, now_s: float) -> None:
+        """`seq` sampled its last allowed token in a step taken outside `step()`: the scheduler frees it and
+        the request closes, as `step()` would have done."""
+        self.scheduler.finish(seq, FinishReason.LENGTH)
+        self._finished(self._requests[seq.seq_id], FinishReason.LENGTH, now_s)
+
+    def prefilled_sequence(self, prompt: SequenceABC[int], first_token: int, max_tokens: int, *, min_tokens: int = 0,
+                           ignore_eos: bool = False, sampling: SamplingParams | None = None,
+                           stop_check: Callable[[int], bool] | None = None) -> Sequence:
+        """A new request whose prompt was computed elsewhere (a prefill instance) and whose first token was
+        sampled there, with this engine's next id: the caller finds it blocks (its block manager's
+        `match_prefix`, `admit`), then hands it over with `adopt_prefilled` once its KV is here."""
+        sampling = sampling if sampling is not None else SamplingParams()
+        if sampling.min_tokens != min_tokens:
+            sampling = replace(sampling, min_tokens=min_tokens)
+        with self._lock:
+            rid = next(self._ids)
+        return Sequence(rid, [*prompt, first_token], max_tokens, min_tokens, ignore_eos, sampling, stop_check,
+                        num_prompt_tokens=len(prompt))
+
+    def adopt_prefilled(self, seq: Sequence, now_s: float, cached_tokens: int | None) -> None:
+        """`seq` (from `prefilled_sequence`, its blocks admitted) joins the running batch: its prompt's KV is
+        written, its first token is the last sampled one, first scheduled and first token both now."""
+        seq.num_computed_tokens = seq.num_prompt_tokens
+        self.scheduler.adopt_running(seq)
+        self._requests[seq.seq_id] = RequestState(seq, None, now_s, first_scheduled_s=now_s,
+                                                  cached_tokens=cached_tokens, first_token_s=now_s,
+                                                  last_token_s=now_s)
+
+    def apply_pending(self) -> list[TokenEvent]:
+        """Requests added and aborted since the last step take effect (what each step does first)."""
         if not (self._pending_adds or self._pending_aborts):
             return []
         with self._lock:
@@ -389,12 +434,13 @@ class LLMEngine:
             events.append(self._emit(req, None, FinishReason.ABORT, now))
         return events
 
-    def _finished(self, req: _Request, reason: str, now_s: float) -> None:
+    # ---- internals ---------------------------------------------------------------------------------
+    def _finished(self, req: RequestState, reason: str, now_s: float) -> None:
         del self._requests[req.seq.seq_id]
         queue_s = None if req.first_scheduled_s is None else req.first_scheduled_s - req.arrival_s
         self.observer.observe_finished(reason, now_s - req.arrival_s, queue_s)
 
-    def _emit(self, req: _Request, token_id: int | None, reason: str | None, now_s: float) -> TokenEvent:
+    def _emit(self, req: RequestState, token_id: int | None, reason: str | None, now_s: float) -> TokenEvent:
         ev = TokenEvent(req.seq.seq_id, token_id, reason, now_s, req.cached_tokens)
         if req.on_token is not None:
             try:

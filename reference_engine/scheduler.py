@@ -9,9 +9,6 @@ front of the queue. A step that preempted admits nobody.
 A waiting request is admitted only when blocks for its whole known token list fit now (vLLM PR #21809), so
 admission never forces a preemption by itself; a request that could never fit in the whole cache is
 rejected when it is added, instead of preempting forever.
-
-A request ends on its first EOS unless ignore_eos: `min_tokens` is honoured by the executor, which masks EOS
-out of the logits until that many tokens are generated (as vLLM does), not by keeping an early EOS here.
 """
 
 from __future__ import annotations
@@ -97,6 +94,16 @@ class Scheduler:
             seq.sampling = replace(seq.sampling, min_tokens=seq.min_tokens)
         seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
+        self._by_id[seq.seq_id] = seq
+
+    def adopt_running(self, seq: Sequence) -> None:
+        """`seq`, its blocks admitted and its computed count set, joins the running batch as it is (its KV was
+        computed elsewhere: a disaggregated prefill); its full blocks become findable by their prefix."""
+        if seq.seq_id in self._by_id:
+            raise ValueError(f"seq_id {seq.seq_id} is already scheduled")
+        self.block_manager.register_computed(seq)
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
         self._by_id[seq.seq_id] = seq
 
     def abort(self, seq_id: int) -> Sequence | None:
@@ -210,11 +217,14 @@ class Scheduler:
             seq.token_ids.append(token)
             reason = self._finish_reason(seq, token)
             if reason is not None:
-                self._finish(seq, reason)
+                self.finish(seq, reason)
             outputs.append(SeqOutput(seq, token, reason))
         return outputs
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        """A request ends on its first EOS unless ignore_eos: `min_tokens` is honoured by the executor, which
+        masks EOS out of the logits until that many tokens are generated (as vLLM does), not by keeping an
+        early EOS here."""
         if token == self.eos_token_id and not seq.ignore_eos:
             # Executors mask EOS until min_tokens (SamplingParams.min_tokens): one arriving earlier is an
             # executor bug, and ending the request here would silently break min_tokens.
@@ -230,7 +240,8 @@ class Scheduler:
             return FinishReason.LENGTH
         return None
 
-    def _finish(self, seq: Sequence, reason: str) -> None:
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """`seq` is done: it leaves the batch and its blocks are freed (its last token already appended)."""
         self.running.remove(seq)
         del self._by_id[seq.seq_id]
         self.block_manager.free(seq, finished=True)
@@ -243,29 +254,13 @@ class Scheduler:
         running request has more computed tokens than its blocks can hold."""
         bm = self.block_manager
         bm.check()
-        refs: dict[int, int] = {}
-        private: set[int] = set()
         for seq in self.running:
             if seq.num_computed_tokens > len(seq.block_table) * bm.block_size:
                 raise AssertionError(f"seq {seq.seq_id} computed {seq.num_computed_tokens} past its blocks")
             # All known tokens have blocks, except a just-sampled one whose block comes with its next step.
             if len(seq.block_table) not in (cdiv(seq.num_tokens, bm.block_size), cdiv(seq.num_tokens - 1, bm.block_size)):
                 raise AssertionError(f"seq {seq.seq_id}: {len(seq.block_table)} blocks for {seq.num_tokens} tokens")
-            for i, bid in enumerate(seq.block_table):
-                if i >= seq.unshared_from:  # private: held by it alone, no reference count written
-                    if bid in private:
-                        raise AssertionError(f"private block {bid} held twice")
-                    private.add(bid)
-                else:
-                    refs[bid] = refs.get(bid, 0) + 1
         for seq in self.waiting:
             if seq.block_table:
                 raise AssertionError(f"waiting seq {seq.seq_id} holds blocks {seq.block_table}")
-        if not private.isdisjoint(refs) or len(private) != bm.num_private:
-            raise AssertionError(f"{len(private)} private blocks held, {bm.num_private} counted, "
-                                 f"{len(private & refs.keys())} also referenced")
-        for block in bm.blocks:
-            if block.ref_count != refs.get(block.block_id, 0):
-                raise AssertionError(
-                    f"block {block.block_id}: ref_count {block.ref_count}, held {refs.get(block.block_id, 0)} times"
-                )
+        bm.check_holders(self.running)

@@ -361,7 +361,7 @@ def _bind(host: str, port: int) -> socket.socket:
     The protocol must be named: asyncio sets TCP_NODELAY on accepted connections only for sockets whose
     `proto` is IPPROTO_TCP, and `socket.socket(family, SOCK_STREAM)` leaves it 0. Without it, Nagle's
     algorithm meets the client's delayed ACK on a reused connection and every streamed chunk of a request
-    is held back to ~40 ms, arriving in one read (issue 19). Linux also copies TCP_NODELAY from the
+    is held back to ~40 ms, arriving in one read. Linux also copies TCP_NODELAY from the
     listening socket to the accepted ones, so it is set here too.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -406,7 +406,7 @@ def serve(
     app = build_app(engine, name, tokenizer, api_key, on_ready=ready, body_timeout_s=body_timeout_s,
                     faults=faults)
     # Idle and slow connections are closed: a head must arrive within header_timeout_s, a body within
-    # body_timeout_s, and an idle keep-alive connection lasts keep_alive_s (issue 13, slow-loris).
+    # body_timeout_s, and an idle keep-alive connection lasts keep_alive_s (slow-loris).
     config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5,
                             http=protocol_with(header_timeout_s), timeout_keep_alive=keep_alive_s)
     try:

@@ -1,16 +1,7 @@
 """The engine's step log: one JSON line per step, with what the step held and how long it took.
 
 `python -m reference_engine.server --step-log steps.jsonl` (and `slobench serve --step-log`) writes, after a
-header line, one line per executed step:
-
-    {"t": 12.3456, "s": 0.0071, "p": 128, "d": 7, "c": 1534, "a": 17040, "f": 1, "n": 8}
-
-- `t`: when the step started, seconds on the engine's clock (the header's `origin_unix` + t is Unix time);
-- `s`: its duration, the executor's forward and sampling (what a cost profile models), in seconds;
-- `p` prompt tokens computed, `d` sequences decoding one token, `c` tokens in context (the KV attended over),
-  `a` (query, key) attention pairs, `f` requests sampling their first token, `n` sequences in the step.
-
-These are the quantities `CostProfile.step_s` takes, so any profile can be scored against the steps a served
+header line, one line per executed step (`StepLog`'s doc gives its fields). These are the quantities `CostProfile.step_s` takes, so any profile can be scored against the steps a served
 run actually made (`predicted_s`, `speed_ratio`), and the machine's speed during a run compared with its speed
 when a profile was fitted (`machine_speed`: a model of step time fitted on the reference steps scores both on
 their own compositions): on a shared machine whose speed drifts, that tells a simulator's error from the
@@ -29,6 +20,7 @@ from typing import IO, Any
 
 from reference_engine.errors import ConfigError
 from reference_engine.executor.base import StepBatch
+from reference_engine.executor.modeled_executor import CostProfile
 
 log = logging.getLogger(__name__)
 FIELDS = ("t", "s", "p", "d", "c", "a", "f", "n")
@@ -36,7 +28,15 @@ FORMAT = "slobench-step-log/1"
 
 
 class StepLog:
-    """Appends one line per step to `path` (created, or truncated, with a header line)."""
+    """Appends one line per step to `path` (created, or truncated, with a header line):
+
+        {"t": 12.3456, "s": 0.0071, "p": 128, "d": 7, "c": 1534, "a": 17040, "f": 1, "n": 8}
+
+    - `t`: when the step started, seconds on the engine's clock (the header's `origin_unix` + t is Unix time);
+    - `s`: its duration, the executor's forward and sampling (what a cost profile models), in seconds;
+    - `p` prompt tokens computed, `d` sequences decoding one token, `c` tokens in context (the KV attended
+      over), `a` (query, key) attention pairs, `f` requests sampling their first token, `n` sequences in it.
+    """
 
     def __init__(self, path: str | Path, *, clock_now_s: float = 0.0, header: dict[str, Any] | None = None) -> None:
         try:
@@ -111,8 +111,6 @@ def predicted_s(profile: Any, steps: list[dict[str, float]]) -> float:
 def fit_steps(steps: list[dict[str, float]], name: str = "steps") -> Any:
     """A linear CostProfile (a + b·prompt tokens + c·decoding sequences + d·context) fitted by least squares
     on logged steps: the executor's own time, a reference to score other steps against (`machine_speed`)."""
-    from reference_engine.executor.modeled_executor import CostProfile
-
     return CostProfile.fit(name, ((s["s"], int(s["p"]), int(s["d"]), int(s["c"])) for s in steps))
 
 

@@ -156,7 +156,8 @@ def start_token_server() -> Iterator[Callable[..., TokenServerProcess]]:
 @pytest.fixture
 def simulated_engines(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Every LLMEngine slobench.fleet.simulate builds from now on, in order (each run builds one from its
-    factory, then the one it steps): to compare the state engines end in."""
+    factory, then the one it steps, in slobench.fleet.replica): to compare the state engines end in."""
+    import slobench.fleet.replica
     import slobench.fleet.simulate
     from reference_engine.engine import LLMEngine
 
@@ -168,4 +169,5 @@ def simulated_engines(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
             built.append(self)
 
     monkeypatch.setattr(slobench.fleet.simulate, "LLMEngine", Recorded)
+    monkeypatch.setattr(slobench.fleet.replica, "LLMEngine", Recorded)
     return built

@@ -13,11 +13,11 @@ from slobench.errors import SpecError
 from slobench.experiments.capacity import (
     RunMeasure,
     SearchOptions,
-    probe_dir_name,
     replicate_crossings,
     search_capacity,
     tightest_slo_scale,
 )
+from slobench.experiments.probe import probe_dir_name
 from slobench.run.clock import Clock
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.run.rundir import load_run

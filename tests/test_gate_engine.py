@@ -19,7 +19,8 @@ import pytest
 from slobench.analysis.slo import SLO
 from slobench.cli import main
 from slobench.experiments.capacity import SearchOptions, search_capacity
-from slobench.fleet.simulate import ModeledEngine, SimulatedMeasure, sweep_crossing
+from slobench.experiments.probe import SimulatedMeasure
+from slobench.fleet.simulate import ModeledEngine, sweep_crossing
 from slobench.gate import Samples, gate, rate_key
 
 ROOT = Path(__file__).resolve().parents[1]

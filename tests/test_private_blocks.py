@@ -1,4 +1,4 @@
-"""Private blocks (reference_engine.block_manager's doc): a simulation that knows every prompt keeps the
+"""Private blocks (slobench.fleet.sim_blocks.SimBlockManager's doc): a simulation that knows every prompt keeps
 blocks no other prompt shares without per-block bookkeeping, and must see exactly what keeping every block
 in full sees: the same hits, the same evictions, the same records, preemptions included."""
 
@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from reference_engine import block_manager as bm_module
-from reference_engine.block_manager import BlockAccountingError, BlockManager, shared_prefix_blocks
+from reference_engine.block_manager import BlockAccountingError, BlockManager
 from reference_engine.engine import LLMEngine
 from reference_engine.sequence import NEVER_PRIVATE, Sequence
+from slobench.fleet.sim_blocks import SimBlockManager, shared_prefix_blocks
 from slobench.fleet.simulate import simulate_records
 from slobench.workload import generate, load_workload
 
@@ -39,7 +40,7 @@ def test_shared_prefix_blocks_finds_the_longest_share_among_many() -> None:
     assert out == [*range(1, 10), 9]
 
 
-def _finish(bm: BlockManager, seq: Sequence, unshared_from: int) -> Sequence:
+def _finish(bm: SimBlockManager, seq: Sequence, unshared_from: int) -> Sequence:
     seq.unshared_from = unshared_from
     bm.admit(seq, bm.match_prefix(seq))
     seq.num_computed_tokens = seq.num_tokens
@@ -49,7 +50,7 @@ def _finish(bm: BlockManager, seq: Sequence, unshared_from: int) -> Sequence:
 
 
 def test_a_finished_private_tail_is_one_unreachable_run_evicted_in_block_order() -> None:
-    bm = BlockManager(12, BS)
+    bm = SimBlockManager(12, BS)
     bm.use_unkeyed_hash()
     shared = list(range(100, 108))  # 2 blocks another prompt shares
     a = _finish(bm, Sequence(0, shared + list(range(200, 213)), max_tokens=1), 2)  # 6 blocks, 5 full
@@ -79,8 +80,8 @@ def test_a_finished_private_tail_is_one_unreachable_run_evicted_in_block_order()
 
 
 def test_a_preempted_private_sequence_is_registered_and_hits_its_own_blocks() -> None:
-    private = BlockManager(10, BS)
-    full = BlockManager(10, BS)
+    private = SimBlockManager(10, BS)
+    full = SimBlockManager(10, BS)
     found = []
     for bm, unshared in ((private, 0), (full, NEVER_PRIVATE)):
         bm.use_unkeyed_hash()
@@ -96,7 +97,7 @@ def test_a_preempted_private_sequence_is_registered_and_hits_its_own_blocks() ->
 
 
 def test_check_counts_private_blocks() -> None:
-    bm = BlockManager(8, BS)
+    bm = SimBlockManager(8, BS)
     seq = _finish(bm, Sequence(0, list(range(9)), max_tokens=1), 1)
     bm._num_private += 1  # a private block said to be held that nothing holds
     with pytest.raises(BlockAccountingError, match="private"):

@@ -13,6 +13,7 @@ from reference_engine.config import EngineConfig
 from reference_engine.executor.base import StepResult
 from reference_engine.scheduler import Scheduler
 from reference_engine.sequence import SeqStatus, Sequence
+from slobench.fleet.sim_blocks import SimBlockManager
 from slobench.fleet.simulate import ModeledEngine, simulate_records
 from slobench.run.records import RequestSpec, with_drawn_ids
 from slobench.workload import generate, load_workload
@@ -88,7 +89,7 @@ def test_the_unkeyed_hash_finds_the_same_prefixes_as_the_keyed_one() -> None:
             bm.check()
         return out
 
-    unkeyed = BlockManager(8, BS)
+    unkeyed = SimBlockManager(8, BS)
     unkeyed.use_unkeyed_hash()
     assert hits(unkeyed) == hits(BlockManager(8, BS, hash_key=b"k" * 32)) == [[], [0, 1], [0, 1, 2, 3]]
     with pytest.raises(BlockAccountingError):

@@ -16,9 +16,10 @@ from reference_engine.tokenizer import ByteTokenizer
 from slobench.analysis.slo import SLO
 from slobench.errors import EngineConfigError
 from slobench.experiments.capacity import SearchOptions, search_capacity
+from slobench.experiments.probe import SimulatedMeasure
 from slobench.fleet.simulate import (
     ModeledEngine,
-    SimulatedMeasure,
+    SimOptions,
     simulate_records,
     simulate_run,
     sweep_crossing,
@@ -242,6 +243,19 @@ def test_bad_fleets_are_refused() -> None:
             simulate_records([spec(0, 0.0)], ENGINE, replicas=n)  # type: ignore[arg-type]
     with pytest.raises(EngineConfigError, match="router"):
         simulate_records([spec(0, 0.0)], ENGINE, replicas=2, router="random")
+
+
+def test_options_are_checked_once_and_given_one_way() -> None:
+    for bad in ({"jitter_sd": -0.1}, {"request_overhead_s": float("inf")}, {"api": "responses"},
+                {"router": "random"}, {"replicas": 0}):
+        with pytest.raises(EngineConfigError, match=next(iter(bad))):
+            SimOptions(**bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="twice"):
+        simulate_records([spec(0, 0.0)], ENGINE, SimOptions(seed=1), seed=2)
+    specs = [spec(i, 0.01 * i) for i in range(20)]
+    given = simulate_records(specs, ENGINE, SimOptions(seed=3, jitter_sd=0.05, replicas=2))
+    named = simulate_records(specs, ENGINE, seed=3, jitter_sd=0.05, replicas=2)
+    assert [r.to_json() for r in given] == [r.to_json() for r in named]
 
 
 def test_prefix_balanced_leaves_an_overloaded_home() -> None:

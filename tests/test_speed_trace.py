@@ -9,7 +9,8 @@ import pytest
 
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.errors import SpecError
-from slobench.fleet.simulate import SpeedTrace, simulate_records
+from slobench.fleet.replica import SpeedTrace
+from slobench.fleet.simulate import simulate_records
 from slobench.workload import generate, load_workload
 
 

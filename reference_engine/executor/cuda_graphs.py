@@ -2,14 +2,7 @@
 
 A decode step of a small model on a GPU is mostly kernel-launch overhead on the host (hundreds of launches
 for a few hundred microseconds of device work), so vLLM and SGLang replay captured graphs for decode. A
-graph replays fixed shapes and fixed pointers, hence:
-
-- static input buffers (token ids, positions, slot mapping, context lengths, block tables padded to a fixed
-  width), of the largest batch size; the graph of size B reads their first B rows;
-- a batch of n sequences is padded up to the next captured size with rows of context 0 and slot -1: the
-  KV write skips them and attention gives zeros for them (never NaN), and their hidden states are dropped;
-- the decode kernel gets the host int `max_context_len` = the captured width in tokens (no host sync, and
-  it bounds every real context because wider ones never reach the graph).
+graph replays fixed shapes and fixed pointers (`DecodeGraphRunner`'s doc says what that asks).
 
 Two parts, kept apart so the first is tested on any machine: `GraphPlan` (pure Python: which sizes exist,
 whether a step fits and at which size) and `DecodeGraphRunner` (the buffers, the capture, the replay). The
@@ -247,7 +240,15 @@ class _StaticDecodeAttention:
 
 class DecodeGraphRunner:
     """Padded decode steps over static buffers: replayed from a CUDA graph when one was captured for the
-    padded size, run eagerly (same buffers, same kernels dispatch) otherwise.
+    padded size, run eagerly (same buffers, same kernels dispatch) otherwise. A graph replays fixed shapes
+    and fixed pointers, hence:
+
+    - static input buffers (token ids, positions, slot mapping, context lengths, block tables padded to a
+      fixed width), of the largest batch size; the graph of size B reads their first B rows;
+    - a batch of n sequences is padded up to the next captured size with rows of context 0 and slot -1: the
+      KV write skips them and attention gives zeros for them (never NaN), and their hidden states are dropped;
+    - the decode kernel gets the host int `max_context_len` = the captured width in tokens (no host sync, and
+      it bounds every real context because wider ones never reach the graph).
 
     The graphs capture the model's forward to the final-normed hidden states only; the vocabulary
     projection and sampling stay eager (as in vLLM), so no [batch, vocab] logits live in graph memory."""

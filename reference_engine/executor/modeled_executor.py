@@ -6,8 +6,6 @@
 
 The two max() terms are a roofline (slobench.profiles.roofline fills them from a GPU spec and a model
 config); they are zero in a fitted linear profile, which then reads as the first line alone.
-`attention_pairs` counts (query, key) pairs: a chunk of n tokens after `start` cached ones has
-n*start + n*(n+1)/2; a decode token has its context.
 
 It lets the real scheduler and block manager run at GPU-like speed on any machine (the engine waits until
 step start + step_s on its clock). Sampled tokens are deterministic pseudo-random ids from (seq_id, position),
@@ -18,19 +16,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
+from collections.abc import Sequence as SequenceABC
 from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from reference_engine.errors import ConfigError
 from reference_engine.executor.base import StepBatch, StepResult
+from reference_engine.splitmix import splitmix64, splitmix64_array
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 # Profiles built by a function rather than read from a file, by name prefix: slobench.profiles registers
 # "roofline:" (a GPU spec and a model config). The engine imports nothing from slobench: whoever offers
 # such profiles registers them here before a name reaches `CostProfile.load`.
 PROFILE_BUILDERS: dict[str, Callable[[str], CostProfile]] = {}
-_MASK64 = (1 << 64) - 1
 _COEFFICIENTS = ("step_overhead_s", "per_prefill_token_s", "per_decode_seq_s", "per_context_token_s",
                  "compute_per_token_s", "weights_read_s", "attention_per_pair_s", "kv_read_per_context_token_s",
                  "per_request_s")
@@ -70,7 +72,9 @@ class CostProfile:
         self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int,
         num_attention_pairs: int | None = None, num_first_tokens: int = 0,
     ) -> float:
-        """`num_attention_pairs` None: the context tokens (exact for a step of decodes only).
+        """`num_attention_pairs` counts (query, key) pairs: a chunk of n tokens after `start` cached ones has
+        n*start + n*(n+1)/2; a decode token has its context. None: the context tokens (exact for a step of
+        decodes only).
         `num_first_tokens`: requests sampling their first token in the step (each costs `per_request_s`)."""
         t = (
             self.step_overhead_s
@@ -136,8 +140,6 @@ class CostProfile:
         Calibrate by timing real steps (e.g. the torch executor with the device synchronised) over a mix of
         batch sizes, prompt chunks and context lengths; negative coefficients are clipped to zero.
         """
-        import numpy as np  # only the calibration path needs it
-
         rows = np.asarray(list(samples), dtype=float)
         if rows.ndim != 2 or rows.shape[0] < 4 or rows.shape[1] != 4:
             raise ConfigError("samples", rows.shape, "need at least 4 rows of (step_s, prefill, decode, context)")
@@ -147,12 +149,8 @@ class CostProfile:
         return cls(name, a, b, c, d, note=f"fitted by least squares on {len(rows)} measured steps")
 
 
-def _mix64(x: int) -> int:
-    """splitmix64's finaliser: a cheap, well-spread integer hash."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
+_head = lru_cache(maxsize=1 << 14)(splitmix64)  # a sequence's first hash, the same for each of its tokens
+_S32 = np.uint64(32)
 
 
 class ModeledExecutor:
@@ -188,17 +186,44 @@ class ModeledExecutor:
         self.num_steps = 0
         self.total_modeled_s = 0.0
 
+    @property
+    def samples_eos(self) -> bool:
+        """Whether a draw can be EOS (`eos_probability` > 0)."""
+        return bool(self._eos_threshold)
+
+    @property
+    def token_id_range(self) -> tuple[int, int]:
+        """(lo, hi): sampled ids lie in [lo, hi)."""
+        return self._lo, self._lo + self._span
+
     def token_at(self, seq_id: int, position: int, *, allow_eos: bool = True) -> int:
         """The token sampled after `position` tokens of sequence `seq_id` (a pure function). With
         `allow_eos` False (a request short of its min_tokens) the draw that would be EOS gives the id the
         draw maps to otherwise, as if EOS were masked out."""
-        r = _mix64(_mix64(seq_id ^ (self._seed << 32)) ^ position)
+        r = splitmix64(splitmix64(seq_id ^ (self._seed << 32)) ^ position)
         if allow_eos and self._eos_threshold and (r & 0xFFFFFFFF) < self._eos_threshold:
             return self.eos_token_id  # type: ignore[return-value]
         token = self._lo + (r >> 32) % self._span
         if token == self.eos_token_id:
             token = self._lo + (token - self._lo + 1) % self._span
         return token
+
+    def tokens_at(self, seq_ids: SequenceABC[int], starts: SequenceABC[int], ends: SequenceABC[int]) -> list[list[int]]:
+        """`token_at(seq_ids[i], p)` for p from `starts[i]` up to `ends[i]`, for every i, in one vectorised
+        pass (EOS never drawn: for a caller that has checked `samples_eos` is False)."""
+        lens = [e - n for n, e in zip(starts, ends, strict=True)]
+        seed = self._seed << 32
+        heads = np.repeat(np.array([_head(sid ^ seed) for sid in seq_ids], dtype=np.uint64), lens)
+        offsets = np.cumsum([0, *lens[:-1]], dtype=np.int64)
+        pos = np.arange(len(heads), dtype=np.int64) + np.repeat(np.array(starts, dtype=np.int64) - offsets, lens)
+        r = splitmix64_array(heads ^ pos.astype(np.uint64))
+        lo, span = np.uint64(self._lo), np.uint64(self._span)
+        tok = lo + (r >> _S32) % span
+        if self.eos_token_id is not None and self._lo <= self.eos_token_id < self._lo + self._span:
+            eos = np.uint64(self.eos_token_id)
+            tok = np.where(tok == eos, lo + (tok - lo + np.uint64(1)) % span, tok)
+        flat: list[int] = tok.tolist()
+        return [flat[o : o + n] for o, n in zip(offsets.tolist(), lens, strict=True)]
 
     def execute(self, batch: StepBatch) -> StepResult:
         prefill, decode, context, pairs, firsts = batch.features()

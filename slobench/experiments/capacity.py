@@ -5,23 +5,7 @@ upward geometrically from a start rate until attainment breaks (downward if the 
 misses), then bisects the bracket until it is narrower than a relative tolerance. The answer's error bar
 comes from *replicate runs at the bracket edges*, never from intervals over the requests of one run: near
 saturation those requests share a queue and are strongly correlated (NOTES-statistics: variance
-inflated 3-50x), so replicates with different seeds are the honest unit.
-
-How one replicate becomes one capacity number (the choice, and why):
-  Each replicate seed s is run at both bracket edges lo and hi (optionally widened: `replicate_edges`)
-  with the same seed (common random numbers:
-  the same requests, the arrival times scaled by the rate), giving a_lo[s] and a_hi[s]. Its crossing is
-  found by linear interpolation (DistServe's goodput definition) through its own level at the bracket
-  mid-point, ā_s = (a_lo[s] + a_hi[s]) / 2, with the slope β pooled over all replicates:
-      c_s = (lo + hi) / 2 + (ā_s - target) / β,     β = (mean a_lo - mean a_hi) / (hi - lo)
-  A per-seed slope would divide by the difference of two noisy numbers over a bracket only ~5% wide and
-  explode whenever one seed's curve is flat or non-monotone there; pooling keeps each c_s linear in that
-  seed's data. The capacity is the mean of c_s; its interval is a Student-t interval with a jackknife
-  (leave one seed out) standard error: it carries the between-seed variance (queueing correlation
-  included) and, because each leave-one-out sample re-pools the slope, the slope's uncertainty too
-  (synthetic logistic curves: 94-96% coverage at 95% nominal with 5 replicates; a t-interval over the
-  c_s alone gave 82-91%). If the replicates' pooled slope is not positive (noise swamped a flat curve),
-  the search bracket's own slope is used instead.
+inflated 3-50x), so replicates with different seeds are the honest unit (`replicate_crossings`).
 """
 
 from __future__ import annotations
@@ -34,10 +18,13 @@ from typing import Any, Literal
 
 import numpy as np
 
+from slobench.analysis.metrics import RecordArrays
 from slobench.analysis.slo import t_interval
 from slobench.analysis.summary import RunSummary
 from slobench.errors import SpecError
-from slobench.experiments.probe import LiveProbe, ProbeMeasure, probe_dir_name  # noqa: F401  (probe_dir_name: its old home)
+from slobench.experiments.probe import LiveProbe, ProbeMeasure
+from slobench.gate import workload_identity
+from slobench.run.rundir import load_run
 
 SHORT_PROBE_S = 30.0  # probes near capacity shorter than this get a note (see short_probe_note)
 
@@ -157,8 +144,6 @@ def capacity_document(result: CapacityResult | FixedRates, *, slo: Any, manifest
     """What capacity.json holds (written by `records.write_capacity`): the result, the SLO, the workload's
     identity (what the gate pairs baselines by), the target and manifest; goodput per GPU when `gpus` is
     known; with `slo_scale_dir` (the search's directory), DistServe's tightest SLO scale per edge rate."""
-    from slobench.gate import workload_identity
-
     doc: dict[str, Any] = result.to_dict() if isinstance(result, FixedRates) else {"mode": "search", **result.to_dict()}
     doc |= {"slo": slo.to_dict(), "workload": workload_identity(manifest),
             "target": manifest["target"], "manifest": manifest}
@@ -174,8 +159,6 @@ def capacity_document(result: CapacityResult | FixedRates, *, slo: Any, manifest
 
 def slo_scales(out: Path, doc: dict[str, Any], slo: Any) -> list[dict[str, Any]]:
     """Per rate: the tightest SLO scale each replicate run still meets the target at (DistServe's view)."""
-    from slobench.run.rundir import load_run
-
     reps = [p for p in doc["probes"] if p["phase"] == "replicate" and p.get("run_dir")]
     if doc.get("replicate_edges_rps") or doc.get("bracket_rps"):
         reps = [p for p in reps if p["rate_rps"] == (doc.get("replicate_edges_rps") or doc["bracket_rps"])[0]]
@@ -328,7 +311,24 @@ def interpolate(bracket: tuple[float, float], a_lo: float, a_hi: float, target: 
 def replicate_crossings(
     bracket: tuple[float, float], edges: Sequence[tuple[float, float]], target: float, fallback_slope: float
 ) -> tuple[list[float], float]:
-    """Per-seed crossing rates from (attainment at lo, attainment at hi) pairs; see the module docstring."""
+    """Per-seed crossing rates from (attainment at lo, attainment at hi) pairs, and the pooled slope: how one
+    replicate becomes one capacity number (the choice, and why).
+
+      Each replicate seed s is run at both bracket edges lo and hi (optionally widened: `replicate_edges`)
+      with the same seed (common random numbers:
+      the same requests, the arrival times scaled by the rate), giving a_lo[s] and a_hi[s]. Its crossing is
+      found by linear interpolation (DistServe's goodput definition) through its own level at the bracket
+      mid-point, ā_s = (a_lo[s] + a_hi[s]) / 2, with the slope β pooled over all replicates:
+          c_s = (lo + hi) / 2 + (ā_s - target) / β,     β = (mean a_lo - mean a_hi) / (hi - lo)
+      A per-seed slope would divide by the difference of two noisy numbers over a bracket only ~5% wide and
+      explode whenever one seed's curve is flat or non-monotone there; pooling keeps each c_s linear in that
+      seed's data. The capacity is the mean of c_s; its interval is a Student-t interval with a jackknife
+      (leave one seed out) standard error: it carries the between-seed variance (queueing correlation
+      included) and, because each leave-one-out sample re-pools the slope, the slope's uncertainty too
+      (synthetic logistic curves: 94-96% coverage at 95% nominal with 5 replicates; a t-interval over the
+      c_s alone gave 82-91%). If the replicates' pooled slope is not positive (noise swamped a flat curve),
+      the search bracket's own slope is used instead.
+    """
     lo, hi = bracket
     a = np.asarray(edges, dtype=float)
     slope = float((np.nanmean(a[:, 0]) - np.nanmean(a[:, 1])) / (hi - lo))
@@ -405,8 +405,6 @@ def tightest_slo_scale(records: Sequence[Any], slo: Any) -> float:
     (inf if it failed), attainment at scale k is the share of requests needing <= k, so the answer is the
     ceil(target * n)-th smallest need.
     """
-    from slobench.analysis.metrics import RecordArrays
-
     a = RecordArrays.from_records(records)
     n = len(a)
     if n == 0:

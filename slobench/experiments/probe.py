@@ -9,12 +9,21 @@ clock). Both write the same run directory (records, manifest, summary), so every
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from slobench.analysis.slo import SLO
+from slobench.fleet.disagg import split_fleet_knobs
+from slobench.fleet.replica import EngineFactory
+from slobench.fleet.simulate import SimOptions, as_factory, simulate_run
 from slobench.run.records import RequestRecord, RequestSpec
+from slobench.run.rundir import RunWriter
+from slobench.run.runner import run
+from slobench.targets.options import Api
+from slobench.workload import generate, load_workload
 
 if TYPE_CHECKING:
     from slobench.analysis.summary import RunSummary
@@ -54,8 +63,6 @@ class LiveProbe:
 
     async def __call__(self, rate_rps: float | None, seed: int, run_dir: Path | None,
                        manifest: dict[str, Any]) -> ProbeResult:
-        from slobench.run.runner import run
-
         self.last_monitors = self.monitors_for(run_dir) if self.monitors_for and run_dir is not None else ()
         res = await run(
             self.make_specs(rate_rps, seed), self.target, clock=self.clock, opts=self.opts, slo=self.slo,
@@ -71,46 +78,32 @@ class VirtualProbe:
     """The same run on the bundled engine's real scheduler and a virtual clock (`slobench.fleet.simulate`).
 
     `engine`: `build_engine` knobs (a disaggregated fleet's included) or an engine factory such as
-    `ModeledEngine`. `jitter_seed(rate_rps, seed)` seeds each probe's step-time noise (default: drawn from
-    the rate, the seed and the engine's name, so each probe of a search sees its own noise);
-    `request_overhead_s` moves every time after the send (`slobench.fleet.simulate`)."""
+    `ModeledEngine`; `opts` (`SimOptions`, or its fields as keywords): how each run is simulated, its seed
+    aside: `jitter_seed(rate_rps, seed)` seeds each probe's step-time noise (default: drawn from the rate,
+    the seed and the engine's name, so each probe of a search sees its own noise)."""
 
-    def __init__(self, make_specs: SpecMaker, engine: Mapping[str, Any] | Callable[[], Any], *, slo: Any,
-                 api: str = "completions", jitter_sd: float = 0.0, replicas: int = 1,
-                 router: str = "least-outstanding", intervals: bool = True,
-                 jitter_seed: Callable[[Any, int], int] | None = None,
-                 request_overhead_s: float = 0.0) -> None:
-        from slobench.fleet.disagg import split_fleet_knobs
-        from slobench.fleet.simulate import as_factory
-
-        self.disagg = None
+    def __init__(self, make_specs: SpecMaker, engine: Mapping[str, Any] | EngineFactory, *, slo: Any,
+                 opts: SimOptions | None = None, intervals: bool = True,
+                 jitter_seed: Callable[[Any, int], int] | None = None, **knobs: Any) -> None:
+        opts = SimOptions.of(opts, knobs)
         if isinstance(engine, Mapping):
-            engine, self.disagg = split_fleet_knobs(dict(engine), router)
+            engine, disagg = split_fleet_knobs(dict(engine), opts.router)
+            if disagg is not None and opts.disagg is None:
+                opts = replace(opts, disagg=disagg)
         self.factory = as_factory(engine)
         self.name = str(getattr(self.factory, "name", "") or type(self.factory).__name__)
         self.make_specs = make_specs
         self.slo = slo
-        self.api = api
-        self.jitter_sd = jitter_sd
-        self.replicas = replicas
-        self.router = router
+        self.opts = opts
         self.intervals = intervals
         self.jitter_seed = jitter_seed
-        self.request_overhead_s = request_overhead_s
 
     async def __call__(self, rate_rps: float | None, seed: int, run_dir: Path | None,
                        manifest: dict[str, Any]) -> ProbeResult:
-        from slobench.fleet.simulate import simulate_run
-        from slobench.run.rundir import RunWriter
-
         specs = self.make_specs(rate_rps, seed)
-        records, summary = simulate_run(
-            list(specs), self.factory, slo=self.slo,
-            seed=self.jitter_seed(rate_rps, seed) if self.jitter_seed else probe_jitter_seed(rate_rps, seed, self.name),
-            jitter_sd=self.jitter_sd,
-            api=self.api, intervals=self.intervals, replicas=self.replicas, router=self.router,  # type: ignore[arg-type]
-            disagg=self.disagg, request_overhead_s=self.request_overhead_s,
-        )
+        noise_seed = self.jitter_seed(rate_rps, seed) if self.jitter_seed else probe_jitter_seed(rate_rps, seed, self.name)
+        records, summary = simulate_run(list(specs), self.factory, replace(self.opts, seed=noise_seed), slo=self.slo,
+                                        intervals=self.intervals)
         if (row_report := getattr(specs, "row_report", None)) is not None:
             summary = replace(summary, trace_rows=row_report())  # a trace: what its rows became, as a live run says it
         if run_dir is not None:
@@ -124,8 +117,6 @@ class VirtualProbe:
 def probe_jitter_seed(rate_rps: float | None, seed: int, engine_name: str, trial: int = 0) -> int:
     """A probe's step-time noise seed: (trial, rate, seed, engine), so a second trial of the same requests
     sees fresh noise."""
-    import zlib
-
     rate = None if rate_rps is None else round(rate_rps, 6)  # None: the workload's (or trace's) own rate
     return zlib.crc32(repr((trial, rate, seed, engine_name)).encode())
 
@@ -160,3 +151,64 @@ class ProbeMeasure:
         if self.on_probe is not None:
             self.on_probe(rate_rps, seed, summary)
         return summary
+
+
+class SimulatedMeasure(ProbeMeasure):
+    """`slobench.experiments.capacity`'s `measure(rate_rps, seed) -> summary`, on the virtual clock: a `ProbeMeasure`
+    over a `VirtualProbe`.
+
+    `workload`: a WorkloadSpec, a bundled workload name or TOML path, or a `(rate_rps, seed) -> specs`
+    callable (e.g. the CLI's trace replay). The jitter stream of each probe is drawn from
+    (trial, rate, seed, engine name), so two measures differing only in `trial` see fresh timing noise on
+    the same requests. With `out_dir`, each probe is also written as a run directory (records, manifest,
+    summary) named as a live probe's is, so gates and reports read simulated probes like real ones.
+    `opts` (`SimOptions`, or its fields as keywords): how each probe is simulated; its API is the
+    workload's unless `api` says otherwise.
+    """
+
+    def __init__(
+        self,
+        workload: Any,
+        engine: Mapping[str, Any] | EngineFactory,
+        slo: SLO,
+        opts: SimOptions | None = None,
+        *,
+        num_requests: int | None = None,
+        duration_s: float | None = None,
+        input_len: int | None = None,
+        output_len: int | None = None,
+        api: Api | None = None,
+        trial: int = 0,
+        intervals: bool = False,
+        out_dir: str | Path | None = None,
+        manifest: dict[str, Any] | None = None,
+        on_probe: Callable[[float, int, RunSummary], None] | None = None,
+        **knobs: Any,
+    ) -> None:
+        opts = SimOptions.of(opts, knobs)
+        make_specs: Callable[[float, int], Sequence[RequestSpec]]
+        if callable(workload):
+            make_specs = workload
+            api_: Api = api or "completions"
+        else:
+            wl = load_workload(workload) if isinstance(workload, str | Path) else workload
+            api_ = api or ("chat" if wl.api == "chat" else "completions")
+
+            def make_specs(rate_rps: float, seed: int) -> list[RequestSpec]:
+                return generate(wl, rate_rps=rate_rps, num_requests=num_requests, duration_s=duration_s, seed=seed,
+                                input_len=input_len, output_len=output_len, api=api_)
+
+        self.trial = trial
+        self.jitter_sd = opts.jitter_sd
+        probe = VirtualProbe(make_specs, engine, slo=slo, opts=replace(opts, api=api_), intervals=intervals,
+                             jitter_seed=self.jitter_seed)
+        self.factory = probe.factory
+        self.name = probe.name
+        super().__init__(probe, out_dir=out_dir, manifest=manifest, on_probe=on_probe)
+
+    def jitter_seed(self, rate_rps: float, seed: int) -> int:
+        return probe_jitter_seed(rate_rps, seed, self.name, self.trial)
+
+    def manifest_for(self, rate_rps: float, seed: int) -> dict[str, Any]:
+        return {**super().manifest_for(rate_rps, seed), "engine": repr(self.factory), "jitter_sd": self.jitter_sd,
+                "trial": self.trial}

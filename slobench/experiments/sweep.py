@@ -6,13 +6,15 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slobench.analysis.headline import headline
 from slobench.analysis.slo import SLO
 from slobench.errors import SpecError
-from slobench.experiments.probe import Probe
 from slobench.run.rundir import rate_dir_name, write_sweep
+
+if TYPE_CHECKING:  # a probe is only called here; its module imports the simulator
+    from slobench.experiments.probe import Probe
 
 
 def parse_rates(text: str) -> list[float]:

@@ -15,56 +15,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any
 from weakref import WeakKeyDictionary
 
-import numpy as np
-
-from reference_engine.block_manager import BlockManager
-from reference_engine.engine import LLMEngine, _NullObserver
-from reference_engine.executor.modeled_executor import ModeledExecutor, _mix64
-from reference_engine.sequence import NEVER_PRIVATE, FinishReason, SeqStatus, Sequence
-
-_C0, _C1, _C2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-_S30, _S27, _S31, _S32 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(32)
-
-
-def _mix64_array(x: np.ndarray) -> np.ndarray:
-    """`modeled_executor._mix64` on uint64 arrays (numpy's uint64 arithmetic wraps as the mask does)."""
-    x = x + _C0
-    x = (x ^ (x >> _S30)) * _C1
-    x = (x ^ (x >> _S27)) * _C2
-    return x ^ (x >> _S31)
-
-
-@lru_cache(maxsize=1 << 14)
-def _head(x: int) -> int:
-    return _mix64(x)  # a request's first hash, the same for each of its steps
+from reference_engine.engine import LLMEngine, NullObserver
+from reference_engine.executor.modeled_executor import ModeledExecutor
+from reference_engine.sequence import NEVER_PRIVATE, SeqStatus, Sequence
+from slobench.fleet.sim_blocks import SimBlockManager
 
 
 def _tokens_ahead(ex: ModeledExecutor, seqs: list[Sequence], starts: list[int] | None = None,
                   ends: list[int] | None = None) -> list[list[int]]:
     """`ex.token_at(seq_id, position)` for positions `starts`..`ends` of each seq (by default every position
-    it may still sample: from its length to its prompt plus max_tokens), in one vectorised pass over all of
-    them: position p of a seq gets mix(head ^ p), as `ModeledExecutor.token_at` draws it (EOS never drawn)."""
-    seed = ex._seed << 32
+    it may still sample: from its length to its prompt plus max_tokens), in one vectorised pass."""
     if starts is None:
         starts = [len(s.token_ids) for s in seqs]
     if ends is None:
         ends = [s.num_prompt_tokens + s.max_tokens for s in seqs]
-    lens = [e - n for n, e in zip(starts, ends, strict=True)]
-    heads = np.repeat(np.array([_head(s.seq_id ^ seed) for s in seqs], dtype=np.uint64), lens)
-    offsets = np.cumsum([0, *lens[:-1]], dtype=np.int64)
-    pos = (np.arange(len(heads), dtype=np.int64) + np.repeat(np.array(starts, dtype=np.int64) - offsets, lens))
-    r = _mix64_array(heads ^ pos.astype(np.uint64))
-    lo, span = np.uint64(ex._lo), np.uint64(ex._span)
-    tok = lo + (r >> _S32) % span
-    if ex.eos_token_id is not None and ex._lo <= ex.eos_token_id < ex._lo + ex._span:
-        eos = np.uint64(ex.eos_token_id)
-        tok = np.where(tok == eos, lo + (tok - lo + np.uint64(1)) % span, tok)
-    flat: list[int] = tok.tolist()
-    return [flat[o : o + n] for o, n in zip(offsets.tolist(), lens, strict=True)]
+    return ex.tokens_at([s.seq_id for s in seqs], starts, ends)
 
 
 # Per engine: seq_id -> (the position of its first token there, every token it may still sample from there).
@@ -84,13 +53,13 @@ _DRAWERS: WeakKeyDictionary[ModeledExecutor, Callable[[Sequence], None]] = WeakK
 
 def _extend_tokens(engine: LLMEngine, ex: ModeledExecutor, seqs: list[Sequence], k: int) -> None:
     """Append each seq's next `k` tokens, as the executor draws them; a private request (its blocks past what
-    any other prompt shares: reference_engine.block_manager) gets stand-ins, drawn only if it is ever
+    any other prompt shares: slobench.fleet.sim_blocks) gets stand-ins, drawn only if it is ever
     preempted (`Sequence.draw_tokens`): nothing else reads a token of its output, and drawing them was a
     sixth of a simulation."""
     drawer = _DRAWERS.get(ex)
     if drawer is None:
         drawer = _DRAWERS[ex] = partial(_draw_now, ex)
-    stand_ins = [ex._lo] * k
+    stand_ins = [ex.token_id_range[0]] * k
     drawn: list[Sequence] = []
     for s in seqs:
         if s.unshared_from != NEVER_PRIVATE:
@@ -131,7 +100,7 @@ class DecodeRun:
     first_step: dict[int, int] = field(default_factory=dict)  # seq_id -> index of its first token's step, if not 0
 
 
-def _head_stays_out(head: Sequence, running: list[Sequence], bm: BlockManager, fill: Sequence | None = None) -> bool:
+def _head_stays_out(head: Sequence, running: list[Sequence], bm: SimBlockManager, fill: Sequence | None = None) -> bool:
     """The queue's head cannot be admitted now, nor at any step of a decode run: decode steps only take
     blocks (fewer allocatable; a prompt filled chunk by chunk has all of its own already), and evicting a
     cached block its prefix hits on never lowers what the head needs by more than the allocatable pool
@@ -155,7 +124,7 @@ def _head_stays_out(head: Sequence, running: list[Sequence], bm: BlockManager, f
     return True
 
 
-def _admissions(sched: Any, decodes: list[Sequence], bm: BlockManager, first_alloc: list[int],
+def _admissions(sched: Any, decodes: list[Sequence], bm: SimBlockManager, first_alloc: list[int],
                 budget: int) -> list[tuple[Sequence, list[int]]] | None:
     """The queue's heads the next step admits, with their prefix hits, if nothing in that step can differ
     from what decode_run replays. The scheduler admits heads while the token budget lasts, max_num_seqs
@@ -216,16 +185,15 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     chunk over the next steps, samples its first token at the end of its last chunk, and decodes with the
     rest from there. While heads still wait that a step could admit, the run stops short of the first step
     that leaves them budget: the next run admits them. Returns what it did, or None (nothing done) when the
-    next step could be anything else, or the engine is not a modeled one."""
+    next step could be anything else, or the engine is not a modeled one with the simulator's block manager."""
     ex = engine.executor
-    if (type(ex) is not ModeledExecutor or ex._eos_threshold or engine._pending_aborts
-            or type(engine.observer) is not _NullObserver):
-        return None
-    if engine._pending_adds:
-        engine._apply_pending()  # what step() does first: arrivals join the queue (a full one keeps them out)
     sched = engine.scheduler
-    cfg = sched.config
     bm = sched.block_manager
+    if (type(ex) is not ModeledExecutor or ex.samples_eos or not isinstance(bm, SimBlockManager)
+            or engine.has_pending_aborts() or type(engine.observer) is not NullObserver):
+        return None
+    engine.apply_pending()  # what step() does first: arrivals join the queue (a full one keeps them out)
+    cfg = sched.config
     bs = bm.block_size
     max_tokens = cfg.max_num_batched_tokens
     decodes = list(sched.running)
@@ -275,7 +243,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
                 filled, fill = fill, None  # its last chunk comes with the first step, then it decodes
     if not batch and fill is None and not admitted:
         return None
-    clock, wait = engine.clock, engine._wait_until
+    clock, wait = engine.clock, engine.wait_until
     if num_steps < 1 or clock.now_s() >= until_s:
         return None
     profile = ex.profile
@@ -305,7 +273,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
                 bm.admit(head, hits)
                 head.status = SeqStatus.RUNNING
                 sched.running.append(head)
-                req = engine._requests[head.seq_id]
+                req = engine.requests[head.seq_id]
                 if req.first_scheduled_s is None:  # as step() records it
                     req.first_scheduled_s = t0
                     req.cached_tokens = head.num_cached_tokens
@@ -426,6 +394,20 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         k >= decodes_end or fill is not None) else []
     events += [(k - 1, 3, i, 0) for i in finished]
     events.sort()
+    t_end = times[-1]
+    first: dict[int, int | None] = {}
+    first_step: dict[int, int] = {}
+    requests = engine.requests
+    for s in seqs:  # before any finishes: a finished request's state is gone
+        req = requests[s.seq_id]
+        at = last_chunk if s is fill else 0
+        if req.first_token_s is None:  # a prompt whose last chunk came in this run (or was one token)
+            req.first_token_s = times[at]
+            engine.num_prompt_tokens += s.num_prompt_tokens
+            first[s.seq_id] = req.cached_tokens
+        if at:
+            first_step[s.seq_id] = at
+        req.last_token_s = t_end
     grow: list[Sequence] = []  # consecutive allocations, taken together in the same order
     for _j, phase, i, computed_then in events:
         s = every[i]
@@ -441,7 +423,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         else:
             if s.unshared_from <= s.num_hashed_blocks and caching:  # what its left-out registrations counted
                 s.num_hashed_blocks = (len(s.token_ids) - 1) // bs
-            sched._finish(s, FinishReason.LENGTH)
+            engine.finish_by_length(s, t_end)
     if grow:
         bm.grow_each(grow)
     for s, n in zip(decodes, starts, strict=True):
@@ -458,22 +440,6 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     else:
         engine.last_step_num_tokens = batch + (fill is not None)
     engine.num_generation_tokens += batch * k + max(emitted, 0)
-    requests = engine._requests
-    t_end = times[-1]
-    first: dict[int, int | None] = {}
-    first_step: dict[int, int] = {}
-    for s in seqs:
-        req = requests[s.seq_id]
-        at = last_chunk if s is fill else 0
-        if req.first_token_s is None:  # a prompt whose last chunk came in this run (or was one token)
-            req.first_token_s = times[at]
-            engine.num_prompt_tokens += s.num_prompt_tokens
-            first[s.seq_id] = req.cached_tokens
-        if at:
-            first_step[s.seq_id] = at
-        req.last_token_s = t_end
-    for i in finished:
-        engine._finished(requests[seqs[i].seq_id], FinishReason.LENGTH, t_end)
     return DecodeRun(seqs, times, [seqs[i] for i in finished], first, first_step)
 
 

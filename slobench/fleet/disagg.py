@@ -2,26 +2,9 @@
 
 Every instance is the bundled engine (real scheduler and block manager, modeled step times). A request is
 routed on arrival among the instances that take new prompts (co-located and prefill, one router). On a
-co-located instance it runs whole, as in `simulate_records`. On a prefill instance it runs with
-max_tokens=1: its prompt's KV is computed and its first token sampled. Then:
-
-  1. KV ready (prefill end): a second router picks a decode instance; the request queues there for room.
-  2. Transfer start: once the decode instance can hold the request (blocks for its prompt and first token,
-     as its scheduler admits, prefix hits there counted; a batch slot), it reserves them; the bytes not
-     already cached there, `bytes_per_token` each, leave over the prefill instance's link in FIFO order:
-     bytes / bandwidth, then the link's latency. The prefill instance keeps the prompt's blocks until the
-     bytes have left (as vLLM's NIXL connector delays freeing them).
-  3. KV landed: the request joins the decode instance's running batch at its next step boundary, with its
-     prompt's KV written and its first token as the last sampled one, and decodes there to the end.
-
-The client sees the first token when the KV has landed (TTFT includes the queue for room and the
-transfer), then a token at the end of every decode step that produced one: records are ordinary records,
-so every metric, report and gate reads them unchanged. `replica` on a record is the instance that took its
-prompt (co-located or prefill). Instances are numbered co-located first, then prefill, then decode.
-
-Not modeled: transfers overlapping the prefill layer by layer (the transfer starts when the prefill ends),
-link contention beyond one FIFO per prefill instance, and a decode instance preempting a request whose KV
-is in flight (its blocks are reserved, so it cannot be).
+co-located instance it runs whole, as in `simulate_records`; on a prefill instance its prompt is computed
+and its first token sampled, then its KV moves to a decode instance (`simulate_disagg`). Records are
+ordinary records, so every metric, report and gate reads them unchanged.
 """
 
 from __future__ import annotations
@@ -29,18 +12,20 @@ from __future__ import annotations
 import heapq
 import math
 import re
-import zlib
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from functools import partial
+from dataclasses import dataclass, field
 from typing import Any
 
-from reference_engine.engine import LLMEngine, VirtualClock, _Request
-from reference_engine.sequence import SeqStatus
+from reference_engine.engine import LLMEngine, VirtualClock
+from reference_engine.model_config import CONFIGS
+from reference_engine.scheduler import RequestRejected
 from reference_engine.sequence import Sequence as Seq
 from slobench.errors import SpecError
+from slobench.fleet.decode_run import decode_run, record_run
+from slobench.fleet.replica import EngineFactory, JitteredWait, arrive, request_parser, virtual_engine, wake
 from slobench.fleet.routing import Router
+from slobench.fleet.sim_blocks import SimBlockManager
 from slobench.run.records import RequestRecord, RequestSpec
 
 MAX_INSTANCES = 4096
@@ -103,9 +88,7 @@ class KVLink:
 
 def kv_bytes_per_token(model: str, dtype_bytes: int = KV_DTYPE_BYTES) -> int:
     """K and V of every layer for one token: 2 * layers * kv_heads * head_dim * dtype bytes, from the
-    engine's model config (`reference_engine.model.CONFIGS`)."""
-    from reference_engine.model_config import CONFIGS
-
+    engine's model config (`reference_engine.model_config.CONFIGS`)."""
     if model not in CONFIGS:
         raise SpecError("model", model, f"KV bytes per token come from a model config; known: {sorted(CONFIGS)}")
     cfg = CONFIGS[model]
@@ -164,7 +147,8 @@ class _Instance:
     role: str  # colocated | prefill | decode
     engine: LLMEngine
     clock: VirtualClock
-    wait: Any
+    wait: JitteredWait
+    blocks: SimBlockManager  # its engine's
     stuck: bool = False
     num_output_tokens: int = 0
     link_free_s: float = 0.0  # prefill: when its link has sent everything queued
@@ -194,7 +178,7 @@ class _Handoff:
 
 def simulate_disagg(
     specs: Sequence[RequestSpec],
-    factory: Any,
+    factory: EngineFactory,
     fleet: DisaggFleet,
     *,
     seed: int = 0,
@@ -203,32 +187,34 @@ def simulate_disagg(
     model_name: str = "tiny",
     info: dict[str, Any] | None = None,
 ) -> list[RequestRecord]:
-    """The records of one virtual-clock run of a disaggregated (or mixed) fleet, in arrival order."""
-    from reference_engine.scheduler import RequestRejected
-    from reference_engine.tokenizer import ByteTokenizer
-    from slobench.fleet.decode_run import decode_run, record_run
-    from slobench.fleet.simulate import _arrive, _engine_request, _JitteredWait, _wake
+    """The records of one virtual-clock run of a disaggregated (or mixed) fleet, in arrival order. A request
+    prefilled on a prefill instance (max_tokens=1) then goes through:
 
+      1. KV ready (prefill end): a second router picks a decode instance; the request queues there for room.
+      2. Transfer start: once the decode instance can hold the request (blocks for its prompt and first
+         token, as its scheduler admits, prefix hits there counted; a batch slot), it reserves them; the
+         bytes not already cached there, `bytes_per_token` each, leave over the prefill instance's link in
+         FIFO order: bytes / bandwidth, then the link's latency. The prefill instance keeps the prompt's
+         blocks until the bytes have left (as vLLM's NIXL connector delays freeing them).
+      3. KV landed: the request joins the decode instance's running batch at its next step boundary, with its
+         prompt's KV written and its first token as the last sampled one, and decodes there to the end.
+
+    The client sees the first token when the KV has landed (TTFT includes the queue for room and the
+    transfer), then a token at the end of every decode step that produced one. `replica` on a record is the
+    instance that took its prompt (co-located or prefill). Instances are numbered co-located first, then
+    prefill, then decode.
+
+    Not modeled: transfers overlapping the prefill layer by layer (the transfer starts when the prefill
+    ends), link contention beyond one FIFO per prefill instance, and a decode instance preempting a request
+    whose KV is in flight (its blocks are reserved, so it cannot be)."""
     roles = ["colocated"] * fleet.colocated + ["prefill"] * fleet.prefill + ["decode"] * fleet.decode
-    insts: list[_Instance] = []
-    for k, role in enumerate(roles):
-        built = factory()
-        clock = VirtualClock()
-        wait = _JitteredWait(clock, float(jitter_sd), seed if k == 0 else zlib.crc32(repr((seed, k)).encode()))
-        eng = LLMEngine(built.config, built.executor, clock, wait_until=wait)
-        eng.scheduler.block_manager.use_unkeyed_hash()  # no tenant to keep out: the cheaper hash
-        insts.append(_Instance(k, role, eng, clock, wait))
+    insts = [_Instance(k, role, *virtual_engine(factory, k, seed, jitter_sd)) for k, role in enumerate(roles)]
     front = [x for x in insts if x.role != "decode"]
     decoders = [x for x in insts if x.role == "decode"]
     front_router = Router(fleet.router, len(front))
     decode_router = Router(fleet.router, len(decoders)) if decoders else None
-    first = insts[0].engine
-    tokenizer = getattr(first.executor, "tokenizer", None) or ByteTokenizer(first.executor.vocab_size)
-    max_model_len = first.config.max_model_len
-    ids_checked = first.executor.vocab_size >= tokenizer.vocab_size
+    parse, ids_checked = request_parser(insts[0].engine, model_name=model_name, api=api)
     link = fleet.link
-    parse = partial(_engine_request, model_name=model_name, tokenizer=tokenizer, max_model_len=max_model_len, api=api,
-                    templates={})
 
     specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
     records: list[RequestRecord] = []
@@ -253,10 +239,8 @@ def simulate_disagg(
             h = d.incoming[0]
             if len(sched.running) + d.num_reserved >= sched.config.max_num_seqs:
                 return
-            sampling = h.sampling if h.sampling.min_tokens == h.min_tokens else replace(h.sampling,
-                                                                                        min_tokens=h.min_tokens)
-            seq = Seq(next(d.engine._ids), [*h.prompt, h.first_token], h.max_tokens, h.min_tokens, h.ignore_eos,
-                      sampling, h.stop_check, num_prompt_tokens=len(h.prompt))
+            seq = d.engine.prefilled_sequence(h.prompt, h.first_token, h.max_tokens, min_tokens=h.min_tokens,
+                                              ignore_eos=h.ignore_eos, sampling=h.sampling, stop_check=h.stop_check)
             hits = bm.match_prefix(seq)
             if not bm.can_admit(seq.num_tokens, hits):
                 return
@@ -274,28 +258,19 @@ def simulate_disagg(
 
     def hold_prompt(inst: _Instance, h: _Handoff) -> None:
         """Keep the prompt's KV on the prefill instance (its blocks were just freed with the request)."""
-        bm = inst.engine.scheduler.block_manager
+        bm = inst.blocks
         hold = Seq(-1, h.prompt, 1)
         hits = bm.match_prefix(hold)
         if not bm.can_admit(hold.num_tokens, hits):
             return  # a block it shared is held past its cap elsewhere: nothing to keep
-        queries, hit_tokens = bm.num_prefix_query_tokens, bm.num_prefix_hit_tokens
-        bm.admit(hold, hits)
-        bm.num_prefix_query_tokens, bm.num_prefix_hit_tokens = queries, hit_tokens  # not a request's lookup
+        bm.admit_uncounted(hold, hits)
         h.hold = hold
 
     def land(h: _Handoff, t: float) -> None:
         d, seq = h.decode, h.seq
         assert d is not None and seq is not None
-        eng, sched = d.engine, d.engine.scheduler
-        _wake(d, t)
-        seq.num_computed_tokens = len(h.prompt)  # the prompt's KV is here; the first token is the last sampled
-        sched.block_manager.register_computed(seq)
-        seq.status = SeqStatus.RUNNING
-        sched.running.append(seq)
-        sched._by_id[seq.seq_id] = seq
-        eng._requests[seq.seq_id] = _Request(seq, None, t, first_scheduled_s=t, cached_tokens=h.cached_tokens,
-                                             first_token_s=t, last_token_s=t)
+        wake(d, t)
+        d.engine.adopt_prefilled(seq, t, h.cached_tokens)  # the prompt's KV is here; its first token came with it
         d.num_reserved -= 1
         rec = h.rec
         rec.first_token_s = t
@@ -380,12 +355,12 @@ def simulate_disagg(
             sp = specs[i]
             i += 1
             t = sp.arrival_s
-            rec, req = _arrive(sp, records, parse)
+            rec, req = arrive(sp, records, parse)
             if req is None:
                 continue
             k = front_router.pick(req.prompt_token_ids)
             inst = front[k]
-            _wake(inst, t)
+            wake(inst, t)
             prompt = req.prompt_token_ids
             weight = len(prompt) + req.max_tokens
             stop_check = req.stop_check()

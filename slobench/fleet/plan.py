@@ -1,29 +1,8 @@
 """The fleet planner: for each window of a day, the cheapest fleet of prefill (P), decode (D) and co-located
 (C) instances that meets the SLO attainment target on that window's traffic, simulated with the engine's
-real scheduler (slobench.fleet.simulate, slobench.fleet.disagg); then a plan over the day with a switching cost and
-hysteresis, compared with static fleets and an interpolation planner of NVIDIA Dynamo's kind.
-
-Search (one window, `search_window`). Attainment is taken to rise with every count. Co-located fleets:
-C = 1, 2, 4, ... until one meets the target, then bisection. Disaggregated fleets, only those cheaper than
-that: a staircase walk over the (P, D) frontier (P up by one; D down while one fewer decode instance still
-meets it), O(P + D) evaluations instead of P x D. Mixed fleets (C >= 1 beside P and D, `mixed`): the same
-walk for each C. Every evaluation is kept; the window's choice is the cheapest fleet that met the target
-(ties: the higher attainment, then fewer role kinds), which the tests check against a brute force.
-
-The plan (`plan_day`). Window by window: keep the fleet in place while it meets the target, unless the
-window's cheapest fleet is at least `min_saving` instances cheaper for `hold` windows in a row (scale-down
-waits: hysteresis); when it misses, change at once. A change is evaluated with its cost: every instance
-that changes role, and every added one, is unavailable for `switch_s` (real seconds) from the window's
-start; until then the window's arrivals are served by the instances that keep their role (per role, the
-smaller of old and new; a prefill pool with no decode pool left serves nothing), after it by the new
-fleet. Candidates are tried cheapest first; the first that meets the target with its switch is chosen.
-
-Baselines, evaluated on the same windows: the best static co-located fleet and the best static
-disaggregated fleet (cheapest meeting the target in every window), and `dynamo`: prefill and decode
-throughput per instance profiled once at the day's mean input and output lengths with random prompts (no
-prefix reuse; a prefill instance alone against TTFT, a decode instance behind ample prefill against TPOT),
-then P = ceil(rate x mean input / prefill tokens/s), D = ceil(rate x mean output / decode tokens/s) for
-each window, changed every window with the same switching cost.
+real scheduler (slobench.fleet.simulate, slobench.fleet.disagg); then a plan over the day with a switching
+cost and hysteresis (`plan_day`), compared with static fleets and an interpolation planner of NVIDIA
+Dynamo's kind (`_dynamo`). Window by window, `search_window` finds the cheapest fleet.
 
 Every evaluation is a pure function of (day recipe, setup, job), run through a `slobench.fleet.plan_pool` pool
 (serial, processes or Ray), so every executor gives the same plan for a seed.
@@ -33,16 +12,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from slobench.analysis.metrics import RecordArrays
 from slobench.analysis.slo import SLO
 from slobench.errors import SpecError
+from slobench.fleet.disagg import DisaggFleet, KVLink
 from slobench.fleet.plan_day import DayRecipe, Window
-from slobench.fleet.simulate import ModeledEngine
+from slobench.fleet.simulate import ModeledEngine, SimOptions, simulate_records
 from slobench.run.records import RequestRecord, RequestSpec
+from slobench.workload.prompts import token_prompts
 
 __all__ = ["Evaluation", "Fleet", "PlanOptions", "Setup", "evaluate", "fleet_cost_order", "plan_day",
            "search_window", "transition_fleet"]
@@ -140,25 +122,18 @@ def _finite(x: float) -> float | None:
 
 
 def simulate_fleet(setup: Setup, specs: Sequence[RequestSpec], fleet: Fleet) -> list[RequestRecord]:
-    from slobench.fleet.simulate import simulate_records
-
     if not specs:
         return []
+    opts = SimOptions(seed=setup.seed, jitter_sd=setup.jitter_sd, api=setup.api, router=setup.router,  # type: ignore[arg-type]
+                      request_overhead_s=setup.request_overhead_s)
     if fleet.prefill == 0:
-        return simulate_records(specs, setup.engine, replicas=fleet.colocated, router=setup.router, api=setup.api,  # type: ignore[arg-type]
-                                seed=setup.seed, jitter_sd=setup.jitter_sd,
-                                request_overhead_s=setup.request_overhead_s)
-    from slobench.fleet.disagg import DisaggFleet, KVLink
-
+        return simulate_records(specs, setup.engine, replace(opts, replicas=fleet.colocated))
     disagg = DisaggFleet(fleet.prefill, fleet.decode, fleet.colocated, setup.link or KVLink(), setup.bytes_per_token,
                          setup.router)
-    return simulate_records(specs, setup.engine, seed=setup.seed, api=setup.api, disagg=disagg,  # type: ignore[arg-type]
-                            jitter_sd=setup.jitter_sd, request_overhead_s=setup.request_overhead_s)
+    return simulate_records(specs, setup.engine, replace(opts, disagg=disagg))
 
 
 def _judge(setup: Setup, records: Sequence[RequestRecord], counted: set[int], missed: int = 0) -> Evaluation:
-    from slobench.analysis.metrics import RecordArrays
-
     a = RecordArrays.from_records([r for r in records if r.request_id in counted])
     met = setup.slo.meets(a)
     ttft = a.ttft_from_scheduled_s
@@ -223,6 +198,13 @@ class WindowSearch:
 
 def search_window(window: Window, evaluate_one: Callable[[Fleet], Evaluation], target: float, *,
                   max_instances: int = 64, kinds: Iterable[str] = ("colocated", "disagg")) -> WindowSearch:
+    """The cheapest fleet meeting `target` on one window. Attainment is taken to rise with every count.
+    Co-located fleets: C = 1, 2, 4, ... until one meets the target, then bisection. Disaggregated fleets,
+    only those cheaper than that: a staircase walk over the (P, D) frontier (P up by one; D down while one
+    fewer decode instance still meets it), O(P + D) evaluations instead of P x D. Mixed fleets (C >= 1 beside
+    P and D, `mixed`): the same walk for each C. Every evaluation is kept; the window's choice is the
+    cheapest fleet that met the target (ties: the higher attainment, then fewer role kinds), which the tests
+    check against a brute force."""
     kinds = tuple(kinds)
     out = WindowSearch(window.index)
 
@@ -286,10 +268,6 @@ def profile_run(setup: Setup, kind: str, input_tokens: int, output_tokens: int, 
     `decode`: one decode instance behind PROFILE_PREFILL_INSTANCES prefill ones, judged on the whole SLO (on
     TPOT alone an overloaded decode instance looks fine: its batch is capped, the queue waits before the
     first token, so it shows in TTFT only)."""
-    from dataclasses import replace
-
-    from slobench.workload.prompts import token_prompts
-
     rng = np.random.default_rng([setup.seed, 0x5EED, int(rate_rps * 1e6)])
     times = np.cumsum(rng.exponential(1.0 / rate_rps, num_requests))
     prompts = token_prompts(np.full(num_requests, input_tokens), rng)
@@ -373,6 +351,16 @@ def _key(w: int, fleet: Fleet, previous: Fleet | None, share: float) -> Key:
 
 def plan_day(pool: Any, windows: Sequence[Window], recipe: DayRecipe, setup: Setup, options: PlanOptions,
              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Window by window: keep the fleet in place while it meets the target, unless the window's cheapest
+    fleet is at least `min_saving` instances cheaper for `hold` windows in a row (scale-down waits:
+    hysteresis); when it misses, change at once. A change is evaluated with its cost: every instance that
+    changes role, and every added one, is unavailable for `switch_s` (real seconds) from the window's start;
+    until then the window's arrivals are served by the instances that keep their role (per role, the smaller
+    of old and new; a prefill pool with no decode pool left serves nothing), after it by the new fleet.
+    Candidates are tried cheapest first; the first that meets the target with its switch is chosen.
+
+    Baselines, evaluated on the same windows: the best static co-located fleet and the best static
+    disaggregated fleet (cheapest meeting the target in every window), and `dynamo` (`_dynamo`)."""
     target = setup.slo.target
     share = min(1.0, options.switch_s / recipe.window_s)
     say = progress or (lambda _: None)
@@ -621,6 +609,11 @@ def _static_disagg(windows: Sequence[Window], searches: Sequence[WindowSearch], 
 
 def _dynamo(pool: Any, windows: Sequence[Window], evals: _Evals, setup: Setup, options: PlanOptions,
             share: float, info: dict[str, Any]) -> list[tuple[Fleet, Evaluation, int]]:
+    """The interpolation baseline: prefill and decode throughput per instance profiled once at the day's mean
+    input and output lengths with random prompts (no prefix reuse; a prefill instance alone against TTFT, a
+    decode instance behind ample prefill against TPOT), then P = ceil(rate x mean input / prefill tokens/s),
+    D = ceil(rate x mean output / decode tokens/s) for each window, changed every window with the same
+    switching cost."""
     weights = np.array([w.rate_rps * w.duration_s for w in windows])
     isl = int(round(np.average([w.stats["mean_input_tokens"] for w in windows], weights=weights)))
     osl = int(round(np.average([w.stats["mean_output_tokens"] for w in windows], weights=weights)))

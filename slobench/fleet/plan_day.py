@@ -5,14 +5,8 @@ traces (`--trace A --trace B`: their requests interleaved by arrival, each tagge
 e.g. the Azure 2023 code and conversation traces). `compression` says how many seconds of the real day one
 second of the workload stands for (60 for the bundled day, 1 for a trace replayed as it was): rates are
 real rates, durations are compressed, so a window of `--window 1h` is 60 s of the bundled day's traffic.
-
-A window's evaluation sample is its requests, or a contiguous stretch of at most `max_requests` of them
-from its middle when it has more (the rate is kept, the stretch is shorter), preceded by a lead-in: the
-requests of the `lead_s` before the stretch, simulated on the same fleet but not counted, so the fleet
-starts the window with the queue and the prefix cache it would have, not empty.
-
-A `DayRecipe` is everything needed to rebuild the windows (the spec or trace paths, rate, seed, window
-sizes); workers rebuild them from it once per process instead of receiving every prompt by pickle.
+A `DayRecipe` is everything needed to rebuild the windows (`build_windows`): workers rebuild them from it
+once per process instead of receiving every prompt by pickle.
 """
 
 from __future__ import annotations
@@ -20,12 +14,17 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from slobench.errors import SpecError, UsageError
 from slobench.run.records import RequestSpec
+from slobench.workload.phases import CurveArrivals, DiurnalArrivals, Phase, rescale
+from slobench.workload.replay import replay
+from slobench.workload.spec import generate
+from slobench.workload.traces import Trace, load_trace
 
 __all__ = ["DayRecipe", "Window", "build_windows", "day_length_s", "interleave"]
 
@@ -104,8 +103,6 @@ class Window:
 
 def _day_phases(recipe: DayRecipe) -> tuple[Any, ...]:
     """The spec's phases over the whole day, rescaled to `rate_rps`; a spec without phases is one phase."""
-    from slobench.workload.phases import Phase, rescale
-
     spec = recipe.workload
     if spec.phases:
         phases = spec.phases
@@ -118,8 +115,6 @@ def _day_phases(recipe: DayRecipe) -> tuple[Any, ...]:
 
 def _shifted(arrival: Any, offset_s: float) -> Any:
     """An arrival process whose time 0 is `offset_s` into the original (stationary ones are unchanged)."""
-    from slobench.workload.phases import CurveArrivals, DiurnalArrivals
-
     if offset_s == 0:
         return arrival
     if isinstance(arrival, DiurnalArrivals):
@@ -173,8 +168,6 @@ def _trace_times(recipe: DayRecipe) -> np.ndarray:
 
 
 def _spec_windows(recipe: DayRecipe) -> list[Window]:
-    from slobench.workload.spec import generate
-
     spec = recipe.workload
     phases = _day_phases(recipe)
     length = float(sum(p.duration_s for p in phases))
@@ -202,9 +195,6 @@ def _window_seed(seed: int, k: int) -> int:
 
 
 def _trace_windows(recipe: DayRecipe) -> list[Window]:
-    from slobench.workload.replay import replay
-    from slobench.workload.traces import Trace
-
     trace = interleave(recipe.traces, seed=recipe.seed)
     k_scale = recipe.time_scale or 1.0
     times = trace.arrival_s * k_scale
@@ -237,10 +227,6 @@ def _trace_windows(recipe: DayRecipe) -> list[Window]:
 def interleave(paths: tuple[str, ...], *, seed: int) -> Any:
     """One trace from several: every request keeps its own time (each trace from its first request) and
     is tagged with its trace's name, so code and conversation traffic share one day."""
-    from pathlib import Path
-
-    from slobench.workload.traces import Trace, load_trace
-
     traces = [load_trace(p, seed=seed) for p in paths]
     if len(traces) == 1:
         return traces[0]
@@ -273,6 +259,10 @@ def _stats(specs: list[RequestSpec], rate_rps: float, duration_s: float) -> dict
 
 
 def build_windows(recipe: DayRecipe) -> list[Window]:
+    """The day's windows. A window's evaluation sample is its requests, or a contiguous stretch of at most
+    `max_requests` of them from its middle when it has more (the rate is kept, the stretch is shorter),
+    preceded by a lead-in: the requests of the `lead_s` before the stretch, simulated on the same fleet but
+    not counted, so the fleet starts the window with the queue and the prefix cache it would have."""
     windows = _spec_windows(recipe) if recipe.workload is not None else _trace_windows(recipe)
     if not any(w.counted for w in windows):
         raise UsageError(f"{recipe.name}: the day has no requests")

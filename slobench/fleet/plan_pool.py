@@ -17,6 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from slobench.errors import UsageError
+from slobench.fleet import plan
 from slobench.fleet.plan_day import DayRecipe, Window, build_windows
 
 __all__ = ["PlanPool", "run_job"]
@@ -34,8 +35,6 @@ def windows_for(recipe: DayRecipe) -> list[Window]:
 
 
 def run_job(recipe: DayRecipe, setup: Any, job: tuple[Any, ...]) -> Any:
-    from slobench.fleet import plan
-
     kind = job[0]
     if kind == "search":
         _, w, target, max_instances, kinds = job

@@ -1,17 +1,7 @@
-"""Which replica gets the next request: one policy code for the simulated fleet and the client-side router.
-
-  least-outstanding  fewest requests in flight (ties: lowest index), what most LLM load balancers do
-  least-tokens       fewest tokens in flight: each request weighs its prompt plus its max_tokens, so one
-                     long document counts for what it costs the replica, not as one request
-  round-robin        in turn, blind to load
-  prefix-affinity    a hash of the prompt's head, so requests sharing a prefix meet the same prefix cache;
-                     blind to load, so the cost of affinity shows up as queueing
-  prefix-balanced    the prefix's home unless it holds more than BALANCE_SLACK requests beyond the least
-                     loaded replica and BALANCE_RATIO times as many; then the least loaded (SGLang's
-                     cache-aware router balances alike)
-
-The router keeps the in-flight counts itself: call `started(i, tokens)` when a request goes to replica i
-(`pick` does not) and `finished(i, tokens)` when it ends, with the same token weight.
+"""Which replica gets the next request: one policy code for the simulated fleet and the client-side router
+(the policies: `Router`'s doc). The router keeps the in-flight counts itself: call `started(i, tokens)` when
+a request goes to replica i (`pick` does not) and `finished(i, tokens)` when it ends, with the same token
+weight.
 """
 
 from __future__ import annotations
@@ -38,6 +28,19 @@ def prefix_key(prompt: str | Sequence[int]) -> bytes:
 
 
 class Router:
+    """The policies:
+
+      least-outstanding  fewest requests in flight (ties: lowest index), what most LLM load balancers do
+      least-tokens       fewest tokens in flight: each request weighs its prompt plus its max_tokens, so one
+                         long document counts for what it costs the replica, not as one request
+      round-robin        in turn, blind to load
+      prefix-affinity    a hash of the prompt's head, so requests sharing a prefix meet the same prefix cache;
+                         blind to load, so the cost of affinity shows up as queueing
+      prefix-balanced    the prefix's home unless it holds more than BALANCE_SLACK requests beyond the least
+                         loaded replica and BALANCE_RATIO times as many; then the least loaded (SGLang's
+                         cache-aware router balances alike)
+    """
+
     def __init__(self, policy: str, num_replicas: int) -> None:
         if policy not in ROUTERS:
             raise SpecError("router", policy, f"must be one of {list(ROUTERS)}")

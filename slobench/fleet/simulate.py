@@ -6,49 +6,42 @@ thread applies requests added while it steps), run one step, and let the step's 
 instant jump of the clock; when idle, jump to the next arrival. Every request is "sent" exactly at its
 scheduled time, so the run measures the engine, never a client: sent = scheduled = arrival, TTFT = first
 token time - arrival, and each token is one chunk stamped at the end of the step that produced it.
-
-A per-step timing jitter (relative s.d., default 0) multiplies each modeled step time by
-max(0.5, 1 + N(0, jitter_sd)), a stand-in for a real machine's noise when testing how often a gate cries
-wolf. Everything is deterministic for a seed.
-
-A request's fixed cost outside the steps (`request_overhead_s`, default 0: HTTP in and out, parsing, the
-first SSE event) moves every time after the send by itself: TTFT grows by it, TPOT does not. It is the `o`
-that `slobench calibrate` fits beside a profile; `calibrated_extras` reads it, and the fitted step-time
-noise, from a calibrated profile's provenance, for the CLI to apply unless told otherwise.
+Everything is deterministic for a seed; how a run is simulated is a `SimOptions`.
 """
 
 from __future__ import annotations
 
-import bisect
-import dataclasses
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
-from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from reference_engine.block_manager import shared_prefix_blocks
-from reference_engine.config import EngineSpec, require_positive_ints
+from reference_engine.builder import modeled_executor
+from reference_engine.config import EngineConfig, EngineSpec, require_positive_ints
 from reference_engine.engine import LLMEngine, VirtualClock
 from reference_engine.executor.modeled_executor import CostProfile
-from reference_engine.protocol import GenerationRequest
+from reference_engine.scheduler import RequestRejected
+from slobench.analysis.headline import crossing_rate
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary, summarize
 from slobench.errors import SpecError
-from slobench.experiments.probe import ProbeMeasure, VirtualProbe, probe_jitter_seed
 from slobench.fleet.decode_run import decode_run, record_run
 from slobench.fleet.disagg import DisaggFleet, simulate_disagg, split_fleet_knobs
-from slobench.fleet.routing import Router
+from slobench.fleet.replica import (
+    EngineFactory,
+    JitteredWait,
+    SpeedTrace,
+    arrive,
+    request_parser,
+    virtual_engine,
+    wake,
+)
+from slobench.fleet.routing import ROUTERS, Router
+from slobench.fleet.sim_blocks import SimBlockManager, shared_prefix_blocks
 from slobench.run.records import RequestRecord, RequestSpec
-from slobench.targets.engine import to_engine_request
 from slobench.targets.options import Api
-
-EngineFactory = Callable[[], LLMEngine]
-SpecMaker = Callable[[float, int], Sequence[RequestSpec]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +97,6 @@ class ModeledEngine:
         return base.scaled(s)
 
     def __call__(self) -> LLMEngine:
-        from reference_engine.builder import modeled_executor
-        from reference_engine.config import EngineConfig
-
         ex, _ = modeled_executor(self.cost_profile(), block_size=self.block_size, num_blocks=self.kv_blocks,
                                  seed=self.seed)
         cfg = EngineConfig(block_size=self.block_size, num_blocks=self.kv_blocks, max_num_seqs=self.max_num_seqs,
@@ -117,53 +107,6 @@ class ModeledEngine:
 
 def as_factory(engine: Mapping[str, Any] | EngineFactory) -> EngineFactory:
     return ModeledEngine.from_knobs(engine) if isinstance(engine, Mapping) else engine
-
-
-@dataclass(frozen=True, slots=True)
-class SpeedTrace:
-    """How much slower (>1) than its profile the machine ran, from `times_s[i]` (virtual seconds, ascending) to
-    the next: a step starting then takes `factors[i]` times its modeled time (before `times_s[0]`, the first
-    factor). Read from a served run's step log (benchmarks/speed_drift.py) to ask what the simulation says when
-    told the machine's speed as it varied."""
-
-    times_s: tuple[float, ...]
-    factors: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        if not self.times_s or len(self.times_s) != len(self.factors):
-            raise SpecError("speed", len(self.factors), "needs one factor per time, at least one")
-        if any(b < a for a, b in zip(self.times_s, self.times_s[1:], strict=False)):
-            raise SpecError("speed", self.times_s, "times must be ascending")
-        if not all(isinstance(f, int | float) and 0 < f < float("inf") for f in self.factors):
-            raise SpecError("speed", self.factors, "factors must be numbers > 0")
-
-    def at(self, t_s: float) -> float:
-        return self.factors[max(bisect.bisect_right(self.times_s, t_s) - 1, 0)]
-
-
-class _JitteredWait:
-    """The engine's `wait_until` on a VirtualClock: jump over the modeled step time, optionally jittered and
-    scaled by the machine's speed at the step's start (`SpeedTrace`)."""
-
-    def __init__(self, clock: VirtualClock, jitter_sd: float, seed: int, speed: SpeedTrace | None = None) -> None:
-        self.clock = clock
-        self.jitter_sd = jitter_sd
-        self.rng = np.random.default_rng(seed) if jitter_sd > 0 else None
-        self.speed = speed
-        self.num_waits = 0
-
-    def __call__(self, t_s: float) -> None:
-        self.num_waits += 1
-        if self.rng is None and self.speed is None:
-            self.clock.advance_to(t_s)
-            return
-        now = self.clock.now_s()
-        dt = t_s - now
-        if self.speed is not None:
-            dt *= self.speed.at(now)
-        if self.rng is not None:
-            dt *= max(0.5, 1.0 + self.rng.normal(0.0, self.jitter_sd))
-        self.clock.advance_to(now + dt)
 
 
 def calibrated_extras(profile: CostProfile) -> tuple[float, float]:
@@ -195,37 +138,6 @@ def _shift_after_send(records: list[RequestRecord], overhead_s: float) -> list[R
     return records
 
 
-def _engine_request(sp: RequestSpec, *, model_name: str, tokenizer: Any, max_model_len: int, api: Api,
-                    templates: dict[tuple[int, int | None, bool], Any] | None = None) -> Any:
-    """`to_engine_request`, with a token-id prompt checked at C speed. The protocol checks ids one by one
-    (~0.4 ms for a 1k-token prompt, most of a simulated request); a prompt that passes the quick check
-    would pass that one, so the body is parsed with its first id standing for it and the prompt put back.
-    A prompt slobench.workload drew from a range within the vocabulary (`RequestSpec.ids_below`) passes
-    without a look at its ids (the quick check alone is ~0.3 ms a 1k-token prompt). Anything else (text, a
-    doubtful id, a body that overrides the prompt or max_tokens) is parsed whole. With `templates` (one
-    dict a run), the parse of a body without extra fields is done once per (max_tokens, min_tokens,
-    ignore_eos): the rest of such a body never depends on the prompt, and the request it gives is copied."""
-    p = sp.prompt
-    keys = {k for k, _ in sp.extra_body} if sp.extra_body else ()
-    if (api != "completions" or type(p) is not tuple or not p or "prompt" in keys or "max_tokens" in keys
-            or not ((below := sp.ids_below) is not None and below <= tokenizer.vocab_size
-                    or set(map(type, p)) <= {int} and min(p) >= 0 and max(p) < tokenizer.vocab_size)):
-        return to_engine_request(sp, model_name=model_name, tokenizer=tokenizer, max_model_len=max_model_len,
-                                 api=api)
-    if templates is not None and not sp.extra_body:
-        key = (sp.max_tokens, sp.min_tokens, sp.ignore_eos)
-        template = templates.get(key)
-        if template is None:
-            template = templates[key] = _engine_request(dataclasses.replace(sp, prompt=p[:1]), model_name=model_name,
-                                                        tokenizer=tokenizer, max_model_len=max_model_len, api=api)
-        req = _copy_request(template)
-    else:
-        req = to_engine_request(dataclasses.replace(sp, prompt=p[:1]), model_name=model_name, tokenizer=tokenizer,
-                                max_model_len=max_model_len, api=api)
-    req.prompt_token_ids = p  # the engine copies it
-    return req
-
-
 def _unshared_from(specs: Sequence[RequestSpec], api: Api, block_size: int) -> list[int] | None:
     """Each spec's first block that no other prompt shares (`shared_prefix_blocks`), when every prompt is a
     token-id tuple the engine will see as it is (the completions API passes such a prompt through, and no
@@ -238,125 +150,113 @@ def _unshared_from(specs: Sequence[RequestSpec], api: Api, block_size: int) -> l
     return shared_prefix_blocks([sp.prompt for sp in specs], block_size)  # type: ignore[misc]
 
 
-_REQUEST_FIELDS = attrgetter(*(f.name for f in dataclasses.fields(GenerationRequest)))
-
-
-def _copy_request(req: GenerationRequest) -> GenerationRequest:
-    """A shallow copy (copy.copy goes through __reduce_ex__ for a slotted class: several times slower)."""
-    return GenerationRequest(*_REQUEST_FIELDS(req))
-
-
-def _arrive(sp: RequestSpec, records: list[RequestRecord], parse: Callable[[RequestSpec], Any]) -> tuple[RequestRecord, Any]:
-    """A request arriving at its scheduled time: its record (appended to `records`; sent = scheduled) and
-    its engine request, parsed by `parse` as the server would; None when the protocol refuses it, which the
-    record then says."""
-    from reference_engine.protocol import BadRequest
-
-    t = sp.arrival_s
-    rec = RequestRecord(sp.request_id, t, tag=sp.tag, sent_s=t, input_tokens=sp.input_tokens, max_tokens=sp.max_tokens)
-    records.append(rec)
-    try:
-        return rec, parse(sp)
-    except BadRequest as e:
-        rec.fail("error", f"rejected: {e.message}", t)
-        return rec, None
-
-
-def _wake(unit: Any, t_s: float) -> None:
-    """An idle (or stuck) engine's clock waits for work that comes at `t_s` (`unit`: a replica or instance)."""
-    if not unit.engine.has_work() or unit.stuck:
-        unit.clock.advance_to(max(unit.clock.now_s(), t_s))
-        unit.stuck = False
-
-
 @dataclass(slots=True)
 class _Replica:
     index: int
     engine: LLMEngine
     clock: VirtualClock
-    wait: _JitteredWait
+    wait: JitteredWait
+    blocks: SimBlockManager  # its engine's
     num_output_tokens: int = 0
     stuck: bool = False  # its last step scheduled nothing: only a new arrival can help it
+
+
+@dataclass(frozen=True, slots=True)
+class SimOptions:
+    """How a virtual-clock run is simulated, checked once. `api` and `model_name` shape each request's body as
+    the server parses it; `replicas` > 1 co-located engines behind a `router` (slobench.fleet.routing), or a
+    disaggregated fleet (`disagg`, slobench.fleet.disagg; `replicas` then stays 1); `speed` scales each step
+    by the machine's speed as it varied (co-located fleets). `decode_runs` and `private_blocks` are the fast
+    paths (False: the reference the tests compare them with).
+
+    `jitter_sd` (relative s.d., default 0) multiplies each modeled step time by max(0.5, 1 + N(0, jitter_sd)),
+    drawn from `seed`: a stand-in for a real machine's noise when testing how often a gate cries wolf.
+    `request_overhead_s`, a request's fixed cost outside the steps (HTTP in and out, parsing, the first SSE
+    event), moves every time after the send by itself: TTFT grows by it, TPOT does not. It is the `o` that
+    `slobench calibrate` fits beside a profile; `calibrated_extras` reads it, and the fitted step-time noise,
+    from a calibrated profile's provenance, for the CLI to apply unless told otherwise."""
+
+    seed: int = 0
+    jitter_sd: float = 0.0
+    api: Api = "completions"
+    model_name: str = "tiny"
+    replicas: int = 1
+    router: str = "least-outstanding"
+    disagg: DisaggFleet | None = None
+    request_overhead_s: float = 0.0
+    speed: SpeedTrace | None = None
+    decode_runs: bool = True
+    private_blocks: bool = True
+
+    def __post_init__(self) -> None:
+        o = self.request_overhead_s
+        if isinstance(o, bool) or not isinstance(o, int | float) or not 0 <= o < float("inf"):
+            raise SpecError("request_overhead_s", o, "must be a number >= 0 (seconds)")
+        if self.disagg is not None:
+            if self.speed is not None:
+                raise SpecError("speed", "a trace", "applies to co-located replicas, not a disaggregated fleet")
+            if self.replicas != 1:
+                raise SpecError("replicas", self.replicas,
+                                "with prefill/decode instances, co-located ones are colocated_replicas")
+        if isinstance(self.jitter_sd, bool) or not (isinstance(self.jitter_sd, int | float) and self.jitter_sd >= 0):
+            raise SpecError("jitter_sd", self.jitter_sd, "must be a number >= 0")
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or not 1 <= self.replicas <= 4096:
+            raise SpecError("replicas", self.replicas, "must be an integer from 1 to 4096")
+        if self.router not in ROUTERS:
+            raise SpecError("router", self.router, f"must be one of {list(ROUTERS)}")
+        if self.api not in ("completions", "chat"):
+            raise SpecError("api", self.api, "must be completions or chat")
+
+    @classmethod
+    def of(cls, opts: SimOptions | None, knobs: Mapping[str, Any]) -> SimOptions:
+        """`opts`, or the options the keywords `knobs` name (an entry point takes either, not both)."""
+        if opts is None:
+            return cls(**knobs)
+        if knobs:
+            raise TypeError(f"simulator options given twice: as SimOptions and as {sorted(knobs)}")
+        return opts
 
 
 def simulate_records(
     specs: Sequence[RequestSpec],
     engine: Mapping[str, Any] | EngineFactory,
+    opts: SimOptions | None = None,
     *,
-    seed: int = 0,
-    jitter_sd: float = 0.0,
-    api: Api = "completions",
-    model_name: str = "tiny",
-    replicas: int = 1,
-    router: str = "least-outstanding",
     fleet: dict[str, Any] | None = None,
-    decode_runs: bool = True,
-    disagg: DisaggFleet | None = None,
-    request_overhead_s: float = 0.0,
-    private_blocks: bool = True,
-    speed: SpeedTrace | None = None,
+    **knobs: Any,
 ) -> list[RequestRecord]:
     """The records of one virtual-clock run, in arrival order. `engine`: knobs or a factory of fresh engines
-    (its clock is replaced by the run's VirtualClock; its executor must model step times).
+    (its clock is replaced by the run's VirtualClock; its executor must model step times). `opts`: how
+    (`SimOptions`), or its fields as keywords.
 
-    `replicas` > 1 simulates a fleet of identical engines behind a `router` (slobench.fleet.routing): a discrete-event loop
-    over one virtual time, each replica with its own clock (the end of its last step). An arrival is routed
-    once every busy replica's clock has reached it; the replica whose clock is earliest steps next. With one
-    replica this is exactly the single-engine loop. `fleet`, if given, receives per-replica counts.
+    Replicas: a discrete-event loop over one virtual time, each replica with its own clock (the end of its
+    last step). An arrival is routed once every busy replica's clock has reached it; the replica whose clock
+    is earliest steps next. With one replica this is exactly the single-engine loop. `fleet`, if given,
+    receives per-replica counts. Engine knobs naming prefill_replicas/decode_replicas/colocated_replicas/
+    kv_link simulate that disaggregated fleet (`slobench.fleet.disagg`).
 
     Stretches of plain decode steps are taken at once (`slobench.fleet.decode_run`), leaving every record and
-    every engine state as stepping would; `decode_runs=False` steps every step (the reference for tests).
-    Token-id prompts are all known before the run, so each request's blocks past what any other prompt
-    shares are kept as private blocks (reference_engine.block_manager's doc): the same lookups, counts and
-    times with no per-block bookkeeping; `private_blocks=False` keeps every block in full (the reference).
-
-    `disagg` (or knobs naming prefill_replicas/decode_replicas/colocated_replicas/kv_link) simulates a
-    disaggregated fleet instead (`slobench.fleet.disagg`); `replicas` must then stay 1.
-
-    `request_overhead_s` (the module's doc) moves every time after the send of each record by itself.
-    `speed` scales each step's time by the machine's speed when it starts (`SpeedTrace`; co-located fleets)."""
-    o = request_overhead_s
-    if isinstance(o, bool) or not isinstance(o, int | float) or not 0 <= o < float("inf"):
-        raise SpecError("request_overhead_s", o, "must be a number >= 0 (seconds)")
+    every engine state as stepping would. Token-id prompts are all known before the run, so each request's
+    blocks past what any other prompt shares are kept as private blocks (slobench.fleet.sim_blocks): the same
+    lookups, counts and times with no per-block bookkeeping."""
+    opts = SimOptions.of(opts, knobs)
     if isinstance(engine, Mapping):
-        engine, named = split_fleet_knobs(dict(engine), router)
-        disagg = disagg or named
-    if disagg is not None:
-        if speed is not None:
-            raise SpecError("speed", "a trace", "applies to co-located replicas, not a disaggregated fleet")
-        if replicas != 1:
-            raise SpecError("replicas", replicas, "with prefill/decode instances, co-located ones are colocated_replicas")
-        return _shift_after_send(simulate_disagg(specs, as_factory(engine), disagg, seed=seed, jitter_sd=jitter_sd,
-                                                 api=api, model_name=model_name, info=fleet), o)
-    if not (isinstance(jitter_sd, int | float) and jitter_sd >= 0):
-        raise SpecError("jitter_sd", jitter_sd, "must be a number >= 0")
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= 4096:
-        raise SpecError("replicas", replicas, "must be an integer from 1 to 4096")
-    from reference_engine.scheduler import RequestRejected
-    from reference_engine.tokenizer import ByteTokenizer
-
+        engine, named = split_fleet_knobs(dict(engine), opts.router)
+        if named is not None and opts.disagg is None:
+            opts = replace(opts, disagg=named)
+    seed, jitter_sd, api, replicas = opts.seed, opts.jitter_sd, opts.api, opts.replicas
+    if opts.disagg is not None:
+        return _shift_after_send(simulate_disagg(specs, as_factory(engine), opts.disagg, seed=seed, jitter_sd=jitter_sd,
+                                                 api=api, model_name=opts.model_name, info=fleet),
+                                 opts.request_overhead_s)
     factory = as_factory(engine)
-    reps: list[_Replica] = []
-    for k in range(replicas):
-        built = factory()
-        clock = VirtualClock()
-        # replica 0 keeps the run's own jitter stream, so one replica repeats the single-engine run exactly
-        wait = _JitteredWait(clock, float(jitter_sd), seed if k == 0 else zlib.crc32(repr((seed, k)).encode()), speed)
-        eng = LLMEngine(built.config, built.executor, clock, wait_until=wait)
-        eng.scheduler.block_manager.use_unkeyed_hash()  # no tenant to keep out: the cheaper hash
-        reps.append(_Replica(k, eng, clock, wait))
-    route = Router(router, replicas)
+    reps = [_Replica(k, *virtual_engine(factory, k, seed, jitter_sd, opts.speed)) for k in range(replicas)]
+    route = Router(opts.router, replicas)
     first = reps[0].engine
-    tokenizer = getattr(first.executor, "tokenizer", None) or ByteTokenizer(first.executor.vocab_size)
-    max_model_len = first.config.max_model_len
-    # the protocol has checked every id against the tokenizer's vocabulary: the engine need not check again
-    ids_checked = first.executor.vocab_size >= tokenizer.vocab_size
-
-    parse = partial(_engine_request, model_name=model_name, tokenizer=tokenizer, max_model_len=max_model_len, api=api,
-                    templates={})
+    parse, ids_checked = request_parser(first, model_name=opts.model_name, api=api)
 
     specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
-    unshared = _unshared_from(specs, api, first.config.block_size) if private_blocks else None
+    unshared = _unshared_from(specs, api, first.config.block_size) if opts.private_blocks else None
     records: list[RequestRecord] = []
     by_rid: list[dict[int, RequestRecord]] = [{} for _ in reps]  # per replica: engine request id -> record
     weights: dict[tuple[int, int], int] = {}  # the token weight each routed request holds on its replica
@@ -379,11 +279,11 @@ def simulate_records(
             sp = specs[i]
             i += 1
             t = sp.arrival_s
-            rec, req = _arrive(sp, records, parse)
+            rec, req = arrive(sp, records, parse)
             if req is None:
                 continue
             rep = reps[route.pick(req.prompt_token_ids)]
-            _wake(rep, t)
+            wake(rep, t)
             try:
                 rid = rep.engine.add_request(req.prompt_token_ids, req.max_tokens, min_tokens=req.min_tokens,
                                              ignore_eos=req.ignore_eos, sampling=req.sampling,
@@ -402,7 +302,7 @@ def simulate_records(
             continue
         rep = busy[0] if lone is not None else min(busy, key=lambda r: (r.clock.now_s(), r.index))
         eng = rep.engine
-        ran = decode_run(eng, t_arrival) if decode_runs else None
+        ran = decode_run(eng, t_arrival) if opts.decode_runs else None
         if ran is not None:  # a stretch of plain decode steps, taken at once (slobench.fleet.decode_run)
             times = ran.times_s
             mine = by_rid[rep.index]
@@ -434,110 +334,41 @@ def simulate_records(
                 route.finished(rep.index, weights.pop((rep.index, ev.request_id)))
     if fleet is not None:
         fleet.update({
-            "replicas": replicas, "router": router,
+            "replicas": replicas, "router": opts.router,
             "requests_per_replica": list(route.sent),
             "output_tokens_per_replica": [r.num_output_tokens for r in reps],
         })
-    return _shift_after_send(records, o)
+    return _shift_after_send(records, opts.request_overhead_s)
 
 
 def simulate_run(
     specs: Sequence[RequestSpec],
     engine: Mapping[str, Any] | EngineFactory,
+    opts: SimOptions | None = None,
     *,
     slo: SLO | None = None,
-    seed: int = 0,
-    jitter_sd: float = 0.0,
-    api: Api = "completions",
-    model_name: str = "tiny",
     intervals: bool = True,
-    replicas: int = 1,
-    router: str = "least-outstanding",
-    disagg: DisaggFleet | None = None,
-    request_overhead_s: float = 0.0,
+    **knobs: Any,
 ) -> tuple[list[RequestRecord], RunSummary]:
-    """One virtual-clock run: its records and its summary (`slobench.analysis.summary.summarize`).
+    """One virtual-clock run (`simulate_records`): its records and its summary
+    (`slobench.analysis.summary.summarize`, seeded by the run's seed).
 
     `intervals=False` leaves out the bootstrap intervals (they cost several times the simulation itself;
     capacity searches decide on replicates instead).
     """
+    opts = SimOptions.of(opts, knobs)
     fleet: dict[str, Any] = {}
-    records = simulate_records(specs, engine, seed=seed, jitter_sd=jitter_sd, api=api, model_name=model_name,
-                               replicas=replicas, router=router, fleet=fleet, disagg=disagg,
-                               request_overhead_s=request_overhead_s)
-    summary = summarize(records, slo, seed=seed, intervals=intervals)
-    return records, replace(summary, clock="virtual", fleet=fleet if replicas != 1 or "prefill" in fleet else None)
-
-
-class SimulatedMeasure(ProbeMeasure):
-    """`slobench.experiments.capacity`'s `measure(rate_rps, seed) -> summary`, on the virtual clock: a `ProbeMeasure`
-    over a `VirtualProbe`.
-
-    `workload`: a WorkloadSpec, a bundled workload name or TOML path, or a `(rate_rps, seed) -> specs`
-    callable (e.g. the CLI's trace replay). The jitter stream of each probe is drawn from
-    (trial, rate, seed, engine name), so two measures differing only in `trial` see fresh timing noise on
-    the same requests. With `out_dir`, each probe is also written as a run directory (records, manifest,
-    summary) named as a live probe's is, so gates and reports read simulated probes like real ones.
-    """
-
-    def __init__(
-        self,
-        workload: Any,
-        engine: Mapping[str, Any] | EngineFactory,
-        slo: SLO,
-        *,
-        num_requests: int | None = None,
-        duration_s: float | None = None,
-        input_len: int | None = None,
-        output_len: int | None = None,
-        api: Api | None = None,
-        jitter_sd: float = 0.0,
-        trial: int = 0,
-        intervals: bool = False,
-        out_dir: str | Path | None = None,
-        manifest: dict[str, Any] | None = None,
-        on_probe: Callable[[float, int, RunSummary], None] | None = None,
-        replicas: int = 1,
-        router: str = "least-outstanding",
-    ) -> None:
-        make_specs: SpecMaker
-        if callable(workload):
-            make_specs = workload
-            api_: Api = api or "completions"
-        else:
-            from slobench.workload import generate, load_workload
-
-            wl = load_workload(workload) if isinstance(workload, str | Path) else workload
-            api_ = api or ("chat" if wl.api == "chat" else "completions")
-
-            def make_specs(rate_rps: float, seed: int) -> list[RequestSpec]:
-                return generate(wl, rate_rps=rate_rps, num_requests=num_requests, duration_s=duration_s, seed=seed,
-                                input_len=input_len, output_len=output_len, api=api_)
-
-        self.trial = trial
-        self.jitter_sd = jitter_sd
-        probe = VirtualProbe(make_specs, engine, slo=slo, api=api_, jitter_sd=jitter_sd, replicas=replicas,
-                             router=router, intervals=intervals, jitter_seed=self.jitter_seed)
-        self.factory = probe.factory
-        self.name = probe.name
-        super().__init__(probe, out_dir=out_dir, manifest=manifest, on_probe=on_probe)
-
-    def jitter_seed(self, rate_rps: float, seed: int) -> int:
-        return probe_jitter_seed(rate_rps, seed, self.name, self.trial)
-
-    def manifest_for(self, rate_rps: float, seed: int) -> dict[str, Any]:
-        return {**super().manifest_for(rate_rps, seed), "engine": repr(self.factory), "jitter_sd": self.jitter_sd,
-                "trial": self.trial}
+    records = simulate_records(specs, engine, opts, fleet=fleet)
+    summary = summarize(records, slo, seed=opts.seed, intervals=intervals)
+    return records, replace(summary, clock="virtual", fleet=fleet if opts.replicas != 1 or "prefill" in fleet else None)
 
 
 async def sweep_crossing(
     measure: Callable[[float, int], Any], rates: Sequence[float], seeds: Sequence[int], target: float
 ) -> tuple[float | None, list[float]]:
     """A dense sweep's crossing of `target`: attainment averaged over `seeds` at each rate, then
-    `slobench.experiments.sweep.crossing_rate`. The reference a capacity search is checked against; affordable on the
+    `slobench.analysis.headline.crossing_rate`. The reference a capacity search is checked against; affordable on the
     virtual clock only."""
-    from slobench.analysis.headline import crossing_rate
-
     means = []
     for r in rates:
         means.append(float(np.mean([(await measure(r, s)).attainment.value for s in seeds])))

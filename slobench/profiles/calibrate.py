@@ -1,27 +1,8 @@
-"""A cost profile fitted from designed probes of a live endpoint (`slobench calibrate --url`).
-
-Two families of probes, sent through slobench's own OpenAI target so token times are read exactly as a
-run reads them:
-
-- prefill: one request at a time, `max_tokens` 1, over a grid of prompt lengths. Its TTFT is one prefill
-  step (n prompt tokens, n tokens of context, n(n+1)/2 attention pairs) plus the request's fixed cost on
-  the way in and out (HTTP, parsing, the first SSE event): `o + a + (b + d)·n + f·n(n+1)/2`.
-- decode: B requests of L prompt tokens sent together, all generating K tokens. Once every one has its
-  first token and before any finishes, each step decodes B sequences; the gap between a request's tokens
-  is one step: `a + c·B + (d + f)·C`, C the tokens in context summed over the batch.
-
-Together they identify every coefficient (a; c; b+d and f from the prefill curve; d+f from decode), fitted
-by non-negative least squares on relative error. About a third of the probes (every third point of each
-grid) are held out of the fit and scored against it: that is the error figure reported. The fixed request
-cost `o` is not part of a step, so it is not in the profile; it is reported (and recorded in the profile's
-provenance) for whoever compares simulated TTFT with TTFT measured over HTTP.
-
-A second stage (`slobench.profiles.refine`, `calibrate_main` runs it unless --no-refine) fits factors on
-this profile and `o` to open-loop runs of served load, which the probes of an idle server see only in part.
-
-Assumed: each prefill probe fits one step's token budget (the default grid stops at 1,024 tokens), the
-server batches the B decode requests together (max_num_seqs >= B) and has KV room for B·(L+K) tokens,
-and prompts do not hit a prefix cache (each probe's prompt is fresh random token ids).
+"""A cost profile fitted from designed probes of a live endpoint (`slobench calibrate --url`): prefill
+probes (one request at a time) and decode probes (a batch decoding in lockstep), fitted by non-negative
+least squares and scored on held-out probes (`calibrate`'s doc). A second stage (`slobench.profiles.refine`,
+`calibrate_main` runs it unless --no-refine) fits factors on this profile and `o` to open-loop runs of
+served load, which the probes of an idle server see only in part.
 """
 
 from __future__ import annotations
@@ -45,7 +26,12 @@ from slobench.profiles.refine import (
     refine_live,
     with_refinement,
 )
+from slobench.redact import redact_url
+from slobench.run.clock import Clock
 from slobench.run.records import RequestRecord, RequestSpec
+from slobench.targets.openai import OpenAITarget
+from slobench.targets.options import TargetOptions, Timeouts
+from slobench.workload import load_workload
 
 TOKEN_IDS = (32, 256)  # byte ids clear of a byte tokenizer's BOS/EOS, valid in any vocabulary >= 256
 COLUMNS = ("steps", "prefill_tokens", "decode_seqs", "context_tokens", "attention_pairs", "request_overhead")
@@ -356,10 +342,28 @@ def _steady_gaps(recs: Sequence[RequestRecord], batch: int, prompt_len: int) -> 
 async def calibrate(url: str, model: str, plan: ProbePlan | None = None, *, seed: int = 0, timeout_s: float = 120.0,
                     api_key_env: str | None = "OPENAI_API_KEY", name: str | None = None,
                     on_probe: Callable[[Probe], None] | None = None) -> Calibration:
-    from slobench.run.clock import Clock
-    from slobench.targets.openai import OpenAITarget
-    from slobench.targets.options import TargetOptions, Timeouts
+    """Probe the endpoint and fit a profile.
 
+    Two families of probes, sent through slobench's own OpenAI target so token times are read exactly as a
+    run reads them:
+
+    - prefill: one request at a time, `max_tokens` 1, over a grid of prompt lengths. Its TTFT is one prefill
+      step (n prompt tokens, n tokens of context, n(n+1)/2 attention pairs) plus the request's fixed cost on
+      the way in and out (HTTP, parsing, the first SSE event): `o + a + (b + d)·n + f·n(n+1)/2`.
+    - decode: B requests of L prompt tokens sent together, all generating K tokens. Once every one has its
+      first token and before any finishes, each step decodes B sequences; the gap between a request's tokens
+      is one step: `a + c·B + (d + f)·C`, C the tokens in context summed over the batch.
+
+    Together they identify every coefficient (a; c; b+d and f from the prefill curve; d+f from decode), fitted
+    by non-negative least squares on relative error. About a third of the probes (every third point of each
+    grid) are held out of the fit and scored against it: that is the error figure reported. The fixed request
+    cost `o` is not part of a step, so it is not in the profile; it is reported (and recorded in the profile's
+    provenance) for whoever compares simulated TTFT with TTFT measured over HTTP.
+
+    Assumed: each prefill probe fits one step's token budget (the default grid stops at 1,024 tokens), the
+    server batches the B decode requests together (max_num_seqs >= B) and has KV room for B·(L+K) tokens,
+    and prompts do not hit a prefix cache (each probe's prompt is fresh random token ids).
+    """
     plan = plan or ProbePlan()
     t0 = time.perf_counter()
     options = TargetOptions(model=model, timeouts=Timeouts(request_s=timeout_s), api_key_env=api_key_env)
@@ -398,7 +402,6 @@ async def calibrate(url: str, model: str, plan: ProbePlan | None = None, *, seed
 def with_provenance(cal: Calibration, url: str, model: str, plan: ProbePlan) -> CostProfile:
     from dataclasses import asdict, replace
 
-    from slobench.redact import redact_url
 
     pre, dec = cal.error_summary("prefill"), cal.error_summary("decode")
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -492,8 +495,6 @@ def refine_plan(args: Any) -> RefinePlan | None:
                           pick(args.max_batched_tokens, lim.max_batched_tokens), pick(args.block_size, lim.block_size))
     workload = pick(args.refine_workload, plan.workload)
     try:
-        from slobench.workload import load_workload
-
         load_workload(workload)
     except UsageError as e:
         raise UsageError(f"--refine-workload {workload}: {e}") from e
@@ -513,8 +514,6 @@ async def calibrate_main(args: Any) -> int:
     from dataclasses import replace
     from pathlib import Path
 
-    from slobench.targets.openai import OpenAITarget
-    from slobench.targets.options import TargetOptions
 
     given = {k: v for k, v in {
         "prompt_lens": _ints(args.prompt_lens, "--prompt-lens"), "batches": _ints(args.batches, "--batches"),

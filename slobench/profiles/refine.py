@@ -3,38 +3,8 @@
 The probes (`slobench.profiles.calibrate`) time an idle server: one prompt at a time, or one batch decoding
 in lockstep. Under open-loop load the server also does work per request and per token (HTTP, SSE writes,
 scheduling, a GIL shared by its event loop and its engine thread) while other requests step, and the probes
-see that only in part. So, black-box, against any OpenAI-compatible endpoint:
-
-1. short open-loop Poisson runs of a workload at a few rates, sent as `slobench run` sends them (the load
-   flags' `LoadSetup`: its target, the runner, `LiveProbe`);
-2. the same requests (workload, seed, count) simulated on the virtual clock with candidate profiles and the
-   served engine's limits, the request's fixed cost `o` added to every time after the send (as
-   `benchmarks/validate_sim.py` adds it), TTFT and TPOT p50/p90 compared as log ratios;
-3. a search over the logs of three factors, on a (per step), b (per prompt token) and c (per decoding
-   sequence): first one factor on all three (an idle server's view of a busy one is low across the board),
-   then Nelder-Mead from there, restarted once. `o`'s factor is solved inside for each candidate: `o` shifts
-   every TTFT percentile by exactly itself and leaves TPOT alone, so it needs no simulation of its own. The
-   percentiles compared are Harrell-Davis estimates (`harrell_davis`), and a weak prior pulls each log factor
-   toward 0 (the probe fit). A fifth parameter, searched beside them from 0, is the step-time noise: the
-   relative sd of each simulated step's time (MAX_JITTER says why).
-
-Why factors on the probe fit and not a free fit: the probes fix the shape well (held-out probe error a few
-percent); served load moves the level of some costs. A factor is unit-free (one step size and one prior for a
-10 µs and a 10 ms coefficient), keeps the coefficient's sign, and makes twice and half equally far. Why these
-four: what the served path adds is work per step (scheduling, the event loop's turn), per token streamed (an
-SSE write, under the GIL the engine's thread needs: c) and per request (HTTP, parsing: o, and the steps it
-lands in), none of which grows with the context. d and f, the context's cost (attention), stay the probes'
-(decode at three contexts, prefill up to 1,024 tokens measure them as well as an idle server can): served
-percentiles cannot tell c from d (c·B and d·ΣC both grow with the batch), and a free d+f factor let the fit
-trade one for the other (in a test against a known profile it ended 45% off on d and c). A coefficient the
-probes put at 0 stays 0 (no factor moves it; the search leaves it out and says so).
-
-The middle rate is held out of the fit; both profiles, refined and probe-only, are scored on it, and that
-is the figure to trust. The profile written is the one fitted without it.
-
-The simulation needs the served engine's limits (KV blocks, most sequences, token budget a step). A
-black-box endpoint does not reveal them: they are given (`--kv-blocks`, `--max-num-seqs`,
-`--max-batched-tokens`), else `--simulate`'s defaults stand in, and the refinement is as good as they are.
+see that only in part. So, black-box, against any OpenAI-compatible endpoint, short open-loop runs at a few
+rates are compared with their simulation on candidate profiles (`refine`'s doc says how and why).
 """
 
 from __future__ import annotations
@@ -50,11 +20,12 @@ import numpy as np
 
 from reference_engine.config import EngineConfig, EngineSpec
 from reference_engine.executor.modeled_executor import CostProfile
+from slobench.analysis.metrics import RecordArrays
 from slobench.errors import SpecError, UsageError
+from slobench.fleet.simulate import ModeledEngine, simulate_records
 from slobench.run.records import RequestRecord, RequestSpec
 
 if TYPE_CHECKING:
-    from slobench.fleet.simulate import ModeledEngine
     from slobench.load_setup import LoadSetup
 
 METRICS = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")
@@ -123,8 +94,6 @@ class EngineLimits:
             _positive_int(name, getattr(self, name))
 
     def engine(self, profile: CostProfile) -> ModeledEngine:
-        from slobench.fleet.simulate import ModeledEngine
-
         return ModeledEngine(profile, kv_blocks=self.kv_blocks, block_size=self.block_size,
                              max_num_seqs=self.max_num_seqs, max_batched_tokens=self.max_batched_tokens, name="refine")
 
@@ -243,8 +212,6 @@ def percentiles(records: Sequence[RequestRecord], overhead_s: float = 0.0, *, sm
     no request has is left out. `smooth`: Harrell-Davis estimates (what the fit compares, see `harrell_davis`).
     `split_tokens`: also SPLIT_METRICS, the TTFT of the requests meant to send at most that many prompt tokens
     and of the rest (each half with at least MIN_SPLIT_REQUESTS TTFTs)."""
-    from slobench.analysis.metrics import RecordArrays
-
     a = RecordArrays.from_records(records)
     out: Percentiles = {}
 
@@ -288,8 +255,6 @@ def harrell_davis(x: np.ndarray, qs: Sequence[float]) -> list[float]:
 def simulate(specs: Sequence[RequestSpec], limits: EngineLimits, profile: CostProfile, api: str,
              overhead_s: float = 0.0, *, smooth: bool = False, jitter_sd: float = 0.0,
              split_tokens: int | None = None) -> Percentiles:
-    from slobench.fleet.simulate import simulate_records
-
     records = simulate_records(specs, limits.engine(profile), api=api, jitter_sd=jitter_sd,  # type: ignore[arg-type]
                                seed=JITTER_SEED)
     return percentiles(records, overhead_s, smooth=smooth, split_tokens=split_tokens)
@@ -299,9 +264,6 @@ def knee_rate(specs_for: SpecsFor, limits: EngineLimits, profile: CostProfile, o
     """The highest rate, within ~9%, at which the simulated TTFT p90 stays under KNEE_TTFT_RISE times its
     light-load value. No SLO needed: it is where a queue forms on this profile and these limits. Doubling
     from a light load until it passes, then three halvings of the step in log space: ~10 simulations."""
-    from slobench.analysis.metrics import RecordArrays
-    from slobench.fleet.simulate import simulate_records
-
     light = RecordArrays.from_records(simulate_records(specs_for(1e-3), limits.engine(profile), api=api))  # type: ignore[arg-type]
     limit = KNEE_TTFT_RISE * (float(np.nanquantile(light.ttft_s, 0.9)) + overhead_s)
 
@@ -443,7 +405,39 @@ def check_budget(rates: Sequence[float], num_requests: int) -> None:
 async def refine(profile: CostProfile, overhead_s: float, plan: RefinePlan, measure: Measure, specs_for: SpecsFor,
                  *, api: str, workload: str, on_point: Callable[[RatePoint, float], None] | None = None) -> Refinement:
     """Measure `plan`'s rates with `measure(rate) -> records` (the requests `specs_for(rate)`), fit the
-    factors on all but the middle rate, and score both profiles everywhere."""
+    factors on all but the middle rate, and score both profiles everywhere:
+
+    1. short open-loop Poisson runs of a workload at a few rates, sent as `slobench run` sends them (the load
+       flags' `LoadSetup`: its target, the runner, `LiveProbe`);
+    2. the same requests (workload, seed, count) simulated on the virtual clock with candidate profiles and the
+       served engine's limits, the request's fixed cost `o` added to every time after the send (as
+       `benchmarks/validate_sim.py` adds it), TTFT and TPOT p50/p90 compared as log ratios;
+    3. a search over the logs of three factors, on a (per step), b (per prompt token) and c (per decoding
+       sequence): first one factor on all three (an idle server's view of a busy one is low across the board),
+       then Nelder-Mead from there, restarted once. `o`'s factor is solved inside for each candidate: `o` shifts
+       every TTFT percentile by exactly itself and leaves TPOT alone, so it needs no simulation of its own. The
+       percentiles compared are Harrell-Davis estimates (`harrell_davis`), and a weak prior pulls each log factor
+       toward 0 (the probe fit). A fifth parameter, searched beside them from 0, is the step-time noise: the
+       relative sd of each simulated step's time (MAX_JITTER says why).
+
+    Why factors on the probe fit and not a free fit: the probes fix the shape well (held-out probe error a few
+    percent); served load moves the level of some costs. A factor is unit-free (one step size and one prior for a
+    10 µs and a 10 ms coefficient), keeps the coefficient's sign, and makes twice and half equally far. Why these
+    four: what the served path adds is work per step (scheduling, the event loop's turn), per token streamed (an
+    SSE write, under the GIL the engine's thread needs: c) and per request (HTTP, parsing: o, and the steps it
+    lands in), none of which grows with the context. d and f, the context's cost (attention), stay the probes'
+    (decode at three contexts, prefill up to 1,024 tokens measure them as well as an idle server can): served
+    percentiles cannot tell c from d (c·B and d·ΣC both grow with the batch), and a free d+f factor let the fit
+    trade one for the other (in a test against a known profile it ended 45% off on d and c). A coefficient the
+    probes put at 0 stays 0 (no factor moves it; the search leaves it out and says so).
+
+    The middle rate is held out of the fit; both profiles, refined and probe-only, are scored on it, and that
+    is the figure to trust. The profile written is the one fitted without it.
+
+    The simulation needs the served engine's limits (KV blocks, most sequences, token budget a step). A
+    black-box endpoint does not reveal them: they are given (`--kv-blocks`, `--max-num-seqs`,
+    `--max-batched-tokens`), else `--simulate`'s defaults stand in, and the refinement is as good as they are.
+    """
     cache: dict[float, Sequence[RequestSpec]] = {}
 
     def specs(rate: float) -> Sequence[RequestSpec]:

@@ -1,17 +1,5 @@
 """A cost profile from first principles: a model's FLOPs and bytes per token against a GPU's peaks.
 
-One step of a served batch, on each of `tp` GPUs (weights, heads and MLP split evenly):
-
-- dense layers: max(FLOPs of the step's tokens / effective TFLOP/s, weights bytes / effective TB/s).
-  2·params FLOPs per token; every weight read once a step. Below the ridge (~hundreds of tokens a step:
-  decode) the step is bound by the weights read; above it (prefill chunks) by compute.
-- attention: max(4·layers·heads·head_dim FLOPs per (query, key) pair, K and V bytes per context token).
-  Decode reads the KV of every token in context (memory-bound); long prefill chunks are compute-bound.
-- per token, beside the roof: element-wise kernels (norms, rotary, SiLU·mul, residual adds) read and write
-  activations; with tp > 1, two all-reduces of the hidden state per layer over the GPU link.
-- per decoded sequence: the LM head's FLOPs for its one sampled position.
-- per step: host overhead (scheduling, sampling, launches) plus a per-layer kernel floor.
-
 The efficiency factors are what fraction of a datasheet peak real kernels reach. Their defaults were fitted
 to measured per-layer operator times of Llama-2/3 on H100 and A100 (Vidur, Agrawal et al., MLSys 2024,
 MIT; `slobench.profiles.vidur.fit_efficiency` reproduces them from those files). `host_overhead_s` is an
@@ -72,7 +60,20 @@ def layer_dense_s(m: ModelConfig, g: GpuSpec, num_tokens: int, tp: int = 1, eff:
 
 def roofline(model: str | ModelConfig, gpu: str | GpuSpec, tp: int = 1, eff: Efficiency | None = None) -> CostProfile:
     """The cost profile of `model` served on `tp` GPUs of kind `gpu` (tensor parallel), from peaks and
-    efficiencies. Names: see `slobench.profiles.MODELS` and `GPUS`."""
+    efficiencies. Names: see `slobench.profiles.MODELS` and `GPUS`.
+
+    One step of a served batch, on each of `tp` GPUs (weights, heads and MLP split evenly):
+
+    - dense layers: max(FLOPs of the step's tokens / effective TFLOP/s, weights bytes / effective TB/s).
+      2·params FLOPs per token; every weight read once a step. Below the ridge (~hundreds of tokens a step:
+      decode) the step is bound by the weights read; above it (prefill chunks) by compute.
+    - attention: max(4·layers·heads·head_dim FLOPs per (query, key) pair, K and V bytes per context token).
+      Decode reads the KV of every token in context (memory-bound); long prefill chunks are compute-bound.
+    - per token, beside the roof: element-wise kernels (norms, rotary, SiLU·mul, residual adds) read and write
+      activations; with tp > 1, two all-reduces of the hidden state per layer over the GPU link.
+    - per decoded sequence: the LM head's FLOPs for its one sampled position.
+    - per step: host overhead (scheduling, sampling, launches) plus a per-layer kernel floor.
+    """
     m = get_model(model) if isinstance(model, str) else model
     g = get_gpu(gpu) if isinstance(gpu, str) else gpu
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:

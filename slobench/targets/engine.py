@@ -19,7 +19,7 @@ from typing import Any
 import slobench.profiles  # noqa: F401  (registers `--profile roofline:GPU/MODEL` with the engine)
 from reference_engine.builder import build_engine
 from reference_engine.config import EngineSpec
-from reference_engine.engine import ERROR_FINISH_REASON, LLMEngine, TokenEvent, _NullObserver
+from reference_engine.engine import ERROR_FINISH_REASON, LLMEngine, NullObserver, TokenEvent
 from reference_engine.metrics import EngineMetrics
 from reference_engine.protocol import (
     BadRequest,
@@ -72,7 +72,7 @@ def _engine_metrics(engine: LLMEngine, model_name: str) -> EngineMetrics:
     if isinstance(engine.observer, EngineMetrics):
         return engine.observer
     metrics = EngineMetrics(model_name, engine.stats)
-    if isinstance(engine.observer, _NullObserver):
+    if isinstance(engine.observer, NullObserver):
         engine.observer = metrics
     return metrics
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from reference_engine.splitmix import GAMMA, mix64_array
 from slobench.errors import SpecError, UsageError
 from slobench.run.records import RequestSpec, with_drawn_ids
 from slobench.workload.base import AS_IT_IS, RunShape, refuse_fixed_lengths
@@ -21,18 +22,9 @@ from slobench.workload.traces import Trace, TraceEntry, load_trace
 
 __all__ = ["ReplaySpecs", "TraceReplay", "block_token_ids", "replay", "replay_scale"]
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_GOLDEN = np.uint64(GAMMA)
 MAX_CACHED_BLOCKS = 8192  # 32 MiB of 512-token blocks
 MAX_SESSIONS = 16384
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: a bijection on uint64 that scatters nearby inputs (wrapping arithmetic)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
 
 
 def block_token_ids(
@@ -48,9 +40,9 @@ def blocks_token_ids(key: int, hash_ids: list[int], num_tokens: int, id_range: t
     lo, hi = id_range
     mask = 0xFFFFFFFFFFFFFFFF
     with np.errstate(over="ignore"):
-        base = _mix64(np.uint64(key & mask) ^ _mix64(np.array([h & mask for h in hash_ids], np.uint64) + _GOLDEN))
+        base = mix64_array(np.uint64(key & mask) ^ mix64_array(np.array([h & mask for h in hash_ids], np.uint64) + _GOLDEN))
         pos = np.arange(1, num_tokens + 1, dtype=np.uint64)
-        vals = _mix64(base[:, None] + pos[None, :] * _GOLDEN)
+        vals = mix64_array(base[:, None] + pos[None, :] * _GOLDEN)
     return (vals % np.uint64(hi - lo)).astype(np.int64) + lo
 
 
