@@ -26,12 +26,12 @@ import validate_sim  # noqa: E402  (the validated workloads, SLOs and engine lim
 
 from reference_engine.executor.modeled_executor import CostProfile  # noqa: E402
 from slobench.analysis.slo import SLO  # noqa: E402
+from slobench.cli.profile import live_setup  # noqa: E402
 from slobench.fleet.simulate import simulate_records  # noqa: E402
 from slobench.profiles.refine import (  # noqa: E402
     COEFFICIENTS,
     RefinePlan,
     fit_factors,
-    live_setup,
     median_prompt,
     percentiles,
 )

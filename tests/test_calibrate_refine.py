@@ -25,6 +25,7 @@ import pytest
 
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.cli import main
+from slobench.cli.profile import live_setup
 from slobench.errors import SpecError, UsageError
 from slobench.fleet.simulate import calibrated_extras, simulate_records
 from slobench.profiles.refine import (
@@ -35,7 +36,6 @@ from slobench.profiles.refine import (
     Refinement,
     RefinePlan,
     drift_notes,
-    live_setup,
     noise_notes,
     overfit_notes,
     percentiles,

@@ -6,11 +6,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from slobench.errors import UsageError
+from reference_engine.executor.modeled_executor import CostProfile
+from slobench.cli.common import load_options
+from slobench.errors import SpecError, UsageError
+from slobench.load_setup import LoadSetup
 from slobench.profiles import GPUS, MODELS, roofline
-from slobench.profiles.calibrate import calibrate_main
+from slobench.profiles.calibrate import ProbePlan, print_table, with_provenance
+from slobench.profiles.calibrate import calibrate as calibrate_endpoint
+from slobench.profiles.refine import EngineLimits, RefinePlan, print_refinement, refine_live, with_refinement
+from slobench.targets.openai import OpenAITarget
+from slobench.targets.options import TargetOptions
+from slobench.workload import load_workload
 
 
 def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
@@ -74,6 +85,132 @@ def _add_calibrate_arguments(c: argparse.ArgumentParser) -> None:
     r.add_argument("--max-num-seqs", type=int, default=None, help="the served engine's most sequences a step (default 64)")
     r.add_argument("--max-batched-tokens", "--max-num-batched-tokens", dest="max_batched_tokens", type=int,
                    default=None, help="the served engine's token budget a step (default 2048)")
+
+
+def live_setup(url: str, model: str, plan: RefinePlan, *, timeout_s: float = 600.0,
+               api_key_env: str | None = "OPENAI_API_KEY") -> LoadSetup:
+    """The `LoadSetup` that `slobench run --url URL --workload W --num-requests N --seed S` would build: the
+    refinement's runs are sent exactly as a run's. Made before any request: a bad workload is exit 2 now."""
+    args = load_options(url=url, model=model, workload=plan.workload, num_requests=plan.num_requests, seed=plan.seed,
+                        timeout=timeout_s, api_key_env=api_key_env, scrape_interval=0.0, no_progress=True)
+    try:
+        return LoadSetup(args)
+    except UsageError as e:
+        raise UsageError(f"--refine-workload {plan.workload}: {e}") from e
+
+
+def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise SpecError(name, text, "must be comma-separated integers, e.g. 1,4,16") from None
+
+
+def _rates(text: str | None) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        rates = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise SpecError("--refine-rates", text, "must be comma-separated req/s, e.g. 2,3.5,5") from None
+    if any(not 0 < r < float("inf") for r in rates):
+        raise SpecError("--refine-rates", text, "every rate must be > 0 req/s")
+    if len(set(rates)) < 3:
+        raise SpecError("--refine-rates", text, "needs at least 3 distinct rates (the middle one is held out)")
+    return rates
+
+
+def refine_plan(args: argparse.Namespace) -> RefinePlan | None:
+    """The refinement the flags ask for (None: --no-refine; a flag not given is None and keeps RefinePlan's
+    or EngineLimits' default). Every bad value is exit 2, named by its flag, before any probe, and so is a
+    refinement flag beside --no-refine, which would ignore it."""
+    flags = {"--refine-workload": args.refine_workload, "--refine-rates": args.refine_rates,
+             "--refine-requests": args.refine_requests, "--refine-seed": args.refine_seed,
+             "--kv-blocks": args.kv_blocks, "--block-size": args.block_size, "--max-num-seqs": args.max_num_seqs,
+             "--max-batched-tokens": args.max_batched_tokens,
+             "--fit-inside": True if getattr(args, "fit_inside", False) else None}
+    if args.no_refine:
+        given = [flag for flag, value in flags.items() if value is not None]
+        if given:
+            raise UsageError(f"{given[0]} applies only to the refinement, which --no-refine skips; drop one of them")
+        return None
+    least = {"--kv-blocks": 1, "--block-size": 1, "--max-num-seqs": 1, "--max-batched-tokens": 1, "--refine-requests": 10}
+    for flag, low in least.items():
+        if flags[flag] is not None and flags[flag] < low:
+            raise SpecError(flag, flags[flag], f"must be an integer >= {low}")
+    plan, lim = RefinePlan(), EngineLimits()
+
+    def pick(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
+    limits = EngineLimits(pick(args.kv_blocks, lim.kv_blocks), pick(args.max_num_seqs, lim.max_num_seqs),
+                          pick(args.max_batched_tokens, lim.max_batched_tokens), pick(args.block_size, lim.block_size))
+    workload = pick(args.refine_workload, plan.workload)
+    try:
+        load_workload(workload)
+    except UsageError as e:
+        raise UsageError(f"--refine-workload {workload}: {e}") from e
+    return RefinePlan(workload, _rates(args.refine_rates), pick(args.refine_requests, plan.num_requests),
+                      pick(args.refine_seed, plan.seed), limits, fit_inside=bool(getattr(args, "fit_inside", False)))
+
+
+def _write(out: Any, profile: CostProfile, flag: str) -> None:
+    try:
+        out.write_text(profile.to_json() + "\n")
+    except OSError as e:
+        raise UsageError(f"{flag}: cannot write: {e.strerror}") from e
+
+
+async def calibrate_main(args: argparse.Namespace) -> int:
+    given = {k: v for k, v in {
+        "prompt_lens": _ints(args.prompt_lens, "--prompt-lens"), "batches": _ints(args.batches, "--batches"),
+        "contexts": _ints(args.contexts, "--contexts"), "output_len": args.output_len, "repeats": args.repeats,
+    }.items() if v is not None}
+    plan = ProbePlan(**given)
+    refining = refine_plan(args)
+    out = Path(args.output)
+    if not out.parent.is_dir():
+        raise UsageError(f"-o {args.output}: no such folder {str(out.parent)!r}")
+    model = args.model or await OpenAITarget(args.url, TargetOptions(api_key_env=args.api_key_env)).discover_model()
+    setup = None if refining is None else live_setup(args.url, model, refining, timeout_s=args.timeout,
+                                                     api_key_env=args.api_key_env)  # a bad workload: exit 2 now
+    n = len(plan.prompt_lens) * plan.repeats + len(plan.batches) * len(plan.contexts)
+    print(f"calibrating {model}: {n} probe sends ({len(plan.prompt_lens)} prompt lengths x {plan.repeats}, "
+          f"{len(plan.batches)} batches x {len(plan.contexts)} contexts)", flush=True)
+    cal = await calibrate_endpoint(args.url, model, plan, timeout_s=args.timeout, api_key_env=args.api_key_env)
+    print_table(cal)
+    for note in cal.notes:
+        print(f"note: {note}")
+    profile = with_provenance(cal, args.url, model, plan)
+    _write(out, profile, f"-o {args.output}")
+    if refining is None or setup is None:
+        print(f"written: {out} (use it with --simulate --profile {out})")
+        return 0
+    k = cal.max_num_seqs
+    if k is not None and k < refining.limits.max_num_seqs:
+        if args.max_num_seqs is None:
+            refining = replace(refining, limits=replace(refining.limits, max_num_seqs=k))
+            print(f"note: the refinement simulates the server with --max-num-seqs {k}, as measured", flush=True)
+        else:
+            print(f"note: --max-num-seqs {args.max_num_seqs} is above the {k} requests the server decoded at once",
+                  flush=True)
+    print(f"written: {out} (the probe fit); refining it on served load ({refining.workload}, "
+          f"{refining.num_requests} requests a rate)", flush=True)
+    try:
+        ref = await refine_live(setup, cal.profile, cal.request_overhead_s, refining,
+                                write=lambda line: print(line, flush=True))
+    except BaseException:
+        print(f"slobench: calibrate: the refinement did not finish; {out} holds the probe-fitted profile",
+              file=sys.stderr)
+        raise
+    print_refinement(ref)
+    _write(out, with_refinement(profile, ref), f"-o {args.output}")
+    print(f"written: {out}, refined (use it with --simulate --profile {out}, or plan --profile {out}: both add its "
+          f"request overhead {ref.request_overhead_s * 1e3:.1f} ms and step-time noise sd {ref.jitter_sd:.2f} "
+          "unless --request-overhead / --jitter say otherwise)")
+    return 0
 
 
 def calibrate(args: argparse.Namespace) -> int:

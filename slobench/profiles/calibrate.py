@@ -1,7 +1,7 @@
 """A cost profile fitted from designed probes of a live endpoint (`slobench calibrate --url`): prefill
 probes (one request at a time) and decode probes (a batch decoding in lockstep), fitted by non-negative
 least squares and scored on held-out probes (`calibrate`'s doc). A second stage (`slobench.profiles.refine`,
-`calibrate_main` runs it unless --no-refine) fits factors on this profile and `o` to open-loop runs of
+`slobench calibrate` runs it unless --no-refine) fits factors on this profile and `o` to open-loop runs of
 served load, which the probes of an idle server see only in part.
 """
 
@@ -18,20 +18,11 @@ import numpy as np
 
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.errors import SpecError, UsageError
-from slobench.profiles.refine import (
-    EngineLimits,
-    RefinePlan,
-    live_setup,
-    print_refinement,
-    refine_live,
-    with_refinement,
-)
 from slobench.redact import redact_url
 from slobench.run.clock import Clock
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.openai import OpenAITarget
 from slobench.targets.options import TargetOptions, Timeouts
-from slobench.workload import load_workload
 
 TOKEN_IDS = (32, 256)  # byte ids clear of a byte tokenizer's BOS/EOS, valid in any vocabulary >= 256
 COLUMNS = ("steps", "prefill_tokens", "decode_seqs", "context_tokens", "attention_pairs", "request_overhead")
@@ -443,122 +434,3 @@ def print_table(cal: Calibration, write: Callable[[str], None] = print) -> None:
     if cal.round_speeds:
         write("rounds of the same probes against their median: " + ", ".join(f"x{x:.2f}" for x in cal.round_speeds))
     write(f"wall time {cal.wall_s:.0f} s")
-
-
-def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise SpecError(name, text, "must be comma-separated integers, e.g. 1,4,16") from None
-
-
-def _rates(text: str | None) -> tuple[float, ...] | None:
-    if text is None:
-        return None
-    try:
-        rates = tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise SpecError("--refine-rates", text, "must be comma-separated req/s, e.g. 2,3.5,5") from None
-    if any(not 0 < r < float("inf") for r in rates):
-        raise SpecError("--refine-rates", text, "every rate must be > 0 req/s")
-    if len(set(rates)) < 3:
-        raise SpecError("--refine-rates", text, "needs at least 3 distinct rates (the middle one is held out)")
-    return rates
-
-
-def refine_plan(args: Any) -> RefinePlan | None:
-    """The refinement the flags ask for (None: --no-refine; a flag not given is None and keeps RefinePlan's
-    or EngineLimits' default). Every bad value is exit 2, named by its flag, before any probe, and so is a
-    refinement flag beside --no-refine, which would ignore it."""
-    flags = {"--refine-workload": args.refine_workload, "--refine-rates": args.refine_rates,
-             "--refine-requests": args.refine_requests, "--refine-seed": args.refine_seed,
-             "--kv-blocks": args.kv_blocks, "--block-size": args.block_size, "--max-num-seqs": args.max_num_seqs,
-             "--max-batched-tokens": args.max_batched_tokens,
-             "--fit-inside": True if getattr(args, "fit_inside", False) else None}
-    if args.no_refine:
-        given = [flag for flag, value in flags.items() if value is not None]
-        if given:
-            raise UsageError(f"{given[0]} applies only to the refinement, which --no-refine skips; drop one of them")
-        return None
-    least = {"--kv-blocks": 1, "--block-size": 1, "--max-num-seqs": 1, "--max-batched-tokens": 1, "--refine-requests": 10}
-    for flag, low in least.items():
-        if flags[flag] is not None and flags[flag] < low:
-            raise SpecError(flag, flags[flag], f"must be an integer >= {low}")
-    plan, lim = RefinePlan(), EngineLimits()
-
-    def pick(value: Any, default: Any) -> Any:
-        return default if value is None else value
-
-    limits = EngineLimits(pick(args.kv_blocks, lim.kv_blocks), pick(args.max_num_seqs, lim.max_num_seqs),
-                          pick(args.max_batched_tokens, lim.max_batched_tokens), pick(args.block_size, lim.block_size))
-    workload = pick(args.refine_workload, plan.workload)
-    try:
-        load_workload(workload)
-    except UsageError as e:
-        raise UsageError(f"--refine-workload {workload}: {e}") from e
-    return RefinePlan(workload, _rates(args.refine_rates), pick(args.refine_requests, plan.num_requests),
-                      pick(args.refine_seed, plan.seed), limits, fit_inside=bool(getattr(args, "fit_inside", False)))
-
-
-def _write(out: Any, profile: CostProfile, flag: str) -> None:
-    try:
-        out.write_text(profile.to_json() + "\n")
-    except OSError as e:
-        raise UsageError(f"{flag}: cannot write: {e.strerror}") from e
-
-
-async def calibrate_main(args: Any) -> int:
-    import sys
-    from dataclasses import replace
-    from pathlib import Path
-
-
-    given = {k: v for k, v in {
-        "prompt_lens": _ints(args.prompt_lens, "--prompt-lens"), "batches": _ints(args.batches, "--batches"),
-        "contexts": _ints(args.contexts, "--contexts"), "output_len": args.output_len, "repeats": args.repeats,
-    }.items() if v is not None}
-    plan = ProbePlan(**given)
-    refining = refine_plan(args)
-    out = Path(args.output)
-    if not out.parent.is_dir():
-        raise UsageError(f"-o {args.output}: no such folder {str(out.parent)!r}")
-    model = args.model or await OpenAITarget(args.url, TargetOptions(api_key_env=args.api_key_env)).discover_model()
-    setup = None if refining is None else live_setup(args.url, model, refining, timeout_s=args.timeout,
-                                                     api_key_env=args.api_key_env)  # a bad workload: exit 2 now
-    n = len(plan.prompt_lens) * plan.repeats + len(plan.batches) * len(plan.contexts)
-    print(f"calibrating {model}: {n} probe sends ({len(plan.prompt_lens)} prompt lengths x {plan.repeats}, "
-          f"{len(plan.batches)} batches x {len(plan.contexts)} contexts)", flush=True)
-    cal = await calibrate(args.url, model, plan, timeout_s=args.timeout, api_key_env=args.api_key_env)
-    print_table(cal)
-    for note in cal.notes:
-        print(f"note: {note}")
-    profile = with_provenance(cal, args.url, model, plan)
-    _write(out, profile, f"-o {args.output}")
-    if refining is None or setup is None:
-        print(f"written: {out} (use it with --simulate --profile {out})")
-        return 0
-    k = cal.max_num_seqs
-    if k is not None and k < refining.limits.max_num_seqs:
-        if args.max_num_seqs is None:
-            refining = replace(refining, limits=replace(refining.limits, max_num_seqs=k))
-            print(f"note: the refinement simulates the server with --max-num-seqs {k}, as measured", flush=True)
-        else:
-            print(f"note: --max-num-seqs {args.max_num_seqs} is above the {k} requests the server decoded at once",
-                  flush=True)
-    print(f"written: {out} (the probe fit); refining it on served load ({refining.workload}, "
-          f"{refining.num_requests} requests a rate)", flush=True)
-    try:
-        ref = await refine_live(setup, cal.profile, cal.request_overhead_s, refining,
-                                write=lambda line: print(line, flush=True))
-    except BaseException:
-        print(f"slobench: calibrate: the refinement did not finish; {out} holds the probe-fitted profile",
-              file=sys.stderr)
-        raise
-    print_refinement(ref)
-    _write(out, with_refinement(profile, ref), f"-o {args.output}")
-    print(f"written: {out}, refined (use it with --simulate --profile {out}, or plan --profile {out}: both add its "
-          f"request overhead {ref.request_overhead_s * 1e3:.1f} ms and step-time noise sd {ref.jitter_sd:.2f} "
-          "unless --request-overhead / --jitter say otherwise)")
-    return 0

@@ -522,21 +522,6 @@ def drift_notes(points: Sequence[RatePoint], drop: float = 2 / 3) -> list[str]:
     return out
 
 
-def live_setup(url: str, model: str, plan: RefinePlan, *, timeout_s: float = 600.0,
-               api_key_env: str | None = "OPENAI_API_KEY") -> LoadSetup:
-    """The `LoadSetup` that `slobench run --url URL --workload W --num-requests N --seed S` would build: the
-    refinement's runs are sent exactly as a run's. Made before any request: a bad workload is exit 2 now."""
-    from slobench.cli.common import load_options
-    from slobench.load_setup import LoadSetup
-
-    args = load_options(url=url, model=model, workload=plan.workload, num_requests=plan.num_requests, seed=plan.seed,
-                        timeout=timeout_s, api_key_env=api_key_env, scrape_interval=0.0, no_progress=True)
-    try:
-        return LoadSetup(args)
-    except UsageError as e:
-        raise UsageError(f"--refine-workload {plan.workload}: {e}") from e
-
-
 async def refine_live(setup: LoadSetup, profile: CostProfile, overhead_s: float, plan: RefinePlan,
                       *, write: Callable[[str], None] = print) -> Refinement:
     """`refine` against the endpoint `setup` names, through `LoadSetup.probe` (a `LiveProbe`)."""
