@@ -11,8 +11,8 @@ from reference_engine.builder import build_engine
 from reference_engine.config import EngineSpec
 from reference_engine.errors import ConfigError
 from reference_engine.serve_args import add_serve_arguments, engine_spec_from_args
+from slobench.cli.common import add_engine_arguments, engine_knobs_from_args
 from slobench.fleet.simulate import ModeledEngine
-from slobench.targets.engine import add_engine_arguments, engine_knobs_from_args
 
 SHAPE = ["--profile", "h100-llama-1b", "--kv-blocks", "96", "--block-size", "32", "--max-num-seqs", "8",
          "--max-batched-tokens", "512", "--max-model-len", "1024", "--no-prefix-caching"]

@@ -17,16 +17,12 @@ from reference_engine.engine import LLMEngine
 from reference_engine.executor.base import StepBatch, StepResult
 from reference_engine.executor.modeled_executor import CostProfile, ModeledExecutor
 from reference_engine.tokenizer import ByteTokenizer
+from slobench.cli.common import add_engine_arguments, engine_knobs_from_args
 from slobench.errors import TargetUnreachable, UsageError
 from slobench.run.clock import Clock
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.run.runner import RunOptions, run
-from slobench.targets.engine import (
-    EngineTarget,
-    add_engine_arguments,
-    engine_knobs_from_args,
-    engine_target_from_args,
-)
+from slobench.targets.engine import EngineTarget
 from slobench.targets.openai import OpenAITarget
 from slobench.targets.options import TargetOptions
 from slobench.testing import EngineServerProcess
@@ -242,7 +238,7 @@ def test_cli_flags_build_the_target() -> None:
     knobs = engine_knobs_from_args(args)
     assert knobs["kv_blocks"] == 96 and knobs["enable_prefix_caching"] is False and knobs["model"] == "tiny"
     clock = Clock()
-    t = engine_target_from_args(args, clock, api="chat")
+    t = EngineTarget(knobs, clock, model_name=knobs["model"], api="chat")
     assert t.clock is clock and t.api == "chat" and t.engine.config.max_num_seqs == 8
     assert p.parse_args([]).engine is None  # no --engine: the HTTP target, as before
 

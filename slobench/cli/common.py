@@ -11,13 +11,13 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from reference_engine.serve_args import add_engine_spec_arguments, engine_spec_from_args
 from slobench.errors import UsageError
 from slobench.experiments.sweep import run_sweep
 from slobench.load_setup import MIN_PROBE_S, LoadOptions, LoadSetup
 from slobench.report import build_report
 from slobench.report.terminal import make_console, print_headline, sweep_table
 from slobench.run.outdir import claim_out_dir
-from slobench.targets.engine import add_engine_arguments, engine_knobs_from_args
 
 
 def default_out(prefix: str) -> Path:
@@ -238,3 +238,28 @@ def print_sweep(doc: dict[str, Any], console: Any, title: str) -> None:
     console.print(sweep_table(doc["runs"], title=title))
     if doc.get("headline"):
         print_headline(doc["headline"], console)
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Flags that select and shape the in-process engine: `--engine modeled|torch` replaces `--url`."""
+    add_engine_spec_arguments(parser, in_process=True)
+
+
+# what a run's manifest records of the engine (`target.knobs`), in this order
+_MANIFEST_KNOBS = ("executor", "model", "profile", "kv_blocks", "block_size", "max_num_seqs", "max_batched_tokens",
+                   "max_model_len", "enable_prefix_caching")
+
+
+def engine_knobs_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine's knobs (`EngineSpec` fields) from the flags of `add_engine_arguments`, as a manifest
+    records them, with a disaggregated fleet's (slobench.fleet.disagg) when its flags are given."""
+    spec = engine_spec_from_args(args, in_process=True)
+    every = spec.to_knobs()
+    knobs = {k: every[k] for k in _MANIFEST_KNOBS}
+    if getattr(args, "prefill_replicas", 0) or getattr(args, "decode_replicas", 0):  # slobench.fleet.disagg's knobs
+        knobs.update(prefill_replicas=args.prefill_replicas, decode_replicas=args.decode_replicas,
+                     colocated_replicas=getattr(args, "colocated_replicas", 0) or 0,
+                     kv_link=getattr(args, "kv_link", None) or "inf,0")
+    if spec.executor == "torch" and args.engine_device is not None:
+        knobs["device"] = spec.device
+    return knobs

@@ -10,7 +10,6 @@ the engine; `close()` aborts what is in flight and waits until the engine has fr
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -30,7 +29,6 @@ from reference_engine.protocol import (
 )
 from reference_engine.scheduler import RequestRejected
 from reference_engine.sequence import FinishReason
-from reference_engine.serve_args import add_engine_spec_arguments, engine_spec_from_args
 from reference_engine.tokenizer import ByteTokenizer
 from slobench.errors import SpecError, TargetUnreachable, UsageError
 from slobench.run.clock import Clock
@@ -253,37 +251,3 @@ class EngineTarget(TargetBase):
         finally:
             if not ended:  # cancelled (or failed) while in flight: give its KV blocks back
                 engine.abort(rid)
-
-
-# ---- CLI wiring (slobench.cli.common and slobench.load_setup call these) -----------------------------------
-
-
-def add_engine_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """Flags that select and shape the in-process engine: `--engine modeled|torch` replaces `--url`."""
-    add_engine_spec_arguments(parser, in_process=True)
-
-
-# what a run's manifest records of the engine (`target.knobs`), in this order
-_MANIFEST_KNOBS = ("executor", "model", "profile", "kv_blocks", "block_size", "max_num_seqs", "max_batched_tokens",
-                   "max_model_len", "enable_prefix_caching")
-
-
-def engine_knobs_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The engine's knobs (`EngineSpec` fields) from the flags of `add_engine_arguments`, as a manifest
-    records them, with a disaggregated fleet's (slobench.fleet.disagg) when its flags are given."""
-    spec = engine_spec_from_args(args, in_process=True)
-    every = spec.to_knobs()
-    knobs = {k: every[k] for k in _MANIFEST_KNOBS}
-    if getattr(args, "prefill_replicas", 0) or getattr(args, "decode_replicas", 0):  # slobench.fleet.disagg's knobs
-        knobs.update(prefill_replicas=args.prefill_replicas, decode_replicas=args.decode_replicas,
-                     colocated_replicas=getattr(args, "colocated_replicas", 0) or 0,
-                     kv_link=getattr(args, "kv_link", None) or "inf,0")
-    if spec.executor == "torch" and args.engine_device is not None:
-        knobs["device"] = spec.device
-    return knobs
-
-
-def engine_target_from_args(args: argparse.Namespace, clock: Clock, *, api: Api = "completions") -> EngineTarget:
-    """The EngineTarget `slobench run/sweep/capacity --engine ...` load; `args.model` names the model."""
-    knobs = engine_knobs_from_args(args)
-    return EngineTarget(knobs, clock, model_name=knobs["model"], api=api)
