@@ -6,6 +6,10 @@ TEST_WORKERS ?= 2
 # the extras .venv is built with (CI adds ray); they apply when the venv is built
 EXTRAS ?= engine,dev
 PARALLEL := $(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist worksteal
+# bytecode is written whatever the environment says: every pytest process (each xdist worker, the timing
+# tier, a test's own child) then reads pytest's rewritten test modules and the compiled sources the first
+# one left in __pycache__, instead of spending ~6 s of CPU redoing them
+unexport PYTHONDONTWRITEBYTECODE
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
