@@ -3,11 +3,11 @@
 `token_server`: one scheduled-token server for the session (TTFT 50 ms, ITL 5 ms, model `test-model`, its
 log on: pass `x_request_id` in extra_body to find a request's line); `token_server_url`: its base URL;
 `start_token_server(**kwargs)`: a server with other settings, stopped after the test.
-Tiers are markers, given here by module or test name:
-`slow` (starts a server or a process, or takes over ~1 s): `make test-fast` leaves these out and makes
-torch, Triton and safetensors unimportable, showing the harness needs none of them. `timing` (asserts on
-milliseconds of wall time): `make test` runs these alone, as a neighbouring xdist worker's CPU distorts
-them. `nightly` (a minute-long end-to-end test whose path CI covers otherwise): only `make test-all`.
+Tiers are markers, given here by module or test name. `slow`: starts a server or a process, or takes over
+~1 s. `timing`: asserts on milliseconds of wall time, so `make test` runs these alone (a neighbouring xdist
+worker's CPU distorts them). `make test-fast` leaves both out and makes torch, Triton and safetensors
+unimportable, showing the harness needs none of them. `nightly`: a minute-long end-to-end test whose path
+CI covers another way; only `make test-all` runs it.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ SLOW = frozenset({
     "test_simulate_pinned.py::test_records_match_the_pinned_digest",
     "test_sse.py::test_any_split_yields_the_same_events",
     "test_sse.py::test_the_fast_path_yields_what_feed_yields",
-    "test_step_log.py::test_the_demo_keeps_the_step_log_and_says_how_fast_each_point_ran",  # starts the engine
+    "test_step_log.py::test_the_demo_keeps_the_step_log_and_says_how_fast_each_point_ran",  # runs the engine
     "test_stop.py::test_streamed_cut_equals_the_reference",
     "test_trace_stream.py::test_memory_does_not_grow_with_the_trace",
     "test_trace_stream.py::test_streamed_replay_matches_replay_in_times_counts_and_shared_blocks",
@@ -110,7 +110,7 @@ SLOW = frozenset({
 
 # minute-long end-to-end tests that CI runs another way, by what covers them: `make test-all` only
 NIGHTLY = frozenset({
-    # .ci/gate.sh gates the same engine over HTTP through the same CLI (capacity --rates, gate) in every CI run
+    # .ci/gate.sh gates the same engine over HTTP through the same CLI (capacity --rates, gate), every CI run
     "test_gate_engine.py::test_gate_through_http_server",
 })
 
