@@ -54,6 +54,9 @@ def test_fit_recovers_exact_synthetic_probes() -> None:
     assert max(abs(p.error) for p in probes) < 1e-6
 
 
+# its bounds are a served engine's milliseconds (the step overhead within 4 ms): run alone, as a busy
+# neighbour (another xdist worker on a loaded machine) can stretch that overhead past 9 ms
+@pytest.mark.timing
 def test_calibrate_recovers_a_served_profile(server: str) -> None:
     cal = asyncio.run(calibrate(server, "tiny", PLAN))
     p = cal.profile
