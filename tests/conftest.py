@@ -1,22 +1,13 @@
-"""Shared fixtures. Servers run in child processes on 127.0.0.1, each on a free port it bound itself.
+"""Shared fixtures (servers in child processes on 127.0.0.1, each on a port it bound itself), and the tiers.
 
-- `token_server`: one scheduled-token server for the whole session (TTFT 50 ms, ITL 5 ms, model
-  `test-model`, per-request log on). Yields a `TokenServerProcess`: `.base_url` (".../v1"), `.port`,
-  `.model`, `.read_log()`. Pass `x_request_id` in a request's extra_body to find its log line.
-- `token_server_url`: just that server's base URL.
-- `start_token_server(**kwargs)`: a factory for a server with other settings (see TokenServerProcess);
-  every server it starts is stopped at the end of the test.
-
-Tiers (issue 12): `make test` runs everything. `make test-fast` is the unit tier: no test that starts a
-server or a process, no kernel or browser test, nothing over ~1 s, with torch, Triton and safetensors made
-unimportable (SLOBENCH_WITHOUT_TORCH=1) so the harness is shown to need none of them; modules that need
-torch skip themselves (pytest.importorskip). Such tests get the `slow` marker here, from the fixtures they
-use, the modules that start servers inline (SERVER_MODULES), and the few measured to take seconds (SLOW).
-
-`make test` runs the suite on two pytest-xdist workers, then the `timing` tier alone: the modules whose
-tests assert on milliseconds of wall time (TIMING_MODULES: client timing against a known schedule, clock
-sync, precise sleeps, lateness, GC pauses), which a neighbouring worker's CPU would distort, and single tests
-marked `@pytest.mark.timing` where they stand (a refinement judged on a served engine's percentiles).
+`token_server`: one scheduled-token server for the session (TTFT 50 ms, ITL 5 ms, model `test-model`, its
+log on: pass `x_request_id` in extra_body to find a request's line); `token_server_url`: its base URL;
+`start_token_server(**kwargs)`: a server with other settings, stopped after the test.
+Tiers are markers, given here by module or test name. `slow`: starts a server or a process, or takes over
+~1 s. `timing`: asserts on milliseconds of wall time, so `make test` runs these alone (a neighbouring xdist
+worker's CPU distorts them). `make test-fast` leaves both out and makes torch, Triton and safetensors
+unimportable, showing the harness needs none of them. `nightly`: a minute-long end-to-end test whose path
+CI covers another way; only `make test-all` runs it.
 """
 
 from __future__ import annotations
@@ -62,7 +53,7 @@ TIMING_MODULES = frozenset({
     "test_openai_target", "test_workers", "test_fleet_target", "test_clocksync", "test_precise_sleep",
     "test_nodelay", "test_runner", "test_text_prompts", "test_ray_pool", "test_rawhttp", "test_quiet_gc",
 })
-# single tests measured at over 1.4 s (pytest --durations, 2 cores under load ~8: roughly 0.4 s idle)
+# single tests that start a process or take over ~1 s of CPU (pytest --durations)
 SLOW = frozenset({
     "test_disagg.py::test_free_link_pd_does_not_lose_tpot_to_a_colocated_pair_on_decode_heavy_work",
     "test_fit.py::test_a_lognormal_trace_gets_a_lognormal_spec",
@@ -107,6 +98,7 @@ SLOW = frozenset({
     "test_simulate_pinned.py::test_records_match_the_pinned_digest",
     "test_sse.py::test_any_split_yields_the_same_events",
     "test_sse.py::test_the_fast_path_yields_what_feed_yields",
+    "test_step_log.py::test_the_demo_keeps_the_step_log_and_says_how_fast_each_point_ran",  # runs the engine
     "test_stop.py::test_streamed_cut_equals_the_reference",
     "test_trace_stream.py::test_memory_does_not_grow_with_the_trace",
     "test_trace_stream.py::test_streamed_replay_matches_replay_in_times_counts_and_shared_blocks",
@@ -114,6 +106,12 @@ SLOW = frozenset({
     "test_traces.py::test_the_azure_samples_load_whole",
     "test_warmup.py::test_runner_auto_warmup_marks_rewrites_and_summarises",
     "test_workload_spec.py::test_bundled_specs_generate_their_target_quantiles",
+})
+
+# minute-long end-to-end tests that CI runs another way, by what covers them: `make test-all` only
+NIGHTLY = frozenset({
+    # .ci/gate.sh gates the same engine over HTTP through the same CLI (capacity --rates, gate), every CI run
+    "test_gate_engine.py::test_gate_through_http_server",
 })
 
 
@@ -126,6 +124,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
         if path.stem in TIMING_MODULES:
             item.add_marker(pytest.mark.timing)
+        if short in NIGHTLY:
+            item.add_marker(pytest.mark.nightly)
 
 
 @pytest.fixture(scope="session")

@@ -81,13 +81,14 @@ def test_fit_keeps_the_traces_prefix_reuse_share(tmp_path, p_followup):
     assert 0.3 < trace_share < 0.75  # the two kinds of trace: about 37% and 65% reused
     spec = fit.spec()
     assert spec.system_prompts is not None and spec.system_prompts.num_groups == 30
-    got = prompt_reuse(generate(spec, seed=3), trace.block_tokens).share
+    generated = generate(spec, seed=3)
+    got = prompt_reuse(generated, trace.block_tokens).share
     assert abs(got - trace_share) < 0.05, (got, trace_share)
     # without the groups the generated prompts share nothing (a 1-token prompt may repeat by chance)
     from dataclasses import replace
     assert prompt_reuse(generate(replace(spec, system_prompts=None), seed=3), 512).share < 0.001
     # and the prompts stay as long as the trace's
-    g_in = np.array([len(s.prompt) for s in generate(spec, seed=3)])
+    g_in = np.array([len(s.prompt) for s in generated])
     assert np.median(g_in) == pytest.approx(np.median(trace.input_tokens), rel=0.1)
     lines = "\n".join(fit.comparison)
     assert "prefix reuse share" in lines and f"{trace_share:.1%}" in lines

@@ -15,13 +15,16 @@ from slobench.run.precise_sleep import PreciseSleep, sleep_until
 
 needs_timerfd = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd is Linux's")
 MS = 1_000_000
+# the first deadline, this far ahead: the sleepers must be queued before their deadlines (one past already
+# returns at once), and a loaded machine can hold the loop for tens of ms between reading the clock and that
+AHEAD_NS = 100 * MS
 
 
 @needs_timerfd
 async def test_sleepers_wake_at_their_deadlines_in_order() -> None:
     sleeper = PreciseSleep.for_running_loop()
     assert sleeper is not None and PreciseSleep.for_running_loop() is sleeper  # one per loop
-    base = time.perf_counter_ns() + 5 * MS
+    base = time.perf_counter_ns() + AHEAD_NS
     woke: list[tuple[int, int]] = []
 
     async def one(k: int) -> None:
@@ -38,7 +41,7 @@ async def test_sleepers_wake_at_their_deadlines_in_order() -> None:
 async def test_a_cancelled_sleeper_leaves_the_others_alone() -> None:
     sleeper = PreciseSleep.for_running_loop()
     assert sleeper is not None
-    base = time.perf_counter_ns() + 5 * MS
+    base = time.perf_counter_ns() + AHEAD_NS
     first = asyncio.ensure_future(sleeper.until_ns(base))  # the earliest: the timer is armed for it
     later = asyncio.ensure_future(sleeper.until_ns(base + 2 * MS))
     await asyncio.sleep(0)
