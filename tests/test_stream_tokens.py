@@ -110,6 +110,17 @@ async def test_with_a_tokenizer_the_streamed_text_is_counted(tmp_path: Path) -> 
     assert (rec.output_tokens, rec.output_tokens_source) == (3, "tokenizer")
 
 
+async def test_a_whole_answer_is_counted_in_the_same_order(tmp_path: Path) -> None:
+    answer = {"choices": [{"index": 0, "text": " a b c", "finish_reason": "length"}]}
+    target = OpenAITarget("http://h:1/v1", TargetOptions(model="m", stream=False), TickClock(),
+                          transport=ScriptedTransport(200, [json.dumps(answer).encode()]))
+    await target.start()
+    rec = RequestRecord(0, 0.0)
+    await target.send(RequestSpec(0, 0.0, (1, 2, 3), 3, 6), rec)
+    assert (rec.status, rec.output_tokens, rec.output_tokens_source, rec.finish_reason) == (
+        "ok", 6, "max_tokens", "length")
+
+
 # ---- what is known of the length fields ----------------------------------------------------------------
 
 

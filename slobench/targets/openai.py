@@ -95,9 +95,6 @@ class OpenAITarget(TargetBase):
         self.exact_text = ExactText(o.tokenizer) if o.tokenizer else None
         self._texts: dict[Any, str] = {}  # prompt (ids or text) -> the text sent, built once per prompt
         self._texts_chars = 0
-        # the text each stream in flight has carried, by request id: kept only with --tokenizer, which counts
-        # output tokens from it when the server gives neither usage nor finish_reason "length"
-        self._texts_read: dict[int, list[str]] = {}
         self._set_caps(self.caps)
 
     def _set_caps(self, caps: Capabilities) -> None:
@@ -217,6 +214,7 @@ class OpenAITarget(TargetBase):
         def on_sent() -> None:
             record.sent_s = now()
 
+        texts: list[str] | None = None  # the generated text, read only where a tokenizer may count it
         try:
             record.sent_s = now()  # replaced when the bytes really go; kept if the connection fails first
             async with transport.post(self.url, body, self._headers, on_sent) as resp:
@@ -226,25 +224,25 @@ class OpenAITarget(TargetBase):
                     retry = getattr(resp, "retry_after", None)
                     record.fail("error", self.http_error(resp.status, raw, retry), now())
                 elif self.stream:
-                    await self._read_stream(resp, record)
+                    texts = await self._read_stream(resp, record)
                 else:
-                    await self._read_whole(resp, record)
+                    texts = await self._read_whole(resp, record)
         except TransportError as e:
             if record.done_s is None:  # a connection that drops after the stream completed lost nothing
                 record.fail(e.status, self.scrub(e.reason), now())
         finally:
-            _settle_output_tokens(record, spec.max_tokens, self._texts_read.pop(record.request_id, None),
-                                  self.exact_text)
+            _settle_output_tokens(record, spec.max_tokens, texts, self.exact_text)
 
-    async def _read_stream(self, resp: Response, record: RequestRecord) -> None:
-        """Read an SSE stream into `record`, one read at a time, every event through `_Stream.take`.
+    async def _read_stream(self, resp: Response, record: RequestRecord) -> list[str] | None:
+        """Read an SSE stream into `record`, one read at a time, every event through `_Stream.take`; the
+        text it carried, with --tokenizer (else None).
         Complete when a choice carried a `finish_reason`, whether or not `data: [DONE]` follows (TGI, Ollama
         and LiteLLM may close without it); a stream that stops without any `finish_reason` was cut off,
         `[DONE]` or not, and is an error (llama.cpp ends an interrupted stream with `[DONE]` and no finish)."""
         parser = SSEParser()
         stream = _Stream(record, self._is_chat)
         if self.exact_text is not None:
-            stream.texts = self._texts_read[record.request_id] = []
+            stream.texts = []
         take = stream.take
         now = self.clock.now_s
         times = record.chunk_times_s
@@ -283,7 +281,7 @@ class OpenAITarget(TargetBase):
                 tokens.append(stream.num)
             if stream.error is not None:
                 record.fail("error", self.scrub(_truncate(stream.error)), now())
-                return
+                return stream.texts
         got = sum(tokens)
         finish = stream.finish
         record.finish_reason = finish
@@ -295,15 +293,17 @@ class OpenAITarget(TargetBase):
                 record.fail("error", self.scrub(_truncate(_not_a_stream(head))), t or now())
             else:
                 record.fail("error", f"stream ended after {got} tokens without a finish_reason or [DONE]", t or now())
-            return
+            return stream.texts
         record.done_s = t_last
         if not got:
             if record.usage_output_tokens:  # the server says it generated tokens, though no event carried one
                 record.first_token_s = t_last
             else:
                 record.fail("error", f"no output: the stream finished (finish_reason={finish!r}) without a token")
+        return stream.texts
 
-    async def _read_whole(self, resp: Response, record: RequestRecord) -> None:
+    async def _read_whole(self, resp: Response, record: RequestRecord) -> list[str] | None:
+        """Read a whole JSON answer into `record`; its text, with --tokenizer (else None)."""
         raw = await resp.read()
         record.done_s = self.clock.now_s()
         try:
@@ -313,10 +313,10 @@ class OpenAITarget(TargetBase):
         except ValueError:
             text = raw[:120].decode("utf-8", "replace")
             record.fail("error", self.scrub(f"malformed JSON response: {text!r}"))
-            return
+            return None
         if "error" in obj or obj.get("object") == "error":
             record.fail("error", self.scrub(_truncate("server error: " + _error_message(obj, ""))))
-            return
+            return None
         usage = obj.get("usage")
         if usage and type(usage) is dict:
             _take_usage(record, usage)
@@ -326,12 +326,13 @@ class OpenAITarget(TargetBase):
         has_text = bool(_chat_output(output) if self._is_chat else output)
         reason = c.get("finish_reason") if type(c) is dict else None
         record.finish_reason = reason if type(reason) is str and reason else None
-        if self.exact_text is not None and has_text:
-            self._texts_read[record.request_id] = [_chat_text(output) if self._is_chat else str(output)]
         if not has_text and not record.usage_output_tokens:
             record.fail("error", "no output: the response holds no generated text")
-            return
+            return None
         record.first_token_s = record.done_s  # the whole answer arrives at once
+        if self.exact_text is None or not has_text:
+            return None
+        return [_chat_text(output) if self._is_chat else str(output)]
 
     # ---- errors ----------------------------------------------------------------------------------------
 
@@ -605,7 +606,7 @@ def _settle_output_tokens(record: RequestRecord, max_tokens: int, texts: list[st
     usage = record.usage_output_tokens
     if usage is not None and not (usage == 0 and counted) and counted <= usage <= max_tokens:
         record.output_tokens, record.output_tokens_source = usage, "usage"
-    elif record.finish_reason == "length" and 0 < counted <= max_tokens:
+    elif record.finish_reason == "length" and record.status == "ok" and counted <= max_tokens:
         record.output_tokens, record.output_tokens_source = max_tokens, "max_tokens"
     elif texts and exact_text is not None:
         record.output_tokens, record.output_tokens_source = exact_text.count("".join(texts)), "tokenizer"
