@@ -133,7 +133,7 @@ async def test_stream_stamps_each_read_and_counts_tokens() -> None:
 
 
 async def test_without_usage_output_tokens_are_the_counted_tokens() -> None:
-    rec, _ = await run_scripted([sse(tok(), tok(), tok(finish_reason="length"), b"[DONE]")])
+    rec, _ = await run_scripted([sse(tok(), tok(), tok(finish_reason="stop"), b"[DONE]")])
     assert (rec.status, rec.output_tokens, rec.prompt_tokens) == ("ok", 3, None)
 
 
@@ -244,7 +244,8 @@ async def test_a_drop_after_done_loses_nothing() -> None:
     rec, _ = await run_scripted([sse(tok(), FIN, b"[DONE]"), TransportError("error", "connection lost")])
     assert rec.status == "ok" and rec.error is None
     # after the finish chunk only the usage or [DONE] can be lost: the answer was complete
-    rec, _ = await run_scripted([sse(tok(), FIN), TransportError("error", "connection lost")])
+    stop = {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}
+    rec, _ = await run_scripted([sse(tok(), stop), TransportError("error", "connection lost")])
     assert rec.status == "ok" and rec.error is None and rec.output_tokens == 1
 
 
@@ -661,7 +662,7 @@ async def test_metrics_endpoint_reports_running_requests(token_server: TokenServ
     ],
 )
 async def test_implausible_usage_is_kept_aside_and_not_used(usage: Any, output: int, prompt: Any, cached: Any) -> None:
-    rec, _ = await run_scripted([sse(tok(), tok(finish_reason="length"), {"choices": [], "usage": usage}, b"[DONE]")])
+    rec, _ = await run_scripted([sse(tok(), tok(finish_reason="stop"), {"choices": [], "usage": usage}, b"[DONE]")])
     assert rec.status == "ok", rec.error
     assert (rec.output_tokens, rec.prompt_tokens, rec.cached_tokens) == (output, prompt, cached)
 

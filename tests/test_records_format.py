@@ -34,12 +34,17 @@ _records = st.builds(
     is_warmup=st.booleans(),
     queued_s=st.floats(min_value=0, max_value=10, allow_nan=False),  # tiny values print with exponents
     replica=st.one_of(st.none(), st.integers(min_value=0, max_value=64)),
+    finish_reason=st.one_of(st.none(), st.sampled_from(["length", "stop"])),
+    output_tokens_source=st.one_of(st.none(), st.sampled_from(["usage", "max_tokens", "tokenizer", "events"])),
 )
 
 
 def reference_line(r: RequestRecord) -> str:
     d = asdict(r)
     d["chunk_times_s"] = [round(t, 9) for t in r.chunk_times_s]
+    for name in ("finish_reason", "output_tokens_source"):  # written only when a target set them
+        if d[name] is None:
+            del d[name]
     return json.dumps(d, separators=(",", ":"))
 
 
@@ -61,3 +66,9 @@ def test_a_record_line_is_pinned() -> None:
         '"cached_tokens":null,"output_tokens":3,"usage_output_tokens":null,"max_tokens":3,"status":"ok",'
         '"error":"cut\\u2026","http_status":null,"is_warmup":false,"queued_s":2.5e-06,"replica":null}'
     )
+
+
+def test_what_a_server_said_is_written_when_set() -> None:
+    r = RequestRecord(1, 0.0, output_tokens=16, max_tokens=16, finish_reason="length", output_tokens_source="max_tokens")
+    assert r.to_json().endswith('"replica":null,"finish_reason":"length","output_tokens_source":"max_tokens"}')
+    assert RequestRecord.from_dict(json.loads(r.to_json())) == r

@@ -82,6 +82,12 @@ class RequestRecord:
     is_warmup: bool = False
     queued_s: float = 0.0  # time spent waiting for an in-flight cap / closed-loop slot before send
     replica: int | None = None  # which replica served it, when a fleet is routed (client-side or simulated)
+    # Written only when set (targets that read a server's answers set them; the engine and the simulator
+    # count exactly and leave them None). `finish_reason`: the server's last one. `output_tokens_source`:
+    # where `output_tokens` came from: "usage", "max_tokens" (finish_reason "length"), "tokenizer", or
+    # "events" (counted from the stream: token ids where sent, else one a token-carrying event; an estimate).
+    finish_reason: str | None = None
+    output_tokens_source: str | None = None
 
     def fail(self, status: Status, error: str, now_s: float | None = None) -> None:
         self.status = status
@@ -94,6 +100,9 @@ class RequestRecord:
         # deep-copies every field, and this runs once per request on the event loop of a live run.
         d = {name: getattr(self, name) for name in _RECORD_FIELDS}
         d["chunk_times_s"] = [round(t, 9) for t in self.chunk_times_s]
+        for name in _WRITTEN_WHEN_SET:
+            if d[name] is None:
+                del d[name]
         return _ENCODE(d)
 
     @classmethod
@@ -103,6 +112,7 @@ class RequestRecord:
 
 
 _RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))
+_WRITTEN_WHEN_SET = ("finish_reason", "output_tokens_source")  # absent, the line is as it always was
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 

@@ -10,6 +10,8 @@ Unless a `--server-profile` fixes the choice, slobench.targets.preflight probes 
     include_usage     ->  no stream_options (output tokens counted from the stream, and said so)
 
 Each fallback is a note: printed once before the run, in `manifest.json` (`target.capabilities`), in the report.
+A server may also take a field and drop it, so an accepted length field enforces output lengths only where
+the server is known to honour it (`length_honoured`); elsewhere it is "accepted, not verified", said once.
 """
 
 from __future__ import annotations
@@ -38,15 +40,31 @@ class Capabilities:
     # should see the plain request
     pair_min_tokens: bool = True
     probed: bool = False
+    # True: the server is known to honour the length fields it is sent (vLLM, SGLang, the bundled engine and
+    # the token server, by profile or by `owned_by` in /models). None: accepted, not verified; a server may
+    # drop unknown fields silently, and a run's records (`finish_reason` "stop" before max_tokens) show it
+    length_honoured: bool | None = None
     # the server's tokens a word of slobench's text prompts (measured when it takes text and no --tokenizer
     # is given); a prompt of n ids is sent as about n / this many words, so the server sees about n tokens
     tokens_per_word: float = 1.0
     notes: tuple[str, ...] = field(default=())
 
     @property
-    def enforces_output_length(self) -> bool:
-        """Whether a requested output length can be forced (else the server may stop early at EOS)."""
+    def sends_length_fields(self) -> bool:
+        """Whether requests carry `ignore_eos` or `min_tokens` to force their output lengths."""
         return self.ignore_eos or self.min_tokens
+
+    @property
+    def enforces_output_length(self) -> bool:
+        """Whether requested output lengths are known to hold (else the server may stop early at EOS)."""
+        return self.sends_length_fields and self.length_honoured is True
+
+    @property
+    def output_length(self) -> str:
+        """What the manifest says of output lengths: "enforced", "accepted, not verified" or "not enforced"."""
+        if not self.sends_length_fields:
+            return "not enforced"
+        return "enforced" if self.length_honoured else "accepted, not verified"
 
     def sends_like(self, other: Capabilities) -> bool:
         """Whether requests built under `other` are the same as under these (workers need no restart)."""
@@ -61,6 +79,7 @@ class Capabilities:
         d = asdict(self)
         d["notes"] = list(self.notes)
         d["enforces_output_length"] = self.enforces_output_length
+        d["output_length"] = self.output_length
         return d
 
     @classmethod
@@ -73,8 +92,8 @@ class Capabilities:
 # What each server is known to accept, from its documentation and source (see docs/guide/servers.md). A fixed
 # profile skips probing: for a server that must not see probe traffic, or whose refusals are ambiguous.
 _KNOWN: dict[str, Capabilities] = {
-    "vllm": Capabilities("vllm", pair_min_tokens=False),
-    "sglang": Capabilities("sglang", pair_min_tokens=False),
+    "vllm": Capabilities("vllm", pair_min_tokens=False, length_honoured=True),
+    "sglang": Capabilities("sglang", pair_min_tokens=False, length_honoured=True),
     "tgi": Capabilities("tgi", token_prompts=False, ignore_eos=False, min_tokens=False),
     "llamacpp": Capabilities("llamacpp", token_prompts=False, ignore_eos=False, min_tokens=True, include_usage=False),
     "ollama": Capabilities("ollama", token_prompts=False, ignore_eos=False, min_tokens=False),
@@ -96,8 +115,8 @@ def profile_capabilities(name: str) -> Capabilities:
     if not caps.ignore_eos:
         notes.append(
             f"server profile {name}: no ignore_eos"
-            + ("; min_tokens = max_tokens enforces output lengths" if caps.min_tokens else
-               "; output lengths cannot be enforced, the server may stop early")
+            + ("; min_tokens = max_tokens sent (accepted, not verified: the server may stop early)"
+               if caps.min_tokens else "; output lengths cannot be enforced, the server may stop early")
         )
     if not caps.include_usage:
         notes.append(f"server profile {name}: no stream_options.include_usage; output tokens counted from the stream")
@@ -106,6 +125,18 @@ def profile_capabilities(name: str) -> Capabilities:
 
 # `owned_by` in a /models listing that names a server known to honour ignore_eos
 HONOURS_IGNORE_EOS = frozenset({"vllm", "sglang", "slobench"})
+
+
+def with_length_evidence(caps: Capabilities, honours_ignore_eos: bool) -> Capabilities:
+    """`caps` after probing, with what is known of its length fields: honoured where the server is one
+    known to honour ignore_eos (and took it), else, where any was accepted, a note that it is not verified."""
+    if caps.ignore_eos and honours_ignore_eos:
+        return replace(caps, length_honoured=True)
+    if not caps.sends_length_fields:
+        return caps
+    sent = " and ".join(f for f, on in (("ignore_eos", caps.ignore_eos), ("min_tokens", caps.min_tokens)) if on)
+    return caps.with_note(f"{sent} accepted, not verified: a server may drop unknown fields, so output lengths "
+                          "may not hold (requests that stop before max_tokens show in the summary)")
 
 # Words in a refusal that say the server rejected a *field* (a validation error), not that it failed.
 _REFUSAL_WORDS = ("unexpected", "unknown", "unrecognized", "unrecognised", "extra", "not permitted",

@@ -1,11 +1,11 @@
 """The OpenAI-compatible target: /v1/completions and /v1/chat/completions, streamed (SSE) or not.
 
 Timestamps (on the injected clock): `sent_s` immediately before the request's bytes go; each network read
-that carried content is one chunk, stamped when the read returns, with the tokens it carried (the length
-of `token_ids` or of the logprobs tokens where the server sends them, else 1); `first_token_s` is the first
-such chunk, `done_s` the read holding the end. Several SSE events in one read share that one stamp: the
-client cannot know they left the server at different times. The final `usage` gives `output_tokens` and
-`prompt_tokens` where plausible. A failed request is data on its record, never an exception; the API key
+that carried a generated token (`_is_token`: text or not) is one chunk, stamped when the read returns,
+with the tokens it carried (the length of `token_ids` or of the logprobs tokens where sent, else 1);
+`first_token_s` is the first such chunk, `done_s` the read holding the end. Several SSE events in one read
+share one stamp: the client cannot know they left the server at different times. `output_tokens` is
+settled by `_settle_output_tokens`. A failed request is data on its record, never an exception; the API key
 never reaches a record, a message or a repr. What the server accepts is settled in slobench.targets.preflight.
 """
 
@@ -214,6 +214,7 @@ class OpenAITarget(TargetBase):
         def on_sent() -> None:
             record.sent_s = now()
 
+        texts: list[str] | None = None  # the generated text, read only where a tokenizer may count it
         try:
             record.sent_s = now()  # replaced when the bytes really go; kept if the connection fails first
             async with transport.post(self.url, body, self._headers, on_sent) as resp:
@@ -223,22 +224,25 @@ class OpenAITarget(TargetBase):
                     retry = getattr(resp, "retry_after", None)
                     record.fail("error", self.http_error(resp.status, raw, retry), now())
                 elif self.stream:
-                    await self._read_stream(resp, record)
+                    texts = await self._read_stream(resp, record)
                 else:
-                    await self._read_whole(resp, record)
+                    texts = await self._read_whole(resp, record)
         except TransportError as e:
             if record.done_s is None:  # a connection that drops after the stream completed lost nothing
                 record.fail(e.status, self.scrub(e.reason), now())
         finally:
-            _settle_output_tokens(record, spec.max_tokens)
+            _settle_output_tokens(record, spec.max_tokens, texts, self.exact_text)
 
-    async def _read_stream(self, resp: Response, record: RequestRecord) -> None:
-        """Read an SSE stream into `record`, one read at a time, every event through `_Stream.take`.
+    async def _read_stream(self, resp: Response, record: RequestRecord) -> list[str] | None:
+        """Read an SSE stream into `record`, one read at a time, every event through `_Stream.take`; the
+        text it carried, with --tokenizer (else None).
         Complete when a choice carried a `finish_reason`, whether or not `data: [DONE]` follows (TGI, Ollama
         and LiteLLM may close without it); a stream that stops without any `finish_reason` was cut off,
         `[DONE]` or not, and is an error (llama.cpp ends an interrupted stream with `[DONE]` and no finish)."""
         parser = SSEParser()
         stream = _Stream(record, self._is_chat)
+        if self.exact_text is not None:
+            stream.texts = []
         take = stream.take
         now = self.clock.now_s
         times = record.chunk_times_s
@@ -277,9 +281,10 @@ class OpenAITarget(TargetBase):
                 tokens.append(stream.num)
             if stream.error is not None:
                 record.fail("error", self.scrub(_truncate(stream.error)), now())
-                return
+                return stream.texts
         got = sum(tokens)
         finish = stream.finish
+        record.finish_reason = finish
         if finish is None:
             if stream.is_done:
                 record.fail("error", f"cut off by the server after {got} tokens: [DONE] came with no finish_reason",
@@ -288,12 +293,17 @@ class OpenAITarget(TargetBase):
                 record.fail("error", self.scrub(_truncate(_not_a_stream(head))), t or now())
             else:
                 record.fail("error", f"stream ended after {got} tokens without a finish_reason or [DONE]", t or now())
-            return
+            return stream.texts
         record.done_s = t_last
         if not got:
-            record.fail("error", f"no output: the stream finished (finish_reason={finish!r}) without a token")
+            if record.usage_output_tokens:  # the server says it generated tokens, though no event carried one
+                record.first_token_s = t_last
+            else:
+                record.fail("error", f"no output: the stream finished (finish_reason={finish!r}) without a token")
+        return stream.texts
 
-    async def _read_whole(self, resp: Response, record: RequestRecord) -> None:
+    async def _read_whole(self, resp: Response, record: RequestRecord) -> list[str] | None:
+        """Read a whole JSON answer into `record`; its text, with --tokenizer (else None)."""
         raw = await resp.read()
         record.done_s = self.clock.now_s()
         try:
@@ -303,22 +313,26 @@ class OpenAITarget(TargetBase):
         except ValueError:
             text = raw[:120].decode("utf-8", "replace")
             record.fail("error", self.scrub(f"malformed JSON response: {text!r}"))
-            return
+            return None
         if "error" in obj or obj.get("object") == "error":
             record.fail("error", self.scrub(_truncate("server error: " + _error_message(obj, ""))))
-            return
+            return None
         usage = obj.get("usage")
         if usage and type(usage) is dict:
             _take_usage(record, usage)
         choices = obj.get("choices")
         c = choices[0] if choices and type(choices) is list else None
-        has_text = type(c) is dict and bool(
-            _chat_output(c.get("message")) if self._is_chat else c.get("text")
-        )
+        output = (c.get("message") if self._is_chat else c.get("text")) if type(c) is dict else None
+        has_text = bool(_chat_output(output) if self._is_chat else output)
+        reason = c.get("finish_reason") if type(c) is dict else None
+        record.finish_reason = reason if type(reason) is str and reason else None
         if not has_text and not record.usage_output_tokens:
             record.fail("error", "no output: the response holds no generated text")
-            return
+            return None
         record.first_token_s = record.done_s  # the whole answer arrives at once
+        if self.exact_text is None or not has_text:
+            return None
+        return [_chat_text(output) if self._is_chat else str(output)]
 
     # ---- errors ----------------------------------------------------------------------------------------
 
@@ -445,7 +459,7 @@ def _whole_events(datas: list[bytes]) -> list[tuple[str, str | bytes, dict[str, 
 class _Stream:
     """What one SSE stream has said so far: `take` applies each event to it and to the record."""
 
-    __slots__ = ("record", "is_chat", "num", "finish", "error", "is_done")
+    __slots__ = ("record", "is_chat", "num", "finish", "error", "is_done", "texts")
 
     def __init__(self, record: RequestRecord, is_chat: bool) -> None:
         self.record = record
@@ -454,6 +468,7 @@ class _Stream:
         self.finish: str | None = None
         self.error: str | None = None
         self.is_done = False  # [DONE] came
+        self.texts: list[str] | None = None  # the generated text, gathered only when a tokenizer will count it
 
     def take(self, kind: str, data: str | bytes, obj: dict[str, Any] | None) -> bool:
         """Apply one event (`obj`: its JSON, when already parsed). False: the rest of the read is ignored
@@ -476,12 +491,16 @@ class _Stream:
         if choices and type(choices) is list:
             c = choices[0]
             if type(c) is dict:
-                is_content = _chat_output(c.get("delta")) if self.is_chat else c.get("text")
-                if is_content:
-                    self.num += _tokens_in(c, self.is_chat)
                 reason = c.get("finish_reason")
                 if reason and type(reason) is str:
                     self.finish = reason
+                else:
+                    reason = None
+                out = c.get("delta") if self.is_chat else c.get("text")
+                if _is_token(out, reason, self.is_chat):
+                    self.num += _tokens_in(c, self.is_chat)
+                    if self.texts is not None:
+                        self.texts.append(_chat_text(out) if self.is_chat else str(out))
         elif "error" in obj or obj.get("object") == "error":
             self.error = "server error mid-stream: " + _error_message(obj, _text(data))
             return False
@@ -511,6 +530,35 @@ def _chat_output(delta: Any) -> bool:
             if isinstance(fn, dict) and fn.get("arguments"):
                 return True
     return False
+
+
+def _is_token(out: Any, finish: str | None, is_chat: bool) -> bool:
+    """Whether a choice's `text` (completions) or `delta` (chat) carries a generated token, its text empty
+    or not: vLLM streams a token with empty text where it splits a UTF-8 character or is a skipped special
+    token, and that token's time is the one measured. Not tokens: a chat preamble (a delta with a `role`
+    and no text: vLLM's and SGLang's first chunk, llama.cpp's `content: null`), a choice with no text
+    field (LiteLLM's usage chunk, `delta: {}`), and a finish chunk with empty text (llama.cpp, Ollama,
+    OpenAI and SGLang send the finish in a chunk of its own)."""
+    if is_chat:
+        if _chat_output(out):
+            return True
+        if finish is not None or not isinstance(out, dict) or out.get("role"):
+            return False
+        return any(type(out.get(k)) is str for k in ("content", "reasoning_content", "reasoning"))
+    return type(out) is str and (out != "" or finish is None)
+
+
+def _chat_text(delta: Any) -> str:
+    """The generated text of a chat delta or message: answer, reasoning and tool-call arguments."""
+    if not isinstance(delta, dict):
+        return ""
+    parts = [delta.get(k) for k in ("reasoning_content", "reasoning", "content")]
+    calls = delta.get("tool_calls")
+    if isinstance(calls, list):
+        for call in calls:
+            fn = call.get("function") if isinstance(call, dict) else None
+            parts.append(fn.get("arguments") if isinstance(fn, dict) else None)
+    return "".join(p for p in parts if type(p) is str)
 
 
 def _tokens_in(choice: dict[str, Any], is_chat: bool) -> int:
@@ -543,20 +591,27 @@ def _take_usage(record: RequestRecord, usage: dict[str, Any]) -> None:
             record.cached_tokens = cached
 
 
-def _settle_output_tokens(record: RequestRecord, max_tokens: int) -> None:
-    """output_tokens: the server's usage where it is plausible, else what the stream carried.
+def _settle_output_tokens(record: RequestRecord, max_tokens: int, texts: list[str] | None,
+                          exact_text: ExactText | None) -> None:
+    """output_tokens, and where it came from (`output_tokens_source`), first of:
 
-    The usage count is kept beside it (`usage_output_tokens`) either way, so a disagreement stays visible:
-    usage below the tokens streamed (each content event is at least one), or above `max_tokens`, cannot be
-    true, and then the counted tokens are used (TPOT must not be computed from a made-up count)."""
+    - "usage": the server's count, where plausible. It is kept beside (`usage_output_tokens`) either way:
+      below the tokens streamed (each token-carrying event is at least one) or above `max_tokens` it
+      cannot be true (TPOT must not be computed from a made-up count);
+    - "max_tokens": finish_reason "length" says the server produced exactly the max_tokens it accepted
+      (a server may stream several tokens an event);
+    - "tokenizer": --tokenizer over the streamed text;
+    - "events": counted from the stream, an estimate unless the events carried token ids."""
     counted = sum(record.chunk_tokens)
     usage = record.usage_output_tokens
-    if usage is None or (usage == 0 and counted):
-        record.output_tokens = counted
-    elif usage < counted or usage > max_tokens:  # every content event carried at least one token
-        record.output_tokens = counted
+    if usage is not None and not (usage == 0 and counted) and counted <= usage <= max_tokens:
+        record.output_tokens, record.output_tokens_source = usage, "usage"
+    elif record.finish_reason == "length" and record.status == "ok" and counted <= max_tokens:
+        record.output_tokens, record.output_tokens_source = max_tokens, "max_tokens"
+    elif texts and exact_text is not None:
+        record.output_tokens, record.output_tokens_source = exact_text.count("".join(texts)), "tokenizer"
     else:
-        record.output_tokens = usage
+        record.output_tokens, record.output_tokens_source = counted, "events"
 
 
 def _not_a_stream(head: bytes) -> str:

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from slobench.errors import TargetUnreachable
-from slobench.targets.capabilities import HONOURS_IGNORE_EOS, Capabilities, is_refusal
+from slobench.targets.capabilities import HONOURS_IGNORE_EOS, Capabilities, is_refusal, with_length_evidence
 from slobench.targets.sse import SSEDecodeError, SSEParser
 from slobench.targets.transport import ControlClient, Reply, TransportError
 from slobench.workload.text import ids_to_text
@@ -163,7 +163,7 @@ async def _probe_extensions(target: OpenAITarget, client: ControlClient, notes: 
                                   "tokens are counted from the stream's chunks", usage_in_stream=False)
         else:
             caps = replace(caps, usage_in_stream=True)
-    return caps
+    return with_length_evidence(caps, honours_ignore_eos)
 
 
 async def _measure_words(target: OpenAITarget, client: ControlClient, caps: Capabilities) -> Capabilities:

@@ -2,9 +2,9 @@
 
     python -m slobench.testing.token_server --host 127.0.0.1 --port 0 --ttft-ms 50 --itl-ms 5 [--log FILE]
 
-It prints `LISTENING <port>` once bound. Every request gets `max_tokens` content chunks of one token: the
-first at receive + TTFT, then one every ITL, each slept to its absolute deadline; a stream ends with a usage
-chunk (when asked) and `[DONE]`, a chat stream opens with an empty role chunk. Per-request knobs in the
+It prints `LISTENING <port>` once bound. Every request gets `max_tokens` content chunks of one token (QUIRKS
+change that): the first at receive + TTFT, then one every ITL, each slept to its absolute deadline; a
+stream ends with a usage chunk (when asked) and `[DONE]`, a chat stream opens with an empty role chunk. Per-request knobs in the
 body: `x_fault` (one of FAULTS), `x_ttft_ms`/`x_itl_ms`, `x_request_id` (echoed into the log). `--log FILE`
 appends one JSON line per request with `recv_s` and each `chunk_s` on `time.perf_counter()` (the machine's
 one monotonic clock, which a client in another process can subtract directly), written before the stream's
@@ -57,6 +57,13 @@ QUIRKS = frozenset(
         "refuse-all",  # every completion request is refused with 400
         "no-metrics",  # no /metrics endpoint (404), as llama-cpp-python and most hosted APIs
         "flaky-start",  # the first two generation requests answer 503 (a server still warming up)
+        # vLLM: a token that splits a UTF-8 character, or a skipped special token, streams with empty text
+        "empty-text",  # the first token's chunk and every third after it carry empty text
+        "all-empty-text",  # every token's chunk carries empty text (usage still counts them)
+        "two-per-event",  # each event carries two tokens' text (a server batching its stream)
+        # ignore_eos, min_tokens and stream_options are taken and dropped: no usage in streams, and the model
+        # stops at half max_tokens with finish_reason "stop"; /models names no known server
+        "drop-extensions",
     }
 )
 # The request fields a strict server knows (OpenAI's), plus the test knobs x_*.
@@ -152,7 +159,8 @@ class TokenServer:
             return _error(500, "Internal Server Error", "InternalServerError")
         listed = [] if "models-empty" in self.config.quirks else [
             {"id": self.config.model, "object": "model",
-             "owned_by": "llamacpp" if "eos-early" in self.config.quirks else "slobench"}]
+             "owned_by": "llamacpp" if "eos-early" in self.config.quirks else
+             "organization-owner" if "drop-extensions" in self.config.quirks else "slobench"}]
         body = {"object": "list", "data": listed}
         return web.json_response(body)
 
@@ -258,6 +266,8 @@ class TokenServer:
                 min_tokens = body.get("min_tokens")
                 floor = min_tokens if isinstance(min_tokens, int) and min_tokens > 0 else 1
                 max_tokens = min(max_tokens, max(floor, max_tokens // 2))
+            elif "drop-extensions" in quirks:
+                max_tokens = max(1, max_tokens // 2)
             usage = {
                 "prompt_tokens": num_prompt,
                 "completion_tokens": max_tokens,
@@ -265,7 +275,7 @@ class TokenServer:
             }
             if body.get("stream"):
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                include_usage = include_usage and "no-usage" not in quirks
+                include_usage = include_usage and "no-usage" not in quirks and "drop-extensions" not in quirks
                 return await self._stream(
                     request, is_chat, fault, recv_s, ttft_s, itl_s, max_tokens, usage, include_usage, chunk_s,
                     write_log,
@@ -318,15 +328,22 @@ class TokenServer:
         head, tail = self._chunk_frame(is_chat)
         if is_chat:
             await resp.write(head + b'"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n')
-        piece = b'"delta":{"content":" tok"}' if is_chat else b'"text":" tok","logprobs":null'
-        chunk = head + piece + b',"finish_reason":null' + tail
-        last = head + piece + b',"finish_reason":"length"' + tail
+        quirks = self.config.quirks
+        piece = b'"delta":{"content":"%s"}' if is_chat else b'"text":"%s","logprobs":null'
+        end = b'"stop"' if "eos-early" in quirks or "drop-extensions" in quirks else b'"length"'
+        frames: dict[tuple[bytes, bool], bytes] = {}
+
+        def frame(text: bytes, is_last: bool) -> bytes:
+            got = frames.get((text, is_last))
+            if got is None:
+                got = frames[text, is_last] = head + piece % text + b',"finish_reason":' + (
+                    end if is_last else b"null") + tail
+            return got
+
         write = resp.write
         perf = time.perf_counter
-        quirks = self.config.quirks
-        if "eos-early" in quirks:
-            last = last.replace(b'"finish_reason":"length"', b'"finish_reason":"stop"')
-        for i in range(max_tokens):
+        step = 2 if "two-per-event" in quirks else 1
+        for i in range(0, max_tokens, step):
             await _sleep_until(recv_s + ttft_s + i * itl_s)
             if fault is not None and await self._mid_stream_fault(request, resp, fault, i):
                 return resp
@@ -334,7 +351,8 @@ class TokenServer:
                 await write(b"data: [DONE]\n\n")
                 await resp.write_eof()
                 return resp
-            await write(last if i == max_tokens - 1 else chunk)
+            is_empty = "all-empty-text" in quirks or ("empty-text" in quirks and i % 3 == 0)
+            await write(frame(b"" if is_empty else b" tok" * min(step, max_tokens - i), i + step >= max_tokens))
             chunk_s.append(perf())
         write_log()
         if include_usage:

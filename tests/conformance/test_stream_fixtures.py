@@ -5,7 +5,8 @@ Sidecar keys: status ("ok"/"error"), content_tokens (tokens counted from content
 prompt_tokens (null: the server sent no usage), cached_tokens (optional), finish (whether a chunk
 carried a finish_reason; checked when the record has a `finish_reason`), error_contains (a substring of
 the recorded error, or a list of which any one must appear), api (completions/chat), source, and
-optionally abort (true: the server closed the connection after the last event, without ending the body).
+optionally abort (true: the server closed the connection after the last event, without ending the body)
+and max_tokens (what the stream was made under, where it ends in finish_reason "length"; else 16).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def test_replay_is_byte_exact(name: str) -> None:
 @pytest.mark.parametrize("name", FIXTURES)
 async def test_stream_fixture(name: str) -> None:
     exp = expected(name)
-    spec = RequestSpec(request_id=0, arrival_s=0.0, prompt="Hello there", input_tokens=2, max_tokens=16)
+    spec = RequestSpec(request_id=0, arrival_s=0.0, prompt="Hello there", input_tokens=2,
+                       max_tokens=exp.get("max_tokens", 16))
     record = RequestRecord(0, 0.0)
     async with FixtureServer(STREAMS / f"{name}.sse", abort=exp.get("abort", False)) as srv:
         options = TargetOptions(model=srv.model, api=exp["api"], api_key_env=None, timeouts=Timeouts(request_s=10.0))
