@@ -6,6 +6,7 @@ fields, or a 500 with a validation message), and some take a field and ignore it
 Unless a `--server-profile` fixes the choice, slobench.targets.preflight probes each, and a refusal turns it off:
 
     token-id prompts  ->  text prompts (the same ids map to the same words, so shared prefixes stay shared)
+    ids past a small vocabulary's end  ->  mapped below it (`token_id_range`)
     ignore_eos        ->  min_tokens = max_tokens  ->  neither (the server may stop early: said, and measured)
     include_usage     ->  no stream_options (output tokens counted from the stream, and said so)
 

@@ -1,10 +1,12 @@
 """What one OpenAI-compatible server accepts, settled with a few tiny requests before the run.
 
-`find_model` reads `/models`; `negotiate` checks the server answers for the model and, with the "auto"
-profile, probes each extension slobench relies on (token-id prompts, `ignore_eos`, `min_tokens`,
-`stream_options.include_usage`) and measures how many tokens the server counts a word of the text prompts.
-Each fallback is a note (see slobench.targets.capabilities). The probes go through a `ControlClient`,
-never the load's transport; a probe that cannot reach the server raises `TargetUnreachable`.
+`find_model` reads `/models`; `negotiate` checks the server answers for the model (waiting for a first
+answer that comes late: a model loaded on demand), reads its `max_model_len` where the listing gives it and,
+with the "auto" profile, probes each extension slobench relies on (token-id prompts and which ids,
+`ignore_eos`, `min_tokens`, `stream_options.include_usage`) and measures how many tokens the server counts
+a word of the text prompts. Each fallback is a note (see slobench.targets.capabilities). The probes go
+through a `ControlClient`, never the load's transport; a probe that cannot reach the server raises
+`TargetUnreachable`.
 """
 
 from __future__ import annotations
@@ -217,7 +219,7 @@ def _low_id(hi: int) -> int:
 
 async def _ids_fail(target: OpenAITarget, client: ControlClient, ids: tuple[int, ...], *, tries: int = 1) -> str | None:
     """What went wrong with a token-id prompt of `ids` (an error status, or an error in a 200 answer or
-    stream), or None when it was answered. A 5xx is tried again, up to `tries` times in all."""
+    stream), or None when it was answered. A 5xx or 429 is tried again, up to `tries` times in all."""
     why = None
     for attempt in range(tries):
         body = _probe_body(target, prompt=list(ids), stream=target.stream)
@@ -227,7 +229,7 @@ async def _ids_fail(target: OpenAITarget, client: ControlClient, ids: tuple[int,
         else:
             error = _error_in(resp.body)
             return None if error is None else target.scrub(error)
-        if resp.status < 500:
+        if resp.status < 500 and resp.status != 429:  # an answer; a failing or busy server is tried again
             break
         if attempt < tries - 1:
             await asyncio.sleep(PROBE_BACKOFF_S * (attempt + 1))
