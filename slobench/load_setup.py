@@ -209,7 +209,7 @@ class LoadSetup:
         self.options = o = options
         self.engine_knobs: dict[str, Any] = o.engine_knobs or {}  # empty for a URL target
         self.min_duration_s: float | None = None  # sweeps and capacity: see probe_duration
-        self.said_vocabulary = False  # a run's out-of-vocabulary refusals are explained once
+        self.said: set[str] = set()  # the refusals already explained (note_refusals): each once per command
         self.check_fleet()
         self.workload: Workload
         check_replay_flags(o)
@@ -466,16 +466,17 @@ class LoadSetup:
         """Say once what a run's refusals mean when the workload, not the server, is at fault: prompts too
         long for the server's context, or token ids out of its vocabulary, with the fix."""
         too_long = summary.error_counts.get(TOO_LONG)
-        if too_long:
+        if too_long and TOO_LONG not in self.said:
+            self.said.add(TOO_LONG)
             print(f"slobench: {too_long} requests refused as longer than the server's context (error kind "
                   f"{TOO_LONG!r}, counted apart from the server failing): lower --input-len / --output-len, or "
                   "serve a longer context", file=sys.stderr)
-        if self.said_vocabulary or summary.num_ok == summary.num_requests or not (run_dir / REQUESTS).exists():
+        if "vocabulary" in self.said or summary.num_ok == summary.num_requests or not (run_dir / REQUESTS).exists():
             return
         with open(run_dir / REQUESTS) as f:
             line = next((x for x in f if "of vocabulary" in x or "outside the vocabulary" in x), None)
         if line is not None:
-            self.said_vocabulary = True
+            self.said.add("vocabulary")
             error = str(json.loads(line).get("error") or "")
             print(f"slobench: the server refused prompt token ids as outside its vocabulary ({error}): pass "
                   "--tokenizer with the model's tokenizer.json (ids are then drawn below its vocabulary), or "
