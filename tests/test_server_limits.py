@@ -18,7 +18,7 @@ from slobench.cli import main
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.openai import OpenAITarget
 from slobench.targets.options import TargetOptions, Timeouts
-from slobench.testing import TokenServerProcess
+from slobench.testing import EngineServerProcess, TokenServerProcess
 from slobench.testing.token_server import MAX_MODEL_LEN, SMALL_VOCAB
 from slobench.workload.limits import BoundedSpecs, ServerLimits
 from slobench.workload.prompts import WORDS
@@ -186,3 +186,18 @@ def test_a_request_past_the_context_is_cut_prompt_first_then_output() -> None:
     shortened = list(text.specs)[0]
     assert shortened.input_tokens + shortened.max_tokens <= 100 - 16 - 5  # a text prompt keeps a margin
     assert len(str(shortened.prompt).split()) == shortened.input_tokens
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_the_bundled_tiny_engine_takes_the_default_workload(tmp_path: Path, api: str,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    # vocabulary 512 and a byte tokenizer (about 5 tokens a word), context 256: ids, text and lengths all
+    # past what the server takes unless preflight bounds them
+    with EngineServerProcess("--executor", "modeled", "--model", "tiny", "--max-model-len", "256") as srv:
+        code = main(["run", "--url", srv.base_url, "--workload", "chat", "--api", api, "--rate", "20",
+                     "--num-requests", "8", "--input-len", "300", "--output-len", "4", "--out", str(tmp_path / "r"),
+                     "--no-progress", "--scrape-interval", "0"])
+    records = [json.loads(x) for x in (tmp_path / "r" / "requests.jsonl").read_text().splitlines()]
+    assert code == 0 and len(records) == 8
+    assert all(r["status"] == "ok" for r in records), {r["error"] for r in records}
+    assert "8 requests shortened to fit the server's max_model_len 256" in capsys.readouterr().err

@@ -253,13 +253,15 @@ async def _first_answer(target: OpenAITarget) -> Reply:
 
 async def _measure_words(target: OpenAITarget, client: ControlClient, caps: Capabilities) -> Capabilities:
     """How many tokens the server counts a word of the text prompts (`ids_to_text`): the usage of
-    WORDS_PROBE words less that of one word (a chat template's tokens cancel), over WORDS_PROBE - 1.
+    WORDS_PROBE words less that of one word (a chat template's tokens cancel), over WORDS_PROBE - 1; fewer
+    words within a short context (`max_model_len`), where a character-level vocabulary's 200 words would not fit.
     The words are one token each in common BPE vocabularies; a character-level one counts several, and
     its prompts would be that many times the asked length. Off the 0.95-1.05 band, prompts are sent as
     length / ratio words (`words_for_tokens`), and a note says so. A server that reports no usage
     outside streams, or refuses the request, leaves prompts as they are."""
     counts = []
-    for n in (1, WORDS_PROBE):
+    num_words = WORDS_PROBE if caps.max_model_len is None else max(2, min(WORDS_PROBE, caps.max_model_len // 16))
+    for n in (1, num_words):
         text = ids_to_text(WORD_IDS[:n])
         fields = {"messages": [{"role": "user", "content": text}]} if target.api == "chat" else {"prompt": text}
         resp = await _control(target, client, "POST", target.url, _probe_body(target, **fields))
@@ -268,7 +270,7 @@ async def _measure_words(target: OpenAITarget, client: ControlClient, caps: Capa
         if counted is None:
             return caps
         counts.append(counted)
-    ratio = (counts[1] - counts[0]) / (WORDS_PROBE - 1)
+    ratio = (counts[1] - counts[0]) / (num_words - 1)
     if ratio > 0 and not 0.95 <= ratio <= 1.05:
         return caps.with_note(
             f"the server counts {ratio:.2f} tokens a word of slobench's text prompts (measured): each prompt "
