@@ -22,14 +22,17 @@ from slobench.fleet.simulate import ModeledEngine, calibrated_extras
 from slobench.redact import redact_text
 from slobench.run.clock import Clock
 from slobench.run.manifest import build_manifest
+from slobench.run.records import REQUESTS
 from slobench.run.runner import RunOptions
 from slobench.run.scrape import MetricsScraper, metrics_url_for
 from slobench.targets.build import build
+from slobench.targets.capabilities import TOO_LONG, Capabilities
 from slobench.targets.options import DEFAULT_URL, TargetOptions, Timeouts, TransportName
 from slobench.targets.ray_pool import note_client_clocks, require_ray
 from slobench.targets.workers import MAX_WORKERS
 from slobench.workload import WorkloadSpec, load_workload, phase_boundaries
 from slobench.workload.base import RunShape, Workload
+from slobench.workload.limits import BoundedSpecs, ServerLimits
 from slobench.workload.replay import TraceReplay
 from slobench.workload.text import load_tokenizer
 from slobench.workload.trace_stream import StreamingReplay
@@ -206,6 +209,7 @@ class LoadSetup:
         self.options = o = options
         self.engine_knobs: dict[str, Any] = o.engine_knobs or {}  # empty for a URL target
         self.min_duration_s: float | None = None  # sweeps and capacity: see probe_duration
+        self.said: set[str] = set()  # the refusals already explained (note_refusals): each once per command
         self.check_fleet()
         self.workload: Workload
         check_replay_flags(o)
@@ -432,14 +436,51 @@ class LoadSetup:
             return
         target, clock, served = await _start_target(self)
         try:
+            limits = server_limits(target.caps, self.api)
+            bounded: list[BoundedSpecs] = []  # the last run's, while its specs are made as it goes
+
+            def bounded_specs(rate: float | None, seed: int) -> Any:
+                made = make_specs(rate, seed)
+                if not limits.binds:
+                    return made
+                this = BoundedSpecs(made, limits)
+                if isinstance(this.specs, list):
+                    note_shortened(this, limits)  # all made already: said before the run
+                else:
+                    bounded[:] = [this]  # made as the run goes: said after it
+                return this.specs
+
             async def after_run(run_dir: Path, summary: RunSummary) -> RunSummary:
+                if bounded:
+                    note_shortened(bounded.pop(), limits)
+                self.note_refusals(run_dir, summary)
                 return await note_client_clocks(target, run_dir, summary, self.slo)  # Ray actors: clocks, health
 
-            probe = LiveProbe(make_specs, target, slo=self.slo, opts=self.run_options(), clock=clock,
+            probe = LiveProbe(bounded_specs, target, slo=self.slo, opts=self.run_options(), clock=clock,
                               monitors_for=self.monitors if scrape else None, after_run=after_run)
             yield probe, self.manifest(target, served), served
         finally:
             await target.close()
+
+    def note_refusals(self, run_dir: Path, summary: RunSummary) -> None:
+        """Say once what a run's refusals mean when the workload, not the server, is at fault: prompts too
+        long for the server's context, or token ids out of its vocabulary, with the fix."""
+        too_long = summary.error_counts.get(TOO_LONG)
+        if too_long and TOO_LONG not in self.said:
+            self.said.add(TOO_LONG)
+            print(f"slobench: {too_long} requests refused as longer than the server's context (error kind "
+                  f"{TOO_LONG!r}, counted apart from the server failing): lower --input-len / --output-len, or "
+                  "serve a longer context", file=sys.stderr)
+        if "vocabulary" in self.said or summary.num_ok == summary.num_requests or not (run_dir / REQUESTS).exists():
+            return
+        with open(run_dir / REQUESTS) as f:
+            line = next((x for x in f if "of vocabulary" in x or "outside the vocabulary" in x), None)
+        if line is not None:
+            self.said.add("vocabulary")
+            error = str(json.loads(line).get("error") or "")
+            print(f"slobench: the server refused prompt token ids as outside its vocabulary ({error}): pass "
+                  "--tokenizer with the model's tokenizer.json (ids are then drawn below its vocabulary), or "
+                  "--server-profile generic (prompts sent as text)", file=sys.stderr)
 
     def run_options(self) -> Any:
         o = self.options
@@ -453,6 +494,23 @@ class LoadSetup:
             rate_limit=parse_rate_limit(o.rate_limit),
             progress=not o.no_progress,
         )
+
+
+def server_limits(caps: Capabilities | None, api: str) -> ServerLimits:
+    """What preflight learnt of the server that bounds the workload (none for the bundled engine in process)."""
+    if caps is None:
+        return ServerLimits()
+    as_text = api == "chat" or not caps.token_prompts
+    return ServerLimits(id_range=None if as_text else caps.token_id_range, max_model_len=caps.max_model_len,
+                        as_text=as_text, template_overhead=caps.template_overhead)
+
+
+def note_shortened(bounded: BoundedSpecs, limits: ServerLimits) -> None:
+    if bounded.num_shortened:
+        n = bounded.num_shortened
+        print(f"slobench: {n} request{'s' * (n > 1)} shortened to fit the server's max_model_len "
+              f"{limits.max_model_len} (prompt + max_tokens; the prompt's end cut first, down to half of it, "
+              "then the output)", file=sys.stderr)
 
 
 async def _start_target(setup: LoadSetup) -> tuple[Any, Any, str]:

@@ -197,3 +197,24 @@ async def test_several_urls_are_one_line_a_scrape_labelled_by_replica(tmp_path):
     assert fleet.by_name["vllm:kv_cache_usage_perc"][0] == pytest.approx(0.4)  # usage averages
     with pytest.raises(ValueError, match="no /metrics URL"):
         MetricsScraper([], out)
+
+
+@pytest.mark.parametrize("mode", ["404", "refused"])
+async def test_why_no_metrics_names_the_url_without_its_password(tmp_path, mode):
+    # the reason is printed ("no server metrics scraped (...)"): a URL's password must not be in it
+    runner, port = await _serve(web.Application())
+    if mode == "refused":
+        await runner.cleanup()
+
+    async def never_sleep(dt: float) -> None:
+        raise AssertionError("scraper kept going without an endpoint")
+
+    scraper = MetricsScraper(f"http://user:s3cretPASS@127.0.0.1:{port}/metrics", tmp_path / "m.jsonl", 0.5,
+                             sleep=never_sleep)
+    try:
+        await asyncio.wait_for(scraper(FakeClock()), timeout=10)
+    finally:
+        if mode != "refused":
+            await runner.cleanup()
+    assert scraper.disabled_reason and "127.0.0.1" in scraper.disabled_reason
+    assert "s3cretPASS" not in scraper.disabled_reason

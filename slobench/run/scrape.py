@@ -20,6 +20,7 @@ from typing import IO, Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from slobench.redact import redact_text, redact_url
 from slobench.run.clock import Clock
 from slobench.run.rundir import SERVER_METRICS
 from slobench.targets.transport import ControlClient, TransportError
@@ -145,9 +146,9 @@ class MetricsScraper:
                 try:
                     resp = await client.get(url)
                 except TransportError as e:
-                    raise _NoText(f"{url}: {e}") from None
+                    raise _NoText(redact_text(f"{url}: {e}")) from None  # a reason is printed: no URL password
                 if resp.status != 200:
-                    raise _NoText(f"{url}: HTTP {resp.status}")
+                    raise _NoText(f"{redact_url(url)}: HTTP {resp.status}")
                 return resp.text
 
             async def fetch_http() -> str | list[str]:

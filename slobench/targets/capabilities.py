@@ -6,6 +6,7 @@ fields, or a 500 with a validation message), and some take a field and ignore it
 Unless a `--server-profile` fixes the choice, slobench.targets.preflight probes each, and a refusal turns it off:
 
     token-id prompts  ->  text prompts (the same ids map to the same words, so shared prefixes stay shared)
+    ids past a small vocabulary's end  ->  mapped below it (`token_id_range`)
     ignore_eos        ->  min_tokens = max_tokens  ->  neither (the server may stop early: said, and measured)
     include_usage     ->  no stream_options (output tokens counted from the stream, and said so)
 
@@ -16,6 +17,7 @@ the server is known to honour it (`length_honoured`); elsewhere it is "accepted,
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -47,6 +49,10 @@ class Capabilities:
     # the server's tokens a word of slobench's text prompts (measured when it takes text and no --tokenizer
     # is given); a prompt of n ids is sent as about n / this many words, so the server sees about n tokens
     tokens_per_word: float = 1.0
+    # token ids the server has accepted (probed, or the --tokenizer's vocabulary), half-open; None: ids are
+    # not sent, or the workload's range stands. Ids outside are mapped into it (slobench.workload.limits)
+    token_id_range: tuple[int, int] | None = None
+    max_model_len: int | None = None  # prompt + output tokens the server takes, from its /models listing
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -86,6 +92,8 @@ class Capabilities:
     def from_dict(cls, d: dict[str, Any]) -> Capabilities:
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         known["notes"] = tuple(known.get("notes", ()))
+        if known.get("token_id_range") is not None:
+            known["token_id_range"] = tuple(known["token_id_range"])
         return cls(**known)
 
 
@@ -154,3 +162,18 @@ def is_refusal(status: int, message: str, field_name: str) -> bool:
         return True
     text = message.lower()
     return status >= 500 and (field_name.lower() in text or any(w in text for w in _REFUSAL_WORDS))
+
+
+# How vLLM, SGLang, TGI and OpenAI word a request longer than the model's context
+_TOO_LONG = re.compile(r"context length|context window|maximum model length|max_model_len|too long|longer than|"
+                       r"max_total_tokens|must be <= \d+")
+TOO_LONG = "too long"
+
+
+def name_too_long(status: int, message: str) -> str:
+    """A record's error for an HTTP error answer: `message`, headed "too long: " when the server refused the
+    request for its length, so such refusals count as an error kind of their own (the workload asked more
+    than the server's context), apart from the server failing."""
+    if 400 <= status < 500 and _TOO_LONG.search(message.lower()):
+        return f"{TOO_LONG}: {message}"
+    return message

@@ -25,7 +25,7 @@ from slobench.errors import SpecError, UsageError
 from slobench.run.clock import Clock
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.base import TargetBase
-from slobench.targets.capabilities import Capabilities, profile_capabilities
+from slobench.targets.capabilities import Capabilities, name_too_long, profile_capabilities
 from slobench.targets.options import TargetOptions, Timeouts, TransportName
 from slobench.targets.preflight import find_model, negotiate, usage_count
 from slobench.targets.rawhttp import RawHttpTransport
@@ -222,7 +222,7 @@ class OpenAITarget(TargetBase):
                 if resp.status >= 400:
                     raw = await resp.read()
                     retry = getattr(resp, "retry_after", None)
-                    record.fail("error", self.http_error(resp.status, raw, retry), now())
+                    record.fail("error", name_too_long(resp.status, self.http_error(resp.status, raw, retry)), now())
                 elif self.stream:
                     texts = await self._read_stream(resp, record)
                 else:

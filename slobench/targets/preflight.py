@@ -1,16 +1,19 @@
 """What one OpenAI-compatible server accepts, settled with a few tiny requests before the run.
 
-`find_model` reads `/models`; `negotiate` checks the server answers for the model and, with the "auto"
-profile, probes each extension slobench relies on (token-id prompts, `ignore_eos`, `min_tokens`,
-`stream_options.include_usage`) and measures how many tokens the server counts a word of the text prompts.
-Each fallback is a note (see slobench.targets.capabilities). The probes go through a `ControlClient`,
-never the load's transport; a probe that cannot reach the server raises `TargetUnreachable`.
+`find_model` reads `/models`; `negotiate` checks the server answers for the model (waiting for a first
+answer that comes late: a model loaded on demand), reads its `max_model_len` where the listing gives it and,
+with the "auto" profile, probes each extension slobench relies on (token-id prompts and which ids,
+`ignore_eos`, `min_tokens`, `stream_options.include_usage`) and measures how many tokens the server counts
+a word of the text prompts. Each fallback is a note (see slobench.targets.capabilities). The probes go
+through a `ControlClient`, never the load's transport; a probe that cannot reach the server raises
+`TargetUnreachable`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +21,7 @@ from slobench.errors import TargetUnreachable
 from slobench.targets.capabilities import HONOURS_IGNORE_EOS, Capabilities, is_refusal, with_length_evidence
 from slobench.targets.sse import SSEDecodeError, SSEParser
 from slobench.targets.transport import ControlClient, Reply, TransportError
+from slobench.workload.prompts import DEFAULT_TOKEN_ID_RANGE
 from slobench.workload.text import ids_to_text
 
 if TYPE_CHECKING:
@@ -29,6 +33,11 @@ PROBE_IDS = (72, 101, 108, 108, 111)  # "Hello" in bytes: inside every vocabular
 WORDS_PROBE = 200  # words of the prompt that measures the server's tokens a word (`_measure_words`)
 WORD_IDS = tuple(range(1000, 1000 + WORDS_PROBE))  # ids standing for as many different prompt words
 MAX_PLAUSIBLE_TOKENS = 10_000_000  # a count above this is not a token count
+# How long preflight waits for the server's first answer: a server may load its model on the first request
+# (Ollama: tens of seconds). The preflight timeout applies again from the next request on.
+FIRST_ANSWER_S = 300.0
+# Said when the server answered but refused what preflight sent
+TRY_PLAINER = " (a server that takes none of slobench's extensions: try --api chat or --server-profile generic)"
 
 
 def usage_count(v: Any) -> int | None:
@@ -66,7 +75,8 @@ async def negotiate(target: OpenAITarget) -> tuple[Capabilities, str]:
     async with ControlClient(timeout_s=target.timeouts.preflight_s) as client:
         r = await _control(target, client, "GET", url)
         served = _served_models(r.body) if r.status < 400 else None
-        owner = _owner(r.body, model) if served else None
+        entry = _listing_entry(r.body, model) if served else {}
+        owner = str(entry.get("owned_by") or "") or None
         if r.status in (401, 403):
             raise TargetUnreachable(f"{url}: {target.http_error(r.status, r.body)}{_auth_hint(r)}")
         if served and model not in served:
@@ -77,6 +87,9 @@ async def negotiate(target: OpenAITarget) -> tuple[Capabilities, str]:
                    "an empty list" if served == [] else "no model list")
             notes.append(f"GET /models gave {why}; a request to {model!r} decides instead")
         caps = await _probe_extensions(target, client, notes, honours_ignore_eos=owner in HONOURS_IGNORE_EOS)
+        max_len = usage_count(entry.get("max_model_len"))  # vLLM and SGLang list it
+        if max_len:
+            caps = replace(caps, max_model_len=max_len)
         if caps.probed and target.exact_text is None and (target.api == "chat" or not caps.token_prompts):
             caps = await _measure_words(target, client, caps)
     if served:
@@ -89,15 +102,16 @@ async def _probe_extensions(target: OpenAITarget, client: ControlClient, notes: 
     """The plainest request first (it must succeed), then, with the "auto" profile, one probe per extension."""
     caps = target.caps
     is_chat = target.api == "chat"
-    for attempt in range(PROBE_TRIES):  # a transient 5xx is tried again; a 4xx is an answer
-        r = await _control(target, client, "POST", target.url, _probe_body(target))
-        if r.status < 500 or attempt == PROBE_TRIES - 1:
+    r = await _first_answer(target)
+    for attempt in range(PROBE_TRIES - 1):  # a transient 5xx is tried again; a 4xx is an answer
+        if r.status < 500:
             break
         await asyncio.sleep(PROBE_BACKOFF_S * (attempt + 1))
+        r = await _control(target, client, "POST", target.url, _probe_body(target))
     if r.status >= 400:
         raise TargetUnreachable(
             f"{target.url}: the server refused the plainest request (text prompt, max_tokens=1, none of "
-            f"slobench's extensions): {target.http_error(r.status, r.body)}{_auth_hint(r)}"
+            f"slobench's extensions): {target.http_error(r.status, r.body)}{_auth_hint(r) or TRY_PLAINER}"
         )
     overhead = 0
     plain_usage = _usage_of(r.body)
@@ -109,7 +123,10 @@ async def _probe_extensions(target: OpenAITarget, client: ControlClient, notes: 
             notes.append(f"the chat template adds {overhead} prompt tokens (measured); text prompts are "
                          "shortened by that much")
     caps = replace(caps, template_overhead=overhead)
+    vocab = target.exact_text.vocab_size if target.exact_text is not None else None
     if caps.profile != "auto":
+        if vocab and caps.token_prompts and not is_chat:  # not probed: the tokenizer's word stands
+            caps = replace(caps, token_id_range=(_low_id(vocab), vocab))
         return replace(caps, notes=(*notes, *caps.notes))
     caps = Capabilities("auto", probed=True, template_overhead=overhead, notes=tuple(notes),
                         pair_min_tokens=not honours_ignore_eos)
@@ -126,16 +143,11 @@ async def _probe_extensions(target: OpenAITarget, client: ControlClient, notes: 
                 return message
             if attempt < PROBE_TRIES - 1:
                 await asyncio.sleep(PROBE_BACKOFF_S * (attempt + 1))
-        raise TargetUnreachable(f"{target.url}: probing {field_name} failed {PROBE_TRIES} times: {message}")
+        raise TargetUnreachable(f"{target.url}: probing {field_name} failed {PROBE_TRIES} times: "
+                                f"{message}{TRY_PLAINER}")
 
     if not is_chat:
-        # The probe asks whether the server takes ids at all, so its ids must be in every vocabulary: ids
-        # past a small vocabulary's end are refused too, and falling back to text for that would send a
-        # byte-level model's 32-token prompts as ~150-token ones.
-        why = await refused("prompt", prompt=list(PROBE_IDS))
-        if why:
-            caps = caps.with_note(f"token-id prompts refused ({why}); prompts sent as text "
-                                  "(the server's usage counts their tokens)", token_prompts=False)
+        caps = await _probe_token_ids(target, client, caps, vocab)
     why_eos = await refused("ignore_eos", ignore_eos=True)
     why_min = await refused("min_tokens", min_tokens=1)
     if why_eos and why_min:
@@ -157,7 +169,7 @@ async def _probe_extensions(target: OpenAITarget, client: ControlClient, notes: 
             caps = caps.with_note(f"stream_options.include_usage refused ({message}); output tokens are "
                                   "counted from the stream", include_usage=False, usage_in_stream=False)
         elif resp.status >= 400:
-            raise TargetUnreachable(f"{target.url}: a streamed request failed: {message}")
+            raise TargetUnreachable(f"{target.url}: a streamed request failed: {message}{TRY_PLAINER}")
         elif not _stream_has_usage(resp.body):
             caps = caps.with_note("the server sends no usage in streams (include_usage asked); output "
                                   "tokens are counted from the stream's chunks", usage_in_stream=False)
@@ -166,15 +178,90 @@ async def _probe_extensions(target: OpenAITarget, client: ControlClient, notes: 
     return with_length_evidence(caps, honours_ignore_eos)
 
 
+async def _probe_token_ids(target: OpenAITarget, client: ControlClient, caps: Capabilities,
+                           vocab: int | None) -> Capabilities:
+    """Whether the server takes token-id prompts, and which ids. Any failed answer to ids (a refusal, a bare
+    500, an error event) after a plain text request succeeded means text prompts. Then the top id of the
+    range the prompts will use (below the --tokenizer's vocabulary when given) is tried; a server that
+    refuses it has a smaller vocabulary, whose end is found by bisection, and prompt ids are mapped below it
+    (`Capabilities.token_id_range`), so the load sends only ids the server has accepted."""
+    # The first probe's ids are in every vocabulary, byte-level ones included: it asks whether the server
+    # takes ids at all (falling back to text for a small vocabulary would send a byte-level model's 32-token
+    # prompts as ~150-token ones).
+    why = await _ids_fail(target, client, PROBE_IDS, tries=PROBE_TRIES)
+    if why:
+        return caps.with_note(f"token-id prompts failed ({why}); prompts sent as text (the server's usage "
+                              "counts their tokens)", token_prompts=False)
+    hi = vocab or DEFAULT_TOKEN_ID_RANGE[1]
+    why = await _ids_fail(target, client, (hi - 1,))
+    if not why:
+        return replace(caps, token_id_range=(_low_id(hi), hi)) if vocab else caps
+    ok, bad = max(PROBE_IDS), hi - 1
+    while bad - ok > 1:
+        mid = (ok + bad) // 2
+        if await _ids_fail(target, client, (mid,)):
+            bad = mid
+        else:
+            ok = mid
+    lo = _low_id(ok + 1)
+    return caps.with_note(
+        f"token id {hi - 1} refused ({why}); the server takes ids up to {ok} (probed): prompt ids are mapped "
+        f"into [{lo}, {ok + 1}) (--tokenizer with the model's tokenizer.json bounds them by its vocabulary)",
+        token_id_range=(lo, ok + 1))
+
+
+def _low_id(hi: int) -> int:
+    """The lowest id prompts use below a vocabulary end `hi`: the workloads' usual low end, clear of special
+    and control tokens, unless the vocabulary is small."""
+    lo = DEFAULT_TOKEN_ID_RANGE[0]
+    return lo if hi >= 2 * lo else hi // 4
+
+
+async def _ids_fail(target: OpenAITarget, client: ControlClient, ids: tuple[int, ...], *, tries: int = 1) -> str | None:
+    """What went wrong with a token-id prompt of `ids` (an error status, or an error in a 200 answer or
+    stream), or None when it was answered. A 5xx or 429 is tried again, up to `tries` times in all."""
+    why = None
+    for attempt in range(tries):
+        body = _probe_body(target, prompt=list(ids), stream=target.stream)
+        resp = await _control(target, client, "POST", target.url, body)
+        if resp.status >= 400:
+            why = target.http_error(resp.status, resp.body)
+        else:
+            error = _error_in(resp.body)
+            return None if error is None else target.scrub(error)
+        if resp.status < 500 and resp.status != 429:  # an answer; a failing or busy server is tried again
+            break
+        if attempt < tries - 1:
+            await asyncio.sleep(PROBE_BACKOFF_S * (attempt + 1))
+    return why
+
+
+async def _first_answer(target: OpenAITarget) -> Reply:
+    """The plainest request, waited for up to FIRST_ANSWER_S, and said on screen when it takes longer than
+    the preflight timeout."""
+    async with ControlClient(timeout_s=max(FIRST_ANSWER_S, target.timeouts.preflight_s)) as patient:
+        answer = asyncio.ensure_future(_control(target, patient, "POST", target.url, _probe_body(target)))
+        try:
+            return await asyncio.wait_for(asyncio.shield(answer), target.timeouts.preflight_s)
+        except TimeoutError:
+            print(f"slobench: waiting for the server's first answer (up to {FIRST_ANSWER_S:.0f} s: a server may "
+                  "load its model on the first request)…", file=sys.stderr, flush=True)
+            return await answer
+        finally:
+            answer.cancel()  # a no-op once answered; else the request goes with the caller
+
+
 async def _measure_words(target: OpenAITarget, client: ControlClient, caps: Capabilities) -> Capabilities:
     """How many tokens the server counts a word of the text prompts (`ids_to_text`): the usage of
-    WORDS_PROBE words less that of one word (a chat template's tokens cancel), over WORDS_PROBE - 1.
+    WORDS_PROBE words less that of one word (a chat template's tokens cancel), over WORDS_PROBE - 1; fewer
+    words within a short context (`max_model_len`), where a character-level vocabulary's 200 words would not fit.
     The words are one token each in common BPE vocabularies; a character-level one counts several, and
     its prompts would be that many times the asked length. Off the 0.95-1.05 band, prompts are sent as
     length / ratio words (`words_for_tokens`), and a note says so. A server that reports no usage
     outside streams, or refuses the request, leaves prompts as they are."""
     counts = []
-    for n in (1, WORDS_PROBE):
+    num_words = WORDS_PROBE if caps.max_model_len is None else max(2, min(WORDS_PROBE, caps.max_model_len // 16))
+    for n in (1, num_words):
         text = ids_to_text(WORD_IDS[:n])
         fields = {"messages": [{"role": "user", "content": text}]} if target.api == "chat" else {"prompt": text}
         resp = await _control(target, client, "POST", target.url, _probe_body(target, **fields))
@@ -183,7 +270,7 @@ async def _measure_words(target: OpenAITarget, client: ControlClient, caps: Capa
         if counted is None:
             return caps
         counts.append(counted)
-    ratio = (counts[1] - counts[0]) / (WORDS_PROBE - 1)
+    ratio = (counts[1] - counts[0]) / (num_words - 1)
     if ratio > 0 and not 0.95 <= ratio <= 1.05:
         return caps.with_note(
             f"the server counts {ratio:.2f} tokens a word of slobench's text prompts (measured): each prompt "
@@ -237,15 +324,33 @@ def _stream_has_usage(raw: bytes) -> bool:
     return False
 
 
-def _owner(raw: bytes, model: str) -> str | None:
-    """The `owned_by` of `model` in a /models listing (vLLM says "vllm", SGLang "sglang")."""
+def _error_in(raw: bytes) -> str | None:
+    """The server's message when a 200 answer holds an error: a JSON error body, or an SSE error event."""
+    try:
+        objs = [json.loads(raw)]
+    except ValueError:
+        try:
+            objs = [json.loads(ev.data) for ev in SSEParser().feed(raw + b"\n\n") if ev.data != "[DONE]"]
+        except (SSEDecodeError, ValueError):
+            return None
+    for obj in objs:
+        if isinstance(obj, dict) and ("error" in obj or obj.get("object") == "error"):
+            err = obj.get("error")
+            message = err.get("message") if isinstance(err, dict) else err or obj.get("message")
+            return str(message or "an error in the answer")
+    return None
+
+
+def _listing_entry(raw: bytes, model: str) -> dict[str, Any]:
+    """The entry of `model` in a /models listing (its `owned_by`: vLLM says "vllm", SGLang "sglang"; its
+    `max_model_len`, where vLLM and SGLang give it), or {}."""
     try:
         for m in json.loads(raw)["data"]:
-            if str(m.get("id")) == model:
-                return str(m.get("owned_by") or "") or None
+            if isinstance(m, dict) and str(m.get("id")) == model:
+                return m
     except (ValueError, KeyError, TypeError, AttributeError):
-        return None
-    return None
+        return {}
+    return {}
 
 
 def _served_models(raw: bytes) -> list[str] | None:

@@ -64,8 +64,15 @@ QUIRKS = frozenset(
         # ignore_eos, min_tokens and stream_options are taken and dropped: no usage in streams, and the model
         # stops at half max_tokens with finish_reason "stop"; /models names no known server
         "drop-extensions",
+        "small-vocab",  # ids >= SMALL_VOCAB are out of vocabulary: 400, or an error event in a 200 stream (vLLM)
+        "ids-500",  # a token-id prompt gets a bare HTTP 500 with no message (a proxy in front of a text server)
+        "max-model-len",  # /v1/models lists max_model_len = MAX_MODEL_LEN; a longer request gets vLLM's 400
+        "slow-first",  # the first generation request answers after SLOW_FIRST_S (Ollama loading a model)
     }
 )
+SMALL_VOCAB = 2048
+MAX_MODEL_LEN = 64
+SLOW_FIRST_S = 1.5
 # The request fields a strict server knows (OpenAI's), plus the test knobs x_*.
 _STRICT_FIELDS = frozenset({"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
                             "top_p", "stream", "stream_options", "seed", "stop", "n", "user"})
@@ -128,6 +135,7 @@ class TokenServer:
         self.config = config
         self._stats = _Stats()
         self._model_json = json.dumps(config.model)
+        self._answered_first = False  # "slow-first": the first generation request is slow
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -157,10 +165,12 @@ class TokenServer:
             return _error(404, "Not Found", "NotFoundError")
         if "models-500" in self.config.quirks:
             return _error(500, "Internal Server Error", "InternalServerError")
-        listed = [] if "models-empty" in self.config.quirks else [
-            {"id": self.config.model, "object": "model",
-             "owned_by": "llamacpp" if "eos-early" in self.config.quirks else
-             "organization-owner" if "drop-extensions" in self.config.quirks else "slobench"}]
+        owner = ("llamacpp" if "eos-early" in self.config.quirks else
+                 "organization-owner" if "drop-extensions" in self.config.quirks else "slobench")
+        entry: dict[str, Any] = {"id": self.config.model, "object": "model", "owned_by": owner}
+        if "max-model-len" in self.config.quirks:
+            entry["max_model_len"] = MAX_MODEL_LEN
+        listed = [] if "models-empty" in self.config.quirks else [entry]
         body = {"object": "list", "data": listed}
         return web.json_response(body)
 
@@ -207,8 +217,30 @@ class TokenServer:
             extra = {k for k in body if k not in _STRICT_FIELDS and not k.startswith("x_")}
             if extra:
                 return _error(422, f"Unexpected fields in the request: {extra}", "BadRequestError")
-        if "text-prompts-only" in quirks and not is_chat and not isinstance(body.get("prompt"), str):
+        is_ids = not is_chat and isinstance(body.get("prompt"), list)
+        if "text-prompts-only" in quirks and is_ids:
             return _error(500, "1 validation error: prompt must be a string", "InternalServerError")
+        if "ids-500" in quirks and is_ids:
+            return web.Response(status=500, text="Internal Server Error")
+        if "slow-first" in quirks and not self._answered_first:
+            self._answered_first = True
+            await asyncio.sleep(SLOW_FIRST_S)
+        if "small-vocab" in quirks and is_ids and (bad := next((t for t in body["prompt"] if t >= SMALL_VOCAB), None)):
+            message = f"Token id {bad} is out of vocabulary"
+            if not body.get("stream"):
+                return _error(400, message, "BadRequestError")
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await resp.write(b"data: " + _error_body(400, message, "BadRequestError") + b"\n\ndata: [DONE]\n\n")
+            await resp.write_eof()
+            return resp
+        if "max-model-len" in quirks:
+            asked = body.get("max_tokens", 16)
+            wanted = _prompt_tokens(body, is_chat) + (asked if isinstance(asked, int) else 0)
+            if wanted > MAX_MODEL_LEN:
+                return _error(400, f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, you "
+                                   f"requested {wanted} tokens. Please reduce the length of the messages or completion.",
+                              "BadRequestError")
         fault = body.get("x_fault")
         if fault is not None and fault not in FAULTS:
             return _error(400, f"unknown x_fault {fault!r}; known: {sorted(FAULTS)}", "BadRequestError")

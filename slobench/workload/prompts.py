@@ -3,7 +3,8 @@
 Token-id prompts go to /v1/completions as a list of ints, which vLLM and SGLang take verbatim, so the
 prompt has exactly the asked number of tokens. Ids come from a middle range of the vocabulary
 (default [1000, 30000)) to stay clear of special and control tokens at the low end, and of ids past the
-end of a small vocabulary. Text prompts (chat) are random common short English words, chosen so that
+end of a small vocabulary; a server's smaller one is found at preflight and the ids mapped below its end
+(slobench.workload.limits). Text prompts (chat) are random common short English words, chosen so that
 each, with its leading space, is one BPE token in common tokenizers (GPT-2, cl100k, Llama): n words are
 about n tokens, and the chat template adds a few more. For text, the server's `usage` is the source of truth.
 

@@ -51,6 +51,11 @@ class ExactText:
         self.path = Path(path)
         self._tok = load_tokenizer(self.path)
 
+    @property
+    def vocab_size(self) -> int:
+        """The ids the tokenizer knows, special tokens included: a token-id prompt's ids are below it."""
+        return int(self._tok.get_vocab_size(with_added_tokens=True))
+
     def count(self, text: str) -> int:
         return len(self._tok.encode(text, add_special_tokens=False).ids)
 
