@@ -438,6 +438,7 @@ class LoadSetup:
         try:
             limits = server_limits(target.caps, self.api)
             bounded: list[BoundedSpecs] = []  # the last run's, while its specs are made as it goes
+            noted: set[tuple[float | None, int]] = set()  # the same specs made again (a refinement) are said once
 
             def bounded_specs(rate: float | None, seed: int) -> Any:
                 made = make_specs(rate, seed)
@@ -445,7 +446,9 @@ class LoadSetup:
                     return made
                 this = BoundedSpecs(made, limits)
                 if isinstance(this.specs, list):
-                    note_shortened(this, limits)  # all made already: said before the run
+                    if (rate, seed) not in noted:
+                        noted.add((rate, seed))
+                        note_shortened(this, limits)  # all made already: said before the run
                 else:
                     bounded[:] = [this]  # made as the run goes: said after it
                 return this.specs

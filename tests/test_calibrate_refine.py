@@ -247,16 +247,21 @@ def test_refinement_over_http_corrects_a_wrong_profile(served: tuple[str, Path],
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_cli_keeps_the_probe_fit_when_the_refinement_fails(served: tuple[str, Path], tmp_path: Path,
+def test_cli_keeps_the_probe_fit_when_the_refinement_fails(tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    # every refinement request fails (prompts past the server's 4,096 tokens): exit 2, the probe fit written
-    url, _ = served
+    # every refinement request fails: a server whose context (4,096 tokens) is larger than its KV cache (64
+    # blocks of 16) answers 400 to the refinement's 1,500-token prompts, which it could never complete, while
+    # the probes fit. Exit 2, the probe fit written
+    (tmp_path / "truth.json").write_text(TRUE.to_json())
     out = tmp_path / "cal.json"
     long_prompts = tmp_path / "long.toml"
-    long_prompts.write_text(SMALL.replace("min = 16\nmax = 192", "min = 5000\nmax = 5001"))
-    rc = main(["calibrate", "--url", url, "-o", str(out), "--prompt-lens", "16,96,192", "--batches", "1,6",
-               "--contexts", "32,96", "--output-len", "8", "--repeats", "1", "--kv-blocks", "256",
-               "--refine-workload", str(long_prompts), "--refine-rates", "20,30,40", "--refine-requests", "10"])
+    long_prompts.write_text(SMALL.replace("min = 16\nmax = 192", "min = 1500\nmax = 1501"))
+    with EngineServerProcess("--executor", "modeled", "--profile", str(tmp_path / "truth.json"), "--kv-blocks", "64",
+                             "--max-model-len", "4096") as srv:
+        url = srv.base_url
+        rc = main(["calibrate", "--url", url, "-o", str(out), "--prompt-lens", "16,96,192", "--batches", "1,6",
+                   "--contexts", "32,96", "--output-len", "8", "--repeats", "1", "--kv-blocks", "256",
+                   "--refine-workload", str(long_prompts), "--refine-rates", "20,30,40", "--refine-requests", "10"])
     captured = capsys.readouterr()
     assert rc == 2 and "every request" in captured.err and "holds the probe-fitted profile" in captured.err, captured
     assert "written:" in captured.out

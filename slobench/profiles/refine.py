@@ -526,9 +526,6 @@ async def refine_live(setup: LoadSetup, profile: CostProfile, overhead_s: float,
                       *, write: Callable[[str], None] = print) -> Refinement:
     """`refine` against the endpoint `setup` names, through `LoadSetup.probe` (a `LiveProbe`)."""
 
-    def specs_for(rate: float) -> list[RequestSpec]:
-        return list(setup.specs(rate, seed=plan.seed))
-
     def on_point(p: RatePoint, wall_s: float) -> None:
         m = p.measured
         write(f"  refine: {p.rate_rps:.3g} req/s{' (held out)' if p.held_out else ''}: {p.num_ok}/{p.num_requests} "
@@ -536,6 +533,10 @@ async def refine_live(setup: LoadSetup, profile: CostProfile, overhead_s: float,
               f"{_ms(m.get('tpot_p50'))} p90 {_ms(m.get('tpot_p90'))}")
 
     async with setup.probe(scrape=False) as (probe, manifest, _served):
+        def specs_for(rate: float) -> list[RequestSpec]:
+            # what the probe sends, bounded by the server's context as it was found at preflight
+            return list(probe.make_specs(rate, plan.seed))
+
         async def measure(rate: float) -> Sequence[RequestRecord]:
             res = await probe(rate, plan.seed, None, {**manifest, "rate_rps": rate})
             if res.interrupted:
@@ -548,6 +549,13 @@ async def refine_live(setup: LoadSetup, profile: CostProfile, overhead_s: float,
 
 def _ms(v: float | None) -> str:
     return "n/a" if v is None else f"{v * 1e3:.1f} ms"
+
+
+def _predicted(simulated: Mapping[str, float], err: Mapping[str, float], k: str) -> str:
+    """A simulated value beside its error, or n/a where the simulation had none (no request of it finished)."""
+    if k not in simulated or k not in err:
+        return f"{'n/a':>18}"
+    return f"{simulated[k] * 1e3:8.1f}ms ({err[k]:+5.0%})"
 
 
 def print_refinement(ref: Refinement, write: Callable[[str], None] = print) -> None:
@@ -568,8 +576,8 @@ def print_refinement(ref: Refinement, write: Callable[[str], None] = print) -> N
             if k not in p.measured:
                 continue
             write(f"{p.rate_rps:8.3g} {'held out' if p.held_out else 'fit':<8} {k.replace('_', ' ').upper():<9} "
-                  f"{p.measured[k] * 1e3:8.1f}ms {p.probe_only[k] * 1e3:8.1f}ms ({e_probe[k]:+5.0%}) "
-                  f"{p.refined[k] * 1e3:8.1f}ms ({e_ref[k]:+5.0%})")
+                  f"{p.measured[k] * 1e3:8.1f}ms {_predicted(p.probe_only, e_probe, k)} "
+                  f"{_predicted(p.refined, e_ref, k)}")
     write(f"held-out rate {ref.held_out.rate_rps:.3g} req/s, mean |error| of TTFT/TPOT p50/p90: probe-only "
           f"{ref.held_out_error('probe_only'):.1%}, refined {ref.held_out_error('refined'):.1%}")
     for note in ref.notes:
