@@ -146,6 +146,8 @@ def print_run(summary: RunSummary, console: Console | None = None, title: str = 
         console.print(Text(f"errors: {dict(summary.error_counts)}", style="yellow"))
     if summary.client.warning:
         console.print(Text(summary.client.warning, style="bold red"))
+    elif summary.client.note:
+        console.print(Text(summary.client.note))
     if note := gc_text(summary.client.gc):
         console.print(Text(note, style="yellow"))
     if summary.interrupted:
