@@ -16,6 +16,7 @@ import numpy as np
 from slobench.analysis.metrics import RecordArrays, achieved_send_rps, describe, quantiles, throughput
 from slobench.analysis.slo import SLO, Attainment, attainment, quantile_ci, samples_beyond
 from slobench.errors import SpecError, UsageError
+from slobench.redact import redact_message
 from slobench.run.records import REQUESTS, RequestRecord, read_record_dicts
 
 # A send is late when it left more than this after its scheduled time, or 5% of the TTFT SLO if that is
@@ -177,6 +178,7 @@ class RunSummary:
     num_ok: int
     status_counts: Mapping[str, int] = field(default_factory=dict)
     error_counts: Mapping[str, int] = field(default_factory=dict)  # by `error_kind`, the top MAX_ERROR_KINDS
+    error_examples: Mapping[str, str] | None = None  # each counted kind's first message (`error_example`)
     duration_s: float
     offered_rps: float
     achieved_send_rps: float
@@ -330,15 +332,18 @@ class RunColumns:
 
     arrays: RecordArrays
     error_counts: dict[str, int]
+    error_examples: dict[str, str]
     lengths: dict[str, Any] | None = None  # asked vs delivered lengths (`length_fidelity`)
     num_warmup: int = 0
 
 
 def columns_of(records: Sequence[RequestRecord]) -> RunColumns:
     measured = [r for r in records if not r.is_warmup]
+    errors = [r.error for r in measured if r.error]
     return RunColumns(
         RecordArrays.from_rows(measured, getattr),
-        error_kinds(r.error for r in measured if r.error),
+        error_kinds(errors),
+        error_examples(errors),
         length_fidelity(measured, getattr),
         num_warmup=len(records) - len(measured),
     )
@@ -350,12 +355,13 @@ def read_columns(run_dir: Path) -> RunColumns:
     path = Path(run_dir) / REQUESTS
     rows = read_record_dicts(path)
     measured = [d for d in rows if not d.get("is_warmup", False)]
-    errors = error_kinds(str(d["error"]) for d in measured if d.get("error"))
+    errors = [str(d["error"]) for d in measured if d.get("error")]
     try:
         arrays = RecordArrays.from_rows(measured, dict.get)
     except (TypeError, ValueError, KeyError) as e:
         raise UsageError(f"{path}: bad value in a request record ({type(e).__name__}: {e})") from None
-    return RunColumns(arrays, errors, length_fidelity(measured, dict.get), num_warmup=len(rows) - len(measured))
+    return RunColumns(arrays, error_kinds(errors), error_examples(errors), length_fidelity(measured, dict.get),
+                      num_warmup=len(rows) - len(measured))
 
 
 def summarize(source: RunColumns | Sequence[RequestRecord], slo: SLO | None, *, seed: int = 0,
@@ -381,6 +387,7 @@ def summarize(source: RunColumns | Sequence[RequestRecord], slo: SLO | None, *, 
         output_tokens=Dist.of(a.output_tokens.astype(float)), prompt_tokens=Dist.of(a.prompt_tokens.astype(float)),
         client=client_health(a, slo), num_warmup=cols.num_warmup,
         status_counts=dict(Counter(str(s) for s in a.status)), error_counts=cols.error_counts,
+        error_examples=cols.error_examples or None,
         deliberate_waits=deliberate_waits(a), prefix_cache=prefix_cache(a),
         per_replica=tuple(per_replica(a, slo)), per_tag=tuple(per_tag(a, slo)), queue_drift=queue_drift(a),
         lengths=cols.lengths, slo=slo,
@@ -456,6 +463,31 @@ def error_kind(text: str) -> str:
 def error_kinds(errors: Iterable[str]) -> dict[str, int]:
     """The most common error kinds and their counts, as the terminal and the report both show them."""
     return dict(Counter(error_kind(e) for e in errors).most_common(MAX_ERROR_KINDS))
+
+
+MAX_EXAMPLE_CHARS = 200
+# terminal escape sequences (CSI, OSC, two-byte ESC) and every other control character a server could send
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]|[\x00-\x1f\x7f-\x9f]")
+
+
+def error_example(text: str) -> str:
+    """An error's own words for the terminal and the report: the detail after its kind (the server's message,
+    which only requests.jsonl held), redacted, with terminal escape sequences and control characters taken
+    out, at most MAX_EXAMPLE_CHARS. Escaping for HTML is the report's."""
+    detail = text.split(":", 1)[1] if ":" in text else text
+    clean = " ".join(_ESCAPES.sub(" ", redact_message(detail)).split())
+    return clean if len(clean) <= MAX_EXAMPLE_CHARS else clean[: MAX_EXAMPLE_CHARS - 1] + "…"
+
+
+def error_examples(errors: Sequence[str]) -> dict[str, str]:
+    """The first message of each kind `error_kinds` counts, where it says more than the kind itself."""
+    kinds = error_kinds(errors)
+    out: dict[str, str] = {}
+    for e in errors:
+        kind = error_kind(e)
+        if kind in kinds and kind not in out:
+            out[kind] = error_example(e)
+    return {k: v for k, v in out.items() if v and v != k}
 
 
 def per_replica(a: RecordArrays, slo: SLO | None) -> list[Breakdown]:
