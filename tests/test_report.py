@@ -450,3 +450,12 @@ def test_run_header_names_the_api(tmp_path, capsys):
                      "--out", str(tmp_path / "r")]) == 0
     head = " ".join(line.strip() for line in capsys.readouterr().out.split("┏")[0].splitlines())  # a title may wrap
     assert head.startswith("simulated · workload tiny · completions API · ") and head.endswith(f"{tmp_path / 'r'}")
+
+
+def test_a_run_too_short_for_a_client_verdict_is_not_called_healthy(tmp_path):
+    """30 sends give no verdict on the client either way: the report says so instead of "kept its schedule"."""
+    short = write_synthetic_sweep(tmp_path / "short", [2.0], 30)
+    html = build_report([short], tmp_path / "r.html").read_text()
+    assert "no verdict on the load generator from 30 sends" in html and "kept its schedule" not in html
+    long = write_synthetic_sweep(tmp_path / "long", [2.0], 200)
+    assert "kept its schedule" in build_report([long], tmp_path / "l.html").read_text()

@@ -382,8 +382,12 @@ def _client(views: Sequence[Analyzed], figs: _Figures) -> str:
     # runs sent from Ray load actors: a table per run, and the clock flag (slobench.report.client_actors)
     actors, is_clock_flagged = ray_section([(f"{v.series.label} at {run.rate_rps:g} req/s", run, v.series.slo)
                                             for v in views for run in v.series.runs])
+    # runs too short for a verdict either way (ClientHealth.note): said, and no "kept its schedule" claim
+    unjudged = [f'<p class="note">{esc(v.series.label)} at {p.rate_rps:g} req/s: {esc(p.client.note)}</p>'
+                for v in views for p in v.points if p.client.note and not p.client.warning]
     ok = '<p class="ok">The client kept its schedule at every rate: the numbers above describe the server.</p>'
-    return ('<section id="client"><h2>Client health</h2>' + ("".join(warnings) or ("" if is_clock_flagged else ok))
+    return ('<section id="client"><h2>Client health</h2>'
+            + ("".join(warnings + unjudged) or ("" if is_clock_flagged else ok))
             + actors + figs.div(client_figure(views)) + "</section>")
 
 
