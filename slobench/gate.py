@@ -47,6 +47,7 @@ class Samples:
     slo: dict[str, Any] | None
     slobench_version: str
     metrics: dict[str, dict[int, float]] = field(default_factory=dict)  # key -> {seed: value}
+    inconclusive: dict[str, str] = field(default_factory=dict)  # key -> why it has no values (a capacity search's)
 
     def add(self, key: str, seed: int, value: float | None, where: str) -> None:
         if value is None or not math.isfinite(value):
@@ -164,9 +165,12 @@ def _load_one(path: Path, doc: dict[str, Any]) -> Samples:
                 for name, v in as_run_summary(row["summary"]).flat_metrics().items():
                     s.add(rate_key(name, float(row["rate_rps"])), seed, v, str(path))
             return s
-        for rep in doc.get("replicates") or []:
-            if rep.get("capacity_rps") is not None:
-                s.add("capacity", int(rep["seed"]), float(rep["capacity_rps"]), str(path))
+        if doc.get("inconclusive"):  # its per-seed crossings are what made it inconclusive: never gate on them
+            s.inconclusive["capacity"] = str(doc["inconclusive"])
+        else:
+            for rep in doc.get("replicates") or []:
+                if rep.get("capacity_rps") is not None:
+                    s.add("capacity", int(rep["seed"]), float(rep["capacity_rps"]), str(path))
         for p in doc.get("probes") or []:
             if p.get("phase") == "replicate":
                 for name, v in (p.get("metrics") or {}).items():
@@ -249,7 +253,7 @@ class Threshold:
 
 def default_thresholds(base: Samples, cand: Samples) -> list[Threshold]:
     """What to check when no threshold is named: capacity -5%, attainment -2pt, TTFT/TPOT p99 +10%."""
-    common = set(base.metrics) & set(cand.metrics)
+    common = (set(base.metrics) | set(base.inconclusive)) & (set(cand.metrics) | set(cand.inconclusive))
     out = []
     if "capacity" in common:
         out.append(Threshold.parse("capacity=5%", "drop"))
@@ -270,7 +274,7 @@ def expand(th: Threshold, base: Samples, cand: Samples) -> list[str]:
             except ValueError:
                 raise SpecError(f"--max-{th.direction}", th.text, "the rate after @ must be a number") from None
         for side, s in (("baseline", base), ("candidate", cand)):
-            if key not in s.metrics:
+            if key not in s.metrics and key not in s.inconclusive:
                 raise UsageError(f"{th.metric}: not in the {side} ({s.source}); it has {_available(s)}")
         return [key]
     keys = sorted(
@@ -450,11 +454,23 @@ def gate(
             f"(baseline has {_available(base)}; candidate has {_available(cand)})"
         )
     checks = [
+        unmeasured(key, th, base, cand) if key in base.inconclusive or key in cand.inconclusive else
         compare_metric(key, th, base.metrics[key], cand.metrics[key], alpha=alpha, pass_confidence=pass_confidence)
         for th in ths
         for key in expand(th, base, cand)
     ]
     return GateResult(base.source, cand.source, checks)
+
+
+def unmeasured(key: str, th: Threshold, base: Samples, cand: Samples) -> Check:
+    """An inconclusive check for a metric one side could not measure (a capacity search that located no
+    capacity): no verdict on it can be a pass."""
+    why = "; ".join(f"{side}: {s.inconclusive[key]}" for side, s in (("baseline", base), ("candidate", cand))
+                    if key in s.inconclusive)
+    nan = float("nan")
+    return Check(key, th.text, "inconclusive", nan, nan, nan, th.amount, nan, nan,
+                 len(base.metrics.get(key, {})), len(cand.metrics.get(key, {})), False, None,
+                 f"{key}: not measured ({why})")
 
 
 # --- reports for CI ------------------------------------------------------------------------------------
@@ -490,6 +506,10 @@ def _details(c: Check) -> str:
     )
 
 
+def _cell(x: float, fmt: str) -> str:
+    return "–" if math.isnan(x) else format(x, fmt)
+
+
 _ICON = {"pass": "✅ pass", "regression": "❌ regression", "inconclusive": "⚠️ inconclusive"}
 
 
@@ -507,7 +527,8 @@ def markdown(res: GateResult) -> str:
         p = "–" if math.isnan(c.p_value) else f"{c.p_value:.2g}"
         pair = " paired" if c.is_paired else ""
         lines.append(
-            f"| `{c.key}` | {c.threshold} | {c.baseline_mean:.4g} | {c.candidate_mean:.4g} | {rel * 100:+.1f}% "
+            f"| `{c.key}` | {c.threshold} | {_cell(c.baseline_mean, '.4g')} | {_cell(c.candidate_mean, '.4g')} "
+            f"| {_cell(rel * 100, '+.1f')}% "
             f"| {p} | {c.num_baseline}/{c.num_candidate}{pair} | {_ICON[c.verdict]} |"
         )
     notes = [c.message for c in res.checks if c.verdict != "pass"]

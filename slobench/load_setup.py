@@ -221,6 +221,9 @@ class LoadSetup:
         else:
             self.workload = load_workload(o.workload or "chat")
         self.slo = load_slo(o.slo)
+        if o.no_stream and self.slo is not None and self.slo.tpot_s is not None:  # before any request is sent
+            raise UsageError("--slo tpot=... needs streaming: with --no-stream each answer arrives whole, so TPOT "
+                             "cannot be measured; drop tpot from --slo or drop --no-stream")
         self.api = o.api or self.workload.api
         self.headers = _parse_headers(o.header)
         self.extra_body = _parse_extra_body(o.extra_body)

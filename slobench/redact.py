@@ -22,6 +22,8 @@ _SECRET_WORDS = frozenset({
 _WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
 _URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s,]+")
 _BEARER = re.compile(r"(?i)\b(bearer|basic|token)\s+\S+")
+# in a server's own words "token" is mostly the model's (`Token id 29987 is out of vocabulary`)
+_AUTH_SCHEME = re.compile(r"(?i)\b(bearer|basic)\s+\S+")
 
 
 def is_secret_name(name: str) -> bool:
@@ -55,6 +57,11 @@ def redact_url(url: str) -> str:
 def redact_text(text: str) -> str:
     """Every URL in free text (a comma-separated --url list, "m served at URL") with its secrets removed."""
     return _URL.sub(lambda m: redact_url(m.group(0)), text)
+
+
+def redact_message(text: str) -> str:
+    """A server's message (an error): its URLs' secrets and any `Bearer …` or `Basic …` credential replaced."""
+    return _AUTH_SCHEME.sub(lambda m: f"{m.group(1)} {REDACTED}", redact_text(text))
 
 
 def redact_header(header: str) -> str:

@@ -1,6 +1,7 @@
 """Capacity search against synthetic, seeded attainment curves (no server, milliseconds)."""
 
 import asyncio
+import json
 import math
 from dataclasses import replace
 
@@ -9,10 +10,12 @@ import pytest
 
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary
+from slobench.cli import main
 from slobench.errors import SpecError
 from slobench.experiments.capacity import (
     RunMeasure,
     SearchOptions,
+    inconclusive_reason,
     replicate_crossings,
     search_capacity,
     tightest_slo_scale,
@@ -243,3 +246,37 @@ async def test_short_probes_near_capacity_get_a_note() -> None:
     assert not any("lasted only" in n for n in long.notes)
     unknown = await search_capacity(curve, SearchOptions(start_rps=5.0, replicates=3))
     assert not any("lasted only" in n for n in unknown.notes)
+
+
+def test_replicates_that_scatter_past_the_probes_are_inconclusive():
+    """Seeds whose crossings scatter far wider than the rates probed (-12 and +13 req/s where every probe
+    from 2 to 8 req/s met the target) give no capacity: the result says why instead of printing a number."""
+    assert inconclusive_reason(0.5, (-68.4, 69.4), (2.0, 16.0), [-12.0, 13.0]).startswith(
+        "the replicates put the capacity outside the rates probed (2-16 req/s)")
+    assert "reaches 0 req/s or below" in inconclusive_reason(9.0, (-3.0, 21.0), (2.0, 16.0), [5.0, 13.0])
+    assert "is wider than the rates probed" in inconclusive_reason(9.0, (1.0, 17.0), (2.0, 16.0), [8.0, 10.0])
+    assert inconclusive_reason(9.0, (8.5, 9.5), (2.0, 16.0), [8.9, 9.1]) is None
+    assert inconclusive_reason(15.5, (14.0, 17.0), (2.0, 16.0), [15.4, 15.6]) is None  # past the top: t's reach
+
+
+async def test_a_search_whose_seeds_disagree_reports_inconclusive():
+    """Seeds shifted by +-60%: the replicate crossings scatter past every rate probed."""
+    res = await search_capacity(logistic_curve(seed_sd=0.6, width_rps=0.5), SearchOptions(start_rps=4.0, replicates=3))
+    assert res.inconclusive is not None and res.capacity_rps is None and res.interval_rps is None
+    assert res.to_dict()["inconclusive"] == res.inconclusive
+
+
+SIM_CAPACITY = ["capacity", "--simulate", "--profile", "h100-llama-1b", "--workload", "chat",
+                "--slo", "ttft=300ms,tpot=30ms"]
+
+
+def test_capacity_cli_exits_4_when_inconclusive_and_0_when_found(tmp_path, capsys):
+    assert main([*SIM_CAPACITY, "--num-requests", "150", "--seed", "3", "--out", str(tmp_path / "a")]) == 4
+    out = capsys.readouterr().out
+    assert "capacity: inconclusive: the capacity's interval [-85.8, 155] reaches 0 req/s or below" in out
+    doc = json.loads((tmp_path / "a" / "capacity.json").read_text())
+    assert doc["capacity_rps"] is None and doc["interval_rps"] is None and "reaches 0" in doc["inconclusive"]
+    assert main([*SIM_CAPACITY, "--duration", "30", "--replicates", "3", "--start-rate", "16", "--seed", "4",
+                 "--out", str(tmp_path / "b")]) == 0
+    assert "capacity: 34.9 req/s at >= 90% attainment [34.4, 35.5]" in capsys.readouterr().out
+    assert json.loads((tmp_path / "b" / "capacity.json").read_text())["inconclusive"] is None

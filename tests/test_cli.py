@@ -119,7 +119,9 @@ def test_run_against_in_process_engine(tmp_path):
 
 def test_capacity_simulated_writes_result(tmp_path):
     out = tmp_path / "cap"
-    rc = main(["capacity", "--simulate", "--workload", "tiny", "--num-requests", "100", "--slo",
+    # 300 requests a probe: at 100 the probes last 2 s, the replicates extrapolate past their edges and the
+    # capacity's interval spans more than every rate probed, which is an inconclusive search (exit 4)
+    rc = main(["capacity", "--simulate", "--workload", "tiny", "--num-requests", "300", "--slo",
                "ttft=200ms,tpot=50ms", "--start-rate", "8", "--replicates", "3", "--out", str(out), "--no-progress",
                "--gpus", "2", "--slo-scale"])
     assert rc == 0
@@ -174,7 +176,9 @@ def test_warmup_auto_through_the_cli(token_server, tmp_path):
 
 def test_simulated_fleet_capacity_and_bad_fleet_flags(tmp_path, capsys):
     out = tmp_path / "fleet"
-    rc = main(["capacity", "--simulate", "--workload", "tiny", "--num-requests", "100", "--slo",
+    # 300 requests a probe: at 100 the probes last 2 s, the replicates extrapolate past their edges and the
+    # capacity's interval spans more than every rate probed, which is an inconclusive search (exit 4)
+    rc = main(["capacity", "--simulate", "--workload", "tiny", "--num-requests", "300", "--slo",
                "ttft=200ms,tpot=50ms", "--start-rate", "8", "--replicates", "3", "--out", str(out), "--no-progress",
                "--replicas", "3", "--router", "round-robin"])
     assert rc == 0

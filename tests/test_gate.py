@@ -249,3 +249,21 @@ def test_gate_options_validated():
     s = samples({"capacity": BASE_CAP})
     with pytest.raises(SpecError):
         gate(s, s, alpha=0.7)
+
+
+def test_an_inconclusive_capacity_is_never_a_pass(tmp_path, capsys):
+    """A capacity search that located no capacity gives the gate no capacity to pass on: its per-seed
+    crossings (-12 and +13 req/s here) are not read, and the capacity check is inconclusive (exit 4)."""
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    for d, caps, why in ((good, {1: 10.0, 2: 10.1}, None), (bad, {1: -12.0, 2: 13.0}, "interval reaches 0")):
+        d.mkdir()
+        doc = _capacity_doc(caps, {(4.0, 1): 0.95, (4.0, 2): 0.97})
+        (d / "capacity.json").write_text(json.dumps({**doc, "inconclusive": why}))
+    s = load_samples([bad])
+    assert "capacity" not in s.metrics and s.inconclusive == {"capacity": "interval reaches 0"}
+    res = gate(load_samples([good]), s)
+    check = next(c for c in res.checks if c.key == "capacity")
+    assert check.verdict == "inconclusive" and "interval reaches 0" in check.message
+    assert res.exit_code == 4
+    assert main(["gate", "--baseline", str(good), "--candidate", str(bad), "--max-drop", "capacity=5%"]) == 4
+    assert "not measured" in capsys.readouterr().out

@@ -16,6 +16,7 @@ from slobench.analysis.slo import (
     wilson_ci,
 )
 from slobench.analysis.summary import summarize
+from slobench.cli import main
 from slobench.errors import SpecError
 from slobench.run.records import RequestRecord
 
@@ -207,3 +208,64 @@ def test_per_class_breakdown_when_a_run_mixes_classes() -> None:
     for r in recs:
         r.tag = "only"
     assert "per_tag" not in summarize(recs, SLO(ttft_s=0.5)).to_dict()  # one class: nothing to break down
+
+
+def test_latencies_describe_completed_requests_only():
+    """An HTTP 500 answered in 7 ms is no 7 ms E2E: every latency, E2E included, is over the ok requests,
+    the failures counted apart; a run with no ok request has no latency at all."""
+    failed = [rec(i, float(i), float(i), None, i + 0.007, 0, status="error") for i in range(3)]
+    midstream = rec(3, 3.0, 3.0, 3.1, 3.2, 2, status="error", chunks=[3.1])
+    s = summarize([*failed, midstream], SLO(ttft_s=1.0))
+    assert s.num_ok == 0
+    for d in (s.e2e, s.e2e_from_scheduled, s.ttft, s.ttft_from_scheduled, s.tpot):
+        assert d.mean is None and d.count == 0
+    ok = rec(4, 4.0, 4.0, 4.1, 4.5, 5, chunks=[4.1, 4.5])
+    s = summarize([*failed, midstream, ok], SLO(ttft_s=1.0))
+    assert s.e2e.mean == pytest.approx(0.5) and s.e2e.count == 1
+    assert s.ttft.mean == pytest.approx(0.1) and s.ttft.count == 1
+    assert s.num_requests == 5 and s.status_counts == {"error": 4, "ok": 1}
+
+
+def test_a_whole_answer_has_no_tpot_and_never_meets_a_tpot_target():
+    """Without streaming the tokens arrive together: TPOT and ITL are not measured (None), not 0 (which
+    met any TPOT target); a single-token answer keeps TPOT 0 by definition."""
+    whole = [rec(i, float(i), float(i), i + 0.2, i + 0.2, 40) for i in range(5)]
+    s = summarize(whole, SLO(ttft_s=1.0, tpot_s=0.001))
+    assert s.tpot.mean is None and s.tpot.p99 is None and s.itl.mean is None
+    assert s.ttft.mean == pytest.approx(0.2) and s.e2e.mean == pytest.approx(0.2)
+    assert s.attainment.value == 0.0
+    assert summarize(whole, SLO(ttft_s=1.0)).attainment.value == 1.0
+    assert RecordArrays.from_records([rec(0, 0, 0, 1, 1, 1)]).tpot_s[0] == 0.0
+    assert s.to_dict()["tpot_s"]["mean"] is None
+
+
+def test_no_stream_with_a_tpot_slo_is_refused_before_any_request(capsys):
+    assert main(["run", "--no-stream", "--slo", "ttft=1s,tpot=1ms", "--url", "http://127.0.0.1:9", "--rate", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--no-stream" in err[0] and "tpot" in err[0]
+
+
+def test_one_late_send_in_a_short_run_is_no_client_verdict():
+    """30 sends at 1 req/s, one of them 40 ms late (a server sharing the client's cores): its p99 is past the
+    10 ms limit, but 30 sends give no verdict either way, and the note says how many there were."""
+    recs = [rec(i, float(i), float(i) + (0.04 if i == 7 else 0.0), i + 0.1, i + 0.2, 2, chunks=[i + 0.1, i + 0.2])
+            for i in range(30)]
+    c = summarize(recs, SLO(ttft_s=0.1)).client
+    assert c.lateness_s["p99"] > c.lateness_limit_s
+    assert c.is_bottleneck is False and c.warning is None
+    assert c.num_sent == 30 and "from 30 sends" in c.note and ">= 100" in c.note
+
+
+def test_one_late_send_in_a_long_run_is_no_bottleneck_but_many_are():
+    """Over 200 sends the verdict rests on the share of late sends: 3 late (1.5%, p99 past the limit) pass,
+    20 late (10%) do not."""
+    def run(late_every):
+        return [rec(i, i * 0.1, i * 0.1 + (0.05 if i % late_every == 0 else 0.0), i * 0.1 + 0.06, i * 0.1 + 0.08, 2,
+                    chunks=[i * 0.1 + 0.06, i * 0.1 + 0.08]) for i in range(200)]
+
+    few = summarize(run(70), SLO(ttft_s=0.1)).client
+    assert few.lateness_s["p99"] > few.lateness_limit_s and few.is_bottleneck is False and few.note is None
+    many = summarize(run(10), SLO(ttft_s=0.1)).client
+    assert many.is_bottleneck is True
+    assert "10% of 200 sends later than 10 ms" in many.warning
+    assert many.late_share == pytest.approx(0.1) and many.to_dict()["num_sent"] == 200

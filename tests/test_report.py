@@ -6,11 +6,12 @@ from html import escape as html_escape
 import numpy as np
 import plotly.graph_objects as go
 import pytest
+from rich.console import Console
 
 from slobench.analysis.headline import crossing_rate
 from slobench.analysis.metrics import RecordArrays, throughput
 from slobench.analysis.slo import SLO, attainment, bootstrap_mean_ci
-from slobench.analysis.summary import read_columns
+from slobench.analysis.summary import read_columns, summarize
 from slobench.cli import main as main_cli
 from slobench.errors import UsageError
 from slobench.report import build_report
@@ -21,7 +22,7 @@ from slobench.report.load import load_series
 from slobench.report.server_state import load_server_metrics, server_series
 from slobench.report.stats import analyze, cdf_points
 from slobench.report.synthetic import DEFAULT_SLO, synthetic_records, write_synthetic_sweep
-from slobench.report.terminal import headline_text
+from slobench.report.terminal import headline_text, print_run, run_title, sweep_table
 from slobench.report.timeline import MAX_MET_POINTS, MAX_MISS_POINTS, in_flight, timeline_figure
 from slobench.run.records import RequestRecord, write_records
 from slobench.run.rundir import RunWriter, load_run
@@ -410,3 +411,51 @@ def test_fleet_report_without_an_slo(tmp_path):
               "--out", str(tmp_path / "n"), "--no-progress"])
     html = build_report([tmp_path / "n"], tmp_path / "n.html").read_text()
     assert re.search(r"<td>#0 \d+ · \d+; #1 \d+ · \d+</td>", html)  # no attainment without an SLO
+
+
+SERVER_MESSAGE = "server error mid-stream: Token id 29987 is out of vocabulary\x1b[2J\x1b]0;pwned\x07 <b>x</b>"
+
+
+def test_the_first_error_of_each_kind_is_shown_in_its_own_words(tmp_path):
+    """The terminal and the report name each error kind with the server's own first message: escaped,
+    terminal escape sequences removed, truncated, credentials redacted."""
+    recs = synthetic_records(9.0, 200, capacity_rps=6, median_output_tokens=8, seed=2, error_text=SERVER_MESSAGE)
+    recs[0].fail("error", "HTTP 500: Bearer sk-secret " + "y" * 400)
+    s = summarize(recs, DEFAULT_SLO)
+    kinds = s.error_counts
+    assert s.error_examples["server error mid-stream"] == "Token id 29987 is out of vocabulary <b>x</b>"
+    assert s.error_examples["HTTP 500"].startswith("Bearer <redacted> yyy") and len(s.error_examples["HTTP 500"]) == 200
+    console = Console(record=True, width=300)
+    print_run(s, console=console)
+    text = console.export_text()
+    n = kinds["server error mid-stream"]
+    assert f'server error mid-stream × {n}: "Token id 29987 is out of vocabulary <b>x</b>"' in text
+    assert "\x1b" not in text and "sk-secret" not in text
+    sweep = write_synthetic_sweep(tmp_path / "s", [9.0], 200, capacity_rps=6, error_text=SERVER_MESSAGE)
+    html = build_report([sweep], tmp_path / "r.html").read_text()
+    assert "Token id 29987 is out of vocabulary &lt;b&gt;x&lt;/b&gt;" in html and "pwned" not in html
+
+
+def test_legends_only_for_marks_in_the_table_and_titles_without_dangling_separators():
+    calm = summarize(synthetic_records(2.0, 50, capacity_rps=10, seed=1), DEFAULT_SLO)
+    table = sweep_table([{"rate_rps": 2.0, "summary": calm}])
+    assert not calm.overloaded and "past capacity" not in str(table.caption)
+    over = summarize(synthetic_records(14.0, 400, capacity_rps=10, seed=1), DEFAULT_SLO)
+    assert over.overloaded and "past capacity" in str(sweep_table([{"rate_rps": 14.0, "summary": over}]).caption)
+    assert run_title("simulated", "", "completions API", "run1") == "simulated · completions API · run1"
+
+
+def test_run_header_names_the_api(tmp_path, capsys):
+    assert main_cli(["run", "--simulate", "--workload", "tiny", "--rate", "20", "--num-requests", "20",
+                     "--out", str(tmp_path / "r")]) == 0
+    head = " ".join(line.strip() for line in capsys.readouterr().out.split("┏")[0].splitlines())  # a title may wrap
+    assert head.startswith("simulated · workload tiny · completions API · ") and head.endswith(f"{tmp_path / 'r'}")
+
+
+def test_a_run_too_short_for_a_client_verdict_is_not_called_healthy(tmp_path):
+    """30 sends give no verdict on the client either way: the report says so instead of "kept its schedule"."""
+    short = write_synthetic_sweep(tmp_path / "short", [2.0], 30)
+    html = build_report([short], tmp_path / "r.html").read_text()
+    assert "no verdict on the load generator from 30 sends" in html and "kept its schedule" not in html
+    long = write_synthetic_sweep(tmp_path / "long", [2.0], 200)
+    assert "kept its schedule" in build_report([long], tmp_path / "l.html").read_text()

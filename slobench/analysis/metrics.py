@@ -4,6 +4,8 @@ Definitions follow vLLM's benchmark and DistServe's evaluation code (see NOTES-s
   TTFT = first content token - request sent          (and, coordinated-omission-free, - scheduled)
   TPOT = (done - first token) / (output tokens - 1)  (0 when there is one output token)
   ITL  = every gap between consecutive content chunks (a distribution, not a per-request mean)
+  E2E  = done - request sent                         (and - scheduled)
+Latencies describe completed requests only (failures are counted apart); TPOT and ITL need a stream.
 Records become numpy columns once, here; everything downstream works on `RecordArrays`.
 """
 
@@ -40,6 +42,7 @@ class RecordArrays:
     status: np.ndarray  # str
     itl_s: np.ndarray  # all chunk gaps of successful requests, flattened
     itl_owner: np.ndarray  # index (into the columns above) of the request each gap belongs to
+    is_whole: np.ndarray  # bool: the answer came in one piece, not streamed (no chunks, first token = done)
 
     @classmethod
     def from_records(cls, records: Sequence[RequestRecord], *, include_warmup: bool = False) -> RecordArrays:
@@ -65,15 +68,17 @@ class RecordArrays:
 
         status = np.array([get(r, "status") or "ok" for r in rows], dtype=object)
         is_ok = np.asarray(status == "ok", dtype=bool)
-        itl_s, itl_owner = chunk_gaps([get(r, "chunk_times_s") or [] for r in rows], is_ok)
+        chunks = [get(r, "chunk_times_s") or [] for r in rows]
+        itl_s, itl_owner = chunk_gaps(chunks, is_ok)
+        first, done = col("first_token_s"), col("done_s")
         prompt = np.fromiter((int(v) if (v := get(r, "prompt_tokens")) is not None else int(get(r, "input_tokens") or 0)
                               for r in rows), np.int64, n)
         return cls(
             request_id=rid[order],
             scheduled_s=sched[order],
             sent_s=col("sent_s"),
-            first_token_s=col("first_token_s"),
-            done_s=col("done_s"),
+            first_token_s=first,
+            done_s=done,
             queued_s=np.fromiter((float(get(r, "queued_s") or 0.0) for r in rows), float, n),
             output_tokens=ints("output_tokens", 0),
             prompt_tokens=prompt,
@@ -84,35 +89,42 @@ class RecordArrays:
             status=status,
             itl_s=itl_s,
             itl_owner=itl_owner,
+            is_whole=np.fromiter((not c for c in chunks), bool, n) & (first == done),
         )
 
     def __len__(self) -> int:
         return len(self.request_id)
 
-    # --- per-request latencies (NaN for requests that never produced the needed times) ---
+    # --- per-request latencies: NaN for a failed request (its times describe the failure, not the service:
+    # an HTTP 500 in 7 ms is no 7 ms E2E) and for requests that never produced the needed times ---
+    def completed(self, x: np.ndarray) -> np.ndarray:
+        return np.where(self.is_ok, x, np.nan)
+
     @property
     def ttft_s(self) -> np.ndarray:
-        return self.first_token_s - self.sent_s
+        return self.completed(self.first_token_s - self.sent_s)
 
     @property
     def ttft_from_scheduled_s(self) -> np.ndarray:
-        return self.first_token_s - self.scheduled_s
+        return self.completed(self.first_token_s - self.scheduled_s)
 
     @property
     def e2e_s(self) -> np.ndarray:
-        return self.done_s - self.sent_s
+        return self.completed(self.done_s - self.sent_s)
 
     @property
     def e2e_from_scheduled_s(self) -> np.ndarray:
-        return self.done_s - self.scheduled_s
+        return self.completed(self.done_s - self.scheduled_s)
 
     @property
     def tpot_s(self) -> np.ndarray:
+        """NaN also for a response of several tokens that came whole (no stream): their times were never
+        seen, and a TPOT of 0 would meet any TPOT target."""
         n = self.output_tokens.astype(float)
         decode = self.done_s - self.first_token_s
         with np.errstate(divide="ignore", invalid="ignore"):
             t = np.where(n > 1, decode / (n - 1), 0.0)
-        return np.where(np.isnan(decode), np.nan, t)
+        return np.where(np.isnan(decode) | (self.is_whole & (n > 1)) | ~self.is_ok, np.nan, t)
 
     @property
     def lateness_s(self) -> np.ndarray:

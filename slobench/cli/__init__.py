@@ -31,7 +31,7 @@ EXIT_CODES = """\
   1  SLO not met (run) / gate found a regression
   2  bad usage or bad input (workload file, SLO string, trace, baseline)
   3  target unreachable (preflight failed: wrong URL, server down, wrong model)
-  4  gate inconclusive (more replicates needed)
+  4  inconclusive: gate (more replicates needed) or capacity (replicates that locate no capacity)
   5  internal error: a slobench bug (the traceback is printed; please report it)
   130  interrupted (Ctrl-C or SIGTERM): what finished is kept and summarised
 """

@@ -23,7 +23,7 @@ from slobench.experiments.capacity import (
 )
 from slobench.experiments.probe import ProbeMeasure
 from slobench.experiments.sweep import parse_rates
-from slobench.gate import load_samples
+from slobench.gate import EXIT_INCONCLUSIVE, load_samples
 from slobench.load_setup import MIN_PROBE_S, LoadSetup
 from slobench.run.outdir import claim_out_dir
 from slobench.run.rundir import CAPACITY, write_capacity, write_json_atomic
@@ -33,10 +33,13 @@ Finds the largest offered rate whose SLO attainment (share of all requests meeti
 above the SLO's target (default 90%). Probes upward geometrically from --start-rate until attainment
 breaks, bisects until the bracket is narrower than --tolerance, then runs --replicates seeds at both
 bracket edges: the capacity's interval comes from those replicates. With --rates it skips the search and
-runs --replicates seeds at each fixed rate (for gating at the same offered load). Writes OUT/capacity.json
-and one run directory per probe (probe-XX-rate-R-seed-S). A probe lasts max(60 s, the workload's request
-count at that rate) unless --num-requests or --duration fix it: past capacity the queue grows with run
-length, so probes that shrink as the rate rises would overstate capacity.
+runs --replicates seeds at each fixed rate (for gating at the same offered load). When the replicates put
+the capacity outside the rates probed, or its interval at 0 or below or wider than the rates probed span,
+the result is "inconclusive":
+exit 4, the reason printed and in capacity.json, no number. Writes OUT/capacity.json and one run directory
+per probe (probe-XX-rate-R-seed-S). A probe lasts max(60 s, the workload's request count at that rate)
+unless --num-requests or --duration fix it: past capacity the queue grows with run length, so probes that
+shrink as the rate rises would overstate capacity.
 """
 
 
@@ -118,6 +121,8 @@ async def _capacity(args: argparse.Namespace) -> int:
         console.print(f"baseline written: {bpath}", markup=False)
     _print_capacity(doc, out)
     maybe_report(args.report, [out])
+    if doc.get("inconclusive"):
+        return EXIT_INCONCLUSIVE
     if doc["mode"] == "search" and doc["capacity_rps"] is None:
         return 1
     return 0
@@ -130,6 +135,8 @@ def _print_capacity(doc: dict[str, Any], out: Path) -> None:
             by_rate.setdefault(p["rate_rps"], []).append(p["attainment"])
         for rate, vals in sorted(by_rate.items()):
             print(f"rate {rate:g} req/s: attainment {min(vals):.1%} .. {max(vals):.1%} over {len(vals)} seeds")
+    elif doc.get("inconclusive"):
+        print(f"capacity: inconclusive: {doc['inconclusive']}")
     elif doc["capacity_rps"] is None:
         print(f"capacity: attainment is below {doc['attainment_target']:.0%} at every rate tried")
     else:

@@ -16,7 +16,7 @@ from slobench.errors import UsageError
 from slobench.experiments.sweep import run_sweep
 from slobench.load_setup import MIN_PROBE_S, LoadOptions, LoadSetup
 from slobench.report import build_report
-from slobench.report.terminal import make_console, print_headline, sweep_table
+from slobench.report.terminal import make_console, print_headline, run_title, sweep_table
 from slobench.run.outdir import claim_out_dir
 
 
@@ -220,7 +220,7 @@ async def sweep_rates(setup: LoadSetup, rates: Sequence[float], out: Path, *, se
     async with setup.probe(first=(rates[0], seed)) as (probe, manifest, served):
         doc = await run_sweep(list(rates), probe, out_dir=out, slo=setup.slo, manifest=manifest, seed=seed,
                               on_run=on_run, refine_knee=refine)
-    print_sweep(doc, console, title=f"{served} · {setup.workload.name} · {out}")
+    print_sweep(doc, console, title=run_title(served, f"workload {setup.workload.name}", f"{setup.api} API", str(out)))
     maybe_report(setup.options.report, [out])
     if doc.get("interrupted"):
         print("slobench: interrupted: the last point is partial and left out of the headline; exit 130",

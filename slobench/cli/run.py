@@ -22,7 +22,7 @@ from slobench.cli.common import (
 from slobench.errors import UsageError
 from slobench.experiments.sweep import parse_rates
 from slobench.load_setup import LoadSetup, load_slo
-from slobench.report.terminal import print_run
+from slobench.report.terminal import print_run, run_title
 from slobench.run.outdir import claim_out_dir
 from slobench.run.rundir import load_run
 from slobench.targets.ray_pool import client_clock_lines
@@ -56,7 +56,7 @@ async def _run(args: argparse.Namespace) -> int:
     async with setup.probe(first=(args.rate, args.seed)) as (probe, manifest, served):
         res = await probe(args.rate, args.seed, out, {**manifest, "rate_rps": args.rate})
     summary = res.summary
-    print_run(summary, title=f"{served} · {setup.workload.name} · {out}")
+    print_run(summary, title=run_title(served, f"workload {setup.workload.name}", f"{setup.api} API", str(out)))
     for line in client_clock_lines(summary):
         print(line)
     for m in getattr(probe, "last_monitors", ()):  # no /metrics is a note: the report has no server-state panels

@@ -107,12 +107,14 @@ class CapacityResult:
     slope_per_rps: float | None  # attainment lost per extra req/s at the boundary (pooled)
     level: float
     notes: list[str] = field(default_factory=list)
+    inconclusive: str | None = None  # why the replicates give no capacity (capacity_rps is None then)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": "capacity",
             "attainment_target": self.target,
             "capacity_rps": self.capacity_rps,
+            "inconclusive": self.inconclusive,
             "interval_rps": list(self.interval_rps) if self.interval_rps else None,
             "level": self.level,
             "bracket_rps": list(self.bracket_rps) if self.bracket_rps else None,
@@ -271,7 +273,33 @@ async def search_capacity(measure: Measure, opts: SearchOptions) -> CapacityResu
         {"seed": a.seed, "capacity_rps": c, "lo": a.to_dict(), "hi": b.to_dict()}
         for (a, b), c in zip(pairs, crossings, strict=True)
     ]
+    probed = (min(p.rate_rps for p in probes), max(p.rate_rps for p in probes))
+    why = inconclusive_reason(est, interval, probed, crossings)
+    if why is not None:
+        return CapacityResult(target, None, None, bracket, edges, False, probes, reps, slope, opts.level, notes,
+                              inconclusive=why)
     return CapacityResult(target, est, interval, bracket, edges, False, probes, reps, slope, opts.level, notes)
+
+
+def inconclusive_reason(est: float, interval: tuple[float, float], probed: tuple[float, float],
+                        crossings: Sequence[float]) -> str | None:
+    """Why the replicates locate no capacity, or None when they do: the capacity must lie within the rates
+    probed (a straight line drawn past every rate run is no measurement), and its interval above 0 and no
+    wider than the rates probed span (else the seeds scatter too much to place a crossing at all). The
+    interval may reach a little past the lowest or highest rate probed: a search whose first probe met or
+    missed brackets the capacity with that very rate, so the interval's 95% reach can pass it."""
+    lo, hi = interval
+    per_seed = ", ".join(f"{c:.3g}" for c in crossings)
+    tail = (f"; estimate {est:.3g} req/s, {len(crossings)} replicates crossing at {per_seed} req/s: the seeds "
+            "disagree more than the probes can resolve; run longer probes (--duration) or more --replicates")
+    span = f"the rates probed ({probed[0]:g}-{probed[1]:g} req/s)"
+    if not (math.isfinite(est) and probed[0] <= est <= probed[1]):
+        return f"the replicates put the capacity outside {span}" + tail
+    if not (math.isfinite(lo) and lo > 0):
+        return f"the capacity's interval [{lo:.3g}, {hi:.3g}] reaches 0 req/s or below" + tail
+    if hi - lo > probed[1] - probed[0]:
+        return f"the capacity's interval [{lo:.3g}, {hi:.3g}] is wider than {span}" + tail
+    return None
 
 
 def short_probe_note(near: Sequence[Probe]) -> str | None:

@@ -156,6 +156,12 @@ def _workload(m: dict[str, Any]) -> str:
     return str(m.get("workload_name") or (w.get("name") if isinstance(w, dict) else None) or "-")
 
 
+def _api(m: dict[str, Any]) -> str:
+    """chat or completions: what the target was sent (--api), else what the workload asks for."""
+    w = m.get("workload")
+    return str(_target(m).get("api") or (w.get("api") if isinstance(w, dict) else None) or "-")
+
+
 def _dates(v: Analyzed) -> str:
     stamps = []
     for r in v.series.runs:
@@ -180,6 +186,7 @@ def _header(views: Sequence[Analyzed], title: str) -> str:
             ("target", _target_text(t)),
             ("model", t.get("model") or t.get("served") or "-"),
             ("workload", _workload(m)),
+            ("API", _api(m)),
             ("SLO", str(s.slo) + (f", latency from {s.slo.clock}" if s.slo else "") if s.slo else "none"),
             ("date", _dates(v)),
             ("slobench version", m.get("slobench_version") or (s.runs[0].manifest.get("slobench_version") if s.runs else None) or "-"),
@@ -335,7 +342,10 @@ def _errors(run: RunData) -> str:
     errors = run.columns.error_counts  # grouped by summary.error_kind, as the terminal groups them
     if not errors:
         return ""
-    items = "".join(f"<li><code>{esc(e)}</code> × {n:,}</li>" for e, n in errors.items())
+    examples = run.columns.error_examples  # the first message of each kind: a server's words, escaped
+    items = "".join(f"<li><code>{esc(e)}</code> × {n:,}"
+                    + (f": <code>&quot;{esc(examples[e])}&quot;</code>" if e in examples else "") + "</li>"
+                    for e, n in errors.items())
     return f'<details class="errors"><summary>errors in this run</summary><ul>{items}</ul></details>'
 
 
@@ -372,8 +382,12 @@ def _client(views: Sequence[Analyzed], figs: _Figures) -> str:
     # runs sent from Ray load actors: a table per run, and the clock flag (slobench.report.client_actors)
     actors, is_clock_flagged = ray_section([(f"{v.series.label} at {run.rate_rps:g} req/s", run, v.series.slo)
                                             for v in views for run in v.series.runs])
+    # runs too short for a verdict either way (ClientHealth.note): said, and no "kept its schedule" claim
+    unjudged = [f'<p class="note">{esc(v.series.label)} at {p.rate_rps:g} req/s: {esc(p.client.note)}</p>'
+                for v in views for p in v.points if p.client.note and not p.client.warning]
     ok = '<p class="ok">The client kept its schedule at every rate: the numbers above describe the server.</p>'
-    return ('<section id="client"><h2>Client health</h2>' + ("".join(warnings) or ("" if is_clock_flagged else ok))
+    return ('<section id="client"><h2>Client health</h2>'
+            + ("".join(warnings + unjudged) or ("" if is_clock_flagged else ok))
             + actors + figs.div(client_figure(views)) + "</section>")
 
 

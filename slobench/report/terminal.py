@@ -67,6 +67,16 @@ def _groups_text(rows: Sequence[Breakdown], prefix: str) -> str:
     return "; ".join(parts)
 
 
+def errors_text(counts: Mapping[str, int], examples: Mapping[str, str] | None) -> list[str]:
+    """A line per error kind with its count and the first message of that kind, as the HTML report shows
+    them: `server error mid-stream × 35: "Token id 29987 is out of vocabulary"`."""
+    if not counts:
+        return []
+    examples = examples or {}
+    return ["errors:"] + [f"  {kind} × {n}" + (f": \"{examples[kind]}\"" if kind in examples else "")
+                          for kind, n in counts.items()]
+
+
 def gc_text(gc: Mapping[str, Any] | None) -> str | None:
     """A line when Python's GC paused the client during the load (it is held off otherwise; run/quiet_gc.py)."""
     if not gc or not gc.get("collections"):
@@ -141,21 +151,26 @@ def print_run(summary: RunSummary, console: Console | None = None, title: str = 
         console.print(line, highlight=False, markup=False)
     for line in trace_rows_text(summary.trace_rows):  # file paths and row text: never markup
         console.print(line, highlight=False, markup=False)
-    if summary.error_counts:
-        # error texts come from servers: printed as text, never parsed as rich markup
-        console.print(Text(f"errors: {dict(summary.error_counts)}", style="yellow"))
+    for line in errors_text(summary.error_counts, summary.error_examples):
+        console.print(Text(line, style="yellow"))  # a server's words: text, never rich markup
     if summary.client.warning:
         console.print(Text(summary.client.warning, style="bold red"))
+    elif summary.client.note:
+        console.print(Text(summary.client.note))
     if note := gc_text(summary.client.gc):
         console.print(Text(note, style="yellow"))
     if summary.interrupted:
         console.print("[yellow]interrupted: in-flight requests after the grace period were marked cancelled[/yellow]")
 
 
+def run_title(*parts: str) -> str:
+    """A run's or sweep's table title: what answered, the workload, the API and the output directory, the
+    parts given joined by " · " (an empty part is left out, never a dangling separator)."""
+    return " · ".join(p for p in parts if p)
+
+
 def sweep_table(rows: Sequence[dict[str, Any]], title: str = "sweep") -> Table:
-    t = Table(title=Text(title), header_style="bold",
-              caption="¹ from the scheduled arrival (immune to coordinated omission) unless the SLO says clock=sent\n"
-                      + THIN_NOTE + "\n" + OVERLOAD_NOTE)
+    t = Table(title=Text(title), header_style="bold")
     for c in (
         "rate req/s", "sent req/s", "done req/s", "attainment [95% CI]", "goodput req/s",
         "TTFT p50/p90/p99 ms ¹", "TPOT p50/p90/p99 ms", "errors", "lateness p99 ms",
@@ -177,6 +192,12 @@ def sweep_table(rows: Sequence[dict[str, Any]], title: str = "sweep") -> Table:
             str(s.num_requests - s.num_ok),
             _ms(late) + bottleneck,
         )
+    cells = [str(c) for col in t.columns for c in col.cells]
+    # each legend only where its mark is in the table
+    legend = ["¹ from the scheduled arrival (immune to coordinated omission) unless the SLO says clock=sent"]
+    legend += [THIN_NOTE] if any(THIN_MARK in c for c in cells) else []
+    legend += [OVERLOAD_NOTE] if any(c.endswith(OVERLOAD_MARK) for c in cells) else []
+    t.caption = "\n".join(legend)
     return t
 
 
