@@ -22,6 +22,7 @@ from reference_engine.config import EngineConfig, EngineSpec
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.analysis.metrics import RecordArrays
 from slobench.errors import SpecError, UsageError
+from slobench.experiments.probe import LiveProbe
 from slobench.fleet.simulate import ModeledEngine, simulate_records
 from slobench.run.records import RequestRecord, RequestSpec
 
@@ -533,6 +534,8 @@ async def refine_live(setup: LoadSetup, profile: CostProfile, overhead_s: float,
               f"{_ms(m.get('tpot_p50'))} p90 {_ms(m.get('tpot_p90'))}")
 
     async with setup.probe(scrape=False) as (probe, manifest, _served):
+        assert isinstance(probe, LiveProbe)  # a setup of a URL probes it live
+
         def specs_for(rate: float) -> list[RequestSpec]:
             # what the probe sends, bounded by the server's context as it was found at preflight
             return list(probe.make_specs(rate, plan.seed))
