@@ -445,11 +445,12 @@ def test_legends_only_for_marks_in_the_table_and_titles_without_dangling_separat
     assert run_title("simulated", "", "completions API", "run1") == "simulated · completions API · run1"
 
 
-def test_run_header_names_the_api(tmp_path, capsys):
+def test_run_header_names_the_api(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a short run directory: a long one is folded mid-word where the title wraps
     assert main_cli(["run", "--simulate", "--workload", "tiny", "--rate", "20", "--num-requests", "20",
-                     "--out", str(tmp_path / "r")]) == 0
+                     "--out", "r"]) == 0
     head = " ".join(line.strip() for line in capsys.readouterr().out.split("┏")[0].splitlines())  # a title may wrap
-    assert head.startswith("simulated · workload tiny · completions API · ") and head.endswith(f"{tmp_path / 'r'}")
+    assert head == "simulated · workload tiny · completions API · r"
 
 
 def test_a_run_too_short_for_a_client_verdict_is_not_called_healthy(tmp_path):
