@@ -38,7 +38,7 @@ class _NotInstalled(importlib.abc.MetaPathFinder):
 if os.environ.get("SLOBENCH_WITHOUT_TORCH") == "1":
     sys.meta_path.insert(0, _NotInstalled())
 
-SERVER_FIXTURES = frozenset({"token_server", "token_server_url", "start_token_server"})
+SERVER_FIXTURES = frozenset({"token_server", "token_server_url", "start_token_server", "quirky"})
 # modules whose tests start servers, processes or Ray inline, or drive the CLI against them
 SERVER_MODULES = frozenset({
     "test_action", "test_action_llamacpp", "test_action_update_baseline", "test_bad_input_cli", "test_calibrate",
@@ -171,3 +171,18 @@ def simulated_engines(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     monkeypatch.setattr(slobench.fleet.simulate, "LLMEngine", Recorded)
     monkeypatch.setattr(slobench.fleet.replica, "LLMEngine", Recorded)
     return built
+
+
+@pytest.fixture
+def quirky() -> Iterator[Callable[..., TokenServerProcess]]:
+    """A factory of token servers with real servers' quirks (fast: TTFT 2 ms, ITL 1 ms), stopped after the test."""
+    started: list[TokenServerProcess] = []
+
+    def start(*quirks: str, **kw: Any) -> TokenServerProcess:
+        srv = TokenServerProcess(ttft_ms=2, itl_ms=1, quirks=quirks, **kw).start()
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        srv.stop()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,46 +17,20 @@ from slobench.cli import main
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.openai import OpenAITarget
 from slobench.targets.options import TargetOptions, Timeouts
-from slobench.testing import EngineServerProcess, TokenServerProcess
+from slobench.testing import EngineServerProcess
 from slobench.testing.token_server import MAX_MODEL_LEN, SMALL_VOCAB
 from slobench.workload.limits import BoundedSpecs, ServerLimits
 from slobench.workload.prompts import WORDS
+from tests.test_server_quirks import run_cli
 
 pytestmark = pytest.mark.integration
-
-
-def _run(srv: TokenServerProcess, out: Path, *extra: str, n: int = 12, input_len: int = 8,
-         output_len: int = 6) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
-    code = main([
-        "run", "--url", srv.base_url, "--model", srv.model, "--workload", "chat", "--rate", "50",
-        "--num-requests", str(n), "--input-len", str(input_len), "--output-len", str(output_len),
-        "--out", str(out), "--no-progress", "--scrape-interval", "0", *extra,
-    ])
-    path = out / "requests.jsonl"
-    records = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
-    manifest = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").exists() else {}
-    return code, records, manifest
-
-
-@pytest.fixture
-def quirky() -> Iterator[Any]:
-    started: list[TokenServerProcess] = []
-
-    def start(*quirks: str) -> TokenServerProcess:
-        srv = TokenServerProcess(ttft_ms=2, itl_ms=1, quirks=quirks, log=True).start()
-        started.append(srv)
-        return srv
-
-    yield start
-    for srv in started:
-        srv.stop()
 
 
 def test_a_small_vocabulary_bounds_the_prompt_ids(quirky: Any, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     # vLLM with a small vocabulary answers ids past its end with an error event in a 200 stream
-    srv = quirky("small-vocab")
-    code, records, manifest = _run(srv, tmp_path / "r")
+    srv = quirky("small-vocab", log=True)
+    code, records, manifest = run_cli(srv, tmp_path / "r", workload="chat")
     assert code == 0
     assert all(r["status"] == "ok" for r in records), {r["error"] for r in records}
     caps = manifest["target"]["capabilities"]
@@ -72,7 +45,7 @@ def test_ids_out_of_vocabulary_mid_run_are_named_once_with_the_fix(
     quirky: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # a fixed profile probes nothing: the run's own requests meet the small vocabulary
-    _, records, _ = _run(quirky("small-vocab"), tmp_path / "r", "--server-profile", "vllm")
+    _, records, _ = run_cli(quirky("small-vocab", log=True), tmp_path / "r", "--server-profile", "vllm", workload="chat")
     assert records and all("out of vocabulary" in r["error"] for r in records)
     err = capsys.readouterr().err
     assert err.count("outside its vocabulary") == 1 and "--tokenizer" in err
@@ -80,7 +53,7 @@ def test_ids_out_of_vocabulary_mid_run_are_named_once_with_the_fix(
 
 def test_a_bare_500_to_token_ids_falls_back_to_text(quirky: Any, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    code, records, manifest = _run(quirky("ids-500"), tmp_path / "r")
+    code, records, manifest = run_cli(quirky("ids-500", log=True), tmp_path / "r", workload="chat")
     assert code == 0
     assert all(r["status"] == "ok" for r in records), {r["error"] for r in records}
     caps = manifest["target"]["capabilities"]
@@ -91,7 +64,7 @@ def test_a_bare_500_to_token_ids_falls_back_to_text(quirky: Any, tmp_path: Path,
 
 def test_a_failed_preflight_suggests_plainer_requests(quirky: Any, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, _ = _run(quirky("refuse-all"), tmp_path / "r")
+    code, _, _ = run_cli(quirky("refuse-all", log=True), tmp_path / "r", workload="chat")
     assert code == 3
     err = capsys.readouterr().err
     assert "--api chat" in err and "--server-profile generic" in err
@@ -100,8 +73,8 @@ def test_a_failed_preflight_suggests_plainer_requests(quirky: Any, tmp_path: Pat
 @pytest.mark.parametrize("api", ["completions", "chat"])
 def test_max_model_len_from_models_bounds_the_requests(quirky: Any, tmp_path: Path, api: str,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    srv = quirky("max-model-len")
-    code, records, manifest = _run(srv, tmp_path / "r", "--api", api, input_len=3 * MAX_MODEL_LEN)
+    srv = quirky("max-model-len", log=True)
+    code, records, manifest = run_cli(srv, tmp_path / "r", "--api", api, input_len=3 * MAX_MODEL_LEN, workload="chat")
     assert code == 0
     assert all(r["status"] == "ok" for r in records), {r["error"] for r in records}
     assert manifest["target"]["capabilities"]["max_model_len"] == MAX_MODEL_LEN
@@ -112,7 +85,7 @@ def test_max_model_len_from_models_bounds_the_requests(quirky: Any, tmp_path: Pa
 
 def test_a_request_refused_for_length_is_an_error_kind_of_its_own(quirky: Any) -> None:
     # what a request longer than the context records, when nothing bounded it (a trace, another client)
-    srv = quirky("max-model-len")
+    srv = quirky("max-model-len", log=True)
 
     async def go() -> RequestRecord:
         target = OpenAITarget(srv.base_url, TargetOptions(model=srv.model, server_profile="vllm"))
@@ -130,7 +103,7 @@ def test_a_request_refused_for_length_is_an_error_kind_of_its_own(quirky: Any) -
 
 def test_preflight_waits_for_a_slow_first_answer(quirky: Any, capsys: pytest.CaptureFixture[str]) -> None:
     # Ollama loads a model on its first request: the first answer takes longer than the preflight timeout
-    srv = quirky("slow-first")
+    srv = quirky("slow-first", log=True)
 
     async def go() -> str:
         target = OpenAITarget(srv.base_url, TargetOptions(model=srv.model, timeouts=Timeouts(preflight_s=0.5)))
@@ -150,7 +123,7 @@ def test_the_tokenizers_vocabulary_bounds_the_prompt_ids(quirky: Any, tmp_path: 
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     tok.save(str(tmp_path / "tokenizer.json"))
-    code, records, manifest = _run(quirky("small-vocab"), tmp_path / "r", "--tokenizer", str(tmp_path / "tokenizer.json"))
+    code, records, manifest = run_cli(quirky("small-vocab", log=True), tmp_path / "r", "--tokenizer", str(tmp_path / "tokenizer.json"), workload="chat")
     assert code == 0
     assert all(r["status"] == "ok" for r in records), {r["error"] for r in records}
     assert manifest["target"]["capabilities"]["token_id_range"] == [len(vocab) // 4, len(vocab)]

@@ -1,15 +1,12 @@
-"""Issue 11 and 19: the behaviours of real third-party servers that made every request fail, each
-reproduced by the token server with that quirk and driven through `slobench run` with the defaults.
-
-Each test fails on the client before issue 11: it refused to start on a failing or empty /models, sent
-`ignore_eos` to a server that refuses unknown fields, sent token-id prompts to one that takes text only,
-and called a stream without `[DONE]` an error. The real servers themselves are in tests/conformance/.
+"""The behaviours of real third-party servers that made every request fail, each reproduced by the token
+server with that quirk and driven through `slobench run` with the defaults: a failing or empty /models,
+a server that refuses unknown fields (`ignore_eos`), one that takes text prompts only, and a stream without
+`[DONE]`. The real servers themselves are in tests/conformance/.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +19,13 @@ from slobench.testing import TokenServerProcess
 pytestmark = pytest.mark.integration
 
 
-def _run(srv: TokenServerProcess, out: Path, *extra: str, n: int = 12) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
+def run_cli(srv: TokenServerProcess, out: Path, *extra: str, n: int = 12, workload: str = "tiny",
+            input_len: int = 8, output_len: int = 6) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
+    """`slobench run` against `srv` at 50 req/s: its exit code, the records and the manifest it wrote."""
     code = main([
-        "run", "--url", srv.base_url, "--model", srv.model, "--workload", "tiny", "--rate", "50",
-        "--num-requests", str(n), "--input-len", "8", "--output-len", "6", "--out", str(out),
-        "--no-progress", "--scrape-interval", "0", *extra,
+        "run", "--url", srv.base_url, "--model", srv.model, "--workload", workload, "--rate", "50",
+        "--num-requests", str(n), "--input-len", str(input_len), "--output-len", str(output_len),
+        "--out", str(out), "--no-progress", "--scrape-interval", "0", *extra,
     ])
     path = out / "requests.jsonl"
     records = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
@@ -34,25 +33,11 @@ def _run(srv: TokenServerProcess, out: Path, *extra: str, n: int = 12) -> tuple[
     return code, records, manifest
 
 
-@pytest.fixture
-def quirky() -> Iterator[Any]:
-    started: list[TokenServerProcess] = []
-
-    def start(*quirks: str, **kw: Any) -> TokenServerProcess:
-        srv = TokenServerProcess(ttft_ms=2, itl_ms=1, quirks=quirks, **kw).start()
-        started.append(srv)
-        return srv
-
-    yield start
-    for srv in started:
-        srv.stop()
-
-
 @pytest.mark.parametrize("quirk", ["models-500", "models-empty"])
 def test_a_failing_or_empty_models_list_is_a_note_when_model_is_given(
     quirky: Any, tmp_path: Path, quirk: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, records, manifest = _run(quirky(quirk), tmp_path / "r")
+    code, records, manifest = run_cli(quirky(quirk), tmp_path / "r")
     assert code == 0
     assert len(records) == 12 and all(r["status"] == "ok" for r in records)
     notes = manifest["target"]["capabilities"]["notes"]
@@ -64,7 +49,7 @@ def test_a_server_refusing_unknown_fields_gets_none_and_lengths_are_reported(
     quirky: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # refuses ignore_eos and min_tokens (422), and its model stops early when it likes
-    code, records, manifest = _run(quirky("strict-fields", "eos-early"), tmp_path / "r")
+    code, records, manifest = run_cli(quirky("strict-fields", "eos-early"), tmp_path / "r")
     assert code == 0
     assert all(r["status"] == "ok" for r in records), {r["error"] for r in records}
     caps = manifest["target"]["capabilities"]
@@ -78,13 +63,13 @@ def test_a_server_refusing_unknown_fields_gets_none_and_lengths_are_reported(
 
 def test_ignore_eos_ignored_but_min_tokens_honoured_gets_full_lengths(quirky: Any, tmp_path: Path) -> None:
     # llama.cpp: takes ignore_eos silently, honours min_tokens; slobench sends both, so lengths hold
-    code, records, _ = _run(quirky("eos-early"), tmp_path / "r")
+    code, records, _ = run_cli(quirky("eos-early"), tmp_path / "r")
     assert code == 0 and [r["output_tokens"] for r in records] == [6] * 12
 
 
 def test_token_prompts_refused_fall_back_to_text(quirky: Any, tmp_path: Path) -> None:
     srv = quirky("text-prompts-only", log=True)
-    code, records, manifest = _run(srv, tmp_path / "r")
+    code, records, manifest = run_cli(srv, tmp_path / "r")
     assert code == 0 and all(r["status"] == "ok" for r in records), {r["error"] for r in records}
     caps = manifest["target"]["capabilities"]
     assert caps["token_prompts"] is False and any("prompts sent as text" in n for n in caps["notes"])
@@ -93,12 +78,12 @@ def test_token_prompts_refused_fall_back_to_text(quirky: Any, tmp_path: Path) ->
 
 
 def test_streams_without_done_are_complete(quirky: Any, tmp_path: Path) -> None:
-    code, records, _ = _run(quirky("no-done"), tmp_path / "r")
+    code, records, _ = run_cli(quirky("no-done"), tmp_path / "r")
     assert code == 0 and all(r["status"] == "ok" and r["output_tokens"] == 6 for r in records)
 
 
 def test_no_usage_in_streams_counts_chunks_and_says_so(quirky: Any, tmp_path: Path) -> None:
-    code, records, manifest = _run(quirky("no-usage"), tmp_path / "r")
+    code, records, manifest = run_cli(quirky("no-usage"), tmp_path / "r")
     assert code == 0 and all(r["output_tokens"] == 6 and r["usage_output_tokens"] is None for r in records)
     assert manifest["target"]["capabilities"]["usage_in_stream"] is False
 
@@ -106,24 +91,24 @@ def test_no_usage_in_streams_counts_chunks_and_says_so(quirky: Any, tmp_path: Pa
 def test_cut_off_streams_are_errors_and_an_all_failed_run_exits_1(
     quirky: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, records, _ = _run(quirky("interrupt"), tmp_path / "r")
+    code, records, _ = run_cli(quirky("interrupt"), tmp_path / "r")
     assert {r["error"] for r in records} == {"cut off by the server after 3 tokens: [DONE] came with no finish_reason"}
     assert code == 1
     assert "all 12 requests failed" in capsys.readouterr().err
 
 
 def test_max_error_rate(quirky: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, _ = _run(quirky("interrupt"), tmp_path / "a", "--max-error-rate", "50%")
+    code, _, _ = run_cli(quirky("interrupt"), tmp_path / "a", "--max-error-rate", "50%")
     assert code == 1 and "above --max-error-rate 50.0%" in capsys.readouterr().err
     srv = quirky()
-    code, _, _ = _run(srv, tmp_path / "b", "--max-error-rate", "0")
+    code, _, _ = run_cli(srv, tmp_path / "b", "--max-error-rate", "0")
     assert code == 0
     for bad in ("x", "1.5", "-1%"):
         assert main(["run", "--url", srv.base_url, f"--max-error-rate={bad}"]) == 2
 
 
 def test_a_server_refusing_everything_gets_one_line(quirky: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, records, _ = _run(quirky("refuse-all"), tmp_path / "r")
+    code, records, _ = run_cli(quirky("refuse-all"), tmp_path / "r")
     assert code == 3 and records == []
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "refused the plainest request" in err[0] and "refuses every request" in err[0]
@@ -131,7 +116,7 @@ def test_a_server_refusing_everything_gets_one_line(quirky: Any, tmp_path: Path,
 
 def test_a_fixed_profile_does_not_probe(quirky: Any, tmp_path: Path) -> None:
     srv = quirky("text-prompts-only", log=True)
-    code, records, manifest = _run(srv, tmp_path / "r", "--server-profile", "tgi")
+    code, records, manifest = run_cli(srv, tmp_path / "r", "--server-profile", "tgi")
     assert code == 0 and all(r["status"] == "ok" for r in records)
     assert manifest["target"]["capabilities"]["profile"] == "tgi"
     # the plain preflight request and the 12 requests; no probes
@@ -259,7 +244,7 @@ def test_a_server_without_metrics_is_a_note(quirky: Any, tmp_path: Path, capsys:
 
 
 def test_a_transient_failure_at_preflight_is_tried_again(quirky: Any, tmp_path: Path) -> None:
-    code, records, _ = _run(quirky("flaky-start"), tmp_path / "r")
+    code, records, _ = run_cli(quirky("flaky-start"), tmp_path / "r")
     assert code == 0 and len(records) == 12 and all(r["status"] == "ok" for r in records)
 
 
@@ -284,7 +269,7 @@ def test_the_text_memo_is_bounded_by_size(monkeypatch: pytest.MonkeyPatch) -> No
 def test_the_report_says_what_the_terminal_says_of_fallbacks_and_lengths(quirky: Any, tmp_path: Path) -> None:
     from slobench.report import build_report
 
-    code, _, _ = _run(quirky("strict-fields", "eos-early"), tmp_path / "r")
+    code, _, _ = run_cli(quirky("strict-fields", "eos-early"), tmp_path / "r")
     assert code == 0
     page = build_report([str(tmp_path / "r")], tmp_path / "report.html").read_text()
     assert "output lengths not enforced" in page  # the header: the server may stop early
