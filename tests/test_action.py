@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import slobench.ci_action as action
 from slobench.ci_action import COMMENT_LIMIT, COMMENT_MARKER, comment_body
-from slobench.gate import Samples, Threshold, gate
+from slobench.gate import Samples, Threshold, gate, load_samples
 from slobench.history import read_history
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,8 +175,6 @@ SIM_INCONCLUSIVE = ["--simulate", "--profile", "h100-llama-1b", "--num-requests"
 
 def run_simulated_action(tmp_path, monkeypatch, name, **inputs):
     """The action in process, its capacity search on the simulator in place of a server at INPUT_URL."""
-    import slobench.ci_action as action
-
     real_argv = getattr(action._capacity_argv, "real", action._capacity_argv)
 
     def simulated(inp, out):
@@ -211,8 +210,6 @@ def test_an_inconclusive_capacity_is_a_verdict_with_its_reason_not_an_error(tmp_
 
 def test_an_inconclusive_capacity_against_a_baseline_fails_only_when_asked(tmp_path, monkeypatch):
     # a baseline of the same workload and SLO with a capacity located at 30 req/s (seeds 4..8)
-    from slobench.gate import load_samples
-
     run_simulated_action(tmp_path, monkeypatch, "measured")
     base = load_samples([tmp_path / "measured/capacity"])
     for seed, value in zip(range(4, 9), (29.0, 30.0, 31.0, 30.5, 29.5), strict=True):
