@@ -38,6 +38,7 @@ from slobench.report.terminal import (
     gc_text,
     headline_text,
     lengths_text,
+    sweep_errors,
     trace_rows_text,
 )
 from slobench.report.timeline import MAX_BINS, MAX_MISS_POINTS, TimelineNote, timeline_figure
@@ -272,6 +273,8 @@ def _rate_table(v: Analyzed) -> str:
     note = f'<p class="note">{esc(THIN_NOTE)}</p>' if thin else ""
     if any(p.overloaded for p in v.points):
         note += f'<p class="note">{esc(OVERLOAD_NOTE)}</p>'
+    if v.series.kind == "sweep":
+        note += _sweep_errors(v)
 
     return (f'<table class="data"><caption>{esc(v.series.label)}</caption><thead><tr>'
             + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
@@ -347,6 +350,18 @@ def _errors(run: RunData) -> str:
                     + (f": <code>&quot;{esc(examples[e])}&quot;</code>" if e in examples else "") + "</li>"
                     for e, n in errors.items())
     return f'<details class="errors"><summary>errors in this run</summary><ul>{items}</ul></details>'
+
+
+def _sweep_errors(v: Analyzed) -> str:
+    """Each error kind of a sweep once, with its count over every rate and the first message at the lowest
+    rate it was seen (each run's own list is under its timeline)."""
+    errors = sweep_errors([(p.rate_rps if p.rate_rps is not None else p.offered_rps, p) for p in v.points])
+    if not errors:
+        return ""
+    items = "".join(f"<li><code>{esc(e.kind)}</code> × {e.count:,}, first at {e.first_rate_rps:g} req/s"
+                    + (f": <code>&quot;{esc(e.example)}&quot;</code>" if e.example else "") + "</li>"
+                    for e in errors)
+    return f'<details class="errors" open><summary>errors across the rates</summary><ul>{items}</ul></details>'
 
 
 def _timelines(views: Sequence[Analyzed], figs: _Figures) -> str:
