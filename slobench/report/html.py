@@ -35,6 +35,7 @@ from slobench.report.terminal import (
     OVERLOAD_NOTE,
     THIN_MARK,
     THIN_NOTE,
+    capacity_text,
     gc_text,
     headline_text,
     lengths_text,
@@ -199,11 +200,19 @@ def _header(views: Sequence[Analyzed], title: str) -> str:
                              " (output lengths not enforced: the server may stop early)")))
             facts += [("fallback", str(n)) for n in caps.get("notes") or []]
         rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(val)}</td></tr>" for k, val in facts)
-        miss = v.headline is not None and v.headline.get("max_rate_meeting_rps") is None
+        cap = s.capacity if s.capacity is not None and s.capacity.get("mode", "search") == "search" else None
+        if cap is not None:  # a capacity search: its own result, not a crossing read off its probes
+            text, miss = capacity_text(cap), cap.get("capacity_rps") is None
+        else:
+            text = headline_text(v.headline)
+            miss = v.headline is not None and v.headline.get("max_rate_meeting_rps") is None
+        why = ('<p class="warning">The replicates located no capacity, so this report gives no capacity figure; '
+               "the probes below are the search's own path (one seed each), drawn without a knee.</p>"
+               if cap is not None and cap.get("inconclusive") else "")
         parts.append(
             f'<div class="card" style="border-left-color:{v.color}">'
             f'<p class="headline{" bad" if miss else ""}">{esc(s.label) + ": " if len(views) > 1 else ""}'
-            f"{esc(headline_text(v.headline))}</p><table class=\"facts\">{rows}</table></div>"
+            f"{esc(text)}</p>{why}<table class=\"facts\">{rows}</table></div>"
         )
     parts.append("</section>")
     return "\n".join(parts)

@@ -273,6 +273,23 @@ def headline_text(h: dict[str, Any] | None) -> str:
     return text
 
 
+def capacity_text(c: Mapping[str, Any]) -> str:
+    """A capacity search's result in one sentence (capacity.json's fields, the words `slobench capacity`
+    prints): the capacity with its interval, or that it is inconclusive and why, with no figure."""
+    if c.get("inconclusive"):
+        return f"capacity: inconclusive (no capacity located): {c['inconclusive']}"
+    target = c.get("attainment_target")
+    at = "" if target is None else f" at >= {target:.0%} attainment"
+    rate = c.get("capacity_rps")
+    if rate is None:
+        return f"capacity: attainment is below {target:.0%} at every rate tried" if target is not None else \
+            "capacity: no rate tried met the SLO"
+    iv, n = c.get("interval_rps"), c.get("num_replicates") or 0
+    level = c.get("level") or 0.95
+    rng = f" [{iv[0]:.3g}, {iv[1]:.3g}] ({level:.0%}, {n} replicates)" if iv else ""
+    return f"capacity: {rate:.3g} req/s{at}{rng}" + (" (a lower bound)" if c.get("is_lower_bound") else "")
+
+
 def print_headline(h: dict[str, Any] | None, console: Console | None = None) -> None:
     console = console or make_console()
     style = "bold red" if h and h["max_rate_meeting_rps"] is None else "bold"
