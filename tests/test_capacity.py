@@ -290,3 +290,5 @@ def test_capacity_cli_exits_4_when_inconclusive_and_0_when_found(tmp_path, capsy
     assert json.loads((tmp_path / "b" / "capacity.json").read_text())["inconclusive"] is None
     html = build_report([tmp_path / "b"], tmp_path / "b.html").read_text()
     assert '<p class="headline">capacity: 34.9 req/s at &gt;= 90% attainment [34.4, 35.5] (95%, 3 replicates)' in html
+    both = build_report([tmp_path / "a", tmp_path / "b"], tmp_path / "ab.html").read_text()
+    assert "<p>Headline capacity: - → 34.9 req/s" in both  # each search's own result, none for the inconclusive
