@@ -6,8 +6,13 @@ request comment body (under GitHub's 65,536-character limit), the step summary, 
 and optionally a history line and page and a baseline refreshed on a pass. It needs no `act` and no GitHub:
 tests run it against the bundled engine with GITHUB_OUTPUT and GITHUB_STEP_SUMMARY pointing at temp files.
 
+A capacity search that locates no capacity (`slobench capacity` exits 4: the replicates put it outside the
+rates probed, or its interval reaches 0) is a verdict, "inconclusive" with the reason, not an error: the
+reports say why, and no baseline or history line is written from it.
+
 Exit: 0 pass (or no baseline yet, or inconclusive unless INPUT_FAIL_ON_INCONCLUSIVE), 1 regression, 2 bad
-input, 3 the server did not come up, 4 inconclusive with INPUT_FAIL_ON_INCONCLUSIVE=true.
+input, 3 the server did not come up, 4 inconclusive with INPUT_FAIL_ON_INCONCLUSIVE=true; another code of
+`slobench capacity` (a crash, an interrupted run) is the verdict "error" with that code.
 """
 
 from __future__ import annotations
@@ -30,11 +35,11 @@ from slobench.analysis.slo import t_interval
 from slobench.cli import main as slobench_main
 from slobench.cli.gate import check_updatable, update_baseline_on_pass
 from slobench.errors import SlobenchError, TargetUnreachable, UsageError
-from slobench.gate import Threshold, gate, junit_xml, load_samples, markdown
+from slobench.gate import EXIT_INCONCLUSIVE, Threshold, gate, junit_xml, load_samples, markdown
 from slobench.history import append_entry, entry_from_results
 from slobench.history.page import build_history_page
 from slobench.report import build_report
-from slobench.run.rundir import write_json_atomic
+from slobench.run.rundir import read_capacity, write_json_atomic
 from slobench.targets.transport import ControlClient, TransportError
 
 COMMENT_LIMIT = 65_536  # GitHub's maximum issue/PR comment body, in characters
@@ -161,6 +166,8 @@ def _fmt(key: str, x: float) -> str:
 
 
 def _with_interval(key: str, values: Sequence[float]) -> str:
+    if not values:
+        return "–"
     mean = sum(values) / len(values)
     if len(values) < 2:
         return _fmt(key, mean)
@@ -172,10 +179,11 @@ def _with_interval(key: str, values: Sequence[float]) -> str:
 
 
 def comment_body(res: Any, base: Any, cand: Any, *, artifact_url: str = "", context: str = "",
-                 limit: int = COMMENT_LIMIT) -> str:
-    """Verdict, the metrics with 95% intervals, the notes and a link; rows that do not fit are left out
-    (the worst first kept) and a note says how many."""
-    head = [COMMENT_MARKER, f"### slobench gate: {_ICON[res.verdict]}", ""]
+                 limit: int = COMMENT_LIMIT, verdict: str | None = None) -> str:
+    """Verdict (the gate's unless `verdict` is given), the metrics with 95% intervals, the notes and a link;
+    rows that do not fit are left out (the worst first kept) and a note says how many. A metric one side
+    could not measure (an inconclusive capacity) shows "–" on that side."""
+    head = [COMMENT_MARKER, f"### slobench gate: {_ICON[verdict or res.verdict]}", ""]
     if context:
         head += [context, ""]
     head += ["| metric | threshold | baseline (95% CI) | candidate (95% CI) | change | p | verdict |",
@@ -186,8 +194,9 @@ def comment_body(res: Any, base: Any, cand: Any, *, artifact_url: str = "", cont
     for c in checks:
         rel = (c.candidate_mean - c.baseline_mean) / c.baseline_mean if c.baseline_mean else float("nan")
         p = "–" if c.p_value != c.p_value else f"{c.p_value:.2g}"
-        rows.append(f"| `{c.key}` | {c.threshold} | {_with_interval(c.key, list(base.metrics[c.key].values()))} "
-                    f"| {_with_interval(c.key, list(cand.metrics[c.key].values()))} | {rel * 100:+.1f}% | {p} "
+        change = "–" if rel != rel else f"{rel * 100:+.1f}%"
+        rows.append(f"| `{c.key}` | {c.threshold} | {_with_interval(c.key, list(base.metrics.get(c.key, {}).values()))} "
+                    f"| {_with_interval(c.key, list(cand.metrics.get(c.key, {}).values()))} | {change} | {p} "
                     f"| {_ICON[c.verdict]} |")
     notes = [f"- {c.message[:500]}" for c in checks if c.verdict != "pass"]
     foot = [""]
@@ -248,34 +257,46 @@ def run_action(env: Mapping[str, str]) -> int:
     finally:
         if server is not None:
             server.stop()
-    if code not in (0, 1):  # 1: a search where no rate met the SLO, still a result to gate
+    result = out / "capacity"
+    why = inconclusive_reason(result) if code == EXIT_INCONCLUSIVE else None
+    if code not in (0, 1) and why is None:  # 1: a search where no rate met the SLO, still a result to gate
         _write_outputs(env, {**outputs, "verdict": "error", "exit-code": str(code)},
                        f"### slobench gate: error\n\n`slobench capacity` exited {code}; see the job's log.\n")
         return code
-    result = out / "capacity"
     outputs["result"] = str(result)
     outputs["html"] = str(build_report([result], out / "report.html"))
     cand = load_samples([result])
+    said = f"⚠️ **The capacity search was inconclusive**: {why}" if why else ""
     if inp.baseline and Path(inp.baseline).is_file():
         base = load_samples([inp.baseline])
         res = gate(base, cand, ths)
-        verdict = res.verdict
+        # a capacity not located makes the run inconclusive, whatever else passed; a regression stands
+        verdict = "inconclusive" if why and res.verdict == "pass" else res.verdict
         md = markdown(res)
+        if why:  # the verdict's heading, then the reason, then the gate's table
+            md = f"### slobench gate: {_ICON[verdict]}\n\n{said}\n" + md.split("\n", 1)[1]
         (out / "gate.xml").write_text(junit_xml(res))
         write_json_atomic(out / "gate.json", res.to_dict())
         context = f"workload `{inp.workload}` · SLO `{inp.slo}` · {inp.replicates} replicates"
-        comment = comment_body(res, base, cand, artifact_url=inp.artifact_url, context=context)
+        comment = comment_body(res, base, cand, artifact_url=inp.artifact_url, verdict=verdict,
+                               context=f"{said}\n\n{context}" if why else context)
         outputs["junit"] = str(out / "gate.xml")
     else:
-        verdict = "no-baseline"
-        md = (f"### slobench gate: {_ICON[verdict]}\n\nNo baseline at `{inp.baseline or '(none given)'}`: this "
-              f"run measured {len(cand.metrics)} metrics and gated nothing.\n")
+        verdict = "inconclusive" if why else "no-baseline"
+        gated = (f"No baseline at `{inp.baseline or '(none given)'}`: this run measured {len(cand.metrics)} "
+                 "metrics and gated nothing.")
+        md = f"### slobench gate: {_ICON[verdict]}\n\n" + (f"{said}\n\n" if why else "") + gated + "\n"
         comment = f"{COMMENT_MARKER}\n{md}" + (f"\nArtifacts: {inp.artifact_url}\n" if inp.artifact_url else "")
     (out / "gate.md").write_text(md)
     (out / "comment.md").write_text(comment)
     outputs |= {"verdict": verdict, "markdown": str(out / "gate.md"), "comment": str(out / "comment.md")}
+    if why:
+        outputs["inconclusive-reason"] = " ".join(why.split())
     if inp.update_baseline and inp.baseline:
-        if verdict == "no-baseline":
+        if why:
+            print("baseline not updated: the capacity search was inconclusive")
+            outputs["baseline-updated"] = "false"
+        elif verdict == "no-baseline":
             Path(inp.baseline).parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(Path(inp.baseline), cand.to_baseline())
             print(f"baseline written: {inp.baseline} (there was none)")
@@ -284,7 +305,9 @@ def run_action(env: Mapping[str, str]) -> int:
             updated, msg = update_baseline_on_pass(res, cand, Path(inp.baseline))
             print(msg)
             outputs["baseline-updated"] = str(updated).lower()
-    if inp.history:
+    if inp.history and why:  # a search that located no capacity has no headline metric to draw
+        print("history: nothing recorded: the capacity search was inconclusive")
+    elif inp.history:
         entry = entry_from_results([result], commit=env.get("GITHUB_SHA") or "local",
                                    date=datetime.now(UTC).isoformat(timespec="seconds"),
                                    verdict={"regression": "fail", "no-baseline": None}.get(verdict, verdict))
@@ -292,11 +315,22 @@ def run_action(env: Mapping[str, str]) -> int:
         page, _ = build_history_page(inp.history, out / "history.html")
         outputs["history-html"] = str(page)
     exit_code = {"pass": 0, "no-baseline": 0, "regression": 1,
-                 "inconclusive": 4 if inp.fail_on_inconclusive else 0}[verdict]
+                 "inconclusive": EXIT_INCONCLUSIVE if inp.fail_on_inconclusive else 0}[verdict]
     outputs["exit-code"] = str(exit_code)
     _write_outputs(env, outputs, comment)
     print(md, end="")
     return exit_code
+
+
+def inconclusive_reason(result: Path) -> str | None:
+    """Why `slobench capacity` located no capacity (capacity.json's `inconclusive`), or None when the result
+    says no such thing (an exit 4 without it is an error, not a verdict)."""
+    try:
+        doc = read_capacity(result)
+    except UsageError:  # no capacity.json, or a damaged one
+        return None
+    why = doc["inconclusive"] if "inconclusive" in doc else None
+    return str(why) if why else None
 
 
 def _write_outputs(env: Mapping[str, str], outputs: dict[str, str], summary: str) -> None:

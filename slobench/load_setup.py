@@ -299,6 +299,7 @@ class LoadSetup:
             ray=o.ray,
             router=o.router,
             engine_knobs=self.engine_knobs if o.engine else None,
+            token_ids=getattr(self.workload, "token_ids", None),  # every workload kind has one
         )
 
     def target(self, clock: Any) -> Any:

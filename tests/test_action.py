@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import slobench.ci_action as action
 from slobench.ci_action import COMMENT_LIMIT, COMMENT_MARKER, comment_body
-from slobench.gate import Samples, Threshold, gate
+from slobench.gate import Samples, Threshold, gate, load_samples
 from slobench.history import read_history
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,3 +167,66 @@ def test_comment_intervals_stay_inside_what_a_metric_can_be():
     res = gate(base, cand, [Threshold.parse("attainment=5pt", "drop"), Threshold.parse("ttft.p50=10%", "rise")])
     body = comment_body(res, base, cand)
     assert "[0.0%, 100.0%]" in body and "[0 ms," in body and "[-" not in body
+
+
+# the golden capacity search (tests/golden/regen.py): its replicates scatter past every rate probed
+SIM_INCONCLUSIVE = ["--simulate", "--profile", "h100-llama-1b", "--num-requests", "150", "--seed", "3"]
+
+
+def run_simulated_action(tmp_path, monkeypatch, name, **inputs):
+    """The action in process, its capacity search on the simulator in place of a server at INPUT_URL."""
+    real_argv = getattr(action._capacity_argv, "real", action._capacity_argv)
+
+    def simulated(inp, out):
+        argv = real_argv(inp, out)
+        at = argv.index("--url")
+        return argv[:at] + argv[at + 2:] + SIM_INCONCLUSIVE
+
+    simulated.real = real_argv
+    monkeypatch.setattr(action, "_capacity_argv", simulated)
+    out_file, summary = tmp_path / f"{name}.output", tmp_path / f"{name}.summary"
+    env = {"GITHUB_OUTPUT": str(out_file), "GITHUB_STEP_SUMMARY": str(summary), "INPUT_WORKLOAD": "chat",
+           "INPUT_SLO": "ttft=300ms,tpot=30ms", "INPUT_OUT_DIR": str(tmp_path / name)}
+    env |= {f"INPUT_{k.upper()}": str(v) for k, v in inputs.items()}
+    code = action.run_action(env)
+    return code, dict(line.split("=", 1) for line in out_file.read_text().splitlines()), summary.read_text()
+
+
+def test_an_inconclusive_capacity_is_a_verdict_with_its_reason_not_an_error(tmp_path, monkeypatch, capsys):
+    baseline = tmp_path / "baselines/main.json"
+    code, out, summary = run_simulated_action(tmp_path, monkeypatch, "first", BASELINE=baseline,
+                                              UPDATE_BASELINE="true", HISTORY=tmp_path / "history.jsonl")
+    assert code == 0 and out["verdict"] == "inconclusive" and out["exit-code"] == "0"
+    assert out["inconclusive-reason"].startswith("the capacity's interval [-85.8, 155] reaches 0 req/s or below")
+    md = Path(out["markdown"]).read_text()
+    assert md.startswith("### slobench gate: ⚠️ inconclusive") and "reaches 0 req/s or below" in md
+    assert "reaches 0 req/s or below" in summary and "reaches 0 req/s or below" in Path(out["comment"]).read_text()
+    # nothing is recorded from it: no baseline, no history line; the report is still made
+    assert out["baseline-updated"] == "false" and not baseline.exists()
+    assert not (tmp_path / "history.jsonl").exists() and "history-html" not in out
+    assert Path(out["html"]).is_file()
+    assert "the capacity search was inconclusive" in capsys.readouterr().out
+
+
+def test_an_inconclusive_capacity_against_a_baseline_fails_only_when_asked(tmp_path, monkeypatch):
+    # a baseline of the same workload and SLO with a capacity located at 30 req/s (seeds 4..8)
+    run_simulated_action(tmp_path, monkeypatch, "measured")
+    base = load_samples([tmp_path / "measured/capacity"])
+    for seed, value in zip(range(4, 9), (29.0, 30.0, 31.0, 30.5, 29.5), strict=True):
+        base.add("capacity", seed, value, "baseline")
+    (tmp_path / "base.json").write_text(json.dumps(base.to_baseline()))
+    code, out, summary = run_simulated_action(tmp_path, monkeypatch, "gated", BASELINE=tmp_path / "base.json",
+                                              FAIL_ON_INCONCLUSIVE="true")
+    assert code == 4 and out["verdict"] == "inconclusive" and out["exit-code"] == "4"
+    comment = Path(out["comment"]).read_text()
+    assert "⚠️ inconclusive" in comment and "reaches 0 req/s or below" in comment
+    row = next(line for line in comment.splitlines() if line.startswith("| `capacity`"))
+    assert "| 30 req/s [29 req/s, 31 req/s] | – |" in row  # the baseline's interval; the candidate has none
+    assert "<skipped" in Path(out["junit"]).read_text()
+
+
+def test_a_capacity_that_fails_is_an_error_not_a_verdict(tmp_path):
+    proc, out, summary = run_action(tmp_path, "down", URL=f"http://127.0.0.1:{free_port()}/v1", SLO="ttft=1s",
+                                    CAPACITY_ARGS="--num-requests 5")
+    assert proc.returncode == 3 and out["verdict"] == "error" and out["exit-code"] == "3"
+    assert "inconclusive-reason" not in out and "exited 3" in summary

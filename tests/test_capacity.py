@@ -3,6 +3,7 @@
 import asyncio
 import json
 import math
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -21,6 +22,7 @@ from slobench.experiments.capacity import (
     tightest_slo_scale,
 )
 from slobench.experiments.probe import probe_dir_name
+from slobench.report import build_report
 from slobench.run.clock import Clock
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.run.rundir import load_run
@@ -276,7 +278,17 @@ def test_capacity_cli_exits_4_when_inconclusive_and_0_when_found(tmp_path, capsy
     assert "capacity: inconclusive: the capacity's interval [-85.8, 155] reaches 0 req/s or below" in out
     doc = json.loads((tmp_path / "a" / "capacity.json").read_text())
     assert doc["capacity_rps"] is None and doc["interval_rps"] is None and "reaches 0" in doc["inconclusive"]
+    # the report says so plainly, with the reason, and reads no capacity off the probes (no headline, no knee)
+    html = build_report([tmp_path / "a"], tmp_path / "a.html").read_text()
+    assert ('<p class="headline bad">capacity: inconclusive (no capacity located): the capacity&#x27;s interval '
+            "[-85.8, 155] reaches 0 req/s or below") in html
+    assert "gives no capacity figure" in html and "attainment stays" not in html
+    assert not re.search(r"knee [0-9.]+ req", html)  # the cliff figure's knee label (in plotly JSON)
     assert main([*SIM_CAPACITY, "--duration", "30", "--replicates", "3", "--start-rate", "16", "--seed", "4",
                  "--out", str(tmp_path / "b")]) == 0
     assert "capacity: 34.9 req/s at >= 90% attainment [34.4, 35.5]" in capsys.readouterr().out
     assert json.loads((tmp_path / "b" / "capacity.json").read_text())["inconclusive"] is None
+    html = build_report([tmp_path / "b"], tmp_path / "b.html").read_text()
+    assert '<p class="headline">capacity: 34.9 req/s at &gt;= 90% attainment [34.4, 35.5] (95%, 3 replicates)' in html
+    both = build_report([tmp_path / "a", tmp_path / "b"], tmp_path / "ab.html").read_text()
+    assert "<p>Headline capacity: - → 34.9 req/s" in both  # each search's own result, none for the inconclusive

@@ -17,6 +17,7 @@ from reference_engine.engine import LLMEngine
 from reference_engine.executor.base import StepBatch, StepResult
 from reference_engine.executor.modeled_executor import CostProfile, ModeledExecutor
 from reference_engine.tokenizer import ByteTokenizer
+from slobench.analysis.summary import error_kind
 from slobench.cli.common import add_engine_arguments, engine_knobs_from_args
 from slobench.errors import TargetUnreachable, UsageError
 from slobench.run.clock import Clock
@@ -80,7 +81,8 @@ async def test_runner_records_match_the_requests() -> None:
         # real time on the engine's thread: the first token needs at least one whole modeled step
         assert r.first_token_s - r.sent_s >= STEP_S * 0.99
     bad = recs[9]
-    assert bad.status == "error" and bad.error.startswith("rejected: ") and "maximum context length" in bad.error
+    # a length refusal is the error kind the HTTP path names it (slobench.targets.capabilities.name_too_long)
+    assert bad.status == "error" and bad.error.startswith("too long: ") and "maximum context length" in bad.error
     assert bad.output_tokens == 0 and bad.first_token_s is None and bad.done_s is not None
     st = engine.stats()
     assert st.num_blocks_in_use == 0 and st.num_running == st.num_waiting == 0
@@ -277,7 +279,7 @@ async def test_records_match_the_http_server_path(tmp_path: Path) -> None:
             check_times(a)
             check_times(b)
             assert sum(a.chunk_tokens) == a.output_tokens == len(b.chunk_times_s) == b.output_tokens
-    # the same refusal, worded by the same validator
-    # (over HTTP the length refusal is an error kind of its own, "too long": slobench.targets.capabilities)
-    assert h[9].error.removeprefix("too long: HTTP 400: ") == e[9].error.removeprefix("rejected: ")
+    # the same refusal, worded by the same validator, and the same error kind on both paths ("too long")
+    assert error_kind(h[9].error) == error_kind(e[9].error) == "too long"
+    assert h[9].error.removeprefix("too long: HTTP 400: ") == e[9].error.removeprefix("too long: ")
     assert local.engine.stats().num_blocks_in_use == 0

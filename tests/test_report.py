@@ -13,6 +13,7 @@ from slobench.analysis.metrics import RecordArrays, throughput
 from slobench.analysis.slo import SLO, attainment, bootstrap_mean_ci
 from slobench.analysis.summary import read_columns, summarize
 from slobench.cli import main as main_cli
+from slobench.cli.common import print_sweep
 from slobench.errors import UsageError
 from slobench.report import build_report
 from slobench.report.compare import compare
@@ -22,7 +23,7 @@ from slobench.report.load import load_series
 from slobench.report.server_state import load_server_metrics, server_series
 from slobench.report.stats import analyze, cdf_points
 from slobench.report.synthetic import DEFAULT_SLO, synthetic_records, write_synthetic_sweep
-from slobench.report.terminal import headline_text, print_run, run_title, sweep_table
+from slobench.report.terminal import headline_text, print_run, run_title, sweep_errors_text, sweep_table
 from slobench.report.timeline import MAX_MET_POINTS, MAX_MISS_POINTS, in_flight, timeline_figure
 from slobench.run.records import RequestRecord, write_records
 from slobench.run.rundir import RunWriter, load_run
@@ -434,6 +435,39 @@ def test_the_first_error_of_each_kind_is_shown_in_its_own_words(tmp_path):
     sweep = write_synthetic_sweep(tmp_path / "s", [9.0], 200, capacity_rps=6, error_text=SERVER_MESSAGE)
     html = build_report([sweep], tmp_path / "r.html").read_text()
     assert "Token id 29987 is out of vocabulary &lt;b&gt;x&lt;/b&gt;" in html and "pwned" not in html
+
+
+LENGTH_REFUSAL = "too long: HTTP 400: This model's maximum context length is 64 tokens. However, you requested 90"
+
+
+def test_a_sweeps_errors_are_named_once_a_kind_with_the_rate_first_seen(tmp_path):
+    """Across a sweep's rates each error kind is one line: its count over every rate, the lowest rate it
+    was seen at and its first message there, cleaned as a run's are."""
+    low = synthetic_records(2.0, 100, capacity_rps=10, seed=1, error_text=LENGTH_REFUSAL)
+    high = synthetic_records(9.0, 100, capacity_rps=10, seed=2, error_text=LENGTH_REFUSAL)
+    low[5].fail("error", LENGTH_REFUSAL)
+    high[0].fail("error", SERVER_MESSAGE)
+    high[1].fail("error", LENGTH_REFUSAL.replace("90", "95"))
+    by_rate = {rate: summarize(recs, DEFAULT_SLO) for rate, recs in ((2.0, low), (9.0, high))}
+    lines = sweep_errors_text([(9.0, by_rate[9.0]), (2.0, by_rate[2.0])])  # in any order
+    too_long = sum(s.error_counts["too long"] for s in by_rate.values())
+    assert lines[0] == "errors across the rates:"
+    assert lines[1] == (f'  too long × {too_long} (first at 2 req/s): "HTTP 400: This model\'s maximum context '
+                        'length is 64 tokens. However, you requested 90"')
+    assert '  server error mid-stream × 1 (first at 9 req/s): "Token id 29987 is out of vocabulary <b>x</b>"' in lines
+    assert sweep_errors_text([]) == []
+    # the sweep verb prints them under its table, the report under its rate table
+    sweep = write_synthetic_sweep(tmp_path / "s", [2.0, 9.0], 400, capacity_rps=6, error_text=SERVER_MESSAGE)
+    doc = json.loads((sweep / "sweep.json").read_text())
+    console = Console(record=True, width=300)
+    print_sweep(doc, console, "sweep")
+    text = console.export_text()
+    assert "errors across the rates:" in text and "server error mid-stream × " in text and "\x1b" not in text
+    html = build_report([sweep], tmp_path / "r.html").read_text()
+    block = html[html.index("errors across the rates"):]
+    assert re.search(r"<code>server error mid-stream</code> × \d+, first at (2|9) req/s: <code>&quot;Token id "
+                     r"29987 is out of vocabulary &lt;b&gt;x&lt;/b&gt;&quot;</code>", block)
+    assert "pwned" not in html
 
 
 def test_legends_only_for_marks_in_the_table_and_titles_without_dangling_separators():

@@ -41,6 +41,39 @@ def test_a_small_vocabulary_bounds_the_prompt_ids(quirky: Any, tmp_path: Path,
     assert len(sent) == 12  # the prompts kept their length
 
 
+WIDE_IDS = """name = "wide-ids"
+api = "completions"
+prompt = "tokens"
+token_ids = [1000, 50000]
+
+[arrival]
+process = "poisson"
+rate_rps = 2.0
+
+[input]
+dist = "uniform"
+min = 8
+max = 16
+
+[output]
+dist = "uniform"
+min = 4
+max = 8
+"""
+
+
+def test_the_id_probe_reaches_the_top_of_the_workloads_own_range(quirky: Any, tmp_path: Path) -> None:
+    # a vocabulary of 40,000 takes the default range's top id (29,999) but not a workload's ids to 49,999
+    (tmp_path / "wide.toml").write_text(WIDE_IDS)
+    srv = quirky("small-vocab", log=True, vocab=40_000)
+    code, records, manifest = run_cli(srv, tmp_path / "r", workload=str(tmp_path / "wide.toml"))
+    assert code == 0
+    assert all(r["status"] == "ok" for r in records), {r["error"] for r in records}
+    caps = manifest["target"]["capabilities"]
+    assert caps["token_id_range"] == [1000, 40_000]
+    assert any(n.startswith("token id 49999 refused") and "takes ids up to 39999" in n for n in caps["notes"])
+
+
 def test_ids_out_of_vocabulary_mid_run_are_named_once_with_the_fix(
     quirky: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

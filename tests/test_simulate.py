@@ -14,6 +14,7 @@ from reference_engine.executor.modeled_executor import CostProfile
 from reference_engine.protocol import chat_prompt
 from reference_engine.tokenizer import ByteTokenizer
 from slobench.analysis.slo import SLO
+from slobench.analysis.summary import error_kinds
 from slobench.errors import EngineConfigError
 from slobench.experiments.capacity import SearchOptions, search_capacity
 from slobench.experiments.probe import SimulatedMeasure
@@ -115,10 +116,12 @@ def test_rejected_request_is_a_failed_record_and_the_rest_run() -> None:
     ok, too_long, empty = simulate_records(
         [spec(0, 0.0), spec(1, 0.1, n_in=60, n_out=8), RequestSpec(2, 0.2, (), 0, 4)], engine)
     assert ok.status == "ok" and ok.output_tokens == 4
-    assert too_long.status == "error" and too_long.error.startswith("rejected: ")
+    assert too_long.status == "error" and too_long.error.startswith("too long: ")  # as over HTTP
     assert "maximum context length is 64" in too_long.error
     assert too_long.sent_s == too_long.done_s == 0.1 and too_long.first_token_s is None
-    assert empty.status == "error" and "empty" in empty.error
+    assert empty.status == "error" and empty.error.startswith("rejected: ") and "empty" in empty.error
+    # counted apart: a length refusal is its own kind in the summary, as on the HTTP path
+    assert error_kinds([too_long.error, empty.error]) == {"too long": 1, "rejected": 1}
 
 
 def test_text_and_chat_prompts_are_tokenised_as_the_server_does() -> None:

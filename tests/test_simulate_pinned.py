@@ -54,8 +54,8 @@ def run_case(name: str) -> list:
 
 
 PINNED = {
-    "chat-fleet-tokens": "f6ab721be1beaf7cabe9ed85739a4d44b4cc3bd50a2f9dd078bd7b00180694e9",
-    "chat-preempting": "3f3ff95b537d81c9384856451d43fd661a2499235a67b4988f5d9b76e2fa8d1e",
+    "chat-fleet-tokens": "87a6ef3c05d8712591149b8ee0f9470e89d5e3b690de3e234d948ed4e325c37e",
+    "chat-preempting": "5c0f711ab2eca698ef6afdffe90d45d01f63c9f9f2fec36c4ea404ce07af82a8",
     "gate-tiny": "eca207c8a0f4d1d2b721e1513758290ebccaa9f0da80b033c1fdc9f8452a4ac0",
     "prefix-fleet": "d4b3d4dea983eed3f3b1cbf85aa5255dd594ae1edc33e96560c23baac12bde57",
 }

@@ -16,7 +16,7 @@ from slobench.errors import UsageError
 from slobench.experiments.sweep import run_sweep
 from slobench.load_setup import MIN_PROBE_S, LoadOptions, LoadSetup
 from slobench.report import build_report
-from slobench.report.terminal import make_console, print_headline, run_title, sweep_table
+from slobench.report.terminal import make_console, print_headline, print_sweep_errors, run_title, sweep_table
 from slobench.run.outdir import claim_out_dir
 
 
@@ -236,6 +236,7 @@ async def sweep_rates(setup: LoadSetup, rates: Sequence[float], out: Path, *, se
 
 def print_sweep(doc: dict[str, Any], console: Any, title: str) -> None:
     console.print(sweep_table(doc["runs"], title=title))
+    print_sweep_errors(doc["runs"], console)
     if doc.get("headline"):
         print_headline(doc["headline"], console)
 

@@ -27,6 +27,7 @@ from slobench.fleet.replica import EngineFactory, JitteredWait, arrive, request_
 from slobench.fleet.routing import Router
 from slobench.fleet.sim_blocks import SimBlockManager
 from slobench.run.records import RequestRecord, RequestSpec
+from slobench.targets.engine import refusal_error
 
 MAX_INSTANCES = 4096
 KV_DTYPE_BYTES = 2  # bf16/fp16 KV, as GPU serving stores it
@@ -375,7 +376,7 @@ def simulate_disagg(
                                                   ignore_eos=req.ignore_eos, sampling=req.sampling,
                                                   stop_check=stop_check, ids_checked=ids_checked)
             except RequestRejected as e:
-                rec.fail("error", f"rejected: {e}", t)
+                rec.fail("error", refusal_error(str(e)), t)
                 continue
             rec.prompt_tokens = len(prompt)
             rec.replica = inst.index

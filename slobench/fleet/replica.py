@@ -23,7 +23,7 @@ from reference_engine.tokenizer import ByteTokenizer
 from slobench.errors import SpecError
 from slobench.fleet.sim_blocks import SimBlockManager
 from slobench.run.records import RequestRecord, RequestSpec
-from slobench.targets.engine import Api, to_engine_request
+from slobench.targets.engine import Api, refusal_error, to_engine_request
 
 EngineFactory = Callable[[], LLMEngine]
 RequestParser = Callable[[RequestSpec], Any]
@@ -156,7 +156,7 @@ def arrive(sp: RequestSpec, records: list[RequestRecord], parse: RequestParser) 
     try:
         return rec, parse(sp)
     except BadRequest as e:
-        rec.fail("error", f"rejected: {e.message}", t)
+        rec.fail("error", refusal_error(e.message), t)
         return rec, None
 
 

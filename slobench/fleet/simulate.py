@@ -41,6 +41,7 @@ from slobench.fleet.replica import (
 from slobench.fleet.routing import ROUTERS, Router
 from slobench.fleet.sim_blocks import SimBlockManager, shared_prefix_blocks
 from slobench.run.records import RequestRecord, RequestSpec
+from slobench.targets.engine import refusal_error
 from slobench.targets.options import Api
 
 
@@ -290,7 +291,7 @@ def simulate_records(
                                              stop_check=req.stop_check(), ids_checked=ids_checked,
                                              unshared_from=None if unshared is None else unshared[i - 1])
             except RequestRejected as e:
-                rec.fail("error", f"rejected: {e}", t)
+                rec.fail("error", refusal_error(str(e)), t)
                 continue
             rec.prompt_tokens = len(req.prompt_token_ids)
             if replicas > 1:

@@ -86,7 +86,17 @@ def compare(base: Analyzed, cand: Analyzed) -> Comparison:
     return Comparison(
         base_label=base.series.label,
         cand_label=cand.series.label,
-        capacity_base_rps=(base.headline or {}).get("max_rate_meeting_rps"),
-        capacity_cand_rps=(cand.headline or {}).get("max_rate_meeting_rps"),
+        capacity_base_rps=headline_capacity(base),
+        capacity_cand_rps=headline_capacity(cand),
         rates=tuple(sorted(deltas, key=lambda d: d.rate_rps)),
     )
+
+
+def headline_capacity(v: Analyzed) -> float | None:
+    """The capacity a series states: a capacity search's own (None when it located none), else the rate
+    where its headline's attainment crosses the target."""
+    cap = v.series.capacity
+    if cap is not None and cap.get("mode", "search") == "search":
+        rate = cap.get("capacity_rps")
+        return None if cap.get("inconclusive") or rate is None else float(rate)
+    return (v.headline or {}).get("max_rate_meeting_rps")

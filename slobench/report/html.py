@@ -35,9 +35,11 @@ from slobench.report.terminal import (
     OVERLOAD_NOTE,
     THIN_MARK,
     THIN_NOTE,
+    capacity_text,
     gc_text,
     headline_text,
     lengths_text,
+    sweep_errors,
     trace_rows_text,
 )
 from slobench.report.timeline import MAX_BINS, MAX_MISS_POINTS, TimelineNote, timeline_figure
@@ -198,11 +200,19 @@ def _header(views: Sequence[Analyzed], title: str) -> str:
                              " (output lengths not enforced: the server may stop early)")))
             facts += [("fallback", str(n)) for n in caps.get("notes") or []]
         rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(val)}</td></tr>" for k, val in facts)
-        miss = v.headline is not None and v.headline.get("max_rate_meeting_rps") is None
+        cap = s.capacity if s.capacity is not None and s.capacity.get("mode", "search") == "search" else None
+        if cap is not None:  # a capacity search: its own result, not a crossing read off its probes
+            text, miss = capacity_text(cap), cap.get("capacity_rps") is None
+        else:
+            text = headline_text(v.headline)
+            miss = v.headline is not None and v.headline.get("max_rate_meeting_rps") is None
+        why = ('<p class="warning">The replicates located no capacity, so this report gives no capacity figure; '
+               "the probes below are the search's own path (one seed each), drawn without a knee.</p>"
+               if cap is not None and cap.get("inconclusive") else "")
         parts.append(
             f'<div class="card" style="border-left-color:{v.color}">'
             f'<p class="headline{" bad" if miss else ""}">{esc(s.label) + ": " if len(views) > 1 else ""}'
-            f"{esc(headline_text(v.headline))}</p><table class=\"facts\">{rows}</table></div>"
+            f"{esc(text)}</p>{why}<table class=\"facts\">{rows}</table></div>"
         )
     parts.append("</section>")
     return "\n".join(parts)
@@ -272,6 +282,8 @@ def _rate_table(v: Analyzed) -> str:
     note = f'<p class="note">{esc(THIN_NOTE)}</p>' if thin else ""
     if any(p.overloaded for p in v.points):
         note += f'<p class="note">{esc(OVERLOAD_NOTE)}</p>'
+    if v.series.kind == "sweep":
+        note += _sweep_errors(v)
 
     return (f'<table class="data"><caption>{esc(v.series.label)}</caption><thead><tr>'
             + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
@@ -347,6 +359,18 @@ def _errors(run: RunData) -> str:
                     + (f": <code>&quot;{esc(examples[e])}&quot;</code>" if e in examples else "") + "</li>"
                     for e, n in errors.items())
     return f'<details class="errors"><summary>errors in this run</summary><ul>{items}</ul></details>'
+
+
+def _sweep_errors(v: Analyzed) -> str:
+    """Each error kind of a sweep once, with its count over every rate and the first message at the lowest
+    rate it was seen (each run's own list is under its timeline)."""
+    errors = sweep_errors([(p.rate_rps if p.rate_rps is not None else p.offered_rps, p) for p in v.points])
+    if not errors:
+        return ""
+    items = "".join(f"<li><code>{esc(e.kind)}</code> × {e.count:,}, first at {e.first_rate_rps:g} req/s"
+                    + (f": <code>&quot;{esc(e.example)}&quot;</code>" if e.example else "") + "</li>"
+                    for e in errors)
+    return f'<details class="errors" open><summary>errors across the rates</summary><ul>{items}</ul></details>'
 
 
 def _timelines(views: Sequence[Analyzed], figs: _Figures) -> str:

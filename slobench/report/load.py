@@ -7,7 +7,7 @@ slobench, or judged against another SLO.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,9 @@ class Series:
     manifest: dict[str, Any]
     runs: tuple[RunData, ...]  # by offered rate
     slo: SLO | None
+    # a capacity search's own result (capacity.json: mode, capacity_rps, interval_rps, level,
+    # is_lower_bound, attainment_target, num_replicates, and `inconclusive`, why it located none); None else
+    capacity: dict[str, Any] | None = None
 
 
 def load_series(path: str | Path, *, slo: SLO | None = None) -> Series:
@@ -84,7 +87,7 @@ def unique_labels(series: list[Series]) -> list[Series]:
     out = []
     for s in series:
         if names.count(s.label) > 1:
-            s = Series(f"{s.path.parent.name}/{s.label}", s.path, s.kind, s.manifest, s.runs, s.slo)
+            s = replace(s, label=f"{s.path.parent.name}/{s.label}")
         out.append(s)
     return out
 
@@ -116,7 +119,10 @@ def _load_capacity(p: Path, slo: SLO | None) -> Series:
     runs = tuple(_load_run(d, m, read_columns(d), rate_rps=rate) for (rate, d), m in zip(dirs, manifests, strict=True))
     m = doc.get("manifest")
     manifest: dict[str, Any] = m if isinstance(m, dict) else (runs[0].manifest if runs else {})
-    return Series(p.name or str(p), p, "sweep", manifest, runs, _slo_for(slo, manifest, path))
+    result = {k: doc.get(k) for k in ("mode", "capacity_rps", "interval_rps", "level", "is_lower_bound",
+                                      "attainment_target", "inconclusive")}
+    result["num_replicates"] = len(doc.get("replicates") or [])
+    return Series(p.name or str(p), p, "sweep", manifest, runs, _slo_for(slo, manifest, path), result)
 
 
 def _slo_for(override: SLO | None, manifest: dict[str, Any], where: Path) -> SLO | None:

@@ -72,5 +72,8 @@ class Analyzed:
 
 
 def analyze(series: Series, color: str) -> Analyzed:
+    """A capacity search that located no capacity has no headline: a crossing read off its probes would be
+    the capacity figure its replicates refused to give."""
     points = tuple(run_point(r, series.slo) for r in series.runs)
-    return Analyzed(series, points, series_headline(list(points), series.slo), color)
+    inconclusive = series.capacity is not None and series.capacity.get("inconclusive")
+    return Analyzed(series, points, None if inconclusive else series_headline(list(points), series.slo), color)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
@@ -75,6 +76,48 @@ def errors_text(counts: Mapping[str, int], examples: Mapping[str, str] | None) -
     examples = examples or {}
     return ["errors:"] + [f"  {kind} × {n}" + (f": \"{examples[kind]}\"" if kind in examples else "")
                           for kind, n in counts.items()]
+
+
+@dataclass(frozen=True, slots=True)
+class SweepError:
+    """One error kind across a sweep's rates: its count over them all, the lowest rate it was seen at and
+    its first message there (`error_example`'s: redacted, control characters out, truncated)."""
+
+    kind: str
+    count: int
+    first_rate_rps: float
+    example: str | None
+
+
+def sweep_errors(points: Sequence[tuple[float, RunSummary]]) -> list[SweepError]:
+    """Each error kind of a sweep's points once, the most frequent first: `points` are (rate, summary)."""
+    counts: dict[str, int] = {}
+    first: dict[str, tuple[float, str | None]] = {}
+    for rate, s in sorted(points, key=lambda p: p[0]):
+        examples = s.error_examples or {}
+        for kind, n in s.error_counts.items():
+            counts[kind] = counts.get(kind, 0) + n
+            if kind not in first:
+                first[kind] = (rate, examples.get(kind))
+    return [SweepError(kind, n, *first[kind]) for kind, n in sorted(counts.items(), key=lambda kv: -kv[1])]
+
+
+def sweep_errors_text(points: Sequence[tuple[float, RunSummary]]) -> list[str]:
+    """A line per error kind of a sweep, as `errors_text` gives a run's, with the rate it was first seen at:
+    `too long × 12 (first at 2 req/s): "This model's maximum context length is 4096 tokens. ..."`."""
+    errors = sweep_errors(points)
+    if not errors:
+        return []
+    return ["errors across the rates:"] + [
+        f"  {e.kind} × {e.count} (first at {e.first_rate_rps:g} req/s)" + (f": \"{e.example}\"" if e.example else "")
+        for e in errors
+    ]
+
+
+def print_sweep_errors(rows: Sequence[Mapping[str, Any]], console: Console) -> None:
+    """`sweep_errors_text` of a sweep document's rows (`rate_rps`, `summary`), under its table."""
+    for line in sweep_errors_text([(float(r["rate_rps"]), as_run_summary(r["summary"])) for r in rows]):
+        console.print(Text(line, style="yellow"))  # a server's words: text, never rich markup
 
 
 def gc_text(gc: Mapping[str, Any] | None) -> str | None:
@@ -228,6 +271,23 @@ def headline_text(h: dict[str, Any] | None) -> str:
         else:
             text += " (the measured rates around the crossing; sweep between them, e.g. --refine-knee 2, to narrow it)"
     return text
+
+
+def capacity_text(c: Mapping[str, Any]) -> str:
+    """A capacity search's result in one sentence (capacity.json's fields, the words `slobench capacity`
+    prints): the capacity with its interval, or that it is inconclusive and why, with no figure."""
+    if c.get("inconclusive"):
+        return f"capacity: inconclusive (no capacity located): {c['inconclusive']}"
+    target = c.get("attainment_target")
+    at = "" if target is None else f" at >= {target:.0%} attainment"
+    rate = c.get("capacity_rps")
+    if rate is None:
+        return f"capacity: attainment is below {target:.0%} at every rate tried" if target is not None else \
+            "capacity: no rate tried met the SLO"
+    iv, n = c.get("interval_rps"), c.get("num_replicates") or 0
+    level = c.get("level") or 0.95
+    rng = f" [{iv[0]:.3g}, {iv[1]:.3g}] ({level:.0%}, {n} replicates)" if iv else ""
+    return f"capacity: {rate:.3g} req/s{at}{rng}" + (" (a lower bound)" if c.get("is_lower_bound") else "")
 
 
 def print_headline(h: dict[str, Any] | None, console: Console | None = None) -> None:

@@ -4,7 +4,8 @@ Each RequestSpec becomes the body the OpenAI target would send, parsed by the en
 parser (validation and rejections match the HTTP path), and goes to an `LLMEngine` stepping in its thread.
 Every token is stamped on the run's clock on the engine's thread, so the engine alone is measured: the
 event loop's wake-up lag is part of what the HTTP/SSE path adds. One chunk per token; a request the engine
-refuses is a failed record whose error starts with "rejected:". Cancelling `send` aborts the request in
+refuses is a failed record whose error starts with "too long:" when it is longer than the model's context
+(as the HTTP path names it), else "rejected:". Cancelling `send` aborts the request in
 the engine; `close()` aborts what is in flight and waits until the engine has freed those blocks.
 """
 
@@ -34,6 +35,7 @@ from slobench.errors import SpecError, TargetUnreachable, UsageError
 from slobench.run.clock import Clock
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.base import TargetBase
+from slobench.targets.capabilities import name_too_long
 from slobench.targets.options import Api
 
 CLOSE_TIMEOUT_S = 10.0  # how long close() waits for aborted requests to give their blocks back
@@ -58,6 +60,14 @@ def to_engine_request(
     body.update(spec.extra_body)
     parse = parse_chat if api == "chat" else parse_completion
     return parse(body, model_name, tokenizer, max_model_len)
+
+
+def refusal_error(message: str) -> str:
+    """A record's error for a request the bundled engine refuses without HTTP (this target, the simulator):
+    "too long: " when its message says the request exceeds the context, by the rule that names the HTTP
+    path's refusals (`name_too_long`), so length refusals are one error kind on every path; else "rejected: "."""
+    named = name_too_long(400, message)
+    return named if named != message else f"rejected: {message}"
 
 
 def _engine_metrics(engine: LLMEngine, model_name: str) -> EngineMetrics:
@@ -200,7 +210,7 @@ class EngineTarget(TargetBase):
                                     max_model_len=engine.config.max_model_len, api=self.api)
         except BadRequest as e:
             record.sent_s = now()
-            record.fail("error", f"rejected: {e.message}", now())
+            record.fail("error", refusal_error(e.message), now())
             return
         loop = asyncio.get_running_loop()
         live = _Live(asyncio.Queue(), loop.create_future())
@@ -218,7 +228,7 @@ class EngineTarget(TargetBase):
                                      ignore_eos=req.ignore_eos, sampling=req.sampling, on_token=on_token,
                                      stop_check=req.stop_check())
         except RequestRejected as e:
-            record.fail("error", f"rejected: {e}", now())
+            record.fail("error", refusal_error(str(e)), now())
             return
         except RuntimeError as e:  # the engine loop has died
             record.fail("error", f"engine: {e}", now())

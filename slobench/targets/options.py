@@ -56,6 +56,9 @@ class TargetOptions:
     ray: str | None = None  # a Ray address ("local": start one here); None: no Ray
     router: str = "least-outstanding"  # several URLs: how requests are spread
     engine_knobs: Mapping[str, Any] | None = None  # the in-process reference engine instead of a URL
+    # the half-open range the workload draws prompt token ids from: preflight probes its top id (None: the
+    # workloads' default range)
+    token_ids: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.engine_knobs is None and not self.urls:
@@ -70,3 +73,5 @@ class TargetOptions:
             raise SpecError("http2", self.http2, "needs transport='httpx' (raw speaks HTTP/1.1 only)")
         if self.model is not None and not self.model:
             raise SpecError("model", self.model, "must name the served model (or be None: the first one listed)")
+        if self.token_ids is not None and not 0 <= self.token_ids[0] < self.token_ids[1]:
+            raise SpecError("token_ids", self.token_ids, "must be [lo, hi) with 0 <= lo < hi")

@@ -182,7 +182,8 @@ async def _probe_token_ids(target: OpenAITarget, client: ControlClient, caps: Ca
                            vocab: int | None) -> Capabilities:
     """Whether the server takes token-id prompts, and which ids. Any failed answer to ids (a refusal, a bare
     500, an error event) after a plain text request succeeded means text prompts. Then the top id of the
-    range the prompts will use (below the --tokenizer's vocabulary when given) is tried; a server that
+    range the prompts will use (the workload's `token_ids`, `TargetOptions.token_ids`; the --tokenizer's
+    vocabulary's when given, ids past it being mapped below it) is tried; a server that
     refuses it has a smaller vocabulary, whose end is found by bisection, and prompt ids are mapped below it
     (`Capabilities.token_id_range`), so the load sends only ids the server has accepted."""
     # The first probe's ids are in every vocabulary, byte-level ones included: it asks whether the server
@@ -192,7 +193,7 @@ async def _probe_token_ids(target: OpenAITarget, client: ControlClient, caps: Ca
     if why:
         return caps.with_note(f"token-id prompts failed ({why}); prompts sent as text (the server's usage "
                               "counts their tokens)", token_prompts=False)
-    hi = vocab or DEFAULT_TOKEN_ID_RANGE[1]
+    hi = vocab or (target.options.token_ids or DEFAULT_TOKEN_ID_RANGE)[1]
     why = await _ids_fail(target, client, (hi - 1,))
     if not why:
         return replace(caps, token_id_range=(_low_id(hi), hi)) if vocab else caps

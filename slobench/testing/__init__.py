@@ -34,6 +34,7 @@ class TokenServerProcess(ServerProcess):
         serve_models: bool = True,
         log: bool | str | Path = False,
         quirks: Sequence[str] = (),
+        vocab: int | None = None,
         host: str = "127.0.0.1",
         startup_timeout_s: float = 15.0,
     ) -> None:
@@ -47,6 +48,8 @@ class TokenServerProcess(ServerProcess):
             self._args.append("--no-models")
         for q in quirks:
             self._args += ["--quirk", q]
+        if vocab is not None:  # the small-vocab quirk's vocabulary size
+            self._args += ["--vocab", str(vocab)]
         self.log_path: Path | None = (self.tmp_path / "server.jsonl") if log is True else (Path(log) if log else None)
         if self.log_path is not None:
             self._args += ["--log", str(self.log_path)]

@@ -64,7 +64,9 @@ QUIRKS = frozenset(
         # ignore_eos, min_tokens and stream_options are taken and dropped: no usage in streams, and the model
         # stops at half max_tokens with finish_reason "stop"; /models names no known server
         "drop-extensions",
-        "small-vocab",  # ids >= SMALL_VOCAB are out of vocabulary: 400, or an error event in a 200 stream (vLLM)
+        # ids >= the vocabulary's size (SMALL_VOCAB, or --vocab) are out of vocabulary: 400, or an error event
+        # in a 200 stream (vLLM)
+        "small-vocab",
         "ids-500",  # a token-id prompt gets a bare HTTP 500 with no message (a proxy in front of a text server)
         "max-model-len",  # /v1/models lists max_model_len = MAX_MODEL_LEN; a longer request gets vLLM's 400
         "slow-first",  # the first generation request answers after SLOW_FIRST_S (Ollama loading a model)
@@ -88,6 +90,7 @@ class ServerConfig:
     serve_models: bool = True  # False: /v1/models answers 404, like servers without it
     log_path: Path | None = None
     quirks: frozenset[str] = frozenset()
+    vocab_size: int = SMALL_VOCAB  # the vocabulary's size with the small-vocab quirk
 
     def __post_init__(self) -> None:
         if self.ttft_ms < 0:
@@ -225,7 +228,7 @@ class TokenServer:
         if "slow-first" in quirks and not self._answered_first:
             self._answered_first = True
             await asyncio.sleep(SLOW_FIRST_S)
-        if "small-vocab" in quirks and is_ids and (bad := next((t for t in body["prompt"] if t >= SMALL_VOCAB), None)):
+        if "small-vocab" in quirks and is_ids and (bad := next((t for t in body["prompt"] if t >= self.config.vocab_size), None)):
             message = f"Token id {bad} is out of vocabulary"
             if not body.get("stream"):
                 return _error(400, message, "BadRequestError")
@@ -487,6 +490,7 @@ async def _main_async(args: argparse.Namespace) -> None:
         serve_models=not args.no_models,
         log_path=Path(args.log) if args.log else None,
         quirks=frozenset(args.quirk),
+        vocab_size=args.vocab,
     )
     runner, port = await serve(config, args.host, args.port)
     stop = asyncio.Event()
@@ -512,6 +516,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-models", action="store_true", help="answer 404 on /v1/models")
     p.add_argument("--quirk", action="append", default=[], choices=sorted(QUIRKS),
                    help="behave like a real third-party server in this way (repeatable)")
+    p.add_argument("--vocab", type=int, default=SMALL_VOCAB,
+                   help=f"with --quirk small-vocab, ids from this one up are out of vocabulary (default {SMALL_VOCAB})")
     p.add_argument("--log", default=None, help="append per-request JSON lines (perf_counter times) here")
     args = p.parse_args(argv)
     try:
