@@ -256,6 +256,8 @@ def engine_knobs_from_args(args: argparse.Namespace) -> dict[str, Any]:
     spec = engine_spec_from_args(args, in_process=True)
     every = spec.to_knobs()
     knobs = {k: every[k] for k in _MANIFEST_KNOBS}
+    if spec.scheduler != "chunked":  # recorded only when not the default, so default manifests stay as they are
+        knobs["scheduler"] = spec.scheduler
     if getattr(args, "prefill_replicas", 0) or getattr(args, "decode_replicas", 0):  # slobench.fleet.disagg's knobs
         knobs.update(prefill_replicas=args.prefill_replicas, decode_replicas=args.decode_replicas,
                      colocated_replicas=getattr(args, "colocated_replicas", 0) or 0,

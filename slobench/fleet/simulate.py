@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from reference_engine.builder import modeled_executor
-from reference_engine.config import EngineConfig, EngineSpec, require_positive_ints
+from reference_engine.config import EngineConfig, EngineSpec, check_scheduler, require_positive_ints
 from reference_engine.engine import LLMEngine, VirtualClock
 from reference_engine.executor.modeled_executor import CostProfile
 from reference_engine.scheduler import RequestRejected
@@ -63,12 +63,14 @@ class ModeledEngine:
     step_scale: float = 1.0
     seed: int = 0
     name: str = "modeled"
+    scheduler: str = "chunked"  # reference_engine.config.SCHEDULERS
 
     def __post_init__(self) -> None:
         # the CLI's names (kv_blocks, max_batched_tokens), checked before EngineConfig would see them
         require_positive_ints(self, ("kv_blocks", "block_size", "max_num_seqs", "max_batched_tokens", "max_model_len"))
         if isinstance(self.step_scale, bool) or not isinstance(self.step_scale, int | float) or not self.step_scale > 0:
             raise SpecError("step_scale", self.step_scale, "must be a number > 0")
+        check_scheduler(self.scheduler)
 
     @classmethod
     def from_knobs(cls, knobs: Mapping[str, Any]) -> ModeledEngine:
@@ -80,7 +82,7 @@ class ModeledEngine:
             raise SpecError("executor", spec.executor, "a virtual-clock run needs the modeled executor")
         given: dict[str, Any] = {"profile": spec.profile, "block_size": spec.block_size, "max_num_seqs": spec.max_num_seqs,
                                  "max_batched_tokens": spec.max_batched_tokens, "seed": spec.seed,
-                                 "enable_prefix_caching": spec.enable_prefix_caching}
+                                 "enable_prefix_caching": spec.enable_prefix_caching, "scheduler": spec.scheduler}
         if spec.kv_blocks is not None:
             given["kv_blocks"] = spec.kv_blocks
         if spec.max_model_len is not None:
@@ -101,7 +103,7 @@ class ModeledEngine:
                                  seed=self.seed)
         cfg = EngineConfig(block_size=self.block_size, num_blocks=self.kv_blocks, max_num_seqs=self.max_num_seqs,
                            max_num_batched_tokens=self.max_batched_tokens, max_model_len=self.max_model_len,
-                           enable_prefix_caching=self.enable_prefix_caching)
+                           enable_prefix_caching=self.enable_prefix_caching, scheduler=self.scheduler)
         return LLMEngine(cfg, ex)
 
 
