@@ -250,7 +250,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     if num_steps < 1 or clock.now_s() >= until_s:
         return None
     profile = ex.profile
-    roofline = profile.is_roofline
+    roofline = profile.uses_pairs
     times: list[float] = []
     chunks: dict[int, int] = {}  # the filling prompt's chunk at each step until its last
     events: list[tuple[int, int, int, int]] = []  # (step, phase, index in `every`, computed tokens then)

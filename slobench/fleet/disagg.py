@@ -103,6 +103,9 @@ class DisaggFleet:
     link: KVLink = field(default_factory=KVLink)
     bytes_per_token: int = 0
     router: str = "least-outstanding"  # both pools route with the same policy
+    # the decode pool's own engine (another parallelism, profile or limits: prefill TP 2, decode TP 1, say);
+    # None: the same engine as the rest of the fleet
+    decode_engine: EngineFactory | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("prefill", "decode", "colocated"):
@@ -208,7 +211,9 @@ def simulate_disagg(
     ends), link contention beyond one FIFO per prefill instance, and a decode instance preempting a request
     whose KV is in flight (its blocks are reserved, so it cannot be)."""
     roles = ["colocated"] * fleet.colocated + ["prefill"] * fleet.prefill + ["decode"] * fleet.decode
-    insts = [_Instance(k, role, *virtual_engine(factory, k, seed, jitter_sd)) for k, role in enumerate(roles)]
+    insts = [_Instance(k, role, *virtual_engine(fleet.decode_engine if role == "decode" and fleet.decode_engine
+                                                else factory, k, seed, jitter_sd))
+             for k, role in enumerate(roles)]
     front = [x for x in insts if x.role != "decode"]
     decoders = [x for x in insts if x.role == "decode"]
     front_router = Router(fleet.router, len(front))

@@ -1,0 +1,185 @@
+"""Published serving measurements replayed on the simulator: DistServe's OPT-13B runs on A100-80GB (vLLM
+co-located on 1 GPU; DistServe with a TP-2 prefill and a TP-1 decode instance), one JSON line per request.
+
+Each run is replayed with its own arrivals and lengths (the client asked for exactly `output_len` tokens)
+on the engine each system ran, as its server flags describe it (`setup_fleet`): the vllm-v0 scheduler, the
+token and batch limits, KV blocks from the GPU's memory x utilisation less the fp16 weights. Step times come
+from DistServe's own per-phase fits ("fitted") or from a roofline of the A100's and the model's
+specifications ("roofline", nothing fitted to these runs). `compare` gives each run's figures, measured and
+simulated: attainment of TTFT < 200 ms and TPOT < 100 ms, and TTFT/TPOT p50 and p90.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reference_engine.executor.modeled_executor import CostProfile
+from slobench.errors import SpecError
+from slobench.fleet.disagg import DisaggFleet, KVLink
+from slobench.fleet.simulate import ModeledEngine, SimOptions, simulate_records
+from slobench.profiles.roofline import kv_capacity_tokens, roofline
+from slobench.profiles.specs import ModelConfig, get_gpu, model_from_hf_config
+from slobench.run.records import RequestRecord, RequestSpec, with_drawn_ids
+
+SETUPS = ("vllm", "distserve-c21d11")
+PROFILES = ("fitted", "roofline")
+TTFT_SLO_MS = 200.0
+TPOT_SLO_MS = 100.0
+GPU = "a100"
+MEMORY_UTILIZATION = 0.95  # vLLM's --gpu-memory-utilization in these runs
+BLOCK_SIZE = 16
+HF_MODEL = "facebook/opt-13b"  # the key of DistServe's profiler files
+FIELDS = ("start_s", "prompt_len", "output_len", "ttft_ms", "tpot_ms")
+_IDS = (32, 127)  # prompt ids drawn from printable ASCII, within the modeled executor's vocabulary
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One measured run: per request, its arrival, lengths and measured TTFT and TPOT (ms)."""
+
+    name: str
+    start_s: np.ndarray
+    prompt_len: np.ndarray
+    output_len: np.ndarray
+    ttft_ms: np.ndarray
+    tpot_ms: np.ndarray
+
+    @property
+    def rate_rps(self) -> float:
+        span = float(self.start_s[-1] - self.start_s[0]) if len(self.start_s) > 1 else 0.0
+        return (len(self.start_s) - 1) / span if span > 0 else math.nan
+
+
+def read_run(path: str | Path) -> Run:
+    """A run file: one JSON object a line with `FIELDS` (more are ignored). A SpecError names the file, the
+    line and what is wrong with it."""
+    p = Path(path)
+    try:
+        lines = p.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError("run file", str(p), f"cannot be read: {e}") from None
+    cols: dict[str, list[float]] = {k: [] for k in FIELDS}
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{p.name}:{i}"
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise SpecError("run file", where, "is not a JSON object") from None
+        if not isinstance(row, dict):
+            raise SpecError("run file", where, "is not a JSON object")
+        for k in FIELDS:
+            v: Any = row.get(k)
+            ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+            if k in ("prompt_len", "output_len"):
+                ok = ok and isinstance(v, int) and v >= 1
+            if not ok:
+                raise SpecError("run file", where, f"field {k!r} is {v!r}: needs "
+                                + ("an integer >= 1" if k.endswith("_len") else "a number >= 0"))
+            cols[k].append(v)
+    if not cols["start_s"]:
+        raise SpecError("run file", str(p), "holds no requests")
+    order = np.argsort(np.asarray(cols["start_s"]), kind="stable")
+    a = {k: np.asarray(v)[order] for k, v in cols.items()}
+    return Run(p.stem, a["start_s"] - a["start_s"][0], a["prompt_len"].astype(int), a["output_len"].astype(int),
+               a["ttft_ms"].astype(float), a["tpot_ms"].astype(float))
+
+
+def specs_of(run: Run, seed: int = 0) -> list[RequestSpec]:
+    """The run's requests as sent: its arrivals, prompts of its lengths (ids drawn, nothing shared), exactly
+    `output_len` tokens asked for."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, (t, n, m) in enumerate(zip(run.start_s.tolist(), run.prompt_len.tolist(), run.output_len.tolist(),
+                                      strict=True)):
+        prompt = tuple(rng.integers(*_IDS, size=n).tolist())
+        out.append(with_drawn_ids(RequestSpec(i, t, prompt, n, m, min_tokens=m), _IDS))
+    return out
+
+
+def opt13b(data_dir: Path) -> ModelConfig:
+    return model_from_hf_config(data_dir / "opt-13b-config.json")
+
+
+def kv_blocks(model: ModelConfig, tp: int) -> int:
+    """KV blocks of one instance: `tp` A100-80GBs x 0.95 less the fp16 weights, over the KV bytes a token."""
+    return kv_capacity_tokens(model, GPU, tp, MEMORY_UTILIZATION) // BLOCK_SIZE
+
+
+def cost_profile(kind: str, system: str, tp: int, data_dir: Path) -> CostProfile:
+    """`fitted`: DistServe's fit for the system's engine at `tp` (the `vllm` file for vLLM, the `distserve`
+    file for DistServe's instances); `roofline`: the A100's and OPT-13B's specifications alone."""
+    if kind == "fitted":
+        return CostProfile.load(f"distserve:{data_dir / f'profiler-a100-80g.{system}.json'}@{HF_MODEL}/tp{tp}")
+    if kind == "roofline":
+        return roofline(opt13b(data_dir), GPU, tp)
+    raise SpecError("profile", kind, f"must be one of {list(PROFILES)}")
+
+
+def setup_fleet(setup: str, profile: str, data_dir: Path) -> tuple[ModeledEngine, SimOptions]:
+    """The engine (and fleet) each system ran, from its server flags (the data's README)."""
+    model = opt13b(data_dir)
+    limits: dict[str, Any] = {"block_size": BLOCK_SIZE, "max_model_len": model.max_positions or 2048,
+                              "enable_prefix_caching": False, "scheduler": "vllm-v0"}
+    if setup == "vllm":
+        engine = ModeledEngine(cost_profile(profile, "vllm", 1, data_dir), kv_blocks=kv_blocks(model, 1),
+                               max_num_seqs=1024, max_batched_tokens=16384, name="vllm", **limits)
+        return engine, SimOptions()
+    if setup == "distserve-c21d11":
+        prefill = ModeledEngine(cost_profile(profile, "distserve", 2, data_dir), kv_blocks=kv_blocks(model, 2),
+                                max_num_seqs=128, max_batched_tokens=8192, name="distserve-prefill", **limits)
+        decode = ModeledEngine(cost_profile(profile, "distserve", 1, data_dir), kv_blocks=kv_blocks(model, 1),
+                               max_num_seqs=1024, max_batched_tokens=65536, name="distserve-decode", **limits)
+        link = KVLink(get_gpu(GPU).link_gb_s * 1e9, 0.0)  # NVLink between the instances' GPUs, one way
+        fleet = DisaggFleet(prefill=1, decode=1, link=link, bytes_per_token=model.kv_bytes_per_token,
+                            decode_engine=decode)
+        return prefill, SimOptions(disagg=fleet)
+    raise SpecError("setup", setup, f"must be one of {list(SETUPS)}")
+
+
+def simulate(run: Run, setup: str, profile: str, data_dir: Path) -> list[RequestRecord]:
+    engine, opts = setup_fleet(setup, profile, data_dir)
+    return simulate_records(specs_of(run), engine, opts)
+
+
+def simulated_times_ms(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
+    """TTFT and TPOT (ms) of simulated records in request order; inf for a request that never got its first
+    token (or its last), TPOT 0 for a one-token answer (as the measured runs write it)."""
+    recs = sorted(records, key=lambda r: r.request_id)
+    ttft = np.full(len(recs), np.inf)
+    tpot = np.full(len(recs), np.inf)
+    for i, r in enumerate(recs):
+        if r.first_token_s is not None and r.sent_s is not None:
+            ttft[i] = (r.first_token_s - r.sent_s) * 1e3
+        if r.done_s is not None and r.first_token_s is not None and r.status == "ok":
+            tpot[i] = (r.done_s - r.first_token_s) * 1e3 / (r.output_tokens - 1) if r.output_tokens > 1 else 0.0
+    return ttft, tpot
+
+
+def figures(ttft_ms: np.ndarray, tpot_ms: np.ndarray, output_len: np.ndarray) -> dict[str, float]:
+    """Attainment (%, TTFT < 200 ms and TPOT < 100 ms both met) and TTFT/TPOT p50/p90 (ms; TPOT over the
+    answers of more than one token)."""
+    met = (ttft_ms < TTFT_SLO_MS) & (tpot_ms < TPOT_SLO_MS)
+    multi = tpot_ms[output_len > 1]
+
+    def q(x: np.ndarray, p: float) -> float:
+        return float(np.percentile(x, p)) if len(x) else math.nan
+    return {"attainment": 100.0 * float(met.mean()), "ttft_p50_ms": q(ttft_ms, 50), "ttft_p90_ms": q(ttft_ms, 90),
+            "tpot_p50_ms": q(multi, 50), "tpot_p90_ms": q(multi, 90)}
+
+
+def compare(run: Run, setup: str, profile: str, data_dir: Path) -> dict[str, Any]:
+    """One run's figures, measured and simulated."""
+    ttft, tpot = simulated_times_ms(simulate(run, setup, profile, data_dir))
+    return {"run": run.name, "setup": setup, "profile": profile, "num_requests": len(run.start_s),
+            "rate_rps": round(run.rate_rps, 3),
+            "measured": figures(run.ttft_ms, run.tpot_ms, run.output_len),
+            "simulated": figures(ttft, tpot, run.output_len)}
