@@ -106,6 +106,10 @@ class DisaggFleet:
     # the decode pool's own engine (another parallelism, profile or limits: prefill TP 2, decode TP 1, say);
     # None: the same engine as the rest of the fleet
     decode_engine: EngineFactory | None = field(default=None, compare=False)
+    # when the client sees the first token: "decode" (the decode instance streams every token, once the KV
+    # has landed: vLLM's disaggregated connectors) or "prefill" (the prefill instance sends it as the prompt
+    # ends: DistServe), the wait for room and the transfer then fall between the first and second tokens
+    first_token_from: str = "decode"
 
     def __post_init__(self) -> None:
         for name in ("prefill", "decode", "colocated"):
@@ -120,6 +124,8 @@ class DisaggFleet:
         if isinstance(self.bytes_per_token, bool) or not isinstance(self.bytes_per_token, int) or self.bytes_per_token < 0:
             raise SpecError("kv_bytes_per_token", self.bytes_per_token, "must be an integer >= 0")
         Router(self.router, 1)  # the policy name, checked now
+        if self.first_token_from not in ("decode", "prefill"):
+            raise SpecError("first_token_from", self.first_token_from, "must be decode or prefill")
 
     def to_dict(self) -> dict[str, Any]:
         return {"colocated": self.colocated, "prefill": self.prefill, "decode": self.decode,
@@ -203,7 +209,8 @@ def simulate_disagg(
          prompt's KV written and its first token as the last sampled one, and decodes there to the end.
 
     The client sees the first token when the KV has landed (TTFT includes the queue for room and the
-    transfer), then a token at the end of every decode step that produced one. `replica` on a record is the
+    transfer), or with `first_token_from` "prefill" as the prefill ends; then a token at the end of every
+    decode step that produced one. The decode pool runs `fleet.decode_engine` when one is given. `replica` on a record is the
     instance that took its prompt (co-located or prefill). Instances are numbered co-located first, then
     prefill, then decode.
 
@@ -278,10 +285,11 @@ def simulate_disagg(
         d.engine.adopt_prefilled(seq, t, h.cached_tokens)  # the prompt's KV is here; its first token came with it
         d.num_reserved -= 1
         rec = h.rec
-        rec.first_token_s = t
-        rec.chunk_times_s.append(t)
-        rec.chunk_tokens.append(1)
-        rec.output_tokens += 1
+        if rec.first_token_s is None:  # (else the prefill instance sent it)
+            rec.first_token_s = t
+            rec.chunk_times_s.append(t)
+            rec.chunk_tokens.append(1)
+            rec.output_tokens += 1
         d.num_output_tokens += 1
         owned[(d.index, seq.seq_id)] = (rec, None, h.weight)
 
@@ -302,6 +310,11 @@ def simulate_disagg(
                     continue
                 h.first_token = ev.token_id
                 h.cached_tokens = ev.num_cached_tokens
+                if fleet.first_token_from == "prefill":
+                    rec.first_token_s = ev.time_s
+                    rec.chunk_times_s.append(ev.time_s)
+                    rec.chunk_tokens.append(1)
+                    rec.output_tokens += 1
                 hold_prompt(inst, h)
                 num_handoffs += 1
                 push(ev.time_s, "ready", h)

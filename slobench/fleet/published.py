@@ -140,7 +140,7 @@ def setup_fleet(setup: str, profile: str, data_dir: Path) -> tuple[ModeledEngine
                                max_num_seqs=1024, max_batched_tokens=65536, name="distserve-decode", **limits)
         link = KVLink(get_gpu(GPU).link_gb_s * 1e9, 0.0)  # NVLink between the instances' GPUs, one way
         fleet = DisaggFleet(prefill=1, decode=1, link=link, bytes_per_token=model.kv_bytes_per_token,
-                            decode_engine=decode)
+                            decode_engine=decode, first_token_from="prefill")
         return prefill, SimOptions(disagg=fleet)
     raise SpecError("setup", setup, f"must be one of {list(SETUPS)}")
 
@@ -183,3 +183,20 @@ def compare(run: Run, setup: str, profile: str, data_dir: Path) -> dict[str, Any
             "rate_rps": round(run.rate_rps, 3),
             "measured": figures(run.ttft_ms, run.tpot_ms, run.output_len),
             "simulated": figures(ttft, tpot, run.output_len)}
+
+
+SATURATED_TTFT_P90_MS = 1000.0  # a run whose measured TTFT p90 passes this is past saturation: no latency targets
+
+
+def targets_met(row: dict[str, Any]) -> dict[str, bool]:
+    """Which targets a compared run meets. Fitted: attainment within 3 points; below saturation (measured TTFT
+    p90 < 1 s) TTFT and TPOT p50 within 10% and p90 within 20%. Roofline: attainment within 8 points."""
+    m, s = row["measured"], row["simulated"]
+    att = abs(s["attainment"] - m["attainment"])
+    if row["profile"] == "roofline":
+        return {"attainment": att <= 8.0}
+    out = {"attainment": att <= 3.0}
+    if m["ttft_p90_ms"] < SATURATED_TTFT_P90_MS:
+        for key, tol in (("ttft_p50_ms", 0.10), ("tpot_p50_ms", 0.10), ("ttft_p90_ms", 0.20), ("tpot_p90_ms", 0.20)):
+            out[key] = abs(s[key] - m[key]) <= tol * m[key]
+    return out

@@ -1,0 +1,79 @@
+"""The simulator against published GPU measurements: DistServe's OPT-13B runs on A100-80GB.
+
+Each run file (one JSON line per request: start_s, prompt_len, output_len, ttft_ms, tpot_ms) is replayed with
+its exact arrivals and lengths on the engine the setup ran (slobench.fleet.published: vllm, 1 GPU with the
+vllm-v0 scheduler; distserve-c21d11, a TP-2 prefill and a TP-1 decode instance), with DistServe's fitted step
+times or a roofline of the A100 and OPT-13B. Prints measured against simulated attainment (TTFT < 200 ms and
+TPOT < 100 ms) and TTFT/TPOT p50/p90, with the targets each run meets; writes them to --json.
+`--plan` adds the planner's answer from simulation alone. Figures: docs/measurements/validate_published.md.
+
+    python benchmarks/validate_published.py --setup vllm --profile fitted RUN.jsonl [...] --json OUT.json"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from reference_engine.errors import ConfigError
+from slobench.errors import SpecError
+from slobench.fleet.published import PROFILES, SETUPS, compare, read_run, targets_met
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT.parent / "shared" / "validation" / "distserve-opt13b-a100"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (f"{'run':28s} {'rate':>5s} {'n':>5s} | {'attained % meas  sim':>21s} | {'TTFT p50 ms meas  sim':>22s} "
+            f"| {'TTFT p90 ms meas  sim':>22s} | {'TPOT p50 ms meas  sim':>22s} | {'TPOT p90 ms meas  sim':>22s} | missed")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        m, s = r["measured"], r["simulated"]
+        missed = [k for k, ok in r["targets_met"].items() if not ok]
+        cells = [f"{m['attainment']:9.1f} {s['attainment']:5.1f} ({s['attainment'] - m['attainment']:+5.1f})"]
+        for k in ("ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms"):
+            err = (s[k] - m[k]) / m[k] * 100 if m[k] else float("nan")
+            cells.append(f"{m[k]:8.0f} {s[k]:6.0f} ({err:+4.0f}%)")
+        lines.append(f"{r['run']:28s} {r['rate_rps']:5.1f} {r['num_requests']:5d} | " + " | ".join(cells)
+                     + " | " + (", ".join(missed) or "-"))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--setup", required=True, choices=SETUPS)
+    p.add_argument("--profile", required=True, choices=PROFILES)
+    p.add_argument("runs", nargs="+", metavar="RUN.jsonl")
+    p.add_argument("--json", required=True, metavar="OUT.json", help="where the per-run figures go")
+    p.add_argument("--data", default=str(DATA), metavar="DIR",
+                   help="the folder with DistServe's profiler files and opt-13b-config.json (default: %(default)s)")
+    args = p.parse_args(argv)
+    data = Path(args.data)
+    needed = ["opt-13b-config.json", "profiler-a100-80g.vllm.json", "profiler-a100-80g.distserve.json"]
+    missing = [n for n in needed if not (data / n).is_file()]
+    if missing:
+        print(f"error: --data {data}: lacks {', '.join(missing)}", file=sys.stderr)
+        return 2
+    try:
+        runs = [read_run(f) for f in args.runs]
+        rows = []
+        for run in runs:
+            row = compare(run, args.setup, args.profile, data)
+            row["targets_met"] = targets_met(row)
+            rows.append(row)
+    except (SpecError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    print(f"{args.setup}, {args.profile} profile ({dt.date.today().isoformat()}): measured vs simulated")
+    print(table(rows))
+    met = sum(all(r["targets_met"].values()) for r in rows)
+    print(f"{met} of {len(rows)} runs meet every target")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
