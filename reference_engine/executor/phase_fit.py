@@ -50,9 +50,11 @@ class PhaseFit:
         decode_context = num_context_tokens
         if num_prefill_tokens:
             a, b, c = self.prefill
+            # the decodes' context (each decode token attends to its whole context), read as if the prompts'
+            # chunks started at 0; what is left of the pairs is the prompts'
+            decode_context = max(num_context_tokens - num_prefill_tokens, 0) if num_decode_seqs else 0
             pairs = num_attention_pairs if num_attention_pairs is not None else num_context_tokens
-            t = a + b * num_prefill_tokens + c * max(2 * pairs - num_prefill_tokens, 0)
-            decode_context = max(num_context_tokens - num_prefill_tokens, 0)
+            t = a + b * num_prefill_tokens + c * max(2 * (pairs - decode_context) - num_prefill_tokens, 0)
         if num_decode_seqs:
             a, b, c = self.decode_small if num_decode_seqs < self.large_batch_from else self.decode_large
             t += b * decode_context + c * num_decode_seqs + (0.0 if num_prefill_tokens else a)
