@@ -20,7 +20,19 @@ from typing import Any
 
 from reference_engine.errors import ConfigError
 from slobench.errors import SpecError
-from slobench.fleet.published import PROFILES, SETUPS, compare, read_run, targets_met
+from slobench.analysis.headline import crossing_rate
+from slobench.fleet.published import (
+    GPUS_PER_SETUP,
+    PLAN_TARGET,
+    PROFILES,
+    SETUPS,
+    compare,
+    measured_curve,
+    pooled_lengths,
+    read_run,
+    simulated_curve,
+    targets_met,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "validation" / "distserve-opt13b-a100"
@@ -42,6 +54,43 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+SWEEP_RATES = {"vllm": (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0), "distserve-c21d11": (2.0, 3.0, 4.5, 6.0, 7.5, 9.0, 12.0)}
+
+
+def plan_section(data: Path, profile: str) -> str:
+    """The planner's answer from simulation alone beside the measured one: the highest rate each setup serves
+    with >= 90% of requests attaining both SLOs, and that rate per GPU."""
+    files = sorted((data / "runs").glob("*.jsonl"))
+    lines = [f"Highest rate at >= {PLAN_TARGET:g}% attainment ({profile} profile; simulated: Poisson arrivals, "
+             "lengths drawn from the setup's measured requests, 400 requests, mean of 2 seeds)",
+             f"{'setup':18s} {'GPUs':>4s} | {'measured rps':>12s} {'per GPU':>8s} | {'simulated rps':>13s} {'per GPU':>8s}"]
+    per_gpu: dict[str, tuple[float, float]] = {}
+    for setup in SETUPS:
+        runs = [read_run(f) for f in files if f.name.startswith(setup.split("-")[0] + "-")]
+        if not runs:
+            continue
+        gpus = GPUS_PER_SETUP[setup]
+        rates, att = measured_curve(runs)
+        meas = crossing_rate(rates, att, PLAN_TARGET)
+        sim_rates = SWEEP_RATES[setup]
+        sim = crossing_rate(list(sim_rates), simulated_curve(setup, profile, data, pooled_lengths(runs), sim_rates),
+                            PLAN_TARGET)
+
+        def text(x: float | None, lowest: float) -> tuple[str, str, float]:
+            if x is None:
+                return f"< {lowest:g}", f"< {lowest / gpus:.2f}", 0.0
+            return f"{x:.2f}", f"{x / gpus:.2f}", x / gpus
+        m_rate, m_gpu, m_key = text(meas, rates[0])
+        s_rate, s_gpu, s_key = text(sim, sim_rates[0])
+        per_gpu[setup] = (m_key, s_key)
+        lines.append(f"{setup:18s} {gpus:4d} | {m_rate:>12s} {m_gpu:>8s} | {s_rate:>13s} {s_gpu:>8s}")
+    if len(per_gpu) == 2:
+        order = [sorted(per_gpu, key=lambda k: -per_gpu[k][i]) for i in (0, 1)]
+        lines.append(f"per-GPU ordering, measured: {' > '.join(order[0])}; simulated: {' > '.join(order[1])} "
+                     f"({'the same' if order[0] == order[1] else 'DIFFERENT'})")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--setup", required=True, choices=SETUPS)
@@ -50,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", required=True, metavar="OUT.json", help="where the per-run figures go")
     p.add_argument("--data", default=str(DATA), metavar="DIR",
                    help="the folder with DistServe's profiler files and opt-13b-config.json (default: %(default)s)")
+    p.add_argument("--plan", action="store_true",
+                   help="also the planner's answer (highest rate at >= 90%% attainment, per GPU) for both setups, "
+                        "from simulation alone, beside the measured one (reads --data's runs/)")
     args = p.parse_args(argv)
     data = Path(args.data)
     needed = ["opt-13b-config.json", "profiler-a100-80g.vllm.json", "profiler-a100-80g.distserve.json"]
@@ -72,6 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     met = sum(all(r["targets_met"].values()) for r in rows)
     print(f"{met} of {len(rows)} runs meet every target")
+    if args.plan:
+        try:
+            print()
+            print(plan_section(data, args.profile))
+        except (SpecError, ConfigError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     return 0
 
 

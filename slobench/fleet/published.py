@@ -200,3 +200,47 @@ def targets_met(row: dict[str, Any]) -> dict[str, bool]:
         for key, tol in (("ttft_p50_ms", 0.10), ("tpot_p50_ms", 0.10), ("ttft_p90_ms", 0.20), ("tpot_p90_ms", 0.20)):
             out[key] = abs(s[key] - m[key]) <= tol * m[key]
     return out
+
+
+GPUS_PER_SETUP = {"vllm": 1, "distserve-c21d11": 3}
+PLAN_TARGET = 90.0  # % of requests attaining both SLOs
+
+
+def poisson_run(lengths: Run, rate_rps: float, num_requests: int, seed: int) -> Run:
+    """A run of `num_requests` Poisson arrivals at `rate_rps`, each with a (prompt, output) length pair drawn
+    from `lengths`' requests (no measured times: NaN)."""
+    rng = np.random.default_rng(seed)
+    starts = np.concatenate([[0.0], np.cumsum(rng.exponential(1.0 / rate_rps, num_requests - 1))])
+    pick = rng.integers(0, len(lengths.prompt_len), num_requests)
+    nan = np.full(num_requests, np.nan)
+    return Run(f"poisson-{rate_rps:g}", starts, lengths.prompt_len[pick], lengths.output_len[pick], nan, nan)
+
+
+def measured_curve(runs: Sequence[Run]) -> tuple[list[float], list[float]]:
+    """Attainment (%) at each measured rate, the requests of every run at that rate pooled."""
+    by_rate: dict[float, list[np.ndarray]] = {}
+    for r in runs:
+        met = (r.ttft_ms < TTFT_SLO_MS) & (r.tpot_ms < TPOT_SLO_MS)
+        by_rate.setdefault(round(r.rate_rps, 1), []).append(met)
+    rates = sorted(by_rate)
+    return rates, [100.0 * float(np.concatenate(by_rate[x]).mean()) for x in rates]
+
+
+def simulated_curve(setup: str, profile: str, data_dir: Path, lengths: Run, rates: Sequence[float],
+                    num_requests: int = 400, seeds: Sequence[int] = (0, 1)) -> list[float]:
+    """Simulated attainment (%) at each rate: Poisson arrivals, lengths drawn from `lengths`, mean of `seeds`."""
+    out = []
+    for rate in rates:
+        vals = []
+        for seed in seeds:
+            run = poisson_run(lengths, rate, num_requests, seed)
+            ttft, tpot = simulated_times_ms(simulate(run, setup, profile, data_dir))
+            vals.append(figures(ttft, tpot, run.output_len)["attainment"])
+        out.append(float(np.mean(vals)))
+    return out
+
+
+def pooled_lengths(runs: Sequence[Run]) -> Run:
+    """Every request's (prompt, output) lengths from `runs`, as one run (its times unused)."""
+    cat = {k: np.concatenate([getattr(r, k) for r in runs]) for k in ("prompt_len", "output_len", "ttft_ms", "tpot_ms")}
+    return Run("pooled", np.zeros(len(cat["prompt_len"])), **cat)
