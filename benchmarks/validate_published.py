@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from reference_engine.errors import ConfigError
-from slobench.errors import SpecError
 from slobench.analysis.headline import crossing_rate
+from slobench.errors import SpecError
 from slobench.fleet.published import (
     GPUS_PER_SETUP,
     PLAN_TARGET,
@@ -57,6 +57,13 @@ def table(rows: list[dict[str, Any]]) -> str:
 SWEEP_RATES = {"vllm": (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0), "distserve-c21d11": (2.0, 3.0, 4.5, 6.0, 7.5, 9.0, 12.0)}
 
 
+def _rate_cells(rate: float | None, lowest: float, gpus: int) -> tuple[str, str, float]:
+    """(rate, per GPU) as printed, and the per-GPU rate to order by (0 where even the lowest rate missed)."""
+    if rate is None:
+        return f"< {lowest:g}", f"< {lowest / gpus:.2f}", 0.0
+    return f"{rate:.2f}", f"{rate / gpus:.2f}", rate / gpus
+
+
 def plan_section(data: Path, profile: str) -> str:
     """The planner's answer from simulation alone beside the measured one: the highest rate each setup serves
     with >= 90% of requests attaining both SLOs, and that rate per GPU."""
@@ -75,13 +82,8 @@ def plan_section(data: Path, profile: str) -> str:
         sim_rates = SWEEP_RATES[setup]
         sim = crossing_rate(list(sim_rates), simulated_curve(setup, profile, data, pooled_lengths(runs), sim_rates),
                             PLAN_TARGET)
-
-        def text(x: float | None, lowest: float) -> tuple[str, str, float]:
-            if x is None:
-                return f"< {lowest:g}", f"< {lowest / gpus:.2f}", 0.0
-            return f"{x:.2f}", f"{x / gpus:.2f}", x / gpus
-        m_rate, m_gpu, m_key = text(meas, rates[0])
-        s_rate, s_gpu, s_key = text(sim, sim_rates[0])
+        m_rate, m_gpu, m_key = _rate_cells(meas, rates[0], gpus)
+        s_rate, s_gpu, s_key = _rate_cells(sim, sim_rates[0], gpus)
         per_gpu[setup] = (m_key, s_key)
         lines.append(f"{setup:18s} {gpus:4d} | {m_rate:>12s} {m_gpu:>8s} | {s_rate:>13s} {s_gpu:>8s}")
     if len(per_gpu) == 2:
