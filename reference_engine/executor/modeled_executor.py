@@ -111,6 +111,13 @@ class CostProfile:
         return replace(self, **{k: getattr(self, k) * factor for k in _COEFFICIENTS},
                        phases=None if self.phases is None else self.phases.scaled(factor))
 
+    def with_step_overhead(self, extra_s: float) -> CostProfile:
+        """Every step `extra_s` longer: a fixed host cost (scheduling, sampling, streaming) the profile lacks."""
+        if not extra_s:
+            return self
+        return replace(self, step_overhead_s=self.step_overhead_s + extra_s,
+                       phases=None if self.phases is None else self.phases.with_step_overhead(extra_s))
+
     @classmethod
     def load(cls, name_or_path: str | Path) -> CostProfile:
         """A bundled profile by name (`h100-llama-1b`, `cpu-tiny`), a JSON file by path, or DistServe's fit of a

@@ -66,6 +66,12 @@ class PhaseFit:
         return PhaseFit(times(self.prefill), times(self.decode_small), times(self.decode_large),
                         self.large_batch_from)
 
+    def with_step_overhead(self, extra_s: float) -> PhaseFit:
+        """Every step `extra_s` longer (host work the fits of the forward pass leave out)."""
+        return PhaseFit((self.prefill[0] + extra_s, *self.prefill[1:]),
+                        (self.decode_small[0] + extra_s, *self.decode_small[1:]),
+                        (self.decode_large[0] + extra_s, *self.decode_large[1:]), self.large_batch_from)
+
     def to_dict(self) -> dict[str, Any]:
         return {"prefill": list(self.prefill), "decode_small": list(self.decode_small),
                 "decode_large": list(self.decode_large), "large_batch_from": self.large_batch_from}

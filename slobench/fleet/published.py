@@ -114,29 +114,34 @@ def kv_blocks(model: ModelConfig, tp: int) -> int:
     return kv_capacity_tokens(model, GPU, tp, MEMORY_UTILIZATION) // BLOCK_SIZE
 
 
-def cost_profile(kind: str, system: str, tp: int, data_dir: Path) -> CostProfile:
+def cost_profile(kind: str, system: str, tp: int, data_dir: Path, host_overhead_s: float = 0.0) -> CostProfile:
     """`fitted`: DistServe's fit for the system's engine at `tp` (the `vllm` file for vLLM, the `distserve`
-    file for DistServe's instances); `roofline`: the A100's and OPT-13B's specifications alone."""
+    file for DistServe's instances); `roofline`: the A100's and OPT-13B's specifications alone. Every step
+    `host_overhead_s` longer (0: the profile as it is; a diagnosis, not part of either profile)."""
     if kind == "fitted":
-        return CostProfile.load(f"distserve:{data_dir / f'profiler-a100-80g.{system}.json'}@{HF_MODEL}/tp{tp}")
-    if kind == "roofline":
-        return roofline(opt13b(data_dir), GPU, tp)
-    raise SpecError("profile", kind, f"must be one of {list(PROFILES)}")
+        prof = CostProfile.load(f"distserve:{data_dir / f'profiler-a100-80g.{system}.json'}@{HF_MODEL}/tp{tp}")
+    elif kind == "roofline":
+        prof = roofline(opt13b(data_dir), GPU, tp)
+    else:
+        raise SpecError("profile", kind, f"must be one of {list(PROFILES)}")
+    return prof.with_step_overhead(host_overhead_s)
 
 
-def setup_fleet(setup: str, profile: str, data_dir: Path) -> tuple[ModeledEngine, SimOptions]:
+def setup_fleet(setup: str, profile: str, data_dir: Path, host_overhead_s: float = 0.0
+                ) -> tuple[ModeledEngine, SimOptions]:
     """The engine (and fleet) each system ran, from its server flags (the data's README)."""
     model = opt13b(data_dir)
+    extra = host_overhead_s
     limits: dict[str, Any] = {"block_size": BLOCK_SIZE, "max_model_len": model.max_positions or 2048,
                               "enable_prefix_caching": False, "scheduler": "vllm-v0"}
     if setup == "vllm":
-        engine = ModeledEngine(cost_profile(profile, "vllm", 1, data_dir), kv_blocks=kv_blocks(model, 1),
+        engine = ModeledEngine(cost_profile(profile, "vllm", 1, data_dir, extra), kv_blocks=kv_blocks(model, 1),
                                max_num_seqs=1024, max_batched_tokens=16384, name="vllm", **limits)
         return engine, SimOptions()
     if setup == "distserve-c21d11":
-        prefill = ModeledEngine(cost_profile(profile, "distserve", 2, data_dir), kv_blocks=kv_blocks(model, 2),
+        prefill = ModeledEngine(cost_profile(profile, "distserve", 2, data_dir, extra), kv_blocks=kv_blocks(model, 2),
                                 max_num_seqs=128, max_batched_tokens=8192, name="distserve-prefill", **limits)
-        decode = ModeledEngine(cost_profile(profile, "distserve", 1, data_dir), kv_blocks=kv_blocks(model, 1),
+        decode = ModeledEngine(cost_profile(profile, "distserve", 1, data_dir, extra), kv_blocks=kv_blocks(model, 1),
                                max_num_seqs=1024, max_batched_tokens=65536, name="distserve-decode", **limits)
         link = KVLink(get_gpu(GPU).link_gb_s * 1e9, 0.0)  # NVLink between the instances' GPUs, one way
         fleet = DisaggFleet(prefill=1, decode=1, link=link, bytes_per_token=model.kv_bytes_per_token,
@@ -145,8 +150,9 @@ def setup_fleet(setup: str, profile: str, data_dir: Path) -> tuple[ModeledEngine
     raise SpecError("setup", setup, f"must be one of {list(SETUPS)}")
 
 
-def simulate(run: Run, setup: str, profile: str, data_dir: Path) -> list[RequestRecord]:
-    engine, opts = setup_fleet(setup, profile, data_dir)
+def simulate(run: Run, setup: str, profile: str, data_dir: Path, host_overhead_s: float = 0.0
+             ) -> list[RequestRecord]:
+    engine, opts = setup_fleet(setup, profile, data_dir, host_overhead_s)
     return simulate_records(specs_of(run), engine, opts)
 
 
@@ -176,10 +182,11 @@ def figures(ttft_ms: np.ndarray, tpot_ms: np.ndarray, output_len: np.ndarray) ->
             "tpot_p50_ms": q(multi, 50), "tpot_p90_ms": q(multi, 90)}
 
 
-def compare(run: Run, setup: str, profile: str, data_dir: Path) -> dict[str, Any]:
+def compare(run: Run, setup: str, profile: str, data_dir: Path, host_overhead_s: float = 0.0) -> dict[str, Any]:
     """One run's figures, measured and simulated."""
-    ttft, tpot = simulated_times_ms(simulate(run, setup, profile, data_dir))
+    ttft, tpot = simulated_times_ms(simulate(run, setup, profile, data_dir, host_overhead_s))
     return {"run": run.name, "setup": setup, "profile": profile, "num_requests": len(run.start_s),
+            "host_overhead_ms": host_overhead_s * 1e3,
             "rate_rps": round(run.rate_rps, 3),
             "measured": figures(run.ttft_ms, run.tpot_ms, run.output_len),
             "simulated": figures(ttft, tpot, run.output_len)}
