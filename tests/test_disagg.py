@@ -178,3 +178,19 @@ def test_first_token_from_the_prefill_instance_moves_the_transfer_into_tpot() ->
         assert len(b.chunk_times_s) == 20
     with pytest.raises(Exception, match="first_token_from"):
         DisaggFleet(1, 1, first_token_from="client")
+
+
+def test_decode_pool_knobs_replace_the_fleets_profile_and_blocks(tmp_path) -> None:  # noqa: ANN001
+    fast, slow = tmp_path / "fast.json", tmp_path / "slow.json"
+    fast.write_text(PROFILE.to_json())
+    slow.write_text(PROFILE.scaled(2.0).to_json())
+    knobs = {"profile": str(fast), "kv_blocks": 256, "model": "llama-3.2-1b", "prefill_replicas": 1,
+             "decode_replicas": 1}
+    specs = [spec(i, 1.0 * i) for i in range(4)]  # one at a time
+    same = simulate_records(specs, knobs)
+    own = simulate_records(specs, {**knobs, "decode_profile": str(slow), "decode_kv_blocks": 64})
+    for a, b in zip(same, own, strict=True):
+        assert b.first_token_s == a.first_token_s
+        assert b.done_s - b.first_token_s == pytest.approx(2 * (a.done_s - a.first_token_s), rel=1e-9)
+    with pytest.raises(Exception, match="decode_kv_blocks"):
+        simulate_records(specs, {**knobs, "decode_kv_blocks": 0})

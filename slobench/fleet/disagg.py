@@ -26,6 +26,7 @@ from slobench.fleet.decode_run import decode_run, record_run
 from slobench.fleet.replica import EngineFactory, JitteredWait, arrive, request_parser, virtual_engine, wake
 from slobench.fleet.routing import Router
 from slobench.fleet.sim_blocks import SimBlockManager
+from slobench.profiles.specs import model_from_hf_config
 from slobench.run.records import RequestRecord, RequestSpec
 
 MAX_INSTANCES = 4096
@@ -88,9 +89,13 @@ class KVLink:
 
 def kv_bytes_per_token(model: str, dtype_bytes: int = KV_DTYPE_BYTES) -> int:
     """K and V of every layer for one token: 2 * layers * kv_heads * head_dim * dtype bytes, from the
-    engine's model config (`reference_engine.model_config.CONFIGS`)."""
+    engine's model config (`reference_engine.model_config.CONFIGS`) or a Hugging Face config.json path."""
+    if model.endswith(".json"):
+        m = model_from_hf_config(model)
+        return 2 * m.num_layers * m.num_kv_heads * m.head_dim * dtype_bytes
     if model not in CONFIGS:
-        raise SpecError("model", model, f"KV bytes per token come from a model config; known: {sorted(CONFIGS)}")
+        raise SpecError("model", model, f"KV bytes per token come from a model config; known: {sorted(CONFIGS)}, "
+                                        "or a config.json path")
     cfg = CONFIGS[model]
     return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * dtype_bytes
 
@@ -110,6 +115,9 @@ class DisaggFleet:
     # has landed: vLLM's disaggregated connectors) or "prefill" (the prefill instance sends it as the prompt
     # ends: DistServe), the wait for room and the transfer then fall between the first and second tokens
     first_token_from: str = "decode"
+    # the decode pool's engine as the rest of the fleet's with these knobs replaced (`--decode-profile`,
+    # `--decode-kv-blocks`: profile, kv_blocks), when no `decode_engine` is given
+    decode_knobs: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("prefill", "decode", "colocated"):
@@ -126,13 +134,23 @@ class DisaggFleet:
         Router(self.router, 1)  # the policy name, checked now
         if self.first_token_from not in ("decode", "prefill"):
             raise SpecError("first_token_from", self.first_token_from, "must be decode or prefill")
+        for k, v in self.decode_knobs:
+            if k not in DECODE_KNOBS.values():
+                raise SpecError("decode_knobs", k, f"must be among {sorted(DECODE_KNOBS.values())}")
+            if k == "kv_blocks" and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise SpecError("decode_kv_blocks", v, "must be an integer >= 1")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"colocated": self.colocated, "prefill": self.prefill, "decode": self.decode,
-                "kv_link": str(self.link), "kv_bytes_per_token": self.bytes_per_token, "router": self.router}
+        doc = {"colocated": self.colocated, "prefill": self.prefill, "decode": self.decode,
+               "kv_link": str(self.link), "kv_bytes_per_token": self.bytes_per_token, "router": self.router}
+        if self.decode_knobs:
+            doc["decode_engine"] = {k: str(v) for k, v in self.decode_knobs}
+        return doc
 
 
-FLEET_KNOBS = ("prefill_replicas", "decode_replicas", "colocated_replicas", "kv_link")
+# knob -> the field of the decode pool's engine it replaces
+DECODE_KNOBS = {"decode_profile": "profile", "decode_kv_blocks": "kv_blocks"}
+FLEET_KNOBS = ("prefill_replicas", "decode_replicas", "colocated_replicas", "kv_link", *DECODE_KNOBS)
 
 
 def split_fleet_knobs(knobs: dict[str, Any], router: str = "least-outstanding") -> tuple[dict[str, Any], DisaggFleet | None]:
@@ -146,6 +164,7 @@ def split_fleet_knobs(knobs: dict[str, Any], router: str = "least-outstanding") 
         colocated=knobs.get("colocated_replicas", 0),
         link=link if isinstance(link, KVLink) else KVLink.parse(link),
         bytes_per_token=kv_bytes_per_token(str(knobs.get("model") or "tiny")), router=router,
+        decode_knobs=tuple((field_, knobs[k]) for k, field_ in DECODE_KNOBS.items() if knobs.get(k) is not None),
     )
     return rest, fleet
 

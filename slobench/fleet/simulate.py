@@ -248,7 +248,13 @@ def simulate_records(
             opts = replace(opts, disagg=named)
     seed, jitter_sd, api, replicas = opts.seed, opts.jitter_sd, opts.api, opts.replicas
     if opts.disagg is not None:
-        return _shift_after_send(simulate_disagg(specs, as_factory(engine), opts.disagg, seed=seed, jitter_sd=jitter_sd,
+        pools = opts.disagg
+        if pools.decode_knobs and pools.decode_engine is None:
+            base = as_factory(engine)
+            if not isinstance(base, ModeledEngine):
+                raise SpecError("decode_knobs", dict(pools.decode_knobs), "replace a ModeledEngine's knobs only")
+            pools = replace(pools, decode_engine=replace(base, **dict(pools.decode_knobs)))
+        return _shift_after_send(simulate_disagg(specs, as_factory(engine), pools, seed=seed, jitter_sd=jitter_sd,
                                                  api=api, model_name=opts.model_name, info=fleet),
                                  opts.request_overhead_s)
     factory = as_factory(engine)
