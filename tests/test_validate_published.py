@@ -1,7 +1,8 @@
 """The simulator against DistServe's measured OPT-13B/A100 runs (slobench.fleet.published,
 benchmarks/validate_published.py): a fast subset that fails when the fitted profile's simulated attainment on
 two runs of each setup drifts more than 3 points from the figures docs/measurements/validate_published.md
-records, and the run-file checks. Skips the data tests where ../shared/validation is absent."""
+records, the run-file checks, and (slow) the planner ranking the setups per GPU as the measurements do. Skips
+the data tests where ../shared/validation is absent."""
 
 from __future__ import annotations
 
@@ -11,8 +12,19 @@ from pathlib import Path
 
 import pytest
 
+from slobench.analysis.headline import crossing_rate
 from slobench.errors import SpecError
-from slobench.fleet.published import compare, read_run, specs_of, targets_met
+from slobench.fleet.published import (
+    GPUS_PER_SETUP,
+    PLAN_TARGET,
+    compare,
+    measured_curve,
+    pooled_lengths,
+    read_run,
+    simulated_curve,
+    specs_of,
+    targets_met,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "validation" / "distserve-opt13b-a100"
@@ -68,3 +80,17 @@ def test_the_benchmark_refuses_a_bad_run_file_with_exit_2(tmp_path: Path) -> Non
     assert out.returncode == 2
     assert "bad.jsonl:1" in out.stderr and "start_s" in out.stderr
     assert not (tmp_path / "o.json").exists()
+
+
+@needs_data
+@pytest.mark.slow
+def test_the_planner_ranks_the_setups_per_gpu_as_the_measurements_do() -> None:
+    per_gpu = {}
+    for setup, rates in (("vllm", (0.25, 1.0, 2.0)), ("distserve-c21d11", (3.0, 6.0, 9.0))):
+        runs = [read_run(f) for f in sorted((DATA / "runs").glob(f"{setup.split('-')[0]}-*.jsonl"))]
+        measured = crossing_rate(*measured_curve(runs), PLAN_TARGET) or 0.0
+        curve = simulated_curve(setup, "fitted", DATA, pooled_lengths(runs), rates, num_requests=200, seeds=(0,))
+        simulated = crossing_rate(list(rates), curve, PLAN_TARGET) or 0.0
+        per_gpu[setup] = (measured / GPUS_PER_SETUP[setup], simulated / GPUS_PER_SETUP[setup])
+    assert per_gpu["distserve-c21d11"][0] > per_gpu["vllm"][0]
+    assert per_gpu["distserve-c21d11"][1] > per_gpu["vllm"][1]
