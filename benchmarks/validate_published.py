@@ -131,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     extra = f", every step {args.host_overhead_ms:g} ms longer (diagnosis)" if args.host_overhead_ms else ""
     print(f"{args.setup}, {args.profile} profile{extra} ({dt.date.today().isoformat()}): measured vs simulated")
     print(table(rows))
+    for r in rows:
+        if r["num_failed_simulated"]:
+            print(f"note: {r['run']}: {r['num_failed_simulated']} requests the simulated engine refused (longer than "
+                  "the model's context or a step's budget); counted as not attained")
     met = sum(all(r["targets_met"].values()) for r in rows)
     print(f"{met} of {len(rows)} runs meet every target")
     if args.plan:

@@ -171,12 +171,13 @@ def simulated_times_ms(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np
 
 
 def figures(ttft_ms: np.ndarray, tpot_ms: np.ndarray, output_len: np.ndarray) -> dict[str, float]:
-    """Attainment (%, TTFT < 200 ms and TPOT < 100 ms both met) and TTFT/TPOT p50/p90 (ms; TPOT over the
-    answers of more than one token)."""
+    """Attainment (%, TTFT < 200 ms and TPOT < 100 ms both met; a request without times is not attained) and
+    TTFT/TPOT p50/p90 (ms, over the requests that have the time; TPOT over answers of more than one token)."""
     met = (ttft_ms < TTFT_SLO_MS) & (tpot_ms < TPOT_SLO_MS)
     multi = tpot_ms[output_len > 1]
 
     def q(x: np.ndarray, p: float) -> float:
+        x = x[np.isfinite(x)]
         return float(np.percentile(x, p)) if len(x) else math.nan
     return {"attainment": 100.0 * float(met.mean()), "ttft_p50_ms": q(ttft_ms, 50), "ttft_p90_ms": q(ttft_ms, 90),
             "tpot_p50_ms": q(multi, 50), "tpot_p90_ms": q(multi, 90)}
@@ -184,8 +185,10 @@ def figures(ttft_ms: np.ndarray, tpot_ms: np.ndarray, output_len: np.ndarray) ->
 
 def compare(run: Run, setup: str, profile: str, data_dir: Path, host_overhead_s: float = 0.0) -> dict[str, Any]:
     """One run's figures, measured and simulated."""
-    ttft, tpot = simulated_times_ms(simulate(run, setup, profile, data_dir, host_overhead_s))
+    records = simulate(run, setup, profile, data_dir, host_overhead_s)
+    ttft, tpot = simulated_times_ms(records)
     return {"run": run.name, "setup": setup, "profile": profile, "num_requests": len(run.start_s),
+            "num_failed_simulated": sum(r.status != "ok" for r in records),  # refused (too long), never attained
             "host_overhead_ms": host_overhead_s * 1e3,
             "rate_rps": round(run.rate_rps, 3),
             "measured": figures(run.ttft_ms, run.tpot_ms, run.output_len),
