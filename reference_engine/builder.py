@@ -92,5 +92,6 @@ def build_engine(spec: EngineSpec) -> tuple[LLMEngine, TextTokenizer]:
         max_num_batched_tokens=s.max_batched_tokens,
         max_model_len=model_len,
         enable_prefix_caching=s.enable_prefix_caching,
+        scheduler=s.scheduler,
     )
     return LLMEngine(config, ex), tokenizer

@@ -17,6 +17,16 @@ def require_positive_ints(obj: Any, names: Iterable[str]) -> None:
             raise ConfigError(name, value, "must be an integer >= 1")
 
 
+# chunked: mixed batches under one token budget, prompts cut into chunks (vLLM v1); vllm-v0: a step is whole
+# prompts or decodes, never both, prompts first (vLLM before chunked prefill)
+SCHEDULERS = ("chunked", "vllm-v0")
+
+
+def check_scheduler(name: Any) -> None:
+    if name not in SCHEDULERS:
+        raise ConfigError("scheduler", name, f"must be one of {list(SCHEDULERS)}")
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """Scheduler and KV-cache limits. Model shape lives with the executor, not here.
@@ -32,10 +42,12 @@ class EngineConfig:
     max_model_len: int = 4096
     enable_prefix_caching: bool = True
     prefix_hash_key: bytes | None = None
+    scheduler: str = "chunked"  # SCHEDULERS: how a step's batch is made (reference_engine.scheduler)
 
     def __post_init__(self) -> None:
         require_positive_ints(self, ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens",
                                      "max_model_len"))
+        check_scheduler(self.scheduler)
         if self.prefix_hash_key is not None and not (
             isinstance(self.prefix_hash_key, bytes) and 1 <= len(self.prefix_hash_key) <= 64
         ):
@@ -77,10 +89,12 @@ class EngineSpec:
     attention_backend: str | None = None
     enforce_eager: bool = False
     gpu_memory_utilization: float = 0.9
+    scheduler: str = "chunked"
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
             raise ConfigError("executor", self.executor, "must be 'torch' or 'modeled'")
+        check_scheduler(self.scheduler)
         require_positive_ints(self, ("block_size", "max_num_seqs", "max_batched_tokens"))
         require_positive_ints(self, [n for n in ("kv_blocks", "max_model_len") if getattr(self, n) is not None])
         if self.attention_backend not in (None, *ATTENTION_BACKENDS):

@@ -9,6 +9,11 @@ front of the queue. A step that preempted admits nobody.
 A waiting request is admitted only when blocks for its whole known token list fit now (vLLM PR #21809), so
 admission never forces a preemption by itself; a request that could never fit in the whole cache is
 rejected when it is added, instead of preempting forever.
+
+That is the "chunked" policy (the default). The "vllm-v0" policy (`EngineConfig.scheduler`) is vLLM's before
+chunked prefill: a step is either whole prompts, admitted FIFO while the token budget, max_num_seqs and the
+free blocks allow, or one decode token for every running request, never both, and prompts come first;
+preemption is the same (newest first, by recompute).
 """
 
 from __future__ import annotations
@@ -69,6 +74,10 @@ class Scheduler:
             raise RequestRejected(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
         if not 0 <= min_tokens <= max_tokens:
             raise RequestRejected(f"min_tokens must be in 0..max_tokens, got {min_tokens}", "min_tokens")
+        if cfg.scheduler == "vllm-v0" and num_prompt_tokens > cfg.max_num_batched_tokens:
+            raise RequestRejected(
+                f"the prompt has {num_prompt_tokens} tokens, more than a step's budget of "
+                f"{cfg.max_num_batched_tokens}: prompts are not cut into chunks here", "prompt")
         total = num_prompt_tokens + max_tokens
         if total > cfg.max_model_len:
             raise RequestRejected(
@@ -133,6 +142,8 @@ class Scheduler:
 
     # ---- one step ----------------------------------------------------------------------------------
     def schedule(self) -> StepBatch:
+        if self.config.scheduler == "vllm-v0":
+            return self._schedule_whole_prompts()
         bm = self.block_manager
         budget = self.config.max_num_batched_tokens
         scheduled: list[tuple[Sequence, int]] = []
@@ -177,6 +188,44 @@ class Scheduler:
             budget -= n
 
         return StepBatch([self._chunk(seq, n) for seq, n in scheduled])
+
+    def _schedule_whole_prompts(self) -> StepBatch:
+        """vllm-v0: whole prompts if any can be admitted now, else a decode token for every running request."""
+        bm = self.block_manager
+        cfg = self.config
+        chunks: list[SeqChunk] = []
+        budget = cfg.max_num_batched_tokens
+        while self.waiting and len(self.running) < cfg.max_num_seqs:
+            seq = self.waiting[0]
+            hits = bm.match_prefix(seq)
+            if seq.num_tokens - len(hits) * bm.block_size > budget or not bm.can_admit(seq.num_tokens, hits):
+                break  # FIFO: the head waits for budget or room rather than being overtaken
+            self.waiting.popleft()
+            bm.admit(seq, hits)
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            n = seq.num_tokens - seq.num_computed_tokens
+            chunks.append(self._chunk(seq, n))
+            budget -= n
+        if chunks:
+            return StepBatch(chunks)
+        bs = bm.block_size
+        i = 0
+        while i < len(self.running):
+            seq = self.running[i]
+            need = max(-(-(seq.num_computed_tokens + 1) // bs) - len(seq.block_table), 0)
+            while need > bm.num_allocatable:
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            if seq.status is not SeqStatus.RUNNING:
+                break
+            if need:
+                bm.append_blocks(seq, need)
+            chunks.append(self._chunk(seq, len(seq.token_ids) - seq.num_computed_tokens))
+            i += 1
+        return StepBatch(chunks)
 
     def _chunk(self, seq: Sequence, n: int) -> SeqChunk:
         start = seq.num_computed_tokens

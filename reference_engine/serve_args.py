@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from reference_engine.config import EXECUTORS, EngineSpec
+from reference_engine.config import EXECUTORS, SCHEDULERS, EngineSpec
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_KEEP_ALIVE_S = 5  # uvicorn's and vLLM's default, said explicitly
@@ -71,6 +71,10 @@ def add_engine_spec_arguments(parser: argparse.ArgumentParser | argparse._Argume
     a("--max-batched-tokens", type=int, default=2048, help="token budget per step (default: 2048)")
     a("--max-model-len", type=int, default=None, help="context length limit (default: 4096, capped by the model)")
     a("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    a("--scheduler", choices=SCHEDULERS, default="chunked",
+      help="how a step's batch is made: chunked (prompts cut into chunks and mixed with decodes under one token "
+           "budget, vLLM v1) or vllm-v0 (a step is whole prompts or decodes, never both, prompts first) "
+           "(default: chunked)")
     if in_process:
         a("--engine-device", default=None, help="torch device for --engine torch: cpu, cuda, cuda:N, auto (default: cpu)")
         return
@@ -98,7 +102,8 @@ def engine_spec_from_args(args: argparse.Namespace, *, in_process: bool = False)
         max_num_seqs = (served_max_num_seqs(args.profile) if modeled else None) or DEFAULT_MAX_NUM_SEQS
     shape = {"profile": args.profile, "kv_blocks": args.kv_blocks, "block_size": args.block_size,
              "max_num_seqs": max_num_seqs, "max_batched_tokens": args.max_batched_tokens,
-             "max_model_len": args.max_model_len, "enable_prefix_caching": not args.no_prefix_caching}
+             "max_model_len": args.max_model_len, "enable_prefix_caching": not args.no_prefix_caching,
+             "scheduler": getattr(args, "scheduler", "chunked")}
     if in_process:
         return EngineSpec(model=args.model or "tiny", executor=args.engine or "modeled",
                           device=args.engine_device or "cpu", **shape)

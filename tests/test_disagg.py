@@ -153,3 +153,44 @@ def test_deterministic_for_a_seed_with_jitter() -> None:
     assert [r.done_s for r in runs[0]] != [r.done_s for r in runs[2]]
     with pytest.raises(EngineConfigError, match="colocated_replicas"):
         simulate_records(specs, ENGINE, disagg=fleet, replicas=2)
+
+
+def test_the_decode_pool_runs_its_own_engine() -> None:
+    slow_decode = ModeledEngine(PROFILE.scaled(2.0), kv_blocks=256)
+    specs = [spec(i, 1.0 * i) for i in range(4)]  # one at a time
+    same = simulate_records(specs, ENGINE, disagg=pd("inf,0"))
+    fleet = DisaggFleet(1, 1, 0, KVLink.parse("inf,0"), BPT, decode_engine=slow_decode)
+    own = simulate_records(specs, ENGINE, disagg=fleet)
+    for a, b in zip(same, own, strict=True):
+        assert b.first_token_s == a.first_token_s  # the prefill pool is unchanged
+        assert b.done_s - b.first_token_s == pytest.approx(2 * (a.done_s - a.first_token_s), rel=1e-12)
+
+
+def test_first_token_from_the_prefill_instance_moves_the_transfer_into_tpot() -> None:
+    specs = [spec(i, 1.0 * i, n_in=100 + 37 * i) for i in range(4)]
+    link = KVLink.parse("1GB/s,250us")
+    landed = simulate_records(specs, ENGINE, disagg=DisaggFleet(1, 1, 0, link, BPT))
+    early = simulate_records(specs, ENGINE, disagg=DisaggFleet(1, 1, 0, link, BPT, first_token_from="prefill"))
+    for a, b in zip(landed, early, strict=True):
+        transfer = a.prompt_tokens * BPT / 1e9 + 250e-6
+        assert a.first_token_s - b.first_token_s == pytest.approx(transfer, abs=1e-12)
+        assert b.done_s == a.done_s and b.output_tokens == a.output_tokens == 20
+        assert len(b.chunk_times_s) == 20
+    with pytest.raises(Exception, match="first_token_from"):
+        DisaggFleet(1, 1, first_token_from="client")
+
+
+def test_decode_pool_knobs_replace_the_fleets_profile_and_blocks(tmp_path) -> None:  # noqa: ANN001
+    fast, slow = tmp_path / "fast.json", tmp_path / "slow.json"
+    fast.write_text(PROFILE.to_json())
+    slow.write_text(PROFILE.scaled(2.0).to_json())
+    knobs = {"profile": str(fast), "kv_blocks": 256, "model": "llama-3.2-1b", "prefill_replicas": 1,
+             "decode_replicas": 1}
+    specs = [spec(i, 1.0 * i) for i in range(4)]  # one at a time
+    same = simulate_records(specs, knobs)
+    own = simulate_records(specs, {**knobs, "decode_profile": str(slow), "decode_kv_blocks": 64})
+    for a, b in zip(same, own, strict=True):
+        assert b.first_token_s == a.first_token_s
+        assert b.done_s - b.first_token_s == pytest.approx(2 * (a.done_s - a.first_token_s), rel=1e-9)
+    with pytest.raises(Exception, match="decode_kv_blocks"):
+        simulate_records(specs, {**knobs, "decode_kv_blocks": 0})

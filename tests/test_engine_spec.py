@@ -87,3 +87,14 @@ def test_the_simulator_and_the_builder_build_the_same_engine_from_one_spec() -> 
     assert ModeledEngine.from_knobs({"kv_blocks": None}) == ModeledEngine()  # sizes left open keep the defaults
     with pytest.raises(ConfigError, match="executor: a virtual-clock run needs the modeled executor"):
         ModeledEngine.from_knobs({"executor": "torch"})
+
+
+def test_the_scheduler_policy_reaches_every_engine_and_the_manifest_only_when_not_the_default() -> None:
+    served = engine_spec_from_args(serve_args("--scheduler", "vllm-v0"))
+    knobs = engine_knobs_from_args(run_args("--engine", "modeled", "--scheduler", "vllm-v0"))
+    assert served.scheduler == knobs["scheduler"] == "vllm-v0"
+    built, _ = build_engine(EngineSpec.from_knobs(knobs))
+    assert built.config.scheduler == ModeledEngine.from_knobs(knobs)().config.scheduler == "vllm-v0"
+    assert "scheduler" not in engine_knobs_from_args(run_args("--engine", "modeled"))
+    with pytest.raises(SystemExit):
+        run_args("--scheduler", "fifo")

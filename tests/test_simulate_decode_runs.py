@@ -38,6 +38,12 @@ SCENARIOS = {
     "congested-chat": ("chat", 40.0, 300, ModeledEngine("h100-llama-1b", kv_blocks=2048, max_batched_tokens=1024), {}),
     # a fully cached prompt: the admitting step's chunk is one token, which the executor counts as a decode
     "cached-prompt-repeats": ("tiny", 4.0, 80, ModeledEngine("cpu-tiny", kv_blocks=512), {"input_len": 33}),
+    # vllm-v0 scheduling: whole-prompt steps between runs of decodes, KV pressure preempting, a full batch
+    "v0-preempting": ("chat", 40.0, 200, ModeledEngine("h100-llama-1b", kv_blocks=300, scheduler="vllm-v0"), {}),
+    "v0-max-seqs": ("chat", 60.0, 150, ModeledEngine("h100-llama-1b", kv_blocks=4096, max_num_seqs=4,
+                                                      scheduler="vllm-v0"), {}),
+    "v0-shared-prefixes": ("system-prompts", 12.0, 200, ModeledEngine("h100-llama-1b", kv_blocks=400,
+                                                                      scheduler="vllm-v0"), {"jitter_sd": 0.03}),
 }
 GENERATE_KW = ("input_len", "output_len")
 

@@ -5,7 +5,9 @@
              + max(f * attention_pairs, v * context_tokens)        # attention: FLOPs or KV read
 
 The two max() terms are a roofline (slobench.profiles.roofline fills them from a GPU spec and a model
-config); they are zero in a fitted linear profile, which then reads as the first line alone.
+config); they are zero in a fitted linear profile, which then reads as the first line alone. A profile with
+`phases` (reference_engine.executor.phase_fit: DistServe's per-phase fits) takes its step times from those
+instead.
 
 It lets the real scheduler and block manager run at GPU-like speed on any machine (the engine waits until
 step start + step_s on its clock). Sampled tokens are deterministic pseudo-random ids from (seq_id, position),
@@ -26,6 +28,7 @@ import numpy as np
 
 from reference_engine.errors import ConfigError
 from reference_engine.executor.base import StepBatch, StepResult
+from reference_engine.executor.phase_fit import PhaseFit, read_distserve
 from reference_engine.splitmix import splitmix64, splitmix64_array
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
@@ -56,6 +59,8 @@ class CostProfile:
     per_request_s: float = 0.0
     # where the numbers come from (written to JSON, not used in the model)
     provenance: dict[str, Any] | None = field(default=None, compare=False, hash=False)
+    # per-phase fits (prefill and decode formulas) that replace the terms above when given
+    phases: PhaseFit | None = None
 
     def __post_init__(self) -> None:
         for name in _COEFFICIENTS:
@@ -68,6 +73,11 @@ class CostProfile:
         return bool(self.compute_per_token_s or self.weights_read_s or self.attention_per_pair_s
                     or self.kv_read_per_context_token_s)
 
+    @property
+    def uses_pairs(self) -> bool:
+        """Whether a step's time depends on its attention pairs (else the context tokens stand for them)."""
+        return self.phases is not None or self.is_roofline
+
     def step_s(
         self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int,
         num_attention_pairs: int | None = None, num_first_tokens: int = 0,
@@ -76,6 +86,9 @@ class CostProfile:
         n*start + n*(n+1)/2; a decode token has its context. None: the context tokens (exact for a step of
         decodes only).
         `num_first_tokens`: requests sampling their first token in the step (each costs `per_request_s`)."""
+        if self.phases is not None:
+            return (self.phases.step_s(num_prefill_tokens, num_decode_seqs, num_context_tokens, num_attention_pairs)
+                    + self.per_request_s * num_first_tokens)
         t = (
             self.step_overhead_s
             + self.per_prefill_token_s * num_prefill_tokens
@@ -95,11 +108,22 @@ class CostProfile:
 
     def scaled(self, factor: float) -> CostProfile:
         """Every coefficient times `factor` (a slower or faster device of the same shape)."""
-        return replace(self, **{k: getattr(self, k) * factor for k in _COEFFICIENTS})
+        return replace(self, **{k: getattr(self, k) * factor for k in _COEFFICIENTS},
+                       phases=None if self.phases is None else self.phases.scaled(factor))
+
+    def with_step_overhead(self, extra_s: float) -> CostProfile:
+        """Every step `extra_s` longer: a fixed host cost (scheduling, sampling, streaming) the profile lacks."""
+        if not extra_s:
+            return self
+        return replace(self, step_overhead_s=self.step_overhead_s + extra_s,
+                       phases=None if self.phases is None else self.phases.with_step_overhead(extra_s))
 
     @classmethod
     def load(cls, name_or_path: str | Path) -> CostProfile:
-        """A bundled profile by name (`h100-llama-1b`, `cpu-tiny`) or a JSON file by path."""
+        """A bundled profile by name (`h100-llama-1b`, `cpu-tiny`), a JSON file by path, or DistServe's fit of a
+        model at a TP degree from its profiler file: `distserve:PATH@MODEL/tpN`."""
+        if isinstance(name_or_path, str) and name_or_path.startswith("distserve:"):
+            return cls.from_distserve(name_or_path)
         if isinstance(name_or_path, str) and ":" in name_or_path:
             prefix = name_or_path.split(":", 1)[0] + ":"
             if prefix in PROFILE_BUILDERS:
@@ -118,10 +142,29 @@ class CostProfile:
             raise ConfigError("profile", str(path), "must hold a JSON object of coefficients")
         fields = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw}
         fields.setdefault("name", path.stem)
+        if "phases" in raw:
+            fields["phases"] = PhaseFit.from_dict(raw["phases"])
+            for k in ("step_overhead_s", "per_prefill_token_s", "per_decode_seq_s", "per_context_token_s"):
+                fields.setdefault(k, 0.0)
         try:
             return cls(**fields)
         except TypeError as e:
             raise ConfigError("profile", str(path), f"missing coefficients: {e}") from e
+
+    @classmethod
+    def from_distserve(cls, spec: str) -> CostProfile:
+        """`distserve:PATH@MODEL/tpN`: the per-phase fit of MODEL on N GPUs from a DistServe profiler file."""
+        body = spec.removeprefix("distserve:")
+        path, _, rest = body.rpartition("@")
+        model, _, tp_text = rest.rpartition("/")
+        if not path or not model or not tp_text.startswith("tp") or not tp_text[2:].isdigit():
+            raise ConfigError("profile", spec, "a DistServe fit is distserve:PATH@MODEL/tpN, e.g. "
+                                               "distserve:profiler-a100-80g.vllm.json@facebook/opt-13b/tp1")
+        tp = int(tp_text[2:])
+        fit = read_distserve(path, model, tp)
+        return cls(f"distserve-{model.rsplit('/', 1)[-1]}-tp{tp}", 0.0, 0.0, 0.0, 0.0,
+                   note=f"DistServe's per-phase step-time fit for {model} at TP {tp} ({Path(path).name})",
+                   phases=fit, provenance={"kind": "distserve-fit", "file": str(path), "model": model, "tp": tp})
 
     def to_json(self) -> str:
         doc = asdict(self)
@@ -131,6 +174,10 @@ class CostProfile:
                 del doc[k]  # a linear profile's JSON stays as it was
         if doc["provenance"] is None:
             del doc["provenance"]
+        if self.phases is None:
+            del doc["phases"]
+        else:
+            doc["phases"] = self.phases.to_dict()
         return json.dumps(doc, indent=2)
 
     @classmethod
@@ -231,7 +278,7 @@ class ModeledExecutor:
             self.token_at(c.seq_id, c.start_pos + len(c.token_ids), allow_eos=c.num_generated >= c.sampling.min_tokens)
             if c.sample else None for c in batch.chunks]
         # the linear model reads context tokens where a roofline one reads pairs
-        step_s = self.profile.step_s(prefill, decode, context, pairs if self.profile.is_roofline else None, firsts)
+        step_s = self.profile.step_s(prefill, decode, context, pairs if self.profile.uses_pairs else None, firsts)
         self.num_steps += 1
         self.total_modeled_s += step_s
         return StepResult(tokens, modeled_s=step_s)

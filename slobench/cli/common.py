@@ -106,6 +106,11 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
                      help="with --simulate: D decode instances taking the KV of the prefill instances")
     eng.add_argument("--colocated-replicas", type=int, default=0, metavar="C",
                      help="with --prefill/--decode-replicas: C co-located instances beside them (default 0)")
+    eng.add_argument("--decode-profile", default=None, metavar="PROFILE",
+                     help="with --prefill/--decode-replicas: the decode instances' cost profile (another TP degree, "
+                          "say; default --profile)")
+    eng.add_argument("--decode-kv-blocks", type=int, default=None, metavar="N",
+                     help="with --prefill/--decode-replicas: the decode instances' KV blocks (default --kv-blocks)")
     eng.add_argument("--kv-link", default=None, metavar="BW,LAT",
                      help="with --prefill/--decode-replicas: each prefill instance's KV link, e.g. 50GB/s,20us "
                           "(default inf,0); bytes per token from the --model config (2*layers*kv_heads*head_dim*2)")
@@ -257,10 +262,15 @@ def engine_knobs_from_args(args: argparse.Namespace) -> dict[str, Any]:
     spec = engine_spec_from_args(args, in_process=True)
     every = spec.to_knobs()
     knobs = {k: every[k] for k in _MANIFEST_KNOBS}
+    if spec.scheduler != "chunked":  # recorded only when not the default, so default manifests stay as they are
+        knobs["scheduler"] = spec.scheduler
     if getattr(args, "prefill_replicas", 0) or getattr(args, "decode_replicas", 0):  # slobench.fleet.disagg's knobs
         knobs.update(prefill_replicas=args.prefill_replicas, decode_replicas=args.decode_replicas,
                      colocated_replicas=getattr(args, "colocated_replicas", 0) or 0,
                      kv_link=getattr(args, "kv_link", None) or "inf,0")
+        for k in ("decode_profile", "decode_kv_blocks"):  # only when given: other fleets' knobs stay as they are
+            if getattr(args, k, None) is not None:
+                knobs[k] = getattr(args, k)
     if spec.executor == "torch" and args.engine_device is not None:
         knobs["device"] = spec.device
     return knobs

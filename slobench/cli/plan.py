@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from reference_engine.config import SCHEDULERS
 from reference_engine.executor.modeled_executor import CostProfile
 from reference_engine.serve_args import served_max_num_seqs
 from slobench.analysis.slo import SLO
@@ -76,6 +77,8 @@ def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
                      help=f"most requests in a batch (default: {PLAN_MAX_NUM_SEQS}, or a calibrated profile's served_max_num_seqs)")
     eng.add_argument("--max-batched-tokens", type=int, default=2048)
     eng.add_argument("--max-model-len", type=int, default=16384)
+    eng.add_argument("--scheduler", choices=SCHEDULERS, default="chunked",
+                     help="chunked (mixed batches, the default) or vllm-v0 (a step is whole prompts or decodes)")
     eng.add_argument("--kv-link", default="50GB/s,20us", help="prefill -> decode KV link (default 50GB/s,20us)")
     eng.add_argument("--model", default="llama-3.2-1b",
                      help="model config for KV bytes a token when the profile is not a roofline one")
@@ -186,7 +189,7 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     try:
         engine = ModeledEngine(profile, kv_blocks=kv_blocks, block_size=args.block_size,
                                max_num_seqs=max_num_seqs, max_batched_tokens=args.max_batched_tokens,
-                               max_model_len=args.max_model_len, seed=args.seed)
+                               max_model_len=args.max_model_len, seed=args.seed, scheduler=args.scheduler)
         link = KVLink.parse(args.kv_link)
         options = PlanOptions(switch_s=switch_s, min_saving=args.min_saving, hold=args.hold,
                               max_instances=args.max_instances, kinds=kinds,

@@ -36,7 +36,10 @@ def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
                      "to measured operator times (see docs/guide/simulator.md). The same profile is "
                      "available without a file as --profile roofline:GPU/MODEL[/tpN].")
     p.add_argument("--gpu", required=True, help=f"one of {', '.join(GPUS)}")
-    p.add_argument("--model", required=True, help=f"one of {', '.join(MODELS)}")
+    p.add_argument("--model", default=None, help=f"one of {', '.join(MODELS)}, or a Hugging Face config.json path")
+    p.add_argument("--model-config", default=None, metavar="PATH",
+                   help="any model's shapes from its Hugging Face config.json (OPT, Llama, Mistral, Qwen), instead "
+                        "of --model")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (GPUs per instance, default 1)")
     p.add_argument("-o", "--output", default=None, help="write the profile JSON here (default: print it)")
 
@@ -218,7 +221,9 @@ def calibrate(args: argparse.Namespace) -> int:
 
 
 def profile(args: argparse.Namespace) -> int:
-    prof = roofline(args.model, args.gpu, args.tp)
+    if (args.model is None) == (args.model_config is None):
+        raise UsageError("give one of --model NAME and --model-config PATH")
+    prof = roofline(args.model or args.model_config, args.gpu, args.tp)
     text = prof.to_json() + "\n"
     if args.output is None:
         print(text, end="")

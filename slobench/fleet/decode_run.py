@@ -221,6 +221,9 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         context += n
         if n == s.num_prompt_tokens:
             firsts0 += 1
+    if (cfg.scheduler != "chunked" and sched.waiting and len(sched.running) < cfg.max_num_seqs
+            and not _head_stays_out(sched.waiting[0], decodes, bm)):
+        return None  # vllm-v0: the next step is the queue's prompts (or may be): stepped
     admitted = None
     filled: Sequence | None = None  # a prompt whose last chunk the first step takes, before the admissions
     # heads wait that a later step of the run could admit: the run stops short of that step
@@ -247,7 +250,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     if num_steps < 1 or clock.now_s() >= until_s:
         return None
     profile = ex.profile
-    roofline = profile.is_roofline
+    roofline = profile.uses_pairs
     times: list[float] = []
     chunks: dict[int, int] = {}  # the filling prompt's chunk at each step until its last
     events: list[tuple[int, int, int, int]] = []  # (step, phase, index in `every`, computed tokens then)

@@ -26,6 +26,7 @@ from slobench.fleet.decode_run import decode_run, record_run
 from slobench.fleet.replica import EngineFactory, JitteredWait, arrive, request_parser, virtual_engine, wake
 from slobench.fleet.routing import Router
 from slobench.fleet.sim_blocks import SimBlockManager
+from slobench.profiles.specs import model_from_hf_config
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.engine import refusal_error
 
@@ -89,9 +90,13 @@ class KVLink:
 
 def kv_bytes_per_token(model: str, dtype_bytes: int = KV_DTYPE_BYTES) -> int:
     """K and V of every layer for one token: 2 * layers * kv_heads * head_dim * dtype bytes, from the
-    engine's model config (`reference_engine.model_config.CONFIGS`)."""
+    engine's model config (`reference_engine.model_config.CONFIGS`) or a Hugging Face config.json path."""
+    if model.endswith(".json"):
+        m = model_from_hf_config(model)
+        return 2 * m.num_layers * m.num_kv_heads * m.head_dim * dtype_bytes
     if model not in CONFIGS:
-        raise SpecError("model", model, f"KV bytes per token come from a model config; known: {sorted(CONFIGS)}")
+        raise SpecError("model", model, f"KV bytes per token come from a model config; known: {sorted(CONFIGS)}, "
+                                        "or a config.json path")
     cfg = CONFIGS[model]
     return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * dtype_bytes
 
@@ -104,6 +109,16 @@ class DisaggFleet:
     link: KVLink = field(default_factory=KVLink)
     bytes_per_token: int = 0
     router: str = "least-outstanding"  # both pools route with the same policy
+    # the decode pool's own engine (another parallelism, profile or limits: prefill TP 2, decode TP 1, say);
+    # None: the same engine as the rest of the fleet
+    decode_engine: EngineFactory | None = field(default=None, compare=False)
+    # when the client sees the first token: "decode" (the decode instance streams every token, once the KV
+    # has landed: vLLM's disaggregated connectors) or "prefill" (the prefill instance sends it as the prompt
+    # ends: DistServe), the wait for room and the transfer then fall between the first and second tokens
+    first_token_from: str = "decode"
+    # the decode pool's engine as the rest of the fleet's with these knobs replaced (`--decode-profile`,
+    # `--decode-kv-blocks`: profile, kv_blocks), when no `decode_engine` is given
+    decode_knobs: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("prefill", "decode", "colocated"):
@@ -118,13 +133,25 @@ class DisaggFleet:
         if isinstance(self.bytes_per_token, bool) or not isinstance(self.bytes_per_token, int) or self.bytes_per_token < 0:
             raise SpecError("kv_bytes_per_token", self.bytes_per_token, "must be an integer >= 0")
         Router(self.router, 1)  # the policy name, checked now
+        if self.first_token_from not in ("decode", "prefill"):
+            raise SpecError("first_token_from", self.first_token_from, "must be decode or prefill")
+        for k, v in self.decode_knobs:
+            if k not in DECODE_KNOBS.values():
+                raise SpecError("decode_knobs", k, f"must be among {sorted(DECODE_KNOBS.values())}")
+            if k == "kv_blocks" and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise SpecError("decode_kv_blocks", v, "must be an integer >= 1")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"colocated": self.colocated, "prefill": self.prefill, "decode": self.decode,
-                "kv_link": str(self.link), "kv_bytes_per_token": self.bytes_per_token, "router": self.router}
+        doc = {"colocated": self.colocated, "prefill": self.prefill, "decode": self.decode,
+               "kv_link": str(self.link), "kv_bytes_per_token": self.bytes_per_token, "router": self.router}
+        if self.decode_knobs:
+            doc["decode_engine"] = {k: str(v) for k, v in self.decode_knobs}
+        return doc
 
 
-FLEET_KNOBS = ("prefill_replicas", "decode_replicas", "colocated_replicas", "kv_link")
+# knob -> the field of the decode pool's engine it replaces
+DECODE_KNOBS = {"decode_profile": "profile", "decode_kv_blocks": "kv_blocks"}
+FLEET_KNOBS = ("prefill_replicas", "decode_replicas", "colocated_replicas", "kv_link", *DECODE_KNOBS)
 
 
 def split_fleet_knobs(knobs: dict[str, Any], router: str = "least-outstanding") -> tuple[dict[str, Any], DisaggFleet | None]:
@@ -138,6 +165,7 @@ def split_fleet_knobs(knobs: dict[str, Any], router: str = "least-outstanding") 
         colocated=knobs.get("colocated_replicas", 0),
         link=link if isinstance(link, KVLink) else KVLink.parse(link),
         bytes_per_token=kv_bytes_per_token(str(knobs.get("model") or "tiny")), router=router,
+        decode_knobs=tuple((field_, knobs[k]) for k, field_ in DECODE_KNOBS.items() if knobs.get(k) is not None),
     )
     return rest, fleet
 
@@ -201,7 +229,8 @@ def simulate_disagg(
          prompt's KV written and its first token as the last sampled one, and decodes there to the end.
 
     The client sees the first token when the KV has landed (TTFT includes the queue for room and the
-    transfer), then a token at the end of every decode step that produced one. `replica` on a record is the
+    transfer), or with `first_token_from` "prefill" as the prefill ends; then a token at the end of every
+    decode step that produced one. The decode pool runs `fleet.decode_engine` when one is given. `replica` on a record is the
     instance that took its prompt (co-located or prefill). Instances are numbered co-located first, then
     prefill, then decode.
 
@@ -209,7 +238,9 @@ def simulate_disagg(
     ends), link contention beyond one FIFO per prefill instance, and a decode instance preempting a request
     whose KV is in flight (its blocks are reserved, so it cannot be)."""
     roles = ["colocated"] * fleet.colocated + ["prefill"] * fleet.prefill + ["decode"] * fleet.decode
-    insts = [_Instance(k, role, *virtual_engine(factory, k, seed, jitter_sd)) for k, role in enumerate(roles)]
+    insts = [_Instance(k, role, *virtual_engine(fleet.decode_engine if role == "decode" and fleet.decode_engine
+                                                else factory, k, seed, jitter_sd))
+             for k, role in enumerate(roles)]
     front = [x for x in insts if x.role != "decode"]
     decoders = [x for x in insts if x.role == "decode"]
     front_router = Router(fleet.router, len(front))
@@ -274,10 +305,11 @@ def simulate_disagg(
         d.engine.adopt_prefilled(seq, t, h.cached_tokens)  # the prompt's KV is here; its first token came with it
         d.num_reserved -= 1
         rec = h.rec
-        rec.first_token_s = t
-        rec.chunk_times_s.append(t)
-        rec.chunk_tokens.append(1)
-        rec.output_tokens += 1
+        if rec.first_token_s is None:  # (else the prefill instance sent it)
+            rec.first_token_s = t
+            rec.chunk_times_s.append(t)
+            rec.chunk_tokens.append(1)
+            rec.output_tokens += 1
         d.num_output_tokens += 1
         owned[(d.index, seq.seq_id)] = (rec, None, h.weight)
 
@@ -298,6 +330,11 @@ def simulate_disagg(
                     continue
                 h.first_token = ev.token_id
                 h.cached_tokens = ev.num_cached_tokens
+                if fleet.first_token_from == "prefill":
+                    rec.first_token_s = ev.time_s
+                    rec.chunk_times_s.append(ev.time_s)
+                    rec.chunk_tokens.append(1)
+                    rec.output_tokens += 1
                 hold_prompt(inst, h)
                 num_handoffs += 1
                 push(ev.time_s, "ready", h)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from reference_engine.builder import modeled_executor
-from reference_engine.config import EngineConfig, EngineSpec, require_positive_ints
+from reference_engine.config import EngineConfig, EngineSpec, check_scheduler, require_positive_ints
 from reference_engine.engine import LLMEngine, VirtualClock
 from reference_engine.executor.modeled_executor import CostProfile
 from reference_engine.scheduler import RequestRejected
@@ -64,12 +64,14 @@ class ModeledEngine:
     step_scale: float = 1.0
     seed: int = 0
     name: str = "modeled"
+    scheduler: str = "chunked"  # reference_engine.config.SCHEDULERS
 
     def __post_init__(self) -> None:
         # the CLI's names (kv_blocks, max_batched_tokens), checked before EngineConfig would see them
         require_positive_ints(self, ("kv_blocks", "block_size", "max_num_seqs", "max_batched_tokens", "max_model_len"))
         if isinstance(self.step_scale, bool) or not isinstance(self.step_scale, int | float) or not self.step_scale > 0:
             raise SpecError("step_scale", self.step_scale, "must be a number > 0")
+        check_scheduler(self.scheduler)
 
     @classmethod
     def from_knobs(cls, knobs: Mapping[str, Any]) -> ModeledEngine:
@@ -81,7 +83,7 @@ class ModeledEngine:
             raise SpecError("executor", spec.executor, "a virtual-clock run needs the modeled executor")
         given: dict[str, Any] = {"profile": spec.profile, "block_size": spec.block_size, "max_num_seqs": spec.max_num_seqs,
                                  "max_batched_tokens": spec.max_batched_tokens, "seed": spec.seed,
-                                 "enable_prefix_caching": spec.enable_prefix_caching}
+                                 "enable_prefix_caching": spec.enable_prefix_caching, "scheduler": spec.scheduler}
         if spec.kv_blocks is not None:
             given["kv_blocks"] = spec.kv_blocks
         if spec.max_model_len is not None:
@@ -102,7 +104,7 @@ class ModeledEngine:
                                  seed=self.seed)
         cfg = EngineConfig(block_size=self.block_size, num_blocks=self.kv_blocks, max_num_seqs=self.max_num_seqs,
                            max_num_batched_tokens=self.max_batched_tokens, max_model_len=self.max_model_len,
-                           enable_prefix_caching=self.enable_prefix_caching)
+                           enable_prefix_caching=self.enable_prefix_caching, scheduler=self.scheduler)
         return LLMEngine(cfg, ex)
 
 
@@ -247,7 +249,13 @@ def simulate_records(
             opts = replace(opts, disagg=named)
     seed, jitter_sd, api, replicas = opts.seed, opts.jitter_sd, opts.api, opts.replicas
     if opts.disagg is not None:
-        return _shift_after_send(simulate_disagg(specs, as_factory(engine), opts.disagg, seed=seed, jitter_sd=jitter_sd,
+        pools = opts.disagg
+        if pools.decode_knobs and pools.decode_engine is None:
+            base = as_factory(engine)
+            if not isinstance(base, ModeledEngine):
+                raise SpecError("decode_knobs", dict(pools.decode_knobs), "replace a ModeledEngine's knobs only")
+            pools = replace(pools, decode_engine=replace(base, **dict(pools.decode_knobs)))
+        return _shift_after_send(simulate_disagg(specs, as_factory(engine), pools, seed=seed, jitter_sd=jitter_sd,
                                                  api=api, model_name=opts.model_name, info=fleet),
                                  opts.request_overhead_s)
     factory = as_factory(engine)

@@ -45,7 +45,7 @@ def elementwise_bytes_per_token(m: ModelConfig, tp: int = 1) -> float:
     (read and write), SiLU·mul on the local MLP width (read 2i, write i): the operators Vidur times."""
     norms_and_add = 2 * 2 * m.hidden_size + 3 * m.hidden_size
     rope = 2 * (m.num_heads + m.num_kv_heads) * m.head_dim / tp
-    act = 3 * m.intermediate_size / tp
+    act = m.mlp_matrices * m.intermediate_size / tp  # gated: read 2i, write i; plain: read i, write i
     return m.bytes_per_param * (norms_and_add + rope + act)
 
 
@@ -136,7 +136,7 @@ def kv_capacity_tokens(model: str | ModelConfig, gpu: str | GpuSpec, tp: int = 1
     g = get_gpu(gpu) if isinstance(gpu, str) else gpu
     if not 0 < memory_utilization <= 1:
         raise SpecError("memory_utilization", memory_utilization, "must be a fraction in (0, 1]")
-    weights = (m.num_layers * m.layer_params + 2 * m.vocab_size * m.hidden_size) * m.bytes_per_param
+    weights = m.params * m.bytes_per_param
     free = tp * g.memory_gb * 1e9 * memory_utilization - weights
     replicas = max(1, tp // m.num_kv_heads)  # past tp = KV heads, each KV head is kept on several GPUs
     return max(0, int(free // (m.kv_bytes_per_token * replicas)))
@@ -147,9 +147,11 @@ def roofline_from_name(spec: str) -> CostProfile:
     body = spec.removeprefix("roofline:")
     parts = body.split("/")
     tp = 1
-    if len(parts) == 3 and parts[2].startswith("tp") and parts[2][2:].isdigit():
-        tp = int(parts[2][2:])
-        parts = parts[:2]
+    if len(parts) >= 3 and parts[-1].startswith("tp") and parts[-1][2:].isdigit():
+        tp = int(parts[-1][2:])
+        parts = parts[:-1]
+    if len(parts) > 2 and parts[-1].endswith(".json"):  # MODEL is a config.json path
+        parts = [parts[0], "/".join(parts[1:])]
     if len(parts) != 2:
         raise SpecError("profile", spec, "a roofline profile is roofline:GPU/MODEL[/tpN], e.g. roofline:h100/llama-3.1-8b")
     return roofline(parts[1], parts[0], tp)

@@ -8,7 +8,10 @@ published with each model on the Hugging Face hub.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from slobench.errors import SpecError
 
@@ -37,14 +40,18 @@ class ModelConfig:
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    intermediate_size: int  # gated MLP: gate and up are hidden x intermediate each, down the reverse
+    intermediate_size: int  # the MLP's width: gated (gate, up, down) or plain (up, down)
     vocab_size: int
     source: str
     bytes_per_param: int = 2  # bf16 weights and KV cache
+    mlp_matrices: int = 3  # 3: a gated MLP (SwiGLU: Llama, Mistral, Qwen); 2: up and down only (OPT's ReLU)
+    tie_embeddings: bool = False  # the LM head is the embedding matrix (OPT, Llama-3.2-1B)
+    max_positions: int = 0  # the context the model was trained for (0: not given)
+    learned_positions: bool = False  # a position-embedding table of max_positions x hidden (OPT)
 
     def __post_init__(self) -> None:
         for k in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
-                  "vocab_size", "bytes_per_param"):
+                  "vocab_size", "bytes_per_param", "mlp_matrices"):
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise SpecError(k, v, "must be an integer >= 1")
@@ -55,12 +62,14 @@ class ModelConfig:
     def layer_params(self) -> int:
         """Weights of one transformer layer's matmuls (norm weights and biases are negligible)."""
         h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        return h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size
+        return h * (q + 2 * kv) + q * h + self.mlp_matrices * h * self.intermediate_size
 
     @property
     def params(self) -> int:
-        """All weights: the layers, the embedding and an untied LM head."""
-        return self.num_layers * self.layer_params + 2 * self.vocab_size * self.hidden_size
+        """All weights: the layers, the embedding, the LM head unless tied, learned positions if any."""
+        heads = 1 if self.tie_embeddings else 2
+        positions = self.max_positions * self.hidden_size if self.learned_positions else 0
+        return self.num_layers * self.layer_params + heads * self.vocab_size * self.hidden_size + positions
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -109,7 +118,59 @@ def get_gpu(name: str) -> GpuSpec:
 
 
 def get_model(name: str) -> ModelConfig:
+    """A bundled model by name, or any model's shapes from a Hugging Face config.json path
+    (`model_from_hf_config`)."""
+    if name.endswith(".json"):
+        return model_from_hf_config(name)
     key = name.lower()
     if key not in MODELS:
-        raise SpecError("model", name, f"unknown; known: {', '.join(MODELS)}")
+        raise SpecError("model", name, f"unknown; known: {', '.join(MODELS)}, or a config.json path")
     return MODELS[key]
+
+
+# model types whose MLP is up and down only (no gate); every other type is read as Llama-style (gated)
+_PLAIN_MLP = ("opt", "gpt2", "gpt_neox", "gptj", "bloom", "falcon", "gpt_bigcode")
+_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float": 4, "half": 2}
+
+
+def model_from_hf_config(path: str | Path) -> ModelConfig:
+    """A model's shapes from its Hugging Face `config.json`: OPT (`ffn_dim`, learned positions, tied head)
+    and Llama-style models (Llama, Mistral, Qwen2: `intermediate_size`, `num_key_value_heads`, an optional
+    `head_dim`). Weights and KV are counted at 2 bytes (fp16/bf16) unless `torch_dtype` says float32."""
+    p = Path(path)
+    try:
+        raw = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise SpecError("model config", str(p), f"cannot read it as JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise SpecError("model config", str(p), "must hold a JSON object (a Hugging Face config.json)")
+    model_type = str(raw.get("model_type", "")).lower()
+    width_key = "ffn_dim" if model_type == "opt" or "ffn_dim" in raw and "intermediate_size" not in raw else \
+        "intermediate_size"
+    need = ["num_hidden_layers", "hidden_size", "num_attention_heads", width_key, "vocab_size"]
+    missing = [k for k in need if k not in raw]
+    if missing:
+        raise SpecError("model config", str(p), f"lacks {', '.join(missing)} (model_type {model_type or '?'})")
+
+    def integer(key: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SpecError(f"model config {p.name}: {key}", value, "must be an integer >= 1")
+        return value
+
+    heads = integer("num_attention_heads", raw["num_attention_heads"])
+    hidden = integer("hidden_size", raw["hidden_size"])
+    kv_heads = integer("num_key_value_heads", raw.get("num_key_value_heads") or heads)
+    head_dim = integer("head_dim", raw.get("head_dim") or hidden // heads)
+    plain = model_type in _PLAIN_MLP or width_key == "ffn_dim"
+    name = str(raw.get("_name_or_path") or p.parent.name or p.stem).rsplit("/", 1)[-1].lower()
+    return ModelConfig(
+        name=name, num_layers=integer("num_hidden_layers", raw["num_hidden_layers"]), hidden_size=hidden,
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        intermediate_size=integer(width_key, raw[width_key]), vocab_size=integer("vocab_size", raw["vocab_size"]),
+        source=f"{p} (Hugging Face config.json, model_type {model_type or '?'})",
+        bytes_per_param=_DTYPE_BYTES.get(str(raw.get("torch_dtype", "float16")), 2),
+        mlp_matrices=2 if plain else 3,
+        tie_embeddings=bool(raw.get("tie_word_embeddings", model_type == "opt")),
+        max_positions=int(raw.get("max_position_embeddings") or 0),
+        learned_positions=model_type == "opt",
+    )

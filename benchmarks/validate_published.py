@@ -1,0 +1,151 @@
+"""The simulator against published GPU measurements: DistServe's OPT-13B runs on A100-80GB.
+
+Each run file (one JSON line per request: start_s, prompt_len, output_len, ttft_ms, tpot_ms) is replayed with
+its exact arrivals and lengths on the engine the setup ran (slobench.fleet.published: vllm, 1 GPU with the
+vllm-v0 scheduler; distserve-c21d11, a TP-2 prefill and a TP-1 decode instance), with DistServe's fitted step
+times or a roofline of the A100 and OPT-13B. Prints measured against simulated attainment (TTFT < 200 ms and
+TPOT < 100 ms) and TTFT/TPOT p50/p90, with the targets each run meets; writes them to --json.
+`--plan` adds the planner's answer from simulation alone. Figures: docs/measurements/validate_published.md.
+
+    python benchmarks/validate_published.py --setup vllm --profile fitted RUN.jsonl [...] --json OUT.json"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from reference_engine.errors import ConfigError
+from slobench.analysis.headline import crossing_rate
+from slobench.errors import SpecError
+from slobench.fleet.published import (
+    GPUS_PER_SETUP,
+    PLAN_TARGET,
+    PROFILES,
+    SETUPS,
+    compare,
+    measured_curve,
+    pooled_lengths,
+    read_run,
+    simulated_curve,
+    targets_met,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT.parent / "shared" / "validation" / "distserve-opt13b-a100"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (f"{'run':28s} {'rate':>5s} {'n':>5s} | {'attained % meas  sim':>21s} | {'TTFT p50 ms meas  sim':>22s} "
+            f"| {'TTFT p90 ms meas  sim':>22s} | {'TPOT p50 ms meas  sim':>22s} | {'TPOT p90 ms meas  sim':>22s} | missed")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        m, s = r["measured"], r["simulated"]
+        missed = [k for k, ok in r["targets_met"].items() if not ok]
+        cells = [f"{m['attainment']:9.1f} {s['attainment']:5.1f} ({s['attainment'] - m['attainment']:+5.1f})"]
+        for k in ("ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms"):
+            err = (s[k] - m[k]) / m[k] * 100 if m[k] else float("nan")
+            cells.append(f"{m[k]:8.0f} {s[k]:6.0f} ({err:+4.0f}%)")
+        lines.append(f"{r['run']:28s} {r['rate_rps']:5.1f} {r['num_requests']:5d} | " + " | ".join(cells)
+                     + " | " + (", ".join(missed) or "-"))
+    return "\n".join(lines)
+
+
+SWEEP_RATES = {"vllm": (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0), "distserve-c21d11": (2.0, 3.0, 4.5, 6.0, 7.5, 9.0, 12.0)}
+
+
+def _rate_cells(rate: float | None, lowest: float, gpus: int) -> tuple[str, str, float]:
+    """(rate, per GPU) as printed, and the per-GPU rate to order by (0 where even the lowest rate missed)."""
+    if rate is None:
+        return f"< {lowest:g}", f"< {lowest / gpus:.2f}", 0.0
+    return f"{rate:.2f}", f"{rate / gpus:.2f}", rate / gpus
+
+
+def plan_section(data: Path, profile: str) -> str:
+    """The planner's answer from simulation alone beside the measured one: the highest rate each setup serves
+    with >= 90% of requests attaining both SLOs, and that rate per GPU."""
+    files = sorted((data / "runs").glob("*.jsonl"))
+    lines = [f"Highest rate at >= {PLAN_TARGET:g}% attainment ({profile} profile; simulated: Poisson arrivals, "
+             "lengths drawn from the setup's measured requests, 400 requests, mean of 2 seeds)",
+             f"{'setup':18s} {'GPUs':>4s} | {'measured rps':>12s} {'per GPU':>8s} | {'simulated rps':>13s} {'per GPU':>8s}"]
+    per_gpu: dict[str, tuple[float, float]] = {}
+    for setup in SETUPS:
+        runs = [read_run(f) for f in files if f.name.startswith(setup.split("-")[0] + "-")]
+        if not runs:
+            continue
+        gpus = GPUS_PER_SETUP[setup]
+        rates, att = measured_curve(runs)
+        meas = crossing_rate(rates, att, PLAN_TARGET)
+        sim_rates = SWEEP_RATES[setup]
+        sim = crossing_rate(list(sim_rates), simulated_curve(setup, profile, data, pooled_lengths(runs), sim_rates),
+                            PLAN_TARGET)
+        m_rate, m_gpu, m_key = _rate_cells(meas, rates[0], gpus)
+        s_rate, s_gpu, s_key = _rate_cells(sim, sim_rates[0], gpus)
+        per_gpu[setup] = (m_key, s_key)
+        lines.append(f"{setup:18s} {gpus:4d} | {m_rate:>12s} {m_gpu:>8s} | {s_rate:>13s} {s_gpu:>8s}")
+    if len(per_gpu) == 2:
+        order = [sorted(per_gpu, key=lambda k: -per_gpu[k][i]) for i in (0, 1)]
+        lines.append(f"per-GPU ordering, measured: {' > '.join(order[0])}; simulated: {' > '.join(order[1])} "
+                     f"({'the same' if order[0] == order[1] else 'DIFFERENT'})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--setup", required=True, choices=SETUPS)
+    p.add_argument("--profile", required=True, choices=PROFILES)
+    p.add_argument("runs", nargs="+", metavar="RUN.jsonl")
+    p.add_argument("--json", required=True, metavar="OUT.json", help="where the per-run figures go")
+    p.add_argument("--data", default=str(DATA), metavar="DIR",
+                   help="the folder with DistServe's profiler files and opt-13b-config.json (default: %(default)s)")
+    p.add_argument("--host-overhead-ms", type=float, default=0.0, metavar="MS",
+                   help="a diagnosis: every simulated step MS longer (host work outside the profile's forward "
+                        "pass); 0, the default, is the profile as it is, and the only setting the targets are for")
+    p.add_argument("--plan", action="store_true",
+                   help="also the planner's answer (highest rate at >= 90%% attainment, per GPU) for both setups, "
+                        "from simulation alone, beside the measured one (reads --data's runs/)")
+    args = p.parse_args(argv)
+    if not 0 <= args.host_overhead_ms < float("inf"):
+        print(f"error: --host-overhead-ms must be a number >= 0 (got {args.host_overhead_ms})", file=sys.stderr)
+        return 2
+    data = Path(args.data)
+    needed = ["opt-13b-config.json", "profiler-a100-80g.vllm.json", "profiler-a100-80g.distserve.json"]
+    missing = [n for n in needed if not (data / n).is_file()]
+    if missing:
+        print(f"error: --data {data}: lacks {', '.join(missing)}", file=sys.stderr)
+        return 2
+    try:
+        runs = [read_run(f) for f in args.runs]
+        rows = []
+        for run in runs:
+            row = compare(run, args.setup, args.profile, data, args.host_overhead_ms / 1e3)
+            row["targets_met"] = targets_met(row)
+            rows.append(row)
+    except (SpecError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    extra = f", every step {args.host_overhead_ms:g} ms longer (diagnosis)" if args.host_overhead_ms else ""
+    print(f"{args.setup}, {args.profile} profile{extra} ({dt.date.today().isoformat()}): measured vs simulated")
+    print(table(rows))
+    for r in rows:
+        if r["num_failed_simulated"]:
+            print(f"note: {r['run']}: {r['num_failed_simulated']} requests the simulated engine refused (longer than "
+                  "the model's context or a step's budget); counted as not attained")
+    met = sum(all(r["targets_met"].values()) for r in rows)
+    print(f"{met} of {len(rows)} runs meet every target")
+    if args.plan:
+        try:
+            print()
+            print(plan_section(data, args.profile))
+        except (SpecError, ConfigError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
