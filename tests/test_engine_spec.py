@@ -87,3 +87,19 @@ def test_the_simulator_and_the_builder_build_the_same_engine_from_one_spec() -> 
     assert ModeledEngine.from_knobs({"kv_blocks": None}) == ModeledEngine()  # sizes left open keep the defaults
     with pytest.raises(ConfigError, match="executor: a virtual-clock run needs the modeled executor"):
         ModeledEngine.from_knobs({"executor": "torch"})
+
+
+@pytest.mark.parametrize(("text", "size"), [("8388608", 8 << 20), ("8MiB", 8 << 20), ("512 KiB", 512 << 10),
+                                            ("2mb", 2_000_000), ("1GiB", 1 << 30)])
+def test_max_body_size_reads_bytes_and_units(text: str, size: int) -> None:
+    assert serve_args("--max-body-size", text).max_body_size == size
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "8 MiBs", "1.5MiB", "lots", ""])
+def test_a_bad_max_body_size_is_refused_by_argparse(text: str) -> None:
+    with pytest.raises(SystemExit):
+        serve_args("--max-body-size", text)
+
+
+def test_max_body_size_defaults_to_8_mib() -> None:
+    assert serve_args().max_body_size == 8 << 20
