@@ -170,3 +170,24 @@ async def test_health_answers_while_a_big_body_trickles_in_and_is_parsed(default
     assert 400 <= status < 500, status  # 2M ids: more than a 4096-token context takes
     assert len(latencies) >= 5, latencies
     assert max(latencies) < max(1.0, 20 * baseline_s), (baseline_s, sorted(latencies)[-5:])
+
+
+async def test_the_rest_of_a_refused_body_is_discarded_only_for_a_while(small_limit: EngineServerProcess) -> None:
+    """A client that sends its whole 30 MiB body before reading still gets the 413, but the server closes
+    after discarding LINGER_BYTES (1 MiB) of it: the kernel's buffers hold the few MiB more that get out."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", small_limit.port)
+    writer.write(head(length=30 << 20))
+    answer = asyncio.ensure_future(read_response(reader))  # read as it comes: a reset discards what waits
+    sent = 0
+    piece = b"1" * (256 << 10)
+    with pytest.raises(ConnectionError):
+        async with asyncio.timeout(BOUND_S):
+            while sent < 30 << 20:
+                writer.write(piece)
+                await writer.drain()
+                sent += len(piece)
+    assert sent < 20 << 20, sent
+    async with asyncio.timeout(BOUND_S):
+        status, body = await answer
+    assert_openai_error(status, body, 413, "body_too_large")
+    writer.close()
