@@ -95,13 +95,13 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _CONTAINERS = (dict, list)
 
 
-def json_value_bound(raw: bytes) -> int:
+def json_value_bound(raw: bytes | bytearray) -> int:
     """At least the number of JSON values in `raw`, counted at C speed: every value but the outermost
     follows a `,`, `[` or `:` (those inside strings only make the bound looser)."""
     return raw.count(b",") + raw.count(b"[") + raw.count(b":") + 1
 
 
-def parse_json_body(raw: bytes, max_values: int = json_values_limit(1 << 20)) -> Any:
+def parse_json_body(raw: bytes | bytearray, max_values: int = json_values_limit(1 << 20)) -> Any:
     """The request body as JSON, or BadRequest: malformed, nested past MAX_JSON_DEPTH, holding more than
     `max_values` values (413), or holding a lone surrogate (valid JSON, but not text: it cannot be encoded,
     tokenized or echoed back). A body that may hold more than FAST_JSON_VALUES values takes the slow
@@ -118,7 +118,7 @@ def parse_json_body(raw: bytes, max_values: int = json_values_limit(1 << 20)) ->
     return body
 
 
-def _loads_counted(raw: bytes, max_values: int) -> Any:
+def _loads_counted(raw: bytes | bytearray, max_values: int) -> Any:
     """json.loads by the pure-Python scanner (strings still scanned in C), refusing past `max_values`
     containers, numbers and strings (true, false and null are shared objects: they cost a pointer)."""
     text = raw.decode(json.detect_encoding(raw), "surrogatepass")

@@ -162,7 +162,7 @@ def build_app(
         if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
             raise BadRequest("Incorrect API key provided.", None, "invalid_api_key", status=401)
 
-    async def read_body(request: Request) -> bytes:
+    async def read_body(request: Request) -> bytearray:
         """The body, bounded in size (a huge one would be buffered whole) and in time (a slow one holds a task)."""
         too_big = BadRequest(f"the request body exceeds {_size(max_body_bytes)} (slobench serve --max-body-size)",
                              None, "body_too_large", status=413)
@@ -174,12 +174,12 @@ def build_app(
             if len(body) + len(chunk) > max_body_bytes:  # chunked uploads declare no length
                 raise too_big
             body += chunk
-        return bytes(body)
+        return body  # json.loads reads a bytearray as it is: no copy
 
     parse_one_at_a_time = asyncio.Lock()
     max_json_values = json_values_limit(max_model_len)
 
-    def parse_checked(raw: bytes, parse: Callable[[Any], GenerationRequest]) -> GenerationRequest:
+    def parse_checked(raw: bytearray, parse: Callable[[Any], GenerationRequest]) -> GenerationRequest:
         req = parse(parse_json_body(raw, max_json_values))
         try:  # here (validate reads only the config), so a prompt too long is refused before add_request copies it
             engine.scheduler.validate(len(req.prompt_token_ids), req.max_tokens, req.min_tokens)
