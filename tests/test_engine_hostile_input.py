@@ -137,3 +137,18 @@ def test_the_counting_scanner_reads_what_json_loads_reads(value: Any) -> None:
             return ("refused", e.status, e.code)
 
     assert outcome("," * FAST_JSON_VALUES) == outcome("")
+
+
+def test_a_text_longer_than_the_context_is_refused_before_it_is_tokenized(client: tuple[TestClient, LLMEngine]
+                                                                          ) -> None:
+    """The byte tokenizer makes a token per byte: a text of over a million characters cannot fit a 128-token
+    context, and is refused without the ~30 ms of holding the GIL that tokenizing it would cost."""
+    c, engine = client
+    before = engine.stats()
+    text = "a" * ((1 << 20) + 1)
+    for route, body in (("/v1/completions", {"prompt": text}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]})):
+        r = c.post(route, json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+        assert "at least" in r.json()["error"]["message"]
+    assert engine.stats() == before
