@@ -187,7 +187,7 @@ def build_app(
                              None, "body_too_large", status=413)
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > max_body_bytes:
-            raise too_big  # before a byte of it is read: uvicorn then closes the connection
+            raise too_big  # before a byte of it is read (what follows is discarded within bounds: http_protocol)
         body = bytearray()
         async for chunk in request.stream():
             if len(body) + len(chunk) > max_body_bytes:  # chunked uploads declare no length
@@ -200,7 +200,9 @@ def build_app(
 
     def parse_checked(raw: bytearray, parse: Callable[[Any], GenerationRequest]) -> GenerationRequest:
         req = parse(parse_json_body(raw, max_json_values))
-        try:  # here (validate reads only the config), so a prompt too long is refused before add_request copies it
+        # Checked here too (validate reads only the config): a prompt too long is refused before add_request
+        # copies it on the event loop.
+        try:
             engine.scheduler.validate(len(req.prompt_token_ids), req.max_tokens, req.min_tokens)
         except RequestRejected as e:
             raise BadRequest(str(e), e.param, "invalid_value") from None
