@@ -125,7 +125,7 @@ def test_a_body_over_the_value_limit_is_413_whatever_its_shape() -> None:
         assert e.value.status == 413 and e.value.code == "body_too_large"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(value=_json)
 def test_the_counting_scanner_reads_what_json_loads_reads(value: Any) -> None:
     """A string of commas makes a body look many-valued: it takes the slow scanner, which must agree with
