@@ -84,7 +84,8 @@ def generation_route(body: dict[str, Any]) -> dict[str, Any]:
             400: {"description": "invalid request", **error},
             401: {"description": "missing or wrong API key", **error},
             408: {"description": "the body did not arrive in time", **error},
-            413: {"description": "the body exceeds 32 MiB", **error},
+            413: {"description": "the body exceeds --max-body-size (default 8 MiB), or holds more JSON values "
+                                  "than a request for the context needs", **error},
             500: {"description": "the engine failed, or an injected fault (--faults)", **error},
             502: {"description": "an injected reset without a socket to reset", **error},
             503: {"description": "the engine is not running", **error},

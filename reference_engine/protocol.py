@@ -7,11 +7,13 @@ would turn "5" into 5) and the error names the offending field, in OpenAI's erro
 from __future__ import annotations
 
 import json
+import json.scanner
 import re
 import time
 from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
+from itertools import compress, repeat
 from typing import Any, Protocol
 
 from reference_engine.executor.base import SamplingParams
@@ -75,15 +77,38 @@ class GenerationRequest:
 
 # ---- the body -----------------------------------------------------------------------------------------
 MAX_JSON_DEPTH = 64  # far deeper than any real request; bounds every recursive walk over a body
+# json.loads builds a body's values in C without releasing the GIL: ~0.1 us each, so a body of a quarter
+# million values holds every other thread (and the event loop) for ~30 ms, while 8 MiB of `[],[],...` would
+# hold them for ~0.7 s and ~360 MB. A body that may hold more values is parsed by the pure-Python scanner
+# (~2 us a value), which lets other threads run, counts what it builds and stops at `json_values_limit`.
+FAST_JSON_VALUES = 1 << 18
+
+
+def json_values_limit(max_model_len: int) -> int:
+    """The most JSON values a request for a model of `max_model_len` tokens needs: a few per token (a token
+    id; a chat message's text part is an object and two strings), and room for the other fields."""
+    return 4 * max_model_len + 4096
+
+
 # A `\\uD800`-`\\uDFFF` escape: the only way a UTF-8 body can carry a surrogate into a Python str.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_CONTAINERS = (dict, list)
 
 
-def parse_json_body(raw: bytes) -> Any:
-    """The request body as JSON, or BadRequest: malformed, nested past MAX_JSON_DEPTH, or holding a lone
-    surrogate (valid JSON, but not text: it cannot be encoded, tokenized or echoed back)."""
+def json_value_bound(raw: bytes | bytearray) -> int:
+    """At least the number of JSON values in `raw`, counted at C speed: every value but the outermost
+    follows a `,`, `[` or `:` (those inside strings only make the bound looser)."""
+    return raw.count(b",") + raw.count(b"[") + raw.count(b":") + 1
+
+
+def parse_json_body(raw: bytes | bytearray, max_values: int = json_values_limit(1 << 20)) -> Any:
+    """The request body as JSON, or BadRequest: malformed, nested past MAX_JSON_DEPTH, holding more than
+    `max_values` values (413), or holding a lone surrogate (valid JSON, but not text: it cannot be encoded,
+    tokenized or echoed back). A body that may hold more than FAST_JSON_VALUES values takes the slow
+    scanner, which stops after `max_values` (a body it parses whole is not counted): call this in a worker
+    thread then (see FAST_JSON_VALUES)."""
     try:
-        body = json.loads(raw)
+        body = json.loads(raw) if json_value_bound(raw) <= FAST_JSON_VALUES else _loads_counted(raw, max_values)
     except RecursionError:
         raise BadRequest(f"the JSON body is nested too deeply (at most {MAX_JSON_DEPTH} levels)", None,
                          "invalid_json") from None
@@ -93,8 +118,49 @@ def parse_json_body(raw: bytes) -> Any:
     return body
 
 
+def _loads_counted(raw: bytes | bytearray, max_values: int) -> Any:
+    """json.loads by the pure-Python scanner (strings still scanned in C), refusing past `max_values`
+    containers, numbers and strings (true, false and null are shared objects: they cost a pointer)."""
+    text = raw.decode(json.detect_encoding(raw), "surrogatepass")
+    decoder: Any = json.JSONDecoder()  # its parse_* attributes (what py_make_scanner calls) are untyped
+    scan_array, scan_object, scan_string = decoder.parse_array, decoder.parse_object, decoder.parse_string
+    built = 0
+
+    def count() -> None:
+        nonlocal built
+        built += 1
+        if built > max_values:
+            raise BadRequest(f"the JSON body holds more than {max_values} values, more than a request for "
+                             "this model's context needs", None, "body_too_large", status=413)
+
+    def parse_array(*args: Any) -> Any:
+        count()
+        return scan_array(*args)
+
+    def parse_object(*args: Any) -> Any:
+        count()
+        return scan_object(*args)
+
+    def parse_string(*args: Any) -> Any:
+        count()
+        return scan_string(*args)
+
+    def parse_number(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+        def parse(numeral: str) -> Any:
+            count()
+            return kind(numeral)
+        return parse
+
+    decoder.parse_array, decoder.parse_object, decoder.parse_string = parse_array, parse_object, parse_string
+    decoder.parse_int, decoder.parse_float = parse_number(int), parse_number(float)
+    decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
+    return decoder.decode(text)
+
+
 def _check_tree(body: Any, *, check_text: bool) -> None:
-    """Depth and (when the raw body had surrogate escapes) text of every key and string, without recursion."""
+    """Depth and (when the raw body had surrogate escapes) text of every key and string, without recursion.
+    Without text to check, only containers are visited, picked out at C speed (a prompt of 1M ids costs
+    milliseconds)."""
     stack: list[tuple[Any, int]] = [(body, 1)]
     while stack:
         node, depth = stack.pop()
@@ -102,12 +168,14 @@ def _check_tree(body: Any, *, check_text: bool) -> None:
             if depth > MAX_JSON_DEPTH:
                 raise BadRequest(f"the JSON body is nested too deeply (at most {MAX_JSON_DEPTH} levels)", None,
                                  "invalid_json")
-            if isinstance(node, dict):
-                if check_text:
+            values = node.values() if isinstance(node, dict) else node
+            if check_text:
+                if isinstance(node, dict):
                     stack.extend((k, depth) for k in node)
-                stack.extend((v, depth + 1) for v in node.values())
+                stack.extend((v, depth + 1) for v in values)
             else:
-                stack.extend((v, depth + 1) for v in node)
+                inner = compress(values, map(isinstance, values, repeat(_CONTAINERS)))
+                stack.extend(zip(inner, repeat(depth + 1)))
         elif check_text and isinstance(node, str):
             try:
                 node.encode("utf-8")

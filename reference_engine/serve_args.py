@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 from reference_engine.config import EXECUTORS, SCHEDULERS, EngineSpec
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_KEEP_ALIVE_S = 5  # uvicorn's and vLLM's default, said explicitly
 DEFAULT_BODY_TIMEOUT_S = 30.0
+# A request body's limit. A 128k-token prompt as JSON token ids is ~1 MiB (and as text ~0.5 MiB); 8 MiB holds
+# a 1M-token one with room to spare, yet keeps 16 concurrent uploads' buffers near 128 MiB.
+DEFAULT_MAX_BODY_BYTES = 8 << 20
 DEFAULT_MAX_NUM_SEQS = 64
 
 
@@ -34,6 +38,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
            f"(default: {DEFAULT_HEADER_TIMEOUT_S:g})")
     a("--body-timeout", type=_positive_float, default=DEFAULT_BODY_TIMEOUT_S, metavar="S",
       help=f"answer 408 when a request body takes longer than S seconds (default: {DEFAULT_BODY_TIMEOUT_S:g})")
+    a("--max-body-size", type=byte_size, default=DEFAULT_MAX_BODY_BYTES, metavar="BYTES",
+      help="answer 413 to a request body larger than BYTES (a number, or with KiB/MiB/GiB; default: 8MiB), "
+           "decided from Content-Length before anything is read, or once a chunked body passes it")
     a("--keep-alive", type=int, default=DEFAULT_KEEP_ALIVE_S, metavar="S",
       help=f"close an idle keep-alive connection after S seconds (default: {DEFAULT_KEEP_ALIVE_S})")
     a("--faults", default=None, metavar="KIND=P,...",
@@ -125,6 +132,22 @@ def served_max_num_seqs(profile: str | None) -> int | None:
     except (OSError, ValueError, AttributeError):
         return None
     return served if isinstance(served, int) and not isinstance(served, bool) and served >= 1 else None
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 1000, "mb": 1000**2,
+               "gb": 1000**3}
+
+
+def byte_size(text: str) -> int:
+    """A size in bytes from `8388608`, `8MiB`, `512KiB`, `8MB` (argparse type; at least 1 byte)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
+    unit = _BYTE_UNITS.get(m.group(2).lower()) if m else None
+    if m is None or unit is None:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 8388608, 8MiB, 512KiB)")
+    value = int(m.group(1)) * unit
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte (got {text!r})")
+    return value
 
 
 def _positive_float(text: str) -> float:

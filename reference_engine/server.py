@@ -38,12 +38,15 @@ from reference_engine.http_protocol import protocol_with, reset_connection
 from reference_engine.metrics import CONTENT_TYPE, EngineMetrics
 from reference_engine.openapi import CHAT_BODY, COMPLETION_BODY, generation_route
 from reference_engine.protocol import (
+    FAST_JSON_VALUES,
     SSE_DONE,
     BadRequest,
     GenerationRequest,
     ResponseShape,
     TextTokenizer,
     error_body,
+    json_value_bound,
+    json_values_limit,
     parse_chat,
     parse_completion,
     parse_json_body,
@@ -54,13 +57,18 @@ from reference_engine.serve_args import (  # noqa: F401  (add_serve_arguments: t
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_KEEP_ALIVE_S,
+    DEFAULT_MAX_BODY_BYTES,
     add_serve_arguments,
     engine_spec_from_args,
 )
 from reference_engine.step_log import StepLog
+from reference_engine.tokenizer import ByteTokenizer
 
 log = logging.getLogger(__name__)
-MAX_BODY_BYTES = 32 << 20  # a prompt filling a 128k-token context as text is ~1 MB; token ids ~1 MB too
+# A body larger than this, or that may hold more than FAST_JSON_VALUES values, is parsed, validated and
+# tokenized in a worker thread, one at a time: the event loop keeps answering (/health) meanwhile, and only
+# one large body's objects exist at once.
+INLINE_PARSE_BYTES = 256 << 10
 
 def _error(status: int, message: str, type: str, param: str | None = None, code: str | int | None = None
            ) -> JSONResponse:
@@ -81,6 +89,22 @@ class _AbortingStreamingResponse(StreamingResponse):
             self._on_close()
 
 
+class _ContextBoundTokenizer:
+    """The byte tokenizer, refusing a text far too long for the context before it runs: it makes a token per
+    UTF-8 byte, so at least one per character, and tokenizing (C, holding the GIL) takes ~30 ms a MiB. Up to
+    `bound` characters the engine's own check refuses it after tokenizing, in its usual words."""
+
+    def __init__(self, inner: ByteTokenizer, max_model_len: int) -> None:
+        self.inner, self.max_model_len, self.bound = inner, max_model_len, max(max_model_len, 1 << 20)
+        self.vocab_size, self.eos_token_id = inner.vocab_size, inner.eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        if len(text) > self.bound:
+            raise BadRequest(f"This model's maximum context length is {self.max_model_len} tokens. However, the "
+                             f"prompt alone has at least {len(text)} tokens.", "prompt", "invalid_value")
+        return self.inner.encode(text)
+
+
 @dataclass(slots=True)
 class _Live:
     """One in-flight request on the server side."""
@@ -98,12 +122,16 @@ def build_app(
     *,
     on_ready: Callable[[], None] | None = None,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     faults: FaultSpec | None = None,
 ) -> FastAPI:
-    """The app; its lifespan starts the engine's thread (and stops it on shutdown)."""
+    """The app; its lifespan starts the engine's thread (and stops it on shutdown). A request body may take
+    `body_timeout_s` to arrive and hold `max_body_bytes` (else 408, 413)."""
     metrics = EngineMetrics(model_name, engine.stats)
     engine.observer = metrics
     max_model_len = engine.config.max_model_len
+    if isinstance(tokenizer, ByteTokenizer):
+        tokenizer = _ContextBoundTokenizer(tokenizer, max_model_len)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -153,29 +181,45 @@ def build_app(
         if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
             raise BadRequest("Incorrect API key provided.", None, "invalid_api_key", status=401)
 
-    async def read_body(request: Request) -> bytes:
+    async def read_body(request: Request) -> bytearray:
         """The body, bounded in size (a huge one would be buffered whole) and in time (a slow one holds a task)."""
-        too_big = BadRequest(f"the request body exceeds {MAX_BODY_BYTES // (1 << 20)} MiB", None, "body_too_large",
-                             status=413)
+        too_big = BadRequest(f"the request body exceeds {_size(max_body_bytes)} (slobench serve --max-body-size)",
+                             None, "body_too_large", status=413)
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            raise too_big
-        parts: list[bytes] = []
-        size = 0
+        if declared.isdigit() and int(declared) > max_body_bytes:
+            raise too_big  # before a byte of it is read (what follows is discarded within bounds: http_protocol)
+        body = bytearray()
         async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:  # chunked uploads declare no length
+            if len(body) + len(chunk) > max_body_bytes:  # chunked uploads declare no length
                 raise too_big
-            parts.append(chunk)
-        return b"".join(parts)
+            body += chunk
+        return body  # json.loads reads a bytearray as it is: no copy
 
-    async def json_body(request: Request) -> Any:
+    parse_one_at_a_time = asyncio.Lock()
+    max_json_values = json_values_limit(max_model_len)
+
+    def parse_checked(raw: bytearray, parse: Callable[[Any], GenerationRequest]) -> GenerationRequest:
+        req = parse(parse_json_body(raw, max_json_values))
+        # Checked here too (validate reads only the config): a prompt too long is refused before add_request
+        # copies it on the event loop.
+        try:
+            engine.scheduler.validate(len(req.prompt_token_ids), req.max_tokens, req.min_tokens)
+        except RequestRejected as e:
+            raise BadRequest(str(e), e.param, "invalid_value") from None
+        return req
+
+    async def parsed(request: Request, parse: Callable[[Any], GenerationRequest]) -> GenerationRequest:
+        """The request its body describes: read within body_timeout_s, then parsed and validated, a large
+        body in a worker thread (INLINE_PARSE_BYTES)."""
         try:
             raw = await asyncio.wait_for(read_body(request), body_timeout_s)
         except TimeoutError:
-            raise BadRequest(f"the request body did not arrive within {body_timeout_s:g} s", None,
-                             "request_timeout", status=408) from None
-        return parse_json_body(raw)
+            raise BadRequest(f"the request body did not arrive within {body_timeout_s:g} s "
+                             "(slobench serve --body-timeout)", None, "request_timeout", status=408) from None
+        if len(raw) <= INLINE_PARSE_BYTES and json_value_bound(raw) <= FAST_JSON_VALUES:
+            return parse_checked(raw, parse)
+        async with parse_one_at_a_time:
+            return await asyncio.to_thread(parse_checked, raw, parse)
 
     # ---- routes ----------------------------------------------------------------------------------------
     @app.get("/health", response_class=Response, responses={503: {"description": "the engine loop has stopped"}})
@@ -198,13 +242,13 @@ def build_app(
     @app.post("/v1/completions", **generation_route(COMPLETION_BODY))
     async def completions(request: Request) -> Response:
         check_auth(request)
-        req = parse_completion(await json_body(request), model_name, tokenizer, max_model_len)
+        req = await parsed(request, lambda body: parse_completion(body, model_name, tokenizer, max_model_len))
         return await generate(request, req, is_chat=False, fault=injector.draw() if injector else None)
 
     @app.post("/v1/chat/completions", **generation_route(CHAT_BODY))
     async def chat_completions(request: Request) -> Response:
         check_auth(request)
-        req = parse_chat(await json_body(request), model_name, tokenizer, max_model_len)
+        req = await parsed(request, lambda body: parse_chat(body, model_name, tokenizer, max_model_len))
         return await generate(request, req, is_chat=True, fault=injector.draw() if injector else None)
 
     # ---- the bridge to the engine ----------------------------------------------------------------------
@@ -346,6 +390,13 @@ def build_app(
     return app
 
 
+def _size(num_bytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if num_bytes >= scale and num_bytes % scale == 0:
+            return f"{num_bytes // scale} {unit}"
+    return f"{num_bytes} bytes"
+
+
 async def _disconnected(request: Request) -> None:
     """Returns when the client goes away. The body is read already, so `receive` only waits for that."""
     while True:
@@ -385,6 +436,7 @@ def serve(
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
     keep_alive_s: int = DEFAULT_KEEP_ALIVE_S,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     faults: FaultSpec | None = None,
     step_log: str | None = None,
 ) -> None:
@@ -404,9 +456,10 @@ def serve(
         print(f"LISTENING {bound_port}", flush=True)
 
     app = build_app(engine, name, tokenizer, api_key, on_ready=ready, body_timeout_s=body_timeout_s,
-                    faults=faults)
+                    max_body_bytes=max_body_bytes, faults=faults)
     # Idle and slow connections are closed: a head must arrive within header_timeout_s, a body within
-    # body_timeout_s, and an idle keep-alive connection lasts keep_alive_s (slow-loris).
+    # body_timeout_s (and hold at most max_body_bytes), and an idle keep-alive connection lasts keep_alive_s
+    # (slow-loris).
     config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5,
                             http=protocol_with(header_timeout_s), timeout_keep_alive=keep_alive_s)
     try:
@@ -433,7 +486,8 @@ def serve_from_args(args: argparse.Namespace) -> None:
     serve(
         engine_spec_from_args(args), args.host, args.port, api_key=args.api_key,
         served_model_name=args.served_model_name, log_level=args.log_level, header_timeout_s=args.header_timeout,
-        keep_alive_s=args.keep_alive, body_timeout_s=args.body_timeout, faults=faults,
+        keep_alive_s=args.keep_alive, body_timeout_s=args.body_timeout, max_body_bytes=args.max_body_size,
+        faults=faults,
         step_log=args.step_log,
     )
 

@@ -42,7 +42,8 @@ SERVER_FIXTURES = frozenset({"token_server", "token_server_url", "start_token_se
 # modules whose tests start servers, processes or Ray inline, or drive the CLI against them
 SERVER_MODULES = frozenset({
     "test_action", "test_action_llamacpp", "test_action_update_baseline", "test_bad_input_cli", "test_calibrate",
-    "test_engine_connections", "test_engine_faults", "test_engine_server", "test_engine_target",
+    "test_engine_body_limits", "test_engine_connections", "test_engine_faults", "test_engine_server",
+    "test_engine_target",
     "test_engine_timeline", "test_engine_openapi", "test_engine_hostile_input", "test_gate_engine",
     "test_gpu_portability", "test_history_browser", "test_install_extras", "test_nodelay", "test_one_rule",
     "test_openai_target", "test_ray_pool", "test_report_browser", "test_run_durability", "test_run_streamed",
@@ -52,6 +53,7 @@ SERVER_MODULES = frozenset({
 TIMING_MODULES = frozenset({
     "test_openai_target", "test_workers", "test_fleet_target", "test_clocksync", "test_precise_sleep",
     "test_nodelay", "test_runner", "test_text_prompts", "test_ray_pool", "test_rawhttp", "test_quiet_gc",
+    "test_engine_body_limits",
 })
 # single tests that start a process or take over ~1 s of CPU (pytest --durations)
 SLOW = frozenset({

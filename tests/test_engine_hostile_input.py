@@ -16,7 +16,8 @@ with warnings.catch_warnings():  # starlette >= 0.5x suggests httpx2 for its Tes
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 from reference_engine.engine import LLMEngine
-from reference_engine.server import build_app
+from reference_engine.protocol import FAST_JSON_VALUES, BadRequest, json_values_limit, parse_json_body
+from reference_engine.server import INLINE_PARSE_BYTES, build_app
 from reference_engine.tokenizer import ByteTokenizer
 from tests.test_engine_server import MODEL, make_engine
 
@@ -56,6 +57,13 @@ HOSTILE: list[tuple[str, bytes]] = [
     ("/v1/completions", b'{"prompt": "hi", "temperature": NaN}'),
     ("/v1/completions", b'{"prompt": "hi", "top_p": Infinity}'),
     ("/v1/completions", b'{"prompt": [1e400]}'),
+    # past INLINE_PARSE_BYTES: parsed in a worker thread by json.loads
+    ("/v1/completions", b'{"pad": "' + b"a" * (INLINE_PARSE_BYTES + 1) + b'", "prompt": ' + b"[" * 100_000
+     + b"]" * 100_000 + b"}"),
+    # more than FAST_JSON_VALUES possible values: the counting pure-Python scanner, also in the thread
+    ("/v1/completions", b'{"pad": [' + b"0," * FAST_JSON_VALUES + b'0], "prompt": ' + b"[" * 100_000
+     + b"]" * 100_000 + b"}"),
+    ("/v1/chat/completions", b'{"messages": [' + b"{}," * FAST_JSON_VALUES + b"{}]}"),  # over the value limit
 ]
 
 
@@ -106,3 +114,41 @@ def test_fuzzed_bodies_never_500(client: tuple[TestClient, LLMEngine], body: dic
     if r.status_code >= 400:
         assert_client_error(r.status_code, r.text)
     assert engine.is_healthy()
+
+
+def test_a_body_over_the_value_limit_is_413_whatever_its_shape() -> None:
+    limit = json_values_limit(128)
+    for many in (b"[" + b"0," * limit + b"0]", b"[" + b'"",' * limit + b'""]', b"[" + b"[]," * limit + b"[]]",
+                 b'{"a": [' + b"1.5, {}, " * (limit // 2) + b"1]}"):
+        with pytest.raises(BadRequest) as e:
+            parse_json_body(b'{"pad": "' + b"," * FAST_JSON_VALUES + b'", "x": ' + many + b"}", limit)
+        assert e.value.status == 413 and e.value.code == "body_too_large"
+
+
+@settings(max_examples=100, deadline=None)
+@given(value=_json)
+def test_the_counting_scanner_reads_what_json_loads_reads(value: Any) -> None:
+    """A string of commas makes a body look many-valued: it takes the slow scanner, which must agree with
+    json.loads (the fast path) on every value and every refusal."""
+    def outcome(pad: str) -> tuple[Any, ...]:
+        try:  # dumps: NaN != NaN
+            return ("ok", json.dumps(parse_json_body(json.dumps({"pad": pad, "value": value}).encode())["value"]))
+        except BadRequest as e:
+            return ("refused", e.status, e.code)
+
+    assert outcome("," * FAST_JSON_VALUES) == outcome("")
+
+
+def test_a_text_longer_than_the_context_is_refused_before_it_is_tokenized(client: tuple[TestClient, LLMEngine]
+                                                                          ) -> None:
+    """The byte tokenizer makes a token per byte: a text of over a million characters cannot fit a 128-token
+    context, and is refused without the ~30 ms of holding the GIL that tokenizing it would cost."""
+    c, engine = client
+    before = engine.stats()
+    text = "a" * ((1 << 20) + 1)
+    for route, body in (("/v1/completions", {"prompt": text}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]})):
+        r = c.post(route, json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+        assert "at least" in r.json()["error"]["message"]
+    assert engine.stats() == before

@@ -98,3 +98,19 @@ def test_the_scheduler_policy_reaches_every_engine_and_the_manifest_only_when_no
     assert "scheduler" not in engine_knobs_from_args(run_args("--engine", "modeled"))
     with pytest.raises(SystemExit):
         run_args("--scheduler", "fifo")
+
+
+@pytest.mark.parametrize(("text", "size"), [("8388608", 8 << 20), ("8MiB", 8 << 20), ("512 KiB", 512 << 10),
+                                            ("2mb", 2_000_000), ("1GiB", 1 << 30)])
+def test_max_body_size_reads_bytes_and_units(text: str, size: int) -> None:
+    assert serve_args("--max-body-size", text).max_body_size == size
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "8 MiBs", "1.5MiB", "lots", ""])
+def test_a_bad_max_body_size_is_refused_by_argparse(text: str) -> None:
+    with pytest.raises(SystemExit):
+        serve_args("--max-body-size", text)
+
+
+def test_max_body_size_defaults_to_8_mib() -> None:
+    assert serve_args().max_body_size == 8 << 20
