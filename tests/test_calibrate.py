@@ -104,6 +104,9 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["calibrate", "--url", "http://127.0.0.1:9/v1", "--model", "tiny", "-o", str(tmp_path / "x.json")]) == 3
 
 
+# its bound is the served engine's milliseconds too (step 4 within 4 ms of the truth): run alone, like the
+# test above
+@pytest.mark.timing
 def test_a_server_decoding_fewer_than_a_batch_is_named_with_both_readings(tmp_path: Path) -> None:
     # the served engine runs at most 4 sequences a step: the probes' batch 6 can never decode together. That
     # alone cannot tell a server's limit from a proxy relaying streams late (LiteLLM showed "4 of 8 at once"
