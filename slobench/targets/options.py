@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from slobench.errors import SpecError, UsageError
+from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_METRICS_BODY_BYTES
 
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
 Api = Literal["completions", "chat"]
@@ -56,6 +57,10 @@ class TargetOptions:
     ray: str | None = None  # a Ray address ("local": start one here); None: no Ray
     router: str = "least-outstanding"  # several URLs: how requests are spread
     engine_knobs: Mapping[str, Any] | None = None  # the in-process reference engine instead of a URL
+    # the most a server may send in one body (an error, a whole answer, a /models listing), one SSE line
+    # or event, decompressed; and in one /metrics page (slobench.targets.bounds)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_metrics_body_bytes: int = DEFAULT_MAX_METRICS_BODY_BYTES
 
     def __post_init__(self) -> None:
         if self.engine_knobs is None and not self.urls:
@@ -68,5 +73,9 @@ class TargetOptions:
             raise SpecError("transport", self.transport, "must be 'raw' or 'httpx'")
         if self.http2 and self.transport != "httpx":
             raise SpecError("http2", self.http2, "needs transport='httpx' (raw speaks HTTP/1.1 only)")
+        for name in ("max_body_bytes", "max_metrics_body_bytes"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise SpecError(name, value, "must be a whole number of bytes >= 1")
         if self.model is not None and not self.model:
             raise SpecError("model", self.model, "must name the served model (or be None: the first one listed)")
