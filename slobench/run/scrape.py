@@ -28,7 +28,7 @@ from slobench.redact import redact_text, redact_url
 from slobench.run.clock import Clock
 from slobench.run.rundir import SERVER_METRICS
 from slobench.targets.bounds import DEFAULT_MAX_METRICS_BODY_BYTES
-from slobench.targets.transport import ControlClient, TransportError
+from slobench.targets.transport import BodyTooLarge, ControlClient, TransportError
 
 T = TypeVar("T")
 
@@ -83,7 +83,12 @@ def _line_name(line: str) -> str:
 
 
 class _NoText(Exception):
-    """A scrape that found no Prometheus text; the message says why."""
+    """A scrape that found no Prometheus text; the message says why. `final`: the next would fare no
+    better (a page over the size limit), so scraping stops."""
+
+    def __init__(self, why: str, *, final: bool = False) -> None:
+        super().__init__(why)
+        self.final = final
 
 
 # one scrape's samples; raises _NoText, or ValueError for text that is not Prometheus text
@@ -190,8 +195,8 @@ class MetricsScraper:
         async def get(url: str) -> str:
             try:
                 resp = await client.get(url)
-            except TransportError as e:
-                raise _NoText(redact_text(f"{url}: {e}")) from None  # a reason is printed: no URL password
+            except TransportError as e:  # a reason is printed: no URL password
+                raise _NoText(redact_text(f"{url}: {e}"), final=isinstance(e, BodyTooLarge)) from None
             if resp.status != 200:
                 raise _NoText(f"{redact_url(url)}: HTTP {resp.status}")
             return resp.text
@@ -216,12 +221,15 @@ class MetricsScraper:
             tick = 0
             while True:
                 t_s = clock.now_s()
-                samples, why = await self._scrape(fetch)
+                samples, why, final = await self._scrape(fetch)
                 if samples is None:
                     if self.num_scrapes == 0 and self.num_failed == 0:
                         self.disabled_reason = why
                         return  # no endpoint: silently absent
                     self.num_failed += 1
+                    if final:
+                        self.disabled_reason = why
+                        return  # a page too large stays too large: no more scrapes cost the run CPU
                 else:
                     writer.write({"t_s": round(t_s, 6), "samples": samples})
                     self.num_scrapes += 1
@@ -232,16 +240,16 @@ class MetricsScraper:
         finally:
             writer.close()
 
-    async def _scrape(self, fetch: Fetch) -> tuple[dict[str, float] | None, str]:
+    async def _scrape(self, fetch: Fetch) -> tuple[dict[str, float] | None, str, bool]:
         try:
             samples = await fetch()  # off the event loop: a scrape must not delay the requests being sent
         except _NoText as e:
-            return None, str(e)
+            return None, str(e), e.final
         except ValueError as e:
-            return None, f"not Prometheus text: {e}"
+            return None, f"not Prometheus text: {e}", False
         if not samples:
-            return None, "no samples"
-        return samples, ""
+            return None, "no samples", False
+        return samples, "", False
 
 
 def _merge_replicas(texts: list[str]) -> dict[str, float]:

@@ -21,6 +21,7 @@ DEFAULT_MAX_BODY_BYTES = 64 * MIB  # any one response body, SSE line or event (-
 DEFAULT_MAX_METRICS_BODY_BYTES = 16 * MIB  # one /metrics page (--max-metrics-body); vLLM's is ~100 KB
 MAX_JSON_DEPTH = 1024  # orjson's own limit: deeper nesting is a ValueError
 ACCEPT_ENCODING = "gzip, deflate"  # what `Decoder` undoes, so what a setup request may advertise
+_STEP = 1 << 20  # bytes inflated a call: the thread holds the GIL between calls only briefly
 _BRIEF = reprlib.Repr()
 _BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother = 4, 200, 200
 
@@ -78,27 +79,33 @@ class Decoder:
         self._z = zlib.decompressobj(self._wbits) if self._wbits else None
 
     def decode(self, data: bytes, max_out: int) -> bytes:
-        """What `data` inflates to, at most `max_out` bytes (more exist when exactly `max_out` came back)."""
+        """What `data` inflates to, at most `max_out` bytes (more exist when exactly `max_out` came back),
+        inflated a MiB a call."""
         z = self._z
         if z is None:
             return data
-        try:
-            out = z.decompress(data, max_out)
-        except zlib.error:
-            if self._wbits != zlib.MAX_WBITS or self._out:
-                raise ValueError(f"a bad {self.encoding} body") from None
-            self._wbits = -zlib.MAX_WBITS  # a server sending raw deflate (some do)
-            z = self._z = zlib.decompressobj(self._wbits)
-            return self.decode(data, max_out)
-        while z.eof and z.unused_data and len(out) < max_out:  # a gzip body of several members
-            rest = z.unused_data
-            z = self._z = zlib.decompressobj(self._wbits)
+        parts: list[bytes] = []
+        n = 0
+        while n < max_out:
+            step = min(_STEP, max_out - n)
             try:
-                out += z.decompress(rest, max_out - len(out))
+                piece = z.decompress(data, step)
             except zlib.error:
-                raise ValueError(f"a bad {self.encoding} body") from None
-        self._out += len(out)
-        return out
+                if self._wbits != zlib.MAX_WBITS or self._out or n:
+                    raise ValueError(f"a bad {self.encoding} body") from None
+                self._wbits = -zlib.MAX_WBITS  # a server sending raw deflate (some do)
+                z = self._z = zlib.decompressobj(self._wbits)
+                continue
+            parts.append(piece)
+            n += len(piece)
+            data = z.unconsumed_tail
+            if z.eof and z.unused_data:  # a gzip body of several members
+                data = z.unused_data
+                z = self._z = zlib.decompressobj(self._wbits)
+            elif not data and len(piece) < step:
+                break  # all the input inflated
+        self._out += n
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def json_of(raw: bytes | str) -> Any:

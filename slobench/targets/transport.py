@@ -42,6 +42,10 @@ class TransportError(Exception):
         self.reason = reason
 
 
+class BodyTooLarge(TransportError):
+    """A body refused for its size (`read_body`): the reason names the limit and its flag."""
+
+
 class Response(Protocol):
     status: int
     retry_after: str | None  # the Retry-After header of a 429 or 503, as sent
@@ -123,7 +127,7 @@ async def read_body(chunks: AsyncIterator[bytes], content_encoding: str | None, 
         except ValueError as e:
             raise TransportError("error", f"response refused: {e}") from None
         if len(out) + len(piece) > max_bytes:
-            raise TransportError("error", over_limit(max_bytes, flag, decoder.encoding))
+            raise BodyTooLarge("error", over_limit(max_bytes, flag, decoder.encoding))
         out += piece
     return bytes(out)
 
