@@ -129,11 +129,14 @@ class _OpenAfter:
     retry_after = None
     location = None
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, then: BaseException | None = None) -> None:
         self.data = data
+        self.then = then
 
     async def _gen(self) -> AsyncIterator[bytes]:
         yield self.data
+        if self.then is not None:
+            raise self.then
         await asyncio.Event().wait()
 
     def chunks(self) -> AsyncIterator[bytes]:
@@ -144,13 +147,14 @@ class _OpenAfter:
 
 
 class _Open:
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, then: BaseException | None = None) -> None:
         self.data = data
+        self.then = then
 
     @asynccontextmanager
     async def post(self, url: str, body: bytes, headers: Mapping[str, str],
                    on_sent: Callable[[], None] | None = None) -> AsyncIterator[_OpenAfter]:
-        yield _OpenAfter(self.data)
+        yield _OpenAfter(self.data, self.then)
 
     async def close(self) -> None:
         pass
@@ -165,18 +169,19 @@ FINISH = _event({"choices": [{"index": 0, "text": "", "finish_reason": "length"}
 USAGE = _event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3}})
 
 
-@pytest.mark.parametrize("data, n", [
-    (TOKENS + FINISH + USAGE + b"data: [DONE]\n\n", 1),  # [DONE], then nothing
-    (TOKENS + FINISH + USAGE, 1),  # every finish and the usage asked for, no [DONE]
-    (TOKENS + FINISH + _event({"choices": [{"index": 1, "text": " b", "finish_reason": "length"}]}) + USAGE, 2),
+@pytest.mark.parametrize("data, n, then", [
+    (TOKENS + FINISH + USAGE + b"data: [DONE]\n\n", 1, None),  # [DONE], then nothing
+    (TOKENS + FINISH + USAGE, 1, None),  # every finish and the usage asked for, no [DONE]
+    (TOKENS + FINISH + _event({"choices": [{"index": 1, "text": " b", "finish_reason": "length"}]}) + USAGE, 2, None),
+    (TOKENS + FINISH + USAGE + b"data: [DONE]\n\n", 1, RuntimeError("the client's own error")),  # then a reset
 ])
 def test_a_complete_stream_ends_the_request_though_the_body_stays_open(
-    monkeypatch: pytest.MonkeyPatch, data: bytes, n: int
+    monkeypatch: pytest.MonkeyPatch, data: bytes, n: int, then: BaseException | None
 ) -> None:
     monkeypatch.setattr(openai_mod, "DRAIN_S", 0.01)
     t = OpenAITarget("http://127.0.0.1:1/v1", TargetOptions(model="m", api_key_env=None,
                                                           extra_body={"n": n} if n > 1 else None),
-                     transport=_Open(data))
+                     transport=_Open(data, then))
     spec = RequestSpec(request_id=0, arrival_s=0.0, prompt=(1, 2, 3), input_tokens=3, max_tokens=3)
     record = RequestRecord(0, 0.0)
 
