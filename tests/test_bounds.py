@@ -223,3 +223,20 @@ def test_sizes_parse_and_bad_ones_are_refused(capsys: pytest.CaptureFixture[str]
     with pytest.raises(SystemExit) as e:
         main(["run", "--simulate", "--max-body", "lots", "--num-requests", "1"])
     assert e.value.code == 2 and "--max-body" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_deep_answer_or_event_is_a_named_error_on_the_record(stream: bool) -> None:
+    deep = b'{"choices": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    data = TOKENS + b"data: " + deep + b"\n\n" if stream else deep
+    t = OpenAITarget("http://127.0.0.1:1/v1", TargetOptions(model="m", api_key_env=None, stream=stream),
+                     transport=_Open(data))
+    spec = RequestSpec(request_id=0, arrival_s=0.0, prompt=(1, 2, 3), input_tokens=3, max_tokens=3)
+    record = RequestRecord(0, 0.0)
+
+    async def go() -> None:
+        await t.start()
+        await asyncio.wait_for(t.send(spec, record), 30)
+
+    asyncio.run(go())
+    assert record.status == "error" and "nested deeper than 1024 levels" in (record.error or ""), record.error
