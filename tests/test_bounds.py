@@ -107,6 +107,9 @@ def test_every_form_of_a_configured_secret_is_scrubbed(monkeypatch: pytest.Monke
                                                            headers={"Proxy-Authorization": basic}))
     assert "hunter22" not in t2.scrub("got bob:hunter22, i.e. hunter22")
     assert t2.scrub("a key of 3: abc") == "a key of 3: abc"  # nothing configured is that short
+    t3 = OpenAITarget("http://127.0.0.1:1/v1", TargetOptions(model="m", api_key_env=None,
+                                                           headers={"X-Note": "hello world"}))
+    assert t3.scrub("hello world, world") == "***, world"  # only an auth scheme's token is a secret alone
 
 
 # ---- the raw client's request line --------------------------------------------------------------------

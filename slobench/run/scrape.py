@@ -166,7 +166,7 @@ class MetricsScraper:
         self.max_body_bytes = max_body_bytes
         self.num_scrapes = 0
         self.num_failed = 0
-        self.disabled_reason: str | None = None  # why the first scrape found no endpoint
+        self.disabled_reason: str | None = None  # why scraping stopped: no endpoint, or a page over the limit
 
     async def __call__(self, clock: Clock) -> None:
         async with self._open() as fetch:

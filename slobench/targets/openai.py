@@ -55,6 +55,7 @@ _DONE_BYTES = DONE.encode()
 # dropped: a server that keeps the body open after [DONE] must not hold the request for --timeout.
 DRAIN_S = 1.0
 _MIN_SECRET_CHARS = 4  # shorter configured values are not scrubbed: they would blank out ordinary words
+_AUTH_SCHEMES = frozenset({"bearer", "basic", "token", "apikey", "key"})  # `Scheme <token>`: the token alone too
 
 
 class OpenAITarget(TargetBase):
@@ -457,7 +458,7 @@ def _secret_forms(values: set[str]) -> tuple[str, ...]:
     forms: set[str] = set()
     for value in values:
         scheme, _, token = value.strip().partition(" ")
-        pieces = {value, token.strip()} if token.strip() and " " not in scheme else {value}
+        pieces = {value, token.strip()} if scheme.lower() in _AUTH_SCHEMES and token.strip() else {value}
         if scheme.lower() == "basic" and token:
             try:
                 pair = base64.b64decode(token.strip(), validate=True).decode()
