@@ -103,6 +103,14 @@ def test_a_stream_left_open_after_its_end_completes_at_once(behaviour: str, tran
     assert r.status == "ok" and r.output_tokens == 3, r.error  # send_one gives up after 60 s, not 600
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_stream_without_end_is_refused_not_kept(transport: str) -> None:
+    with HostileServerProcess("endless-stream") as srv:
+        r = send_one(srv.base_url, transport=transport, timeouts=Timeouts(request_s=600.0))
+    assert r.status == "error" and "over 1,036 tokens streamed for max_tokens=3: refused" in (r.error or ""), r.error
+    assert sum(r.chunk_tokens) > 1036
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("behaviour, size", [("gzip-bomb-metrics", 256 << 20), ("huge-metrics", 50 << 20),
                                              ("slow-metrics", 0)])

@@ -252,7 +252,8 @@ class OpenAITarget(TargetBase):
                     record.fail("error", name_too_long(resp.status, self.http_error(resp.status, raw, retry)), now())
                 elif self.stream:
                     n = fields.get("n")
-                    texts = await self._read_stream(resp, record, n if type(n) is int and n > 1 else 1)
+                    texts = await self._read_stream(resp, record, n if type(n) is int and n > 1 else 1,
+                                                    _max_tokens_sent(fields, spec.max_tokens))
                 else:
                     texts = await self._read_whole(resp, record)
         except TransportError as e:
@@ -261,18 +262,22 @@ class OpenAITarget(TargetBase):
         finally:
             _settle_output_tokens(record, spec.max_tokens, texts, self.exact_text)
 
-    async def _read_stream(self, resp: Response, record: RequestRecord, num_choices: int = 1) -> list[str] | None:
+    async def _read_stream(self, resp: Response, record: RequestRecord, num_choices: int,
+                           max_tokens: int) -> list[str] | None:
         """Read an SSE stream into `record`, one read at a time, every event through `_Stream.take`; the
         text it carried, with --tokenizer (else None).
         Complete when a choice carried a `finish_reason`, whether or not `data: [DONE]` follows (TGI, Ollama
         and LiteLLM may close without it); a stream that stops without any `finish_reason` was cut off,
         `[DONE]` or not, and is an error (llama.cpp ends an interrupted stream with `[DONE]` and no finish).
         Reading stops at `[DONE]`, or when `num_choices` finishes and the usage asked for have come: the
-        rest of the body is waited for `DRAIN_S` at most (`_drain`)."""
+        rest of the body is waited for `DRAIN_S` at most (`_drain`). A stream of more tokens than
+        `max_streamed_tokens` allows (a server ignoring `max_tokens` without end) is refused."""
         parser = SSEParser(self.max_body_bytes)
         stream = _Stream(record, self._is_chat)
         caps = self.caps
         wants_usage = caps.include_usage and caps.usage_in_stream is not False
+        max_streamed = max_streamed_tokens(max_tokens, num_choices)
+        num_streamed = 0
         if self.exact_text is not None:
             stream.texts = []
         take = stream.take
@@ -309,6 +314,9 @@ class OpenAITarget(TargetBase):
                     record.first_token_s = t
                 times.append(t)
                 tokens.append(stream.num)
+                num_streamed += stream.num
+                if num_streamed > max_streamed:
+                    stream.error = f"over {max_streamed:,} tokens streamed for max_tokens={max_tokens}: refused"
             if stream.error is not None:
                 record.fail("error", self.scrub(_truncate(stream.error)), now())
                 return stream.texts
@@ -441,6 +449,22 @@ def _split_userinfo(url: str) -> tuple[str, str | None]:
     host = parts.netloc.rsplit("@", 1)[1]
     creds = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}".encode()
     return urlunsplit(parts._replace(netloc=host)), "Basic " + base64.b64encode(creds).decode()
+
+
+def _max_tokens_sent(body: dict[str, Any], max_tokens: int) -> int:
+    """The output length asked of the server: the spec's, or a larger one an --extra-body field set."""
+    for name in ("max_tokens", "max_completion_tokens"):
+        v = body.get(name)
+        if type(v) is int and v > max_tokens:
+            max_tokens = v
+    return max_tokens
+
+
+def max_streamed_tokens(max_tokens: int, num_choices: int = 1) -> int:
+    """The most tokens a stream may bring (each token-carrying read is kept on the record): an honest
+    server sends at most `max_tokens` a choice; four times that, and 1024 more, leave room for one that
+    overshoots without letting one that never stops hold the client for --timeout or fill its memory."""
+    return (4 * max(max_tokens, 0) + 1024) * num_choices
 
 
 def _url_secrets(url: str) -> set[str]:

@@ -41,6 +41,7 @@ BEHAVIOURS = {
                 "header value, the token after Bearer, decoded Basic credentials and the URL's query",
     "done-hang": "a stream sends its tokens, finish, usage and [DONE], then keeps the body open",
     "finish-hang": "a stream sends its tokens, finish and usage (no [DONE]), then keeps the body open",
+    "endless-stream": "a stream sends tokens without end, whatever max_tokens says",
 }
 MODEL = "test-model"
 _PIECE = 1 << 20  # bytes a write
@@ -138,6 +139,15 @@ class HostileServer:
             await _write_size(resp, head, b"y" * 4096, self.size)
             await resp.write_eof()
             return resp
+        if "endless-stream" in b and stream:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            block = _event({"choices": [{"index": 0, "text": "tok ", "finish_reason": None}]})
+            try:
+                while True:
+                    await resp.write(block)
+            except (ConnectionError, RuntimeError):
+                return resp
         return await self._answer(request, body, stream)
 
     async def _answer(self, request: web.Request, body: dict[str, Any], stream: bool) -> web.StreamResponse:
