@@ -273,9 +273,8 @@ class OpenAITarget(TargetBase):
         rest of the body is waited for `DRAIN_S` at most (`_drain`). A stream of more tokens than
         `max_streamed_tokens` allows (a server ignoring `max_tokens` without end) is refused."""
         parser = SSEParser(self.max_body_bytes)
-        stream = _Stream(record, self._is_chat)
         caps = self.caps
-        wants_usage = caps.include_usage and caps.usage_in_stream is not False
+        stream = _Stream(record, self._is_chat, num_choices, caps.include_usage and caps.usage_in_stream is not False)
         max_streamed = max_streamed_tokens(max_tokens, num_choices)
         num_streamed = 0
         if self.exact_text is not None:
@@ -320,9 +319,9 @@ class OpenAITarget(TargetBase):
             if stream.error is not None:
                 record.fail("error", self.scrub(_truncate(stream.error)), now())
                 return stream.texts
-            if stream.is_done or (stream.finish is not None and stream.num_finished >= num_choices
-                                  and (not wants_usage or record.usage_output_tokens is not None)):
-                await _drain(chunks)
+            if stream.ended:
+                if not getattr(resp, "at_end", False):
+                    await _drain(chunks)
                 break
         got = sum(tokens)
         finish = stream.finish
@@ -561,23 +560,32 @@ def _whole_events(datas: list[bytes]) -> list[tuple[str, str | bytes, dict[str, 
 class _Stream:
     """What one SSE stream has said so far: `take` applies each event to it and to the record."""
 
-    __slots__ = ("record", "is_chat", "num", "finish", "num_finished", "error", "is_done", "texts")
+    __slots__ = ("record", "is_chat", "num", "finish", "num_finished", "num_choices", "wants_usage", "error",
+                 "is_done", "ended", "texts")
 
-    def __init__(self, record: RequestRecord, is_chat: bool) -> None:
+    def __init__(self, record: RequestRecord, is_chat: bool, num_choices: int = 1, wants_usage: bool = False) -> None:
         self.record = record
         self.is_chat = is_chat
         self.num = 0  # tokens carried by the current read's events
         self.finish: str | None = None
         self.num_finished = 0  # events that carried a finish_reason (one a choice)
+        self.num_choices = num_choices
+        self.wants_usage = wants_usage  # usage was asked for and the server sends it: wait for it
         self.error: str | None = None
         self.is_done = False  # [DONE] came
+        self.ended = False  # [DONE] came, or every choice finished and the usage asked for came
         self.texts: list[str] | None = None  # the generated text, gathered only when a tokenizer will count it
+
+    def _check_ended(self) -> None:
+        if self.num_finished >= self.num_choices and (not self.wants_usage or
+                                                      self.record.usage_output_tokens is not None):
+            self.ended = True
 
     def take(self, kind: str, data: str | bytes, obj: dict[str, Any] | None) -> bool:
         """Apply one event (`obj`: its JSON, when already parsed). False: the rest of the read is ignored
         (`[DONE]` came, or the event failed the stream). A usage object is taken onto the record as it comes."""
         if data == DONE or data == _DONE_BYTES:
-            self.is_done = True
+            self.is_done = self.ended = True
             return False
         if kind == "error":
             self.error = "server error mid-stream: " + _event_error_text(_text(data))
@@ -601,6 +609,7 @@ class _Stream:
                 if reason and type(reason) is str:
                     self.finish = reason
                     self.num_finished += 1
+                    self._check_ended()
                 else:
                     reason = None
                 out = c.get("delta") if self.is_chat else c.get("text")
@@ -614,6 +623,8 @@ class _Stream:
         usage = obj.get("usage")
         if usage and type(usage) is dict:
             _take_usage(self.record, usage)
+            if self.finish is not None:
+                self._check_ended()
         return True
 
 

@@ -315,6 +315,12 @@ class _RawResponse:
         self._conn = conn
         self._max_body = max_body_bytes
 
+    @property
+    def at_end(self) -> bool:
+        """Every byte of the body has been read: nothing is left to drain."""
+        c = self._conn
+        return c.state == _DONE and not c.pieces and c.error is None
+
     def chunks(self) -> AsyncIterator[bytes]:
         return _Chunks(self._conn)
 
