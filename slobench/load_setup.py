@@ -25,6 +25,7 @@ from slobench.run.manifest import build_manifest
 from slobench.run.records import REQUESTS
 from slobench.run.runner import RunOptions
 from slobench.run.scrape import MetricsScraper, metrics_url_for
+from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_METRICS_BODY_BYTES
 from slobench.targets.build import build
 from slobench.targets.capabilities import TOO_LONG, Capabilities
 from slobench.targets.options import DEFAULT_URL, TargetOptions, Timeouts, TransportName
@@ -106,6 +107,9 @@ class LoadOptions:
     # sweep and capacity only
     rates: str | None = None
     refine_knee: int = 0
+    # what a server may send (slobench.targets.bounds), bytes
+    max_body: int = DEFAULT_MAX_BODY_BYTES
+    max_metrics_body: int = DEFAULT_MAX_METRICS_BODY_BYTES
 
     def __post_init__(self) -> None:
         if (self.engine or self.simulate) and self.engine_knobs is None:
@@ -300,6 +304,8 @@ class LoadSetup:
             router=o.router,
             engine_knobs=self.engine_knobs if o.engine else None,
             token_ids=getattr(self.workload, "token_ids", None),  # every workload kind has one
+            max_body_bytes=o.max_body,
+            max_metrics_body_bytes=o.max_metrics_body,
         )
 
     def target(self, clock: Any) -> Any:
@@ -343,7 +349,8 @@ class LoadSetup:
             return [MetricsScraper(self.engine_target.metrics_text, run_dir, interval)]
         urls = [metrics_url_for(u) for u in self.urls]
         source: str | list[str] = urls[0] if len(urls) == 1 else urls  # a fleet: every replica, labelled
-        return [MetricsScraper(source, run_dir, interval, headers=self.headers)]
+        return [MetricsScraper(source, run_dir, interval, headers=self.headers,
+                               max_body_bytes=self.options.max_metrics_body)]
 
     def simulated_manifest(self) -> dict[str, Any]:
         """The manifest of a --simulate run: the engine's knobs stand where a target's URL would."""

@@ -203,6 +203,7 @@ def test_request_bytes_are_built_once_per_url_and_headers() -> None:
     target, head = tr._head("http://example.test:8080/v1/completions?x=1", hdrs)
     assert head == (b"POST /v1/completions?x=1 HTTP/1.1\r\nHost: example.test:8080\r\n"
                     b"Content-Type: application/json\r\nAuthorization: Bearer k\r\nUser-Agent: slobench\r\n"
+                    b"Accept-Encoding: identity\r\n"
                     b"Content-Length: ")
     assert target.key == ("http", "example.test", 8080) and target.ssl is None
     assert tr._head("http://example.test:8080/v1/completions?x=1", dict(hdrs))[1] is head  # cached

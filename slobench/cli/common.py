@@ -18,6 +18,7 @@ from slobench.load_setup import MIN_PROBE_S, LoadOptions, LoadSetup
 from slobench.report import build_report
 from slobench.report.terminal import make_console, print_headline, print_sweep_errors, run_title, sweep_table
 from slobench.run.outdir import claim_out_dir
+from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_METRICS_BODY_BYTES, parse_size
 
 
 def default_out(prefix: str) -> Path:
@@ -67,6 +68,12 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
                    help="HTTP client for the load: raw (default; slobench's own HTTP/1.1 client, the cheapest per request) "
                         "or httpx (HTTP/2 with --http2)")
     g.add_argument("--http2", action="store_true", help="HTTP/2 (implies --transport httpx)")
+    g.add_argument("--max-body", type=size_arg, default=DEFAULT_MAX_BODY_BYTES, metavar="SIZE",
+                   help="the most a server may send in one response body (an error, a whole answer, /models), "
+                        "one SSE line or event, decompressed; more is a recorded error (default 64MiB)")
+    g.add_argument("--max-metrics-body", type=size_arg, default=DEFAULT_MAX_METRICS_BODY_BYTES, metavar="SIZE",
+                   help="the most one /metrics page may hold, decompressed; a larger one is a failed scrape "
+                        "(default 16MiB)")
     g.add_argument("--server-profile", default="auto",
                    choices=("auto", "vllm", "sglang", "tgi", "llamacpp", "ollama", "openai", "generic"),
                    help="what the server accepts of slobench's extensions (token-id prompts, ignore_eos, min_tokens, "
@@ -159,6 +166,14 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     r.add_argument("--scrape-interval", type=float, default=1.0,
                    help="seconds between scrapes of the server's /metrics (0: off)")
     r.add_argument("--report", default=None, metavar="HTML", help="also write the HTML report here")
+
+
+def size_arg(text: str) -> int:
+    """An argparse type: `64MiB`, `512k`, `1048576` -> bytes; anything else, a usage error naming it."""
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def options_from_args(args: argparse.Namespace) -> LoadOptions:

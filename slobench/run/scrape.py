@@ -6,6 +6,9 @@ Gauges, counters and histograms' `_sum`/`_count` are kept; `_bucket` and `_creat
 A runner monitor (`MetricsScraper(url, path)`); the text may also come from this process (an in-process
 engine's `metrics_text`), so both give the same timeline. A target without the endpoint (404, refused,
 timed out, not Prometheus text) leaves no file and no error: the report has no server-state panel.
+A scrape (its HTTP, decompression and parse) runs on an event loop in a thread of its own, within
+`timeout_s` and a body of `max_body_bytes`: a slow, huge or compressed-bomb /metrics costs failed scrapes,
+never the sender's schedule.
 """
 
 from __future__ import annotations
@@ -14,16 +17,20 @@ import asyncio
 import contextlib
 import json
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from slobench.redact import redact_text, redact_url
 from slobench.run.clock import Clock
 from slobench.run.rundir import SERVER_METRICS
-from slobench.targets.transport import ControlClient, TransportError
+from slobench.targets.bounds import DEFAULT_MAX_METRICS_BODY_BYTES
+from slobench.targets.transport import BodyTooLarge, ControlClient, TransportError
+
+T = TypeVar("T")
 
 _SKIP_SUFFIXES = ("_bucket", "_created", "_gcount_created")
 _KEEP_OF_DISTRIBUTIONS = ("_sum", "_count", "_gsum", "_gcount")
@@ -76,10 +83,46 @@ def _line_name(line: str) -> str:
 
 
 class _NoText(Exception):
-    """A scrape that found no Prometheus text; the message says why."""
+    """A scrape that found no Prometheus text; the message says why. `final`: the next would fare no
+    better (a page over the size limit), so scraping stops."""
+
+    def __init__(self, why: str, *, final: bool = False) -> None:
+        super().__init__(why)
+        self.final = final
 
 
-Fetch = Callable[[], Awaitable[str | list[str]]]  # one scrape's text (one per replica); raises _NoText
+# one scrape's samples; raises _NoText, or ValueError for text that is not Prometheus text
+Fetch = Callable[[], Awaitable[dict[str, float]]]
+
+
+class _LoopThread:
+    """An event loop in a daemon thread: what runs on it never delays the run's own loop."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="slobench-scrape", daemon=True)
+        self._thread.start()
+
+    async def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """`coro`'s result, run on the thread's loop; cancelling the caller cancels it there."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    async def stop(self, last: Coroutine[Any, Any, Any]) -> None:
+        """Cancel what still runs there, run `last` (a client's close), stop the loop and end the thread."""
+        loop = self.loop
+
+        async def shutdown() -> None:
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+            with contextlib.suppress(Exception):
+                await last
+            loop.stop()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), loop)
+        await asyncio.to_thread(self._thread.join, 5.0)  # a parse in flight finishes first
+        if not self._thread.is_alive():
+            loop.close()
 
 
 class MetricsScraper:
@@ -87,7 +130,8 @@ class MetricsScraper:
 
     `source` is where the text comes from: a `/metrics` URL fetched over HTTP, or a callable returning the
     exposition (str or bytes) of something in this process, e.g. `EngineTarget.metrics_text`. The callable
-    runs in a worker thread, so it must be safe to call from one. Both feed the same loop and writer.
+    runs in a worker thread, so it must be safe to call from one. Both feed the same loop and writer. A page
+    past `max_body_bytes` (decompressed) is a failed scrape.
     """
 
     def __init__(
@@ -99,6 +143,7 @@ class MetricsScraper:
         headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        max_body_bytes: int = DEFAULT_MAX_METRICS_BODY_BYTES,
     ) -> None:
         if not (interval_s > 0 and math.isfinite(interval_s)):
             raise ValueError(f"interval_s must be a positive number of seconds (got {interval_s!r})")
@@ -118,9 +163,10 @@ class MetricsScraper:
         # A scrape slower than the interval would only pile up; give up on it and take the next tick.
         self.timeout_s = timeout_s if timeout_s is not None else max(0.5, min(5.0, interval_s))
         self._sleep = sleep
+        self.max_body_bytes = max_body_bytes
         self.num_scrapes = 0
         self.num_failed = 0
-        self.disabled_reason: str | None = None  # why the first scrape found no endpoint
+        self.disabled_reason: str | None = None  # why scraping stopped: no endpoint, or a page over the limit
 
     async def __call__(self, clock: Clock) -> None:
         async with self._open() as fetch:
@@ -131,32 +177,42 @@ class MetricsScraper:
         if self._local is not None:
             local = self._local
 
-            async def fetch_local() -> str:
-                # Rendering walks the registry; off the event loop like the parse, for the same reason.
-                text = await asyncio.to_thread(local)
-                return text.decode() if isinstance(text, bytes) else text
+            def render_and_parse() -> dict[str, float]:
+                # Rendering walks the registry: off the event loop like the parse, for the same reason.
+                text = local()
+                return parse_samples(text.decode() if isinstance(text, bytes) else text)
+
+            async def fetch_local() -> dict[str, float]:
+                return await asyncio.to_thread(render_and_parse)
 
             yield fetch_local
             return
         urls: list[str] = self.metrics_urls or [self.metrics_url or ""]
-        async with ControlClient(timeout_s=self.timeout_s, headers=self.headers) as client:
+        thread = _LoopThread()
+        client = ControlClient(timeout_s=self.timeout_s, headers=self.headers, max_body_bytes=self.max_body_bytes,
+                               limit_flag="--max-metrics-body")
 
-            async def get(url: str | None) -> str:
-                assert url is not None
-                try:
-                    resp = await client.get(url)
-                except TransportError as e:
-                    raise _NoText(redact_text(f"{url}: {e}")) from None  # a reason is printed: no URL password
-                if resp.status != 200:
-                    raise _NoText(f"{redact_url(url)}: HTTP {resp.status}")
-                return resp.text
+        async def get(url: str) -> str:
+            try:
+                resp = await client.get(url)
+            except TransportError as e:  # a reason is printed: no URL password
+                raise _NoText(redact_text(f"{url}: {e}"), final=isinstance(e, BodyTooLarge)) from None
+            if resp.status != 200:
+                raise _NoText(f"{redact_url(url)}: HTTP {resp.status}")
+            return resp.text
 
-            async def fetch_http() -> str | list[str]:
-                if not self.metrics_urls:
-                    return await get(self.metrics_url)
-                return list(await asyncio.gather(*(get(u) for u in urls)))
+        async def scrape() -> dict[str, float]:  # on the thread's loop, parse included
+            if not self.metrics_urls:
+                return parse_samples(await get(urls[0]))
+            return _merge_replicas(list(await asyncio.gather(*(get(u) for u in urls))))
 
+        async def fetch_http() -> dict[str, float]:
+            return await thread.run(scrape())
+
+        try:
             yield fetch_http
+        finally:
+            await thread.stop(client.close())
 
     async def _loop(self, clock: Clock, fetch: Fetch) -> None:
         writer = _LineWriter(self.out_path)
@@ -165,12 +221,15 @@ class MetricsScraper:
             tick = 0
             while True:
                 t_s = clock.now_s()
-                samples, why = await self._scrape(fetch)
+                samples, why, final = await self._scrape(fetch)
                 if samples is None:
                     if self.num_scrapes == 0 and self.num_failed == 0:
                         self.disabled_reason = why
                         return  # no endpoint: silently absent
                     self.num_failed += 1
+                    if final:
+                        self.disabled_reason = why
+                        return  # a page too large stays too large: no more scrapes cost the run CPU
                 else:
                     writer.write({"t_s": round(t_s, 6), "samples": samples})
                     self.num_scrapes += 1
@@ -181,21 +240,16 @@ class MetricsScraper:
         finally:
             writer.close()
 
-    async def _scrape(self, fetch: Fetch) -> tuple[dict[str, float] | None, str]:
+    async def _scrape(self, fetch: Fetch) -> tuple[dict[str, float] | None, str, bool]:
         try:
-            text = await fetch()
-            # Off the event loop: parsing must not delay the requests the runner is sending.
-            if isinstance(text, list):
-                samples = await asyncio.to_thread(_merge_replicas, text)
-            else:
-                samples = await asyncio.to_thread(parse_samples, text)
+            samples = await fetch()  # off the event loop: a scrape must not delay the requests being sent
         except _NoText as e:
-            return None, str(e)
+            return None, str(e), e.final
         except ValueError as e:
-            return None, f"not Prometheus text: {e}"
+            return None, f"not Prometheus text: {e}", False
         if not samples:
-            return None, "no samples"
-        return samples, ""
+            return None, "no samples", False
+        return samples, "", False
 
 
 def _merge_replicas(texts: list[str]) -> dict[str, float]:

@@ -5,32 +5,45 @@ that carried a generated token (`_is_token`: text or not) is one chunk, stamped 
 with the tokens it carried (the length of `token_ids` or of the logprobs tokens where sent, else 1);
 `first_token_s` is the first such chunk, `done_s` the read holding the end. Several SSE events in one read
 share one stamp: the client cannot know they left the server at different times. `output_tokens` is
-settled by `_settle_output_tokens`. A failed request is data on its record, never an exception; the API key
-never reaches a record, a message or a repr. What the server accepts is settled in slobench.targets.preflight.
+settled by `_settle_output_tokens`. A request is complete at `[DONE]`, or once every choice finished and the
+usage asked for came: what the server sends after that is waited for only `DRAIN_S`. A failed request is
+data on its record, never an exception; no configured secret reaches a record, a message or a repr, even
+when a server echoes it (`scrub`). What the server accepts is settled in slobench.targets.preflight.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import binascii
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 from orjson import dumps as orjson_dumps
 from orjson import loads as orjson_loads  # about twice as fast as json.loads on SSE events
 
 from slobench.errors import SpecError, UsageError
+from slobench.redact import is_secret_name
 from slobench.run.clock import Clock
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.base import TargetBase
+from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES, brief, json_of
 from slobench.targets.capabilities import Capabilities, name_too_long, profile_capabilities
 from slobench.targets.options import TargetOptions, Timeouts, TransportName
 from slobench.targets.preflight import find_model, negotiate, usage_count
 from slobench.targets.rawhttp import RawHttpTransport
 from slobench.targets.sse import DONE, SSEDecodeError, SSEParser
-from slobench.targets.transport import HttpxTransport, Response, Transport, TransportError
+from slobench.targets.transport import (
+    HttpxTransport,
+    Response,
+    Transport,
+    TransportError,
+    is_redirect,
+    redirect_reason,
+)
 from slobench.workload.text import ExactText, ids_to_text, thin_words, words_for_tokens
 
 MAX_ERROR_CHARS = 300
@@ -38,6 +51,11 @@ _MEMO_CHARS = 64 * 1024 * 1024  # text built from token ids, kept for reuse up t
 _SECRET_HEADER_HINTS = ("auth", "key", "token", "secret", "cookie")
 _SECRET_BODY_HINTS = ("auth", "key", "secret", "password")  # not "token": max_tokens is no secret
 _DONE_BYTES = DONE.encode()
+# How long a complete stream's remaining bytes (the body's end) are waited for before its connection is
+# dropped: a server that keeps the body open after [DONE] must not hold the request for --timeout.
+DRAIN_S = 1.0
+_MIN_SECRET_CHARS = 4  # shorter configured values are not scrubbed: they would blank out ordinary words
+_AUTH_SCHEMES = frozenset({"bearer", "basic", "token", "apikey", "key"})  # `Scheme <token>`: the token alone too
 
 
 class OpenAITarget(TargetBase):
@@ -64,6 +82,7 @@ class OpenAITarget(TargetBase):
         # credentials in the URL become a Basic header (unless one is given): the URL is recorded, the
         # header never
         self.base_url, url_auth = _split_userinfo(_normalise_base_url(url))
+        self.max_body_bytes = o.max_body_bytes
         self.options = o
         self.model: str = o.model or ""  # "": the first the server lists, found at preflight (discover_model)
         self.api = o.api
@@ -86,8 +105,11 @@ class OpenAITarget(TargetBase):
             self._headers["Authorization"] = url_auth
         secrets = {key} if key else set()
         secrets |= {v for k, v in self._headers.items() if any(h in k.lower() for h in _SECRET_HEADER_HINTS)}
-        # Longest first, so "Bearer <key>" is replaced whole before the bare key is looked for.
-        self._secrets = tuple(sorted((s for s in secrets if s), key=len, reverse=True))
+        secrets |= set(o.headers.values())
+        if url_auth:
+            secrets.add(url_auth)
+        secrets |= _url_secrets(url)
+        self._secrets = _secret_forms(secrets)
 
         self.extra_body: dict[str, Any] = dict(o.extra_body or {})
         self._transport: Transport | None = None
@@ -141,6 +163,7 @@ class OpenAITarget(TargetBase):
                 timeout_s=self.timeouts.request_s,
                 connect_timeout_s=self.timeouts.connect_s,
                 http2=self.options.http2,
+                max_body_bytes=self.max_body_bytes,
             )
 
     async def close(self) -> None:
@@ -208,7 +231,8 @@ class OpenAITarget(TargetBase):
         transport = self._transport
         if transport is None:
             raise RuntimeError("OpenAITarget.send() called before start()")
-        body = _body_bytes(self.build_body(spec))
+        fields = self.build_body(spec)
+        body = _body_bytes(fields)
         now = self.clock.now_s
 
         def on_sent() -> None:
@@ -219,12 +243,17 @@ class OpenAITarget(TargetBase):
             record.sent_s = now()  # replaced when the bytes really go; kept if the connection fails first
             async with transport.post(self.url, body, self._headers, on_sent) as resp:
                 record.http_status = resp.status
-                if resp.status >= 400:
+                if is_redirect(resp.status):
+                    where = getattr(resp, "location", None)
+                    record.fail("error", self.scrub(redirect_reason(resp.status, where)), now())
+                elif resp.status >= 400:
                     raw = await resp.read()
                     retry = getattr(resp, "retry_after", None)
                     record.fail("error", name_too_long(resp.status, self.http_error(resp.status, raw, retry)), now())
                 elif self.stream:
-                    texts = await self._read_stream(resp, record)
+                    n = fields.get("n")
+                    texts = await self._read_stream(resp, record, n if type(n) is int and n > 1 else 1,
+                                                    _max_tokens_sent(fields, spec.max_tokens))
                 else:
                     texts = await self._read_whole(resp, record)
         except TransportError as e:
@@ -233,14 +262,21 @@ class OpenAITarget(TargetBase):
         finally:
             _settle_output_tokens(record, spec.max_tokens, texts, self.exact_text)
 
-    async def _read_stream(self, resp: Response, record: RequestRecord) -> list[str] | None:
+    async def _read_stream(self, resp: Response, record: RequestRecord, num_choices: int,
+                           max_tokens: int) -> list[str] | None:
         """Read an SSE stream into `record`, one read at a time, every event through `_Stream.take`; the
         text it carried, with --tokenizer (else None).
         Complete when a choice carried a `finish_reason`, whether or not `data: [DONE]` follows (TGI, Ollama
         and LiteLLM may close without it); a stream that stops without any `finish_reason` was cut off,
-        `[DONE]` or not, and is an error (llama.cpp ends an interrupted stream with `[DONE]` and no finish)."""
-        parser = SSEParser()
-        stream = _Stream(record, self._is_chat)
+        `[DONE]` or not, and is an error (llama.cpp ends an interrupted stream with `[DONE]` and no finish).
+        Reading stops at `[DONE]`, or when `num_choices` finishes and the usage asked for have come: the
+        rest of the body is waited for `DRAIN_S` at most (`_drain`). A stream of more tokens than
+        `max_streamed_tokens` allows (a server ignoring `max_tokens` without end) is refused."""
+        parser = SSEParser(self.max_body_bytes)
+        caps = self.caps
+        stream = _Stream(record, self._is_chat, num_choices, caps.include_usage and caps.usage_in_stream is not False)
+        max_streamed = max_streamed_tokens(max_tokens, num_choices)
+        num_streamed = 0
         if self.exact_text is not None:
             stream.texts = []
         take = stream.take
@@ -263,8 +299,6 @@ class OpenAITarget(TargetBase):
                 # finish (llama-cpp-python interrupting a stream drops the connection next) it is cut off
                 break
             t = now()
-            if stream.is_done:
-                continue  # read on to the end of the body so the connection can be reused
             events, stream.error = _events_of(parser, raw)
             if events:
                 t_last = t
@@ -279,9 +313,16 @@ class OpenAITarget(TargetBase):
                     record.first_token_s = t
                 times.append(t)
                 tokens.append(stream.num)
+                num_streamed += stream.num
+                if num_streamed > max_streamed:
+                    stream.error = f"over {max_streamed:,} tokens streamed for max_tokens={max_tokens}: refused"
             if stream.error is not None:
                 record.fail("error", self.scrub(_truncate(stream.error)), now())
                 return stream.texts
+            if stream.ended:
+                if not getattr(resp, "at_end", False):
+                    await _drain(chunks)
+                break
         got = sum(tokens)
         finish = stream.finish
         record.finish_reason = finish
@@ -307,12 +348,13 @@ class OpenAITarget(TargetBase):
         raw = await resp.read()
         record.done_s = self.clock.now_s()
         try:
-            obj = orjson_loads(raw)
+            obj = json_of(raw)
             if type(obj) is not dict:
                 raise ValueError("not an object")
-        except ValueError:
+        except ValueError as e:
             text = raw[:120].decode("utf-8", "replace")
-            record.fail("error", self.scrub(f"malformed JSON response: {text!r}"))
+            why = f" ({e})" if "nested deeper" in str(e) else ""
+            record.fail("error", self.scrub(f"malformed JSON response{why}: {text!r}"))
             return None
         if "error" in obj or obj.get("object") == "error":
             record.fail("error", self.scrub(_truncate("server error: " + _error_message(obj, ""))))
@@ -337,7 +379,9 @@ class OpenAITarget(TargetBase):
     # ---- errors ----------------------------------------------------------------------------------------
 
     def scrub(self, text: str) -> str:
-        """`text` with every secret (the key, secret-named header values) replaced by `***`."""
+        """`text` with every secret replaced by `***`: the key, every --header value and the token after
+        its scheme (`Bearer K`: K too), the URL's password and secret-named query values, each as given,
+        decoded and percent-encoded (`_secret_forms`)."""
         for secret in self._secrets:
             if secret in text:
                 text = text.replace(secret, "***")
@@ -347,9 +391,9 @@ class OpenAITarget(TargetBase):
         """What a record says of an HTTP error answer: the status, and the server's message, scrubbed and cut."""
         text = raw.decode("utf-8", "replace")
         try:
-            message = _error_message(json.loads(text), text)
-        except ValueError:
-            message = text
+            message = _error_message(json_of(raw), text)
+        except ValueError as e:
+            message = f"an error body with {e}" if "nested deeper" in str(e) else text
         # a 429 is recorded as one, with the server's Retry-After; it is never retried (the schedule is the test)
         label = f"HTTP {status} (rate limited)" if status == 429 else f"HTTP {status}"
         if retry_after and status in (429, 503):
@@ -383,13 +427,16 @@ class OpenAITarget(TargetBase):
 
 
 def make_transport(
-    name: TransportName, *, timeout_s: float, connect_timeout_s: float, http2: bool = False
+    name: TransportName, *, timeout_s: float, connect_timeout_s: float, http2: bool = False,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> Transport:
     """The load's client: `raw` (HTTP/1.1, the least CPU per request) or `httpx` (HTTP/2 with `http2`)."""
     if name == "httpx":
-        return HttpxTransport(timeout_s=timeout_s, connect_timeout_s=connect_timeout_s, http2=http2)
+        return HttpxTransport(timeout_s=timeout_s, connect_timeout_s=connect_timeout_s, http2=http2,
+                              max_body_bytes=max_body_bytes)
     if name == "raw" and not http2:
-        return RawHttpTransport(timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)  # type: ignore[return-value]
+        return RawHttpTransport(timeout_s=timeout_s, connect_timeout_s=connect_timeout_s,  # type: ignore[return-value]
+                                max_body_bytes=max_body_bytes)
     raise UsageError(f"transport: must be 'raw' or 'httpx' (got {name!r}{', http2' if http2 else ''})")
 
 
@@ -401,6 +448,60 @@ def _split_userinfo(url: str) -> tuple[str, str | None]:
     host = parts.netloc.rsplit("@", 1)[1]
     creds = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}".encode()
     return urlunsplit(parts._replace(netloc=host)), "Basic " + base64.b64encode(creds).decode()
+
+
+def _max_tokens_sent(body: dict[str, Any], max_tokens: int) -> int:
+    """The output length asked of the server: the spec's, or a larger one an --extra-body field set."""
+    for name in ("max_tokens", "max_completion_tokens"):
+        v = body.get(name)
+        if type(v) is int and v > max_tokens:
+            max_tokens = v
+    return max_tokens
+
+
+def max_streamed_tokens(max_tokens: int, num_choices: int = 1) -> int:
+    """The most tokens a stream may bring (each token-carrying read is kept on the record): an honest
+    server sends at most `max_tokens` a choice; four times that, and 1024 more, leave room for one that
+    overshoots without letting one that never stops hold the client for --timeout or fill its memory."""
+    return (4 * max(max_tokens, 0) + 1024) * num_choices
+
+
+def _url_secrets(url: str) -> set[str]:
+    """The secrets a URL carries: its password and the values of secret-named query parameters."""
+    parts = urlsplit(url)
+    out = {parts.password} if parts.password else set()
+    out |= {v for k, v in parse_qsl(parts.query, keep_blank_values=True) if v and is_secret_name(k)}
+    return out
+
+
+def _secret_forms(values: set[str]) -> tuple[str, ...]:
+    """Every form a server may echo a secret in: as configured, the token after an auth scheme (and, for
+    Basic, its decoded `user:password` and password), percent-decoded and percent-encoded. Longest first,
+    so "Bearer <key>" is replaced whole before the bare key is looked for."""
+    forms: set[str] = set()
+    for value in values:
+        scheme, _, token = value.strip().partition(" ")
+        pieces = {value, token.strip()} if scheme.lower() in _AUTH_SCHEMES and token.strip() else {value}
+        if scheme.lower() == "basic" and token:
+            try:
+                pair = base64.b64decode(token.strip(), validate=True).decode()
+                pieces |= {pair, pair.partition(":")[2]}
+            except (binascii.Error, UnicodeDecodeError):
+                pass
+        for piece in pieces:
+            forms |= {piece, unquote(piece), quote(piece, safe="")}
+    return tuple(sorted((f for f in forms if len(f) >= _MIN_SECRET_CHARS), key=len, reverse=True))
+
+
+async def _drain(chunks: AsyncIterator[bytes]) -> None:
+    """Read a complete stream's remaining bytes for `DRAIN_S` at most, so its connection can be reused;
+    whatever happens to them loses nothing measured (a body left open: the transport drops the connection)."""
+    try:
+        async with asyncio.timeout(DRAIN_S):
+            async for _ in chunks:
+                pass
+    except Exception:  # a timeout, a reset, any client's error: after the end nothing measured is lost
+        pass
 
 
 def _normalise_base_url(base_url: str) -> str:
@@ -459,30 +560,43 @@ def _whole_events(datas: list[bytes]) -> list[tuple[str, str | bytes, dict[str, 
 class _Stream:
     """What one SSE stream has said so far: `take` applies each event to it and to the record."""
 
-    __slots__ = ("record", "is_chat", "num", "finish", "error", "is_done", "texts")
+    __slots__ = ("record", "is_chat", "num", "finish", "num_finished", "num_choices", "wants_usage", "error",
+                 "is_done", "ended", "texts")
 
-    def __init__(self, record: RequestRecord, is_chat: bool) -> None:
+    def __init__(self, record: RequestRecord, is_chat: bool, num_choices: int = 1, wants_usage: bool = False) -> None:
         self.record = record
         self.is_chat = is_chat
         self.num = 0  # tokens carried by the current read's events
         self.finish: str | None = None
+        self.num_finished = 0  # events that carried a finish_reason (one a choice)
+        self.num_choices = num_choices
+        self.wants_usage = wants_usage  # usage was asked for and the server sends it: wait for it
         self.error: str | None = None
         self.is_done = False  # [DONE] came
+        self.ended = False  # [DONE] came, or every choice finished and the usage asked for came
         self.texts: list[str] | None = None  # the generated text, gathered only when a tokenizer will count it
+
+    def _check_ended(self) -> None:
+        if self.num_finished >= self.num_choices and (not self.wants_usage or
+                                                      self.record.usage_output_tokens is not None):
+            self.ended = True
 
     def take(self, kind: str, data: str | bytes, obj: dict[str, Any] | None) -> bool:
         """Apply one event (`obj`: its JSON, when already parsed). False: the rest of the read is ignored
         (`[DONE]` came, or the event failed the stream). A usage object is taken onto the record as it comes."""
         if data == DONE or data == _DONE_BYTES:
-            self.is_done = True
+            self.is_done = self.ended = True
             return False
         if kind == "error":
             self.error = "server error mid-stream: " + _event_error_text(_text(data))
             return False
         if obj is None:
             try:
-                obj = orjson_loads(data)
-            except ValueError:
+                obj = json_of(data)
+            except ValueError as e:
+                if "nested deeper" in str(e):
+                    self.error = f"SSE event JSON {e}"
+                    return False
                 obj = None
             if type(obj) is not dict:
                 self.error = f"malformed JSON in SSE event: {data[:120]!r}"
@@ -494,6 +608,8 @@ class _Stream:
                 reason = c.get("finish_reason")
                 if reason and type(reason) is str:
                     self.finish = reason
+                    self.num_finished += 1
+                    self._check_ended()
                 else:
                     reason = None
                 out = c.get("delta") if self.is_chat else c.get("text")
@@ -507,6 +623,8 @@ class _Stream:
         usage = obj.get("usage")
         if usage and type(usage) is dict:
             _take_usage(self.record, usage)
+            if self.finish is not None:
+                self._check_ended()
         return True
 
 
@@ -618,7 +736,7 @@ def _not_a_stream(head: bytes) -> str:
     """What to say of a 200 answer to a streamed request that held no SSE event."""
     text = head.decode("utf-8", "replace").strip()
     try:
-        obj = json.loads(text)
+        obj = json_of(text)
     except ValueError:
         return f"no SSE events in the stream: {text[:120]!r}"
     if isinstance(obj, dict) and ("error" in obj or obj.get("object") == "error"):
@@ -631,18 +749,18 @@ def _error_message(obj: Any, fallback: str) -> str:
     if isinstance(obj, dict):
         err = obj.get("error")
         if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
+            return brief(err["message"])
         if isinstance(err, str) and err:
             return err
         for key in ("message", "detail"):
             if obj.get(key):
-                return str(obj[key])
+                return brief(obj[key])
     return fallback
 
 
 def _event_error_text(data: str) -> str:
     try:
-        return _error_message(json.loads(data), data)
+        return _error_message(json_of(data), data)
     except ValueError:
         return data
 

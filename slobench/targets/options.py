@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from slobench.errors import SpecError, UsageError
+from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_METRICS_BODY_BYTES
 
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
 Api = Literal["completions", "chat"]
@@ -59,6 +60,10 @@ class TargetOptions:
     # the half-open range the workload draws prompt token ids from: preflight probes its top id (None: the
     # workloads' default range)
     token_ids: tuple[int, int] | None = None
+    # the most a server may send in one body (an error, a whole answer, a /models listing), one SSE line
+    # or event, decompressed; and in one /metrics page (slobench.targets.bounds)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_metrics_body_bytes: int = DEFAULT_MAX_METRICS_BODY_BYTES
 
     def __post_init__(self) -> None:
         if self.engine_knobs is None and not self.urls:
@@ -71,6 +76,10 @@ class TargetOptions:
             raise SpecError("transport", self.transport, "must be 'raw' or 'httpx'")
         if self.http2 and self.transport != "httpx":
             raise SpecError("http2", self.http2, "needs transport='httpx' (raw speaks HTTP/1.1 only)")
+        for name in ("max_body_bytes", "max_metrics_body_bytes"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise SpecError(name, value, "must be a whole number of bytes >= 1")
         if self.model is not None and not self.model:
             raise SpecError("model", self.model, "must name the served model (or be None: the first one listed)")
         if self.token_ids is not None and not 0 <= self.token_ids[0] < self.token_ids[1]:

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from slobench.errors import TargetUnreachable
+from slobench.targets.bounds import brief, json_of
 from slobench.targets.capabilities import HONOURS_IGNORE_EOS, Capabilities, is_refusal, with_length_evidence
 from slobench.targets.sse import SSEDecodeError, SSEParser
 from slobench.targets.transport import ControlClient, Reply, TransportError
@@ -51,13 +52,13 @@ async def find_model(target: OpenAITarget) -> str:
     """The first model the server lists at /models. A server that lists none is unreachable for this
     purpose: pass --model."""
     url = target.base_url + "/models"
-    async with ControlClient(timeout_s=target.timeouts.preflight_s) as client:
+    async with ControlClient(timeout_s=target.timeouts.preflight_s, max_body_bytes=target.max_body_bytes) as client:
         r = await _control(target, client, "GET", url, what=f"GET {url}")
     if r.status != 200:
         raise TargetUnreachable(f"GET {url}: HTTP {r.status}; pass --model NAME")
     served = _served_models(r.body)
     if not served:
-        raise TargetUnreachable(f"GET {url}: no model listed; pass --model NAME")
+        raise TargetUnreachable(f"GET {url}: no model listed{_unparsable(r.body)}; pass --model NAME")
     return served[0]
 
 
@@ -72,7 +73,7 @@ async def negotiate(target: OpenAITarget) -> tuple[Capabilities, str]:
     model = target.model
     url = target.base_url + "/models"
     notes: list[str] = []
-    async with ControlClient(timeout_s=target.timeouts.preflight_s) as client:
+    async with ControlClient(timeout_s=target.timeouts.preflight_s, max_body_bytes=target.max_body_bytes) as client:
         r = await _control(target, client, "GET", url)
         served = _served_models(r.body) if r.status < 400 else None
         entry = _listing_entry(r.body, model) if served else {}
@@ -240,7 +241,8 @@ async def _ids_fail(target: OpenAITarget, client: ControlClient, ids: tuple[int,
 async def _first_answer(target: OpenAITarget) -> Reply:
     """The plainest request, waited for up to FIRST_ANSWER_S, and said on screen when it takes longer than
     the preflight timeout."""
-    async with ControlClient(timeout_s=max(FIRST_ANSWER_S, target.timeouts.preflight_s)) as patient:
+    async with ControlClient(timeout_s=max(FIRST_ANSWER_S, target.timeouts.preflight_s),
+                             max_body_bytes=target.max_body_bytes) as patient:
         answer = asyncio.ensure_future(_control(target, patient, "POST", target.url, _probe_body(target)))
         try:
             return await asyncio.wait_for(asyncio.shield(answer), target.timeouts.preflight_s)
@@ -301,7 +303,7 @@ async def _control(target: OpenAITarget, client: ControlClient, method: str, url
 
 def _usage_of(raw: bytes) -> dict[str, Any] | None:
     try:
-        usage = json.loads(raw).get("usage")
+        usage = json_of(raw).get("usage")
     except (ValueError, AttributeError):
         return None
     return usage if isinstance(usage, dict) else None
@@ -315,7 +317,7 @@ def _stream_has_usage(raw: bytes) -> bool:
         return False
     for ev in events:
         try:
-            obj = json.loads(ev.data)
+            obj = json_of(ev.data)
         except ValueError:
             continue
         usage = obj.get("usage") if isinstance(obj, dict) else None
@@ -328,17 +330,17 @@ def _stream_has_usage(raw: bytes) -> bool:
 def _error_in(raw: bytes) -> str | None:
     """The server's message when a 200 answer holds an error: a JSON error body, or an SSE error event."""
     try:
-        objs = [json.loads(raw)]
+        objs = [json_of(raw)]
     except ValueError:
         try:
-            objs = [json.loads(ev.data) for ev in SSEParser().feed(raw + b"\n\n") if ev.data != "[DONE]"]
+            objs = [json_of(ev.data) for ev in SSEParser().feed(raw + b"\n\n") if ev.data != "[DONE]"]
         except (SSEDecodeError, ValueError):
             return None
     for obj in objs:
         if isinstance(obj, dict) and ("error" in obj or obj.get("object") == "error"):
             err = obj.get("error")
             message = err.get("message") if isinstance(err, dict) else err or obj.get("message")
-            return str(message or "an error in the answer")
+            return brief(message or "an error in the answer")
     return None
 
 
@@ -346,8 +348,8 @@ def _listing_entry(raw: bytes, model: str) -> dict[str, Any]:
     """The entry of `model` in a /models listing (its `owned_by`: vLLM says "vllm", SGLang "sglang"; its
     `max_model_len`, where vLLM and SGLang give it), or {}."""
     try:
-        for m in json.loads(raw)["data"]:
-            if isinstance(m, dict) and str(m.get("id")) == model:
+        for m in json_of(raw)["data"]:
+            if isinstance(m, dict) and brief(m.get("id")) == model:
                 return m
     except (ValueError, KeyError, TypeError, AttributeError):
         return {}
@@ -356,10 +358,19 @@ def _listing_entry(raw: bytes, model: str) -> dict[str, Any]:
 
 def _served_models(raw: bytes) -> list[str] | None:
     try:
-        data = json.loads(raw)["data"]
-        return [str(m["id"]) for m in data]
+        data = json_of(raw)["data"]
+        return [brief(m["id"]) for m in data]
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def _unparsable(raw: bytes) -> str:
+    """Why a listing is no JSON at all, where the reason is worth saying (its nesting), else ""."""
+    try:
+        json_of(raw)
+    except ValueError as e:
+        return f" ({e})" if "nested deeper" in str(e) else ""
+    return ""
 
 
 def _auth_hint(r: Reply) -> str:

@@ -4,7 +4,10 @@ It does only what a POST of a prebuilt body and a streamed answer need, and hand
 the reader as they arrive. A pooled connection the server closed while idle is noticed before it is used;
 one the server closes just as the request is written (no byte of an answer came back) is retried once on
 a new connection. Every failure is a `TransportError`, its status and wording what the record will carry.
-Not supported: HTTP/2, proxies, compressed bodies (no Accept-Encoding is sent), `Expect: 100-continue`.
+The URL's path and query are percent-encoded where they hold what a request line cannot carry; a redirect
+is not followed; a whole body (`read`) is refused past the size limit.
+Not supported: HTTP/2, proxies, compressed streams (`Accept-Encoding: identity` is sent; a whole body the
+server compresses anyway is inflated within the limit), `Expect: 100-continue`.
 """
 
 from __future__ import annotations
@@ -15,14 +18,19 @@ import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from slobench.errors import UsageError
-from slobench.targets.transport import KEEPALIVE_S, TransportError, os_reason
+from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES
+from slobench.targets.transport import KEEPALIVE_S, TransportError, is_redirect, os_reason, read_body
 
 _MAX_HEAD = 65_536  # bytes of status line + headers, and of one chunk-size line, before the answer is refused
 _MAX_PIECES = 64  # network reads (each up to 256 KiB) held for a reader that is behind, before reading pauses
 _RESET_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
+# what a request target keeps as it is (RFC 3986's unreserved, sub-delims, ":" "@" "/", and "%" of an
+# escape already made); anything else (a space, a non-ASCII character as UTF-8) is percent-encoded
+_PATH_SAFE = "/:@!$&'()*+,;=-._~%"
+_QUERY_SAFE = _PATH_SAFE + "?"
 
 # protocol states
 _HEAD, _LENGTH, _CHUNKED, _UNTIL_CLOSE, _DONE = range(5)
@@ -298,18 +306,26 @@ class _Conn(asyncio.Protocol):
 
 
 class _RawResponse:
-    __slots__ = ("status", "retry_after", "_conn")
+    __slots__ = ("status", "retry_after", "location", "_conn", "_max_body")
 
-    def __init__(self, conn: _Conn) -> None:
+    def __init__(self, conn: _Conn, max_body_bytes: int) -> None:
         self.status = conn.status
         self.retry_after = conn.headers.get("retry-after") if conn.status >= 400 else None
+        self.location = conn.headers.get("location") if is_redirect(conn.status) else None
         self._conn = conn
+        self._max_body = max_body_bytes
+
+    @property
+    def at_end(self) -> bool:
+        """Every byte of the body has been read: nothing is left to drain."""
+        c = self._conn
+        return c.state == _DONE and not c.pieces and c.error is None
 
     def chunks(self) -> AsyncIterator[bytes]:
         return _Chunks(self._conn)
 
     async def read(self) -> bytes:
-        return b"".join([piece async for piece in _Chunks(self._conn)])
+        return await read_body(_Chunks(self._conn), self._conn.headers.get("content-encoding"), self._max_body)
 
 
 class _Chunks:
@@ -360,7 +376,7 @@ class _Target:
         host_header = f"[{host}]" if ":" in host else host
         if u.port is not None and port != (443 if u.scheme == "https" else 80):
             host_header += f":{port}"
-        path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+        path = quote(u.path or "/", safe=_PATH_SAFE) + (f"?{quote(u.query, safe=_QUERY_SAFE)}" if u.query else "")
         self.line = f"POST {path} HTTP/1.1\r\nHost: {host_header}\r\n"
 
 
@@ -379,8 +395,10 @@ class RawHttpTransport:
       timeout is one timer per request, the connect timeout bounds connection set-up.
     """
 
-    def __init__(self, *, timeout_s: float, connect_timeout_s: float) -> None:
+    def __init__(self, *, timeout_s: float, connect_timeout_s: float,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         self._timeouts = (timeout_s, connect_timeout_s)
+        self.max_body_bytes = max_body_bytes
         self._pools: dict[tuple[str, str, int], list[_Conn]] = {}
         self._targets: dict[str, _Target] = {}
         self._heads: dict[tuple[str, tuple[tuple[str, str], ...]], bytes] = {}
@@ -415,6 +433,8 @@ class RawHttpTransport:
                 lines.append(f"{k}: {v}\r\n")
             if "user-agent" not in names:
                 lines.append("User-Agent: slobench\r\n")
+            if "accept-encoding" not in names:  # none sent would allow any coding (RFC 9110)
+                lines.append("Accept-Encoding: identity\r\n")
             lines.append("Content-Length: ")
             try:
                 head = "".join(lines).encode("latin-1")
@@ -547,7 +567,7 @@ class _Post:
                         self._conn = None
                         continue
                     raise err
-                return _RawResponse(conn)
+                return _RawResponse(conn, tr.max_body_bytes)
             raise AssertionError("unreachable")
         except BaseException as e:
             self._done()

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES, over_limit
+
 DONE = "[DONE]"  # the OpenAI end-of-stream sentinel, carried as an event's data
 _BOM = b"\xef\xbb\xbf"
-# The longest line a stream may send. An LLM's event is a few hundred bytes (a whole non-streamed answer a
-# few MB); a line that never ends is a broken or hostile server, and is refused rather than buffered.
-MAX_LINE_BYTES = 64 * 1024 * 1024
+# The longest line, and event, a stream may send (--max-body). An LLM's event is a few hundred bytes (a whole
+# non-streamed answer a few MB); a line that never ends is a broken or hostile server, and is refused
+# rather than buffered.
+MAX_LINE_BYTES = DEFAULT_MAX_BODY_BYTES
 
 
 class SSEEvent(NamedTuple):
@@ -35,7 +38,12 @@ class SSEDecodeError(ValueError):
 
 
 class SSELineTooLong(SSEDecodeError):
-    """A line grew past `max_line_bytes` without ending."""
+    """A line, or an event's data lines together, grew past `max_line_bytes`."""
+
+
+def _too_long(max_bytes: int, what: str = "line") -> SSELineTooLong:
+    return SSELineTooLong(f"SSE {what} {over_limit(max_bytes, '--max-body').removeprefix('response body ')}: "
+                          "the stream is refused", [])
 
 
 class SSEParser:
@@ -44,7 +52,7 @@ class SSEParser:
     A line arriving in many pieces is gathered in a bytearray and joined once its end comes, so a long
     line read in many pieces costs linear time, not a copy of the whole tail per piece."""
 
-    __slots__ = ("_tail", "_skip_lf", "_at_start", "_data", "_event", "_last_id", "max_line_bytes")
+    __slots__ = ("_tail", "_skip_lf", "_at_start", "_data", "_data_chars", "_event", "_last_id", "max_line_bytes")
 
     def __init__(self, max_line_bytes: int = MAX_LINE_BYTES) -> None:
         self.max_line_bytes = max_line_bytes
@@ -52,6 +60,7 @@ class SSEParser:
         self._skip_lf = False  # the previous feed ended in \r: a \n opening the next one ends no line
         self._at_start = True  # a BOM may still be coming
         self._data: list[str] = []
+        self._data_chars = 0  # of the data lines in `_data`
         self._event = ""
         self._last_id: str | None = None
 
@@ -98,7 +107,7 @@ class SSEParser:
         if self._tail and b"\n" not in chunk and b"\r" not in chunk:
             self._tail += chunk  # still inside one line: amortised append, no copy of what came before
             if len(self._tail) > self.max_line_bytes:
-                raise SSELineTooLong(f"SSE line longer than {self.max_line_bytes:,} bytes: the stream is refused", [])
+                raise _too_long(self.max_line_bytes)
             return []
         buf = bytes(self._tail) + chunk if self._tail else chunk
         if self._at_start:
@@ -116,7 +125,7 @@ class SSEParser:
         if end < 0:
             self._tail = bytearray(buf)
             if len(buf) > self.max_line_bytes:
-                raise SSELineTooLong(f"SSE line longer than {self.max_line_bytes:,} bytes: the stream is refused", [])
+                raise _too_long(self.max_line_bytes)
             return []
         self._tail = bytearray(buf[end + 1 :])
         try:
@@ -137,10 +146,14 @@ class SSEParser:
         for line in lines:
             if line.startswith("data:"):
                 data.append(line[6:] if line[5:6] == " " else line[5:])
+                self._data_chars += len(line)
+                if self._data_chars > self.max_line_bytes:  # an event of endless data lines
+                    raise _too_long(self.max_line_bytes, "event")
             elif not line:
                 if data:
                     events.append(SSEEvent("\n".join(data), self._event or "message", self._last_id))
                     data.clear()
+                    self._data_chars = 0
                 self._event = ""
             elif line[0] == ":":
                 continue
@@ -155,5 +168,6 @@ class SSEParser:
                         self._last_id = value
                 elif name == "data":  # "data" with no colon: an empty data line
                     data.append(value)
+                    self._data_chars += 1
                 # "retry" and unknown fields are ignored, as the spec says.
         return events

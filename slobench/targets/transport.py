@@ -7,7 +7,9 @@ requests). No other module imports an HTTP library (tests/test_cli_layout.py hol
 
 A failure below HTTP (connect, reset, timeout) reaches the target as one kind of exception,
 `TransportError(status, reason)`: the raw client raises it itself; whatever httpx or the socket layer
-raises becomes one in exactly one place, `map_errors`.
+raises becomes one in exactly one place, `map_errors`. Neither client follows a redirect (a 3xx is an error
+naming its status and Location: a key must not travel to another host), and every whole body is read within
+a size limit (`read_body`, slobench.targets.bounds).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from typing import Protocol
 import httpx
 
 from slobench.errors import UsageError
+from slobench.redact import redact_url
 from slobench.run.records import Status
+from slobench.targets.bounds import ACCEPT_ENCODING, DEFAULT_MAX_BODY_BYTES, Decoder, over_limit
 
 KEEPALIVE_S = 4.0  # idle connections are dropped after this, below uvicorn's 5 s keep-alive (vLLM, SGLang)
 # "no cap" for httpx: open-loop load must reach the server when it is scheduled, never queue behind a pool
@@ -38,15 +42,23 @@ class TransportError(Exception):
         self.reason = reason
 
 
+class BodyTooLarge(TransportError):
+    """A body refused for its size (`read_body`): the reason names the limit and its flag."""
+
+
 class Response(Protocol):
     status: int
     retry_after: str | None  # the Retry-After header of a 429 or 503, as sent
+    location: str | None  # the Location header of a 3xx (never followed), as sent
+    # optional, read with getattr: `at_end`, True once the body is read to its end (no drain needed)
 
     def chunks(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive, in whatever pieces the network delivers."""
         ...
 
-    async def read(self) -> bytes: ...
+    async def read(self) -> bytes:
+        """The whole body, within the transport's size limit (else a `TransportError` naming it)."""
+        ...
 
 
 class Transport(Protocol):
@@ -91,6 +103,36 @@ def _mapped(e: Exception, timeout_s: float, connect_timeout_s: float) -> Transpo
     return None
 
 
+def redirect_reason(status: int, location: str | None) -> str:
+    """What a request answered by a redirect says: it is not followed, a key must not reach another host."""
+    where = " ".join((location or "").split())[:200]
+    to = f" to {redact_url(where)}" if where else " (no Location)"
+    return f"HTTP {status} redirect{to}: not followed; give the URL the server answers at"
+
+
+def is_redirect(status: int) -> bool:
+    return 300 <= status < 400 and status != 304
+
+
+async def read_body(chunks: AsyncIterator[bytes], content_encoding: str | None, max_bytes: int,
+                    flag: str = "--max-body") -> bytes:
+    """A whole body, decompressed, refused with a `TransportError` naming `flag` once past `max_bytes`."""
+    try:
+        decoder = Decoder(content_encoding)
+    except ValueError as e:
+        raise TransportError("error", f"response refused: {e}") from None
+    out = bytearray()
+    async for raw in chunks:
+        try:
+            piece = decoder.decode(raw, max_bytes - len(out) + 1)
+        except ValueError as e:
+            raise TransportError("error", f"response refused: {e}") from None
+        if len(out) + len(piece) > max_bytes:
+            raise BodyTooLarge("error", over_limit(max_bytes, flag, decoder.encoding))
+        out += piece
+    return bytes(out)
+
+
 def os_reason(e: BaseException) -> str:
     """An OSError in plain words: asyncio puts "Connect call failed (addr)" in strerror, the errno says why."""
     if isinstance(e, OSError) and e.errno:
@@ -114,30 +156,35 @@ def chain_reason(e: BaseException) -> str:
 
 
 class _HttpxResponse:
-    __slots__ = ("status", "retry_after", "_resp")
+    __slots__ = ("status", "retry_after", "location", "_resp", "_max_body")
 
-    def __init__(self, resp: httpx.Response) -> None:
+    def __init__(self, resp: httpx.Response, max_body_bytes: int) -> None:
         self.status = resp.status_code
         self.retry_after = resp.headers.get("Retry-After") if resp.status_code >= 400 else None
+        self.location = resp.headers.get("Location") if is_redirect(resp.status_code) else None
         self._resp = resp
+        self._max_body = max_body_bytes
 
     def chunks(self) -> AsyncIterator[bytes]:
         return self._resp.aiter_raw()
 
     async def read(self) -> bytes:
-        return await self._resp.aread()
+        return await read_body(self._resp.aiter_raw(), self._resp.headers.get("Content-Encoding"), self._max_body)
 
 
 class HttpxTransport:
-    """The load's client on httpx: HTTP/2 when asked (`http2=True`), keep-alive, no pool cap."""
+    """The load's client on httpx: HTTP/2 when asked (`http2=True`), keep-alive, no pool cap. It asks for
+    uncompressed bodies: streams are read as they come off the wire."""
 
-    def __init__(self, *, timeout_s: float, connect_timeout_s: float, http2: bool = False) -> None:
+    def __init__(self, *, timeout_s: float, connect_timeout_s: float, http2: bool = False,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         if http2:
             try:
                 import h2  # noqa: F401
             except ImportError:
                 raise UsageError("http2=True needs the h2 package: pip install 'httpx[http2]'") from None
         self._timeouts = (timeout_s, connect_timeout_s)
+        self._max_body = max_body_bytes
         limits = httpx.Limits(
             max_connections=_HTTPX_MAX_CONNECTIONS,
             max_keepalive_connections=_HTTPX_MAX_CONNECTIONS,
@@ -145,7 +192,8 @@ class HttpxTransport:
         )
         # httpx has no total timeout, only per-operation ones; the total is enforced with asyncio.timeout.
         self._client = httpx.AsyncClient(
-            http2=http2, limits=limits, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s)
+            http2=http2, limits=limits, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+            headers={"Accept-Encoding": "identity"}, follow_redirects=False,
         )
 
     @asynccontextmanager
@@ -158,7 +206,7 @@ class HttpxTransport:
                 async with self._client.stream(
                     "POST", url, content=body, headers=headers, extensions=ext
                 ) as resp:
-                    yield _HttpxResponse(resp)
+                    yield _HttpxResponse(resp, self._max_body)
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -195,14 +243,20 @@ class ControlClient:
     requests read whole, each bounded by `timeout_s` in total. Kept apart from the load's transport so a
     slow scrape or probe never holds a connection the load needs, and so a 600 s request timeout never
     applies to them. Failures below HTTP are a `TransportError` (`map_errors`), like the load's; an HTTP
-    error status is a `Reply` like any other. On httpx: its one-off client needs no running loop to be built.
+    error status is a `Reply` like any other, a redirect a `TransportError` (not followed). A body past
+    `max_body_bytes`, compressed or once inflated, is a `TransportError` naming `limit_flag`. On httpx: its
+    one-off client needs no running loop to be built.
     """
 
-    def __init__(self, *, timeout_s: float, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(self, *, timeout_s: float, headers: Mapping[str, str] | None = None,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, limit_flag: str = "--max-body") -> None:
         if not timeout_s > 0:
             raise UsageError(f"timeout_s: must be > 0 seconds (got {timeout_s!r})")
         self.timeout_s = timeout_s
-        self._client = httpx.AsyncClient(timeout=timeout_s, headers=dict(headers or {}))
+        self.max_body_bytes = max_body_bytes
+        self._limit_flag = limit_flag
+        self._client = httpx.AsyncClient(timeout=timeout_s, headers={"Accept-Encoding": ACCEPT_ENCODING,
+                                                                     **(headers or {})}, follow_redirects=False)
 
     async def __aenter__(self) -> ControlClient:
         return self
@@ -215,8 +269,12 @@ class ControlClient:
     ) -> Reply:
         with map_errors(self.timeout_s, self.timeout_s):
             async with asyncio.timeout(self.timeout_s):
-                r = await self._client.request(method, url, content=body, headers=headers)
-        return Reply(r.status_code, r.content)
+                async with self._client.stream(method, url, content=body, headers=headers) as r:
+                    if is_redirect(r.status_code):
+                        raise TransportError("error", redirect_reason(r.status_code, r.headers.get("Location")))
+                    raw = await read_body(r.aiter_raw(), r.headers.get("Content-Encoding"), self.max_body_bytes,
+                                          self._limit_flag)
+        return Reply(r.status_code, raw)
 
     async def get(self, url: str, headers: Mapping[str, str] | None = None) -> Reply:
         return await self.request("GET", url, headers=headers)
