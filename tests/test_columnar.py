@@ -200,3 +200,11 @@ def test_a_large_runs_quantile_interval_is_close_to_the_full_bootstrap() -> None
     assert 0.7 < (hi - lo) / iid_width < 1.5
     q_lo, q_hi = quantile_ci(x, 0.99)
     assert q_lo is not None and q_hi is not None and q_lo < np.quantile(x, 0.99) < q_hi
+
+
+def test_chunk_times_are_rounded_as_the_json_lines_round_them() -> None:
+    rng = np.random.default_rng(4)
+    x = np.concatenate([rng.uniform(0, 100, 20_000), rng.uniform(0, 1e5, 20_000),
+                        (np.arange(20_000) + 0.5) / 1e9,  # halves of the last digit: Python decides
+                        [0.0, -2.5e-9, 1e300, 5e-324, np.nan, np.inf]])
+    assert np.array_equal(columnar.round_9(x), np.array([round(v, 9) for v in x.tolist()]), equal_nan=True)
