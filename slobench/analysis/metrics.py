@@ -64,7 +64,8 @@ class RecordArrays:
             raise ValueError("a record without scheduled_s or request_id")
         rid = v["request_id"].astype(np.int64)
         order = np.lexsort((rid, v["scheduled_s"]))
-        c = c.take(order)
+        if (np.diff(order) != 1).any():
+            c = c.take(order)
         v = c.values
 
         def ints(key: str, default: int) -> np.ndarray:
@@ -141,12 +142,15 @@ class RecordArrays:
 def chunk_gaps(flat_s: np.ndarray, lengths: np.ndarray, is_ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every gap between consecutive chunks of each successful request, and the index of its request, from
     all requests' chunk times concatenated (`flat_s`) and each request's count: one np.diff over the whole
-    run, the gaps that straddle two requests dropped."""
-    owner = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
-    if len(owner) < 2:
+    run, less the gaps into a request's first chunk (they straddle two requests) and those of failures."""
+    counted = is_ok & (lengths > 1)
+    if len(flat_s) < 2 or not counted.any():
         return np.zeros(0), np.zeros(0, dtype=np.int64)
-    keep = (owner[1:] == owner[:-1]) & is_ok[owner[1:]]
-    return np.diff(flat_s)[keep], owner[1:][keep]
+    into = np.repeat(counted, lengths)  # per chunk: the gap that ends at it is kept
+    into[(np.cumsum(lengths) - lengths)[lengths > 0]] = False
+    gaps = np.diff(flat_s)[into[1:]]
+    owners = np.repeat(np.arange(len(lengths), dtype=np.int64), np.where(counted, lengths - 1, 0))
+    return gaps, owners
 
 
 def quantiles(x: np.ndarray, qs: Sequence[float] = QUANTILES) -> dict[str, float | None]:

@@ -245,11 +245,14 @@ def use_parquet(run_dir: Path) -> bool:
     return problem is None
 
 
-def read_table(run_dir: Path) -> pa.Table:
+def read_table(run_dir: Path, columns: Sequence[str] | None = None) -> pa.Table:
     try:
-        return pq.read_table(Path(run_dir) / PARQUET, schema=SCHEMA)
+        return pq.read_table(Path(run_dir) / PARQUET, schema=SCHEMA, columns=None if columns is None else list(columns))
     except (OSError, pa.ArrowException) as e:
         raise OSError(f"{Path(run_dir) / PARQUET}: unreadable ({type(e).__name__}: {e})") from e
+
+
+COLUMNS_READ = (*FLOATS, *INTS, *STRINGS, "is_warmup", "chunk_times_s")  # `Columns` has no chunk token counts
 
 
 def table_columns(table: pa.Table) -> Columns:
@@ -283,7 +286,7 @@ def read_run_columns(run_dir: Path) -> Columns:
     requests.jsonl's lines (its torn-last-line rule)."""
     if use_parquet(run_dir):
         try:
-            return table_columns(read_table(run_dir))
+            return table_columns(read_table(run_dir, COLUMNS_READ))
         except OSError as e:  # a damaged page the footer did not show
             print(f"slobench: note: {e}; reading {REQUESTS}", file=sys.stderr)
     path = Path(run_dir) / REQUESTS

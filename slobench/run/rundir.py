@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from orjson import loads as orjson_loads
+
 from slobench.analysis.summary import RunSummary
 from slobench.errors import UsageError
 from slobench.run.columnar import ParquetLog, read_parquet_records, use_parquet
@@ -172,7 +174,10 @@ def read_summary(run_dir: str | Path) -> RunSummary | None:
 def _is_scrape(d: Any) -> bool:
     return (isinstance(d, dict) and isinstance(d.get("t_s"), int | float) and not isinstance(d.get("t_s"), bool)
             and isinstance(d.get("samples"), dict)
-            and all(isinstance(v, int | float) and not isinstance(v, bool) for v in d["samples"].values()))
+            and set(map(type, d["samples"].values())) <= _NUMBER_TYPES)  # type(): a bool is no number here
+
+
+_NUMBER_TYPES = {int, float}
 
 
 def read_server_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -180,8 +185,14 @@ def read_server_metrics(path: str | Path) -> list[dict[str, Any]]:
     {series: value}}` a scrape."""
     p = Path(path)
     p = p / SERVER_METRICS if p.is_dir() else p
-    # json.loads: a Prometheus value may be NaN, which the standard library reads and orjson refuses
-    return read_jsonl(p, "server metrics line", _is_scrape, json.loads)
+    return read_jsonl(p, "server metrics line", _is_scrape, _loads_scrape)
+
+
+def _loads_scrape(line: str) -> Any:
+    try:
+        return orjson_loads(line)
+    except ValueError:  # a Prometheus value may be NaN, which orjson refuses and the standard library reads
+        return json.loads(line)
 
 
 def write_sweep(out_dir: str | Path, doc: dict[str, Any]) -> None:
