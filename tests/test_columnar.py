@@ -1,5 +1,6 @@
 """requests.parquet: written beside requests.jsonl when a run ends, read column by column, and never trusted
-over the JSON lines when it is damaged or stale; the summary is the same bytes from either file."""
+over the JSON lines when it is damaged or stale; the summary is the same bytes from either file. And what
+keeps a million records cheap gives the numbers the slower way gave."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from slobench.analysis import slo
 from slobench.analysis.metrics import RecordArrays
 from slobench.analysis.slo import SLO, bootstrap_quantile_ci, quantile_ci
 from slobench.analysis.summary import read_columns, summarize
 from slobench.cli import main
+from slobench.report.stats import cdf_points
 from slobench.report.synthetic import synthetic_records
 from slobench.run import columnar
 from slobench.run.columnar import PARQUET, columns_of_rows, read_run_columns
@@ -208,3 +211,15 @@ def test_chunk_times_are_rounded_as_the_json_lines_round_them() -> None:
                         (np.arange(20_000) + 0.5) / 1e9,  # halves of the last digit: Python decides
                         [0.0, -2.5e-9, 1e300, 5e-324, np.nan, np.inf]])
     assert np.array_equal(columnar.round_9(x), np.array([round(v, 9) for v in x.tolist()]), equal_nan=True)
+
+
+def test_the_95_percent_z_is_scipys() -> None:
+    assert slo.Z_95 == slo.normal_quantile(0.975)
+
+
+def test_cdf_points_are_the_sorted_samples_order_statistics() -> None:
+    x = np.random.default_rng(5).lognormal(size=30_000)
+    x[::97] = np.nan
+    values, probs = cdf_points(x)
+    finite = np.sort(x[np.isfinite(x)])
+    assert len(values) <= 500 and np.array_equal(values, finite[np.round(probs * len(finite)).astype(int) - 1])

@@ -40,8 +40,7 @@ class RecordArrays:
     tag: np.ndarray  # object: each request's tag (request class or phase), "" where none
     is_ok: np.ndarray
     status: np.ndarray  # str
-    itl_s: np.ndarray  # all chunk gaps of successful requests, flattened
-    itl_owner: np.ndarray  # index (into the columns above) of the request each gap belongs to
+    itl_s: np.ndarray  # all chunk gaps of successful requests, flattened, request by request
     is_whole: np.ndarray  # bool: the answer came in one piece, not streamed (no chunks, first token = done)
 
     @classmethod
@@ -76,7 +75,6 @@ class RecordArrays:
         status = np.where(status.astype(bool), status, "ok").astype(object)
         is_ok = np.asarray(status == "ok", dtype=bool)
         lengths = np.diff(c.chunk_offsets)
-        itl_s, itl_owner = chunk_gaps(c.chunk_times_s, lengths, is_ok)
         first, done = v["first_token_s"], v["done_s"]
         prompt = np.where(np.isnan(v["prompt_tokens"]), np.nan_to_num(v["input_tokens"]), v["prompt_tokens"])
         tag = v["tag"]
@@ -94,8 +92,7 @@ class RecordArrays:
             tag=np.where(tag.astype(bool), tag, "").astype(object),
             is_ok=is_ok,
             status=status,
-            itl_s=itl_s,
-            itl_owner=itl_owner,
+            itl_s=chunk_gaps(c.chunk_times_s, lengths, is_ok),
             is_whole=(lengths == 0) & (first == done),
         )
 
@@ -139,18 +136,16 @@ class RecordArrays:
         return self.sent_s - self.scheduled_s - self.queued_s
 
 
-def chunk_gaps(flat_s: np.ndarray, lengths: np.ndarray, is_ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every gap between consecutive chunks of each successful request, and the index of its request, from
-    all requests' chunk times concatenated (`flat_s`) and each request's count: one np.diff over the whole
-    run, less the gaps into a request's first chunk (they straddle two requests) and those of failures."""
+def chunk_gaps(flat_s: np.ndarray, lengths: np.ndarray, is_ok: np.ndarray) -> np.ndarray:
+    """Every gap between consecutive chunks of each successful request, from all requests' chunk times
+    concatenated (`flat_s`) and each request's count: one np.diff over the whole run, less the gaps into a
+    request's first chunk (they straddle two requests) and those of failures."""
     counted = is_ok & (lengths > 1)
     if len(flat_s) < 2 or not counted.any():
-        return np.zeros(0), np.zeros(0, dtype=np.int64)
+        return np.zeros(0)
     into = np.repeat(counted, lengths)  # per chunk: the gap that ends at it is kept
     into[(np.cumsum(lengths) - lengths)[lengths > 0]] = False
-    gaps = np.diff(flat_s)[into[1:]]
-    owners = np.repeat(np.arange(len(lengths), dtype=np.int64), np.where(counted, lengths - 1, 0))
-    return gaps, owners
+    return np.diff(flat_s)[into[1:]]
 
 
 def quantiles(x: np.ndarray, qs: Sequence[float] = QUANTILES) -> dict[str, float | None]:
