@@ -13,6 +13,7 @@ import os
 import sys
 from array import array
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
@@ -147,27 +148,34 @@ def round_9(x: np.ndarray) -> np.ndarray:
 
 
 class ParquetLog:
-    """requests.parquet written as records come: a row group every ROW_GROUP records into
-    requests.parquet.tmp, renamed when `close` is given requests.jsonl's final size. A failure (a full
-    disk) drops the Parquet file with a note and never touches requests.jsonl, which stays the record."""
+    """requests.parquet written as records come: every ROW_GROUP records a row group is converted and
+    compressed on a worker thread (on a live run's event loop it would stall the sends for a fraction of a
+    second) into requests.parquet.tmp, renamed when `close` is given requests.jsonl's final size. A failure
+    (a full disk) drops the Parquet file with a note and never touches requests.jsonl, which stays the
+    record."""
 
     def __init__(self, run_dir: Path) -> None:
         self.path = Path(run_dir) / PARQUET
         self.tmp = self.path.with_name(PARQUET + ".tmp")
         self._buffer = _Buffer()
         self._writer: pq.ParquetWriter | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future[None] | None = None
         self.failed: str | None = None
 
     def add(self, rec: RequestRecord) -> None:
         if self.failed is None:
             self._buffer.add(rec)
             if len(self._buffer) >= ROW_GROUP:
-                self._guard(self._flush)
+                full, self._buffer = self._buffer, _Buffer()
+                self._guard(lambda: self._hand_off(full))
 
     def close(self, jsonl_bytes: int) -> None:
         """Write what is buffered and move the file into place, recording requests.jsonl's size in bytes."""
         def finish() -> None:
-            self._flush()
+            self._wait()
+            self._write(self._buffer)
+            self._buffer = _Buffer()
             assert self._writer is not None
             self._writer.add_key_value_metadata({JSONL_BYTES_KEY: str(jsonl_bytes).encode()})
             self._writer.close()
@@ -175,9 +183,15 @@ class ParquetLog:
             os.replace(self.tmp, self.path)
 
         self._guard(finish)
+        self._stop_pool()
 
     def abort(self) -> None:
-        """Drop the file being written (the records are being replaced)."""
+        """Drop the file being written (the records are being replaced, or writing failed)."""
+        try:
+            self._wait()
+        except (OSError, pa.ArrowException):
+            pass
+        self._stop_pool()
         if self._writer is not None:
             try:
                 self._writer.close()
@@ -186,14 +200,29 @@ class ParquetLog:
             self._writer = None
         self.tmp.unlink(missing_ok=True)
 
-    def _flush(self) -> None:
+    def _hand_off(self, full: _Buffer) -> None:
+        self._wait()  # one row group in flight: bounded memory, and the last one's error surfaces here
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="slobench-parquet")
+        self._pending = self._pool.submit(self._write, full)
+
+    def _wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def _stop_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def _write(self, buffer: _Buffer) -> None:
         if self._writer is None:
             self.path.unlink(missing_ok=True)  # a previous run's file must not outlive this run's requests.jsonl
             self._writer = pq.ParquetWriter(self.tmp, SCHEMA, compression="zstd", write_statistics=False,
                                             use_byte_stream_split=list(BYTE_STREAM_SPLIT))
-        if len(self._buffer):
-            self._writer.write_table(self._buffer.table(), row_group_size=ROW_GROUP)
-            self._buffer = _Buffer()
+        if len(buffer):
+            self._writer.write_table(buffer.table(), row_group_size=ROW_GROUP)
 
     def _guard(self, step: Callable[[], None]) -> None:
         if self.failed is not None:
