@@ -223,3 +223,16 @@ def test_cdf_points_are_the_sorted_samples_order_statistics() -> None:
     values, probs = cdf_points(x)
     finite = np.sort(x[np.isfinite(x)])
     assert len(values) <= 500 and np.array_equal(values, finite[np.round(probs * len(finite)).astype(int) - 1])
+
+
+def test_a_closed_writer_leaves_the_columns_readable_before_the_summary(tmp_path: Path) -> None:
+    # a simulator that summarises from the files on disk: close, read the columns, then write the summary
+    recs = _records()
+    w = RunWriter(tmp_path, {})
+    for r in recs:
+        w.write(r)
+    w.close()
+    assert columnar.parquet_problem(tmp_path) is None
+    summary = summarize(read_columns(tmp_path), SLO_, seed=2)
+    w.finish(summary)
+    assert read_summary(tmp_path) == summary and columnar.parquet_problem(tmp_path) is None

@@ -162,6 +162,7 @@ class ParquetLog:
         self._pool: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None
         self.failed: str | None = None
+        self.closed = False
 
     def add(self, rec: RequestRecord) -> None:
         if self.failed is None:
@@ -184,6 +185,7 @@ class ParquetLog:
 
         self._guard(finish)
         self._stop_pool()
+        self.closed = True
 
     def abort(self) -> None:
         """Drop the file being written (the records are being replaced, or writing failed)."""

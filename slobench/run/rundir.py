@@ -96,7 +96,7 @@ class RunWriter:
 
     def rewrite(self, records: Sequence[RequestRecord]) -> None:
         """Replace requests.jsonl with `records` (atomically), e.g. once the warm-up cut is known."""
-        self.close()
+        self._close_jsonl()
         path = self.run_dir / REQUESTS
         tmp = path.with_suffix(".jsonl.tmp")
         write_records(tmp, records)
@@ -111,12 +111,18 @@ class RunWriter:
             self._fh.flush()
 
     def finish(self, summary: RunSummary | Mapping[str, Any]) -> None:
-        """Close requests.jsonl, move requests.parquet into place and write summary.json (`write_summary`)."""
+        """`close`, then write summary.json (`write_summary`)."""
         self.close()
-        self._parquet.close((self.run_dir / REQUESTS).stat().st_size)
         write_summary(self.run_dir, summary)
 
     def close(self) -> None:
+        """Close requests.jsonl and move requests.parquet into place: the records are final, and
+        `read_columns(run_dir)` reads them column by column (a summary made from the files on disk)."""
+        self._close_jsonl()
+        if not self._parquet.closed:
+            self._parquet.close((self.run_dir / REQUESTS).stat().st_size)
+
+    def _close_jsonl(self) -> None:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
