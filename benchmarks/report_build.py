@@ -84,13 +84,21 @@ def main() -> None:
     def size_mb(pattern: str) -> float:
         return sum(p.stat().st_size for p in (root / "sweep").rglob(pattern)) / 1e6
 
+    print(f"inputs under {root} (synthesised in {setup_s:.1f} s); the sweep's requests.jsonl "
+          f"{size_mb('*.jsonl'):.0f} MB, requests.parquet {size_mb(PARQUET):.0f} MB")
+    print()
+    print("| records | rates | reader | `report` s | `report` peak GB | `summarize` 1 run s | `summarize` peak GB |")
+    print("|---|---|---|---|---|---|---|", flush=True)
     rows = []
     for reader in ("parquet", "jsonl") if args.jsonl else ("parquet",):
         with parquet_aside(root) if reader == "jsonl" else nullcontext():
             report_s, report_gb = timed_child(["report", str(root / "sweep"), "-o", str(root / "report.html")])
             summ_s, summ_gb = timed_child(["summarize", str(run)])
-        rows.append((reader, report_s, report_gb, summ_s, summ_gb))
+        rows.append((report_s, report_gb, summ_s))
+        print(f"| {per_rate * args.rates:,} | {args.rates} | {reader} | {report_s:.1f} | {report_gb:.2f} | "
+              f"{summ_s:.1f} | {summ_gb:.2f} |", flush=True)
     html_mb = (root / "report.html").stat().st_size / 1e6
+    print(f"\nHTML {html_mb:.1f} MB", flush=True)
 
     # the report's parts, in this process (second pass: the files are in the page cache)
     t0 = time.perf_counter()
@@ -106,18 +114,9 @@ def main() -> None:
     build_report([root / "sweep"], root / "report-again.html")
     build_s = time.perf_counter() - t0
 
-    print(f"synthesised in {setup_s:.1f} s under {root}; requests.jsonl {size_mb('*.jsonl'):.0f} MB, "
-          f"requests.parquet {size_mb(PARQUET):.0f} MB (the sweep)")
-    print()
-    print("| records | rates | reader | `report` s | `report` peak GB | `summarize` 1 run s | `summarize` peak GB | HTML MB |")
-    print("|---|---|---|---|---|---|---|---|")
-    for reader, report_s, report_gb, summ_s, summ_gb in rows:
-        print(f"| {per_rate * args.rates:,} | {args.rates} | {reader} | {report_s:.1f} | {report_gb:.2f} | "
-              f"{summ_s:.1f} | {summ_gb:.2f} | {html_mb:.1f} |")
-    print()
     print(f"in process: build_report {build_s:.2f} s = load {load_s:.2f} + analyze {analyze_s:.2f} + "
           f"render {render_s:.2f} (+ writing)")
-    report_s, report_gb, summ_s = rows[0][1], rows[0][2], rows[0][3]
+    report_s, report_gb, summ_s = rows[0]
     ok = report_s < 10 and report_gb < 2 and summ_s < 5 and html_mb < 15
     print(f"\nbudget at 1,000,000 records: report < 10 s and < 2 GB, summarize < 5 s, HTML < 15 MB -> "
           f"{'ok' if ok else 'OVER BUDGET'}")
