@@ -236,3 +236,8 @@ def test_a_closed_writer_leaves_the_columns_readable_before_the_summary(tmp_path
     summary = summarize(read_columns(tmp_path), SLO_, seed=2)
     w.finish(summary)
     assert read_summary(tmp_path) == summary and columnar.parquet_problem(tmp_path) is None
+
+
+def test_summarize_takes_a_run_directory(tmp_path: Path) -> None:
+    run = _write_run(tmp_path, _records())
+    assert summarize(run, SLO_, seed=2) == summarize(read_columns(run), SLO_, seed=2)

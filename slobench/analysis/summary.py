@@ -363,13 +363,16 @@ def run_columns(c: Columns) -> RunColumns:
                       num_warmup=len(c) - len(m))
 
 
-def summarize(source: RunColumns | Sequence[RequestRecord], slo: SLO | None, *, seed: int = 0,
+def summarize(source: RunColumns | Sequence[RequestRecord] | Path, slo: SLO | None, *, seed: int = 0,
               intervals: Intervals | bool = "all") -> RunSummary:
-    """The one function that turns a run's records into its `RunSummary`.
+    """The one function that turns a run's records into its `RunSummary`: records in memory, their
+    columns, or a run directory (its records read column by column, `read_columns`).
 
     intervals: "all" (bootstrap intervals of attainment and of the TTFT/TPOT/E2E quantiles: what a run
     writes), "attainment" (the report's: quantile intervals cost several times the rest), "none"
     (capacity searches on the virtual clock decide on replicates instead; True/False mean all/none)."""
+    if isinstance(source, Path):
+        source = read_columns(source)
     cols = source if isinstance(source, RunColumns) else columns_of(source)
     level = ("all" if intervals else "none") if isinstance(intervals, bool) else intervals
     a = cols.arrays
