@@ -119,9 +119,10 @@ def simulate_load(
     return load_run(out) if out is not None else Run(Path("."), manifest, list(res.records), res.summary)
 
 
-def summarize(records: Sequence[RequestRecord], slo: SLO | str | None = None, *, seed: int = 0) -> RunSummary:
+def summarize(records: Sequence[RequestRecord] | Path, slo: SLO | str | None = None, *, seed: int = 0) -> RunSummary:
     """The `RunSummary` that `summary.json` holds (attainment with its interval, TTFT/TPOT/ITL percentiles,
-    errors); `.to_dict()` is the file's JSON."""
+    errors) of records, or of a run directory given as a `Path` (read column by column, requests.parquet
+    where it is there); `.to_dict()` is the file's JSON."""
     return _summarize(records, _slo(slo), seed=seed)
 
 

@@ -65,7 +65,8 @@ def test_summarize_names_the_bad_record(tmp_path: Path, capsys: pytest.CaptureFi
     (run / "requests.jsonl").write_text("\n".join([*lines[:2], json.dumps(bad), *lines[3:]]) + "\n")
     assert main(["summarize", str(run)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "record 3: scheduled_s must be a finite number" in err[0]
+    assert "requests.parquet: written beside a requests.jsonl of" in err[0]  # the edit made it stale: not read
+    assert len(err) == 2 and "record 3: scheduled_s must be a finite number" in err[1]
 
 
 @pytest.mark.parametrize("where", ["dir", "unwritable"])

@@ -11,13 +11,13 @@ Records become numpy columns once, here; everything downstream works on `RecordA
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from slobench.run.columnar import Columns, columns_of_rows
 from slobench.run.records import RequestRecord
 
 QUANTILES = (0.5, 0.9, 0.99)
@@ -40,8 +40,7 @@ class RecordArrays:
     tag: np.ndarray  # object: each request's tag (request class or phase), "" where none
     is_ok: np.ndarray
     status: np.ndarray  # str
-    itl_s: np.ndarray  # all chunk gaps of successful requests, flattened
-    itl_owner: np.ndarray  # index (into the columns above) of the request each gap belongs to
+    itl_s: np.ndarray  # all chunk gaps of successful requests, flattened, request by request
     is_whole: np.ndarray  # bool: the answer came in one piece, not streamed (no chunks, first token = done)
 
     @classmethod
@@ -50,46 +49,51 @@ class RecordArrays:
 
     @classmethod
     def from_rows(cls, rows: Sequence[Any], get: Callable[[Any, str], Any]) -> RecordArrays:
-        """The one column reader: records in memory (`get=getattr`) or parsed requests.jsonl lines
-        (`get=dict.get`, no RequestRecord built per line: 100,000 of them cost more than the JSON parsing)
-        become the same columns by the same rules, in arrival order (ties by request id)."""
-        n = len(rows)
-        sched = np.fromiter((float(get(r, "scheduled_s")) for r in rows), float, n)
-        rid = np.fromiter((int(get(r, "request_id")) for r in rows), np.int64, n)
-        order = np.lexsort((rid, sched))
-        rows = [rows[i] for i in order]
-        nan = float("nan")
+        """Records in memory (`get=getattr`) or parsed requests.jsonl lines (`get=dict.get`): through
+        `Columns`, so every source meets the same rules in `from_columns`."""
+        return cls.from_columns(columns_of_rows(rows, get))
 
-        def col(key: str) -> np.ndarray:
-            return np.fromiter((nan if (v := get(r, key)) is None else float(v) for r in rows), float, n)
+    @classmethod
+    def from_columns(cls, c: Columns) -> RecordArrays:
+        """The one column reader: records as columns (requests.parquet read whole, or rows gathered by
+        `columns_of_rows`) become these columns, in arrival order (ties by request id), with no Python
+        object per request."""
+        v = c.values
+        if np.isnan(v["scheduled_s"]).any() or np.isnan(v["request_id"]).any():
+            raise ValueError("a record without scheduled_s or request_id")
+        rid = v["request_id"].astype(np.int64)
+        order = np.lexsort((rid, v["scheduled_s"]))
+        if (np.diff(order) != 1).any():
+            c = c.take(order)
+        v = c.values
 
         def ints(key: str, default: int) -> np.ndarray:
-            return np.fromiter((default if (v := get(r, key)) is None else int(v) for r in rows), np.int64, n)
+            x = v[key]
+            return np.where(np.isnan(x), default, x).astype(np.int64)
 
-        status = np.array([get(r, "status") or "ok" for r in rows], dtype=object)
+        status = v["status"]
+        status = np.where(status.astype(bool), status, "ok").astype(object)
         is_ok = np.asarray(status == "ok", dtype=bool)
-        chunks = [get(r, "chunk_times_s") or [] for r in rows]
-        itl_s, itl_owner = chunk_gaps(chunks, is_ok)
-        first, done = col("first_token_s"), col("done_s")
-        prompt = np.fromiter((int(v) if (v := get(r, "prompt_tokens")) is not None else int(get(r, "input_tokens") or 0)
-                              for r in rows), np.int64, n)
+        lengths = np.diff(c.chunk_offsets)
+        first, done = v["first_token_s"], v["done_s"]
+        prompt = np.where(np.isnan(v["prompt_tokens"]), np.nan_to_num(v["input_tokens"]), v["prompt_tokens"])
+        tag = v["tag"]
         return cls(
             request_id=rid[order],
-            scheduled_s=sched[order],
-            sent_s=col("sent_s"),
+            scheduled_s=v["scheduled_s"],
+            sent_s=v["sent_s"],
             first_token_s=first,
             done_s=done,
-            queued_s=np.fromiter((float(get(r, "queued_s") or 0.0) for r in rows), float, n),
+            queued_s=np.nan_to_num(v["queued_s"]),
             output_tokens=ints("output_tokens", 0),
-            prompt_tokens=prompt,
-            cached_tokens=col("cached_tokens"),
+            prompt_tokens=prompt.astype(np.int64),
+            cached_tokens=v["cached_tokens"],
             replica=ints("replica", -1),
-            tag=np.array([str(get(r, "tag") or "") for r in rows], dtype=object),
+            tag=np.where(tag.astype(bool), tag, "").astype(object),
             is_ok=is_ok,
             status=status,
-            itl_s=itl_s,
-            itl_owner=itl_owner,
-            is_whole=np.fromiter((not c for c in chunks), bool, n) & (first == done),
+            itl_s=chunk_gaps(c.chunk_times_s, lengths, is_ok),
+            is_whole=(lengths == 0) & (first == done),
         )
 
     def __len__(self) -> int:
@@ -132,19 +136,16 @@ class RecordArrays:
         return self.sent_s - self.scheduled_s - self.queued_s
 
 
-def chunk_gaps(chunks: Sequence[Sequence[float]], is_ok: Sequence[bool] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every gap between consecutive chunks of each successful request, and the index of its request.
-
-    One np.diff over all chunk times, with the gaps between one request's last chunk and the next
-    request's first dropped: a per-request loop of np.diff costs more than the JSON parsing at 100k."""
-    with_itl = [i for i, c in enumerate(chunks) if is_ok[i] and len(c) > 1]
-    if not with_itl:
-        return np.zeros(0), np.zeros(0, dtype=np.int64)
-    lengths = np.array([len(chunks[i]) for i in with_itl], dtype=np.int64)
-    flat = np.fromiter(itertools.chain.from_iterable(chunks[i] for i in with_itl), float, int(lengths.sum()))
-    gaps = np.delete(np.diff(flat), np.cumsum(lengths)[:-1] - 1)
-    owners = np.repeat(np.array(with_itl, dtype=np.int64), lengths - 1)
-    return gaps, owners
+def chunk_gaps(flat_s: np.ndarray, lengths: np.ndarray, is_ok: np.ndarray) -> np.ndarray:
+    """Every gap between consecutive chunks of each successful request, from all requests' chunk times
+    concatenated (`flat_s`) and each request's count: one np.diff over the whole run, less the gaps into a
+    request's first chunk (they straddle two requests) and those of failures."""
+    counted = is_ok & (lengths > 1)
+    if len(flat_s) < 2 or not counted.any():
+        return np.zeros(0)
+    into = np.repeat(counted, lengths)  # per chunk: the gap that ends at it is kept
+    into[(np.cumsum(lengths) - lengths)[lengths > 0]] = False
+    return np.diff(flat_s)[into[1:]]
 
 
 def quantiles(x: np.ndarray, qs: Sequence[float] = QUANTILES) -> dict[str, float | None]:

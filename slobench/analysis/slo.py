@@ -194,29 +194,58 @@ def bootstrap_mean_ci(x: np.ndarray, *, level: float = 0.95, num_resamples: int 
     return float(lo), float(hi)
 
 
+# Up to this many values a quantile's bootstrap resamples the whole run (1,000 resamples: 20M values drawn);
+# beyond it each resample draws this many values in the run's blocks and the spread is scaled by
+# sqrt(m / n) (the m-out-of-n bootstrap, consistent for quantiles), so a million requests cost what 20,000 do.
+FULL_RESAMPLE_MAX = 20_000
+
+
 def bootstrap_quantile_ci(
     x: np.ndarray, q: float, *, level: float = 0.95, num_resamples: int | None = None, seed: int = 0
 ) -> tuple[float | None, float | None]:
     """Percentile moving-block bootstrap interval for the q-quantile of x (NaNs dropped first)."""
-    x = x[~np.isnan(x)]
+    return bootstrap_quantile_cis(x[~np.isnan(x)], (q,), level=level, num_resamples=num_resamples, seed=seed)[0]
+
+
+def bootstrap_quantile_cis(
+    x: np.ndarray, qs: Sequence[float], *, level: float = 0.95, num_resamples: int | None = None, seed: int = 0
+) -> list[tuple[float | None, float | None]]:
+    """`bootstrap_quantile_ci` of each of `qs` over one set of resamples of x (no NaNs): the same numbers as
+    one call per quantile with the same seed, for the cost of one."""
     n = len(x)
     if n < 2:
-        return (None, None)
-    # bound the work: B x n values are materialised
-    b = num_resamples or int(max(100, min(1000, 20_000_000 // n)))
+        return [(None, None)] * len(qs)
     rng = np.random.default_rng(seed)
-    qs = np.quantile(x[_block_indices(n, b, rng)], q, axis=1)
-    lo, hi = np.quantile(qs, [(1 - level) / 2, (1 + level) / 2])
-    return float(lo), float(hi)
+    if n <= FULL_RESAMPLE_MAX or num_resamples is not None:
+        b = num_resamples or int(max(100, min(1000, 20_000_000 // n)))  # B x n values are materialised
+        ends = np.quantile(np.quantile(x[_block_indices(n, b, rng)], qs, axis=1), [(1 - level) / 2, (1 + level) / 2],
+                           axis=1)
+        return [(float(lo), float(hi)) for lo, hi in ends.T]
+    m = FULL_RESAMPLE_MAX
+    blk = block_length(n)
+    starts = rng.integers(0, n - blk + 1, size=(1000, -(-m // blk)))
+    idx = (starts[:, :, None] + np.arange(blk)[None, None, :]).reshape(1000, -1)[:, :m]
+    centre = np.quantile(x, qs)
+    ends = np.quantile(np.quantile(x[idx], qs, axis=1), [(1 - level) / 2, (1 + level) / 2], axis=1)
+    ends = centre[None, :] + np.sqrt(m / n) * (ends - centre[None, :])
+    return [(float(lo), float(hi)) for lo, hi in ends.T]
+
+
+# scipy's norm.ppf(0.975), bit for bit: the report's intervals then need no scipy import (seconds on a busy VM)
+Z_95 = 1.959963984540054
+
+
+def normal_quantile(p: float) -> float:
+    from scipy.stats import norm
+
+    return float(norm.ppf(p))
 
 
 def wilson_ci(num_met: int, n: int, *, level: float = 0.95) -> tuple[float, float]:
     """Wilson score interval for a proportion (i.i.d.; sensible at 0 or n successes, unlike the bootstrap)."""
-    from scipy.stats import norm
-
     if n == 0:
         return (float("nan"), float("nan"))
-    z = float(norm.ppf((1 + level) / 2))
+    z = Z_95 if level == 0.95 else normal_quantile((1 + level) / 2)
     p = num_met / n
     denom = 1 + z * z / n
     center = (p + z * z / (2 * n)) / denom
@@ -240,18 +269,22 @@ def order_statistic_ci(x: np.ndarray, q: float, *, level: float = 0.95) -> tuple
     """Distribution-free interval for the q-quantile from the sorted sample (i.i.d.): [x_(l), x_(u)] with
     l, u from Binomial(n, q). An end the sample cannot bound is None (the upper end of a p99 from 100
     values: at least 5% of the time all 100 fall below the true p99)."""
+    return order_statistic_cis(x[~np.isnan(x)], (q,), level=level)[0]
+
+
+def order_statistic_cis(x: np.ndarray, qs: Sequence[float], *, level: float = 0.95) -> list[tuple[float | None, float | None]]:
+    """`order_statistic_ci` of each of `qs` for x (no NaNs), from one partial sort."""
     from scipy.stats import binom
 
-    x = np.sort(x[~np.isnan(x)])
     n = len(x)
     if n == 0:
-        return (None, None)
+        return [(None, None)] * len(qs)
     alpha = 1 - level
-    lo_rank = int(binom.ppf(alpha / 2, n, q))  # x_(lo_rank), 1-based; 0 = below the smallest value
-    hi_rank = int(binom.ppf(1 - alpha / 2, n, q)) + 1
-    lo = float(x[lo_rank - 1]) if lo_rank >= 1 else None
-    hi = float(x[hi_rank - 1]) if hi_rank <= n else None
-    return lo, hi
+    # x_(rank), 1-based; lo 0 = below the smallest value, hi n + 1 = above the largest
+    ranks = [(int(binom.ppf(alpha / 2, n, q)), int(binom.ppf(1 - alpha / 2, n, q)) + 1) for q in qs]
+    kth = sorted({r - 1 for pair in ranks for r in pair if 1 <= r <= n})
+    part = np.partition(x, kth) if kth else x
+    return [(float(part[lo - 1]) if lo >= 1 else None, float(part[hi - 1]) if hi <= n else None) for lo, hi in ranks]
 
 
 def samples_beyond(n: int, q: float) -> int:
@@ -261,13 +294,22 @@ def samples_beyond(n: int, q: float) -> int:
 
 def quantile_ci(x: np.ndarray, q: float, *, level: float = 0.95, seed: int = 0) -> tuple[float | None, float | None]:
     """The envelope of the block-bootstrap and order-statistic intervals for the q-quantile of x."""
-    b_lo, b_hi = bootstrap_quantile_ci(x, q, level=level, seed=seed)
-    if b_lo is None or b_hi is None:
-        return (None, None)
-    o_lo, o_hi = order_statistic_ci(x, q, level=level)
-    lo = b_lo if o_lo is None else min(b_lo, o_lo)  # below the smallest value: the bootstrap's end stands
-    hi = None if o_hi is None else max(b_hi, o_hi)
-    return lo, hi
+    return quantile_cis(x, (q,), level=level, seed=seed)[0]
+
+
+def quantile_cis(x: np.ndarray, qs: Sequence[float], *, level: float = 0.95,
+                 seed: int = 0) -> list[tuple[float | None, float | None]]:
+    """`quantile_ci` of each of `qs`: one set of resamples and one partial sort for all of them."""
+    x = x[~np.isnan(x)]
+    out: list[tuple[float | None, float | None]] = []
+    for (b_lo, b_hi), (o_lo, o_hi) in zip(bootstrap_quantile_cis(x, qs, level=level, seed=seed),
+                                          order_statistic_cis(x, qs, level=level), strict=True):
+        if b_lo is None or b_hi is None:
+            out.append((None, None))
+            continue
+        lo = b_lo if o_lo is None else min(b_lo, o_lo)  # below the smallest value: the bootstrap's end stands
+        out.append((lo, None if o_hi is None else max(b_hi, o_hi)))
+    return out
 
 
 @dataclass(frozen=True, slots=True)

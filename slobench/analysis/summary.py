@@ -14,10 +14,11 @@ from typing import Any, Literal, get_type_hints
 import numpy as np
 
 from slobench.analysis.metrics import RecordArrays, achieved_send_rps, describe, quantiles, throughput
-from slobench.analysis.slo import SLO, Attainment, attainment, quantile_ci, samples_beyond
+from slobench.analysis.slo import SLO, Attainment, attainment, quantile_cis, samples_beyond
 from slobench.errors import SpecError, UsageError
 from slobench.redact import redact_message
-from slobench.run.records import REQUESTS, RequestRecord, read_record_dicts
+from slobench.run.columnar import Columns, columns_of_rows, read_run_columns
+from slobench.run.records import REQUESTS, RequestRecord
 
 # A send is late when it left more than this after its scheduled time, or 5% of the TTFT SLO if that is
 # larger. Why 10 ms: at typical TTFT SLOs (>=200 ms) it is a <5% distortion of the tightest number we judge,
@@ -66,7 +67,8 @@ class Dist:
         n = int(np.count_nonzero(~np.isnan(x)))
         ci = beyond = None
         if intervals:
-            ci = {name: quantile_ci(x, q, seed=seed) for q, name in CI_QUANTILES}
+            ci = dict(zip([name for _, name in CI_QUANTILES],
+                          quantile_cis(x, [q for q, _ in CI_QUANTILES], seed=seed), strict=True))
             beyond = {name: samples_beyond(n, q) for q, name in CI_QUANTILES}
         return cls(d["mean"], d["p50"], d["p90"], d["p99"], d["max"], n, ci, beyond)
 
@@ -338,39 +340,39 @@ class RunColumns:
 
 
 def columns_of(records: Sequence[RequestRecord]) -> RunColumns:
-    measured = [r for r in records if not r.is_warmup]
-    errors = [r.error for r in measured if r.error]
-    return RunColumns(
-        RecordArrays.from_rows(measured, getattr),
-        error_kinds(errors),
-        error_examples(errors),
-        length_fidelity(measured, getattr),
-        num_warmup=len(records) - len(measured),
-    )
+    return run_columns(columns_of_rows(records, getattr))
 
 
 def read_columns(run_dir: Path) -> RunColumns:
-    """requests.jsonl straight into columns. Why not through `load_run`: the report must read 100,000
-    records in well under 10 s, and a dataclass per line costs more than the JSON parsing itself."""
-    path = Path(run_dir) / REQUESTS
-    rows = read_record_dicts(path)
-    measured = [d for d in rows if not d.get("is_warmup", False)]
-    errors = [str(d["error"]) for d in measured if d.get("error")]
+    """A run directory's records straight into columns: requests.parquet where it is sound, else
+    requests.jsonl (`slobench.run.columnar.read_run_columns`). Why not through `load_run`: the report must
+    read a million records in seconds, and a Python object per request costs more than the reading."""
     try:
-        arrays = RecordArrays.from_rows(measured, dict.get)
+        return run_columns(read_run_columns(Path(run_dir)))
     except (TypeError, ValueError, KeyError) as e:
-        raise UsageError(f"{path}: bad value in a request record ({type(e).__name__}: {e})") from None
-    return RunColumns(arrays, error_kinds(errors), error_examples(errors), length_fidelity(measured, dict.get),
-                      num_warmup=len(rows) - len(measured))
+        raise UsageError(f"{Path(run_dir) / REQUESTS}: bad value in a request record ({type(e).__name__}: {e})") from None
 
 
-def summarize(source: RunColumns | Sequence[RequestRecord], slo: SLO | None, *, seed: int = 0,
+def run_columns(c: Columns) -> RunColumns:
+    """The measured (non-warm-up) records of `c` as the summary's input."""
+    measured = ~c.values["is_warmup"]
+    m = c if measured.all() else c.take(np.flatnonzero(measured))
+    error = m.values["error"]
+    errors = [str(e) for e in error[error.astype(bool)]]
+    return RunColumns(RecordArrays.from_columns(m), error_kinds(errors), error_examples(errors), length_fidelity(m),
+                      num_warmup=len(c) - len(m))
+
+
+def summarize(source: RunColumns | Sequence[RequestRecord] | Path, slo: SLO | None, *, seed: int = 0,
               intervals: Intervals | bool = "all") -> RunSummary:
-    """The one function that turns a run's records into its `RunSummary`.
+    """The one function that turns a run's records into its `RunSummary`: records in memory, their
+    columns, or a run directory (its records read column by column, `read_columns`).
 
     intervals: "all" (bootstrap intervals of attainment and of the TTFT/TPOT/E2E quantiles: what a run
     writes), "attainment" (the report's: quantile intervals cost several times the rest), "none"
     (capacity searches on the virtual clock decide on replicates instead; True/False mean all/none)."""
+    if isinstance(source, Path):
+        source = read_columns(source)
     cols = source if isinstance(source, RunColumns) else columns_of(source)
     level = ("all" if intervals else "none") if isinstance(intervals, bool) else intervals
     a = cols.arrays
@@ -386,7 +388,7 @@ def summarize(source: RunColumns | Sequence[RequestRecord], slo: SLO | None, *, 
         e2e=Dist.of(a.e2e_s, intervals=ci, seed=seed), e2e_from_scheduled=Dist.of(a.e2e_from_scheduled_s),
         output_tokens=Dist.of(a.output_tokens.astype(float)), prompt_tokens=Dist.of(a.prompt_tokens.astype(float)),
         client=client_health(a, slo), num_warmup=cols.num_warmup,
-        status_counts=dict(Counter(str(s) for s in a.status)), error_counts=cols.error_counts,
+        status_counts=dict(Counter(a.status.tolist())), error_counts=cols.error_counts,
         error_examples=cols.error_examples or None,
         deliberate_waits=deliberate_waits(a), prefix_cache=prefix_cache(a),
         per_replica=tuple(per_replica(a, slo)), per_tag=tuple(per_tag(a, slo)), queue_drift=queue_drift(a),
@@ -462,7 +464,10 @@ def error_kind(text: str) -> str:
 
 def error_kinds(errors: Iterable[str]) -> dict[str, int]:
     """The most common error kinds and their counts, as the terminal and the report both show them."""
-    return dict(Counter(error_kind(e) for e in errors).most_common(MAX_ERROR_KINDS))
+    kinds: Counter[str] = Counter()
+    for text, count in Counter(errors).items():  # each distinct text parsed once (a million failures share a few)
+        kinds[error_kind(text)] += count
+    return dict(kinds.most_common(MAX_ERROR_KINDS))
 
 
 MAX_EXAMPLE_CHARS = 200
@@ -483,7 +488,7 @@ def error_examples(errors: Sequence[str]) -> dict[str, str]:
     """The first message of each kind `error_kinds` counts, where it says more than the kind itself."""
     kinds = error_kinds(errors)
     out: dict[str, str] = {}
-    for e in errors:
+    for e in dict.fromkeys(errors):
         kind = error_kind(e)
         if kind in kinds and kind not in out:
             out[kind] = error_example(e)
@@ -538,39 +543,42 @@ def queue_drift(a: RecordArrays) -> dict[str, Any] | None:
 PROMPT_MISMATCH = 0.05
 
 
-def length_fidelity(rows: Sequence[Any], get: Callable[[Any, str], Any]) -> dict[str, Any] | None:
-    """Asked against delivered lengths, over the measured requests that completed: records (`get=getattr`)
-    or requests.jsonl lines (`get=dict.get`), by one rule, so the terminal and the HTML say the same.
+def length_fidelity(c: Columns) -> dict[str, Any] | None:
+    """Asked against delivered lengths, over the measured requests (`c`) that completed, by one rule for
+    records in memory and on disk, so the terminal and the HTML say the same.
 
     output: max_tokens asked vs tokens produced (p50/p99) and the share cut short, for servers that cannot
     be made to ignore EOS (produced < asked there is the model stopping, not a failure; TPOT uses produced
     tokens). prompt: input tokens asked vs the server's usage.prompt_tokens where reported, flagged past 5%
     at the median. usage_disagreements: completions whose usage count was not believed (below the number
     of streamed content events, or above max_tokens) or differs from what was counted."""
-    # (max_tokens, output_tokens, input_tokens, prompt_tokens, usage_output_tokens) of each completed request
-    rs = [(int(get(r, "max_tokens") or 0), int(get(r, "output_tokens") or 0), int(get(r, "input_tokens") or 0),
-           get(r, "prompt_tokens"), get(r, "usage_output_tokens"))
-          for r in rows if (get(r, "status") or "ok") == "ok" and (get(r, "max_tokens") or 0) > 0]
-    if not rs:
+    v = c.values
+    status = v["status"]
+    done = np.asarray((status == "ok") | ~status.astype(bool), dtype=bool)
+    max_tokens = np.trunc(np.nan_to_num(v["max_tokens"]))
+    rs = done & (max_tokens > 0)
+    if not rs.any():
         return None
-    asked = np.array([r[0] for r in rs], dtype=float)
-    got = np.array([r[1] for r in rs], dtype=float)
+    asked = max_tokens[rs]
+    got = np.trunc(np.nan_to_num(v["output_tokens"][rs]))
+    usage = v["usage_output_tokens"][rs]
     out: dict[str, Any] = {
         "output": {
-            "num": len(rs),
+            "num": int(rs.sum()),
             "requested_p50": float(np.median(asked)), "requested_p99": float(np.quantile(asked, 0.99)),
             "produced_p50": float(np.median(got)), "produced_p99": float(np.quantile(got, 0.99)),
             "share_cut_short": float(np.mean(got < asked)),
         },
-        "usage_disagreements": sum(1 for r in rs if r[4] is not None and r[4] != r[1]),
+        "usage_disagreements": int(np.count_nonzero(~np.isnan(usage) & (usage != got))),
     }
-    pairs = [(r[2], r[3]) for r in rs if r[2] > 0 and r[3] is not None]
-    if pairs:
-        want = np.array([p[0] for p in pairs], dtype=float)
-        served = np.array([p[1] for p in pairs], dtype=float)
+    want = np.trunc(np.nan_to_num(v["input_tokens"][rs]))
+    served = v["prompt_tokens"][rs]
+    pair = (want > 0) & ~np.isnan(served)
+    if pair.any():
+        want, served = want[pair], served[pair]
         rel = float(np.median(served / want - 1.0))
         out["prompt"] = {
-            "num": len(pairs), "requested_p50": float(np.median(want)), "served_p50": float(np.median(served)),
+            "num": int(pair.sum()), "requested_p50": float(np.median(want)), "served_p50": float(np.median(served)),
             "median_relative_difference": rel, "mismatch": bool(abs(rel) > PROMPT_MISMATCH),
         }
     return out

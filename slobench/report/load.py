@@ -1,8 +1,8 @@
 """Read the report's inputs (sweep directories and run directories) into numpy columns, once.
 
 Each input becomes one `Series`: a sweep is its runs ordered by offered rate; a single run directory is a
-series of one point. Everything is recomputed from requests.jsonl: summary.json may be from an older
-slobench, or judged against another SLO.
+series of one point. Everything is recomputed from the records (requests.parquet, else requests.jsonl):
+summary.json may be from an older slobench, or judged against another SLO.
 """
 
 from __future__ import annotations

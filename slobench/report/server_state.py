@@ -150,12 +150,13 @@ def _series_of(key: str) -> list[str]:
 def load_server_metrics(path: Path) -> ServerSamples | None:
     """server_metrics.jsonl (or the run directory holding it; `rundir.read_server_metrics`: the torn-last-line
     rule of requests.jsonl) as the report's panels."""
-    rows = [(float(d["t_s"]), {str(k): float(v) for k, v in d["samples"].items()}) for d in read_server_metrics(path)]
-    if not rows:
+    scrapes = read_server_metrics(path)
+    if not scrapes:
         return None
-    num_scrapes = len(rows)
-    if len(rows) > MAX_POINTS:
-        rows = rows[:: -(-len(rows) // MAX_POINTS)]
+    num_scrapes = len(scrapes)
+    if num_scrapes > MAX_POINTS:
+        scrapes = scrapes[:: -(-num_scrapes // MAX_POINTS)]
+    rows = [(float(d["t_s"]), {str(k): float(v) for k, v in d["samples"].items()}) for d in scrapes]
     t = np.array([r[0] for r in rows])
     acc: dict[str, np.ndarray] = {}
     cnt: dict[str, np.ndarray] = {}

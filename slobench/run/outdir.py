@@ -10,11 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from slobench.errors import UsageError
+from slobench.run.columnar import PARQUET
 from slobench.run.records import REQUESTS
 from slobench.run.rundir import BASELINE, CAPACITY, MANIFEST, SERVER_METRICS, SUMMARY, SWEEP
 
-# Every file a run, sweep or capacity directory holds (requests.jsonl.tmp: `RunWriter.rewrite` cut short).
-ARTEFACTS = (MANIFEST, REQUESTS, f"{REQUESTS}.tmp", SUMMARY, SERVER_METRICS, SWEEP, CAPACITY, BASELINE)
+# Every file a run, sweep or capacity directory holds (the .tmp files: a run cut short while writing them).
+ARTEFACTS = (MANIFEST, REQUESTS, f"{REQUESTS}.tmp", PARQUET, f"{PARQUET}.tmp", SUMMARY, SERVER_METRICS, SWEEP,
+             CAPACITY, BASELINE)
 
 
 def _holds_run(path: Path) -> bool:

@@ -1,0 +1,334 @@
+"""requests.parquet: a run's records as Apache Parquet, one row a request, beside requests.jsonl.
+
+requests.jsonl stays the crash-safe log; the Parquet file is written when the run ends (`ParquetLog`, to a
+temporary name renamed at the end) and read column by column into numpy (`read_columns`), with no Python
+object per request. Readers fall back to the JSON lines when the Parquet file is absent, unreadable, or
+was written from a requests.jsonl of another size (`parquet_problem`). Chunk times are a list column:
+one `.values` array and its offsets give every inter-token gap in one numpy pass.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from array import array
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from operator import attrgetter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from slobench.errors import UsageError
+from slobench.run.records import REQUESTS, RequestRecord, read_record_dicts, record_problem
+
+PARQUET = "requests.parquet"
+ROW_GROUP = 1 << 16  # records buffered before a row group is written: bounds the writer's memory
+# float columns stored byte-plane by byte-plane: zstd then finds the shared exponents of nearby times
+BYTE_STREAM_SPLIT = ("scheduled_s", "sent_s", "first_token_s", "done_s", "chunk_times_s.list.element")
+JSONL_BYTES_KEY = b"slobench.requests_jsonl_bytes"  # the size of the requests.jsonl it was written beside
+
+FLOATS = ("scheduled_s", "sent_s", "first_token_s", "done_s", "queued_s")
+INTS = ("request_id", "input_tokens", "prompt_tokens", "cached_tokens", "output_tokens", "usage_output_tokens",
+        "max_tokens", "http_status", "replica")
+STRINGS = ("tag", "status", "error", "finish_reason", "output_tokens_source")
+_TYPES: dict[str, pa.DataType] = {**dict.fromkeys(FLOATS, pa.float64()), **dict.fromkeys(INTS, pa.int64()),
+                                  **dict.fromkeys(STRINGS, pa.string()), "is_warmup": pa.bool_(),
+                                  "chunk_times_s": pa.list_(pa.float64()), "chunk_tokens": pa.list_(pa.int32())}
+_NOT_NULL = frozenset({"request_id", "scheduled_s", "chunk_times_s", "chunk_tokens", "is_warmup"})
+# The columns in RequestRecord's field order, so a DuckDB `SELECT *` reads like a requests.jsonl line.
+SCHEMA = pa.schema([pa.field(name, _TYPES[name], nullable=name not in _NOT_NULL)
+                    for name in RequestRecord.__dataclass_fields__])
+
+
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """Records as numpy columns, in file order. Numbers are float64 with NaN where absent (integers are
+    exact below 2**53), strings object arrays with None where absent; request i's chunk times are
+    `chunk_times_s[chunk_offsets[i]:chunk_offsets[i + 1]]`."""
+
+    values: dict[str, np.ndarray]
+    chunk_times_s: np.ndarray
+    chunk_offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.chunk_offsets) - 1
+
+    def take(self, idx: np.ndarray) -> Columns:
+        """The rows at indices `idx`, in that order."""
+        starts, ends = self.chunk_offsets[idx], self.chunk_offsets[idx + 1]
+        lengths = ends - starts
+        offsets = np.zeros(len(idx) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        # each kept chunk's position in the flat array: its request's start plus its rank within the request
+        pos = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+        return Columns({k: v[idx] for k, v in self.values.items()}, self.chunk_times_s[pos], offsets)
+
+
+def columns_of_rows(rows: Sequence[Any], get: Callable[[Any, str], Any]) -> Columns:
+    """Records in memory (`get=getattr`) or parsed requests.jsonl lines (`get=dict.get`) as `Columns`."""
+    n = len(rows)
+    nan = float("nan")
+    values: dict[str, np.ndarray] = {}
+    for key in (*FLOATS, *INTS):
+        values[key] = np.fromiter((nan if (v := get(r, key)) is None else float(v) for r in rows), float, n)
+    for key in STRINGS:
+        values[key] = np.array([None if (v := get(r, key)) is None else str(v) for r in rows], dtype=object)
+    values["is_warmup"] = np.fromiter((bool(get(r, "is_warmup")) for r in rows), bool, n)
+    chunks = [get(r, "chunk_times_s") or () for r in rows]
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, chunks), np.int64, n), out=offsets[1:])
+    flat = np.fromiter((t for c in chunks for t in c), float, int(offsets[-1]))
+    return Columns(values, flat, offsets)
+
+
+_NUMBERS = attrgetter(*FLOATS, *INTS)
+_STRINGS = attrgetter(*STRINGS)
+_NAN = float("nan")
+
+
+class _Buffer:
+    """One row group's records in compact arrays (no record kept): a record's numbers one row of `numbers`,
+    its chunk times and token counts appended to flat arrays with their running ends. About a third of what
+    serialising the record's JSON line costs."""
+
+    def __init__(self) -> None:
+        self.numbers = array("d")
+        self.strings: list[tuple[str | None, ...]] = []
+        self.is_warmup = array("b")
+        self.times, self.times_end = array("d"), array("q", [0])
+        self.tokens, self.tokens_end = array("i"), array("q", [0])
+
+    def __len__(self) -> int:
+        return len(self.is_warmup)
+
+    def add(self, rec: RequestRecord) -> None:
+        self.numbers.extend([_NAN if v is None else v for v in _NUMBERS(rec)])
+        self.strings.append(_STRINGS(rec))
+        self.is_warmup.append(rec.is_warmup)
+        self.times.extend(rec.chunk_times_s)
+        self.times_end.append(len(self.times))
+        self.tokens.extend(rec.chunk_tokens)
+        self.tokens_end.append(len(self.tokens))
+
+    def table(self) -> pa.Table:
+        cols: dict[str, pa.Array] = {}
+        numbers = np.frombuffer(self.numbers, dtype=float).reshape(len(self), len(FLOATS) + len(INTS))
+        for j, k in enumerate((*FLOATS, *INTS)):
+            x = np.ascontiguousarray(numbers[:, j])
+            absent = np.isnan(x)
+            mask = absent if absent.any() else None
+            cols[k] = pa.array(np.where(absent, 0, x).astype(np.int64) if k in INTS else x, mask=mask)
+        for k, words in zip(STRINGS, zip(*self.strings, strict=True) if self.strings else [()] * len(STRINGS),
+                            strict=True):
+            cols[k] = pa.array(words, pa.string())
+        cols["is_warmup"] = pa.array(np.frombuffer(self.is_warmup, dtype=np.int8).astype(bool))
+        for name, flat, ends in (("chunk_times_s", round_9(np.frombuffer(self.times, dtype=float)), self.times_end),
+                                 ("chunk_tokens", np.frombuffer(self.tokens, dtype=np.int32), self.tokens_end)):
+            offsets = pa.array(np.frombuffer(ends, dtype=np.int64), pa.int32())
+            cols[name] = pa.ListArray.from_arrays(offsets, pa.array(flat))
+        return pa.table([cols[f.name] for f in SCHEMA], schema=SCHEMA)
+
+
+def round_9(x: np.ndarray) -> np.ndarray:
+    """Python's `round(v, 9)` of every v (how requests.jsonl writes chunk times), vectorised: rint(v * 1e9) / 1e9
+    is that wherever the product's own rounding cannot have moved it across a half; the few values where it
+    could are rounded by Python."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        p = x * 1e9
+        out = np.rint(p) / 1e9
+        # p is within half a unit in the last place of v * 1e9; NaN and infinities are unsure too
+        unsure = np.flatnonzero(~(np.abs(p - np.floor(p) - 0.5) > np.spacing(np.abs(p))))
+    out[unsure] = [round(v, 9) for v in x[unsure].tolist()]
+    return out
+
+
+class ParquetLog:
+    """requests.parquet written as records come: every ROW_GROUP records a row group is converted and
+    compressed on a worker thread (on a live run's event loop it would stall the sends for a fraction of a
+    second) into requests.parquet.tmp, renamed when `close` is given requests.jsonl's final size. A failure
+    (a full disk) drops the Parquet file with a note and never touches requests.jsonl, which stays the
+    record."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / PARQUET
+        self.tmp = self.path.with_name(PARQUET + ".tmp")
+        self._buffer = _Buffer()
+        self._writer: pq.ParquetWriter | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future[None] | None = None
+        self.failed: str | None = None
+        self.closed = False
+
+    def add(self, rec: RequestRecord) -> None:
+        if self.failed is None:
+            self._buffer.add(rec)
+            if len(self._buffer) >= ROW_GROUP:
+                full, self._buffer = self._buffer, _Buffer()
+                self._guard(lambda: self._hand_off(full))
+
+    def close(self, jsonl_bytes: int) -> None:
+        """Write what is buffered and move the file into place, recording requests.jsonl's size in bytes."""
+        def finish() -> None:
+            self._wait()
+            self._write(self._buffer)
+            self._buffer = _Buffer()
+            assert self._writer is not None
+            self._writer.add_key_value_metadata({JSONL_BYTES_KEY: str(jsonl_bytes).encode()})
+            self._writer.close()
+            self._writer = None
+            os.replace(self.tmp, self.path)
+
+        self._guard(finish)
+        self._stop_pool()
+        self.closed = True
+
+    def abort(self) -> None:
+        """Drop the file being written (the records are being replaced, or writing failed)."""
+        try:
+            self._wait()
+        except (OSError, pa.ArrowException):
+            pass
+        self._stop_pool()
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except (OSError, pa.ArrowException):
+                pass
+            self._writer = None
+        self.tmp.unlink(missing_ok=True)
+
+    def _hand_off(self, full: _Buffer) -> None:
+        self._wait()  # one row group in flight: bounded memory, and the last one's error surfaces here
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="slobench-parquet")
+        self._pending = self._pool.submit(self._write, full)
+
+    def _wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def _stop_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def _write(self, buffer: _Buffer) -> None:
+        if self._writer is None:
+            self.path.unlink(missing_ok=True)  # a previous run's file must not outlive this run's requests.jsonl
+            self._writer = pq.ParquetWriter(self.tmp, SCHEMA, compression="zstd", write_statistics=False,
+                                            use_byte_stream_split=list(BYTE_STREAM_SPLIT))
+        if len(buffer):
+            self._writer.write_table(buffer.table(), row_group_size=ROW_GROUP)
+
+    def _guard(self, step: Callable[[], None]) -> None:
+        if self.failed is not None:
+            return
+        try:
+            step()
+        except (OSError, pa.ArrowException) as e:
+            self.failed = f"{type(e).__name__}: {e}"
+            self._buffer = _Buffer()
+            self.abort()
+            print(f"slobench: note: {self.path.name} not written ({self.failed}); {REQUESTS} holds every record",
+                  file=sys.stderr)
+
+
+def write_parquet(run_dir: Path, records: Iterable[RequestRecord]) -> bool:
+    """requests.parquet from `records` (e.g. an older run's requests.jsonl read back); True when written."""
+    log = ParquetLog(run_dir)
+    for rec in records:
+        log.add(rec)
+    jsonl = Path(run_dir) / REQUESTS
+    log.close(jsonl.stat().st_size if jsonl.exists() else 0)
+    return log.failed is None
+
+
+def parquet_problem(run_dir: Path) -> str | None:
+    """Why requests.parquet cannot stand for requests.jsonl (None: it can): unreadable (cut short by a crash
+    or a copy), or written beside a requests.jsonl of another size (appended to or replaced since)."""
+    path = Path(run_dir) / PARQUET
+    try:
+        meta = pq.read_metadata(path)
+    except (OSError, pa.ArrowException) as e:
+        return f"unreadable ({type(e).__name__}: {e})"
+    written = (meta.metadata or {}).get(JSONL_BYTES_KEY)
+    jsonl = Path(run_dir) / REQUESTS
+    if jsonl.exists() and (written is None or int(written) != jsonl.stat().st_size):
+        return f"written beside a {REQUESTS} of {int(written or -1):,} bytes, which now has {jsonl.stat().st_size:,}"
+    if not meta.schema.to_arrow_schema().equals(SCHEMA):
+        return "not the columns this slobench writes"
+    return None
+
+
+def use_parquet(run_dir: Path) -> bool:
+    """Whether readers take requests.parquet: present and sound; a file that is not says so in a note."""
+    if not (Path(run_dir) / PARQUET).exists():
+        return False
+    problem = parquet_problem(run_dir)
+    if problem is not None:
+        print(f"slobench: note: {Path(run_dir) / PARQUET}: {problem}; reading {REQUESTS}", file=sys.stderr)
+    return problem is None
+
+
+def read_table(run_dir: Path, columns: Sequence[str] | None = None) -> pa.Table:
+    try:
+        return pq.read_table(Path(run_dir) / PARQUET, schema=SCHEMA, columns=None if columns is None else list(columns))
+    except (OSError, pa.ArrowException) as e:
+        raise OSError(f"{Path(run_dir) / PARQUET}: unreadable ({type(e).__name__}: {e})") from e
+
+
+COLUMNS_READ = (*FLOATS, *INTS, *STRINGS, "is_warmup", "chunk_times_s")  # `Columns` has no chunk token counts
+
+
+def table_columns(table: pa.Table) -> Columns:
+    """A requests.parquet table as `Columns`, each column converted whole (strings through their few
+    distinct values)."""
+    values: dict[str, np.ndarray] = {}
+    for k in (*FLOATS, *INTS):
+        values[k] = table.column(k).to_numpy().astype(float)  # nulls become NaN
+    for k in STRINGS:
+        values[k] = _strings(table.column(k))
+    values["is_warmup"] = table.column("is_warmup").to_numpy()
+    chunks = table.column("chunk_times_s").combine_chunks()
+    offsets = chunks.offsets.to_numpy().astype(np.int64)
+    return Columns(values, chunks.flatten().to_numpy(), offsets - offsets[0])
+
+
+def _strings(col: pa.ChunkedArray) -> np.ndarray:
+    encoded = col.combine_chunks().dictionary_encode()
+    words = np.array(encoded.dictionary.to_pylist() + [None], dtype=object)
+    return words[encoded.indices.fill_null(len(words) - 1).to_numpy()]
+
+
+def read_parquet_records(run_dir: Path) -> list[RequestRecord]:
+    """requests.parquet as records (the Python API's `load_run`); the schema checked the types
+    (`parquet_problem`)."""
+    return [RequestRecord(**d) for d in read_table(run_dir).to_pylist()]
+
+
+def read_run_columns(run_dir: Path) -> Columns:
+    """A run directory's records as `Columns`: requests.parquet where it is sound (`use_parquet`), else
+    requests.jsonl's lines (its torn-last-line rule)."""
+    if use_parquet(run_dir):
+        try:
+            return table_columns(read_table(run_dir, COLUMNS_READ))
+        except OSError as e:  # a damaged page the footer did not show
+            print(f"slobench: note: {e}; reading {REQUESTS}", file=sys.stderr)
+    path = Path(run_dir) / REQUESTS
+    rows = read_record_dicts(path)
+    try:
+        c = columns_of_rows(rows, dict.get)
+        if not (np.isnan(c.values["scheduled_s"]).any() or np.isnan(c.values["request_id"]).any()):
+            return c
+    except (TypeError, ValueError):
+        pass
+    for i, d in enumerate(rows, 1):  # checked only when the columns would not build: costs nothing otherwise
+        if (problem := record_problem(d)) is not None:
+            raise UsageError(f"{path}: record {i}: {problem}")
+    return columns_of_rows(rows, dict.get)
