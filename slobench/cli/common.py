@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -17,11 +16,13 @@ from slobench.experiments.sweep import run_sweep
 from slobench.load_setup import MIN_PROBE_S, LoadOptions, LoadSetup
 from slobench.report import build_report
 from slobench.report.terminal import make_console, print_headline, run_title, sweep_table
-from slobench.run.outdir import claim_out_dir
+from slobench.run.outdir import claim_out_dir, new_out_dir
 
 
 def default_out(prefix: str) -> Path:
-    return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """`runs/<prefix>-<time>`, created now and this run's alone (`new_out_dir`); wrap what follows in
+    `removed_if_unused` so a run that fails to start leaves no empty folder."""
+    return new_out_dir(prefix)
 
 
 def maybe_report(html: str | None, run_dirs: Sequence[Path]) -> None:
@@ -137,9 +138,10 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     add_replay_flags(t)
     r = p.add_argument_group("run")
     r.add_argument("--slo", default=None, help="e.g. ttft=500ms,tpot=50ms[,target=0.9] or a TOML file")
-    r.add_argument("--out", default=None, help="run directory (default: runs/<time>)")
+    r.add_argument("--out", default=None, help="run directory (default: a new runs/<verb>-<time>)")
     r.add_argument("--overwrite", "--force", action="store_true",
-                   help="replace the run already in --out (only slobench's files); without it, exit 2")
+                   help="replace the run already in --out (only slobench's files; never a folder holding other runs); "
+                        "without it, exit 2")
     r.add_argument("--warmup", default="0", metavar="N|auto",
                    help="requests sent first and excluded from metrics; auto: cut by the MSER-5 rule after the run")
     r.add_argument("--max-in-flight", type=int, default=None, help="cap on requests in flight (waits counted)")
