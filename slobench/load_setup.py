@@ -19,6 +19,7 @@ from slobench.errors import SpecError, UsageError
 from slobench.experiments.probe import LiveProbe, Probe, VirtualProbe
 from slobench.fleet.disagg import DisaggFleet, KVLink, split_fleet_knobs
 from slobench.fleet.simulate import ModeledEngine, calibrated_extras
+from slobench.printable import printable
 from slobench.redact import redact_text
 from slobench.run.clock import Clock
 from slobench.run.manifest import build_manifest
@@ -217,7 +218,7 @@ class LoadSetup:
             if o.input_len is not None or o.output_len is not None:
                 raise UsageError("--input-len / --output-len do not apply to --trace (it has the lengths)")
             self.workload = open_replay(o, o.api or "completions",
-                                        warn=lambda msg: print(f"slobench: {msg}", file=sys.stderr))
+                                        warn=lambda msg: print(f"slobench: {printable(msg)}", file=sys.stderr))
         else:
             self.workload = load_workload(o.workload or "chat")
         self.slo = load_slo(o.slo)
@@ -484,7 +485,7 @@ class LoadSetup:
         if line is not None:
             self.said.add("vocabulary")
             error = str(json.loads(line).get("error") or "")
-            print(f"slobench: the server refused prompt token ids as outside its vocabulary ({error}): pass "
+            print(f"slobench: the server refused prompt token ids as outside its vocabulary ({printable(error)}): pass "
                   "--tokenizer with the model's tokenizer.json (ids are then drawn below its vocabulary), or "
                   "--server-profile generic (prompts sent as text)", file=sys.stderr)
 
@@ -529,7 +530,7 @@ async def _start_target(setup: LoadSetup) -> tuple[Any, Any, str]:
         await target.close()
         raise
     for note in target.negotiation_notes():  # what preflight settled about the server, once, for the terminal
-        print(f"slobench: {note}", file=sys.stderr)
+        print(f"slobench: {printable(note)}", file=sys.stderr)  # it may quote the server
     return target, clock, served
 
 

@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from slobench.errors import EngineError, SlobenchError
+from slobench.printable import printable
 from slobench.redact import redact_text
 from slobench.version import __version__
 
@@ -114,14 +115,15 @@ def _dispatch(args: argparse.Namespace) -> int:
     try:
         return int(HANDLERS[args.verb](args))
     except (SlobenchError, EngineError) as e:  # the engine's own errors are bad settings or files: exit 2
-        print(f"slobench: error: {redact_text(str(e))}", file=sys.stderr)  # a URL as typed may hold a password
+        # a URL as typed may hold a password; a server's or a file's words may hold terminal escapes
+        print(f"slobench: error: {printable(redact_text(str(e)))}", file=sys.stderr)
         return e.exit_code if isinstance(e, SlobenchError) else 2
     except KeyboardInterrupt:
         print("slobench: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # a bug, never to be read as "SLO not met" (1)
         traceback.print_exc()
-        print(f"slobench: internal error ({type(e).__name__}: {e}); this is a slobench bug, please report it "
+        print(f"slobench: internal error ({type(e).__name__}: {printable(e)}); this is a slobench bug, please report it "
               f"with the traceback above; exit {EXIT_INTERNAL_ERROR}", file=sys.stderr)
         return EXIT_INTERNAL_ERROR
 

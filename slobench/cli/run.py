@@ -22,6 +22,7 @@ from slobench.cli.common import (
 from slobench.errors import UsageError
 from slobench.experiments.sweep import parse_rates
 from slobench.load_setup import LoadSetup, load_slo
+from slobench.printable import printable
 from slobench.report.terminal import print_run, run_title
 from slobench.run.outdir import claim_out_dir, removed_if_unused
 from slobench.run.rundir import load_run
@@ -63,7 +64,8 @@ async def _run(args: argparse.Namespace) -> int:
         print(line)
     for m in getattr(probe, "last_monitors", ()):  # no /metrics is a note: the report has no server-state panels
         if getattr(m, "disabled_reason", None):
-            print(f"note: no server metrics scraped ({m.disabled_reason}); the report has no server-state panels")
+            print(f"note: no server metrics scraped ({printable(m.disabled_reason)}); the report has no "
+                  "server-state panels")
     print(f"run directory: {out}")
     maybe_report(args.report, [out])
     if res.interrupted:
