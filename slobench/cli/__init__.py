@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from slobench.errors import EngineError, SlobenchError
+from slobench.errors import WRITE_FAILURES, EngineError, ResultsNotWritten, SlobenchError
 from slobench.printable import printable
 from slobench.redact import redact_text
 from slobench.version import __version__
@@ -34,6 +34,7 @@ EXIT_CODES = """\
   3  target unreachable (preflight failed: wrong URL, server down, wrong model)
   4  inconclusive: gate (more replicates needed) or capacity (replicates that locate no capacity)
   5  internal error: a slobench bug (the traceback is printed; please report it)
+  6  results not written: disk full, quota or I/O error (a run stops sending; what reached disk is kept)
   130  interrupted (Ctrl-C or SIGTERM): what finished is kept and summarised
 """
 EXIT_INTERNAL_ERROR = 5  # never 1: 1 means "SLO not met" / "regression", and a crash must not read as either
@@ -121,11 +122,22 @@ def _dispatch(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("slobench: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:
+        if e.errno not in WRITE_FAILURES:
+            return _internal_error(e)
+        # a report, a history line or a verdict file the disk refused: what was measured is on disk already
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"slobench: error: {printable(where)}cannot write ({e.strerror or e})", file=sys.stderr)
+        return ResultsNotWritten.exit_code
     except Exception as e:  # a bug, never to be read as "SLO not met" (1)
-        traceback.print_exc()
-        print(f"slobench: internal error ({type(e).__name__}: {printable(e)}); this is a slobench bug, please report it "
-              f"with the traceback above; exit {EXIT_INTERNAL_ERROR}", file=sys.stderr)
-        return EXIT_INTERNAL_ERROR
+        return _internal_error(e)
+
+
+def _internal_error(e: BaseException) -> int:
+    traceback.print_exception(e)
+    print(f"slobench: internal error ({type(e).__name__}: {printable(e)}); this is a slobench bug, please report it "
+          f"with the traceback above; exit {EXIT_INTERNAL_ERROR}", file=sys.stderr)
+    return EXIT_INTERNAL_ERROR
 
 
 if __name__ == "__main__":

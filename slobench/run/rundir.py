@@ -11,16 +11,17 @@ search adds capacity.json (its probes, replicates and interval).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from slobench.analysis.summary import RunSummary
-from slobench.errors import UsageError
+from slobench.errors import WRITE_FAILURES, ResultsNotWritten, UsageError
 from slobench.run.records import REQUESTS, RequestRecord, read_jsonl, read_records, write_records
 
 SCHEMA_VERSION = 1
@@ -34,10 +35,18 @@ BASELINE = "baseline.json"  # a gate baseline (`slobench.gate`), beside or inste
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
+    """`path` replaced whole, or left as it was: ResultsNotWritten (exit 6) where the disk refuses."""
     tmp = path.with_suffix(path.suffix + ".tmp")
     # NaN and infinities are not JSON: an empty metric is null, so every reader can parse the file
-    tmp.write_text(json.dumps(_finite(obj), indent=2, default=_json_default, allow_nan=False) + "\n")
-    os.replace(tmp, path)
+    text = json.dumps(_finite(obj), indent=2, default=_json_default, allow_nan=False) + "\n"
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        if e.errno not in WRITE_FAILURES:
+            raise
+        tmp.unlink(missing_ok=True)
+        raise ResultsNotWritten(f"{path}: cannot write ({e.strerror or e})") from None
 
 
 def _finite(o: Any) -> Any:
@@ -70,33 +79,72 @@ class RunWriter:
     (100k records of 1.2 KB: 0.95 s flushed against 0.21 s through a 64 KiB buffer), small beside the
     ~0.7 ms that serialising a record takes."""
 
-    def __init__(self, run_dir: Path, manifest: dict[str, Any]) -> None:
+    def __init__(self, run_dir: Path, manifest: dict[str, Any],
+                 on_error: Callable[[ResultsNotWritten], None] | None = None) -> None:
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.manifest = {"schema_version": SCHEMA_VERSION, **manifest}
-        write_json_atomic(self.run_dir / MANIFEST, self.manifest)
-        self._fh: IO[str] | None = open(self.run_dir / REQUESTS, "w", buffering=1 << 16)
+        self.on_error = on_error  # told once, at the first record that cannot be written (the runner stops)
+        self.error: ResultsNotWritten | None = None
+        self.num_written = 0  # records in requests.jsonl: the first `num_written` the run finished
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self.run_dir / MANIFEST, self.manifest)
+            self._fh: IO[str] | None = open(self.run_dir / REQUESTS, "w", buffering=1 << 16)
+        except OSError as e:
+            if e.errno not in WRITE_FAILURES:
+                raise
+            raise ResultsNotWritten(f"{self.run_dir}: cannot write ({e.strerror or e}); nothing was sent") from None
 
     def update_manifest(self, extra: dict[str, Any]) -> None:
         self.manifest.update(extra)
         write_json_atomic(self.run_dir / MANIFEST, self.manifest)
 
     def write(self, rec: RequestRecord) -> None:
+        if self.error is not None:
+            return  # past a failed write nothing more is written: the run is stopping
         assert self._fh is not None, "RunWriter already closed"
-        self._fh.write(rec.to_json() + "\n")
-        self._fh.flush()  # line by line: a crash can tear only the last line, which readers forgive
+        try:
+            self._fh.write(rec.to_json() + "\n")
+            self._fh.flush()  # line by line: a crash can tear only the last line, which readers forgive
+        except OSError as e:
+            if e.errno not in WRITE_FAILURES:
+                raise
+            self._failed(e)
+            return
+        self.num_written += 1
+
+    def _failed(self, e: OSError) -> None:
+        self.error = ResultsNotWritten(
+            f"{self.run_dir / REQUESTS}: cannot write ({e.strerror or e}): the run stopped sending; the "
+            f"{self.num_written} records written before are kept")
+        with contextlib.suppress(OSError):  # the buffer cannot reach the disk either: the file is closed
+            self.close()
+        self._fh = None
+        if self.on_error is not None:
+            self.on_error(self.error)
 
     def rewrite(self, records: Sequence[RequestRecord]) -> None:
         """Replace requests.jsonl with `records` (atomically), e.g. once the warm-up cut is known."""
         self.close()
         path = self.run_dir / REQUESTS
         tmp = path.with_suffix(".jsonl.tmp")
-        write_records(tmp, records)
-        os.replace(tmp, path)
+        try:
+            write_records(tmp, records)
+            os.replace(tmp, path)
+        except OSError as e:
+            if e.errno not in WRITE_FAILURES:
+                raise
+            tmp.unlink(missing_ok=True)
+            raise ResultsNotWritten(f"{tmp}: cannot write ({e.strerror or e}); {path} is kept as written") from None
 
     def flush(self) -> None:
         if self._fh is not None:
-            self._fh.flush()
+            try:
+                self._fh.flush()
+            except OSError as e:
+                if e.errno not in WRITE_FAILURES:
+                    raise
+                self._failed(e)
 
     def finish(self, summary: RunSummary | Mapping[str, Any]) -> None:
         """Close requests.jsonl and write summary.json (`write_summary`)."""
@@ -105,7 +153,13 @@ class RunWriter:
 
     def close(self) -> None:
         if self._fh is not None:
-            self._fh.close()
+            try:
+                self._fh.close()
+            except OSError as e:
+                if e.errno not in WRITE_FAILURES:
+                    raise
+                self._fh = None
+                self._failed(e)
             self._fh = None
 
 
