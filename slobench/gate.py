@@ -25,7 +25,18 @@ import numpy as np
 
 from slobench.analysis.summary import as_run_summary
 from slobench.errors import SpecError, UsageError
-from slobench.run.rundir import BASELINE, CAPACITY, MANIFEST, SUMMARY, SWEEP, read_manifest, read_summary
+from slobench.run.rundir import (
+    BASELINE,
+    CAPACITY,
+    MANIFEST,
+    SCHEMA_VERSION,
+    SUMMARY,
+    SWEEP,
+    check_schema,
+    read_json,
+    read_manifest,
+    read_summary,
+)
 
 BASELINE_KIND = "baseline"
 EXIT_PASS, EXIT_REGRESSION, EXIT_INCONCLUSIVE = 0, 1, 4
@@ -60,7 +71,7 @@ class Samples:
     def to_baseline(self) -> dict[str, Any]:
         return {
             "kind": BASELINE_KIND,
-            "schema_version": 1,
+            "schema_version": SCHEMA_VERSION,
             "slobench_version": self.slobench_version,
             "workload": self.workload,
             "slo": self.slo,
@@ -134,18 +145,13 @@ def result_file(path: Path) -> Path:
 
 
 def _read_doc(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{path}: cannot read ({e})") from None
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path}: not valid JSON ({e}); is it truncated?") from None
+    if not path.exists():
+        raise UsageError(f"{path}: no such file")
+    doc = read_json(path)
     if not isinstance(doc, dict) or doc.get("kind") not in ("capacity", "sweep", BASELINE_KIND):
         kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
         raise UsageError(f"{path}: not a capacity result, sweep or baseline file (kind {kind!r})")
-    return doc
+    return check_schema(path, doc)
 
 
 def _load_one(path: Path, doc: dict[str, Any]) -> Samples:
@@ -176,7 +182,7 @@ def _load_one(path: Path, doc: dict[str, Any]) -> Samples:
                 for name, v in (p.get("metrics") or {}).items():
                     s.add(rate_key(name, float(p["rate_rps"])), int(p["seed"]), v, str(path))
         return s
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
         raise UsageError(f"{path}: corrupt {doc.get('kind')} file ({type(e).__name__}: {e})") from None
 
 

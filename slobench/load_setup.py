@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -121,13 +122,23 @@ def load_slo(text: str | None) -> Any:
     return SLO.parse(text)
 
 
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP token (RFC 9110)
+_HEADER_VALUE = re.compile(r"[\x20-\x7e\t]*")  # visible ASCII, space and tab: what every client sends as is
+
+
 def _parse_headers(items: Sequence[str]) -> dict[str, str]:
     out = {}
     for h in items:
         if ":" not in h:
             raise UsageError(f"--header: expected K:V (got {h!r})")
         k, v = h.split(":", 1)
-        out[k.strip()] = v.strip()
+        k, v = k.strip(), v.strip()
+        if not _HEADER_NAME.fullmatch(k):
+            raise UsageError(f"--header {k!r}: a header name is letters, digits and -_.!#$%&'*+^`|~ only")
+        if not _HEADER_VALUE.fullmatch(v):
+            raise UsageError(f"--header {k}: the value must be printable ASCII (no line breaks, control or "
+                             f"non-ASCII characters; percent-encode them)")
+        out[k] = v
     return out
 
 
@@ -135,12 +146,16 @@ def _parse_extra_body(text: str | None) -> dict[str, Any] | None:
     if text is None:
         return None
     try:
-        v = json.loads(text)
-    except json.JSONDecodeError as e:
+        v = json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as e:
         raise UsageError(f"--extra-body: not valid JSON ({e})") from None
     if not isinstance(v, dict):
         raise UsageError(f"--extra-body: expected a JSON object (got {text!r})")
     return v
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON; a server would refuse the body")
 
 
 MIN_PROBE_S = 60.0  # a sweep point or capacity probe lasts at least this long unless the user fixes its size

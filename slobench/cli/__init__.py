@@ -18,7 +18,7 @@ import threading
 import traceback
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 from slobench.errors import WRITE_FAILURES, EngineError, ResultsNotWritten, SlobenchError
 from slobench.printable import printable
@@ -77,10 +77,17 @@ def _run_verb(verb: str, args: argparse.Namespace) -> int:
 HANDLERS: dict[str, Handler] = {verb: functools.partial(_run_verb, verb) for verb in VERBS}
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error on one line (exit 2) instead of the whole usage block above it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The command line. Given `argv`, only the verb it names gets its flags (and its module imported);
     the others are listed by name and help line. Without, every verb gets its flags."""
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="slobench",
         description="SLO-aware open-loop load testing for LLM inference servers.",
         epilog=EPILOG,
@@ -122,6 +129,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("slobench: interrupted", file=sys.stderr)
         return 130
+    except MemoryError:  # a workload too large for this machine (the flags' limits stop the absurd ones)
+        print("slobench: error: out of memory building or running this workload; lower --num-requests, "
+              "--input-len, --output-len or --duration", file=sys.stderr)
+        return 2
     except OSError as e:
         if e.errno not in WRITE_FAILURES:
             return _internal_error(e)

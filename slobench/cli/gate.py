@@ -12,6 +12,7 @@ from typing import Any
 from slobench.errors import UsageError
 from slobench.gate import BASELINE_KIND, Threshold, junit_xml, load_samples, markdown
 from slobench.gate import gate as judge
+from slobench.run.outdir import check_out_file
 from slobench.run.rundir import write_json_atomic
 
 GATE_HELP = """\
@@ -48,6 +49,10 @@ def add_arguments(verb: str, g: argparse.ArgumentParser) -> None:
 def gate(args: argparse.Namespace) -> int:
     if not args.candidate:
         raise UsageError("--candidate is required")
+    for flag, path in (("--junit", args.junit), ("--markdown", args.markdown), ("--json", args.json),
+                       ("--write-baseline", args.write_baseline)):
+        if path:
+            check_out_file(Path(path), flag)  # before the files are read: exit 2 naming the flag
     cand = load_samples(args.candidate)
     if args.write_baseline:
         out = Path(args.write_baseline)

@@ -78,6 +78,18 @@ def claim_out_dir(path: Path, *, overwrite: bool = False) -> Path:
     return path
 
 
+def check_out_file(path: Path, flag: str) -> None:
+    """An output file that can be made: not a directory, not under a file (exit 2 before the run, which
+    would otherwise find out only at its end)."""
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory; give a file name in it")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"{flag} {path}: {parent} is a file, not a directory")
+            break
+
+
 def new_out_dir(prefix: str, parent: Path = Path("runs"), *, stamp: str | None = None) -> Path:
     """A new directory `parent/prefix-YYYYmmdd-HHMMSS` (then `-2`, `-3`, ... in the same second), created
     here with an exclusive mkdir: of two runs started at once each gets its own, whatever the timing. Pair

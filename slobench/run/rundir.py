@@ -173,13 +173,43 @@ class Run:
     summary: RunSummary | None
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
+    """A JSON file slobench wrote, parsed; UsageError (exit 2) naming the file and what is wrong with it:
+    missing, a directory, unreadable, not UTF-8, not JSON (truncated, garbage), nested past reason."""
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UsageError(f"{path}: missing (is this a slobench run directory?)") from None
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path}: not valid JSON ({e})") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path}: is a directory, not a file") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not UTF-8 text (byte {e.start}); not a file slobench wrote") from None
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read ({e.strerror or e})") from None
+    except RecursionError:
+        raise UsageError(f"{path}: not valid JSON (nested too deep)") from None
+    except ValueError as e:  # json.JSONDecodeError, and an integer of more than 4,300 digits
+        raise UsageError(f"{path}: not valid JSON ({e}); is it truncated?") from None
+
+
+def check_schema(path: Path | str, doc: Any, key: str = "schema_version") -> dict[str, Any]:
+    """A result file's top level checked: a JSON object whose `key` is the schema version this slobench
+    reads (manifest, summary, sweep, capacity and baseline files; history lines say `schema`)."""
+    if not isinstance(doc, dict):
+        raise UsageError(f"{path}: expected a JSON object at the top, got {_json_type(doc)}")
+    if key not in doc:
+        raise UsageError(f"{path}: no {key} (a file slobench did not write?); this slobench reads {key} "
+                         f"{SCHEMA_VERSION}")
+    v = doc[key]
+    if type(v) is not int or v != SCHEMA_VERSION:
+        newer = " (written by a newer slobench?)" if type(v) is int and v > SCHEMA_VERSION else ""
+        raise UsageError(f"{path}: {key} {v!r}{newer}, this slobench reads {SCHEMA_VERSION}")
+    return doc
+
+
+def _json_type(v: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "true/false", type(None): "null"}.get(
+        type(v), "a number")
 
 
 def read_manifest(run_dir: str | Path) -> dict[str, Any]:
@@ -187,11 +217,7 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir}: not a directory")
-    manifest = _read_json(run_dir / MANIFEST)
-    if not isinstance(manifest, dict) or manifest.get("schema_version") != SCHEMA_VERSION:
-        got = manifest.get("schema_version") if isinstance(manifest, dict) else manifest
-        raise UsageError(f"{run_dir / MANIFEST}: schema_version {got!r}, this slobench reads {SCHEMA_VERSION}")
-    return manifest
+    return check_schema(run_dir / MANIFEST, read_json(run_dir / MANIFEST))
 
 
 def write_summary(run_dir: str | Path, summary: RunSummary | Mapping[str, Any]) -> None:
@@ -206,8 +232,9 @@ def read_summary(run_dir: str | Path) -> RunSummary | None:
     path = Path(run_dir) / SUMMARY
     if not path.exists():
         return None
+    doc = check_schema(path, read_json(path))
     try:
-        return RunSummary.from_dict(_read_json(path))
+        return RunSummary.from_dict(doc)
     except UsageError as e:
         raise UsageError(f"{path}: {e}") from None
 
@@ -236,8 +263,8 @@ def write_sweep(out_dir: str | Path, doc: dict[str, Any]) -> None:
 def read_sweep(sweep_dir: str | Path) -> dict[str, Any]:
     """sweep.json checked: each run with a numeric rate and a run directory (its summary as a dict)."""
     path = Path(sweep_dir) / SWEEP
-    doc = _read_json(path)
-    rows = doc.get("runs") if isinstance(doc, dict) else None
+    doc = check_schema(path, read_json(path))
+    rows = doc.get("runs")
     if not isinstance(rows, list) or not all(isinstance(r, dict) and "rate_rps" in r and "run_dir" in r for r in rows):
         raise UsageError(f"{path}: expected {{'runs': [{{'rate_rps': ..., 'run_dir': ...}}, ...]}}")
     for r in rows:
@@ -256,11 +283,11 @@ def write_capacity(out_dir: str | Path, doc: dict[str, Any]) -> None:
 def read_capacity(search_dir: str | Path) -> dict[str, Any]:
     """capacity.json checked: every probe with its rate, seed and run directory."""
     path = Path(search_dir) / CAPACITY
-    doc = _read_json(path)
+    doc = check_schema(path, read_json(path))
     try:
         for r in doc["probes"]:
             float(r["rate_rps"]), int(r["seed"]), str(r["run_dir"])
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise UsageError(f"{path}: expected probes with rate_rps, seed and run_dir ({type(e).__name__}: {e})") from None
     return doc  # type: ignore[no-any-return]
 
