@@ -32,7 +32,9 @@ from slobench.run.rundir import (
     SCHEMA_VERSION,
     SUMMARY,
     SWEEP,
+    check_manifest,
     check_schema,
+    check_sweep,
     read_json,
     read_manifest,
     read_summary,
@@ -140,6 +142,8 @@ def result_file(path: Path) -> Path:
         for name in (CAPACITY, SWEEP, BASELINE):
             if (path / name).is_file():
                 return path / name
+            if (path / name).exists():
+                raise UsageError(f"{path / name}: is a directory, not a file")
         raise UsageError(f"{path}: a directory with no {CAPACITY}, {SWEEP}, {BASELINE} or run summary in it")
     return path
 
@@ -151,7 +155,8 @@ def _read_doc(path: Path) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("kind") not in ("capacity", "sweep", BASELINE_KIND):
         kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
         raise UsageError(f"{path}: not a capacity result, sweep or baseline file (kind {kind!r})")
-    return check_schema(path, doc)
+    check_schema(path, doc)
+    return check_sweep(path, doc, run_dirs=False) if doc["kind"] == "sweep" else doc
 
 
 def _load_one(path: Path, doc: dict[str, Any]) -> Samples:
@@ -162,13 +167,17 @@ def _load_one(path: Path, doc: dict[str, Any]) -> Samples:
                 for r in m["replicates"]:
                     s.add(key, int(r["seed"]), float(r["value"]), str(path))
             return s
-        manifest = doc["manifest"]
+        manifest = check_manifest(path, doc["manifest"])
         s = Samples(str(path), workload_identity(manifest), manifest.get("slo"),
                     str(manifest.get("slobench_version", "?")))
         if doc["kind"] == "sweep":
             seed = int(manifest.get("seed", 0))
-            for row in doc["runs"]:
-                for name, v in as_run_summary(row["summary"]).flat_metrics().items():
+            for i, row in enumerate(doc["runs"]):
+                try:
+                    summary = as_run_summary(row["summary"])
+                except UsageError as e:
+                    raise UsageError(f"{path}: runs[{i}]: {e}") from None
+                for name, v in summary.flat_metrics().items():
                     s.add(rate_key(name, float(row["rate_rps"])), seed, v, str(path))
             return s
         if doc.get("inconclusive"):  # its per-seed crossings are what made it inconclusive: never gate on them

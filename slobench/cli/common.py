@@ -186,6 +186,9 @@ def check_load_flags(args: argparse.Namespace) -> None:
     if rate is not None and duration is not None and rate * duration > MAX_NUM_REQUESTS:
         raise UsageError(f"--rate {rate:g} for --duration {duration:g}: {rate * duration:,.0f} requests, more than "
                          f"{MAX_NUM_REQUESTS:,} a run")
+    seed = getattr(args, "seed", None)
+    if seed is not None and not 0 <= seed < 2**63:
+        raise UsageError(f"--seed {seed}: must be from 0 to 2**63 - 1")
     for flag in ("timeout", "time_scale", "start", "jitter"):
         v = getattr(args, flag, None)
         if v is not None and (math.isnan(v) or v < 0):

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary
-from slobench.errors import WRITE_FAILURES, ResultsNotWritten, UsageError
+from slobench.errors import WRITE_FAILURES, ResultsNotWritten, SlobenchError, UsageError
 from slobench.run.records import REQUESTS, RequestRecord, read_jsonl, read_records, write_records
 
 SCHEMA_VERSION = 1
@@ -177,7 +178,8 @@ def read_json(path: Path) -> Any:
     """A JSON file slobench wrote, parsed; UsageError (exit 2) naming the file and what is wrong with it:
     missing, a directory, unreadable, not UTF-8, not JSON (truncated, garbage), nested past reason."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant, parse_float=_finite_float,
+                          parse_int=_bounded_int)
     except FileNotFoundError:
         raise UsageError(f"{path}: missing (is this a slobench run directory?)") from None
     except IsADirectoryError:
@@ -190,6 +192,28 @@ def read_json(path: Path) -> Any:
         raise UsageError(f"{path}: not valid JSON (nested too deep)") from None
     except ValueError as e:  # json.JSONDecodeError, and an integer of more than 4,300 digits
         raise UsageError(f"{path}: not valid JSON ({e}); is it truncated?") from None
+
+
+# slobench writes no NaN or infinity (write_json_atomic) and no integer past 64 bits: such a value is damage
+MAX_INT = 2**63
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"number {text[:20]} out of range")
+    return v
+
+
+def _bounded_int(text: str) -> int:
+    v = int(text)
+    if not -MAX_INT <= v < MAX_INT:
+        raise ValueError(f"integer {text[:20]}... out of range")
+    return v
 
 
 def check_schema(path: Path | str, doc: Any, key: str = "schema_version") -> dict[str, Any]:
@@ -217,7 +241,42 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir}: not a directory")
-    return check_schema(run_dir / MANIFEST, read_json(run_dir / MANIFEST))
+    return check_manifest(run_dir / MANIFEST, check_schema(run_dir / MANIFEST, read_json(run_dir / MANIFEST)))
+
+
+# What the readers of a manifest take from it (the gate, the history, summarize, the report), by type.
+_MANIFEST_OBJECTS = ("slo", "options", "target", "clock", "trace_rows", "clock_sync")
+_MANIFEST_TEXTS = ("workload_name", "slobench_version")
+
+
+def check_manifest(where: Path | str, m: Any) -> dict[str, Any]:
+    """A run's manifest (manifest.json, or the one a sweep.json or capacity.json holds) checked field by
+    field where its readers rely on a type; UsageError naming the file and the field otherwise."""
+    if not isinstance(m, dict):
+        raise UsageError(f"{where}: the manifest must be a JSON object (got {_json_type(m)})")
+    problem = None
+    for key in _MANIFEST_OBJECTS:
+        if m.get(key) is not None and not isinstance(m[key], dict):
+            problem = f"{key} must be an object (got {m[key]!r:.40})"
+    for key in _MANIFEST_TEXTS:
+        if m.get(key) is not None and not isinstance(m[key], str):
+            problem = f"{key} must be text (got {m[key]!r:.40})"
+    if m.get("workload") is not None and not isinstance(m["workload"], dict | str):
+        problem = f"workload must be an object (got {m['workload']!r:.40})"
+    seed = m.get("seed")
+    if seed is not None and (type(seed) is not int or seed < 0):
+        problem = f"seed must be an integer >= 0 (got {seed!r:.40})"
+    rate = m.get("rate_rps")
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0):
+        problem = f"rate_rps must be a number > 0 (got {rate!r:.40})"
+    if problem is None and m.get("slo") is not None:
+        try:
+            SLO.from_dict(m["slo"])
+        except (SlobenchError, TypeError, ValueError, KeyError, AttributeError) as e:
+            problem = f"slo: {e}"
+    if problem is not None:
+        raise UsageError(f"{where}: manifest {problem}")
+    return m
 
 
 def write_summary(run_dir: str | Path, summary: RunSummary | Mapping[str, Any]) -> None:
@@ -261,17 +320,24 @@ def write_sweep(out_dir: str | Path, doc: dict[str, Any]) -> None:
 
 
 def read_sweep(sweep_dir: str | Path) -> dict[str, Any]:
-    """sweep.json checked: each run with a numeric rate and a run directory (its summary as a dict)."""
+    """sweep.json read and checked (`check_sweep`)."""
     path = Path(sweep_dir) / SWEEP
-    doc = check_schema(path, read_json(path))
+    return check_sweep(path, check_schema(path, read_json(path)))
+
+
+def check_sweep(path: Path, doc: dict[str, Any], *, run_dirs: bool = True) -> dict[str, Any]:
+    """sweep.json's fields checked: each run with a rate > 0, its run directory (unless `run_dirs` is False:
+    the gate reads only the summaries) and its summary an object, and the manifest (`check_manifest`)."""
     rows = doc.get("runs")
-    if not isinstance(rows, list) or not all(isinstance(r, dict) and "rate_rps" in r and "run_dir" in r for r in rows):
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and "rate_rps" in r and ("run_dir" in r or not run_dirs)
+                                             for r in rows):
         raise UsageError(f"{path}: expected {{'runs': [{{'rate_rps': ..., 'run_dir': ...}}, ...]}}")
     for r in rows:
-        if isinstance(r["rate_rps"], bool) or not isinstance(r["rate_rps"], int | float):
-            raise UsageError(f"{path}: rate_rps {r['rate_rps']!r} is not a number")
-    if not isinstance(doc.get("manifest", {}), dict):
-        raise UsageError(f"{path}: 'manifest' must be an object")
+        if isinstance(r["rate_rps"], bool) or not isinstance(r["rate_rps"], int | float) or not r["rate_rps"] > 0:
+            raise UsageError(f"{path}: rate_rps {r['rate_rps']!r} is not a number > 0")
+        if not isinstance(r.get("summary", {}), dict) or not isinstance(r.get("run_dir", ""), str):
+            raise UsageError(f"{path}: a run's summary must be an object and its run_dir a name")
+    check_manifest(path, doc.get("manifest", {}))
     return doc
 
 
@@ -281,15 +347,20 @@ def write_capacity(out_dir: str | Path, doc: dict[str, Any]) -> None:
 
 
 def read_capacity(search_dir: str | Path) -> dict[str, Any]:
-    """capacity.json checked: every probe with its rate, seed and run directory."""
+    """capacity.json read and checked (`check_capacity`)."""
     path = Path(search_dir) / CAPACITY
-    doc = check_schema(path, read_json(path))
+    return check_capacity(path, check_schema(path, read_json(path)))
+
+
+def check_capacity(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
+    """capacity.json's fields checked: every probe with its rate, seed and run directory, the manifest's."""
     try:
         for r in doc["probes"]:
             float(r["rate_rps"]), int(r["seed"]), str(r["run_dir"])
     except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise UsageError(f"{path}: expected probes with rate_rps, seed and run_dir ({type(e).__name__}: {e})") from None
-    return doc  # type: ignore[no-any-return]
+    check_manifest(path, doc.get("manifest", {}))
+    return doc
 
 
 def load_run(run_dir: str | Path) -> Run:
