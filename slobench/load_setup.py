@@ -126,7 +126,7 @@ _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP token (RFC 
 _HEADER_VALUE = re.compile(r"[\x20-\x7e\t]*")  # visible ASCII, space and tab: what every client sends as is
 
 
-def _parse_headers(items: Sequence[str]) -> dict[str, str]:
+def parse_headers(items: Sequence[str]) -> dict[str, str]:
     out = {}
     for h in items:
         if ":" not in h:
@@ -241,7 +241,7 @@ class LoadSetup:
             raise UsageError("--slo tpot=... needs streaming: with --no-stream each answer arrives whole, so TPOT "
                              "cannot be measured; drop tpot from --slo or drop --no-stream")
         self.api = o.api or self.workload.api
-        self.headers = _parse_headers(o.header)
+        self.headers = parse_headers(o.header)
         self.extra_body = _parse_extra_body(o.extra_body)
         if o.warmup != "auto" and not str(o.warmup).isdigit():
             raise UsageError(f"--warmup: expected a number of requests or 'auto' (got {o.warmup!r})")
