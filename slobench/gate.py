@@ -32,6 +32,7 @@ from slobench.run.rundir import (
     SCHEMA_VERSION,
     SUMMARY,
     SWEEP,
+    check_capacity,
     check_manifest,
     check_schema,
     check_sweep,
@@ -156,7 +157,9 @@ def _read_doc(path: Path) -> dict[str, Any]:
         kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
         raise UsageError(f"{path}: not a capacity result, sweep or baseline file (kind {kind!r})")
     check_schema(path, doc)
-    return check_sweep(path, doc, run_dirs=False) if doc["kind"] == "sweep" else doc
+    if doc["kind"] == "sweep":
+        return check_sweep(path, doc, run_dirs=False)
+    return check_capacity(path, doc, run_dirs=False) if doc["kind"] == "capacity" else doc
 
 
 def _load_one(path: Path, doc: dict[str, Any]) -> Samples:

@@ -23,6 +23,8 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert main(["run", *sim, "--rate", "5", "--out", str(d / "run")]) in (0, 1)
     assert main(["sweep", *sim, "--rates", "5,10", "--out", str(d / "sweep")]) in (0, 1)
     assert main(["gate", "--candidate", str(d / "sweep"), "--write-baseline", str(d / "base.json")]) == 0
+    assert main(["capacity", *sim, "--slo", "ttft=500ms", "--replicates", "2", "--max-probes", "3",
+                 "--out", str(d / "cap")]) in (0, 1, 4)
     for commit in ("a1", "a2"):
         assert main(["history", "add", str(d / "sweep"), "--history", str(d / "h.jsonl"), "--commit", commit]) == 0
     return d
@@ -72,6 +74,8 @@ READERS = {
     "sweep/sweep.json": [["gate", "--baseline", "{d}/base.json", "--candidate", "{d}/sweep"],
                          ["history", "add", "{d}/sweep", "--history", "{d}/new.jsonl", "--commit", "x"]],
     "base.json": [["gate", "--baseline", "{d}/base.json", "--candidate", "{d}/sweep"]],
+    "cap/capacity.json": [["gate", "--baseline", "{d}/cap", "--candidate", "{d}/cap"],
+                          ["history", "add", "{d}/cap", "--history", "{d}/new.jsonl", "--commit", "x"]],
 }
 FIELDS = {
     "run/manifest.json": {
@@ -96,6 +100,14 @@ FIELDS = {
         "a summary as a list": _json_edit(lambda d: d["runs"][0].update(summary=[])),
         "manifest a list": _json_edit(lambda d: d.update(manifest=[])),
         "manifest seed as text": _json_edit(lambda d: d["manifest"].update(seed="0")),
+    },
+    "cap/capacity.json": {
+        "capacity_rps 'x'": _json_edit(lambda d: d.update(capacity_rps="x")),
+        "interval_rps -1": _json_edit(lambda d: d.update(interval_rps=-1)),
+        "probes a string": _json_edit(lambda d: d.update(probes="x")),
+        "a probe's seed as text": _json_edit(lambda d: d["probes"][0].update(seed="x")),
+        "a replicate without its seed": _json_edit(lambda d: d.update(replicates=[{"capacity_rps": 1.0}])),
+        "manifest slo a string": _json_edit(lambda d: d["manifest"].update(slo="x")),
     },
     "base.json": {
         "metrics a list": _json_edit(lambda d: d.update(metrics=[])),

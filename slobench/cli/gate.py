@@ -12,6 +12,7 @@ from typing import Any
 from slobench.errors import UsageError
 from slobench.gate import BASELINE_KIND, Threshold, junit_xml, load_samples, markdown
 from slobench.gate import gate as judge
+from slobench.printable import printable
 from slobench.run.outdir import check_out_file
 from slobench.run.rundir import write_json_atomic
 
@@ -58,7 +59,7 @@ def gate(args: argparse.Namespace) -> int:
         out = Path(args.write_baseline)
         out.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out, cand.to_baseline())
-        print(f"baseline written: {out} ({len(cand.metrics)} metrics from {cand.source})")
+        print(f"baseline written: {out} ({len(cand.metrics)} metrics from {printable(cand.source)})")
         return 0
     if not args.baseline:
         raise UsageError("--baseline is required (or --write-baseline to make one)")
@@ -68,7 +69,7 @@ def gate(args: argparse.Namespace) -> int:
     ths = [Threshold.parse(t, "drop") for t in args.max_drop] + [Threshold.parse(t, "rise") for t in args.max_rise]
     res = judge(base, cand, ths, alpha=args.alpha, pass_confidence=args.pass_confidence)
     md = markdown(res)
-    print(md, end="")
+    print(printable(md), end="")  # metric names and sources come from files
     if args.markdown:
         Path(args.markdown).write_text(md)
     summary_path = os.environ.get("GITHUB_STEP_SUMMARY")

@@ -352,15 +352,31 @@ def read_capacity(search_dir: str | Path) -> dict[str, Any]:
     return check_capacity(path, check_schema(path, read_json(path)))
 
 
-def check_capacity(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
-    """capacity.json's fields checked: every probe with its rate, seed and run directory, the manifest's."""
+def check_capacity(path: Path, doc: dict[str, Any], *, run_dirs: bool = True) -> dict[str, Any]:
+    """capacity.json's fields checked: every probe with its rate, seed and (unless `run_dirs` is False: the
+    gate reads none) run directory; the capacity, its interval and replicates numbers; the manifest's."""
     try:
         for r in doc["probes"]:
-            float(r["rate_rps"]), int(r["seed"]), str(r["run_dir"])
+            float(r["rate_rps"]), int(r["seed"]), str(r["run_dir"]) if run_dirs else None
+        for r in doc.get("replicates") or []:
+            int(r["seed"])
+            _num_or_none(r.get("capacity_rps"))
+        _num_or_none(doc.get("capacity_rps"))
+        interval = doc.get("interval_rps")
+        if interval is not None and not (isinstance(interval, list) and len(interval) == 2):
+            raise TypeError(f"interval_rps must be [low, high] (got {interval!r:.40})")
+        for v in interval or ():
+            _num_or_none(v)
     except (KeyError, TypeError, ValueError, OverflowError) as e:
-        raise UsageError(f"{path}: expected probes with rate_rps, seed and run_dir ({type(e).__name__}: {e})") from None
+        raise UsageError(f"{path}: expected probes with rate_rps, seed and run_dir, and numbers for the capacity "
+                         f"({type(e).__name__}: {e})") from None
     check_manifest(path, doc.get("manifest", {}))
     return doc
+
+
+def _num_or_none(v: Any) -> None:
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+        raise TypeError(f"expected a number (got {v!r:.40})")
 
 
 def load_run(run_dir: str | Path) -> Run:
