@@ -165,6 +165,9 @@ def _read_doc(path: Path) -> dict[str, Any]:
 def _load_one(path: Path, doc: dict[str, Any]) -> Samples:
     try:
         if doc["kind"] == BASELINE_KIND:
+            slo = doc.get("slo")
+            if not isinstance(doc["workload"], dict) or (slo is not None and not isinstance(slo, dict)):
+                raise TypeError("workload must be an object, slo an object or null")
             s = Samples(str(path), doc["workload"], doc.get("slo"), str(doc.get("slobench_version", "?")))
             for key, m in doc["metrics"].items():
                 for r in m["replicates"]:

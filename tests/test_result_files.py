@@ -114,6 +114,8 @@ FIELDS = {
         "a replicate without its seed": _json_edit(
             lambda d: next(iter(d["metrics"].values()))["replicates"][0].pop("seed")),
         "kind other": _json_edit(lambda d: d.update(kind="other")),
+        "workload a string": _json_edit(lambda d: d.update(workload="x")),
+        "slo a list": _json_edit(lambda d: d.update(slo=[])),
     },
 }
 CASES = [(f, name, edit) for f in READERS for name, edit in {**WHOLE, **SCHEMA, **FIELDS.get(f, {})}.items()]
