@@ -184,3 +184,13 @@ def test_the_report_and_summarize_refuse_a_newer_schema(results: Path, tmp_path:
     _check_exit_2(["report", f"{{d}}/{folder}", "-o", "{d}/r.html"], d, "schema_version 99", capsys)
     if folder == "run":
         _check_exit_2(["summarize", "{d}/run"], d, "schema_version 99", capsys)
+
+
+@pytest.mark.parametrize("field", ["input_tokens", "max_tokens", "output_tokens", "scheduled_s"])
+def test_the_report_names_a_record_of_the_wrong_type(results: Path, tmp_path: Path, field: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    d = tmp_path / "r"
+    shutil.copytree(results, d)
+    path = d / "run" / "requests.jsonl"
+    path.write_bytes(_first_line(lambda rec: rec.update({field: "x"}))(path.read_bytes()))
+    _check_exit_2(["report", "{d}/run", "-o", "{d}/r.html"], d, str(path), capsys)

@@ -372,9 +372,10 @@ def read_columns(run_dir: Path) -> RunColumns:
     errors = [str(d["error"]) for d in measured if d.get("error")]
     try:
         arrays = RecordArrays.from_rows(measured, dict.get)
-    except (TypeError, ValueError, KeyError) as e:
+        lengths = length_fidelity(measured, dict.get)
+    except (TypeError, ValueError, KeyError, OverflowError) as e:
         raise UsageError(f"{path}: bad value in a request record ({type(e).__name__}: {e})") from None
-    return RunColumns(arrays, error_kinds(errors), error_examples(errors), length_fidelity(measured, dict.get),
+    return RunColumns(arrays, error_kinds(errors), error_examples(errors), lengths,
                       num_warmup=len(rows) - len(measured))
 
 
