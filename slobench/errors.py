@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import errno
+
 from reference_engine.errors import ConfigError as EngineConfigError
 from reference_engine.errors import EngineError
 
-__all__ = ["EngineConfigError", "EngineError", "SlobenchError", "SpecError", "TargetUnreachable", "UsageError"]
+__all__ = ["WRITE_FAILURES", "EngineConfigError", "EngineError", "ResultsNotWritten", "SlobenchError", "SpecError",
+           "TargetUnreachable", "UsageError"]
+
+# A write refused by the disk, not by the path (ResultsNotWritten): full, over quota, failing, read-only
+WRITE_FAILURES = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EROFS})
 
 
 class SlobenchError(Exception):
@@ -37,3 +43,10 @@ class TargetUnreachable(SlobenchError):
     """The preflight request failed: wrong URL, server down, wrong model name."""
 
     exit_code = 3
+
+
+class ResultsNotWritten(SlobenchError):
+    """A run's or a command's file could not be written (disk full, quota, I/O error). A run stops sending
+    at the first failed write and keeps what reached the disk; the message names the file and what is kept."""
+
+    exit_code = 6

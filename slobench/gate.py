@@ -25,7 +25,21 @@ import numpy as np
 
 from slobench.analysis.summary import as_run_summary
 from slobench.errors import SpecError, UsageError
-from slobench.run.rundir import BASELINE, CAPACITY, MANIFEST, SUMMARY, SWEEP, read_manifest, read_summary
+from slobench.run.rundir import (
+    BASELINE,
+    CAPACITY,
+    MANIFEST,
+    SCHEMA_VERSION,
+    SUMMARY,
+    SWEEP,
+    check_capacity,
+    check_manifest,
+    check_schema,
+    check_sweep,
+    read_json,
+    read_manifest,
+    read_summary,
+)
 
 BASELINE_KIND = "baseline"
 EXIT_PASS, EXIT_REGRESSION, EXIT_INCONCLUSIVE = 0, 1, 4
@@ -60,7 +74,7 @@ class Samples:
     def to_baseline(self) -> dict[str, Any]:
         return {
             "kind": BASELINE_KIND,
-            "schema_version": 1,
+            "schema_version": SCHEMA_VERSION,
             "slobench_version": self.slobench_version,
             "workload": self.workload,
             "slo": self.slo,
@@ -129,40 +143,47 @@ def result_file(path: Path) -> Path:
         for name in (CAPACITY, SWEEP, BASELINE):
             if (path / name).is_file():
                 return path / name
+            if (path / name).exists():
+                raise UsageError(f"{path / name}: is a directory, not a file")
         raise UsageError(f"{path}: a directory with no {CAPACITY}, {SWEEP}, {BASELINE} or run summary in it")
     return path
 
 
 def _read_doc(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{path}: cannot read ({e})") from None
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path}: not valid JSON ({e}); is it truncated?") from None
+    if not path.exists():
+        raise UsageError(f"{path}: no such file")
+    doc = read_json(path)
     if not isinstance(doc, dict) or doc.get("kind") not in ("capacity", "sweep", BASELINE_KIND):
         kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
         raise UsageError(f"{path}: not a capacity result, sweep or baseline file (kind {kind!r})")
-    return doc
+    check_schema(path, doc)
+    if doc["kind"] == "sweep":
+        return check_sweep(path, doc, run_dirs=False)
+    return check_capacity(path, doc, run_dirs=False) if doc["kind"] == "capacity" else doc
 
 
 def _load_one(path: Path, doc: dict[str, Any]) -> Samples:
     try:
         if doc["kind"] == BASELINE_KIND:
+            slo = doc.get("slo")
+            if not isinstance(doc["workload"], dict) or (slo is not None and not isinstance(slo, dict)):
+                raise TypeError("workload must be an object, slo an object or null")
             s = Samples(str(path), doc["workload"], doc.get("slo"), str(doc.get("slobench_version", "?")))
             for key, m in doc["metrics"].items():
                 for r in m["replicates"]:
                     s.add(key, int(r["seed"]), float(r["value"]), str(path))
             return s
-        manifest = doc["manifest"]
+        manifest = check_manifest(path, doc["manifest"])
         s = Samples(str(path), workload_identity(manifest), manifest.get("slo"),
                     str(manifest.get("slobench_version", "?")))
         if doc["kind"] == "sweep":
             seed = int(manifest.get("seed", 0))
-            for row in doc["runs"]:
-                for name, v in as_run_summary(row["summary"]).flat_metrics().items():
+            for i, row in enumerate(doc["runs"]):
+                try:
+                    summary = as_run_summary(row["summary"])
+                except UsageError as e:
+                    raise UsageError(f"{path}: runs[{i}]: {e}") from None
+                for name, v in summary.flat_metrics().items():
                     s.add(rate_key(name, float(row["rate_rps"])), seed, v, str(path))
             return s
         if doc.get("inconclusive"):  # its per-seed crossings are what made it inconclusive: never gate on them
@@ -176,7 +197,7 @@ def _load_one(path: Path, doc: dict[str, Any]) -> Samples:
                 for name, v in (p.get("metrics") or {}).items():
                     s.add(rate_key(name, float(p["rate_rps"])), int(p["seed"]), v, str(path))
         return s
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
         raise UsageError(f"{path}: corrupt {doc.get('kind')} file ({type(e).__name__}: {e})") from None
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from slobench.errors import SpecError, UsageError
 from slobench.experiments.probe import LiveProbe, Probe, VirtualProbe
 from slobench.fleet.disagg import DisaggFleet, KVLink, split_fleet_knobs
 from slobench.fleet.simulate import ModeledEngine, calibrated_extras
+from slobench.printable import printable
 from slobench.redact import redact_text
 from slobench.run.clock import Clock
 from slobench.run.manifest import build_manifest
@@ -124,13 +126,23 @@ def load_slo(text: str | None) -> Any:
     return SLO.parse(text)
 
 
-def _parse_headers(items: Sequence[str]) -> dict[str, str]:
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP token (RFC 9110)
+_HEADER_VALUE = re.compile(r"[\x20-\x7e\t]*")  # visible ASCII, space and tab: what every client sends as is
+
+
+def parse_headers(items: Sequence[str]) -> dict[str, str]:
     out = {}
     for h in items:
         if ":" not in h:
             raise UsageError(f"--header: expected K:V (got {h!r})")
         k, v = h.split(":", 1)
-        out[k.strip()] = v.strip()
+        k, v = k.strip(), v.strip()
+        if not _HEADER_NAME.fullmatch(k):
+            raise UsageError(f"--header {k!r}: a header name is letters, digits and -_.!#$%&'*+^`|~ only")
+        if not _HEADER_VALUE.fullmatch(v):
+            raise UsageError(f"--header {k}: the value must be printable ASCII (no line breaks, control or "
+                             f"non-ASCII characters; percent-encode them)")
+        out[k] = v
     return out
 
 
@@ -138,12 +150,16 @@ def _parse_extra_body(text: str | None) -> dict[str, Any] | None:
     if text is None:
         return None
     try:
-        v = json.loads(text)
-    except json.JSONDecodeError as e:
+        v = json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as e:
         raise UsageError(f"--extra-body: not valid JSON ({e})") from None
     if not isinstance(v, dict):
         raise UsageError(f"--extra-body: expected a JSON object (got {text!r})")
     return v
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON; a server would refuse the body")
 
 
 MIN_PROBE_S = 60.0  # a sweep point or capacity probe lasts at least this long unless the user fixes its size
@@ -221,7 +237,7 @@ class LoadSetup:
             if o.input_len is not None or o.output_len is not None:
                 raise UsageError("--input-len / --output-len do not apply to --trace (it has the lengths)")
             self.workload = open_replay(o, o.api or "completions",
-                                        warn=lambda msg: print(f"slobench: {msg}", file=sys.stderr))
+                                        warn=lambda msg: print(f"slobench: {printable(msg)}", file=sys.stderr))
         else:
             self.workload = load_workload(o.workload or "chat")
         self.slo = load_slo(o.slo)
@@ -229,7 +245,7 @@ class LoadSetup:
             raise UsageError("--slo tpot=... needs streaming: with --no-stream each answer arrives whole, so TPOT "
                              "cannot be measured; drop tpot from --slo or drop --no-stream")
         self.api = o.api or self.workload.api
-        self.headers = _parse_headers(o.header)
+        self.headers = parse_headers(o.header)
         self.extra_body = _parse_extra_body(o.extra_body)
         if o.warmup != "auto" and not str(o.warmup).isdigit():
             raise UsageError(f"--warmup: expected a number of requests or 'auto' (got {o.warmup!r})")
@@ -492,7 +508,7 @@ class LoadSetup:
         if line is not None:
             self.said.add("vocabulary")
             error = str(json.loads(line).get("error") or "")
-            print(f"slobench: the server refused prompt token ids as outside its vocabulary ({error}): pass "
+            print(f"slobench: the server refused prompt token ids as outside its vocabulary ({printable(error)}): pass "
                   "--tokenizer with the model's tokenizer.json (ids are then drawn below its vocabulary), or "
                   "--server-profile generic (prompts sent as text)", file=sys.stderr)
 
@@ -537,7 +553,7 @@ async def _start_target(setup: LoadSetup) -> tuple[Any, Any, str]:
         await target.close()
         raise
     for note in target.negotiation_notes():  # what preflight settled about the server, once, for the terminal
-        print(f"slobench: {note}", file=sys.stderr)
+        print(f"slobench: {printable(note)}", file=sys.stderr)  # it may quote the server
     return target, clock, served
 
 

@@ -52,7 +52,8 @@ def test_only_one_committed_baseline_file_can_be_refreshed(tmp_path, capsys):
     assert "exactly one --baseline" in capsys.readouterr().err
     run = tmp_path / "run"
     run.mkdir()
-    doc = {"kind": "capacity", "manifest": {"workload_name": "tiny", "slo": SLO}, "probes": [], "replicates": []}
+    doc = {"kind": "capacity", "schema_version": 1, "manifest": {"workload_name": "tiny", "slo": SLO}, "probes": [],
+           "replicates": []}
     (run / "capacity.json").write_text(json.dumps(doc))
     before = (run / "capacity.json").read_bytes()
     assert gate(run / "capacity.json", base) == 2

@@ -220,7 +220,7 @@ def _capacity_doc(seed_caps, rate_att):
                 "workload_name": "tiny", "slo": SLO, "slobench_version": "0.1.0", "options": {"num_requests": 50}}
     probes = [{"rate_rps": r, "seed": s, "phase": "replicate", "attainment": a, "metrics": {"attainment": a}}
               for (r, s), a in rate_att.items()]
-    return {"kind": "capacity", "manifest": manifest, "probes": probes,
+    return {"kind": "capacity", "schema_version": 1, "manifest": manifest, "probes": probes,
             "replicates": [{"seed": s, "capacity_rps": c} for s, c in seed_caps.items()]}
 
 
@@ -237,7 +237,7 @@ def test_capacity_and_sweep_files_load_by_seed_and_rate(tmp_path):
         d.mkdir()
         man = {**doc["manifest"], "seed": seed}
         runs = [{"rate_rps": 4.0, "summary": {"attainment": {"value": 0.9 + seed / 100}, "ttft_s": {"p99": 0.1}}}]
-        (d / "sweep.json").write_text(json.dumps({"kind": "sweep", "manifest": man, "runs": runs}))
+        (d / "sweep.json").write_text(json.dumps({"kind": "sweep", "schema_version": 1, "manifest": man, "runs": runs}))
         sweeps.append(d)
     sw = load_samples(sweeps)  # one sweep per seed: the replicates
     assert sw.metrics["attainment@4"] == {1: 0.91, 2: 0.92, 3: 0.93}

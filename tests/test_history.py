@@ -22,7 +22,7 @@ def capacity_doc(caps: dict[int, float], rate_metrics: dict[tuple[float, int], d
     probes = [{"rate_rps": r, "seed": s, "phase": "replicate", "attainment": m.get("attainment"), "metrics": m}
               for (r, s), m in (rate_metrics or {}).items()]
     vals = list(caps.values())
-    return {"kind": "capacity", "mode": mode, "manifest": MANIFEST, "probes": probes,
+    return {"kind": "capacity", "schema_version": 1, "mode": mode, "manifest": MANIFEST, "probes": probes,
             "capacity_rps": float(np.mean(vals)) if mode == "search" else None,
             "interval_rps": [min(vals), max(vals)] if mode == "search" else None,
             "replicates": [{"seed": s, "capacity_rps": c} for s, c in caps.items()]}

@@ -1,6 +1,7 @@
-"""Issue 13: property-based tests of the input parsers. Whatever a user or a file holds, each parser either
-returns a value or raises slobench's own error (exit 2 with one line), never a Python exception that would
-print a traceback: the SLO string and TOML, the workload spec, trace files and the record reader."""
+"""Property-based tests of the input parsers. Whatever a user or a file holds, each parser either returns a
+value or raises slobench's own error (exit 2 with one line), never a Python exception that would print a
+traceback: the SLO string and TOML, the workload spec, trace files, the record reader, URLs and headers,
+result files (manifest, summary, history lines), and the terminal escaping of outside text."""
 
 from __future__ import annotations
 
@@ -13,9 +14,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slobench.analysis.slo import SLO
+from slobench.analysis.summary import RunSummary
+from slobench.cli.common import check_urls
 from slobench.errors import SlobenchError
+from slobench.history.record import read_history
+from slobench.load_setup import parse_headers
+from slobench.printable import printable
 from slobench.run.records import RequestRecord, record_problem
-from slobench.run.rundir import load_run
+from slobench.run.rundir import check_manifest, check_schema, load_run, read_json
 from slobench.workload.spec import WorkloadSpec
 from slobench.workload.traces import load_trace
 
@@ -26,6 +32,7 @@ json_values = st.recursive(
 )
 SLO_KEYS = st.sampled_from(["ttft", "tpot", "e2e", "target", "clock", "ttft_s", "x", ""])
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FILES = settings(FAST, max_examples=80)  # each example writes a file
 
 
 @FAST
@@ -70,7 +77,7 @@ def test_record_reader(d: dict[str, Any]) -> None:
         RequestRecord.from_dict(d)
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp)
-        (run / "manifest.json").write_text("{}")
+        (run / "manifest.json").write_text('{"schema_version": 1}')
         (run / "requests.jsonl").write_text(json.dumps(d) + "\n")
         try:
             load_run(run)
@@ -95,3 +102,69 @@ def test_trace_files(head: str, rows: list[str], suffix: str) -> None:
             load_trace(path)
         except SlobenchError:
             pass
+
+
+@FAST
+@given(st.text(max_size=60))
+def test_urls(text: str) -> None:
+    try:
+        check_urls(text)
+    except SlobenchError:
+        pass
+
+
+@FAST
+@given(st.lists(st.text(max_size=30), max_size=3))
+def test_headers(items: list[str]) -> None:
+    try:
+        headers = parse_headers(items)
+    except SlobenchError:
+        return
+    for k, v in headers.items():  # what is accepted can be sent as is: no line break, nothing outside ASCII
+        assert (k + v).isascii() and not any(c in k + v for c in "\r\n\x00")
+
+
+@FILES
+@given(json_values)
+def test_result_file_tops(doc: Any) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "x.json"
+        path.write_text(json.dumps(doc))
+        try:
+            check_manifest(path, check_schema(path, read_json(path)))
+        except SlobenchError:
+            pass
+
+
+SUMMARY_KEYS = st.sampled_from(["num_requests", "num_ok", "duration_s", "ttft_s", "tpot_s", "attainment", "client",
+                                "slo", "per_tag", "per_replica", "error_counts", "notes", "lengths", "rate_rps"])
+
+
+@FILES
+@given(st.dictionaries(SUMMARY_KEYS, json_values, max_size=6))
+def test_summaries(d: dict[str, Any]) -> None:
+    try:
+        RunSummary.from_dict(d).flat_metrics()
+    except SlobenchError:
+        pass
+
+
+@FILES
+@given(st.dictionaries(st.sampled_from(["schema", "commit", "metrics", "workload", "slo", "verdict", "date"]),
+                       json_values, max_size=7))
+def test_history_lines(d: dict[str, Any]) -> None:
+    d.setdefault("schema", 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "h.jsonl"
+        path.write_text(json.dumps(d) + "\n")
+        try:
+            read_history(path)
+        except SlobenchError:
+            pass
+
+
+@FAST
+@given(st.text(max_size=40))
+def test_printable_leaves_no_control_character(text: str) -> None:
+    shown = printable(text)
+    assert not any((ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F for c in shown)

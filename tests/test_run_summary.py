@@ -68,6 +68,6 @@ def test_unknown_keys_survive_and_a_malformed_summary_is_named(tmp_path: Path) -
     s = summarize(_records(), None)
     doc = {**s.to_dict(), "from_a_newer_writer": {"x": 1}}
     assert RunSummary.from_dict(doc).to_dict()["from_a_newer_writer"] == {"x": 1}
-    (tmp_path / "summary.json").write_text(json.dumps({**doc, "num_ok": "many"}))
+    (tmp_path / "summary.json").write_text(json.dumps({"schema_version": 1, **doc, "num_ok": "many"}))
     with pytest.raises(UsageError, match=r"summary\.json.*malformed"):
         read_summary(tmp_path)

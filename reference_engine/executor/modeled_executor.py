@@ -137,7 +137,10 @@ class CostProfile:
         if not path.is_file():
             known = sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
             raise ConfigError("profile", str(name_or_path), f"no such profile file; bundled ones: {known}")
-        raw = json.loads(path.read_text())
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise ConfigError("profile", str(path), f"not a readable JSON profile ({e})") from None
         if not isinstance(raw, dict):
             raise ConfigError("profile", str(path), "must hold a JSON object of coefficients")
         fields = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw}

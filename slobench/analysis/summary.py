@@ -9,7 +9,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal, get_type_hints
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import numpy as np
 
@@ -265,10 +266,13 @@ class RunSummary:
         """summary.json read back (also a lean one from an older slobench: what it lacks is left empty)."""
         if not isinstance(d, Mapping):
             raise UsageError(f"a run summary must be a JSON object (got {type(d).__name__})")
+        for key in _OBJECT_KEYS:  # absent is an older writer's; another type is damage
+            if d.get(key) is not None and not isinstance(d[key], Mapping):
+                raise UsageError(f"a run summary's {key} must be an object (got {type(d[key]).__name__})")
         try:
             kw = {f.name: decode(d.get(key)) for f, key, decode in _CODEC}
             return cls(**kw, extra={k: v for k, v in d.items() if k not in _KNOWN_KEYS})
-        except (TypeError, ValueError, AttributeError, KeyError, SpecError) as e:
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError, SpecError) as e:
             raise UsageError(f"a run summary is malformed ({type(e).__name__}: {e})") from None
 
 
@@ -322,6 +326,16 @@ _CODEC = tuple((f, f.metadata.get("json", f.name), _decoder(f, _HINTS[f.name]))
 _KNOWN_KEYS = frozenset({"schema_version", *(key for _, key, _ in _CODEC)})
 
 
+def _is_object_hint(hint: Any) -> bool:
+    """A field summary.json holds as a JSON object: a section with from_dict, or a Mapping (maybe None)."""
+    options = get_args(hint) if get_origin(hint) in (UnionType, Union) else (hint,)
+    return any(hasattr(o, "from_dict") or o is Attainment or get_origin(o) is Mapping for o in options
+               if o is not type(None))
+
+
+_OBJECT_KEYS = tuple(key for f, key, _ in _CODEC if _is_object_hint(_HINTS[f.name]))
+
+
 def as_run_summary(s: RunSummary | Mapping[str, Any]) -> RunSummary:
     """A sweep row's summary as the typed model: in memory it is one already, read from sweep.json a dict."""
     return s if isinstance(s, RunSummary) else RunSummary.from_dict(s)
@@ -349,7 +363,7 @@ def read_columns(run_dir: Path) -> RunColumns:
     read a million records in seconds, and a Python object per request costs more than the reading."""
     try:
         return run_columns(read_run_columns(Path(run_dir)))
-    except (TypeError, ValueError, KeyError) as e:
+    except (TypeError, ValueError, KeyError, OverflowError) as e:
         raise UsageError(f"{Path(run_dir) / REQUESTS}: bad value in a request record ({type(e).__name__}: {e})") from None
 
 

@@ -18,9 +18,10 @@ import threading
 import traceback
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
-from slobench.errors import EngineError, SlobenchError
+from slobench.errors import WRITE_FAILURES, EngineError, ResultsNotWritten, SlobenchError
+from slobench.printable import printable
 from slobench.redact import redact_text
 from slobench.version import __version__
 
@@ -33,6 +34,7 @@ EXIT_CODES = """\
   3  target unreachable (preflight failed: wrong URL, server down, wrong model)
   4  inconclusive: gate (more replicates needed) or capacity (replicates that locate no capacity)
   5  internal error: a slobench bug (the traceback is printed; please report it)
+  6  results not written: disk full, quota or I/O error (a run stops sending; what reached disk is kept)
   130  interrupted (Ctrl-C or SIGTERM): what finished is kept and summarised
 """
 EXIT_INTERNAL_ERROR = 5  # never 1: 1 means "SLO not met" / "regression", and a crash must not read as either
@@ -75,10 +77,17 @@ def _run_verb(verb: str, args: argparse.Namespace) -> int:
 HANDLERS: dict[str, Handler] = {verb: functools.partial(_run_verb, verb) for verb in VERBS}
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error on one line (exit 2) instead of the whole usage block above it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The command line. Given `argv`, only the verb it names gets its flags (and its module imported);
     the others are listed by name and help line. Without, every verb gets its flags."""
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="slobench",
         description="SLO-aware open-loop load testing for LLM inference servers.",
         epilog=EPILOG,
@@ -114,16 +123,32 @@ def _dispatch(args: argparse.Namespace) -> int:
     try:
         return int(HANDLERS[args.verb](args))
     except (SlobenchError, EngineError) as e:  # the engine's own errors are bad settings or files: exit 2
-        print(f"slobench: error: {redact_text(str(e))}", file=sys.stderr)  # a URL as typed may hold a password
+        # a URL as typed may hold a password; a server's or a file's words may hold terminal escapes
+        print(f"slobench: error: {printable(redact_text(str(e)))}", file=sys.stderr)
         return e.exit_code if isinstance(e, SlobenchError) else 2
     except KeyboardInterrupt:
         print("slobench: interrupted", file=sys.stderr)
         return 130
+    except MemoryError:  # a workload too large for this machine (the flags' limits stop the absurd ones)
+        print("slobench: error: out of memory building or running this workload; lower --num-requests, "
+              "--input-len, --output-len or --duration", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno not in WRITE_FAILURES:
+            return _internal_error(e)
+        # a report, a history line or a verdict file the disk refused: what was measured is on disk already
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"slobench: error: {printable(where)}cannot write ({e.strerror or e})", file=sys.stderr)
+        return ResultsNotWritten.exit_code
     except Exception as e:  # a bug, never to be read as "SLO not met" (1)
-        traceback.print_exc()
-        print(f"slobench: internal error ({type(e).__name__}: {e}); this is a slobench bug, please report it "
-              f"with the traceback above; exit {EXIT_INTERNAL_ERROR}", file=sys.stderr)
-        return EXIT_INTERNAL_ERROR
+        return _internal_error(e)
+
+
+def _internal_error(e: BaseException) -> int:
+    traceback.print_exception(e)
+    print(f"slobench: internal error ({type(e).__name__}: {printable(e)}); this is a slobench bug, please report it "
+          f"with the traceback above; exit {EXIT_INTERNAL_ERROR}", file=sys.stderr)
+    return EXIT_INTERNAL_ERROR
 
 
 if __name__ == "__main__":

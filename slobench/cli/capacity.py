@@ -25,7 +25,7 @@ from slobench.experiments.probe import ProbeMeasure
 from slobench.experiments.sweep import parse_rates
 from slobench.gate import EXIT_INCONCLUSIVE, load_samples
 from slobench.load_setup import MIN_PROBE_S, LoadSetup
-from slobench.run.outdir import claim_out_dir
+from slobench.run.outdir import claim_out_dir, removed_if_unused
 from slobench.run.rundir import CAPACITY, write_capacity, write_json_atomic
 
 CAPACITY_HELP = """\
@@ -99,15 +99,16 @@ async def _capacity(args: argparse.Namespace) -> int:
             if note:
                 console.print(f"  {note}", markup=False)
 
-    # the one path every verb takes (setup.specs), so a trace replay is searched like a workload spec
-    async with setup.probe(intervals=False, scrape=False) as (probe, manifest, _served):
-        measure = ProbeMeasure(probe, out_dir=out, manifest=manifest, on_probe=on_probe)
-        if fixed:
-            seeds = [opts.seed + 1 + i for i in range(opts.replicates)]
-            probes = await replicate_at_rates(measure, fixed, seeds, target=opts.target)
-            result: CapacityResult | FixedRates = FixedRates(fixed, opts.target, tuple(probes))
-        else:
-            result = await search_capacity(measure, opts)
+    with removed_if_unused(None if args.out else out):
+        # the one path every verb takes (setup.specs), so a trace replay is searched like a workload spec
+        async with setup.probe(intervals=False, scrape=False) as (probe, manifest, _served):
+            measure = ProbeMeasure(probe, out_dir=out, manifest=manifest, on_probe=on_probe)
+            if fixed:
+                seeds = [opts.seed + 1 + i for i in range(opts.replicates)]
+                probes = await replicate_at_rates(measure, fixed, seeds, target=opts.target)
+                result: CapacityResult | FixedRates = FixedRates(fixed, opts.target, tuple(probes))
+            else:
+                result = await search_capacity(measure, opts)
 
     if not args.gpus and args.simulate and args.replicas > 1:
         args.gpus = args.replicas  # a simulated fleet: one GPU a replica

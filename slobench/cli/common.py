@@ -4,12 +4,13 @@ names."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from reference_engine.serve_args import add_engine_spec_arguments, engine_spec_from_args
 from slobench.errors import UsageError
@@ -17,12 +18,14 @@ from slobench.experiments.sweep import run_sweep
 from slobench.load_setup import MIN_PROBE_S, LoadOptions, LoadSetup
 from slobench.report import build_report
 from slobench.report.terminal import make_console, print_headline, print_sweep_errors, run_title, sweep_table
-from slobench.run.outdir import claim_out_dir
+from slobench.run.outdir import check_out_file, claim_out_dir, new_out_dir
 from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_METRICS_BODY_BYTES, parse_size
 
 
 def default_out(prefix: str) -> Path:
-    return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """`runs/<prefix>-<time>`, created now and this run's alone (`new_out_dir`); wrap what follows in
+    `removed_if_unused` so a run that fails to start leaves no empty folder."""
+    return new_out_dir(prefix)
 
 
 def maybe_report(html: str | None, run_dirs: Sequence[Path]) -> None:
@@ -149,9 +152,10 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     add_replay_flags(t)
     r = p.add_argument_group("run")
     r.add_argument("--slo", default=None, help="e.g. ttft=500ms,tpot=50ms[,target=0.9] or a TOML file")
-    r.add_argument("--out", default=None, help="run directory (default: runs/<time>)")
+    r.add_argument("--out", default=None, help="run directory (default: a new runs/<verb>-<time>)")
     r.add_argument("--overwrite", "--force", action="store_true",
-                   help="replace the run already in --out (only slobench's files); without it, exit 2")
+                   help="replace the run already in --out (only slobench's files; never a folder holding other runs); "
+                        "without it, exit 2")
     r.add_argument("--warmup", default="0", metavar="N|auto",
                    help="requests sent first and excluded from metrics; auto: cut by the MSER-5 rule after the run")
     r.add_argument("--max-in-flight", type=int, default=None, help="cap on requests in flight (waits counted)")
@@ -174,11 +178,68 @@ def size_arg(text: str) -> int:
         return parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+# What one run may ask for: past these the schedule or the prompts would not fit in memory (a typo such as
+# --num-requests 1e12, or --duration 1e300) and the run would end in a MemoryError, not an answer.
+MAX_NUM_REQUESTS = 10_000_000
+MAX_TOKENS = 10_000_000  # a prompt's or an output's length, tokens
+MAX_DURATION_S = 7 * 86_400.0
+MAX_USERS = 100_000  # --concurrency, --max-in-flight
+
+
+def check_load_flags(args: argparse.Namespace) -> None:
+    """What argparse's types cannot say about the load flags, checked before anything starts: each number
+    in its range and finite, each URL one that can be connected to, --report a file that can be written.
+    UsageError (exit 2, one line) naming the flag."""
+    for flag, limit in (("num_requests", MAX_NUM_REQUESTS), ("input_len", MAX_TOKENS), ("output_len", MAX_TOKENS),
+                        ("concurrency", MAX_USERS), ("max_in_flight", MAX_USERS)):
+        v = getattr(args, flag, None)
+        if v is not None and not 1 <= v <= limit:
+            raise UsageError(f"--{flag.replace('_', '-')} {v}: must be from 1 to {limit:,}")
+    duration = getattr(args, "duration", None)
+    if duration is not None and not 0 < duration <= MAX_DURATION_S:
+        raise UsageError(f"--duration {duration:g}: must be more than 0 and at most {MAX_DURATION_S:,.0f} s (a week)")
+    rate = getattr(args, "rate", None)
+    if rate is not None and not 0 < rate < math.inf:
+        raise UsageError(f"--rate {rate}: must be a finite number of req/s above 0")
+    if rate is not None and duration is not None and rate * duration > MAX_NUM_REQUESTS:
+        raise UsageError(f"--rate {rate:g} for --duration {duration:g}: {rate * duration:,.0f} requests, more than "
+                         f"{MAX_NUM_REQUESTS:,} a run")
+    seed = getattr(args, "seed", None)
+    if seed is not None and not 0 <= seed < 2**63:
+        raise UsageError(f"--seed {seed}: must be from 0 to 2**63 - 1")
+    for flag in ("timeout", "time_scale", "start", "jitter"):
+        v = getattr(args, flag, None)
+        if v is not None and (math.isnan(v) or v < 0):
+            raise UsageError(f"--{flag.replace('_', '-')} {v}: must be a number >= 0")
+    if getattr(args, "url", None):
+        check_urls(args.url)
+    if getattr(args, "report", None):
+        check_out_file(Path(args.report), "--report")
+
+
+def check_urls(text: str) -> None:
+    """`--url A[,B...]`: each an http(s) URL with a host and a port that exists (urllib would otherwise fail
+    inside the client, after the run directory was made)."""
+    for url in (u.strip() for u in text.split(",")):
+        if not url:
+            continue
+        if any(c.isspace() or not c.isprintable() for c in url):
+            raise UsageError(f"--url {url!r}: a URL holds no spaces or control characters")
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as e:  # a port out of 0-65535 or not a number, a bad IPv6 literal
+            raise UsageError(f"--url {url}: {e}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UsageError(f"--url {url}: expected http://HOST[:PORT]/v1 or https://HOST[:PORT]/v1")
+        if port == 0:
+            raise UsageError(f"--url {url}: port 0 cannot be connected to")
 
 
 def options_from_args(args: argparse.Namespace) -> LoadOptions:
     """The load flags of a parsed command line as the typed `LoadOptions` that `LoadSetup` takes: the one
     place they are read. The engine's shape flags become its knobs, modeled under --simulate."""
+    check_load_flags(args)
     values = {f.name: getattr(args, f.name) for f in fields(LoadOptions) if hasattr(args, f.name)}
     engine = "modeled" if args.simulate else args.engine
     knobs = engine_knobs_from_args(argparse.Namespace(**{**vars(args), "engine": engine})) if engine else None

@@ -23,6 +23,7 @@ from slobench.experiments.sweep import parse_rates
 from slobench.load_setup import LoadSetup
 from slobench.report import build_report
 from slobench.report.terminal import make_console
+from slobench.run.outdir import removed_if_unused
 from slobench.run.rundir import load_run
 from slobench.testing.process import EngineServerProcess
 
@@ -112,7 +113,8 @@ async def _demo(args: argparse.Namespace) -> int:
     fd, steps_tmp = tempfile.mkstemp(prefix="slobench-demo-steps-", suffix=".jsonl")
     os.close(fd)
     try:
-        with EngineServerProcess(*engine_args, "--step-log", steps_tmp, torch_threads=threads) as srv:
+        with (removed_if_unused(None if args.out else out),
+              EngineServerProcess(*engine_args, "--step-log", steps_tmp, torch_threads=threads) as srv):
             console.print(f"engine ready at {srv.base_url} in {time.monotonic() - t0:.1f} s; sweeping {args.rates} req/s")
             options = load_options(url=srv.base_url, workload=args.workload, rates=args.rates,
                                    num_requests=args.num_requests, slo=args.slo, seed=args.seed, out=str(out),

@@ -12,6 +12,8 @@ from typing import Any
 from slobench.errors import UsageError
 from slobench.gate import BASELINE_KIND, Threshold, junit_xml, load_samples, markdown
 from slobench.gate import gate as judge
+from slobench.printable import printable
+from slobench.run.outdir import check_out_file
 from slobench.run.rundir import write_json_atomic
 
 GATE_HELP = """\
@@ -48,12 +50,16 @@ def add_arguments(verb: str, g: argparse.ArgumentParser) -> None:
 def gate(args: argparse.Namespace) -> int:
     if not args.candidate:
         raise UsageError("--candidate is required")
+    for flag, path in (("--junit", args.junit), ("--markdown", args.markdown), ("--json", args.json),
+                       ("--write-baseline", args.write_baseline)):
+        if path:
+            check_out_file(Path(path), flag)  # before the files are read: exit 2 naming the flag
     cand = load_samples(args.candidate)
     if args.write_baseline:
         out = Path(args.write_baseline)
         out.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out, cand.to_baseline())
-        print(f"baseline written: {out} ({len(cand.metrics)} metrics from {cand.source})")
+        print(f"baseline written: {out} ({len(cand.metrics)} metrics from {printable(cand.source)})")
         return 0
     if not args.baseline:
         raise UsageError("--baseline is required (or --write-baseline to make one)")
@@ -63,7 +69,7 @@ def gate(args: argparse.Namespace) -> int:
     ths = [Threshold.parse(t, "drop") for t in args.max_drop] + [Threshold.parse(t, "rise") for t in args.max_rise]
     res = judge(base, cand, ths, alpha=args.alpha, pass_confidence=args.pass_confidence)
     md = markdown(res)
-    print(md, end="")
+    print(printable(md), end="")  # metric names and sources come from files
     if args.markdown:
         Path(args.markdown).write_text(md)
     summary_path = os.environ.get("GITHUB_STEP_SUMMARY")

@@ -9,6 +9,7 @@ from slobench.errors import UsageError
 from slobench.gate import Threshold
 from slobench.history.page import build_history_page, is_worse
 from slobench.history.record import append_entry, entry_from_results, read_history
+from slobench.printable import printable
 
 HISTORY_HELP = """\
 Keeps a project's headline metrics over commits, so a slow drift over many merges is as visible as one bad
@@ -62,7 +63,7 @@ def history(args: argparse.Namespace) -> int:
         entry = entry_from_results(args.results, commit=args.commit, date=args.date, verdict=args.verdict,
                                    rates=rates)
         size = append_entry(args.history, entry)
-        print(f"history: {args.history} += {entry['commit']} ({len(entry['metrics'])} metrics, {size} bytes)")
+        print(f"history: {args.history} += {printable(entry['commit'])} ({len(entry['metrics'])} metrics, {size} bytes)")
         return 0
     if not 0 < args.alpha < 0.5:
         raise UsageError(f"--alpha: must be in (0, 0.5) (got {args.alpha})")
@@ -79,7 +80,8 @@ def history(args: argparse.Namespace) -> int:
             shift = f"{c.shift:+.1%}" if c.is_relative else f"{c.shift * 100:+.1f}pt"
             bad = is_worse(h.key, c)
             worse += bad
-            print(f"change point: {h.key} {shift} ({'worse' if bad else 'better'}) from commit {entries[c.index]['commit']} "
+            print(f"change point: {printable(h.key)} {shift} ({'worse' if bad else 'better'}) from commit "
+                  f"{printable(entries[c.index]['commit'])} "
                   f"(p={c.p_value:.2g})")
     print(f"history report: {out}")
     return 1 if worse and args.fail_on_change else 0

@@ -25,6 +25,7 @@ from slobench.fleet.routing import ROUTERS
 from slobench.fleet.simulate import ModeledEngine
 from slobench.load_setup import calibrated_flags
 from slobench.report.plan_page import write_plan_page
+from slobench.run.outdir import new_out_dir
 from slobench.workload import load_workload
 
 # Bundled days compressed in time: one workload second stands for this many seconds of the day.
@@ -112,9 +113,9 @@ def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
 
 def dispatch(args: argparse.Namespace) -> int:
     recipe, setup, options = _build(args)
-    out = Path(args.out) if args.out else Path("runs") / f"plan-{time.strftime('%Y%m%d-%H%M%S')}"
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: exists and is not a folder")
+    given = Path(args.out) if args.out else None
+    if given is not None and given.exists() and not given.is_dir():
+        raise UsageError(f"--out {given}: exists and is not a folder")
     assert isinstance(options, PlanOptions)
     t0 = time.perf_counter()
     windows = windows_for(recipe)
@@ -122,6 +123,7 @@ def dispatch(args: argparse.Namespace) -> int:
         result = plan_day(pool, windows, recipe, setup, options,
                           progress=lambda m: print(f"plan: {m} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr))
         result["run"] = {"pool": pool.kind, "wall_s": round(time.perf_counter() - t0, 1)}
+    out = given or new_out_dir("plan")  # made once the plan is known, this plan's alone
     try:
         out.mkdir(parents=True, exist_ok=True)
         (out / "plan.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -23,9 +23,10 @@ from slobench.cli.common import (
 from slobench.errors import UsageError
 from slobench.experiments.sweep import parse_rates
 from slobench.load_setup import LoadSetup, load_slo
+from slobench.printable import printable
 from slobench.report.terminal import print_run, run_title
 from slobench.run.columnar import PARQUET, write_parquet
-from slobench.run.outdir import claim_out_dir
+from slobench.run.outdir import claim_out_dir, removed_if_unused
 from slobench.run.records import REQUESTS, read_records
 from slobench.run.rundir import read_manifest, read_summary
 from slobench.targets.ray_pool import client_clock_lines
@@ -51,22 +52,25 @@ def sweep(args: argparse.Namespace) -> int:
     rates = parse_rates(args.rates)
     setup = LoadSetup(options_from_args(args))
     out = Path(args.out) if args.out else default_out("sweep")
-    return asyncio.run(sweep_rates(setup, rates, out, seed=args.seed))
+    with removed_if_unused(None if args.out else out):
+        return asyncio.run(sweep_rates(setup, rates, out, seed=args.seed))
 
 
 async def _run(args: argparse.Namespace) -> int:
     setup = LoadSetup(options_from_args(args))
     out = claim_out_dir(Path(args.out) if args.out else default_out("run"),
                         overwrite=getattr(args, "overwrite", False))  # before any request: exit 2, one line
-    async with setup.probe(first=(args.rate, args.seed)) as (probe, manifest, served):
-        res = await probe(args.rate, args.seed, out, {**manifest, "rate_rps": args.rate})
+    with removed_if_unused(None if args.out else out):
+        async with setup.probe(first=(args.rate, args.seed)) as (probe, manifest, served):
+            res = await probe(args.rate, args.seed, out, {**manifest, "rate_rps": args.rate})
     summary = res.summary
     print_run(summary, title=run_title(served, f"workload {setup.workload.name}", f"{setup.api} API", str(out)))
     for line in client_clock_lines(summary):
         print(line)
     for m in getattr(probe, "last_monitors", ()):  # no /metrics is a note: the report has no server-state panels
         if getattr(m, "disabled_reason", None):
-            print(f"note: no server metrics scraped ({m.disabled_reason}); the report has no server-state panels")
+            print(f"note: no server metrics scraped ({printable(m.disabled_reason)}); the report has no "
+                  "server-state panels")
     print(f"run directory: {out}")
     maybe_report(args.report, [out])
     if res.interrupted:

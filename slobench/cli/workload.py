@@ -14,6 +14,7 @@ import numpy as np
 
 from slobench.cli.common import add_row_flags
 from slobench.errors import UsageError
+from slobench.printable import printable
 from slobench.workload import generate, list_workloads, load_workload, phase_boundaries
 from slobench.workload.traces import load_trace
 
@@ -70,9 +71,9 @@ def workload(args: argparse.Namespace) -> int:
 def _load(path: str, fmt: str | None, seed: int, args: argparse.Namespace) -> Any:
     trace = load_trace(path, fmt, seed=seed, spread=not args.no_spread, keep_zero=args.keep_zero_rows)
     if trace.problems:
-        print(f"warning: {trace.problem_summary()}", file=sys.stderr)
+        print(f"warning: {printable(trace.problem_summary())}", file=sys.stderr)  # it quotes the file's rows
     for note in trace.notes:
-        print(f"note: {note}", file=sys.stderr)
+        print(f"note: {printable(note)}", file=sys.stderr)
     return trace
 
 

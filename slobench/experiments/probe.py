@@ -110,6 +110,8 @@ class VirtualProbe:
             writer = RunWriter(run_dir, {**manifest, "clock": {"kind": "virtual"}})
             for rec in records:
                 writer.write(rec)
+            if writer.error is not None:  # the disk refused a record: the summary of them all is not kept
+                raise writer.error
             writer.finish(summary)
         return ProbeResult(summary, records=records)
 

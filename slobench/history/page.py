@@ -21,6 +21,7 @@ from slobench.errors import UsageError
 from slobench.gate import HIGHER_IS_BETTER
 from slobench.history.changepoint import MIN_COMMITS, ChangePoint, find_change_points
 from slobench.history.record import identity_mismatch, read_history
+from slobench.printable import printable
 from slobench.report.html import page, write_page
 from slobench.report.style import PLOTLY_CONFIG, base_layout
 from slobench.report.style import esc as plot_esc
@@ -104,7 +105,7 @@ def build_history_page(history: str | Path, out: str | Path, *, alpha: float = 0
 
 
 def esc(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    return html.escape(printable(text), quote=True)
 
 
 def _short(commit: str) -> str:

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from slobench.analysis.slo import t_interval
-from slobench.errors import UsageError
+from slobench.errors import WRITE_FAILURES, ResultsNotWritten, UsageError
 from slobench.gate import load_samples, rate_key, result_file, workload_identity
-from slobench.run.rundir import MANIFEST, SUMMARY, read_manifest, read_summary
+from slobench.run.rundir import MANIFEST, SUMMARY, check_schema, read_manifest, read_summary
 
 SCHEMA = 1
 VERDICTS = ("pass", "fail", "inconclusive")
@@ -175,15 +175,37 @@ def read_history(path: str | Path) -> list[dict[str, Any]]:
             continue
         try:
             d = json.loads(line)
-            if not isinstance(d, dict) or not isinstance(d.get("metrics"), dict) or not d.get("commit"):
-                raise ValueError("not a history line (needs commit and metrics)")
-            for k, m in d["metrics"].items():
-                if not (isinstance(m, list) and len(m) == 5 and isinstance(m[0], int | float)):
-                    raise ValueError(f"metric {k!r} is not [mean, low, high, sd, n]")
-        except ValueError as e:
-            raise UsageError(f"{p}: line {i}: {e}") from None
+        except (ValueError, RecursionError) as e:
+            raise UsageError(f"{p}: line {i}: not valid JSON ({e})") from None
+        check_schema(f"{p}: line {i}", d, key="schema")
+        if problem := _line_problem(d):
+            raise UsageError(f"{p}: line {i}: {problem}")
         out.append(d)
     return out
+
+
+def _line_problem(d: dict[str, Any]) -> str | None:
+    """What is wrong with one history line's fields, or None: the page and the change points read them all."""
+    if not isinstance(d.get("commit"), str) or not d["commit"].strip():
+        return "not a history line (needs a commit id)"
+    if not isinstance(d.get("metrics"), dict):
+        return "not a history line (needs metrics)"
+    for k, m in d["metrics"].items():
+        if not (isinstance(m, list) and len(m) == 5 and all(_is_num(x) for x in m[:4] if x is not None)
+                and m[0] is not None and math.isfinite(m[0]) and type(m[4]) is int and m[4] >= 1):
+            return f"metric {k!r} is not [mean, low, high, sd, n] (finite numbers or null, n a count)"
+    for key in ("workload", "slo"):
+        if d.get(key) is not None and not isinstance(d[key], dict):
+            return f"{key} must be an object (got {d[key]!r})"
+    if d.get("date") is not None and not isinstance(d["date"], str):
+        return f"date must be text (got {d['date']!r})"
+    if d.get("verdict") not in (None, *VERDICTS):
+        return f"verdict must be one of {', '.join(VERDICTS)} or null (got {d['verdict']!r})"
+    return None
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def identity_mismatch(a: dict[str, Any], b: dict[str, Any]) -> str | None:
@@ -206,12 +228,17 @@ def append_entry(path: str | Path, entry: dict[str, Any]) -> int:
             raise UsageError(f"{p}: refusing to append: the history measured another {diff}; its commits would "
                              f"not be comparable. Start a new history file for the new workload or SLO")
     line = json.dumps(entry, separators=(",", ":"), allow_nan=False) + "\n"
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with open(p, "ab+") as fh:
-        fh.seek(0, os.SEEK_END)
-        if fh.tell() > 0:  # a file edited by hand may have lost its last newline
-            fh.seek(-1, os.SEEK_END)
-            if fh.read(1) != b"\n":
-                fh.write(b"\n")
-        fh.write(line.encode())
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(p, "ab+") as fh:
+            fh.seek(0, os.SEEK_END)
+            if fh.tell() > 0:  # a file edited by hand may have lost its last newline
+                fh.seek(-1, os.SEEK_END)
+                if fh.read(1) != b"\n":
+                    fh.write(b"\n")
+            fh.write(line.encode())
+    except OSError as e:
+        if e.errno in WRITE_FAILURES:
+            raise ResultsNotWritten(f"{p}: cannot write ({e.strerror or e})") from None
+        raise UsageError(f"--history {p}: cannot write there ({e.strerror or e})") from None
     return len(line.encode())

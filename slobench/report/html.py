@@ -22,6 +22,7 @@ from plotly.offline import get_plotlyjs
 from slobench.analysis.slo import SLO, samples_beyond
 from slobench.analysis.summary import Breakdown, Dist
 from slobench.errors import UsageError
+from slobench.printable import printable
 from slobench.report.client_actors import ray_section
 from slobench.report.compare import Comparison, compare
 from slobench.report.figures import cdf_figure, client_figure, cliff_figure, percentile_figure
@@ -82,8 +83,8 @@ def write_page(out: Path, page: str, flag: str) -> Path:
 
 
 def esc(text: object) -> str:
-    """For the page's own HTML (text and attribute values)."""
-    return html.escape(str(text), quote=True)
+    """For the page's own HTML (text and attribute values); control characters shown as escapes."""
+    return html.escape(printable(text), quote=True)
 
 
 class _Figures:

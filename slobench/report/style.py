@@ -11,6 +11,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from slobench.printable import printable
+
 OK = "#4c78a8"
 MISS = "#d62728"
 FAIL = "#111111"
@@ -22,8 +24,8 @@ PLOTLY_CONFIG: dict[str, Any] = {"displaylogo": False, "responsive": True, "mode
 
 
 def esc(text: object) -> str:
-    """For text plotly draws."""
-    return html.escape(str(text), quote=False)
+    """For text plotly draws; control characters shown as escapes."""
+    return html.escape(printable(text), quote=False)
 
 
 def series_color(i: int) -> str:

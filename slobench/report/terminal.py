@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from slobench.analysis.summary import Breakdown, Dist, RunSummary, as_run_summary
+from slobench.printable import printable
 
 
 def make_console() -> Console:
@@ -63,7 +64,7 @@ def per_tag_text(rows: Sequence[Breakdown]) -> str:
 def _groups_text(rows: Sequence[Breakdown], prefix: str) -> str:
     parts = []
     for r in rows:
-        parts.append(f"{prefix}{r.key} {r.num_requests} req, TTFT {_ms(r.ttft_p50_s)}/{_ms(r.ttft_p99_s)} ms"
+        parts.append(f"{prefix}{printable(r.key)} {r.num_requests} req, TTFT {_ms(r.ttft_p50_s)}/{_ms(r.ttft_p99_s)} ms"
                      + ("" if r.attainment is None else f", {r.attainment:.0%}"))
     return "; ".join(parts)
 
@@ -74,7 +75,7 @@ def errors_text(counts: Mapping[str, int], examples: Mapping[str, str] | None) -
     if not counts:
         return []
     examples = examples or {}
-    return ["errors:"] + [f"  {kind} × {n}" + (f": \"{examples[kind]}\"" if kind in examples else "")
+    return ["errors:"] + [f"  {printable(kind)} × {n}" + (f": \"{printable(examples[kind])}\"" if kind in examples else "")
                           for kind, n in counts.items()]
 
 
@@ -141,7 +142,7 @@ def prefix_cache_text(c: Mapping[str, Any]) -> str:
 
 def print_run(summary: RunSummary, console: Console | None = None, title: str = "run") -> None:
     console = console or make_console()
-    t = Table(title=Text(title), show_header=True, header_style="bold")  # a title holds server/user text
+    t = Table(title=Text(printable(title)), show_header=True, header_style="bold")  # a title holds server/user text
     t.add_column("metric")
     for c in ("mean", "p50", "p90", "p99", "max"):
         t.add_column(c, justify="right")
@@ -197,9 +198,9 @@ def print_run(summary: RunSummary, console: Console | None = None, title: str = 
     for line in errors_text(summary.error_counts, summary.error_examples):
         console.print(Text(line, style="yellow"))  # a server's words: text, never rich markup
     if summary.client.warning:
-        console.print(Text(summary.client.warning, style="bold red"))
+        console.print(Text(printable(summary.client.warning), style="bold red"))
     elif summary.client.note:
-        console.print(Text(summary.client.note))
+        console.print(Text(printable(summary.client.note)))
     if note := gc_text(summary.client.gc):
         console.print(Text(note, style="yellow"))
     if summary.interrupted:
@@ -213,7 +214,7 @@ def run_title(*parts: str) -> str:
 
 
 def sweep_table(rows: Sequence[dict[str, Any]], title: str = "sweep") -> Table:
-    t = Table(title=Text(title), header_style="bold")
+    t = Table(title=Text(printable(title)), header_style="bold")
     for c in (
         "rate req/s", "sent req/s", "done req/s", "attainment [95% CI]", "goodput req/s",
         "TTFT p50/p90/p99 ms ¹", "TPOT p50/p90/p99 ms", "errors", "lateness p99 ms",
@@ -311,7 +312,7 @@ def trace_rows_text(rows: Mapping[str, Any] | None) -> list[str]:
     if unreadable:
         lines.append(f"  {unreadable} unreadable rows skipped: {'; '.join(rows.get('unreadable_first') or [])}")
     lines += [f"  {note}" for note in rows.get("notes") or []]
-    return lines
+    return [printable(line) for line in lines]  # paths and row text from a file
 
 
 def lengths_text(lengths: Mapping[str, Any] | None) -> list[str]:

@@ -201,6 +201,8 @@ class ParquetLog:
                 pass
             self._writer = None
         self.tmp.unlink(missing_ok=True)
+        self._buffer = _Buffer()
+        self.closed = True  # nothing more is written: `close` has nothing to move into place
 
     def _hand_off(self, full: _Buffer) -> None:
         self._wait()  # one row group in flight: bounded memory, and the last one's error surfaces here

@@ -122,7 +122,12 @@ def read_jsonl(path: Path, what: str, check: Callable[[Any], bool], loads: Calla
     JSON, or that `check` refuses, is corruption and named by its line number."""
     if not path.exists():
         return []
-    lines = path.read_text().splitlines()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not UTF-8 text (byte {e.start}); not a file slobench wrote") from None
+    except OSError as e:  # a directory in its place, no permission
+        raise UsageError(f"{path}: cannot read ({e.strerror or e})") from None
     rows: list[Any] = []
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
@@ -163,6 +168,7 @@ _NUMBER_FIELDS = ("scheduled_s", "sent_s", "first_token_s", "done_s", "queued_s"
 _INT_FIELDS = ("request_id", "input_tokens", "prompt_tokens", "cached_tokens", "output_tokens",
                "usage_output_tokens", "max_tokens", "http_status", "replica")
 _REQUIRED = ("request_id", "scheduled_s")
+_TEXT_FIELDS = ("tag", "error", "finish_reason", "output_tokens_source")
 
 
 def record_problem(d: Any) -> str | None:
@@ -171,7 +177,7 @@ def record_problem(d: Any) -> str | None:
     if not isinstance(d, dict):
         return f"not a JSON object ({type(d).__name__})"
     for k in _REQUIRED:
-        if k not in d:
+        if d.get(k) is None:
             return f"missing {k!r}"
     for k in _NUMBER_FIELDS:
         v = d.get(k)
@@ -185,6 +191,11 @@ def record_problem(d: Any) -> str | None:
         v = d.get(k, [])
         if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, kind) for x in v):
             return f"{k} must be a list of numbers"
+    for k in _TEXT_FIELDS:
+        if d.get(k) is not None and not isinstance(d[k], str):
+            return f"{k} must be text (got {d[k]!r:.40})"
+    if not isinstance(d.get("is_warmup", False), bool):
+        return f"is_warmup must be true or false (got {d['is_warmup']!r:.40})"
     if d.get("status", "ok") not in ("ok", "error", "timeout", "cancelled"):
         return f"status must be ok, error, timeout or cancelled (got {d.get('status')!r})"
     return None

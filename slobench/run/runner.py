@@ -23,12 +23,12 @@ from slobench.analysis.metrics import RecordArrays
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary, summarize
 from slobench.analysis.warmup import latency_series, mser5_cut
-from slobench.errors import SlobenchError, SpecError
+from slobench.errors import ResultsNotWritten, SlobenchError, SpecError
 from slobench.run import quiet_gc
 from slobench.run.clock import Clock
 from slobench.run.precise_sleep import sleep_until
 from slobench.run.records import RequestRecord, RequestSpec
-from slobench.run.rundir import RunWriter
+from slobench.run.rundir import SUMMARY, RunWriter
 from slobench.targets.base import Target
 
 # Start the schedule a little in the future so the first requests are not late by the set-up time.
@@ -299,6 +299,13 @@ async def run(
         sender.cancel()
         stop.set()
 
+    def on_write_error(_e: BaseException) -> None:  # the disk is full: stop sending, nothing more is recorded
+        sender.cancel()
+        stop.set()
+
+    if writer is not None:
+        writer.on_error = on_write_error
+
     # SIGTERM (a CI job's timeout, `kill`, a container stopping) ends the run as Ctrl-C does: sending
     # stops, in-flight requests get their grace, and summary.json is written.
     installed: list[signal.Signals] = []
@@ -325,7 +332,7 @@ async def run(
         finally:
             stop_task.cancel()
         if stop.is_set():
-            await disp.drain(opts.grace_s)
+            await disp.drain(0 if writer is not None and writer.error is not None else opts.grace_s)
         elif not sender.cancelled() and (send_error := sender.exception()) is not None:
             # A stream that fails part-way (a trace damaged at row 900,000) stops the run: what was sent is
             # kept and summarised, then the error is raised. Anything else, or nothing sent, is raised now.
@@ -350,28 +357,44 @@ async def run(
         if gc_stats is not None:
             quiet_gc.release()
 
-    warmup_cut = _cut_warmup(disp.records) if opts.warmup_auto else None
-    if warmup_cut is not None and writer is not None:
-        writer.rewrite(disp.records)  # the file and the summary agree on which requests were warm-up
+    # Past a failed write only what reached requests.jsonl is summarised: the file and summary.json agree.
+    write_error = writer.error if writer is not None else None
+    records = disp.records if writer is None or write_error is None else disp.records[:writer.num_written]
+    warmup_cut = _cut_warmup(records) if opts.warmup_auto else None
+    if warmup_cut is not None and writer is not None and write_error is None:
+        try:
+            writer.rewrite(records)  # the file and the summary agree on which requests were warm-up
+        except ResultsNotWritten as e:
+            write_error = e
     # a stream's length is known once it ran out; an interrupted one's is not (an estimate is no count)
-    unknown = interrupted or send_error is not None
+    unknown = interrupted or send_error is not None or write_error is not None
     trace_rows = row_report() if callable(row_report) else None
     if trace_rows is not None and writer is not None:
-        writer.update_manifest({"trace_rows": trace_rows})
-    summary = summarize(disp.records, slo, seed=seed)
+        try:
+            writer.update_manifest({"trace_rows": trace_rows})
+        except ResultsNotWritten as e:
+            write_error = write_error or e
+    summary = summarize(records, slo, seed=seed)
     summary = replace(
         summary,
         client=summary.client if gc_stats is None else replace(summary.client, gc=gc_stats.to_dict()),
         warmup={"rule": "MSER-5", "num_requests": warmup_cut} if warmup_cut is not None else None,
-        interrupted=interrupted or send_error is not None,
-        stopped_by=str(send_error) if send_error is not None else None,
+        interrupted=interrupted or send_error is not None or write_error is not None,
+        stopped_by=str(send_error or write_error) if (send_error or write_error) is not None else None,
         num_scheduled=total if total is not None else None if unknown else disp.num_taken,
         trace_rows=trace_rows,
         # several replicas routed by the client: how many each got
         fleet=target.fleet_summary(),
     )
     if writer is not None:
-        writer.finish(summary)
+        try:
+            writer.finish(summary)
+            said = f"{SUMMARY} summarises them" if write_error is not None else ""
+        except ResultsNotWritten as e:
+            said = f"{SUMMARY} could not be written either" if write_error is not None else ""
+            write_error = write_error or e
+        if write_error is not None:
+            raise ResultsNotWritten("; ".join(filter(None, (str(write_error), said))))
     if cancelled_from_outside:
         raise asyncio.CancelledError
     if send_error is not None:
