@@ -13,14 +13,16 @@ import numpy as np
 import pytest
 
 import slobench.analysis.slo as slo_module
+import slobench.experiments.probe as probe_module
 from slobench.analysis.slo import SLO, block_length, bootstrap_quantile_cis, quantile_ci, quantile_cis
-from slobench.experiments.probe import VirtualProbe
+from slobench.experiments.probe import VirtualProbe, probe_jitter_seed
 from slobench.fleet.simulate import simulate_records
 from slobench.run.rundir import load_run
 from slobench.workload import load_workload
 from slobench.workload.base import RunShape
 from slobench.workload.replay import replay
 from slobench.workload.spec import FlatSpecs
+from slobench.workload.trace_stream import StreamingReplay
 from slobench.workload.traces import Trace, TraceColumns, load_trace
 
 KNOBS = {"profile": "h100-llama-1b", "kv_blocks": 512, "max_num_seqs": 16}
@@ -126,3 +128,19 @@ def test_quantile_intervals_from_shared_resamples_a_chunk_at_a_time_are_each_one
     qs = (0.5, 0.9, 0.99)
     assert bootstrap_quantile_cis(x, qs, seed=5) == [plain_bootstrap(x, q, 5) for q in qs]
     assert quantile_cis(x, qs, seed=5) == [quantile_ci(x, q, seed=5) for q in qs]
+
+
+@pytest.mark.parametrize("max_listed", [5, 20_000])
+async def test_a_streamed_trace_simulates_alike_listed_or_taken_as_it_comes(tmp_path: Path, monkeypatch,
+                                                                          max_listed: int) -> None:
+    path = str(mooncake(tmp_path / "m.jsonl", 300))
+    replay_ = StreamingReplay.open(path)
+
+    def make_specs(rate: float | None, seed: int) -> object:
+        return replay_.specs(RunShape(rate_rps=rate, num_requests=80, seed=seed))
+
+    monkeypatch.setattr(probe_module, "MAX_LISTED", max_listed)
+    res = await VirtualProbe(make_specs, KNOBS, slo=None, intervals=False)(30.0, 1, None, {})  # type: ignore[arg-type]
+    listed = simulate_records(list(make_specs(30.0, 1)), KNOBS, seed=probe_jitter_seed(30.0, 1, "modeled"))  # type: ignore[call-overload]
+    assert [astuple(r) for r in res.records] == [astuple(r) for r in listed] and len(listed) == 80
+    assert res.summary.trace_rows["num_requests"] == 80  # the rows that became requests, not one more

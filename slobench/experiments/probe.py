@@ -119,11 +119,19 @@ class VirtualProbe:
         return ProbeResult(summary, records=records)
 
 
+MAX_LISTED = 20_000  # a stream of about this many requests or fewer is simulated from a list (~200 MB of prompts)
+
+
 def _as_run(specs: Iterable[RequestSpec]) -> Iterable[RequestSpec]:
-    """What the simulator takes: a list as it is, a stream of requests made as they are taken (a flat
-    workload's `FlatSpecs`, a streamed trace) as a stream, anything else as a list."""
-    if isinstance(specs, list) or hasattr(specs, "prompt_heads") or isinstance(specs, Iterator):
+    """What the simulator takes: a list as it is; a flat workload's `FlatSpecs` as a stream (its prompts'
+    first blocks tell the simulator which blocks no other prompt shares); another stream (a streamed
+    trace) as a list when it holds at most MAX_LISTED requests, where knowing every prompt first makes the
+    simulation ~1.8x faster (`simulate_records`' private blocks), else as a stream, in flat memory."""
+    if isinstance(specs, list) or hasattr(specs, "prompt_heads"):
         return specs
+    if isinstance(specs, Iterator):
+        hint = getattr(specs, "count_hint", lambda: None)()
+        return list(specs) if hint is not None and hint <= MAX_LISTED else specs
     return list(specs)
 
 
