@@ -50,11 +50,14 @@ def test_prompt_heads_are_each_prompts_first_ids() -> None:
     assert list(specs.prompt_heads(32)) == [None] * 50  # type: ignore[attr-defined]  # shorter than a block
 
 
-def test_a_stream_of_requests_simulates_as_the_list_does_and_streams_records_in_arrival_order() -> None:
-    listed = simulate_records(CHAT.specs(shape(rate_rps=60.0)), KNOBS, request_overhead_s=0.004)
+@pytest.mark.parametrize("how", [{"request_overhead_s": 0.004, "jitter_sd": 0.1}, {"replicas": 3},
+                                 {"prefill_replicas": 1, "decode_replicas": 1}])
+def test_a_stream_of_requests_simulates_as_the_list_does_and_streams_records_in_arrival_order(how: dict) -> None:  # type: ignore[type-arg]
+    knobs = {**KNOBS, **{k: v for k, v in how.items() if k.endswith("_replicas")}}
+    opts = {k: v for k, v in how.items() if not k.endswith("_replicas")}
+    listed = simulate_records(CHAT.specs(shape(rate_rps=60.0)), knobs, **opts)
     out: list = []  # type: ignore[type-arg]
-    kept = simulate_records(CHAT.stream_specs(shape(rate_rps=60.0)), KNOBS, request_overhead_s=0.004,
-                            on_record=out.append)
+    kept = simulate_records(CHAT.stream_specs(shape(rate_rps=60.0)), knobs, on_record=out.append, **opts)
     assert kept == [] and [astuple(r) for r in out] == [astuple(r) for r in listed]
     assert [r.request_id for r in out] == sorted(r.request_id for r in out)  # in arrival order
 
