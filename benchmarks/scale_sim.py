@@ -1,6 +1,7 @@
-"""The simulator and trace replay at scale, end to end through the CLI: wall time and peak RSS of each
-command run as a child process (`os.wait4`'s rusage: that child's own peak), this tree against another
-checkout (--old, e.g. the main branch) in the same run, so the ratio is honest on a loaded machine.
+"""The simulator and trace replay at scale, end to end through the CLI: wall time, CPU time and peak RSS of
+each command run as a child process (`os.wait4`'s rusage: that child's own), this tree against another
+checkout (--old, e.g. the main branch) in the same run, so the ratio is honest on a loaded machine (where
+CPU time says more than wall time).
 
 Cases: `run --simulate` of `chat` at 30 req/s with 100,000 requests (--million adds 1,000,000, this tree
 only); `run --simulate --trace` of a 1,000,000-row Mooncake file with --num-requests 200; `sweep --simulate`
@@ -42,8 +43,8 @@ def write_mooncake(path: Path, rows: int, seed: int = 0) -> None:
             fh.write(f'{{"timestamp":{ts},"input_length":{n_in},"output_length":{n_out},"hash_ids":[{ids}]}}\n')
 
 
-def run_child(tree: Path, argv: list[str], cwd: Path) -> tuple[float, float, int]:
-    """(wall s, peak RSS MiB, exit code) of `python -m slobench argv` importing `tree`."""
+def run_child(tree: Path, argv: list[str], cwd: Path) -> tuple[float, float, float, int]:
+    """(wall s, CPU s, peak RSS MiB, exit code) of `python -m slobench argv` importing `tree`."""
     env = {**os.environ, "PYTHONPATH": str(tree), "COLUMNS": "110"}
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "slobench", *argv], cwd=cwd, env=env,
@@ -54,7 +55,7 @@ def run_child(tree: Path, argv: list[str], cwd: Path) -> tuple[float, float, int
     err = proc.stderr.read().decode() if proc.stderr else ""
     if proc.returncode not in (0, 1):  # 1: the SLO was not met, still a measured run
         print(f"  exit {proc.returncode}: {err.strip()[-300:]}", file=sys.stderr)
-    return wall, usage.ru_maxrss / 1024.0, proc.returncode
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024.0, proc.returncode
 
 
 def main() -> None:
@@ -87,13 +88,13 @@ def main() -> None:
         if "sweep" in cases:
             commands.append((f"sweep --simulate --trace ({args.rows:,} rows) --rates 5,10 --num-requests 200",
                              ["sweep", *SIM, "--trace", str(trace), "--rates", "5,10", "--num-requests", "200"], True))
-        print("| command | tree | wall s | peak RSS MiB | exit |")
-        print("|---|---|---|---|---|")
+        print("| command | tree | wall s | CPU s | peak RSS MiB | exit |")
+        print("|---|---|---|---|---|---|")
         for k, (case, argv, with_old) in enumerate(commands):
             for name, tree in trees if with_old else trees[:1]:
                 out = work / f"out-{k}-{name}"
-                wall, rss, code = run_child(tree, [*argv, "--out", str(out)], work)
-                print(f"| {case} | {name} | {wall:.1f} | {rss:.0f} | {code} |", flush=True)
+                wall, cpu, rss, code = run_child(tree, [*argv, "--out", str(out)], work)
+                print(f"| {case} | {name} | {wall:.1f} | {cpu:.1f} | {rss:.0f} | {code} |", flush=True)
 
 
 if __name__ == "__main__":
