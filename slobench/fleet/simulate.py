@@ -308,7 +308,7 @@ def simulate_records(
     `specs`: a list (sorted here), or requests made as they are taken, in arrival order (`FlatSpecs`, a
     streamed trace), each dropped once it has arrived. `on_record`: each record handed on in arrival order
     as soon as it and every request before it are done, none kept (the list returned is then empty), so
-    memory holds the requests in flight, not the run."""
+    memory holds the requests in flight, not the run (a prefill/decode fleet hands them all on at its end)."""
     opts = SimOptions.of(opts, knobs)
     if isinstance(engine, Mapping):
         engine, named = split_fleet_knobs(dict(engine), opts.router)
