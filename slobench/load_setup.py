@@ -205,13 +205,13 @@ def check_replay_flags(o: LoadOptions) -> None:
 
 
 def open_replay(o: LoadOptions, api: str, warn: Any) -> Any:
-    """The replay the load verbs' trace flags describe (check_replay_flags first). `run` against a target
-    streams the trace (a StreamingReplay: rows read and prompts built as the run goes, so a long trace starts
-    at once in flat memory; what the rows became is reported after the run, in summary.json `trace_rows`);
-    `--simulate`, `sweep` and `capacity` replay one trace at several rates and load it whole (a
-    TraceReplay, whose warnings come now)."""
+    """The replay the load verbs' trace flags describe (check_replay_flags first). `run`, against a target or
+    simulated, streams the trace (a StreamingReplay: rows read and prompts built as the run goes, so a long
+    trace starts at once in flat memory and `--num-requests 200` reads little more than 200 rows; what the
+    rows became is reported after the run, in summary.json `trace_rows`); `sweep` and `capacity` replay one
+    trace at several rates and load it once (a TraceReplay, whose warnings come now)."""
     assert o.trace is not None
-    if o.verb == "run" and not o.simulate:
+    if o.verb == "run":
         return StreamingReplay.open(
             o.trace, o.trace_format, time_scale=o.time_scale, start_s=o.start, api=api, spread=not o.no_spread,
             keep_zero=o.keep_zero_rows, min_tokens=o.min_tokens or "max",
@@ -281,7 +281,7 @@ class LoadSetup:
         """The requests of one run at `rate_rps` (a workload spec or a trace alike: `Workload.specs`); `seed`
         defaults to --seed (capacity replicates pass their own). Every verb that sends load takes them here."""
         o = self.options
-        return self.workload.specs(RunShape(
+        shape = RunShape(
             rate_rps=rate_rps,
             num_requests=o.num_requests,
             duration_s=probe_duration(self.workload, o.num_requests, o.duration, rate_rps, self.min_duration_s),
@@ -289,7 +289,10 @@ class LoadSetup:
             input_len=o.input_len,
             output_len=o.output_len,
             api=self.api,  # type: ignore[arg-type]  # TargetOptions checks it
-        ))
+        )
+        if o.simulate and isinstance(self.workload, WorkloadSpec):  # the simulator takes them as they are made
+            return self.workload.stream_specs(shape)
+        return self.workload.specs(shape)
 
     @property
     def urls(self) -> list[str]:

@@ -206,14 +206,14 @@ async def test_a_windowed_stream_reports_the_rows_it_read_not_the_file(tmp_path)
 # ---- the CLI ------------------------------------------------------------------------------------------
 
 
-def test_run_streams_the_trace_and_sweep_loads_it(tmp_path):
+def test_run_streams_the_trace_simulated_or_not_and_sweep_loads_it(tmp_path):
     path = str(mooncake(tmp_path / "m.jsonl", 30))
 
     def setup(argv: list[str]) -> LoadSetup:
         return LoadSetup(options_from_args(build_parser().parse_args(argv)))
 
     assert isinstance(setup(["run", "--trace", path]).specs(None), ReplayStream)
-    assert isinstance(setup(["run", "--trace", path, "--simulate"]).specs(None), list)
+    assert isinstance(setup(["run", "--trace", path, "--simulate"]).specs(None), ReplayStream)  # simulated too
     assert isinstance(setup(["sweep", "--trace", path, "--rates", "1,2"]).specs(1.0), list)
 
 

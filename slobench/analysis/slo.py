@@ -204,30 +204,40 @@ def bootstrap_quantile_ci(
     x: np.ndarray, q: float, *, level: float = 0.95, num_resamples: int | None = None, seed: int = 0
 ) -> tuple[float | None, float | None]:
     """Percentile moving-block bootstrap interval for the q-quantile of x (NaNs dropped first)."""
-    return bootstrap_quantile_cis(x[~np.isnan(x)], (q,), level=level, num_resamples=num_resamples, seed=seed)[0]
+    return bootstrap_quantile_cis(x, (q,), level=level, num_resamples=num_resamples, seed=seed)[0]
+
+
+RESAMPLE_CHUNK_VALUES = 2_000_000  # resampled values held at once (16 MB)
 
 
 def bootstrap_quantile_cis(
     x: np.ndarray, qs: Sequence[float], *, level: float = 0.95, num_resamples: int | None = None, seed: int = 0
 ) -> list[tuple[float | None, float | None]]:
-    """`bootstrap_quantile_ci` of each of `qs` over one set of resamples of x (no NaNs): the same numbers as
-    one call per quantile with the same seed, for the cost of one."""
+    """`bootstrap_quantile_ci` of each of `qs` over one set of resamples of x (NaNs dropped): the same numbers
+    as one call per quantile with the same seed, for the cost of one. The resamples are taken a chunk at a
+    time (bounded memory); past FULL_RESAMPLE_MAX values, 1,000 m-out-of-n resamples of m = FULL_RESAMPLE_MAX
+    values, their spread scaled by sqrt(m / n), so a million values cost what 20,000 do."""
+    x = x[~np.isnan(x)]
     n = len(x)
     if n < 2:
         return [(None, None)] * len(qs)
     rng = np.random.default_rng(seed)
-    if n <= FULL_RESAMPLE_MAX or num_resamples is not None:
-        b = num_resamples or int(max(100, min(1000, 20_000_000 // n)))  # B x n values are materialised
-        ends = np.quantile(np.quantile(x[_block_indices(n, b, rng)], qs, axis=1), [(1 - level) / 2, (1 + level) / 2],
-                           axis=1)
-        return [(float(lo), float(hi)) for lo, hi in ends.T]
-    m = FULL_RESAMPLE_MAX
-    blk = block_length(n)
-    starts = rng.integers(0, n - blk + 1, size=(1000, -(-m // blk)))
-    idx = (starts[:, :, None] + np.arange(blk)[None, None, :]).reshape(1000, -1)[:, :m]
-    centre = np.quantile(x, qs)
-    ends = np.quantile(np.quantile(x[idx], qs, axis=1), [(1 - level) / 2, (1 + level) / 2], axis=1)
-    ends = centre[None, :] + np.sqrt(m / n) * (ends - centre[None, :])
+    full = n <= FULL_RESAMPLE_MAX or num_resamples is not None
+    b = (num_resamples or int(max(100, min(1000, 20_000_000 // n)))) if full else 1000
+    m = n if full else FULL_RESAMPLE_MAX
+    blen = block_length(n)
+    starts = rng.integers(0, n - blen + 1, size=(b, -(-m // blen)))  # as _block_indices draws them
+    rows = max(1, RESAMPLE_CHUNK_VALUES // m)
+    offsets = np.arange(blen)
+    chunks = []
+    for k in range(0, b, rows):
+        part = starts[k : k + rows]
+        idx = (part[:, :, None] + offsets[None, None, :]).reshape(len(part), -1)[:, :m]
+        chunks.append(np.quantile(x[idx], list(qs), axis=1))  # (quantile, resample)
+    ends = np.quantile(np.concatenate(chunks, axis=1), [(1 - level) / 2, (1 + level) / 2], axis=1)
+    if not full:
+        centre = np.quantile(x, list(qs))
+        ends = centre[None, :] + np.sqrt(m / n) * (ends - centre[None, :])
     return [(float(lo), float(hi)) for lo, hi in ends.T]
 
 

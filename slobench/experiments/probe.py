@@ -10,7 +10,7 @@ clock). Both write the same run directory (records, manifest, summary), so every
 from __future__ import annotations
 
 import zlib
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -35,7 +35,7 @@ SpecMaker = Callable[[Any, int], Iterable[RequestSpec]]  # (rate_rps or None, se
 class ProbeResult:
     summary: RunSummary
     interrupted: bool = False  # Ctrl-C cut the run short: what finished is kept and marked
-    records: Sequence[RequestRecord] = ()  # what was measured (also in the run directory, when there is one)
+    records: Sequence[RequestRecord] = ()  # what was measured; a simulated run streams them to its run directory instead
 
 
 class Probe(Protocol):
@@ -102,18 +102,39 @@ class VirtualProbe:
                        manifest: dict[str, Any]) -> ProbeResult:
         specs = self.make_specs(rate_rps, seed)
         noise_seed = self.jitter_seed(rate_rps, seed) if self.jitter_seed else probe_jitter_seed(rate_rps, seed, self.name)
-        records, summary = simulate_run(list(specs), self.factory, replace(self.opts, seed=noise_seed), slo=self.slo,
-                                        intervals=self.intervals)
+        opts = replace(self.opts, seed=noise_seed)
+        if run_dir is None:
+            records, summary = simulate_run(_as_run(specs), self.factory, opts, slo=self.slo, intervals=self.intervals)
+        else:  # each record written as it finishes, none kept (`simulate_run`'s on_record)
+            writer = RunWriter(run_dir, {**manifest, "clock": {"kind": "virtual"}})
+            try:
+                records, summary = simulate_run(_as_run(specs), self.factory, opts, slo=self.slo,
+                                                intervals=self.intervals, on_record=writer.write)
+            finally:
+                writer.close()
         if (row_report := getattr(specs, "row_report", None)) is not None:
             summary = replace(summary, trace_rows=row_report())  # a trace: what its rows became, as a live run says it
         if run_dir is not None:
-            writer = RunWriter(run_dir, {**manifest, "clock": {"kind": "virtual"}})
-            for rec in records:
-                writer.write(rec)
             if writer.error is not None:  # the disk refused a record: the summary of them all is not kept
                 raise writer.error
             writer.finish(summary)
         return ProbeResult(summary, records=records)
+
+
+MAX_LISTED = 20_000  # a stream of about this many requests or fewer is simulated from a list (~200 MB of prompts)
+
+
+def _as_run(specs: Iterable[RequestSpec]) -> Iterable[RequestSpec]:
+    """What the simulator takes: a list as it is; a flat workload's `FlatSpecs` as a stream (its prompts'
+    first blocks tell the simulator which blocks no other prompt shares); another stream (a streamed
+    trace) as a list when it holds at most MAX_LISTED requests, where knowing every prompt first makes the
+    simulation ~1.8x faster (`simulate_records`' private blocks), else as a stream, in flat memory."""
+    if isinstance(specs, list) or hasattr(specs, "prompt_heads"):
+        return specs
+    if isinstance(specs, Iterator):
+        hint = getattr(specs, "count_hint", lambda: None)()
+        return list(specs) if hint is not None and hint <= MAX_LISTED else specs
+    return list(specs)
 
 
 def probe_jitter_seed(rate_rps: float | None, seed: int, engine_name: str, trial: int = 0) -> int:

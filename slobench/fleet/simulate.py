@@ -11,7 +11,9 @@ Everything is deterministic for a seed; how a run is simulated is a `SimOptions`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from array import array
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -133,12 +135,74 @@ def _shift_after_send(records: list[RequestRecord], overhead_s: float) -> list[R
     request the protocol refused at its arrival keeps its times."""
     if overhead_s:
         for r in records:
-            if r.first_token_s is None and not r.chunk_times_s:
-                continue
-            r.first_token_s = None if r.first_token_s is None else r.first_token_s + overhead_s
-            r.done_s = None if r.done_s is None else r.done_s + overhead_s
-            r.chunk_times_s = [t + overhead_s for t in r.chunk_times_s]
+            _shift_one(r, overhead_s)
     return records
+
+
+def _shift_one(r: RequestRecord, overhead_s: float) -> None:
+    if r.first_token_s is None and not r.chunk_times_s:
+        return
+    r.first_token_s = None if r.first_token_s is None else r.first_token_s + overhead_s
+    r.done_s = None if r.done_s is None else r.done_s + overhead_s
+    r.chunk_times_s = [t + overhead_s for t in r.chunk_times_s]
+
+
+class _InOrder:
+    """Hands each finished record on in arrival order, as soon as it and every request before it are done
+    (a request is done once its `done_s` is set: finished, refused or rejected), so a run streams its
+    records out while holding only those still in flight and the finished ones behind them."""
+
+    def __init__(self, emit: Callable[[RequestRecord], None], overhead_s: float) -> None:
+        self.emit = emit
+        self.overhead_s = overhead_s
+        self.waiting: deque[RequestRecord] = deque()
+
+    def append(self, rec: RequestRecord) -> None:
+        self.waiting.append(rec)
+
+    def release(self) -> None:
+        waiting = self.waiting
+        while waiting and waiting[0].done_s is not None:
+            rec = waiting.popleft()
+            if self.overhead_s:
+                _shift_one(rec, self.overhead_s)
+            self.emit(rec)
+
+
+def _in_order(specs: Iterable[RequestSpec]) -> Iterator[RequestSpec]:
+    """A stream of requests taken as it comes, which must come in arrival order (ties by request id)."""
+    last = (-float("inf"), -1)
+    for sp in specs:
+        key = (sp.arrival_s, sp.request_id)
+        if key < last:
+            raise ValueError(f"requests out of arrival order: request {sp.request_id} at {sp.arrival_s} s after "
+                             f"request {last[1]} at {last[0]} s")
+        last = key
+        yield sp
+
+
+def _unshared_streamed(specs: Iterable[RequestSpec], api: Api,
+                       block_size: int) -> Callable[[int, RequestSpec], int | None] | None:
+    """For requests made as they are taken (`FlatSpecs`): each prompt's first block that no other shares,
+    from one cheap pass over the prompts' first blocks (`prompt_heads`): 0 for a prompt whose first block
+    is its own, None (nothing private) for one whose first block another prompt also has; None when the
+    stream cannot tell (see `_unshared_from`)."""
+    heads_of = getattr(specs, "prompt_heads", None)
+    if api != "completions" or heads_of is None:
+        return None
+    heads = list(heads_of(block_size))
+    seen: dict[bytes, int] = {}
+    for h in heads:
+        if h is not None:
+            seen[h] = seen.get(h, 0) + 1
+    own = [h is None or seen[h] == 1 for h in heads]
+    del heads, seen
+
+    def unshared(i: int, sp: RequestSpec) -> int | None:  # i: the request's place in the stream
+        if type(sp.prompt) is not tuple or sp.extra_body:
+            return None
+        return 0 if own[i] else None
+    return unshared
 
 
 def _unshared_from(specs: Sequence[RequestSpec], api: Api, block_size: int) -> list[int] | None:
@@ -221,11 +285,12 @@ class SimOptions:
 
 
 def simulate_records(
-    specs: Sequence[RequestSpec],
+    specs: Iterable[RequestSpec],
     engine: Mapping[str, Any] | EngineFactory,
     opts: SimOptions | None = None,
     *,
     fleet: dict[str, Any] | None = None,
+    on_record: Callable[[RequestRecord], None] | None = None,
     **knobs: Any,
 ) -> list[RequestRecord]:
     """The records of one virtual-clock run, in arrival order. `engine`: knobs or a factory of fresh engines
@@ -241,7 +306,12 @@ def simulate_records(
     Stretches of plain decode steps are taken at once (`slobench.fleet.decode_run`), leaving every record and
     every engine state as stepping would. Token-id prompts are all known before the run, so each request's
     blocks past what any other prompt shares are kept as private blocks (slobench.fleet.sim_blocks): the same
-    lookups, counts and times with no per-block bookkeeping."""
+    lookups, counts and times with no per-block bookkeeping.
+
+    `specs`: a list (sorted here), or requests made as they are taken, in arrival order (`FlatSpecs`, a
+    streamed trace), each dropped once it has arrived. `on_record`: each record handed on in arrival order
+    as soon as it and every request before it are done, none kept (the list returned is then empty), so
+    memory holds the requests in flight, not the run (a prefill/decode fleet hands them all on at its end)."""
     opts = SimOptions.of(opts, knobs)
     if isinstance(engine, Mapping):
         engine, named = split_fleet_knobs(dict(engine), opts.router)
@@ -255,40 +325,61 @@ def simulate_records(
             if not isinstance(base, ModeledEngine):
                 raise SpecError("decode_knobs", dict(pools.decode_knobs), "replace a ModeledEngine's knobs only")
             pools = replace(pools, decode_engine=replace(base, **dict(pools.decode_knobs)))
-        return _shift_after_send(simulate_disagg(specs, as_factory(engine), pools, seed=seed, jitter_sd=jitter_sd,
-                                                 api=api, model_name=opts.model_name, info=fleet),
+        done = _shift_after_send(simulate_disagg(list(specs), as_factory(engine), pools, seed=seed,
+                                                 jitter_sd=jitter_sd, api=api, model_name=opts.model_name, info=fleet),
                                  opts.request_overhead_s)
+        if on_record is None:
+            return done
+        for rec in done:
+            on_record(rec)
+        return []
     factory = as_factory(engine)
     reps = [_Replica(k, *virtual_engine(factory, k, seed, jitter_sd, opts.speed)) for k in range(replicas)]
     route = Router(opts.router, replicas)
     first = reps[0].engine
     parse, ids_checked = request_parser(first, model_name=opts.model_name, api=api)
 
-    specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
-    unshared = _unshared_from(specs, api, first.config.block_size) if opts.private_blocks else None
+    block_size = first.config.block_size
+    unshared_of: Callable[[int, RequestSpec], int | None] | None = None  # (arrival index, request)
+    if isinstance(specs, Sequence):
+        ordered = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
+        unshared = _unshared_from(ordered, api, block_size) if opts.private_blocks else None
+        if unshared is not None:
+            unshared_of = lambda i, _sp: unshared[i]  # noqa: E731
+        stream: Iterator[RequestSpec] = iter(ordered)
+    else:
+        unshared_of = _unshared_streamed(specs, api, block_size) if opts.private_blocks else None
+        stream = _in_order(specs)
     records: list[RequestRecord] = []
+    out = _InOrder(on_record, opts.request_overhead_s) if on_record is not None else None
+    arrived: Any = out if out is not None else records  # where each record goes when its request arrives
     by_rid: list[dict[int, RequestRecord]] = [{} for _ in reps]  # per replica: engine request id -> record
     weights: dict[tuple[int, int], int] = {}  # the token weight each routed request holds on its replica
     inf = float("inf")
-    i, n = 0, len(specs)
+    upcoming = next(stream, None)
+    num_arrived = 0
     lone = reps[0] if replicas == 1 else None
     while True:
+        if out is not None:
+            out.release()
         if lone is not None:  # (the same, without the lists)
             busy = [lone] if not lone.stuck and lone.engine.has_work() else []
             t_step = lone.clock.now_s() if busy else inf
         else:
             busy = [r for r in reps if r.engine.has_work() and not r.stuck]
             t_step = min((r.clock.now_s() for r in busy), default=inf)
-        t_arrival = specs[i].arrival_s if i < n else inf
+        t_arrival = upcoming.arrival_s if upcoming is not None else inf
         if t_arrival == inf and t_step == inf:
             if any(r.engine.has_work() for r in reps):
                 raise RuntimeError("the engine has work but schedules nothing, and no request is left to arrive")
             break
         if t_arrival <= t_step:
-            sp = specs[i]
-            i += 1
+            sp = upcoming
+            assert sp is not None
+            upcoming = next(stream, None)
+            num_arrived += 1
             t = sp.arrival_s
-            rec, req = arrive(sp, records, parse)
+            rec, req = arrive(sp, arrived, parse)
             if req is None:
                 continue
             rep = reps[route.pick(req.prompt_token_ids)]
@@ -297,7 +388,7 @@ def simulate_records(
                 rid = rep.engine.add_request(req.prompt_token_ids, req.max_tokens, min_tokens=req.min_tokens,
                                              ignore_eos=req.ignore_eos, sampling=req.sampling,
                                              stop_check=req.stop_check(), ids_checked=ids_checked,
-                                             unshared_from=None if unshared is None else unshared[i - 1])
+                                             unshared_from=None if unshared_of is None else unshared_of(num_arrived - 1, sp))
             except RequestRejected as e:
                 rec.fail("error", refusal_error(str(e)), t)
                 continue
@@ -317,7 +408,7 @@ def simulate_records(
             mine = by_rid[rep.index]
             rep.num_output_tokens += record_run(ran, mine.__getitem__)
             for seq in ran.finished:
-                mine[seq.seq_id].done_s = times[-1]
+                mine.pop(seq.seq_id).done_s = times[-1]
                 route.finished(rep.index, weights.pop((rep.index, seq.seq_id)))
             continue
         steps, waits = eng.num_steps, rep.wait.num_waits
@@ -340,6 +431,7 @@ def simulate_records(
                 rep.num_output_tokens += 1
             if ev.finish_reason is not None:
                 rec.done_s = ev.time_s
+                del by_rid[rep.index][ev.request_id]
                 route.finished(rep.index, weights.pop((rep.index, ev.request_id)))
     if fleet is not None:
         fleet.update({
@@ -347,28 +439,46 @@ def simulate_records(
             "requests_per_replica": list(route.sent),
             "output_tokens_per_replica": [r.num_output_tokens for r in reps],
         })
+    if out is not None:
+        out.release()
+        return records
     return _shift_after_send(records, opts.request_overhead_s)
 
 
 def simulate_run(
-    specs: Sequence[RequestSpec],
+    specs: Iterable[RequestSpec],
     engine: Mapping[str, Any] | EngineFactory,
     opts: SimOptions | None = None,
     *,
     slo: SLO | None = None,
     intervals: bool = True,
+    on_record: Callable[[RequestRecord], None] | None = None,
     **knobs: Any,
 ) -> tuple[list[RequestRecord], RunSummary]:
     """One virtual-clock run (`simulate_records`): its records and its summary
     (`slobench.analysis.summary.summarize`, seeded by the run's seed).
 
     `intervals=False` leaves out the bootstrap intervals (they cost several times the simulation itself;
-    capacity searches decide on replicates instead).
+    capacity searches decide on replicates instead). `on_record`: each record handed on as `simulate_records`
+    streams it (to a run directory), none returned; the summary is then made from compact copies (chunk
+    times as a float array: a fifth of a list's memory).
     """
     opts = SimOptions.of(opts, knobs)
     fleet: dict[str, Any] = {}
-    records = simulate_records(specs, engine, opts, fleet=fleet)
-    summary = summarize(records, slo, seed=opts.seed, intervals=intervals)
+    if on_record is None:
+        records = simulate_records(specs, engine, opts, fleet=fleet)
+        summary = summarize(records, slo, seed=opts.seed, intervals=intervals)
+    else:
+        kept: list[RequestRecord] = []
+
+        def keep(rec: RequestRecord) -> None:
+            on_record(rec)
+            rec.chunk_times_s = array("d", rec.chunk_times_s)  # type: ignore[assignment]  # read as a sequence
+            rec.chunk_tokens = []
+            kept.append(rec)
+
+        records = simulate_records(specs, engine, opts, fleet=fleet, on_record=keep)
+        summary = summarize(kept, slo, seed=opts.seed, intervals=intervals)
     return records, replace(summary, clock="virtual", fleet=fleet if opts.replicas != 1 or "prefill" in fleet else None)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,7 @@ from slobench.run.records import RequestSpec, with_drawn_ids
 from slobench.workload.base import AS_IT_IS, RunShape, refuse_fixed_lengths
 from slobench.workload.prompts import DEFAULT_TOKEN_ID_RANGE, WORDS, text_prompts, token_prompts
 from slobench.workload.sessions import ids_to_prompt
-from slobench.workload.traces import Trace, TraceEntry, load_trace
+from slobench.workload.traces import Trace, TraceColumns, TraceEntry, load_trace
 
 __all__ = ["ReplaySpecs", "TraceReplay", "block_token_ids", "replay", "replay_scale"]
 
@@ -100,9 +100,34 @@ def _window(trace: Trace, start_s: float, scale: float, duration_s: float | None
         raise SpecError("duration_s", duration_s, "must be a finite number > 0")
     if num_requests is not None and num_requests < 1:
         raise SpecError("num_requests", num_requests, "must be >= 1")
+    if isinstance(trace.entries, TraceColumns):
+        kept, times = _window_of_columns(trace.entries, start_s, scale, duration_s, num_requests)
+    else:
+        kept, times = _window_of_entries(trace.entries, start_s, scale, duration_s, num_requests)
+    if not kept:
+        raise UsageError(
+            f"{trace.path}: the window (--start {start_s:g} s, --duration {duration_s} s at scale {scale:g}) "
+            "holds no request"
+        )
+    return kept, times
+
+
+def _window_of_columns(cols: TraceColumns, start_s: float, scale: float, duration_s: float | None,
+                       num_requests: int | None) -> tuple[list[TraceEntry], list[float]]:
+    """`_window_of_entries` on a loaded trace's columns (sorted by arrival): entries built for the window only."""
+    first = int(np.searchsorted(cols.arrival_s, start_s, side="left"))
+    end = len(cols) if num_requests is None else min(len(cols), first + num_requests)
+    t = (cols.arrival_s[first:end] - start_s) * scale
+    if duration_s is not None:
+        end = first + int(np.argmax(t >= duration_s)) if (t >= duration_s).any() else end
+    return [cols.entry(i) for i in range(first, end)], t[: end - first].tolist()
+
+
+def _window_of_entries(entries: Sequence[TraceEntry], start_s: float, scale: float, duration_s: float | None,
+                       num_requests: int | None) -> tuple[list[TraceEntry], list[float]]:
     kept: list[TraceEntry] = []
     times: list[float] = []
-    for e in trace.entries:
+    for e in entries:
         if e.arrival_s < start_s:
             continue
         t = (e.arrival_s - start_s) * scale
@@ -112,11 +137,6 @@ def _window(trace: Trace, start_s: float, scale: float, duration_s: float | None
         times.append(t)
         if num_requests is not None and len(kept) >= num_requests:
             break
-    if not kept:
-        raise UsageError(
-            f"{trace.path}: the window (--start {start_s:g} s, --duration {duration_s} s at scale {scale:g}) "
-            "holds no request"
-        )
     return kept, times
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 import tomllib
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -26,7 +26,12 @@ from slobench.workload.phases import (
     rescale,
     schedule_phases,
 )
-from slobench.workload.prompts import DEFAULT_TOKEN_ID_RANGE, text_prompts, token_prompts
+from slobench.workload.prompts import (
+    DEFAULT_TOKEN_ID_RANGE,
+    text_prompts,
+    token_prompt_batches,
+    token_prompt_heads,
+)
 from slobench.workload.sessions import SessionSpec, SystemPrompts, build_requests
 
 __all__ = ["WORKLOADS_DIR", "WorkloadSpec", "generate", "list_workloads", "load_workload", "phase_boundaries"]
@@ -308,6 +313,13 @@ class WorkloadSpec:
             return _generate_structured(self, shape)
         return _generate_flat(self, shape)
 
+    def stream_specs(self, shape: RunShape = AS_IT_IS) -> Iterable[RequestSpec]:
+        """The same requests as `specs`, a flat workload's made as they are taken (`FlatSpecs`), so a long
+        simulated run does not hold every prompt at once; a structured workload's as a list."""
+        if self.is_structured:
+            return _generate_structured(self, shape)
+        return FlatSpecs(self, shape)
+
     def __str__(self) -> str:
         if self.phases:
             segs = ", ".join(f"{p.name} {p.duration_s:g}s {p.arrival}" for p in self.phases)
@@ -419,56 +431,75 @@ def generate(spec: WorkloadSpec, **shape: Any) -> list[RequestSpec]:
 
 
 def _generate_flat(spec: WorkloadSpec, shape: RunShape) -> list[RequestSpec]:
-    rate_rps, num_requests, duration_s = shape.rate_rps, shape.num_requests, shape.duration_s
-    arrival = spec.arrival if rate_rps is None else spec.arrival.with_rate(rate_rps)
-    if num_requests is None and duration_s is None:
-        num_requests, duration_s = spec.num_requests, spec.duration_s
-    if num_requests is None and duration_s is None:
-        raise SpecError(
-            "num_requests", None, f"workload {spec.name!r} sets no bound; give num_requests or duration_s"
-        )
-    in_dist = spec.input if shape.input_len is None else FixedLength(int(shape.input_len))
-    out_dist = spec.output if shape.output_len is None else FixedLength(int(shape.output_len))
-    api = spec.api if shape.api is None else shape.api
-    kind = "text" if api == "chat" else spec.prompt
+    plan = FlatSpecs(spec, shape)
+    if plan.kind == "tokens":
+        return list(plan)
+    return _generate_text(plan)
 
-    s_arrival, s_input, s_output, s_prompt = np.random.SeedSequence(shape.seed).spawn(4)
-    s_prompt = _salted(s_prompt, spec.name, arrival.rate_rps)
-    times = arrival.schedule(
-        np.random.default_rng(s_arrival), num_requests=num_requests, duration_s=duration_s
-    )
-    n = len(times)
-    ins = in_dist.sample(n, np.random.default_rng(s_input))
-    outs = out_dist.sample(n, np.random.default_rng(s_output))
-    prompt_rng = np.random.default_rng(s_prompt)
-    prompts: Sequence[str | tuple[int, ...]]
-    if kind == "tokens":
-        prompts = cast(
-            Sequence[str | tuple[int, ...]], token_prompts(ins, prompt_rng, id_range=spec.token_ids)
+
+class FlatSpecs(Iterable[RequestSpec]):
+    """A flat workload's requests (no classes, phases, sessions or system prompts), made as they are taken:
+    the arrival times and lengths are drawn at once (a few MB at 100k), each token-id prompt when its
+    request is (`token_prompt_batches`: 100k chat prompts held at once are ~0.9 GB). Iterating again gives
+    the same requests; `prompt_heads` is a cheap pass over each prompt's first ids."""
+
+    def __init__(self, spec: WorkloadSpec, shape: RunShape) -> None:
+        rate_rps, num_requests, duration_s = shape.rate_rps, shape.num_requests, shape.duration_s
+        arrival = spec.arrival if rate_rps is None else spec.arrival.with_rate(rate_rps)
+        if num_requests is None and duration_s is None:
+            num_requests, duration_s = spec.num_requests, spec.duration_s
+        if num_requests is None and duration_s is None:
+            raise SpecError(
+                "num_requests", None, f"workload {spec.name!r} sets no bound; give num_requests or duration_s"
+            )
+        in_dist = spec.input if shape.input_len is None else FixedLength(int(shape.input_len))
+        out_dist = spec.output if shape.output_len is None else FixedLength(int(shape.output_len))
+        api = spec.api if shape.api is None else shape.api
+        self.kind = "text" if api == "chat" else spec.prompt
+        s_arrival, s_input, s_output, s_prompt = np.random.SeedSequence(shape.seed).spawn(4)
+        self.prompt_seed = _salted(s_prompt, spec.name, arrival.rate_rps)
+        self.arrival_s = arrival.schedule(
+            np.random.default_rng(s_arrival), num_requests=num_requests, duration_s=duration_s
         )
-    else:
-        prompts = cast(Sequence[str | tuple[int, ...]], text_prompts(ins, prompt_rng))
-    pin = spec.min_tokens == "max"
-    specs = [
-        RequestSpec(
-            request_id=i,
-            arrival_s=t,
-            prompt=p,
-            input_tokens=n_in,
-            max_tokens=n_out,
-            min_tokens=n_out if pin else None,
-            ignore_eos=spec.ignore_eos,
-            tag=spec.name,
-        )
-        for i, (t, p, n_in, n_out) in enumerate(
-            zip(times.tolist(), prompts, ins.tolist(), outs.tolist(), strict=True)
-        )
-    ]
-    if kind == "tokens":  # every id drawn from the checked range (token_prompts): say so once, here
-        id_range = (int(spec.token_ids[0]), int(spec.token_ids[1]))
-        for sp in specs:
-            with_drawn_ids(sp, id_range)
-    return specs
+        n = len(self.arrival_s)
+        self.input_tokens = in_dist.sample(n, np.random.default_rng(s_input))
+        self.output_tokens = out_dist.sample(n, np.random.default_rng(s_output))
+        self.name = spec.name
+        self.pin = spec.min_tokens == "max"
+        self.ignore_eos = spec.ignore_eos
+        self.id_range = (int(spec.token_ids[0]), int(spec.token_ids[1]))
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    def spec(self, i: int, prompt: str | tuple[int, ...]) -> RequestSpec:
+        n_out = int(self.output_tokens[i])
+        return RequestSpec(request_id=i, arrival_s=float(self.arrival_s[i]), prompt=prompt,
+                           input_tokens=int(self.input_tokens[i]), max_tokens=n_out,
+                           min_tokens=n_out if self.pin else None, ignore_eos=self.ignore_eos, tag=self.name)
+
+    def __iter__(self) -> Iterator[RequestSpec]:
+        if self.kind != "tokens":
+            yield from _generate_text(self)
+            return
+        batches = token_prompt_batches(self.input_tokens, np.random.default_rng(self.prompt_seed),
+                                       id_range=self.id_range)
+        i = 0
+        for batch in batches:
+            for p in batch:
+                # every id drawn from the checked range (token_prompts): said here, once a request
+                yield with_drawn_ids(self.spec(i, p), self.id_range)
+                i += 1
+
+    def prompt_heads(self, num_tokens: int) -> Iterator[bytes | None]:
+        """Each token-id prompt's first `num_tokens` ids as bytes (None when shorter), in request order."""
+        return token_prompt_heads(self.input_tokens, np.random.default_rng(self.prompt_seed), num_tokens,
+                                  id_range=self.id_range)
+
+
+def _generate_text(plan: FlatSpecs) -> list[RequestSpec]:
+    prompts = text_prompts(plan.input_tokens, np.random.default_rng(plan.prompt_seed))
+    return [plan.spec(i, p) for i, p in enumerate(prompts)]
 
 
 def _effective_phases(spec: WorkloadSpec, rate_rps: float | None, duration_s: float | None) -> tuple[Phase, ...]:

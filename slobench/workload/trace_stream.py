@@ -358,9 +358,12 @@ class StreamingReplay:
         name = self.name
         builder = _Prompts(MOONCAKE_BLOCK_TOKENS, _salt(name, scale, seed), is_text, self.token_ids)
         pin = self.min_tokens == "max"
+        if num_requests is not None:
+            entries = islice(entries, max(num_requests, 0))  # not one row more: the log counts what was given
         for i, e in enumerate(entries):
             t = (e.arrival_s - self.start_s) * scale
-            if (duration_s is not None and t >= duration_s) or (num_requests is not None and i >= num_requests):
+            if duration_s is not None and t >= duration_s:
+                self.log.num_given -= 1  # read to find the window's end, not sent
                 return
             p = builder.one(e)
             if p is None:

@@ -14,7 +14,8 @@ import json
 import lzma
 import math
 import re
-from collections.abc import Iterable, Iterator
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,7 +25,7 @@ import numpy as np
 
 from slobench.errors import SpecError, UsageError
 
-__all__ = ["FORMATS", "RowProblem", "Trace", "TraceEntry", "compression", "detect_format", "load_trace", "stamp_grid"]
+__all__ = ["FORMATS", "RowProblem", "Trace", "TraceColumns", "TraceEntry", "compression", "detect_format", "load_trace", "stamp_grid"]
 
 FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "slobench")
 MOONCAKE_BLOCK_TOKENS = 512
@@ -62,11 +63,99 @@ class RowProblem:
         return f"{self.unit} {self.line}: {self.why}"
 
 
+class TraceColumns(Sequence[TraceEntry]):
+    """A loaded trace's entries as numpy columns (times, counts, lines, hash ids flattened), with the rare
+    fields (own prompts, sessions, tags) kept only where set: a million Mooncake rows cost tens of MB, not
+    the ~1 GB of a TraceEntry each. Indexing builds the entry; `slobench.workload.replay` windows the
+    columns and builds only the entries it sends."""
+
+    def __init__(self, arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np.ndarray,
+                 line: np.ndarray, hash_offsets: np.ndarray, hash_ids: np.ndarray, rare: dict[int, tuple[Any, ...]]) -> None:
+        self.arrival_s = arrival_s
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+        self.line = line
+        self.hash_offsets = hash_offsets  # entry i's hash ids: hash_ids[hash_offsets[i]:hash_offsets[i + 1]]
+        self.hash_ids = hash_ids
+        self.rare = rare  # entry index -> (prompt, session_id, tag), only where one is set
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    def entry(self, i: int) -> TraceEntry:
+        lo, hi = self.hash_offsets[i], self.hash_offsets[i + 1]
+        prompt, session, tag = self.rare.get(i, (None, None, ""))
+        return TraceEntry(float(self.arrival_s[i]), int(self.input_tokens[i]), int(self.output_tokens[i]),
+                          int(self.line[i]), tuple(self.hash_ids[lo:hi].tolist()), prompt, session, tag)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return tuple(self.entry(k) for k in range(*i.indices(len(self))))
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"trace entry {i} out of range ({n} entries)")
+        return self.entry(i % n)
+
+    def __iter__(self) -> Iterator[TraceEntry]:
+        return (self.entry(i) for i in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class _Columns:
+    """Entries appended one by one into compact arrays (what `load_trace` reads a file into)."""
+
+    def __init__(self) -> None:
+        self.arrival_s = array("d")
+        self.input_tokens = array("q")
+        self.output_tokens = array("q")
+        self.line = array("q")
+        self.hash_offsets = array("q", [0])
+        self.hash_ids = array("q")
+        self.rare: dict[int, tuple[Any, ...]] = {}
+
+    def add(self, e: TraceEntry) -> None:
+        if e.prompt is not None or e.session_id is not None or e.tag:
+            self.rare[len(self.arrival_s)] = (e.prompt, e.session_id, e.tag)
+        self.arrival_s.append(e.arrival_s)
+        self.input_tokens.append(e.input_tokens)
+        self.output_tokens.append(e.output_tokens)
+        self.line.append(e.line)
+        self.hash_ids.extend(e.hash_ids)
+        self.hash_offsets.append(len(self.hash_ids))
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    def ordered(self, order: np.ndarray, arrival_s: np.ndarray) -> TraceColumns:
+        """The entries in `order` (indices into what was added), with their times `arrival_s` (in that order)."""
+        offsets = np.frombuffer(self.hash_offsets, dtype=np.int64)
+        ids = np.frombuffer(self.hash_ids, dtype=np.int64)
+        lengths = np.diff(offsets)[order]
+        new_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        if len(ids):
+            starts = offsets[:-1][order]
+            pick = np.repeat(starts - new_offsets[:-1], lengths) + np.arange(int(new_offsets[-1]))
+            ids = ids[pick]
+        if len(ids) and ids.min() >= np.iinfo(np.int32).min and ids.max() <= np.iinfo(np.int32).max:
+            ids = ids.astype(np.int32)
+        where = np.empty(len(order), dtype=np.int64)
+        where[order] = np.arange(len(order))
+        return TraceColumns(np.asarray(arrival_s, dtype=np.float64),
+                            np.frombuffer(self.input_tokens, dtype=np.int64)[order],
+                            np.frombuffer(self.output_tokens, dtype=np.int64)[order],
+                            np.frombuffer(self.line, dtype=np.int64)[order], new_offsets, np.array(ids),
+                            {int(where[k]): v for k, v in self.rare.items()})
+
+
 @dataclass(frozen=True, slots=True)
 class Trace:
     path: str
     format: str
-    entries: tuple[TraceEntry, ...]  # sorted by arrival (stable, so ties keep file order)
+    entries: Sequence[TraceEntry]  # sorted by arrival (stable, so ties keep file order); loaded: TraceColumns
     problems: tuple[RowProblem, ...] = ()
     notes: tuple[str, ...] = ()  # what the loader did that a reader should know (kept in the manifest)
     num_rows: int = 0
@@ -89,14 +178,20 @@ class Trace:
 
     @property
     def arrival_s(self) -> np.ndarray:
+        if isinstance(self.entries, TraceColumns):
+            return self.entries.arrival_s.copy()
         return np.fromiter((e.arrival_s for e in self.entries), np.float64, len(self.entries))
 
     @property
     def input_tokens(self) -> np.ndarray:
+        if isinstance(self.entries, TraceColumns):
+            return self.entries.input_tokens.copy()
         return np.fromiter((e.input_tokens for e in self.entries), np.int64, len(self.entries))
 
     @property
     def output_tokens(self) -> np.ndarray:
+        if isinstance(self.entries, TraceColumns):
+            return self.entries.output_tokens.copy()
         return np.fromiter((e.output_tokens for e in self.entries), np.int64, len(self.entries))
 
     @property
@@ -265,7 +360,7 @@ def load_trace(path: str | Path, fmt: str | None = None, *, seed: int = 0, sprea
     if fmt not in FORMATS:
         raise UsageError(f"--trace-format: unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     _read_head(path)  # the same not-found / directory messages for every format
-    rows: list[TraceEntry] = []
+    rows = _Columns()
     notes: list[str] = []
     spread_s: float | None = None
     if fmt in ("azure", "burstgpt"):
@@ -279,19 +374,27 @@ def load_trace(path: str | Path, fmt: str | None = None, *, seed: int = 0, sprea
         for item in parsed:
             e = counts.admit(item)
             if e is not None:
-                rows.append(e)
+                rows.add(e)
     except (OSError, EOFError, lzma.LZMAError) as e:  # a damaged compressed file
         raise UsageError(f"{path}: cannot read the {compression(path)}-compressed file: {e}") from None
-    if rows:
-        t0 = min(e.arrival_s for e in rows)
-        rows = [_shift(e, t0) for e in rows]
-        rows.sort(key=lambda e: e.arrival_s)  # stable: ties keep file order
+    none = np.zeros(0, np.int64)
+    entries = TraceColumns(np.zeros(0), none, none, none, np.zeros(1, np.int64), none, {})
+    if len(rows):
+        t = np.frombuffer(rows.arrival_s, dtype=np.float64)
+        t = t - t.min()
+        order = np.argsort(t, kind="stable")  # ties keep file order
+        t = t[order]
         if spread and fmt in _STAMPED:
-            rows, spread_s = _spread_buckets(rows, seed, notes)
-        rows = [counts.with_history(e) for e in rows]
+            t, again, spread_s = _spread_buckets(t, seed, notes)
+            order, t = order[again], t[again]
+        entries = rows.ordered(order, t)
+        del rows
+        for i, (prompt, session, _) in sorted(entries.rare.items()):  # sessions' later turns, in arrival order
+            if session is not None and prompt is None:
+                entries.input_tokens[i] = counts.with_history(entries.entry(i)).input_tokens
     notes += counts.notes()
-    report = counts.report(str(path), len(rows), notes, is_whole_file=True, spread_s=spread_s)
-    return Trace(str(path), fmt, tuple(rows), tuple(counts.problems), tuple(notes), counts.num_rows,
+    report = counts.report(str(path), len(entries), notes, is_whole_file=True, spread_s=spread_s)
+    return Trace(str(path), fmt, entries, tuple(counts.problems), tuple(notes), counts.num_rows,
                  num_zero_dropped=0 if keep_zero else counts.num_zero,
                  num_zero_kept=counts.num_zero if keep_zero else 0, rows=report)
 
@@ -389,11 +492,6 @@ def _zero_note(fmt: str, num_rows: int, num_zero: int, zero_in: int, zero_out: i
                 "sent as max_tokens 1, 0 input tokens as a 1-token prompt")
     return (f"left out {num_zero} of {num_rows} rows with zero tokens ({', '.join(parts)}); "
             "--keep-zero-rows sends them as 1-token requests")
-
-
-def _shift(e: TraceEntry, t0: float) -> TraceEntry:
-    return TraceEntry(e.arrival_s - t0, e.input_tokens, e.output_tokens, e.line, e.hash_ids, e.prompt,
-                      e.session_id, e.tag)
 
 
 _FRACTION = re.compile(r"(\.\d{6})\d+")
@@ -563,15 +661,16 @@ def stamp_grid(t: np.ndarray) -> float | None:
     return width if on_grid.mean() >= _GRID_SHARE else None
 
 
-def _spread_buckets(rows: list[TraceEntry], seed: int, notes: list[str]) -> tuple[list[TraceEntry], float | None]:
-    """Spread requests that share a coarse stamp uniformly (seeded) over their bucket.
+def _spread_buckets(t: np.ndarray, seed: int, notes: list[str]) -> tuple[np.ndarray, np.ndarray, float | None]:
+    """Spread requests that share a coarse stamp uniformly (seeded) over their bucket: the new times (in
+    the order given), the order that sorts them (stable), and the bucket width (None: not coarse, times
+    as they were).
 
     Some traces stamp arrivals in coarse buckets (seconds apart); firing a whole bucket in one
     instant would be a burst the real system never saw. A request at stamp t moves to t + U[0, width)."""
-    t = np.array([e.arrival_s for e in rows])
     width = stamp_grid(t)
     if width is None:
-        return rows, None
+        return t, np.arange(len(t)), None
     num_stamps = len(np.unique(t))
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0x6D6F6F6E,)))
     new_t = t + rng.random(len(t)) * width
@@ -580,9 +679,8 @@ def _spread_buckets(rows: list[TraceEntry], seed: int, notes: list[str]) -> tupl
         f"{len(t) / num_stamps:.1f} per stamp): each request was spread uniformly over its bucket (seed {seed}) "
         "instead of firing the bucket at once; --no-spread keeps the stamps"
     )
-    out = [_shift(e, -float(dt)) for e, dt in zip(rows, (new_t - t).tolist(), strict=True)]
-    out.sort(key=lambda e: e.arrival_s)
-    return out, width
+    spread = t + (new_t - t)  # each time moved by its draw, as a shift by the difference
+    return spread, np.argsort(spread, kind="stable"), width
 
 
 # ---- ShareGPT -----------------------------------------------------------------------------------------
