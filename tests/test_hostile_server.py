@@ -13,6 +13,7 @@ import pytest
 
 from slobench.cli import main
 from slobench.errors import TargetUnreachable
+from slobench.run.columnar import PARQUET, read_parquet_records
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets import OpenAITarget
 from slobench.targets.options import TargetOptions, Timeouts
@@ -90,7 +91,10 @@ def test_a_server_echoing_the_key_gets_it_stored_nowhere(tmp_path: Path, monkeyp
     assert code == 1 and len(records) == 4 and all(r["http_status"] == 401 for r in records)
     assert "bearer=***" in records[0]["error"], records[0]["error"]
     assert r.http_status == 401 and "decoded=***" in (r.error or ""), r.error
-    written = "".join(p.read_text() for p in (tmp_path / "r").iterdir() if p.is_file()) + (r.error or "")
+    run_dir = tmp_path / "r"
+    # every file as text; requests.parquet (compressed columns) as its records read back
+    written = "".join(p.read_text() for p in run_dir.iterdir() if p.is_file() and p.name != PARQUET)
+    written += "".join(rec.to_json() for rec in read_parquet_records(run_dir)) + (r.error or "")
     for secret in ("sk-from-env-0001", "xk-header-0002", "tok-bare-0003", "pa$$word", "pa%24%24word"):
         assert secret not in written, secret
 
