@@ -563,14 +563,21 @@ async def _start_target(setup: LoadSetup) -> tuple[Any, Any, str]:
 _PERIODS = {"s": 1.0, "sec": 1.0, "second": 1.0, "min": 60.0, "minute": 60.0, "h": 3600.0, "hour": 3600.0}
 
 
+MAX_OVERHEAD_S = 3600.0  # a simulated request's fixed cost outside the steps
+MAX_JITTER_SD = 10.0  # step-time noise, relative sd: beyond it a step's time is noise alone
+
+
 def parse_overhead_s(text: str | None) -> float | None:
     """`--request-overhead`: a duration (`13.7ms`, `0.0137s`, `0.0137`), 0 for none; None when not given."""
     if text is None:
         return None
     try:
-        return parse_duration_s(text, "--request-overhead", allow_zero=True)
+        overhead_s = parse_duration_s(text, "--request-overhead", allow_zero=True)
     except SpecError as e:
         raise UsageError(f"--request-overhead: {e.why} (got {text!r})") from None
+    if overhead_s > MAX_OVERHEAD_S:  # past this every simulated time is the overhead alone (a typo: 1e300s)
+        raise UsageError(f"--request-overhead: at most {MAX_OVERHEAD_S:g} s (got {text!r})")
+    return overhead_s
 
 
 def calibrated_flags(overhead_text: str | None, jitter_sd: float | None, profile: Any, name: str,
@@ -585,8 +592,8 @@ def calibrated_flags(overhead_text: str | None, jitter_sd: float | None, profile
     from that value, `served_max_num_seqs`), a note saying so. The third value is `name` when the profile supplied either,
     else None. A bad flag or provenance value is a UsageError naming it."""
     overhead_s = parse_overhead_s(overhead_text)
-    if jitter_sd is not None and not (isinstance(jitter_sd, int | float) and 0 <= jitter_sd < float("inf")):
-        raise UsageError(f"--jitter: must be a number >= 0 (got {jitter_sd!r})")
+    if jitter_sd is not None and not (isinstance(jitter_sd, int | float) and 0 <= jitter_sd <= MAX_JITTER_SD):
+        raise UsageError(f"--jitter: must be a relative sd from 0 to {MAX_JITTER_SD:g} (got {jitter_sd!r})")
     if max_num_seqs is not None:
         profile = profile() if callable(profile) else profile
         served = (getattr(profile, "provenance", None) or {}).get("served_max_num_seqs")

@@ -211,8 +211,11 @@ def check_load_flags(args: argparse.Namespace) -> None:
         v = getattr(args, flag, None)
         if v is not None and (math.isnan(v) or v < 0):
             raise UsageError(f"--{flag.replace('_', '-')} {v}: must be a number >= 0")
-    if getattr(args, "url", None):
-        check_urls(args.url)
+    url = getattr(args, "url", None)
+    if url is not None and not url.strip(" ,"):
+        raise UsageError(f"--url {url!r}: names no server (leave --url out for the default, or give http://HOST:PORT/v1)")
+    if url:
+        check_urls(url)
     if getattr(args, "report", None):
         check_out_file(Path(args.report), "--report")
 

@@ -68,7 +68,10 @@ async def _run(args: argparse.Namespace) -> int:
     for line in client_clock_lines(summary):
         print(line)
     for m in getattr(probe, "last_monitors", ()):  # no /metrics is a note: the report has no server-state panels
-        if getattr(m, "disabled_reason", None):
+        if getattr(m, "disabled_reason", None) and getattr(m, "num_scrapes", 0):
+            print(f"note: server metrics scraping stopped after {m.num_scrapes} scrapes "
+                  f"({printable(m.disabled_reason)}); the report's server-state panels end there")
+        elif getattr(m, "disabled_reason", None):
             print(f"note: no server metrics scraped ({printable(m.disabled_reason)}); the report has no "
                   "server-state panels")
     print(f"run directory: {out}")
