@@ -212,11 +212,9 @@ def bootstrap_quantile_ci(
 
 def wilson_ci(num_met: int, n: int, *, level: float = 0.95) -> tuple[float, float]:
     """Wilson score interval for a proportion (i.i.d.; sensible at 0 or n successes, unlike the bootstrap)."""
-    from scipy.stats import norm
-
     if n == 0:
         return (float("nan"), float("nan"))
-    z = float(norm.ppf((1 + level) / 2))
+    z = _normal_quantile((1 + level) / 2)
     p = num_met / n
     denom = 1 + z * z / n
     center = (p + z * z / (2 * n)) / denom
@@ -236,19 +234,55 @@ def t_interval(x: Sequence[float], level: float) -> tuple[float, float]:
     return (m - half, m + half)
 
 
+# scipy.stats.norm.ppf(0.975), to the bit (tests/test_metrics_slo.py holds it): the one level every summary uses,
+# without importing scipy.stats (a second of CPU) at the end of every run
+_Z_975 = 1.959963984540054
+
+
+def _normal_quantile(p: float) -> float:
+    if p == 0.975:
+        return _Z_975
+    from scipy.stats import norm
+
+    return float(norm.ppf(p))
+
+
+def binomial_quantile(p: float, n: int, q: float) -> int:
+    """The smallest k with P(Binomial(n, q) <= k) >= p, for 0 < p < 1 and 0 < q < 1: scipy's
+    `binom.ppf(p, n, q)`. Computed over the pmf within 5 sqrt(n) of the mean (Hoeffding: the mass beyond
+    is under 2e-22), each value's log summed outwards from the mode so that those near it stay exact; only
+    where the CDF lies within a relative 1e-9 of p is scipy asked (a second of CPU to import)."""
+    mean = n * q
+    half = 5.0 * math.sqrt(n) + 10.0
+    k0, k1 = max(0, math.floor(mean - half)), min(n, math.ceil(mean + half))
+    k = np.arange(k0, k1 + 1, dtype=float)
+    mode = min(max(math.floor((n + 1) * q), k0), k1) - k0
+    step = np.log((n - k[:-1]) / (k[:-1] + 1)) + math.log(q / (1 - q))  # log pmf(k+1) - log pmf(k)
+    log_pmf = np.empty(len(k))
+    log_pmf[mode] = 0.0
+    log_pmf[mode + 1:] = np.cumsum(step[mode:])
+    log_pmf[:mode] = -np.cumsum(step[:mode][::-1])[::-1]
+    cdf = np.cumsum(np.exp(log_pmf))
+    cdf /= cdf[-1]
+    i = int(np.searchsorted(cdf, p, side="left"))
+    if any(abs(cdf[j] - p) <= 1e-9 * min(p, 1 - p) for j in (i - 1, i) if 0 <= j < len(cdf)):
+        from scipy.stats import binom
+
+        return int(binom.ppf(p, n, q))
+    return k0 + i
+
+
 def order_statistic_ci(x: np.ndarray, q: float, *, level: float = 0.95) -> tuple[float | None, float | None]:
     """Distribution-free interval for the q-quantile from the sorted sample (i.i.d.): [x_(l), x_(u)] with
     l, u from Binomial(n, q). An end the sample cannot bound is None (the upper end of a p99 from 100
     values: at least 5% of the time all 100 fall below the true p99)."""
-    from scipy.stats import binom
-
     x = np.sort(x[~np.isnan(x)])
     n = len(x)
     if n == 0:
         return (None, None)
     alpha = 1 - level
-    lo_rank = int(binom.ppf(alpha / 2, n, q))  # x_(lo_rank), 1-based; 0 = below the smallest value
-    hi_rank = int(binom.ppf(1 - alpha / 2, n, q)) + 1
+    lo_rank = binomial_quantile(alpha / 2, n, q)  # x_(lo_rank), 1-based; 0 = below the smallest value
+    hi_rank = binomial_quantile(1 - alpha / 2, n, q) + 1
     lo = float(x[lo_rank - 1]) if lo_rank >= 1 else None
     hi = float(x[hi_rank - 1]) if hi_rank <= n else None
     return lo, hi
