@@ -13,7 +13,9 @@ raises becomes one in exactly one place, `map_errors`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from typing import Protocol
@@ -145,7 +147,8 @@ class HttpxTransport:
         )
         # httpx has no total timeout, only per-operation ones; the total is enforced with asyncio.timeout.
         self._client = httpx.AsyncClient(
-            http2=http2, limits=limits, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s)
+            http2=http2, limits=limits, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+            verify=tls_context(),
         )
 
     @asynccontextmanager
@@ -171,6 +174,13 @@ def _httpcore_trace(on_sent: Callable[[], None]) -> Callable[[str, dict[str, obj
             on_sent()
 
     return trace
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """httpx's default verifying TLS context, built once a process: each client building its own loads the
+    CA bundle again (~50 ms of CPU; a run builds several control clients)."""
+    return httpx.create_ssl_context()
 
 
 class Reply:
@@ -202,7 +212,7 @@ class ControlClient:
         if not timeout_s > 0:
             raise UsageError(f"timeout_s: must be > 0 seconds (got {timeout_s!r})")
         self.timeout_s = timeout_s
-        self._client = httpx.AsyncClient(timeout=timeout_s, headers=dict(headers or {}))
+        self._client = httpx.AsyncClient(timeout=timeout_s, headers=dict(headers or {}), verify=tls_context())
 
     async def __aenter__(self) -> ControlClient:
         return self
