@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import os
 import resource
@@ -76,7 +77,7 @@ def _children_cpu_s() -> float:
 
 
 async def measure(srv: TokenServerProcess, rate: float, seconds: float, name: str, output_len: int,
-                  workers: int = 1, spin_s: float | None = None) -> dict:
+                  workers: int = 1, spin_s: float | None = None, profile: str | None = None) -> dict:
     transport, _, variant = name.partition("+")
     if variant not in ("", "gc"):
         raise SystemExit(f"--transports: unknown variant {name!r} (TRANSPORT or TRANSPORT+gc)")
@@ -96,9 +97,15 @@ async def measure(srv: TokenServerProcess, rate: float, seconds: float, name: st
         await run(warm, target, opts=RunOptions(progress=False), handle_sigint=False)
         log_before = len(srv.read_log())
         counted = _LoadCpu(target, specs)
+        prof = cProfile.Profile() if profile else None
         cpu0 = time.process_time()
+        if prof:
+            prof.enable()
         res = await run(specs, counted, opts=_opts(spin_s, hold_gc=variant != "gc"),  # type: ignore[arg-type]
                         handle_sigint=False)
+        if prof:
+            prof.disable()
+            prof.dump_stats(f"{profile}.{name}-{rate:g}.prof")
         cpu_all = time.process_time() - cpu0
         cpu = (counted.cpu_at_last_s or cpu0 + cpu_all) - cpu0
     finally:
@@ -265,6 +272,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="run every client this many times, interleaved")
     ap.add_argument("--max-load", type=float, default=None,
                     help="before each round, wait (up to 5 min) for the 1-minute load average to fall under this")
+    ap.add_argument("--profile", default=None, metavar="PREFIX",
+                    help="cProfile slobench's measured runs into PREFIX.CLIENT-RATE.prof (the profiler's own cost "
+                         "inflates that row's CPU)")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error(f"--rounds: must be at least 1 (got {args.rounds})")
@@ -288,7 +298,8 @@ def main() -> None:
                     if name == "floor":
                         row = run_on(args.loop, measure_floor(srv, rate, args.seconds, args.output_len))
                     else:
-                        row = run_on(args.loop, measure(srv, rate, args.seconds, name, args.output_len, workers, spin))
+                        row = run_on(args.loop, measure(srv, rate, args.seconds, name, args.output_len, workers, spin,
+                                                             args.profile))
                     row["round"] = rnd
                     rows.append(row)
                     if args.rounds > 1:

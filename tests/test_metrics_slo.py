@@ -11,8 +11,10 @@ from slobench.analysis.slo import (
     block_length,
     bootstrap_mean_ci,
     bootstrap_quantile_ci,
+    bootstrap_quantile_cis,
     order_statistic_ci,
     quantile_ci,
+    quantile_cis,
     samples_beyond,
     wilson_ci,
 )
@@ -140,6 +142,17 @@ def test_wilson_interval_is_scipys_to_the_bit() -> None:
     for k, n in ((0, 50), (25, 50), (97, 100), (100, 100), (9001, 10_000)):
         for level in (0.95, 0.9):
             assert wilson_ci(k, n, level=level) == wilson(k, n, level)
+
+
+def test_several_quantiles_from_one_draw_are_each_quantiles_own() -> None:
+    # A summary's p50/p90/p99 intervals share one set of resamples: to the bit what one call each gives.
+    rng = np.random.default_rng(3)
+    for n in (2, 37, 100, 2500):
+        x = rng.lognormal(size=n)
+        x[rng.random(n) < 0.1] = np.nan
+        qs = (0.5, 0.9, 0.99)
+        assert bootstrap_quantile_cis(x, qs, seed=4) == [bootstrap_quantile_cis(x, (q,), seed=4)[0] for q in qs]
+        assert quantile_cis(x, qs, seed=4) == [quantile_ci(x, q, seed=4) for q in qs]
 
 
 def test_samples_beyond() -> None:

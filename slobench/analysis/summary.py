@@ -14,7 +14,7 @@ from typing import Any, Literal, get_type_hints
 import numpy as np
 
 from slobench.analysis.metrics import RecordArrays, achieved_send_rps, describe, quantiles, throughput
-from slobench.analysis.slo import SLO, Attainment, attainment, quantile_ci, samples_beyond
+from slobench.analysis.slo import SLO, Attainment, attainment, quantile_cis, samples_beyond
 from slobench.errors import SpecError, UsageError
 from slobench.redact import redact_message
 from slobench.run.records import REQUESTS, RequestRecord, read_record_dicts
@@ -66,7 +66,8 @@ class Dist:
         n = int(np.count_nonzero(~np.isnan(x)))
         ci = beyond = None
         if intervals:
-            ci = {name: quantile_ci(x, q, seed=seed) for q, name in CI_QUANTILES}
+            cis = quantile_cis(x, [q for q, _ in CI_QUANTILES], seed=seed)
+            ci = {name: c for (_, name), c in zip(CI_QUANTILES, cis, strict=True)}
             beyond = {name: samples_beyond(n, q) for q, name in CI_QUANTILES}
         return cls(d["mean"], d["p50"], d["p90"], d["p99"], d["max"], n, ci, beyond)
 
