@@ -4,7 +4,6 @@ and `summarize` (recompute a run's summary)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +22,7 @@ from slobench.errors import UsageError
 from slobench.experiments.sweep import parse_rates
 from slobench.load_setup import LoadSetup, load_slo
 from slobench.report.terminal import print_run, run_title
+from slobench.run.event_loop import run_async
 from slobench.run.outdir import claim_out_dir
 from slobench.run.rundir import load_run
 from slobench.targets.ray_pool import client_clock_lines
@@ -37,7 +37,7 @@ def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return asyncio.run(_run(args))
+    return run_async(_run(args))
 
 
 def sweep(args: argparse.Namespace) -> int:
@@ -46,7 +46,7 @@ def sweep(args: argparse.Namespace) -> int:
     rates = parse_rates(args.rates)
     setup = LoadSetup(options_from_args(args))
     out = Path(args.out) if args.out else default_out("sweep")
-    return asyncio.run(sweep_rates(setup, rates, out, seed=args.seed))
+    return run_async(sweep_rates(setup, rates, out, seed=args.seed))
 
 
 async def _run(args: argparse.Namespace) -> int:
