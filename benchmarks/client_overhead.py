@@ -100,6 +100,7 @@ async def measure(srv: TokenServerProcess, rate: float, seconds: float, name: st
         target = OpenAITarget(srv.base_url, TargetOptions(model=srv.model, transport=transport), clock)  # type: ignore[arg-type]
     await target.start()
     children0 = _children_cpu_s()
+    run_dir = Path(tempfile.mkdtemp(prefix="client_overhead_run_"))
     try:
         # warm the connection pool so the first second doesn't measure connection set-up
         warm = make_specs(rate, 0.5, output_len, seed=1)
@@ -110,8 +111,9 @@ async def measure(srv: TokenServerProcess, rate: float, seconds: float, name: st
         cpu0 = time.process_time()
         if prof:
             prof.enable()
+        # a run directory as the command line writes one: each record is written as its request finishes
         res = await run(specs, counted, opts=_opts(spin_s, hold_gc=variant != "gc"),  # type: ignore[arg-type]
-                        handle_sigint=False)
+                        handle_sigint=False, run_dir=run_dir)
         if prof:
             prof.disable()
             prof.dump_stats(f"{profile}.{name}-{rate:g}.prof")
@@ -119,6 +121,7 @@ async def measure(srv: TokenServerProcess, rate: float, seconds: float, name: st
         cpu = (counted.cpu_at_last_s or cpu0 + cpu_all) - cpu0
     finally:
         await target.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
     # The workers' CPU is known only once they exit: spread it over warm-up and measured requests alike.
     worker_cpu = (_children_cpu_s() - children0) * len(specs) / (len(specs) + len(warm))
     a = RecordArrays.from_records(res.records)
