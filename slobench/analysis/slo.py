@@ -213,7 +213,8 @@ def bootstrap_quantile_cis(
     # bound the work: B x n values are materialised
     b = num_resamples or int(max(100, min(1000, 20_000_000 // n)))
     rng = np.random.default_rng(seed)
-    per_q = np.quantile(x[_block_indices(n, b, rng)], list(qs), axis=1)  # one row of B resampled values per q
+    # one row of B resampled values per q; the resamples are a temporary, partitioned in place (no copy of B x n)
+    per_q = np.quantile(x[_block_indices(n, b, rng)], list(qs), axis=1, overwrite_input=True)
     out: list[tuple[float | None, float | None]] = []
     for row in per_q:
         lo, hi = np.quantile(row, [(1 - level) / 2, (1 + level) / 2])
