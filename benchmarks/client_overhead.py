@@ -1,29 +1,39 @@
-"""How much does the client itself distort what it measures, and what does it cost per request?
+"""How much does the client itself distort what it measures, and what does it cost?
 
 Drives the scheduled-token server (pinned to one core) with open-loop Poisson traffic from this process
-(pinned to the other) and prints, per rate and client: achieved send rate, send lateness, client CPU per
-request, and the TTFT error (the client's TTFT minus the server's own, from its log on the same clock).
-"floor" is a minimal aiohttp client that parses nothing; `raw+gc` is raw with the cyclic GC left running;
-`--rounds N` interleaves the clients; `--client-workers N` sends from N processes. Target: at most 0.6 ms
-of CPU a request and a TTFT error p99 under 1 ms at 400 req/s. Figures: docs/measurements/client_overhead.md.
+(pinned to the other) and prints, per rate and client: achieved send rate, send lateness, the marginal
+CPU per request (first send to last answer), and the TTFT error (the client's TTFT minus the server's own,
+from its log on the same clock). Then the fixed cost: the CPU of whole processes for `--help` and a
+5-request run, slobench's (from each of `--trees`) beside the floor's. "floor" is a minimal aiohttp client
+that parses nothing; both run on slobench's event loop (`--loop`). Targets: 800 req/s of 16-token streams
+on one core, at most 0.3 ms of CPU a request, a 5-request run under 1 s of CPU. Figures:
+docs/measurements/client_overhead.md.
 
     python benchmarks/client_overhead.py [--rates 400,800] [--seconds 6] [--transports raw,httpx]
-                                         [--client-workers 1,2] [--rounds N] [--max-load L]"""
+                                         [--rounds N] [--max-load L] [--fixed N] [--trees DIR,DIR]"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import os
 import resource
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+import slobench
 from slobench.analysis.metrics import RecordArrays, achieved_send_rps, throughput
 from slobench.run.clock import Clock
+from slobench.run.event_loop import run_async
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.run.runner import RunOptions, run
 from slobench.targets.base import TargetBase
@@ -76,7 +86,7 @@ def _children_cpu_s() -> float:
 
 
 async def measure(srv: TokenServerProcess, rate: float, seconds: float, name: str, output_len: int,
-                  workers: int = 1, spin_s: float | None = None) -> dict:
+                  workers: int = 1, spin_s: float | None = None, profile: str | None = None) -> dict:
     transport, _, variant = name.partition("+")
     if variant not in ("", "gc"):
         raise SystemExit(f"--transports: unknown variant {name!r} (TRANSPORT or TRANSPORT+gc)")
@@ -90,19 +100,28 @@ async def measure(srv: TokenServerProcess, rate: float, seconds: float, name: st
         target = OpenAITarget(srv.base_url, TargetOptions(model=srv.model, transport=transport), clock)  # type: ignore[arg-type]
     await target.start()
     children0 = _children_cpu_s()
+    run_dir = Path(tempfile.mkdtemp(prefix="client_overhead_run_"))
     try:
         # warm the connection pool so the first second doesn't measure connection set-up
         warm = make_specs(rate, 0.5, output_len, seed=1)
         await run(warm, target, opts=RunOptions(progress=False), handle_sigint=False)
         log_before = len(srv.read_log())
         counted = _LoadCpu(target, specs)
+        prof = cProfile.Profile() if profile else None
         cpu0 = time.process_time()
+        if prof:
+            prof.enable()
+        # a run directory as the command line writes one: each record is written as its request finishes
         res = await run(specs, counted, opts=_opts(spin_s, hold_gc=variant != "gc"),  # type: ignore[arg-type]
-                        handle_sigint=False)
+                        handle_sigint=False, run_dir=run_dir)
+        if prof:
+            prof.disable()
+            prof.dump_stats(f"{profile}.{name}-{rate:g}.prof")
         cpu_all = time.process_time() - cpu0
         cpu = (counted.cpu_at_last_s or cpu0 + cpu_all) - cpu0
     finally:
         await target.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
     # The workers' CPU is known only once they exit: spread it over warm-up and measured requests alike.
     worker_cpu = (_children_cpu_s() - children0) * len(specs) / (len(specs) + len(warm))
     a = RecordArrays.from_records(res.records)
@@ -202,12 +221,82 @@ async def measure_floor(srv: TokenServerProcess, rate: float, seconds: float, ou
 
 
 def run_on(loop: str, coro: Any) -> Any:
+    if loop == "auto":  # what slobench itself runs on: uvloop where installed
+        return run_async(coro)
     if loop == "uvloop":
         import uvloop
 
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             return runner.run(coro)
     return asyncio.run(coro)
+
+
+# The floor's whole program for the fixed cost: start, POST `n` streams one after another, read each to the
+# end, exit. What it costs beyond `python -c pass` is the least any Python client pays to start and stop.
+FLOOR_PROGRAM = """
+import asyncio, json, sys
+import aiohttp
+try:
+    import uvloop
+except ImportError:
+    uvloop = None
+url, model, n, output_len = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+async def main():
+    async with aiohttp.ClientSession() as session:
+        for i in range(n):
+            body = json.dumps({"model": model, "prompt": list(range(1000, 1016)), "max_tokens": output_len,
+                               "stream": True, "ignore_eos": True}).encode()
+            async with session.post(url + "/completions", data=body,
+                                    headers={"Content-Type": "application/json"}) as resp:
+                async for _ in resp.content.iter_any():
+                    pass
+if uvloop is not None:
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
+else:
+    asyncio.run(main())
+"""
+
+
+def _child_cpu_s(argv: list[str], env: dict[str, str], cwd: Path) -> float:
+    """The CPU (user + system) one child process spends from start to exit. `cwd` holds no package: `python
+    -m` puts the working directory before PYTHONPATH, and a checkout's would shadow the tree asked for."""
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, ru = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(argv[:6])} ...: exit {proc.returncode}\n{err[-2000:]}")
+    return ru.ru_utime + ru.ru_stime
+
+
+def fixed_costs(srv: TokenServerProcess, trees: list[str], repeats: int, output_len: int) -> list[dict]:
+    """CPU of whole processes, each the median of `repeats` after one untimed start (which writes the
+    bytecode caches, as an installed package has them): the interpreter alone, the floor's 5-request
+    program, and per source tree `slobench --help`, `slobench run --help` and a 5-request `slobench run`
+    (preflight, the run, its summary and the printed table)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    py = sys.executable
+    cmds: list[tuple[str, str, list[str], dict[str, str]]] = [
+        ("python -c pass", "-", [py, "-c", "pass"], env),
+        ("floor: 5 requests", "-", [py, "-c", FLOOR_PROGRAM, srv.base_url, srv.model, "5", str(output_len)], env),
+    ]
+    out_root = Path(tempfile.mkdtemp(prefix="client_overhead_"))
+    for k, tree in enumerate(trees):
+        tenv = {**env, "PYTHONPATH": tree}
+        run = [py, "-m", "slobench", "run", "--url", srv.base_url, "--model", srv.model, "--num-requests", "5",
+               "--rate", "50", "--input-len", "16", "--output-len", str(output_len), "--no-progress",
+               "--overwrite", "--out", str(out_root / f"run{k}")]
+        cmds += [("slobench --help", tree, [py, "-m", "slobench", "--help"], tenv),
+                 ("slobench run --help", tree, [py, "-m", "slobench", "run", "--help"], tenv),
+                 ("slobench run: 5 requests", tree, run, tenv)]
+    rows = []
+    for what, tree, argv, cenv in cmds:
+        _child_cpu_s(argv, cenv, out_root)
+        cpu = sorted(_child_cpu_s(argv, cenv, out_root) for _ in range(repeats))
+        rows.append({"what": what, "tree": tree, "cpu_s": cpu[len(cpu) // 2], "min_s": cpu[0], "max_s": cpu[-1]})
+    shutil.rmtree(out_root, ignore_errors=True)
+    return rows
 
 
 def _wait_for_load(max_load: float | None, limit_s: float = 300.0) -> float:
@@ -249,6 +338,16 @@ def _medians(rows: list[dict]) -> None:
               f"{med('late_p50_ms')} / {med('late_p99_ms')} | {med('ttft_err_p50_ms')} / {med('ttft_err_p99_ms')} |")
 
 
+def _fixed_table(rows: list[dict], repeats: int) -> None:
+    base = next(r["cpu_s"] for r in rows if r["what"] == "python -c pass")
+    print(f"\nfixed cost: CPU of the whole process (user + system), median of {repeats} [min–max]")
+    print("| what | source tree | CPU s | beyond `python -c pass` s |")
+    print("|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['what']} | {r['tree']} | {r['cpu_s']:.2f} [{r['min_s']:.2f}–{r['max_s']:.2f}] | "
+              f"{r['cpu_s'] - base:.2f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", default="400,800")
@@ -259,12 +358,21 @@ def main() -> None:
     ap.add_argument("--ttft-ms", type=float, default=50.0)
     ap.add_argument("--itl-ms", type=float, default=1.0)
     ap.add_argument("--spin-ms", type=float, default=None, help="RunOptions.spin_s in ms (default: the runner's)")
-    ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
-                    help="the event loop of the client (uvloop: if installed)")
+    ap.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
+                    help="the event loop of both clients (auto, the default: slobench's own choice, uvloop where "
+                         "installed)")
+    ap.add_argument("--fixed", type=int, default=3, metavar="N",
+                    help="whole-process CPU of `--help`, a 5-request run and the floor's, median of N (0: skip)")
+    ap.add_argument("--trees", default=None, metavar="DIR,DIR",
+                    help="the fixed cost of slobench from each of these source trees (PYTHONPATH), side by side "
+                         "(default: the one imported here)")
     ap.add_argument("--no-floor", action="store_true", help="skip the minimal aiohttp client (the floor)")
     ap.add_argument("--rounds", type=int, default=1, help="run every client this many times, interleaved")
     ap.add_argument("--max-load", type=float, default=None,
                     help="before each round, wait (up to 5 min) for the 1-minute load average to fall under this")
+    ap.add_argument("--profile", default=None, metavar="PREFIX",
+                    help="cProfile slobench's measured runs into PREFIX.CLIENT-RATE.prof (the profiler's own cost "
+                         "inflates that row's CPU)")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error(f"--rounds: must be at least 1 (got {args.rounds})")
@@ -288,11 +396,14 @@ def main() -> None:
                     if name == "floor":
                         row = run_on(args.loop, measure_floor(srv, rate, args.seconds, args.output_len))
                     else:
-                        row = run_on(args.loop, measure(srv, rate, args.seconds, name, args.output_len, workers, spin))
+                        row = run_on(args.loop, measure(srv, rate, args.seconds, name, args.output_len, workers, spin,
+                                                             args.profile))
                     row["round"] = rnd
                     rows.append(row)
                     if args.rounds > 1:
                         print(f"round {rnd + 1}/{args.rounds}: {_row(row)}", flush=True)
+        trees = args.trees.split(",") if args.trees else [str(Path(slobench.__file__).resolve().parents[1])]
+        fixed = fixed_costs(srv, trees, args.fixed, args.output_len) if args.fixed > 0 else []
     print(f"\nclient overhead ({args.loop} loop): {args.output_len}-token streams, server TTFT {args.ttft_ms:g} ms / ITL {args.itl_ms:g} ms, "
           f"{args.seconds:g} s per rate, {os.cpu_count()} cores; load average (1/5/15 min) before "
           f"{'/'.join(f'{x:.2f}' for x in load_before)}, after {'/'.join(f'{x:.2f}' for x in os.getloadavg())}"
@@ -306,6 +417,8 @@ def main() -> None:
         print(_row(r))
     if args.rounds > 1:
         _medians(rows)
+    if fixed:
+        _fixed_table(fixed, args.fixed)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from slobench.experiments.probe import VirtualProbe
 from slobench.fleet.simulate import ModeledEngine
 from slobench.gate import GateResult, gate, load_samples
 from slobench.report import build_report
+from slobench.run.event_loop import run_async
 from slobench.run.manifest import build_manifest
 from slobench.run.records import RequestRecord
 from slobench.run.rundir import Run, load_run
@@ -87,7 +88,7 @@ def run_load(
             return load_run(out)
         return Run(Path("."), manifest, list(res.records), res.summary)
 
-    return asyncio.run(go())
+    return run_async(go())
 
 
 def simulate_load(

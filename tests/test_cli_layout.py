@@ -4,6 +4,8 @@ no verb module importing another or a private name of any slobench module, and o
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,6 +70,16 @@ def test_no_module_but_the_transport_speaks_http_itself() -> None:
             if module.split(".")[0] in ("httpx", "aiohttp", "requests", "urllib3"):
                 offenders.append(f"{path.relative_to(ROOT)}: {module}")
     assert offenders == []
+
+
+def test_the_run_verb_starts_without_what_only_reports_and_fits_need() -> None:
+    # `slobench run` (and its --help) imports the whole load path; plotly, scipy and pyarrow are imported
+    # where a report is drawn, a distribution fitted or a Parquet file written, each a tenth of a second
+    # to a second of CPU that a run's start would otherwise pay.
+    code = ("import sys, slobench.cli.run, slobench.cli.common; "
+            "print(sorted(m for m in ('plotly', 'scipy', 'pyarrow', 'narwhals') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_demo_sweeps_without_reparsing_an_argument_list() -> None:

@@ -7,11 +7,14 @@ from slobench.analysis.metrics import RecordArrays, quantiles, throughput
 from slobench.analysis.slo import (
     SLO,
     attainment,
+    binomial_quantile,
     block_length,
     bootstrap_mean_ci,
     bootstrap_quantile_ci,
+    bootstrap_quantile_cis,
     order_statistic_ci,
     quantile_ci,
+    quantile_cis,
     samples_beyond,
     wilson_ci,
 )
@@ -112,6 +115,44 @@ def test_order_statistic_interval_matches_the_notes_table(n: int, q: float, lo: 
     got_lo, got_hi = order_statistic_ci((np.arange(n) + 1) / n, q)
     assert got_lo == pytest.approx(lo, abs=1.5 / n)
     assert (got_hi is None) if hi is None else got_hi == pytest.approx(hi, abs=1.5 / n)
+
+
+def test_binomial_quantile_is_scipys() -> None:
+    # Every n to 800 and a spread of larger ones, at each summary quantile and both ends of a 95%
+    # interval: the same integer as scipy's binom.ppf (which a summary no longer imports).
+    from scipy.stats import binom
+
+    ns = np.concatenate([np.arange(1, 801), np.random.default_rng(0).integers(800, 1_000_000, 30)])
+    for q in (0.5, 0.9, 0.99, 0.999, 0.05):
+        for p in ((1 - 0.95) / 2, 1 - (1 - 0.95) / 2):
+            want = binom.ppf(p, ns, q).astype(int)
+            got = np.array([binomial_quantile(p, int(n), q) for n in ns])
+            assert np.array_equal(got, want), (q, p, ns[got != want][:5])
+
+
+def test_wilson_interval_is_scipys_to_the_bit() -> None:
+    from scipy.stats import norm
+
+    def wilson(k: int, n: int, level: float) -> tuple[float, float]:
+        z = float(norm.ppf((1 + level) / 2))
+        p, denom = k / n, 1 + z * z / n
+        center, half = (p + z * z / (2 * n)) / denom, z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+        return float(max(0.0, center - half)), float(min(1.0, center + half))
+
+    for k, n in ((0, 50), (25, 50), (97, 100), (100, 100), (9001, 10_000)):
+        for level in (0.95, 0.9):
+            assert wilson_ci(k, n, level=level) == wilson(k, n, level)
+
+
+def test_several_quantiles_from_one_draw_are_each_quantiles_own() -> None:
+    # A summary's p50/p90/p99 intervals share one set of resamples: to the bit what one call each gives.
+    rng = np.random.default_rng(3)
+    for n in (2, 37, 100, 2500):
+        x = rng.lognormal(size=n)
+        x[rng.random(n) < 0.1] = np.nan
+        qs = (0.5, 0.9, 0.99)
+        assert bootstrap_quantile_cis(x, qs, seed=4) == [bootstrap_quantile_cis(x, (q,), seed=4)[0] for q in qs]
+        assert quantile_cis(x, qs, seed=4) == [quantile_ci(x, q, seed=4) for q in qs]
 
 
 def test_samples_beyond() -> None:

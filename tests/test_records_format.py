@@ -56,6 +56,37 @@ def test_to_json_writes_the_same_bytes_as_before(r: RequestRecord) -> None:
     assert RequestRecord.from_dict(json.loads(line)).to_json() == line
 
 
+_any_float = st.floats()  # NaN, infinities, subnormals, negatives: what json writes its own way
+_odd_records = st.builds(
+    RequestRecord,
+    request_id=st.integers(min_value=-(2**70), max_value=2**70),  # past 64 bits: orjson refuses, json writes
+    scheduled_s=_any_float,
+    tag=st.text(max_size=8),
+    sent_s=st.one_of(st.none(), _any_float),
+    first_token_s=st.one_of(st.none(), _any_float),
+    done_s=st.one_of(st.none(), _any_float),
+    chunk_times_s=st.lists(st.one_of(_any_float, st.floats(min_value=1e-4, max_value=1e5)), max_size=20),
+    chunk_tokens=st.lists(st.integers(min_value=-(2**70), max_value=2**70), max_size=5),
+    error=st.one_of(st.none(), st.text(max_size=40)),
+    queued_s=_any_float,
+    finish_reason=st.one_of(st.none(), st.text(max_size=6)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_odd_records)
+def test_to_json_is_jsons_for_any_value(r: RequestRecord) -> None:
+    # the fast path (orjson) takes only what it writes as json does; the rest goes through json itself
+    assert r.to_json() == reference_line(r)
+
+
+def test_to_json_takes_numpy_floats_as_json_does() -> None:
+    import numpy as np
+
+    r = RequestRecord(3, float(np.float64(1.5)), sent_s=np.float64(1.25), chunk_times_s=[np.float64(1.5)])  # type: ignore[list-item]
+    assert r.to_json() == reference_line(r)
+
+
 def test_a_record_line_is_pinned() -> None:
     r = RequestRecord(7, 0.5, tag="chat", sent_s=0.5001, first_token_s=0.55, done_s=0.6,
                       chunk_times_s=[0.55, 0.5612345678912], chunk_tokens=[1, 2], input_tokens=16, output_tokens=3,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from slobench.experiments.probe import ProbeMeasure
 from slobench.experiments.sweep import parse_rates
 from slobench.gate import EXIT_INCONCLUSIVE, load_samples
 from slobench.load_setup import MIN_PROBE_S, LoadSetup
+from slobench.run.event_loop import run_async
 from slobench.run.outdir import claim_out_dir, removed_if_unused
 from slobench.run.rundir import CAPACITY, write_capacity, write_json_atomic
 
@@ -61,7 +61,7 @@ def add_arguments(verb: str, cap: argparse.ArgumentParser) -> None:
 
 
 def capacity(args: argparse.Namespace) -> int:
-    return asyncio.run(_capacity(args))
+    return run_async(_capacity(args))
 
 
 def _tolerance(text: str) -> float:

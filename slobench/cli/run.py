@@ -4,7 +4,6 @@ and `summarize` (recompute a run's summary)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +25,7 @@ from slobench.load_setup import LoadSetup, load_slo
 from slobench.printable import printable
 from slobench.report.terminal import print_run, run_title
 from slobench.run.columnar import PARQUET, write_parquet
+from slobench.run.event_loop import run_async
 from slobench.run.outdir import claim_out_dir, removed_if_unused
 from slobench.run.records import REQUESTS, read_records
 from slobench.run.rundir import read_manifest, read_summary
@@ -43,7 +43,7 @@ def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return asyncio.run(_run(args))
+    return run_async(_run(args))
 
 
 def sweep(args: argparse.Namespace) -> int:
@@ -53,7 +53,7 @@ def sweep(args: argparse.Namespace) -> int:
     setup = LoadSetup(options_from_args(args))
     out = Path(args.out) if args.out else default_out("sweep")
     with removed_if_unused(None if args.out else out):
-        return asyncio.run(sweep_rates(setup, rates, out, seed=args.seed))
+        return run_async(sweep_rates(setup, rates, out, seed=args.seed))
 
 
 async def _run(args: argparse.Namespace) -> int:

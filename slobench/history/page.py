@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import plotly.io as pio
-
 from slobench.errors import UsageError
 from slobench.gate import HIGHER_IS_BETTER
 from slobench.history.changepoint import MIN_COMMITS, ChangePoint, find_change_points
@@ -202,6 +200,8 @@ def _unit(key: str) -> str:
 
 def render(entries: Sequence[dict[str, Any]], metrics: Sequence[MetricHistory], *, alpha: float,
            title: str) -> str:
+    import plotly.io as pio  # plotly: imported when the page is drawn
+
     divs = []
     for n, h in enumerate(metrics, 1):
         divs.append(pio.to_html(figure(h, entries), config=PLOTLY_CONFIG, include_plotlyjs=False, full_html=False,

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from plotly.colors import sample_colorscale
 
 from slobench.analysis.summary import from_send
 from slobench.analysis.summary import ttft_on_slo_clock as ttft_s
@@ -106,6 +105,8 @@ def percentile_figure(views: Sequence[Analyzed]) -> dict[str, Any]:
 
 
 def cdf_figure(view: Analyzed) -> dict[str, Any]:
+    from plotly.colors import sample_colorscale  # plotly: imported when a report is drawn
+
     s = view.series
     slo = s.slo
     f = Fig(1, 3, titles=["TTFT ms", "TPOT ms", "ITL ms (every chunk gap)"], hspace=0.07)

@@ -16,9 +16,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import plotly.io as pio
-from plotly.offline import get_plotlyjs
-
 from slobench.analysis.slo import SLO, samples_beyond
 from slobench.analysis.summary import Breakdown, Dist
 from slobench.errors import UsageError
@@ -94,6 +91,8 @@ class _Figures:
         self.count = 0
 
     def div(self, fig: dict[str, Any]) -> str:
+        import plotly.io as pio  # plotly (with narwhals) is a quarter second of import: only a report needs it
+
         self.count += 1
         height = fig["layout"].get("height", 450)
         # validate=False: the dicts come from plot.Fig, checked against plotly's schema in the tests
@@ -120,6 +119,8 @@ def render(views: Sequence[Analyzed], *, title: str | None = None) -> str:
 def page(title: str, body: str, num_figures: int, *, footer: str) -> str:
     """A self-contained HTML page: plotly inlined, the network forbidden by its CSP, the report's styles.
     The run report and the history page (slobench.history) are both made by it; `footer` is HTML."""
+    from plotly.offline import get_plotlyjs
+
     return _PAGE.format(title=esc(title), csp=CSP, css=_CSS, num_figures=num_figures, plotlyjs=get_plotlyjs(),
                         body=body, version=esc(__version__), footer=footer)
 

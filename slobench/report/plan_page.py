@@ -11,8 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import plotly.io as pio
-
 from slobench.report.html import esc, page, write_page
 from slobench.report.plot import Fig
 from slobench.report.style import PLOTLY_CONFIG, TARGET, base_layout, series_color
@@ -31,6 +29,8 @@ def plan_figures(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def render_plan(result: dict[str, Any]) -> str:
+    import plotly.io as pio  # plotly: imported when the page is drawn
+
     figs = plan_figures(result)
     divs = [pio.to_html(f, config=PLOTLY_CONFIG, include_plotlyjs=False, full_html=False, div_id=f"fig-{i + 1}",
                         default_height=f"{f['layout'].get('height', 420)}px", validate=False)

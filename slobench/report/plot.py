@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from _plotly_utils.utils import convert_to_base64
 
 GRID = "#e6e6e6"
 
@@ -97,6 +96,8 @@ class Fig:
             })
 
     def to_dict(self) -> dict[str, Any]:
+        from _plotly_utils.utils import convert_to_base64  # plotly's: imported when a report is drawn
+
         d = {"data": self.data, "layout": {**self.layout, "annotations": self._log_annotations()}}
         convert_to_base64(d)  # numpy columns -> plotly.js typed arrays (base64): compact, and exact
         return d

@@ -15,16 +15,19 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cache
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from slobench.errors import UsageError
 from slobench.run.records import REQUESTS, RequestRecord, read_record_dicts, record_problem
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
 PARQUET = "requests.parquet"
 ROW_GROUP = 1 << 16  # records buffered before a row group is written: bounds the writer's memory
@@ -36,13 +39,21 @@ FLOATS = ("scheduled_s", "sent_s", "first_token_s", "done_s", "queued_s")
 INTS = ("request_id", "input_tokens", "prompt_tokens", "cached_tokens", "output_tokens", "usage_output_tokens",
         "max_tokens", "http_status", "replica")
 STRINGS = ("tag", "status", "error", "finish_reason", "output_tokens_source")
-_TYPES: dict[str, pa.DataType] = {**dict.fromkeys(FLOATS, pa.float64()), **dict.fromkeys(INTS, pa.int64()),
-                                  **dict.fromkeys(STRINGS, pa.string()), "is_warmup": pa.bool_(),
-                                  "chunk_times_s": pa.list_(pa.float64()), "chunk_tokens": pa.list_(pa.int32())}
 _NOT_NULL = frozenset({"request_id", "scheduled_s", "chunk_times_s", "chunk_tokens", "is_warmup"})
-# The columns in RequestRecord's field order, so a DuckDB `SELECT *` reads like a requests.jsonl line.
-SCHEMA = pa.schema([pa.field(name, _TYPES[name], nullable=name not in _NOT_NULL)
-                    for name in RequestRecord.__dataclass_fields__])
+
+
+@cache
+def schema() -> pa.Schema:
+    """The columns in RequestRecord's field order, so a DuckDB `SELECT *` reads like a requests.jsonl line.
+    pyarrow is imported here and in the functions that read or write, not with the module: a run's start-up
+    (and `slobench run --help`) does not pay for it."""
+    import pyarrow as pa
+
+    types: dict[str, pa.DataType] = {**dict.fromkeys(FLOATS, pa.float64()), **dict.fromkeys(INTS, pa.int64()),
+                                     **dict.fromkeys(STRINGS, pa.string()), "is_warmup": pa.bool_(),
+                                     "chunk_times_s": pa.list_(pa.float64()), "chunk_tokens": pa.list_(pa.int32())}
+    return pa.schema([pa.field(name, types[name], nullable=name not in _NOT_NULL)
+                      for name in RequestRecord.__dataclass_fields__])
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +127,8 @@ class _Buffer:
         self.tokens_end.append(len(self.tokens))
 
     def table(self) -> pa.Table:
+        import pyarrow as pa
+
         cols: dict[str, pa.Array] = {}
         numbers = np.frombuffer(self.numbers, dtype=float).reshape(len(self), len(FLOATS) + len(INTS))
         for j, k in enumerate((*FLOATS, *INTS)):
@@ -131,7 +144,7 @@ class _Buffer:
                                  ("chunk_tokens", np.frombuffer(self.tokens, dtype=np.int32), self.tokens_end)):
             offsets = pa.array(np.frombuffer(ends, dtype=np.int64), pa.int32())
             cols[name] = pa.ListArray.from_arrays(offsets, pa.array(flat))
-        return pa.table([cols[f.name] for f in SCHEMA], schema=SCHEMA)
+        return pa.table([cols[f.name] for f in schema()], schema=schema())
 
 
 def round_9(x: np.ndarray) -> np.ndarray:
@@ -155,6 +168,7 @@ class ParquetLog:
     record."""
 
     def __init__(self, run_dir: Path) -> None:
+
         self.path = Path(run_dir) / PARQUET
         self.tmp = self.path.with_name(PARQUET + ".tmp")
         self._buffer = _Buffer()
@@ -189,6 +203,8 @@ class ParquetLog:
 
     def abort(self) -> None:
         """Drop the file being written (the records are being replaced, or writing failed)."""
+        import pyarrow as pa
+
         try:
             self._wait()
         except (OSError, pa.ArrowException):
@@ -221,14 +237,18 @@ class ParquetLog:
             self._pool = None
 
     def _write(self, buffer: _Buffer) -> None:
+        import pyarrow.parquet as pq
+
         if self._writer is None:
             self.path.unlink(missing_ok=True)  # a previous run's file must not outlive this run's requests.jsonl
-            self._writer = pq.ParquetWriter(self.tmp, SCHEMA, compression="zstd", write_statistics=False,
+            self._writer = pq.ParquetWriter(self.tmp, schema(), compression="zstd", write_statistics=False,
                                             use_byte_stream_split=list(BYTE_STREAM_SPLIT))
         if len(buffer):
             self._writer.write_table(buffer.table(), row_group_size=ROW_GROUP)
 
     def _guard(self, step: Callable[[], None]) -> None:
+        import pyarrow as pa
+
         if self.failed is not None:
             return
         try:
@@ -254,6 +274,9 @@ def write_parquet(run_dir: Path, records: Iterable[RequestRecord]) -> bool:
 def parquet_problem(run_dir: Path) -> str | None:
     """Why requests.parquet cannot stand for requests.jsonl (None: it can): unreadable (cut short by a crash
     or a copy), or written beside a requests.jsonl of another size (appended to or replaced since)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     path = Path(run_dir) / PARQUET
     try:
         meta = pq.read_metadata(path)
@@ -263,7 +286,7 @@ def parquet_problem(run_dir: Path) -> str | None:
     jsonl = Path(run_dir) / REQUESTS
     if jsonl.exists() and (written is None or int(written) != jsonl.stat().st_size):
         return f"written beside a {REQUESTS} of {int(written or -1):,} bytes, which now has {jsonl.stat().st_size:,}"
-    if not meta.schema.to_arrow_schema().equals(SCHEMA):
+    if not meta.schema.to_arrow_schema().equals(schema()):
         return "not the columns this slobench writes"
     return None
 
@@ -279,8 +302,11 @@ def use_parquet(run_dir: Path) -> bool:
 
 
 def read_table(run_dir: Path, columns: Sequence[str] | None = None) -> pa.Table:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
-        return pq.read_table(Path(run_dir) / PARQUET, schema=SCHEMA, columns=None if columns is None else list(columns))
+        return pq.read_table(Path(run_dir) / PARQUET, schema=schema(), columns=None if columns is None else list(columns))
     except (OSError, pa.ArrowException) as e:
         raise OSError(f"{Path(run_dir) / PARQUET}: unreadable ({type(e).__name__}: {e})") from e
 

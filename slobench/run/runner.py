@@ -26,6 +26,7 @@ from slobench.analysis.warmup import latency_series, mser5_cut
 from slobench.errors import ResultsNotWritten, SlobenchError, SpecError
 from slobench.run import quiet_gc
 from slobench.run.clock import Clock
+from slobench.run.event_loop import loop_name
 from slobench.run.precise_sleep import sleep_until
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.run.rundir import SUMMARY, RunWriter
@@ -279,7 +280,8 @@ async def run(
     clock.reset()
     clock.origin_ns += int(START_LEAD_S * 1e9)
     if writer is not None:
-        writer.update_manifest({"clock": {"wall_anchor_unix_s": clock.wall_anchor_unix_s + START_LEAD_S}})
+        writer.update_manifest({"clock": {"wall_anchor_unix_s": clock.wall_anchor_unix_s + START_LEAD_S},
+                                "event_loop": loop_name()})
     if opts.closed_loop_users:
         sender = asyncio.ensure_future(disp.closed_loop(schedule))
     else:

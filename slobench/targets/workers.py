@@ -31,6 +31,7 @@ from typing import Any
 from slobench.errors import SpecError
 from slobench.run import quiet_gc
 from slobench.run.clock import Clock
+from slobench.run.event_loop import run_async
 from slobench.run.precise_sleep import sleep_until
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.base import TargetBase
@@ -367,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m slobench.targets.workers FD (started by WorkerPool, not by hand)", file=sys.stderr)
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's runner owns Ctrl-C
-    asyncio.run(_serve(int(args[0])))
+    run_async(_serve(int(args[0])))
     return 0
 
 
