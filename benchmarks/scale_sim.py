@@ -21,26 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+from trace_replay import write_trace  # the same 200 req/s Mooncake trace (this folder is on sys.path)
 
 HERE = Path(__file__).resolve().parent.parent
 SIM = ["--simulate", "--profile", "h100-llama-1b", "--no-progress"]
-
-
-def write_mooncake(path: Path, rows: int, seed: int = 0) -> None:
-    """A Mooncake-format trace at 200 req/s: `timestamp` (ms), `input_length`, `output_length`, `hash_ids`."""
-    rng = np.random.default_rng(seed)
-    t_ms = np.floor(np.cumsum(rng.exponential(5.0, rows))).astype(np.int64)
-    ins = np.clip(np.rint(np.exp(rng.normal(np.log(1000), 1.0, rows))), 1, 16_000).astype(np.int64)
-    outs = np.clip(np.rint(np.exp(rng.normal(np.log(200), 0.8, rows))), 1, 4_000).astype(np.int64)
-    system = np.minimum(rng.zipf(1.2, rows), 1000) - 1
-    next_id = 1000
-    with open(path, "w") as fh:
-        for ts, n_in, n_out, first in zip(t_ms.tolist(), ins.tolist(), outs.tolist(), system.tolist(), strict=True):
-            num_blocks = -(-n_in // 512)
-            ids = ",".join(map(str, [first, *range(next_id, next_id + num_blocks - 1)]))
-            next_id += num_blocks - 1
-            fh.write(f'{{"timestamp":{ts},"input_length":{n_in},"output_length":{n_out},"hash_ids":[{ids}]}}\n')
 
 
 def run_child(tree: Path, argv: list[str], cwd: Path) -> tuple[float, float, float, int]:
@@ -72,7 +56,7 @@ def main() -> None:
         trace = work / "mooncake.jsonl"
         if cases & {"trace", "sweep"}:
             t0 = time.perf_counter()
-            write_mooncake(trace, args.rows)
+            write_trace(trace, args.rows)
             print(f"wrote {args.rows:,} Mooncake rows ({trace.stat().st_size / 2**20:.0f} MiB) in "
                   f"{time.perf_counter() - t0:.1f} s", flush=True)
         commands: list[tuple[str, list[str], bool]] = []  # (case, argv, old too)

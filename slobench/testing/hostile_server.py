@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import base64
 import json
-import signal
 import sys
 import zlib
 from collections.abc import Sequence
@@ -24,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from slobench.testing.process import ServerProcess
+from slobench.testing.process import ServerProcess, listen_until_stopped
 
 BEHAVIOURS = {
     "huge-error": "a completion gets HTTP 400 whose JSON error body is --size bytes",
@@ -243,15 +242,7 @@ async def _main_async(args: argparse.Namespace) -> None:
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
     port = runner.addresses[0][1]
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    print(f"LISTENING {port}", flush=True)
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
+    await listen_until_stopped(port, runner.cleanup)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -6,6 +6,7 @@ benchmarks. Waiting is bounded and event-driven (select on the child's stdout), 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import selectors
 import signal
@@ -13,10 +14,24 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
+
+
+async def listen_until_stopped(port: int, cleanup: Callable[[], Awaitable[None]]) -> None:
+    """A test server's life once it is bound: `LISTENING <port>` on stdout (what `ServerProcess` waits
+    for), then serve until SIGINT or SIGTERM, then `cleanup`."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"LISTENING {port}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await cleanup()
 
 
 class ServerProcess:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import socket
 import struct
 import sys
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from aiohttp import web
+
+from slobench.testing.process import listen_until_stopped
 
 FAULTS = frozenset(
     {
@@ -493,15 +494,7 @@ async def _main_async(args: argparse.Namespace) -> None:
         vocab_size=args.vocab,
     )
     runner, port = await serve(config, args.host, args.port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    print(f"LISTENING {port}", flush=True)
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
+    await listen_until_stopped(port, runner.cleanup)
 
 
 def main(argv: list[str] | None = None) -> None:
