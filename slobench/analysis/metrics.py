@@ -148,8 +148,15 @@ def chunk_gaps(flat_s: np.ndarray, lengths: np.ndarray, is_ok: np.ndarray) -> np
     return np.diff(flat_s)[into[1:]]
 
 
+def finite_values(x: np.ndarray) -> np.ndarray:
+    """x without its NaNs: x itself when it has none (a run's inter-token gaps are tens of millions of
+    values: each copy of them costs hundreds of MB)."""
+    absent = np.isnan(x)
+    return x[~absent] if absent.any() else x
+
+
 def quantiles(x: np.ndarray, qs: Sequence[float] = QUANTILES) -> dict[str, float | None]:
-    x = x[~np.isnan(x)]
+    x = finite_values(x)
     if len(x) == 0:
         return {f"p{_qname(q)}": None for q in qs}
     return {f"p{_qname(q)}": float(v) for q, v in zip(qs, np.quantile(x, qs), strict=True)}
@@ -162,7 +169,7 @@ def _qname(q: float) -> str:
 
 def describe(x: np.ndarray) -> dict[str, float | None]:
     """mean and the standard quantiles of the finite values of x."""
-    finite = x[~np.isnan(x)]
+    finite = finite_values(x)
     out: dict[str, float | None] = {"mean": float(finite.mean()) if len(finite) else None}
     out.update(quantiles(finite))
     out["max"] = float(finite.max()) if len(finite) else None

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 PARQUET = "requests.parquet"
 ROW_GROUP = 1 << 16  # records buffered before a row group is written: bounds the writer's memory
+ROW_GROUP_CHUNKS = 1 << 22  # or chunk times buffered (long answers): 32 MB of times, 16 MB of token counts
 # float columns stored byte-plane by byte-plane: zstd then finds the shared exponents of nearby times
 BYTE_STREAM_SPLIT = ("scheduled_s", "sent_s", "first_token_s", "done_s", "chunk_times_s.list.element")
 JSONL_BYTES_KEY = b"slobench.requests_jsonl_bytes"  # the size of the requests.jsonl it was written beside
@@ -181,7 +182,7 @@ class ParquetLog:
     def add(self, rec: RequestRecord) -> None:
         if self.failed is None:
             self._buffer.add(rec)
-            if len(self._buffer) >= ROW_GROUP:
+            if len(self._buffer) >= ROW_GROUP or len(self._buffer.times) >= ROW_GROUP_CHUNKS:
                 full, self._buffer = self._buffer, _Buffer()
                 self._guard(lambda: self._hand_off(full))
 
