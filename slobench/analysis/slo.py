@@ -165,12 +165,11 @@ def block_length(n: int) -> int:
     return int(max(1, min(250, n // 10)))
 
 
-def _block_indices(n: int, num_resamples: int, rng: np.random.Generator) -> np.ndarray:
+def block_starts(n: int, num_resamples: int, rng: np.random.Generator, length: int | None = None) -> np.ndarray:
+    """Each resample's block starts, (num_resamples, blocks): enough blocks of `block_length(n)` values
+    drawn from x's n to make `length` values (default n), the last block cut short."""
     b = block_length(n)
-    num_blocks = -(-n // b)
-    starts = rng.integers(0, n - b + 1, size=(num_resamples, num_blocks))
-    idx = (starts[:, :, None] + np.arange(b)[None, None, :]).reshape(num_resamples, -1)[:, :n]
-    return idx
+    return rng.integers(0, n - b + 1, size=(num_resamples, -(-(length or n) // b)))
 
 
 def bootstrap_mean_ci(x: np.ndarray, *, level: float = 0.95, num_resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
@@ -182,10 +181,9 @@ def bootstrap_mean_ci(x: np.ndarray, *, level: float = 0.95, num_resamples: int 
     n = len(x)
     if n == 0:
         return (float("nan"), float("nan"))
-    rng = np.random.default_rng(seed)
     b = block_length(n)
-    num_blocks = -(-n // b)
-    starts = rng.integers(0, n - b + 1, size=(num_resamples, num_blocks))
+    starts = block_starts(n, num_resamples, np.random.default_rng(seed))
+    num_blocks = starts.shape[1]
     cs = np.concatenate([[0.0], np.cumsum(x, dtype=float)])
     last = n - (num_blocks - 1) * b  # the final block is cut to make exactly n values
     full = (cs[starts[:, :-1] + b] - cs[starts[:, :-1]]).sum(axis=1)
@@ -221,14 +219,12 @@ def bootstrap_quantile_cis(
     n = len(x)
     if n < 2:
         return [(None, None)] * len(qs)
-    rng = np.random.default_rng(seed)
     full = n <= FULL_RESAMPLE_MAX or num_resamples is not None
     b = (num_resamples or int(max(100, min(1000, 20_000_000 // n)))) if full else 1000
     m = n if full else FULL_RESAMPLE_MAX
-    blen = block_length(n)
-    starts = rng.integers(0, n - blen + 1, size=(b, -(-m // blen)))  # as _block_indices draws them
+    starts = block_starts(n, b, np.random.default_rng(seed), m)
     rows = max(1, RESAMPLE_CHUNK_VALUES // m)
-    offsets = np.arange(blen)
+    offsets = np.arange(block_length(n))
     chunks = []
     for k in range(0, b, rows):
         part = starts[k : k + rows]
