@@ -93,6 +93,21 @@ def plan_section(data: Path, profile: str) -> str:
     return "\n".join(lines)
 
 
+def gap_table(rows: list[dict[str, Any]]) -> str:
+    """Per run, measured less simulated TPOT (median, ms) by answer length: level across the columns, the
+    simulator misses a cost every step pays; falling, one paid once a request."""
+    bins = [b["tokens_after_first"] for r in rows for b in r["tpot_gap_by_output_len"]]
+    cols = sorted({tuple(b) for b in bins}, key=lambda b: b[0])
+    names = [f"{lo}-{hi - 1}" if hi else f">={lo}" for lo, hi in cols]
+    lines = ["TPOT measured - simulated, median ms, by tokens after the first (requests in the bin)",
+             f"{'run':28s} " + " ".join(f"{n:>14s}" for n in names)]
+    for r in rows:
+        by = {tuple(b["tokens_after_first"]): b for b in r["tpot_gap_by_output_len"]}
+        cells = [f"{by[c]['gap_ms']:+8.1f} ({by[c]['num_requests']:3d})" if c in by else f"{'-':>14s}" for c in cols]
+        lines.append(f"{r['run']:28s} " + " ".join(cells))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--setup", required=True, choices=SETUPS)
@@ -104,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host-overhead-ms", type=float, default=0.0, metavar="MS",
                    help="a diagnosis: every simulated step MS longer (host work outside the profile's forward "
                         "pass); 0, the default, is the profile as it is, and the only setting the targets are for")
+    p.add_argument("--gaps", action="store_true",
+                   help="also each run's TPOT gap (measured - simulated) by answer length: whether what the "
+                        "simulator misses is paid every step or once a request")
     p.add_argument("--plan", action="store_true",
                    help="also the planner's answer (highest rate at >= 90%% attainment, per GPU) for both setups, "
                         "from simulation alone, beside the measured one (reads --data's runs/)")
@@ -137,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
                   "the model's context or a step's budget); counted as not attained")
     met = sum(all(r["targets_met"].values()) for r in rows)
     print(f"{met} of {len(rows)} runs meet every target")
+    if args.gaps:
+        print()
+        print(gap_table(rows))
     if args.plan:
         try:
             print()

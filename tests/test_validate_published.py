@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from slobench.analysis.headline import crossing_rate
@@ -17,6 +18,7 @@ from slobench.errors import SpecError
 from slobench.fleet.published import (
     GPUS_PER_SETUP,
     PLAN_TARGET,
+    Run,
     compare,
     measured_curve,
     pooled_lengths,
@@ -24,6 +26,7 @@ from slobench.fleet.published import (
     simulated_curve,
     specs_of,
     targets_met,
+    tpot_gap_by_length,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,3 +97,27 @@ def test_the_planner_ranks_the_setups_per_gpu_as_the_measurements_do() -> None:
         per_gpu[setup] = (measured / GPUS_PER_SETUP[setup], simulated / GPUS_PER_SETUP[setup])
     assert per_gpu["distserve-c21d11"][0] > per_gpu["vllm"][0]
     assert per_gpu["distserve-c21d11"][1] > per_gpu["vllm"][1]
+
+
+def _run(output_len: list[int], tpot_ms: list[float]) -> Run:
+    n = len(output_len)
+    return Run("synthetic", np.arange(n, dtype=float), np.full(n, 100), np.array(output_len),
+               np.full(n, 50.0), np.array(tpot_ms))
+
+
+def test_the_tpot_gap_tells_a_per_step_cost_from_a_per_request_one() -> None:
+    lengths = [5, 20, 100, 300, 800]
+    sim = np.full(5, 30.0)
+    per_step = tpot_gap_by_length(_run(lengths, [35.0] * 5), sim)
+    assert [b["tokens_after_first"][0] for b in per_step] == [1, 10, 50, 150, 400]
+    assert [b["gap_ms"] for b in per_step] == pytest.approx([5.0] * 5)
+    per_request = tpot_gap_by_length(_run(lengths, [30 + 400 / (n - 1) for n in lengths]), sim)
+    gaps = [b["gap_ms"] for b in per_request]
+    assert gaps == sorted(gaps, reverse=True) and gaps[0] > 10 * gaps[-1]
+
+
+def test_the_tpot_gap_leaves_out_one_token_answers_and_unfinished_requests() -> None:
+    run = _run([1, 20, 20], [0.0, 40.0, 45.0])
+    gap = tpot_gap_by_length(run, np.array([0.0, 30.0, np.inf]))
+    assert gap == [{"tokens_after_first": [10, 50], "num_requests": 1, "gap_ms": 10.0, "measured_ms": 40.0,
+                    "simulated_ms": 30.0}]

@@ -183,8 +183,30 @@ def figures(ttft_ms: np.ndarray, tpot_ms: np.ndarray, output_len: np.ndarray) ->
             "tpot_p50_ms": q(multi, 50), "tpot_p90_ms": q(multi, 90)}
 
 
+# answer lengths (tokens after the first) that split a run's requests for `tpot_gap_by_length`
+GAP_BINS = (1, 10, 50, 150, 400)
+
+
+def tpot_gap_by_length(run: Run, tpot_sim_ms: np.ndarray) -> list[dict[str, Any]]:
+    """Measured less simulated TPOT (ms, median per bin) of the requests whose answer has its tokens after the
+    first in [lo, hi): a gap that stays level across the bins is a cost every step pays; one that shrinks as
+    answers lengthen is a cost paid once a request (a transfer, a queue before its second token)."""
+    k = run.output_len - 1
+    ok = (k >= 1) & np.isfinite(tpot_sim_ms) & np.isfinite(run.tpot_ms)
+    out = []
+    for lo, hi in zip(GAP_BINS, (*GAP_BINS[1:], None), strict=True):
+        sel = ok & (k >= lo) & ((k < hi) if hi is not None else True)
+        if not sel.any():
+            continue
+        meas, sim = run.tpot_ms[sel], tpot_sim_ms[sel]
+        out.append({"tokens_after_first": [lo, hi], "num_requests": int(sel.sum()),
+                    "gap_ms": float(np.median(meas - sim)), "measured_ms": float(np.median(meas)),
+                    "simulated_ms": float(np.median(sim))})
+    return out
+
+
 def compare(run: Run, setup: str, profile: str, data_dir: Path, host_overhead_s: float = 0.0) -> dict[str, Any]:
-    """One run's figures, measured and simulated."""
+    """One run's figures, measured and simulated, and the TPOT gap by answer length (`tpot_gap_by_length`)."""
     records = simulate(run, setup, profile, data_dir, host_overhead_s)
     ttft, tpot = simulated_times_ms(records)
     return {"run": run.name, "setup": setup, "profile": profile, "num_requests": len(run.start_s),
@@ -192,7 +214,8 @@ def compare(run: Run, setup: str, profile: str, data_dir: Path, host_overhead_s:
             "host_overhead_ms": host_overhead_s * 1e3,
             "rate_rps": round(run.rate_rps, 3),
             "measured": figures(run.ttft_ms, run.tpot_ms, run.output_len),
-            "simulated": figures(ttft, tpot, run.output_len)}
+            "simulated": figures(ttft, tpot, run.output_len),
+            "tpot_gap_by_output_len": tpot_gap_by_length(run, tpot)}
 
 
 SATURATED_TTFT_P90_MS = 1000.0  # a run whose measured TTFT p90 passes this is past saturation: no latency targets
