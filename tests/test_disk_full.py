@@ -16,7 +16,7 @@ import pytest
 
 from slobench.cli import main
 from slobench.errors import ResultsNotWritten
-from slobench.run import rundir
+from slobench.run import rundir, scrape
 from slobench.run.clock import Clock
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.run.runner import RunOptions, run
@@ -127,3 +127,33 @@ def test_a_simulated_run_refused_by_the_disk_is_exit_6(tmp_path: Path, full_disk
                  "--no-progress", "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 6 and len(err) == 1 and "No space left on device" in err[0], err
+
+
+async def test_server_metrics_the_disk_refuses_stop_with_a_reason_and_keep_their_lines(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    opened: list[FullDisk] = []
+
+    def fake_open(path: Any, *a: Any, **kw: Any) -> Any:
+        opened.append(FullDisk(open(path, *a, **kw), 2))  # noqa: SIM115 (closed by the writer)
+        return opened[-1]
+
+    class Clock:
+        t = 0.0
+
+        def now_s(self) -> float:
+            return self.t
+
+    clock = Clock()
+
+    async def sleep(dt: float) -> None:
+        if clock.t > 100:
+            raise AssertionError("the scraper kept going after the disk refused its lines")
+        clock.t += dt
+
+    monkeypatch.setattr(scrape, "open", fake_open, raising=False)
+    scraper = scrape.MetricsScraper(lambda: "# TYPE q gauge\nq 1\n", tmp_path, 1.0, sleep=sleep)
+    await scraper(clock)  # returns: no exception for the run's monitor gather to swallow
+    assert scraper.num_scrapes == 2 and opened[0].refused == 1
+    assert scraper.disabled_reason == "server_metrics.jsonl: cannot write (No space left on device)"
+    lines = [json.loads(ln) for ln in (tmp_path / "server_metrics.jsonl").read_text().splitlines()]
+    assert [ln["t_s"] for ln in lines] == [0.0, 1.0]

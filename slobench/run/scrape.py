@@ -231,14 +231,19 @@ class MetricsScraper:
                         self.disabled_reason = why
                         return  # a page too large stays too large: no more scrapes cost the run CPU
                 else:
-                    writer.write({"t_s": round(t_s, 6), "samples": samples})
+                    try:
+                        writer.write({"t_s": round(t_s, 6), "samples": samples})
+                    except OSError as e:  # a full disk: the lines written stay, the scrapes stop and say why
+                        self.disabled_reason = f"{self.out_path.name}: cannot write ({e.strerror or e})"
+                        return
                     self.num_scrapes += 1
                 # Absolute deadlines: tick k is due at start + k*interval, however long scrapes take;
                 # a scrape that overran skips the ticks it missed instead of drifting.
                 tick = max(tick + 1, math.floor((clock.now_s() - start_s) / self.interval_s) + 1)
                 await self._sleep(max(0.0, start_s + tick * self.interval_s - clock.now_s()))
         finally:
-            writer.close()
+            with contextlib.suppress(OSError):  # its lines were flushed as written; a failing close loses none
+                writer.close()
 
     async def _scrape(self, fetch: Fetch) -> tuple[dict[str, float] | None, str, bool]:
         try:
