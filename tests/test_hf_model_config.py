@@ -32,8 +32,9 @@ def test_opt_shapes_weights_and_kv(tmp_path: Path) -> None:
     assert m.tie_embeddings and m.learned_positions and m.max_positions == 2048
     assert m.params * 2 / 1e9 == pytest.approx(25.7, abs=0.05)  # OPT-13B's fp16 weights
     assert m.kv_bytes_per_token == 2 * 40 * 40 * 128 * 2
-    # 80 GB x 0.95 less the weights, over 800 KiB a token
-    assert kv_capacity_tokens(m, "a100", 1, 0.95) == int((80e9 * 0.95 - m.params * 2) // m.kv_bytes_per_token)
+    # 81,920 MiB x 0.95 less the weights, over 800 KiB a token
+    assert kv_capacity_tokens(m, "a100", 1, 0.95) == int((81_920 * 2**20 * 0.95 - m.params * 2)
+                                                         // m.kv_bytes_per_token)
 
 
 def test_llama_config_gives_the_bundled_shapes(tmp_path: Path) -> None:

@@ -127,8 +127,10 @@ def test_kv_capacity_is_memory_less_weights_over_kv_bytes() -> None:
     from slobench.profiles import kv_capacity_tokens
 
     m = get_model("llama-3.1-8b")
-    expected = (80e9 * 0.9 - m.params * 2) / m.kv_bytes_per_token
+    expected = (81_559 * 2**20 * 0.9 - m.params * 2) / m.kv_bytes_per_token  # the driver's MiB, not 80e9 bytes
     assert kv_capacity_tokens("llama-3.1-8b", "h100") == pytest.approx(expected, abs=1)
+    reserved = (81_559 * 2**20 * (0.9 - 0.01) - m.params * 2) / m.kv_bytes_per_token
+    assert kv_capacity_tokens("llama-3.1-8b", "h100", reserve_fraction=0.01) == pytest.approx(reserved, abs=1)
     # 141 vs 80 GB, less the same 16 GB of weights: ~1.98x the tokens
     assert kv_capacity_tokens("llama-3.1-8b", "h200") > 1.9 * kv_capacity_tokens("llama-3.1-8b", "h100")
     assert kv_capacity_tokens("llama-3.1-70b", "a100", tp=1) == 0  # the weights alone do not fit
@@ -136,3 +138,5 @@ def test_kv_capacity_is_memory_less_weights_over_kv_bytes() -> None:
         kv_capacity_tokens("llama-3.1-70b", "h100", 4))
     with pytest.raises(Exception, match="memory_utilization"):
         kv_capacity_tokens("llama-3.1-8b", "h100", memory_utilization=1.5)
+    with pytest.raises(Exception, match="reserve_fraction"):
+        kv_capacity_tokens("llama-3.1-8b", "h100", memory_utilization=0.5, reserve_fraction=0.5)

@@ -109,9 +109,15 @@ def opt13b(data_dir: Path) -> ModelConfig:
     return model_from_hf_config(data_dir / "opt-13b-config.json")
 
 
-def kv_blocks(model: ModelConfig, tp: int) -> int:
-    """KV blocks of one instance: `tp` A100-80GBs x 0.95 less the fp16 weights, over the KV bytes a token."""
-    return kv_capacity_tokens(model, GPU, tp, MEMORY_UTILIZATION) // BLOCK_SIZE
+# DistServe's workers keep 1% of each GPU's memory for their own work before sizing the KV cache
+# (`_profile_num_available_blocks`); vLLM 0.2 keeps the peak of a profiling forward pass, not modeled here
+RESERVE_FRACTION = {"vllm": 0.0, "distserve": 0.01}
+
+
+def kv_blocks(model: ModelConfig, tp: int, system: str) -> int:
+    """KV blocks of one instance: `tp` A100-80GBs (81,920 MiB each) x 0.95, less what `system` reserves and
+    the fp16 weights, over the KV bytes a token."""
+    return kv_capacity_tokens(model, GPU, tp, MEMORY_UTILIZATION, RESERVE_FRACTION[system]) // BLOCK_SIZE
 
 
 def cost_profile(kind: str, system: str, tp: int, data_dir: Path, host_overhead_s: float = 0.0) -> CostProfile:
@@ -135,13 +141,13 @@ def setup_fleet(setup: str, profile: str, data_dir: Path, host_overhead_s: float
     limits: dict[str, Any] = {"block_size": BLOCK_SIZE, "max_model_len": model.max_positions or 2048,
                               "enable_prefix_caching": False, "scheduler": "vllm-v0"}
     if setup == "vllm":
-        engine = ModeledEngine(cost_profile(profile, "vllm", 1, data_dir, extra), kv_blocks=kv_blocks(model, 1),
+        engine = ModeledEngine(cost_profile(profile, "vllm", 1, data_dir, extra), kv_blocks=kv_blocks(model, 1, "vllm"),
                                max_num_seqs=1024, max_batched_tokens=16384, name="vllm", **limits)
         return engine, SimOptions()
     if setup == "distserve-c21d11":
-        prefill = ModeledEngine(cost_profile(profile, "distserve", 2, data_dir, extra), kv_blocks=kv_blocks(model, 2),
+        prefill = ModeledEngine(cost_profile(profile, "distserve", 2, data_dir, extra), kv_blocks=kv_blocks(model, 2, "distserve"),
                                 max_num_seqs=128, max_batched_tokens=8192, name="distserve-prefill", **limits)
-        decode = ModeledEngine(cost_profile(profile, "distserve", 1, data_dir, extra), kv_blocks=kv_blocks(model, 1),
+        decode = ModeledEngine(cost_profile(profile, "distserve", 1, data_dir, extra), kv_blocks=kv_blocks(model, 1, "distserve"),
                                max_num_seqs=1024, max_batched_tokens=65536, name="distserve-decode", **limits)
         link = KVLink(get_gpu(GPU).link_gb_s * 1e9, 0.0)  # NVLink between the instances' GPUs, one way
         fleet = DisaggFleet(prefill=1, decode=1, link=link, bytes_per_token=model.kv_bytes_per_token,

@@ -128,16 +128,19 @@ def roofline(model: str | ModelConfig, gpu: str | GpuSpec, tp: int = 1, eff: Eff
 
 
 def kv_capacity_tokens(model: str | ModelConfig, gpu: str | GpuSpec, tp: int = 1,
-                       memory_utilization: float = 0.9) -> int:
-    """Tokens of KV cache an instance holds: the GPUs' memory (datasheet GB x `memory_utilization`, vLLM's
-    default share) less the weights, over K and V bytes a token. Activations are not subtracted (a few GB
-    at large step budgets). Divide by the block size for `--kv-blocks`."""
+                       memory_utilization: float = 0.9, reserve_fraction: float = 0.0) -> int:
+    """Tokens of KV cache an instance holds: each GPU's memory as its driver reports it x
+    (`memory_utilization`, vLLM's share, less `reserve_fraction` the engine keeps for its own work), less the
+    weights, over K and V bytes a token. Activations are not subtracted unless `reserve_fraction` holds them
+    (a few GB at large step budgets). Divide by the block size for `--kv-blocks`."""
     m = get_model(model) if isinstance(model, str) else model
     g = get_gpu(gpu) if isinstance(gpu, str) else gpu
     if not 0 < memory_utilization <= 1:
         raise SpecError("memory_utilization", memory_utilization, "must be a fraction in (0, 1]")
+    if not 0 <= reserve_fraction < memory_utilization:
+        raise SpecError("reserve_fraction", reserve_fraction, "must be a fraction in [0, memory_utilization)")
     weights = m.params * m.bytes_per_param
-    free = tp * g.memory_gb * 1e9 * memory_utilization - weights
+    free = tp * g.memory_bytes * (memory_utilization - reserve_fraction) - weights
     replicas = max(1, tp // m.num_kv_heads)  # past tp = KV heads, each KV head is kept on several GPUs
     return max(0, int(free // (m.kv_bytes_per_token * replicas)))
 
