@@ -82,7 +82,8 @@ def test_no_secret_reaches_the_run_directory_or_the_terminal(token_server, tmp_p
     from slobench.cli import main
 
     out = tmp_path / "run"
-    url = token_server.base_url.replace("http://", f"http://user:{SECRET}@")
+    # a key in the query too: every call (preflight, the requests, /metrics) keeps it after its own path
+    url = token_server.base_url.replace("http://", f"http://user:{SECRET}@") + f"?api_key={SECRET}"
     argv = ["run", "--url", url, "--workload", "tiny", "--rate", "50", "--num-requests", "5", "--out", str(out),
             "--header", f"Cookie: session={SECRET}", "--header", f"X-Api-Key: {SECRET}",
             "--extra-body", json.dumps({"api_key": SECRET}), "--no-progress", "--scrape-interval", "0",
@@ -97,3 +98,5 @@ def test_no_secret_reaches_the_run_directory_or_the_terminal(token_server, tmp_p
         assert SECRET not in p.read_text(errors="replace"), p.name
     manifest = json.loads((out / "manifest.json").read_text())
     assert "user:<redacted>@" in manifest["target"]["url"] and "--header" in manifest["command"]
+    recs = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(recs) == 5 and all(r["status"] == "ok" for r in recs)

@@ -7,6 +7,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from slobench.run.scrape import MetricsScraper, metrics_url_for, parse_samples, sample_key
+from slobench.targets.openai import OpenAITarget
+from slobench.targets.transport import endpoint_url
 
 
 class FakeClock:
@@ -41,6 +43,15 @@ def test_metrics_url_for():
     assert metrics_url_for("http://h:8000/v1") == "http://h:8000/metrics"
     assert metrics_url_for("http://h:8000/v1/") == "http://h:8000/metrics"
     assert metrics_url_for("http://h:8000") == "http://h:8000/metrics"
+    assert metrics_url_for("http://h:8000/v1?api_key=k") == "http://h:8000/metrics?api_key=k"
+    assert metrics_url_for("http://h/proxy/v1/?a=1&b=2") == "http://h/proxy/metrics?a=1&b=2"
+
+
+def test_endpoints_go_under_the_base_path_before_its_query():
+    assert endpoint_url("http://h/v1?api_key=k", "/models") == "http://h/v1/models?api_key=k"
+    assert endpoint_url("http://h/v1/", "/completions") == "http://h/v1/completions"
+    assert OpenAITarget("http://h:8000?api_key=k").url == "http://h:8000/v1/completions?api_key=k"
+    assert OpenAITarget("http://h:8000/v1/?k=1#frag").base_url == "http://h:8000/v1?k=1"
 
 
 def test_parse_samples_keeps_gauges_counters_sums_not_buckets():

@@ -21,6 +21,7 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import IO, Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -37,11 +38,13 @@ _KEEP_OF_DISTRIBUTIONS = ("_sum", "_count", "_gsum", "_gcount")
 
 
 def metrics_url_for(base_url: str) -> str:
-    """`http://host:8000/v1` -> `http://host:8000/metrics` (vLLM, SGLang, TGI serve it at the root)."""
-    base = base_url.rstrip("/")
-    if base.endswith("/v1"):
-        base = base[: -len("/v1")]
-    return base + "/metrics"
+    """`http://host:8000/v1` -> `http://host:8000/metrics` (vLLM, SGLang, TGI serve it at the root); a
+    query (a key some servers take there) stays on it."""
+    parts = urlsplit(base_url)
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    return urlunsplit(parts._replace(path=path + "/metrics", fragment=""))
 
 
 def sample_key(name: str, labels: dict[str, str]) -> str:

@@ -41,6 +41,7 @@ from slobench.targets.transport import (
     Response,
     Transport,
     TransportError,
+    endpoint_url,
     is_redirect,
     redirect_reason,
 )
@@ -88,7 +89,7 @@ class OpenAITarget(TargetBase):
         self.api = o.api
         self.clock = clock if clock is not None else Clock()
         self.stream = o.stream
-        self.url = self.base_url + ("/chat/completions" if o.api == "chat" else "/completions")
+        self.url = endpoint_url(self.base_url, "/chat/completions" if o.api == "chat" else "/completions")
         self.timeouts: Timeouts = o.timeouts
         self._given_transport = transport
         self.transport_name = o.transport if transport is None else type(transport).__name__
@@ -508,10 +509,8 @@ def _normalise_base_url(base_url: str) -> str:
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise SpecError("url", base_url, "must be an http(s) URL such as http://localhost:8000/v1")
-    url = base_url.rstrip("/")
-    if parts.path in ("", "/"):
-        url += "/v1"
-    return url
+    path = parts.path.rstrip("/") or "/v1"
+    return urlunsplit(parts._replace(path=path, fragment=""))
 
 
 def _body_bytes(body: dict[str, Any]) -> bytes:

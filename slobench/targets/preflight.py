@@ -21,7 +21,7 @@ from slobench.errors import TargetUnreachable
 from slobench.targets.bounds import brief, json_of
 from slobench.targets.capabilities import HONOURS_IGNORE_EOS, Capabilities, is_refusal, with_length_evidence
 from slobench.targets.sse import SSEDecodeError, SSEParser
-from slobench.targets.transport import ControlClient, Reply, TransportError
+from slobench.targets.transport import ControlClient, Reply, TransportError, endpoint_url
 from slobench.workload.prompts import DEFAULT_TOKEN_ID_RANGE
 from slobench.workload.text import ids_to_text
 
@@ -51,7 +51,7 @@ def usage_count(v: Any) -> int | None:
 async def find_model(target: OpenAITarget) -> str:
     """The first model the server lists at /models. A server that lists none is unreachable for this
     purpose: pass --model."""
-    url = target.base_url + "/models"
+    url = endpoint_url(target.base_url, "/models")
     async with ControlClient(timeout_s=target.timeouts.preflight_s, max_body_bytes=target.max_body_bytes) as client:
         r = await _control(target, client, "GET", url, what=f"GET {url}")
     if r.status != 200:
@@ -71,7 +71,7 @@ async def negotiate(target: OpenAITarget) -> tuple[Capabilities, str]:
     profile, one probe per extension; a fixed profile probes none.
     """
     model = target.model
-    url = target.base_url + "/models"
+    url = endpoint_url(target.base_url, "/models")
     notes: list[str] = []
     async with ControlClient(timeout_s=target.timeouts.preflight_s, max_body_bytes=target.max_body_bytes) as client:
         r = await _control(target, client, "GET", url)

@@ -21,6 +21,7 @@ import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from typing import Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -103,6 +104,13 @@ def _mapped(e: Exception, timeout_s: float, connect_timeout_s: float) -> Transpo
     if isinstance(e, OSError):  # a reset surfacing raw from the socket layer
         return TransportError("error", f"connection error: {os_reason(e)}")
     return None
+
+
+def endpoint_url(base_url: str, path: str) -> str:
+    """`path` under the base URL's path, its query kept after it: `http://h/v1?api_key=k` and `/models`
+    give `http://h/v1/models?api_key=k` (a server that takes its key in the query gets it on every call)."""
+    parts = urlsplit(base_url)
+    return urlunsplit(parts._replace(path=parts.path.rstrip("/") + path))
 
 
 def redirect_reason(status: int, location: str | None) -> str:
