@@ -40,7 +40,7 @@ from slobench.history import append_entry, entry_from_results
 from slobench.history.page import build_history_page
 from slobench.report import build_report
 from slobench.run.rundir import read_capacity, write_json_atomic
-from slobench.targets.transport import ControlClient, TransportError
+from slobench.targets.transport import ControlClient, TransportError, endpoint_url
 
 COMMENT_LIMIT = 65_536  # GitHub's maximum issue/PR comment body, in characters
 COMMENT_MARKER = "<!-- slobench-gate -->"  # lets a workflow find and edit its previous comment
@@ -130,7 +130,7 @@ class Server:
 
     def wait_ready(self, url: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        models = url.rstrip("/") + "/models"
+        models = endpoint_url(url, "/models")
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise TargetUnreachable(f"the start command exited ({self.proc.returncode}) before {models} "
