@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from slobench.errors import UsageError
-from slobench.run.records import REQUESTS, RequestRecord, read_record_dicts, record_problem
+from slobench.run.records import REQUESTS, RequestRecord, read_record_dicts, record_problem, round_9
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -146,19 +146,6 @@ class _Buffer:
             offsets = pa.array(np.frombuffer(ends, dtype=np.int64), pa.int32())
             cols[name] = pa.ListArray.from_arrays(offsets, pa.array(flat))
         return pa.table([cols[f.name] for f in schema()], schema=schema())
-
-
-def round_9(x: np.ndarray) -> np.ndarray:
-    """Python's `round(v, 9)` of every v (how requests.jsonl writes chunk times), vectorised: rint(v * 1e9) / 1e9
-    is that wherever the product's own rounding cannot have moved it across a half; the few values where it
-    could are rounded by Python."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        p = x * 1e9
-        out = np.rint(p) / 1e9
-        # p is within half a unit in the last place of v * 1e9; NaN and infinities are unsure too
-        unsure = np.flatnonzero(~(np.abs(p - np.floor(p) - 0.5) > np.spacing(np.abs(p))))
-    out[unsure] = [round(v, 9) for v in x[unsure].tolist()]
-    return out
 
 
 class ParquetLog:
