@@ -19,6 +19,8 @@ from slobench.analysis.slo import SLO, block_length, bootstrap_quantile_cis, qua
 from slobench.experiments.probe import VirtualProbe, probe_jitter_seed
 from slobench.fleet.decode_run import StandInPrompt
 from slobench.fleet.simulate import simulate_records
+from slobench.run.columnar import RecordBuffer, columns_of_rows
+from slobench.run.records import RequestRecord
 from slobench.run.rundir import load_run
 from slobench.workload import load_workload
 from slobench.workload.base import RunShape
@@ -177,3 +179,19 @@ def test_prompt_draws_give_each_prompt_again_in_any_order() -> None:
     assert [draws.prompt(i) for i in (8999, 0, 4096, 4095, 17)] == [prompts[i] for i in (8999, 0, 4096, 4095, 17)]
     heads = TokenPromptDraws(lengths, np.random.default_rng(3)).heads(16)
     assert heads == [np.array(p[:16], dtype=np.int64).tobytes() if len(p) >= 16 else None for p in prompts]
+
+
+def test_a_record_buffers_columns_are_the_records_columns() -> None:
+    recs = simulate_records(CHAT.specs(shape(40)), KNOBS)
+    recs += [RequestRecord(99, 1.5, tag="x", sent_s=None, status="error", error="boom", is_warmup=True, replica=2,
+                           finish_reason="stop", cached_tokens=7),
+             RequestRecord(100, 2.5, chunk_times_s=[2.75, 3.0], chunk_tokens=[1, 4], output_tokens_source="usage")]
+    buf = RecordBuffer()
+    for r in recs:
+        buf.add(r)
+    got, want = buf.columns(), columns_of_rows(recs, getattr)
+    assert got.values.keys() == want.values.keys()
+    for k, v in want.values.items():
+        assert got.values[k].dtype == v.dtype and got.values[k].tolist() == v.tolist() or (
+            np.array_equal(got.values[k], v, equal_nan=True)), k
+    assert np.array_equal(got.chunk_times_s, want.chunk_times_s) and np.array_equal(got.chunk_offsets, want.chunk_offsets)

@@ -11,7 +11,6 @@ Everything is deterministic for a seed; how a run is simulated is a `SimOptions`
 
 from __future__ import annotations
 
-from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -28,7 +27,7 @@ from reference_engine.executor.modeled_executor import CostProfile
 from reference_engine.scheduler import RequestRejected
 from slobench.analysis.headline import crossing_rate
 from slobench.analysis.slo import SLO
-from slobench.analysis.summary import RunSummary, summarize
+from slobench.analysis.summary import RunSummary, run_columns, summarize
 from slobench.errors import SpecError
 from slobench.fleet.decode_run import StandInPrompt, decode_run, record_run
 from slobench.fleet.disagg import DisaggFleet, simulate_disagg, split_fleet_knobs
@@ -43,6 +42,7 @@ from slobench.fleet.replica import (
 )
 from slobench.fleet.routing import ROUTERS, Router
 from slobench.fleet.sim_blocks import SimBlockManager, shared_prefix_blocks
+from slobench.run.columnar import RecordBuffer
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.engine import refusal_error
 from slobench.targets.options import Api
@@ -479,8 +479,8 @@ def simulate_run(
 
     `intervals=False` leaves out the bootstrap intervals (they cost several times the simulation itself;
     capacity searches decide on replicates instead). `on_record`: each record handed on as `simulate_records`
-    streams it (to a run directory), none returned; the summary is then made from compact copies (chunk
-    times as a float array: a fifth of a list's memory).
+    streams it (to a run directory), none returned; the summary is then made from their columns, gathered as
+    they go (`RecordBuffer`: numbers and chunk times in flat arrays, no record kept).
     """
     opts = SimOptions.of(opts, knobs)
     fleet: dict[str, Any] = {}
@@ -488,16 +488,14 @@ def simulate_run(
         records = simulate_records(specs, engine, opts, fleet=fleet)
         summary = summarize(records, slo, seed=opts.seed, intervals=intervals)
     else:
-        kept: list[RequestRecord] = []
+        kept = RecordBuffer()
 
         def keep(rec: RequestRecord) -> None:
             on_record(rec)
-            rec.chunk_times_s = array("d", rec.chunk_times_s)  # type: ignore[assignment]  # read as a sequence
-            rec.chunk_tokens = []
-            kept.append(rec)
+            kept.add(rec)
 
         records = simulate_records(specs, engine, opts, fleet=fleet, on_record=keep)
-        summary = summarize(kept, slo, seed=opts.seed, intervals=intervals)
+        summary = summarize(run_columns(kept.columns()), slo, seed=opts.seed, intervals=intervals)
     return records, replace(summary, clock="virtual", fleet=fleet if opts.replicas != 1 or "prefill" in fleet else None)
 
 

@@ -103,10 +103,10 @@ _STRINGS = attrgetter(*STRINGS)
 _NAN = float("nan")
 
 
-class _Buffer:
-    """One row group's records in compact arrays (no record kept): a record's numbers one row of `numbers`,
-    its chunk times and token counts appended to flat arrays with their running ends. About a third of what
-    serialising the record's JSON line costs."""
+class RecordBuffer:
+    """Records in compact arrays, none kept (a row group's; a simulated run's, for its summary): a record's
+    numbers one row of `numbers`, its chunk times and token counts appended to flat arrays with their
+    running ends. About a third of what serialising the record's JSON line costs."""
 
     def __init__(self) -> None:
         self.numbers = array("d")
@@ -126,6 +126,17 @@ class _Buffer:
         self.times_end.append(len(self.times))
         self.tokens.extend(rec.chunk_tokens)
         self.tokens_end.append(len(self.tokens))
+
+    def columns(self) -> Columns:
+        """The records added, as `Columns`: what `columns_of_rows(records, getattr)` makes of them, without
+        holding the records (a simulated run's summary)."""
+        n = len(self)
+        numbers = np.frombuffer(self.numbers, dtype=float).reshape(n, len(FLOATS) + len(INTS))
+        values = {k: np.ascontiguousarray(numbers[:, j]) for j, k in enumerate((*FLOATS, *INTS))}
+        for j, k in enumerate(STRINGS):
+            values[k] = np.array([row[j] for row in self.strings], dtype=object)
+        values["is_warmup"] = np.frombuffer(self.is_warmup, dtype=np.int8).astype(bool)
+        return Columns(values, np.frombuffer(self.times, dtype=float), np.frombuffer(self.times_end, dtype=np.int64))
 
     def table(self) -> pa.Table:
         import pyarrow as pa
@@ -159,7 +170,7 @@ class ParquetLog:
 
         self.path = Path(run_dir) / PARQUET
         self.tmp = self.path.with_name(PARQUET + ".tmp")
-        self._buffer = _Buffer()
+        self._buffer = RecordBuffer()
         self._writer: pq.ParquetWriter | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None
@@ -170,7 +181,7 @@ class ParquetLog:
         if self.failed is None:
             self._buffer.add(rec)
             if len(self._buffer) >= ROW_GROUP or len(self._buffer.times) >= ROW_GROUP_CHUNKS:
-                full, self._buffer = self._buffer, _Buffer()
+                full, self._buffer = self._buffer, RecordBuffer()
                 self._guard(lambda: self._hand_off(full))
 
     def close(self, jsonl_bytes: int) -> None:
@@ -178,7 +189,7 @@ class ParquetLog:
         def finish() -> None:
             self._wait()
             self._write(self._buffer)
-            self._buffer = _Buffer()
+            self._buffer = RecordBuffer()
             assert self._writer is not None
             self._writer.add_key_value_metadata({JSONL_BYTES_KEY: str(jsonl_bytes).encode()})
             self._writer.close()
@@ -205,10 +216,10 @@ class ParquetLog:
                 pass
             self._writer = None
         self.tmp.unlink(missing_ok=True)
-        self._buffer = _Buffer()
+        self._buffer = RecordBuffer()
         self.closed = True  # nothing more is written: `close` has nothing to move into place
 
-    def _hand_off(self, full: _Buffer) -> None:
+    def _hand_off(self, full: RecordBuffer) -> None:
         self._wait()  # one row group in flight: bounded memory, and the last one's error surfaces here
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="slobench-parquet")
@@ -224,7 +235,7 @@ class ParquetLog:
             self._pool.shutdown(wait=True)
             self._pool = None
 
-    def _write(self, buffer: _Buffer) -> None:
+    def _write(self, buffer: RecordBuffer) -> None:
         import pyarrow.parquet as pq
 
         if self._writer is None:
@@ -243,7 +254,7 @@ class ParquetLog:
             step()
         except (OSError, pa.ArrowException) as e:
             self.failed = f"{type(e).__name__}: {e}"
-            self._buffer = _Buffer()
+            self._buffer = RecordBuffer()
             self.abort()
             print(f"slobench: note: {self.path.name} not written ({self.failed}); {REQUESTS} holds every record",
                   file=sys.stderr)
