@@ -488,7 +488,7 @@ def simulate_run(
         records = simulate_records(specs, engine, opts, fleet=fleet)
         summary = summarize(records, slo, seed=opts.seed, intervals=intervals)
     else:
-        kept = RecordBuffer()
+        kept = RecordBuffer(tokens=False)  # (the summary reads chunk times only)
 
         def keep(rec: RequestRecord) -> None:
             on_record(rec)

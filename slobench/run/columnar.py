@@ -108,7 +108,8 @@ class RecordBuffer:
     numbers one row of `numbers`, its chunk times and token counts appended to flat arrays with their
     running ends. About a third of what serialising the record's JSON line costs."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, tokens: bool = True) -> None:
+        self.keep_tokens = tokens  # False: chunk token counts are not kept (`columns` has none)
         self.numbers = array("d")
         self.strings: list[tuple[str | None, ...]] = []
         self.is_warmup = array("b")
@@ -124,8 +125,9 @@ class RecordBuffer:
         self.is_warmup.append(rec.is_warmup)
         self.times.extend(rec.chunk_times_s)
         self.times_end.append(len(self.times))
-        self.tokens.extend(rec.chunk_tokens)
-        self.tokens_end.append(len(self.tokens))
+        if self.keep_tokens:
+            self.tokens.extend(rec.chunk_tokens)
+            self.tokens_end.append(len(self.tokens))
 
     def columns(self) -> Columns:
         """The records added, as `Columns`: what `columns_of_rows(records, getattr)` makes of them, without
