@@ -187,6 +187,7 @@ class LLMEngine:
         stop_check: Callable[[int], bool] | None = None,
         ids_checked: bool = False,
         unshared_from: int | None = None,
+        draw_tokens: Callable[[Sequence], None] | None = None,
     ) -> int:
         """Queue a request; returns its id. Raises RequestRejected (and changes nothing) if it can never run.
 
@@ -195,7 +196,8 @@ class LLMEngine:
         checked that every prompt id is an int in the vocabulary (the simulator, which parses the request as
         the server does); the check costs ~0.1 ms for a 1k-token prompt. `unshared_from`: the first block of
         the prompt that no other request's prompt shares, when the caller knows every prompt (a simulator;
-        `Sequence.unshared_from`)."""
+        `Sequence.unshared_from`). `draw_tokens`: the prompt's ids are a simulator's stand-ins, which this
+        writes over with the real ones before anything reads them (`Sequence.draw_tokens`)."""
         if self.error is not None:
             raise RuntimeError("the engine loop has died") from self.error
         prompt = list(prompt_token_ids)
@@ -218,6 +220,7 @@ class LLMEngine:
             )
             if unshared_from is not None:
                 seq.unshared_from = unshared_from
+            seq.draw_tokens = draw_tokens
             self._pending_adds.append(RequestState(seq, on_token, self.clock.now_s()))
         self._wake.set()
         return rid

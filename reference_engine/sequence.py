@@ -55,9 +55,9 @@ class Sequence:
     # The first block index no other request's prompt shares (a simulator, which knows every prompt, says so):
     # its blocks from there on are private (the simulator's block manager, slobench.fleet.sim_blocks). Until its first preemption.
     unshared_from: int = NEVER_PRIVATE
-    # Set by a simulator that appended stand-in ids for output tokens nothing reads (a private request's: no
-    # lookup can reach its blocks); rewrites them with the real ones before anything does (the block manager
-    # calls it when the request is preempted and its blocks get registered).
+    # Set by a simulator that holds stand-in ids for prompt or output tokens nothing reads (a private request's:
+    # no lookup can reach its blocks); rewrites them with the real ones before anything does (the block
+    # manager calls it when the request is preempted and its blocks get registered).
     draw_tokens: Callable[[Sequence], None] | None = None
 
     def __post_init__(self) -> None:

@@ -103,3 +103,15 @@ def test_what_a_server_said_is_written_when_set() -> None:
     r = RequestRecord(1, 0.0, output_tokens=16, max_tokens=16, finish_reason="length", output_tokens_source="max_tokens")
     assert r.to_json().endswith('"replica":null,"finish_reason":"length","output_tokens_source":"max_tokens"}')
     assert RequestRecord.from_dict(json.loads(r.to_json())) == r
+
+
+@settings(max_examples=200, deadline=None)
+@given(_records, st.lists(st.one_of(st.floats(min_value=0, max_value=1e7), _any_float,
+                                    st.integers(min_value=0, max_value=99).map(lambda k: (k + 0.5) / 1e9)),
+                          min_size=33, max_size=80))
+def test_a_long_answers_chunk_times_are_rounded_as_one_by_one(r: RequestRecord, times: list[float]) -> None:
+    # past 32 chunks the times are rounded at numpy's speed (`round_9`), to the same bytes
+    r.chunk_times_s = times
+    assert r.to_json() == reference_line(r)
+    r.chunk_times_s = [*times[:-1], 7]  # an int among them: written as an int, as json does
+    assert r.to_json() == reference_line(r)

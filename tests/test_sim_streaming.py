@@ -14,12 +14,17 @@ import pytest
 
 import slobench.analysis.slo as slo_module
 import slobench.experiments.probe as probe_module
+from reference_engine.sequence import Sequence
 from slobench.analysis.slo import SLO, block_length, bootstrap_quantile_cis, quantile_ci, quantile_cis
 from slobench.experiments.probe import VirtualProbe, probe_jitter_seed
+from slobench.fleet.decode_run import StandInPrompt
 from slobench.fleet.simulate import simulate_records
+from slobench.run.columnar import RecordBuffer, columns_of_rows
+from slobench.run.records import RequestRecord
 from slobench.run.rundir import load_run
 from slobench.workload import load_workload
 from slobench.workload.base import RunShape
+from slobench.workload.prompts import TokenPromptDraws, token_prompts
 from slobench.workload.replay import replay
 from slobench.workload.spec import FlatSpecs
 from slobench.workload.trace_stream import StreamingReplay
@@ -147,3 +152,46 @@ async def test_a_streamed_trace_simulates_alike_listed_or_taken_as_it_comes(tmp_
     listed = simulate_records(list(make_specs(30.0, 1)), KNOBS, seed=probe_jitter_seed(30.0, 1, "modeled"))  # type: ignore[call-overload]
     assert [astuple(r) for r in res.records] == [astuple(r) for r in listed] and len(listed) == 80
     assert res.summary.trace_rows["num_requests"] == 80  # the rows that became requests, not one more
+
+
+def test_private_prompts_come_in_as_stand_ins_drawn_only_for_a_preempted_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a full cache preempts: each preempted stand-in prompt is drawn, and the run is the list's to the byte
+    drawn: list[int] = []
+    real_call = StandInPrompt.__call__
+
+    def counted(self: StandInPrompt, seq: Sequence) -> None:
+        drawn.append(seq.seq_id)
+        real_call(self, seq)
+        assert min(seq.token_ids[: seq.num_prompt_tokens]) >= 1000  # the real ids, drawn from [1000, 30000)
+
+    monkeypatch.setattr(StandInPrompt, "__call__", counted)
+    listed = simulate_records(CHAT.specs(shape(rate_rps=60.0)), KNOBS)
+    assert not drawn  # a list's prompts are all there
+    streamed: list = []  # type: ignore[type-arg]
+    simulate_records(CHAT.stream_specs(shape(rate_rps=60.0)), KNOBS, on_record=streamed.append)
+    assert drawn and [astuple(r) for r in streamed] == [astuple(r) for r in listed]
+
+
+def test_prompt_draws_give_each_prompt_again_in_any_order() -> None:
+    lengths = np.random.default_rng(1).integers(1, 60, 9000)  # three batches
+    prompts = token_prompts(lengths, np.random.default_rng(3))
+    draws = TokenPromptDraws(lengths, np.random.default_rng(3))
+    assert [draws.prompt(i) for i in (8999, 0, 4096, 4095, 17)] == [prompts[i] for i in (8999, 0, 4096, 4095, 17)]
+    heads = TokenPromptDraws(lengths, np.random.default_rng(3)).heads(16)
+    assert heads == [np.array(p[:16], dtype=np.int64).tobytes() if len(p) >= 16 else None for p in prompts]
+
+
+def test_a_record_buffers_columns_are_the_records_columns() -> None:
+    recs = simulate_records(CHAT.specs(shape(40)), KNOBS)
+    recs += [RequestRecord(99, 1.5, tag="x", sent_s=None, status="error", error="boom", is_warmup=True, replica=2,
+                           finish_reason="stop", cached_tokens=7),
+             RequestRecord(100, 2.5, chunk_times_s=[2.75, 3.0], chunk_tokens=[1, 4], output_tokens_source="usage")]
+    buf = RecordBuffer()
+    for r in recs:
+        buf.add(r)
+    got, want = buf.columns(), columns_of_rows(recs, getattr)
+    assert got.values.keys() == want.values.keys()
+    for k, v in want.values.items():
+        assert got.values[k].dtype == v.dtype and got.values[k].tolist() == v.tolist() or (
+            np.array_equal(got.values[k], v, equal_nan=True)), k
+    assert np.array_equal(got.chunk_times_s, want.chunk_times_s) and np.array_equal(got.chunk_offsets, want.chunk_offsets)

@@ -51,6 +51,26 @@ def _draw_now(ex: ModeledExecutor, seq: Sequence) -> None:
 _DRAWERS: WeakKeyDictionary[ModeledExecutor, Callable[[Sequence], None]] = WeakKeyDictionary()
 
 
+class StandInPrompt:
+    """`Sequence.draw_tokens` of a request that came in with stand-in prompt ids (a simulator's, for a prompt
+    whose every block is private: nothing reads its ids unless it is preempted): writes its real prompt
+    (`draw_prompt()`), then its output ids if a decode run gave them stand-ins too."""
+
+    __slots__ = ("draw_prompt", "draw_outputs")
+
+    def __init__(self, draw_prompt: Callable[[], tuple[int, ...]]) -> None:
+        self.draw_prompt = draw_prompt
+        self.draw_outputs: Callable[[Sequence], None] | None = None
+
+    def __call__(self, seq: Sequence) -> None:
+        prompt = self.draw_prompt()
+        if len(prompt) != seq.num_prompt_tokens:
+            raise AssertionError(f"seq {seq.seq_id}: a drawn prompt of {len(prompt)} ids for {seq.num_prompt_tokens} stand-ins")
+        seq.token_ids[: len(prompt)] = prompt
+        if self.draw_outputs is not None:
+            self.draw_outputs(seq)
+
+
 def _extend_tokens(engine: LLMEngine, ex: ModeledExecutor, seqs: list[Sequence], k: int) -> None:
     """Append each seq's next `k` tokens, as the executor draws them; a private request (its blocks past what
     any other prompt shares: slobench.fleet.sim_blocks) gets stand-ins, drawn only if it is ever
@@ -64,7 +84,11 @@ def _extend_tokens(engine: LLMEngine, ex: ModeledExecutor, seqs: list[Sequence],
     for s in seqs:
         if s.unshared_from != NEVER_PRIVATE:
             s.token_ids += stand_ins
-            s.draw_tokens = drawer
+            d = s.draw_tokens
+            if d is None:
+                s.draw_tokens = drawer
+            elif d is not drawer and type(d) is StandInPrompt:
+                d.draw_outputs = drawer
         else:
             drawn.append(s)
     if not drawn:

@@ -52,6 +52,11 @@ class Router:
         self.sent = [0] * num_replicas
         self._turn = 0
 
+    @property
+    def reads_prompts(self) -> bool:
+        """Whether `pick` reads a prompt (its head: the prefix policies, among more than one replica)."""
+        return len(self.outstanding) > 1 and self.policy.startswith("prefix")
+
     def pick(self, prompt: str | Sequence[int]) -> int:
         n = len(self.outstanding)
         if n == 1:

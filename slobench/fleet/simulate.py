@@ -11,10 +11,10 @@ Everything is deterministic for a seed; how a run is simulated is a `SimOptions`
 
 from __future__ import annotations
 
-from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,9 @@ from reference_engine.executor.modeled_executor import CostProfile
 from reference_engine.scheduler import RequestRejected
 from slobench.analysis.headline import crossing_rate
 from slobench.analysis.slo import SLO
-from slobench.analysis.summary import RunSummary, summarize
+from slobench.analysis.summary import RunSummary, run_columns, summarize
 from slobench.errors import SpecError
-from slobench.fleet.decode_run import decode_run, record_run
+from slobench.fleet.decode_run import StandInPrompt, decode_run, record_run
 from slobench.fleet.disagg import DisaggFleet, simulate_disagg, split_fleet_knobs
 from slobench.fleet.replica import (
     EngineFactory,
@@ -42,6 +42,7 @@ from slobench.fleet.replica import (
 )
 from slobench.fleet.routing import ROUTERS, Router
 from slobench.fleet.sim_blocks import SimBlockManager, shared_prefix_blocks
+from slobench.run.columnar import RecordBuffer
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.engine import refusal_error
 from slobench.targets.options import Api
@@ -181,16 +182,21 @@ def _in_order(specs: Iterable[RequestSpec]) -> Iterator[RequestSpec]:
         yield sp
 
 
-def _unshared_streamed(specs: Iterable[RequestSpec], api: Api,
-                       block_size: int) -> Callable[[int, RequestSpec], int | None] | None:
-    """For requests made as they are taken (`FlatSpecs`): each prompt's first block that no other shares,
-    from one cheap pass over the prompts' first blocks (`prompt_heads`): 0 for a prompt whose first block
-    is its own, None (nothing private) for one whose first block another prompt also has; None when the
-    stream cannot tell (see `_unshared_from`)."""
-    heads_of = getattr(specs, "prompt_heads", None)
-    if api != "completions" or heads_of is None:
-        return None
-    heads = list(heads_of(block_size))
+def _streamed(specs: Iterable[RequestSpec], api: Api, block_size: int, stand_ins: bool) -> tuple[
+        Iterable[RequestSpec], Callable[[int, RequestSpec], int | None] | None, Callable[[int], StandInPrompt] | None]:
+    """For requests made as they are taken (`FlatSpecs`): (the requests, each one's first block that no other
+    prompt shares, the `Sequence.draw_tokens` of a request whose prompt came as stand-ins). One cheap pass over
+    the prompts' draws (`TokenPromptDraws.heads`) tells which first blocks are their prompt's own: 0 for
+    such a prompt, None (nothing private) for one whose first block another prompt also has; (specs, None,
+    None) when the stream cannot tell (see `_unshared_from`). With `stand_ins`, a prompt whose every block
+    is private comes in as stand-in ids of its length (one id below the drawn range, which no prompt holds):
+    nothing reads them unless its request is preempted, and then its real ids are drawn (`StandInPrompt`);
+    building ~1.5k-id tuples a request was a sixth of a simulated chat run."""
+    draws_of = getattr(specs, "prompt_draws", None)
+    draws = draws_of() if api == "completions" and draws_of is not None else None
+    if draws is None:
+        return specs, None, None
+    heads = draws.heads(block_size)
     seen: dict[bytes, int] = {}
     for h in heads:
         if h is not None:
@@ -202,7 +208,15 @@ def _unshared_streamed(specs: Iterable[RequestSpec], api: Api,
         if type(sp.prompt) is not tuple or sp.extra_body:
             return None
         return 0 if own[i] else None
-    return unshared
+    if not stand_ins or draws.lo == 0 or draws.prefix:
+        return specs, unshared, None
+    fake = draws.lo - 1
+    prompts = ((fake,) * n if mine else draws.prompt(i)
+               for i, (n, mine) in enumerate(zip(draws.lengths().tolist(), own, strict=True)))
+
+    def drawer(i: int) -> StandInPrompt:
+        return StandInPrompt(partial(draws.prompt, i))
+    return specs.with_prompts(prompts), unshared, drawer  # type: ignore[attr-defined]  # FlatSpecs'
 
 
 def _unshared_from(specs: Sequence[RequestSpec], api: Api, block_size: int) -> list[int] | None:
@@ -341,6 +355,7 @@ def simulate_records(
 
     block_size = first.config.block_size
     unshared_of: Callable[[int, RequestSpec], int | None] | None = None  # (arrival index, request)
+    stand_in_of: Callable[[int], StandInPrompt] | None = None  # (arrival index) for a stand-in prompt's request
     if isinstance(specs, Sequence):
         ordered = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
         unshared = _unshared_from(ordered, api, block_size) if opts.private_blocks else None
@@ -348,7 +363,8 @@ def simulate_records(
             unshared_of = lambda i, _sp: unshared[i]  # noqa: E731
         stream: Iterator[RequestSpec] = iter(ordered)
     else:
-        unshared_of = _unshared_streamed(specs, api, block_size) if opts.private_blocks else None
+        if opts.private_blocks:  # (stand-ins where a router does not read the prompts' heads)
+            specs, unshared_of, stand_in_of = _streamed(specs, api, block_size, not route.reads_prompts)
         stream = _in_order(specs)
     records: list[RequestRecord] = []
     out = _InOrder(on_record, opts.request_overhead_s) if on_record is not None else None
@@ -384,11 +400,14 @@ def simulate_records(
                 continue
             rep = reps[route.pick(req.prompt_token_ids)]
             wake(rep, t)
+            private = None if unshared_of is None else unshared_of(num_arrived - 1, sp)
             try:
                 rid = rep.engine.add_request(req.prompt_token_ids, req.max_tokens, min_tokens=req.min_tokens,
                                              ignore_eos=req.ignore_eos, sampling=req.sampling,
                                              stop_check=req.stop_check(), ids_checked=ids_checked,
-                                             unshared_from=None if unshared_of is None else unshared_of(num_arrived - 1, sp))
+                                             unshared_from=private,
+                                             draw_tokens=stand_in_of(num_arrived - 1) if (
+                                                 stand_in_of is not None and private == 0) else None)
             except RequestRejected as e:
                 rec.fail("error", refusal_error(str(e)), t)
                 continue
@@ -460,8 +479,8 @@ def simulate_run(
 
     `intervals=False` leaves out the bootstrap intervals (they cost several times the simulation itself;
     capacity searches decide on replicates instead). `on_record`: each record handed on as `simulate_records`
-    streams it (to a run directory), none returned; the summary is then made from compact copies (chunk
-    times as a float array: a fifth of a list's memory).
+    streams it (to a run directory), none returned; the summary is then made from their columns, gathered as
+    they go (`RecordBuffer`: numbers and chunk times in flat arrays, no record kept).
     """
     opts = SimOptions.of(opts, knobs)
     fleet: dict[str, Any] = {}
@@ -469,16 +488,14 @@ def simulate_run(
         records = simulate_records(specs, engine, opts, fleet=fleet)
         summary = summarize(records, slo, seed=opts.seed, intervals=intervals)
     else:
-        kept: list[RequestRecord] = []
+        kept = RecordBuffer(tokens=False)  # (the summary reads chunk times only)
 
         def keep(rec: RequestRecord) -> None:
             on_record(rec)
-            rec.chunk_times_s = array("d", rec.chunk_times_s)  # type: ignore[assignment]  # read as a sequence
-            rec.chunk_tokens = []
-            kept.append(rec)
+            kept.add(rec)
 
         records = simulate_records(specs, engine, opts, fleet=fleet, on_record=keep)
-        summary = summarize(kept, slo, seed=opts.seed, intervals=intervals)
+        summary = summarize(run_columns(kept.columns()), slo, seed=opts.seed, intervals=intervals)
     return records, replace(summary, clock="virtual", fleet=fleet if opts.replicas != 1 or "prefill" in fleet else None)
 
 

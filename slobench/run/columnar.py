@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from slobench.errors import UsageError
-from slobench.run.records import REQUESTS, RequestRecord, read_record_dicts, record_problem
+from slobench.run.records import REQUESTS, RequestRecord, read_record_dicts, record_problem, round_9
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -103,12 +103,13 @@ _STRINGS = attrgetter(*STRINGS)
 _NAN = float("nan")
 
 
-class _Buffer:
-    """One row group's records in compact arrays (no record kept): a record's numbers one row of `numbers`,
-    its chunk times and token counts appended to flat arrays with their running ends. About a third of what
-    serialising the record's JSON line costs."""
+class RecordBuffer:
+    """Records in compact arrays, none kept (a row group's; a simulated run's, for its summary): a record's
+    numbers one row of `numbers`, its chunk times and token counts appended to flat arrays with their
+    running ends. About a third of what serialising the record's JSON line costs."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, tokens: bool = True) -> None:
+        self.keep_tokens = tokens  # False: chunk token counts are not kept (`columns` has none)
         self.numbers = array("d")
         self.strings: list[tuple[str | None, ...]] = []
         self.is_warmup = array("b")
@@ -124,8 +125,20 @@ class _Buffer:
         self.is_warmup.append(rec.is_warmup)
         self.times.extend(rec.chunk_times_s)
         self.times_end.append(len(self.times))
-        self.tokens.extend(rec.chunk_tokens)
-        self.tokens_end.append(len(self.tokens))
+        if self.keep_tokens:
+            self.tokens.extend(rec.chunk_tokens)
+            self.tokens_end.append(len(self.tokens))
+
+    def columns(self) -> Columns:
+        """The records added, as `Columns`: what `columns_of_rows(records, getattr)` makes of them, without
+        holding the records (a simulated run's summary)."""
+        n = len(self)
+        numbers = np.frombuffer(self.numbers, dtype=float).reshape(n, len(FLOATS) + len(INTS))
+        values = {k: np.ascontiguousarray(numbers[:, j]) for j, k in enumerate((*FLOATS, *INTS))}
+        for j, k in enumerate(STRINGS):
+            values[k] = np.array([row[j] for row in self.strings], dtype=object)
+        values["is_warmup"] = np.frombuffer(self.is_warmup, dtype=np.int8).astype(bool)
+        return Columns(values, np.frombuffer(self.times, dtype=float), np.frombuffer(self.times_end, dtype=np.int64))
 
     def table(self) -> pa.Table:
         import pyarrow as pa
@@ -148,19 +161,6 @@ class _Buffer:
         return pa.table([cols[f.name] for f in schema()], schema=schema())
 
 
-def round_9(x: np.ndarray) -> np.ndarray:
-    """Python's `round(v, 9)` of every v (how requests.jsonl writes chunk times), vectorised: rint(v * 1e9) / 1e9
-    is that wherever the product's own rounding cannot have moved it across a half; the few values where it
-    could are rounded by Python."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        p = x * 1e9
-        out = np.rint(p) / 1e9
-        # p is within half a unit in the last place of v * 1e9; NaN and infinities are unsure too
-        unsure = np.flatnonzero(~(np.abs(p - np.floor(p) - 0.5) > np.spacing(np.abs(p))))
-    out[unsure] = [round(v, 9) for v in x[unsure].tolist()]
-    return out
-
-
 class ParquetLog:
     """requests.parquet written as records come: every ROW_GROUP records a row group is converted and
     compressed on a worker thread (on a live run's event loop it would stall the sends for a fraction of a
@@ -172,7 +172,7 @@ class ParquetLog:
 
         self.path = Path(run_dir) / PARQUET
         self.tmp = self.path.with_name(PARQUET + ".tmp")
-        self._buffer = _Buffer()
+        self._buffer = RecordBuffer()
         self._writer: pq.ParquetWriter | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None
@@ -183,7 +183,7 @@ class ParquetLog:
         if self.failed is None:
             self._buffer.add(rec)
             if len(self._buffer) >= ROW_GROUP or len(self._buffer.times) >= ROW_GROUP_CHUNKS:
-                full, self._buffer = self._buffer, _Buffer()
+                full, self._buffer = self._buffer, RecordBuffer()
                 self._guard(lambda: self._hand_off(full))
 
     def close(self, jsonl_bytes: int) -> None:
@@ -191,7 +191,7 @@ class ParquetLog:
         def finish() -> None:
             self._wait()
             self._write(self._buffer)
-            self._buffer = _Buffer()
+            self._buffer = RecordBuffer()
             assert self._writer is not None
             self._writer.add_key_value_metadata({JSONL_BYTES_KEY: str(jsonl_bytes).encode()})
             self._writer.close()
@@ -218,10 +218,10 @@ class ParquetLog:
                 pass
             self._writer = None
         self.tmp.unlink(missing_ok=True)
-        self._buffer = _Buffer()
+        self._buffer = RecordBuffer()
         self.closed = True  # nothing more is written: `close` has nothing to move into place
 
-    def _hand_off(self, full: _Buffer) -> None:
+    def _hand_off(self, full: RecordBuffer) -> None:
         self._wait()  # one row group in flight: bounded memory, and the last one's error surfaces here
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="slobench-parquet")
@@ -237,7 +237,7 @@ class ParquetLog:
             self._pool.shutdown(wait=True)
             self._pool = None
 
-    def _write(self, buffer: _Buffer) -> None:
+    def _write(self, buffer: RecordBuffer) -> None:
         import pyarrow.parquet as pq
 
         if self._writer is None:
@@ -256,7 +256,7 @@ class ParquetLog:
             step()
         except (OSError, pa.ArrowException) as e:
             self.failed = f"{type(e).__name__}: {e}"
-            self._buffer = _Buffer()
+            self._buffer = RecordBuffer()
             self.abort()
             print(f"slobench: note: {self.path.name} not written ({self.failed}); {REQUESTS} holds every record",
                   file=sys.stderr)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from orjson import dumps as orjson_dumps
 from orjson import loads as orjson_loads  # 3-5x faster than json.loads on a record line
 
@@ -101,7 +102,11 @@ class RequestRecord:
         # the event loop of a live run: orjson writes the record where its output is json's to the byte
         # (`_orjson_safe`), json the rest (~4x slower: Python's float repr, and asdict's deep copies avoided).
         d = {name: getattr(self, name) for name in _RECORD_FIELDS}
-        d["chunk_times_s"] = times = [round(t, 9) for t in self.chunk_times_s]
+        times = self.chunk_times_s
+        # (round_9 at numpy's speed for a long answer: a Python round per chunk was a fifth of a simulated run)
+        d["chunk_times_s"] = times = (round_9(np.array(times, dtype=float)).tolist()
+                                      if len(times) > 32 and set(map(type, times)) == {float}
+                                      else [round(t, 9) for t in times])
         for name in _WRITTEN_WHEN_SET:
             if d[name] is None:
                 del d[name]
@@ -116,6 +121,19 @@ class RequestRecord:
     def from_dict(cls, d: dict[str, Any]) -> RequestRecord:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def round_9(x: np.ndarray) -> np.ndarray:
+    """Python's `round(v, 9)` of every v (how requests.jsonl writes chunk times), vectorised: rint(v * 1e9) / 1e9
+    is that wherever the product's own rounding cannot have moved it across a half; the few values where it
+    could are rounded by Python."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        p = x * 1e9
+        out = np.rint(p) / 1e9
+        # p is within half a unit in the last place of v * 1e9; NaN and infinities are unsure too
+        unsure = np.flatnonzero(~(np.abs(p - np.floor(p) - 0.5) > np.spacing(np.abs(p))))
+    out[unsure] = [round(v, 9) for v in x[unsure].tolist()]
+    return out
 
 
 def _plain_float(v: float | None) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +25,7 @@ __all__ = [
     "WORDS",
     "random_text",
     "random_token_ids",
+    "TokenPromptDraws",
     "text_prompts",
     "token_prompts",
 ]
@@ -137,20 +139,82 @@ def token_prompt_heads(
 ) -> Iterator[bytes | None]:
     """The first `num_tokens` ids of each prompt `token_prompts` would draw from the same `rng` state, as
     int64 bytes (None for a prompt shorter than that), without building the prompts: a tenth of their cost."""
-    lo, hi = _check_id_range(id_range)
-    head = np.array([int(x) for x in prefix], dtype=np.int64)
-    suffix = _suffix_lengths(lengths, len(head))
-    for b in range(0, len(suffix), _BATCH):
-        lens = suffix[b : b + _BATCH]
-        ids = rng.integers(0, hi - lo, size=int(lens.sum()), dtype=np.int32)
-        start = 0
-        for n in lens.tolist():
-            if len(head) + n < num_tokens:
-                yield None
-            else:
-                drawn = ids[start : start + max(num_tokens - len(head), 0)] + np.int64(lo)
-                yield np.concatenate([head, drawn])[:num_tokens].tobytes()
-            start += n
+    return iter(TokenPromptDraws(lengths, rng, id_range=id_range, prefix=prefix).heads(num_tokens))
+
+
+class TokenPromptDraws:
+    """The prompts `token_prompt_batches` draws from `rng`, kept as where each batch's draw starts (the
+    generator's state) instead of as tuples: `heads` reads every prompt's first ids in one pass, and
+    `prompt(i)` draws prompt i again when something needs its ids (its batch, re-drawn; the last one
+    kept). For a simulator, which needs a prompt's ids only where another prompt could share them."""
+
+    def __init__(self, lengths: Sequence[int] | np.ndarray, rng: np.random.Generator, *,
+                 id_range: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE, prefix: Sequence[int] = ()) -> None:
+        self.lo, self.hi = _check_id_range(id_range)
+        self.prefix = tuple(int(x) for x in prefix)
+        self.suffix = _suffix_lengths(lengths, len(self.prefix))
+        self._rng = rng
+        self._states: list[Any] = []  # the generator's state before each batch's draw
+        self._batch: tuple[int, np.ndarray] | None = None  # (batch index, its ids), the last drawn
+
+    def __len__(self) -> int:
+        return len(self.suffix)
+
+    def lengths(self) -> np.ndarray:
+        """Each prompt's length, prefix included."""
+        return self.suffix + len(self.prefix)
+
+    def _draw(self, b: int) -> np.ndarray:
+        """Batch b's ids (offsets from lo, int32), as token_prompt_batches draws them."""
+        lens = self.suffix[b * _BATCH : (b + 1) * _BATCH]
+        if b < len(self._states):
+            bits = type(self._rng.bit_generator)()
+            bits.state = self._states[b]
+            rng = np.random.Generator(bits)
+        else:  # the first pass: every batch before b has been drawn from self._rng
+            assert b == len(self._states), "batches are first drawn in order"
+            self._states.append(self._rng.bit_generator.state)
+            rng = self._rng
+        ids = rng.integers(0, self.hi - self.lo, size=int(lens.sum()), dtype=np.int32)
+        self._batch = (b, ids)
+        return ids
+
+    def _ids_of(self, b: int) -> np.ndarray:
+        if self._batch is not None and self._batch[0] == b:
+            return self._batch[1]
+        while len(self._states) < b:  # (a prompt asked for before the pass reached it)
+            self._draw(len(self._states))
+        return self._draw(b)
+
+    def heads(self, num_tokens: int) -> list[bytes | None]:
+        """The first `num_tokens` ids of each prompt as int64 bytes; None for a prompt shorter than that."""
+        head = np.array(self.prefix, dtype=np.int64)
+        k = max(num_tokens - len(head), 0)  # ids each head takes from the draw
+        out: list[bytes | None] = []
+        for b in range(-(-len(self.suffix) // _BATCH)):
+            lens = self.suffix[b * _BATCH : (b + 1) * _BATCH]
+            ids = self._ids_of(b)
+            starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+            full = lens + len(head) >= num_tokens
+            rows = ids[starts[full][:, None] + np.arange(k)].astype(np.int64) + self.lo
+            rows = np.concatenate([np.broadcast_to(head, (len(rows), len(head))), rows], axis=1)[:, :num_tokens]
+            data, width, at = np.ascontiguousarray(rows).tobytes(), num_tokens * 8, 0
+            for f in full.tolist():
+                if f:
+                    out.append(data[at : at + width])
+                    at += width
+                else:
+                    out.append(None)
+        return out
+
+    def prompt(self, i: int) -> tuple[int, ...]:
+        """Prompt i, as token_prompts draws it."""
+        b = i // _BATCH
+        ids = self._ids_of(b)
+        lens = self.suffix[b * _BATCH : i + 1]
+        start = int(lens[:-1].sum())
+        objs = _id_objects(self.lo, self.hi)
+        return self.prefix + tuple(objs[ids[start : start + int(lens[-1])]].tolist())
 
 
 def random_text(n: int, rng: np.random.Generator) -> str:

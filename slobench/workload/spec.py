@@ -28,6 +28,7 @@ from slobench.workload.phases import (
 )
 from slobench.workload.prompts import (
     DEFAULT_TOKEN_ID_RANGE,
+    TokenPromptDraws,
     text_prompts,
     token_prompt_batches,
     token_prompt_heads,
@@ -490,6 +491,18 @@ class FlatSpecs(Iterable[RequestSpec]):
                 # every id drawn from the checked range (token_prompts): said here, once a request
                 yield with_drawn_ids(self.spec(i, p), self.id_range)
                 i += 1
+
+    def prompt_draws(self) -> TokenPromptDraws | None:
+        """The token-id prompts as `TokenPromptDraws` (each drawn again on demand); None for text prompts."""
+        if self.kind != "tokens":
+            return None
+        return TokenPromptDraws(self.input_tokens, np.random.default_rng(self.prompt_seed), id_range=self.id_range)
+
+    def with_prompts(self, prompts: Iterable[tuple[int, ...]]) -> Iterator[RequestSpec]:
+        """The requests in order, each with the next of `prompts` in place of its own (a simulator's
+        stand-ins, of the same lengths, for prompts nothing will read)."""
+        for i, p in enumerate(prompts):
+            yield with_drawn_ids(self.spec(i, p), self.id_range)
 
     def prompt_heads(self, num_tokens: int) -> Iterator[bytes | None]:
         """Each token-id prompt's first `num_tokens` ids as bytes (None when shorter), in request order."""
