@@ -88,6 +88,15 @@ def test_the_columns_are_the_same_from_either_file(tmp_path: Path) -> None:
     assert np.array_equal(a.chunk_times_s, b.chunk_times_s) and np.array_equal(a.chunk_offsets, b.chunk_offsets)
 
 
+def test_times_are_stored_byte_stream_split_not_through_a_dictionary(tmp_path: Path) -> None:
+    run = _write_run(tmp_path, _records())
+    group = pq.read_metadata(run / PARQUET).row_group(0)
+    encodings = {group.column(i).path_in_schema: group.column(i).encodings for i in range(group.num_columns)}
+    for name in columnar.BYTE_STREAM_SPLIT:
+        assert "BYTE_STREAM_SPLIT" in encodings[name] and "RLE_DICTIONARY" not in encodings[name], name
+    assert "RLE_DICTIONARY" in encodings["status"]  # a few distinct words: a dictionary is what suits them
+
+
 def test_gaps_and_taken_rows_match_a_per_request_loop() -> None:
     recs = _records()
     c = columns_of_rows(recs, getattr)
