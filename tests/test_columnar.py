@@ -5,6 +5,9 @@ keeps a million records cheap gives the numbers the slower way gave."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -252,3 +255,12 @@ def test_a_closed_writer_leaves_the_columns_readable_before_the_summary(tmp_path
 def test_summarize_takes_a_run_directory(tmp_path: Path) -> None:
     run = _write_run(tmp_path, _records())
     assert summarize(run, SLO_, seed=2) == summarize(read_columns(run), SLO_, seed=2)
+
+
+def test_the_cli_keeps_large_arrays_off_huge_pages(tmp_path: Path) -> None:
+    probe = ("from slobench.cli import main; main(['summarize', 'absent']); import numpy, pyarrow; "
+             "print(numpy._core.multiarray._get_madvise_hugepage(), pyarrow.default_memory_pool().backend_name)")
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMPY_MADVISE_HUGEPAGE", "ARROW_DEFAULT_MEMORY_POOL")}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split() == ["False", "system"]
