@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from slobench.analysis import slo
+from slobench.analysis import metrics, slo
 from slobench.analysis.metrics import RecordArrays
 from slobench.analysis.slo import SLO, bootstrap_quantile_ci, quantile_ci
 from slobench.analysis.summary import read_columns, summarize
@@ -100,7 +100,9 @@ def test_times_are_stored_byte_stream_split_not_through_a_dictionary(tmp_path: P
     assert "RLE_DICTIONARY" in encodings["status"]  # a few distinct words: a dictionary is what suits them
 
 
-def test_gaps_and_taken_rows_match_a_per_request_loop() -> None:
+@pytest.mark.parametrize("block", [3, 7, 1 << 20])
+def test_gaps_and_taken_rows_match_a_per_request_loop(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "GAP_BLOCK", block)  # blocks that end inside requests, and one block
     recs = _records()
     c = columns_of_rows(recs, getattr)
     order = np.array([7, 3, 5, 0, 9, 8])

@@ -136,16 +136,31 @@ class RecordArrays:
         return self.sent_s - self.scheduled_s - self.queued_s
 
 
+GAP_BLOCK = 1 << 20  # chunk times differenced at a time: the block's gaps stay in cache until kept
+
+
 def chunk_gaps(flat_s: np.ndarray, lengths: np.ndarray, is_ok: np.ndarray) -> np.ndarray:
     """Every gap between consecutive chunks of each successful request, from all requests' chunk times
-    concatenated (`flat_s`) and each request's count: one np.diff over the whole run, less the gaps into a
-    request's first chunk (they straddle two requests) and those of failures."""
+    concatenated (`flat_s`) and each request's count: the whole run differenced, less the gaps into a
+    request's first chunk (they straddle two requests) and those of failures. Differenced a block at a time
+    into one array of the gaps kept: a run's tens of millions of gaps are written once, not differenced
+    whole and then copied."""
     counted = is_ok & (lengths > 1)
     if len(flat_s) < 2 or not counted.any():
         return np.zeros(0)
     into = np.repeat(counted, lengths)  # per chunk: the gap that ends at it is kept
     into[(np.cumsum(lengths) - lengths)[lengths > 0]] = False
-    return np.diff(flat_s)[into[1:]]
+    keep = into[1:]  # keep[j]: the gap flat_s[j + 1] - flat_s[j]
+    out = np.empty(int(np.count_nonzero(keep)))
+    block = np.empty(min(GAP_BLOCK, len(keep)))
+    at = 0
+    for lo in range(0, len(keep), GAP_BLOCK):
+        hi = min(lo + GAP_BLOCK, len(keep))
+        d = np.subtract(flat_s[lo + 1:hi + 1], flat_s[lo:hi], out=block[:hi - lo])
+        kept = d[keep[lo:hi]]
+        out[at:at + len(kept)] = kept
+        at += len(kept)
+    return out
 
 
 def finite_values(x: np.ndarray) -> np.ndarray:
