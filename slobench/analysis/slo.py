@@ -223,13 +223,19 @@ def bootstrap_quantile_cis(
     b = (num_resamples or int(max(100, min(1000, 20_000_000 // n)))) if full else 1000
     m = n if full else FULL_RESAMPLE_MAX
     starts = block_starts(n, b, np.random.default_rng(seed), m)
-    rows = max(1, RESAMPLE_CHUNK_VALUES // m)
+    rows = min(b, max(1, RESAMPLE_CHUNK_VALUES // m))
     offsets = np.arange(block_length(n))
+    # each chunk's indices and values go into the same two arrays: fresh ones would be new pages every chunk
+    idx = np.empty((rows, starts.shape[1], len(offsets)), dtype=np.intp)
+    values = np.empty((rows, m))
     chunks = []
     for k in range(0, b, rows):
         part = starts[k : k + rows]
-        idx = (part[:, :, None] + offsets[None, None, :]).reshape(len(part), -1)[:, :m]
-        chunks.append(np.quantile(x[idx], list(qs), axis=1))  # (quantile, resample)
+        r = len(part)
+        np.add(part[:, :, None], offsets[None, None, :], out=idx[:r])
+        np.take(x, idx[:r].reshape(r, -1)[:, :m], out=values[:r])
+        # (quantile, resample); the values are drawn again for the next chunk, so partitioned where they lie
+        chunks.append(np.quantile(values[:r], list(qs), axis=1, overwrite_input=True))
     ends = np.quantile(np.concatenate(chunks, axis=1), [(1 - level) / 2, (1 + level) / 2], axis=1)
     if not full:
         centre = np.quantile(x, list(qs))

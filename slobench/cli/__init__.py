@@ -110,12 +110,13 @@ def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
 
 def no_huge_page_stalls() -> None:
     """Large arrays on ordinary pages. numpy asks the kernel for transparent huge pages for every array of
-    4 MB or more, and Arrow's default allocator too; where THP defrag is `madvise` (many distributions'
-    default) and memory is fragmented, the kernel compacts memory synchronously to find them, a stall at
-    each first touch: summarising a million records spent 15 s of its 23 s in the kernel so. Read when numpy
-    and pyarrow are imported (after this: each verb imports them); a value already set is kept."""
+    4 MB or more, and Arrow's allocator (mimalloc) takes huge pages too; where THP defrag is `madvise` (many
+    distributions' default) and memory is fragmented, the kernel compacts memory synchronously to find
+    them, a stall at each first touch: summarising a million records spent 15 s of its 23 s in the kernel
+    so. Read when numpy and pyarrow are imported (after this: each verb imports them); a value already set
+    is kept."""
     os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
-    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+    os.environ.setdefault("MIMALLOC_ALLOW_LARGE_OS_PAGES", "0")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
