@@ -139,6 +139,15 @@ class SLO:
         return ok
 
 
+def load_slo(text: str | None) -> SLO | None:
+    """An SLO as given on the command line: a TOML file's path, or `ttft=500ms,...` (`SLO.parse`)."""
+    if text is None:
+        return None
+    if text.endswith(".toml") or Path(text).is_file():
+        return SLO.from_toml(text)
+    return SLO.parse(text)
+
+
 def parse_fraction(val: Any, field: str = "slo.target", example: str = "0.9 or 90%") -> float:
     """'90%' -> 0.9; '0.9' -> 0.9. A bad value is a SpecError naming `field`."""
     s = str(val).strip()

@@ -52,10 +52,10 @@ Handler = Callable[[argparse.Namespace], int]
 VERBS: dict[str, tuple[str, str, str]] = {
     "run": ("run", "run", "one open-loop run at one rate"),
     "sweep": ("run", "sweep", "one run per offered rate, a table at the end"),
-    "summarize": ("run", "summarize", "recompute and print a run's summary"),
+    "summarize": ("results", "summarize", "recompute and print a run's summary"),
     "serve": ("engine", "serve", "serve the bundled reference engine (OpenAI API)"),
     "demo": ("engine", "demo", "start the bundled engine, sweep a workload across its cliff, print the table"),
-    "report": ("engine", "report", "build the self-contained HTML report from run or sweep directories"),
+    "report": ("results", "report", "build the self-contained HTML report from run or sweep directories"),
     "capacity": ("capacity", "capacity", "largest rate meeting the SLO, with an interval from replicates"),
     "gate": ("gate", "gate", "CI verdict: candidate vs baseline (exit 0/1/4)"),
     "history": ("history", "history", "headline metrics over commits: add a result, report change points"),
