@@ -51,20 +51,21 @@ class RecordArrays:
     def from_rows(cls, rows: Sequence[Any], get: Callable[[Any, str], Any]) -> RecordArrays:
         """Records in memory (`get=getattr`) or parsed requests.jsonl lines (`get=dict.get`): through
         `Columns`, so every source meets the same rules in `from_columns`."""
-        return cls.from_columns(columns_of_rows(rows, get))
+        return cls.from_columns(columns_of_rows(rows, get), consume=True)
 
     @classmethod
-    def from_columns(cls, c: Columns) -> RecordArrays:
+    def from_columns(cls, c: Columns, *, consume: bool = False) -> RecordArrays:
         """The one column reader: records as columns (requests.parquet read whole, or rows gathered by
         `columns_of_rows`) become these columns, in arrival order (ties by request id), with no Python
-        object per request."""
+        object per request. consume: `c` is the caller's to give away, and the gaps between its chunk
+        times are written over them (a million records' chunk times are 290 MB; the gaps nearly as much)."""
         v = c.values
         if np.isnan(v["scheduled_s"]).any() or np.isnan(v["request_id"]).any():
             raise ValueError("a record without scheduled_s or request_id")
         rid = v["request_id"].astype(np.int64)
         order = np.lexsort((rid, v["scheduled_s"]))
         if (np.diff(order) != 1).any():
-            c = c.take(order)
+            c, consume = c.take(order), True
         v = c.values
 
         def ints(key: str, default: int) -> np.ndarray:
@@ -92,7 +93,7 @@ class RecordArrays:
             tag=np.where(tag.astype(bool), tag, "").astype(object),
             is_ok=is_ok,
             status=status,
-            itl_s=chunk_gaps(c.chunk_times_s, lengths, is_ok),
+            itl_s=chunk_gaps(c.chunk_times_s, lengths, is_ok, in_place=consume),
             is_whole=(lengths == 0) & (first == done),
         )
 
@@ -139,19 +140,23 @@ class RecordArrays:
 GAP_BLOCK = 1 << 20  # chunk times differenced at a time: the block's gaps stay in cache until kept
 
 
-def chunk_gaps(flat_s: np.ndarray, lengths: np.ndarray, is_ok: np.ndarray) -> np.ndarray:
+def chunk_gaps(flat_s: np.ndarray, lengths: np.ndarray, is_ok: np.ndarray, *, in_place: bool = False) -> np.ndarray:
     """Every gap between consecutive chunks of each successful request, from all requests' chunk times
     concatenated (`flat_s`) and each request's count: the whole run differenced, less the gaps into a
     request's first chunk (they straddle two requests) and those of failures. Differenced a block at a time
     into one array of the gaps kept: a run's tens of millions of gaps are written once, not differenced
-    whole and then copied."""
+    whole and then copied. in_place: that array is the front of `flat_s` itself (its times are lost). A
+    block is differenced before its kept gaps are written, and they land before the block's end, ahead of
+    any time still to be read."""
     counted = is_ok & (lengths > 1)
     if len(flat_s) < 2 or not counted.any():
         return np.zeros(0)
     into = np.repeat(counted, lengths)  # per chunk: the gap that ends at it is kept
     into[(np.cumsum(lengths) - lengths)[lengths > 0]] = False
     keep = into[1:]  # keep[j]: the gap flat_s[j + 1] - flat_s[j]
-    out = np.empty(int(np.count_nonzero(keep)))
+    num = int(np.count_nonzero(keep))
+    own = in_place and flat_s.dtype == np.float64 and flat_s.flags.writeable and flat_s.flags.c_contiguous
+    out = flat_s[:num] if own else np.empty(num)
     block = np.empty(min(GAP_BLOCK, len(keep)))
     at = 0
     for lo in range(0, len(keep), GAP_BLOCK):

@@ -354,7 +354,7 @@ class RunColumns:
 
 
 def columns_of(records: Sequence[RequestRecord]) -> RunColumns:
-    return run_columns(columns_of_rows(records, getattr))
+    return run_columns(columns_of_rows(records, getattr), consume=True)
 
 
 def read_columns(run_dir: Path) -> RunColumns:
@@ -362,18 +362,21 @@ def read_columns(run_dir: Path) -> RunColumns:
     requests.jsonl (`slobench.run.columnar.read_run_columns`). Why not through `load_run`: the report must
     read a million records in seconds, and a Python object per request costs more than the reading."""
     try:
-        return run_columns(read_run_columns(Path(run_dir)))
+        return run_columns(read_run_columns(Path(run_dir)), consume=True)
     except (TypeError, ValueError, KeyError, OverflowError) as e:
         raise UsageError(f"{Path(run_dir) / REQUESTS}: bad value in a request record ({type(e).__name__}: {e})") from None
 
 
-def run_columns(c: Columns) -> RunColumns:
-    """The measured (non-warm-up) records of `c` as the summary's input."""
+def run_columns(c: Columns, *, consume: bool = False) -> RunColumns:
+    """The measured (non-warm-up) records of `c` as the summary's input. consume: `c` was made for this
+    call, and its chunk times may be overwritten by the gaps between them (`RecordArrays.from_columns`)."""
     measured = ~c.values["is_warmup"]
-    m = c if measured.all() else c.take(np.flatnonzero(measured))
+    whole = measured.all()
+    m = c if whole else c.take(np.flatnonzero(measured))
     error = m.values["error"]
     errors = [str(e) for e in error[error.astype(bool)]]
-    return RunColumns(RecordArrays.from_columns(m), error_kinds(errors), error_examples(errors), length_fidelity(m),
+    return RunColumns(RecordArrays.from_columns(m, consume=consume or not whole), error_kinds(errors),
+                      error_examples(errors), length_fidelity(m),
                       num_warmup=len(c) - len(m))
 
 
