@@ -233,18 +233,14 @@ def bootstrap_quantile_cis(
     m = n if full else FULL_RESAMPLE_MAX
     starts = block_starts(n, b, np.random.default_rng(seed), m)
     rows = min(b, max(1, RESAMPLE_CHUNK_VALUES // m))
-    offsets = np.arange(block_length(n))
-    # each chunk's indices and values go into the same two arrays: fresh ones would be new pages every chunk
-    idx = np.empty((rows, starts.shape[1], len(offsets)), dtype=np.intp)
-    values = np.empty((rows, m))
+    # every block x could give, as a view (no copy): a resample is the blocks at its starts, copied whole
+    blocks = np.lib.stride_tricks.sliding_window_view(x, block_length(n))
     chunks = []
     for k in range(0, b, rows):
         part = starts[k : k + rows]
-        r = len(part)
-        np.add(part[:, :, None], offsets[None, None, :], out=idx[:r])
-        np.take(x, idx[:r].reshape(r, -1)[:, :m], out=values[:r])
-        # (quantile, resample); the values are drawn again for the next chunk, so partitioned where they lie
-        chunks.append(np.quantile(values[:r], list(qs), axis=1, overwrite_input=True))
+        values = blocks[part].reshape(len(part), -1)[:, :m]  # each block copied whole, not value by value
+        # (quantile, resample); the values are this chunk's alone, so partitioned where they lie
+        chunks.append(np.quantile(values, list(qs), axis=1, overwrite_input=True))
     ends = np.quantile(np.concatenate(chunks, axis=1), [(1 - level) / 2, (1 + level) / 2], axis=1)
     if not full:
         centre = np.quantile(x, list(qs))
