@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from slobench.analysis.metrics import RecordArrays
+from slobench.analysis.metrics import RecordArrays, finite_values
 from slobench.errors import SpecError
 
 _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
@@ -224,7 +224,7 @@ def bootstrap_quantile_cis(
     as one call per quantile with the same seed, for the cost of one. The resamples are taken a chunk at a
     time (bounded memory); past FULL_RESAMPLE_MAX values, 1,000 m-out-of-n resamples of m = FULL_RESAMPLE_MAX
     values, their spread scaled by sqrt(m / n), so a million values cost what 20,000 do."""
-    x = x[~np.isnan(x)]
+    x = finite_values(x)
     n = len(x)
     if n < 2:
         return [(None, None)] * len(qs)
@@ -345,7 +345,7 @@ def quantile_ci(x: np.ndarray, q: float, *, level: float = 0.95, seed: int = 0) 
 def quantile_cis(x: np.ndarray, qs: Sequence[float], *, level: float = 0.95,
                  seed: int = 0) -> list[tuple[float | None, float | None]]:
     """`quantile_ci` of each of `qs`: one set of resamples and one partial sort for all of them."""
-    x = x[~np.isnan(x)]
+    x = finite_values(x)
     out: list[tuple[float | None, float | None]] = []
     for (b_lo, b_hi), (o_lo, o_hi) in zip(bootstrap_quantile_cis(x, qs, level=level, seed=seed),
                                           order_statistic_cis(x, qs, level=level), strict=True):

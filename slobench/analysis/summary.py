@@ -14,7 +14,14 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import numpy as np
 
-from slobench.analysis.metrics import RecordArrays, achieved_send_rps, describe, quantiles, throughput
+from slobench.analysis.metrics import (
+    RecordArrays,
+    achieved_send_rps,
+    describe,
+    finite_values,
+    quantiles,
+    throughput,
+)
 from slobench.analysis.slo import SLO, Attainment, attainment, quantile_cis, samples_beyond
 from slobench.errors import SpecError, UsageError
 from slobench.redact import redact_message
@@ -64,12 +71,13 @@ class Dist:
 
     @classmethod
     def of(cls, x: np.ndarray, *, intervals: bool = False, seed: int = 0) -> Dist:
-        d = describe(x)
-        n = int(np.count_nonzero(~np.isnan(x)))
+        finite = finite_values(x)
+        d = describe(finite)
+        n = len(finite)
         ci = beyond = None
         if intervals:
             ci = dict(zip([name for _, name in CI_QUANTILES],
-                          quantile_cis(x, [q for q, _ in CI_QUANTILES], seed=seed), strict=True))
+                          quantile_cis(finite, [q for q, _ in CI_QUANTILES], seed=seed), strict=True))
             beyond = {name: samples_beyond(n, q) for q, name in CI_QUANTILES}
         return cls(d["mean"], d["p50"], d["p90"], d["p99"], d["max"], n, ci, beyond)
 
