@@ -271,3 +271,22 @@ def test_the_cli_keeps_large_arrays_off_huge_pages(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=tmp_path, capture_output=True, text=True,
                          check=True).stdout
     assert out.split() == ["False", "0"]
+
+
+@pytest.mark.parametrize("kind", ["lognormal", "ties", "sorted", "infinite", "periodic"])
+def test_windowed_quantiles_are_np_quantiles_bit_for_bit(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "GAP_BLOCK", 1000)  # many blocks
+    rng = np.random.default_rng(7)
+    n = 50_003
+    x = {"lognormal": rng.lognormal(-3, 0.5, n), "ties": rng.integers(0, 40, n) / 1e3,
+         "sorted": np.sort(rng.random(n)), "infinite": np.where(rng.random(n) < 0.02, np.inf, rng.random(n)),
+         "periodic": np.where(np.arange(n) % metrics.SAMPLE_STEP == 0, 0.0, 1.0 + rng.random(n))}[kind]
+    qs = (0.5, 0.9, 0.99, 0.001, 0.37)
+    want = np.quantile(x, qs)
+    got = metrics.windowed_quantiles(x, qs)
+    if kind == "periodic":
+        assert got is None  # the sample saw only the zeros: the windows missed, and said so
+    else:
+        assert got is not None and got.tobytes() == want.tobytes()
+    monkeypatch.setattr(metrics, "WINDOWED_MIN", 1000)
+    assert np.array(list(metrics.quantiles(x, qs).values())).tobytes() == want.tobytes()  # NaN is NaN here

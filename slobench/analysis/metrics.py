@@ -178,10 +178,57 @@ def finite_values(x: np.ndarray) -> np.ndarray:
 
 
 def quantiles(x: np.ndarray, qs: Sequence[float] = QUANTILES) -> dict[str, float | None]:
+    """np.quantile's (the 'linear' method) of the finite values of x."""
     x = finite_values(x)
     if len(x) == 0:
         return {f"p{_qname(q)}": None for q in qs}
-    return {f"p{_qname(q)}": float(v) for q, v in zip(qs, np.quantile(x, qs), strict=True)}
+    values = windowed_quantiles(x, qs) if len(x) >= WINDOWED_MIN else None
+    return {f"p{_qname(q)}": float(v) for q, v in zip(qs, np.quantile(x, qs) if values is None else values,
+                                                       strict=True)}
+
+
+WINDOWED_MIN = 1 << 22  # values from which `windowed_quantiles` beats partitioning a copy of them all
+SAMPLE_STEP = 64  # every 64th value places the windows
+
+
+def windowed_quantiles(x: np.ndarray, qs: Sequence[float]) -> np.ndarray | None:
+    """`np.quantile(x, qs)`, bit for bit, without copying x (a run's 36M gaps: 290 MB): each quantile's
+    two order statistics are looked for in a window of values placed from a sorted sample of every
+    SAMPLE_STEP-th value, 8 standard deviations of the sample's quantile wide. One pass a block at a time
+    counts the values below each window and keeps those inside; when a window missed its order statistics
+    (a sample the data's own period fooled), None: the caller partitions the whole array. The two values
+    are interpolated by np.quantile itself, as a two-value array at the weight it would use (its 'linear'
+    virtual index (n - 1) q, less its floor)."""
+    n = len(x)
+    q = np.asarray(qs, dtype=float)
+    virtual = (n - 1) * q
+    if not ((virtual >= 0) & (virtual < n - 1)).all():
+        return None
+    lo = np.floor(virtual).astype(np.int64)
+    sample = np.sort(x[::SAMPLE_STEP])
+    s = len(sample)
+    spread = 8 * np.sqrt(s * q * (1 - q)) + 8
+    first = np.floor(lo * (s / n) - spread).astype(np.int64)
+    last = np.ceil((lo + 1) * (s / n) + spread).astype(np.int64)
+    low_edge = np.where(first > 0, sample[np.clip(first, 0, s - 1)], -np.inf)
+    high_edge = np.where(last < s - 1, sample[np.clip(last, 0, s - 1)], np.inf)
+    below = np.zeros(len(q), dtype=np.int64)
+    inside: list[list[np.ndarray]] = [[] for _ in q]
+    for start in range(0, n, GAP_BLOCK):
+        block = x[start:start + GAP_BLOCK]
+        for j in range(len(q)):
+            under = block < low_edge[j]
+            below[j] += np.count_nonzero(under)
+            inside[j].append(block[~under & (block <= high_edge[j])])
+    out = np.empty(len(q))
+    for j in range(len(q)):
+        window = np.concatenate(inside[j])
+        k = lo[j] - below[j]
+        if k < 0 or k + 1 >= len(window):
+            return None
+        pair = np.partition(window, [k, k + 1])[[k, k + 1]]
+        out[j] = np.quantile(pair, virtual[j] - np.floor(virtual[j]))
+    return out
 
 
 def _qname(q: float) -> str:
