@@ -325,9 +325,10 @@ COLUMNS_READ = (*FLOATS, *INTS, *STRINGS, "is_warmup", "chunk_times_s")  # `Colu
 
 
 def table_columns(table: pa.Table) -> Columns:
-    """A requests.parquet table as `Columns`, each column converted whole (strings through their few
-    distinct values)."""
-    return _columns_of_tables([table], table.num_rows, sum(len(c.flatten()) for c in table.column("chunk_times_s").chunks))
+    """A table of requests.parquet's columns (`read_table`) as `Columns`, as `read_parquet_columns` reads
+    the file."""
+    times = sum(len(c.flatten()) for c in table.column("chunk_times_s").chunks)
+    return _columns_of_tables([table], table.num_rows, times)
 
 
 def read_parquet_columns(run_dir: Path) -> Columns:
@@ -354,7 +355,8 @@ def read_parquet_columns(run_dir: Path) -> Columns:
 
 def _columns_of_tables(tables: Iterable[pa.Table], num_rows: int, num_times: int) -> Columns:
     """`Columns` of tables of requests.parquet's columns, one after another, copied into arrays made once:
-    `num_rows` rows in all, and at least `num_times` chunk times."""
+    `num_rows` rows in all, and at least `num_times` chunk times. Strings go through their few distinct
+    values (`_strings`)."""
     values = {**{k: np.empty(num_rows) for k in (*FLOATS, *INTS)},
               **{k: np.empty(num_rows, dtype=object) for k in STRINGS}, "is_warmup": np.empty(num_rows, dtype=bool)}
     flat = np.empty(num_times)
