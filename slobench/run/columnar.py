@@ -384,6 +384,8 @@ def _columns_of_tables(tables: Iterable[pa.Table], num_rows: int, num_times: int
 
 
 def _strings(col: pa.ChunkedArray) -> np.ndarray:
+    if col.null_count == len(col):  # most text columns of most runs (error, finish_reason): nothing to encode
+        return np.full(len(col), None, dtype=object)
     encoded = col.combine_chunks().dictionary_encode()
     words = np.array(encoded.dictionary.to_pylist() + [None], dtype=object)
     return words[encoded.indices.fill_null(len(words) - 1).to_numpy()]
