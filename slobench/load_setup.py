@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slobench.analysis.slo import SLO, parse_duration_s
+from slobench.analysis.slo import load_slo, parse_duration_s
 from slobench.analysis.summary import RunSummary
 from slobench.errors import SpecError, UsageError
 from slobench.experiments.probe import LiveProbe, Probe, VirtualProbe
@@ -116,14 +116,6 @@ class LoadOptions:
     def __post_init__(self) -> None:
         if (self.engine or self.simulate) and self.engine_knobs is None:
             raise ValueError("LoadOptions.engine_knobs: needed with engine or simulate (the engine's shape)")
-
-
-def load_slo(text: str | None) -> Any:
-    if text is None:
-        return None
-    if text.endswith(".toml") or Path(text).is_file():
-        return SLO.from_toml(text)
-    return SLO.parse(text)
 
 
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP token (RFC 9110)

@@ -5,13 +5,16 @@ keeps a million records cheap gives the numbers the slower way gave."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from slobench.analysis import slo
+from slobench.analysis import metrics, slo
 from slobench.analysis.metrics import RecordArrays
 from slobench.analysis.slo import SLO, bootstrap_quantile_ci, quantile_ci
 from slobench.analysis.summary import read_columns, summarize
@@ -88,7 +91,18 @@ def test_the_columns_are_the_same_from_either_file(tmp_path: Path) -> None:
     assert np.array_equal(a.chunk_times_s, b.chunk_times_s) and np.array_equal(a.chunk_offsets, b.chunk_offsets)
 
 
-def test_gaps_and_taken_rows_match_a_per_request_loop() -> None:
+def test_times_are_stored_byte_stream_split_not_through_a_dictionary(tmp_path: Path) -> None:
+    run = _write_run(tmp_path, _records())
+    group = pq.read_metadata(run / PARQUET).row_group(0)
+    encodings = {group.column(i).path_in_schema: group.column(i).encodings for i in range(group.num_columns)}
+    for name in columnar.BYTE_STREAM_SPLIT:
+        assert "BYTE_STREAM_SPLIT" in encodings[name] and "RLE_DICTIONARY" not in encodings[name], name
+    assert "RLE_DICTIONARY" in encodings["status"]  # a few distinct words: a dictionary is what suits them
+
+
+@pytest.mark.parametrize("block", [3, 7, 1 << 20])
+def test_gaps_and_taken_rows_match_a_per_request_loop(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "GAP_BLOCK", block)  # blocks that end inside requests, and one block
     recs = _records()
     c = columns_of_rows(recs, getattr)
     order = np.array([7, 3, 5, 0, 9, 8])
@@ -101,6 +115,11 @@ def test_gaps_and_taken_rows_match_a_per_request_loop() -> None:
     want = [g for rid, ok in zip(a.request_id, a.is_ok, strict=True) if ok
             for g in np.diff(by_id[int(rid)].chunk_times_s)]
     assert np.array_equal(a.itl_s, np.array(want))
+    lengths, ok = np.diff(c.chunk_offsets), np.arange(len(c)) % 4 != 1  # failures with chunk times too
+    apart = metrics.chunk_gaps(c.chunk_times_s, lengths, ok)
+    flat = c.chunk_times_s.copy()
+    over = metrics.chunk_gaps(flat, lengths, ok, in_place=True)
+    assert np.array_equal(over, apart) and np.shares_memory(over, flat) and len(apart) < len(want)
     assert a.is_whole.sum() == 1 and a.tag[0] in ("chat", "doc")
 
 
@@ -243,3 +262,33 @@ def test_a_closed_writer_leaves_the_columns_readable_before_the_summary(tmp_path
 def test_summarize_takes_a_run_directory(tmp_path: Path) -> None:
     run = _write_run(tmp_path, _records())
     assert summarize(run, SLO_, seed=2) == summarize(read_columns(run), SLO_, seed=2)
+
+
+def test_the_cli_keeps_large_arrays_off_huge_pages(tmp_path: Path) -> None:
+    probe = ("from slobench.cli import main; main(['summarize', 'absent']); import numpy, pyarrow; "
+             "import os; print(numpy._core.multiarray._get_madvise_hugepage(), os.environ['MIMALLOC_ALLOW_LARGE_OS_PAGES'])")
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMPY_MADVISE_HUGEPAGE", "MIMALLOC_ALLOW_LARGE_OS_PAGES")}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split() == ["False", "0"]
+
+
+@pytest.mark.parametrize("kind", ["lognormal", "ties", "sorted", "infinite", "periodic"])
+def test_windowed_quantiles_are_np_quantiles_bit_for_bit(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "GAP_BLOCK", 1000)  # many blocks
+    rng = np.random.default_rng(7)
+    n = 50_003
+    x = {"lognormal": rng.lognormal(-3, 0.5, n), "ties": rng.integers(0, 40, n) / 1e3,
+         "sorted": np.sort(rng.random(n)), "infinite": np.where(rng.random(n) < 0.02, np.inf, rng.random(n)),
+         "periodic": np.where(np.arange(n) % metrics.SAMPLE_STEP == 0, 0.0, 1.0 + rng.random(n))}[kind]
+    qs = (0.5, 0.9, 0.99, 0.001, 0.37)
+    monkeypatch.setattr(metrics, "WINDOWED_MIN", 1000)
+    with np.errstate(invalid="ignore"):  # inf - inf where two infinities are interpolated: NaN, both ways
+        want = np.quantile(x, qs)
+        got = metrics.windowed_quantiles(x, qs)
+        through = np.array(list(metrics.quantiles(x, qs).values()))
+    if kind == "periodic":
+        assert got is None  # the sample saw only the zeros: the windows missed, and said so
+    else:
+        assert got is not None and got.tobytes() == want.tobytes()
+    assert through.tobytes() == want.tobytes()

@@ -25,7 +25,7 @@ from slobench.report.stats import analyze, cdf_points
 from slobench.report.synthetic import DEFAULT_SLO, synthetic_records, write_synthetic_sweep
 from slobench.report.terminal import headline_text, print_run, run_title, sweep_errors_text, sweep_table
 from slobench.report.timeline import MAX_MET_POINTS, MAX_MISS_POINTS, in_flight, timeline_figure
-from slobench.run.records import RequestRecord, write_records
+from slobench.run.records import RequestRecord, read_jsonl, read_jsonl_every, write_records
 from slobench.run.rundir import RunWriter, load_run
 
 HOSTILE = "<script>alert(1)</script><b>b</b>\"'&"
@@ -304,6 +304,27 @@ def test_server_state_rates_and_ratios(tmp_path):
     assert prefix.values[0] == 50 and np.isnan(prefix.values[1])  # no queries in that interval
     assert prefix.values[2] == 0  # the counter went down (a restart): counted as zero, not negative
     assert panels["preemptions"][0].values.tolist() == [2, 0, 4]
+
+
+@pytest.mark.parametrize("torn", [False, True])
+def test_thinned_scrapes_are_every_kth_of_all_and_only_those_are_parsed(tmp_path, torn):
+    p = tmp_path / "server_metrics.jsonl"
+    lines = [json.dumps({"t_s": float(i), "samples": {"x": i}}) for i in range(23)]
+    lines[4] = ""  # a blank line is no scrape
+    p.write_text("\n".join(lines) + ('\n{"t_s": 99, "sam' if torn else "\n"))
+
+    def check(d):
+        return isinstance(d, dict) and "samples" in d
+
+    everything = read_jsonl(p, "scrape", check, json.loads)
+    for at_most in (1, 5, 7, 22, 100):
+        rows, n = read_jsonl_every(p, "scrape", check, json.loads, at_most)
+        assert n == len(everything) == 22 and rows == everything[:: -(-n // at_most)] and len(rows) <= at_most
+    lines[7] = "not json"  # drawn at a step of 2 (the sixth scrape), not at a step of 5
+    p.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UsageError, match=re.escape(f"{p}:8")):
+        read_jsonl_every(p, "scrape", check, json.loads, 11)
+    assert read_jsonl_every(p, "scrape", check, json.loads, 5)[1] == 22
 
 
 def test_headline_text_says_what_is_known():

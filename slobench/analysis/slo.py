@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from slobench.analysis.metrics import RecordArrays
+from slobench.analysis.metrics import RecordArrays, finite_values
 from slobench.errors import SpecError
 
 _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
@@ -139,6 +139,15 @@ class SLO:
         return ok
 
 
+def load_slo(text: str | None) -> SLO | None:
+    """An SLO as given on the command line: a TOML file's path, or `ttft=500ms,...` (`SLO.parse`)."""
+    if text is None:
+        return None
+    if text.endswith(".toml") or Path(text).is_file():
+        return SLO.from_toml(text)
+    return SLO.parse(text)
+
+
 def parse_fraction(val: Any, field: str = "slo.target", example: str = "0.9 or 90%") -> float:
     """'90%' -> 0.9; '0.9' -> 0.9. A bad value is a SpecError naming `field`."""
     s = str(val).strip()
@@ -215,7 +224,7 @@ def bootstrap_quantile_cis(
     as one call per quantile with the same seed, for the cost of one. The resamples are taken a chunk at a
     time (bounded memory); past FULL_RESAMPLE_MAX values, 1,000 m-out-of-n resamples of m = FULL_RESAMPLE_MAX
     values, their spread scaled by sqrt(m / n), so a million values cost what 20,000 do."""
-    x = x[~np.isnan(x)]
+    x = finite_values(x)
     n = len(x)
     if n < 2:
         return [(None, None)] * len(qs)
@@ -223,13 +232,15 @@ def bootstrap_quantile_cis(
     b = (num_resamples or int(max(100, min(1000, 20_000_000 // n)))) if full else 1000
     m = n if full else FULL_RESAMPLE_MAX
     starts = block_starts(n, b, np.random.default_rng(seed), m)
-    rows = max(1, RESAMPLE_CHUNK_VALUES // m)
-    offsets = np.arange(block_length(n))
+    rows = min(b, max(1, RESAMPLE_CHUNK_VALUES // m))
+    # every block x could give, as a view (no copy): a resample is the blocks at its starts, copied whole
+    blocks = np.lib.stride_tricks.sliding_window_view(x, block_length(n))
     chunks = []
     for k in range(0, b, rows):
         part = starts[k : k + rows]
-        idx = (part[:, :, None] + offsets[None, None, :]).reshape(len(part), -1)[:, :m]
-        chunks.append(np.quantile(x[idx], list(qs), axis=1))  # (quantile, resample)
+        values = blocks[part].reshape(len(part), -1)[:, :m]  # each block copied whole, not value by value
+        # (quantile, resample); the values are this chunk's alone, so partitioned where they lie
+        chunks.append(np.quantile(values, list(qs), axis=1, overwrite_input=True))
     ends = np.quantile(np.concatenate(chunks, axis=1), [(1 - level) / 2, (1 + level) / 2], axis=1)
     if not full:
         centre = np.quantile(x, list(qs))
@@ -334,7 +345,7 @@ def quantile_ci(x: np.ndarray, q: float, *, level: float = 0.95, seed: int = 0) 
 def quantile_cis(x: np.ndarray, qs: Sequence[float], *, level: float = 0.95,
                  seed: int = 0) -> list[tuple[float | None, float | None]]:
     """`quantile_ci` of each of `qs`: one set of resamples and one partial sort for all of them."""
-    x = x[~np.isnan(x)]
+    x = finite_values(x)
     out: list[tuple[float | None, float | None]] = []
     for (b_lo, b_hi), (o_lo, o_hi) in zip(bootstrap_quantile_cis(x, qs, level=level, seed=seed),
                                           order_statistic_cis(x, qs, level=level), strict=True):

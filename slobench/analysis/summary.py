@@ -14,7 +14,14 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import numpy as np
 
-from slobench.analysis.metrics import RecordArrays, achieved_send_rps, describe, quantiles, throughput
+from slobench.analysis.metrics import (
+    RecordArrays,
+    achieved_send_rps,
+    describe,
+    finite_values,
+    quantiles,
+    throughput,
+)
 from slobench.analysis.slo import SLO, Attainment, attainment, quantile_cis, samples_beyond
 from slobench.errors import SpecError, UsageError
 from slobench.redact import redact_message
@@ -64,12 +71,13 @@ class Dist:
 
     @classmethod
     def of(cls, x: np.ndarray, *, intervals: bool = False, seed: int = 0) -> Dist:
-        d = describe(x)
-        n = int(np.count_nonzero(~np.isnan(x)))
+        finite = finite_values(x)
+        d = describe(finite)
+        n = len(finite)
         ci = beyond = None
         if intervals:
             ci = dict(zip([name for _, name in CI_QUANTILES],
-                          quantile_cis(x, [q for q, _ in CI_QUANTILES], seed=seed), strict=True))
+                          quantile_cis(finite, [q for q, _ in CI_QUANTILES], seed=seed), strict=True))
             beyond = {name: samples_beyond(n, q) for q, name in CI_QUANTILES}
         return cls(d["mean"], d["p50"], d["p90"], d["p99"], d["max"], n, ci, beyond)
 
@@ -354,7 +362,7 @@ class RunColumns:
 
 
 def columns_of(records: Sequence[RequestRecord]) -> RunColumns:
-    return run_columns(columns_of_rows(records, getattr))
+    return run_columns(columns_of_rows(records, getattr), consume=True)
 
 
 def read_columns(run_dir: Path) -> RunColumns:
@@ -362,18 +370,21 @@ def read_columns(run_dir: Path) -> RunColumns:
     requests.jsonl (`slobench.run.columnar.read_run_columns`). Why not through `load_run`: the report must
     read a million records in seconds, and a Python object per request costs more than the reading."""
     try:
-        return run_columns(read_run_columns(Path(run_dir)))
+        return run_columns(read_run_columns(Path(run_dir)), consume=True)
     except (TypeError, ValueError, KeyError, OverflowError) as e:
         raise UsageError(f"{Path(run_dir) / REQUESTS}: bad value in a request record ({type(e).__name__}: {e})") from None
 
 
-def run_columns(c: Columns) -> RunColumns:
-    """The measured (non-warm-up) records of `c` as the summary's input."""
+def run_columns(c: Columns, *, consume: bool = False) -> RunColumns:
+    """The measured (non-warm-up) records of `c` as the summary's input. consume: `c` was made for this
+    call, and its chunk times may be overwritten by the gaps between them (`RecordArrays.from_columns`)."""
     measured = ~c.values["is_warmup"]
-    m = c if measured.all() else c.take(np.flatnonzero(measured))
+    whole = measured.all()
+    m = c if whole else c.take(np.flatnonzero(measured))
     error = m.values["error"]
     errors = [str(e) for e in error[error.astype(bool)]]
-    return RunColumns(RecordArrays.from_columns(m), error_kinds(errors), error_examples(errors), length_fidelity(m),
+    return RunColumns(RecordArrays.from_columns(m, consume=consume or not whole), error_kinds(errors),
+                      error_examples(errors), length_fidelity(m),
                       num_warmup=len(c) - len(m))
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -51,10 +52,10 @@ Handler = Callable[[argparse.Namespace], int]
 VERBS: dict[str, tuple[str, str, str]] = {
     "run": ("run", "run", "one open-loop run at one rate"),
     "sweep": ("run", "sweep", "one run per offered rate, a table at the end"),
-    "summarize": ("run", "summarize", "recompute and print a run's summary"),
+    "summarize": ("results", "summarize", "recompute and print a run's summary"),
     "serve": ("engine", "serve", "serve the bundled reference engine (OpenAI API)"),
     "demo": ("engine", "demo", "start the bundled engine, sweep a workload across its cliff, print the table"),
-    "report": ("engine", "report", "build the self-contained HTML report from run or sweep directories"),
+    "report": ("results", "report", "build the self-contained HTML report from run or sweep directories"),
     "capacity": ("capacity", "capacity", "largest rate meeting the SLO, with an interval from replicates"),
     "gate": ("gate", "gate", "CI verdict: candidate vs baseline (exit 0/1/4)"),
     "history": ("history", "history", "headline metrics over commits: add a result, report change points"),
@@ -107,7 +108,19 @@ def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # outside a run (preflight, between sweep points) SIGTERM ends like Ctrl-C
 
 
+def no_huge_page_stalls() -> None:
+    """Large arrays on ordinary pages. numpy asks the kernel for transparent huge pages for every array of
+    4 MB or more, and Arrow's allocator (mimalloc) takes huge pages too; where THP defrag is `madvise` (many
+    distributions' default) and memory is fragmented, the kernel compacts memory synchronously to find
+    them, a stall at each first touch: summarising a million records spent 15 s of its 23 s in the kernel
+    so. Read when numpy and pyarrow are imported (after this: each verb imports them); a value already set
+    is kept."""
+    os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
+    os.environ.setdefault("MIMALLOC_ALLOW_LARGE_OS_PAGES", "0")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    no_huge_page_stalls()
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
     on_main = threading.current_thread() is threading.main_thread()

@@ -1,4 +1,4 @@
-"""CLI verbs around the bundled reference engine and the report: `serve`, `demo`, `report`."""
+"""CLI verbs around the bundled reference engine: `serve` and `demo`."""
 
 from __future__ import annotations
 
@@ -52,10 +52,6 @@ def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--report", default=None, metavar="HTML",
                        help="HTML report path (default: report.html in the sweep directory)")
         p.add_argument("--no-report", action="store_true")
-    else:
-        p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-        p.add_argument("-o", "--output", default="report.html")
-        p.add_argument("--title", default=None)
 
 
 def require_server_stack(verb: str) -> None:
@@ -76,12 +72,6 @@ def serve(args: argparse.Namespace) -> int:
     from reference_engine.server import serve_from_args
 
     serve_from_args(args)
-    return 0
-
-
-def report(args: argparse.Namespace) -> int:
-    path = build_report(args.run_dirs, args.output, title=args.title)
-    print(f"report: {path}")
     return 0
 
 

@@ -1,16 +1,11 @@
-"""The verbs that load one target from the common flags: `run` (one rate), `sweep` (one run per rate),
-and `summarize` (recompute a run's summary)."""
+"""The verbs that load one target from the common flags: `run` (one rate) and `sweep` (one run per rate)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
 
-from slobench.analysis.slo import SLO
-from slobench.analysis.summary import read_columns
-from slobench.analysis.summary import summarize as summarize_records
 from slobench.cli.common import (
     add_load_flags,
     default_out,
@@ -21,25 +16,16 @@ from slobench.cli.common import (
 )
 from slobench.errors import UsageError
 from slobench.experiments.sweep import parse_rates
-from slobench.load_setup import LoadSetup, load_slo
+from slobench.load_setup import LoadSetup
 from slobench.printable import printable
 from slobench.report.terminal import print_run, run_title
-from slobench.run.columnar import PARQUET, write_parquet
 from slobench.run.event_loop import run_async
 from slobench.run.outdir import claim_out_dir, removed_if_unused
-from slobench.run.records import REQUESTS, read_records
-from slobench.run.rundir import read_manifest, read_summary
 from slobench.targets.ray_pool import client_clock_lines
 
 
 def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
-    if verb == "summarize":
-        p.add_argument("run_dir")
-        p.add_argument("--slo", default=None, help="re-judge against another SLO")
-        p.add_argument("--rewrite", action="store_true",
-                       help="(re)write requests.parquet from requests.jsonl (runs from an older slobench, or cut short)")
-    else:
-        add_load_flags(p, sweep=verb == "sweep")
+    add_load_flags(p, sweep=verb == "sweep")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,29 +71,4 @@ async def _run(args: argparse.Namespace) -> int:
     if (verdict := error_rate_verdict(summary.num_requests, summary.num_ok, setup.max_error_rate)) is not None:
         print(verdict, file=sys.stderr)
         return 1
-    return 0
-
-
-def summarize(args: argparse.Namespace) -> int:
-    run_dir = Path(args.run_dir)
-    manifest = read_manifest(run_dir)
-    if args.rewrite:
-        if not (run_dir / REQUESTS).is_file():
-            raise UsageError(f"{run_dir / REQUESTS}: missing, so there is nothing to rewrite requests.parquet from")
-        (run_dir / PARQUET).unlink(missing_ok=True)  # read the JSON lines, not the file being replaced
-        if not write_parquet(run_dir, read_records(run_dir / REQUESTS)):
-            return 2
-        print(f"wrote {run_dir / PARQUET}")
-    if args.slo:
-        slo = load_slo(args.slo)
-    elif manifest.get("slo"):
-        slo = SLO.from_dict(manifest["slo"])
-    else:
-        slo = None
-    summary = summarize_records(read_columns(run_dir), slo, seed=manifest.get("seed", 0))
-    saved = read_summary(run_dir)
-    if saved is not None:  # what the run alone knew: kept from its summary.json
-        summary = replace(summary, interrupted=bool(saved.interrupted), trace_rows=saved.trace_rows,
-                          stopped_by=saved.stopped_by)
-    print_run(summary, title=str(args.run_dir))
     return 0

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from slobench.run.rundir import read_server_metrics
+from slobench.run.rundir import read_server_metrics_every
 
 MAX_POINTS = 2000  # scrapes beyond this are thinned by stride (a 1 s interval gives 33 minutes in full)
 
@@ -149,13 +149,11 @@ def _series_of(key: str) -> list[str]:
 
 def load_server_metrics(path: Path) -> ServerSamples | None:
     """server_metrics.jsonl (or the run directory holding it; `rundir.read_server_metrics`: the torn-last-line
-    rule of requests.jsonl) as the report's panels."""
-    scrapes = read_server_metrics(path)
+    rule of requests.jsonl) as the report's panels: every k-th scrape, at most MAX_POINTS, the only ones
+    parsed."""
+    scrapes, num_scrapes = read_server_metrics_every(path, MAX_POINTS)
     if not scrapes:
         return None
-    num_scrapes = len(scrapes)
-    if num_scrapes > MAX_POINTS:
-        scrapes = scrapes[:: -(-num_scrapes // MAX_POINTS)]
     rows = [(float(d["t_s"]), {str(k): float(v) for k, v in d["samples"].items()}) for d in scrapes]
     t = np.array([r[0] for r in rows])
     acc: dict[str, np.ndarray] = {}

@@ -32,8 +32,11 @@ if TYPE_CHECKING:
 PARQUET = "requests.parquet"
 ROW_GROUP = 1 << 16  # records buffered before a row group is written: bounds the writer's memory
 ROW_GROUP_CHUNKS = 1 << 22  # or chunk times buffered (long answers): 32 MB of times, 16 MB of token counts
-# float columns stored byte-plane by byte-plane: zstd then finds the shared exponents of nearby times
-BYTE_STREAM_SPLIT = ("scheduled_s", "sent_s", "first_token_s", "done_s", "chunk_times_s.list.element")
+# float columns stored byte-plane by byte-plane, not dictionary-encoded (Arrow prefers a dictionary where both
+# are asked for): zstd then finds the shared exponents of nearby times. A run's tens of millions of distinct
+# chunk times read back ten times faster so than through a dictionary that overflows every page.
+CHUNK_TIMES_LEAF = "chunk_times_s.list.element"  # the Parquet column holding every request's chunk times
+BYTE_STREAM_SPLIT = ("scheduled_s", "sent_s", "first_token_s", "done_s", CHUNK_TIMES_LEAF)
 JSONL_BYTES_KEY = b"slobench.requests_jsonl_bytes"  # the size of the requests.jsonl it was written beside
 
 FLOATS = ("scheduled_s", "sent_s", "first_token_s", "done_s", "queued_s")
@@ -161,6 +164,13 @@ class RecordBuffer:
         return pa.table([cols[f.name] for f in schema()], schema=schema())
 
 
+WRITE_OPTIONS: dict[str, Any] = {
+    "compression": "zstd", "write_statistics": False, "use_byte_stream_split": list(BYTE_STREAM_SPLIT),
+    "use_dictionary": [c for c in (*FLOATS, *INTS, *STRINGS, "is_warmup", CHUNK_TIMES_LEAF,
+                                   "chunk_tokens.list.element") if c not in BYTE_STREAM_SPLIT],
+}
+
+
 class ParquetLog:
     """requests.parquet written as records come: every ROW_GROUP records a row group is converted and
     compressed on a worker thread (on a live run's event loop it would stall the sends for a fraction of a
@@ -242,8 +252,7 @@ class ParquetLog:
 
         if self._writer is None:
             self.path.unlink(missing_ok=True)  # a previous run's file must not outlive this run's requests.jsonl
-            self._writer = pq.ParquetWriter(self.tmp, schema(), compression="zstd", write_statistics=False,
-                                            use_byte_stream_split=list(BYTE_STREAM_SPLIT))
+            self._writer = pq.ParquetWriter(self.tmp, schema(), **WRITE_OPTIONS)
         if len(buffer):
             self._writer.write_table(buffer.table(), row_group_size=ROW_GROUP)
 
@@ -316,20 +325,67 @@ COLUMNS_READ = (*FLOATS, *INTS, *STRINGS, "is_warmup", "chunk_times_s")  # `Colu
 
 
 def table_columns(table: pa.Table) -> Columns:
-    """A requests.parquet table as `Columns`, each column converted whole (strings through their few
-    distinct values)."""
-    values: dict[str, np.ndarray] = {}
-    for k in (*FLOATS, *INTS):
-        values[k] = table.column(k).to_numpy().astype(float)  # nulls become NaN
-    for k in STRINGS:
-        values[k] = _strings(table.column(k))
-    values["is_warmup"] = table.column("is_warmup").to_numpy()
-    chunks = table.column("chunk_times_s").combine_chunks()
-    offsets = chunks.offsets.to_numpy().astype(np.int64)
-    return Columns(values, chunks.flatten().to_numpy(), offsets - offsets[0])
+    """A table of requests.parquet's columns (`read_table`) as `Columns`, as `read_parquet_columns` reads
+    the file."""
+    times = sum(len(c.flatten()) for c in table.column("chunk_times_s").chunks)
+    return _columns_of_tables([table], table.num_rows, times)
+
+
+def read_parquet_columns(run_dir: Path) -> Columns:
+    """requests.parquet as `Columns`, read a row group at a time (`parquet_problem` has checked its schema):
+    its chunk times go straight into one numpy array, so the run's tens of millions of them are held once,
+    not also as Arrow arrays being joined. On one thread: on a busy machine Arrow's pool of threads waits
+    for cores far longer than the decoding takes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(run_dir) / PARQUET
+    try:
+        f = pq.ParquetFile(path)
+        meta = f.metadata
+        leaf = next(j for j in range(meta.num_columns) if meta.schema.column(j).path == CHUNK_TIMES_LEAF)
+        # the leaf's count of values is one per chunk time plus one per empty list: a bound on the times
+        bound = sum(meta.row_group(i).column(leaf).num_values for i in range(meta.num_row_groups))
+        groups = (f.read_row_group(i, columns=list(COLUMNS_READ), use_threads=False)
+                  for i in range(meta.num_row_groups))
+        return _columns_of_tables(groups, meta.num_rows, bound)
+    except (OSError, pa.ArrowException, StopIteration) as e:
+        raise OSError(f"{path}: unreadable ({type(e).__name__}: {e})") from e
+
+
+def _columns_of_tables(tables: Iterable[pa.Table], num_rows: int, num_times: int) -> Columns:
+    """`Columns` of tables of requests.parquet's columns, one after another, copied into arrays made once:
+    `num_rows` rows in all, and at least `num_times` chunk times. Strings go through their few distinct
+    values (`_strings`)."""
+    values = {**{k: np.empty(num_rows) for k in (*FLOATS, *INTS)},
+              **{k: np.empty(num_rows, dtype=object) for k in STRINGS}, "is_warmup": np.empty(num_rows, dtype=bool)}
+    flat = np.empty(num_times)
+    ends = [np.zeros(1, dtype=np.int64)]
+    row = at = 0
+    for table in tables:
+        rows = slice(row, row + table.num_rows)
+        for k in (*FLOATS, *INTS):
+            values[k][rows] = table.column(k).to_numpy()  # nulls become NaN
+        for k in STRINGS:
+            values[k][rows] = _strings(table.column(k))
+        values["is_warmup"][rows] = table.column("is_warmup").to_numpy()
+        row += table.num_rows
+        for chunk in table.column("chunk_times_s").chunks:
+            times = chunk.flatten().to_numpy()
+            if at + len(times) > len(flat):
+                raise OSError(f"more chunk times than the file's metadata counts ({at + len(times):,})")
+            flat[at:at + len(times)] = times
+            offsets = chunk.offsets.to_numpy().astype(np.int64)
+            ends.append(offsets[1:] - offsets[0] + at)
+            at += len(times)
+    if row != num_rows:
+        raise OSError(f"{row:,} rows where the file's metadata counts {num_rows:,}")
+    return Columns(values, flat[:at], np.concatenate(ends))
 
 
 def _strings(col: pa.ChunkedArray) -> np.ndarray:
+    if col.null_count == len(col):  # most text columns of most runs (error, finish_reason): nothing to encode
+        return np.full(len(col), None, dtype=object)
     encoded = col.combine_chunks().dictionary_encode()
     words = np.array(encoded.dictionary.to_pylist() + [None], dtype=object)
     return words[encoded.indices.fill_null(len(words) - 1).to_numpy()]
@@ -346,7 +402,7 @@ def read_run_columns(run_dir: Path) -> Columns:
     requests.jsonl's lines (its torn-last-line rule)."""
     if use_parquet(run_dir):
         try:
-            return table_columns(read_table(run_dir, COLUMNS_READ))
+            return read_parquet_columns(run_dir)
         except OSError as e:  # a damaged page the footer did not show
             print(f"slobench: note: {e}; reading {REQUESTS}", file=sys.stderr)
     path = Path(run_dir) / REQUESTS

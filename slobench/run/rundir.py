@@ -28,7 +28,14 @@ from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary
 from slobench.errors import WRITE_FAILURES, ResultsNotWritten, SlobenchError, UsageError
 from slobench.run.columnar import ParquetLog, read_parquet_records, use_parquet
-from slobench.run.records import REQUESTS, RequestRecord, read_jsonl, read_records, write_records
+from slobench.run.records import (
+    REQUESTS,
+    RequestRecord,
+    read_jsonl,
+    read_jsonl_every,
+    read_records,
+    write_records,
+)
 
 SCHEMA_VERSION = 1
 
@@ -334,6 +341,14 @@ def read_server_metrics(path: str | Path) -> list[dict[str, Any]]:
     p = Path(path)
     p = p / SERVER_METRICS if p.is_dir() else p
     return read_jsonl(p, "server metrics line", _is_scrape, _loads_scrape)
+
+
+def read_server_metrics_every(path: str | Path, at_most: int) -> tuple[list[dict[str, Any]], int]:
+    """Every k-th scrape of server_metrics.jsonl, at most `at_most` of them, and how many it holds
+    (`records.read_jsonl_every`: only the scrapes returned are parsed)."""
+    p = Path(path)
+    p = p / SERVER_METRICS if p.is_dir() else p
+    return read_jsonl_every(p, "server metrics line", _is_scrape, _loads_scrape, at_most)
 
 
 def _loads_scrape(line: str) -> Any:
