@@ -5,7 +5,8 @@ Drives the scheduled-token server (pinned to one core) with open-loop Poisson tr
 CPU per request (first send to last answer), and the TTFT error (the client's TTFT minus the server's own,
 from its log on the same clock). Then the fixed cost: the CPU of whole processes for `--help` and a
 5-request run, slobench's (from each of `--trees`) beside the floor's. "floor" is a minimal aiohttp client
-that parses nothing; both run on slobench's event loop (`--loop`). Targets: 800 req/s of 16-token streams
+that parses nothing; both run on slobench's event loop (`--loop`). With `--trees`, slobench's load runs
+once per source tree, each in a child process on the client's core, so two checkouts compare in one run. Targets: 800 req/s of 16-token streams
 on one core, at most 0.3 ms of CPU a request, a 5-request run under 1 s of CPU. Figures:
 docs/measurements/client_overhead.md.
 
@@ -220,6 +221,35 @@ async def measure_floor(srv: TokenServerProcess, rate: float, seconds: float, ou
     }
 
 
+class _Peer:
+    """The running token server as a child process sees it: its URL, model and log."""
+
+    def __init__(self, base_url: str, model: str, log_path: str) -> None:
+        self.base_url, self.model, self.log_path = base_url, model, Path(log_path)
+
+    def read_log(self) -> list[dict[str, Any]]:
+        text = self.log_path.read_text() if self.log_path.exists() else ""
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def measure_in_tree(tree: str, srv: TokenServerProcess, loop: str, **kw: Any) -> dict:
+    """`measure` run by a child process that imports slobench from `tree` (it inherits this process's core)."""
+    job = {"base_url": srv.base_url, "model": srv.model, "log_path": str(srv.log_path), "loop": loop, **kw}
+    env = {**os.environ, "PYTHONPATH": tree}
+    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(job)], env=env, capture_output=True,
+                         text=True)
+    if out.returncode:
+        raise SystemExit(f"{tree}: the child run failed (exit {out.returncode})\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def child_main(job_json: str) -> None:
+    job = json.loads(job_json)
+    peer = _Peer(job.pop("base_url"), job.pop("model"), job.pop("log_path"))
+    loop = job.pop("loop")
+    print(json.dumps(run_on(loop, measure(peer, **job))))  # type: ignore[arg-type]
+
+
 def run_on(loop: str, coro: Any) -> Any:
     if loop == "auto":  # what slobench itself runs on: uvloop where installed
         return run_async(coro)
@@ -299,6 +329,12 @@ def fixed_costs(srv: TokenServerProcess, trees: list[str], repeats: int, output_
     return rows
 
 
+def _tree_labels(trees: list[str]) -> dict[str, str]:
+    """A short name per tree for the rows: its directory's name, or its number where two share one."""
+    names = [Path(t).resolve().name or t for t in trees]
+    return {t: n if names.count(n) == 1 else f"{i + 1}:{n}" for i, (t, n) in enumerate(zip(trees, names, strict=True))}
+
+
 def _wait_for_load(max_load: float | None, limit_s: float = 300.0) -> float:
     """Wait (up to `limit_s`) until the 1-minute load average is under `max_load`; return the load."""
     deadline = time.monotonic() + limit_s
@@ -315,13 +351,21 @@ def _row(r: dict) -> str:
             f"{r['ttft_err_p99_ms']:.2f} |")
 
 
-def _medians(rows: list[dict]) -> None:
+def _ratio(rs: list[dict], base: dict[tuple[int, float], float]) -> str:
+    """Each row's CPU a request over `base`'s in the same round and at the same rate: median [min–max]."""
+    ratio = np.array([r["cpu_ms_per_req"] / base[r["round"], r["rate"]] for r in rs if (r["round"], r["rate"]) in base])
+    return (f"{np.median(ratio):.2f} [{ratio.min():.2f}–{ratio.max():.2f}]" if len(ratio) > 1
+            else f"{ratio[0]:.2f}" if len(ratio) else "–")
+
+
+def _medians(rows: list[dict], first_tree: str | None = None) -> None:
     """Per client and rate, the median over rounds and [min–max], and the CPU relative to the same
-    round's floor."""
+    round's floor (and, with several trees, to the first tree's)."""
     floor_cpu = {(r["round"], r["rate"]): r["cpu_ms_per_req"] for r in rows if r["transport"] == "floor"}
+    first_cpu = {(r["round"], r["rate"]): r["cpu_ms_per_req"] for r in rows if r["transport"] == first_tree}
     print("\n| client | workers | target req/s | rounds | CPU ms / request | × floor (same round) | "
-          "lateness p50 / p99 ms | TTFT error p50 / p99 ms |")
-    print("|---|---|---|---|---|---|---|---|")
+          + ("× first tree (same round) | " if first_tree else "") + "lateness p50 / p99 ms | TTFT error p50 / p99 ms |")
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if first_tree else ""))
     keys = dict.fromkeys((r["transport"], r["workers"], r["rate"]) for r in rows)
     for name, workers, rate in keys:
         rs = [r for r in rows if (r["transport"], r["workers"], r["rate"]) == (name, workers, rate)]
@@ -330,12 +374,10 @@ def _medians(rows: list[dict]) -> None:
             v = np.array([r[k] for r in rs])
             return f"{np.median(v):.2f} [{v.min():.2f}–{v.max():.2f}]" if len(v) > 1 else f"{v[0]:.2f}"
 
-        ratio = np.array([r["cpu_ms_per_req"] / floor_cpu[r["round"], rate] for r in rs
-                          if (r["round"], rate) in floor_cpu])
-        ratio_s = (f"{np.median(ratio):.2f} [{ratio.min():.2f}–{ratio.max():.2f}]" if len(ratio) > 1
-                   else f"{ratio[0]:.2f}" if len(ratio) else "–")
-        print(f"| {name} | {workers} | {rate:g} | {len(rs)} | {med('cpu_ms_per_req')} | {ratio_s} | "
-              f"{med('late_p50_ms')} / {med('late_p99_ms')} | {med('ttft_err_p50_ms')} / {med('ttft_err_p99_ms')} |")
+        vs_first = f"{_ratio(rs, first_cpu)} | " if first_tree else ""
+        print(f"| {name} | {workers} | {rate:g} | {len(rs)} | {med('cpu_ms_per_req')} | {_ratio(rs, floor_cpu)} | "
+              f"{vs_first}{med('late_p50_ms')} / {med('late_p99_ms')} | {med('ttft_err_p50_ms')} / "
+              f"{med('ttft_err_p99_ms')} |")
 
 
 def _fixed_table(rows: list[dict], repeats: int) -> None:
@@ -364,8 +406,9 @@ def main() -> None:
     ap.add_argument("--fixed", type=int, default=3, metavar="N",
                     help="whole-process CPU of `--help`, a 5-request run and the floor's, median of N (0: skip)")
     ap.add_argument("--trees", default=None, metavar="DIR,DIR",
-                    help="the fixed cost of slobench from each of these source trees (PYTHONPATH), side by side "
-                         "(default: the one imported here)")
+                    help="slobench from each of these source trees (PYTHONPATH), side by side: its load in a child "
+                         "process per tree, and its fixed cost (default: the one imported here, in this process)")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # a --trees child: one measure() as JSON
     ap.add_argument("--no-floor", action="store_true", help="skip the minimal aiohttp client (the floor)")
     ap.add_argument("--rounds", type=int, default=1, help="run every client this many times, interleaved")
     ap.add_argument("--max-load", type=float, default=None,
@@ -374,14 +417,20 @@ def main() -> None:
                     help="cProfile slobench's measured runs into PREFIX.CLIENT-RATE.prof (the profiler's own cost "
                          "inflates that row's CPU)")
     args = ap.parse_args()
+    if args.child is not None:
+        child_main(args.child)
+        return
     if args.rounds < 1:
         ap.error(f"--rounds: must be at least 1 (got {args.rounds})")
     load_before = os.getloadavg()
     cores = sorted(os.sched_getaffinity(0))
     rates = [float(r) for r in args.rates.split(",")]
     spin = None if args.spin_ms is None else args.spin_ms / 1e3
-    clients: list[tuple[str, int]] = [] if args.no_floor else [("floor", 1)]
-    clients += [(t, int(w)) for t in args.transports.split(",") for w in args.client_workers.split(",")]
+    trees = args.trees.split(",") if args.trees else []
+    clients: list[tuple[str, int, str | None]] = [] if args.no_floor else [("floor", 1, None)]
+    clients += [(t, int(w), tree) for tree in (trees or [None]) for t in args.transports.split(",")
+                for w in args.client_workers.split(",")]
+    labels = _tree_labels(trees)
     round_loads = []
     with TokenServerProcess(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, log=True) as srv:
         if len(cores) >= 2:  # server on one core, client on another: neither measures the other's CPU
@@ -392,9 +441,14 @@ def main() -> None:
             round_loads.append(_wait_for_load(args.max_load))
             order = clients[rnd % len(clients):] + clients[:rnd % len(clients)]
             for rate in rates:
-                for name, workers in order:
+                for name, workers, tree in order:
                     if name == "floor":
                         row = run_on(args.loop, measure_floor(srv, rate, args.seconds, args.output_len))
+                    elif tree is not None:
+                        row = measure_in_tree(tree, srv, args.loop, rate=rate, seconds=args.seconds, name=name,
+                                              output_len=args.output_len, workers=workers, spin_s=spin,
+                                              profile=f"{args.profile}.{labels[tree]}" if args.profile else None)
+                        row["transport"] = f"{name} @{labels[tree]}"
                     else:
                         row = run_on(args.loop, measure(srv, rate, args.seconds, name, args.output_len, workers, spin,
                                                              args.profile))
@@ -402,8 +456,8 @@ def main() -> None:
                     rows.append(row)
                     if args.rounds > 1:
                         print(f"round {rnd + 1}/{args.rounds}: {_row(row)}", flush=True)
-        trees = args.trees.split(",") if args.trees else [str(Path(slobench.__file__).resolve().parents[1])]
-        fixed = fixed_costs(srv, trees, args.fixed, args.output_len) if args.fixed > 0 else []
+        fixed_trees = trees or [str(Path(slobench.__file__).resolve().parents[1])]
+        fixed = fixed_costs(srv, fixed_trees, args.fixed, args.output_len) if args.fixed > 0 else []
     print(f"\nclient overhead ({args.loop} loop): {args.output_len}-token streams, server TTFT {args.ttft_ms:g} ms / ITL {args.itl_ms:g} ms, "
           f"{args.seconds:g} s per rate, {os.cpu_count()} cores; load average (1/5/15 min) before "
           f"{'/'.join(f'{x:.2f}' for x in load_before)}, after {'/'.join(f'{x:.2f}' for x in os.getloadavg())}"
@@ -416,7 +470,8 @@ def main() -> None:
     for r in rows:
         print(_row(r))
     if args.rounds > 1:
-        _medians(rows)
+        first = f"{args.transports.split(',')[0]} @{labels[trees[0]]}" if len(trees) > 1 else None
+        _medians(rows, first)
     if fixed:
         _fixed_table(fixed, args.fixed)
 
