@@ -548,6 +548,15 @@ def _objects_of(datas: list[bytes]) -> list[dict[str, Any]] | None:
     """The JSON object of each event's data before `[DONE]` (fewer objects than datas: it came); None if any
     is not an object (the read then goes through the SSE parser, and nothing of it is taken before all of
     it parsed). orjson reads each event from its bytes, and the loops run in C."""
+    if len(datas) == 1:  # the commonest read: one event
+        data = datas[0]
+        if data == _DONE_BYTES:
+            return []
+        try:
+            obj = orjson_loads(data)
+        except ValueError:
+            return None
+        return [obj] if type(obj) is dict else None
     end = datas.index(_DONE_BYTES) if _DONE_BYTES in datas else None
     try:
         objs = list(map(orjson_loads, datas[:end]))

@@ -96,6 +96,14 @@ class _Conn(asyncio.Protocol):
             return
         self.got_bytes = True
         state = self.state
+        if state == _CHUNKED:  # a stream's read
+            try:
+                self._chunked(self.buf + data if self.buf else data)
+            except _ProtocolError as e:
+                self._fail(TransportError("error", f"invalid HTTP response: {e}"))
+                if self.transport is not None:
+                    self.transport.abort()
+            return
         if state == _LENGTH:  # the common read of a Content-Length body
             n = len(data)
             if n <= self.left:
@@ -117,8 +125,6 @@ class _Conn(asyncio.Protocol):
         try:
             if state == _HEAD:
                 self._head(data)
-            elif state == _CHUNKED:
-                self._chunked(self.buf + data if self.buf else data)
             # else _DONE: bytes after the response (none are asked for): the connection is not reused
             elif state == _DONE:
                 self.keep_alive = False
@@ -185,6 +191,18 @@ class _Conn(asyncio.Protocol):
 
     def _chunked(self, buf: bytes) -> None:
         if not (self.left or self.crlf or self.trailers) and buf[-2:] == b"\r\n":
+            # A read of whole chunks, what a stream's reads mostly are: one (size line, data, CRLF), or
+            # several (`_whole_chunks`), each taken without the steps below.
+            eol = buf.find(b"\r\n")
+            try:
+                size = int(buf[:eol], 16) if eol > 0 else 0
+            except ValueError:
+                size = 0
+            if size > 0 and eol + 4 + size == len(buf):
+                self.buf = b""
+                self.pieces.append(buf[eol + 2:-2])
+                self._wake()
+                return
             whole = _whole_chunks(buf)
             if whole is not None:
                 data, ended = whole
@@ -288,10 +306,10 @@ class _Conn(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    async def wait(self) -> None:
-        """Until something arrives (the head, a piece of body, the end) or the request fails."""
+    def wait(self) -> asyncio.Future[None]:
+        """To await until something arrives (the head, a piece of body, the end) or the request fails."""
         w = self.waiter = asyncio.get_running_loop().create_future()
-        await w
+        return w
 
 
 # What a response head says: (status, headers, keep-alive, the body's state, its Content-Length)
