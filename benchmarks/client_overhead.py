@@ -81,6 +81,17 @@ def _opts(spin_s: float | None, hold_gc: bool = True) -> RunOptions:
     return RunOptions(progress=False, spin_s=spin_s, hold_gc=hold_gc)
 
 
+def _syscalls() -> tuple[int, int]:
+    """This process's read and write system calls so far (Linux's /proc/self/io; zeros elsewhere): how many
+    reads a request took tells how the server's writes were batched, which moves the CPU a request."""
+    try:
+        with open("/proc/self/io") as f:
+            io = dict(line.split(": ") for line in f.read().splitlines())
+        return int(io["syscr"]), int(io["syscw"])
+    except (OSError, KeyError, ValueError):
+        return 0, 0
+
+
 def _children_cpu_s() -> float:
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)  # reaped children only: the workers, after close()
     return ru.ru_utime + ru.ru_stime
@@ -109,6 +120,7 @@ async def measure(srv: TokenServerProcess, rate: float, seconds: float, name: st
         log_before = len(srv.read_log())
         counted = _LoadCpu(target, specs)
         prof = cProfile.Profile() if profile else None
+        io0 = _syscalls()
         cpu0 = time.process_time()
         if prof:
             prof.enable()
@@ -119,6 +131,7 @@ async def measure(srv: TokenServerProcess, rate: float, seconds: float, name: st
             prof.disable()
             prof.dump_stats(f"{profile}.{name}-{rate:g}.prof")
         cpu_all = time.process_time() - cpu0
+        io1 = _syscalls()
         cpu = (counted.cpu_at_last_s or cpu0 + cpu_all) - cpu0
     finally:
         await target.close()
@@ -148,6 +161,9 @@ async def measure(srv: TokenServerProcess, rate: float, seconds: float, name: st
         "after_ms_per_req": (cpu_all - cpu) / max(1, len(res.records)) * 1e3,
         "ttft_err_p50_ms": float(np.median(errs) * 1e3) if errs else float("nan"),
         "ttft_err_p99_ms": float(np.percentile(errs, 99) * 1e3) if errs else float("nan"),
+        # over the whole run, its summary and the run directory's last writes included
+        "reads_per_req": (io1[0] - io0[0]) / max(1, len(res.records)),
+        "writes_per_req": (io1[1] - io0[1]) / max(1, len(res.records)),
     }
 
 
@@ -200,9 +216,11 @@ async def measure_floor(srv: TokenServerProcess, rate: float, seconds: float, ou
         stamps.clear()
         log_before = len(srv.read_log())
         specs = make_specs(rate, seconds, output_len, seed=int(rate))
+        io0 = _syscalls()
         cpu0 = time.process_time()
         await schedule(specs)
         cpu = time.process_time() - cpu0
+        io1 = _syscalls()
     finally:
         await session.close()
     server = {e["id"]: e for e in srv.read_log()[log_before:] if e.get("id") is not None}
@@ -218,6 +236,7 @@ async def measure_floor(srv: TokenServerProcess, rate: float, seconds: float, ou
         "workers": 1, "cpu_ms_per_req": cpu / len(specs) * 1e3, "parent_cpu_ms_per_req": cpu / len(specs) * 1e3,
         "after_ms_per_req": 0.0,
         "ttft_err_p50_ms": float(np.median(errs) * 1e3), "ttft_err_p99_ms": float(np.percentile(errs, 99) * 1e3),
+        "reads_per_req": (io1[0] - io0[0]) / len(specs), "writes_per_req": (io1[1] - io0[1]) / len(specs),
     }
 
 
@@ -348,7 +367,7 @@ def _row(r: dict) -> str:
             f"{r['achieved']:.1f} ({r['achieved'] / r['offered'] - 1:+.2%}) | "
             f"{r['ok']}/{r['n']} | {r['late_p50_ms']:.2f} | {r['late_p99_ms']:.2f} | {r['cpu_ms_per_req']:.2f} | "
             f"{r['parent_cpu_ms_per_req']:.2f} | {r['after_ms_per_req']:.2f} | {r['ttft_err_p50_ms']:.2f} | "
-            f"{r['ttft_err_p99_ms']:.2f} |")
+            f"{r['ttft_err_p99_ms']:.2f} | {r['reads_per_req']:.1f} / {r['writes_per_req']:.1f} |")
 
 
 def _ratio(rs: list[dict], base: dict[tuple[int, float], float]) -> str:
@@ -364,8 +383,9 @@ def _medians(rows: list[dict], first_tree: str | None = None) -> None:
     floor_cpu = {(r["round"], r["rate"]): r["cpu_ms_per_req"] for r in rows if r["transport"] == "floor"}
     first_cpu = {(r["round"], r["rate"]): r["cpu_ms_per_req"] for r in rows if r["transport"] == first_tree}
     print("\n| client | workers | target req/s | rounds | CPU ms / request | × floor (same round) | "
-          + ("× first tree (same round) | " if first_tree else "") + "lateness p50 / p99 ms | TTFT error p50 / p99 ms |")
-    print("|---|---|---|---|---|---|---|---|" + ("---|" if first_tree else ""))
+          + ("× first tree (same round) | " if first_tree else "") + "lateness p50 / p99 ms | TTFT error p50 / p99 ms | "
+          "reads a request |")
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if first_tree else ""))
     keys = dict.fromkeys((r["transport"], r["workers"], r["rate"]) for r in rows)
     for name, workers, rate in keys:
         rs = [r for r in rows if (r["transport"], r["workers"], r["rate"]) == (name, workers, rate)]
@@ -377,7 +397,7 @@ def _medians(rows: list[dict], first_tree: str | None = None) -> None:
         vs_first = f"{_ratio(rs, first_cpu)} | " if first_tree else ""
         print(f"| {name} | {workers} | {rate:g} | {len(rs)} | {med('cpu_ms_per_req')} | {_ratio(rs, floor_cpu)} | "
               f"{vs_first}{med('late_p50_ms')} / {med('late_p99_ms')} | {med('ttft_err_p50_ms')} / "
-              f"{med('ttft_err_p99_ms')} |")
+              f"{med('ttft_err_p99_ms')} | {med('reads_per_req')} |")
 
 
 def _fixed_table(rows: list[dict], repeats: int) -> None:
@@ -465,8 +485,8 @@ def main() -> None:
              if args.rounds > 1 else ""))
     print("| transport | workers | target req/s | scheduled req/s | achieved req/s | ok | lateness p50 ms | "
           "lateness p99 ms | client CPU ms/req | parent CPU ms/req | after-run CPU ms/req | TTFT error p50 ms | "
-          "TTFT error p99 ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "TTFT error p99 ms | reads / writes a request |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(_row(r))
     if args.rounds > 1:
