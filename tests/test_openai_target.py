@@ -290,9 +290,9 @@ def test_the_inline_token_count_is_is_token_and_tokens_in(is_chat: bool) -> None
         out = c.get("delta") if is_chat else c.get("text")
         stream = _Stream(RequestRecord(0, 0.0), is_chat)
         stream.texts = []
-        stream.take_all([obj], [b""])
+        num = stream.take_all([obj], [b""])
         expected = _tokens_in(c, is_chat) if _is_token(out, reason, is_chat) else 0
-        assert (stream.num, len(stream.texts)) == (expected, 1 if expected else 0), obj
+        assert (num, len(stream.texts)) == (expected, 1 if expected else 0), obj
 
 
 async def test_timeout_status_is_timeout() -> None:

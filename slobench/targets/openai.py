@@ -302,27 +302,30 @@ class OpenAITarget(TargetBase):
                 # finish (llama-cpp-python interrupting a stream drops the connection next) it is cut off
                 break
             t = now()
-            stream.num = 0
             # the common read, whole `data: {...}` events only: parsed and taken in one step
             datas = data_events(raw)
             if datas is not None and (objs := _objects_of(datas)) is not None:
                 t_last = t
-                take_all(objs, datas, len(objs) < len(datas))
+                num = take_all(objs, datas, len(objs) < len(datas))
             else:
-                events, stream.error = _events_of(parser, raw)
+                events, decode_error = _events_of(parser, raw)
                 if events:
                     t_last = t
                 elif t_last == 0.0 and len(head) < 4096:
                     head += raw
-                for kind, data in events:
-                    if not take(kind, data):
+                num = 0
+                for kind, data in events:  # those before a line that is not UTF-8 count
+                    num += take(kind, data)
+                    if stream.error is not None or stream.is_done:
                         break
-            if stream.num:  # tokens that came in the same read as a failure still count
+                if stream.error is None:
+                    stream.error = decode_error
+            if num:  # tokens that came in the same read as a failure still count
                 if not times:
                     record.first_token_s = t
                 times.append(t)
-                tokens.append(stream.num)
-                num_streamed += stream.num
+                tokens.append(num)
+                num_streamed += num
                 if num_streamed > max_streamed:
                     stream.error = f"over {max_streamed:,} tokens streamed for max_tokens={max_tokens}: refused"
             if stream.error is not None:
@@ -573,13 +576,12 @@ _DICT_ONLY = {dict}
 class _Stream:
     """What one SSE stream has said so far: `take` applies each event to it and to the record."""
 
-    __slots__ = ("record", "is_chat", "num", "finish", "num_finished", "num_choices", "wants_usage", "error",
+    __slots__ = ("record", "is_chat", "finish", "num_finished", "num_choices", "wants_usage", "error",
                  "is_done", "ended", "texts")
 
     def __init__(self, record: RequestRecord, is_chat: bool, num_choices: int = 1, wants_usage: bool = False) -> None:
         self.record = record
         self.is_chat = is_chat
-        self.num = 0  # tokens carried by the current read's events
         self.finish: str | None = None
         self.num_finished = 0  # events that carried a finish_reason (one a choice)
         self.num_choices = num_choices
@@ -594,34 +596,36 @@ class _Stream:
                                                       self.record.usage_output_tokens is not None):
             self.ended = True
 
-    def take(self, kind: str, data: str) -> bool:
-        """Apply one event. False: the rest of the read is ignored (`[DONE]` came, or the event failed the
-        stream). A usage object is taken onto the record as it comes."""
+    def take(self, kind: str, data: str) -> int:
+        """Apply one event; the tokens it carried. After `[DONE]` (`is_done`) or an event that failed the
+        stream (`error`) the rest of the read is ignored. A usage object is taken onto the record as it
+        comes."""
         if data == DONE:
             self.is_done = self.ended = True
-            return False
+            return 0
         if kind == "error":
             self.error = "server error mid-stream: " + _event_error_text(data)
-            return False
+            return 0
         try:
             obj = json_of(data)
         except ValueError as e:
             if "nested deeper" in str(e):
                 self.error = f"SSE event JSON {e}"
-                return False
+                return 0
             obj = None
         if type(obj) is not dict:
             self.error = f"malformed JSON in SSE event: {data[:120]!r}"
-            return False
+            return 0
         return self.take_all((obj,), (data,))
 
-    def take_all(self, objs: Sequence[dict[str, Any]], datas: Sequence[str | bytes], done: bool = False) -> bool:
+    def take_all(self, objs: Sequence[dict[str, Any]], datas: Sequence[str | bytes], done: bool = False) -> int:
         """Apply events already parsed (`objs`, from `datas`; `done`: `[DONE]` followed them) as `take` applies
-        each; False as it says. A read's events go through here in one call, the common event (a choice
-        with its text or delta content) taken inline: `_is_token` and `_tokens_in` for it."""
+        each, up to one that fails the stream; the tokens they carried. A read's events go through here in
+        one call, the common event (a choice with its text or delta content) taken inline: `_is_token` and
+        `_tokens_in` for it."""
         is_chat = self.is_chat
         texts = self.texts
-        num = self.num
+        num = 0
         for obj, data in zip(objs, datas, strict=False):  # datas: and [DONE]
             choices = obj.get("choices")
             if choices and type(choices) is list:
@@ -659,19 +663,16 @@ class _Stream:
                             if texts is not None:
                                 texts.append(out)
             elif "error" in obj or obj.get("object") == "error":
-                self.num = num
                 self.error = "server error mid-stream: " + _error_message(obj, _text(data))
-                return False
+                return num
             usage = obj.get("usage")
             if usage and type(usage) is dict:
                 _take_usage(self.record, usage)
                 if self.finish is not None:
                     self._check_ended()
-        self.num = num
         if done:
             self.is_done = self.ended = True
-            return False
-        return True
+        return num
 
 
 def _text(data: str | bytes) -> str:
