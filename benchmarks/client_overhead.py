@@ -37,6 +37,7 @@ from slobench.run.clock import Clock
 from slobench.run.event_loop import run_async
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.run.runner import RunOptions, run
+from slobench.targets import rawhttp
 from slobench.targets.base import TargetBase
 from slobench.targets.openai import OpenAITarget
 from slobench.targets.options import TargetOptions
@@ -240,6 +241,85 @@ async def measure_floor(srv: TokenServerProcess, rate: float, seconds: float, ou
     }
 
 
+# ---- the client's own path, no network: what the Python a request runs costs --------------------------
+
+_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked"
+         b"\r\nDate: Thu, 03 Dec 2026 16:00:00 GMT\r\nServer: Python/3.11 aiohttp/3.14.5\r\n\r\n")
+
+
+def _answer(output_len: int, one_read: bool) -> list[bytes]:
+    """The token server's answer to a streamed completion, as the reads that bring it: the head, then every
+    event in one read (`one_read`: a server that is behind) or an event a read, then the last chunk."""
+    frame = (b'data: {"id":"cmpl-0","object":"text_completion","created":0,"model":"test-model","choices":[{"index":0,'
+             b'"text":" tok","logprobs":null,"finish_reason":%s}]}\n\n')
+    usage = {"prompt_tokens": 16, "total_tokens": 16 + output_len, "completion_tokens": output_len}
+    events = [frame % b"null"] * (output_len - 1) + [frame % b'"length"', b"data: " + json.dumps(
+        {"id": "cmpl-0", "object": "text_completion", "created": 0, "model": "test-model", "choices": [],
+         "usage": usage}).encode() + b"\n\n", b"data: [DONE]\n\n"]
+    chunks = [b"%x\r\n%s\r\n" % (len(e), e) for e in events]
+    return [_HEAD, *([b"".join(chunks)] if one_read else chunks), b"0\r\n\r\n"]
+
+
+async def path_cost(n: int, output_len: int, one_read: bool) -> float:
+    """Microseconds of CPU a request through the raw transport, OpenAITarget, the runner and a run
+    directory's writer, with no network: each connection's socket is a stand-in (the raw transport's
+    `_connect` replaced) that answers a request's write with `_answer`'s reads, one loop turn apart. No
+    kernel, no server, no cold caches: the Python a request runs, steady from one run to the next."""
+    reads = _answer(output_len, one_read)
+
+    class Socket(asyncio.Transport):
+        def __init__(self, conn: Any) -> None:
+            super().__init__()
+            self.conn, self.closing = conn, False
+
+        def write(self, data: Any) -> None:
+            loop = asyncio.get_running_loop()
+
+            def deliver(i: int) -> None:
+                if not self.closing:
+                    self.conn.data_received(reads[i])
+                    if i + 1 < len(reads):
+                        loop.call_soon(deliver, i + 1)
+            loop.call_soon(deliver, 0)
+
+        def is_closing(self) -> bool:
+            return self.closing
+
+        def abort(self) -> None:
+            self.closing = True
+            self.conn.connection_lost(None)
+
+        close = abort
+
+    async def connect(_tr: Any, target: Any, _loop: Any, _deadline: float) -> Any:
+        conn = rawhttp._Conn(target.key)
+        conn.connection_made(Socket(conn))
+        return conn
+
+    rawhttp.RawHttpTransport._connect = connect  # type: ignore[method-assign]
+    target = OpenAITarget("http://127.0.0.1:1/v1", TargetOptions(model="test-model"), Clock())
+    await target.start()
+    prompt = tuple(range(1000, 1016))
+    # sent back to back (the schedule is faster than the loop): a few requests in flight at a time
+    specs = [RequestSpec(i, i * 20e-6, prompt, 16, output_len, extra_body=(("x_request_id", i),)) for i in range(n)]
+    run_dir = Path(tempfile.mkdtemp(prefix="client_path_"))
+    try:
+        await run(specs[:200], target, opts=RunOptions(progress=False), handle_sigint=False)  # the pool, the caches
+        counted = _LoadCpu(target, specs)
+        counted._tail_s = 0.0  # every request notes the CPU as it finishes
+        cpu0 = time.process_time()
+        res = await run(specs, counted, opts=RunOptions(progress=False), handle_sigint=False,  # type: ignore[arg-type]
+                        run_dir=run_dir)
+        cpu = counted.cpu_at_last_s - cpu0
+    finally:
+        await target.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    bad = [r for r in res.records if r.status != "ok" or r.output_tokens != output_len]
+    if bad:
+        raise SystemExit(f"path: a request went wrong: {bad[0]}")
+    return cpu / n * 1e6
+
+
 class _Peer:
     """The running token server as a child process sees it: its URL, model and log."""
 
@@ -262,8 +342,22 @@ def measure_in_tree(tree: str, srv: TokenServerProcess, loop: str, **kw: Any) ->
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def path_in_tree(tree: str | None, loop: str, n: int, output_len: int, one_read: bool) -> float:
+    """`path_cost` in a child process importing slobench from `tree` (None: this process's own tree)."""
+    job = {"path": True, "loop": loop, "n": n, "output_len": output_len, "one_read": one_read}
+    env = {**os.environ, "PYTHONPATH": tree} if tree else dict(os.environ)
+    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(job)], env=env, capture_output=True,
+                         text=True)
+    if out.returncode:
+        raise SystemExit(f"{tree}: the path child failed (exit {out.returncode})\n{out.stderr[-3000:]}")
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def child_main(job_json: str) -> None:
     job = json.loads(job_json)
+    if job.pop("path", False):
+        print(run_on(job.pop("loop"), path_cost(**job)))
+        return
     peer = _Peer(job.pop("base_url"), job.pop("model"), job.pop("log_path"))
     loop = job.pop("loop")
     print(json.dumps(run_on(loop, measure(peer, **job))))  # type: ignore[arg-type]
@@ -348,6 +442,30 @@ def fixed_costs(srv: TokenServerProcess, trees: list[str], repeats: int, output_
     return rows
 
 
+def _path_table(args: argparse.Namespace, trees: list[str | None], load_before: tuple[float, ...]) -> None:
+    cost: dict[tuple[str | None, bool], list[float]] = {(t, one): [] for t in trees for one in (True, False)}
+    for _ in range(args.rounds):
+        for one in (True, False):
+            for tree in trees:
+                cost[tree, one].append(path_in_tree(tree, args.loop, args.path, args.output_len, one))
+    labels = _tree_labels([t for t in trees if t]) if trees[0] else {}
+    print(f"\nthe client's own path ({args.loop} loop, no network): CPU µs a request, {args.output_len}-token "
+          f"streams, {args.path} requests, median of {args.rounds} [min–max]; load average before "
+          f"{'/'.join(f'{x:.2f}' for x in load_before)}, after {'/'.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print("| source tree | the stream in one read | an event a read |" + (" × first tree |" if len(trees) > 1 else ""))
+    print("|---|---|---|" + ("---|" if len(trees) > 1 else ""))
+    for tree in trees:
+        cells = []
+        for one in (True, False):
+            v = np.array(cost[tree, one])
+            cells.append(f"{np.median(v):.1f} [{v.min():.1f}–{v.max():.1f}]")
+        ratio = ""
+        if len(trees) > 1:
+            r = [np.median(np.array(cost[tree, one]) / np.array(cost[trees[0], one])) for one in (True, False)]
+            ratio = f" {r[0]:.2f} / {r[1]:.2f} |"
+        print(f"| {labels.get(tree, tree) if tree else 'this one'} | {cells[0]} | {cells[1]} |{ratio}")
+
+
 def _tree_labels(trees: list[str]) -> dict[str, str]:
     """A short name per tree for the rows: its directory's name, or its number where two share one."""
     names = [Path(t).resolve().name or t for t in trees]
@@ -428,6 +546,9 @@ def main() -> None:
     ap.add_argument("--trees", default=None, metavar="DIR,DIR",
                     help="slobench from each of these source trees (PYTHONPATH), side by side: its load in a child "
                          "process per tree, and its fixed cost (default: the one imported here, in this process)")
+    ap.add_argument("--path", type=int, default=0, metavar="N",
+                    help="only the client's own path, no network: CPU a request over N requests (each tree's, "
+                         "interleaved --rounds times), the stream in one read and an event a read")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # a --trees child: one measure() as JSON
     ap.add_argument("--no-floor", action="store_true", help="skip the minimal aiohttp client (the floor)")
     ap.add_argument("--rounds", type=int, default=1, help="run every client this many times, interleaved")
@@ -443,6 +564,9 @@ def main() -> None:
     if args.rounds < 1:
         ap.error(f"--rounds: must be at least 1 (got {args.rounds})")
     load_before = os.getloadavg()
+    if args.path:
+        _path_table(args, args.trees.split(",") if args.trees else [None], load_before)
+        return
     cores = sorted(os.sched_getaffinity(0))
     rates = [float(r) for r in args.rates.split(",")]
     spin = None if args.spin_ms is None else args.spin_ms / 1e3
