@@ -5,13 +5,13 @@ Drives the scheduled-token server (pinned to one core) with open-loop Poisson tr
 CPU per request (first send to last answer), and the TTFT error (the client's TTFT minus the server's own,
 from its log on the same clock). Then the fixed cost: the CPU of whole processes for `--help` and a
 5-request run, slobench's (from each of `--trees`) beside the floor's. "floor" is a minimal aiohttp client
-that parses nothing; both run on slobench's event loop (`--loop`). With `--trees`, slobench's load runs
-once per source tree, each in a child process on the client's core, so two checkouts compare in one run. Targets: 800 req/s of 16-token streams
-on one core, at most 0.3 ms of CPU a request, a 5-request run under 1 s of CPU. Figures:
-docs/measurements/client_overhead.md.
+that parses nothing; both run on slobench's event loop (`--loop`). With `--trees`, slobench's load runs once
+per source tree in a child process. `--path N`: only the client's own path, no network. Targets: 800 req/s
+of 16-token streams on one core, at most 0.3 ms of CPU a request, a 5-request run under 1 s of CPU.
+Figures: docs/measurements/client_overhead.md.
 
     python benchmarks/client_overhead.py [--rates 400,800] [--seconds 6] [--transports raw,httpx]
-                                         [--rounds N] [--max-load L] [--fixed N] [--trees DIR,DIR]"""
+                                         [--rounds N] [--max-load L] [--fixed N] [--trees DIR,DIR] [--path N]"""
 
 from __future__ import annotations
 
