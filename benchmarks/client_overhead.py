@@ -5,12 +5,13 @@ Drives the scheduled-token server (pinned to one core) with open-loop Poisson tr
 CPU per request (first send to last answer), and the TTFT error (the client's TTFT minus the server's own,
 from its log on the same clock). Then the fixed cost: the CPU of whole processes for `--help` and a
 5-request run, slobench's (from each of `--trees`) beside the floor's. "floor" is a minimal aiohttp client
-that parses nothing; both run on slobench's event loop (`--loop`). Targets: 800 req/s of 16-token streams
-on one core, at most 0.3 ms of CPU a request, a 5-request run under 1 s of CPU. Figures:
-docs/measurements/client_overhead.md.
+that parses nothing; both run on slobench's event loop (`--loop`). With `--trees`, slobench's load runs once
+per source tree in a child process. `--path N`: only the client's own path, no network. Targets: 800 req/s
+of 16-token streams on one core, at most 0.3 ms of CPU a request, a 5-request run under 1 s of CPU.
+Figures: docs/measurements/client_overhead.md.
 
     python benchmarks/client_overhead.py [--rates 400,800] [--seconds 6] [--transports raw,httpx]
-                                         [--rounds N] [--max-load L] [--fixed N] [--trees DIR,DIR]"""
+                                         [--rounds N] [--max-load L] [--fixed N] [--trees DIR,DIR] [--path N]"""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from slobench.run.clock import Clock
 from slobench.run.event_loop import run_async
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.run.runner import RunOptions, run
+from slobench.targets import rawhttp
 from slobench.targets.base import TargetBase
 from slobench.targets.openai import OpenAITarget
 from slobench.targets.options import TargetOptions
@@ -80,6 +82,17 @@ def _opts(spin_s: float | None, hold_gc: bool = True) -> RunOptions:
     return RunOptions(progress=False, spin_s=spin_s, hold_gc=hold_gc)
 
 
+def _syscalls() -> tuple[int, int]:
+    """This process's read and write system calls so far (Linux's /proc/self/io; zeros elsewhere): how many
+    reads a request took tells how the server's writes were batched, which moves the CPU a request."""
+    try:
+        with open("/proc/self/io") as f:
+            io = dict(line.split(": ") for line in f.read().splitlines())
+        return int(io["syscr"]), int(io["syscw"])
+    except (OSError, KeyError, ValueError):
+        return 0, 0
+
+
 def _children_cpu_s() -> float:
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)  # reaped children only: the workers, after close()
     return ru.ru_utime + ru.ru_stime
@@ -108,6 +121,7 @@ async def measure(srv: TokenServerProcess, rate: float, seconds: float, name: st
         log_before = len(srv.read_log())
         counted = _LoadCpu(target, specs)
         prof = cProfile.Profile() if profile else None
+        io0 = _syscalls()
         cpu0 = time.process_time()
         if prof:
             prof.enable()
@@ -118,6 +132,7 @@ async def measure(srv: TokenServerProcess, rate: float, seconds: float, name: st
             prof.disable()
             prof.dump_stats(f"{profile}.{name}-{rate:g}.prof")
         cpu_all = time.process_time() - cpu0
+        io1 = _syscalls()
         cpu = (counted.cpu_at_last_s or cpu0 + cpu_all) - cpu0
     finally:
         await target.close()
@@ -147,6 +162,9 @@ async def measure(srv: TokenServerProcess, rate: float, seconds: float, name: st
         "after_ms_per_req": (cpu_all - cpu) / max(1, len(res.records)) * 1e3,
         "ttft_err_p50_ms": float(np.median(errs) * 1e3) if errs else float("nan"),
         "ttft_err_p99_ms": float(np.percentile(errs, 99) * 1e3) if errs else float("nan"),
+        # over the whole run, its summary and the run directory's last writes included
+        "reads_per_req": (io1[0] - io0[0]) / max(1, len(res.records)),
+        "writes_per_req": (io1[1] - io0[1]) / max(1, len(res.records)),
     }
 
 
@@ -199,9 +217,11 @@ async def measure_floor(srv: TokenServerProcess, rate: float, seconds: float, ou
         stamps.clear()
         log_before = len(srv.read_log())
         specs = make_specs(rate, seconds, output_len, seed=int(rate))
+        io0 = _syscalls()
         cpu0 = time.process_time()
         await schedule(specs)
         cpu = time.process_time() - cpu0
+        io1 = _syscalls()
     finally:
         await session.close()
     server = {e["id"]: e for e in srv.read_log()[log_before:] if e.get("id") is not None}
@@ -217,7 +237,130 @@ async def measure_floor(srv: TokenServerProcess, rate: float, seconds: float, ou
         "workers": 1, "cpu_ms_per_req": cpu / len(specs) * 1e3, "parent_cpu_ms_per_req": cpu / len(specs) * 1e3,
         "after_ms_per_req": 0.0,
         "ttft_err_p50_ms": float(np.median(errs) * 1e3), "ttft_err_p99_ms": float(np.percentile(errs, 99) * 1e3),
+        "reads_per_req": (io1[0] - io0[0]) / len(specs), "writes_per_req": (io1[1] - io0[1]) / len(specs),
     }
+
+
+# ---- the client's own path, no network: what the Python a request runs costs --------------------------
+
+_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked"
+         b"\r\nDate: Thu, 03 Dec 2026 16:00:00 GMT\r\nServer: Python/3.11 aiohttp/3.14.5\r\n\r\n")
+
+
+def _answer(output_len: int, one_read: bool) -> list[bytes]:
+    """The token server's answer to a streamed completion, as the reads that bring it: the head, then every
+    event in one read (`one_read`: a server that is behind) or an event a read, then the last chunk."""
+    frame = (b'data: {"id":"cmpl-0","object":"text_completion","created":0,"model":"test-model","choices":[{"index":0,'
+             b'"text":" tok","logprobs":null,"finish_reason":%s}]}\n\n')
+    usage = {"prompt_tokens": 16, "total_tokens": 16 + output_len, "completion_tokens": output_len}
+    events = [frame % b"null"] * (output_len - 1) + [frame % b'"length"', b"data: " + json.dumps(
+        {"id": "cmpl-0", "object": "text_completion", "created": 0, "model": "test-model", "choices": [],
+         "usage": usage}).encode() + b"\n\n", b"data: [DONE]\n\n"]
+    chunks = [b"%x\r\n%s\r\n" % (len(e), e) for e in events]
+    return [_HEAD, *([b"".join(chunks)] if one_read else chunks), b"0\r\n\r\n"]
+
+
+async def path_cost(n: int, output_len: int, one_read: bool) -> float:
+    """Microseconds of CPU a request through the raw transport, OpenAITarget, the runner and a run
+    directory's writer, with no network: each connection's socket is a stand-in (the raw transport's
+    `_connect` replaced) that answers a request's write with `_answer`'s reads, one loop turn apart. No
+    kernel, no server, no cold caches: the Python a request runs, steady from one run to the next."""
+    reads = _answer(output_len, one_read)
+
+    class Socket(asyncio.Transport):
+        def __init__(self, conn: Any) -> None:
+            super().__init__()
+            self.conn, self.closing = conn, False
+
+        def write(self, data: Any) -> None:
+            loop = asyncio.get_running_loop()
+
+            def deliver(i: int) -> None:
+                if not self.closing:
+                    self.conn.data_received(reads[i])
+                    if i + 1 < len(reads):
+                        loop.call_soon(deliver, i + 1)
+            loop.call_soon(deliver, 0)
+
+        def is_closing(self) -> bool:
+            return self.closing
+
+        def abort(self) -> None:
+            self.closing = True
+            self.conn.connection_lost(None)
+
+        close = abort
+
+    async def connect(_tr: Any, target: Any, _loop: Any, _deadline: float) -> Any:
+        conn = rawhttp._Conn(target.key)
+        conn.connection_made(Socket(conn))
+        return conn
+
+    rawhttp.RawHttpTransport._connect = connect  # type: ignore[method-assign]
+    target = OpenAITarget("http://127.0.0.1:1/v1", TargetOptions(model="test-model"), Clock())
+    await target.start()
+    prompt = tuple(range(1000, 1016))
+    # sent back to back (the schedule is faster than the loop): a few requests in flight at a time
+    specs = [RequestSpec(i, i * 20e-6, prompt, 16, output_len, extra_body=(("x_request_id", i),)) for i in range(n)]
+    run_dir = Path(tempfile.mkdtemp(prefix="client_path_"))
+    try:
+        await run(specs[:200], target, opts=RunOptions(progress=False), handle_sigint=False)  # the pool, the caches
+        counted = _LoadCpu(target, specs)
+        counted._tail_s = 0.0  # every request notes the CPU as it finishes
+        cpu0 = time.process_time()
+        res = await run(specs, counted, opts=RunOptions(progress=False), handle_sigint=False,  # type: ignore[arg-type]
+                        run_dir=run_dir)
+        cpu = counted.cpu_at_last_s - cpu0
+    finally:
+        await target.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    bad = [r for r in res.records if r.status != "ok" or r.output_tokens != output_len]
+    if bad:
+        raise SystemExit(f"path: a request went wrong: {bad[0]}")
+    return cpu / n * 1e6
+
+
+class _Peer:
+    """The running token server as a child process sees it: its URL, model and log."""
+
+    def __init__(self, base_url: str, model: str, log_path: str) -> None:
+        self.base_url, self.model, self.log_path = base_url, model, Path(log_path)
+
+    def read_log(self) -> list[dict[str, Any]]:
+        text = self.log_path.read_text() if self.log_path.exists() else ""
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def measure_in_tree(tree: str, srv: TokenServerProcess, loop: str, **kw: Any) -> dict:
+    """`measure` run by a child process that imports slobench from `tree` (it inherits this process's core)."""
+    job = {"base_url": srv.base_url, "model": srv.model, "log_path": str(srv.log_path), "loop": loop, **kw}
+    env = {**os.environ, "PYTHONPATH": tree}
+    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(job)], env=env, capture_output=True,
+                         text=True)
+    if out.returncode:
+        raise SystemExit(f"{tree}: the child run failed (exit {out.returncode})\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def path_in_tree(tree: str | None, loop: str, n: int, output_len: int, one_read: bool) -> float:
+    """`path_cost` in a child process importing slobench from `tree` (None: this process's own tree)."""
+    job = {"path": True, "loop": loop, "n": n, "output_len": output_len, "one_read": one_read}
+    env = {**os.environ, "PYTHONPATH": tree} if tree else dict(os.environ)
+    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(job)], env=env, capture_output=True,
+                         text=True)
+    if out.returncode:
+        raise SystemExit(f"{tree}: the path child failed (exit {out.returncode})\n{out.stderr[-3000:]}")
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def child_main(job_json: str) -> None:
+    job = json.loads(job_json)
+    if job.pop("path", False):
+        print(run_on(job.pop("loop"), path_cost(**job)))
+        return
+    peer = _Peer(job.pop("base_url"), job.pop("model"), job.pop("log_path"))
+    loop = job.pop("loop")
+    print(json.dumps(run_on(loop, measure(peer, **job))))  # type: ignore[arg-type]
 
 
 def run_on(loop: str, coro: Any) -> Any:
@@ -299,6 +442,36 @@ def fixed_costs(srv: TokenServerProcess, trees: list[str], repeats: int, output_
     return rows
 
 
+def _path_table(args: argparse.Namespace, trees: list[str | None], load_before: tuple[float, ...]) -> None:
+    cost: dict[tuple[str | None, bool], list[float]] = {(t, one): [] for t in trees for one in (True, False)}
+    for _ in range(args.rounds):
+        for one in (True, False):
+            for tree in trees:
+                cost[tree, one].append(path_in_tree(tree, args.loop, args.path, args.output_len, one))
+    labels = _tree_labels([t for t in trees if t]) if trees[0] else {}
+    print(f"\nthe client's own path ({args.loop} loop, no network): CPU µs a request, {args.output_len}-token "
+          f"streams, {args.path} requests, median of {args.rounds} [min–max]; load average before "
+          f"{'/'.join(f'{x:.2f}' for x in load_before)}, after {'/'.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print("| source tree | the stream in one read | an event a read |" + (" × first tree |" if len(trees) > 1 else ""))
+    print("|---|---|---|" + ("---|" if len(trees) > 1 else ""))
+    for tree in trees:
+        cells = []
+        for one in (True, False):
+            v = np.array(cost[tree, one])
+            cells.append(f"{np.median(v):.1f} [{v.min():.1f}–{v.max():.1f}]")
+        ratio = ""
+        if len(trees) > 1:
+            r = [np.median(np.array(cost[tree, one]) / np.array(cost[trees[0], one])) for one in (True, False)]
+            ratio = f" {r[0]:.2f} / {r[1]:.2f} |"
+        print(f"| {labels.get(tree, tree) if tree else 'this one'} | {cells[0]} | {cells[1]} |{ratio}")
+
+
+def _tree_labels(trees: list[str]) -> dict[str, str]:
+    """A short name per tree for the rows: its directory's name, or its number where two share one."""
+    names = [Path(t).resolve().name or t for t in trees]
+    return {t: n if names.count(n) == 1 else f"{i + 1}:{n}" for i, (t, n) in enumerate(zip(trees, names, strict=True))}
+
+
 def _wait_for_load(max_load: float | None, limit_s: float = 300.0) -> float:
     """Wait (up to `limit_s`) until the 1-minute load average is under `max_load`; return the load."""
     deadline = time.monotonic() + limit_s
@@ -312,16 +485,25 @@ def _row(r: dict) -> str:
             f"{r['achieved']:.1f} ({r['achieved'] / r['offered'] - 1:+.2%}) | "
             f"{r['ok']}/{r['n']} | {r['late_p50_ms']:.2f} | {r['late_p99_ms']:.2f} | {r['cpu_ms_per_req']:.2f} | "
             f"{r['parent_cpu_ms_per_req']:.2f} | {r['after_ms_per_req']:.2f} | {r['ttft_err_p50_ms']:.2f} | "
-            f"{r['ttft_err_p99_ms']:.2f} |")
+            f"{r['ttft_err_p99_ms']:.2f} | {r['reads_per_req']:.1f} / {r['writes_per_req']:.1f} |")
 
 
-def _medians(rows: list[dict]) -> None:
+def _ratio(rs: list[dict], base: dict[tuple[int, float], float]) -> str:
+    """Each row's CPU a request over `base`'s in the same round and at the same rate: median [min–max]."""
+    ratio = np.array([r["cpu_ms_per_req"] / base[r["round"], r["rate"]] for r in rs if (r["round"], r["rate"]) in base])
+    return (f"{np.median(ratio):.2f} [{ratio.min():.2f}–{ratio.max():.2f}]" if len(ratio) > 1
+            else f"{ratio[0]:.2f}" if len(ratio) else "–")
+
+
+def _medians(rows: list[dict], first_tree: str | None = None) -> None:
     """Per client and rate, the median over rounds and [min–max], and the CPU relative to the same
-    round's floor."""
+    round's floor (and, with several trees, to the first tree's)."""
     floor_cpu = {(r["round"], r["rate"]): r["cpu_ms_per_req"] for r in rows if r["transport"] == "floor"}
+    first_cpu = {(r["round"], r["rate"]): r["cpu_ms_per_req"] for r in rows if r["transport"] == first_tree}
     print("\n| client | workers | target req/s | rounds | CPU ms / request | × floor (same round) | "
-          "lateness p50 / p99 ms | TTFT error p50 / p99 ms |")
-    print("|---|---|---|---|---|---|---|---|")
+          + ("× first tree (same round) | " if first_tree else "") + "lateness p50 / p99 ms | TTFT error p50 / p99 ms | "
+          "reads a request |")
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if first_tree else ""))
     keys = dict.fromkeys((r["transport"], r["workers"], r["rate"]) for r in rows)
     for name, workers, rate in keys:
         rs = [r for r in rows if (r["transport"], r["workers"], r["rate"]) == (name, workers, rate)]
@@ -330,12 +512,10 @@ def _medians(rows: list[dict]) -> None:
             v = np.array([r[k] for r in rs])
             return f"{np.median(v):.2f} [{v.min():.2f}–{v.max():.2f}]" if len(v) > 1 else f"{v[0]:.2f}"
 
-        ratio = np.array([r["cpu_ms_per_req"] / floor_cpu[r["round"], rate] for r in rs
-                          if (r["round"], rate) in floor_cpu])
-        ratio_s = (f"{np.median(ratio):.2f} [{ratio.min():.2f}–{ratio.max():.2f}]" if len(ratio) > 1
-                   else f"{ratio[0]:.2f}" if len(ratio) else "–")
-        print(f"| {name} | {workers} | {rate:g} | {len(rs)} | {med('cpu_ms_per_req')} | {ratio_s} | "
-              f"{med('late_p50_ms')} / {med('late_p99_ms')} | {med('ttft_err_p50_ms')} / {med('ttft_err_p99_ms')} |")
+        vs_first = f"{_ratio(rs, first_cpu)} | " if first_tree else ""
+        print(f"| {name} | {workers} | {rate:g} | {len(rs)} | {med('cpu_ms_per_req')} | {_ratio(rs, floor_cpu)} | "
+              f"{vs_first}{med('late_p50_ms')} / {med('late_p99_ms')} | {med('ttft_err_p50_ms')} / "
+              f"{med('ttft_err_p99_ms')} | {med('reads_per_req')} |")
 
 
 def _fixed_table(rows: list[dict], repeats: int) -> None:
@@ -364,8 +544,12 @@ def main() -> None:
     ap.add_argument("--fixed", type=int, default=3, metavar="N",
                     help="whole-process CPU of `--help`, a 5-request run and the floor's, median of N (0: skip)")
     ap.add_argument("--trees", default=None, metavar="DIR,DIR",
-                    help="the fixed cost of slobench from each of these source trees (PYTHONPATH), side by side "
-                         "(default: the one imported here)")
+                    help="slobench from each of these source trees (PYTHONPATH), side by side: its load in a child "
+                         "process per tree, and its fixed cost (default: the one imported here, in this process)")
+    ap.add_argument("--path", type=int, default=0, metavar="N",
+                    help="only the client's own path, no network: CPU a request over N requests (each tree's, "
+                         "interleaved --rounds times), the stream in one read and an event a read")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # a --trees child: one measure() as JSON
     ap.add_argument("--no-floor", action="store_true", help="skip the minimal aiohttp client (the floor)")
     ap.add_argument("--rounds", type=int, default=1, help="run every client this many times, interleaved")
     ap.add_argument("--max-load", type=float, default=None,
@@ -374,14 +558,23 @@ def main() -> None:
                     help="cProfile slobench's measured runs into PREFIX.CLIENT-RATE.prof (the profiler's own cost "
                          "inflates that row's CPU)")
     args = ap.parse_args()
+    if args.child is not None:
+        child_main(args.child)
+        return
     if args.rounds < 1:
         ap.error(f"--rounds: must be at least 1 (got {args.rounds})")
     load_before = os.getloadavg()
+    if args.path:
+        _path_table(args, args.trees.split(",") if args.trees else [None], load_before)
+        return
     cores = sorted(os.sched_getaffinity(0))
     rates = [float(r) for r in args.rates.split(",")]
     spin = None if args.spin_ms is None else args.spin_ms / 1e3
-    clients: list[tuple[str, int]] = [] if args.no_floor else [("floor", 1)]
-    clients += [(t, int(w)) for t in args.transports.split(",") for w in args.client_workers.split(",")]
+    trees = args.trees.split(",") if args.trees else []
+    clients: list[tuple[str, int, str | None]] = [] if args.no_floor else [("floor", 1, None)]
+    clients += [(t, int(w), tree) for tree in (trees or [None]) for t in args.transports.split(",")
+                for w in args.client_workers.split(",")]
+    labels = _tree_labels(trees)
     round_loads = []
     with TokenServerProcess(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, log=True) as srv:
         if len(cores) >= 2:  # server on one core, client on another: neither measures the other's CPU
@@ -392,9 +585,14 @@ def main() -> None:
             round_loads.append(_wait_for_load(args.max_load))
             order = clients[rnd % len(clients):] + clients[:rnd % len(clients)]
             for rate in rates:
-                for name, workers in order:
+                for name, workers, tree in order:
                     if name == "floor":
                         row = run_on(args.loop, measure_floor(srv, rate, args.seconds, args.output_len))
+                    elif tree is not None:
+                        row = measure_in_tree(tree, srv, args.loop, rate=rate, seconds=args.seconds, name=name,
+                                              output_len=args.output_len, workers=workers, spin_s=spin,
+                                              profile=f"{args.profile}.{labels[tree]}" if args.profile else None)
+                        row["transport"] = f"{name} @{labels[tree]}"
                     else:
                         row = run_on(args.loop, measure(srv, rate, args.seconds, name, args.output_len, workers, spin,
                                                              args.profile))
@@ -402,8 +600,8 @@ def main() -> None:
                     rows.append(row)
                     if args.rounds > 1:
                         print(f"round {rnd + 1}/{args.rounds}: {_row(row)}", flush=True)
-        trees = args.trees.split(",") if args.trees else [str(Path(slobench.__file__).resolve().parents[1])]
-        fixed = fixed_costs(srv, trees, args.fixed, args.output_len) if args.fixed > 0 else []
+        fixed_trees = trees or [str(Path(slobench.__file__).resolve().parents[1])]
+        fixed = fixed_costs(srv, fixed_trees, args.fixed, args.output_len) if args.fixed > 0 else []
     print(f"\nclient overhead ({args.loop} loop): {args.output_len}-token streams, server TTFT {args.ttft_ms:g} ms / ITL {args.itl_ms:g} ms, "
           f"{args.seconds:g} s per rate, {os.cpu_count()} cores; load average (1/5/15 min) before "
           f"{'/'.join(f'{x:.2f}' for x in load_before)}, after {'/'.join(f'{x:.2f}' for x in os.getloadavg())}"
@@ -411,12 +609,13 @@ def main() -> None:
              if args.rounds > 1 else ""))
     print("| transport | workers | target req/s | scheduled req/s | achieved req/s | ok | lateness p50 ms | "
           "lateness p99 ms | client CPU ms/req | parent CPU ms/req | after-run CPU ms/req | TTFT error p50 ms | "
-          "TTFT error p99 ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "TTFT error p99 ms | reads / writes a request |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(_row(r))
     if args.rounds > 1:
-        _medians(rows)
+        first = f"{args.transports.split(',')[0]} @{labels[trees[0]]}" if len(trees) > 1 else None
+        _medians(rows, first)
     if fixed:
         _fixed_table(fixed, args.fixed)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import socket
 import statistics
@@ -15,12 +16,16 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from slobench.errors import SpecError, TargetUnreachable
 from slobench.run.clock import Clock
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets import OpenAITarget
+from slobench.targets.openai import _is_token, _Stream, _tokens_in
 from slobench.targets.options import TargetOptions, Timeouts
+from slobench.targets.sse import SSEParser
 from slobench.targets.transport import Response, TransportError
 from slobench.testing import TokenServerProcess
 
@@ -233,6 +238,61 @@ async def test_tokens_in_the_same_read_as_a_failure_are_kept(bad: bytes) -> None
     rec, _ = await run_scripted([sse(tok()), sse(tok(), tok()) + bad + sse(tok())])
     assert rec.status == "error"
     assert rec.chunk_tokens == [1, 2]  # not the token after the failure
+
+
+# events of every kind a stream may carry, for both APIs: what a read of whole `data: {...}` events takes in
+# one step (`_objects_of`, `_Stream.take_all`) must be what the SSE parser and `take`, event by event, make of it
+EVENT_KINDS: list[Any] = [
+    tok(), tok(""), tok(" b", token_ids=[1, 2]), tok(" c", logprobs={"tokens": ["x", "y", "z"]}), tok(" d", logprobs=None),
+    FIN, tok(" e", finish_reason="stop"), tok("", finish_reason=""), USAGE, {"choices": [], "usage": None},
+    {"choices": [], "usage": {"completion_tokens": 0, "prompt_tokens": 0}},
+    ctok(), ctok(""), ctok(None, role="assistant"), ctok("", role="assistant"), ctok(None, reasoning_content="r"),
+    ctok(None, tool_calls=[{"function": {"arguments": "{}"}}]), ctok(" f", token_ids=[4]), CFIN,
+    {"choices": [{"index": 0, "delta": {"content": "x"}, "logprobs": {"content": [1, 2]}}]},
+    {"error": {"message": "boom"}}, {"object": "error", "message": "old"}, {"choices": [None]}, {"choices": "x"},
+    {"choices": [{"text": "a", "finish_reason": 5}]}, {}, b"[1, 2]", b'"text"', b"{not json", b"[DONE]", b"{}",
+    b'{"choices": [{"text": "\xff"}]}', b": comment", b"event: error\ndata: overloaded",
+]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=st.lists(st.sampled_from(EVENT_KINDS), max_size=10), cuts=st.lists(st.integers(0, 4000), max_size=3),
+       api=st.sampled_from(["completions", "chat"]), usage=st.booleans())
+def test_a_read_of_whole_events_gives_the_record_event_by_event_gives(
+    events: list[Any], cuts: list[int], api: str, usage: bool
+) -> None:
+    if b"[DONE]" in events:  # what follows is ignored, but for bytes that are not UTF-8 when the parser reads them
+        done = events.index(b"[DONE]")
+        events = events[:done] + [e for e in events[done:] if not (isinstance(e, bytes) and b"\xff" in e)]
+    body = b"".join(e + b"\n\n" if isinstance(e, bytes) and e[:1] in (b":", b"e") else sse(e) for e in events)
+    bounds = sorted({0, len(body), *(min(c, len(body)) for c in cuts)})
+    pieces: list[bytes | BaseException] = [body[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+    def record(whole_reads: bool) -> dict[str, Any]:
+        with pytest.MonkeyPatch.context() as mp:
+            if not whole_reads:
+                mp.setattr(SSEParser, "data_events", lambda _self, _chunk: None)
+            rec, _ = asyncio.run(run_scripted(pieces, api=api, server_profile="vllm" if usage else "generic"))
+        return dataclasses.asdict(rec)
+
+    assert record(whole_reads=True) == record(whole_reads=False)
+
+
+@pytest.mark.parametrize("is_chat", [False, True])
+def test_the_inline_token_count_is_is_token_and_tokens_in(is_chat: bool) -> None:
+    for obj in EVENT_KINDS:
+        if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list) or not obj["choices"]:
+            continue
+        c = obj["choices"][0]
+        if not isinstance(c, dict):
+            continue
+        reason = c.get("finish_reason") if c.get("finish_reason") and isinstance(c.get("finish_reason"), str) else None
+        out = c.get("delta") if is_chat else c.get("text")
+        stream = _Stream(RequestRecord(0, 0.0), is_chat)
+        stream.texts = []
+        num = stream.take_all([obj], [b""])
+        expected = _tokens_in(c, is_chat) if _is_token(out, reason, is_chat) else 0
+        assert (num, len(stream.texts)) == (expected, 1 if expected else 0), obj
 
 
 async def test_timeout_status_is_timeout() -> None:

@@ -5,6 +5,7 @@ after the deadline a wake comes: that is the machine's load (benchmarks/client_o
 from __future__ import annotations
 
 import asyncio
+import select
 import sys
 import time
 
@@ -69,3 +70,30 @@ async def test_a_clock_that_is_not_perf_counter_is_never_given_to_the_timerfd() 
     clock.t = 0.0  # type: ignore[attr-defined]
     await asyncio.wait_for(sleep_until(clock, 0.01, 0.02), 10)  # a timerfd at ~10 ms after boot: long past
     assert clock.now_s() >= 0.01
+
+
+@needs_timerfd
+async def test_a_fired_timer_is_cleared_by_the_next_poll_and_never_spins_the_loop() -> None:
+    sleeper = PreciseSleep.for_running_loop()
+    assert sleeper is not None
+    fires = 0
+
+    def counting() -> None:
+        nonlocal fires
+        fires += 1
+        sleeper._fire()
+
+    loop = asyncio.get_running_loop()
+    loop.remove_reader(sleeper._fd)
+    loop.add_reader(sleeper._fd, counting)
+    try:
+        for _ in range(3):
+            await sleeper.until_ns(time.perf_counter_ns() + MS)
+        assert 3 <= fires <= 6  # a sleep's wake, and perhaps a call queued by a poll before the timer was set
+        fired = fires
+        for _ in range(50):  # nobody asleep: the fd, still readable, is read at the next poll and no more
+            await asyncio.sleep(0)
+        assert fires - fired <= 1 and not select.select([sleeper._fd], [], [], 0)[0]
+    finally:
+        loop.remove_reader(sleeper._fd)
+        loop.add_reader(sleeper._fd, sleeper._fire)

@@ -18,13 +18,15 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slobench.errors import UsageError
 from slobench.run.records import RequestRecord
-from slobench.targets import OpenAITarget
+from slobench.targets import OpenAITarget, rawhttp
 from slobench.targets.openai import make_transport
 from slobench.targets.options import TargetOptions, Timeouts
-from slobench.targets.rawhttp import _DONE, RawHttpTransport, _Chunks, _Conn, _reason
+from slobench.targets.rawhttp import _DONE, RawHttpTransport, _Chunks, _Conn, _RawResponse, _reason
 from slobench.targets.transport import TransportError
 from slobench.testing import TokenServerProcess
 from tests.test_openai_target import FAULT_CASES, spec
@@ -96,6 +98,85 @@ def test_chunked_body_byte_by_byte() -> None:
         got += _body(c)
     assert (got, c.state, c.keep_alive) == (CHUNKED_BODY, _DONE, True)
     assert c.headers["content-type"] == "text/event-stream"
+
+
+_CHUNK_DATA = st.binary(min_size=1, max_size=12) | st.sampled_from(
+    [b"\r\n", b"a\r\nb", b"a\r\nb\r\nc", b"\r", b"\n", b"0\r\n\r\n", b"1\r\n\r\n0"])
+# how a size line may be spelt: hex either case, leading zeros, an extension (the whole-chunk read refuses
+# the last two and the step-by-step parse takes them)
+_SPELLINGS = st.sampled_from(["%x", "%X", "0%x", "%x;ext=1"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(datas=st.lists(st.tuples(_CHUNK_DATA, _SPELLINGS), max_size=8),
+       last=st.sampled_from([b"", b"0\r\n\r\n", b"00\r\n\r\n", b"+0\r\n\r\n", b"0x0\r\n\r\n", b"0\r\nX-T: 1\r\n\r\n",
+                             b"0\r\n\r\nextra", b"+3\r\nabc\r\n", b"0\r\n"]),
+       cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=4))
+def test_a_read_of_whole_chunks_gives_what_the_step_by_step_parse_gives(
+    datas: list[tuple[bytes, str]], last: bytes, cuts: list[int]
+) -> None:
+    body = b"".join(spelling.encode() % len(d) + b"\r\n" + d + b"\r\n" for d, spelling in datas) + last
+    raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body
+    bounds = sorted({0, len(raw), *(min(c, len(raw)) for c in cuts)})
+
+    def parse(fast: bool) -> tuple[object, ...]:
+        c = _conn()
+        got = b""
+        with pytest.MonkeyPatch.context() as mp:
+            if not fast:
+                mp.setattr(rawhttp, "_whole_chunks", lambda _buf: None)
+            for a, b in zip(bounds, bounds[1:], strict=False):
+                c.data_received(raw[a:b])
+                got += _body(c)
+        return got, c.state, c.keep_alive, c.left, c.crlf, c.trailers, c.buf, c.error and c.error.reason
+
+    assert parse(fast=True) == parse(fast=False)
+
+
+def test_a_server_s_repeated_answer_head_is_parsed_once() -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Once: %d\r\nContent-Length: 2\r\n\r\nok"
+    a, b, other = _conn(), _conn(), _conn()
+    a.data_received(head % 1)
+    b.data_received(head % 1)
+    other.data_received(head % 2)
+    assert a.headers is b.headers and a.headers == {"content-type": "text/plain", "x-once": "1", "content-length": "2"}
+    assert other.headers["x-once"] == "2" and (_body(a), _body(b), b.state) == (b"ok", b"ok", _DONE)
+
+
+def _reading() -> tuple[_Conn, _RawResponse]:
+    """A connection whose reader took all it wanted before the body's end."""
+    c = _conn()
+    c.data_received(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+    return c, _RawResponse(c, 1000)
+
+
+async def test_drain_reads_the_rest_of_the_body_and_leaves_the_connection_reusable() -> None:
+    c, resp = _reading()
+    drain = asyncio.ensure_future(resp.drain(30.0))
+    await asyncio.sleep(0)
+    assert c.pieces == [] and not drain.done()  # what came unread is dropped
+    c.data_received(b"3\r\nabc\r\n")
+    await asyncio.sleep(0)
+    assert c.pieces == [] and not drain.done()
+    c.data_received(b"0\r\n\r\n")
+    await asyncio.wait_for(drain, 5)
+    assert (c.state, c.keep_alive, c.error, c.transport.aborted) == (_DONE, True, None, False)  # type: ignore[union-attr]
+    tr = RawHttpTransport(timeout_s=5, connect_timeout_s=5)
+    tr._release(c)
+    assert tr._pooled(c.key) is c
+    await _RawResponse(c, 1000).drain(30.0)  # nothing left: at once
+
+
+async def test_drain_gives_up_on_a_body_whose_end_does_not_come() -> None:
+    c, resp = _reading()
+    await asyncio.wait_for(resp.drain(0.01), 5)
+    assert c.transport.aborted and c.error is not None and c.state != _DONE  # type: ignore[union-attr]
+    c, resp = _reading()
+    drain = asyncio.ensure_future(resp.drain(30.0))
+    await asyncio.sleep(0)
+    c.connection_lost(None)  # a connection lost while draining: nothing to reuse, nothing raised
+    await asyncio.wait_for(drain, 5)
+    assert c.error is not None
 
 
 def test_content_length_body_and_headers() -> None:

@@ -64,6 +64,9 @@ class PreciseSleep:
         self._fd = fd
         self._settime = libc.timerfd_settime
         self._spec = _Itimerspec()
+        self._value = self._spec.it_value
+        self._spec_ref = ctypes.byref(self._spec)
+        self._unread = False  # it fired and nothing was due after: read it (or re-arm it) before the next wait
         self._loop = loop
         self._heap: list[tuple[int, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
@@ -95,26 +98,40 @@ class PreciseSleep:
         await fut  # a cancelled sleep leaves its entry behind; _fire drops it
 
     def _arm(self, t_ns: int) -> None:
-        value = self._spec.it_value
+        """Set the timer (which also clears a past expiry: the fd is not readable until `t_ns`)."""
+        value = self._value
         value.tv_sec, value.tv_nsec = divmod(t_ns, 1_000_000_000)
-        if self._settime(self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(self._spec), None) != 0:
+        if self._settime(self._fd, _TFD_TIMER_ABSTIME, self._spec_ref, None) != 0:
             raise OSError(ctypes.get_errno(), "timerfd_settime failed")
         self._armed_ns = t_ns
+        self._unread = False
 
     def _fire(self) -> None:
-        try:
-            os.read(self._fd, 8)  # the expiry count; reading it clears the fd's readiness
-        except BlockingIOError:  # re-armed since it fired: nothing to clear
-            pass
+        # The fd stays readable until its expiry count is read or the timer is set again. The sleeper woken
+        # here mostly sleeps again (setting it) before the loop next polls, so a read waits for that poll:
+        # one system call a sleep fewer. A call queued by a poll from before the timer was set again finds
+        # nothing due and the timer set for the earliest sleeper: it does nothing.
+        read = self._unread
+        if read:
+            self._unread = False
+            try:
+                os.read(self._fd, 8)
+            except BlockingIOError:
+                pass
         now = time.perf_counter_ns()
         heap = self._heap
         while heap and (heap[0][0] <= now or heap[0][2].done()):
             fut = heapq.heappop(heap)[2]
             if not fut.done():
                 fut.set_result(None)
-        self._armed_ns = None
+        armed = self._armed_ns
+        expired = armed is not None and armed <= now
         if heap:
-            self._arm(heap[0][0])
+            if expired or heap[0][0] != armed:
+                self._arm(heap[0][0])
+        else:
+            self._armed_ns = None
+            self._unread = expired and not read
 
 
 async def sleep_until(clock: Clock, t_s: float, spin_s: float) -> None:

@@ -10,6 +10,8 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
+from itertools import repeat
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -101,12 +103,12 @@ class RequestRecord:
         # The same bytes as json.dumps(asdict(self)) with rounded chunk times. This runs once per request on
         # the event loop of a live run: orjson writes the record where its output is json's to the byte
         # (`_orjson_safe`), json the rest (~4x slower: Python's float repr, and asdict's deep copies avoided).
-        d = {name: getattr(self, name) for name in _RECORD_FIELDS}
+        d = dict(zip(_RECORD_FIELDS, _FIELD_VALUES(self), strict=True))
         times = self.chunk_times_s
         # (round_9 at numpy's speed for a long answer: a Python round per chunk was a fifth of a simulated run)
         d["chunk_times_s"] = times = (round_9(np.array(times, dtype=float)).tolist()
                                       if len(times) > 32 and set(map(type, times)) == {float}
-                                      else [round(t, 9) for t in times])
+                                      else list(map(round, times, _NINES)))
         for name in _WRITTEN_WHEN_SET:
             if d[name] is None:
                 del d[name]
@@ -136,30 +138,27 @@ def round_9(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _plain_float(v: float | None) -> bool:
-    """json and orjson write it alike: a float neither of them writes with an exponent (Python's repr does
-    below 1e-4 and from 1e16; orjson spells exponents its own way), or None."""
-    return v is None or (type(v) is float and (v == 0.0 or 1e-4 <= abs(v) < 1e16))
-
-
-def _plain_text(v: str | None) -> bool:
-    """json and orjson write it alike: printable ASCII (json escapes the rest as \\uXXXX, orjson as UTF-8)."""
-    return v is None or (type(v) is str and v.isascii() and v.isprintable())
-
-
 def _orjson_safe(r: RequestRecord, times: list[float]) -> bool:
-    """Whether orjson writes this record to the same bytes as json.dumps (floats and text as above; ints and
-    bools are alike, an int orjson refuses raises)."""
+    """Whether orjson writes this record to the same bytes as json.dumps: every float one neither of them
+    writes with an exponent (Python's repr does below 1e-4 and from 1e16; orjson spells exponents its own
+    way), every text printable ASCII (json escapes the rest as \\uXXXX, orjson writes UTF-8); ints and bools
+    are alike, and an int orjson refuses raises. It runs once a request on a live run's event loop: a loop,
+    no call a field."""
     # (a numpy float among them: orjson raises; a NaN, which orjson writes as null, makes the sum NaN)
     if times and not (1e-4 <= min(times) and max(times) < 1e16 and math.isfinite(sum(times))):
         return False
-    return (_plain_float(r.scheduled_s) and _plain_float(r.sent_s) and _plain_float(r.first_token_s)
-            and _plain_float(r.done_s) and _plain_float(r.queued_s) and _plain_text(r.tag)
-            and _plain_text(r.status) and _plain_text(r.error) and _plain_text(r.finish_reason)
-            and _plain_text(r.output_tokens_source))
+    for v in (r.scheduled_s, r.sent_s, r.first_token_s, r.done_s, r.queued_s):
+        if v is not None and (type(v) is not float or not (v == 0.0 or 1e-4 <= abs(v) < 1e16)):
+            return False
+    for t in (r.tag, r.status, r.error, r.finish_reason, r.output_tokens_source):
+        if t is not None and (type(t) is not str or not (t.isascii() and t.isprintable())):
+            return False
+    return True
 
 
 _RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))
+_FIELD_VALUES = attrgetter(*_RECORD_FIELDS)  # a record's values in field order, in one call
+_NINES = repeat(9)  # chunk times are written rounded to the nanosecond
 _WRITTEN_WHEN_SET = ("finish_reason", "output_tokens_source")  # absent, the line is as it always was
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 

@@ -18,7 +18,7 @@ import base64
 import binascii
 import json
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
@@ -265,13 +265,14 @@ class OpenAITarget(TargetBase):
 
     async def _read_stream(self, resp: Response, record: RequestRecord, num_choices: int,
                            max_tokens: int) -> list[str] | None:
-        """Read an SSE stream into `record`, one read at a time, every event through `_Stream.take`; the
-        text it carried, with --tokenizer (else None).
+        """Read an SSE stream into `record`, one read at a time: a read of whole `data: {...}` events (the
+        common one) parsed and taken in one step (`_objects_of`, `_Stream.take_all`), any other through the
+        SSE parser, event by event (`_Stream.take`); the text it carried, with --tokenizer (else None).
         Complete when a choice carried a `finish_reason`, whether or not `data: [DONE]` follows (TGI, Ollama
         and LiteLLM may close without it); a stream that stops without any `finish_reason` was cut off,
         `[DONE]` or not, and is an error (llama.cpp ends an interrupted stream with `[DONE]` and no finish).
         Reading stops at `[DONE]`, or when `num_choices` finishes and the usage asked for have come: the
-        rest of the body is waited for `DRAIN_S` at most (`_drain`). A stream of more tokens than
+        rest of the body is waited for `DRAIN_S` at most (the transport's `drain`, else `_drain`). A stream of more tokens than
         `max_streamed_tokens` allows (a server ignoring `max_tokens` without end) is refused."""
         parser = SSEParser(self.max_body_bytes)
         caps = self.caps
@@ -281,6 +282,8 @@ class OpenAITarget(TargetBase):
         if self.exact_text is not None:
             stream.texts = []
         take = stream.take
+        take_all = stream.take_all
+        data_events = parser.data_events
         now = self.clock.now_s
         times = record.chunk_times_s
         tokens = record.chunk_tokens
@@ -300,28 +303,40 @@ class OpenAITarget(TargetBase):
                 # finish (llama-cpp-python interrupting a stream drops the connection next) it is cut off
                 break
             t = now()
-            events, stream.error = _events_of(parser, raw)
-            if events:
+            # the common read, whole `data: {...}` events only: parsed and taken in one step
+            datas = data_events(raw)
+            if datas is not None and (objs := _objects_of(datas)) is not None:
                 t_last = t
-            elif t_last == 0.0 and len(head) < 4096:
-                head += raw
-            stream.num = 0
-            for kind, data, obj in events:
-                if not take(kind, data, obj):
-                    break
-            if stream.num:  # tokens that came in the same read as a failure still count
+                num = take_all(objs, datas, len(objs) < len(datas))
+            else:
+                events, decode_error = _events_of(parser, raw)
+                if events:
+                    t_last = t
+                elif t_last == 0.0 and len(head) < 4096:
+                    head += raw
+                num = 0
+                for kind, data in events:  # those before a line that is not UTF-8 count
+                    num += take(kind, data)
+                    if stream.error is not None or stream.is_done:
+                        break
+                if stream.error is None:
+                    stream.error = decode_error
+            if num:  # tokens that came in the same read as a failure still count
                 if not times:
                     record.first_token_s = t
                 times.append(t)
-                tokens.append(stream.num)
-                num_streamed += stream.num
+                tokens.append(num)
+                num_streamed += num
                 if num_streamed > max_streamed:
                     stream.error = f"over {max_streamed:,} tokens streamed for max_tokens={max_tokens}: refused"
             if stream.error is not None:
                 record.fail("error", self.scrub(_truncate(stream.error)), now())
                 return stream.texts
             if stream.ended:
-                if not getattr(resp, "at_end", False):
+                drain = getattr(resp, "drain", None)  # a transport's own, lighter than `_drain`
+                if drain is not None:
+                    await drain(DRAIN_S)
+                else:
                     await _drain(chunks)
                 break
         got = sum(tokens)
@@ -522,50 +537,50 @@ def _body_bytes(body: dict[str, Any]) -> bytes:
         return json.dumps(body, separators=(",", ":")).encode()
 
 
-def _events_of(parser: SSEParser, raw: bytes) -> tuple[list[tuple[str, str | bytes, dict[str, Any] | None]], str | None]:
-    """The events of one read as (event type, data, its JSON when already parsed), and the read's decode
-    error. The common read, whole `data: {...}` events only, is parsed straight from the bytes; anything
-    else (a split event, other fields, bytes orjson refuses) takes the parser, which also says what is
-    wrong with a bad one: the events before the bad line count, then the read fails."""
-    datas = parser.data_events(raw)
-    if datas is not None:
-        events = _whole_events(datas)
-        if events is not None:
-            return events, None
+def _events_of(parser: SSEParser, raw: bytes) -> tuple[list[tuple[str, str]], str | None]:
+    """The events of a read that is not whole `data: {...}` events (`_objects_of`) as (event type, data),
+    and the read's decode error: the events before the bad line count, then the read fails."""
     try:
-        return [(ev.event, ev.data, None) for ev in parser.feed(raw)], None
+        return [(ev.event, ev.data) for ev in parser.feed(raw)], None
     except SSEDecodeError as e:
-        return [(ev.event, ev.data, None) for ev in e.events], str(e)
+        return [(ev.event, ev.data) for ev in e.events], str(e)
 
 
-def _whole_events(datas: list[bytes]) -> list[tuple[str, str | bytes, dict[str, Any] | None]] | None:
-    """Each event's data with its JSON object, up to and with `[DONE]`; None if any is not an object (then
-    the whole read goes through the SSE parser, and nothing of it is taken before all of it parsed)."""
-    events: list[tuple[str, str | bytes, dict[str, Any] | None]] = []
-    for data in datas:
+def _objects_of(datas: list[bytes]) -> list[dict[str, Any]] | None:
+    """The JSON object of each event's data before `[DONE]` (fewer objects than datas: it came); None if any
+    is not an object (the read then goes through the SSE parser, and nothing of it is taken before all of
+    it parsed). orjson reads each event from its bytes, and the loops run in C."""
+    if len(datas) == 1:  # the commonest read: one event
+        data = datas[0]
         if data == _DONE_BYTES:
-            events.append(("message", data, None))
-            return events
+            return []
         try:
             obj = orjson_loads(data)
         except ValueError:
             return None
-        if type(obj) is not dict:
-            return None
-        events.append(("message", data, obj))
-    return events
+        return [obj] if type(obj) is dict else None
+    end = datas.index(_DONE_BYTES) if _DONE_BYTES in datas else None
+    try:
+        objs = list(map(orjson_loads, datas[:end]))
+    except ValueError:
+        return None
+    if objs and set(map(type, objs)) != _DICT_ONLY:
+        return None
+    return objs
+
+
+_DICT_ONLY = {dict}
 
 
 class _Stream:
     """What one SSE stream has said so far: `take` applies each event to it and to the record."""
 
-    __slots__ = ("record", "is_chat", "num", "finish", "num_finished", "num_choices", "wants_usage", "error",
+    __slots__ = ("record", "is_chat", "finish", "num_finished", "num_choices", "wants_usage", "error",
                  "is_done", "ended", "texts")
 
     def __init__(self, record: RequestRecord, is_chat: bool, num_choices: int = 1, wants_usage: bool = False) -> None:
         self.record = record
         self.is_chat = is_chat
-        self.num = 0  # tokens carried by the current read's events
         self.finish: str | None = None
         self.num_finished = 0  # events that carried a finish_reason (one a choice)
         self.num_choices = num_choices
@@ -580,51 +595,83 @@ class _Stream:
                                                       self.record.usage_output_tokens is not None):
             self.ended = True
 
-    def take(self, kind: str, data: str | bytes, obj: dict[str, Any] | None) -> bool:
-        """Apply one event (`obj`: its JSON, when already parsed). False: the rest of the read is ignored
-        (`[DONE]` came, or the event failed the stream). A usage object is taken onto the record as it comes."""
-        if data == DONE or data == _DONE_BYTES:
+    def take(self, kind: str, data: str) -> int:
+        """Apply one event; the tokens it carried. After `[DONE]` (`is_done`) or an event that failed the
+        stream (`error`) the rest of the read is ignored. A usage object is taken onto the record as it
+        comes."""
+        if data == DONE:
             self.is_done = self.ended = True
-            return False
+            return 0
         if kind == "error":
-            self.error = "server error mid-stream: " + _event_error_text(_text(data))
-            return False
-        if obj is None:
-            try:
-                obj = json_of(data)
-            except ValueError as e:
-                if "nested deeper" in str(e):
-                    self.error = f"SSE event JSON {e}"
-                    return False
-                obj = None
-            if type(obj) is not dict:
-                self.error = f"malformed JSON in SSE event: {data[:120]!r}"
-                return False
-        choices = obj.get("choices")
-        if choices and type(choices) is list:
-            c = choices[0]
-            if type(c) is dict:
-                reason = c.get("finish_reason")
-                if reason and type(reason) is str:
-                    self.finish = reason
-                    self.num_finished += 1
+            self.error = "server error mid-stream: " + _event_error_text(data)
+            return 0
+        try:
+            obj = json_of(data)
+        except ValueError as e:
+            if "nested deeper" in str(e):
+                self.error = f"SSE event JSON {e}"
+                return 0
+            obj = None
+        if type(obj) is not dict:
+            self.error = f"malformed JSON in SSE event: {data[:120]!r}"
+            return 0
+        return self.take_all((obj,), (data,))
+
+    def take_all(self, objs: Sequence[dict[str, Any]], datas: Sequence[str | bytes], done: bool = False) -> int:
+        """Apply events already parsed (`objs`, from `datas`; `done`: `[DONE]` followed them) as `take` applies
+        each, up to one that fails the stream; the tokens they carried. A read's events go through here in
+        one call, the common event (a choice with its text or delta content) taken inline: `_is_token` and
+        `_tokens_in` for it."""
+        is_chat = self.is_chat
+        texts = self.texts
+        num = 0
+        for obj, data in zip(objs, datas, strict=False):  # datas: and [DONE]
+            choices = obj.get("choices")
+            if choices and type(choices) is list:
+                c = choices[0]
+                if type(c) is dict:
+                    reason = c.get("finish_reason")
+                    if reason and type(reason) is str:
+                        self.finish = reason
+                        self.num_finished += 1
+                        self._check_ended()
+                    else:
+                        reason = None
+                    if is_chat:
+                        out = c.get("delta")
+                        if (type(out) is dict and out.get("content")) or _is_token(out, reason, True):
+                            ids = c.get("token_ids")
+                            if ids:
+                                num += len(ids)
+                            else:
+                                logprobs = c.get("logprobs")
+                                toks = logprobs.get("content") if logprobs else None
+                                num += len(toks) if toks else 1
+                            if texts is not None:
+                                texts.append(_chat_text(out))
+                    else:
+                        out = c.get("text")
+                        if type(out) is str and (out != "" or reason is None):
+                            ids = c.get("token_ids")
+                            if ids:
+                                num += len(ids)
+                            else:
+                                logprobs = c.get("logprobs")
+                                toks = logprobs.get("tokens") if logprobs else None
+                                num += len(toks) if toks else 1
+                            if texts is not None:
+                                texts.append(out)
+            elif "error" in obj or obj.get("object") == "error":
+                self.error = "server error mid-stream: " + _error_message(obj, _text(data))
+                return num
+            usage = obj.get("usage")
+            if usage and type(usage) is dict:
+                _take_usage(self.record, usage)
+                if self.finish is not None:
                     self._check_ended()
-                else:
-                    reason = None
-                out = c.get("delta") if self.is_chat else c.get("text")
-                if _is_token(out, reason, self.is_chat):
-                    self.num += _tokens_in(c, self.is_chat)
-                    if self.texts is not None:
-                        self.texts.append(_chat_text(out) if self.is_chat else str(out))
-        elif "error" in obj or obj.get("object") == "error":
-            self.error = "server error mid-stream: " + _error_message(obj, _text(data))
-            return False
-        usage = obj.get("usage")
-        if usage and type(usage) is dict:
-            _take_usage(self.record, usage)
-            if self.finish is not None:
-                self._check_ended()
-        return True
+        if done:
+            self.is_done = self.ended = True
+        return num
 
 
 def _text(data: str | bytes) -> str:

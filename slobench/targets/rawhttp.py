@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import socket
 import ssl
 import time
@@ -95,6 +96,14 @@ class _Conn(asyncio.Protocol):
             return
         self.got_bytes = True
         state = self.state
+        if state == _CHUNKED:  # a stream's read
+            try:
+                self._chunked(self.buf + data if self.buf else data)
+            except _ProtocolError as e:
+                self._fail(TransportError("error", f"invalid HTTP response: {e}"))
+                if self.transport is not None:
+                    self.transport.abort()
+            return
         if state == _LENGTH:  # the common read of a Content-Length body
             n = len(data)
             if n <= self.left:
@@ -116,8 +125,6 @@ class _Conn(asyncio.Protocol):
         try:
             if state == _HEAD:
                 self._head(data)
-            elif state == _CHUNKED:
-                self._chunked(self.buf + data if self.buf else data)
             # else _DONE: bytes after the response (none are asked for): the connection is not reused
             elif state == _DONE:
                 self.keep_alive = False
@@ -162,45 +169,20 @@ class _Conn(asyncio.Protocol):
                     raise _ProtocolError(f"response head longer than {_MAX_HEAD} bytes")
                 self.buf = buf
                 return
-            lines = buf[:end].decode("latin-1").split("\r\n")
+            block = buf[:end]
             rest = buf[end + 4:]
-            parts = lines[0].split(" ", 2)
-            if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit() or len(parts[1]) != 3:
-                raise _ProtocolError(f"bad status line {lines[0][:100]!r}")
-            status = int(parts[1])
-            headers: dict[str, str] = {}
-            for line in lines[1:]:
-                name, sep, value = line.partition(":")
-                if not sep or not name or name != name.strip():
-                    raise _ProtocolError(f"bad header line {line[:100]!r}")
-                name = name.lower()
-                value = value.strip()
-                headers[name] = f"{headers[name]}, {value}" if name in headers else value
-            if 100 <= status < 200 and status != 101:
-                buf = rest  # an interim answer (100 Continue, 103 Early Hints): the real one follows
-                continue
+            head = _HEADS.get(block)
+            if head is None:
+                head = _parse_head(block)
+                if head is None:  # an interim answer (100 Continue, 103 Early Hints): the real one follows
+                    buf = rest
+                    continue
+                if len(_HEADS) >= _MAX_HEADS:
+                    _HEADS.clear()
+                _HEADS[block] = head
             break
         self.buf = b""
-        self.status = status
-        self.headers = headers
-        conn = headers.get("connection", "").lower()
-        self.keep_alive = "close" not in conn and (parts[0] != "HTTP/1.0" or "keep-alive" in conn)
-        te = headers.get("transfer-encoding")
-        cl = headers.get("content-length")
-        if status in (204, 304):
-            self.state = _DONE
-        elif te is not None:
-            if te.lower().rsplit(",", 1)[-1].strip() != "chunked":
-                raise _ProtocolError(f"unsupported Transfer-Encoding {te!r}")
-            self.state = _CHUNKED
-        elif cl is not None:
-            if not cl.isdigit():
-                raise _ProtocolError(f"bad Content-Length {cl!r}")
-            self.left = int(cl)
-            self.state = _LENGTH if self.left else _DONE
-        else:
-            self.state = _UNTIL_CLOSE
-            self.keep_alive = False
+        self.status, self.headers, self.keep_alive, self.state, self.left = head
         self._wake()  # the head is in
         if rest and self.state != _DONE:
             self.data_received(rest)
@@ -208,6 +190,31 @@ class _Conn(asyncio.Protocol):
             self.keep_alive = False
 
     def _chunked(self, buf: bytes) -> None:
+        if not (self.left or self.crlf or self.trailers) and buf[-2:] == b"\r\n":
+            # A read of whole chunks, what a stream's reads mostly are: one (size line, data, CRLF), or
+            # several (`_whole_chunks`), each taken without the steps below.
+            eol = buf.find(b"\r\n")
+            try:
+                size = int(buf[:eol], 16) if eol > 0 else 0
+            except ValueError:
+                size = 0
+            if size > 0 and eol + 4 + size == len(buf):
+                self.buf = b""
+                self.pieces.append(buf[eol + 2:-2])
+                self._wake()
+                return
+            whole = _whole_chunks(buf)
+            if whole is not None:
+                data, ended = whole
+                self.buf = b""
+                if ended:
+                    self.trailers = True
+                    self.state = _DONE
+                if data:
+                    self.pieces.append(data)
+                if data or ended:
+                    self._wake()
+                return
         pos = 0
         n = len(buf)
         out: list[bytes] = []
@@ -299,10 +306,89 @@ class _Conn(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    async def wait(self) -> None:
-        """Until something arrives (the head, a piece of body, the end) or the request fails."""
+    def wait(self) -> asyncio.Future[None]:
+        """To await until something arrives (the head, a piece of body, the end) or the request fails."""
         w = self.waiter = asyncio.get_running_loop().create_future()
-        await w
+        return w
+
+
+# What a response head says: (status, headers, keep-alive, the body's state, its Content-Length)
+_Head = tuple[int, dict[str, str], bool, int, int]
+# Parsed heads by their bytes: a server's answers repeat theirs (the Date line changes once a second). The
+# headers dict is shared between the responses that reuse it: it is only read.
+_HEADS: dict[bytes, _Head] = {}
+_MAX_HEADS = 256
+
+
+def _parse_head(block: bytes) -> _Head | None:
+    """A response head (status line and headers, no final CRLF CRLF); None for an interim 1xx answer."""
+    lines = block.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit() or len(parts[1]) != 3:
+        raise _ProtocolError(f"bad status line {lines[0][:100]!r}")
+    status = int(parts[1])
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip():
+            raise _ProtocolError(f"bad header line {line[:100]!r}")
+        name = name.lower()
+        value = value.strip()
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    if 100 <= status < 200 and status != 101:
+        return None
+    conn = headers.get("connection", "").lower()
+    keep_alive = "close" not in conn and (parts[0] != "HTTP/1.0" or "keep-alive" in conn)
+    te = headers.get("transfer-encoding")
+    cl = headers.get("content-length")
+    left = 0
+    if status in (204, 304):
+        state = _DONE
+    elif te is not None:
+        if te.lower().rsplit(",", 1)[-1].strip() != "chunked":
+            raise _ProtocolError(f"unsupported Transfer-Encoding {te!r}")
+        state = _CHUNKED
+    elif cl is not None:
+        if not cl.isdigit():
+            raise _ProtocolError(f"bad Content-Length {cl!r}")
+        left = int(cl)
+        state = _LENGTH if left else _DONE
+    else:
+        state = _UNTIL_CLOSE
+        keep_alive = False
+    return status, headers, keep_alive, state, left
+
+
+def _drain_timed_out() -> TransportError:
+    return TransportError("timeout", "the body's end did not come")
+
+
+def _whole_chunks(buf: bytes) -> tuple[bytes, bool] | None:
+    """A read of whole chunks, the last chunk perhaps among them (with no trailer and nothing after it):
+    their data joined, and whether the body ended. None for anything else (a chunk cut by the read, an
+    extension, a trailer, a CRLF inside a chunk's data), which the step-by-step parse takes. What a
+    network read of a stream mostly holds, read without a Python step per chunk: split at every CRLF,
+    the pieces must pair up as sizes and data of exactly those sizes, none empty but the last chunk's (a
+    CRLF inside a chunk's data makes its first piece shorter than its size)."""
+    parts = buf.split(b"\r\n")
+    if not len(parts) & 1:
+        return None
+    parts.pop()  # the empty piece after the last CRLF
+    datas = parts[1::2]
+    lengths = list(map(len, datas))
+    try:
+        if list(map(int, parts[0::2], _HEX)) != lengths:
+            return None
+    except ValueError:
+        return None
+    if 0 in lengths:  # a last chunk: only at the end, and only as "0" (other spellings take the long way)
+        if lengths.index(0) != len(lengths) - 1 or parts[-2] != b"0":
+            return None
+        return b"".join(datas), True
+    return b"".join(datas), False
+
+
+_HEX = itertools.repeat(16)
 
 
 class _RawResponse:
@@ -315,14 +401,28 @@ class _RawResponse:
         self._conn = conn
         self._max_body = max_body_bytes
 
-    @property
-    def at_end(self) -> bool:
-        """Every byte of the body has been read: nothing is left to drain."""
-        c = self._conn
-        return c.state == _DONE and not c.pieces and c.error is None
-
     def chunks(self) -> AsyncIterator[bytes]:
         return _Chunks(self._conn)
+
+    async def drain(self, within_s: float) -> None:
+        """Read and drop the rest of the body for `within_s` at most, so the connection can be reused (one
+        whose end has not come by then is closed): reading `chunks()` under an `asyncio.timeout` does the
+        same with more steps a request."""
+        c = self._conn
+        c.pieces.clear()
+        if c.paused:
+            c.resume()
+        if c.state == _DONE or c.error is not None:
+            return
+        timer = asyncio.get_running_loop().call_later(within_s, c.timed_out, _drain_timed_out)
+        try:
+            while c.state != _DONE and c.error is None:
+                await c.wait()
+                c.pieces.clear()
+                if c.paused:
+                    c.resume()
+        finally:
+            timer.cancel()
 
     async def read(self) -> bytes:
         return await read_body(_Chunks(self._conn), self._conn.headers.get("content-encoding"), self._max_body)

@@ -86,14 +86,15 @@ class SSEParser:
             or b"\r" in chunk
         ):
             return None
-        if chunk.find(b"\n") == len(chunk) - 2:  # the commonest: one event
+        n = chunk.count(b"\n")
+        if n == 2:  # the commonest: one event
             datas = [chunk[6:-2]]
         else:
-            datas = chunk[:-2].split(b"\n\n")
-            for i, line in enumerate(datas):
-                if not line.startswith(b"data: ") or b"\n" in line:
-                    return None
-                datas[i] = line[6:]
+            # Whole one-line events only when every line feed is in a "\n\ndata: " between two events or
+            # in the last "\n\n": then no line holds another field, a comment or a blank.
+            if n & 1 or chunk.count(b"\n\ndata: ") != (n >> 1) - 1:
+                return None
+            datas = chunk[6:-2].split(b"\n\ndata: ")
         self._at_start = False  # it began with "data: ": no BOM can come now
         return datas
 

@@ -53,7 +53,8 @@ class Response(Protocol):
     status: int
     retry_after: str | None  # the Retry-After header of a 429 or 503, as sent
     location: str | None  # the Location header of a 3xx (never followed), as sent
-    # optional, read with getattr: `at_end`, True once the body is read to its end (no drain needed)
+    # optional, read with getattr: `async drain(within_s)`, which reads the rest of the body for `within_s`
+    # at most (else the caller reads `chunks()` under a timeout)
 
     def chunks(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive, in whatever pieces the network delivers."""
