@@ -169,8 +169,10 @@ def quirky() -> Iterator[Any]:
 def test_empty_text_chunks_count_for_ttft_and_chunk_times(quirky: Any, tmp_path: Path, api: str) -> None:
     code, records, _ = _run(quirky("empty-text", itl_ms=20), tmp_path / "r", "--api", api)
     assert code == 0 and all(r["status"] == "ok" for r in records), {r["error"] for r in records}
-    for r in records:  # six tokens, the first and the fourth with empty text: six chunks, TTFT at the first
-        assert len(r["chunk_times_s"]) == 6 and abs(r["first_token_s"] - r["chunk_times_s"][0]) < 1e-9
+    for r in records:  # six tokens, the first and the fourth with empty text: each counted in its read's chunk
+        # (events 20 ms apart get a read each, unless the client was held up and two share one), TTFT at the first
+        assert sum(r["chunk_tokens"]) == 6 and 1 <= len(r["chunk_times_s"]) <= 6
+        assert abs(r["first_token_s"] - r["chunk_times_s"][0]) < 1e-9
         assert (r["output_tokens"], r["output_tokens_source"]) == (6, "usage")
 
 
