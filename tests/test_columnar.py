@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from slobench.analysis import metrics, slo
 from slobench.analysis.metrics import RecordArrays
@@ -292,3 +294,19 @@ def test_windowed_quantiles_are_np_quantiles_bit_for_bit(kind: str, monkeypatch:
     else:
         assert got is not None and got.tobytes() == want.tobytes()
     assert through.tobytes() == want.tobytes()
+
+
+@given(st.lists(st.tuples(st.integers(0, 9), st.booleans()), min_size=1, max_size=40), st.integers(1, 12))
+def test_gaps_of_any_lengths_match_differencing_each_request(reqs: list[tuple[int, bool]], block: int) -> None:
+    old = metrics.GAP_BLOCK
+    metrics.GAP_BLOCK = block  # blocks ending anywhere: inside requests, at empty ones, past the last
+    try:
+        lengths = np.array([n for n, _ in reqs], dtype=np.int64)
+        ok = np.array([k for _, k in reqs])
+        flat = np.cumsum(np.arange(1, int(lengths.sum()) + 1) ** 1.5)  # distinct gaps, increasing times
+        ends = np.cumsum(lengths)
+        want = [g for i, (n, k) in enumerate(reqs) if k and n > 1 for g in np.diff(flat[ends[i] - n:ends[i]])]
+        assert metrics.chunk_gaps(flat, lengths, ok).tolist() == want
+        assert metrics.chunk_gaps(flat.copy(), lengths, ok, in_place=True).tolist() == want
+    finally:
+        metrics.GAP_BLOCK = old

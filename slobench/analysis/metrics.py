@@ -151,18 +151,24 @@ def chunk_gaps(flat_s: np.ndarray, lengths: np.ndarray, is_ok: np.ndarray, *, in
     counted = is_ok & (lengths > 1)
     if len(flat_s) < 2 or not counted.any():
         return np.zeros(0)
-    into = np.repeat(counted, lengths)  # per chunk: the gap that ends at it is kept
-    into[(np.cumsum(lengths) - lengths)[lengths > 0]] = False
-    keep = into[1:]  # keep[j]: the gap flat_s[j + 1] - flat_s[j]
-    num = int(np.count_nonzero(keep))
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    num = int((lengths[counted] - 1).sum())  # a counted request's gaps: one fewer than its chunks
     own = in_place and flat_s.dtype == np.float64 and flat_s.flags.writeable and flat_s.flags.c_contiguous
     out = flat_s[:num] if own else np.empty(num)
-    block = np.empty(min(GAP_BLOCK, len(keep)))
+    n = len(flat_s) - 1  # gap j: flat_s[j + 1] - flat_s[j], the gap that ends at chunk j + 1
+    block = np.empty(min(GAP_BLOCK, n))
     at = 0
-    for lo in range(0, len(keep), GAP_BLOCK):
-        hi = min(lo + GAP_BLOCK, len(keep))
-        d = np.subtract(flat_s[lo + 1:hi + 1], flat_s[lo:hi], out=block[:hi - lo])
-        kept = d[keep[lo:hi]]
+    for lo in range(0, n, GAP_BLOCK):
+        hi = min(lo + GAP_BLOCK, n)
+        c0, c1 = lo + 1, hi + 1  # the chunks these gaps end at; the requests holding them, r0 to r1
+        r0, r1 = int(np.searchsorted(ends, c0, side="right")), int(np.searchsorted(ends, c1 - 1, side="right"))
+        seg = np.minimum(ends[r0:r1 + 1], c1) - np.maximum(starts[r0:r1 + 1], c0)
+        keep = np.repeat(counted[r0:r1 + 1], seg)  # per chunk of the block: its request is counted ...
+        first = starts[r0:r1 + 1]
+        keep[first[(first >= c0) & (first < c1)] - c0] = False  # ... and it is not the request's first
+        d = np.subtract(flat_s[c0:c1], flat_s[lo:hi], out=block[:hi - lo])
+        kept = d[keep]
         out[at:at + len(kept)] = kept
         at += len(kept)
     return out

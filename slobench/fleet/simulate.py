@@ -495,7 +495,8 @@ def simulate_run(
             kept.add(rec)
 
         records = simulate_records(specs, engine, opts, fleet=fleet, on_record=keep)
-        summary = summarize(run_columns(kept.columns()), slo, seed=opts.seed, intervals=intervals)
+        # (the buffer is ours to give away: its chunk times are overwritten by the gaps between them)
+        summary = summarize(run_columns(kept.columns(), consume=True), slo, seed=opts.seed, intervals=intervals)
     return records, replace(summary, clock="virtual", fleet=fleet if opts.replicas != 1 or "prefill" in fleet else None)
 
 
