@@ -425,15 +425,23 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     first: dict[int, int | None] = {}
     first_step: dict[int, int] = {}
     requests = engine.requests
-    for s in seqs:  # before any finishes: a finished request's state is gone
+    t_first = times[0]
+    for s in decodes:  # before any finishes: a finished request's state is gone
         req = requests[s.seq_id]
-        at = last_chunk if s is fill else 0
-        if req.first_token_s is None:  # a prompt whose last chunk came in this run (or was one token)
-            req.first_token_s = times[at]
+        if req.first_token_s is None:  # a prompt whose last chunk was one token, or came with the first step
+            req.first_token_s = t_first
             engine.num_prompt_tokens += s.num_prompt_tokens
             first[s.seq_id] = req.cached_tokens
-        if at:
-            first_step[s.seq_id] = at
+        req.last_token_s = t_end
+    if seqs is not decodes:  # the filled prompt decoded after its last chunk: its tokens from that step on
+        assert fill is not None
+        req = requests[fill.seq_id]
+        if req.first_token_s is None:
+            req.first_token_s = times[last_chunk]
+            engine.num_prompt_tokens += fill.num_prompt_tokens
+            first[fill.seq_id] = req.cached_tokens
+        if last_chunk:
+            first_step[fill.seq_id] = last_chunk
         req.last_token_s = t_end
     grow: list[Sequence] = []  # consecutive allocations, taken together in the same order
     for _j, phase, i, computed_then in events:
@@ -483,16 +491,19 @@ def record_run(ran: DecodeRun, record_of: Callable[[int], Any]) -> int:
             rec.first_token_s = times[late.get(sid, 0)]
             if cached is not None:
                 rec.cached_tokens = cached
+    if not late:  # (most runs: every request's tokens from the first step)
+        for seq in ran.seqs:
+            rec = record_of(seq.seq_id)
+            rec.chunk_times_s += times
+            rec.chunk_tokens += ones
+            rec.output_tokens += k
+        return k * len(ran.seqs)
     emitted = 0
     for seq in ran.seqs:
         rec = record_of(seq.seq_id)
-        at = late.get(seq.seq_id, 0) if late else 0
-        if at:
-            rec.chunk_times_s.extend(times[at:])
-            rec.chunk_tokens.extend(ones[at:])
-        else:
-            rec.chunk_times_s.extend(times)
-            rec.chunk_tokens.extend(ones)
+        at = late.get(seq.seq_id, 0)
+        rec.chunk_times_s += times[at:]
+        rec.chunk_tokens += ones[at:]
         rec.output_tokens += k - at
         emitted += k - at
     return emitted
