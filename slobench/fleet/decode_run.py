@@ -119,9 +119,10 @@ class DecodeRun:
 
     seqs: list[Sequence]  # batch order
     times_s: list[float]  # the end of each step
-    finished: list[Sequence]  # ended ("length") with the last step
+    finished: list[Sequence]  # ended ("length"): with the last step, or with the step `ends` says
     first_token_cached: dict[int, int | None]  # seq_id -> its prefix-cache hit, for those whose first token came here
     first_step: dict[int, int] = field(default_factory=dict)  # seq_id -> index of its first token's step, if not 0
+    ends: dict[int, int] = field(default_factory=dict)  # seq_id -> its tokens here, if it finished before the last step
 
 
 def _head_stays_out(head: Sequence, running: list[Sequence], bm: SimBlockManager, fill: Sequence | None = None) -> bool:
@@ -201,7 +202,8 @@ def _filling(seq: Sequence, bs: int) -> bool:
 def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     """Take every step up to the next event at once: while the engine's clock is before `until_s` (the next
     arrival), up to and including the step where the first running request samples its last token (those
-    that do finish in it, with "length"), and short of any step that would preempt.
+    that do finish in it, with "length"), and short of any step that would preempt. With no queue and no
+    prompt being filled, a finish ends nothing: the run goes on without the finished (`DecodeRun.ends`).
 
     The first step may admit the queue's heads (`_admissions`) as the scheduler would, each prompt prefilled
     within the token budget the decodes (and the last chunk of a prompt being filled) leave. A prompt that
@@ -233,6 +235,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     firsts0 = 0  # decodes whose prompt's last chunk was one token sample their first token in the first step
     context = 0  # the decodes' tokens in context at the next step
     starts: list[int] = []  # each decode's tokens before the run
+    lefts: list[int] = []  # each decode's tokens it may still sample
     for s in decodes:
         n = len(s.token_ids)
         if s.stop_check is not None or s.num_computed_tokens != n - 1:
@@ -240,6 +243,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         # tokens it may still sample: the step that samples the last one finishes it, and ends the run
         if (left_s := s.max_tokens - (n - s.num_prompt_tokens)) < num_steps:
             num_steps = left_s
+        lefts.append(left_s)
         first_alloc.append(len(s.block_table) * bs - n + 1)
         starts.append(n)
         context += n
@@ -329,7 +333,9 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         # the whole prompts sampled their first token: decodes from the second step on
         for h in whole:
             length = len(h.token_ids)
-            num_steps = min(num_steps, h.max_tokens - (length - h.num_prompt_tokens))
+            left_h = h.max_tokens - (length - h.num_prompt_tokens)
+            num_steps = min(num_steps, left_h)
+            lefts.append(left_h)
             starts.append(length)
             first_alloc.append(-(-length // bs) * bs - length + 1)
             context += length
@@ -339,6 +345,12 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         batch = len(decodes)
         context += batch
     decodes_end = num_steps  # no decode samples its last token before this step
+    # With no queue and no prompt being filled, a request finishing frees what nothing is waiting for: the run
+    # goes on with the rest of the batch (each step's batch and context without those that finished), to the
+    # last one's finish or the next arrival. Otherwise the first finish ends it.
+    through = fill is None and not sched.waiting and batch > 1
+    if through:
+        num_steps = max(lefts)
     room = bm.num_allocatable
     if fill is not None:
         length = len(fill.token_ids)
@@ -353,7 +365,8 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         fill_alloc = last_chunk + 1 + len(fill.block_table) * bs - length
     # each takes at most a block every bs steps: count them only when that many could run out
     if (len(first_alloc) + (fill is not None)) * (num_steps // bs + 1) > room:
-        allocs = [range(j, num_steps, bs) for j in first_alloc]
+        allocs = ([range(j, min(num_steps, left), bs) for j, left in zip(first_alloc, lefts, strict=True)] if through
+                  else [range(j, num_steps, bs) for j in first_alloc])
         if fill is not None:
             allocs.append(range(fill_alloc, num_steps, bs))
         if sum(len(r) for r in allocs) > room:  # stop before the step that would preempt
@@ -362,9 +375,18 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     if num_steps < 1:
         return None  # (never after an admitting first step: its blocks were counted, and later ones start at 1)
 
+    if through:  # (step j: those with tokens left, each with its tokens before the run plus j in context)
+        gone: dict[int, list[int]] = {}  # step -> the tokens before the run of each request gone by then
+        for left, n in zip(lefts, starts, strict=True):
+            if left < num_steps:
+                gone.setdefault(left, []).append(n)
     while len(times) < num_steps and clock.now_s() < until_s:
         j = len(times)
         firsts = firsts0 if j == 0 and not admitted else 0
+        if through and j in gone:
+            ns = gone[j]
+            batch -= len(ns)
+            context -= sum(ns) + j * len(ns)
         if fill is None:
             step_s = profile.step_s(0, batch, context, None, firsts)  # as ModeledExecutor.execute computes it
         elif j <= last_chunk:
@@ -389,14 +411,27 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     if not k:
         return None
 
-    _extend_tokens(engine, ex, decodes, k)
+    # each decode's tokens in the run: k, or fewer for one that finished before the last step
+    takes = [left if left < k else k for left in lefts] if through else None
+    if takes is None or min(takes) == k:
+        _extend_tokens(engine, ex, decodes, k)
+    else:
+        for m in sorted(set(takes)):
+            _extend_tokens(engine, ex, [s for s, t in zip(decodes, takes, strict=True) if t == m], m)
     # blocks taken (phase 0, in schedule) and registered (phase 2, in update) in the scheduler's order; the
     # first step's admissions (phase 1) came between, done above
-    events += [(j, 0, i, 0) for i, j0 in enumerate(first_alloc) if j0 < k for j in range(j0, k, bs)]
     caching = bm.enable_prefix_caching
-    if caching:  # a request past its shared blocks registers nothing more: left out (below)
-        events += [(j, 2, i, n + j) for i, (s, n) in enumerate(zip(decodes, starts, strict=True))
-                   if s.unshared_from > s.num_hashed_blocks for j in range((-n) % bs, k, bs)]
+    if takes is None:
+        events += [(j, 0, i, 0) for i, j0 in enumerate(first_alloc) if j0 < k for j in range(j0, k, bs)]
+        if caching:  # a request past its shared blocks registers nothing more: left out (below)
+            events += [(j, 2, i, n + j) for i, (s, n) in enumerate(zip(decodes, starts, strict=True))
+                       if s.unshared_from > s.num_hashed_blocks for j in range((-n) % bs, k, bs)]
+    else:
+        events += [(j, 0, i, 0) for i, (j0, m) in enumerate(zip(first_alloc, takes, strict=True)) if j0 < m
+                   for j in range(j0, m, bs)]
+        if caching:
+            events += [(j, 2, i, n + j) for i, (s, n, m) in enumerate(zip(decodes, starts, takes, strict=True))
+                       if s.unshared_from > s.num_hashed_blocks for j in range((-n) % bs, m, bs)]
     seqs = decodes
     emitted = 0
     if fill is not None:
@@ -419,7 +454,10 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     # requests whose last token came in the last step finish there (update() frees each in batch order)
     finished = [i for i, s in enumerate(seqs) if s.max_tokens == len(s.token_ids) - s.num_prompt_tokens] if (
         k >= decodes_end or fill is not None) else []
-    events += [(k - 1, 3, i, 0) for i in finished]
+    if takes is None:
+        events += [(k - 1, 3, i, 0) for i in finished]
+    else:
+        events += [(takes[i] - 1, 3, i, 0) for i in finished]
     events.sort()
     t_end = times[-1]
     first: dict[int, int | None] = {}
@@ -433,6 +471,12 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
             engine.num_prompt_tokens += s.num_prompt_tokens
             first[s.seq_id] = req.cached_tokens
         req.last_token_s = t_end
+    ends: dict[int, int] = {}  # seq_id -> its tokens in the run, where fewer than the steps
+    if takes is not None:
+        for s, m in zip(decodes, takes, strict=True):
+            if m < k:
+                ends[s.seq_id] = m
+                requests[s.seq_id].last_token_s = times[m - 1]
     if seqs is not decodes:  # the filled prompt decoded after its last chunk: its tokens from that step on
         assert fill is not None
         req = requests[fill.seq_id]
@@ -458,13 +502,19 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         else:
             if s.unshared_from <= s.num_hashed_blocks and caching:  # what its left-out registrations counted
                 s.num_hashed_blocks = (len(s.token_ids) - 1) // bs
-            engine.finish_by_length(s, t_end)
+            engine.finish_by_length(s, times[_j])
     if grow:
         bm.grow_each(grow)
     for s, n in zip(decodes, starts, strict=True):
         s.num_computed_tokens = n + k - 1
         if s.unshared_from <= s.num_hashed_blocks and caching and s.block_table:
             s.num_hashed_blocks = (n + k - 1) // bs
+    if ends:  # those that finished before the last step
+        for s, n in zip(decodes, starts, strict=True):
+            if (m := ends.get(s.seq_id, k)) < k:
+                s.num_computed_tokens = n + m - 1
+                if s.unshared_from <= s.num_hashed_blocks and caching:
+                    s.num_hashed_blocks = (n + m - 1) // bs
     if fill is not None:
         fill.num_computed_tokens = computed
     engine.num_steps += k
@@ -473,9 +523,9 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     elif fill is not None and k - 1 <= last_chunk:
         engine.last_step_num_tokens = batch + chunks[k - 1]
     else:
-        engine.last_step_num_tokens = batch + (fill is not None)
-    engine.num_generation_tokens += batch * k + max(emitted, 0)
-    return DecodeRun(seqs, times, [seqs[i] for i in finished], first, first_step)
+        engine.last_step_num_tokens = batch + (fill is not None)  # (through a run: the last step's batch)
+    engine.num_generation_tokens += (batch * k if takes is None else sum(takes)) + max(emitted, 0)
+    return DecodeRun(seqs, times, [seqs[i] for i in finished], first, first_step, ends)
 
 
 def record_run(ran: DecodeRun, record_of: Callable[[int], Any]) -> int:
@@ -491,7 +541,8 @@ def record_run(ran: DecodeRun, record_of: Callable[[int], Any]) -> int:
             rec.first_token_s = times[late.get(sid, 0)]
             if cached is not None:
                 rec.cached_tokens = cached
-    if not late:  # (most runs: every request's tokens from the first step)
+    ends = ran.ends
+    if not late and not ends:  # (most runs: every request's tokens from the first step to the last)
         for seq in ran.seqs:
             rec = record_of(seq.seq_id)
             rec.chunk_times_s += times
@@ -502,8 +553,9 @@ def record_run(ran: DecodeRun, record_of: Callable[[int], Any]) -> int:
     for seq in ran.seqs:
         rec = record_of(seq.seq_id)
         at = late.get(seq.seq_id, 0)
-        rec.chunk_times_s += times[at:]
-        rec.chunk_tokens += ones[at:]
-        rec.output_tokens += k - at
-        emitted += k - at
+        end = ends.get(seq.seq_id, k)
+        rec.chunk_times_s += times[at:end]
+        rec.chunk_tokens += ones[at:end]
+        rec.output_tokens += end - at
+        emitted += end - at
     return emitted
