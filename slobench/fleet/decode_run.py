@@ -125,6 +125,9 @@ class DecodeRun:
     ends: dict[int, int] = field(default_factory=dict)  # seq_id -> its tokens here, if it finished before the last step
 
 
+THROUGH_STEPS = 256  # the most steps a run going past finishes takes: bounds its count of blocks to be taken
+
+
 def _head_stays_out(head: Sequence, running: list[Sequence], bm: SimBlockManager, fill: Sequence | None = None) -> bool:
     """The queue's head cannot be admitted now, nor at any step of a decode run: decode steps only take
     blocks (fewer allocatable; a prompt filled chunk by chunk has all of its own already), and evicting a
@@ -346,11 +349,12 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         context += batch
     decodes_end = num_steps  # no decode samples its last token before this step
     # With no queue and no prompt being filled, a request finishing frees what nothing is waiting for: the run
-    # goes on with the rest of the batch (each step's batch and context without those that finished), to the
-    # last one's finish or the next arrival. Otherwise the first finish ends it.
+    # goes on with the rest of the batch (each step without those that finished), to the last one's finish,
+    # the next arrival or THROUGH_STEPS (the next run goes on from there). Otherwise the first finish ends it.
     through = fill is None and not sched.waiting and batch > 1
     if through:
-        num_steps = max(lefts)
+        by_end = sorted(range(batch), key=lefts.__getitem__)  # the decodes, the first to finish first
+        num_steps = min(lefts[by_end[-1]], THROUGH_STEPS)
     room = bm.num_allocatable
     if fill is not None:
         length = len(fill.token_ids)
@@ -365,6 +369,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         fill_alloc = last_chunk + 1 + len(fill.block_table) * bs - length
     # each takes at most a block every bs steps: count them only when that many could run out
     if (len(first_alloc) + (fill is not None)) * (num_steps // bs + 1) > room:
+        # (through a run: counted as if no finish freed a block, which can only stop it sooner)
         allocs = ([range(j, min(num_steps, left), bs) for j, left in zip(first_alloc, lefts, strict=True)] if through
                   else [range(j, num_steps, bs) for j in first_alloc])
         if fill is not None:
@@ -375,18 +380,24 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     if num_steps < 1:
         return None  # (never after an admitting first step: its blocks were counted, and later ones start at 1)
 
-    if through:  # (step j: those with tokens left, each with its tokens before the run plus j in context)
-        gone: dict[int, list[int]] = {}  # step -> the tokens before the run of each request gone by then
-        for left, n in zip(lefts, starts, strict=True):
-            if left < num_steps:
-                gone.setdefault(left, []).append(n)
+    gone = 0  # through a run: by_end[:gone] finished (at the start of step j, those with fewer than j tokens left)
+    live = batch
+    while through and len(times) < num_steps and clock.now_s() < until_s:
+        j = len(times)
+        while lefts[by_end[gone]] <= j:  # (never all: num_steps is at most the last one's tokens left)
+            i = by_end[gone]
+            gone += 1
+            live -= 1
+            context -= starts[i] + j
+        step_s = profile.step_s(0, live, context, None, firsts0 if j == 0 and not admitted else 0)
+        ex.num_steps += 1
+        ex.total_modeled_s += step_s
+        wait(clock.now_s() + step_s)
+        times.append(clock.now_s())
+        context += live
     while len(times) < num_steps and clock.now_s() < until_s:
         j = len(times)
         firsts = firsts0 if j == 0 and not admitted else 0
-        if through and j in gone:
-            ns = gone[j]
-            batch -= len(ns)
-            context -= sum(ns) + j * len(ns)
         if fill is None:
             step_s = profile.step_s(0, batch, context, None, firsts)  # as ModeledExecutor.execute computes it
         elif j <= last_chunk:
@@ -411,27 +422,19 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     if not k:
         return None
 
-    # each decode's tokens in the run: k, or fewer for one that finished before the last step
-    takes = [left if left < k else k for left in lefts] if through else None
-    if takes is None or min(takes) == k:
-        _extend_tokens(engine, ex, decodes, k)
-    else:
-        for m in sorted(set(takes)):
-            _extend_tokens(engine, ex, [s for s, t in zip(decodes, takes, strict=True) if t == m], m)
+    _extend_tokens(engine, ex, decodes, k)
+    # through a run, those that finished before its last step: each one's tokens in it (all it had left)
+    early = {i: lefts[i] for i in by_end[:gone]} if gone else None
+    if early:
+        for i, m in early.items():
+            del decodes[i].token_ids[starts[i] + m:]
     # blocks taken (phase 0, in schedule) and registered (phase 2, in update) in the scheduler's order; the
     # first step's admissions (phase 1) came between, done above
+    events += [(j, 0, i, 0) for i, j0 in enumerate(first_alloc) if j0 < k for j in range(j0, k, bs)]
     caching = bm.enable_prefix_caching
-    if takes is None:
-        events += [(j, 0, i, 0) for i, j0 in enumerate(first_alloc) if j0 < k for j in range(j0, k, bs)]
-        if caching:  # a request past its shared blocks registers nothing more: left out (below)
-            events += [(j, 2, i, n + j) for i, (s, n) in enumerate(zip(decodes, starts, strict=True))
-                       if s.unshared_from > s.num_hashed_blocks for j in range((-n) % bs, k, bs)]
-    else:
-        events += [(j, 0, i, 0) for i, (j0, m) in enumerate(zip(first_alloc, takes, strict=True)) if j0 < m
-                   for j in range(j0, m, bs)]
-        if caching:
-            events += [(j, 2, i, n + j) for i, (s, n, m) in enumerate(zip(decodes, starts, takes, strict=True))
-                       if s.unshared_from > s.num_hashed_blocks for j in range((-n) % bs, m, bs)]
+    if caching:  # a request past its shared blocks registers nothing more: left out (below)
+        events += [(j, 2, i, n + j) for i, (s, n) in enumerate(zip(decodes, starts, strict=True))
+                   if s.unshared_from > s.num_hashed_blocks for j in range((-n) % bs, k, bs)]
     seqs = decodes
     emitted = 0
     if fill is not None:
@@ -454,10 +457,11 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     # requests whose last token came in the last step finish there (update() frees each in batch order)
     finished = [i for i, s in enumerate(seqs) if s.max_tokens == len(s.token_ids) - s.num_prompt_tokens] if (
         k >= decodes_end or fill is not None) else []
-    if takes is None:
-        events += [(k - 1, 3, i, 0) for i in finished]
+    if early:  # nothing of theirs after their last step, where they finish
+        events = [e for e in events if e[2] not in early or e[0] < early[e[2]]]
+        events += [(early.get(i, k) - 1, 3, i, 0) for i in finished]
     else:
-        events += [(takes[i] - 1, 3, i, 0) for i in finished]
+        events += [(k - 1, 3, i, 0) for i in finished]
     events.sort()
     t_end = times[-1]
     first: dict[int, int | None] = {}
@@ -471,12 +475,6 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
             engine.num_prompt_tokens += s.num_prompt_tokens
             first[s.seq_id] = req.cached_tokens
         req.last_token_s = t_end
-    ends: dict[int, int] = {}  # seq_id -> its tokens in the run, where fewer than the steps
-    if takes is not None:
-        for s, m in zip(decodes, takes, strict=True):
-            if m < k:
-                ends[s.seq_id] = m
-                requests[s.seq_id].last_token_s = times[m - 1]
     if seqs is not decodes:  # the filled prompt decoded after its last chunk: its tokens from that step on
         assert fill is not None
         req = requests[fill.seq_id]
@@ -487,6 +485,11 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         if last_chunk:
             first_step[fill.seq_id] = last_chunk
         req.last_token_s = t_end
+    ends: dict[int, int] = {}  # seq_id -> its tokens in the run, where fewer than the steps
+    if early:
+        for i, m in early.items():
+            ends[decodes[i].seq_id] = m
+            requests[decodes[i].seq_id].last_token_s = times[m - 1]
     grow: list[Sequence] = []  # consecutive allocations, taken together in the same order
     for _j, phase, i, computed_then in events:
         s = every[i]
@@ -509,12 +512,9 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         s.num_computed_tokens = n + k - 1
         if s.unshared_from <= s.num_hashed_blocks and caching and s.block_table:
             s.num_hashed_blocks = (n + k - 1) // bs
-    if ends:  # those that finished before the last step
-        for s, n in zip(decodes, starts, strict=True):
-            if (m := ends.get(s.seq_id, k)) < k:
-                s.num_computed_tokens = n + m - 1
-                if s.unshared_from <= s.num_hashed_blocks and caching:
-                    s.num_hashed_blocks = (n + m - 1) // bs
+    if early:
+        for i, m in early.items():  # (finished: no blocks left to count hashes of)
+            decodes[i].num_computed_tokens = starts[i] + m - 1
     if fill is not None:
         fill.num_computed_tokens = computed
     engine.num_steps += k
@@ -523,8 +523,8 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     elif fill is not None and k - 1 <= last_chunk:
         engine.last_step_num_tokens = batch + chunks[k - 1]
     else:
-        engine.last_step_num_tokens = batch + (fill is not None)  # (through a run: the last step's batch)
-    engine.num_generation_tokens += (batch * k if takes is None else sum(takes)) + max(emitted, 0)
+        engine.last_step_num_tokens = live + (fill is not None)
+    engine.num_generation_tokens += batch * k + max(emitted, 0) - (sum(k - m for m in early.values()) if early else 0)
     return DecodeRun(seqs, times, [seqs[i] for i in finished], first, first_step, ends)
 
 
