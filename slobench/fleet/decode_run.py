@@ -85,9 +85,11 @@ def _extend_tokens(engine: LLMEngine, ex: ModeledExecutor, seqs: list[Sequence],
         if s.unshared_from != NEVER_PRIVATE:
             s.token_ids += stand_ins
             d = s.draw_tokens
+            if d is drawer:
+                continue
             if d is None:
                 s.draw_tokens = drawer
-            elif d is not drawer and type(d) is StandInPrompt:
+            elif type(d) is StandInPrompt and d.draw_outputs is not drawer:
                 d.draw_outputs = drawer
         else:
             drawn.append(s)
@@ -430,7 +432,10 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
             del decodes[i].token_ids[starts[i] + m:]
     # blocks taken (phase 0, in schedule) and registered (phase 2, in update) in the scheduler's order; the
     # first step's admissions (phase 1) came between, done above
-    events += [(j, 0, i, 0) for i, j0 in enumerate(first_alloc) if j0 < k for j in range(j0, k, bs)]
+    if k <= bs:  # (most runs: a block at most each)
+        events += [(j0, 0, i, 0) for i, j0 in enumerate(first_alloc) if j0 < k]
+    else:
+        events += [(j, 0, i, 0) for i, j0 in enumerate(first_alloc) if j0 < k for j in range(j0, k, bs)]
     caching = bm.enable_prefix_caching
     if caching:  # a request past its shared blocks registers nothing more: left out (below)
         events += [(j, 2, i, n + j) for i, (s, n) in enumerate(zip(decodes, starts, strict=True))
@@ -455,8 +460,14 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
             computed = length + k - 1 - last_chunk
     every = decodes if fill is None else [*decodes, fill]
     # requests whose last token came in the last step finish there (update() frees each in batch order)
-    finished = [i for i, s in enumerate(seqs) if s.max_tokens == len(s.token_ids) - s.num_prompt_tokens] if (
-        k >= decodes_end or fill is not None) else []
+    if through:  # those with no more tokens left than the steps: the first of the decodes sorted by that
+        q = gone
+        while q < batch and lefts[by_end[q]] <= k:
+            q += 1
+        finished = sorted(by_end[:q])
+    else:
+        finished = [i for i, s in enumerate(seqs) if s.max_tokens == len(s.token_ids) - s.num_prompt_tokens] if (
+            k >= decodes_end or fill is not None) else []
     if early:  # nothing of theirs after their last step, where they finish
         events = [e for e in events if e[2] not in early or e[0] < early[e[2]]]
         events += [(early.get(i, k) - 1, 3, i, 0) for i in finished]
@@ -508,10 +519,11 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
             engine.finish_by_length(s, times[_j])
     if grow:
         bm.grow_each(grow)
+    k1 = k - 1
     for s, n in zip(decodes, starts, strict=True):
-        s.num_computed_tokens = n + k - 1
-        if s.unshared_from <= s.num_hashed_blocks and caching and s.block_table:
-            s.num_hashed_blocks = (n + k - 1) // bs
+        s.num_computed_tokens = done_tokens = n + k1
+        if caching and s.unshared_from <= s.num_hashed_blocks and s.block_table:
+            s.num_hashed_blocks = done_tokens // bs
     if early:
         for i, m in early.items():  # (finished: no blocks left to count hashes of)
             decodes[i].num_computed_tokens = starts[i] + m - 1
