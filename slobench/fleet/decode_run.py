@@ -204,11 +204,12 @@ def _filling(seq: Sequence, bs: int) -> bool:
             and seq.num_tokens - seq.num_prompt_tokens < seq.max_tokens)
 
 
-def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
+def decode_run(engine: LLMEngine, until_s: float, past_finishes: bool = True) -> DecodeRun | None:
     """Take every step up to the next event at once: while the engine's clock is before `until_s` (the next
     arrival), up to and including the step where the first running request samples its last token (those
     that do finish in it, with "length"), and short of any step that would preempt. With no queue and no
-    prompt being filled, a finish ends nothing: the run goes on without the finished (`DecodeRun.ends`).
+    prompt being filled, a finish ends nothing: the run goes on without the finished (`DecodeRun.ends`),
+    unless `past_finishes` is False (a caller that has its own requests waiting for the blocks a finish frees).
 
     The first step may admit the queue's heads (`_admissions`) as the scheduler would, each prompt prefilled
     within the token budget the decodes (and the last chunk of a prompt being filled) leave. A prompt that
@@ -353,7 +354,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     # With no queue and no prompt being filled, a request finishing frees what nothing is waiting for: the run
     # goes on with the rest of the batch (each step without those that finished), to the last one's finish,
     # the next arrival or THROUGH_STEPS (the next run goes on from there). Otherwise the first finish ends it.
-    through = fill is None and not sched.waiting and batch > 1
+    through = past_finishes and fill is None and not sched.waiting and batch > 1
     if through:
         by_end = sorted(range(batch), key=lefts.__getitem__)  # the decodes, the first to finish first
         num_steps = min(lefts[by_end[-1]], THROUGH_STEPS)
