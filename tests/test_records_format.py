@@ -115,3 +115,18 @@ def test_a_long_answers_chunk_times_are_rounded_as_one_by_one(r: RequestRecord, 
     assert r.to_json() == reference_line(r)
     r.chunk_times_s = [*times[:-1], 7]  # an int among them: written as an int, as json does
     assert r.to_json() == reference_line(r)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_records, st.lists(st.one_of(st.floats(min_value=1e-4, max_value=1e7),
+                                    st.floats(min_value=1e6, max_value=1e17),
+                                    st.integers(min_value=10**5, max_value=10**8).map(lambda k: (k + 0.5) / 1e9)),
+                          min_size=33, max_size=80))
+def test_a_long_answer_in_plain_floats_is_written_from_its_array_to_the_same_bytes(
+        r: RequestRecord, times: list[float]) -> None:
+    # every time a float json writes without an exponent: orjson writes the rounded array itself (halves at
+    # the ninth decimal, and magnitudes where a float's spacing passes 1e-9, go the one-by-one way)
+    r.chunk_times_s = times
+    assert r.to_json() == reference_line(r)
+    r.chunk_times_s = sorted(t + 1.0 for t in times)
+    assert r.to_json() == reference_line(r)

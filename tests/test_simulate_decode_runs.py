@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from slobench.fleet import simulate
 from slobench.fleet.simulate import ModeledEngine, simulate_records
 from slobench.workload import generate, load_workload
 
@@ -137,3 +138,30 @@ def test_a_request_cost_inside_the_server_is_charged_once_at_its_first_token() -
     fast = simulate_records(heavy, engine)
     slow = simulate_records(heavy, engine, decode_runs=False)
     assert [r.to_json() for r in fast] == [r.to_json() for r in slow]
+
+
+@pytest.mark.parametrize(("workload", "engine", "kw"), [
+    ("chat", ModeledEngine("h100-llama-1b", kv_blocks=2048), {}),
+    # shared prefixes register blocks as they fill; a tight pool makes the run stop short of a preemption
+    ("system-prompts", ModeledEngine("h100-llama-1b", kv_blocks=400), {"jitter_sd": 0.03}),
+    ("chat", ModeledEngine("roofline:h100/llama-3.1-8b", kv_blocks=2048, scheduler="vllm-v0"), {}),
+])
+def test_a_run_with_no_queue_goes_on_past_each_finish(monkeypatch: pytest.MonkeyPatch, workload: str,
+                                                      engine: ModeledEngine, kw: dict[str, Any]) -> None:
+    """With nothing queued, a request finishing ends no run: the rest of the batch decodes on (each step
+    without those that finished), and every record is still what stepping makes."""
+    through = 0
+    run = simulate.decode_run
+
+    def counted(engine: Any, until_s: float) -> Any:
+        nonlocal through
+        ran = run(engine, until_s)
+        through += ran is not None and bool(ran.ends)
+        return ran
+
+    specs = generate(load_workload(workload), rate_rps=4.0, num_requests=120, seed=6)
+    slow = simulate_records(specs, engine, decode_runs=False, **kw)
+    monkeypatch.setattr(simulate, "decode_run", counted)
+    fast = simulate_records(specs, engine, **kw)
+    assert [r.to_json() for r in fast] == [r.to_json() for r in slow]
+    assert through > 10, through

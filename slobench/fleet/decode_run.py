@@ -85,9 +85,11 @@ def _extend_tokens(engine: LLMEngine, ex: ModeledExecutor, seqs: list[Sequence],
         if s.unshared_from != NEVER_PRIVATE:
             s.token_ids += stand_ins
             d = s.draw_tokens
+            if d is drawer:
+                continue
             if d is None:
                 s.draw_tokens = drawer
-            elif d is not drawer and type(d) is StandInPrompt:
+            elif type(d) is StandInPrompt and d.draw_outputs is not drawer:
                 d.draw_outputs = drawer
         else:
             drawn.append(s)
@@ -119,9 +121,13 @@ class DecodeRun:
 
     seqs: list[Sequence]  # batch order
     times_s: list[float]  # the end of each step
-    finished: list[Sequence]  # ended ("length") with the last step
+    finished: list[Sequence]  # ended ("length"): with the last step, or with the step `ends` says
     first_token_cached: dict[int, int | None]  # seq_id -> its prefix-cache hit, for those whose first token came here
     first_step: dict[int, int] = field(default_factory=dict)  # seq_id -> index of its first token's step, if not 0
+    ends: dict[int, int] = field(default_factory=dict)  # seq_id -> its tokens here, if it finished before the last step
+
+
+THROUGH_STEPS = 256  # the most steps a run going past finishes takes: bounds its count of blocks to be taken
 
 
 def _head_stays_out(head: Sequence, running: list[Sequence], bm: SimBlockManager, fill: Sequence | None = None) -> bool:
@@ -198,10 +204,12 @@ def _filling(seq: Sequence, bs: int) -> bool:
             and seq.num_tokens - seq.num_prompt_tokens < seq.max_tokens)
 
 
-def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
+def decode_run(engine: LLMEngine, until_s: float, past_finishes: bool = True) -> DecodeRun | None:
     """Take every step up to the next event at once: while the engine's clock is before `until_s` (the next
     arrival), up to and including the step where the first running request samples its last token (those
-    that do finish in it, with "length"), and short of any step that would preempt.
+    that do finish in it, with "length"), and short of any step that would preempt. With no queue and no
+    prompt being filled, a finish ends nothing: the run goes on without the finished (`DecodeRun.ends`),
+    unless `past_finishes` is False (a caller that has its own requests waiting for the blocks a finish frees).
 
     The first step may admit the queue's heads (`_admissions`) as the scheduler would, each prompt prefilled
     within the token budget the decodes (and the last chunk of a prompt being filled) leave. A prompt that
@@ -233,6 +241,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     firsts0 = 0  # decodes whose prompt's last chunk was one token sample their first token in the first step
     context = 0  # the decodes' tokens in context at the next step
     starts: list[int] = []  # each decode's tokens before the run
+    lefts: list[int] = []  # each decode's tokens it may still sample
     for s in decodes:
         n = len(s.token_ids)
         if s.stop_check is not None or s.num_computed_tokens != n - 1:
@@ -240,6 +249,7 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         # tokens it may still sample: the step that samples the last one finishes it, and ends the run
         if (left_s := s.max_tokens - (n - s.num_prompt_tokens)) < num_steps:
             num_steps = left_s
+        lefts.append(left_s)
         first_alloc.append(len(s.block_table) * bs - n + 1)
         starts.append(n)
         context += n
@@ -329,7 +339,9 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         # the whole prompts sampled their first token: decodes from the second step on
         for h in whole:
             length = len(h.token_ids)
-            num_steps = min(num_steps, h.max_tokens - (length - h.num_prompt_tokens))
+            left_h = h.max_tokens - (length - h.num_prompt_tokens)
+            num_steps = min(num_steps, left_h)
+            lefts.append(left_h)
             starts.append(length)
             first_alloc.append(-(-length // bs) * bs - length + 1)
             context += length
@@ -339,6 +351,13 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         batch = len(decodes)
         context += batch
     decodes_end = num_steps  # no decode samples its last token before this step
+    # With no queue and no prompt being filled, a request finishing frees what nothing is waiting for: the run
+    # goes on with the rest of the batch (each step without those that finished), to the last one's finish,
+    # the next arrival or THROUGH_STEPS (the next run goes on from there). Otherwise the first finish ends it.
+    through = past_finishes and fill is None and not sched.waiting and batch > 1
+    if through:
+        by_end = sorted(range(batch), key=lefts.__getitem__)  # the decodes, the first to finish first
+        num_steps = min(lefts[by_end[-1]], THROUGH_STEPS)
     room = bm.num_allocatable
     if fill is not None:
         length = len(fill.token_ids)
@@ -353,7 +372,9 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         fill_alloc = last_chunk + 1 + len(fill.block_table) * bs - length
     # each takes at most a block every bs steps: count them only when that many could run out
     if (len(first_alloc) + (fill is not None)) * (num_steps // bs + 1) > room:
-        allocs = [range(j, num_steps, bs) for j in first_alloc]
+        # (through a run: counted as if no finish freed a block, which can only stop it sooner)
+        allocs = ([range(j, min(num_steps, left), bs) for j, left in zip(first_alloc, lefts, strict=True)] if through
+                  else [range(j, num_steps, bs) for j in first_alloc])
         if fill is not None:
             allocs.append(range(fill_alloc, num_steps, bs))
         if sum(len(r) for r in allocs) > room:  # stop before the step that would preempt
@@ -362,6 +383,21 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     if num_steps < 1:
         return None  # (never after an admitting first step: its blocks were counted, and later ones start at 1)
 
+    gone = 0  # through a run: by_end[:gone] finished (at the start of step j, those with fewer than j tokens left)
+    live = batch
+    while through and len(times) < num_steps and clock.now_s() < until_s:
+        j = len(times)
+        while lefts[by_end[gone]] <= j:  # (never all: num_steps is at most the last one's tokens left)
+            i = by_end[gone]
+            gone += 1
+            live -= 1
+            context -= starts[i] + j
+        step_s = profile.step_s(0, live, context, None, firsts0 if j == 0 and not admitted else 0)
+        ex.num_steps += 1
+        ex.total_modeled_s += step_s
+        wait(clock.now_s() + step_s)
+        times.append(clock.now_s())
+        context += live
     while len(times) < num_steps and clock.now_s() < until_s:
         j = len(times)
         firsts = firsts0 if j == 0 and not admitted else 0
@@ -390,9 +426,17 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         return None
 
     _extend_tokens(engine, ex, decodes, k)
+    # through a run, those that finished before its last step: each one's tokens in it (all it had left)
+    early = {i: lefts[i] for i in by_end[:gone]} if gone else None
+    if early:
+        for i, m in early.items():
+            del decodes[i].token_ids[starts[i] + m:]
     # blocks taken (phase 0, in schedule) and registered (phase 2, in update) in the scheduler's order; the
     # first step's admissions (phase 1) came between, done above
-    events += [(j, 0, i, 0) for i, j0 in enumerate(first_alloc) if j0 < k for j in range(j0, k, bs)]
+    if k <= bs:  # (most runs: a block at most each)
+        events += [(j0, 0, i, 0) for i, j0 in enumerate(first_alloc) if j0 < k]
+    else:
+        events += [(j, 0, i, 0) for i, j0 in enumerate(first_alloc) if j0 < k for j in range(j0, k, bs)]
     caching = bm.enable_prefix_caching
     if caching:  # a request past its shared blocks registers nothing more: left out (below)
         events += [(j, 2, i, n + j) for i, (s, n) in enumerate(zip(decodes, starts, strict=True))
@@ -417,24 +461,47 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
             computed = length + k - 1 - last_chunk
     every = decodes if fill is None else [*decodes, fill]
     # requests whose last token came in the last step finish there (update() frees each in batch order)
-    finished = [i for i, s in enumerate(seqs) if s.max_tokens == len(s.token_ids) - s.num_prompt_tokens] if (
-        k >= decodes_end or fill is not None) else []
-    events += [(k - 1, 3, i, 0) for i in finished]
+    if through:  # those with no more tokens left than the steps: the first of the decodes sorted by that
+        q = gone
+        while q < batch and lefts[by_end[q]] <= k:
+            q += 1
+        finished = sorted(by_end[:q])
+    else:
+        finished = [i for i, s in enumerate(seqs) if s.max_tokens == len(s.token_ids) - s.num_prompt_tokens] if (
+            k >= decodes_end or fill is not None) else []
+    if early:  # nothing of theirs after their last step, where they finish
+        events = [e for e in events if e[2] not in early or e[0] < early[e[2]]]
+        events += [(early.get(i, k) - 1, 3, i, 0) for i in finished]
+    else:
+        events += [(k - 1, 3, i, 0) for i in finished]
     events.sort()
     t_end = times[-1]
     first: dict[int, int | None] = {}
     first_step: dict[int, int] = {}
     requests = engine.requests
-    for s in seqs:  # before any finishes: a finished request's state is gone
+    t_first = times[0]
+    for s in decodes:  # before any finishes: a finished request's state is gone
         req = requests[s.seq_id]
-        at = last_chunk if s is fill else 0
-        if req.first_token_s is None:  # a prompt whose last chunk came in this run (or was one token)
-            req.first_token_s = times[at]
+        if req.first_token_s is None:  # a prompt whose last chunk was one token, or came with the first step
+            req.first_token_s = t_first
             engine.num_prompt_tokens += s.num_prompt_tokens
             first[s.seq_id] = req.cached_tokens
-        if at:
-            first_step[s.seq_id] = at
         req.last_token_s = t_end
+    if seqs is not decodes:  # the filled prompt decoded after its last chunk: its tokens from that step on
+        assert fill is not None
+        req = requests[fill.seq_id]
+        if req.first_token_s is None:
+            req.first_token_s = times[last_chunk]
+            engine.num_prompt_tokens += fill.num_prompt_tokens
+            first[fill.seq_id] = req.cached_tokens
+        if last_chunk:
+            first_step[fill.seq_id] = last_chunk
+        req.last_token_s = t_end
+    ends: dict[int, int] = {}  # seq_id -> its tokens in the run, where fewer than the steps
+    if early:
+        for i, m in early.items():
+            ends[decodes[i].seq_id] = m
+            requests[decodes[i].seq_id].last_token_s = times[m - 1]
     grow: list[Sequence] = []  # consecutive allocations, taken together in the same order
     for _j, phase, i, computed_then in events:
         s = every[i]
@@ -450,13 +517,17 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
         else:
             if s.unshared_from <= s.num_hashed_blocks and caching:  # what its left-out registrations counted
                 s.num_hashed_blocks = (len(s.token_ids) - 1) // bs
-            engine.finish_by_length(s, t_end)
+            engine.finish_by_length(s, times[_j])
     if grow:
         bm.grow_each(grow)
+    k1 = k - 1
     for s, n in zip(decodes, starts, strict=True):
-        s.num_computed_tokens = n + k - 1
-        if s.unshared_from <= s.num_hashed_blocks and caching and s.block_table:
-            s.num_hashed_blocks = (n + k - 1) // bs
+        s.num_computed_tokens = done_tokens = n + k1
+        if caching and s.unshared_from <= s.num_hashed_blocks and s.block_table:
+            s.num_hashed_blocks = done_tokens // bs
+    if early:
+        for i, m in early.items():  # (finished: no blocks left to count hashes of)
+            decodes[i].num_computed_tokens = starts[i] + m - 1
     if fill is not None:
         fill.num_computed_tokens = computed
     engine.num_steps += k
@@ -465,9 +536,9 @@ def decode_run(engine: LLMEngine, until_s: float) -> DecodeRun | None:
     elif fill is not None and k - 1 <= last_chunk:
         engine.last_step_num_tokens = batch + chunks[k - 1]
     else:
-        engine.last_step_num_tokens = batch + (fill is not None)
-    engine.num_generation_tokens += batch * k + max(emitted, 0)
-    return DecodeRun(seqs, times, [seqs[i] for i in finished], first, first_step)
+        engine.last_step_num_tokens = live + (fill is not None)
+    engine.num_generation_tokens += batch * k + max(emitted, 0) - (sum(k - m for m in early.values()) if early else 0)
+    return DecodeRun(seqs, times, [seqs[i] for i in finished], first, first_step, ends)
 
 
 def record_run(ran: DecodeRun, record_of: Callable[[int], Any]) -> int:
@@ -483,16 +554,21 @@ def record_run(ran: DecodeRun, record_of: Callable[[int], Any]) -> int:
             rec.first_token_s = times[late.get(sid, 0)]
             if cached is not None:
                 rec.cached_tokens = cached
+    ends = ran.ends
+    if not late and not ends:  # (most runs: every request's tokens from the first step to the last)
+        for seq in ran.seqs:
+            rec = record_of(seq.seq_id)
+            rec.chunk_times_s += times
+            rec.chunk_tokens += ones
+            rec.output_tokens += k
+        return k * len(ran.seqs)
     emitted = 0
     for seq in ran.seqs:
         rec = record_of(seq.seq_id)
-        at = late.get(seq.seq_id, 0) if late else 0
-        if at:
-            rec.chunk_times_s.extend(times[at:])
-            rec.chunk_tokens.extend(ones[at:])
-        else:
-            rec.chunk_times_s.extend(times)
-            rec.chunk_tokens.extend(ones)
-        rec.output_tokens += k - at
-        emitted += k - at
+        at = late.get(seq.seq_id, 0)
+        end = ends.get(seq.seq_id, k)
+        rec.chunk_times_s += times[at:end]
+        rec.chunk_tokens += ones[at:end]
+        rec.output_tokens += end - at
+        emitted += end - at
     return emitted

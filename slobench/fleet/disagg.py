@@ -426,7 +426,8 @@ def simulate_disagg(
             continue
         inst = min(busy, key=lambda x: (x.clock.now_s(), x.index))
         eng = inst.engine
-        ran = decode_run(eng, min(t_arrival, t_event)) if inst.role != "prefill" else None
+        # (a finish ends a run: KV handed over from a prefill instance may be waiting for the blocks it frees)
+        ran = decode_run(eng, min(t_arrival, t_event), past_finishes=False) if inst.role != "prefill" else None
         if ran is not None:  # a stretch of plain decode steps, taken at once (slobench.fleet.decode_run)
             times = ran.times_s
             index = inst.index

@@ -426,8 +426,9 @@ def simulate_records(
             times = ran.times_s
             mine = by_rid[rep.index]
             rep.num_output_tokens += record_run(ran, mine.__getitem__)
+            ends = ran.ends
             for seq in ran.finished:
-                mine.pop(seq.seq_id).done_s = times[-1]
+                mine.pop(seq.seq_id).done_s = times[ends.get(seq.seq_id, 0) - 1]
                 route.finished(rep.index, weights.pop((rep.index, seq.seq_id)))
             continue
         steps, waits = eng.num_steps, rep.wait.num_waits
