@@ -639,28 +639,20 @@ class _Stream:
                         reason = None
                     if is_chat:
                         out = c.get("delta")
-                        if (type(out) is dict and out.get("content")) or _is_token(out, reason, True):
-                            ids = c.get("token_ids")
-                            if ids:
-                                num += len(ids)
-                            else:
-                                logprobs = c.get("logprobs")
-                                toks = logprobs.get("content") if logprobs else None
-                                num += len(toks) if toks else 1
-                            if texts is not None:
-                                texts.append(_chat_text(out))
+                        token = (type(out) is dict and out.get("content")) or _is_token(out, reason, True)
                     else:
                         out = c.get("text")
-                        if type(out) is str and (out != "" or reason is None):
-                            ids = c.get("token_ids")
-                            if ids:
-                                num += len(ids)
-                            else:
-                                logprobs = c.get("logprobs")
-                                toks = logprobs.get("tokens") if logprobs else None
-                                num += len(toks) if toks else 1
-                            if texts is not None:
-                                texts.append(out)
+                        token = type(out) is str and (out != "" or reason is None)
+                    if token:
+                        ids = c.get("token_ids")
+                        if ids:
+                            num += len(ids)
+                        else:
+                            logprobs = c.get("logprobs")
+                            toks = logprobs.get("content" if is_chat else "tokens") if logprobs else None
+                            num += len(toks) if toks else 1
+                        if texts is not None:
+                            texts.append(_chat_text(out) if is_chat else str(out))
             elif "error" in obj or obj.get("object") == "error":
                 self.error = "server error mid-stream: " + _error_message(obj, _text(data))
                 return num
