@@ -120,7 +120,7 @@ class RequestRecord:
                         return orjson_dumps(d, option=OPT_SERIALIZE_NUMPY).decode()
                     except TypeError:  # a value orjson does not take as json does (an int past 64 bits)
                         pass
-                d["chunk_times_s"] = rounded = rounded.tolist()
+                d["chunk_times_s"] = rounded.tolist()
                 return _ENCODE(d)
             d["chunk_times_s"] = times = round_9(np.array(times, dtype=float)).tolist()
         else:
