@@ -9,6 +9,7 @@ prometheus callback is configured (it is not here).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +29,15 @@ def test_run(litellm_proxy: Served, run_slobench: Callable[..., CliResult], api_
                        *api_args)
     assert res.returncode == 0, res.explain()
     check_run_dir(res.out, Expect(NUM, **LITELLM))
+
+
+def test_a_base_url_with_a_query(litellm_proxy: Served, run_slobench: Callable[..., CliResult]) -> None:
+    """A base URL that carries a query (a gateway's tenant, or a key some servers take there): each call,
+    preflight's /models included, goes to its own path with the query after it."""
+    served = dataclasses.replace(litellm_proxy, base_url=litellm_proxy.base_url + "?tenant=ci")
+    res = run_slobench(served, "run", "--workload", "tiny", "--rate", "5", "--num-requests", "5")
+    assert res.returncode == 0, res.explain()
+    check_run_dir(res.out, Expect(5, **LITELLM))
 
 
 def test_sweep(litellm_proxy: Served, run_slobench: Callable[..., CliResult]) -> None:
