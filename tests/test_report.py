@@ -320,11 +320,17 @@ def test_thinned_scrapes_are_every_kth_of_all_and_only_those_are_parsed(tmp_path
     for at_most in (1, 5, 7, 22, 100):
         rows, n = read_jsonl_every(p, "scrape", check, json.loads, at_most)
         assert n == len(everything) == 22 and rows == everything[:: -(-n // at_most)] and len(rows) <= at_most
-    lines[7] = "not json"  # drawn at a step of 2 (the sixth scrape), not at a step of 5
+    lines[7] = '{"t_s": 7, "samples": nope}'  # drawn at a step of 2 (the sixth scrape), not at a step of 5
     p.write_text("\n".join(lines) + "\n")
     with pytest.raises(UsageError, match=re.escape(f"{p}:8")):
         read_jsonl_every(p, "scrape", check, json.loads, 11)
-    assert read_jsonl_every(p, "scrape", check, json.loads, 5)[1] == 22
+    assert read_jsonl_every(p, "scrape", check, json.loads, 5)[1] == 22  # a bad value undrawn goes unseen
+    for cut in ('{"t_s": 7, "sam', "not json"):  # a line that is not one object is named, drawn or not
+        lines[7] = cut
+        p.write_text("\n".join(lines) + "\n")
+        for at_most in (5, 11):
+            with pytest.raises(UsageError, match=re.escape(f"{p}:8: bad scrape (not one JSON object")):
+                read_jsonl_every(p, "scrape", check, json.loads, at_most)
 
 
 def test_headline_text_says_what_is_known():

@@ -220,11 +220,16 @@ def read_jsonl_every(path: Path, what: str, check: Callable[[Any], bool], loads:
                      at_most: int) -> tuple[list[Any], int]:
     """`read_jsonl(...)[::k]`, k the least step leaving at most `at_most` rows, and how many rows there are
     in all, parsing only the rows returned (and the final line, for the torn-line rule): a chart that draws
-    2,000 of a day's 86,400 scrapes reads 2,000. A bad line among those not returned goes unseen."""
+    2,000 of a day's 86,400 scrapes reads 2,000. The lines not returned are checked by shape only, each one
+    JSON object (`{` to `}`): a line cut short is still named, a bad value inside one is not."""
     lines = _text_lines(path)
     numbered = [(lineno, line) for lineno, line in enumerate(lines, 1) if line.strip()]
     if numbered and numbered[-1][0] == len(lines) and _refused(numbered[-1][1], check, loads):
         numbered.pop()  # torn: forgiven, as read_jsonl forgives it
+    for lineno, line in numbered:
+        text = line.strip()
+        if text[0] != "{" or text[-1] != "}":
+            raise UsageError(f"{path}:{lineno}: bad {what} (not one JSON object: {text[:60]!r})")
     rows: list[Any] = []
     for lineno, line in numbered[:: max(1, -(-len(numbered) // at_most))]:
         try:
