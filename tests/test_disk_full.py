@@ -157,3 +157,21 @@ async def test_server_metrics_the_disk_refuses_stop_with_a_reason_and_keep_their
     assert scraper.disabled_reason == "server_metrics.jsonl: cannot write (No space left on device)"
     lines = [json.loads(ln) for ln in (tmp_path / "server_metrics.jsonl").read_text().splitlines()]
     assert [ln["t_s"] for ln in lines] == [0.0, 1.0]
+
+
+def test_a_rewrite_the_disk_refuses_keeps_requests_jsonl_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    writer = rundir.RunWriter(tmp_path, {"kind": "run"})
+    recs = [RequestRecord(request_id=i, scheduled_s=float(i)) for i in range(3)]
+    for r in recs:
+        writer.write(r)
+    before = (tmp_path / "requests.jsonl").read_text()
+
+    def refusing(path: Path, records: Any) -> None:
+        path.write_text('{"request_id": 0')  # a part written, then the disk is full
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(rundir, "write_records", refusing)
+    with pytest.raises(ResultsNotWritten, match=r"requests\.jsonl: cannot write \(No space left on device\); it is kept"):
+        writer.rewrite(recs[1:])
+    assert (tmp_path / "requests.jsonl").read_text() == before and sorted(p.name for p in tmp_path.iterdir()) == [
+        "manifest.json", "requests.jsonl"]

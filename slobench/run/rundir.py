@@ -47,19 +47,25 @@ CAPACITY = "capacity.json"
 BASELINE = "baseline.json"  # a gate baseline (`slobench.gate`), beside or instead of the results
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """`path` replaced whole, or left as it was: ResultsNotWritten (exit 6) where the disk refuses."""
+def replace_whole(path: Path, write: Callable[[Path], object], kept: str = "") -> None:
+    """`path` replaced by what `write` puts in a file beside it, or left as it was: ResultsNotWritten (exit 6)
+    where the disk refuses, its message ending with `kept` (what the user still has)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    # NaN and infinities are not JSON: an empty metric is null, so every reader can parse the file
-    text = json.dumps(_finite(obj), indent=2, default=_json_default, allow_nan=False) + "\n"
     try:
-        tmp.write_text(text)
+        write(tmp)
         os.replace(tmp, path)
     except OSError as e:
         if e.errno not in WRITE_FAILURES:
             raise
         tmp.unlink(missing_ok=True)
-        raise ResultsNotWritten(f"{path}: cannot write ({e.strerror or e})") from None
+        raise ResultsNotWritten(f"{path}: cannot write ({e.strerror or e}){kept}") from None
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """`path` replaced whole, or left as it was (`replace_whole`)."""
+    # NaN and infinities are not JSON: an empty metric is null, so every reader can parse the file
+    text = json.dumps(_finite(obj), indent=2, default=_json_default, allow_nan=False) + "\n"
+    replace_whole(path, lambda tmp: tmp.write_text(text))
 
 
 def _finite(o: Any) -> Any:
@@ -144,16 +150,7 @@ class RunWriter:
     def rewrite(self, records: Sequence[RequestRecord]) -> None:
         """Replace requests.jsonl with `records` (atomically), e.g. once the warm-up cut is known."""
         self._close_jsonl()
-        path = self.run_dir / REQUESTS
-        tmp = path.with_suffix(".jsonl.tmp")
-        try:
-            write_records(tmp, records)
-            os.replace(tmp, path)
-        except OSError as e:
-            if e.errno not in WRITE_FAILURES:
-                raise
-            tmp.unlink(missing_ok=True)
-            raise ResultsNotWritten(f"{tmp}: cannot write ({e.strerror or e}); {path} is kept as written") from None
+        replace_whole(self.run_dir / REQUESTS, lambda tmp: write_records(tmp, records), "; it is kept as written")
         self._parquet.abort()
         self._parquet = ParquetLog(self.run_dir)
         for rec in records:
