@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import base64
 import json
-import sys
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from slobench.testing.process import ServerProcess, listen_until_stopped
+from slobench.testing.process import ServerProcess, listen_until_stopped, run_server, server_parser
 
 BEHAVIOURS = {
     "huge-error": "a completion gets HTTP 400 whose JSON error body is --size bytes",
@@ -246,20 +245,13 @@ async def _main_async(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m slobench.testing.hostile_server",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed as LISTENING <port>)")
+    p = server_parser("slobench.testing.hostile_server", __doc__)
     p.add_argument("--behaviour", action="append", default=[], choices=sorted(BEHAVIOURS))
     p.add_argument("--size", type=int, default=80 << 20, help="bytes of a huge body or bomb (default 80 MiB)")
     p.add_argument("--depth", type=int, default=100_000, help="nesting of the deep JSON")
     p.add_argument("--redirect-to", default="http://127.0.0.1:9", help="where `redirect` points (a root URL)")
     p.add_argument("--log", default=None, help="append one JSON line per request received here")
-    args = p.parse_args(argv)
-    try:
-        asyncio.run(_main_async(args))
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_server(_main_async, p.parse_args(argv))
 
 
 if __name__ == "__main__":

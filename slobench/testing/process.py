@@ -6,6 +6,7 @@ benchmarks. Waiting is bounded and event-driven (select on the child's stdout), 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import selectors
@@ -14,10 +15,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 
 async def listen_until_stopped(port: int, cleanup: Callable[[], Awaitable[None]]) -> None:
@@ -32,6 +33,23 @@ async def listen_until_stopped(port: int, cleanup: Callable[[], Awaitable[None]]
         await stop.wait()
     finally:
         await cleanup()
+
+
+def server_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
+    """A test server's command line: `--host` and `--port` (0: a free one, announced as LISTENING)."""
+    p = argparse.ArgumentParser(prog=f"python -m {module}", description=(doc or "").split("\n")[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed as LISTENING <port>)")
+    return p
+
+
+def run_server(main_async: Callable[[argparse.Namespace], Coroutine[Any, Any, None]],
+               args: argparse.Namespace) -> None:
+    """Run a test server's `main_async(args)` until it is stopped; Ctrl-C exits 130 without a traceback."""
+    try:
+        asyncio.run(main_async(args))
+    except KeyboardInterrupt:
+        sys.exit(130)
 
 
 class ServerProcess:

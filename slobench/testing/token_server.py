@@ -18,7 +18,6 @@ import asyncio
 import json
 import socket
 import struct
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from typing import IO, Any
 
 from aiohttp import web
 
-from slobench.testing.process import listen_until_stopped
+from slobench.testing.process import listen_until_stopped, run_server, server_parser
 
 FAULTS = frozenset(
     {
@@ -498,11 +497,7 @@ async def _main_async(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        prog="python -m slobench.testing.token_server", description=__doc__.split("\n")[0]
-    )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed as LISTENING <port>)")
+    p = server_parser("slobench.testing.token_server", __doc__)
     p.add_argument("--ttft-ms", type=float, default=50.0)
     p.add_argument("--itl-ms", type=float, default=5.0)
     p.add_argument("--model", default="test-model")
@@ -512,11 +507,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--vocab", type=int, default=SMALL_VOCAB,
                    help=f"with --quirk small-vocab, ids from this one up are out of vocabulary (default {SMALL_VOCAB})")
     p.add_argument("--log", default=None, help="append per-request JSON lines (perf_counter times) here")
-    args = p.parse_args(argv)
-    try:
-        asyncio.run(_main_async(args))
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_server(_main_async, p.parse_args(argv))
 
 
 if __name__ == "__main__":

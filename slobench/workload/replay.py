@@ -87,7 +87,18 @@ def rate_scale(t: np.ndarray, path: str, *, start_s: float, rate_rps: float, dur
     return native_rps / rate_rps
 
 
-def _salt(name: str, scale: float, seed: int) -> int:
+def check_replay_fields(start_s: float, api: str, min_tokens: str) -> None:
+    """The fields a replay shares, whole or streamed: a SpecError naming the first that is wrong."""
+    if not (math.isfinite(start_s) and start_s >= 0):
+        raise SpecError("start", start_s, "must be a finite number >= 0 (trace seconds)")
+    if api not in ("completions", "chat"):
+        raise SpecError("api", api, "must be 'completions' or 'chat'")
+    if min_tokens not in ("max", "none"):
+        raise SpecError("min_tokens", min_tokens, "must be 'max' or 'none'")
+
+
+def prompt_salt(name: str, scale: float, seed: int) -> int:
+    """The key of a replay's prompt ids: the trace's name, its time scale and the seed."""
     bits = int(np.float64(scale).view(np.uint64))
     return (seed << 40) ^ (zlib.crc32(name.encode()) << 8) ^ bits
 
@@ -140,7 +151,7 @@ def _window_of_entries(entries: Sequence[TraceEntry], start_s: float, scale: flo
     return kept, times
 
 
-class _Prompts:
+class PromptBuilder:
     """Builds each request's prompt as an id array (token ids, or word indices for text).
 
     Hash blocks are cached, least recently used first out past MAX_CACHED_BLOCKS (they are a pure function
@@ -239,8 +250,8 @@ def replay(
                          num_requests=num_requests)
     kept, times = _window(trace, start_s, scale, duration_s, num_requests)
     is_text = api == "chat" or prompt == "text"
-    key = _salt(trace.name, scale, seed)
-    builder = _Prompts(trace.block_tokens, key, is_text, token_ids)
+    key = prompt_salt(trace.name, scale, seed)
+    builder = PromptBuilder(trace.block_tokens, key, is_text, token_ids)
     prompts = [builder.one(e) for e in kept]
     plain = [i for i, p in enumerate(prompts) if p is None]
     # The common case (Azure, BurstGPT) in one batch: the fast path the synthetic workloads use.
@@ -297,12 +308,7 @@ class TraceReplay:
     def __post_init__(self) -> None:
         if self.time_scale is not None:
             replay_scale(self.trace, time_scale=self.time_scale)  # validates it
-        if not (math.isfinite(self.start_s) and self.start_s >= 0):
-            raise SpecError("start", self.start_s, "must be a finite number >= 0 (trace seconds)")
-        if self.api not in ("completions", "chat"):
-            raise SpecError("api", self.api, "must be 'completions' or 'chat'")
-        if self.min_tokens not in ("max", "none"):
-            raise SpecError("min_tokens", self.min_tokens, "must be 'max' or 'none'")
+        check_replay_fields(self.start_s, self.api, self.min_tokens)
 
     @classmethod
     def open(

@@ -18,11 +18,18 @@ from typing import Any
 
 import numpy as np
 
-from slobench.errors import SpecError, UsageError
+from slobench.errors import UsageError
 from slobench.run.records import RequestSpec
 from slobench.workload.base import AS_IT_IS, RunShape, refuse_fixed_lengths
 from slobench.workload.prompts import DEFAULT_TOKEN_ID_RANGE
-from slobench.workload.replay import _Prompts, _salt, rate_scale, request_spec, time_scale_factor
+from slobench.workload.replay import (
+    PromptBuilder,
+    check_replay_fields,
+    prompt_salt,
+    rate_scale,
+    request_spec,
+    time_scale_factor,
+)
 from slobench.workload.traces import (
     _STAMPED,
     FORMATS,
@@ -275,12 +282,7 @@ class StreamingReplay:
     def __post_init__(self) -> None:
         if self.time_scale is not None:
             time_scale_factor(self.time_scale)  # validates it
-        if not (math.isfinite(self.start_s) and self.start_s >= 0):
-            raise SpecError("start", self.start_s, "must be a finite number >= 0 (trace seconds)")
-        if self.min_tokens not in ("max", "none"):
-            raise SpecError("min_tokens", self.min_tokens, "must be 'max' or 'none'")
-        if self.api not in ("completions", "chat"):
-            raise SpecError("api", self.api, "must be 'completions' or 'chat'")
+        check_replay_fields(self.start_s, self.api, self.min_tokens)
 
     @property
     def name(self) -> str:
@@ -356,7 +358,7 @@ class StreamingReplay:
                   num_requests: int | None, seed: int, api: str) -> Iterator[RequestSpec]:
         is_text = api == "chat" or self.prompt == "text"
         name = self.name
-        builder = _Prompts(MOONCAKE_BLOCK_TOKENS, _salt(name, scale, seed), is_text, self.token_ids)
+        builder = PromptBuilder(MOONCAKE_BLOCK_TOKENS, prompt_salt(name, scale, seed), is_text, self.token_ids)
         pin = self.min_tokens == "max"
         if num_requests is not None:
             entries = islice(entries, max(num_requests, 0))  # not one row more: the log counts what was given
