@@ -13,7 +13,7 @@ import pytest
 
 from slobench.analysis.slo import SLO
 from slobench.cli import main
-from slobench.errors import SpecError
+from slobench.errors import SpecError, UsageError
 from slobench.fleet.plan import (
     Evaluation,
     Fleet,
@@ -429,7 +429,7 @@ def test_plan_for_the_days_target_is_no_dearer_and_meets_it(tmp_path: Path, day_
 
 def test_the_planner_sizes_kv_from_the_profiles_kv_capacity(day_toml: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from slobench.cli import build_parser
-    from slobench.cli.plan import _build
+    from slobench.cli.plan import _build, _kv_blocks
     from slobench.profiles import roofline_from_name
 
     base = ["plan", "--workload", str(day_toml), "--slo", SLO_TEXT]
@@ -441,6 +441,9 @@ def test_the_planner_sizes_kv_from_the_profiles_kv_capacity(day_toml: Path, caps
     _, setup_, _ = _build(build_parser().parse_args([*base, "--profile", "roofline:h100/llama-3.1-8b",
                                                      "--kv-blocks", "500"]))
     assert setup_.engine.kv_blocks == 500  # given: kept
-    # weights that leave no KV room: a clear refusal, not a 64-block engine
+    # weights that leave no KV room: a clear refusal, not a 64-block engine; from the roofline itself, or
+    # from the planner where a saved roofline holds less than a block
     assert main([*base, "--profile", "roofline:h200/llama-3.1-70b"]) == 2
-    assert "KV room" in capsys.readouterr().err
+    assert "leaving no room for the KV cache" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="leave no KV room on 1 x h100"):
+        _kv_blocks({"kind": "roofline", "kv_capacity_tokens": 15, "tp": 1, "gpu": {"name": "h100"}}, 16)

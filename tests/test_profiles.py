@@ -55,6 +55,10 @@ def test_tensor_parallel_splits_weights_and_kv() -> None:
     assert four.step_overhead_s > one.step_overhead_s  # all-reduce latencies
     with pytest.raises(EngineConfigError, match="weights need"):
         roofline("llama-3.1-70b", "h100", tp=1)
+    # the weights fit in the memory (131 of 140 GiB) but not in the 90% an engine takes, less no KV
+    with pytest.raises(EngineConfigError, match=r"131\.4 GiB a GPU, leaving no room for the KV cache in 90% of the h200's 140\.4 GiB"):
+        roofline("llama-3.1-70b", "h200", tp=1)
+    assert roofline("llama-3.1-70b", "h200", tp=2).provenance["kv_capacity_tokens"] > 0  # type: ignore[index]
     with pytest.raises(EngineConfigError, match="tp"):
         roofline("llama-3.1-8b", "h100", tp=0)
 

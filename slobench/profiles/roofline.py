@@ -94,10 +94,10 @@ def roofline(model: str | ModelConfig, gpu: str | GpuSpec, tp: int = 1, eff: Eff
         allreduce_s = L * 2 * (2 * (tp - 1) / tp) * h * b / (g.link_gb_s * 1e9)
         step_s += L * 2 * e.link_latency_s
     lm_head_s = 2 * m.vocab_size * h / tp / (flops * e.compute)
-    memory_gb_needed = weights_bytes / 1e9
-    if memory_gb_needed > g.memory_gb:
-        raise SpecError("tp", tp, f"{m.name}'s weights need {memory_gb_needed:.0f} GB a GPU, more than the "
-                                  f"{g.name}'s {g.memory_gb:.0f} GB: use a larger --tp")
+    if kv_capacity_tokens(m, g, tp) == 0:  # an engine with no room for one token of KV refuses to start
+        raise SpecError("tp", tp, f"{m.name}'s weights need {m.params * b / tp / 2**30:.1f} GiB a GPU, leaving "
+                                  f"no room for the KV cache in 90% of the {g.name}'s {g.memory_bytes / 2**30:.1f} "
+                                  f"GiB: use a larger --tp")
     ridge_tokens = weights_bytes / bw / e.memory / (2 * L * m.layer_params / tp / (flops * e.compute))
     note = (
         f"ROOFLINE (not measured): {m.name} on {tp} x {g.name}, bf16. Dense layers bound by the weights read "

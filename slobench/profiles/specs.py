@@ -21,15 +21,15 @@ class GpuSpec:
     name: str
     bf16_tflops: float  # dense bf16 tensor-core peak, TFLOP/s (10^12)
     hbm_tb_s: float  # peak memory bandwidth, TB/s (10^12 bytes)
-    memory_gb: float  # device memory, datasheet GB (10^9 bytes)
     link_gb_s: float  # GPU-to-GPU bandwidth per direction, GB/s (tensor-parallel all-reduce)
     source: str
     # device memory as its driver reports it (nvidia-smi's total, MiB): what an engine's memory utilisation
-    # is a share of. A datasheet's "80GB" of HBM is 80 GiB (81,920 MiB on an A100), 7% more than 80 x 10^9.
+    # is a share of, and what the weights must fit in. A datasheet's "80GB" of HBM is 80 GiB (81,920 MiB on
+    # an A100), 7% more than 80 x 10^9.
     memory_mib: float
 
     def __post_init__(self) -> None:
-        for k in ("bf16_tflops", "hbm_tb_s", "memory_gb", "link_gb_s", "memory_mib"):
+        for k in ("bf16_tflops", "hbm_tb_s", "link_gb_s", "memory_mib"):
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
                 raise SpecError(k, v, "must be a number > 0")
@@ -90,14 +90,14 @@ GPUS: dict[str, GpuSpec] = {
     for g in (  # the last field: the driver's total memory, MiB, as nvidia-smi reports it
         # H100 SXM5: 989 TFLOP/s bf16 dense (1,979 with sparsity), 3.35 TB/s HBM3, 80 GB, NVLink 900 GB/s
         # total (450 GB/s each way).
-        GpuSpec("h100", 989.0, 3.35, 80.0, 450.0, _DATASHEETS.format("H100 Tensor Core GPU (SXM)"), 81_559),
+        GpuSpec("h100", 989.0, 3.35, 450.0, _DATASHEETS.format("H100 Tensor Core GPU (SXM)"), 81_559),
         # H200 SXM: the H100's compute with 4.8 TB/s HBM3e and 141 GB.
-        GpuSpec("h200", 989.0, 4.8, 141.0, 450.0, _DATASHEETS.format("H200 Tensor Core GPU (SXM)"), 143_771),
+        GpuSpec("h200", 989.0, 4.8, 450.0, _DATASHEETS.format("H200 Tensor Core GPU (SXM)"), 143_771),
         # A100 80GB SXM: 312 TFLOP/s bf16 dense (624 sparse), 2,039 GB/s HBM2e, NVLink 600 GB/s total.
-        GpuSpec("a100", 312.0, 2.039, 80.0, 300.0, _DATASHEETS.format("A100 Tensor Core GPU (80GB SXM)"), 81_920),
+        GpuSpec("a100", 312.0, 2.039, 300.0, _DATASHEETS.format("A100 Tensor Core GPU (80GB SXM)"), 81_920),
         # L40S: 362.05 TFLOP/s bf16 dense (733 sparse), 864 GB/s GDDR6, 48 GB; no NVLink: PCIe Gen4 x16,
         # 64 GB/s total (32 each way).
-        GpuSpec("l40s", 362.05, 0.864, 48.0, 32.0, _DATASHEETS.format("L40S GPU"), 46_068),
+        GpuSpec("l40s", 362.05, 0.864, 32.0, _DATASHEETS.format("L40S GPU"), 46_068),
     )
 }
 GPU_ALIASES = {"h100-sxm": "h100", "h200-sxm": "h200", "a100-80gb": "a100", "a100-80gb-sxm": "a100"}
