@@ -341,7 +341,7 @@ def read_parquet_columns(run_dir: Path) -> Columns:
 
     path = Path(run_dir) / PARQUET
     try:
-        f = pq.ParquetFile(path)
+        f = pq.ParquetFile(path, read_dictionary=list(STRINGS))  # a run's few distinct strings, as indices
         meta = f.metadata
         leaf = next(j for j in range(meta.num_columns) if meta.schema.column(j).path == CHUNK_TIMES_LEAF)
         # the leaf's count of values is one per chunk time plus one per empty list: a bound on the times
@@ -384,11 +384,19 @@ def _columns_of_tables(tables: Iterable[pa.Table], num_rows: int, num_times: int
 
 
 def _strings(col: pa.ChunkedArray) -> np.ndarray:
+    """A string column (read as a dictionary or not) as an object array through its few distinct values."""
+    import pyarrow as pa
+
+    out = np.full(len(col), None, dtype=object)
     if col.null_count == len(col):  # most text columns of most runs (error, finish_reason): nothing to encode
-        return np.full(len(col), None, dtype=object)
-    encoded = col.combine_chunks().dictionary_encode()
-    words = np.array(encoded.dictionary.to_pylist() + [None], dtype=object)
-    return words[encoded.indices.fill_null(len(words) - 1).to_numpy()]
+        return out
+    at = 0
+    for chunk in col.chunks:
+        encoded = chunk if pa.types.is_dictionary(chunk.type) else chunk.dictionary_encode()
+        words = np.array(encoded.dictionary.to_pylist() + [None], dtype=object)
+        out[at:at + len(chunk)] = words[encoded.indices.fill_null(len(words) - 1).to_numpy()]
+        at += len(chunk)
+    return out
 
 
 def read_parquet_records(run_dir: Path) -> list[RequestRecord]:
