@@ -371,11 +371,12 @@ def _columns_of_tables(tables: Iterable[pa.Table], num_rows: int, num_times: int
         values["is_warmup"][rows] = table.column("is_warmup").to_numpy()
         row += table.num_rows
         for chunk in table.column("chunk_times_s").chunks:
-            times = chunk.flatten().to_numpy()
+            # the list's values through its offsets (flatten() would import pyarrow.compute: 0.1 s)
+            offsets = chunk.offsets.to_numpy().astype(np.int64)
+            times = chunk.values.to_numpy()[offsets[0]:offsets[-1]]
             if at + len(times) > len(flat):
                 raise OSError(f"more chunk times than the file's metadata counts ({at + len(times):,})")
             flat[at:at + len(times)] = times
-            offsets = chunk.offsets.to_numpy().astype(np.int64)
             ends.append(offsets[1:] - offsets[0] + at)
             at += len(times)
     if row != num_rows:
@@ -394,7 +395,10 @@ def _strings(col: pa.ChunkedArray) -> np.ndarray:
     for chunk in col.chunks:
         encoded = chunk if pa.types.is_dictionary(chunk.type) else chunk.dictionary_encode()
         words = np.array(encoded.dictionary.to_pylist() + [None], dtype=object)
-        out[at:at + len(chunk)] = words[encoded.indices.fill_null(len(words) - 1).to_numpy()]
+        index = encoded.indices.to_numpy(zero_copy_only=False)  # floats, NaN for a null, where there are any
+        if index.dtype.kind == "f":
+            index = np.where(np.isnan(index), len(words) - 1, index).astype(np.intp)
+        out[at:at + len(chunk)] = words[index]
         at += len(chunk)
     return out
 
