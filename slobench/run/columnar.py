@@ -354,21 +354,23 @@ def read_parquet_columns(run_dir: Path) -> Columns:
 
 
 def _columns_of_tables(tables: Iterable[pa.Table], num_rows: int, num_times: int) -> Columns:
-    """`Columns` of tables of requests.parquet's columns, one after another, copied into arrays made once:
+    """`Columns` of tables of requests.parquet's columns, one after another, copied into arrays made once
+    (chunk by chunk, straight from Arrow's buffers: no array of a row group's column in between):
     `num_rows` rows in all, and at least `num_times` chunk times. Strings go through their few distinct
-    values (`_strings`)."""
+    values (`strings_into`)."""
     values = {**{k: np.empty(num_rows) for k in (*FLOATS, *INTS)},
               **{k: np.empty(num_rows, dtype=object) for k in STRINGS}, "is_warmup": np.empty(num_rows, dtype=bool)}
     flat = np.empty(num_times)
     ends = [np.zeros(1, dtype=np.int64)]
     row = at = 0
     for table in tables:
-        rows = slice(row, row + table.num_rows)
-        for k in (*FLOATS, *INTS):
-            values[k][rows] = table.column(k).to_numpy()  # nulls become NaN
+        for k in (*FLOATS, *INTS, "is_warmup"):
+            at_row = row
+            for chunk in table.column(k).chunks:  # nulls become NaN
+                values[k][at_row:at_row + len(chunk)] = chunk.to_numpy(zero_copy_only=False)
+                at_row += len(chunk)
         for k in STRINGS:
-            values[k][rows] = _strings(table.column(k))
-        values["is_warmup"][rows] = table.column("is_warmup").to_numpy()
+            strings_into(table.column(k), values[k][row:row + table.num_rows])
         row += table.num_rows
         for chunk in table.column("chunk_times_s").chunks:
             # the list's values through its offsets (flatten() would import pyarrow.compute: 0.1 s)
@@ -384,13 +386,13 @@ def _columns_of_tables(tables: Iterable[pa.Table], num_rows: int, num_times: int
     return Columns(values, flat[:at], np.concatenate(ends))
 
 
-def _strings(col: pa.ChunkedArray) -> np.ndarray:
-    """A string column (read as a dictionary or not) as an object array through its few distinct values."""
+def strings_into(col: pa.ChunkedArray, out: np.ndarray) -> None:
+    """A string column (read as a dictionary or not) into `out`, an object array of Nones, through the
+    column's few distinct values."""
     import pyarrow as pa
 
-    out = np.full(len(col), None, dtype=object)
     if col.null_count == len(col):  # most text columns of most runs (error, finish_reason): nothing to encode
-        return out
+        return
     at = 0
     for chunk in col.chunks:
         encoded = chunk if pa.types.is_dictionary(chunk.type) else chunk.dictionary_encode()
@@ -398,9 +400,8 @@ def _strings(col: pa.ChunkedArray) -> np.ndarray:
         index = encoded.indices.to_numpy(zero_copy_only=False)  # floats, NaN for a null, where there are any
         if index.dtype.kind == "f":
             index = np.where(np.isnan(index), len(words) - 1, index).astype(np.intp)
-        out[at:at + len(chunk)] = words[index]
+        np.take(words, index, out=out[at:at + len(chunk)], mode="clip")  # every index is in range
         at += len(chunk)
-    return out
 
 
 def read_parquet_records(run_dir: Path) -> list[RequestRecord]:
