@@ -10,7 +10,8 @@ process (a parent that held them would lend its own peak to every child it spawn
 Targets at 1,000,000 records: report < 10 s and < 2 GB, summarize < 5 s. --jsonl repeats both with
 requests.parquet moved aside (the fallback reader). --against TREE times another checkout's slobench on
 the same inputs, alternating with this one, --repeat times each (a shared machine's speed drifts: compare
-side by side). The report's parts are then timed in this process. Figures: docs/measurements/report_build.md.
+side by side). The children import slobench from the checkout this script is in (or TREE), not from the
+working directory. The report's parts are then timed in this process. Figures: docs/measurements/report_build.md.
 
     python benchmarks/report_build.py [--records 1000000] [--rates 5] [--median-output-tokens 32] [--jsonl]
                                       [--keep DIR] [--against TREE] [--repeat N]"""
@@ -30,12 +31,12 @@ from pathlib import Path
 from slobench.cli import no_huge_page_stalls
 
 
-def timed_child(argv: list[str], tree: Path | None = None) -> tuple[float, float, float]:
-    """Wall seconds, CPU seconds and peak RSS in GB of `python -m slobench argv` (slobench imported from
-    `tree` where given). posix_spawn (vfork), not fork: a forked child's peak would count this process's
-    memory until it execs."""
-    cmd = [sys.executable, "-m", "slobench", *argv]
-    env = dict(os.environ, PYTHONPATH=str(tree)) if tree is not None else dict(os.environ)
+def timed_child(argv: list[str], tree: Path) -> tuple[float, float, float]:
+    """Wall seconds, CPU seconds and peak RSS in GB of `python -m slobench argv`, slobench imported from the
+    checkout `tree` (-P: not from the working directory, which `-m` would put first). posix_spawn (vfork),
+    not fork: a forked child's peak would count this process's memory until it execs."""
+    cmd = [sys.executable, "-P", "-m", "slobench", *argv]
+    env = dict(os.environ, PYTHONPATH=str(tree))
     t0 = time.perf_counter()
     with open(os.devnull, "w") as null:
         pid = os.posix_spawn(cmd[0], cmd, env,
@@ -93,8 +94,7 @@ def main() -> None:
     ap.add_argument("--against", default=None, help="another checkout's root: its slobench timed alternately")
     ap.add_argument("--repeat", type=int, default=1, help="times each tree is timed")
     args = ap.parse_args()
-    here = Path(__file__).resolve().parents[1]
-    trees: list[tuple[str, Path | None]] = [("this", here if args.against else None)]
+    trees = [("this", Path(__file__).resolve().parents[1])]  # the checkout this script is in
     if args.against:
         trees.append((str(args.against), Path(args.against).resolve()))
 
