@@ -327,13 +327,14 @@ def quantile_ends(x: np.ndarray, starts: np.ndarray, m: int, q: float, found: np
         rows = np.flatnonzero((read[highest + 1] > read[lowest]) & ~known)  # a cell read among its possible
         if not len(rows):
             break
-        if len(rows) > SPLIT_ABOVE:  # too many to find: find a few, their quantiles new thresholds among them
+        split = len(rows) > SPLIT_ABOVE
+        if split:  # too many to find: find a few, their quantiles new thresholds among them
             rows = np.unique(rows[np.linspace(0, len(rows) - 1, BYTE_FIELDS).astype(np.int64)])
         below = np.where(lowest[rows] > 0, counts[rows, np.maximum(lowest[rows] - 1, 0)], 0)
         found[rows] = window_quantiles(x, starts[rows], m, (lo_k, hi_k, gamma), floor_of[lowest[rows]],
                                        ceiling_of[highest[rows]], below)
         known[rows] = True
-        if len(rows) == BYTE_FIELDS and not np.isin(found[rows], thresholds).all():
+        if split and not np.isin(found[rows], thresholds).all():
             groups = [np.setdiff1d(found[rows], thresholds)]
     stand_in = np.where(known, found, np.concatenate([[x.min()], thresholds])[lowest])
     return np.quantile(stand_in, list(levels))
