@@ -12,9 +12,13 @@ here and one made by `slobench run` write the same run directory. Synchronous; i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary
@@ -26,7 +30,8 @@ from slobench.report import build_report
 from slobench.run.event_loop import run_async
 from slobench.run.manifest import build_manifest
 from slobench.run.records import RequestRecord
-from slobench.run.rundir import Run, load_run
+from slobench.run.rundir import Run
+from slobench.run.rundir import load_run as _load_run
 from slobench.run.runner import RunOptions
 from slobench.run.runner import run as run_records
 from slobench.targets.openai import OpenAITarget
@@ -35,6 +40,33 @@ from slobench.workload.spec import WorkloadSpec, generate, load_workload
 
 __all__ = ["SLO", "Run", "RequestRecord", "RunSummary", "WorkloadSpec", "compare", "load_run", "load_workload",
            "render_report", "run_load", "simulate_load", "summarize"]
+
+
+@contextmanager
+def ordinary_pages() -> Iterator[None]:
+    """numpy's large arrays on ordinary pages while slobench reads or summarises a run, the setting the
+    caller had restored after. The `slobench` command sets NUMPY_MADVISE_HUGEPAGE=0 before numpy is
+    imported (`slobench.cli.no_huge_page_stalls`): where transparent huge pages are `madvise`d with
+    synchronous defrag, the kernel compacts memory at each first touch of a large array. From Python numpy
+    is usually imported already, so its switch is turned instead; a NUMPY_MADVISE_HUGEPAGE the caller set
+    is theirs and left alone, as is a numpy without the switch."""
+    switch = getattr(getattr(np, "_core", None), "multiarray", None)
+    set_madvise = getattr(switch, "_set_madvise_hugepage", None)
+    if "NUMPY_MADVISE_HUGEPAGE" in os.environ or set_madvise is None:
+        yield
+        return
+    before = set_madvise(False)
+    try:
+        yield
+    finally:
+        set_madvise(before)
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """A run directory read back: its manifest, its records (requests.parquet where it is sound, else
+    requests.jsonl) and its summary; large arrays on ordinary pages meanwhile (`ordinary_pages`)."""
+    with ordinary_pages():
+        return _load_run(run_dir)
 
 
 def _slo(slo: SLO | str | None) -> SLO | None:
@@ -123,8 +155,10 @@ def simulate_load(
 def summarize(records: Sequence[RequestRecord] | Path, slo: SLO | str | None = None, *, seed: int = 0) -> RunSummary:
     """The `RunSummary` that `summary.json` holds (attainment with its interval, TTFT/TPOT/ITL percentiles,
     errors) of records, or of a run directory given as a `Path` (read column by column, requests.parquet
-    where it is there); `.to_dict()` is the file's JSON."""
-    return _summarize(records, _slo(slo), seed=seed)
+    where it is there); `.to_dict()` is the file's JSON. Large arrays on ordinary pages meanwhile
+    (`ordinary_pages`)."""
+    with ordinary_pages():
+        return _summarize(records, _slo(slo), seed=seed)
 
 
 def compare(baseline: str | Path | Sequence[str | Path], candidate: str | Path | Sequence[str | Path], *,
@@ -139,5 +173,7 @@ def compare(baseline: str | Path | Sequence[str | Path], candidate: str | Path |
 
 
 def render_report(run_dirs: Sequence[str | Path], out: str | Path = "report.html", *, title: str | None = None) -> Path:
-    """The self-contained HTML report of run or sweep directories (opens from disk, no network)."""
-    return Path(build_report(list(run_dirs), out, title=title))
+    """The self-contained HTML report of run or sweep directories (opens from disk, no network); large
+    arrays on ordinary pages meanwhile (`ordinary_pages`)."""
+    with ordinary_pages():
+        return Path(build_report(list(run_dirs), out, title=title))

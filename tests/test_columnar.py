@@ -93,6 +93,24 @@ def test_the_columns_are_the_same_from_either_file(tmp_path: Path) -> None:
     assert np.array_equal(a.chunk_times_s, b.chunk_times_s) and np.array_equal(a.chunk_offsets, b.chunk_offsets)
 
 
+def test_row_groups_with_their_own_strings_read_as_the_json_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # strings are read as each row group's dictionary: groups with other words, or none at all, in each column
+    monkeypatch.setattr(columnar, "ROW_GROUP", 40)
+    recs = _records()
+    for i, r in enumerate(recs):
+        r.tag = None if i < 60 else f"class-{i // 100}"
+        r.finish_reason = "stop" if 100 <= i < 140 else r.finish_reason if i >= 300 else None
+    run = _write_run(tmp_path, recs)
+    assert pq.read_metadata(run / PARQUET).num_row_groups == 10
+    a = columnar.read_parquet_columns(run)
+    (run / PARQUET).unlink()
+    b = read_run_columns(run)
+    for k in a.values:
+        assert a.values[k].dtype == b.values[k].dtype, k
+        assert np.array_equal(a.values[k], b.values[k], equal_nan=a.values[k].dtype.kind == "f"), k
+    assert np.array_equal(a.chunk_times_s, b.chunk_times_s) and np.array_equal(a.chunk_offsets, b.chunk_offsets)
+
+
 def test_times_are_stored_byte_stream_split_not_through_a_dictionary(tmp_path: Path) -> None:
     run = _write_run(tmp_path, _records())
     group = pq.read_metadata(run / PARQUET).row_group(0)

@@ -3,18 +3,22 @@ import json
 import numpy as np
 import pytest
 
+from slobench.analysis import slo as slo_module
 from slobench.analysis.metrics import RecordArrays, quantiles, throughput
 from slobench.analysis.slo import (
     SLO,
     attainment,
     binomial_quantile,
     block_length,
+    block_starts,
     bootstrap_mean_ci,
     bootstrap_quantile_ci,
     bootstrap_quantile_cis,
     order_statistic_ci,
     quantile_ci,
     quantile_cis,
+    resample_quantile_ends,
+    resample_quantiles,
     samples_beyond,
     wilson_ci,
 )
@@ -153,6 +157,57 @@ def test_several_quantiles_from_one_draw_are_each_quantiles_own() -> None:
         qs = (0.5, 0.9, 0.99)
         assert bootstrap_quantile_cis(x, qs, seed=4) == [bootstrap_quantile_cis(x, (q,), seed=4)[0] for q in qs]
         assert quantile_cis(x, qs, seed=4) == [quantile_ci(x, q, seed=4) for q in qs]
+
+
+def selection_cases() -> list[tuple[str, np.ndarray]]:
+    rng = np.random.default_rng(8)
+    n = 20_000
+    return [
+        ("lognormal", rng.lognormal(size=n)),
+        ("queue drifting up", np.linspace(0, 5, n) + rng.exponential(size=n) * 0.1),
+        ("random walk", np.abs(np.cumsum(rng.normal(size=n)))),
+        ("few distinct values", rng.integers(0, 4, size=n) * 1e-3),
+        ("two values", np.where(rng.random(n) < 0.5, 1.0, 2.0)),
+        ("constant", np.full(n, 0.25)),
+        ("rare huge tail", np.where(rng.random(n) < 0.02, rng.pareto(1.5, n) * 10, rng.normal(size=n))),
+    ]
+
+
+@pytest.mark.parametrize("split_above", [200, 3])
+def test_interval_ends_from_selected_resamples_are_every_resamples_to_the_bit(monkeypatch, split_above) -> None:
+    # resample_quantile_ends finds only the resamples near the order statistics np.quantile reads; the
+    # ends must be those of every resample's quantile, for data with ties, trends and heavy tails, at
+    # the extreme quantiles (0, 1) and other levels; split_above=3 splits the cells read again and again
+    monkeypatch.setattr(slo_module, "SELECT_MIN_VALUES", 0)
+    monkeypatch.setattr(slo_module, "SPLIT_ABOVE", split_above)
+    for i, (name, x) in enumerate(selection_cases()):
+        m = 2_000
+        starts = block_starts(len(x), 1000, np.random.default_rng(i), m)
+        for qs, levels in (((0.5, 0.9, 0.99), (0.025, 0.975)), ((0.0, 0.999, 1.0), (0.05, 0.95)), ((0.1,), (0.005, 0.995))):
+            every = np.quantile(resample_quantiles(x, starts, m, qs), levels, axis=1)
+            assert np.array_equal(resample_quantile_ends(x, starts, m, qs, levels), every), (name, qs)
+
+
+def test_a_large_runs_quantile_intervals_are_the_partitioned_ones_to_the_bit(monkeypatch) -> None:
+    # 200,000 values: 1,000 m-out-of-n resamples of 20,000, found by selection and by partitioning each
+    x = np.random.default_rng(9).lognormal(size=200_000)
+    qs = (0.5, 0.9, 0.99)
+    selected = bootstrap_quantile_cis(x, qs, seed=2)
+    monkeypatch.setattr(slo_module, "SELECT_MIN_VALUES", 10**12)
+    assert selected == bootstrap_quantile_cis(x, qs, seed=2)
+
+
+def test_attainment_bootstrap_counts_are_the_float_sums() -> None:
+    # 0/1 values are summed a block at a time as bytes: the same interval as the float prefix sums give
+    rng = np.random.default_rng(5)
+    for n in (300, 4_000, 60_000):
+        met = (rng.random(n) < 0.9).astype(float)
+        b, starts = block_length(n), block_starts(n, 1000, np.random.default_rng(7))
+        cs = np.concatenate([[0.0], np.cumsum(met)])
+        last = n - (starts.shape[1] - 1) * b
+        sums = (cs[starts[:, :-1] + b] - cs[starts[:, :-1]]).sum(axis=1) + cs[starts[:, -1] + last] - cs[starts[:, -1]]
+        lo, hi = np.quantile(sums / n, [0.025, 0.975])
+        assert bootstrap_mean_ci(met, seed=7) == (float(lo), float(hi))
 
 
 def test_samples_beyond() -> None:

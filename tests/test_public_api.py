@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import slobench
+from slobench.errors import UsageError
 from slobench.testing import TokenServerProcess
 
 PUBLIC = {"__version__", "SLO", "Run", "RequestRecord", "RunSummary", "WorkloadSpec", "compare", "load_run", "load_workload",
@@ -75,3 +76,39 @@ def test_bad_input_names_the_problem() -> None:
         slobench.simulate_load(workload="no_such_workload", rate=4, num_requests=5)
     with pytest.raises(UsageError, match="no capacity.json, sweep.json, baseline.json or run summary"):
         slobench.compare(Path(__file__).parent, Path(__file__).parent)
+
+
+def test_reading_and_summarising_keep_numpys_arrays_off_huge_pages_then_restore_the_callers_setting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a notebook imported numpy long before slobench: the switch is turned for the call, and back after
+    import numpy as np
+
+    from slobench import api
+
+    madvise = np._core.multiarray
+    monkeypatch.delenv("NUMPY_MADVISE_HUGEPAGE", raising=False)
+    sim = slobench.simulate_load(workload="tiny", rate=4, num_requests=20, out=tmp_path / "a")
+    seen: list[bool] = []
+    real = api._summarize  # noqa: SLF001
+
+    def spy(*args: object, **kw: object) -> object:
+        seen.append(madvise._get_madvise_hugepage())
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(api, "_summarize", spy)
+    before = madvise._set_madvise_hugepage(True)
+    try:
+        assert slobench.summarize(sim.records).num_requests == 20
+        assert seen == [False] and madvise._get_madvise_hugepage() is True
+        madvise._set_madvise_hugepage(False)
+        slobench.summarize(tmp_path / "a")
+        assert seen == [False, False] and madvise._get_madvise_hugepage() is False  # the caller's: kept off
+        madvise._set_madvise_hugepage(True)
+        with pytest.raises(UsageError):
+            slobench.load_run(tmp_path / "absent")
+        assert madvise._get_madvise_hugepage() is True  # restored when the call fails too
+        monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", "1")  # the caller's own choice: left alone
+        slobench.summarize(sim.records)
+        assert seen[-1] is True
+    finally:
+        madvise._set_madvise_hugepage(before)

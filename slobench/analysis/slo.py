@@ -185,7 +185,9 @@ def bootstrap_mean_ci(x: np.ndarray, *, level: float = 0.95, num_resamples: int 
     """Percentile moving-block bootstrap interval for the mean of x (x in arrival order).
 
     Each resample's sum is taken through a prefix sum over its blocks, so the cost is
-    O(resamples x blocks), not O(resamples x n): 100,000 requests would otherwise need ~1.6 GB.
+    O(resamples x blocks), not O(resamples x n): 100,000 requests would otherwise need ~1.6 GB. Every
+    whole block's sum is one difference of the prefix sums, taken once for each start; of 0/1 values
+    (attainment's) a count in a byte, a table that stays in the cache (the same sums, exact integers).
     """
     n = len(x)
     if n == 0:
@@ -195,7 +197,11 @@ def bootstrap_mean_ci(x: np.ndarray, *, level: float = 0.95, num_resamples: int 
     num_blocks = starts.shape[1]
     cs = np.concatenate([[0.0], np.cumsum(x, dtype=float)])
     last = n - (num_blocks - 1) * b  # the final block is cut to make exactly n values
-    full = (cs[starts[:, :-1] + b] - cs[starts[:, :-1]]).sum(axis=1)
+    block_sums = cs[b:] - cs[:-b]
+    if b <= 255 and ((x == 0) | (x == 1)).all():
+        full = block_sums.astype(np.uint8)[starts][:, :-1].sum(axis=1, dtype=np.int64).astype(float)
+    else:
+        full = block_sums[starts][:, :-1].sum(axis=1)
     means = (full + cs[starts[:, -1] + last] - cs[starts[:, -1]]) / n
     lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
     return float(lo), float(hi)
@@ -221,9 +227,10 @@ def bootstrap_quantile_cis(
     x: np.ndarray, qs: Sequence[float], *, level: float = 0.95, num_resamples: int | None = None, seed: int = 0
 ) -> list[tuple[float | None, float | None]]:
     """`bootstrap_quantile_ci` of each of `qs` over one set of resamples of x (NaNs dropped): the same numbers
-    as one call per quantile with the same seed, for the cost of one. The resamples are taken a chunk at a
-    time (bounded memory); past FULL_RESAMPLE_MAX values, 1,000 m-out-of-n resamples of m = FULL_RESAMPLE_MAX
-    values, their spread scaled by sqrt(m / n), so a million values cost what 20,000 do."""
+    as one call per quantile with the same seed, for the cost of one. Past FULL_RESAMPLE_MAX values,
+    1,000 m-out-of-n resamples of m = FULL_RESAMPLE_MAX values, their spread scaled by sqrt(m / n), so a
+    million values cost what 20,000 do. The interval's ends are the order statistics of the resamples'
+    quantiles that `np.quantile` reads; `resample_quantile_ends` finds them without sorting every resample."""
     x = finite_values(x)
     n = len(x)
     if n < 2:
@@ -232,22 +239,193 @@ def bootstrap_quantile_cis(
     b = (num_resamples or int(max(100, min(1000, 20_000_000 // n)))) if full else 1000
     m = n if full else FULL_RESAMPLE_MAX
     starts = block_starts(n, b, np.random.default_rng(seed), m)
-    rows = min(b, max(1, RESAMPLE_CHUNK_VALUES // m))
-    # every block x could give, as a view (no copy): a resample is the blocks at its starts, copied whole
-    blocks = np.lib.stride_tricks.sliding_window_view(x, block_length(n))
-    chunks = []
-    for k in range(0, b, rows):
-        part = starts[k : k + rows]
-        values = blocks[part].reshape(len(part), -1)[:, :m]  # each block copied whole, not value by value
-        # (quantile, resample); the values are this chunk's alone, so partitioned where they lie
-        chunks.append(np.quantile(values, list(qs), axis=1, overwrite_input=True))
-    ends = np.quantile(np.concatenate(chunks, axis=1), [(1 - level) / 2, (1 + level) / 2], axis=1)
+    ends = resample_quantile_ends(x, starts, m, qs, ((1 - level) / 2, (1 + level) / 2))
     if not full:
         centre = np.quantile(x, list(qs))
         ends = centre[None, :] + np.sqrt(m / n) * (ends - centre[None, :])
     return [(float(lo), float(hi)) for lo, hi in ends.T]
 
 
+def resample_quantiles(x: np.ndarray, starts: np.ndarray, m: int, qs: Sequence[float]) -> np.ndarray:
+    """(quantile, resample): each of `qs` of each resample, the first m values of the blocks of
+    `block_length(len(x))` values at its row of `starts`. Taken a chunk of resamples at a time (bounded
+    memory), each block copied whole from a sliding-window view, then partitioned where it lies."""
+    blocks = np.lib.stride_tricks.sliding_window_view(x, block_length(len(x)))  # a view: no copy
+    rows = max(1, RESAMPLE_CHUNK_VALUES // m)
+    chunks = [np.empty((len(qs), 0))]
+    for k in range(0, len(starts), rows):
+        part = starts[k : k + rows]
+        values = blocks[part].reshape(len(part), -1)[:, :m]
+        chunks.append(np.quantile(values, list(qs), axis=1, overwrite_input=True))
+    return np.concatenate(chunks, axis=1)
+
+
+PILOT_RESAMPLES = 64  # resamples whose quantiles are found first, to place the thresholds
+SELECT_MIN_VALUES = 4_000_000  # below this many resampled values every resample is simply partitioned
+BYTE_FIELDS = 8  # thresholds counted in one pass over x: one byte of a uint64 each (a block holds <= 250 values)
+THRESHOLDS_PER_LEVEL = 4
+SPLIT_ABOVE = 200  # more resamples than this in the cells read: a few are found to split the cells
+
+
+def resample_quantile_ends(x: np.ndarray, starts: np.ndarray, m: int, qs: Sequence[float],
+                           levels: Sequence[float]) -> np.ndarray:
+    """`np.quantile(resample_quantiles(x, starts, m, qs), levels, axis=1)`, to the bit, without finding
+    every resample's quantiles: of 1,000 resamples' quantiles `levels` read 2 each, and the others need
+    only be placed on the right side of those. Counting a resample's values below a threshold places its
+    quantile, at the cost of its blocks, not of its values (`counts_below`):
+
+    1. the quantiles of PILOT_RESAMPLES resamples are found by partitioning; their order statistics nearest
+       each level become thresholds;
+    2. each resample's counts below the thresholds place its quantile in a cell between two of them (or a
+       few cells, where a threshold falls between the two order statistics the quantile interpolates);
+    3. the resamples that may lie in a cell holding an order statistic read are found, each from its values
+       inside its cells alone; every other one stands in as the lower threshold of its lowest cell, on the
+       same side as the found ones of every order statistic read, so those are the same.
+    """
+    num = len(starts)
+    if num * m < SELECT_MIN_VALUES or num < 4 * PILOT_RESAMPLES:
+        return np.quantile(resample_quantiles(x, starts, m, qs), list(levels), axis=1)
+    pilot = resample_quantiles(x, starts[:PILOT_RESAMPLES], m, qs)
+    ends = np.empty((len(levels), len(qs)))
+    for i, q in enumerate(qs):
+        found = np.full(num, np.nan)
+        found[:PILOT_RESAMPLES] = pilot[i]
+        ends[:, i] = quantile_ends(x, starts, m, q, found, levels)
+    return ends
+
+
+def quantile_ends(x: np.ndarray, starts: np.ndarray, m: int, q: float, found: np.ndarray,
+                  levels: Sequence[float]) -> np.ndarray:
+    """`resample_quantile_ends` of one quantile q: `found` holds the resamples' q-quantiles found so far
+    (NaN for the others: filled in where needed)."""
+    known = ~np.isnan(found)
+    # the q-quantile interpolates a resample's order statistics lo_k and hi_k (np.quantile's "linear")
+    virtual = np.float64(m - 1) * np.float64(q)
+    lo_k = m - 1 if virtual >= m - 1 else int(np.floor(virtual))
+    hi_k = min(lo_k + 1, m - 1)
+    gamma = virtual - (-1 if virtual >= m - 1 else lo_k)
+    thresholds, counts = np.empty(0), np.empty((len(starts), 0), dtype=np.int64)
+    groups = threshold_groups(np.sort(found[known]), levels)
+    while True:
+        if groups:  # count below the new thresholds too; (resample, threshold), thresholds ascending
+            thresholds, first = np.unique(np.concatenate([thresholds, *groups]), return_index=True)
+            counts = np.concatenate([counts, counts_below(x, starts, m, groups)], axis=1)[:, first]
+            groups = []
+        # a count of at most lo_k: the quantile is at or above the threshold; over hi_k: below it; between,
+        # the threshold lies between the two order statistics: in cells lowest..highest (cell c: between
+        # thresholds c - 1 and c; 0 below them all)
+        lowest = (counts <= lo_k).sum(axis=1)
+        highest = (counts <= hi_k).sum(axis=1)
+        floor_of = np.concatenate([[-np.inf], thresholds])
+        ceiling_of = np.concatenate([thresholds, [np.inf]])
+        # a cell from a threshold to the next float holds one value: that is the quantile
+        single = (lowest == highest) & (np.nextafter(floor_of, np.inf) == ceiling_of)[lowest] & ~known
+        found[single] = floor_of[lowest[single]]
+        known |= single
+        lowest[known] = highest[known] = np.searchsorted(thresholds, found[known], side="right")
+        read = np.concatenate([[0], np.cumsum(cells_read(lowest, highest, len(thresholds), levels))])
+        rows = np.flatnonzero((read[highest + 1] > read[lowest]) & ~known)  # a cell read among its possible
+        if not len(rows):
+            break
+        split = len(rows) > SPLIT_ABOVE
+        if split:  # too many to find: find a few, their quantiles new thresholds among them
+            rows = np.unique(rows[np.linspace(0, len(rows) - 1, BYTE_FIELDS).astype(np.int64)])
+        below = np.where(lowest[rows] > 0, counts[rows, np.maximum(lowest[rows] - 1, 0)], 0)
+        found[rows] = window_quantiles(x, starts[rows], m, (lo_k, hi_k, gamma), floor_of[lowest[rows]],
+                                       ceiling_of[highest[rows]], below)
+        known[rows] = True
+        if split and not np.isin(found[rows], thresholds).all():
+            groups = [np.setdiff1d(found[rows], thresholds)]
+    stand_in = np.where(known, found, np.concatenate([[x.min()], thresholds])[lowest])
+    return np.quantile(stand_in, list(levels))
+
+
+def threshold_groups(pilot: np.ndarray, levels: Sequence[float]) -> list[np.ndarray]:
+    """Thresholds from the sorted pilot quantiles: the THRESHOLDS_PER_LEVEL nearest each level's position,
+    and where the pilot repeats a value, the next float above it too (a resample's quantile there is that
+    value), in groups of at most BYTE_FIELDS."""
+    p = len(pilot)
+    picks = []
+    for lv in levels:
+        first = min(max(0, round(lv * (p - 1)) - THRESHOLDS_PER_LEVEL // 2), max(0, p - THRESHOLDS_PER_LEVEL))
+        picks.append(pilot[first:first + THRESHOLDS_PER_LEVEL])
+    t = np.unique(np.concatenate(picks))
+    repeated = pilot[1:][pilot[1:] == pilot[:-1]]
+    t = np.unique(np.concatenate([t, np.nextafter(t[np.isin(t, repeated)], np.inf)]))
+    return [t[i:i + BYTE_FIELDS] for i in range(0, len(t), BYTE_FIELDS)]
+
+
+def counts_below(x: np.ndarray, starts: np.ndarray, m: int, groups: Sequence[np.ndarray]) -> np.ndarray:
+    """(resample, threshold): how many of each resample's m values lie below each threshold of `groups`
+    (each at most BYTE_FIELDS sorted thresholds), in the order given. Per group, each value's below-flags
+    are packed one threshold a byte into a uint64 and prefix-summed over x: a block's difference of two
+    sums holds each of its counts, at most `block_length` <= 255, in its own byte (no carries), so a
+    resample's counts cost its blocks, not its values."""
+    b = block_length(len(x))
+    if b > 255:
+        raise ValueError(f"blocks of {b} values overflow a byte's count")
+    lens = np.full(starts.shape[1], b, dtype=np.int64)
+    lens[-1] = m - (starts.shape[1] - 1) * b  # the last block cut short, as the resamples are
+    ends = starts + lens
+    shifts = np.arange(BYTE_FIELDS, dtype=np.uint64) * np.uint64(8)
+    sums = np.zeros(len(x) + 1, dtype=np.uint64)
+    out = []
+    for t in groups:
+        # flags[r]: a value with r of the thresholds at or below it is below thresholds r, r + 1, ...
+        flags = ((np.arange(len(t))[None, :] >= np.arange(len(t) + 1)[:, None]).astype(np.uint64)
+                 << shifts[:len(t)]).sum(axis=1, dtype=np.uint64)
+        below = x < t[0]
+        packed = np.where(below, flags[0], np.uint64(0))
+        between = np.flatnonzero(~below & (x < t[-1]))  # the few values among the thresholds
+        packed[between] = flags[np.searchsorted(t, x[between], side="right")]
+        np.cumsum(packed, out=sums[1:])
+        diff = sums[ends] - sums[starts]  # (resample, block), wrapping as uint64 does: exact
+        per_block = diff.astype("<u8", copy=False).view(np.uint8).reshape(len(starts), -1, BYTE_FIELDS)
+        out.append(per_block.sum(axis=1, dtype=np.int64)[:, :len(t)])
+    return np.concatenate(out, axis=1)
+
+
+def cells_read(lowest: np.ndarray, highest: np.ndarray, num_thresholds: int, levels: Sequence[float]) -> np.ndarray:
+    """Whether each cell between thresholds may hold an order statistic `np.quantile(..., levels)` reads of
+    values each known to lie in cells lowest..highest: a cell's values are at positions from the number
+    surely below it to the number perhaps at or below it."""
+    size = num_thresholds + 1
+    surely_below = np.concatenate([[0], np.cumsum(np.bincount(highest, minlength=size))[:-1]])
+    perhaps_upto = np.cumsum(np.bincount(lowest, minlength=size))
+    read = np.zeros(size, dtype=bool)
+    for k in read_positions(len(lowest), levels):
+        read |= (surely_below <= k) & (perhaps_upto > k)
+    return read
+
+
+def read_positions(n: int, levels: Sequence[float]) -> np.ndarray:
+    """The positions in n sorted values that `np.quantile(..., levels)` ("linear") interpolates between."""
+    virtual = np.float64(n - 1) * np.asarray(levels, dtype=float)
+    below = np.floor(virtual).astype(np.int64)
+    return np.unique(np.clip(np.concatenate([below, below + 1]), 0, n - 1))
+
+
+def window_quantiles(x: np.ndarray, starts: np.ndarray, m: int, order: tuple[int, int, float],
+                     lower: np.ndarray, upper: np.ndarray, below: np.ndarray) -> np.ndarray:
+    """Each resample's quantile that interpolates its order statistics order = (lo_k, hi_k, gamma) as
+    np.quantile does, where both lie in [lower, upper) and `below` of its values lie below `lower`: from the
+    resample's values in that window alone, sorted."""
+    lo_k, hi_k, gamma = order
+    blocks = np.lib.stride_tricks.sliding_window_view(x, block_length(len(x)))
+    rows = max(1, RESAMPLE_CHUNK_VALUES // m)
+    out = np.empty(len(starts))
+    for k in range(0, len(starts), rows):
+        part = slice(k, k + rows)
+        values = blocks[starts[part]].reshape(len(starts[part]), -1)[:, :m]
+        inside = (values >= lower[part, None]) & (values < upper[part, None])
+        for r, (row, keep) in enumerate(zip(values, inside, strict=True), start=k):
+            kept = row[keep]
+            kept.partition([lo_k - below[r], hi_k - below[r]])
+            a, b = kept[lo_k - below[r]], kept[hi_k - below[r]]
+            # np.quantile's interpolation (numpy.lib._function_base_impl._lerp), to the bit
+            diff = b - a
+            out[r] = b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
+    return out
 
 
 def wilson_ci(num_met: int, n: int, *, level: float = 0.95) -> tuple[float, float]:
