@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from array import array
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -154,13 +155,14 @@ class StepTimes:
             self.tables.append(array("d"))
         return self.tables[replica]
 
-    def shifted(self, replica: int) -> np.ndarray:
-        """A replica's step times as its records report them (a copy)."""
-        t = np.array(self.table(replica), dtype=float)
+    def shifted(self, replica: int, start: int = 0) -> np.ndarray:
+        """A replica's step times from the start-th on, as its records report them (a copy)."""
+        t = np.array(self.table(replica)[start:], dtype=float)
         return t + self.shift_s if self.shift_s else t
 
 
-FOLD_TIMES = 1 << 22  # chunk times gathered before they are matched to step times (32 MB)
+FOLD_TIMES = 1 << 20  # chunk times gathered before they are matched to step times (8 MB: its temporary arrays
+# stay below the size from which each is mapped afresh, page by page)
 
 
 class RecordBuffer:
@@ -219,27 +221,32 @@ class RecordBuffer:
         one = np.zeros(num, dtype=bool)  # the record's times are one slice: (table, first) ...
         table, first = reps.copy(), np.zeros(num, dtype=np.int64)
         cuts: dict[int, list[tuple[int, int, int]]] = {}  # ... else its slices
+        nonempty = int(np.count_nonzero(lengths))
         for r in np.unique(reps[lengths > 0]).tolist():
             recs = np.flatnonzero((reps == r) & (lengths > 0))
-            t = self.steps.shifted(r)
             ln, st = lengths[recs], starts[recs]
+            # the step times from the earliest these records have on (a fold's records came late in the run)
+            base = max(bisect_left(self.steps.table(r), float(x[st].min()) - self.steps.shift_s) - 1, 0)
+            t = self.steps.shifted(r, base)
             if not len(t):
                 t = np.full(1, np.nan)  # (no step: every time is kept as it came)
             i0 = np.searchsorted(t, x[st])
             fits = i0 + ln <= len(t)
             i0 = np.where(fits, i0, 0)
-            owner = np.repeat(np.arange(len(recs)), ln)
-            at = np.minimum(spans(i0, ln), len(t) - 1)
-            mismatch = x[spans(st, ln)] != t[at]
-            same = fits & (np.bincount(owner[mismatch], minlength=len(recs)) == 0)
-            one[recs[same]], first[recs[same]] = True, i0[same]
+            at = spans(i0, ln)
+            np.minimum(at, len(t) - 1, out=at)
+            xs = x if len(recs) == nonempty else x[spans(st, ln)]  # (one replica: every time gathered)
+            wrong = np.flatnonzero(xs != t[at])
+            same = fits.copy()
+            same[np.searchsorted(np.cumsum(ln), wrong, side="right")] = False
+            one[recs[same]], first[recs[same]] = True, base + i0[same]
             for j in np.flatnonzero(~same).tolist():  # preempted (skipped steps), or times no step has
                 mine = x[st[j]:st[j] + ln[j]]
                 at = np.minimum(np.searchsorted(t, mine), len(t) - 1)
                 if (t[at] == mine).all():
                     cut = np.flatnonzero(np.diff(at) != 1) + 1
                     bounds = [0, *cut.tolist(), len(at)]
-                    cuts[int(recs[j])] = [(r, int(at[a]), b - a) for a, b in zip(bounds, bounds[1:], strict=False)]
+                    cuts[int(recs[j])] = [(r, base + int(at[a]), b - a) for a, b in zip(bounds, bounds[1:], strict=False)]
                 else:
                     cuts[int(recs[j])] = [(-1, len(self.raw), len(mine))]
                     self.raw.extend(mine.tolist())
