@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from slobench.run.columnar import Columns, StepChunks, columns_of_rows
+from slobench.run.columnar import Columns, StepChunks, columns_of_rows, spans
 from slobench.run.records import RequestRecord
 
 QUANTILES = (0.5, 0.9, 0.99)
@@ -188,28 +188,29 @@ class GapCounts:
     """A run's inter-token gaps as values with counts, for chunk times that are slices of shared step times
     (`StepChunks`): a gap within a slice is a difference of consecutive step times, counted once per
     request whose slice spans it, so a million simulated requests' 156 million gaps are a few million
-    pairs. `total` is their sum in request order as `np.sum` of the gaps laid out gives it (`pairwise_sum`),
-    so `describe` gives what `describe(self.expand())` does, bit for bit."""
+    pairs. Laid out request by request they are `pool[spans(starts, lengths)]` (`expand`); `total` is
+    their sum as `np.sum` of that array gives it (`pairwise_sum`), so `describe` gives what
+    `describe(self.expand())` does, bit for bit."""
 
     values: np.ndarray
     counts: np.ndarray
     total: float
-    steps: StepChunks
+    pool: np.ndarray  # the step times' differences, then the gaps between two slices of a request
+    starts: np.ndarray
     lengths: np.ndarray
-    is_ok: np.ndarray
 
     def __len__(self) -> int:
         return int(self.counts.sum())
 
     def expand(self) -> np.ndarray:
-        """The gaps laid out, request by request (`chunk_gaps`)."""
-        return chunk_gaps(self.steps.times(), self.lengths, self.is_ok, in_place=True)
+        """The gaps laid out, request by request (what `chunk_gaps` makes of the chunk times)."""
+        return self.pool[spans(self.starts, self.lengths)]
 
     def describe(self) -> dict[str, float | None]:
         """`describe` of the gaps laid out: np.quantile's order statistics read off the sorted values'
         running counts, interpolated as `windowed_quantiles` does."""
         n = len(self)
-        order = np.argsort(self.values, kind="stable")
+        order = np.argsort(self.values)
         values, upto = self.values[order], np.cumsum(self.counts[order])
         q = np.asarray(QUANTILES, dtype=float)
         virtual = (n - 1) * q
@@ -224,8 +225,8 @@ class GapCounts:
 
 
 def step_gaps(steps: StepChunks, lengths: np.ndarray, is_ok: np.ndarray) -> np.ndarray | GapCounts:
-    """`chunk_gaps` of chunk times held as `StepChunks`: laid out where there are few (or any is not finite),
-    else as `GapCounts`."""
+    """`chunk_gaps` of chunk times held as `StepChunks`: laid out where there are few (or any is not
+    finite), else as `GapCounts`."""
     counted = is_ok & (lengths > 1)
     num = int((lengths[counted] - 1).sum())
     if num < GAP_COUNTS_MIN:
@@ -233,35 +234,43 @@ def step_gaps(steps: StepChunks, lengths: np.ndarray, is_ok: np.ndarray) -> np.n
     per = np.diff(steps.ends)
     kept = np.repeat(counted, per)  # per slice: its request's gaps are counted
     start, length = steps.starts[kept], steps.lengths[kept]
+    pool = steps.pool
     # within a slice: gap p (pool[p + 1] - pool[p]) counted once per kept slice that spans it
+    size = len(pool) + 1
     inner = length > 1
-    size = len(steps.pool) + 1
     span = np.bincount(start[inner], minlength=size) - np.bincount(start[inner] + length[inner] - 1, minlength=size)
     counts = np.cumsum(span[:-2])
     spanned = np.flatnonzero(counts)
-    pool = steps.pool
+    steps_gaps = np.diff(pool)
     # between two slices of one request: from the last time of one to the first of the next
     later = np.ones(len(start), dtype=bool)
     later[(np.cumsum(per[counted]) - per[counted])[per[counted] > 0]] = False
     prev = np.flatnonzero(later) - 1
     across = pool[start[later]] - pool[start[prev] + length[prev] - 1]
-    values = np.concatenate([pool[spanned + 1] - pool[spanned], across])
+    values = np.concatenate([steps_gaps[spanned], across])
     weights = np.concatenate([counts[spanned], np.ones(len(across), dtype=np.int64)])
     if int(weights.sum()) != num:
         raise AssertionError(f"{int(weights.sum())} gaps counted of {num}")
-    total = pairwise_sum(_gap_blocks(steps, lengths, is_ok), num)
+    # laid out: per slice, the gap from the request's slice before (if any), then those within it
+    gaps = np.concatenate([steps_gaps, across])
+    g_start = np.empty(2 * len(start), dtype=np.int64)
+    g_len = np.empty(2 * len(start), dtype=np.int64)
+    g_start[0::2] = len(steps_gaps) + np.cumsum(later) - 1
+    g_len[0::2] = later
+    g_start[1::2], g_len[1::2] = start, length - 1
+    total = pairwise_sum(_gap_blocks(gaps, g_start, g_len), num)
     if not (np.isfinite(total) and np.isfinite(values).all()):
         return chunk_gaps(steps.times(), lengths, is_ok, in_place=True)
-    return GapCounts(values, weights, total, steps, lengths, is_ok)
+    return GapCounts(values, weights, total, gaps, g_start, g_len)
 
 
-def _gap_blocks(steps: StepChunks, lengths: np.ndarray, is_ok: np.ndarray) -> Iterator[np.ndarray]:
-    """The gaps `chunk_gaps` lays out, a block of requests at a time."""
+def _gap_blocks(pool: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> Iterator[np.ndarray]:
+    """`pool[spans(starts, lengths)]`, about GAP_BLOCK values at a time."""
     ends = np.cumsum(lengths)
     lo = 0
     while lo < len(lengths):
         hi = max(int(np.searchsorted(ends, ends[lo] + GAP_BLOCK, side="right")), lo + 1)
-        yield chunk_gaps(steps.times(lo, hi), lengths[lo:hi], is_ok[lo:hi], in_place=True)
+        yield pool[spans(starts[lo:hi], lengths[lo:hi])]
         lo = hi
 
 
@@ -272,19 +281,19 @@ def pairwise_sum(blocks: Iterator[np.ndarray], n: int) -> float:
     """`np.add.reduce` of the `n` values the blocks hold, one after another, bit for bit, without laying
     them out: numpy sums a contiguous array by halves (each cut at a multiple of 8) down to blocks of 128,
     so the same halving down to PAIRWISE_LEAF values, each summed by numpy, makes the same additions."""
-    held: list[np.ndarray] = []
-    have = 0
+    held = np.zeros(0)  # what the blocks gave that is not summed yet
 
     def take(k: int) -> np.ndarray:
-        nonlocal have
-        while have < k:
-            b = next(blocks)
-            held.append(b)
-            have += len(b)
-        joined = np.concatenate(held) if len(held) > 1 else held[0]
-        held[:] = [joined[k:]] if len(joined) > k else []
-        have -= k
-        return joined[:k]
+        nonlocal held
+        if len(held) < k:
+            more = [held]
+            have = len(held)
+            while have < k:
+                more.append(next(blocks))
+                have += len(more[-1])
+            held = np.concatenate(more)
+        out, held = held[:k], held[k:]
+        return out
 
     def halves(k: int) -> float:
         if k <= PAIRWISE_LEAF:
