@@ -207,26 +207,29 @@ class GapCounts:
         return self.pool[spans(self.starts, self.lengths)]
 
     def describe(self) -> dict[str, float | None]:
-        """`describe` of the gaps laid out: np.quantile's order statistics read off the sorted values'
-        running counts, interpolated as `windowed_quantiles` does."""
+        """`describe` of the gaps laid out: np.quantile's order statistics read off the running counts of
+        the values in order, interpolated as `windowed_quantiles` does."""
         n = len(self)
         order = np.argsort(self.values)
-        values, upto = self.values[order], np.cumsum(self.counts[order])
+        upto = self.counts[order]
+        np.cumsum(upto, out=upto)
         q = np.asarray(QUANTILES, dtype=float)
         virtual = (n - 1) * q
         lo = np.floor(virtual).astype(np.int64)
         out: dict[str, float | None] = {"mean": float(np.float64(self.total) / n)}
         for j, qj in enumerate(QUANTILES):
             rank = np.minimum([lo[j], lo[j] + 1], n - 1)
-            pair = values[np.searchsorted(upto, rank, side="right")]
+            pair = self.values[order[np.searchsorted(upto, rank, side="right")]]
             out[f"p{_qname(qj)}"] = float(np.quantile(pair, virtual[j] - np.floor(virtual[j])))
-        out["max"] = float(values[-1])
+        out["max"] = float(np.max(self.values, where=self.counts > 0, initial=-np.inf))
         return out
 
 
 def step_gaps(steps: StepChunks, lengths: np.ndarray, is_ok: np.ndarray) -> np.ndarray | GapCounts:
     """`chunk_gaps` of chunk times held as `StepChunks`: laid out where there are few (or any is not
-    finite), else as `GapCounts`."""
+    finite), else as `GapCounts`: every difference of consecutive step times (each counted once per
+    request whose slice spans it; none for most of those between two replicas' tables), then the gaps
+    between two slices of one request."""
     counted = is_ok & (lengths > 1)
     num = int((lengths[counted] - 1).sum())
     if num < GAP_COUNTS_MIN:
@@ -235,33 +238,38 @@ def step_gaps(steps: StepChunks, lengths: np.ndarray, is_ok: np.ndarray) -> np.n
     kept = np.repeat(counted, per)  # per slice: its request's gaps are counted
     start, length = steps.starts[kept], steps.lengths[kept]
     pool = steps.pool
-    # within a slice: gap p (pool[p + 1] - pool[p]) counted once per kept slice that spans it
     size = len(pool) + 1
-    inner = length > 1
-    span = np.bincount(start[inner], minlength=size) - np.bincount(start[inner] + length[inner] - 1, minlength=size)
-    counts = np.cumsum(span[:-2])
-    spanned = np.flatnonzero(counts)
-    steps_gaps = np.diff(pool)
     # between two slices of one request: from the last time of one to the first of the next
     later = np.ones(len(start), dtype=bool)
     later[(np.cumsum(per[counted]) - per[counted])[per[counted] > 0]] = False
     prev = np.flatnonzero(later) - 1
     across = pool[start[later]] - pool[start[prev] + length[prev] - 1]
-    values = np.concatenate([steps_gaps[spanned], across])
-    weights = np.concatenate([counts[spanned], np.ones(len(across), dtype=np.int64)])
+    inner = max(size - 2, 0)  # gap p < inner: pool[p + 1] - pool[p]
+    gaps = np.empty(inner + len(across))
+    np.subtract(pool[1:], pool[:-1], out=gaps[:inner])
+    gaps[inner:] = across
+    # within a slice: gap p counted once per kept slice that spans it
+    spanning = length > 1
+    spans_at = np.bincount(start[spanning], minlength=size)
+    spans_at -= np.bincount(start[spanning] + length[spanning] - 1, minlength=size)
+    np.cumsum(spans_at, out=spans_at)
+    weights = np.ones(len(gaps), dtype=np.int64)
+    weights[:inner] = spans_at[:inner]
+    del spans_at
     if int(weights.sum()) != num:
         raise AssertionError(f"{int(weights.sum())} gaps counted of {num}")
     # laid out: per slice, the gap from the request's slice before (if any), then those within it
-    gaps = np.concatenate([steps_gaps, across])
     g_start = np.empty(2 * len(start), dtype=np.int64)
     g_len = np.empty(2 * len(start), dtype=np.int64)
-    g_start[0::2] = len(steps_gaps) + np.cumsum(later) - 1
+    g_start[0::2] = inner + np.cumsum(later) - 1
     g_len[0::2] = later
     g_start[1::2], g_len[1::2] = start, length - 1
     total = pairwise_sum(_gap_blocks(gaps, g_start, g_len), num)
-    if not (np.isfinite(total) and np.isfinite(values).all()):
+    used = weights > 0
+    if not (np.isfinite(total) and np.isfinite(np.max(gaps, where=used, initial=-np.inf))
+            and np.isfinite(np.min(gaps, where=used, initial=np.inf))):
         return chunk_gaps(steps.times(), lengths, is_ok, in_place=True)
-    return GapCounts(values, weights, total, gaps, g_start, g_len)
+    return GapCounts(gaps, weights, total, gaps, g_start, g_len)
 
 
 def _gap_blocks(pool: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> Iterator[np.ndarray]:

@@ -278,9 +278,12 @@ class RecordBuffer:
         if self.steps is None:
             return Columns(values, np.frombuffer(self.times, dtype=float), offsets)
         self._fold()
-        tables = [self.steps.shifted(r) for r in range(len(self.steps.tables))]
-        base = np.cumsum([0] + [len(t) for t in tables])  # where each table starts in the pool; then `raw`
-        pool = np.concatenate([*tables, np.frombuffer(self.raw, dtype=float)])
+        base = np.cumsum([0] + [len(t) for t in self.steps.tables])  # each table's start in the pool; then `raw`
+        if len(self.steps.tables) == 1 and not self.raw and not self.steps.shift_s:
+            pool = np.frombuffer(self.steps.tables[0], dtype=float)  # (no copy: the table takes no more times)
+        else:
+            pool = np.concatenate([*(self.steps.shifted(r) for r in range(len(self.steps.tables))),
+                                   np.frombuffer(self.raw, dtype=float)])
         s_table = np.concatenate([f[0] for f in self.slices])
         s_start = np.concatenate([f[1] for f in self.slices])
         ends = np.zeros(n + 1, dtype=np.int64)
