@@ -11,13 +11,13 @@ Records become numpy columns once, here; everything downstream works on `RecordA
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from slobench.run.columnar import Columns, columns_of_rows
+from slobench.run.columnar import Columns, StepChunks, columns_of_rows, spans
 from slobench.run.records import RequestRecord
 
 QUANTILES = (0.5, 0.9, 0.99)
@@ -40,7 +40,7 @@ class RecordArrays:
     tag: np.ndarray  # object: each request's tag (request class or phase), "" where none
     is_ok: np.ndarray
     status: np.ndarray  # str
-    itl_s: np.ndarray  # all chunk gaps of successful requests, flattened, request by request
+    gaps: np.ndarray | GapCounts  # all chunk gaps of successful requests, request by request (`itl_s`)
     is_whole: np.ndarray  # bool: the answer came in one piece, not streamed (no chunks, first token = done)
 
     @classmethod
@@ -93,12 +93,18 @@ class RecordArrays:
             tag=np.where(tag.astype(bool), tag, "").astype(object),
             is_ok=is_ok,
             status=status,
-            itl_s=chunk_gaps(c.chunk_times_s, lengths, is_ok, in_place=consume),
+            gaps=chunk_gaps(c.chunk_times_s, lengths, is_ok, in_place=consume) if c.steps is None else
+            step_gaps(c.steps, lengths, is_ok),
             is_whole=(lengths == 0) & (first == done),
         )
 
     def __len__(self) -> int:
         return len(self.request_id)
+
+    @property
+    def itl_s(self) -> np.ndarray:
+        """Every chunk gap of the successful requests, flattened, request by request."""
+        return self.gaps if isinstance(self.gaps, np.ndarray) else self.gaps.expand()
 
     # --- per-request latencies: NaN for a failed request (its times describe the failure, not the service:
     # an HTTP 500 in 7 ms is no 7 ms E2E) and for requests that never produced the needed times ---
@@ -172,6 +178,139 @@ def chunk_gaps(flat_s: np.ndarray, lengths: np.ndarray, is_ok: np.ndarray, *, in
         out[at:at + len(kept)] = kept
         at += len(kept)
     return out
+
+
+GAP_COUNTS_MIN = 1 << 22  # gaps from which shared step times are counted (`GapCounts`), not expanded
+
+
+@dataclass(frozen=True, slots=True)
+class GapCounts:
+    """A run's inter-token gaps as values with counts, for chunk times that are slices of shared step times
+    (`StepChunks`): a gap within a slice is a difference of consecutive step times, counted once per
+    request whose slice spans it, so a million simulated requests' 156 million gaps are a few million
+    pairs. Laid out request by request they are `pool[spans(starts, lengths)]` (`expand`); `total` is
+    their sum as `np.sum` of that array gives it (`pairwise_sum`), so `describe` gives what
+    `describe(self.expand())` does, bit for bit."""
+
+    values: np.ndarray
+    counts: np.ndarray
+    total: float
+    pool: np.ndarray  # the step times' differences, then the gaps between two slices of a request
+    starts: np.ndarray
+    lengths: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.counts.sum())
+
+    def expand(self) -> np.ndarray:
+        """The gaps laid out, request by request (what `chunk_gaps` makes of the chunk times)."""
+        return self.pool[spans(self.starts, self.lengths)]
+
+    def describe(self) -> dict[str, float | None]:
+        """`describe` of the gaps laid out: np.quantile's order statistics read off the running counts of
+        the values in order, interpolated as `windowed_quantiles` does."""
+        n = len(self)
+        order = np.argsort(self.values)
+        upto = self.counts[order]
+        np.cumsum(upto, out=upto)
+        q = np.asarray(QUANTILES, dtype=float)
+        virtual = (n - 1) * q
+        lo = np.floor(virtual).astype(np.int64)
+        out: dict[str, float | None] = {"mean": float(np.float64(self.total) / n)}
+        for j, qj in enumerate(QUANTILES):
+            rank = np.minimum([lo[j], lo[j] + 1], n - 1)
+            pair = self.values[order[np.searchsorted(upto, rank, side="right")]]
+            out[f"p{_qname(qj)}"] = float(np.quantile(pair, virtual[j] - np.floor(virtual[j])))
+        out["max"] = float(np.max(self.values, where=self.counts > 0, initial=-np.inf))
+        return out
+
+
+def step_gaps(steps: StepChunks, lengths: np.ndarray, is_ok: np.ndarray) -> np.ndarray | GapCounts:
+    """`chunk_gaps` of chunk times held as `StepChunks`: laid out where there are few (or any is not
+    finite), else as `GapCounts`: every difference of consecutive step times (each counted once per
+    request whose slice spans it; none for most of those between two replicas' tables), then the gaps
+    between two slices of one request."""
+    counted = is_ok & (lengths > 1)
+    num = int((lengths[counted] - 1).sum())
+    if num < GAP_COUNTS_MIN:
+        return chunk_gaps(steps.times(), lengths, is_ok, in_place=True)
+    per = np.diff(steps.ends)
+    kept = np.repeat(counted, per)  # per slice: its request's gaps are counted
+    start, length = steps.starts[kept], steps.lengths[kept]
+    pool = steps.pool
+    size = len(pool) + 1
+    # between two slices of one request: from the last time of one to the first of the next
+    later = np.ones(len(start), dtype=bool)
+    later[(np.cumsum(per[counted]) - per[counted])[per[counted] > 0]] = False
+    prev = np.flatnonzero(later) - 1
+    across = pool[start[later]] - pool[start[prev] + length[prev] - 1]
+    inner = max(size - 2, 0)  # gap p < inner: pool[p + 1] - pool[p]
+    gaps = np.empty(inner + len(across))
+    np.subtract(pool[1:], pool[:-1], out=gaps[:inner])
+    gaps[inner:] = across
+    # within a slice: gap p counted once per kept slice that spans it
+    spanning = length > 1
+    spans_at = np.bincount(start[spanning], minlength=size)
+    spans_at -= np.bincount(start[spanning] + length[spanning] - 1, minlength=size)
+    np.cumsum(spans_at, out=spans_at)
+    weights = np.ones(len(gaps), dtype=np.int64)
+    weights[:inner] = spans_at[:inner]
+    del spans_at
+    if int(weights.sum()) != num:
+        raise AssertionError(f"{int(weights.sum())} gaps counted of {num}")
+    # laid out: per slice, the gap from the request's slice before (if any), then those within it
+    g_start = np.empty(2 * len(start), dtype=np.int64)
+    g_len = np.empty(2 * len(start), dtype=np.int64)
+    g_start[0::2] = inner + np.cumsum(later) - 1
+    g_len[0::2] = later
+    g_start[1::2], g_len[1::2] = start, length - 1
+    total = pairwise_sum(_gap_blocks(gaps, g_start, g_len), num)
+    used = weights > 0
+    if not (np.isfinite(total) and np.isfinite(np.max(gaps, where=used, initial=-np.inf))
+            and np.isfinite(np.min(gaps, where=used, initial=np.inf))):
+        return chunk_gaps(steps.times(), lengths, is_ok, in_place=True)
+    return GapCounts(gaps, weights, total, gaps, g_start, g_len)
+
+
+def _gap_blocks(pool: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> Iterator[np.ndarray]:
+    """`pool[spans(starts, lengths)]`, about GAP_BLOCK values at a time."""
+    ends = np.cumsum(lengths)
+    lo = 0
+    while lo < len(lengths):
+        hi = max(int(np.searchsorted(ends, ends[lo] + GAP_BLOCK, side="right")), lo + 1)
+        yield pool[spans(starts[lo:hi], lengths[lo:hi])]
+        lo = hi
+
+
+PAIRWISE_LEAF = 1 << 16  # values summed by one np.add.reduce call in `pairwise_sum`
+
+
+def pairwise_sum(blocks: Iterator[np.ndarray], n: int) -> float:
+    """`np.add.reduce` of the `n` values the blocks hold, one after another, bit for bit, without laying
+    them out: numpy sums a contiguous array by halves (each cut at a multiple of 8) down to blocks of 128,
+    so the same halving down to PAIRWISE_LEAF values, each summed by numpy, makes the same additions."""
+    held = np.zeros(0)  # what the blocks gave that is not summed yet
+
+    def take(k: int) -> np.ndarray:
+        nonlocal held
+        if len(held) < k:
+            more = [held]
+            have = len(held)
+            while have < k:
+                more.append(next(blocks))
+                have += len(more[-1])
+            held = np.concatenate(more)
+        out, held = held[:k], held[k:]
+        return out
+
+    def halves(k: int) -> float:
+        if k <= PAIRWISE_LEAF:
+            return float(np.add.reduce(take(k))) if k else 0.0
+        h = k // 2
+        h -= h % 8
+        return halves(h) + halves(k - h)
+
+    return halves(n)
 
 
 def finite_values(x: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 import numpy as np
 
 from slobench.analysis.metrics import (
+    GapCounts,
     RecordArrays,
     achieved_send_rps,
     describe,
@@ -103,6 +104,14 @@ class Dist:
         beyond = {n: int(d[f"{n}_beyond"]) for _, n in CI_QUANTILES if d.get(f"{n}_beyond") is not None}
         return cls(mean=_num(d.get("mean")), p50=_num(d.get("p50")), p90=_num(d.get("p90")), p99=_num(d.get("p99")),
                    max=_num(d.get("max")), count=d.get("count"), ci=ci or None, beyond=beyond or None)
+
+
+def gap_dist(gaps: np.ndarray | GapCounts) -> Dist:
+    """`Dist.of` the inter-token gaps, laid out or counted (`GapCounts.describe`: the same numbers)."""
+    if isinstance(gaps, np.ndarray):
+        return Dist.of(gaps)
+    d = gaps.describe()
+    return Dist(d["mean"], d["p50"], d["p90"], d["p99"], d["max"], len(gaps))
 
 
 def _num(v: Any) -> float | None:
@@ -409,7 +418,7 @@ def summarize(source: RunColumns | Sequence[RequestRecord] | Path, slo: SLO | No
         total_token_throughput_tps=tp.total_tokens_per_s, achieved_send_rps=achieved_send_rps(a),
         ttft=Dist.of(a.ttft_s, intervals=ci, seed=seed),
         ttft_from_scheduled=Dist.of(a.ttft_from_scheduled_s, intervals=ci, seed=seed),
-        tpot=Dist.of(a.tpot_s, intervals=ci, seed=seed), itl=Dist.of(a.itl_s),
+        tpot=Dist.of(a.tpot_s, intervals=ci, seed=seed), itl=gap_dist(a.gaps),
         e2e=Dist.of(a.e2e_s, intervals=ci, seed=seed), e2e_from_scheduled=Dist.of(a.e2e_from_scheduled_s),
         output_tokens=Dist.of(a.output_tokens.astype(float)), prompt_tokens=Dist.of(a.prompt_tokens.astype(float)),
         client=client_health(a, slo), num_warmup=cols.num_warmup,

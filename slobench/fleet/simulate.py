@@ -42,7 +42,7 @@ from slobench.fleet.replica import (
 )
 from slobench.fleet.routing import ROUTERS, Router
 from slobench.fleet.sim_blocks import SimBlockManager, shared_prefix_blocks
-from slobench.run.columnar import RecordBuffer
+from slobench.run.columnar import RecordBuffer, StepTimes
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.engine import refusal_error
 from slobench.targets.options import Api
@@ -305,6 +305,7 @@ def simulate_records(
     *,
     fleet: dict[str, Any] | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
+    step_times: StepTimes | None = None,
     **knobs: Any,
 ) -> list[RequestRecord]:
     """The records of one virtual-clock run, in arrival order. `engine`: knobs or a factory of fresh engines
@@ -325,7 +326,9 @@ def simulate_records(
     `specs`: a list (sorted here), or requests made as they are taken, in arrival order (`FlatSpecs`, a
     streamed trace), each dropped once it has arrived. `on_record`: each record handed on in arrival order
     as soon as it and every request before it are done, none kept (the list returned is then empty), so
-    memory holds the requests in flight, not the run (a prefill/decode fleet hands them all on at its end)."""
+    memory holds the requests in flight, not the run (a prefill/decode fleet hands them all on at its end).
+    `step_times`: each replica's step end times are appended to its table there, as its tokens come (not those
+    of a prefill/decode fleet)."""
     opts = SimOptions.of(opts, knobs)
     if isinstance(engine, Mapping):
         engine, named = split_fleet_knobs(dict(engine), opts.router)
@@ -424,6 +427,8 @@ def simulate_records(
         ran = decode_run(eng, t_arrival) if opts.decode_runs else None
         if ran is not None:  # a stretch of plain decode steps, taken at once (slobench.fleet.decode_run)
             times = ran.times_s
+            if step_times is not None:
+                step_times.table(rep.index).extend(times)
             mine = by_rid[rep.index]
             rep.num_output_tokens += record_run(ran, mine.__getitem__)
             ends = ran.ends
@@ -438,6 +443,7 @@ def simulate_records(
                             "reports no modeled step time: a virtual-clock run needs a modeled executor")
         if eng.num_steps == steps and not events:
             rep.stuck = True  # nothing could be scheduled: only an arrival can help
+        table = step_times.table(rep.index) if step_times is not None else None
         for ev in events:
             rec = by_rid[rep.index][ev.request_id]
             if ev.num_cached_tokens is not None:
@@ -446,6 +452,8 @@ def simulate_records(
                 if rec.first_token_s is None:
                     rec.first_token_s = ev.time_s
                 rec.chunk_times_s.append(ev.time_s)
+                if table is not None and (not table or table[-1] != ev.time_s):
+                    table.append(ev.time_s)
                 rec.chunk_tokens.append(1)
                 rec.output_tokens += 1
                 rep.num_output_tokens += 1
@@ -481,7 +489,7 @@ def simulate_run(
     `intervals=False` leaves out the bootstrap intervals (they cost several times the simulation itself;
     capacity searches decide on replicates instead). `on_record`: each record handed on as `simulate_records`
     streams it (to a run directory), none returned; the summary is then made from their columns, gathered as
-    they go (`RecordBuffer`: numbers and chunk times in flat arrays, no record kept).
+    they go (`RecordBuffer`: numbers in flat arrays, chunk times as slices of the step times, no record kept).
     """
     opts = SimOptions.of(opts, knobs)
     fleet: dict[str, Any] = {}
@@ -489,13 +497,14 @@ def simulate_run(
         records = simulate_records(specs, engine, opts, fleet=fleet)
         summary = summarize(records, slo, seed=opts.seed, intervals=intervals)
     else:
-        kept = RecordBuffer(tokens=False)  # (the summary reads chunk times only)
+        # (the summary reads chunk times only, and those as slices of the step times where it can)
+        kept = RecordBuffer(tokens=False, steps=StepTimes(opts.request_overhead_s))
 
         def keep(rec: RequestRecord) -> None:
             on_record(rec)
             kept.add(rec)
 
-        records = simulate_records(specs, engine, opts, fleet=fleet, on_record=keep)
+        records = simulate_records(specs, engine, opts, fleet=fleet, on_record=keep, step_times=kept.steps)
         # (the buffer is ours to give away: its chunk times are overwritten by the gaps between them)
         summary = summarize(run_columns(kept.columns(), consume=True), slo, seed=opts.seed, intervals=intervals)
     return records, replace(summary, clock="virtual", fleet=fleet if opts.replicas != 1 or "prefill" in fleet else None)

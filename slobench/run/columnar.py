@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from array import array
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -69,6 +70,7 @@ class Columns:
     values: dict[str, np.ndarray]
     chunk_times_s: np.ndarray
     chunk_offsets: np.ndarray
+    steps: StepChunks | None = None  # the chunk times as slices of shared step times (chunk_times_s is empty)
 
     def __len__(self) -> int:
         return len(self.chunk_offsets) - 1
@@ -79,9 +81,43 @@ class Columns:
         lengths = ends - starts
         offsets = np.zeros(len(idx) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        # each kept chunk's position in the flat array: its request's start plus its rank within the request
-        pos = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
-        return Columns({k: v[idx] for k, v in self.values.items()}, self.chunk_times_s[pos], offsets)
+        values = {k: v[idx] for k, v in self.values.items()}
+        if self.steps is not None:
+            return Columns(values, self.chunk_times_s, offsets, self.steps.take(idx))
+        return Columns(values, self.chunk_times_s[spans(starts, lengths)], offsets)
+
+
+def spans(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The indices `starts[i]`, ..., `starts[i] + lengths[i] - 1` of every i, one after another."""
+    offsets = np.zeros(len(starts) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return np.repeat(np.asarray(starts, dtype=np.int64) - offsets[:-1], lengths) + np.arange(offsets[-1])
+
+
+@dataclass(frozen=True, slots=True)
+class StepChunks:
+    """Every record's chunk times as slices of one array (`pool`): a simulated replica's step end times, which
+    every request decoding in a step shares, so a request's chunk times are mostly one slice of them (more
+    where it was preempted), and times that are no replica's steps held as they came. Record i's slices are
+    `starts[ends[i]:ends[i + 1]]` with their `lengths`: about one a record in place of ~150 times."""
+
+    pool: np.ndarray
+    starts: np.ndarray
+    lengths: np.ndarray
+    ends: np.ndarray
+
+    def take(self, idx: np.ndarray) -> StepChunks:
+        first = self.ends[idx]
+        count = self.ends[idx + 1] - first
+        ends = np.zeros(len(idx) + 1, dtype=np.int64)
+        np.cumsum(count, out=ends[1:])
+        pos = spans(first, count)
+        return StepChunks(self.pool, self.starts[pos], self.lengths[pos], ends)
+
+    def times(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """The chunk times of records lo to hi (by default all), one record after another."""
+        a, b = int(self.ends[lo]), int(self.ends[len(self.ends) - 1 if hi is None else hi])
+        return self.pool[spans(self.starts[a:b], self.lengths[a:b])]
 
 
 def columns_of_rows(rows: Sequence[Any], get: Callable[[Any, str], Any]) -> Columns:
@@ -106,18 +142,52 @@ _STRINGS = attrgetter(*STRINGS)
 _NAN = float("nan")
 
 
+class StepTimes:
+    """Each replica's step end times, in order, as a simulator steps (`table(replica)`, appended to): the
+    times its requests' chunks come at. `shift_s` is added to every time a record reports after its send."""
+
+    def __init__(self, shift_s: float = 0.0) -> None:
+        self.shift_s = shift_s
+        self.tables: list[array[float]] = []
+
+    def table(self, replica: int) -> array[float]:
+        while len(self.tables) <= replica:
+            self.tables.append(array("d"))
+        return self.tables[replica]
+
+    def shifted(self, replica: int, start: int = 0) -> np.ndarray:
+        """A replica's step times from the start-th on, as its records report them (a copy)."""
+        t = np.array(self.table(replica)[start:], dtype=float)
+        return t + self.shift_s if self.shift_s else t
+
+
+FOLD_TIMES = 1 << 20  # chunk times gathered before they are matched to step times (8 MB: its temporary arrays
+# stay below the size from which each is mapped afresh, page by page)
+
+
 class RecordBuffer:
     """Records in compact arrays, none kept (a row group's; a simulated run's, for its summary): a record's
     numbers one row of `numbers`, its chunk times and token counts appended to flat arrays with their
-    running ends. About a third of what serialising the record's JSON line costs."""
+    running ends. About a third of what serialising the record's JSON line costs.
 
-    def __init__(self, *, tokens: bool = True) -> None:
+    steps: the run's step times (a simulated run's summary): every FOLD_TIMES chunk times, each record's are
+    matched to slices of its replica's step times and dropped (`columns` then holds `StepChunks`); times no
+    step has are kept as they came. A million requests' 157 million chunk times become ~1 slice each."""
+
+    def __init__(self, *, tokens: bool = True, steps: StepTimes | None = None) -> None:
         self.keep_tokens = tokens  # False: chunk token counts are not kept (`columns` has none)
         self.numbers = array("d")
         self.strings: list[tuple[str | None, ...]] = []
         self.is_warmup = array("b")
         self.times, self.times_end = array("d"), array("q", [0])
         self.tokens, self.tokens_end = array("i"), array("q", [0])
+        self.steps = steps
+        self.folded = 0  # records whose chunk times were matched to step times (and left `times`)
+        self.times_base = 0  # how many chunk times those records had
+        self.replicas = array("q")  # the replica of each record not yet folded
+        # per fold: each slice's table (-1: `raw`), start and length, and the slices of each record
+        self.slices: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.raw = array("d")
 
     def __len__(self) -> int:
         return len(self.is_warmup)
@@ -127,21 +197,99 @@ class RecordBuffer:
         self.strings.append(_STRINGS(rec))
         self.is_warmup.append(rec.is_warmup)
         self.times.extend(rec.chunk_times_s)
-        self.times_end.append(len(self.times))
+        self.times_end.append(self.times_base + len(self.times))
         if self.keep_tokens:
             self.tokens.extend(rec.chunk_tokens)
             self.tokens_end.append(len(self.tokens))
+        if self.steps is not None:
+            self.replicas.append(rec.replica or 0)
+            if len(self.times) >= FOLD_TIMES:
+                self._fold()
+
+    def _fold(self) -> None:
+        """Match the chunk times of the records added since the last fold to slices of step times, and drop
+        them. A record's times are one slice where its first time starts a slice of its replica's step times
+        equal to them all (checked time by time); else they are cut where they skip steps, or kept in `raw`
+        where some time is no step's."""
+        assert self.steps is not None
+        n0, n1 = self.folded, len(self)
+        num = n1 - n0
+        ends = np.array(self.times_end[n0:n1 + 1], dtype=np.int64) - self.times_base
+        x = np.array(self.times, dtype=float)
+        lengths, starts = np.diff(ends), ends[:-1]
+        reps = np.array(self.replicas, dtype=np.int64)
+        one = np.zeros(num, dtype=bool)  # the record's times are one slice: (table, first) ...
+        table, first = reps.copy(), np.zeros(num, dtype=np.int64)
+        cuts: dict[int, list[tuple[int, int, int]]] = {}  # ... else its slices
+        nonempty = int(np.count_nonzero(lengths))
+        for r in np.unique(reps[lengths > 0]).tolist():
+            recs = np.flatnonzero((reps == r) & (lengths > 0))
+            ln, st = lengths[recs], starts[recs]
+            # the step times from the earliest these records have on (a fold's records came late in the run)
+            base = max(bisect_left(self.steps.table(r), float(x[st].min()) - self.steps.shift_s) - 1, 0)
+            t = self.steps.shifted(r, base)
+            if not len(t):
+                t = np.full(1, np.nan)  # (no step: every time is kept as it came)
+            i0 = np.searchsorted(t, x[st])
+            fits = i0 + ln <= len(t)
+            i0 = np.where(fits, i0, 0)
+            at = spans(i0, ln)
+            np.minimum(at, len(t) - 1, out=at)
+            xs = x if len(recs) == nonempty else x[spans(st, ln)]  # (one replica: every time gathered)
+            wrong = np.flatnonzero(xs != t[at])
+            same = fits.copy()
+            same[np.searchsorted(np.cumsum(ln), wrong, side="right")] = False
+            one[recs[same]], first[recs[same]] = True, base + i0[same]
+            for j in np.flatnonzero(~same).tolist():  # preempted (skipped steps), or times no step has
+                mine = x[st[j]:st[j] + ln[j]]
+                at = np.minimum(np.searchsorted(t, mine), len(t) - 1)
+                if (t[at] == mine).all():
+                    cut = np.flatnonzero(np.diff(at) != 1) + 1
+                    bounds = [0, *cut.tolist(), len(at)]
+                    cuts[int(recs[j])] = [(r, base + int(at[a]), b - a) for a, b in zip(bounds, bounds[1:], strict=False)]
+                else:
+                    cuts[int(recs[j])] = [(-1, len(self.raw), len(mine))]
+                    self.raw.extend(mine.tolist())
+        count = one.astype(np.int64)
+        for k, c in cuts.items():
+            count[k] = len(c)
+        per = np.zeros(num + 1, dtype=np.int64)
+        np.cumsum(count, out=per[1:])
+        s_table, s_start, s_len = np.empty(per[-1], dtype=np.int64), np.empty(per[-1], dtype=np.int64), np.empty(per[-1], dtype=np.int64)
+        at1 = per[:-1][one]
+        s_table[at1], s_start[at1], s_len[at1] = table[one], first[one], lengths[one]
+        for k, c in cuts.items():
+            for j, (r, a, n) in enumerate(c):
+                s_table[per[k] + j], s_start[per[k] + j], s_len[per[k] + j] = r, a, n
+        self.slices.append((s_table, s_start, s_len, count))
+        self.folded, self.times_base = n1, self.times_base + len(self.times)
+        self.times, self.replicas = array("d"), array("q")
 
     def columns(self) -> Columns:
         """The records added, as `Columns`: what `columns_of_rows(records, getattr)` makes of them, without
-        holding the records (a simulated run's summary)."""
+        holding the records (a simulated run's summary; with `steps`, its chunk times as `StepChunks`)."""
         n = len(self)
         numbers = np.frombuffer(self.numbers, dtype=float).reshape(n, len(FLOATS) + len(INTS))
         values = {k: np.ascontiguousarray(numbers[:, j]) for j, k in enumerate((*FLOATS, *INTS))}
         for j, k in enumerate(STRINGS):
             values[k] = np.array([row[j] for row in self.strings], dtype=object)
         values["is_warmup"] = np.frombuffer(self.is_warmup, dtype=np.int8).astype(bool)
-        return Columns(values, np.frombuffer(self.times, dtype=float), np.frombuffer(self.times_end, dtype=np.int64))
+        offsets = np.frombuffer(self.times_end, dtype=np.int64)
+        if self.steps is None:
+            return Columns(values, np.frombuffer(self.times, dtype=float), offsets)
+        self._fold()
+        base = np.cumsum([0] + [len(t) for t in self.steps.tables])  # each table's start in the pool; then `raw`
+        if len(self.steps.tables) == 1 and not self.raw and not self.steps.shift_s:
+            pool = np.frombuffer(self.steps.tables[0], dtype=float)  # (no copy: the table takes no more times)
+        else:
+            pool = np.concatenate([*(self.steps.shifted(r) for r in range(len(self.steps.tables))),
+                                   np.frombuffer(self.raw, dtype=float)])
+        s_table = np.concatenate([f[0] for f in self.slices])
+        s_start = np.concatenate([f[1] for f in self.slices])
+        ends = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.concatenate([f[3] for f in self.slices]), out=ends[1:])
+        return Columns(values, np.zeros(0), offsets.copy(),
+                       StepChunks(pool, base[s_table] + s_start, np.concatenate([f[2] for f in self.slices]), ends))
 
     def table(self) -> pa.Table:
         import pyarrow as pa
