@@ -190,7 +190,8 @@ class _Conn(asyncio.Protocol):
         self.status, self.headers, self.keep_alive, self.state, self.left = head
         if self.status >= 300:  # an error or a redirect: its body is read whole (`read`), or not at all
             self.feed = None
-        self._wake()  # the head is in
+        if self.feed is None or self.state == _DONE:
+            self._wake()  # the head is in (a fed body's reader wakes at its end: `_body`)
         if rest and self.state != _DONE:
             self.data_received(rest)
         elif rest:
@@ -664,8 +665,8 @@ class RawHttpTransport:
 
 
 class _Post:
-    """One request, as an async context manager: `__aenter__` sends it and waits for the answer's head,
-    `__aexit__` puts the connection back in the pool (or closes it, when the body was not read to its end)."""
+    """One request, as an async context manager: `__aenter__` sends it and waits for the answer's head (with
+    `feed`, for a successful answer's body to be fed to its end: one wake-up a request), `__aexit__` puts the connection back in the pool (or closes it, when the body was not read to its end)."""
 
     __slots__ = ("_tr", "_url", "_body", "_headers", "_on_sent", "_feed", "_conn", "_timer")
 
@@ -702,7 +703,8 @@ class _Post:
                 if self._on_sent is not None:
                     self._on_sent()
                 conn.transport.write(data)  # type: ignore[union-attr]
-                while conn.state == _HEAD and conn.error is None:
+                # with a feed, a successful answer is awaited to its end: its task has nothing to do before
+                while (conn.state == _HEAD or conn.feed is not None and conn.state != _DONE) and conn.error is None:
                     await conn.wait()
                 if conn.state == _HEAD:
                     err = conn.error
