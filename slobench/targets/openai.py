@@ -1,17 +1,14 @@
 """The OpenAI-compatible target: /v1/completions and /v1/chat/completions, streamed (SSE) or not.
 
-Timestamps (on the injected clock): `sent_s` immediately before the request's bytes go; each network read
-that carried a generated token (`_is_token`: text or not) is one chunk, with the tokens it carried (the
-length of `token_ids` or of the logprobs tokens where sent, else 1), stamped as the read reaches the client:
-with the raw transport in the connection's own callback (`_StreamReader.feed`), not when the request's task
-next runs (that wait is the client's own, and would be added to every token's time); with httpx when its
-iterator hands the read over. `first_token_s` is the first chunk, `done_s` the read holding the end. Several
-SSE events in one read share one stamp: the client cannot know they left the server at different times.
-`output_tokens` is settled by `_settle_output_tokens`. A request is complete at `[DONE]`, or once every
-choice finished and the usage asked for came: what the server sends after that is waited for only
-`DRAIN_S`. A failed request is data on its record, never an exception; no configured secret reaches a
-record, a message or a repr, even when a server echoes it (`scrub`). What the server accepts is settled in
-slobench.targets.preflight.
+Timestamps (injected clock): `sent_s` immediately before the request's bytes go; a chunk per network read
+that carried a generated token (`_is_token`, text or not), with its tokens (`token_ids` or logprobs where
+sent, else 1), stamped as the read reaches the client: with the raw transport in the connection's own
+callback (`_StreamReader.feed`), not when the request's task next runs (that wait is the client's own);
+with httpx as its iterator hands the read over. Events in one read share its stamp. `done_s`: the read
+holding the end; `output_tokens`: `_settle_output_tokens`. Complete at `[DONE]`, or once every choice
+finished and the usage asked for came: the rest is waited for `DRAIN_S` at most. A failed request is data
+on its record, never an exception; no configured secret reaches a record, a message or a repr, even when a
+server echoes it (`scrub`). What the server accepts is settled in slobench.targets.preflight.
 """
 
 from __future__ import annotations
