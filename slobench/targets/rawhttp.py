@@ -711,6 +711,7 @@ class _Post:
                     assert err is not None
                     # a kept-alive connection the server closed as the request went, no answer: once more
                     if attempt == 0 and reused and not conn.got_bytes and err.status != "timeout":
+                        conn.feed = None
                         tr._release(conn)
                         self._conn = None
                         continue
