@@ -1,14 +1,14 @@
 """The OpenAI-compatible target: /v1/completions and /v1/chat/completions, streamed (SSE) or not.
 
-Timestamps (on the injected clock): `sent_s` immediately before the request's bytes go; each network read
-that carried a generated token (`_is_token`: text or not) is one chunk, stamped when the read returns,
-with the tokens it carried (the length of `token_ids` or of the logprobs tokens where sent, else 1);
-`first_token_s` is the first such chunk, `done_s` the read holding the end. Several SSE events in one read
-share one stamp: the client cannot know they left the server at different times. `output_tokens` is
-settled by `_settle_output_tokens`. A request is complete at `[DONE]`, or once every choice finished and the
-usage asked for came: what the server sends after that is waited for only `DRAIN_S`. A failed request is
-data on its record, never an exception; no configured secret reaches a record, a message or a repr, even
-when a server echoes it (`scrub`). What the server accepts is settled in slobench.targets.preflight.
+Timestamps (injected clock): `sent_s` immediately before the request's bytes go; a chunk per network read
+that carried a generated token (`_is_token`, text or not), with its tokens (`token_ids` or logprobs where
+sent, else 1), stamped as the read reaches the client: with the raw transport in the connection's own
+callback (`_StreamReader.feed`), not when the request's task next runs (that wait is the client's own);
+with httpx as its iterator hands the read over. Events in one read share its stamp. `done_s`: the read
+holding the end; `output_tokens`: `_settle_output_tokens`. Complete at `[DONE]`, or once every choice
+finished and the usage asked for came: the rest is waited for `DRAIN_S` at most. A failed request is data
+on its record, never an exception; no configured secret reaches a record, a message or a repr, even when a
+server echoes it (`scrub`). What the server accepts is settled in slobench.targets.preflight.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import binascii
 import json
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from contextlib import AbstractAsyncContextManager
+from typing import Any, cast
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 from orjson import dumps as orjson_dumps
@@ -37,6 +38,8 @@ from slobench.targets.preflight import find_model, negotiate, usage_count
 from slobench.targets.rawhttp import RawHttpTransport
 from slobench.targets.sse import DONE, SSEDecodeError, SSEParser
 from slobench.targets.transport import (
+    FedResponse,
+    FeedingTransport,
     HttpxTransport,
     Response,
     Transport,
@@ -114,6 +117,7 @@ class OpenAITarget(TargetBase):
 
         self.extra_body: dict[str, Any] = dict(o.extra_body or {})
         self._transport: Transport | None = None
+        self._feeds = False  # the transport takes a stream reader's step (`FeedingTransport`)
         self.caps: Capabilities = capabilities if capabilities is not None else profile_capabilities(o.server_profile)
         self.exact_text = ExactText(o.tokenizer) if o.tokenizer else None
         self._texts: dict[Any, str] = {}  # prompt (ids or text) -> the text sent, built once per prompt
@@ -166,6 +170,7 @@ class OpenAITarget(TargetBase):
                 http2=self.options.http2,
                 max_body_bytes=self.max_body_bytes,
             )
+            self._feeds = getattr(self._transport, "feeds_body", False) is True
 
     async def close(self) -> None:
         transport, self._transport = self._transport, None
@@ -239,10 +244,20 @@ class OpenAITarget(TargetBase):
         def on_sent() -> None:
             record.sent_s = now()
 
+        reader: _StreamReader | None = None
+        if self.stream:
+            n = fields.get("n")
+            reader = _StreamReader(self, record, n if type(n) is int and n > 1 else 1,
+                                   _max_tokens_sent(fields, spec.max_tokens))
         texts: list[str] | None = None  # the generated text, read only where a tokenizer may count it
         try:
             record.sent_s = now()  # replaced when the bytes really go; kept if the connection fails first
-            async with transport.post(self.url, body, self._headers, on_sent) as resp:
+            post: AbstractAsyncContextManager[Response]
+            if reader is not None and self._feeds:  # the body's reads go to the reader from the connection's callback
+                post = cast(FeedingTransport, transport).post(self.url, body, self._headers, on_sent, reader.feed)
+            else:
+                post = transport.post(self.url, body, self._headers, on_sent)
+            async with post as resp:
                 record.http_status = resp.status
                 if is_redirect(resp.status):
                     where = getattr(resp, "location", None)
@@ -251,10 +266,8 @@ class OpenAITarget(TargetBase):
                     raw = await resp.read()
                     retry = getattr(resp, "retry_after", None)
                     record.fail("error", name_too_long(resp.status, self.http_error(resp.status, raw, retry)), now())
-                elif self.stream:
-                    n = fields.get("n")
-                    texts = await self._read_stream(resp, record, n if type(n) is int and n > 1 else 1,
-                                                    _max_tokens_sent(fields, spec.max_tokens))
+                elif reader is not None:
+                    texts = await self._read_stream(resp, reader, self._feeds)
                 else:
                     texts = await self._read_whole(resp, record)
         except TransportError as e:
@@ -263,33 +276,25 @@ class OpenAITarget(TargetBase):
         finally:
             _settle_output_tokens(record, spec.max_tokens, texts, self.exact_text)
 
-    async def _read_stream(self, resp: Response, record: RequestRecord, num_choices: int,
-                           max_tokens: int) -> list[str] | None:
-        """Read an SSE stream into `record`, one read at a time: a read of whole `data: {...}` events (the
-        common one) parsed and taken in one step (`_objects_of`, `_Stream.take_all`), any other through the
-        SSE parser, event by event (`_Stream.take`); the text it carried, with --tokenizer (else None).
-        Complete when a choice carried a `finish_reason`, whether or not `data: [DONE]` follows (TGI, Ollama
-        and LiteLLM may close without it); a stream that stops without any `finish_reason` was cut off,
-        `[DONE]` or not, and is an error (llama.cpp ends an interrupted stream with `[DONE]` and no finish).
-        Reading stops at `[DONE]`, or when `num_choices` finishes and the usage asked for have come: the
-        rest of the body is waited for `DRAIN_S` at most (the transport's `drain`, else `_drain`). A stream of more tokens than
-        `max_streamed_tokens` allows (a server ignoring `max_tokens` without end) is refused."""
-        parser = SSEParser(self.max_body_bytes)
-        caps = self.caps
-        stream = _Stream(record, self._is_chat, num_choices, caps.include_usage and caps.usage_in_stream is not False)
-        max_streamed = max_streamed_tokens(max_tokens, num_choices)
-        num_streamed = 0
-        if self.exact_text is not None:
-            stream.texts = []
-        take = stream.take
-        take_all = stream.take_all
-        data_events = parser.data_events
-        now = self.clock.now_s
-        times = record.chunk_times_s
-        tokens = record.chunk_tokens
-        t = 0.0
-        t_last = 0.0  # the last read that carried an event
-        head = b""  # the first bytes, while no event has come: a JSON error body sent as a 200 stream
+    async def _read_stream(self, resp: Response, reader: _StreamReader, fed: bool) -> list[str] | None:
+        """Read an SSE stream through `reader`'s step (`_StreamReader.feed`), which the transport called as
+        each read arrived (`fed`: only the end is awaited here) or which is called here on each read of
+        `chunks()`. A failure below HTTP once a choice finished or `[DONE]` came loses nothing (only a
+        trailing usage chunk or `[DONE]`: llama-cpp-python drops the connection after an interrupted
+        stream's `[DONE]`). Once the stream ended, the rest of the body is waited for `DRAIN_S` at most (the
+        transport's `drain`, else `_drain`); the text the stream carried, with --tokenizer (else None)."""
+        stream = reader.stream
+        if fed:
+            try:
+                await cast(FedResponse, resp).fed()
+            except TransportError:  # what the step itself raised passes: a bug must not pass as a cut-off
+                if stream.finish is None and not stream.is_done:
+                    raise
+                return reader.settle()
+            if stream.ended and not reader.failed:
+                await cast(FedResponse, resp).drain(DRAIN_S)
+            return reader.settle()
+        feed = reader.feed
         chunks = resp.chunks().__aiter__()
         while True:
             try:
@@ -299,65 +304,16 @@ class OpenAITarget(TargetBase):
             except Exception:  # the client's own error: the transport maps it to a TransportError if re-raised
                 if stream.finish is None and not stream.is_done:
                     raise
-                # after a finish only a trailing usage chunk or [DONE] was lost; after [DONE] without a
-                # finish (llama-cpp-python interrupting a stream drops the connection next) it is cut off
+                return reader.settle()
+            if feed(raw):
+                if stream.ended and not reader.failed:
+                    drain = getattr(resp, "drain", None)  # a transport's own, lighter than `_drain`
+                    if drain is not None:
+                        await drain(DRAIN_S)
+                    else:
+                        await _drain(chunks)
                 break
-            t = now()
-            # the common read, whole `data: {...}` events only: parsed and taken in one step
-            datas = data_events(raw)
-            if datas is not None and (objs := _objects_of(datas)) is not None:
-                t_last = t
-                num = take_all(objs, datas, len(objs) < len(datas))
-            else:
-                events, decode_error = _events_of(parser, raw)
-                if events:
-                    t_last = t
-                elif t_last == 0.0 and len(head) < 4096:
-                    head += raw
-                num = 0
-                for kind, data in events:  # those before a line that is not UTF-8 count
-                    num += take(kind, data)
-                    if stream.error is not None or stream.is_done:
-                        break
-                if stream.error is None:
-                    stream.error = decode_error
-            if num:  # tokens that came in the same read as a failure still count
-                if not times:
-                    record.first_token_s = t
-                times.append(t)
-                tokens.append(num)
-                num_streamed += num
-                if num_streamed > max_streamed:
-                    stream.error = f"over {max_streamed:,} tokens streamed for max_tokens={max_tokens}: refused"
-            if stream.error is not None:
-                record.fail("error", self.scrub(_truncate(stream.error)), now())
-                return stream.texts
-            if stream.ended:
-                drain = getattr(resp, "drain", None)  # a transport's own, lighter than `_drain`
-                if drain is not None:
-                    await drain(DRAIN_S)
-                else:
-                    await _drain(chunks)
-                break
-        got = sum(tokens)
-        finish = stream.finish
-        record.finish_reason = finish
-        if finish is None:
-            if stream.is_done:
-                record.fail("error", f"cut off by the server after {got} tokens: [DONE] came with no finish_reason",
-                            t_last)
-            elif t_last == 0.0 and head.strip():
-                record.fail("error", self.scrub(_truncate(_not_a_stream(head))), t or now())
-            else:
-                record.fail("error", f"stream ended after {got} tokens without a finish_reason or [DONE]", t or now())
-            return stream.texts
-        record.done_s = t_last
-        if not got:
-            if record.usage_output_tokens:  # the server says it generated tokens, though no event carried one
-                record.first_token_s = t_last
-            else:
-                record.fail("error", f"no output: the stream finished (finish_reason={finish!r}) without a token")
-        return stream.texts
+        return reader.settle()
 
     async def _read_whole(self, resp: Response, record: RequestRecord) -> list[str] | None:
         """Read a whole JSON answer into `record`; its text, with --tokenizer (else None)."""
@@ -570,6 +526,105 @@ def _objects_of(datas: list[bytes]) -> list[dict[str, Any]] | None:
 
 
 _DICT_ONLY = {dict}
+
+
+class _StreamReader:
+    """One SSE stream read into its record, a network read at a time. `feed(raw)` is the whole per-read
+    step: stamp the read, parse it, take its events, check the limits; True once nothing more is wanted
+    (the stream ended, or failed: the record then says why). A read of whole `data: {...}` events (the
+    common one) is parsed and taken in one step (`_objects_of`, `_Stream.take_all`); any other goes
+    through the SSE parser, event by event (`_Stream.take`). A stream of more tokens than
+    `max_streamed_tokens` allows (a server ignoring `max_tokens` without end) is refused. `settle()`
+    finishes the record once reading stopped. It holds no more than the record's chunk lists, the SSE
+    parser's unfinished line (up to --max-body) and, until an event comes, the body's first 4 KiB."""
+
+    __slots__ = ("record", "stream", "parser", "now", "scrub", "max_tokens", "max_streamed", "num_streamed",
+                 "t", "t_last", "head", "failed")
+
+    def __init__(self, target: OpenAITarget, record: RequestRecord, num_choices: int, max_tokens: int) -> None:
+        caps = target.caps
+        self.record = record
+        self.stream = _Stream(record, target._is_chat, num_choices,
+                              caps.include_usage and caps.usage_in_stream is not False)
+        if target.exact_text is not None:
+            self.stream.texts = []
+        self.parser = SSEParser(target.max_body_bytes)
+        self.now = target.clock.now_s
+        self.scrub = target.scrub
+        self.max_tokens = max_tokens
+        self.max_streamed = max_streamed_tokens(max_tokens, num_choices)
+        self.num_streamed = 0
+        self.t = 0.0  # the last read's stamp
+        self.t_last = 0.0  # the last read that carried an event
+        self.head = b""  # the first bytes, while no event has come: a JSON error body sent as a 200 stream
+        self.failed = False
+
+    def feed(self, raw: bytes) -> bool:
+        t = self.t = self.now()
+        stream = self.stream
+        datas = self.parser.data_events(raw)
+        if datas is not None and (objs := _objects_of(datas)) is not None:
+            self.t_last = t
+            num = stream.take_all(objs, datas, len(objs) < len(datas))
+        else:
+            events, decode_error = _events_of(self.parser, raw)
+            if events:
+                self.t_last = t
+            elif self.t_last == 0.0 and len(self.head) < 4096:
+                self.head += raw
+            num = 0
+            for kind, data in events:  # those before a line that is not UTF-8 count
+                num += stream.take(kind, data)
+                if stream.error is not None or stream.is_done:
+                    break
+            if stream.error is None:
+                stream.error = decode_error
+        if num:  # tokens that came in the same read as a failure still count
+            record = self.record
+            times = record.chunk_times_s
+            if not times:
+                record.first_token_s = t
+            times.append(t)
+            record.chunk_tokens.append(num)
+            self.num_streamed += num
+            if self.num_streamed > self.max_streamed:
+                stream.error = f"over {self.max_streamed:,} tokens streamed for max_tokens={self.max_tokens}: refused"
+        if stream.error is not None:
+            self.record.fail("error", self.scrub(_truncate(stream.error)), self.now())
+            self.failed = True
+            return True
+        return stream.ended
+
+    def settle(self) -> list[str] | None:
+        """Finish the record once reading stopped; the text the stream carried, with --tokenizer (else None).
+        Complete when a choice carried a `finish_reason`, whether or not `data: [DONE]` follows (TGI, Ollama
+        and LiteLLM may close without it); a stream that stops without any `finish_reason` was cut off,
+        `[DONE]` or not, and is an error (llama.cpp ends an interrupted stream with `[DONE]` and no finish)."""
+        stream = self.stream
+        if self.failed:
+            return stream.texts
+        record = self.record
+        got = sum(record.chunk_tokens)
+        finish = stream.finish
+        record.finish_reason = finish
+        t_last = self.t_last
+        if finish is None:
+            if stream.is_done:
+                record.fail("error", f"cut off by the server after {got} tokens: [DONE] came with no finish_reason",
+                            t_last)
+            elif t_last == 0.0 and self.head.strip():
+                record.fail("error", self.scrub(_truncate(_not_a_stream(self.head))), self.t or self.now())
+            else:
+                record.fail("error", f"stream ended after {got} tokens without a finish_reason or [DONE]",
+                            self.t or self.now())
+            return stream.texts
+        record.done_s = t_last
+        if not got:
+            if record.usage_output_tokens:  # the server says it generated tokens, though no event carried one
+                record.first_token_s = t_last
+            else:
+                record.fail("error", f"no output: the stream finished (finish_reason={finish!r}) without a token")
+        return stream.texts
 
 
 class _Stream:

@@ -1,7 +1,8 @@
 """A lean HTTP/1.1 client on asyncio's transports: the load's default (`--transport raw`).
 
 It does only what a POST of a prebuilt body and a streamed answer need, and hands the body's bytes to
-the reader as they arrive. A pooled connection the server closed while idle is noticed before it is used;
+the reader as they arrive: to its synchronous `feed` step from the connection's own callback, or kept for
+its task (`chunks()`). A pooled connection the server closed while idle is noticed before it is used;
 one the server closes just as the request is written (no byte of an answer came back) is retried once on
 a new connection. Every failure is a `TransportError`, its status and wording what the record will carry.
 The URL's path and query are percent-encoded where they hold what a request line cannot carry; a redirect
@@ -23,7 +24,7 @@ from urllib.parse import quote, urlsplit
 
 from slobench.errors import UsageError
 from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES
-from slobench.targets.transport import KEEPALIVE_S, TransportError, is_redirect, os_reason, read_body
+from slobench.targets.transport import KEEPALIVE_S, Feed, TransportError, is_redirect, os_reason, read_body
 
 _MAX_HEAD = 65_536  # bytes of status line + headers, and of one chunk-size line, before the answer is refused
 _MAX_PIECES = 64  # network reads (each up to 256 KiB) held for a reader that is behind, before reading pauses
@@ -56,6 +57,7 @@ class _Conn(asyncio.Protocol):
     __slots__ = (
         "transport", "key", "closed", "close_exc", "idle_since", "idle", "used", "state", "buf", "status",
         "headers", "keep_alive", "left", "crlf", "trailers", "pieces", "waiter", "error", "got_bytes", "paused",
+        "feed", "feed_done", "feed_error",
     )
 
     def __init__(self, key: tuple[str, str, int]) -> None:
@@ -82,6 +84,11 @@ class _Conn(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self.error: TransportError | None = None
         self.got_bytes = False
+        # the reader's step for a successful answer's body (`_body`), given with the request and dropped at
+        # the head of any other answer; `feed_done`: it wanted no more, or raised (`feed_error`)
+        self.feed: Feed | None = None
+        self.feed_done = False
+        self.feed_error: Exception | None = None
 
     # ---- asyncio.Protocol ------------------------------------------------------------------------------
 
@@ -108,19 +115,17 @@ class _Conn(asyncio.Protocol):
             n = len(data)
             if n <= self.left:
                 self.left -= n
-                self.pieces.append(data)
                 if not self.left:
                     self.state = _DONE
             else:
-                self.pieces.append(data[: self.left])  # bytes past the body: the connection is not reused
+                data = data[: self.left]  # bytes past the body: the connection is not reused
                 self.left = 0
                 self.keep_alive = False
                 self.state = _DONE
-            self._wake()
+            self._body(data)
             return
         if state == _UNTIL_CLOSE:
-            self.pieces.append(data)
-            self._wake()
+            self._body(data)
             return
         try:
             if state == _HEAD:
@@ -183,7 +188,10 @@ class _Conn(asyncio.Protocol):
             break
         self.buf = b""
         self.status, self.headers, self.keep_alive, self.state, self.left = head
-        self._wake()  # the head is in
+        if self.status >= 300:  # an error or a redirect: its body is read whole (`read`), or not at all
+            self.feed = None
+        if self.feed is None or self.state == _DONE:
+            self._wake()  # the head is in (a fed body's reader wakes at its end: `_body`)
         if rest and self.state != _DONE:
             self.data_received(rest)
         elif rest:
@@ -200,8 +208,7 @@ class _Conn(asyncio.Protocol):
                 size = 0
             if size > 0 and eol + 4 + size == len(buf):
                 self.buf = b""
-                self.pieces.append(buf[eol + 2:-2])
-                self._wake()
+                self._body(buf[eol + 2:-2])
                 return
             whole = _whole_chunks(buf)
             if whole is not None:
@@ -211,8 +218,8 @@ class _Conn(asyncio.Protocol):
                     self.trailers = True
                     self.state = _DONE
                 if data:
-                    self.pieces.append(data)
-                if data or ended:
+                    self._body(data)
+                elif ended:
                     self._wake()
                 return
         pos = 0
@@ -276,10 +283,30 @@ class _Conn(asyncio.Protocol):
                 self.trailers = True
         self.buf = buf[pos:] if pos < n and self.state != _DONE else b""
         if out:
-            self.pieces.append(out[0] if len(out) == 1 else b"".join(out))
-            self._wake()
+            self._body(out[0] if len(out) == 1 else b"".join(out))
         elif self.state == _DONE:
             self._wake()
+
+    def _body(self, data: bytes) -> None:
+        """A piece of the body (the state already says whether it was the last): handed to the feed step
+        where one is set, the reader's task woken only once the step wants no more or the body ended; else
+        kept for the reader's task (`_Chunks`), which is woken. Whatever the step raises fails the request
+        in its own task (`_RawResponse.fed`), never in the event loop's protocol callbacks."""
+        feed = self.feed
+        if feed is None:
+            self.pieces.append(data)
+            self._wake()
+            return
+        try:
+            if not feed(data):
+                if self.state == _DONE:
+                    self._wake()
+                return
+        except Exception as e:
+            self.feed_error = e
+        self.feed = None  # what still comes is kept for `drain`, which drops it
+        self.feed_done = True
+        self._wake()
 
     def _wake(self) -> None:
         w = self.waiter
@@ -404,6 +431,18 @@ class _RawResponse:
     def chunks(self) -> AsyncIterator[bytes]:
         return _Chunks(self._conn)
 
+    async def fed(self) -> None:
+        """Await the end of a body handed to `post`'s `feed`: until the step wants no more or the body
+        ended. Raises what the step raised, or the request's `TransportError` (the timeout, a connection
+        dropped) when it came before the step was done."""
+        c = self._conn
+        while not c.feed_done and c.state != _DONE and c.error is None:
+            await c.wait()
+        if c.feed_error is not None:
+            raise c.feed_error
+        if not c.feed_done and c.error is not None:
+            raise c.error
+
     async def drain(self, within_s: float) -> None:
         """Read and drop the rest of the body for `within_s` at most, so the connection can be reused (one
         whose end has not come by then is closed): reading `chunks()` under an `asyncio.timeout` does the
@@ -489,8 +528,11 @@ class RawHttpTransport:
     - the request is one `bytes` written in one call: the request line and header block are encoded once
       per (URL, headers) and reused; only the Content-Length and the body change.
     - the response's head is parsed once; the body (`Content-Length`, chunked, or to the close) is handed
-      to the reader as it arrives: each network read appends to a list, and the reader awaits one future
-      only when the list is empty (no queue, no task). A reader more than 64 reads behind pauses the socket.
+      to the reader as it arrives. With `feed` (a stream's reader), each network read of a successful
+      answer's body goes to that step in the connection's own callback, and the request's task wakes only
+      at the end (`fed`): nothing queues in the client, so nothing needs pausing; what a stream holds is
+      bounded by its reader's limits. Otherwise each read appends to a list, and the reader awaits one
+      future only when the list is empty (no queue, no task); one more than 64 reads behind pauses the socket.
     - `on_sent` is called immediately before the request's bytes are written to the socket; the total
       timeout is one timer per request, the connect timeout bounds connection set-up.
     """
@@ -599,12 +641,15 @@ class RawHttpTransport:
                 old.transport.abort()
         pool.append(conn)
 
+    feeds_body = True  # a `FeedingTransport`: `post` takes `feed`
+
     def post(
-        self, url: str, body: bytes, headers: Mapping[str, str], on_sent: Callable[[], None] | None = None
+        self, url: str, body: bytes, headers: Mapping[str, str], on_sent: Callable[[], None] | None = None,
+        feed: Feed | None = None,
     ) -> _Post:
         if self._closed:
             raise RuntimeError("RawHttpTransport.post() after close()")
-        return _Post(self, url, body, headers, on_sent)
+        return _Post(self, url, body, headers, on_sent, feed)
 
     async def close(self) -> None:
         self._closed = True
@@ -620,18 +665,19 @@ class RawHttpTransport:
 
 
 class _Post:
-    """One request, as an async context manager: `__aenter__` sends it and waits for the answer's head,
-    `__aexit__` puts the connection back in the pool (or closes it, when the body was not read to its end)."""
+    """One request, as an async context manager: `__aenter__` sends it and waits for the answer's head (with
+    `feed`, for a successful answer's body to be fed to its end: one wake-up a request), `__aexit__` puts the connection back in the pool (or closes it, when the body was not read to its end)."""
 
-    __slots__ = ("_tr", "_url", "_body", "_headers", "_on_sent", "_conn", "_timer")
+    __slots__ = ("_tr", "_url", "_body", "_headers", "_on_sent", "_feed", "_conn", "_timer")
 
     def __init__(self, tr: RawHttpTransport, url: str, body: bytes, headers: Mapping[str, str],
-                 on_sent: Callable[[], None] | None) -> None:
+                 on_sent: Callable[[], None] | None, feed: Feed | None = None) -> None:
         self._tr = tr
         self._url = url
         self._body = body
         self._headers = headers
         self._on_sent = on_sent
+        self._feed = feed
         self._conn: _Conn | None = None
         self._timer: asyncio.TimerHandle | None = None
 
@@ -653,16 +699,19 @@ class _Post:
                 if self._timer is not None:
                     self._timer.cancel()
                 self._timer = loop.call_at(deadline, conn.timed_out, tr.timeout_error)
+                conn.feed = self._feed
                 if self._on_sent is not None:
                     self._on_sent()
                 conn.transport.write(data)  # type: ignore[union-attr]
-                while conn.state == _HEAD and conn.error is None:
+                # with a feed, a successful answer is awaited to its end: its task has nothing to do before
+                while (conn.state == _HEAD or conn.feed is not None and conn.state != _DONE) and conn.error is None:
                     await conn.wait()
                 if conn.state == _HEAD:
                     err = conn.error
                     assert err is not None
                     # a kept-alive connection the server closed as the request went, no answer: once more
                     if attempt == 0 and reused and not conn.got_bytes and err.status != "timeout":
+                        conn.feed = None
                         tr._release(conn)
                         self._conn = None
                         continue
@@ -684,4 +733,5 @@ class _Post:
             self._timer = None
         conn, self._conn = self._conn, None
         if conn is not None:
+            conn.feed = None  # the request is over: nothing may reach its reader after this
             self._tr._release(conn)

@@ -1,6 +1,7 @@
 """The HTTP seam: every request slobench makes goes through here or through `slobench.targets.rawhttp`.
 
-The load: POST a body, get a status and a stream of raw byte chunks (`Transport`). Its clients are
+The load: POST a body, get a status and a stream of raw byte chunks (`Transport`), or have the body handed
+to a reader's synchronous step as each read arrives (`FeedingTransport`, the raw client). Its clients are
 `raw` (`RawHttpTransport`, the default: HTTP/1.1 on asyncio's own transports, the least CPU per request)
 and `httpx` (`HttpxTransport`, for HTTP/2 targets). Setup and monitoring: `ControlClient` (whole, short
 requests). No other module imports an HTTP library (tests/test_cli_layout.py holds that).
@@ -65,6 +66,21 @@ class Response(Protocol):
         ...
 
 
+Feed = Callable[[bytes], bool]
+"""A stream reader's step: one piece of a body in, as it arrives; True once it wants no more."""
+
+
+class FedResponse(Response, Protocol):
+    """The answer of a `FeedingTransport`: its body went to `feed`, and the request's task awaits `fed`."""
+
+    async def fed(self) -> None:
+        """Return once `feed` wants no more or the body ended; raise what `feed` raised, or the request's
+        `TransportError` (a timeout, a dropped connection) when it failed before `feed` was done."""
+        ...
+
+    async def drain(self, within_s: float) -> None: ...
+
+
 class Transport(Protocol):
     def post(
         self, url: str, body: bytes, headers: Mapping[str, str], on_sent: Callable[[], None] | None = None
@@ -72,6 +88,22 @@ class Transport(Protocol):
         """POST and yield the response once its headers are in. `on_sent` is called immediately before
         the request's bytes are handed to the socket, after connection set-up and the client's own work."""
         ...
+
+    async def close(self) -> None: ...
+
+
+class FeedingTransport(Protocol):
+    """A transport that hands a successful answer's body (status below 300) to `feed` from its own network
+    callback as each read arrives, instead of through `chunks()`: no task switch a read, and the reader's
+    stamp is the read's arrival. `feeds_body` says a transport is one (read with getattr). An exception in
+    `feed` never reaches the event loop's protocol machinery: `fed()` raises it in the request's task."""
+
+    feeds_body: bool
+
+    def post(
+        self, url: str, body: bytes, headers: Mapping[str, str], on_sent: Callable[[], None] | None = None,
+        feed: Feed | None = None,
+    ) -> AbstractAsyncContextManager[FedResponse]: ...
 
     async def close(self) -> None: ...
 
