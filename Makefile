@@ -14,9 +14,10 @@ unexport PYTHONDONTWRITEBYTECODE
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# exactly this torch first: an open range would pull a multi-GB CUDA build
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	# exactly this torch, in the project's own resolve: an open range would pull a multi-GB CUDA build.
+	# --no-compile: pip would byte-compile all ~21,000 modules installed (~60 s of one core); Python
+	# compiles the ~3,000 a run imports as it first imports them, and writes them for the next process
+	$(PY) -m pip install -q --no-compile torch==2.13.0 -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 .PHONY: install demo lint test test-all test-fast

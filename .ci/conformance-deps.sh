@@ -21,7 +21,7 @@ if [ "${1:-}" = "--wheel-only" ]; then WHEEL_ONLY=1; fi
 if [ "${1:-}" = "--no-llama" ]; then
   export PIP_DISABLE_PIP_VERSION_CHECK=1
   t0=$SECONDS
-  "$PY" -m pip install -q "litellm[proxy]==$LITELLM_VERSION" "gguf==$GGUF_VERSION"
+  "$PY" -m pip install -q --no-compile "litellm[proxy]==$LITELLM_VERSION" "gguf==$GGUF_VERSION"
   echo "conformance-deps: litellm[proxy] $LITELLM_VERSION, gguf $GGUF_VERSION: $((SECONDS - t0)) s (llama.cpp not built)"
   exit 0
 fi
