@@ -161,10 +161,10 @@ async def test_drain_reads_the_rest_of_the_body_and_leaves_the_connection_reusab
     c.data_received(b"0\r\n\r\n")
     await asyncio.wait_for(drain, 5)
     assert (c.state, c.keep_alive, c.error, c.transport.aborted) == (_DONE, True, None, False)  # type: ignore[union-attr]
+    await asyncio.wait_for(_RawResponse(c, 1000).drain(30.0), 5)  # nothing left: at once, not at its timer
     tr = RawHttpTransport(timeout_s=5, connect_timeout_s=5)
     tr._release(c)
     assert tr._pooled(c.key) is c
-    await _RawResponse(c, 1000).drain(30.0)  # nothing left: at once
 
 
 async def test_drain_gives_up_on_a_body_whose_end_does_not_come() -> None:
