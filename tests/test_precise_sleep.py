@@ -21,19 +21,30 @@ MS = 1_000_000
 AHEAD_NS = 100 * MS
 
 
+ROUNDS = 10  # a round whose loop was held past its first deadline is run again, up to this many times
+
+
 @needs_timerfd
 async def test_sleepers_wake_at_their_deadlines_in_order() -> None:
     sleeper = PreciseSleep.for_running_loop()
     assert sleeper is not None and PreciseSleep.for_running_loop() is sleeper  # one per loop
-    base = time.perf_counter_ns() + AHEAD_NS
-    woke: list[tuple[int, int]] = []
 
-    async def one(k: int) -> None:
+    async def one(k: int, base: int, woke: list[tuple[int, int]], late: list[int]) -> None:
+        if time.perf_counter_ns() >= base + k * MS // 4 - MS:
+            late.append(k)  # came within 1 ms of its deadline before sleeping
         await sleeper.until_ns(base + k * MS // 4)
         woke.append((k, time.perf_counter_ns()))
 
-    # queued latest first, so each new one re-arms the timer for an earlier deadline
-    await asyncio.wait_for(asyncio.gather(*(one(k) for k in reversed(range(12)))), 10)
+    for _ in range(ROUNDS):
+        base = time.perf_counter_ns() + AHEAD_NS
+        woke: list[tuple[int, int]] = []
+        late: list[int] = []
+        # queued latest first, so each new one re-arms the timer for an earlier deadline
+        await asyncio.wait_for(asyncio.gather(*(one(k, base, woke, late) for k in reversed(range(12)))), 10)
+        if not late:  # else the loop was held ~100 ms before the sleepers ran: what is tested did not happen
+            break
+    else:
+        pytest.fail(f"the loop was held past the first deadline, {AHEAD_NS // MS} ms ahead, in {ROUNDS} rounds")
     assert [k for k, _ in woke] == list(range(12))
     assert all(t >= base + k * MS // 4 for k, t in woke)
 
@@ -42,10 +53,16 @@ async def test_sleepers_wake_at_their_deadlines_in_order() -> None:
 async def test_a_cancelled_sleeper_leaves_the_others_alone() -> None:
     sleeper = PreciseSleep.for_running_loop()
     assert sleeper is not None
-    base = time.perf_counter_ns() + AHEAD_NS
-    first = asyncio.ensure_future(sleeper.until_ns(base))  # the earliest: the timer is armed for it
-    later = asyncio.ensure_future(sleeper.until_ns(base + 2 * MS))
-    await asyncio.sleep(0)
+    for _ in range(ROUNDS):
+        base = time.perf_counter_ns() + AHEAD_NS
+        first = asyncio.ensure_future(sleeper.until_ns(base))  # the earliest: the timer is armed for it
+        later = asyncio.ensure_future(sleeper.until_ns(base + 2 * MS))
+        await asyncio.sleep(0)
+        if not first.done():  # else the loop was held past its deadline before it slept: run it again
+            break
+        await later
+    else:
+        pytest.fail(f"the loop was held past the first deadline, {AHEAD_NS // MS} ms ahead, in {ROUNDS} rounds")
     first.cancel()
     await asyncio.wait_for(later, 10)
     assert time.perf_counter_ns() >= base + 2 * MS and first.cancelled()
