@@ -188,14 +188,13 @@ class GapCounts:
     """A run's inter-token gaps as values with counts, for chunk times that are slices of shared step times
     (`StepChunks`): a gap within a slice is a difference of consecutive step times, counted once per
     request whose slice spans it, so a million simulated requests' 156 million gaps are a few million
-    pairs. Laid out request by request they are `pool[spans(starts, lengths)]` (`expand`); `total` is
+    pairs. Laid out request by request they are `values[spans(starts, lengths)]` (`expand`); `total` is
     their sum as `np.sum` of that array gives it (`pairwise_sum`), so `describe` gives what
     `describe(self.expand())` does, bit for bit."""
 
-    values: np.ndarray
+    values: np.ndarray  # the step times' differences, then the gaps between two slices of a request
     counts: np.ndarray
     total: float
-    pool: np.ndarray  # the step times' differences, then the gaps between two slices of a request
     starts: np.ndarray
     lengths: np.ndarray
 
@@ -204,7 +203,7 @@ class GapCounts:
 
     def expand(self) -> np.ndarray:
         """The gaps laid out, request by request (what `chunk_gaps` makes of the chunk times)."""
-        return self.pool[spans(self.starts, self.lengths)]
+        return self.values[spans(self.starts, self.lengths)]
 
     def describe(self) -> dict[str, float | None]:
         """`describe` of the gaps laid out: np.quantile's order statistics read off the running counts of
@@ -269,7 +268,7 @@ def step_gaps(steps: StepChunks, lengths: np.ndarray, is_ok: np.ndarray) -> np.n
     if not (np.isfinite(total) and np.isfinite(np.max(gaps, where=used, initial=-np.inf))
             and np.isfinite(np.min(gaps, where=used, initial=np.inf))):
         return chunk_gaps(steps.times(), lengths, is_ok, in_place=True)
-    return GapCounts(gaps, weights, total, gaps, g_start, g_len)
+    return GapCounts(gaps, weights, total, g_start, g_len)
 
 
 def _gap_blocks(pool: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> Iterator[np.ndarray]:

@@ -219,7 +219,7 @@ class RecordBuffer:
         lengths, starts = np.diff(ends), ends[:-1]
         reps = np.array(self.replicas, dtype=np.int64)
         one = np.zeros(num, dtype=bool)  # the record's times are one slice: (table, first) ...
-        table, first = reps.copy(), np.zeros(num, dtype=np.int64)
+        first = np.zeros(num, dtype=np.int64)
         cuts: dict[int, list[tuple[int, int, int]]] = {}  # ... else its slices
         nonempty = int(np.count_nonzero(lengths))
         for r in np.unique(reps[lengths > 0]).tolist():
@@ -257,7 +257,7 @@ class RecordBuffer:
         np.cumsum(count, out=per[1:])
         s_table, s_start, s_len = np.empty(per[-1], dtype=np.int64), np.empty(per[-1], dtype=np.int64), np.empty(per[-1], dtype=np.int64)
         at1 = per[:-1][one]
-        s_table[at1], s_start[at1], s_len[at1] = table[one], first[one], lengths[one]
+        s_table[at1], s_start[at1], s_len[at1] = reps[one], first[one], lengths[one]
         for k, c in cuts.items():
             for j, (r, a, n) in enumerate(c):
                 s_table[per[k] + j], s_start[per[k] + j], s_len[per[k] + j] = r, a, n

@@ -666,7 +666,8 @@ class RawHttpTransport:
 
 class _Post:
     """One request, as an async context manager: `__aenter__` sends it and waits for the answer's head (with
-    `feed`, for a successful answer's body to be fed to its end: one wake-up a request), `__aexit__` puts the connection back in the pool (or closes it, when the body was not read to its end)."""
+    `feed`, for a successful answer's body to be fed to its end: one wake-up a request), `__aexit__` puts
+    the connection back in the pool (or closes it, when the body was not read to its end)."""
 
     __slots__ = ("_tr", "_url", "_body", "_headers", "_on_sent", "_feed", "_conn", "_timer")
 
