@@ -163,13 +163,27 @@ class ManualClock(Clock):
         return self.t
 
 
+async def sending(clock: Clock, rec: RequestRecord, **spec_kw: Any
+                  ) -> tuple[OpenAITarget, asyncio.Future[None], StandInSocket]:
+    """A request sent by a raw target with no script, once its bytes are written: the test plays the
+    answer into the returned socket's connection (`.conn`) by hand."""
+    target, sockets = await raw_target([], clock)
+    task = asyncio.ensure_future(target.send(spec(**spec_kw), rec))
+
+    async def written() -> None:
+        while not sockets:  # the connection is made in the request's first step
+            await asyncio.sleep(0)
+        await sockets[0].wrote
+
+    await asyncio.wait_for(written(), 5)
+    return target, task, sockets[0]
+
+
 async def test_each_read_is_stamped_when_it_arrives_not_when_the_request_s_task_runs() -> None:
     clock = ManualClock()
-    target, sockets = await raw_target([], clock)
     rec = RequestRecord(0, 0.0)
-    task = asyncio.ensure_future(target.send(spec(), rec))
-    await asyncio.wait_for(_written(sockets), 5)
-    conn = sockets[0].conn
+    target, task, sock = await sending(clock, rec)
+    conn = sock.conn
     # each read arrives while the loop is busy elsewhere: the task runs only after the clock moved on
     clock.t = 1.0
     conn.data_received(HEAD_CHUNKED + b"%x\r\n%s\r\n" % (len(sse(tok())), sse(tok())))  # aiohttp: head + first event
@@ -188,12 +202,6 @@ async def test_each_read_is_stamped_when_it_arrives_not_when_the_request_s_task_
     await target.close()
 
 
-async def _written(sockets: list[StandInSocket]) -> None:
-    while not sockets:  # the connection is made in the request's first step
-        await asyncio.sleep(0)
-    await sockets[0].wrote
-
-
 async def test_a_step_that_raises_fails_the_request_in_its_own_task_not_the_protocol(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -201,31 +209,27 @@ async def test_a_step_that_raises_fails_the_request_in_its_own_task_not_the_prot
         raise RuntimeError("boom")
 
     monkeypatch.setattr(openai_target._StreamReader, "feed", broken)
-    target, sockets = await raw_target([], ManualClock())
-    task = asyncio.ensure_future(target.send(spec(), RequestRecord(0, 0.0)))
-    await asyncio.wait_for(_written(sockets), 5)
-    conn = sockets[0].conn
+    target, task, sock = await sending(ManualClock(), RequestRecord(0, 0.0))
+    conn = sock.conn
     conn.data_received(HEAD_CHUNKED + b"%x\r\n%s\r\n" % (len(sse(tok())), sse(tok())))  # returns: nothing escapes
     conn.data_received(b"%x\r\n%s\r\n" % (len(sse(tok())), sse(tok())))  # what follows is kept, not fed
     with pytest.raises(RuntimeError, match="boom"):  # the runner records it: "internal: RuntimeError: boom"
         await asyncio.wait_for(task, 5)
-    assert sockets[0].aborted and target._transport._pooled(conn.key) is None  # type: ignore[union-attr]
+    assert sock.aborted and target._transport._pooled(conn.key) is None  # type: ignore[union-attr]
     await target.close()
 
 
 async def test_nothing_reaches_the_record_after_its_request_was_cancelled() -> None:
     clock = ManualClock()
-    target, sockets = await raw_target([], clock)
     rec = RequestRecord(0, 0.0)
-    task = asyncio.ensure_future(target.send(spec(), rec))
-    await asyncio.wait_for(_written(sockets), 5)
-    conn = sockets[0].conn
+    target, task, sock = await sending(clock, rec)
+    conn = sock.conn
     clock.t = 1.0
     conn.data_received(HEAD_CHUNKED + b"%x\r\n%s\r\n" % (len(sse(tok())), sse(tok())))
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert conn.feed is None and sockets[0].aborted
+    assert conn.feed is None and sock.aborted
     conn.data_received(b"%x\r\n%s\r\n" % (len(sse(tok())), sse(tok())))  # late bytes, before the close lands
     assert rec.chunk_times_s == [1.0]
     await target.close()
@@ -234,11 +238,9 @@ async def test_nothing_reaches_the_record_after_its_request_was_cancelled() -> N
 async def test_a_fed_stream_never_pauses_reading_and_keeps_no_reads() -> None:
     # the client takes each read as it comes: however many arrive before the task runs, none waits
     clock = ManualClock()
-    target, sockets = await raw_target([], clock)
     rec = RequestRecord(0, 0.0)
-    task = asyncio.ensure_future(target.send(spec(max_tokens=300), rec))
-    await asyncio.wait_for(_written(sockets), 5)
-    conn, sock = sockets[0].conn, sockets[0]
+    target, task, sock = await sending(clock, rec, max_tokens=300)
+    conn = sock.conn
     conn.data_received(HEAD_CHUNKED)
     for i in range(299):
         clock.t = float(i)
