@@ -50,6 +50,7 @@ run() {  # run CODES CMD...: CMD must exit with one of CODES (comma-separated)
 run 0 slobench run --simulate --num-requests 20 --rate 2 --out runs/default
 run 0 slobench run --simulate --workload tiny --num-requests 20 --rate 2 --out runs/tiny
 run 0 slobench workload show day
+run 0 slobench run --simulate --trace azure-code-sample --num-requests 50 --out runs/trace
 run 0 slobench sweep --simulate --kv-blocks 600 --workload chat --rates 2,8,32 --num-requests 100 \
   --slo ttft=300ms,tpot=40ms --out runs/sweep
 # 4: inconclusive is a verdict too; what this check guards against is exit 2, a bundled file not found
