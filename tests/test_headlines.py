@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.append(str(ROOT / "benchmarks"))  # after everything else: a script never shadows a module
 
 import headlines  # noqa: E402  (benchmarks/ is not a package: its scripts import each other by file name)
 import result_json  # noqa: E402
