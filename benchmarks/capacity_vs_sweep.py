@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from result_json import write_result  # this folder is on sys.path
 
 from slobench.analysis.slo import SLO
 from slobench.experiments.capacity import SearchOptions, search_capacity
@@ -50,6 +51,7 @@ async def main() -> None:
     print(f"SLO {CI_SLO}; workload tiny (32 in / 16 out), {args.num_requests} requests per run; "
           f"{args.replicates} replicates; sweep mean over {args.sweep_seeds} seeds\n")
     print(f"{'variant':10} {'capacity':>9} {'interval':>17} {'probes':>6} {'sweep x':>8} {'covered':>7} {'time':>6}")
+    num_covered = 0
     for v in variants:
         t0 = time.perf_counter()
         m = ci_measure(v, num_requests=args.num_requests)
@@ -60,8 +62,11 @@ async def main() -> None:
         seeds = list(range(10_000, 10_000 + args.sweep_seeds))  # not the search's seeds
         x, _ = await sweep_crossing(m, rates, seeds, CI_SLO.target)
         covered = x is not None and lo <= x <= hi
+        num_covered += covered
         print(f"{v.name:10} {cap:9.2f} [{lo:7.2f}, {hi:7.2f}] {len(res.probes):6d} "
               f"{x if x is not None else float('nan'):8.2f} {'yes' if covered else 'NO':>7} {time.perf_counter() - t0:5.1f}s")
+    write_result("capacity_vs_sweep", {"variants_covered": num_covered, "variants": len(variants),
+                                       "sweep_seeds": args.sweep_seeds})
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from result_json import write_result  # this folder is on sys.path
 
 import slobench
 from slobench.analysis.metrics import RecordArrays, achieved_send_rps, throughput
@@ -528,6 +529,24 @@ def _fixed_table(rows: list[dict], repeats: int) -> None:
               f"{r['cpu_s'] - base:.2f} |")
 
 
+def _write_headline(rows: list[dict], fixed: list[dict], client: str, tree: str) -> None:
+    """The README's figures, when this run has them (800 and 1,200 req/s beside the floor, and the fixed
+    cost): `client`'s median CPU a request and its median ratio to the same round's floor, and the CPU of
+    `tree`'s whole 5-request run."""
+    floor_cpu = {(r["round"], r["rate"]): r["cpu_ms_per_req"] for r in rows if r["transport"] == "floor"}
+    figures: dict[str, float] = {}
+    for rate in (800, 1200):
+        rs = [r for r in rows if r["transport"] == client and r["rate"] == rate and (r["round"], rate) in floor_cpu]
+        if rs:
+            figures[f"cpu_ms_{rate}"] = round(float(np.median([r["cpu_ms_per_req"] for r in rs])), 2)
+            figures[f"x_floor_{rate}"] = round(float(np.median(
+                [r["cpu_ms_per_req"] / floor_cpu[r["round"], rate] for r in rs])), 2)
+    run5 = [r["cpu_s"] for r in fixed if r["what"] == "slobench run: 5 requests" and r["tree"] == tree]
+    if run5:
+        figures["run5_cpu_s"] = round(run5[0], 2)
+    write_result("client_overhead", figures, note=f"the client: {client}.")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", default="400,800")
@@ -618,6 +637,9 @@ def main() -> None:
         _medians(rows, first)
     if fixed:
         _fixed_table(fixed, args.fixed)
+    # the headline is the last tree's (the newest, by the page's BEFORE,AFTER order) first transport
+    transport = args.transports.split(",")[0]
+    _write_headline(rows, fixed, f"{transport} @{labels[trees[-1]]}" if trees else transport, fixed_trees[-1])
 
 
 if __name__ == "__main__":

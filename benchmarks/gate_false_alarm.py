@@ -16,6 +16,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from result_json import write_result  # this folder is on sys.path
+
 from slobench.analysis.slo import SLO
 from slobench.experiments.capacity import SearchOptions, search_capacity
 from slobench.experiments.probe import SimulatedMeasure
@@ -70,6 +72,9 @@ async def main() -> None:
         k = counts[c.name]
         top = ", ".join(f"{m} {n}" for m, n in failing_metrics[c.name].most_common(4))
         print(f"{c.name:10} {k['pass']:5d} {k['regression']:10d} {k['inconclusive']:12d}  {top}")
+    write_result("gate_false_alarm", {"trials": args.trials, "identical_passed": counts["identical"]["pass"],
+                                      "step_slower_failed": counts["step+15%"]["regression"],
+                                      "kv_fewer_failed": counts["kv-30%"]["regression"]})
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from result_json import write_result  # this folder is on sys.path
+
 from slobench.cli import main as slobench
 
 
@@ -53,6 +55,14 @@ def main() -> int:
         print(f"\nplanner vs best static ({vs['static']}): {vs['gpu_hours_saved']:+.1f} GPU-hours "
               f"({vs['gpu_hours_saved_share']:+.1%}), attainment {vs['attainment_delta'] * 100:+.2f} points")
     print(f"{plan['num_evaluations']} fleet evaluations, {wall:.0f} s wall ({plan['run']['pool']})")
+    planner, static = plan["strategies"]["planner"], plan["strategies"].get(vs["static"]) if vs else None
+    if vs and static:
+        write_result("plan_day", {
+            "planner_gpu_hours": planner["gpu_hours"], "static_gpu_hours": static["gpu_hours"],
+            "gpu_hours_saved_pct": round(100 * vs["gpu_hours_saved_share"], 1),
+            "planner_attainment_pct": round(100 * planner["attainment"], 2),
+            "static_attainment_pct": round(100 * static["attainment"], 2),
+        }, note=f"SLO {a.slo}; the best static fleet: {vs['static']}.")
     return rc
 
 

@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
+from result_json import write_result  # this folder is on sys.path
+
 from slobench.cli import no_huge_page_stalls
 
 
@@ -155,6 +157,14 @@ def main() -> None:
     ok = report_s < 10 and report_gb < 2 and summ_s < 5 and html_mb < 15
     print(f"\nbudget at 1,000,000 records: report < 10 s and < 2 GB, summarize < 5 s, HTML < 15 MB -> "
           f"{'ok' if ok else 'OVER BUDGET'} (load average {os.getloadavg()[0]:.2f} at the end)")
+    parquet_rows = rows[:args.repeat]  # this tree's, read from requests.parquet
+    write_result("report_build", {
+        "records": per_rate * args.rates, "html_mb": round(html_mb, 1),
+        "report_s_min": round(min(r[0] for r in parquet_rows), 1), "report_s_max": round(max(r[0] for r in parquet_rows), 1),
+        "report_peak_gb": round(max(r[1] for r in parquet_rows), 2),
+        "summarize_s_min": round(min(r[2] for r in parquet_rows), 1),
+        "summarize_s_max": round(max(r[2] for r in parquet_rows), 1),
+    })
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from trace_replay import write_trace  # the same 200 req/s Mooncake trace (this folder is on sys.path)
+from result_json import write_result  # this folder is on sys.path
+from trace_replay import write_trace  # the same 200 req/s Mooncake trace
 
 HERE = Path(__file__).resolve().parent.parent
 SIM = ["--simulate", "--profile", "h100-llama-1b", "--no-progress"]
@@ -74,11 +75,19 @@ def main() -> None:
                              ["sweep", *SIM, "--trace", str(trace), "--rates", "5,10", "--num-requests", "200"], True))
         print("| command | tree | wall s | CPU s | peak RSS MiB | exit |")
         print("|---|---|---|---|---|---|")
+        figures: dict[str, float] = {}  # this tree's, for the headline: the 100k and the 1M runs
         for k, (case, argv, with_old) in enumerate(commands):
             for name, tree in trees if with_old else trees[:1]:
                 out = work / f"out-{k}-{name}"
                 wall, cpu, rss, code = run_child(tree, [*argv, "--out", str(out)], work)
                 print(f"| {case} | {name} | {wall:.1f} | {cpu:.1f} | {rss:.0f} | {code} |", flush=True)
+                size = "100k" if "100,000 requests" in case else "1m" if "1,000,000 requests" in case else None
+                if name == "this" and code == 0 and size == "100k":  # one run: the range collapses to it
+                    figures |= {"wall_s_100k_min": round(wall, 1), "wall_s_100k_max": round(wall, 1),
+                                "rss_mib_100k_min": round(rss), "rss_mib_100k_max": round(rss)}
+                elif name == "this" and code == 0 and size == "1m":
+                    figures |= {"wall_s_1m": round(wall), "rss_mib_1m": round(rss)}
+        write_result("scale_sim", figures)
 
 
 if __name__ == "__main__":

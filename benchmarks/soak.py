@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 import httpx
+from result_json import write_result  # this folder is on sys.path
 
 from slobench.run.clock import Clock
 from slobench.run.records import RequestRecord, RequestSpec
@@ -151,10 +152,11 @@ async def soak(args: argparse.Namespace) -> int:
             problems.append("the engine logged tracebacks")
     steady = rows[WARMUP_SEGMENTS:]
     print(f"\n{args.requests} requests ({aborting.num_aborted} abandoned by the client) in {elapsed_s:.0f} s")
+    growths: dict[str, float] = {}
     for who in ("harness", "engine"):
         values = [r[f"{who}_rss_mib"] for r in steady]
         if values:
-            growth = (max(values) - values[0]) / values[0]
+            growth = growths[who] = (max(values) - values[0]) / values[0]
             print(f"{who} RSS after warm-up: {values[0]:.1f} -> {values[-1]:.1f} MiB (max {max(values):.1f}, "
                   f"growth {growth:+.1%}, limit {MAX_GROWTH:.0%})")
             if growth > MAX_GROWTH:
@@ -162,6 +164,10 @@ async def soak(args: argparse.Namespace) -> int:
     for p in problems:
         print(f"FAIL: {p}", file=sys.stderr)
     print("soak: OK" if not problems else f"soak: {len(problems)} problem(s)")
+    if not problems:  # the headline says every check held
+        write_result("soak", {"requests": args.requests, "aborted": aborting.num_aborted,
+                              "harness_rss_growth_pct": round(100 * growths["harness"], 1),
+                              "engine_rss_growth_pct": round(100 * growths["engine"], 1)})
     return 1 if problems else 0
 
 

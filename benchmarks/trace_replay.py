@@ -23,6 +23,7 @@ from itertools import islice
 from pathlib import Path
 
 import numpy as np
+from result_json import write_result  # this folder is on sys.path
 
 RATE_RPS = 200.0
 
@@ -158,6 +159,7 @@ def main() -> None:
     labels = {"whole": "whole (TraceReplay: sweep, capacity)", "stream": "stream (StreamingReplay: run --trace)",
               "all": "stream, all rows pulled"}
     base = 0.0
+    figures: dict[str, float | int] = {"rows": a.rows}
     for mode in a.modes.split(","):
         label = labels[mode]
         cmd = [sys.executable, __file__, "--child", mode, "--path", str(path), "--seconds", str(a.seconds)]
@@ -169,11 +171,14 @@ def main() -> None:
         sending = f"{res['sending_mib']:.0f}" if "sending_mib" in res else "–"
         print(f"| {label}{extra} | {res['first_s']:.2f} | {sending} | {res['peak_mib']:.0f} | {p50} | {p99} |")
         base = res["base_mib"]
+        if mode in ("whole", "stream") and "sending_mib" in res:
+            figures |= {f"{mode}_first_request_s": round(res["first_s"], 2), f"{mode}_rss_mib": round(res["sending_mib"])}
         at = {int(k[7:]): v for k, v in res.items() if k.startswith("rss_at_")}
         if at:
             print("|   RSS after " + ", ".join(f"{k:,}: {v:.0f}" for k, v in sorted(at.items())) + " MiB | | | | | |")
     print(f"| (the interpreter with slobench and numpy imported) | | | {base:.0f} | | |")
     print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
+    write_result("trace_replay", figures)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from result_json import write_result  # this folder is on sys.path
+
 from reference_engine.executor.modeled_executor import CostProfile
 from reference_engine.step_log import machine_speed, read_step_log
 from slobench.analysis.slo import SLO
@@ -386,10 +388,10 @@ def main() -> None:
                       + (f", steps x{speed:.3f} the refinement's" if speed is not None else "")
                       + (f", again x{speed2:.3f}" if speed2 is not None else "")
                       + f"): attainment {m['attainment']:.0%} vs simulated {s['attainment']:.0%}", flush=True)
-    print_rows(rows)
+    hits = {"calibrated": print_rows(rows)}
     if again:
         print("\nThe same requests measured a second time, right after the first (the server against itself):")
-        print_rows(again, "meas / again")
+        hits["self"] = print_rows(again, "meas / again")
         print("\nThe simulation against the second measurement:")
         print_rows([(n, r, a, s[3]) for (n, r, _, a), s in zip(again, rows, strict=True)], "again / sim")
     if at_speed_rows:
@@ -400,7 +402,7 @@ def main() -> None:
                   if sp is not None else f"  {name} {rate:.2f} req/s: n/a")
         print("\nThe simulation with the profile scaled to the machine's speed during each run (one number a run, "
               "from the run's own steps: a diagnosis of the misses above, not a prediction):")
-        print_rows(at_speed_rows, "meas / sim@speed")
+        hits["told_speed"] = print_rows(at_speed_rows, "meas / sim@speed")
         print(f"(second by second, and a forecast from the run before: python benchmarks/speed_drift.py {out})")
     for name, text in fitted.items():
         print(f"\n{name}: fitted on {text}")
@@ -408,6 +410,9 @@ def main() -> None:
           + (f" (in sample: {', '.join(in_sample)})" if in_sample else " (none of them in the fit)"))
     print(f"wall {time.monotonic() - t_start:.0f} s; 1-minute load average during the measured runs "
           f"{min(loads):.1f}-{max(loads):.1f} (2 cores); run directories under {out}")
+    if args.server == "engine":  # the headline is the bundled engine's; one validation: each range is one value
+        write_result("validate_sim", {"comparisons": len(rows) * (1 + len(PERCENTILES)),
+                                      **{f"{k}_{end}": n for k, n in hits.items() for end in ("min", "max")}})
 
 
 @contextlib.contextmanager

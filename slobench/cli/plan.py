@@ -27,6 +27,7 @@ from slobench.load_setup import calibrated_flags
 from slobench.report.plan_page import write_plan_page
 from slobench.run.outdir import new_out_dir
 from slobench.workload import load_workload
+from slobench.workload.bundled import trace_path
 
 # Bundled days compressed in time: one workload second stands for this many seconds of the day.
 DAY_COMPRESSION = {"day": 60.0}
@@ -166,7 +167,7 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         wl = load_workload(args.workload)
     else:
         for t in args.trace:
-            if not Path(t).is_file():
+            if not trace_path(t).is_file():
                 raise UsageError(f"--trace {t}: no such file")
     compression = args.compression
     if compression is None:

@@ -8,6 +8,7 @@ from slobench.workload.arrivals import (
     make_arrivals,
 )
 from slobench.workload.base import Workload
+from slobench.workload.bundled import WORKLOADS_DIR, list_workloads
 from slobench.workload.lengths import (
     EmpiricalLength,
     FixedLength,
@@ -29,14 +30,7 @@ from slobench.workload.prompts import (
 )
 from slobench.workload.replay import TraceReplay, replay
 from slobench.workload.sessions import SessionSpec, SystemPrompts, ThinkTime
-from slobench.workload.spec import (
-    WORKLOADS_DIR,
-    WorkloadSpec,
-    generate,
-    list_workloads,
-    load_workload,
-    phase_boundaries,
-)
+from slobench.workload.spec import WorkloadSpec, generate, load_workload, phase_boundaries
 from slobench.workload.traces import Trace, TraceEntry, detect_format, load_trace
 
 __all__ = [

@@ -1,5 +1,6 @@
-"""The TOML workload spec (`WorkloadSpec`: every key, with an example, in its docstring), the bundled
-`workloads/`, and `generate`: a spec, a run's shape and a seed become requests."""
+"""The TOML workload spec (`WorkloadSpec`: every key, with an example, in its docstring), loading one by
+name (the bundled specs: `slobench.workload.bundled`) or path, and `generate`: a spec, a run's shape and a
+seed become requests."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from slobench.errors import SpecError, UsageError
 from slobench.run.records import RequestSpec, with_drawn_ids
 from slobench.workload.arrivals import ArrivalProcess, PoissonArrivals, make_arrivals
 from slobench.workload.base import APIS, AS_IT_IS, RunShape
+from slobench.workload.bundled import bundled_workload, list_workloads
 from slobench.workload.lengths import FixedLength, LengthDist, length_from_dict
 from slobench.workload.phases import (
     Phase,
@@ -35,10 +37,7 @@ from slobench.workload.prompts import (
 )
 from slobench.workload.sessions import SessionSpec, SystemPrompts, build_requests
 
-__all__ = ["WORKLOADS_DIR", "WorkloadSpec", "generate", "list_workloads", "load_workload", "phase_boundaries"]
-
-# The package is installed editable, so the repo's workloads/ sits two levels above this package.
-WORKLOADS_DIR = Path(__file__).resolve().parents[2] / "workloads"
+__all__ = ["WorkloadSpec", "generate", "load_workload", "phase_boundaries"]
 
 PROMPT_KINDS = ("tokens", "text")
 MIN_TOKENS_POLICIES = ("none", "max")
@@ -395,19 +394,14 @@ def _phase_from_dict(d: object) -> Phase:
     return Phase(t["name"], t["duration_s"], arrival, mix)
 
 
-def list_workloads() -> list[str]:
-    """Names of the bundled workloads."""
-    return sorted(p.stem for p in WORKLOADS_DIR.glob("*.toml"))
-
-
 def load_workload(name_or_path: str | Path) -> WorkloadSpec:
     """A bundled workload by name (`chat`), or a spec file by path (anything ending in .toml or containing a /)."""
     s = str(name_or_path)
     path = Path(s)
     if isinstance(name_or_path, Path) or s.endswith(".toml") or "/" in s or "\\" in s:
         return WorkloadSpec.from_toml(path)
-    bundled = WORKLOADS_DIR / f"{s}.toml"
-    if not bundled.is_file():
+    bundled = bundled_workload(s)
+    if bundled is None:
         raise SpecError(
             "workload", s, f"unknown workload; available: {', '.join(list_workloads()) or 'none'}"
         )

@@ -21,6 +21,7 @@ import numpy as np
 from slobench.errors import UsageError
 from slobench.run.records import RequestSpec
 from slobench.workload.base import AS_IT_IS, RunShape, refuse_fixed_lengths
+from slobench.workload.bundled import trace_path
 from slobench.workload.prompts import DEFAULT_TOKEN_ID_RANGE
 from slobench.workload.replay import (
     PromptBuilder,
@@ -290,13 +291,15 @@ class StreamingReplay:
 
     @classmethod
     def open(cls, path: str, fmt: str | None = None, **kwargs: Any) -> StreamingReplay:
-        """A replay of `path`, its format checked now (a missing file or an unknown format is a
-        UsageError here, before any connection); nothing else is read until `specs`."""
-        fmt = detect_format(path) if fmt is None else fmt
+        """A replay of `path` (or of the bundled sample trace it names), its format checked now (a missing
+        file or an unknown format is a UsageError here, before any connection); nothing else is read until
+        `specs`."""
+        file = trace_path(path)
+        fmt = detect_format(file) if fmt is None else fmt
         if fmt not in FORMATS:
             raise UsageError(f"--trace-format: unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
-        _read_head(Path(path))
-        return cls(str(path), fmt, **kwargs)
+        _read_head(file)
+        return cls(str(file), fmt, **kwargs)
 
     def specs(self, shape: RunShape = AS_IT_IS) -> ReplayStream:
         """The run's requests in arrival order, each built when it is taken (the first now). `self.log`

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from slobench.errors import SpecError, UsageError
+from slobench.workload.bundled import list_traces, trace_path
 
 __all__ = ["FORMATS", "RowProblem", "Trace", "TraceColumns", "TraceEntry", "compression", "detect_format", "load_trace", "stamp_grid"]
 
@@ -268,7 +269,8 @@ def _read_head(path: Path) -> str:
         with _open_text(path) as fh:
             return fh.read(65536)
     except FileNotFoundError:
-        raise UsageError(f"{path}: trace file not found") from None
+        raise UsageError(f"{path}: trace file not found (bundled samples, named without a path: "
+                         f"{', '.join(list_traces()) or 'none'})") from None
     except IsADirectoryError:
         raise UsageError(f"{path}: is a directory, not a trace file") from None
     except (OSError, EOFError, lzma.LZMAError) as e:  # a damaged compressed file
@@ -354,8 +356,10 @@ def load_trace(path: str | Path, fmt: str | None = None, *, seed: int = 0, sprea
     once; `spread=False` turns that off. A few duplicated stamps in a finely stamped trace are left alone.
     Times in a `Trace` are trace seconds from its first request, unscaled; `slobench.workload.replay` scales,
     windows and turns them into requests.
+
+    `path` may name a bundled sample trace instead (`azure-code-sample`: `slobench.workload.bundled`).
     """
-    path = Path(path)
+    path = trace_path(path)
     fmt = detect_format(path) if fmt is None else fmt
     if fmt not in FORMATS:
         raise UsageError(f"--trace-format: unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
