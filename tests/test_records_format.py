@@ -42,7 +42,7 @@ _records = st.builds(
 def reference_line(r: RequestRecord) -> str:
     d = asdict(r)
     d["chunk_times_s"] = [round(t, 9) for t in r.chunk_times_s]
-    for name in ("finish_reason", "output_tokens_source"):  # written only when a target set them
+    for name in ("finish_reason", "output_tokens_source", "retried"):  # written only when a target set them
         if d[name] is None:
             del d[name]
     return json.dumps(d, separators=(",", ":"))
