@@ -22,7 +22,7 @@ import ssl
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, contextmanager
 from http import HTTPStatus
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -255,10 +255,11 @@ class HttpxTransport:
             keepalive_expiry=KEEPALIVE_S,
         )
         # httpx has no total timeout, only per-operation ones; the total is enforced with asyncio.timeout.
-        self._client = httpx.AsyncClient(
-            http2=http2, limits=limits, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
-            headers={"Accept-Encoding": "identity"}, follow_redirects=False, verify=tls_context(),
-        )
+        settings: dict[str, Any] = dict(
+            http2=http2, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+            headers={"Accept-Encoding": "identity"}, follow_redirects=False, verify=tls_context())
+        self._client = httpx.AsyncClient(limits=limits, **settings)
+        self._clients = (self._client, _Fresh(settings))
 
     @asynccontextmanager
     async def post(
@@ -266,11 +267,32 @@ class HttpxTransport:
     ) -> AsyncIterator[Response]:
         with map_errors(*self._timeouts):
             async with asyncio.timeout(self._timeouts[0]), AsyncExitStack() as stack:
-                resp, retried = await open_stream(stack, self._client, "POST", url, body, headers, on_sent)
+                resp, retried = await open_stream(stack, self._clients, "POST", url, body, headers, on_sent)
                 yield _HttpxResponse(resp, self._max_body, retried)
 
     async def close(self) -> None:
         await self._client.aclose()
+        await self._clients[1].aclose()
+
+
+class _Fresh:
+    """The client a resend goes through, made at the first resend: it keeps no connection, so each
+    request it sends opens a new one."""
+
+    __slots__ = ("_settings", "_client")
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self._settings = settings
+        self._client: httpx.AsyncClient | None = None
+
+    def __call__(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0), **self._settings)
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
 
 
 class _Attempt:
@@ -290,18 +312,20 @@ class _Attempt:
             self.on_sent()
 
 
-async def open_stream(stack: AsyncExitStack, client: httpx.AsyncClient, method: str, url: str,
-                      body: bytes | None, headers: Mapping[str, str] | None,
+async def open_stream(stack: AsyncExitStack, clients: tuple[httpx.AsyncClient, Callable[[], httpx.AsyncClient]],
+                      method: str, url: str, body: bytes | None, headers: Mapping[str, str] | None,
                       on_sent: Callable[[], None] | None = None) -> tuple[httpx.Response, str | None]:
     """Send a request and enter its response on `stack` once the head is in; and why it was sent a second
     time, or None. A request that fails on a kept-alive connection before an answer began (the server
     closed the connection as it left: a write error, a reset before the head, a close with no byte back)
-    is sent once more; its `on_sent` is called for the first send only. httpx does not say whether a
+    is sent once more, through `clients[1]()` (a client that keeps no connection: httpx's pool could
+    hand the resend another connection the server is closing); its `on_sent` is called for the first send only. httpx does not say whether a
     reset came after part of a head: a reset before the whole head counts as no answer."""
     retried = None
     for attempt in (0, 1):
         trace = _Attempt(on_sent if attempt == 0 else None)
         try:
+            client = clients[0] if attempt == 0 else clients[1]()
             stream = client.stream(method, url, content=body, headers=headers, extensions={"trace": trace})
             return await stack.enter_async_context(stream), retried
         except (httpx.WriteError, httpx.ReadError, httpx.RemoteProtocolError) as e:
@@ -353,9 +377,10 @@ class ControlClient:
         self.timeout_s = timeout_s
         self.max_body_bytes = max_body_bytes
         self._limit_flag = limit_flag
-        self._client = httpx.AsyncClient(timeout=timeout_s, headers={"Accept-Encoding": ACCEPT_ENCODING,
-                                                                     **(headers or {})}, follow_redirects=False,
-                                         verify=tls_context())
+        settings: dict[str, Any] = dict(timeout=timeout_s, headers={"Accept-Encoding": ACCEPT_ENCODING, **(headers or {})},
+                                        follow_redirects=False, verify=tls_context())
+        self._client = httpx.AsyncClient(**settings)
+        self._clients = (self._client, _Fresh(settings))
 
     async def __aenter__(self) -> ControlClient:
         return self
@@ -368,7 +393,7 @@ class ControlClient:
     ) -> Reply:
         with map_errors(self.timeout_s, self.timeout_s):
             async with asyncio.timeout(self.timeout_s), AsyncExitStack() as stack:
-                r, _ = await open_stream(stack, self._client, method, url, body, headers)
+                r, _ = await open_stream(stack, self._clients, method, url, body, headers)
                 if is_redirect(r.status_code):
                     raise TransportError("error", redirect_reason(r.status_code, r.headers.get("Location")))
                 raw = await read_body(r.aiter_raw(), r.headers.get("Content-Encoding"), self.max_body_bytes,
@@ -380,3 +405,4 @@ class ControlClient:
 
     async def close(self) -> None:
         await self._client.aclose()
+        await self._clients[1].aclose()
