@@ -80,6 +80,19 @@ async def test_a_resend_goes_once_on_a_new_connection_and_keeps_the_first_send()
     assert retried == ["server closed the connection before the response ended"]
 
 
+async def answered_then_refused(url: str, match: str) -> None:
+    """A first request answered, then a second on the same transport failing with `match`."""
+    tr = RawHttpTransport(timeout_s=5, connect_timeout_s=5)
+    try:
+        async with tr.post(url + "/completions", b"{}", {}) as resp:
+            await resp.read()
+        with pytest.raises(TransportError, match=match):
+            async with tr.post(url + "/completions", b"{}", {}):
+                pass
+    finally:
+        await tr.close()
+
+
 async def test_an_answer_begun_is_never_sent_again() -> None:
     def answer(req: Request) -> Play | None:
         if req.index == 0:
@@ -88,15 +101,7 @@ async def test_an_answer_begun_is_never_sent_again() -> None:
 
     server = RawServer(answer)
     async with server as url:
-        tr = RawHttpTransport(timeout_s=5, connect_timeout_s=5)
-        try:
-            async with tr.post(url + "/completions", b"{}", {}) as resp:
-                await resp.read()
-            with pytest.raises(TransportError, match="server closed the connection before the response ended"):
-                async with tr.post(url + "/completions", b"{}", {}):
-                    pass
-        finally:
-            await tr.close()
+        await answered_then_refused(url, "server closed the connection before the response ended")
     assert (server.connections, len(server.requests)) == (1, 2)
 
 
@@ -105,12 +110,4 @@ async def test_a_resend_that_fails_too_says_it_was_sent_again() -> None:
         return Play(framed(b"ok")) if req.index == 0 and req.conn == 0 else None
 
     async with RawServer(answer) as url:
-        tr = RawHttpTransport(timeout_s=5, connect_timeout_s=5)
-        try:
-            async with tr.post(url + "/completions", b"{}", {}) as resp:
-                await resp.read()
-            with pytest.raises(TransportError, match="sent again on a new connection"):
-                async with tr.post(url + "/completions", b"{}", {}):
-                    pass
-        finally:
-            await tr.close()
+        await answered_then_refused(url, "sent again on a new connection")
