@@ -37,7 +37,6 @@ from slobench.targets.http1 import (
     ProtocolError,
     chunk_size,
     head_end,
-    is_hex,
     parse_head,
 )
 from slobench.targets.transport import KEEPALIVE_S, Feed, TransportError, is_redirect, os_reason, read_body
@@ -216,7 +215,9 @@ class _Conn(asyncio.Protocol):
             # A read of whole chunks, what a stream's reads mostly are: one (size line, data, CRLF), or
             # several (`_whole_chunks`), each taken without the steps below.
             eol = buf.find(b"\r\n")
-            size = int(buf[:eol], 16) if eol > 0 and is_hex(buf[:eol]) else 0
+            line = buf[:eol]
+            # hex digits only (checked inline: this runs a read): int(x, 16) takes "5_09", " 5", "0x5"
+            size = int(line, 16) if eol > 0 and not line.translate(None, HEX_DIGITS) else 0
             if size > 0 and eol + 4 + size == len(buf):
                 self.buf = b""
                 self._body(buf[eol + 2:-2])
@@ -243,7 +244,8 @@ class _Conn(asyncio.Protocol):
                 # anything else (a split chunk, an extension, the last chunk) takes the steps below.
                 eol = find(b"\r\n", pos)
                 if eol > pos:
-                    size = int(buf[pos:eol], 16) if is_hex(buf[pos:eol]) else 0
+                    line = buf[pos:eol]
+                    size = int(line, 16) if not line.translate(None, HEX_DIGITS) else 0
                     end = eol + 2 + size
                     if size > 0 and end + 2 <= n and buf[end:end + 2] == b"\r\n":
                         out.append(buf[eol + 2:end])
