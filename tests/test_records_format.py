@@ -36,6 +36,7 @@ _records = st.builds(
     replica=st.one_of(st.none(), st.integers(min_value=0, max_value=64)),
     finish_reason=st.one_of(st.none(), st.sampled_from(["length", "stop"])),
     output_tokens_source=st.one_of(st.none(), st.sampled_from(["usage", "max_tokens", "tokenizer", "events"])),
+    retried=st.one_of(st.none(), st.text(max_size=40)),
 )
 
 
