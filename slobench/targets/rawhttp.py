@@ -39,7 +39,15 @@ from slobench.targets.http1 import (
     head_end,
     parse_head,
 )
-from slobench.targets.transport import KEEPALIVE_S, Feed, TransportError, is_redirect, os_reason, read_body
+from slobench.targets.transport import (
+    KEEPALIVE_S,
+    NO_ANSWER,
+    Feed,
+    TransportError,
+    is_redirect,
+    os_reason,
+    read_body,
+)
 
 _MAX_HEAD = 65_536  # bytes of status line + headers, and of one chunk-size line, before the answer is refused
 _MAX_PIECES = 64  # network reads (each up to 256 KiB) held for a reader that is behind, before reading pauses
@@ -171,7 +179,7 @@ class _Conn(asyncio.Protocol):
             if isinstance(exc, OSError) and not is_reset:
                 self._fail(TransportError("error", f"connection error: {_reason(exc)}"))
             else:
-                self._fail(TransportError("error", "server closed the connection before the response ended"))
+                self._fail(TransportError("error", NO_ANSWER))
         else:
             why = "connection reset by peer" if is_reset else "connection closed before the body ended"
             self._fail(TransportError("error", f"connection lost mid-response ({why})"))

@@ -38,6 +38,7 @@ KEEPALIVE_S = 4.0  # idle connections are dropped after this, below uvicorn's 5 
 _HTTPX_MAX_CONNECTIONS = 65_536
 
 
+NO_ANSWER = "server closed the connection before the response ended"  # and no byte of an answer had come
 # how h11 words a connection that closed (anything else it refuses is bytes that are not HTTP/1.1)
 _CLOSED_WORDS = ("disconnected", "peer closed")
 
@@ -136,6 +137,8 @@ def _mapped(e: Exception, timeout_s: float, connect_timeout_s: float) -> Transpo
         return TransportError("timeout", f"request timed out after {timeout_s:g} s")
     if isinstance(e, httpx.ConnectError):
         return TransportError("error", f"cannot connect: {chain_reason(e)}")
+    if isinstance(e, httpx.RemoteProtocolError) and "without sending a response" in str(e):
+        return TransportError("error", NO_ANSWER)  # the raw client's words for the same close
     if isinstance(e, httpx.RemoteProtocolError) and not any(w in str(e) for w in _CLOSED_WORDS):
         return TransportError("error", f"invalid HTTP response: {e}")  # h11 refused the bytes
     if isinstance(e, httpx.RemoteProtocolError | httpx.ReadError):

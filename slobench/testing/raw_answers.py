@@ -166,6 +166,8 @@ HOSTILE_BEHAVIOURS = {
     "close-after-500": "token-id prompts and every --every'th completion get a bare 500 with a length and no "
                        "Connection: close (an ASGI server's unhandled exception); the connection is then closed as "
                        "its next request comes, unanswered",
+    "close-on-token-ids": "a token-id prompt is met with a close, no byte of an answer (a server whose "
+                          "connection handler dies on one); text prompts are answered",
     "short-keepalive": "answers as the plain server does, and closes a connection idle for --keepalive seconds",
     "superscript-length": "a completion's Content-Length is '1' and a Latin-1 superscript two",
     "superscript-status": "a completion's status code holds a Latin-1 superscript two",
@@ -204,6 +206,8 @@ class HostileAnswers:
                 self.closing.add(request.conn)
                 return Play(error_500())
             return Play(ok)
+        if b == "close-on-token-ids":
+            return None if isinstance(body.get("prompt"), list) else Play(ok)
         if b == "short-keepalive":
             return Play(ok)
         if b == "bare-lf-head":
