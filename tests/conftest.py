@@ -49,6 +49,7 @@ SERVER_MODULES = frozenset({
     "test_openai_target", "test_ray_pool", "test_report_browser", "test_run_durability", "test_run_streamed",
     "test_server_quirks", "test_text_prompts", "test_trace_replay", "test_workers", "test_redact", "test_golden",
     "test_packaging",  # builds a wheel in a child process
+    "test_transport_differential", "test_transport_resend",
 })
 # modules that assert on milliseconds of wall time: the `timing` marker, run alone after the parallel tier
 TIMING_MODULES = frozenset({

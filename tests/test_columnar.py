@@ -38,6 +38,7 @@ def _records() -> list[RequestRecord]:
         r.cached_tokens = 16 if i % 7 == 0 else None
         r.usage_output_tokens = r.output_tokens + (i % 11 == 0) if i % 2 else None
         r.finish_reason = "length" if i % 4 == 0 else None
+        r.retried = "server closed the connection before the response ended" if i % 6 == 1 else None
         r.queued_s = 0.01 * (i % 3)
     recs[0].is_warmup = recs[1].is_warmup = True
     recs[5].chunk_times_s, recs[5].chunk_tokens = [], []  # an answer that came whole

@@ -126,3 +126,61 @@ def test_a_hostile_metrics_endpoint_leaves_the_run_whole(tmp_path: Path, behavio
     records = [json.loads(x) for x in (tmp_path / "r" / "requests.jsonl").read_text().splitlines()]
     assert code == 0 and len(records) == 80 and all(r["status"] == "ok" for r in records)
     assert not (tmp_path / "r" / "server_metrics.jsonl").exists()  # every scrape refused: no samples
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("behaviour, stream, ok, error", [
+    ("superscript-length", False, False, "invalid HTTP response"),
+    ("superscript-status", False, False, "invalid HTTP response"),
+    ("bare-lf-head", True, True, None),
+    ("duplicate-length", False, True, None),
+    ("chunk-underscore", True, False, "invalid HTTP response"),
+    ("no-content", True, False, "HTTP 204 No Content: an answer with no body"),
+])
+def test_odd_bytes_are_read_by_rfc_9112_or_refused_by_name(behaviour: str, stream: bool, ok: bool, error: str | None,
+                                                           transport: str, caplog: pytest.LogCaptureFixture) -> None:
+    with HostileServerProcess(behaviour) as srv:
+        r = send_one(srv.base_url, stream=stream, transport=transport)
+    if ok:
+        assert (r.status, r.output_tokens) == ("ok", 3), r.error
+    else:
+        assert r.status == "error" and (r.error or "").startswith(error or ""), r.error
+    # no "Fatal error: protocol.data_received() call failed" from the event loop
+    assert [rec.getMessage() for rec in caplog.records if rec.name == "asyncio"] == []
+
+
+def run_cli(url: str, out: Path, *extra: str) -> tuple[int, list[dict[str, Any]]]:
+    code = main(["run", "--url", url, "--model", "test-model", "--workload", "tiny", "--input-len", "4",
+                 "--output-len", "2", "--out", str(out), "--no-progress", "--scrape-interval", "0", *extra])
+    return code, [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("behaviour, why", [("close-after-500", "HTTP 500"),
+                                         ("close-on-token-ids", "server closed the connection")])
+def test_a_server_failing_token_ids_and_closing_falls_back_to_text_prompts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], behaviour: str, why: str) -> None:
+    # close-after-500: token-id prompts get a bare 500, and the connection it left open is closed as the next
+    # probe comes; close-on-token-ids: they are met with a close, on every connection
+    with HostileServerProcess(behaviour, every=1_000_000) as srv:
+        code, records = run_cli(srv.base_url, tmp_path / "r", "--rate", "50", "--num-requests", "6")
+    said = capsys.readouterr()
+    assert code == 0 and len(records) == 6 and all(r["status"] == "ok" for r in records), said.err
+    (note,) = [line for line in said.err.splitlines() if "token-id prompts failed (" in line]
+    assert why in note and "prompts sent as text" in note, note
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_at_load_a_server_closing_after_its_500s_fails_only_those(tmp_path: Path, transport: str) -> None:
+    with HostileServerProcess("close-after-500", every=10) as srv:
+        code, records = run_cli(srv.base_url, tmp_path / "r", "--rate", "150", "--num-requests", "150",
+                                "--server-profile", "vllm", "--transport", transport)
+    assert len(records) == 150
+    assert [r["error"] for r in records if r["status"] != "ok" and r.get("http_status") != 500] == []
+
+
+def test_a_short_keepalive_gives_no_spurious_failure(tmp_path: Path) -> None:
+    # 0.1 req/s against a 5 s keep-alive, scaled: 10 req/s against 0.05 s (each gap near the timeout races it)
+    with HostileServerProcess("short-keepalive", keepalive_s=0.05) as srv:
+        code, records = run_cli(srv.base_url, tmp_path / "r", "--rate", "10", "--num-requests", "30",
+                                "--server-profile", "vllm")
+    assert code == 0 and [r["error"] for r in records if r["status"] != "ok"] == []

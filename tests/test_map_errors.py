@@ -20,6 +20,11 @@ from slobench.targets.transport import TransportError, map_errors
         (TimeoutError(), "timeout", "request timed out after 9 s"),
         (httpx.ConnectError("c"), "error", "cannot connect: c"),
         (httpx.RemoteProtocolError("peer closed"), "error", "connection lost mid-response (peer closed)"),
+        # the raw client's words for the same close, and for bytes that are not HTTP/1.1
+        (httpx.RemoteProtocolError("Server disconnected without sending a response."), "error",
+         "server closed the connection before the response ended"),
+        (httpx.RemoteProtocolError("illegal status line: bytearray(b'HTTP/1.1 2\\xb20')"), "error",
+         "invalid HTTP response: illegal status line: bytearray(b'HTTP/1.1 2\\xb20')"),
         (httpx.ReadError("r"), "error", "connection lost mid-response (r)"),
         (httpx.UnsupportedProtocol("u"), "error", "UnsupportedProtocol: u"),
         (ConnectionResetError(errno.ECONNRESET, "reset"), "error", "connection error: connection reset by peer"),

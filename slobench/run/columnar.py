@@ -43,7 +43,7 @@ JSONL_BYTES_KEY = b"slobench.requests_jsonl_bytes"  # the size of the requests.j
 FLOATS = ("scheduled_s", "sent_s", "first_token_s", "done_s", "queued_s")
 INTS = ("request_id", "input_tokens", "prompt_tokens", "cached_tokens", "output_tokens", "usage_output_tokens",
         "max_tokens", "http_status", "replica")
-STRINGS = ("tag", "status", "error", "finish_reason", "output_tokens_source")
+STRINGS = ("tag", "status", "error", "finish_reason", "output_tokens_source", "retried")
 _NOT_NULL = frozenset({"request_id", "scheduled_s", "chunk_times_s", "chunk_tokens", "is_warmup"})
 
 

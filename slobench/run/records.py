@@ -93,6 +93,9 @@ class RequestRecord:
     # "events" (counted from the stream: token ids where sent, else one a token-carrying event; an estimate).
     finish_reason: str | None = None
     output_tokens_source: str | None = None
+    # Written only when set: why the request was sent a second time, on a new connection (the server had
+    # closed the kept-alive one as it left); `sent_s` is still the first send's.
+    retried: str | None = None
 
     def fail(self, status: Status, error: str, now_s: float | None = None) -> None:
         self.status = status
@@ -181,7 +184,7 @@ def _orjson_safe(r: RequestRecord, times: list[float]) -> bool:
     for v in (r.scheduled_s, r.sent_s, r.first_token_s, r.done_s, r.queued_s):
         if v is not None and (type(v) is not float or not (v == 0.0 or 1e-4 <= abs(v) < 1e16)):
             return False
-    for t in (r.tag, r.status, r.error, r.finish_reason, r.output_tokens_source):
+    for t in (r.tag, r.status, r.error, r.finish_reason, r.output_tokens_source, r.retried):
         if t is not None and (type(t) is not str or not (t.isascii() and t.isprintable())):
             return False
     return True
@@ -191,7 +194,7 @@ _RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))
 _FIELD_VALUES = attrgetter(*_RECORD_FIELDS)  # a record's values in field order, in one call
 _NINES = repeat(9)  # chunk times are written rounded to the nanosecond
 _FLOATS = {float}
-_WRITTEN_WHEN_SET = ("finish_reason", "output_tokens_source")  # absent, the line is as it always was
+_WRITTEN_WHEN_SET = ("finish_reason", "output_tokens_source", "retried")  # absent, the line is as it always was
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
@@ -284,7 +287,7 @@ _NUMBER_FIELDS = ("scheduled_s", "sent_s", "first_token_s", "done_s", "queued_s"
 _INT_FIELDS = ("request_id", "input_tokens", "prompt_tokens", "cached_tokens", "output_tokens",
                "usage_output_tokens", "max_tokens", "http_status", "replica")
 _REQUIRED = ("request_id", "scheduled_s")
-_TEXT_FIELDS = ("tag", "error", "finish_reason", "output_tokens_source")
+_TEXT_FIELDS = ("tag", "error", "finish_reason", "output_tokens_source", "retried")
 
 
 def record_problem(d: Any) -> str | None:

@@ -46,6 +46,7 @@ from slobench.targets.transport import (
     TransportError,
     endpoint_url,
     is_redirect,
+    no_body_reason,
     redirect_reason,
 )
 from slobench.workload.text import ExactText, ids_to_text, thin_words, words_for_tokens
@@ -259,6 +260,7 @@ class OpenAITarget(TargetBase):
                 post = transport.post(self.url, body, self._headers, on_sent)
             async with post as resp:
                 record.http_status = resp.status
+                record.retried = getattr(resp, "retried", None)
                 if is_redirect(resp.status):
                     where = getattr(resp, "location", None)
                     record.fail("error", self.scrub(redirect_reason(resp.status, where)), now())
@@ -266,6 +268,8 @@ class OpenAITarget(TargetBase):
                     raw = await resp.read()
                     retry = getattr(resp, "retry_after", None)
                     record.fail("error", name_too_long(resp.status, self.http_error(resp.status, raw, retry)), now())
+                elif (bodiless := no_body_reason(resp.status)) is not None:
+                    record.fail("error", bodiless, now())
                 elif reader is not None:
                     texts = await self._read_stream(resp, reader, self._feeds)
                 else:

@@ -221,18 +221,23 @@ def _low_id(hi: int) -> int:
 
 async def _ids_fail(target: OpenAITarget, client: ControlClient, ids: tuple[int, ...], *, tries: int = 1) -> str | None:
     """What went wrong with a token-id prompt of `ids` (an error status, or an error in a 200 answer or
-    stream), or None when it was answered. A 5xx or 429 is tried again, up to `tries` times in all."""
+    stream, a connection dropped in answer), or None when it was answered. A 5xx, a 429 or a dropped
+    connection is tried again, up to `tries` times in all."""
     why = None
     for attempt in range(tries):
         body = _probe_body(target, prompt=list(ids), stream=target.stream)
-        resp = await _control(target, client, "POST", target.url, body)
-        if resp.status >= 400:
-            why = target.http_error(resp.status, resp.body)
+        try:
+            resp = await _control(target, client, "POST", target.url, body)
+        except TargetUnreachable as e:  # the connection dropped in answer to ids: a failure, as a bare 500 is
+            why = str(e)
         else:
-            error = _error_in(resp.body)
-            return None if error is None else target.scrub(error)
-        if resp.status < 500 and resp.status != 429:  # an answer; a failing or busy server is tried again
-            break
+            if resp.status >= 400:
+                why = target.http_error(resp.status, resp.body)
+            else:
+                error = _error_in(resp.body)
+                return None if error is None else target.scrub(error)
+            if resp.status < 500 and resp.status != 429:  # an answer; a failing or busy server is tried again
+                break
         if attempt < tries - 1:
             await asyncio.sleep(PROBE_BACKOFF_S * (attempt + 1))
     return why

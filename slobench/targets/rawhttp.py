@@ -3,8 +3,10 @@
 It does only what a POST of a prebuilt body and a streamed answer need, and hands the body's bytes to
 the reader as they arrive: to its synchronous `feed` step from the connection's own callback, or kept for
 its task (`chunks()`). A pooled connection the server closed while idle is noticed before it is used;
-one the server closes just as the request is written (no byte of an answer came back) is retried once on
-a new connection. Every failure is a `TransportError`, its status and wording what the record will carry.
+a request whose write or first read fails on a kept-alive connection before any byte of an answer came
+back (the server closed it as the request left: after an error answer, at its keep-alive timeout) is
+sent once more, on a new connection, and its response says why (`retried`); one that got any byte back is
+never sent again. Response heads are read by `slobench.targets.http1` (RFC 9112, ASCII digits only). Every failure is a `TransportError`, its status and wording what the record will carry.
 The URL's path and query are percent-encoded where they hold what a request line cannot carry; a redirect
 is not followed; a whole body (`read`) is refused past the size limit.
 Not supported: HTTP/2, proxies, compressed streams (`Accept-Encoding: identity` is sent; a whole body the
@@ -24,18 +26,41 @@ from urllib.parse import quote, urlsplit
 
 from slobench.errors import UsageError
 from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES
-from slobench.targets.transport import KEEPALIVE_S, Feed, TransportError, is_redirect, os_reason, read_body
+from slobench.targets.http1 import (
+    CHUNKED,
+    DONE,
+    HEAD,
+    HEX_DIGITS,
+    LENGTH,
+    UNTIL_CLOSE,
+    Head,
+    ProtocolError,
+    chunk_size,
+    head_end,
+    parse_head,
+)
+from slobench.targets.transport import (
+    KEEPALIVE_S,
+    NO_ANSWER,
+    Feed,
+    TransportError,
+    is_redirect,
+    os_reason,
+    read_body,
+)
 
 _MAX_HEAD = 65_536  # bytes of status line + headers, and of one chunk-size line, before the answer is refused
 _MAX_PIECES = 64  # network reads (each up to 256 KiB) held for a reader that is behind, before reading pauses
+# said of a resend that failed too (the first send's failure is in the record's `retried`)
+_RESENT = "(sent again on a new connection: the server had closed the kept-alive one as the request left)"
 _RESET_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
 # what a request target keeps as it is (RFC 3986's unreserved, sub-delims, ":" "@" "/", and "%" of an
 # escape already made); anything else (a space, a non-ASCII character as UTF-8) is percent-encoded
 _PATH_SAFE = "/:@!$&'()*+,;=-._~%"
 _QUERY_SAFE = _PATH_SAFE + "?"
 
-# protocol states
-_HEAD, _LENGTH, _CHUNKED, _UNTIL_CLOSE, _DONE = range(5)
+# protocol states: the body's framing (slobench.targets.http1)
+_HEAD, _LENGTH, _CHUNKED, _UNTIL_CLOSE, _DONE = HEAD, LENGTH, CHUNKED, UNTIL_CLOSE, DONE
 
 
 def _reason(e: OSError) -> str:
@@ -45,10 +70,6 @@ def _reason(e: OSError) -> str:
     if isinstance(e, ssl.SSLError):
         return f"TLS: {getattr(e, 'verify_message', None) or e.reason or e}".lower()
     return os_reason(e)
-
-
-class _ProtocolError(Exception):
-    """The server's bytes are not HTTP/1.1 this client can read."""
 
 
 class _Conn(asyncio.Protocol):
@@ -106,7 +127,7 @@ class _Conn(asyncio.Protocol):
         if state == _CHUNKED:  # a stream's read
             try:
                 self._chunked(self.buf + data if self.buf else data)
-            except _ProtocolError as e:
+            except ProtocolError as e:
                 self._fail(TransportError("error", f"invalid HTTP response: {e}"))
                 if self.transport is not None:
                     self.transport.abort()
@@ -133,7 +154,7 @@ class _Conn(asyncio.Protocol):
             # else _DONE: bytes after the response (none are asked for): the connection is not reused
             elif state == _DONE:
                 self.keep_alive = False
-        except _ProtocolError as e:
+        except ProtocolError as e:
             self._fail(TransportError("error", f"invalid HTTP response: {e}"))
             if self.transport is not None:
                 self.transport.abort()
@@ -158,7 +179,7 @@ class _Conn(asyncio.Protocol):
             if isinstance(exc, OSError) and not is_reset:
                 self._fail(TransportError("error", f"connection error: {_reason(exc)}"))
             else:
-                self._fail(TransportError("error", "server closed the connection before the response ended"))
+                self._fail(TransportError("error", NO_ANSWER))
         else:
             why = "connection reset by peer" if is_reset else "connection closed before the body ended"
             self._fail(TransportError("error", f"connection lost mid-response ({why})"))
@@ -168,17 +189,17 @@ class _Conn(asyncio.Protocol):
     def _head(self, data: bytes) -> None:
         buf = self.buf + data if self.buf else data
         while True:
-            end = buf.find(b"\r\n\r\n")
+            end, rest_at = head_end(buf)
             if end < 0:
                 if len(buf) > _MAX_HEAD:
-                    raise _ProtocolError(f"response head longer than {_MAX_HEAD} bytes")
+                    raise ProtocolError(f"response head longer than {_MAX_HEAD} bytes")
                 self.buf = buf
                 return
             block = buf[:end]
-            rest = buf[end + 4:]
+            rest = buf[rest_at:]
             head = _HEADS.get(block)
             if head is None:
-                head = _parse_head(block)
+                head = parse_head(block)
                 if head is None:  # an interim answer (100 Continue, 103 Early Hints): the real one follows
                     buf = rest
                     continue
@@ -202,10 +223,9 @@ class _Conn(asyncio.Protocol):
             # A read of whole chunks, what a stream's reads mostly are: one (size line, data, CRLF), or
             # several (`_whole_chunks`), each taken without the steps below.
             eol = buf.find(b"\r\n")
-            try:
-                size = int(buf[:eol], 16) if eol > 0 else 0
-            except ValueError:
-                size = 0
+            line = buf[:eol]
+            # hex digits only (checked inline: this runs a read): int(x, 16) takes "5_09", " 5", "0x5"
+            size = int(line, 16) if eol > 0 and not line.translate(None, HEX_DIGITS) else 0
             if size > 0 and eol + 4 + size == len(buf):
                 self.buf = b""
                 self._body(buf[eol + 2:-2])
@@ -232,10 +252,8 @@ class _Conn(asyncio.Protocol):
                 # anything else (a split chunk, an extension, the last chunk) takes the steps below.
                 eol = find(b"\r\n", pos)
                 if eol > pos:
-                    try:
-                        size = int(buf[pos:eol], 16)
-                    except ValueError:
-                        size = 0
+                    line = buf[pos:eol]
+                    size = int(line, 16) if not line.translate(None, HEX_DIGITS) else 0
                     end = eol + 2 + size
                     if size > 0 and end + 2 <= n and buf[end:end + 2] == b"\r\n":
                         out.append(buf[eol + 2:end])
@@ -254,14 +272,14 @@ class _Conn(asyncio.Protocol):
                 if n - pos < 2:
                     break
                 if buf[pos:pos + 2] != b"\r\n":
-                    raise _ProtocolError("chunk data not followed by CRLF")
+                    raise ProtocolError("chunk data not followed by CRLF")
                 pos += 2
                 self.crlf = False
                 continue
             eol = buf.find(b"\r\n", pos)
             if eol < 0:
                 if n - pos > _MAX_HEAD:
-                    raise _ProtocolError("chunk-size line too long")
+                    raise ProtocolError("chunk-size line too long")
                 break
             line = buf[pos:eol]
             pos = eol + 2
@@ -272,13 +290,7 @@ class _Conn(asyncio.Protocol):
                         self.keep_alive = False
                     break
                 continue
-            digits = line.split(b";", 1)[0].strip()  # a chunk extension is ignored
-            try:
-                if not digits or digits.startswith((b"-", b"+", b"0x", b"0X")):
-                    raise ValueError
-                self.left = int(digits, 16)
-            except ValueError:
-                raise _ProtocolError(f"bad chunk size {line[:40]!r}") from None
+            self.left = chunk_size(line)
             if not self.left:
                 self.trailers = True
         self.buf = buf[pos:] if pos < n and self.state != _DONE else b""
@@ -339,51 +351,10 @@ class _Conn(asyncio.Protocol):
         return w
 
 
-# What a response head says: (status, headers, keep-alive, the body's state, its Content-Length)
-_Head = tuple[int, dict[str, str], bool, int, int]
 # Parsed heads by their bytes: a server's answers repeat theirs (the Date line changes once a second). The
 # headers dict is shared between the responses that reuse it: it is only read.
-_HEADS: dict[bytes, _Head] = {}
+_HEADS: dict[bytes, Head] = {}
 _MAX_HEADS = 256
-
-
-def _parse_head(block: bytes) -> _Head | None:
-    """A response head (status line and headers, no final CRLF CRLF); None for an interim 1xx answer."""
-    lines = block.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit() or len(parts[1]) != 3:
-        raise _ProtocolError(f"bad status line {lines[0][:100]!r}")
-    status = int(parts[1])
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            raise _ProtocolError(f"bad header line {line[:100]!r}")
-        name = name.lower()
-        value = value.strip()
-        headers[name] = f"{headers[name]}, {value}" if name in headers else value
-    if 100 <= status < 200 and status != 101:
-        return None
-    conn = headers.get("connection", "").lower()
-    keep_alive = "close" not in conn and (parts[0] != "HTTP/1.0" or "keep-alive" in conn)
-    te = headers.get("transfer-encoding")
-    cl = headers.get("content-length")
-    left = 0
-    if status in (204, 304):
-        state = _DONE
-    elif te is not None:
-        if te.lower().rsplit(",", 1)[-1].strip() != "chunked":
-            raise _ProtocolError(f"unsupported Transfer-Encoding {te!r}")
-        state = _CHUNKED
-    elif cl is not None:
-        if not cl.isdigit():
-            raise _ProtocolError(f"bad Content-Length {cl!r}")
-        left = int(cl)
-        state = _LENGTH if left else _DONE
-    else:
-        state = _UNTIL_CLOSE
-        keep_alive = False
-    return status, headers, keep_alive, state, left
 
 
 def _drain_timed_out() -> TransportError:
@@ -403,8 +374,11 @@ def _whole_chunks(buf: bytes) -> tuple[bytes, bool] | None:
     parts.pop()  # the empty piece after the last CRLF
     datas = parts[1::2]
     lengths = list(map(len, datas))
+    sizes = parts[0::2]
+    if b"".join(sizes).translate(None, HEX_DIGITS):  # only hex digits: int() takes "5_09", " 5", "0x5"
+        return None
     try:
-        if list(map(int, parts[0::2], _HEX)) != lengths:
+        if list(map(int, sizes, _HEX)) != lengths:
             return None
     except ValueError:
         return None
@@ -419,10 +393,11 @@ _HEX = itertools.repeat(16)
 
 
 class _RawResponse:
-    __slots__ = ("status", "retry_after", "location", "_conn", "_max_body")
+    __slots__ = ("status", "retry_after", "location", "retried", "_conn", "_max_body")
 
-    def __init__(self, conn: _Conn, max_body_bytes: int) -> None:
+    def __init__(self, conn: _Conn, max_body_bytes: int, retried: str | None = None) -> None:
         self.status = conn.status
+        self.retried = retried
         self.retry_after = conn.headers.get("retry-after") if conn.status >= 400 else None
         self.location = conn.headers.get("location") if is_redirect(conn.status) else None
         self._conn = conn
@@ -689,9 +664,11 @@ class _Post:
         data = b"".join((head, str(len(body)).encode(), b"\r\n\r\n", body))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + tr._timeouts[0]
+        retried: str | None = None
         try:
             for attempt in (0, 1):
-                conn = tr._pooled(target.key)
+                # the first send takes a pooled connection where there is one; a resend, always a new one
+                conn = tr._pooled(target.key) if attempt == 0 else None
                 reused = conn is not None
                 if conn is None:
                     conn = await tr._connect(target, loop, deadline)
@@ -701,7 +678,7 @@ class _Post:
                     self._timer.cancel()
                 self._timer = loop.call_at(deadline, conn.timed_out, tr.timeout_error)
                 conn.feed = self._feed
-                if self._on_sent is not None:
+                if self._on_sent is not None and attempt == 0:  # the record keeps the first send's time
                     self._on_sent()
                 conn.transport.write(data)  # type: ignore[union-attr]
                 # with a feed, a successful answer is awaited to its end: its task has nothing to do before
@@ -710,14 +687,18 @@ class _Post:
                 if conn.state == _HEAD:
                     err = conn.error
                     assert err is not None
-                    # a kept-alive connection the server closed as the request went, no answer: once more
+                    # A kept-alive connection the server closed as the request left on it, no byte of an
+                    # answer back (the close raced the send): sent once more, on a new connection.
                     if attempt == 0 and reused and not conn.got_bytes and err.status != "timeout":
+                        retried = err.reason
                         conn.feed = None
                         tr._release(conn)
                         self._conn = None
                         continue
+                    if retried is not None:
+                        raise TransportError(err.status, f"{err.reason} {_RESENT}")
                     raise err
-                return _RawResponse(conn, tr.max_body_bytes)
+                return _RawResponse(conn, tr.max_body_bytes, retried)
             raise AssertionError("unreachable")
         except BaseException as e:
             self._done()

@@ -19,9 +19,10 @@ import asyncio
 import functools
 import os
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, contextmanager
+from http import HTTPStatus
+from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -35,6 +36,11 @@ KEEPALIVE_S = 4.0  # idle connections are dropped after this, below uvicorn's 5 
 # "no cap" for httpx: open-loop load must reach the server when it is scheduled, never queue behind a pool
 # limit; httpx's own `None` collapses under load
 _HTTPX_MAX_CONNECTIONS = 65_536
+
+
+NO_ANSWER = "server closed the connection before the response ended"  # and no byte of an answer had come
+# how h11 words a connection that closed (anything else it refuses is bytes that are not HTTP/1.1)
+_CLOSED_WORDS = ("disconnected", "peer closed")
 
 
 class TransportError(Exception):
@@ -54,6 +60,7 @@ class Response(Protocol):
     status: int
     retry_after: str | None  # the Retry-After header of a 429 or 503, as sent
     location: str | None  # the Location header of a 3xx (never followed), as sent
+    retried: str | None  # why the request was sent a second time, on a new connection (None: sent once)
     # optional, read with getattr: `async drain(within_s)`, which reads the rest of the body for `within_s`
     # at most (else the caller reads `chunks()` under a timeout)
 
@@ -130,6 +137,10 @@ def _mapped(e: Exception, timeout_s: float, connect_timeout_s: float) -> Transpo
         return TransportError("timeout", f"request timed out after {timeout_s:g} s")
     if isinstance(e, httpx.ConnectError):
         return TransportError("error", f"cannot connect: {chain_reason(e)}")
+    if isinstance(e, httpx.RemoteProtocolError) and "without sending a response" in str(e):
+        return TransportError("error", NO_ANSWER)  # the raw client's words for the same close
+    if isinstance(e, httpx.RemoteProtocolError) and not any(w in str(e) for w in _CLOSED_WORDS):
+        return TransportError("error", f"invalid HTTP response: {e}")  # h11 refused the bytes
     if isinstance(e, httpx.RemoteProtocolError | httpx.ReadError):
         return TransportError("error", f"connection lost mid-response ({chain_reason(e)})")
     if isinstance(e, httpx.HTTPError):
@@ -155,6 +166,18 @@ def redirect_reason(status: int, location: str | None) -> str:
 
 def is_redirect(status: int) -> bool:
     return 300 <= status < 400 and status != 304
+
+
+def no_body_reason(status: int) -> str | None:
+    """What a record says of an answer that cannot carry a completion, its status named: a 1xx that
+    reached the reader (101), 204 No Content, 205 Reset Content, 304 Not Modified. None for any other."""
+    if status < 200 or status in (204, 205, 304):
+        try:
+            phrase = f" {HTTPStatus(status).phrase}"
+        except ValueError:
+            phrase = ""
+        return f"HTTP {status}{phrase}: an answer with no body, where a completion was expected"
+    return None
 
 
 async def read_body(chunks: AsyncIterator[bytes], content_encoding: str | None, max_bytes: int,
@@ -199,10 +222,11 @@ def chain_reason(e: BaseException) -> str:
 
 
 class _HttpxResponse:
-    __slots__ = ("status", "retry_after", "location", "_resp", "_max_body")
+    __slots__ = ("status", "retry_after", "location", "retried", "_resp", "_max_body")
 
-    def __init__(self, resp: httpx.Response, max_body_bytes: int) -> None:
+    def __init__(self, resp: httpx.Response, max_body_bytes: int, retried: str | None = None) -> None:
         self.status = resp.status_code
+        self.retried = retried
         self.retry_after = resp.headers.get("Retry-After") if resp.status_code >= 400 else None
         self.location = resp.headers.get("Location") if is_redirect(resp.status_code) else None
         self._resp = resp
@@ -234,34 +258,85 @@ class HttpxTransport:
             keepalive_expiry=KEEPALIVE_S,
         )
         # httpx has no total timeout, only per-operation ones; the total is enforced with asyncio.timeout.
-        self._client = httpx.AsyncClient(
-            http2=http2, limits=limits, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
-            headers={"Accept-Encoding": "identity"}, follow_redirects=False, verify=tls_context(),
-        )
+        settings: dict[str, Any] = dict(
+            http2=http2, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+            headers={"Accept-Encoding": "identity"}, follow_redirects=False, verify=tls_context())
+        self._client = httpx.AsyncClient(limits=limits, **settings)
+        self._clients = (self._client, _Fresh(settings))
 
     @asynccontextmanager
     async def post(
         self, url: str, body: bytes, headers: Mapping[str, str], on_sent: Callable[[], None] | None = None
     ) -> AsyncIterator[Response]:
-        ext = {"trace": _httpcore_trace(on_sent)} if on_sent is not None else None
         with map_errors(*self._timeouts):
-            async with asyncio.timeout(self._timeouts[0]):
-                async with self._client.stream(
-                    "POST", url, content=body, headers=headers, extensions=ext
-                ) as resp:
-                    yield _HttpxResponse(resp, self._max_body)
+            async with asyncio.timeout(self._timeouts[0]), AsyncExitStack() as stack:
+                resp, retried = await open_stream(stack, self._clients, "POST", url, body, headers, on_sent)
+                yield _HttpxResponse(resp, self._max_body, retried)
 
     async def close(self) -> None:
         await self._client.aclose()
+        await self._clients[1].aclose()
 
 
-def _httpcore_trace(on_sent: Callable[[], None]) -> Callable[[str, dict[str, object]], Awaitable[None]]:
-    async def trace(event: str, _info: dict[str, object]) -> None:
+class _Fresh:
+    """The client a resend goes through, made at the first resend: it keeps no connection, so each
+    request it sends opens a new one."""
+
+    __slots__ = ("_settings", "_client")
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self._settings = settings
+        self._client: httpx.AsyncClient | None = None
+
+    def __call__(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0), **self._settings)
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+
+class _Attempt:
+    """httpcore's trace of one try: whether it opened a connection, and its send (`on_sent`)."""
+
+    __slots__ = ("connected", "on_sent")
+
+    def __init__(self, on_sent: Callable[[], None] | None) -> None:
+        self.connected = False
+        self.on_sent = on_sent
+
+    async def __call__(self, event: str, _info: dict[str, object]) -> None:
+        if event.startswith("connection.connect_tcp."):
+            self.connected = True
         # "http11.send_request_headers.started" or the http2 equivalent: the request's first bytes go now.
-        if event.endswith("send_request_headers.started"):
-            on_sent()
+        elif self.on_sent is not None and event.endswith("send_request_headers.started"):
+            self.on_sent()
 
-    return trace
+
+async def open_stream(stack: AsyncExitStack, clients: tuple[httpx.AsyncClient, Callable[[], httpx.AsyncClient]],
+                      method: str, url: str, body: bytes | None, headers: Mapping[str, str] | None,
+                      on_sent: Callable[[], None] | None = None) -> tuple[httpx.Response, str | None]:
+    """Send a request and enter its response on `stack` once the head is in; and why it was sent a second
+    time, or None. A request that fails on a kept-alive connection before an answer began (the server
+    closed the connection as it left: a write error, a reset before the head, a close with no byte back)
+    is sent once more, through `clients[1]()` (a client that keeps no connection: httpx's pool could
+    hand the resend another connection the server is closing); its `on_sent` is called for the first send only. httpx does not say whether a
+    reset came after part of a head: a reset before the whole head counts as no answer."""
+    retried = None
+    for attempt in (0, 1):
+        trace = _Attempt(on_sent if attempt == 0 else None)
+        try:
+            client = clients[0] if attempt == 0 else clients[1]()
+            stream = client.stream(method, url, content=body, headers=headers, extensions={"trace": trace})
+            return await stack.enter_async_context(stream), retried
+        except (httpx.WriteError, httpx.ReadError, httpx.RemoteProtocolError) as e:
+            no_answer = not isinstance(e, httpx.RemoteProtocolError) or "without sending a response" in str(e)
+            if attempt or trace.connected or not no_answer:
+                raise
+            retried = f"connection lost before the response ({chain_reason(e)})"
+    raise AssertionError("unreachable")
 
 
 @functools.cache
@@ -305,9 +380,10 @@ class ControlClient:
         self.timeout_s = timeout_s
         self.max_body_bytes = max_body_bytes
         self._limit_flag = limit_flag
-        self._client = httpx.AsyncClient(timeout=timeout_s, headers={"Accept-Encoding": ACCEPT_ENCODING,
-                                                                     **(headers or {})}, follow_redirects=False,
-                                         verify=tls_context())
+        settings: dict[str, Any] = dict(timeout=timeout_s, headers={"Accept-Encoding": ACCEPT_ENCODING, **(headers or {})},
+                                        follow_redirects=False, verify=tls_context())
+        self._client = httpx.AsyncClient(**settings)
+        self._clients = (self._client, _Fresh(settings))
 
     async def __aenter__(self) -> ControlClient:
         return self
@@ -319,12 +395,12 @@ class ControlClient:
         self, method: str, url: str, body: bytes | None = None, headers: Mapping[str, str] | None = None
     ) -> Reply:
         with map_errors(self.timeout_s, self.timeout_s):
-            async with asyncio.timeout(self.timeout_s):
-                async with self._client.stream(method, url, content=body, headers=headers) as r:
-                    if is_redirect(r.status_code):
-                        raise TransportError("error", redirect_reason(r.status_code, r.headers.get("Location")))
-                    raw = await read_body(r.aiter_raw(), r.headers.get("Content-Encoding"), self.max_body_bytes,
-                                          self._limit_flag)
+            async with asyncio.timeout(self.timeout_s), AsyncExitStack() as stack:
+                r, _ = await open_stream(stack, self._clients, method, url, body, headers)
+                if is_redirect(r.status_code):
+                    raise TransportError("error", redirect_reason(r.status_code, r.headers.get("Location")))
+                raw = await read_body(r.aiter_raw(), r.headers.get("Content-Encoding"), self.max_body_bytes,
+                                      self._limit_flag)
         return Reply(r.status_code, raw)
 
     async def get(self, url: str, headers: Mapping[str, str] | None = None) -> Reply:
@@ -332,3 +408,4 @@ class ControlClient:
 
     async def close(self) -> None:
         await self._client.aclose()
+        await self._clients[1].aclose()

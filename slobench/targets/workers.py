@@ -42,7 +42,7 @@ from slobench.targets.options import TargetOptions
 _HEADER = struct.Struct("!I")
 _STAMPED = ("sent_s", "first_token_s", "done_s")
 _COPIED = ("chunk_tokens", "prompt_tokens", "cached_tokens", "output_tokens", "usage_output_tokens", "status", "error",
-           "http_status", "finish_reason", "output_tokens_source")
+           "http_status", "finish_reason", "output_tokens_source", "retried")
 STOP_TIMEOUT_S = 10.0
 MAX_WORKERS = 64
 SEND_LEAD_S = 0.005  # hand each request over this much before its scheduled time

@@ -23,6 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from slobench.testing.process import ServerProcess, listen_until_stopped, run_server, server_parser
+from slobench.testing.raw_answers import HOSTILE_BEHAVIOURS, HostileAnswers, RawServer
 
 BEHAVIOURS = {
     "huge-error": "a completion gets HTTP 400 whose JSON error body is --size bytes",
@@ -40,6 +41,7 @@ BEHAVIOURS = {
     "done-hang": "a stream sends its tokens, finish, usage and [DONE], then keeps the body open",
     "finish-hang": "a stream sends its tokens, finish and usage (no [DONE]), then keeps the body open",
     "endless-stream": "a stream sends tokens without end, whatever max_tokens says",
+    **HOSTILE_BEHAVIOURS,  # byte-level: served by a server that writes exact bytes (slobench.testing.raw_answers)
 }
 MODEL = "test-model"
 _PIECE = 1 << 20  # bytes a write
@@ -209,12 +211,15 @@ class HostileServerProcess(ServerProcess):
     name = "hostile server"
 
     def __init__(self, *behaviours: str, size: int = 80 << 20, depth: int = 100_000, redirect_to: str = "",
-                 log: bool = False) -> None:
+                 log: bool = False, every: int = 10, keepalive_s: float = 5.0) -> None:
         unknown = set(behaviours) - BEHAVIOURS.keys()
         if unknown:
             raise ValueError(f"unknown behaviour(s) {sorted(unknown)}; known: {sorted(BEHAVIOURS)}")
+        if len(set(behaviours) & HOSTILE_BEHAVIOURS.keys()) > 1 or (
+                set(behaviours) & HOSTILE_BEHAVIOURS.keys() and len(behaviours) > 1):
+            raise ValueError(f"a byte-level behaviour ({sorted(HOSTILE_BEHAVIOURS)}) goes alone")
         args: list[str] = ["-m", "slobench.testing.hostile_server", "--port", "0", "--size", str(size),
-                           "--depth", str(depth)]
+                           "--depth", str(depth), "--every", str(every), "--keepalive", str(keepalive_s)]
         for b in behaviours:
             args += ["--behaviour", b]
         if redirect_to:
@@ -233,6 +238,12 @@ class HostileServerProcess(ServerProcess):
 
 
 async def _main_async(args: argparse.Namespace) -> None:
+    raw = [b for b in args.behaviour if b in HOSTILE_BEHAVIOURS]
+    if raw:
+        keepalive = args.keepalive if raw[0] == "short-keepalive" else None
+        raw_server = RawServer(HostileAnswers(raw[0], args.every), args.host, args.port, keepalive_s=keepalive)
+        await listen_until_stopped(await raw_server.start(), raw_server.stop)
+        return
     server = HostileServer(frozenset(args.behaviour), size=args.size, depth=args.depth,
                            redirect_to=args.redirect_to, log_path=Path(args.log) if args.log else None)
     if {"gzip-bomb-metrics", "gzip-bomb-models"} & server.behaviours:
@@ -251,6 +262,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--depth", type=int, default=100_000, help="nesting of the deep JSON")
     p.add_argument("--redirect-to", default="http://127.0.0.1:9", help="where `redirect` points (a root URL)")
     p.add_argument("--log", default=None, help="append one JSON line per request received here")
+    p.add_argument("--every", type=int, default=10, help="close-after-500: one completion in this many gets the 500")
+    p.add_argument("--keepalive", type=float, default=5.0, help="short-keepalive: seconds a connection may idle")
     run_server(_main_async, p.parse_args(argv))
 
 
