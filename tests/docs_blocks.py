@@ -8,7 +8,7 @@ an earlier one wrote. Python blocks are executed as they stand; a shell block ru
 Two rules apply to every block, with no markup:
 - the port: `127.0.0.1:8000` and `--port 8000` become the page's server's port: the module's bundled
   engine's (a free one), or that of the server the page started (below);
-- a block whose caption (the nearest line of text above it) contains "(illustrative" is not run; the
+- a block whose caption (the paragraph right above it) contains "(illustrative" is not run; the
   caption is what the reader sees.
 
 Anything else is said by one directive, an HTML comment right before the block (GitHub does not show it),
@@ -136,12 +136,18 @@ class Page:
 
 
 def is_illustrative(example: Example) -> bool:
-    """The caption: the nearest line of text above the block that is not a directive."""
+    """The caption: the paragraph right above the block (directives left out)."""
     before = example.document.text[: example.start].rstrip("\n").splitlines()
+    caption: list[str] = []
     for line in reversed(before):
-        if line.strip() and not line.lstrip().startswith("<!--"):
-            return "(illustrative" in line
-    return False
+        if line.lstrip().startswith("<!--"):
+            continue
+        if not line.strip():
+            if caption:
+                break
+            continue
+        caption.append(line)
+    return "(illustrative" in " ".join(reversed(caption))
 
 
 def where(example: Example) -> str:
