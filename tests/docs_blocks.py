@@ -111,6 +111,7 @@ class Page:
     port: int | None = None
     servers: list[subprocess.Popen[str]] = field(default_factory=list)
     pending: Directive | None = None
+    pending_end: int = 0  # where the pending directive's comment ends in the page
     ran: list[str] = field(default_factory=list)  # "page:line" of every block run, in order
     skipped: list[str] = field(default_factory=list)  # the illustrative ones
 
@@ -189,6 +190,9 @@ def _check_files(directive: Directive, page: Page, at: str) -> None:
 
 def _prepare(example: Example, page: Page) -> tuple[Directive, str, str] | None:
     at = where(example)
+    if page.pending is not None:
+        between = example.document.text[page.pending_end: example.start]
+        assert re.fullmatch(r"\s*-*>?\s*", between), f"{at}: the doctest directive above is not right before this block"
     directive = page.take_directive()
     if is_illustrative(example):
         page.skipped.append(at)
@@ -251,7 +255,9 @@ def write_file(example: Example) -> None:
 
 
 def take_directive(example: Example) -> None:
-    example.namespace["page"].pending = Directive.parse(str(example.parsed))
+    page: Page = example.namespace["page"]
+    assert page.pending is None, f"{where(example)}: the directive before this one has no block"
+    page.pending, page.pending_end = Directive.parse(str(example.parsed)), example.end
 
 
 class DirectiveParser:
