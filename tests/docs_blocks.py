@@ -183,11 +183,6 @@ def start_server(command: str, cwd: Path) -> tuple[subprocess.Popen[str], int]:
     raise AssertionError(f"{command!r} did not print LISTENING:\n{''.join(seen)}")
 
 
-def _check_files(directive: Directive, page: Page, at: str) -> None:
-    missing = [p for p in directive.creates if not (page.workdir / p).exists()]
-    assert not missing, f"{at}: the block should have written {missing}"
-
-
 def _prepare(example: Example, page: Page) -> tuple[Directive, str, str] | None:
     at = where(example)
     if page.pending is not None:
@@ -208,50 +203,56 @@ def _prepare(example: Example, page: Page) -> tuple[Directive, str, str] | None:
     return directive, at, page.substitute(source)
 
 
-def run_shell(example: Example) -> None:
-    page: Page = example.namespace["page"]
-    prepared = _prepare(example, page)
-    if prepared is None:
-        return
-    directive, at, source = prepared
+Runner = Callable[[Page, Directive, str, str, dict], str]
+
+
+def evaluator(run: Runner) -> Callable[[Example], None]:
+    """A block's evaluator: its directive taken, the block run (unless illustrative), then what the
+    directive says it leaves checked: words in its output, files."""
+
+    def evaluate(example: Example) -> None:
+        page: Page = example.namespace["page"]
+        prepared = _prepare(example, page)
+        if prepared is None:
+            return
+        directive, at, source = prepared
+        said = run(page, directive, at, source, example.namespace)
+        for text in directive.output:
+            assert text in said, f"{at}: the output lacks {text!r}\n{said[-4000:]}"
+        missing = [p for p in directive.creates if not (page.workdir / p).exists()]
+        assert not missing, f"{at}: the block should have written {missing}"
+
+    return evaluate
+
+
+def _shell(page: Page, directive: Directive, at: str, source: str, namespace: dict) -> str:
     if directive.is_background:
-        proc, port = start_server(source, page.workdir)
+        proc, page.port = start_server(source, page.workdir)
         page.servers.append(proc)
-        page.port = port
-        return
+        return ""
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", source], cwd=page.workdir, env=environment(),
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
     said = done.stdout + done.stderr
     assert done.returncode in directive.exit_codes, (
         f"{at}: exit {done.returncode}, the page says {directive.exit_codes}\n$ {source}\n{said[-4000:]}")
-    for text in directive.output:
-        assert text in said, f"{at}: the output lacks {text!r}\n{said[-4000:]}"
-    _check_files(directive, page, at)
+    return said
 
 
-def run_python(example: Example) -> None:
-    page: Page = example.namespace["page"]
-    prepared = _prepare(example, page)
-    if prepared is None:
-        return
-    directive, at, source = prepared
+def _python(page: Page, directive: Directive, at: str, source: str, namespace: dict) -> str:
     assert directive.exit_codes == (0,) and not directive.is_background, f"{at}: a Python block exits 0"
     said = io.StringIO()
     with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
-        exec(compile(source, at, "exec"), example.namespace["python"])  # the page's own code, as a reader runs it
-    for text in directive.output:
-        assert text in said.getvalue(), f"{at}: the output lacks {text!r}\n{said.getvalue()[-4000:]}"
-    _check_files(directive, page, at)
+        exec(compile(source, at, "exec"), namespace["python"])  # the page's own code, as a reader runs it
+    return said.getvalue()
 
 
-def write_file(example: Example) -> None:
-    page: Page = example.namespace["page"]
-    prepared = _prepare(example, page)
-    if prepared is None:
-        return
-    directive, at, source = prepared
+def _toml(page: Page, directive: Directive, at: str, source: str, namespace: dict) -> str:
     assert directive.file is not None, f"{at}: a ```toml block is run through `file PATH` (a directive before it)"
     (page.workdir / directive.file).write_text(source)
+    return ""
+
+
+run_shell, run_python, write_file = evaluator(_shell), evaluator(_python), evaluator(_toml)
 
 
 def take_directive(example: Example) -> None:

@@ -6,9 +6,9 @@ import io
 
 from rich.console import Console
 
-from slobench.cli.plan_progress import PlanProgress
 from slobench.fleet import plan_pool
 from slobench.fleet.plan_pool import PlanPool
+from slobench.fleet.plan_progress import PlanProgress
 
 
 class Clock:

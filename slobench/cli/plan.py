@@ -15,12 +15,12 @@ from reference_engine.config import SCHEDULERS
 from reference_engine.executor.modeled_executor import CostProfile
 from reference_engine.serve_args import served_max_num_seqs
 from slobench.analysis.slo import SLO
-from slobench.cli.plan_progress import PlanProgress
 from slobench.errors import SpecError, UsageError
 from slobench.fleet.disagg import KVLink, kv_bytes_per_token
 from slobench.fleet.plan import PlanOptions, Setup, plan_day
 from slobench.fleet.plan_day import DayRecipe
 from slobench.fleet.plan_pool import PlanPool, windows_for
+from slobench.fleet.plan_progress import PlanProgress
 from slobench.fleet.routing import ROUTERS
 from slobench.fleet.simulate import ModeledEngine
 from slobench.load_setup import calibrated_flags
