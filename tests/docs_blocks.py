@@ -47,7 +47,6 @@ from sybil.parsers.markdown.codeblock import CodeBlockParser
 from sybil.parsers.markdown.lexers import DirectiveInHTMLCommentLexer
 
 REPO = Path(__file__).resolve().parent.parent
-PAGES = ("README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs" / "guide").glob("*.md")))
 BLOCK_TIMEOUT_S = 180.0
 LISTEN_TIMEOUT_S = 60.0
 PORT_PATTERN = re.compile(r"(127\.0\.0\.1:|--port )8000\b")

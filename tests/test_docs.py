@@ -9,24 +9,33 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-pytest.importorskip("sybil", reason="the docs runner needs Sybil (pip install -e '.[dev]')")
+from slobench.cli import EXIT_CODES
 
-from docs_blocks import PAGES, REPO, Directive, Page, run_page, start_server  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
+PAGES = ("README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs" / "guide").glob("*.md")))
 
-from slobench.cli import EXIT_CODES  # noqa: E402
+
+def runner() -> Any:
+    """tests/docs_blocks.py, which needs Sybil (the dev extra)."""
+    pytest.importorskip("sybil", reason="the docs runner needs Sybil (pip install -e '.[dev]')")
+    import docs_blocks
+
+    return docs_blocks
 
 
 @pytest.fixture(scope="module")
 def engine_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], int]]:
     """The module's bundled engine, started the first time a page needs it."""
-    holder = Page(workdir=tmp_path_factory.mktemp("engine"), engine_port=lambda: 0)
+    blocks = runner()
+    holder = blocks.Page(workdir=tmp_path_factory.mktemp("engine"), engine_port=lambda: 0)
 
     def port() -> int:
         if holder.port is None:
-            proc, holder.port = start_server("slobench serve --executor modeled --port 0", holder.workdir)
+            proc, holder.port = blocks.start_server("slobench serve --executor modeled --port 0", holder.workdir)
             holder.servers.append(proc)
         return holder.port
 
@@ -36,7 +45,7 @@ def engine_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[
 
 @pytest.mark.parametrize("page", PAGES)
 def test_the_page_runs_as_written(page: str, tmp_path: Path, engine_port: Callable[[], int]) -> None:
-    ran = run_page(page, tmp_path, engine_port)
+    ran = runner().run_page(page, tmp_path, engine_port)
     assert ran.ran or ran.skipped or "```" not in (REPO / page).read_text(), page
 
 
@@ -50,6 +59,7 @@ def test_every_exit_code_is_in_the_help_and_in_each_table() -> None:
 
 
 def test_a_directive_that_no_longer_matches_its_block_fails() -> None:
+    Directive = runner().Directive
     directive = Directive.parse("replace --duration 60 => --duration 2; exit 0|4; creates a b; output pass")
     assert directive.exit_codes == (0, 4) and directive.creates == ("a", "b") and directive.output == ("pass",)
     assert directive.apply("x --duration 60", "p:1") == "x --duration 2"
