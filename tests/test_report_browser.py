@@ -129,7 +129,16 @@ async def open_report(path: Path, profile: Path, screenshot: str | None = None, 
                 " body: document.body.innerText, plotlyVersion: window.Plotly && Plotly.version,"
                 " legend: Array.from(document.querySelectorAll('.legendtext')).map(e => e.textContent),"
                 " svgText: Array.from(document.querySelectorAll('svg text')).map(e => e.textContent).join('\\n'),"
-                " injected: document.querySelectorAll('img, iframe, object, embed').length})")
+                " injected: document.querySelectorAll('img, iframe, object, embed').length,"
+                # per figure: each axis's tick labels as drawn, the rate axes' titles, the text boxes
+                " figures: Array.from(document.querySelectorAll('.js-plotly-plot')).map(d => ({"
+                "   ticks: Array.from(d.querySelectorAll('g.xaxislayer-above, g.yaxislayer-above'))"
+                "     .map(g => Array.from(g.querySelectorAll('text')).map(t => t.textContent)),"
+                "   axisTitles: Array.from(d.querySelectorAll('.g-xtitle, .g-x2title, .g-x3title'))"
+                "     .map(t => t.textContent),"
+                "   boxes: Array.from(d.querySelectorAll('g.annotation')).map(a => {"
+                "     const r = a.getBoundingClientRect();"
+                "     return {text: a.textContent, x0: r.left, y0: r.top, x1: r.right, y1: r.bottom}; })}))})")
             if screenshot:
                 if full_page:
                     height = await cdp.eval("document.documentElement.scrollHeight")
@@ -186,6 +195,40 @@ def test_hostile_strings_show_as_text_and_never_run(report, opened):
     assert HOSTILE in r["body"]  # header, tables, error lists: literal text
     assert any("<img src=x onerror=alert(2)>" in t for t in r["legend"])  # plotly legend: literal text
     assert HOSTILE in r["svgText"]  # a phase name drawn by plotly: its <b> stays text, not bold markup
+
+
+def _tick_value(label: str) -> float:
+    return float(label.replace(",", "").replace("%", "").replace("\u2212", "-"))
+
+
+def test_every_axis_reads_in_order_with_full_labels(opened):
+    """Plotly's log axes label their minor ticks in short ("2" after "10" for 20): each axis's labels, read
+    left to right or bottom to top, must be numbers that only grow."""
+    drawn = [ticks for fig in opened["figures"] for ticks in fig["ticks"] if ticks]
+    assert len(drawn) >= 10
+    for labels in drawn:
+        values = [_tick_value(t) for t in labels]
+        assert values == sorted(values) and len(set(values)) == len(values), labels
+
+
+def _overlaps(a: dict, b: dict) -> bool:
+    return a["x0"] < b["x1"] and b["x0"] < a["x1"] and a["y0"] < b["y1"] and b["y0"] < a["y1"]
+
+
+def test_a_single_rate_run_gets_a_report_of_one_rate(tmp_path):
+    """No chart over offered rate (a line through one point), and no two labels drawn over each other."""
+    run = write_synthetic_sweep(tmp_path / "one-rate", [6], 300, capacity_rps=5, model="synthetic-model")
+    path = build_report([run], tmp_path / "report.html")
+    shot = tmp_path / "one-rate.png"
+    r = asyncio.run(open_report(path, tmp_path / "profile", str(shot), full_page=True))
+    assert r["rendered"] == r["expected"] >= 1
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not any("offered rate" in t for fig in r["figures"] for t in fig["axisTitles"])
+    for fig in r["figures"]:
+        boxes = [b for b in fig["boxes"] if b["x1"] > b["x0"]]
+        clashes = [(a["text"], b["text"]) for i, a in enumerate(boxes) for b in boxes[i + 1:] if _overlaps(a, b)]
+        assert clashes == []
+    assert "6 req/s" in r["body"]
 
 
 @pytest.mark.skipif(not os.environ.get("SLOBENCH_SCREENSHOT"), reason="set SLOBENCH_SCREENSHOT=path.png to take one")

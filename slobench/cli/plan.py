@@ -7,7 +7,6 @@ import argparse
 import json
 import math
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from slobench.fleet.disagg import KVLink, kv_bytes_per_token
 from slobench.fleet.plan import PlanOptions, Setup, plan_day
 from slobench.fleet.plan_day import DayRecipe
 from slobench.fleet.plan_pool import PlanPool, windows_for
+from slobench.fleet.plan_progress import PlanProgress
 from slobench.fleet.routing import ROUTERS
 from slobench.fleet.simulate import ModeledEngine
 from slobench.load_setup import calibrated_flags
@@ -109,6 +109,8 @@ def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
     pl.add_argument("--jobs", type=int, default=1, help="evaluate in N local processes (default 1)")
     pl.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                     help="evaluate as Ray tasks on the cluster at ADDRESS (no address: a local Ray instance)")
+    pl.add_argument("--no-progress", action="store_true",
+                    help="no live line (phase, evaluations done, elapsed, estimate left): one line a phase")
     pl.add_argument("--out", default=None, help="folder for plan.json and plan.html (default runs/plan-<time>)")
 
 
@@ -120,9 +122,9 @@ def dispatch(args: argparse.Namespace) -> int:
     assert isinstance(options, PlanOptions)
     t0 = time.perf_counter()
     windows = windows_for(recipe)
-    with PlanPool(recipe, setup, jobs=args.jobs, ray=args.ray) as pool:
-        result = plan_day(pool, windows, recipe, setup, options,
-                          progress=lambda m: print(f"plan: {m} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr))
+    with PlanProgress(is_live=False if args.no_progress else None) as shown, \
+            PlanPool(recipe, setup, jobs=args.jobs, ray=args.ray, on_progress=shown.jobs) as pool:
+        result = plan_day(pool, windows, recipe, setup, options, progress=shown.phase)
         result["run"] = {"pool": pool.kind, "wall_s": round(time.perf_counter() - t0, 1)}
     out = given or new_out_dir("plan")  # made once the plan is known, this plan's alone
     try:

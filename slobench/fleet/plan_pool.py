@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import pickle
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -61,9 +61,11 @@ def _run_in_worker(job: tuple[Any, ...]) -> Any:
 
 class PlanPool:
     """`map(jobs)` -> results in job order. `jobs` 1: this process; N: N local processes; `ray`: Ray tasks
-    on the cluster at that address ("local": a local instance)."""
+    on the cluster at that address ("local": a local instance). `on_progress(done, total)` hears each
+    map's start (0, total) and each job finished, in order."""
 
-    def __init__(self, recipe: DayRecipe, setup: Any, *, jobs: int = 1, ray: str | None = None) -> None:
+    def __init__(self, recipe: DayRecipe, setup: Any, *, jobs: int = 1, ray: str | None = None,
+                 on_progress: Callable[[int, int], None] | None = None) -> None:
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
             raise UsageError(f"--jobs: must be an integer >= 1 (got {jobs!r})")
         self.recipe, self.setup, self.jobs, self.ray_address = recipe, setup, jobs, ray
@@ -72,6 +74,7 @@ class PlanPool:
         self._remote: Any = None
         self._owns_ray = False
         self.num_jobs_run = 0
+        self.on_progress = on_progress or (lambda done, total: None)
 
     def __enter__(self) -> PlanPool:
         if self.ray_address is not None:
@@ -116,9 +119,16 @@ class PlanPool:
         self.num_jobs_run += len(jobs)
         if not jobs:
             return []
+        self.on_progress(0, len(jobs))
         if self._ray is not None:
             recipe_ref, setup_ref = self._refs
-            return list(self._ray.get([self._remote.remote(recipe_ref, setup_ref, j) for j in jobs]))
-        if self._executor is not None and len(jobs) > 1:
-            return list(self._executor.map(_run_in_worker, jobs))
-        return [run_job(self.recipe, self.setup, j) for j in jobs]
+            results = iter(self._ray.get([self._remote.remote(recipe_ref, setup_ref, j) for j in jobs]))
+        elif self._executor is not None and len(jobs) > 1:
+            results = self._executor.map(_run_in_worker, jobs)
+        else:
+            results = (run_job(self.recipe, self.setup, j) for j in jobs)
+        out = []
+        for result in results:
+            out.append(result)
+            self.on_progress(len(out), len(jobs))
+        return out

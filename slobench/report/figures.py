@@ -1,7 +1,8 @@
 """The report's figures over offered rate (the cliff, latency percentiles, client health) and the CDFs.
 
 Every series (sweep or single run) is drawn in its own colour, so two sweeps overlay on the same axes.
-Latencies are in milliseconds on log axes: past the knee TTFT grows by orders of magnitude.
+Latencies are in milliseconds on log axes: past the knee TTFT grows by orders of magnitude. Every log
+axis gets its ticks written out (`plot.log_ticks`).
 Figures are plotly figure dicts (see `plot.Fig`); any user-controlled text in them went through `esc`.
 """
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from slobench.analysis.summary import from_send
 from slobench.analysis.summary import ttft_on_slo_clock as ttft_s
-from slobench.report.plot import Fig
+from slobench.report.plot import Fig, log_ticks
 from slobench.report.stats import Analyzed, cdf_points, pcts_ms
 from slobench.report.style import MISS, TARGET, base_layout, esc, rgba
 
@@ -23,7 +24,7 @@ def _rate_axis(views: Sequence[Analyzed]) -> dict[str, Any]:
     rates = np.concatenate([v.rates for v in views]) if views else np.zeros(0)
     rates = rates[rates > 0]
     is_log = len(rates) > 1 and rates.max() / rates.min() >= 8
-    return {"title": {"text": "offered rate (req/s)"}, "type": "log" if is_log else "linear"}
+    return {"title": {"text": "offered rate (req/s)"}, **(log_ticks(rates) if is_log else {"type": "linear"})}
 
 
 def _nan(v: float | None) -> float:
@@ -88,16 +89,18 @@ def percentile_figure(views: Sequence[Analyzed]) -> dict[str, Any]:
     dist = {"ttft": lambda p: p.ttft_on_clock(), "tpot": lambda p: p.tpot, "e2e": lambda p: p.e2e_on_clock()}
     f = Fig(1, len(panels), titles=titles)
     for k, (key, _, threshold) in enumerate(panels, 1):
+        drawn: list[np.ndarray] = [np.array([np.nan if threshold is None else threshold * 1e3])]
         for v in views:
             name = _prefix(views, v)
             for q, dash in (("p50", "dot"), ("p90", "dash"), ("p99", "solid")):
                 y = np.array([_nan(pcts_ms(dist[key](p))[q]) for p in v.points])
+                drawn.append(y)
                 f.add({"x": v.rates, "y": y, "mode": "lines+markers", "line": {"color": v.color, "dash": dash},
                        "name": f"{name}{q}", "legendgroup": f"{v.series.label}/{q}", "showlegend": k == 1,
                        "hovertemplate": "%{x:g} req/s: %{y:.1f} ms<extra>%{fullData.name}</extra>"}, k)
         if threshold is not None:
             f.hline(threshold * 1e3, k, color=MISS, label=f"SLO {threshold * 1e3:g} ms")
-        f.y_axis(k, type="log", dtick="D2")
+        f.y_axis(k, **log_ticks(np.concatenate(drawn)))
         f.x_axis(k, **_rate_axis(views))
     f.layout.update(base_layout("Latency percentiles (p50 dotted, p90 dashed, p99 solid) against offered load",
                                 height=460))
@@ -111,19 +114,22 @@ def cdf_figure(view: Analyzed) -> dict[str, Any]:
     slo = s.slo
     f = Fig(1, 3, titles=["TTFT ms", "TPOT ms", "ITL ms (every chunk gap)"], hspace=0.07)
     colors = sample_colorscale("Viridis", np.linspace(0, 0.9, max(len(s.runs), 2)).tolist())
+    drawn: dict[int, list[np.ndarray]] = {1: [], 2: [], 3: []}
     for i, run in enumerate(s.runs):
         a = run.arrays
         for k, x in enumerate((ttft_s(a, slo), a.tpot_s, a.itl_s), 1):
             vals, probs = cdf_points(x * 1e3)
             keep = vals > 0  # log axis: a zero TPOT (one-token output) has no place on it
+            drawn[k].append(vals[keep])
             f.add({"x": vals[keep], "y": probs[keep], "mode": "lines", "line": {"color": colors[i], "shape": "hv"},
                    "name": f"{run.rate_rps:g} req/s", "legendgroup": f"rate{i}", "showlegend": k == 1,
                    "hovertemplate": "%{x:.1f} ms: %{y:.3f}<extra>%{fullData.name}</extra>"}, k)
     for k, thr in ((1, slo.ttft_s if slo else None), (2, slo.tpot_s if slo else None)):
         if thr is not None:
             f.vline(thr * 1e3, k, color=MISS, label="SLO", label_y=0.02)
+            drawn[k].append(np.array([thr * 1e3]))
     for k in (1, 2, 3):
-        f.x_axis(k, type="log")
+        f.x_axis(k, **log_ticks(np.concatenate([*drawn[k], np.zeros(0)])))
         f.y_axis(k, range=[0, 1.02], tickformat=".0%")
     f.layout.update(base_layout(f"Latency distributions per offered rate: {esc(s.label)}", height=430))
     return f.to_dict()

@@ -103,13 +103,15 @@ class _Figures:
 def render(views: Sequence[Analyzed], *, title: str | None = None) -> str:
     figs = _Figures()
     page_title = title or _default_title(views)
+    # one rate a series: a chart over offered rate would be a point, its knee and target labels on it
+    is_one_rate = all(len(v.rates) <= 1 for v in views)
     body = [
         _header(views, page_title),
-        _cliff(views, figs),
-        _latency(views, figs),
+        _one_rate(views) if is_one_rate else _cliff(views, figs),
+        "" if is_one_rate else _latency(views, figs),
         _cdfs(views, figs),
         _timelines(views, figs),
-        _client(views, figs),
+        _client(views, figs, over_rate=not is_one_rate),
     ]
     if len(views) > 1:
         body.append(_comparison(views))
@@ -318,6 +320,15 @@ def _cliff(views: Sequence[Analyzed], figs: _Figures) -> str:
     )
 
 
+def _one_rate(views: Sequence[Analyzed]) -> str:
+    return (
+        '<section id="cliff"><h2>At one offered rate</h2><p class="lead">Attainment is the share of <em>all</em> '
+        "requests issued (failures count as misses) that met every SLO at once, with a 95% interval. One rate "
+        "shows no cliff: <code>slobench sweep</code> or <code>slobench capacity</code> measure how attainment "
+        "falls as the rate rises.</p>" + "".join(_rate_table(v) for v in views) + "</section>"
+    )
+
+
 def _latency(views: Sequence[Analyzed], figs: _Figures) -> str:
     return ('<section id="latency"><h2>Latency against load</h2>' + figs.div(percentile_figure(views)) + "</section>")
 
@@ -396,7 +407,7 @@ def _timelines(views: Sequence[Analyzed], figs: _Figures) -> str:
 # --- client health ------------------------------------------------------------------------------------
 
 
-def _client(views: Sequence[Analyzed], figs: _Figures) -> str:
+def _client(views: Sequence[Analyzed], figs: _Figures, *, over_rate: bool = True) -> str:
     warnings = [
         f'<p class="warning"><strong>{esc(v.series.label)} at {p.rate_rps:g} req/s:</strong> '
         f"{esc(p.client.warning)}</p>"
@@ -414,7 +425,7 @@ def _client(views: Sequence[Analyzed], figs: _Figures) -> str:
     ok = '<p class="ok">The client kept its schedule at every rate: the numbers above describe the server.</p>'
     return ('<section id="client"><h2>Client health</h2>'
             + ("".join(warnings + unjudged) or ("" if is_clock_flagged else ok))
-            + actors + figs.div(client_figure(views)) + "</section>")
+            + actors + (figs.div(client_figure(views)) if over_rate else "") + "</section>")
 
 
 # --- comparison -----------------------------------------------------------------------------------------

@@ -11,8 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from slobench.report.html import esc, page, write_page
-from slobench.report.plot import Fig
+from slobench.report.plot import Fig, log_ticks
 from slobench.report.style import PLOTLY_CONFIG, TARGET, base_layout, series_color
 from slobench.report.style import esc as plot_esc
 
@@ -121,7 +123,8 @@ def _traffic(result: dict[str, Any]) -> dict[str, Any]:
              "mode": "lines+markers", "line": {"color": series_color(0)}}, 1)
     fig.add({"x": x, "y": [w["traffic"]["prefill_decode_ratio"] for w in result["windows"]], "name": "prefill:decode",
              "mode": "lines+markers", "line": {"color": series_color(1)}}, 2)
-    fig.y_axis(2, type="log")
+    ratios = [w["traffic"]["prefill_decode_ratio"] for w in result["windows"]]
+    fig.y_axis(2, **log_ticks([np.nan if r is None else r for r in ratios]))
     fig.x_axis(2, title={"text": "hour of the day"})
     d = fig.to_dict()
     d["layout"] |= {**base_layout("The day's traffic", height=480), "showlegend": False}

@@ -122,3 +122,28 @@ class Fig:
 
 def _axis_style() -> dict[str, Any]:
     return {"gridcolor": GRID, "zerolinecolor": GRID, "linecolor": "#999", "showline": True, "automargin": True}
+
+
+MANTISSAS = (tuple(range(1, 10)), (1, 2, 5), (1, 3), (1,))  # finest first
+MAX_TICKS = 10
+
+
+def log_ticks(values: Any) -> dict[str, Any]:
+    """A log axis whose tick labels are the full numbers (1, 2, 5, 10, 20, 50, 100, 200, ...): the finest
+    1-2-5 family that puts at most MAX_TICKS ticks over the values' span. plotly's own labels a log axis's
+    minor ticks in short (a "2" after "10" for 20), which reads as a smaller number than the one before."""
+    v = np.asarray(values, float).ravel()
+    v = v[np.isfinite(v) & (v > 0)]
+    if not len(v):
+        return {"type": "log"}
+    lo, hi = float(v.min()), float(v.max())
+    decades = range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1)
+    for mantissas in MANTISSAS:
+        ticks = [m * 10.0**e for e in decades for m in mantissas]
+        if sum(lo <= t <= hi for t in ticks) <= MAX_TICKS:
+            break
+    return {"type": "log", "tickvals": ticks, "ticktext": [_tick_text(t) for t in ticks]}
+
+
+def _tick_text(t: float) -> str:
+    return f"{t:,.0f}" if t >= 1 else f"{t:.10f}".rstrip("0")

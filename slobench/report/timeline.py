@@ -16,7 +16,7 @@ from slobench.analysis.slo import SLO
 from slobench.analysis.summary import from_send
 from slobench.analysis.summary import ttft_on_slo_clock as ttft_s
 from slobench.report.load import RunData
-from slobench.report.plot import Fig
+from slobench.report.plot import Fig, log_ticks
 from slobench.report.server_state import server_series
 from slobench.report.style import FAIL, MISS, OK, base_layout, esc
 
@@ -108,7 +108,9 @@ def timeline_figure(run: RunData, slo: SLO | None, title: str) -> tuple[dict[str
                {"size": 7, "color": FAIL, "symbol": "x"})
     if slo is not None and slo.ttft_s is not None:
         f.hline(slo.ttft_s, 2, color=MISS, width=1, label=f"TTFT SLO {slo.ttft_s * 1e3:g} ms")
-    f.y_axis(2, type="log", dtick="D2")
+    drawn = [y[met_idx], y[miss_idx] if slo is not None else [], (a.done_s - a.scheduled_s)[fail_idx],
+             [slo.ttft_s if slo is not None and slo.ttft_s is not None else np.nan]]
+    f.y_axis(2, **log_ticks(np.concatenate([np.asarray(d, float) for d in drawn])))
 
     k = 3
     for key in ("cache", "preemptions"):
