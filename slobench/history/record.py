@@ -25,7 +25,8 @@ import numpy as np
 from slobench.analysis.slo import t_interval
 from slobench.errors import WRITE_FAILURES, ResultsNotWritten, UsageError
 from slobench.gate import load_samples, rate_key, result_file, workload_identity
-from slobench.run.rundir import MANIFEST, SUMMARY, check_schema, read_manifest, read_summary
+from slobench.input_file import HISTORY, read_input_bytes
+from slobench.run.rundir import MANIFEST, SUMMARY, check_schema, read_json, read_manifest, read_summary
 
 SCHEMA = 1
 VERDICTS = ("pass", "fail", "inconclusive")
@@ -95,7 +96,7 @@ def entry_from_results(
         source, workload, slo, metrics = _from_run(first, rates)
     else:
         samples = load_samples(paths)
-        doc = json.loads(result_file(first).read_text())
+        doc = read_json(result_file(first))
         source = str(doc.get("kind"))
         workload = {"name": samples.workload.get("name"), "hash": samples.workload.get("hash")}
         slo = samples.slo
@@ -164,7 +165,7 @@ def _sort_key(key: str) -> tuple[float, str]:
 def read_history(path: str | Path) -> list[dict[str, Any]]:
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_input_bytes(p, HISTORY).decode("utf-8")
     except FileNotFoundError:
         raise UsageError(f"{p}: no such history file") from None
     except (OSError, UnicodeDecodeError) as e:
