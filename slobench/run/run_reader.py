@@ -84,15 +84,17 @@ def parquet_columns(run_dir: Path) -> Columns | None:
         except OSError as e:  # a damaged page the footer did not show
             problem = str(e).removeprefix(f"{path}: ")
     if c is not None:
-        problem = columns_problem(c) or parquet_disagreement(run_dir, c)
+        counts = status_counts(c)
+        problem = columns_problem(c, counts) or parquet_disagreement(run_dir, c, counts)
     if problem is None:
         return c
     print(f"slobench: note: {path}: {problem}; reading {REQUESTS}", file=sys.stderr)
     return None
 
 
-def columns_problem(c: Columns) -> str | None:
-    """The first rule a record of `c` breaks, as "record N: ..." (N from 1, in file order), or None."""
+def columns_problem(c: Columns, counts: dict[str, int] | None = None) -> str | None:
+    """The first rule a record of `c` breaks, as "record N: ..." (N from 1, in file order), or None.
+    `counts`: `status_counts(c)` where the caller has them."""
     v = c.values
     for k in ("request_id", "scheduled_s"):
         if (bad := np.flatnonzero(np.isnan(v[k]))).size:
@@ -108,8 +110,7 @@ def columns_problem(c: Columns) -> str | None:
         at = int(np.flatnonzero(~np.isfinite(times))[0])
         i = int(np.searchsorted(c.chunk_offsets, at, side="right")) - 1
         return f"record {i + 1}: chunk_times_s must be finite numbers (got {times[at]})"
-    counts = status_counts(c)
-    if unknown := [s for s in counts if s not in STATUSES]:
+    if unknown := [s for s in counts or status_counts(c) if s not in STATUSES]:
         i = int(np.flatnonzero(v["status"] == unknown[0])[0])
         return f"record {i + 1}: status must be one of {', '.join(STATUSES)} (got {unknown[0]!r:.40})"
     return None
@@ -123,10 +124,10 @@ def status_counts(c: Columns) -> dict[str, int]:
     return dict(counts)
 
 
-def parquet_disagreement(run_dir: Path, c: Columns) -> str | None:
-    """Where requests.parquet's records `c` and requests.jsonl beside it disagree (see the module doc), or None."""
+def parquet_disagreement(run_dir: Path, c: Columns, counts: dict[str, int]) -> str | None:
+    """Where requests.parquet's records `c` (`counts` of them by status) and requests.jsonl beside it
+    disagree (see the module doc), or None."""
     written = written_status_counts(run_dir)
-    counts = status_counts(c)
     if written is not None and written != counts:
         return f"holds {_said(counts)} where its writer wrote {_said(written)}"
     jsonl = Path(run_dir) / REQUESTS
