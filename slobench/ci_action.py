@@ -267,7 +267,7 @@ def run_action(env: Mapping[str, str]) -> int:
     outputs["html"] = str(build_report([result], out / "report.html"))
     cand = load_samples([result])
     said = f"⚠️ **The capacity search was inconclusive**: {why}" if why else ""
-    if inp.baseline and Path(inp.baseline).is_file():
+    if inp.baseline and os.path.lexists(inp.baseline):  # a symlink to a device is refused by name, never skipped
         base = load_samples([inp.baseline])
         res = gate(base, cand, ths)
         # a capacity not located makes the run inconclusive, whatever else passed; a regression stands

@@ -223,7 +223,7 @@ def identity_mismatch(a: dict[str, Any], b: dict[str, Any]) -> str | None:
 def append_entry(path: str | Path, entry: dict[str, Any]) -> int:
     """Append one line (refusing a workload or SLO the history did not measure); returns its size in bytes."""
     p = Path(path)
-    if p.is_file() and p.stat().st_size > 0:
+    if os.path.lexists(p):  # read through the one opener: a FIFO, a device or a directory is refused by name
         previous = read_history(p)
         if previous and (diff := identity_mismatch(previous[-1], entry)):
             raise UsageError(f"{p}: refusing to append: the history measured another {diff}; its commits would "
