@@ -28,6 +28,7 @@ import slobench.run.runner, slobench.run.columnar, slobench.run.rundir, slobench
 stage, signame, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
 owner, name = {
     "warmup-cut": (slobench.run.runner, "_cut_warmup"),
+    "jsonl-rewrite": (slobench.run.rundir, "write_records"),  # requests.jsonl.tmp being written
     "summarize": (slobench.run.runner, "summarize"),
     "parquet": (slobench.run.columnar.ParquetLog, "close"),
     "summary.json": (slobench.run.rundir, "write_summary"),
@@ -42,7 +43,7 @@ from slobench.cli import main
 sys.exit(main(argv))
 """
 
-STAGES = ("warmup-cut", "summarize", "parquet", "summary.json", "after-run")
+STAGES = ("warmup-cut", "jsonl-rewrite", "summarize", "parquet", "summary.json", "after-run")
 
 
 @pytest.fixture(scope="module")
