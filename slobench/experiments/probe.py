@@ -65,9 +65,10 @@ class LiveProbe:
     async def __call__(self, rate_rps: float | None, seed: int, run_dir: Path | None,
                        manifest: dict[str, Any]) -> ProbeResult:
         self.last_monitors = self.monitors_for(run_dir) if self.monitors_for and run_dir is not None else ()
+        specs = self.make_specs(rate_rps, seed)
         with interrupts.hold() as held:  # what is added after the run (after_run) is under the run's signal policy
             res = await run(
-                self.make_specs(rate_rps, seed), self.target, clock=self.clock, opts=self.opts, slo=self.slo,
+                specs, self.target, clock=self.clock, opts=self.opts, slo=self.slo,
                 run_dir=run_dir, manifest=manifest, seed=seed, monitors=self.last_monitors,
             )
             summary = res.summary

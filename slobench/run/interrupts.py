@@ -20,7 +20,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +38,9 @@ class Hold:
 
     signum: int | None = None
     count: int = 0
+    is_noted: bool = False  # the line saying the files are being finished was written
     _on_stop: Callable[[], None] | None = None
     _loop: asyncio.AbstractEventLoop | None = None
-    _noted: list[bool] = field(default_factory=list)
 
     @property
     def received(self) -> bool:
@@ -51,9 +51,12 @@ class Hold:
         return signal.Signals(self.signum).name if self.signum is not None else ""
 
     def stop_with(self, on_stop: Callable[[], None] | None) -> None:
-        """`on_stop` runs on the running loop at each signal from now on; None: signals are only counted."""
+        """`on_stop` runs on the running loop at each signal from now on (and at once where an enclosing
+        hold saw one already: the run stops before its first send); None: signals are only counted."""
         self._on_stop = on_stop
         self._loop = asyncio.get_running_loop() if on_stop is not None else None
+        if on_stop is not None and self._loop is not None and any(h.received for h in _holds):
+            self._loop.call_soon(on_stop)
 
 
 _holds: list[Hold] = []
@@ -69,8 +72,8 @@ def _on_signal(signum: int, _frame: Any) -> None:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: counted is enough
                 h._loop.call_soon_threadsafe(h._on_stop)
             return
-    if _holds and not _holds[0]._noted:
-        _holds[0]._noted.append(True)
+    if _holds and not _holds[0].is_noted:
+        _holds[0].is_noted = True
         with contextlib.suppress(OSError):
             os.write(2, NOTE)  # async-signal-safe, unlike print
 
