@@ -122,11 +122,13 @@ def test_an_implausible_record_is_refused_by_name(tmp_path: Path, capsys: pytest
     assert f"{run / REQUESTS}: {named}" in err, err
 
 
+@pytest.mark.parametrize("rewrite", [False, True])
 @pytest.mark.parametrize("text", ["", '{"request_id": 0, "scheduled_s": 0.1, "status": "o'])
-def test_a_run_with_no_readable_record_is_an_error_naming_the_file(tmp_path: Path, text: str,
+def test_a_run_with_no_readable_record_is_an_error_naming_the_file(tmp_path: Path, text: str, rewrite: bool,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     run = _without_parquet(_run(tmp_path / "run"))
     (run / REQUESTS).write_text(text)  # emptied, or one line cut short; summary.json still says 40
-    assert main(["summarize", str(run)]) == 2
+    # --rewrite: an empty requests.parquet made from it is no summary either
+    assert main(["summarize", str(run), *(["--rewrite"] if rewrite else [])]) == 2
     err = capsys.readouterr().err
     assert f"{run / REQUESTS}: no readable request record" in err, err

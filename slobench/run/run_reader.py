@@ -49,7 +49,7 @@ def read_run_columns(run_dir: Path) -> Columns:
     2) naming requests.jsonl and the record where it breaks a rule, or where it holds no record."""
     run_dir = Path(run_dir)
     c = parquet_columns(run_dir)
-    if c is not None:
+    if c is not None and len(c):  # none: requests.jsonl says why (empty, cut short)
         return c
     path = run_dir / REQUESTS
     rows = read_record_dicts(path)
