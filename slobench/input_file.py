@@ -45,7 +45,7 @@ SERVER_METRICS = InputKind("server metrics file", 8 * GiB)
 # Hand-written settings: workload specs, SLO tables, profile and published-figure files, history lines.
 SETTINGS = InputKind("settings file", 16 * MiB)
 HISTORY = InputKind("history file", 1 * GiB)
-TRACE = InputKind("trace", 256 * GiB)  # streamed row by row; compressed ones are bounded again as they inflate
+TRACE = InputKind("trace", 256 * GiB)  # streamed row by row, never held whole; the cap is on the file as stored
 TOKENIZER = InputKind("tokenizer.json", 1 * GiB)
 PROFILE_TABLE = InputKind("profile table", 1 * GiB)  # a Vidur CSV of per-layer times
 
