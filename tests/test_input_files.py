@@ -17,6 +17,7 @@ import pytest
 
 from slobench.errors import UsageError
 from slobench.gate import Samples
+from slobench.history.record import append_entry
 from slobench.input_file import InputKind, read_input_bytes
 from slobench.report.synthetic import synthetic_records
 from slobench.run import rundir
@@ -103,3 +104,10 @@ def test_a_file_larger_than_it_says_is_held_to_the_cap() -> None:
     with pytest.raises(UsageError, match=r"over the 100 bytes a status file may hold"):
         read_input_bytes("/proc/self/status", InputKind("status file", 100))
     assert b"Name:" in read_input_bytes("/proc/self/status", InputKind("status file", 1 << 20))
+
+
+def test_a_history_file_symlinked_to_a_device_is_refused_not_written_into(tmp_path: Path) -> None:
+    history = tmp_path / "history.jsonl"
+    history.symlink_to("/dev/null")  # appending "succeeded" and kept nothing
+    with pytest.raises(UsageError, match=r"a symlink to /dev/null\) is a character device, not a regular file"):
+        append_entry(history, {"schema": 1})
