@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from slobench.ci_action import run_action
 from slobench.errors import UsageError
 from slobench.gate import Samples
 from slobench.history.record import append_entry
@@ -111,3 +112,12 @@ def test_a_history_file_symlinked_to_a_device_is_refused_not_written_into(tmp_pa
     history.symlink_to("/dev/null")  # appending "succeeded" and kept nothing
     with pytest.raises(UsageError, match=r"a symlink to /dev/null\) is a character device, not a regular file"):
         append_entry(history, {"schema": 1})
+
+
+def test_the_ci_action_refuses_a_baseline_symlinked_to_a_device_before_any_search(tmp_path: Path) -> None:
+    base = tmp_path / "baseline.json"
+    base.symlink_to("/dev/zero")
+    env = {"INPUT_SLO": "ttft=500ms", "INPUT_BASELINE": str(base), "INPUT_OUT_DIR": str(tmp_path / "ci"),
+           "INPUT_URL": "http://127.0.0.1:9/v1"}  # nothing listens there: a search would be exit 3, not this
+    with pytest.raises(UsageError, match=r"a symlink to /dev/zero\) is a character device, not a regular file"):
+        run_action(env)
