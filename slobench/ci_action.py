@@ -38,6 +38,7 @@ from slobench.errors import SlobenchError, TargetUnreachable, UsageError
 from slobench.gate import EXIT_INCONCLUSIVE, Threshold, gate, junit_xml, load_samples, markdown
 from slobench.history import append_entry, entry_from_results
 from slobench.history.page import build_history_page
+from slobench.input_file import JSON_DOC, check_input
 from slobench.report import build_report
 from slobench.run.rundir import read_capacity, write_json_atomic
 from slobench.targets.transport import ControlClient, TransportError, endpoint_url
@@ -244,7 +245,8 @@ def run_action(env: Mapping[str, str]) -> int:
     inp = Inputs.from_env(env)
     out = inp.out_dir
     out.mkdir(parents=True, exist_ok=True)
-    if inp.baseline and Path(inp.baseline).exists():
+    if inp.baseline and os.path.lexists(inp.baseline):
+        check_input(inp.baseline, JSON_DOC)  # a symlink to a device or a FIFO: exit 2 now, not after the search
         check_updatable([inp.baseline])
     ths = [Threshold.parse(t, "drop") for t in inp.max_drop] + [Threshold.parse(t, "rise") for t in inp.max_rise]
     outputs: dict[str, str] = {}
@@ -267,7 +269,7 @@ def run_action(env: Mapping[str, str]) -> int:
     outputs["html"] = str(build_report([result], out / "report.html"))
     cand = load_samples([result])
     said = f"⚠️ **The capacity search was inconclusive**: {why}" if why else ""
-    if inp.baseline and Path(inp.baseline).is_file():
+    if inp.baseline and os.path.lexists(inp.baseline):  # a symlink to a device is refused by name, never skipped
         base = load_samples([inp.baseline])
         res = gate(base, cand, ths)
         # a capacity not located makes the run inconclusive, whatever else passed; a regression stands

@@ -44,12 +44,13 @@ SERVER_MODULES = frozenset({
     "test_action", "test_action_llamacpp", "test_action_update_baseline", "test_bad_input_cli", "test_calibrate",
     "test_engine_body_limits", "test_engine_connections", "test_engine_faults", "test_engine_server",
     "test_engine_target",
-    "test_engine_timeline", "test_engine_openapi", "test_engine_hostile_input", "test_gate_engine",
+    "test_engine_timeline", "test_engine_openapi", "test_engine_hostile_input", "test_gate_engine", "test_input_files",
     "test_gpu_portability", "test_history_browser", "test_install_extras", "test_nodelay", "test_one_rule",
     "test_openai_target", "test_ray_pool", "test_report_browser", "test_run_durability", "test_run_streamed",
     "test_server_quirks", "test_text_prompts", "test_trace_replay", "test_workers", "test_redact", "test_golden", "test_docs",
     "test_packaging",  # builds a wheel in a child process
     "test_transport_differential", "test_transport_resend",
+    "test_server_quirks", "test_signal_at_the_end", "test_text_prompts", "test_trace_replay", "test_workers", "test_redact", "test_golden",
 })
 # modules that assert on milliseconds of wall time: the `timing` marker, run alone after the parallel tier
 TIMING_MODULES = frozenset({

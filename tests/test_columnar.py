@@ -24,8 +24,9 @@ from slobench.cli import main
 from slobench.report.stats import cdf_points
 from slobench.report.synthetic import synthetic_records
 from slobench.run import columnar
-from slobench.run.columnar import PARQUET, columns_of_rows, read_run_columns
+from slobench.run.columnar import PARQUET, columns_of_rows
 from slobench.run.records import REQUESTS, RequestRecord, read_records
+from slobench.run.run_reader import read_run_columns
 from slobench.run.rundir import RunWriter, load_run, read_summary, write_summary
 
 SLO_ = SLO.parse("ttft=300ms,tpot=60ms")

@@ -22,7 +22,8 @@ from typing import Any, Literal
 import numpy as np
 
 from slobench.analysis.metrics import RecordArrays, finite_values
-from slobench.errors import SpecError
+from slobench.errors import SpecError, UsageError
+from slobench.input_file import SETTINGS, read_input_bytes
 
 _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 _DUR_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(s|ms|us)?\s*$")
@@ -107,10 +108,10 @@ class SLO:
     @classmethod
     def from_toml(cls, path: str | Path) -> SLO:
         try:
-            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+            data = tomllib.loads(read_input_bytes(path, SETTINGS).decode("utf-8"))
         except UnicodeDecodeError:
             raise SpecError("slo", str(path), "not a text file (not UTF-8): not an SLO TOML") from None
-        except (OSError, tomllib.TOMLDecodeError) as e:
+        except (OSError, tomllib.TOMLDecodeError, UsageError) as e:  # UsageError: not a regular file, too large
             raise SpecError("slo", str(path), f"cannot read SLO file: {e}") from None
         slo = data.get("slo", data)
         if not isinstance(slo, dict):

@@ -26,8 +26,9 @@ from slobench.analysis.metrics import (
 from slobench.analysis.slo import SLO, Attainment, attainment, quantile_cis, samples_beyond
 from slobench.errors import SpecError, UsageError
 from slobench.redact import redact_message
-from slobench.run.columnar import Columns, columns_of_rows, read_run_columns
-from slobench.run.records import REQUESTS, RequestRecord
+from slobench.run.columnar import Columns, columns_of_rows
+from slobench.run.records import RequestRecord
+from slobench.run.run_reader import read_run_columns
 
 # A send is late when it left more than this after its scheduled time, or 5% of the TTFT SLO if that is
 # larger. Why 10 ms: at typical TTFT SLOs (>=200 ms) it is a <5% distortion of the tightest number we judge,
@@ -376,12 +377,12 @@ def columns_of(records: Sequence[RequestRecord]) -> RunColumns:
 
 def read_columns(run_dir: Path) -> RunColumns:
     """A run directory's records straight into columns: requests.parquet where it is sound, else
-    requests.jsonl (`slobench.run.columnar.read_run_columns`). Why not through `load_run`: the report must
+    requests.jsonl (`slobench.run.run_reader.read_run_columns`). Why not through `load_run`: the report must
     read a million records in seconds, and a Python object per request costs more than the reading."""
     try:
         return run_columns(read_run_columns(Path(run_dir)), consume=True)
     except (TypeError, ValueError, KeyError, OverflowError) as e:
-        raise UsageError(f"{Path(run_dir) / REQUESTS}: bad value in a request record ({type(e).__name__}: {e})") from None
+        raise UsageError(f"{run_dir}: bad value in a request record ({type(e).__name__}: {e})") from None
 
 
 def run_columns(c: Columns, *, consume: bool = False) -> RunColumns:

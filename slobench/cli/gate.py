@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ from slobench.gate import BASELINE_KIND, Threshold, junit_xml, load_samples, mar
 from slobench.gate import gate as judge
 from slobench.printable import printable
 from slobench.run.outdir import check_out_file
-from slobench.run.rundir import write_json_atomic
+from slobench.run.rundir import read_json, write_json_atomic
 
 GATE_HELP = """\
 Compares a candidate with a baseline (capacity.json, sweep.json, or a committed baseline file; several
@@ -92,8 +91,8 @@ def check_updatable(baselines: list[str]) -> None:
         raise UsageError("--update-baseline-on-pass: give exactly one --baseline (the file to refresh)")
     path = Path(baselines[0])
     try:
-        kind = json.loads(path.read_text()).get("kind") if path.is_file() else None
-    except (OSError, ValueError, AttributeError):
+        kind = read_json(path).get("kind") if path.is_file() else None
+    except (UsageError, AttributeError):
         kind = None  # load_samples names what is wrong with it
     if path.is_file() and kind is not None and kind != BASELINE_KIND:
         raise UsageError(f"--update-baseline-on-pass: {path} is a {kind} result, not a baseline file "

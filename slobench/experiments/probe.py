@@ -19,6 +19,7 @@ from slobench.analysis.slo import SLO
 from slobench.fleet.disagg import split_fleet_knobs
 from slobench.fleet.replica import EngineFactory
 from slobench.fleet.simulate import SimOptions, as_factory, simulate_run
+from slobench.run import interrupts
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.run.rundir import RunWriter
 from slobench.run.runner import run
@@ -64,14 +65,17 @@ class LiveProbe:
     async def __call__(self, rate_rps: float | None, seed: int, run_dir: Path | None,
                        manifest: dict[str, Any]) -> ProbeResult:
         self.last_monitors = self.monitors_for(run_dir) if self.monitors_for and run_dir is not None else ()
-        res = await run(
-            self.make_specs(rate_rps, seed), self.target, clock=self.clock, opts=self.opts, slo=self.slo,
-            run_dir=run_dir, manifest=manifest, seed=seed, monitors=self.last_monitors,
-        )
-        summary = res.summary
-        if self.after_run is not None and run_dir is not None:
-            summary = await self.after_run(run_dir, summary)
-        return ProbeResult(summary, res.interrupted, res.records)
+        specs = self.make_specs(rate_rps, seed)
+        with interrupts.hold() as held:  # what is added after the run (after_run) is under the run's signal policy
+            res = await run(
+                specs, self.target, clock=self.clock, opts=self.opts, slo=self.slo,
+                run_dir=run_dir, manifest=manifest, seed=seed, monitors=self.last_monitors,
+            )
+            summary = res.summary
+            if self.after_run is not None and run_dir is not None:
+                summary = await self.after_run(run_dir, summary)
+            summary = interrupts.marked(held, summary, run_dir)
+        return ProbeResult(summary, res.interrupted or held.received, res.records)
 
 
 class VirtualProbe:
@@ -110,15 +114,21 @@ class VirtualProbe:
             try:
                 records, summary = simulate_run(_as_run(specs), self.factory, opts, slo=self.slo,
                                                 intervals=self.intervals, on_record=writer.write)
-            finally:
-                writer.close()
+            except BaseException:
+                with interrupts.hold():  # Ctrl-C in the simulation: what it wrote is closed whole, then it ends
+                    writer.close()
+                raise
         if (row_report := getattr(specs, "row_report", None)) is not None:
             summary = replace(summary, trace_rows=row_report())  # a trace: what its rows became, as a live run says it
-        if run_dir is not None:
+        if run_dir is None:
+            return ProbeResult(summary, records=records)
+        with interrupts.hold() as held:  # the files written whole, summary.json marked where a signal came meanwhile
             if writer.error is not None:  # the disk refused a record: the summary of them all is not kept
+                writer.close()
                 raise writer.error
             writer.finish(summary)
-        return ProbeResult(summary, records=records)
+            summary = interrupts.marked(held, summary, run_dir)
+        return ProbeResult(summary, held.received, records=records)
 
 
 MAX_LISTED = 20_000  # a stream of about this many requests or fewer is simulated from a list (~200 MB of prompts)

@@ -24,6 +24,7 @@ from reference_engine.executor.modeled_executor import CostProfile
 from slobench.errors import SpecError
 from slobench.fleet.disagg import DisaggFleet, KVLink
 from slobench.fleet.simulate import ModeledEngine, SimOptions, simulate_records
+from slobench.input_file import RECORDS, read_input_bytes
 from slobench.profiles.roofline import kv_capacity_tokens, roofline
 from slobench.profiles.specs import ModelConfig, get_gpu, model_from_hf_config
 from slobench.run.records import RequestRecord, RequestSpec, with_drawn_ids
@@ -62,7 +63,7 @@ def read_run(path: str | Path) -> Run:
     line and what is wrong with it."""
     p = Path(path)
     try:
-        lines = p.read_text().splitlines()
+        lines = read_input_bytes(p, RECORDS).decode("utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise SpecError("run file", str(p), f"cannot be read: {e}") from None
     cols: dict[str, list[float]] = {k: [] for k in FIELDS}

@@ -25,7 +25,8 @@ import numpy as np
 from slobench.analysis.slo import t_interval
 from slobench.errors import WRITE_FAILURES, ResultsNotWritten, UsageError
 from slobench.gate import load_samples, rate_key, result_file, workload_identity
-from slobench.run.rundir import MANIFEST, SUMMARY, check_schema, read_manifest, read_summary
+from slobench.input_file import HISTORY, read_input_bytes
+from slobench.run.rundir import MANIFEST, SUMMARY, check_schema, read_json, read_manifest, read_summary
 
 SCHEMA = 1
 VERDICTS = ("pass", "fail", "inconclusive")
@@ -95,7 +96,7 @@ def entry_from_results(
         source, workload, slo, metrics = _from_run(first, rates)
     else:
         samples = load_samples(paths)
-        doc = json.loads(result_file(first).read_text())
+        doc = read_json(result_file(first))
         source = str(doc.get("kind"))
         workload = {"name": samples.workload.get("name"), "hash": samples.workload.get("hash")}
         slo = samples.slo
@@ -164,7 +165,7 @@ def _sort_key(key: str) -> tuple[float, str]:
 def read_history(path: str | Path) -> list[dict[str, Any]]:
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_input_bytes(p, HISTORY).decode("utf-8")
     except FileNotFoundError:
         raise UsageError(f"{p}: no such history file") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -222,7 +223,7 @@ def identity_mismatch(a: dict[str, Any], b: dict[str, Any]) -> str | None:
 def append_entry(path: str | Path, entry: dict[str, Any]) -> int:
     """Append one line (refusing a workload or SLO the history did not measure); returns its size in bytes."""
     p = Path(path)
-    if p.is_file() and p.stat().st_size > 0:
+    if os.path.lexists(p):  # read through the one opener: a FIFO, a device or a directory is refused by name
         previous = read_history(p)
         if previous and (diff := identity_mismatch(previous[-1], entry)):
             raise UsageError(f"{p}: refusing to append: the history measured another {diff}; its commits would "

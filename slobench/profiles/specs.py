@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from slobench.errors import SpecError
+from slobench.input_file import SETTINGS, read_input_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +147,7 @@ def model_from_hf_config(path: str | Path) -> ModelConfig:
     `head_dim`). Weights and KV are counted at 2 bytes (fp16/bf16) unless `torch_dtype` says float32."""
     p = Path(path)
     try:
-        raw = json.loads(p.read_text())
+        raw = json.loads(read_input_bytes(p, SETTINGS))
     except (OSError, ValueError) as e:
         raise SpecError("model config", str(p), f"cannot read it as JSON: {e}") from None
     if not isinstance(raw, dict):

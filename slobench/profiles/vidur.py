@@ -13,6 +13,7 @@ norms, rotary, SiLU·mul, the add), the embedding excluded (once a model, not a 
 from __future__ import annotations
 
 import csv
+import io
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from slobench.errors import SpecError
+from slobench.input_file import PROFILE_TABLE, open_input
 from slobench.profiles.roofline import Efficiency, elementwise_bytes_per_token, layer_dense_s
 from slobench.profiles.specs import GpuSpec, ModelConfig, get_gpu
 
@@ -55,7 +57,7 @@ def read_folder(folder: str | Path, max_tokens: int = MAX_TOKENS) -> list[LayerT
         gpu = get_gpu(path.name.split("-", 1)[0])
         rows: dict[int, dict[int, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
         shape: dict[str, str] = {}
-        with path.open(newline="") as f:
+        with io.TextIOWrapper(open_input(path, PROFILE_TABLE), encoding="utf-8", newline="") as f:
             for r in csv.DictReader(f):
                 n = int(r["num_tokens"])
                 if n > max_tokens:

@@ -9,6 +9,7 @@ one `.values` array and its offsets give every inter-token gap in one numpy pass
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from array import array
@@ -24,7 +25,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from slobench.errors import UsageError
-from slobench.run.records import REQUESTS, RequestRecord, read_record_dicts, record_problem, round_9
+from slobench.input_file import PARQUET as PARQUET_FILE
+from slobench.input_file import check_input
+from slobench.run.records import REQUESTS, RequestRecord, round_9
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -39,6 +42,7 @@ ROW_GROUP_CHUNKS = 1 << 22  # or chunk times buffered (long answers): 32 MB of t
 CHUNK_TIMES_LEAF = "chunk_times_s.list.element"  # the Parquet column holding every request's chunk times
 BYTE_STREAM_SPLIT = ("scheduled_s", "sent_s", "first_token_s", "done_s", CHUNK_TIMES_LEAF)
 JSONL_BYTES_KEY = b"slobench.requests_jsonl_bytes"  # the size of the requests.jsonl it was written beside
+STATUS_COUNTS_KEY = b"slobench.status_counts"  # {status: records} as written: a file altered since disagrees
 
 FLOATS = ("scheduled_s", "sent_s", "first_token_s", "done_s", "queued_s")
 INTS = ("request_id", "input_tokens", "prompt_tokens", "cached_tokens", "output_tokens", "usage_output_tokens",
@@ -336,9 +340,11 @@ class ParquetLog:
         self._pending: Future[None] | None = None
         self.failed: str | None = None
         self.closed = False
+        self.status_counts: dict[str, int] = {}
 
     def add(self, rec: RequestRecord) -> None:
         if self.failed is None:
+            self.status_counts[rec.status] = self.status_counts.get(rec.status, 0) + 1
             self._buffer.add(rec)
             if len(self._buffer) >= ROW_GROUP or len(self._buffer.times) >= ROW_GROUP_CHUNKS:
                 full, self._buffer = self._buffer, RecordBuffer()
@@ -351,7 +357,8 @@ class ParquetLog:
             self._write(self._buffer)
             self._buffer = RecordBuffer()
             assert self._writer is not None
-            self._writer.add_key_value_metadata({JSONL_BYTES_KEY: str(jsonl_bytes).encode()})
+            self._writer.add_key_value_metadata({JSONL_BYTES_KEY: str(jsonl_bytes).encode(),
+                                                 STATUS_COUNTS_KEY: json.dumps(self.status_counts).encode()})
             self._writer.close()
             self._writer = None
             os.replace(self.tmp, self.path)
@@ -437,16 +444,40 @@ def parquet_problem(run_dir: Path) -> str | None:
 
     path = Path(run_dir) / PARQUET
     try:
+        check_input(path, PARQUET_FILE)  # a FIFO or a device is not opened by Arrow (it would hang or fill memory)
         meta = pq.read_metadata(path)
+    except UsageError as e:
+        return str(e).removeprefix(f"{path}: ").removeprefix(f"{path} ")
     except (OSError, pa.ArrowException) as e:
         return f"unreadable ({type(e).__name__}: {e})"
-    written = (meta.metadata or {}).get(JSONL_BYTES_KEY)
+    written = _written_int(meta, JSONL_BYTES_KEY)
+    if written is None and JSONL_BYTES_KEY in (meta.metadata or {}):
+        return f"its metadata's {JSONL_BYTES_KEY.decode()} is not a size"
     jsonl = Path(run_dir) / REQUESTS
-    if jsonl.exists() and (written is None or int(written) != jsonl.stat().st_size):
-        return f"written beside a {REQUESTS} of {int(written or -1):,} bytes, which now has {jsonl.stat().st_size:,}"
+    if jsonl.exists() and (written is None or written != jsonl.stat().st_size):
+        return f"written beside a {REQUESTS} of {written or -1:,} bytes, which now has {jsonl.stat().st_size:,}"
     if not meta.schema.to_arrow_schema().equals(schema()):
         return "not the columns this slobench writes"
     return None
+
+
+def _written_int(meta: Any, key: bytes) -> int | None:
+    text = (meta.metadata or {}).get(key, b"")
+    return int(text) if text.isdigit() and len(text) < 20 else None  # ASCII digits only, never past 64 bits
+
+
+def written_status_counts(run_dir: Path) -> dict[str, int] | None:
+    """The records a requests.parquet's writer put in it, by status (None: an older file that does not say,
+    or metadata that is not a {status: count} object)."""
+    import pyarrow.parquet as pq
+
+    text = (pq.read_metadata(Path(run_dir) / PARQUET).metadata or {}).get(STATUS_COUNTS_KEY)
+    try:
+        d = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+    ok = isinstance(d, dict) and all(isinstance(k, str) and type(n) is int for k, n in d.items())
+    return d if ok else None
 
 
 def use_parquet(run_dir: Path) -> bool:
@@ -556,25 +587,3 @@ def read_parquet_records(run_dir: Path) -> list[RequestRecord]:
     """requests.parquet as records (the Python API's `load_run`); the schema checked the types
     (`parquet_problem`)."""
     return [RequestRecord(**d) for d in read_table(run_dir).to_pylist()]
-
-
-def read_run_columns(run_dir: Path) -> Columns:
-    """A run directory's records as `Columns`: requests.parquet where it is sound (`use_parquet`), else
-    requests.jsonl's lines (its torn-last-line rule)."""
-    if use_parquet(run_dir):
-        try:
-            return read_parquet_columns(run_dir)
-        except OSError as e:  # a damaged page the footer did not show
-            print(f"slobench: note: {e}; reading {REQUESTS}", file=sys.stderr)
-    path = Path(run_dir) / REQUESTS
-    rows = read_record_dicts(path)
-    try:
-        c = columns_of_rows(rows, dict.get)
-        if not (np.isnan(c.values["scheduled_s"]).any() or np.isnan(c.values["request_id"]).any()):
-            return c
-    except (TypeError, ValueError):
-        pass
-    for i, d in enumerate(rows, 1):  # checked only when the columns would not build: costs nothing otherwise
-        if (problem := record_problem(d)) is not None:
-            raise UsageError(f"{path}: record {i}: {problem}")
-    return columns_of_rows(rows, dict.get)

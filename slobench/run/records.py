@@ -21,6 +21,7 @@ from orjson import dumps as orjson_dumps
 from orjson import loads as orjson_loads  # 3-5x faster than json.loads on a record line
 
 from slobench.errors import UsageError
+from slobench.input_file import RECORDS, InputKind, read_input_bytes
 
 REQUESTS = "requests.jsonl"
 
@@ -198,11 +199,12 @@ _WRITTEN_WHEN_SET = ("finish_reason", "output_tokens_source", "retried")  # abse
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def read_jsonl(path: Path, what: str, check: Callable[[Any], bool], loads: Callable[[str], Any] = orjson_loads) -> list[Any]:
+def read_jsonl(path: Path, what: str, check: Callable[[Any], bool], loads: Callable[[str], Any] = orjson_loads,
+               kind: InputKind = RECORDS) -> list[Any]:
     """A JSON-lines file written as it goes (requests.jsonl, server_metrics.jsonl). A torn *final* line (a
     crash mid-write) is forgiven: it loses at most the line being written; any other line that is not
     JSON, or that `check` refuses, is corruption and named by its line number."""
-    lines = _text_lines(path)
+    lines = _text_lines(path, kind)
     rows: list[Any] = []
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
@@ -220,12 +222,12 @@ def read_jsonl(path: Path, what: str, check: Callable[[Any], bool], loads: Calla
 
 
 def read_jsonl_every(path: Path, what: str, check: Callable[[Any], bool], loads: Callable[[str], Any],
-                     at_most: int) -> tuple[list[Any], int]:
+                     at_most: int, kind: InputKind = RECORDS) -> tuple[list[Any], int]:
     """`read_jsonl(...)[::k]`, k the least step leaving at most `at_most` rows, and how many rows there are
     in all, parsing only the rows returned (and the final line, for the torn-line rule): a chart that draws
     2,000 of a day's 86,400 scrapes reads 2,000. The lines not returned are checked by shape only, each one
     JSON object (`{` to `}`): a line cut short is still named, a bad value inside one is not."""
-    lines = _text_lines(path)
+    lines = _text_lines(path, kind)
     numbered = [(lineno, line) for lineno, line in enumerate(lines, 1) if line.strip()]
     if numbered and numbered[-1][0] == len(lines) and _refused(numbered[-1][1], check, loads):
         numbered.pop()  # torn: forgiven, as read_jsonl forgives it
@@ -252,14 +254,14 @@ def _refused(line: str, check: Callable[[Any], bool], loads: Callable[[str], Any
         return True
 
 
-def _text_lines(path: Path) -> list[str]:
-    if not path.exists():
-        return []
+def _text_lines(path: Path, kind: InputKind) -> list[str]:
     try:
-        return path.read_text(encoding="utf-8").splitlines()
+        return read_input_bytes(path, kind).decode("utf-8").splitlines()
+    except FileNotFoundError:
+        return []
     except UnicodeDecodeError as e:
         raise UsageError(f"{path}: not UTF-8 text (byte {e.start}); not a file slobench wrote") from None
-    except OSError as e:  # a directory in its place, no permission
+    except OSError as e:  # no permission
         raise UsageError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
@@ -306,6 +308,8 @@ def record_problem(d: Any) -> str | None:
         v = d.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
             return f"{k} must be an integer (got {v!r})"
+        if v is not None and v < 0 and k != "http_status":
+            return f"{k} must be >= 0 (got {v!r})"
     for k, kind in (("chunk_times_s", (int, float)), ("chunk_tokens", (int,))):
         v = d.get(k, [])
         if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, kind) for x in v):

@@ -27,7 +27,9 @@ from orjson import loads as orjson_loads
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary
 from slobench.errors import WRITE_FAILURES, ResultsNotWritten, SlobenchError, UsageError
-from slobench.run.columnar import ParquetLog, read_parquet_records, use_parquet
+from slobench.input_file import JSON_DOC, read_input_bytes
+from slobench.input_file import SERVER_METRICS as SERVER_METRICS_FILE
+from slobench.run.columnar import ParquetLog, read_parquet_records
 from slobench.run.records import (
     REQUESTS,
     RequestRecord,
@@ -36,6 +38,7 @@ from slobench.run.records import (
     read_records,
     write_records,
 )
+from slobench.run.run_reader import parquet_columns
 
 SCHEMA_VERSION = 1
 
@@ -55,10 +58,13 @@ def replace_whole(path: Path, write: Callable[[Path], object], kept: str = "") -
         write(tmp)
         os.replace(tmp, path)
     except OSError as e:
+        tmp.unlink(missing_ok=True)
         if e.errno not in WRITE_FAILURES:
             raise
-        tmp.unlink(missing_ok=True)
         raise ResultsNotWritten(f"{path}: cannot write ({e.strerror or e}){kept}") from None
+    except BaseException:  # an interrupt or a bug while writing: no half file left beside the whole one
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -201,14 +207,13 @@ class Run:
 
 def read_json(path: Path) -> Any:
     """A JSON file slobench wrote, parsed; UsageError (exit 2) naming the file and what is wrong with it:
-    missing, a directory, unreadable, not UTF-8, not JSON (truncated, garbage), nested past reason."""
+    missing, not a regular file or over its cap (`slobench.input_file`), unreadable, not UTF-8, not JSON
+    (truncated, garbage), nested past reason."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant, parse_float=_finite_float,
+        return json.loads(read_input_bytes(path, JSON_DOC).decode("utf-8"), parse_constant=_refuse_constant, parse_float=_finite_float,
                           parse_int=_bounded_int)
     except FileNotFoundError:
         raise UsageError(f"{path}: missing (is this a slobench run directory?)") from None
-    except IsADirectoryError:
-        raise UsageError(f"{path}: is a directory, not a file") from None
     except UnicodeDecodeError as e:
         raise UsageError(f"{path}: not UTF-8 text (byte {e.start}); not a file slobench wrote") from None
     except OSError as e:
@@ -337,7 +342,7 @@ def read_server_metrics(path: str | Path) -> list[dict[str, Any]]:
     {series: value}}` a scrape."""
     p = Path(path)
     p = p / SERVER_METRICS if p.is_dir() else p
-    return read_jsonl(p, "server metrics line", _is_scrape, _loads_scrape)
+    return read_jsonl(p, "server metrics line", _is_scrape, _loads_scrape, SERVER_METRICS_FILE)
 
 
 def read_server_metrics_every(path: str | Path, at_most: int) -> tuple[list[dict[str, Any]], int]:
@@ -345,7 +350,7 @@ def read_server_metrics_every(path: str | Path, at_most: int) -> tuple[list[dict
     (`records.read_jsonl_every`: only the scrapes returned are parsed)."""
     p = Path(path)
     p = p / SERVER_METRICS if p.is_dir() else p
-    return read_jsonl_every(p, "server metrics line", _is_scrape, _loads_scrape, at_most)
+    return read_jsonl_every(p, "server metrics line", _is_scrape, _loads_scrape, at_most, SERVER_METRICS_FILE)
 
 
 def _loads_scrape(line: str) -> Any:
@@ -427,7 +432,7 @@ def load_run(run_dir: str | Path) -> Run:
     run_dir = Path(run_dir)
     manifest = read_manifest(run_dir)
     records = None
-    if use_parquet(run_dir):
+    if parquet_columns(run_dir) is not None:  # sound, within the rules, agreeing with requests.jsonl
         try:
             records = read_parquet_records(run_dir)
         except OSError as e:  # a damaged page the footer did not show

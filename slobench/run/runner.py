@@ -11,8 +11,6 @@ in-flight requests a short grace, marks the rest cancelled and still writes summ
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain
@@ -24,7 +22,7 @@ from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary, summarize
 from slobench.analysis.warmup import latency_series, mser5_cut
 from slobench.errors import ResultsNotWritten, SlobenchError, SpecError
-from slobench.run import quiet_gc
+from slobench.run import interrupts, quiet_gc
 from slobench.run.clock import Clock
 from slobench.run.event_loop import loop_name
 from slobench.run.precise_sleep import sleep_until
@@ -271,7 +269,6 @@ async def run(
     disp = Dispatcher(target, clock, opts, on_record=writer.write if writer else None)
     disp.progress.total = total
     interrupted = False
-    loop = asyncio.get_running_loop()
 
     fill = getattr(specs, "fill", None)
     if fill is not None and not opts.closed_loop_users:
@@ -290,113 +287,112 @@ async def run(
     if total is None and callable(count_hint):
         monitor_tasks.append(asyncio.ensure_future(_estimate_total(count_hint, disp.progress)))
 
-    stop = asyncio.Event()
+    # One signal policy from the first send to the last file written (slobench.run.interrupts): while
+    # sending, SIGINT or SIGTERM stops the run (in-flight requests get their grace); after, it is only noted,
+    # and every file is still written with summary.json marked interrupted.
+    with interrupts.hold(install=handle_sigint) as held:
+        stop = asyncio.Event()
 
-    def on_sigint() -> None:
-        nonlocal interrupted
-        if interrupted:  # second Ctrl-C: stop waiting at once
-            for t in list(disp.tasks):
-                t.cancel()
-        interrupted = True
-        sender.cancel()
-        stop.set()
+        def on_sigint() -> None:
+            nonlocal interrupted
+            if interrupted:  # second Ctrl-C: stop waiting at once
+                for t in list(disp.tasks):
+                    t.cancel()
+            interrupted = True
+            sender.cancel()
+            stop.set()
 
-    def on_write_error(_e: BaseException) -> None:  # the disk is full: stop sending, nothing more is recorded
-        sender.cancel()
-        stop.set()
+        def on_write_error(_e: BaseException) -> None:  # the disk is full: stop sending, nothing more is recorded
+            sender.cancel()
+            stop.set()
 
-    if writer is not None:
-        writer.on_error = on_write_error
-
-    # SIGTERM (a CI job's timeout, `kill`, a container stopping) ends the run as Ctrl-C does: sending
-    # stops, in-flight requests get their grace, and summary.json is written.
-    installed: list[signal.Signals] = []
-    if handle_sigint:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(sig, on_sigint)
-                installed.append(sig)
-    live = _start_live(disp.progress) if opts.progress else None
-    cancelled_from_outside = False
-    send_error: BaseException | None = None
-    gc_stats = quiet_gc.hold() if opts.hold_gc else None  # released in the `finally` below
-    if gc_stats is not None:
-        monitor_tasks.append(asyncio.ensure_future(quiet_gc.valve(gc_stats)))
-    try:
-        # Race "everything sent and finished" against Ctrl-C, which may come at any point.
-        stop_task = asyncio.ensure_future(stop.wait())
-        try:
-            await asyncio.wait({sender, stop_task}, return_when=asyncio.FIRST_COMPLETED)
-            if not stop.is_set() and disp.tasks:
-                all_done = asyncio.ensure_future(asyncio.wait(set(disp.tasks)))
-                await asyncio.wait({all_done, stop_task}, return_when=asyncio.FIRST_COMPLETED)
-                all_done.cancel()
-        finally:
-            stop_task.cancel()
-        if stop.is_set():
-            await disp.drain(0 if writer is not None and writer.error is not None else opts.grace_s)
-        elif not sender.cancelled() and (send_error := sender.exception()) is not None:
-            # A stream that fails part-way (a trace damaged at row 900,000) stops the run: what was sent is
-            # kept and summarised, then the error is raised. Anything else, or nothing sent, is raised now.
-            if not (isinstance(send_error, SlobenchError) and disp.num_taken):
-                raise send_error
-    except asyncio.CancelledError:
-        # Cancelled by our caller: cancel what is in flight (each becomes a cancelled record), keep a
-        # valid run directory, and let the cancellation propagate.
-        cancelled_from_outside = interrupted = True
-        sender.cancel()
-        await disp.drain(0)
-    finally:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
-        for m in monitor_tasks:
-            m.cancel()
-        await asyncio.gather(*monitor_tasks, return_exceptions=True)
-        if live is not None:
-            live.stop()
         if writer is not None:
-            writer.flush()
-        if gc_stats is not None:
-            quiet_gc.release()
+            writer.on_error = on_write_error
 
-    # Past a failed write only what reached requests.jsonl is summarised: the file and summary.json agree.
-    write_error = writer.error if writer is not None else None
-    records = disp.records if writer is None or write_error is None else disp.records[:writer.num_written]
-    warmup_cut = _cut_warmup(records) if opts.warmup_auto else None
-    if warmup_cut is not None and writer is not None and write_error is None:
+        held.stop_with(on_sigint)
+        live = _start_live(disp.progress) if opts.progress else None
+        cancelled_from_outside = False
+        send_error: BaseException | None = None
+        gc_stats = quiet_gc.hold() if opts.hold_gc else None  # released in the `finally` below
+        if gc_stats is not None:
+            monitor_tasks.append(asyncio.ensure_future(quiet_gc.valve(gc_stats)))
         try:
-            writer.rewrite(records)  # the file and the summary agree on which requests were warm-up
-        except ResultsNotWritten as e:
-            write_error = e
-    # a stream's length is known once it ran out; an interrupted one's is not (an estimate is no count)
-    unknown = interrupted or send_error is not None or write_error is not None
-    trace_rows = row_report() if callable(row_report) else None
-    if trace_rows is not None and writer is not None:
-        try:
-            writer.update_manifest({"trace_rows": trace_rows})
-        except ResultsNotWritten as e:
-            write_error = write_error or e
-    summary = summarize(records, slo, seed=seed)
-    summary = replace(
-        summary,
-        client=summary.client if gc_stats is None else replace(summary.client, gc=gc_stats.to_dict()),
-        warmup={"rule": "MSER-5", "num_requests": warmup_cut} if warmup_cut is not None else None,
-        interrupted=interrupted or send_error is not None or write_error is not None,
-        stopped_by=str(send_error or write_error) if (send_error or write_error) is not None else None,
-        num_scheduled=total if total is not None else None if unknown else disp.num_taken,
-        trace_rows=trace_rows,
-        # several replicas routed by the client: how many each got
-        fleet=target.fleet_summary(),
-    )
-    if writer is not None:
-        try:
-            writer.finish(summary)
-            said = f"{SUMMARY} summarises them" if write_error is not None else ""
-        except ResultsNotWritten as e:
-            said = f"{SUMMARY} could not be written either" if write_error is not None else ""
-            write_error = write_error or e
-        if write_error is not None:
-            raise ResultsNotWritten("; ".join(filter(None, (str(write_error), said))))
+            # Race "everything sent and finished" against Ctrl-C, which may come at any point.
+            stop_task = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait({sender, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+                if not stop.is_set() and disp.tasks:
+                    all_done = asyncio.ensure_future(asyncio.wait(set(disp.tasks)))
+                    await asyncio.wait({all_done, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+                    all_done.cancel()
+            finally:
+                stop_task.cancel()
+            if stop.is_set():
+                await disp.drain(0 if writer is not None and writer.error is not None else opts.grace_s)
+            elif not sender.cancelled() and (send_error := sender.exception()) is not None:
+                # A stream that fails part-way (a trace damaged at row 900,000) stops the run: what was sent is
+                # kept and summarised, then the error is raised. Anything else, or nothing sent, is raised now.
+                if not (isinstance(send_error, SlobenchError) and disp.num_taken):
+                    raise send_error
+        except asyncio.CancelledError:
+            # Cancelled by our caller: cancel what is in flight (each becomes a cancelled record), keep a
+            # valid run directory, and let the cancellation propagate.
+            cancelled_from_outside = interrupted = True
+            sender.cancel()
+            await disp.drain(0)
+        finally:
+            held.stop_with(None)  # from here to the last file written a signal is noted, not acted on
+            for m in monitor_tasks:
+                m.cancel()
+            await asyncio.gather(*monitor_tasks, return_exceptions=True)
+            if live is not None:
+                live.stop()
+            if writer is not None:
+                writer.flush()
+            if gc_stats is not None:
+                quiet_gc.release()
+
+        interrupted = interrupted or held.received  # a signal that came as the last request ended
+        # Past a failed write only what reached requests.jsonl is summarised: the file and summary.json agree.
+        write_error = writer.error if writer is not None else None
+        records = disp.records if writer is None or write_error is None else disp.records[:writer.num_written]
+        warmup_cut = _cut_warmup(records) if opts.warmup_auto else None
+        if warmup_cut is not None and writer is not None and write_error is None:
+            try:
+                writer.rewrite(records)  # the file and the summary agree on which requests were warm-up
+            except ResultsNotWritten as e:
+                write_error = e
+        # a stream's length is known once it ran out; an interrupted one's is not (an estimate is no count)
+        unknown = interrupted or send_error is not None or write_error is not None
+        trace_rows = row_report() if callable(row_report) else None
+        if trace_rows is not None and writer is not None:
+            try:
+                writer.update_manifest({"trace_rows": trace_rows})
+            except ResultsNotWritten as e:
+                write_error = write_error or e
+        summary = summarize(records, slo, seed=seed)
+        summary = replace(
+            summary,
+            client=summary.client if gc_stats is None else replace(summary.client, gc=gc_stats.to_dict()),
+            warmup={"rule": "MSER-5", "num_requests": warmup_cut} if warmup_cut is not None else None,
+            interrupted=interrupted or held.received or send_error is not None or write_error is not None,
+            stopped_by=str(send_error or write_error) if (send_error or write_error) is not None else None,
+            num_scheduled=total if total is not None else None if unknown else disp.num_taken,
+            trace_rows=trace_rows,
+            # several replicas routed by the client: how many each got
+            fleet=target.fleet_summary(),
+        )
+        if writer is not None:
+            try:
+                writer.finish(summary)
+                summary = interrupts.marked(held, summary, writer.run_dir)  # a signal while they were written
+                said = f"{SUMMARY} summarises them" if write_error is not None else ""
+            except ResultsNotWritten as e:
+                said = f"{SUMMARY} could not be written either" if write_error is not None else ""
+                write_error = write_error or e
+            if write_error is not None:
+                raise ResultsNotWritten("; ".join(filter(None, (str(write_error), said))))
+        interrupted = interrupted or held.received
     if cancelled_from_outside:
         raise asyncio.CancelledError
     if send_error is not None:

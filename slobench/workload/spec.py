@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from slobench.errors import SpecError, UsageError
+from slobench.input_file import SETTINGS, open_input
 from slobench.run.records import RequestSpec, with_drawn_ids
 from slobench.workload.arrivals import ArrivalProcess, PoissonArrivals, make_arrivals
 from slobench.workload.base import APIS, AS_IT_IS, RunShape
@@ -253,7 +254,7 @@ class WorkloadSpec:
     def from_toml(cls, path: str | Path) -> WorkloadSpec:
         path = Path(path)
         try:
-            with open(path, "rb") as fh:
+            with open_input(path, SETTINGS) as fh:  # a regular file within its cap
                 d = tomllib.load(fh)
         except FileNotFoundError:
             raise UsageError(f"{path}: workload file not found") from None

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from slobench.errors import UsageError
+from slobench.input_file import TOKENIZER, check_input
 from slobench.workload.prompts import WORDS
 
 _NUM_WORDS = len(WORDS)
@@ -95,6 +96,7 @@ def load_tokenizer(path: Path) -> Any:
     if not file.exists():
         where = f"no tokenizer.json in folder {path}" if path.is_dir() else f"no such file: {path}"
         raise UsageError(f"--tokenizer: {where}")
+    check_input(file, TOKENIZER)  # a regular file within its cap: the library reads whatever it is given
     try:
         return Tokenizer.from_file(str(file))
     except Exception as e:  # the tokenizers library raises plain Exception subclasses with a message

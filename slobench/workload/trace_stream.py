@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from slobench.errors import UsageError
+from slobench.input_file import TRACE, open_input
 from slobench.run.records import RequestSpec
 from slobench.workload.base import AS_IT_IS, RunShape, refuse_fixed_lengths
 from slobench.workload.bundled import trace_path
@@ -244,7 +245,7 @@ def count_lines(path: str | Path) -> int | None:
         return None
     n = 0
     last = b"\n"
-    with open(path, "rb") as fh:
+    with open_input(path, TRACE) as fh:
         while chunk := fh.read(1 << 20):
             n += chunk.count(b"\n")
             last = chunk[-1:]

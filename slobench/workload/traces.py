@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from slobench.errors import SpecError, UsageError
+from slobench.input_file import TRACE, open_input
 from slobench.workload.bundled import list_traces, trace_path
 
 __all__ = ["FORMATS", "RowProblem", "Trace", "TraceColumns", "TraceEntry", "compression", "detect_format", "load_trace", "stamp_grid"]
@@ -283,7 +284,7 @@ _MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"), (b"\x
 
 def compression(path: str | Path) -> str | None:
     """The compression of a file, from its first bytes: gzip, bz2, xz, zstd, zip, or None."""
-    with open(path, "rb") as fh:
+    with open_input(path, TRACE) as fh:
         head = fh.read(6)
     return next((name for magic, name in _MAGIC if head.startswith(magic)), None)
 
@@ -293,13 +294,13 @@ def _open_text(path: Path, newline: str | None = None) -> io.TextIOBase:
     kind = compression(path)
     raw: Any
     if kind is None:
-        return open(path, encoding="utf-8", errors="replace", newline=newline)  # type: ignore[return-value]
+        return io.TextIOWrapper(open_input(path, TRACE), encoding="utf-8", errors="replace", newline=newline)
     if kind == "gzip":
-        raw = gzip.open(path, "rb")
+        raw = gzip.GzipFile(fileobj=open_input(path, TRACE), mode="rb")
     elif kind == "bz2":
-        raw = bz2.open(path, "rb")
+        raw = bz2.BZ2File(open_input(path, TRACE), "rb")
     elif kind == "xz":
-        raw = lzma.open(path, "rb")
+        raw = lzma.LZMAFile(open_input(path, TRACE), "rb")
     elif kind == "zstd":
         try:
             zstandard = importlib.import_module("zstandard")
@@ -308,7 +309,7 @@ def _open_text(path: Path, newline: str | None = None) -> io.TextIOBase:
                 f"{path}: the file is zstd-compressed; reading it needs the `zstandard` package "
                 f"(pip install zstandard), or decompress it first (zstd -d {path})"
             ) from None
-        raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
+        raw = zstandard.ZstdDecompressor().stream_reader(open_input(path, TRACE), closefd=True)
     else:
         raise UsageError(f"{path}: the file is a {kind} archive, not a trace; extract the trace file from it")
     return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline=newline)
