@@ -264,7 +264,10 @@ def test_single_run_and_empty_run(tmp_path):
         w.write(r)
     w.close()
     RunWriter(tmp_path / "empty", {"rate_rps": 1.0}).close()
-    html = build_report([tmp_path / "one", tmp_path / "empty"], tmp_path / "r.html").read_text()
+    # a run with no record is refused by name, never drawn as a rate that sent nothing
+    with pytest.raises(UsageError, match="empty/requests.jsonl: no readable request record"):
+        build_report([tmp_path / "one", tmp_path / "empty"], tmp_path / "r.html")
+    html = build_report([tmp_path / "one"], tmp_path / "r.html").read_text()
     assert "(a lower bound: no rate tried missed)" in html
     assert "no SLO given" in html
     series = load_series(tmp_path / "one")
