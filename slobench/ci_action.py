@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from slobench.analysis.slo import t_interval
+from slobench.analysis.slo import load_slo, t_interval
 from slobench.cli import main as slobench_main
 from slobench.cli.gate import check_updatable, update_baseline_on_pass
 from slobench.errors import SlobenchError, TargetUnreachable, UsageError
@@ -86,6 +86,7 @@ class Inputs:
             raise UsageError(f"inputs replicates/startup-timeout: not a number ({e})") from None
         if not get("slo"):
             raise UsageError("input slo is required (e.g. ttft=500ms,tpot=50ms)")
+        load_slo(get("slo"))  # the CLI's own parser: a bare number is refused here, before a server starts
         run_url = ""
         if env.get("GITHUB_SERVER_URL") and env.get("GITHUB_REPOSITORY") and env.get("GITHUB_RUN_ID"):
             run_url = f"{env['GITHUB_SERVER_URL']}/{env['GITHUB_REPOSITORY']}/actions/runs/{env['GITHUB_RUN_ID']}"

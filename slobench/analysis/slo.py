@@ -40,6 +40,20 @@ def parse_duration_s(text: str, field: str, *, allow_zero: bool = False) -> floa
     return v
 
 
+def parse_slo_limit_s(val: Any, key: str) -> float:
+    """One SLO limit: a duration that carries its unit ('500ms', '0.5s'). A bare number is refused, because
+    `ttft=500` reads as milliseconds to one user and seconds to another; the message names the fix."""
+    if isinstance(val, bool) or not isinstance(val, str | int | float):
+        raise SpecError(f"slo.{key}", val, "must be a duration such as 500ms or 0.5s")
+    m = _DUR_RE.match(str(val))
+    if m and m.group(2) is None:
+        v = float(m.group(1))
+        ms, s = f"{key}={v:g}ms", f"{key}={v:g}s"
+        hint = f"{ms} or {key}={v / 1000:g}s" if v >= 1 else f"{s} or {key}={v * 1000:g}ms"
+        raise SpecError(f"slo.{key}", val, f"give a unit, e.g. {hint}")
+    return parse_duration_s(str(val), f"slo.{key}")
+
+
 @dataclass(frozen=True, slots=True)
 class SLO:
     ttft_s: float | None = None
@@ -73,7 +87,7 @@ class SLO:
                 raise SpecError("slo", key, "given twice; give each of ttft, tpot, e2e, target, clock once")
             seen.add(key)
             if key in _KEYS:
-                kw[_KEYS[key]] = parse_duration_s(val, f"slo.{key}")
+                kw[_KEYS[key]] = parse_slo_limit_s(val, key)
             elif key == "target":
                 kw["target"] = parse_fraction(val)
             elif key == "clock":
@@ -88,14 +102,15 @@ class SLO:
         for key, val in d.items():
             if val is None:
                 continue
-            if key in _KEYS or key in _KEYS.values():
-                name = _KEYS.get(key, key)
-                if isinstance(val, str):
-                    kw[name] = parse_duration_s(val, f"slo.{key}")
-                elif isinstance(val, int | float) and not isinstance(val, bool):
-                    kw[name] = float(val)
+            if key in _KEYS:  # `ttft = "500ms"`: the unit travels with the value
+                kw[_KEYS[key]] = parse_slo_limit_s(val, key)
+            elif key in _KEYS.values():  # `ttft_s = 0.5`: the name carries the unit (as summary.json writes it)
+                if isinstance(val, int | float) and not isinstance(val, bool):
+                    kw[key] = float(val)
+                elif isinstance(val, str):
+                    kw[key] = parse_duration_s(val, f"slo.{key}")
                 else:  # a list, a table, true: TOML parses them, an SLO cannot use them
-                    raise SpecError(f"slo.{key}", val, "must be a duration such as 500ms or a number of seconds")
+                    raise SpecError(f"slo.{key}", val, "must be a number of seconds")
             elif key == "target":
                 kw["target"] = parse_fraction(val)
             elif key == "clock":
