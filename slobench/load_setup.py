@@ -36,11 +36,10 @@ from slobench.targets.workers import MAX_WORKERS
 from slobench.workload import WorkloadSpec, load_workload, phase_boundaries
 from slobench.workload.base import RunShape, Workload
 from slobench.workload.limits import BoundedSpecs, ServerLimits
+from slobench.workload.ranges import MIN_RATE_RPS
 from slobench.workload.replay import TraceReplay
 from slobench.workload.text import load_tokenizer
 from slobench.workload.trace_stream import StreamingReplay
-
-MIN_RATE_RPS = 1 / 86400  # one request a day: anything slower is a typo, and would wait for ever
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,6 +127,8 @@ class SLO:
             raise SpecError("slo", str(path), "not a text file (not UTF-8): not an SLO TOML") from None
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise SpecError("slo", str(path), f"cannot read SLO file: {e}") from None
+        except RecursionError:  # the standard library's reader recurses once per nested array or table
+            raise SpecError("slo", str(path), "arrays or inline tables nested too deeply to read") from None
         slo = data.get("slo", data)
         if not isinstance(slo, dict):
             raise SpecError("slo", str(path), "[slo] must be a table of ttft, tpot, e2e, target, clock")

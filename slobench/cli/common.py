@@ -20,6 +20,7 @@ from slobench.report import build_report
 from slobench.report.terminal import make_console, print_headline, print_sweep_errors, run_title, sweep_table
 from slobench.run.outdir import check_out_file, claim_out_dir, new_out_dir
 from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_METRICS_BODY_BYTES, parse_size
+from slobench.workload.ranges import MAX_DURATION_S, MAX_NUM_REQUESTS, MAX_TOKENS, MAX_USERS
 
 
 def default_out(prefix: str) -> Path:
@@ -178,12 +179,6 @@ def size_arg(text: str) -> int:
         return parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-# What one run may ask for: past these the schedule or the prompts would not fit in memory (a typo such as
-# --num-requests 1e12, or --duration 1e300) and the run would end in a MemoryError, not an answer.
-MAX_NUM_REQUESTS = 10_000_000
-MAX_TOKENS = 10_000_000  # a prompt's or an output's length, tokens
-MAX_DURATION_S = 7 * 86_400.0
-MAX_USERS = 100_000  # --concurrency, --max-in-flight
 
 
 def check_load_flags(args: argparse.Namespace) -> None:
