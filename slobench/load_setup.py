@@ -30,7 +30,7 @@ from slobench.run.scrape import MetricsScraper, metrics_url_for
 from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_METRICS_BODY_BYTES
 from slobench.targets.build import build
 from slobench.targets.capabilities import TOO_LONG, Capabilities
-from slobench.targets.options import DEFAULT_URL, TargetOptions, Timeouts, TransportName
+from slobench.targets.options import DEFAULT_URL, OVERRIDABLE, TargetOptions, Timeouts, TransportName
 from slobench.targets.ray_pool import note_client_clocks, require_ray
 from slobench.targets.workers import MAX_WORKERS
 from slobench.workload import WorkloadSpec, load_workload, phase_boundaries
@@ -267,6 +267,11 @@ class LoadSetup:
             if o.engine or o.simulate:
                 raise UsageError("--tokenizer applies to --url targets (the bundled engine takes token ids)")
             load_tokenizer(Path(o.tokenizer))  # a missing or unreadable file is exit 2 before any request
+        self.target_opts = self.target_options()  # checked now: a bad --extra-body is exit 2 before any request
+        for key in self.target_opts.extra_body_overrides:
+            print(f"slobench: --extra-body sets {key} to {json.dumps(self.extra_body[key])} in every request "  # type: ignore[index]
+                  f"(slobench's default {OVERRIDABLE[key]}); recorded in the manifest as "
+                  "target.extra_body_overrides", file=sys.stderr)
 
     def specs(self, rate_rps: float | None, seed: int | None = None) -> Any:
         """The requests of one run at `rate_rps` (a workload spec or a trace alike: `Workload.specs`); `seed`
@@ -334,6 +339,8 @@ class LoadSetup:
                 | ({"capabilities": target.caps.to_dict()} if target.caps is not None else {})
                 | ({"tokenizer": o.tokenizer} if o.tokenizer else {})
                 | ({"client_workers": o.client_workers} if o.client_workers != 1 else {})
+                | ({"extra_body_overrides": {k: self.extra_body[k] for k in overrides}}  # type: ignore[index]
+                   if (overrides := self.target_opts.extra_body_overrides) else {})
                 | ({"ray": (target.describe().get("ray") or {})} if o.ray is not None else {})
                 | ({"fleet": {"replicas": len(self.urls), "router": o.router}} if len(self.urls) > 1 else {})
             ),

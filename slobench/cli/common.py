@@ -65,7 +65,8 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     g.add_argument("--api", choices=("completions", "chat"), default=None, help="default: the workload's")
     g.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
     g.add_argument("--header", action="append", default=[], metavar="K:V", help="extra HTTP header (repeatable)")
-    g.add_argument("--extra-body", default=None, metavar="JSON", help="extra JSON fields merged into every body")
+    g.add_argument("--extra-body", default=None, metavar="JSON", help="extra JSON fields added to every body; one that slobench sets (model, stream, "
+                   "prompt/messages, max_tokens, min_tokens, ignore_eos) is refused, temperature is replaced and recorded")
     g.add_argument("--no-stream", action="store_true", help="non-streaming requests (TTFT = E2E)")
     g.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
     g.add_argument("--transport", choices=("raw", "httpx"), default="raw",
