@@ -48,7 +48,7 @@ SERVER_MODULES = frozenset({
     "test_gpu_portability", "test_history_browser", "test_install_extras", "test_nodelay", "test_one_rule",
     "test_openai_target", "test_ray_pool", "test_report_browser", "test_run_durability", "test_run_streamed",
     "test_server_quirks", "test_text_prompts", "test_trace_replay", "test_workers", "test_redact", "test_golden",
-    "test_extra_body",
+    "test_extra_body", "test_api_cli_parity",
 })
 # modules that assert on milliseconds of wall time: the `timing` marker, run alone after the parallel tier
 TIMING_MODULES = frozenset({

@@ -137,6 +137,11 @@ class SLO:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def as_flag(self) -> str:
+        """The `--slo` text that parses back to this SLO."""
+        parts = [f"{k}={getattr(self, v):g}s" for k, v in _KEYS.items() if getattr(self, v) is not None]
+        return ",".join([*parts, f"target={self.target:g}"] + (["clock=sent"] if self.clock == "sent" else []))
+
     def __str__(self) -> str:
         parts = [f"{k}<={_fmt(getattr(self, v))}" for k, v in _KEYS.items() if getattr(self, v) is not None]
         return " & ".join(parts) + f" @ {self.target:.0%}"
