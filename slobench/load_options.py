@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from slobench.analysis.slo import SLO
+from slobench.analysis.slo import SLO, load_slo
 from slobench.errors import UsageError
 from slobench.load_flags import (
     check_urls,
@@ -158,6 +158,8 @@ class RunGroup:
     report: str | None = None
 
     def __post_init__(self) -> None:
+        if self.slo is not None and not isinstance(self.slo, SLO):
+            _set(self, "slo", load_slo(self.slo))  # a bare number, a bad key, a missing file: exit 2 now
         _set(self, "warmup", str(self.warmup))
         if self.warmup != "auto" and not self.warmup.isdigit():
             raise UsageError(f"--warmup: expected a number of requests or 'auto' (got {self.warmup!r})")

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from slobench.analysis.slo import SLO, load_slo, parse_duration_s
+from slobench.analysis.slo import SLO, parse_duration_s
 from slobench.analysis.summary import RunSummary
 from slobench.errors import SpecError, UsageError
 from slobench.experiments.probe import LiveProbe, Probe, VirtualProbe
@@ -90,7 +90,7 @@ class LoadSetup:
         else:
             wl = o.workload or "chat"
             self.workload = wl if isinstance(wl, WorkloadSpec) else load_workload(wl)
-        self.slo = o.slo if isinstance(o.slo, SLO) else load_slo(o.slo)
+        self.slo: SLO | None = o.slo
         if o.no_stream and self.slo is not None and self.slo.tpot_s is not None:  # before any request is sent
             raise UsageError("--slo tpot=... needs streaming: with --no-stream each answer arrives whole, so TPOT "
                              "cannot be measured; drop tpot from --slo or drop --no-stream")
