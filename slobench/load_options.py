@@ -49,7 +49,7 @@ class TargetGroup:
     url: str | None = None  # None: http://127.0.0.1:8000/v1; "A,B": several replicas, routed here
     model: str | None = None  # None: the first model the server lists
     api: str | None = None  # None: the workload's
-    api_key_env: str = "OPENAI_API_KEY"
+    api_key_env: str | None = "OPENAI_API_KEY"  # None: no key
     header: tuple[str, ...] = ()
     extra_body: str | Mapping[str, Any] | None = None  # JSON text or a mapping; a dict once made
     no_stream: bool = False

@@ -35,10 +35,10 @@ def maybe_report(html: str | None, run_dirs: Sequence[Path]) -> None:
 
 def add_row_flags(group: Any) -> None:
     """What a trace loader keeps: shared by `run`/`sweep`/`capacity --trace` and the workload verbs."""
-    group.add_argument("--no-spread", action="store_true",
+    group.add_argument("--no-spread", action="store_true", default=None,
                        help="keep coarse timestamps as they are: every request of a stamp at once (by default a "
                        "trace stamped in buckets, e.g. Mooncake's, has each request spread over its bucket)")
-    group.add_argument("--keep-zero-rows", action="store_true",
+    group.add_argument("--keep-zero-rows", action="store_true", default=None,
                        help="keep rows with 0 output tokens (BurstGPT's failed requests) as max_tokens=1 requests "
                        "and rows with 0 input tokens with a 1-token prompt, instead of leaving them out")
 
@@ -165,7 +165,7 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     r.add_argument("--max-error-rate", default=None, metavar="FRACTION",
                    help="exit 1 when more than this share of requests failed (e.g. 0.05 or 5%%); by default only "
                         "a run in which no request succeeded does")
-    r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--no-progress", action="store_true", default=None)
     r.add_argument("--scrape-interval", type=float, default=None,
                    help="seconds between scrapes of the server's /metrics (0: off)")
     r.add_argument("--report", default=None, metavar="HTML", help="also write the HTML report here")
