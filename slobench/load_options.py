@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from slobench.analysis.slo import SLO, load_slo
-from slobench.errors import UsageError
+from slobench.errors import SpecError, UsageError
 from slobench.load_flags import (
     check_urls,
     parse_error_rate,
@@ -28,7 +28,15 @@ from slobench.run.outdir import check_out_file
 from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_METRICS_BODY_BYTES
 from slobench.targets.options import TRANSPORTS, TransportName, check_extra_body
 from slobench.targets.workers import MAX_WORKERS
-from slobench.workload.ranges import MAX_DURATION_S, MAX_NUM_REQUESTS, MAX_TOKENS, MAX_USERS, MIN_RATE_RPS
+from slobench.workload.ranges import (
+    MAX_NUM_REQUESTS,
+    MAX_TOKENS,
+    MAX_USERS,
+    check_count,
+    check_duration_s,
+    check_rate_rps,
+    check_requests_in,
+)
 from slobench.workload.spec import WorkloadSpec
 
 MAX_JITTER_SD = 10.0  # step-time noise, relative sd: beyond it a step's time is noise alone
@@ -36,6 +44,15 @@ MAX_JITTER_SD = 10.0  # step-time noise, relative sd: beyond it a step's time is
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def _as_flag(name: str, value: Any, check: Callable[..., None], *args: Any) -> None:
+    """Run a typed value's own check, `check(*args)`; its SpecError becomes the flag's UsageError (exit 2,
+    the flag named)."""
+    try:
+        check(*args)
+    except SpecError as e:
+        raise UsageError(f"{_flag(name)} {value!r}: {e.why}") from None
 
 
 def _set(obj: Any, name: str, value: Any) -> None:
@@ -105,22 +122,15 @@ class WorkloadGroup:
     refine_knee: int = 0  # sweep
 
     def __post_init__(self) -> None:
+        # the workload's own range checks (slobench.workload.ranges), with the flag named
         for name, limit in (("num_requests", MAX_NUM_REQUESTS), ("input_len", MAX_TOKENS), ("output_len", MAX_TOKENS)):
-            v = getattr(self, name)
-            if v is not None and not 1 <= v <= limit:
-                raise UsageError(f"{_flag(name)} {v}: must be from 1 to {limit:,}")
-        if self.duration is not None and not 0 < self.duration <= MAX_DURATION_S:
-            raise UsageError(f"--duration {self.duration:g}: must be more than 0 and at most {MAX_DURATION_S:,.0f} s "
-                             "(a week)")
-        rate = self.rate
-        if rate is not None and not 0 < rate < math.inf:
-            raise UsageError(f"--rate {rate}: must be a finite number of req/s above 0")
-        if rate is not None and rate < MIN_RATE_RPS:
-            raise UsageError(f"--rate {rate:g}: below {MIN_RATE_RPS:g} req/s, one request a day; the run "
-                             "would wait for ever")
-        if rate is not None and self.duration is not None and rate * self.duration > MAX_NUM_REQUESTS:
-            raise UsageError(f"--rate {rate:g} for --duration {self.duration:g}: {rate * self.duration:,.0f} requests, "
-                             f"more than {MAX_NUM_REQUESTS:,} a run")
+            if (value := getattr(self, name)) is not None:
+                _as_flag(name, value, check_count, name, value, limit)
+        if self.duration is not None:
+            _as_flag("duration", self.duration, check_duration_s, "duration", self.duration)
+        if self.rate is not None:
+            _as_flag("rate", self.rate, check_rate_rps, "rate", self.rate)
+        _as_flag("duration", self.duration, check_requests_in, self.rate, self.duration)
         if not 0 <= self.seed < 2**63:
             raise UsageError(f"--seed {self.seed}: must be from 0 to 2**63 - 1")
         for name in ("time_scale", "start"):
