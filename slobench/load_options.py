@@ -207,6 +207,8 @@ class SimGroup:
     decode_replicas: int = 0
     colocated_replicas: int = 0
     kv_link: str | None = None
+    decode_profile: str | None = None  # the decode instances' own cost profile (default: the engine's)
+    decode_kv_blocks: int | None = None  # and KV blocks
 
     def __post_init__(self) -> None:
         if (self.engine or self.simulate) and self.engine_knobs is None:
@@ -225,10 +227,25 @@ class SimGroup:
             if self.replicas != 1:
                 raise UsageError("--replicas with --prefill/--decode-replicas: give co-located ones as "
                                  "--colocated-replicas")
+        for name in ("decode_profile", "decode_kv_blocks"):  # a flag that would be ignored is an error
+            if getattr(self, name) is not None and not self.is_disaggregated:
+                raise UsageError(f"{_flag(name)} applies only with --prefill-replicas and --decode-replicas")
 
     @property
     def is_disaggregated(self) -> bool:
         return bool(self.prefill_replicas or self.decode_replicas)
+
+    def fleet_knobs(self) -> dict[str, Any]:
+        """A disaggregated fleet's shape as `slobench.fleet.disagg.split_fleet_knobs` reads it beside the
+        engine's knobs (and the manifest records it); empty for any other fleet."""
+        if not self.is_disaggregated:
+            return {}
+        knobs: dict[str, Any] = {"prefill_replicas": self.prefill_replicas, "decode_replicas": self.decode_replicas,
+                                 "colocated_replicas": self.colocated_replicas, "kv_link": self.kv_link or "inf,0"}
+        for name in ("decode_profile", "decode_kv_blocks"):  # only when given: other fleets' knobs stay as they are
+            if getattr(self, name) is not None:
+                knobs[name] = getattr(self, name)
+        return knobs
 
 
 GROUPS = (TargetGroup, WorkloadGroup, RunGroup, SimGroup)

@@ -79,7 +79,8 @@ class LoadSetup:
         """`command`: what the manifest records as the command line (default: this process's, sys.argv)."""
         self.options = o = options  # each group checked itself when made
         self.command = list(sys.argv[1:] if command is None else command)
-        self.engine_knobs: dict[str, Any] = dict(o.engine_knobs or {})  # empty for a URL target
+        # the engine's knobs, and a disaggregated fleet's shape beside them as the fleet reads it; empty for a URL
+        self.engine_knobs: dict[str, Any] = {**(o.engine_knobs or {}), **o.sim_group.fleet_knobs()}
         self.min_duration_s: float | None = None  # sweeps and capacity: see probe_duration
         self.said: set[str] = set()  # the refusals already explained (note_refusals): each once per command
         self.check_fleet()

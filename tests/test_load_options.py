@@ -3,6 +3,8 @@ whether they come from flags or from keywords."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from slobench.cli import build_parser, main
@@ -57,3 +59,20 @@ def test_groups_stand_alone() -> None:
     assert TargetGroup().transport == "raw" and WorkloadGroup().start == 0.0 and RunGroup().slo is None
     with pytest.raises(TypeError, match="no load flag 'rate_rps'"):
         LoadOptions.make("run", rate_rps=4.0)
+
+
+def test_the_fleet_topology_is_the_sim_group_not_the_engine_knobs(tmp_path) -> None:
+    argv = ["run", "--simulate", "--prefill-replicas", "2", "--decode-replicas", "1", "--kv-link", "50GB/s,20us",
+            "--decode-kv-blocks", "300", "--workload", "tiny", "--num-requests", "6", "--no-progress",
+            "--out", str(tmp_path / "r")]
+    options = options_from_args(build_parser(["run"]).parse_args(argv))
+    assert "prefill_replicas" not in options.engine_knobs and options.sim_group.prefill_replicas == 2
+    assert main(argv) == 0
+
+    fleet = json.loads((tmp_path / "r" / "manifest.json").read_text())["target"]["fleet"]
+    assert (fleet["prefill"], fleet["decode"], fleet["kv_link"]) == (2, 1, "50GB/s,20us")
+
+
+def test_a_decode_flag_without_a_disaggregated_fleet_is_refused() -> None:
+    with pytest.raises(UsageError, match="--decode-profile applies only with --prefill-replicas"):
+        LoadOptions.make("run", simulate=True, engine_knobs={}, decode_profile="cpu-tiny")

@@ -269,19 +269,12 @@ _MANIFEST_KNOBS = ("executor", "model", "profile", "kv_blocks", "block_size", "m
 
 def engine_knobs_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The engine's knobs (`EngineSpec` fields) from the flags of `add_engine_arguments`, as a manifest
-    records them, with a disaggregated fleet's (slobench.fleet.disagg) when its flags are given."""
+    records them; a disaggregated fleet's shape is the SimGroup's own (`SimGroup.fleet_knobs`)."""
     spec = engine_spec_from_args(args, in_process=True)
     every = spec.to_knobs()
     knobs = {k: every[k] for k in _MANIFEST_KNOBS}
     if spec.scheduler != "chunked":  # recorded only when not the default, so default manifests stay as they are
         knobs["scheduler"] = spec.scheduler
-    if getattr(args, "prefill_replicas", 0) or getattr(args, "decode_replicas", 0):  # slobench.fleet.disagg's knobs
-        knobs.update(prefill_replicas=args.prefill_replicas, decode_replicas=args.decode_replicas,
-                     colocated_replicas=getattr(args, "colocated_replicas", 0) or 0,
-                     kv_link=getattr(args, "kv_link", None) or "inf,0")
-        for k in ("decode_profile", "decode_kv_blocks"):  # only when given: other fleets' knobs stay as they are
-            if getattr(args, k, None) is not None:
-                knobs[k] = getattr(args, k)
     if spec.executor == "torch" and args.engine_device is not None:
         knobs["device"] = spec.device
     return knobs
