@@ -26,16 +26,15 @@ from slobench.analysis.summary import summarize as _summarize
 from slobench.experiments.probe import VirtualProbe
 from slobench.fleet.simulate import ModeledEngine
 from slobench.gate import GateResult, gate, load_samples
+from slobench.load_options import LoadOptions
+from slobench.load_setup import LoadSetup, run_once
 from slobench.report import build_report
 from slobench.run.event_loop import run_async
 from slobench.run.manifest import build_manifest
+from slobench.run.outdir import claim_out_dir
 from slobench.run.records import RequestRecord
 from slobench.run.rundir import Run
 from slobench.run.rundir import load_run as _load_run
-from slobench.run.runner import RunOptions
-from slobench.run.runner import run as run_records
-from slobench.targets.openai import OpenAITarget
-from slobench.targets.options import TargetOptions
 from slobench.workload.spec import WorkloadSpec, generate, load_workload
 
 __all__ = ["SLO", "Run", "RequestRecord", "RunSummary", "WorkloadSpec", "compare", "load_run", "load_workload",
@@ -92,33 +91,40 @@ def run_load(
     duration_s: float | None = None,
     slo: SLO | str | None = None,
     model: str | None = None,
-    api: str = "completions",
+    api: str | None = None,
     out: str | Path | None = None,
+    overwrite: bool = False,
     seed: int = 0,
     progress: bool = False,
-    **target_options: Any,
+    **options: Any,
 ) -> Run:
-    """One open-loop run against an OpenAI-compatible endpoint; the run directory is written when `out` is
-    given. `model` defaults to the first the server lists; `target_options` are `TargetOptions` fields
-    (headers, extra_body, timeouts, transport, ...) and `api_key`. Preflight negotiates the server's
-    capabilities as the CLI does. Returns the run read back (or, without `out`, its records and summary)."""
-    spec, specs = _specs(workload, rate, num_requests, duration_s, seed, api)
-    slo_ = _slo(slo)
-    api_key = target_options.pop("api_key", None)
-    options = TargetOptions(model=model, api=api, **target_options)  # type: ignore[arg-type]
+    """One open-loop run against an OpenAI-compatible endpoint: `slobench run` from Python. It takes the
+    CLI's own setup (`slobench.load_setup.LoadSetup`, the same option groups and checks, preflight, the
+    server's limits, the /metrics scraper, the notes) and writes the same run directory when `out` is
+    given: an `out` that holds a run already is refused unless `overwrite=True`, as the CLI refuses it.
+    `options` are any other `slobench run` flag by its name (`header=("K:V",)`, `extra_body={...}`,
+    `timeout=30.0`, `transport="httpx"`, `api_key_env="MY_KEY"`, `max_in_flight=8`, `warmup="auto"`,
+    `scrape_interval=0`, ...). `api` defaults to the workload's, `model` to the first the server lists.
+    The manifest's `command` is the `slobench run ...` line that makes the same run. Returns the run read
+    back (or, without `out`, its records and summary)."""
+    if "api_key" in options:
+        raise TypeError("run_load: give api_key_env, the name of the environment variable that holds the key "
+                        "(as --api-key-env); the key itself is never passed around")
+    values: dict[str, Any] = {
+        "url": url, "rate": rate, "workload": workload if isinstance(workload, WorkloadSpec) else str(workload),
+        "num_requests": num_requests, "duration": duration_s, "slo": slo, "model": model, "api": api,
+        "out": None if out is None else str(out), "overwrite": overwrite, "seed": seed, "no_progress": not progress,
+        **options,
+    }
+    values = {k: v for k, v in values.items() if v is not None}
+    setup = LoadSetup(LoadOptions.make("run", **values), command=LoadOptions.as_argv("run", **values))
 
     async def go() -> Run:
-        async with OpenAITarget(url, options, api_key=api_key) as target:
-            served = await target.preflight()  # finds the model when none is given
-            manifest = build_manifest(
-                spec, seed=seed, made_by="slobench.api.run_load", rate_rps=rate,
-                target={"url": url, "model": target.model, "api": api, "served": served},
-                slo=slo_.to_dict() if slo_ else None, options={"num_requests": num_requests, "duration_s": duration_s})
-            res = await run_records(specs, target, opts=RunOptions(progress=progress), slo=slo_, run_dir=out,
-                            manifest=manifest, handle_sigint=False, seed=seed)
-        if out is not None:
-            return load_run(out)
-        return Run(Path("."), manifest, list(res.records), res.summary)
+        run_dir = None if out is None else claim_out_dir(Path(out), overwrite=overwrite)  # exit 2 before a request
+        res, _, _ = await run_once(setup, run_dir)
+        if run_dir is not None:
+            return load_run(run_dir)
+        return Run(Path("."), {}, list(res.records), res.summary)
 
     return run_async(go())
 

@@ -39,6 +39,7 @@ from slobench.gate import EXIT_INCONCLUSIVE, Threshold, gate, junit_xml, load_sa
 from slobench.history import append_entry, entry_from_results
 from slobench.history.page import build_history_page
 from slobench.input_file import JSON_DOC, check_input
+from slobench.load_options import LoadOptions
 from slobench.report import build_report
 from slobench.run.rundir import read_capacity, write_json_atomic
 from slobench.targets.transport import ControlClient, TransportError, endpoint_url
@@ -60,6 +61,7 @@ class Inputs:
     rates: str
     replicates: int
     capacity_args: list[str]
+    load: Mapping[str, Any]  # the load options the inputs give, by flag name (LoadOptions.make checked them)
     baseline: str
     max_drop: list[str]
     max_rise: list[str]
@@ -87,11 +89,15 @@ class Inputs:
             raise UsageError(f"inputs replicates/startup-timeout: not a number ({e})") from None
         if not get("slo"):
             raise UsageError("input slo is required (e.g. ttft=500ms,tpot=50ms)")
+        # the inputs that are load options meet the CLI's own checks here, before a server starts
+        load = {"url": get("url", "http://127.0.0.1:8000/v1"), "model": get("model") or None,
+                "workload": get("workload", "chat"), "slo": get("slo"), "rates": get("rates") or None}
+        LoadOptions.make("capacity", **load)
         run_url = ""
         if env.get("GITHUB_SERVER_URL") and env.get("GITHUB_REPOSITORY") and env.get("GITHUB_RUN_ID"):
             run_url = f"{env['GITHUB_SERVER_URL']}/{env['GITHUB_REPOSITORY']}/actions/runs/{env['GITHUB_RUN_ID']}"
         return cls(
-            url=get("url", "http://127.0.0.1:8000/v1"), start_command=get("start-command"),
+            load=load, url=get("url", "http://127.0.0.1:8000/v1"), start_command=get("start-command"),
             startup_timeout_s=timeout, model=get("model"), workload=get("workload", "chat"), slo=get("slo"),
             rates=get("rates"), replicates=replicates, capacity_args=shlex.split(get("capacity-args")),
             baseline=get("baseline"), max_drop=_words(get("max-drop")), max_rise=_words(get("max-rise")),
@@ -232,13 +238,9 @@ def comment_body(res: Any, base: Any, cand: Any, *, artifact_url: str = "", cont
 
 
 def _capacity_argv(inp: Inputs, out: Path) -> list[str]:
-    argv = ["capacity", "--url", inp.url, "--workload", inp.workload, "--slo", inp.slo,
-            "--replicates", str(inp.replicates), "--no-progress", "--out", str(out), "--overwrite"]
-    if inp.model:
-        argv += ["--model", inp.model]
-    if inp.rates:
-        argv += ["--rates", inp.rates]
-    return argv + inp.capacity_args
+    """`slobench capacity` from the inputs' load options (LoadOptions.as_argv) and the search's own flags."""
+    return [*LoadOptions.as_argv("capacity", **inp.load, out=str(out), overwrite=True, no_progress=True),
+            "--replicates", str(inp.replicates), *inp.capacity_args]
 
 
 def run_action(env: Mapping[str, str]) -> int:

@@ -7,19 +7,19 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import sys
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slobench.analysis.slo import load_slo, parse_duration_s
+from slobench.analysis.slo import SLO, parse_duration_s
 from slobench.analysis.summary import RunSummary
 from slobench.errors import SpecError, UsageError
 from slobench.experiments.probe import LiveProbe, Probe, VirtualProbe
 from slobench.fleet.disagg import DisaggFleet, KVLink, split_fleet_knobs
 from slobench.fleet.simulate import ModeledEngine, calibrated_extras
+from slobench.load_flags import parse_error_rate, parse_rate_limit
+from slobench.load_options import MAX_JITTER_SD, LoadOptions
 from slobench.printable import printable
 from slobench.redact import redact_text
 from slobench.run.clock import Clock
@@ -27,132 +27,16 @@ from slobench.run.manifest import build_manifest
 from slobench.run.records import REQUESTS
 from slobench.run.runner import RunOptions
 from slobench.run.scrape import MetricsScraper, metrics_url_for
-from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_METRICS_BODY_BYTES
 from slobench.targets.build import build
 from slobench.targets.capabilities import TOO_LONG, Capabilities
-from slobench.targets.options import DEFAULT_URL, TargetOptions, Timeouts, TransportName
+from slobench.targets.options import DEFAULT_URL, OVERRIDABLE, TargetOptions, Timeouts
 from slobench.targets.ray_pool import note_client_clocks, require_ray
-from slobench.targets.workers import MAX_WORKERS
 from slobench.workload import WorkloadSpec, load_workload, phase_boundaries
 from slobench.workload.base import RunShape, Workload
 from slobench.workload.limits import BoundedSpecs, ServerLimits
 from slobench.workload.replay import TraceReplay
 from slobench.workload.text import load_tokenizer
 from slobench.workload.trace_stream import StreamingReplay
-
-MIN_RATE_RPS = 1 / 86400  # one request a day: anything slower is a typo, and would wait for ever
-
-
-@dataclass(frozen=True, slots=True)
-class LoadOptions:
-    """The load flags (`slobench.cli.common.add_load_flags`) as one typed value, named as the flags' dests;
-    the engine's shape flags arrive as `engine_knobs` (with --engine or --simulate; else None). `LoadSetup`
-    checks them, naming the flag of a bad one."""
-
-    verb: str  # run, sweep or capacity: what the options are for
-    # target
-    url: str | None
-    model: str | None
-    api: str | None
-    api_key_env: str
-    header: tuple[str, ...]
-    extra_body: str | None
-    no_stream: bool
-    timeout: float
-    transport: TransportName
-    http2: bool
-    server_profile: str
-    tokenizer: str | None
-    client_workers: int
-    ray: str | None
-    # the bundled engine in process (--engine), or simulated (--simulate)
-    engine: str | None
-    engine_knobs: dict[str, Any] | None
-    max_num_seqs: int | None
-    simulate: bool
-    jitter: float | None
-    request_overhead: str | None
-    replicas: int
-    router: str
-    prefill_replicas: int
-    decode_replicas: int
-    colocated_replicas: int
-    kv_link: str | None
-    # workload
-    workload: str | None
-    rate: float | None
-    num_requests: int | None
-    duration: float | None
-    input_len: int | None
-    output_len: int | None
-    seed: int
-    # trace replay
-    trace: str | None
-    trace_format: str | None
-    time_scale: float | None
-    start: float
-    no_spread: bool
-    keep_zero_rows: bool
-    min_tokens: str | None
-    # run
-    slo: str | None
-    out: str | None
-    overwrite: bool
-    warmup: str
-    max_in_flight: int | None
-    concurrency: int | None
-    rate_limit: str | None
-    max_error_rate: str | None
-    no_progress: bool
-    scrape_interval: float
-    report: str | None
-    # sweep and capacity only
-    rates: str | None = None
-    refine_knee: int = 0
-    # what a server may send (slobench.targets.bounds), bytes
-    max_body: int = DEFAULT_MAX_BODY_BYTES
-    max_metrics_body: int = DEFAULT_MAX_METRICS_BODY_BYTES
-
-    def __post_init__(self) -> None:
-        if (self.engine or self.simulate) and self.engine_knobs is None:
-            raise ValueError("LoadOptions.engine_knobs: needed with engine or simulate (the engine's shape)")
-
-
-_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP token (RFC 9110)
-_HEADER_VALUE = re.compile(r"[\x20-\x7e\t]*")  # visible ASCII, space and tab: what every client sends as is
-
-
-def parse_headers(items: Sequence[str]) -> dict[str, str]:
-    out = {}
-    for h in items:
-        if ":" not in h:
-            raise UsageError(f"--header: expected K:V (got {h!r})")
-        k, v = h.split(":", 1)
-        k, v = k.strip(), v.strip()
-        if not _HEADER_NAME.fullmatch(k):
-            raise UsageError(f"--header {k!r}: a header name is letters, digits and -_.!#$%&'*+^`|~ only")
-        if not _HEADER_VALUE.fullmatch(v):
-            raise UsageError(f"--header {k}: the value must be printable ASCII (no line breaks, control or "
-                             f"non-ASCII characters; percent-encode them)")
-        out[k] = v
-    return out
-
-
-def _parse_extra_body(text: str | None) -> dict[str, Any] | None:
-    if text is None:
-        return None
-    try:
-        v = json.loads(text, parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as e:
-        raise UsageError(f"--extra-body: not valid JSON ({e})") from None
-    if not isinstance(v, dict):
-        raise UsageError(f"--extra-body: expected a JSON object (got {text!r})")
-    return v
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON; a server would refuse the body")
-
 
 MIN_PROBE_S = 60.0  # a sweep point or capacity probe lasts at least this long unless the user fixes its size
 
@@ -170,34 +54,8 @@ def probe_duration(workload: Any, num_requests: int | None, duration_s: float | 
     return max(min_s, (workload.num_requests or 1000) / rate_rps)
 
 
-# flag, its dest, its default: flags that only mean something with --trace
-_TRACE_ONLY = (("--trace-format", "trace_format", None), ("--time-scale", "time_scale", None),
-               ("--start", "start", 0.0), ("--no-spread", "no_spread", False),
-               ("--keep-zero-rows", "keep_zero_rows", False), ("--min-tokens", "min_tokens", None))
-
-
-def check_replay_flags(o: LoadOptions) -> None:
-    """A flag that would be ignored is a usage error (exit 2, one line), not a silent no-op."""
-    if o.trace is None:
-        given = [flag for flag, dest, default in _TRACE_ONLY if getattr(o, dest) != default]
-        if given:
-            raise UsageError(f"{given[0]} applies only to --trace")
-        return
-    if o.workload is not None:
-        raise UsageError("--trace and --workload conflict: a trace replay sends the trace's requests; give one")
-    rescaled = [f for f, on in (("--rate", o.rate is not None), ("--rates", o.rates is not None),
-                                ("capacity", o.verb == "capacity")) if on]
-    if o.time_scale is not None and o.concurrency is not None:
-        raise UsageError("--time-scale and --concurrency conflict: a closed loop sends each request when one "
-                         "ends, not at the trace's times; give one")
-    if o.time_scale is not None and rescaled:
-        what = "a capacity search" if rescaled[0] == "capacity" else rescaled[0]
-        raise UsageError(f"--time-scale and {what} conflict: a rate rescales the trace to that mean rate, "
-                         "which replaces --time-scale; give one")
-
-
 def open_replay(o: LoadOptions, api: str, warn: Any) -> Any:
-    """The replay the load verbs' trace flags describe (check_replay_flags first). `run`, against a target or
+    """The replay the load verbs' trace flags describe. `run`, against a target or
     simulated, streams the trace (a StreamingReplay: rows read and prompts built as the run goes, so a long
     trace starts at once in flat memory and `--num-requests 200` reads little more than 200 rows; what the
     rows became is reported after the run, in summary.json `trace_rows`); `sweep` and `capacity` replay one
@@ -217,57 +75,37 @@ def open_replay(o: LoadOptions, api: str, warn: Any) -> Any:
 class LoadSetup:
     """What every load-sending verb builds from its `LoadOptions`."""
 
-    def __init__(self, options: LoadOptions) -> None:
-        self.options = o = options
-        self.engine_knobs: dict[str, Any] = o.engine_knobs or {}  # empty for a URL target
+    def __init__(self, options: LoadOptions, *, command: Sequence[str] | None = None) -> None:
+        """`command`: what the manifest records as the command line (default: this process's, sys.argv)."""
+        self.options = o = options  # each group checked itself when made
+        self.command = list(sys.argv[1:] if command is None else command)
+        # the engine's knobs, and a disaggregated fleet's shape beside them as the fleet reads it; empty for a URL
+        self.engine_knobs: dict[str, Any] = {**(o.engine_knobs or {}), **o.sim_group.fleet_knobs()}
         self.min_duration_s: float | None = None  # sweeps and capacity: see probe_duration
         self.said: set[str] = set()  # the refusals already explained (note_refusals): each once per command
         self.check_fleet()
         self.workload: Workload
-        check_replay_flags(o)
         if o.trace is not None:  # a trace stands where a WorkloadSpec stands
-            if o.input_len is not None or o.output_len is not None:
-                raise UsageError("--input-len / --output-len do not apply to --trace (it has the lengths)")
             self.workload = open_replay(o, o.api or "completions",
                                         warn=lambda msg: print(f"slobench: {printable(msg)}", file=sys.stderr))
         else:
-            self.workload = load_workload(o.workload or "chat")
-        self.slo = load_slo(o.slo)
+            wl = o.workload or "chat"
+            self.workload = wl if isinstance(wl, WorkloadSpec) else load_workload(wl)
+        self.slo: SLO | None = o.slo
         if o.no_stream and self.slo is not None and self.slo.tpot_s is not None:  # before any request is sent
             raise UsageError("--slo tpot=... needs streaming: with --no-stream each answer arrives whole, so TPOT "
                              "cannot be measured; drop tpot from --slo or drop --no-stream")
         self.api = o.api or self.workload.api
-        self.headers = parse_headers(o.header)
-        self.extra_body = _parse_extra_body(o.extra_body)
-        if o.warmup != "auto" and not str(o.warmup).isdigit():
-            raise UsageError(f"--warmup: expected a number of requests or 'auto' (got {o.warmup!r})")
-        if str(o.warmup).isdigit() and o.num_requests is not None and int(o.warmup) >= o.num_requests:
-            raise UsageError(f"--warmup {o.warmup} leaves nothing to measure of --num-requests "
-                             f"{o.num_requests}; use fewer warm-up requests or more requests")
-        for flag in ("num_requests", "input_len", "output_len"):
-            v = getattr(o, flag)
-            if v is not None and v < 1:
-                raise UsageError(f"--{flag.replace('_', '-')}: must be >= 1 (got {v})")
-        if o.rate is not None and o.rate <= 0:
-            raise UsageError(f"--rate: must be positive (got {o.rate})")
-        if o.rate is not None and o.rate < MIN_RATE_RPS:
-            raise UsageError(f"--rate {o.rate:g}: below {MIN_RATE_RPS:g} req/s, one request a day; the run "
-                             "would wait for ever")
-        interval = o.scrape_interval
-        if interval is not None and not (interval >= 0 and interval < float("inf")):
-            raise UsageError(f"--scrape-interval: must be a number of seconds >= 0 (got {interval})")
-        off_url = "--simulate" if o.simulate else "--engine" if o.engine else None
-        if off_url and o.url is not None:
-            raise UsageError(f"{off_url} runs the bundled engine here, so --url would be ignored; drop one of them")
-        if o.concurrency is not None and o.max_in_flight is not None:
-            raise UsageError("--concurrency (closed loop: N users) and --max-in-flight (a cap on an open loop) "
-                             "exclude each other; drop one")
+        self.headers: dict[str, str] = o.headers
+        self.extra_body: dict[str, Any] | None = o.extra_body
         self.max_error_rate = parse_error_rate(o.max_error_rate)
-        parse_rate_limit(o.rate_limit)  # a bad value is exit 2 before any request
         if o.tokenizer:
-            if o.engine or o.simulate:
-                raise UsageError("--tokenizer applies to --url targets (the bundled engine takes token ids)")
             load_tokenizer(Path(o.tokenizer))  # a missing or unreadable file is exit 2 before any request
+        self.target_opts = self.target_options()  # checked now: a bad --extra-body is exit 2 before any request
+        for key in self.target_opts.extra_body_overrides:
+            print(f"slobench: --extra-body sets {key} to {json.dumps(self.extra_body[key])} in every request "  # type: ignore[index]
+                  f"(slobench's default {OVERRIDABLE[key]}); recorded in the manifest as "
+                  "target.extra_body_overrides", file=sys.stderr)
 
     def specs(self, rate_rps: float | None, seed: int | None = None) -> Any:
         """The requests of one run at `rate_rps` (a workload spec or a trace alike: `Workload.specs`); `seed`
@@ -328,13 +166,15 @@ class LoadSetup:
     def manifest(self, target: Any, served: str) -> dict[str, Any]:
         o = self.options
         return build_manifest(
-            self.workload, seed=o.seed, command=sys.argv[1:],
+            self.workload, seed=o.seed, command=self.command,
             target=(
                 {**target.describe(), "served": served} if o.engine else
                 {"url": redact_text(o.url or DEFAULT_URL), "model": target.model, "api": self.api, "stream": not o.no_stream, "served": served}
                 | ({"capabilities": target.caps.to_dict()} if target.caps is not None else {})
                 | ({"tokenizer": o.tokenizer} if o.tokenizer else {})
                 | ({"client_workers": o.client_workers} if o.client_workers != 1 else {})
+                | ({"extra_body_overrides": {k: self.extra_body[k] for k in overrides}}  # type: ignore[index]
+                   if (overrides := self.target_opts.extra_body_overrides) else {})
                 | ({"ray": (target.describe().get("ray") or {})} if o.ray is not None else {})
                 | ({"fleet": {"replicas": len(self.urls), "router": o.router}} if len(self.urls) > 1 else {})
             ),
@@ -384,7 +224,7 @@ class LoadSetup:
             target["fleet"] = {"replicas": k["colocated_replicas"] + k["prefill_replicas"] + k["decode_replicas"],
                                "router": o.router, "colocated": k["colocated_replicas"],
                                "prefill": k["prefill_replicas"], "decode": k["decode_replicas"], "kv_link": k["kv_link"]}
-        return build_manifest(self.workload, seed=o.seed, command=sys.argv[1:],
+        return build_manifest(self.workload, seed=o.seed, command=self.command,
                               slo=self.slo.to_dict() if self.slo else None, target=target)
 
     def simulated_extras(self) -> tuple[float, float, str | None]:
@@ -402,33 +242,14 @@ class LoadSetup:
         return cached  # type: ignore[no-any-return]
 
     def check_fleet(self) -> None:
+        """What the option groups cannot check without building it: a disaggregated fleet's shape and KV link,
+        and Ray installed (exit 2 with the pip line, before any network call)."""
         o = self.options
-        replicas = o.replicas
-        if replicas != 1 and not o.simulate:
-            raise UsageError("--replicas needs --simulate (against a real fleet, point --url at its load balancer)")
-        if replicas < 1:
-            raise UsageError(f"--replicas must be >= 1 (got {replicas})")
-        pools = {f: getattr(o, f.replace("-", "_")) or 0 for f in
-                 ("prefill-replicas", "decode-replicas", "colocated-replicas")}
-        if any(pools.values()) or o.kv_link is not None:
-            if not o.simulate:
-                raise UsageError("--prefill-replicas/--decode-replicas/--kv-link need --simulate")
-            if not (pools["prefill-replicas"] or pools["decode-replicas"]):
-                raise UsageError("--kv-link and --colocated-replicas need --prefill-replicas and --decode-replicas")
-            if replicas != 1:
-                raise UsageError("--replicas with --prefill/--decode-replicas: give co-located ones as "
-                                 "--colocated-replicas")
-            DisaggFleet(pools["prefill-replicas"], pools["decode-replicas"], pools["colocated-replicas"],
+        if o.sim_group.is_disaggregated:
+            DisaggFleet(o.prefill_replicas, o.decode_replicas, o.colocated_replicas,
                         KVLink.parse(o.kv_link or "inf,0"))  # bad values are exit 2 here, before any run
-        workers = o.client_workers
-        if not 1 <= workers <= MAX_WORKERS:  # before any network call: a bad flag is exit 2, not 3
-            raise UsageError(f"--client-workers must be from 1 to {MAX_WORKERS} (got {workers})")
         if o.ray is not None:
-            if o.engine or o.simulate:
-                raise UsageError("--ray needs --url: the in-process engine and --simulate send nothing over HTTP")
-            if "," in str(o.url or ""):
-                raise UsageError("--ray with several --url: not supported; point --url at the fleet's load balancer")
-            require_ray()  # not installed: exit 2 with the pip line, before any network call
+            require_ray()
 
     @contextlib.asynccontextmanager
     async def probe(self, *, intervals: bool = True, scrape: bool = True,
@@ -552,11 +373,7 @@ async def _start_target(setup: LoadSetup) -> tuple[Any, Any, str]:
     return target, clock, served
 
 
-_PERIODS = {"s": 1.0, "sec": 1.0, "second": 1.0, "min": 60.0, "minute": 60.0, "h": 3600.0, "hour": 3600.0}
-
-
 MAX_OVERHEAD_S = 3600.0  # a simulated request's fixed cost outside the steps
-MAX_JITTER_SD = 10.0  # step-time noise, relative sd: beyond it a step's time is noise alone
 
 
 def parse_overhead_s(text: str | None) -> float | None:
@@ -614,28 +431,11 @@ def calibrated_flags(overhead_text: str | None, jitter_sd: float | None, profile
         (name if added else None)
 
 
-def parse_rate_limit(text: str | None) -> tuple[int, float] | None:
-    """`--rate-limit 600/min` -> (600, 60.0); None when not given."""
-    if text is None:
-        return None
-    n, slash, period = str(text).strip().partition("/")
-    seconds = _PERIODS.get(period.strip().lower()) if slash else None
-    if seconds is None or not n.strip().isdigit() or int(n) < 1:
-        raise UsageError(f"--rate-limit: expected N/PERIOD such as 600/min, 10/s or 36000/h (got {text!r})")
-    return int(n), seconds
-
-
-def parse_error_rate(text: str | None) -> float | None:
-    """`--max-error-rate 0.05` or `5%` -> 0.05; None when not given."""
-    if text is None:
-        return None
-    raw = str(text).strip()
-    try:
-        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
-    except ValueError:
-        raise UsageError(f"--max-error-rate: expected a fraction such as 0.05 or 5% (got {text!r})") from None
-    if not 0 <= value < 1:
-        raise UsageError(f"--max-error-rate: must be from 0 to below 1 (got {text!r})")
-    return value
-
-
+async def run_once(setup: LoadSetup, out: Path | None) -> tuple[Any, Probe, str]:
+    """One run at the options' rate and seed, through `setup`'s probe (preflight, the server's limits, the
+    /metrics scraper, the notes after it): what `slobench run` and `slobench.run_load` both do. Returns the
+    ProbeResult, the probe (its monitors' notes) and what was served."""
+    o = setup.options
+    async with setup.probe(first=(o.rate, o.seed)) as (probe, manifest, served):
+        res = await probe(o.rate, o.seed, out, {**manifest, "rate_rps": o.rate})
+    return res, probe, served

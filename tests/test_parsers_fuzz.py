@@ -15,10 +15,9 @@ from hypothesis import strategies as st
 
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary
-from slobench.cli.common import check_urls
 from slobench.errors import SlobenchError
 from slobench.history.record import read_history
-from slobench.load_setup import parse_headers
+from slobench.load_flags import check_urls, parse_headers
 from slobench.printable import printable
 from slobench.run.records import RequestRecord, record_problem
 from slobench.run.rundir import check_manifest, check_schema, load_run, read_json

@@ -12,7 +12,7 @@ import pytest
 
 from slobench.cli import main
 from slobench.errors import UsageError
-from slobench.load_setup import parse_rate_limit
+from slobench.load_flags import parse_rate_limit
 from slobench.run.clock import Clock
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.run.runner import RunOptions, run

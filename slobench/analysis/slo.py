@@ -41,6 +41,20 @@ def parse_duration_s(text: str, field: str, *, allow_zero: bool = False) -> floa
     return v
 
 
+def parse_slo_limit_s(val: Any, key: str) -> float:
+    """One SLO limit: a duration that carries its unit ('500ms', '0.5s'). A bare number is refused, because
+    `ttft=500` reads as milliseconds to one user and seconds to another; the message names the fix."""
+    if isinstance(val, bool) or not isinstance(val, str | int | float):
+        raise SpecError(f"slo.{key}", val, "must be a duration such as 500ms or 0.5s")
+    m = _DUR_RE.match(str(val))
+    if m and m.group(2) is None:
+        v = float(m.group(1))
+        ms, s = f"{key}={v:g}ms", f"{key}={v:g}s"
+        hint = f"{ms} or {key}={v / 1000:g}s" if v >= 1 else f"{s} or {key}={v * 1000:g}ms"
+        raise SpecError(f"slo.{key}", val, f"give a unit, e.g. {hint}")
+    return parse_duration_s(str(val), f"slo.{key}")
+
+
 @dataclass(frozen=True, slots=True)
 class SLO:
     ttft_s: float | None = None
@@ -74,7 +88,7 @@ class SLO:
                 raise SpecError("slo", key, "given twice; give each of ttft, tpot, e2e, target, clock once")
             seen.add(key)
             if key in _KEYS:
-                kw[_KEYS[key]] = parse_duration_s(val, f"slo.{key}")
+                kw[_KEYS[key]] = parse_slo_limit_s(val, key)
             elif key == "target":
                 kw["target"] = parse_fraction(val)
             elif key == "clock":
@@ -89,14 +103,15 @@ class SLO:
         for key, val in d.items():
             if val is None:
                 continue
-            if key in _KEYS or key in _KEYS.values():
-                name = _KEYS.get(key, key)
-                if isinstance(val, str):
-                    kw[name] = parse_duration_s(val, f"slo.{key}")
-                elif isinstance(val, int | float) and not isinstance(val, bool):
-                    kw[name] = float(val)
+            if key in _KEYS:  # `ttft = "500ms"`: the unit travels with the value
+                kw[_KEYS[key]] = parse_slo_limit_s(val, key)
+            elif key in _KEYS.values():  # `ttft_s = 0.5`: the name carries the unit (as summary.json writes it)
+                if isinstance(val, int | float) and not isinstance(val, bool):
+                    kw[key] = float(val)
+                elif isinstance(val, str):
+                    kw[key] = parse_duration_s(val, f"slo.{key}")
                 else:  # a list, a table, true: TOML parses them, an SLO cannot use them
-                    raise SpecError(f"slo.{key}", val, "must be a duration such as 500ms or a number of seconds")
+                    raise SpecError(f"slo.{key}", val, "must be a number of seconds")
             elif key == "target":
                 kw["target"] = parse_fraction(val)
             elif key == "clock":
@@ -113,6 +128,8 @@ class SLO:
             raise SpecError("slo", str(path), "not a text file (not UTF-8): not an SLO TOML") from None
         except (OSError, tomllib.TOMLDecodeError, UsageError) as e:  # UsageError: not a regular file, too large
             raise SpecError("slo", str(path), f"cannot read SLO file: {e}") from None
+        except RecursionError:  # the standard library's reader recurses once per nested array or table
+            raise SpecError("slo", str(path), "arrays or inline tables nested too deeply to read") from None
         slo = data.get("slo", data)
         if not isinstance(slo, dict):
             raise SpecError("slo", str(path), "[slo] must be a table of ttft, tpot, e2e, target, clock")
@@ -120,6 +137,11 @@ class SLO:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def as_flag(self) -> str:
+        """The `--slo` text that parses back to this SLO."""
+        parts = [f"{k}={getattr(self, v):g}s" for k, v in _KEYS.items() if getattr(self, v) is not None]
+        return ",".join([*parts, f"target={self.target:g}"] + (["clock=sent"] if self.clock == "sent" else []))
 
     def __str__(self) -> str:
         parts = [f"{k}<={_fmt(getattr(self, v))}" for k, v in _KEYS.items() if getattr(self, v) is not None]

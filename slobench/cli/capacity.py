@@ -80,12 +80,12 @@ async def _capacity(args: argparse.Namespace) -> int:
     opts = SearchOptions(
         target=setup.slo.target, start_rps=args.start_rate, factor=args.factor, rel_tol=_tolerance(args.tolerance),
         max_probes=args.max_probes, max_rate_rps=args.max_rate, replicates=args.replicates, level=args.level,
-        seed=args.seed,
+        seed=setup.options.seed,
     )
     if fixed and opts.replicates < 2:
         raise UsageError("--rates needs --replicates >= 2: fixed-rate replicates are what the gate compares")
     out = claim_out_dir(Path(args.out) if args.out else default_out("capacity"),
-                        overwrite=getattr(args, "overwrite", False))  # before any request: exit 2, one line
+                        overwrite=setup.options.overwrite)  # before any request: exit 2, one line
     console = Console(stderr=True)
 
     setup.min_duration_s = MIN_PROBE_S
@@ -110,8 +110,8 @@ async def _capacity(args: argparse.Namespace) -> int:
             else:
                 result = await search_capacity(measure, opts)
 
-    if not args.gpus and args.simulate and args.replicas > 1:
-        args.gpus = args.replicas  # a simulated fleet: one GPU a replica
+    if not args.gpus and setup.options.simulate and setup.options.replicas > 1:
+        args.gpus = setup.options.replicas  # a simulated fleet: one GPU a replica
     doc = capacity_document(result, slo=setup.slo, manifest=manifest, gpus=args.gpus,
                             slo_scale_dir=out if args.slo_scale else None)
     write_capacity(out, doc)

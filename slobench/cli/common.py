@@ -4,22 +4,20 @@ names."""
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Sequence
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from reference_engine.serve_args import add_engine_spec_arguments, engine_spec_from_args
 from slobench.errors import UsageError
 from slobench.experiments.sweep import run_sweep
-from slobench.load_setup import MIN_PROBE_S, LoadOptions, LoadSetup
+from slobench.load_options import FLAG_NAMES, LoadOptions
+from slobench.load_setup import MIN_PROBE_S, LoadSetup
 from slobench.report import build_report
 from slobench.report.terminal import make_console, print_headline, print_sweep_errors, run_title, sweep_table
-from slobench.run.outdir import check_out_file, claim_out_dir, new_out_dir
-from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_METRICS_BODY_BYTES, parse_size
+from slobench.run.outdir import claim_out_dir, new_out_dir
+from slobench.targets.bounds import parse_size
 
 
 def default_out(prefix: str) -> Path:
@@ -37,10 +35,10 @@ def maybe_report(html: str | None, run_dirs: Sequence[Path]) -> None:
 
 def add_row_flags(group: Any) -> None:
     """What a trace loader keeps: shared by `run`/`sweep`/`capacity --trace` and the workload verbs."""
-    group.add_argument("--no-spread", action="store_true",
+    group.add_argument("--no-spread", action="store_true", default=None,
                        help="keep coarse timestamps as they are: every request of a stamp at once (by default a "
                        "trace stamped in buckets, e.g. Mooncake's, has each request spread over its bucket)")
-    group.add_argument("--keep-zero-rows", action="store_true",
+    group.add_argument("--keep-zero-rows", action="store_true", default=None,
                        help="keep rows with 0 output tokens (BurstGPT's failed requests) as max_tokens=1 requests "
                        "and rows with 0 input tokens with a 1-token prompt, instead of leaving them out")
 
@@ -62,22 +60,23 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
                         "comma-separated, are routed by this client (--router)")
     g.add_argument("--model", default=None, help="model name (default: the first one the server lists)")
     g.add_argument("--api", choices=("completions", "chat"), default=None, help="default: the workload's")
-    g.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
-    g.add_argument("--header", action="append", default=[], metavar="K:V", help="extra HTTP header (repeatable)")
-    g.add_argument("--extra-body", default=None, metavar="JSON", help="extra JSON fields merged into every body")
-    g.add_argument("--no-stream", action="store_true", help="non-streaming requests (TTFT = E2E)")
-    g.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
-    g.add_argument("--transport", choices=("raw", "httpx"), default="raw",
+    g.add_argument("--api-key-env", default=None, help="environment variable holding the API key")
+    g.add_argument("--header", action="append", default=None, metavar="K:V", help="extra HTTP header (repeatable)")
+    g.add_argument("--extra-body", default=None, metavar="JSON", help="extra JSON fields added to every body; one that slobench sets (model, stream, "
+                   "prompt/messages, max_tokens, min_tokens, ignore_eos) is refused, temperature is replaced and recorded")
+    g.add_argument("--no-stream", action="store_true", default=None, help="non-streaming requests (TTFT = E2E)")
+    g.add_argument("--timeout", type=float, default=None, help="per-request timeout, seconds")
+    g.add_argument("--transport", choices=("raw", "httpx"), default=None,
                    help="HTTP client for the load: raw (default; slobench's own HTTP/1.1 client, the cheapest per request) "
                         "or httpx (HTTP/2 with --http2)")
-    g.add_argument("--http2", action="store_true", help="HTTP/2 (implies --transport httpx)")
-    g.add_argument("--max-body", type=size_arg, default=DEFAULT_MAX_BODY_BYTES, metavar="SIZE",
+    g.add_argument("--http2", action="store_true", default=None, help="HTTP/2 (implies --transport httpx)")
+    g.add_argument("--max-body", type=size_arg, default=None, metavar="SIZE",
                    help="the most a server may send in one response body (an error, a whole answer, /models), "
                         "one SSE line or event, decompressed; more is a recorded error (default 64MiB)")
-    g.add_argument("--max-metrics-body", type=size_arg, default=DEFAULT_MAX_METRICS_BODY_BYTES, metavar="SIZE",
+    g.add_argument("--max-metrics-body", type=size_arg, default=None, metavar="SIZE",
                    help="the most one /metrics page may hold, decompressed; a larger one is a failed scrape "
                         "(default 16MiB)")
-    g.add_argument("--server-profile", default="auto",
+    g.add_argument("--server-profile", default=None,
                    choices=("auto", "vllm", "sglang", "tgi", "llamacpp", "ollama", "openai", "generic"),
                    help="what the server accepts of slobench's extensions (token-id prompts, ignore_eos, min_tokens, "
                         "stream_options.include_usage); auto (default) probes each once before the run and falls "
@@ -85,7 +84,7 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     g.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="a local tokenizer.json (or HF tokenizer folder) of the served model: text prompts get "
                         "exactly the asked token count (never fetched from a hub)")
-    g.add_argument("--client-workers", type=int, default=1, metavar="N",
+    g.add_argument("--client-workers", type=int, default=None, metavar="N",
                    help="send from N worker processes (the schedule stays in this one): for streams of more than "
                         "~20,000 tokens/s, which one process cannot read on time (default 1)")
     g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
@@ -94,7 +93,7 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
                         "pip install 'slobench[ray]'")
     eng = p.add_argument_group("in-process engine (instead of --url)")
     add_engine_arguments(eng)
-    eng.add_argument("--simulate", action="store_true",
+    eng.add_argument("--simulate", action="store_true", default=None,
                      help="no server, no real time: the bundled engine's scheduler and block manager on a virtual "
                           "clock with the modeled executor (--profile, --kv-blocks, ...); seconds, not minutes")
     eng.add_argument("--jitter", type=float, default=None,
@@ -103,18 +102,18 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     eng.add_argument("--request-overhead", default=None, metavar="DURATION",
                      help="with --simulate: each request's fixed cost outside the steps (HTTP, parsing), added to "
                           "every time after the send, e.g. 13ms (default: a calibrated profile's fitted o, else 0)")
-    eng.add_argument("--replicas", type=int, default=1, metavar="N",
+    eng.add_argument("--replicas", type=int, default=None, metavar="N",
                      help="with --simulate: a fleet of N identical engines behind --router (default 1)")
-    eng.add_argument("--router", default="least-outstanding",
+    eng.add_argument("--router", default=None,
                      choices=("least-outstanding", "least-tokens", "round-robin", "prefix-affinity",
                               "prefix-balanced"),
                      help="with --simulate --replicas N, or several --url A,B: how requests are spread "
                           "(default least-outstanding)")
-    eng.add_argument("--prefill-replicas", type=int, default=0, metavar="P",
+    eng.add_argument("--prefill-replicas", type=int, default=None, metavar="P",
                      help="with --simulate: a disaggregated fleet, P prefill instances (with --decode-replicas)")
-    eng.add_argument("--decode-replicas", type=int, default=0, metavar="D",
+    eng.add_argument("--decode-replicas", type=int, default=None, metavar="D",
                      help="with --simulate: D decode instances taking the KV of the prefill instances")
-    eng.add_argument("--colocated-replicas", type=int, default=0, metavar="C",
+    eng.add_argument("--colocated-replicas", type=int, default=None, metavar="C",
                      help="with --prefill/--decode-replicas: C co-located instances beside them (default 0)")
     eng.add_argument("--decode-profile", default=None, metavar="PROFILE",
                      help="with --prefill/--decode-replicas: the decode instances' cost profile (another TP degree, "
@@ -128,7 +127,7 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     w.add_argument("--workload", default=None, help="a bundled workload name or a TOML path (default chat)")
     if sweep:
         w.add_argument("--rates", required=False, default=None, help="1,2,4 or geometric START:STOP:COUNT")
-        w.add_argument("--refine-knee", type=int, default=0, metavar="N",
+        w.add_argument("--refine-knee", type=int, default=None, metavar="N",
                        help="after the rates, N more, each halving the gap (geometrically) between the two "
                             "measured rates that bracket the SLO's crossing (default 0)")
     w.add_argument("--rate", type=float, default=None, help="offered rate, req/s (default: the workload's)")
@@ -136,7 +135,7 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     w.add_argument("--duration", type=float, default=None, help="seconds of arrivals")
     w.add_argument("--input-len", type=int, default=None, help="fixed prompt length, overriding the workload")
     w.add_argument("--output-len", type=int, default=None, help="fixed output length, overriding the workload")
-    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--seed", type=int, default=None)
     t = p.add_argument_group("trace replay (instead of --workload)")
     t.add_argument("--trace", default=None, metavar="FILE",
                    help="replay a trace: one request per row at its time, with its token counts")
@@ -146,17 +145,17 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     t.add_argument("--time-scale", type=float, default=None, metavar="K",
                    help="multiply the trace's times by K (0.5 = twice as fast); --rate instead rescales "
                    "to a mean rate, keeping the burst shape")
-    t.add_argument("--start", type=float, default=0.0, metavar="S",
+    t.add_argument("--start", type=float, default=None, metavar="S",
                    help="skip the trace's first S seconds (trace time); --duration then keeps the first "
                    "seconds of the scaled replay")
     add_replay_flags(t)
     r = p.add_argument_group("run")
     r.add_argument("--slo", default=None, help="e.g. ttft=500ms,tpot=50ms[,target=0.9] or a TOML file")
     r.add_argument("--out", default=None, help="run directory (default: a new runs/<verb>-<time>)")
-    r.add_argument("--overwrite", "--force", action="store_true",
+    r.add_argument("--overwrite", "--force", action="store_true", default=None,
                    help="replace the run already in --out (only slobench's files; never a folder holding other runs); "
                         "without it, exit 2")
-    r.add_argument("--warmup", default="0", metavar="N|auto",
+    r.add_argument("--warmup", default=None, metavar="N|auto",
                    help="requests sent first and excluded from metrics; auto: cut by the MSER-5 rule after the run")
     r.add_argument("--max-in-flight", type=int, default=None, help="cap on requests in flight (waits counted)")
     r.add_argument("--concurrency", type=int, default=None, help="closed loop: N users instead of open-loop")
@@ -166,8 +165,8 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     r.add_argument("--max-error-rate", default=None, metavar="FRACTION",
                    help="exit 1 when more than this share of requests failed (e.g. 0.05 or 5%%); by default only "
                         "a run in which no request succeeded does")
-    r.add_argument("--no-progress", action="store_true")
-    r.add_argument("--scrape-interval", type=float, default=1.0,
+    r.add_argument("--no-progress", action="store_true", default=None)
+    r.add_argument("--scrape-interval", type=float, default=None,
                    help="seconds between scrapes of the server's /metrics (0: off)")
     r.add_argument("--report", default=None, metavar="HTML", help="also write the HTML report here")
 
@@ -178,89 +177,22 @@ def size_arg(text: str) -> int:
         return parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-# What one run may ask for: past these the schedule or the prompts would not fit in memory (a typo such as
-# --num-requests 1e12, or --duration 1e300) and the run would end in a MemoryError, not an answer.
-MAX_NUM_REQUESTS = 10_000_000
-MAX_TOKENS = 10_000_000  # a prompt's or an output's length, tokens
-MAX_DURATION_S = 7 * 86_400.0
-MAX_USERS = 100_000  # --concurrency, --max-in-flight
-
-
-def check_load_flags(args: argparse.Namespace) -> None:
-    """What argparse's types cannot say about the load flags, checked before anything starts: each number
-    in its range and finite, each URL one that can be connected to, --report a file that can be written.
-    UsageError (exit 2, one line) naming the flag."""
-    for flag, limit in (("num_requests", MAX_NUM_REQUESTS), ("input_len", MAX_TOKENS), ("output_len", MAX_TOKENS),
-                        ("concurrency", MAX_USERS), ("max_in_flight", MAX_USERS)):
-        v = getattr(args, flag, None)
-        if v is not None and not 1 <= v <= limit:
-            raise UsageError(f"--{flag.replace('_', '-')} {v}: must be from 1 to {limit:,}")
-    duration = getattr(args, "duration", None)
-    if duration is not None and not 0 < duration <= MAX_DURATION_S:
-        raise UsageError(f"--duration {duration:g}: must be more than 0 and at most {MAX_DURATION_S:,.0f} s (a week)")
-    rate = getattr(args, "rate", None)
-    if rate is not None and not 0 < rate < math.inf:
-        raise UsageError(f"--rate {rate}: must be a finite number of req/s above 0")
-    if rate is not None and duration is not None and rate * duration > MAX_NUM_REQUESTS:
-        raise UsageError(f"--rate {rate:g} for --duration {duration:g}: {rate * duration:,.0f} requests, more than "
-                         f"{MAX_NUM_REQUESTS:,} a run")
-    seed = getattr(args, "seed", None)
-    if seed is not None and not 0 <= seed < 2**63:
-        raise UsageError(f"--seed {seed}: must be from 0 to 2**63 - 1")
-    for flag in ("timeout", "time_scale", "start", "jitter"):
-        v = getattr(args, flag, None)
-        if v is not None and (math.isnan(v) or v < 0):
-            raise UsageError(f"--{flag.replace('_', '-')} {v}: must be a number >= 0")
-    url = getattr(args, "url", None)
-    if url is not None and not url.strip(" ,"):
-        raise UsageError(f"--url {url!r}: names no server (leave --url out for the default, or give http://HOST:PORT/v1)")
-    if url:
-        check_urls(url)
-    if getattr(args, "report", None):
-        check_out_file(Path(args.report), "--report")
-
-
-def check_urls(text: str) -> None:
-    """`--url A[,B...]`: each an http(s) URL with a host and a port that exists (urllib would otherwise fail
-    inside the client, after the run directory was made)."""
-    for url in (u.strip() for u in text.split(",")):
-        if not url:
-            continue
-        if any(c.isspace() or not c.isprintable() for c in url):
-            raise UsageError(f"--url {url!r}: a URL holds no spaces or control characters")
-        try:
-            parts = urlsplit(url)
-            port = parts.port
-        except ValueError as e:  # a port out of 0-65535 or not a number, a bad IPv6 literal
-            raise UsageError(f"--url {url}: {e}") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise UsageError(f"--url {url}: expected http://HOST[:PORT]/v1 or https://HOST[:PORT]/v1")
-        if port == 0:
-            raise UsageError(f"--url {url}: port 0 cannot be connected to")
 
 
 def options_from_args(args: argparse.Namespace) -> LoadOptions:
     """The load flags of a parsed command line as the typed `LoadOptions` that `LoadSetup` takes: the one
-    place they are read. The engine's shape flags become its knobs, modeled under --simulate."""
-    check_load_flags(args)
-    values = {f.name: getattr(args, f.name) for f in fields(LoadOptions) if hasattr(args, f.name)}
+    place they are read. A flag not given is None here (argparse holds no defaults) and takes its option
+    group's default; the engine's shape flags become its knobs, modeled under --simulate."""
+    values = {name: getattr(args, name) for name in FLAG_NAMES if getattr(args, name, None) is not None}
     engine = "modeled" if args.simulate else args.engine
     knobs = engine_knobs_from_args(argparse.Namespace(**{**vars(args), "engine": engine})) if engine else None
-    return LoadOptions(**{**values, "header": tuple(args.header), "engine_knobs": knobs})
+    return LoadOptions.make(args.verb, **values, engine_knobs=knobs)
 
 
 def load_options(**values: Any) -> LoadOptions:
-    """The load flags' defaults (those of `sweep`), with `values` in place of some: the options of a verb
-    that sends load without taking the load flags itself (`demo`). A name that is no load flag is a bug."""
-    p = argparse.ArgumentParser(add_help=False)
-    add_load_flags(p, sweep=True)
-    ns = p.parse_args([])  # nothing given: every flag at its default
-    for name, value in values.items():
-        if not hasattr(ns, name):
-            raise TypeError(f"load_options: no load flag {name!r}")
-        setattr(ns, name, value)
-    ns.verb = "sweep"
-    return options_from_args(ns)
+    """The options of a verb that sends load without taking the load flags itself (`demo`, `profile`'s
+    refinement): the groups' defaults, with `values` in place of some, as a sweep's."""
+    return LoadOptions.make("sweep", **values)
 
 
 def error_rate_verdict(n: int, ok: int, max_error_rate: float | None) -> str | None:
@@ -337,19 +269,12 @@ _MANIFEST_KNOBS = ("executor", "model", "profile", "kv_blocks", "block_size", "m
 
 def engine_knobs_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The engine's knobs (`EngineSpec` fields) from the flags of `add_engine_arguments`, as a manifest
-    records them, with a disaggregated fleet's (slobench.fleet.disagg) when its flags are given."""
+    records them; a disaggregated fleet's shape is the SimGroup's own (`SimGroup.fleet_knobs`)."""
     spec = engine_spec_from_args(args, in_process=True)
     every = spec.to_knobs()
     knobs = {k: every[k] for k in _MANIFEST_KNOBS}
     if spec.scheduler != "chunked":  # recorded only when not the default, so default manifests stay as they are
         knobs["scheduler"] = spec.scheduler
-    if getattr(args, "prefill_replicas", 0) or getattr(args, "decode_replicas", 0):  # slobench.fleet.disagg's knobs
-        knobs.update(prefill_replicas=args.prefill_replicas, decode_replicas=args.decode_replicas,
-                     colocated_replicas=getattr(args, "colocated_replicas", 0) or 0,
-                     kv_link=getattr(args, "kv_link", None) or "inf,0")
-        for k in ("decode_profile", "decode_kv_blocks"):  # only when given: other fleets' knobs stay as they are
-            if getattr(args, k, None) is not None:
-                knobs[k] = getattr(args, k)
     if spec.executor == "torch" and args.engine_device is not None:
         knobs["device"] = spec.device
     return knobs

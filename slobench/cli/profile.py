@@ -15,10 +15,11 @@ from reference_engine.executor.modeled_executor import CostProfile
 from slobench.cli.common import load_options
 from slobench.errors import SpecError, UsageError
 from slobench.load_setup import LoadSetup
-from slobench.profiles import GPUS, MODELS, roofline
+from slobench.profiles import GPUS, roofline
 from slobench.profiles.calibrate import ProbePlan, print_table, with_provenance
 from slobench.profiles.calibrate import calibrate as calibrate_endpoint
 from slobench.profiles.refine import EngineLimits, RefinePlan, print_refinement, refine_live, with_refinement
+from slobench.profiles.specs import MODEL_NAMES
 from slobench.targets.openai import OpenAITarget
 from slobench.targets.options import TargetOptions
 from slobench.workload import load_workload
@@ -36,7 +37,7 @@ def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
                      "to measured operator times (see docs/guide/simulator.md). The same profile is "
                      "available without a file as --profile roofline:GPU/MODEL[/tpN].")
     p.add_argument("--gpu", required=True, help=f"one of {', '.join(GPUS)}")
-    p.add_argument("--model", default=None, help=f"one of {', '.join(MODELS)}, or a Hugging Face config.json path")
+    p.add_argument("--model", default=None, help=f"one of {', '.join(MODEL_NAMES)}, or a Hugging Face config.json path")
     p.add_argument("--model-config", default=None, metavar="PATH",
                    help="any model's shapes from its Hugging Face config.json (OPT, Llama, Mistral, Qwen), instead "
                         "of --model")

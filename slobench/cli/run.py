@@ -16,7 +16,7 @@ from slobench.cli.common import (
 )
 from slobench.errors import UsageError
 from slobench.experiments.sweep import parse_rates
-from slobench.load_setup import LoadSetup
+from slobench.load_setup import LoadSetup, run_once
 from slobench.printable import printable
 from slobench.report.terminal import print_run, run_title
 from slobench.run.event_loop import run_async
@@ -37,18 +37,18 @@ def sweep(args: argparse.Namespace) -> int:
         raise UsageError("--rates is required for sweep (e.g. --rates 1,2,4 or --rates 1:16:5)")
     rates = parse_rates(args.rates)
     setup = LoadSetup(options_from_args(args))
-    out = Path(args.out) if args.out else default_out("sweep")
-    with removed_if_unused(None if args.out else out):
-        return run_async(sweep_rates(setup, rates, out, seed=args.seed))
+    o = setup.options
+    out = Path(o.out) if o.out else default_out("sweep")
+    with removed_if_unused(None if o.out else out):
+        return run_async(sweep_rates(setup, rates, out, seed=o.seed))
 
 
 async def _run(args: argparse.Namespace) -> int:
     setup = LoadSetup(options_from_args(args))
-    out = claim_out_dir(Path(args.out) if args.out else default_out("run"),
-                        overwrite=getattr(args, "overwrite", False))  # before any request: exit 2, one line
-    with removed_if_unused(None if args.out else out):
-        async with setup.probe(first=(args.rate, args.seed)) as (probe, manifest, served):
-            res = await probe(args.rate, args.seed, out, {**manifest, "rate_rps": args.rate})
+    o = setup.options
+    out = claim_out_dir(Path(o.out) if o.out else default_out("run"), overwrite=o.overwrite)  # exit 2, one line
+    with removed_if_unused(None if o.out else out):
+        res, probe, served = await run_once(setup, out)
     summary = res.summary
     print_run(summary, title=run_title(served, f"workload {setup.workload.name}", f"{setup.api} API", str(out)))
     for line in client_clock_lines(summary):
@@ -61,7 +61,7 @@ async def _run(args: argparse.Namespace) -> int:
             print(f"note: no server metrics scraped ({printable(m.disabled_reason)}); the report has no "
                   "server-state panels")
     print(f"run directory: {out}")
-    maybe_report(args.report, [out])
+    maybe_report(o.report, [out])
     if res.interrupted:
         print("slobench: interrupted: the summary covers the requests that finished; exit 130", file=sys.stderr)
         return 130

@@ -69,7 +69,7 @@ def workload(args: argparse.Namespace) -> int:
 
 
 def _load(path: str, fmt: str | None, seed: int, args: argparse.Namespace) -> Any:
-    trace = load_trace(path, fmt, seed=seed, spread=not args.no_spread, keep_zero=args.keep_zero_rows)
+    trace = load_trace(path, fmt, seed=seed, spread=not args.no_spread, keep_zero=bool(args.keep_zero_rows))
     if trace.problems:
         print(f"warning: {printable(trace.problem_summary())}", file=sys.stderr)  # it quotes the file's rows
     for note in trace.notes:

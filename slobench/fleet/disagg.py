@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reference_engine.engine import LLMEngine, VirtualClock
-from reference_engine.model_config import CONFIGS
 from reference_engine.scheduler import RequestRejected
 from reference_engine.sequence import Sequence as Seq
 from slobench.errors import SpecError
@@ -26,7 +25,7 @@ from slobench.fleet.decode_run import decode_run, record_run
 from slobench.fleet.replica import EngineFactory, JitteredWait, arrive, request_parser, virtual_engine, wake
 from slobench.fleet.routing import Router
 from slobench.fleet.sim_blocks import SimBlockManager
-from slobench.profiles.specs import model_from_hf_config
+from slobench.profiles.specs import get_model
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.engine import refusal_error
 
@@ -89,16 +88,14 @@ class KVLink:
 
 
 def kv_bytes_per_token(model: str, dtype_bytes: int = KV_DTYPE_BYTES) -> int:
-    """K and V of every layer for one token: 2 * layers * kv_heads * head_dim * dtype bytes, from the
-    engine's model config (`reference_engine.model_config.CONFIGS`) or a Hugging Face config.json path."""
-    if model.endswith(".json"):
-        m = model_from_hf_config(model)
-        return 2 * m.num_layers * m.num_kv_heads * m.head_dim * dtype_bytes
-    if model not in CONFIGS:
-        raise SpecError("model", model, f"KV bytes per token come from a model config; known: {sorted(CONFIGS)}, "
-                                        "or a config.json path")
-    cfg = CONFIGS[model]
-    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * dtype_bytes
+    """K and V of every layer for one token: 2 * layers * kv_heads * head_dim * dtype bytes, of a model the
+    one vocabulary knows (`slobench.profiles.specs.get_model`: the bundled engine's configs and the
+    roofline's models) or a Hugging Face config.json path."""
+    try:
+        m = get_model(model)
+    except SpecError as e:
+        raise SpecError("model", model, f"KV bytes per token come from a model config: {e.why}") from None
+    return 2 * m.num_layers * m.num_kv_heads * m.head_dim * dtype_bytes
 
 
 @dataclass(frozen=True, slots=True)

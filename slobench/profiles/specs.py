@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reference_engine.model_config import CONFIGS as ENGINE_CONFIGS
+from reference_engine.model_config import ModelConfig as EngineModelConfig
 from slobench.errors import SpecError
 from slobench.input_file import SETTINGS, read_input_bytes
 
@@ -118,6 +120,20 @@ MODELS: dict[str, ModelConfig] = {
 }
 
 
+
+def _engine_model(name: str, cfg: EngineModelConfig) -> ModelConfig:
+    """A bundled engine config's shapes under the same name, so every flag that takes a model name takes it."""
+    return ModelConfig(name, cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim,
+                       cfg.vocab_size, "reference_engine.model_config.CONFIGS", tie_embeddings=cfg.tie_embeddings,
+                       max_positions=cfg.max_seq_len)
+
+
+# The one model-name vocabulary: --model of a simulated disaggregated fleet (its KV bytes per token),
+# `--profile roofline:GPU/MODEL` and `slobench profile --model` all look names up here (`get_model`).
+MODELS.update({name: _engine_model(name, cfg) for name, cfg in ENGINE_CONFIGS.items() if name not in MODELS})
+MODEL_NAMES: tuple[str, ...] = tuple(MODELS)
+
+
 def get_gpu(name: str) -> GpuSpec:
     key = GPU_ALIASES.get(name.lower(), name.lower())
     if key not in GPUS:
@@ -132,7 +148,7 @@ def get_model(name: str) -> ModelConfig:
         return model_from_hf_config(name)
     key = name.lower()
     if key not in MODELS:
-        raise SpecError("model", name, f"unknown; known: {', '.join(MODELS)}, or a config.json path")
+        raise SpecError("model", name, f"unknown; known: {', '.join(MODEL_NAMES)}, or a config.json path")
     return MODELS[key]
 
 

@@ -155,7 +155,8 @@ class OpenAITarget(TargetBase):
             "connect_timeout_s": self.timeouts.connect_s,
             "capabilities": self.caps.to_dict(),
             "tokenizer": self.options.tokenizer,
-        }
+        } | ({"extra_body_overrides": {k: self.extra_body[k] for k in overrides}}
+             if (overrides := self.options.extra_body_overrides) else {})
 
     def check_compatible(self, spec: RequestSpec) -> None:
         """Every spec can be sent: token ids go as text where the API or the server needs it."""

@@ -18,6 +18,23 @@ DEFAULT_URL = "http://127.0.0.1:8000/v1"
 Api = Literal["completions", "chat"]
 TransportName = Literal["raw", "httpx"]  # raw: slobench.targets.rawhttp; httpx: HTTP/2 where asked
 TRANSPORTS: tuple[TransportName, ...] = ("raw", "httpx")
+# Body fields slobench sets from its own flags and the workload: an --extra-body that replaced one would send
+# requests the title, manifest and summary do not describe (another model, no stream to time), so it is
+# refused, naming what sets the field instead.
+SET_BY_SLOBENCH = {
+    "model": "--model",
+    "stream": "--no-stream",
+    "stream_options": "slobench (it asks for usage on streams the server supports it on)",
+    "prompt": "the workload (--workload, --trace, --input-len)",
+    "messages": "the workload (--workload, --trace, --input-len)",
+    "max_tokens": "the workload's output lengths (--output-len)",
+    "max_completion_tokens": "the workload's output lengths (--output-len, sent as max_tokens)",
+    "min_tokens": "the workload's min_tokens",
+    "ignore_eos": "the workload's ignore_eos",
+}
+# Body fields slobench sets to a default that a benchmark may legitimately change: replaced, said before the
+# run and recorded in the manifest (`target.extra_body_overrides`).
+OVERRIDABLE = {"temperature": 0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,5 +99,23 @@ class TargetOptions:
                 raise SpecError(name, value, "must be a whole number of bytes >= 1")
         if self.model is not None and not self.model:
             raise SpecError("model", self.model, "must name the served model (or be None: the first one listed)")
+        if self.extra_body is not None:
+            check_extra_body(self.extra_body)
         if self.token_ids is not None and not 0 <= self.token_ids[0] < self.token_ids[1]:
             raise SpecError("token_ids", self.token_ids, "must be [lo, hi) with 0 <= lo < hi")
+
+    @property
+    def extra_body_overrides(self) -> tuple[str, ...]:
+        """The defaults slobench sends that --extra-body replaces (e.g. temperature), sorted."""
+        return tuple(sorted(k for k in self.extra_body or {} if k in OVERRIDABLE))
+
+
+def check_extra_body(extra: Mapping[str, Any]) -> None:
+    """--extra-body adds fields; it may not replace one that slobench sets (SET_BY_SLOBENCH)."""
+    if not isinstance(extra, Mapping):
+        raise UsageError(f"--extra-body: expected a JSON object (got {extra!r})")
+    for key in extra:
+        if key in SET_BY_SLOBENCH:
+            raise UsageError(f"--extra-body: {key!r} is set by {SET_BY_SLOBENCH[key]}; an override would send "
+                             "requests the run's title, manifest and summary do not describe; drop it from "
+                             "--extra-body")

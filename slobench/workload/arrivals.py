@@ -17,6 +17,13 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from slobench.errors import SpecError
+from slobench.workload.ranges import (
+    MAX_NUM_REQUESTS,
+    check_count,
+    check_duration_s,
+    check_rate_rps,
+    check_requests_in,
+)
 
 __all__ = [
     "ArrivalProcess",
@@ -42,22 +49,15 @@ class ArrivalProcess(Protocol):
     def to_dict(self) -> dict[str, object]: ...
 
 
-def _check_rate(rate_rps: float) -> None:
-    if isinstance(rate_rps, bool) or not isinstance(rate_rps, int | float):
-        raise SpecError("rate_rps", rate_rps, "must be a number")
-    if not (math.isfinite(rate_rps) and rate_rps > 0):
-        raise SpecError("rate_rps", rate_rps, "must be a finite number > 0")
-
-
-def _check_bounds(num_requests: int | None, duration_s: float | None) -> None:
+def _check_bounds(num_requests: int | None, duration_s: float | None, rate_rps: float) -> None:
     if num_requests is None and duration_s is None:
         raise SpecError("num_requests", None, "set num_requests and/or duration_s to bound the schedule")
-    if num_requests is not None and (
-        isinstance(num_requests, bool) or not isinstance(num_requests, int | np.integer) or num_requests < 0
-    ):
-        raise SpecError("num_requests", num_requests, "must be an integer >= 0")
-    if duration_s is not None and not (math.isfinite(duration_s) and duration_s > 0):
-        raise SpecError("duration_s", duration_s, "must be a finite number > 0")
+    if num_requests is not None:
+        check_count("num_requests", num_requests, MAX_NUM_REQUESTS, low=0)
+    if duration_s is not None:
+        check_duration_s("duration_s", duration_s)
+        if num_requests is None:
+            check_requests_in(rate_rps, duration_s)
 
 
 class _Renewal:
@@ -76,7 +76,7 @@ class _Renewal:
         self, rng: np.random.Generator, *, num_requests: int | None = None, duration_s: float | None = None
     ) -> np.ndarray:
         """Absolute arrival times in seconds (float64), ascending; arrivals at or after `duration_s` are cut."""
-        _check_bounds(num_requests, duration_s)
+        _check_bounds(num_requests, duration_s, self.rate_rps)
         if duration_s is None:
             assert num_requests is not None
             return np.cumsum(self.gaps(num_requests, rng))
@@ -110,7 +110,7 @@ class PoissonArrivals(_Renewal):
     name: ClassVar[str] = "poisson"
 
     def __post_init__(self) -> None:
-        _check_rate(self.rate_rps)
+        check_rate_rps("rate_rps", self.rate_rps)
 
     def gaps(self, n: int, rng: np.random.Generator) -> np.ndarray:
         return rng.standard_exponential(n) / self.rate_rps
@@ -138,7 +138,7 @@ class GammaArrivals(_Renewal):
     name: ClassVar[str] = "gamma"
 
     def __post_init__(self) -> None:
-        _check_rate(self.rate_rps)
+        check_rate_rps("rate_rps", self.rate_rps)
         if isinstance(self.cv, bool) or not isinstance(self.cv, int | float):
             raise SpecError("cv", self.cv, "must be a number")
         if not (math.isfinite(self.cv) and self.cv > 0):
@@ -182,7 +182,7 @@ class ConstantArrivals(_Renewal):
     name: ClassVar[str] = "constant"
 
     def __post_init__(self) -> None:
-        _check_rate(self.rate_rps)
+        check_rate_rps("rate_rps", self.rate_rps)
 
     def _gap_cv(self) -> float:
         return 0.0
@@ -194,7 +194,7 @@ class ConstantArrivals(_Renewal):
         self, rng: np.random.Generator, *, num_requests: int | None = None, duration_s: float | None = None
     ) -> np.ndarray:
         # Multiply instead of summing gaps, so t[i] is exactly (i+1)/rate with no accumulated rounding.
-        _check_bounds(num_requests, duration_s)
+        _check_bounds(num_requests, duration_s, self.rate_rps)
         n_dur = None if duration_s is None else int(math.ceil(duration_s * self.rate_rps)) + 1
         n = min(x for x in (num_requests, n_dur) if x is not None)
         t = np.arange(1, n + 1, dtype=np.float64) / self.rate_rps

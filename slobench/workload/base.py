@@ -7,24 +7,23 @@ requests through one call, `specs(RunShape)`, whatever the source.
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from slobench.errors import SpecError
 from slobench.run.records import RequestSpec
+from slobench.workload.ranges import (
+    MAX_NUM_REQUESTS,
+    MAX_TOKENS,
+    check_count,
+    check_duration_s,
+    check_rate_rps,
+    check_requests_in,
+    is_int,
+)
 
 APIS = ("completions", "chat")
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def _is_positive(x: object) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x) and float(x) > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,16 +42,17 @@ class RunShape:
     api: str | None = None
 
     def __post_init__(self) -> None:
-        if not _is_int(self.seed) or self.seed < 0:
-            raise SpecError("seed", self.seed, "must be an integer >= 0")
-        for name in ("rate_rps", "duration_s"):
+        if not is_int(self.seed) or not 0 <= self.seed < 2**63:
+            raise SpecError("seed", self.seed, "must be an integer from 0 to 2**63 - 1")
+        if self.rate_rps is not None:
+            check_rate_rps("rate_rps", self.rate_rps)
+        if self.duration_s is not None:
+            check_duration_s("duration_s", self.duration_s)
+        check_requests_in(self.rate_rps, self.duration_s)
+        for name, limit in (("num_requests", MAX_NUM_REQUESTS), ("input_len", MAX_TOKENS), ("output_len", MAX_TOKENS)):
             value = getattr(self, name)
-            if value is not None and not _is_positive(value):
-                raise SpecError(name, value, "must be a finite number > 0")
-        for name in ("num_requests", "input_len", "output_len"):
-            value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 1):
-                raise SpecError(name, value, "must be an integer >= 1")
+            if value is not None:
+                check_count(name, value, limit)
         if self.api is not None and self.api not in APIS:
             raise SpecError("api", self.api, f"must be one of {list(APIS)}")
 

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from slobench.errors import SpecError
+from slobench.workload.ranges import MAX_TOKENS, check_count
 
 __all__ = [
     "EmpiricalLength",
@@ -28,8 +29,8 @@ __all__ = [
 
 # z such that P(N(0,1) < z) = 0.99: links a lognormal's p99 to its sigma.
 Z99 = 2.3263478740408408
-# Without a `max`, samples are still capped so int64 arithmetic downstream cannot overflow.
-_HARD_MAX = (1 << 31) - 1
+# Without a `max`, samples are still capped at the longest prompt or output a run may ask for.
+_HARD_MAX = MAX_TOKENS
 # The Zipf sampler tabulates its support; beyond this it would cost more memory than a workload is worth.
 _MAX_ZIPF_SUPPORT = 1 << 24
 
@@ -44,14 +45,15 @@ def _is_number(x: object) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _check_positive(field: str, x: object) -> None:
+def _check_positive(field: str, x: object, limit: float = math.inf) -> None:
     if not _is_number(x) or x <= 0:  # type: ignore[operator]
         raise SpecError(field, x, "must be a finite number > 0")
+    if x > limit:  # type: ignore[operator]
+        raise SpecError(field, x, f"must be at most {limit:,.0f} (tokens a run may ask for)")
 
 
 def _check_clip(min_len: int, max_len: int | None) -> None:
-    if isinstance(min_len, bool) or not isinstance(min_len, int) or min_len < 1:
-        raise SpecError("min", min_len, "must be an integer >= 1")
+    check_count("min", min_len, _HARD_MAX)
     if max_len is not None:
         if isinstance(max_len, bool) or not isinstance(max_len, int):
             raise SpecError("max", max_len, "must be an integer")
@@ -81,8 +83,7 @@ class FixedLength:
     dist: ClassVar[str] = "fixed"
 
     def __post_init__(self) -> None:
-        if isinstance(self.value, bool) or not isinstance(self.value, int) or self.value < 1:
-            raise SpecError("value", self.value, "must be an integer >= 1")
+        check_count("value", self.value, _HARD_MAX)
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         return np.full(n, self.value, dtype=np.int64)
@@ -130,8 +131,8 @@ class LogNormalLength:
     dist: ClassVar[str] = "lognormal"
 
     def __post_init__(self) -> None:
-        _check_positive("median", self.median)
-        _check_positive("p99", self.p99)
+        _check_positive("median", self.median, _HARD_MAX)
+        _check_positive("p99", self.p99, _HARD_MAX)
         if self.p99 < self.median:
             raise SpecError("p99", self.p99, f"must be >= median ({self.median})")
         _check_clip(self.min_len, self.max_len)
@@ -144,6 +145,12 @@ class LogNormalLength:
             raise SpecError("mu", mu, "must be a finite number")
         if not _is_number(sigma) or sigma < 0:
             raise SpecError("sigma", sigma, "must be a finite number >= 0")
+        top = math.log(_HARD_MAX)  # the median and p99 stay within the tokens a run may ask for
+        if mu > top:
+            raise SpecError("mu", mu, f"puts the median above {_HARD_MAX:,} tokens; at most {top:.4g}")
+        if mu + Z99 * sigma > top:
+            raise SpecError("sigma", sigma, f"puts the p99 above {_HARD_MAX:,} tokens; at most "
+                            f"{(top - mu) / Z99:.4g} with mu = {mu:g}")
         return cls(math.exp(mu), math.exp(mu + Z99 * sigma), min_len, max_len)
 
     @property
@@ -185,7 +192,7 @@ class ParetoLength:
 
     def __post_init__(self) -> None:
         _check_positive("alpha", self.alpha)
-        _check_positive("scale", self.scale)
+        _check_positive("scale", self.scale, _HARD_MAX)
         _check_clip(self.min_len, self.max_len)
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -264,8 +271,8 @@ class EmpiricalLength:
             raise SpecError("quantiles", self.quantiles, "give exactly one of quantiles or samples")
         if self.samples:
             for x in self.samples:
-                if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-                    raise SpecError("samples", x, "every sample must be an integer >= 1")
+                if isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= _HARD_MAX:
+                    raise SpecError("samples", x, f"every sample must be an integer from 1 to {_HARD_MAX:,}")
             return
         qs = np.array([q for q, _ in self.quantiles], dtype=np.float64)
         vs = np.array([v for _, v in self.quantiles], dtype=np.float64)
@@ -275,6 +282,8 @@ class EmpiricalLength:
             raise SpecError("quantiles", self.quantiles, "q must lie in [0, 1]")
         if np.any(np.diff(vs) < 0):
             raise SpecError("quantiles", self.quantiles, "values must not decrease as q grows")
+        if vs[-1] > _HARD_MAX:
+            raise SpecError("quantiles", float(vs[-1]), f"values must be at most {_HARD_MAX:,} tokens")
         self._table()  # the filled ends may still need a max
 
     @classmethod

@@ -36,6 +36,7 @@ from slobench.workload.prompts import (
     token_prompt_batches,
     token_prompt_heads,
 )
+from slobench.workload.ranges import MAX_NUM_REQUESTS, MAX_TOKEN_ID, check_count, check_duration_s
 from slobench.workload.sessions import SessionSpec, SystemPrompts, build_requests
 
 __all__ = ["WorkloadSpec", "generate", "load_workload", "phase_boundaries"]
@@ -173,23 +174,21 @@ class WorkloadSpec:
             raise SpecError("prompt", self.prompt, f"must be one of {list(PROMPT_KINDS)}")
         if self.api == "chat" and self.prompt == "tokens":
             raise SpecError("prompt", self.prompt, 'the chat API takes text; use prompt = "text"')
-        if self.num_requests is not None and (not _is_int(self.num_requests) or self.num_requests < 1):
-            raise SpecError("num_requests", self.num_requests, "must be an integer >= 1")
-        if self.duration_s is not None and (
-            isinstance(self.duration_s, bool)
-            or not isinstance(self.duration_s, int | float)
-            or not (math.isfinite(self.duration_s) and self.duration_s > 0)
-        ):
-            raise SpecError("duration_s", self.duration_s, "must be a finite number > 0")
+        if self.num_requests is not None:
+            check_count("num_requests", self.num_requests, MAX_NUM_REQUESTS)
+        if self.duration_s is not None:
+            check_duration_s("duration_s", self.duration_s)
         if not isinstance(self.ignore_eos, bool):
             raise SpecError("ignore_eos", self.ignore_eos, "must be true or false")
         if self.min_tokens not in MIN_TOKENS_POLICIES:
             raise SpecError("min_tokens", self.min_tokens, f"must be one of {list(MIN_TOKENS_POLICIES)}")
         ids = self.token_ids
         if not (
-            isinstance(ids, tuple) and len(ids) == 2 and all(_is_int(x) for x in ids) and 0 <= ids[0] < ids[1]
+            isinstance(ids, tuple) and len(ids) == 2 and all(_is_int(x) for x in ids)
+            and 0 <= ids[0] < ids[1] <= MAX_TOKEN_ID
         ):
-            raise SpecError("token_ids", ids, "must be [lo, hi] integers with 0 <= lo < hi (hi excluded)")
+            raise SpecError("token_ids", list(ids) if isinstance(ids, tuple) else ids,
+                            f"must be [lo, hi] integers with 0 <= lo < hi <= {MAX_TOKEN_ID} (hi excluded)")
         names = [c.name for c in self.classes]
         if len(set(names)) != len(names):
             raise SpecError("class", names, "class names must be unique")
@@ -266,6 +265,9 @@ class WorkloadSpec:
             raise UsageError(f"{path}: not a text file (not UTF-8): not a workload TOML") from None
         except tomllib.TOMLDecodeError as e:
             raise UsageError(f"{path}: not valid TOML ({e})") from None
+        except RecursionError:  # the standard library's reader recurses once per nested array or table
+            raise UsageError(f"{path}: arrays or inline tables nested too deeply to read (a workload needs "
+                             "two levels)") from None
         d.setdefault("name", path.stem)
         try:
             return cls.from_dict(d)
