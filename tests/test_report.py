@@ -267,7 +267,11 @@ def test_single_run_and_empty_run(tmp_path):
     # a run with no record is refused by name, never drawn as a rate that sent nothing
     with pytest.raises(UsageError, match="empty/requests.jsonl: no readable request record"):
         build_report([tmp_path / "one", tmp_path / "empty"], tmp_path / "r.html")
-    html = build_report([tmp_path / "one"], tmp_path / "r.html").read_text()
+    w = RunWriter(tmp_path / "no-slo", {"rate_rps": 1.0})
+    for r in synthetic_records(1.0, 20, seed=5):
+        w.write(r)
+    w.close()
+    html = build_report([tmp_path / "one", tmp_path / "no-slo"], tmp_path / "r.html").read_text()
     assert "(a lower bound: no rate tried missed)" in html
     assert "no SLO given" in html
     series = load_series(tmp_path / "one")
