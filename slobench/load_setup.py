@@ -39,6 +39,7 @@ from slobench.workload.limits import BoundedSpecs, ServerLimits
 from slobench.workload.replay import TraceReplay
 from slobench.workload.text import load_tokenizer
 from slobench.workload.trace_stream import StreamingReplay
+from slobench.workload.word_fit import WordFit
 
 MIN_RATE_RPS = 1 / 86400  # one request a day: anything slower is a typo, and would wait for ever
 
@@ -526,8 +527,10 @@ def server_limits(caps: Capabilities | None, api: str) -> ServerLimits:
     if caps is None:
         return ServerLimits()
     as_text = api == "chat" or not caps.token_prompts
+    fit = WordFit(caps.tokens_per_word, caps.template_overhead, caps.tokens_per_word_sd, caps.probe_words) \
+        if caps.probe_words else None  # measured at preflight (`preflight._measure_words`)
     return ServerLimits(id_range=None if as_text else caps.token_id_range, max_model_len=caps.max_model_len,
-                        as_text=as_text, template_overhead=caps.template_overhead)
+                        as_text=as_text, template_overhead=caps.template_overhead, word_fit=fit)
 
 
 def note_shortened(bounded: BoundedSpecs, limits: ServerLimits) -> None:
