@@ -35,7 +35,7 @@ from slobench.targets.ray_pool import note_client_clocks, require_ray
 from slobench.targets.workers import MAX_WORKERS
 from slobench.workload import WorkloadSpec, load_workload, phase_boundaries
 from slobench.workload.base import RunShape, Workload
-from slobench.workload.limits import BoundedSpecs, ServerLimits
+from slobench.workload.limits import BoundedSpecs, ServerLimits, shortened_note
 from slobench.workload.replay import TraceReplay
 from slobench.workload.text import load_tokenizer
 from slobench.workload.trace_stream import StreamingReplay
@@ -535,10 +535,7 @@ def server_limits(caps: Capabilities | None, api: str) -> ServerLimits:
 
 def note_shortened(bounded: BoundedSpecs, limits: ServerLimits) -> None:
     if bounded.num_shortened:
-        n = bounded.num_shortened
-        print(f"slobench: {n} request{'s' * (n > 1)} shortened to fit the server's max_model_len "
-              f"{limits.max_model_len} (prompt + max_tokens; the prompt's end cut first, down to half of it, "
-              "then the output)", file=sys.stderr)
+        print(f"slobench: {shortened_note(bounded.num_shortened, limits.max_model_len)}", file=sys.stderr)
 
 
 async def _start_target(setup: LoadSetup) -> tuple[Any, Any, str]:

@@ -47,7 +47,7 @@ SERVER_MODULES = frozenset({
     "test_engine_timeline", "test_engine_openapi", "test_engine_hostile_input", "test_gate_engine",
     "test_gpu_portability", "test_history_browser", "test_install_extras", "test_nodelay", "test_one_rule",
     "test_openai_target", "test_ray_pool", "test_report_browser", "test_run_durability", "test_run_streamed",
-    "test_server_quirks", "test_text_prompts", "test_trace_replay", "test_workers", "test_redact", "test_golden",
+    "test_prompt_lengths", "test_server_quirks", "test_text_prompts", "test_trace_replay", "test_workers", "test_redact", "test_golden",
 })
 # modules that assert on milliseconds of wall time: the `timing` marker, run alone after the parallel tier
 TIMING_MODULES = frozenset({

@@ -292,7 +292,7 @@ async def _measure_words(target: OpenAITarget, client: ControlClient, caps: Capa
         fit = fit_words(lengths, counts)
     except ValueError:  # counts that do not grow with the words: not a count of these prompts
         return caps
-    overhead = max(0, round(fit.fixed_tokens))
+    overhead = fit.overhead_tokens
     caps = replace(caps, tokens_per_word=round(fit.tokens_per_word, 4), template_overhead=overhead,
                    tokens_per_word_sd=round(fit.sd_per_word, 4), probe_words=fit.probe_words)
     if not 0.95 <= fit.tokens_per_word <= 1.05 or overhead:

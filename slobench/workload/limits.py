@@ -97,3 +97,10 @@ class BoundedSpecs:
         if bounded.input_tokens != spec.input_tokens or bounded.max_tokens != spec.max_tokens:
             self.num_shortened += 1
         return bounded
+
+
+def shortened_note(num_shortened: int, max_model_len: int | None) -> str:
+    """What a run says of the requests `ServerLimits.bound` cut, live or simulated."""
+    n = num_shortened
+    return (f"{n} request{'s' * (n > 1)} shortened to fit the server's max_model_len {max_model_len} (prompt + "
+            "max_tokens; the prompt's end cut first, down to half of it, then the output)")

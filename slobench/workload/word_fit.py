@@ -47,6 +47,11 @@ class WordFit:
         if self.probe_words < 1:
             raise ValueError(f"probe_words must be >= 1 (got {self.probe_words!r})")
 
+    @property
+    def overhead_tokens(self) -> int:
+        """The fixed cost as the whole tokens a text prompt is shortened by (none below zero)."""
+        return max(0, round(self.fixed_tokens))
+
     def num_words(self, num_tokens: int) -> int:
         """The words of a text prompt the server counts as about `num_tokens` tokens, fixed cost included."""
         return max(1, round((num_tokens - self.fixed_tokens) / self.tokens_per_word))
