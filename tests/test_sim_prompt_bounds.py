@@ -52,3 +52,13 @@ def test_a_shortened_stand_in_prompt_is_drawn_at_its_cut_length_when_preempted()
     simulate_records(CHAT.stream_specs(shape(150, rate_rps=60.0)), knobs, on_record=streamed.append)
     assert [astuple(r) for r in streamed] == [astuple(r) for r in listed]
     assert all(r.status == "ok" for r in listed) and any(r.input_tokens + r.max_tokens == 1024 for r in listed)
+
+
+def test_a_prefill_decode_fleet_bounds_its_requests_too() -> None:
+    specs = CHAT.specs(shape(100))
+    live = BoundedSpecs(specs, ServerLimits(max_model_len=1024))
+    records, summary = simulate_run(specs, {**KNOBS, "prefill_replicas": 1, "decode_replicas": 1}, intervals=False)
+    assert summary.num_ok == 100 and not summary.error_counts, summary.error_counts
+    assert sorted((r.input_tokens, r.max_tokens) for r in records) == sorted(
+        (s.input_tokens, s.max_tokens) for s in live.specs)
+    assert summary.notes and summary.notes[0].startswith(f"{live.num_shortened} requests shortened")

@@ -337,7 +337,11 @@ def simulate_records(
     as soon as it and every request before it are done, none kept (the list returned is then empty), so
     memory holds the requests in flight, not the run (a prefill/decode fleet hands them all on at its end).
     `step_times`: each replica's step end times are appended to its table there, as its tokens come (not those
-    of a prefill/decode fleet)."""
+    of a prefill/decode fleet).
+
+    Each request is bounded by the engine's `max_model_len` and its chat text sized by the engine's count as a
+    live run's are (`slobench.fleet.engine_limits`); how many were shortened goes to `fleet` as a note, which
+    `simulate_run` puts in the summary's `notes`."""
     opts = SimOptions.of(opts, knobs)
     if isinstance(engine, Mapping):
         engine, named = split_fleet_knobs(dict(engine), opts.router)
@@ -351,7 +355,13 @@ def simulate_records(
             if not isinstance(base, ModeledEngine):
                 raise SpecError("decode_knobs", dict(pools.decode_knobs), "replace a ModeledEngine's knobs only")
             pools = replace(pools, decode_engine=replace(base, **dict(pools.decode_knobs)))
-        done = _shift_after_send(simulate_disagg(list(specs), as_factory(engine), pools, seed=seed,
+        prefill = as_factory(engine)()  # (the prefill pool's engine parses and bounds every request)
+        within = EngineLimits(prefill.config.max_model_len,
+                              request_parser(prefill, model_name=opts.model_name, api=api)[0], api)
+        bounded = [within.bound(sp) for sp in specs]
+        if fleet is not None and within.num_shortened:
+            fleet[SHORTENED] = shortened_note(within.num_shortened, prefill.config.max_model_len)
+        done = _shift_after_send(simulate_disagg(bounded, as_factory(engine), pools, seed=seed,
                                                  jitter_sd=jitter_sd, api=api, model_name=opts.model_name, info=fleet),
                                  opts.request_overhead_s)
         if on_record is None:
