@@ -33,10 +33,11 @@ from slobench.targets.options import DEFAULT_URL, OVERRIDABLE, TargetOptions, Ti
 from slobench.targets.ray_pool import note_client_clocks, require_ray
 from slobench.workload import WorkloadSpec, load_workload, phase_boundaries
 from slobench.workload.base import RunShape, Workload
-from slobench.workload.limits import BoundedSpecs, ServerLimits
+from slobench.workload.limits import BoundedSpecs, ServerLimits, shortened_note
 from slobench.workload.replay import TraceReplay
 from slobench.workload.text import load_tokenizer
 from slobench.workload.trace_stream import StreamingReplay
+from slobench.workload.word_fit import WordFit
 
 MIN_PROBE_S = 60.0  # a sweep point or capacity probe lasts at least this long unless the user fixes its size
 
@@ -347,16 +348,15 @@ def server_limits(caps: Capabilities | None, api: str) -> ServerLimits:
     if caps is None:
         return ServerLimits()
     as_text = api == "chat" or not caps.token_prompts
+    fit = WordFit(caps.tokens_per_word, caps.template_overhead, caps.tokens_per_word_sd, caps.probe_words) \
+        if caps.probe_words else None  # measured at preflight (`preflight._measure_words`)
     return ServerLimits(id_range=None if as_text else caps.token_id_range, max_model_len=caps.max_model_len,
-                        as_text=as_text, template_overhead=caps.template_overhead)
+                        as_text=as_text, template_overhead=caps.template_overhead, word_fit=fit)
 
 
 def note_shortened(bounded: BoundedSpecs, limits: ServerLimits) -> None:
     if bounded.num_shortened:
-        n = bounded.num_shortened
-        print(f"slobench: {n} request{'s' * (n > 1)} shortened to fit the server's max_model_len "
-              f"{limits.max_model_len} (prompt + max_tokens; the prompt's end cut first, down to half of it, "
-              "then the output)", file=sys.stderr)
+        print(f"slobench: {shortened_note(bounded.num_shortened, limits.max_model_len)}", file=sys.stderr)
 
 
 async def _start_target(setup: LoadSetup) -> tuple[Any, Any, str]:

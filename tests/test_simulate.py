@@ -113,8 +113,11 @@ def test_attainment_falls_as_rate_rises_across_the_cliff() -> None:
 
 def test_rejected_request_is_a_failed_record_and_the_rest_run() -> None:
     engine = ModeledEngine(PROFILE, kv_blocks=64, max_model_len=64)
+    # (a request asking past the context is shortened before it is sent, as a live run does: this one's
+    # own body asks for more than it said)
     ok, too_long, empty = simulate_records(
-        [spec(0, 0.0), spec(1, 0.1, n_in=60, n_out=8), RequestSpec(2, 0.2, (), 0, 4)], engine)
+        [spec(0, 0.0), spec(1, 0.1, n_in=60, n_out=4, extra_body=(("max_tokens", 8),)), RequestSpec(2, 0.2, (), 0, 4)],
+        engine)
     assert ok.status == "ok" and ok.output_tokens == 4
     assert too_long.status == "error" and too_long.error.startswith("too long: ")  # as over HTTP
     assert "maximum context length is 64" in too_long.error
@@ -217,15 +220,22 @@ def test_least_outstanding_spreads_a_burst_and_beats_round_robin_on_heavy_tails(
     fleet: dict = {}
     simulate_records(burst, ENGINE, replicas=3, fleet=fleet)
     assert fleet["requests_per_replica"] == [4, 3, 3]
-    # chat lengths are heavy-tailed: blind turns pile long requests onto one replica now and then
-    specs = generate(load_workload("chat"), rate_rps=30.0, num_requests=600, seed=4)
-    knobs = {"profile": "h100-llama-1b", "kv_blocks": 2048}
+    # chat lengths are heavy-tailed: blind turns pile long requests onto one replica now and then, which
+    # costs where the KV cache is tight (with room to spare, round-robin's even spread is as good or better).
+    # Over five seeds: one seed alone can go either way
+    knobs = {"profile": "h100-llama-1b", "kv_blocks": 400}
     slo = SLO.parse("ttft=300ms,tpot=40ms")
-    _, lo = simulate_run(specs, knobs, slo=slo, replicas=4, router="least-outstanding", intervals=False)
-    _, rr = simulate_run(specs, knobs, slo=slo, replicas=4, router="round-robin", intervals=False)
-    assert lo.fleet["replicas"] == 4
-    assert lo.ttft.p99 < rr.ttft.p99
-    assert lo.attainment.value >= rr.attainment.value
+    p99 = {"least-outstanding": 0.0, "round-robin": 0.0}
+    attained = dict(p99)
+    for seed in range(1, 6):
+        specs = generate(load_workload("chat"), rate_rps=30.0, num_requests=600, seed=seed)
+        for router in p99:
+            _, summary = simulate_run(specs, knobs, slo=slo, replicas=4, router=router, intervals=False)
+            assert summary.fleet["replicas"] == 4
+            p99[router] += summary.ttft.p99 / 5
+            attained[router] += summary.attainment.value / 5
+    assert p99["least-outstanding"] < 0.9 * p99["round-robin"]  # measured 586 ms against 791
+    assert attained["least-outstanding"] > attained["round-robin"]  # 95.7% against 92.7%
 
 
 def test_prefix_affinity_keeps_shared_prefixes_on_one_replica() -> None:

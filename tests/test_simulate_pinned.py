@@ -54,8 +54,8 @@ def run_case(name: str) -> list:
 
 
 PINNED = {
-    "chat-fleet-tokens": "87a6ef3c05d8712591149b8ee0f9470e89d5e3b690de3e234d948ed4e325c37e",
-    "chat-preempting": "5c0f711ab2eca698ef6afdffe90d45d01f63c9f9f2fec36c4ea404ce07af82a8",
+    "chat-fleet-tokens": "0a4ce96454415bd95d0f5828c9a71c3d85a532d5b0f5060a31613cef170fb7ea",
+    "chat-preempting": "6916698a3c81f0ed5bcd3221b99f30f9b5216477a39980a65e6c2b4e727516f2",
     "gate-tiny": "eca207c8a0f4d1d2b721e1513758290ebccaa9f0da80b033c1fdc9f8452a4ac0",
     "prefix-fleet": "d4b3d4dea983eed3f3b1cbf85aa5255dd594ae1edc33e96560c23baac12bde57",
 }

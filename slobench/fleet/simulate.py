@@ -31,6 +31,7 @@ from slobench.analysis.summary import RunSummary, run_columns, summarize
 from slobench.errors import SpecError
 from slobench.fleet.decode_run import StandInPrompt, decode_run, record_run
 from slobench.fleet.disagg import DisaggFleet, simulate_disagg, split_fleet_knobs
+from slobench.fleet.engine_limits import EngineLimits
 from slobench.fleet.replica import (
     EngineFactory,
     JitteredWait,
@@ -46,6 +47,9 @@ from slobench.run.columnar import RecordBuffer, StepTimes
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.engine import refusal_error
 from slobench.targets.options import Api
+from slobench.workload.limits import shortened_note
+
+SHORTENED = "shortened"  # the note of requests cut to the engine's context, handed from the run to its summary
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +187,8 @@ def _in_order(specs: Iterable[RequestSpec]) -> Iterator[RequestSpec]:
 
 
 def _streamed(specs: Iterable[RequestSpec], api: Api, block_size: int, stand_ins: bool) -> tuple[
-        Iterable[RequestSpec], Callable[[int, RequestSpec], int | None] | None, Callable[[int], StandInPrompt] | None]:
+        Iterable[RequestSpec], Callable[[int, RequestSpec], int | None] | None,
+        Callable[[int, int], StandInPrompt] | None]:
     """For requests made as they are taken (`FlatSpecs`): (the requests, each one's first block that no other
     prompt shares, the `Sequence.draw_tokens` of a request whose prompt came as stand-ins). One cheap pass over
     the prompts' draws (`TokenPromptDraws.heads`) tells which first blocks are their prompt's own: 0 for
@@ -214,9 +219,13 @@ def _streamed(specs: Iterable[RequestSpec], api: Api, block_size: int, stand_ins
     prompts = ((fake,) * n if mine else draws.prompt(i)
                for i, (n, mine) in enumerate(zip(draws.lengths().tolist(), own, strict=True)))
 
-    def drawer(i: int) -> StandInPrompt:
-        return StandInPrompt(partial(draws.prompt, i))
+    def drawer(i: int, n: int) -> StandInPrompt:  # (n: its length, the drawn prompt's head where it was shortened)
+        return StandInPrompt(partial(_head, draws.prompt, i, n))
     return specs.with_prompts(prompts), unshared, drawer  # type: ignore[attr-defined]  # FlatSpecs'
+
+
+def _head(prompt: Callable[[int], tuple[int, ...]], i: int, n: int) -> tuple[int, ...]:
+    return prompt(i)[:n]
 
 
 def _unshared_from(specs: Sequence[RequestSpec], api: Api, block_size: int) -> list[int] | None:
@@ -328,7 +337,11 @@ def simulate_records(
     as soon as it and every request before it are done, none kept (the list returned is then empty), so
     memory holds the requests in flight, not the run (a prefill/decode fleet hands them all on at its end).
     `step_times`: each replica's step end times are appended to its table there, as its tokens come (not those
-    of a prefill/decode fleet)."""
+    of a prefill/decode fleet).
+
+    Each request is bounded by the engine's `max_model_len` and its chat text sized by the engine's count as a
+    live run's are (`slobench.fleet.engine_limits`); how many were shortened goes to `fleet` as a note, which
+    `simulate_run` puts in the summary's `notes`."""
     opts = SimOptions.of(opts, knobs)
     if isinstance(engine, Mapping):
         engine, named = split_fleet_knobs(dict(engine), opts.router)
@@ -342,7 +355,13 @@ def simulate_records(
             if not isinstance(base, ModeledEngine):
                 raise SpecError("decode_knobs", dict(pools.decode_knobs), "replace a ModeledEngine's knobs only")
             pools = replace(pools, decode_engine=replace(base, **dict(pools.decode_knobs)))
-        done = _shift_after_send(simulate_disagg(list(specs), as_factory(engine), pools, seed=seed,
+        prefill = as_factory(engine)()  # (the prefill pool's engine parses and bounds every request)
+        within = EngineLimits(prefill.config.max_model_len,
+                              request_parser(prefill, model_name=opts.model_name, api=api)[0], api)
+        bounded = [within.bound(sp) for sp in specs]
+        if fleet is not None and within.num_shortened:
+            fleet[SHORTENED] = shortened_note(within.num_shortened, prefill.config.max_model_len)
+        done = _shift_after_send(simulate_disagg(bounded, as_factory(engine), pools, seed=seed,
                                                  jitter_sd=jitter_sd, api=api, model_name=opts.model_name, info=fleet),
                                  opts.request_overhead_s)
         if on_record is None:
@@ -355,10 +374,11 @@ def simulate_records(
     route = Router(opts.router, replicas)
     first = reps[0].engine
     parse, ids_checked = request_parser(first, model_name=opts.model_name, api=api)
+    within = EngineLimits(first.config.max_model_len, parse, api)  # as a live run bounds and sizes its requests
 
     block_size = first.config.block_size
     unshared_of: Callable[[int, RequestSpec], int | None] | None = None  # (arrival index, request)
-    stand_in_of: Callable[[int], StandInPrompt] | None = None  # (arrival index) for a stand-in prompt's request
+    stand_in_of: Callable[[int, int], StandInPrompt] | None = None  # (arrival index, length): a stand-in prompt's
     if isinstance(specs, Sequence):
         ordered = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
         unshared = _unshared_from(ordered, api, block_size) if opts.private_blocks else None
@@ -393,8 +413,8 @@ def simulate_records(
                 raise RuntimeError("the engine has work but schedules nothing, and no request is left to arrive")
             break
         if t_arrival <= t_step:
-            sp = upcoming
-            assert sp is not None
+            assert upcoming is not None
+            sp = within.bound(upcoming)
             upcoming = next(stream, None)
             num_arrived += 1
             t = sp.arrival_s
@@ -409,7 +429,7 @@ def simulate_records(
                                              ignore_eos=req.ignore_eos, sampling=req.sampling,
                                              stop_check=req.stop_check(), ids_checked=ids_checked,
                                              unshared_from=private,
-                                             draw_tokens=stand_in_of(num_arrived - 1) if (
+                                             draw_tokens=stand_in_of(num_arrived - 1, sp.input_tokens) if (
                                                  stand_in_of is not None and private == 0) else None)
             except RequestRejected as e:
                 rec.fail("error", refusal_error(str(e)), t)
@@ -462,6 +482,8 @@ def simulate_records(
                 del by_rid[rep.index][ev.request_id]
                 route.finished(rep.index, weights.pop((rep.index, ev.request_id)))
     if fleet is not None:
+        if within.num_shortened:
+            fleet[SHORTENED] = shortened_note(within.num_shortened, first.config.max_model_len)
         fleet.update({
             "replicas": replicas, "router": opts.router,
             "requests_per_replica": list(route.sent),
@@ -493,6 +515,7 @@ def simulate_run(
     """
     opts = SimOptions.of(opts, knobs)
     fleet: dict[str, Any] = {}
+    notes: tuple[str, ...] | None = None
     if on_record is None:
         records = simulate_records(specs, engine, opts, fleet=fleet)
         summary = summarize(records, slo, seed=opts.seed, intervals=intervals)
@@ -507,7 +530,10 @@ def simulate_run(
         records = simulate_records(specs, engine, opts, fleet=fleet, on_record=keep, step_times=kept.steps)
         # (the buffer is ours to give away: its chunk times are overwritten by the gaps between them)
         summary = summarize(run_columns(kept.columns(), consume=True), slo, seed=opts.seed, intervals=intervals)
-    return records, replace(summary, clock="virtual", fleet=fleet if opts.replicas != 1 or "prefill" in fleet else None)
+    if SHORTENED in fleet:
+        notes = (fleet.pop(SHORTENED),)
+    return records, replace(summary, clock="virtual", fleet=fleet if opts.replicas != 1 or "prefill" in fleet else None,
+                            notes=notes)
 
 
 async def sweep_crossing(

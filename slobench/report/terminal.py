@@ -195,6 +195,8 @@ def print_run(summary: RunSummary, console: Console | None = None, title: str = 
         console.print(line, highlight=False, markup=False)
     for line in trace_rows_text(summary.trace_rows):  # file paths and row text: never markup
         console.print(line, highlight=False, markup=False)
+    for run_note in summary.notes or ():  # what the run changed or lost on the way (requests shortened, actors lost)
+        console.print(Text(f"note: {printable(run_note)}"))
     for line in errors_text(summary.error_counts, summary.error_examples):
         console.print(Text(line, style="yellow"))  # a server's words: text, never rich markup
     if summary.client.warning:

@@ -36,7 +36,7 @@ class Capabilities:
     min_tokens: bool = True
     include_usage: bool = True
     usage_in_stream: bool | None = None  # None: not probed; False: asked for, none came (counted from chunks)
-    template_overhead: int = 0  # prompt tokens a chat template adds (measured with --tokenizer)
+    template_overhead: int = 0  # prompt tokens the server adds to a text prompt's own (a chat template), measured
     # send min_tokens = max_tokens beside ignore_eos: for servers that take ignore_eos and ignore it
     # (llama.cpp); off for servers known to honour it (vLLM, SGLang, the bundled engine), whose benchmarks
     # should see the plain request
@@ -49,6 +49,10 @@ class Capabilities:
     # the server's tokens a word of slobench's text prompts (measured when it takes text and no --tokenizer
     # is given); a prompt of n ids is sent as about n / this many words, so the server sees about n tokens
     tokens_per_word: float = 1.0
+    # how much words differ in that count (s.d. of one word's tokens), and how many words the measure saw:
+    # a text prompt's margin below the context (`word_fit.WordFit.margin_tokens`)
+    tokens_per_word_sd: float = 0.0
+    probe_words: int = 0
     # token ids the server has accepted (probed, or the --tokenizer's vocabulary), half-open; None: ids are
     # not sent, or the workload's range stands. Ids outside are mapped into it (slobench.workload.limits)
     token_id_range: tuple[int, int] | None = None

@@ -49,7 +49,7 @@ from slobench.targets.transport import (
     no_body_reason,
     redirect_reason,
 )
-from slobench.workload.text import ExactText, ids_to_text, thin_words, words_for_tokens
+from slobench.workload.text import ExactText, ids_to_text, sized_text
 
 MAX_ERROR_CHARS = 300
 _MEMO_CHARS = 64 * 1024 * 1024  # text built from token ids, kept for reuse up to this many characters
@@ -191,7 +191,8 @@ class OpenAITarget(TargetBase):
         caps = self.caps
         if type(prompt) is tuple and (self._is_chat or not caps.token_prompts):
             prompt = self._text_of(prompt, spec.input_tokens)
-        elif type(prompt) is str and (self.exact_text is not None or caps.tokens_per_word != 1.0):
+        elif type(prompt) is str and (self.exact_text is not None or caps.tokens_per_word != 1.0
+                                      or caps.template_overhead):
             prompt = self._text_of(prompt, spec.input_tokens)
         if self._is_chat:
             body["messages"] = [{"role": "user", "content": prompt}]
@@ -213,19 +214,15 @@ class OpenAITarget(TargetBase):
         return body
 
     def _text_of(self, prompt: tuple[int, ...] | str, input_tokens: int) -> str:
-        """The text sent for a prompt: ids as words; with a tokenizer, exactly the asked token count; else,
-        where the server counts several tokens a word (`caps.tokens_per_word`), one word in that many."""
+        """The text sent for a prompt: ids as words; with a tokenizer, exactly the asked token count; else
+        as many words as the server counts as the asked length (`sized_text`: the tokens a word and the tokens
+        added to every prompt, both fitted at preflight)."""
         text = self._texts.get(prompt)
         if text is None:
-            if type(prompt) is tuple:
-                per_word = self.caps.tokens_per_word
-                text = ids_to_text(prompt if per_word == 1.0 or self.exact_text is not None else
-                                   words_for_tokens(prompt, per_word))
-            elif self.exact_text is None and self.caps.tokens_per_word != 1.0:
-                text = thin_words(str(prompt), self.caps.tokens_per_word)
+            if self.exact_text is None:
+                text = sized_text(prompt, self.caps.tokens_per_word, self.caps.template_overhead)
             else:
-                text = str(prompt)
-            if self.exact_text is not None:
+                text = ids_to_text(prompt) if type(prompt) is tuple else str(prompt)
                 n = len(prompt) if type(prompt) is tuple else input_tokens
                 text = self.exact_text.fit(text, n - self.caps.template_overhead if self._is_chat else n)
             if self._texts_chars > _MEMO_CHARS:  # bounded by size: long prompts of an endless trace

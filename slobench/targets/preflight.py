@@ -22,8 +22,8 @@ from slobench.targets.bounds import brief, json_of
 from slobench.targets.capabilities import HONOURS_IGNORE_EOS, Capabilities, is_refusal, with_length_evidence
 from slobench.targets.sse import SSEDecodeError, SSEParser
 from slobench.targets.transport import ControlClient, Reply, TransportError, endpoint_url
-from slobench.workload.prompts import DEFAULT_TOKEN_ID_RANGE
-from slobench.workload.text import ids_to_text
+from slobench.workload.prompts import DEFAULT_TOKEN_ID_RANGE, WORDS
+from slobench.workload.word_fit import fit_words, probe_lengths, probe_text
 
 if TYPE_CHECKING:
     from slobench.targets.openai import OpenAITarget
@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 PROBE_TRIES = 3
 PROBE_BACKOFF_S = 0.2
 PROBE_IDS = (72, 101, 108, 108, 111)  # "Hello" in bytes: inside every vocabulary, byte-level ones included
-WORDS_PROBE = 200  # words of the prompt that measures the server's tokens a word (`_measure_words`)
-WORD_IDS = tuple(range(1000, 1000 + WORDS_PROBE))  # ids standing for as many different prompt words
+WORDS_PROBE = len(WORDS) + 1  # the most words of the probes that measure the server's tokens a word (`_measure_words`)
+SCOUT_WORDS = 9  # the probe that sizes the others within a known context
+CONTEXT_ROOM = 1.5  # how many times the scout's tokens a word the longest probe leaves room for
 MAX_PLAUSIBLE_TOKENS = 10_000_000  # a count above this is not a token count
 # How long preflight waits for the server's first answer: a server may load its model on the first request
 # (Ollama: tens of seconds). The preflight timeout applies again from the next request on.
@@ -260,30 +261,51 @@ async def _first_answer(target: OpenAITarget) -> Reply:
 
 
 async def _measure_words(target: OpenAITarget, client: ControlClient, caps: Capabilities) -> Capabilities:
-    """How many tokens the server counts a word of the text prompts (`ids_to_text`): the usage of
-    WORDS_PROBE words less that of one word (a chat template's tokens cancel), over WORDS_PROBE - 1; fewer
-    words within a short context (`max_model_len`), where a character-level vocabulary's 200 words would not fit.
-    The words are one token each in common BPE vocabularies; a character-level one counts several, and
-    its prompts would be that many times the asked length. Off the 0.95-1.05 band, prompts are sent as
-    length / ratio words (`words_for_tokens`), and a note says so. A server that reports no usage
-    outside streams, or refuses the request, leaves prompts as they are."""
-    counts = []
-    num_words = WORDS_PROBE if caps.max_model_len is None else max(2, min(WORDS_PROBE, caps.max_model_len // 16))
-    for n in (1, num_words):
-        text = ids_to_text(WORD_IDS[:n])
+    """How many tokens the server counts for a text prompt on the API the run uses: `word_fit.fit_words` over
+    the usage of probe texts of 1 word up to every word of `prompts.WORDS` (fewer within a short context
+    `max_model_len`, where a character-level vocabulary's words would not fit), each a prefix of the next.
+    The longest less the shortest, over their words, is the tokens a word (`tokens_per_word`); the shortest
+    less its words is what the server adds to every prompt (`template_overhead`: a chat template's role
+    markers and preamble, a BOS token), counted once; the groups of words between probes give the words'
+    spread (`tokens_per_word_sd`), from which a prompt's margin below the context is derived. Prompts are
+    then sent as (length - overhead) / tokens-a-word words (`text.sized_text`), so the server counts about
+    the asked length. A server that reports no usage outside streams, or refuses a probe, leaves prompts as
+    they are."""
+    async def count(num_words: int) -> int | None:
+        text = probe_text(num_words)
         fields = {"messages": [{"role": "user", "content": text}]} if target.api == "chat" else {"prompt": text}
         resp = await _control(target, client, "POST", target.url, _probe_body(target, **fields))
         usage = _usage_of(resp.body) if resp.status < 400 else None
-        counted = None if usage is None else usage_count(usage.get("prompt_tokens"))
+        return None if usage is None else usage_count(usage.get("prompt_tokens"))
+
+    # a scout of SCOUT_WORDS words sizes the longest probe to fit a known context (a byte-level vocabulary
+    # counts ~5 tokens a word), with room for its words to count more than the scout's did
+    first, scout = await count(1), await count(SCOUT_WORDS)
+    if first is None or scout is None or scout <= first:
+        return caps
+    max_words = WORDS_PROBE
+    if caps.max_model_len is not None:
+        max_words = int((caps.max_model_len - 1 - first) / (CONTEXT_ROOM * (scout - first) / (SCOUT_WORDS - 1)))
+    lengths = probe_lengths(max_words)
+    counts = [first]
+    for n in lengths[1:]:
+        counted = await count(n)
         if counted is None:
             return caps
         counts.append(counted)
-    ratio = (counts[1] - counts[0]) / (num_words - 1)
-    if ratio > 0 and not 0.95 <= ratio <= 1.05:
-        return caps.with_note(
-            f"the server counts {ratio:.2f} tokens a word of slobench's text prompts (measured): each prompt "
-            f"is sent as its length / {ratio:.2f} words, so the server sees about the asked length "
-            "(--tokenizer makes it exact)", tokens_per_word=round(ratio, 4))
+    try:
+        fit = fit_words(lengths, counts)
+    except ValueError:  # counts that do not grow with the words: not a count of these prompts
+        return caps
+    overhead = fit.overhead_tokens
+    caps = replace(caps, tokens_per_word=round(fit.tokens_per_word, 4), template_overhead=overhead,
+                   tokens_per_word_sd=round(fit.sd_per_word, 4), probe_words=fit.probe_words)
+    if not 0.95 <= fit.tokens_per_word <= 1.05 or overhead:
+        what = f"the {target.api} API adds {overhead} tokens to every prompt and " if overhead else ""
+        caps = caps.with_note(
+            f"{what}the server counts {fit.tokens_per_word:.2f} tokens a word of slobench's text prompts "
+            f"(measured): each prompt is sent as (length - {overhead}) / {fit.tokens_per_word:.2f} words, so the "
+            "server sees about the asked length (--tokenizer makes it exact)")
     return caps
 
 

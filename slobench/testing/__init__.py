@@ -35,6 +35,7 @@ class TokenServerProcess(ServerProcess):
         log: bool | str | Path = False,
         quirks: Sequence[str] = (),
         vocab: int | None = None,
+        max_model_len: int | None = None,
         host: str = "127.0.0.1",
         startup_timeout_s: float = 15.0,
     ) -> None:
@@ -50,6 +51,8 @@ class TokenServerProcess(ServerProcess):
             self._args += ["--quirk", q]
         if vocab is not None:  # the small-vocab quirk's vocabulary size
             self._args += ["--vocab", str(vocab)]
+        if max_model_len is not None:  # the max-model-len quirk's context
+            self._args += ["--max-model-len", str(max_model_len)]
         self.log_path: Path | None = (self.tmp_path / "server.jsonl") if log is True else (Path(log) if log else None)
         if self.log_path is not None:
             self._args += ["--log", str(self.log_path)]

@@ -27,6 +27,7 @@ from typing import IO, Any
 from aiohttp import web
 
 from slobench.testing.process import listen_until_stopped, run_server, server_parser
+from slobench.testing.prompt_count import prompt_tokens
 
 FAULTS = frozenset(
     {
@@ -68,7 +69,10 @@ QUIRKS = frozenset(
         # in a 200 stream (vLLM)
         "small-vocab",
         "ids-500",  # a token-id prompt gets a bare HTTP 500 with no message (a proxy in front of a text server)
-        "max-model-len",  # /v1/models lists max_model_len = MAX_MODEL_LEN; a longer request gets vLLM's 400
+        "max-model-len",  # /v1/models lists max_model_len (MAX_MODEL_LEN, or --max-model-len); a longer request gets vLLM's 400
+        # prompts counted as a real server counts them: subword words, a BOS token, a chat template with a
+        # system preamble and role markers (slobench.testing.prompt_count)
+        "real-tokenizer",
         "slow-first",  # the first generation request answers after SLOW_FIRST_S (Ollama loading a model)
     }
 )
@@ -91,12 +95,15 @@ class ServerConfig:
     log_path: Path | None = None
     quirks: frozenset[str] = frozenset()
     vocab_size: int = SMALL_VOCAB  # the vocabulary's size with the small-vocab quirk
+    max_model_len: int = MAX_MODEL_LEN  # the context with the max-model-len quirk
 
     def __post_init__(self) -> None:
         if self.ttft_ms < 0:
             raise ValueError(f"ttft_ms must be >= 0 (got {self.ttft_ms!r})")
         if self.itl_ms < 0:
             raise ValueError(f"itl_ms must be >= 0 (got {self.itl_ms!r})")
+        if self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2 (got {self.max_model_len!r})")
         if unknown := set(self.quirks) - QUIRKS:
             raise ValueError(f"unknown quirks {sorted(unknown)}; known: {sorted(QUIRKS)}")
 
@@ -121,16 +128,6 @@ def _error(status: int, message: str, kind: str, headers: dict[str, str] | None 
         content_type="application/json",
         headers=headers,
     )
-
-
-def _prompt_tokens(body: dict[str, Any], is_chat: bool) -> int:
-    if is_chat:
-        msgs = body.get("messages") or []
-        return sum(len(str(m.get("content", "")).split()) for m in msgs if isinstance(m, dict))
-    prompt = body.get("prompt", "")
-    if isinstance(prompt, list):
-        return len(prompt)
-    return len(str(prompt).split())
 
 
 class TokenServer:
@@ -172,7 +169,7 @@ class TokenServer:
                  "organization-owner" if "drop-extensions" in self.config.quirks else "slobench")
         entry: dict[str, Any] = {"id": self.config.model, "object": "model", "owned_by": owner}
         if "max-model-len" in self.config.quirks:
-            entry["max_model_len"] = MAX_MODEL_LEN
+            entry["max_model_len"] = self.config.max_model_len
         listed = [] if "models-empty" in self.config.quirks else [entry]
         body = {"object": "list", "data": listed}
         return web.json_response(body)
@@ -239,9 +236,9 @@ class TokenServer:
             return resp
         if "max-model-len" in quirks:
             asked = body.get("max_tokens", 16)
-            wanted = _prompt_tokens(body, is_chat) + (asked if isinstance(asked, int) else 0)
-            if wanted > MAX_MODEL_LEN:
-                return _error(400, f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, you "
+            wanted = prompt_tokens(body, is_chat, real="real-tokenizer" in quirks) + (asked if isinstance(asked, int) else 0)
+            if wanted > self.config.max_model_len:
+                return _error(400, f"This model's maximum context length is {self.config.max_model_len} tokens. However, you "
                                    f"requested {wanted} tokens. Please reduce the length of the messages or completion.",
                               "BadRequestError")
         fault = body.get("x_fault")
@@ -266,7 +263,7 @@ class TokenServer:
         request_id = body.get("x_request_id", stats.num_requests)
         peer = request.transport.get_extra_info("peername") if request.transport is not None else None
         peer_port = peer[1] if peer else None
-        num_prompt = _prompt_tokens(body, is_chat)
+        num_prompt = prompt_tokens(body, is_chat, real="real-tokenizer" in quirks)
         stats.prompt_tokens += num_prompt
         chunk_s: list[float] = []
         logged = False
@@ -491,6 +488,7 @@ async def _main_async(args: argparse.Namespace) -> None:
         log_path=Path(args.log) if args.log else None,
         quirks=frozenset(args.quirk),
         vocab_size=args.vocab,
+        max_model_len=args.max_model_len,
     )
     runner, port = await serve(config, args.host, args.port)
     await listen_until_stopped(port, runner.cleanup)
@@ -506,6 +504,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="behave like a real third-party server in this way (repeatable)")
     p.add_argument("--vocab", type=int, default=SMALL_VOCAB,
                    help=f"with --quirk small-vocab, ids from this one up are out of vocabulary (default {SMALL_VOCAB})")
+    p.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN,
+                   help=f"with --quirk max-model-len, the context /v1/models lists and requests are held to (default {MAX_MODEL_LEN})")
     p.add_argument("--log", default=None, help="append per-request JSON lines (perf_counter times) here")
     run_server(_main_async, p.parse_args(argv))
 

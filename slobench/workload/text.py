@@ -4,8 +4,9 @@
 leading space in common tokenizers), by the id alone: two prompts that share a prefix of ids share the
 same prefix of text, so a prefix-caching workload keeps its hits when it has to fall back to text.
 
-Without a tokenizer n ids give n words, about n tokens; the server's `usage.prompt_tokens` is the truth and
-the summary compares it with what was asked. With `--tokenizer PATH` (a `tokenizer.json`, or an HF
+Without a tokenizer n ids give about n words: preflight fits how many tokens the server counts a word and how
+many it adds to every prompt (`slobench.workload.word_fit`), and `sized_text` sends as many words as make the
+asked count; the server's `usage.prompt_tokens` is the truth and the summary compares it with what was asked. With `--tokenizer PATH` (a `tokenizer.json`, or an HF
 tokenizer folder holding one, read with the `tokenizers` library, never from a hub) the text is trimmed
 or padded at its end until it encodes to exactly the asked count, less the chat template's overhead
 measured at preflight.
@@ -26,23 +27,37 @@ T = TypeVar("T")
 _PADS = (" the", " a", " of", " x", ".", "a", " ")  # short pieces; padding takes one that adds a single token
 
 
-def ids_to_text(ids: tuple[int, ...] | list[int]) -> str:
+def ids_to_text(ids: SequenceABC[int]) -> str:
     return " ".join([WORDS[i % _NUM_WORDS] for i in ids])
 
 
-def words_for_tokens(ids: SequenceABC[T], tokens_per_word: float) -> tuple[T, ...]:
-    """The ids whose words make a text of about len(ids) tokens for a server that counts `tokens_per_word`
-    tokens a word: every (tokens_per_word)-th id, by position. A prefix two prompts share stays shared, and
-    stays the same share of each prompt (both are sampled at the same positions)."""
-    n = max(1, round(len(ids) / tokens_per_word))
+def words_for_tokens(ids: SequenceABC[T], tokens_per_word: float, fixed_tokens: float = 0.0) -> tuple[T, ...]:
+    """The ids whose words make a text the server counts as about len(ids) tokens, when it counts
+    `tokens_per_word` tokens a word and `fixed_tokens` more for any prompt (a chat template, a BOS token):
+    (len(ids) - fixed_tokens) / tokens_per_word words, the id at every (tokens_per_word)-th position. A prefix
+    two prompts share stays shared, and stays the same share of each prompt (both are sampled at the same
+    positions)."""
+    n = max(1, round((len(ids) - fixed_tokens) / tokens_per_word))
     last = len(ids) - 1
     return tuple(ids[min(int(j * tokens_per_word), last)] for j in range(n))
 
 
-def thin_words(text: str, tokens_per_word: float) -> str:
+def thin_words(text: str, tokens_per_word: float, fixed_tokens: float = 0.0) -> str:
     """`words_for_tokens` for a text prompt of words: every (tokens_per_word)-th word, by position."""
     words = text.split(" ")
-    return " ".join(words_for_tokens(words, tokens_per_word))
+    return " ".join(words_for_tokens(words, tokens_per_word, fixed_tokens))
+
+
+def sized_text(prompt: tuple[int, ...] | str, tokens_per_word: float, fixed_tokens: float = 0.0) -> str:
+    """The text sent for a prompt of token ids or of words, sized for a server that counts `tokens_per_word`
+    tokens a word and `fixed_tokens` more for any prompt, so that it counts about the asked length."""
+    if type(prompt) is tuple:
+        if tokens_per_word == 1.0 and fixed_tokens == 0:
+            return ids_to_text(prompt)
+        return ids_to_text(words_for_tokens(prompt, tokens_per_word, fixed_tokens))
+    if tokens_per_word == 1.0 and fixed_tokens == 0:
+        return str(prompt)
+    return thin_words(str(prompt), tokens_per_word, fixed_tokens)
 
 
 class ExactText:
