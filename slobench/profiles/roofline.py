@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.errors import SpecError
-from slobench.profiles.specs import GpuSpec, ModelConfig, get_gpu, get_model
+from slobench.profiles.specs import GPU_ALIASES, GPUS, GpuSpec, ModelConfig, get_gpu, get_model
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,15 +146,19 @@ def kv_capacity_tokens(model: str | ModelConfig, gpu: str | GpuSpec, tp: int = 1
 
 
 def roofline_from_name(spec: str) -> CostProfile:
-    """`roofline:GPU/MODEL[/tpN]`, e.g. `roofline:h100/llama-3.1-70b/tp4` (the `--profile` form)."""
+    """`roofline:GPU/MODEL[/tpN]`, e.g. `roofline:h100/llama-3.1-70b/tp4` (the `--profile` form). GPU is a
+    name, a GPU by its numbers (`roofline:bf16_tflops=362,mem_gbs=864,mem_gib=44.5,link_gbs=32/llama-3.1-8b`)
+    or a `.toml`/`.json` spec file path; MODEL a name or a config.json path."""
     body = spec.removeprefix("roofline:")
     parts = body.split("/")
     tp = 1
     if len(parts) >= 3 and parts[-1].startswith("tp") and parts[-1][2:].isdigit():
         tp = int(parts[-1][2:])
         parts = parts[:-1]
-    if len(parts) > 2 and parts[-1].endswith(".json"):  # MODEL is a config.json path
-        parts = [parts[0], "/".join(parts[1:])]
-    if len(parts) != 2:
+    # the GPU ends at its first part unless that is no name nor numbers: then at the spec file's name
+    ends = [i for i, part in enumerate(parts[:-1]) if part.endswith((".toml", ".json"))]
+    cut = 1 if "=" in parts[0] or parts[0].lower() in GPUS or parts[0].lower() in GPU_ALIASES or not ends else ends[0] + 1
+    gpu, model = "/".join(parts[:cut]), "/".join(parts[cut:])
+    if not gpu or not model or len(parts[cut:]) > 1 and not model.endswith(".json"):
         raise SpecError("profile", spec, "a roofline profile is roofline:GPU/MODEL[/tpN], e.g. roofline:h100/llama-3.1-8b")
-    return roofline(parts[1], parts[0], tp)
+    return roofline(model, gpu, tp)
