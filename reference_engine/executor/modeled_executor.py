@@ -285,3 +285,14 @@ class ModeledExecutor:
         self.num_steps += 1
         self.total_modeled_s += step_s
         return StepResult(tokens, modeled_s=step_s)
+
+
+def overlapped_step_s(forward_s: float, host_s: float, *, async_scheduling: bool) -> float:
+    """A step's wall time from its forward pass (`forward_s`, the GPU's) and the serving loop's host work
+    (`host_s`: scheduling, sampling, detokenising, RPC to the workers). Synchronous, the GPU waits for the
+    host and the host for the GPU: the sum. With async scheduling (vLLM's --async-scheduling, the vllm-v1
+    policy) the host work of step n runs while the GPU runs step n+1's forward pass: a step costs the
+    longer of the two, the host's cost hidden until it exceeds the forward pass."""
+    if forward_s < 0 or host_s < 0:
+        raise ConfigError("step_s", (forward_s, host_s), "forward and host times must be >= 0 (seconds)")
+    return max(forward_s, host_s) if async_scheduling else forward_s + host_s

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from reference_engine.config import VLLM_GPU_MEMORY_UTILIZATION
+from reference_engine.executor.kv_sizing import MemoryProfile, estimated_activation_peak_bytes, num_kv_blocks
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.errors import SpecError
 from slobench.profiles.specs import GPU_ALIASES, GPUS, GpuSpec, ModelConfig, get_gpu, get_model
@@ -143,6 +145,38 @@ def kv_capacity_tokens(model: str | ModelConfig, gpu: str | GpuSpec, tp: int = 1
     free = tp * g.memory_bytes * (memory_utilization - reserve_fraction) - weights
     replicas = max(1, tp // m.num_kv_heads)  # past tp = KV heads, each KV head is kept on several GPUs
     return max(0, int(free // (m.kv_bytes_per_token * replicas)))
+
+
+def vllm_kv_blocks(model: str | ModelConfig, gpu: str | GpuSpec, tp: int = 1, *, block_size: int = 16,
+                   max_num_batched_tokens: int, max_num_seqs: int,
+                   gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> int:
+    """KV blocks vLLM gives an instance of `tp` GPUs when --num-gpu-blocks-override is not given: on each
+    GPU, its memory as the driver reports it x `gpu_memory_utilization`, less its share of the weights and
+    the profiling pass's activation peak (`estimated_activation_peak_bytes`), over one block's K and V on
+    that GPU. A ConfigError naming every term when not one block fits."""
+    m = get_model(model) if isinstance(model, str) else model
+    g = get_gpu(gpu) if isinstance(gpu, str) else gpu
+    peak = estimated_activation_peak_bytes(
+        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, hidden_size=m.hidden_size,
+        mlp_width=-(-m.intermediate_size // tp), mlp_matrices=m.mlp_matrices, vocab_size=m.vocab_size,
+        dtype_bytes=m.bytes_per_param)
+    kv_heads_per_gpu = max(1, m.num_kv_heads // tp)
+    bytes_per_block = block_size * 2 * m.num_layers * kv_heads_per_gpu * m.head_dim * m.bytes_per_param
+    memory = MemoryProfile(total_bytes=g.memory_bytes, used_bytes=-(-m.params * m.bytes_per_param // tp),
+                           activation_peak_bytes=peak)
+    return num_kv_blocks(memory, gpu_memory_utilization, bytes_per_block)
+
+
+def vllm_kv_blocks_of(profile: CostProfile, *, block_size: int, max_num_batched_tokens: int, max_num_seqs: int,
+                      gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> int | None:
+    """`vllm_kv_blocks` for the model, GPU and TP degree a roofline profile was built from (its provenance);
+    None for a profile that names no GPU (fitted, bundled)."""
+    prov = profile.provenance or {}
+    if prov.get("kind") != "roofline":
+        return None
+    return vllm_kv_blocks(ModelConfig(**prov["model"]), GpuSpec(**prov["gpu"]), int(prov.get("tp", 1)),
+                          block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
+                          max_num_seqs=max_num_seqs, gpu_memory_utilization=gpu_memory_utilization)
 
 
 def roofline_from_name(spec: str) -> CostProfile:
