@@ -11,6 +11,7 @@ import json
 import re
 
 from reference_engine.config import EXECUTORS, SCHEDULERS, VLLM_V1, EngineSpec, vllm_v1_defaults_of
+from reference_engine.executor.modeled_executor import CostProfile
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_KEEP_ALIVE_S = 5  # uvicorn's and vLLM's default, said explicitly
@@ -112,8 +113,6 @@ def engine_spec_from_args(args: argparse.Namespace, *, in_process: bool = False)
     scheduler = getattr(args, "scheduler", "chunked")
     batched, seqs = DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
     if scheduler == VLLM_V1 and (args.max_batched_tokens is None or args.max_num_seqs is None):
-        from reference_engine.executor.modeled_executor import CostProfile  # numpy, only for this policy
-
         batched, seqs = vllm_v1_defaults_of(CostProfile.load(args.profile).provenance if modeled else None)
     max_num_seqs = args.max_num_seqs
     if max_num_seqs is None:
