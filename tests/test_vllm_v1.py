@@ -156,3 +156,24 @@ def test_async_scheduling_hides_the_host_work_behind_the_forward_pass() -> None:
     assert overlapped_step_s(0.005, 0.008, async_scheduling=True) == 0.008  # the host bounds the step
     with pytest.raises(ConfigError, match="step_s"):
         overlapped_step_s(-1.0, 0.0, async_scheduling=True)
+
+
+def test_the_policy_overlaps_a_profiles_host_terms_with_its_forward_pass() -> None:
+    from reference_engine.executor.modeled_executor import CostProfile
+
+    base = CostProfile.load("roofline:h100/llama-3.1-8b").with_host_costs(0.004, 0.0001)
+    forward = base.with_host_costs(0.0, 0.0).step_s(0, 64, 64 * 1000)
+    host = 0.004 + 0.0001 * 64
+    assert base.under_policy("chunked").step_s(0, 64, 64 * 1000) == pytest.approx(forward + host)
+    v1 = base.under_policy("vllm-v1")
+    assert v1.async_scheduling and v1.step_s(0, 64, 64 * 1000) == pytest.approx(max(forward, host))
+    assert v1.with_host_costs(0.5, 0.0).step_s(0, 64, 64 * 1000) == pytest.approx(0.5)  # host-bound
+    assert v1.under_policy("vllm-v0").async_scheduling is False
+    assert "async_scheduling" not in base.to_json() and '"async_scheduling": true' in v1.to_json()
+    # the simulator runs the policy's profile: the same steps, shorter by the hidden host work
+    specs = [RequestSpec(i, i * 0.05, tuple(range(100, 612)), 512, 64) for i in range(20)]
+    runs = {policy: simulate_records(specs, ModeledEngine(profile=base, kv_blocks=4000, max_num_seqs=64,
+                                                          max_batched_tokens=2048, scheduler=policy))
+            for policy in ("chunked", "vllm-v1")}
+    assert all(r.status == "ok" for rs in runs.values() for r in rs)
+    assert sum(r.done_s or 0 for r in runs["vllm-v1"]) < sum(r.done_s or 0 for r in runs["chunked"])

@@ -102,7 +102,8 @@ class ModeledEngine:
         return cls(**given)
 
     def cost_profile(self) -> CostProfile:
-        base = self.profile if isinstance(self.profile, CostProfile) else CostProfile.load(self.profile)
+        base = (self.profile if isinstance(self.profile, CostProfile) else CostProfile.load(self.profile)
+                ).under_policy(self.scheduler)
         s = self.step_scale
         if s == 1.0:
             return base
