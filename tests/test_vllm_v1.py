@@ -177,3 +177,12 @@ def test_the_policy_overlaps_a_profiles_host_terms_with_its_forward_pass() -> No
             for policy in ("chunked", "vllm-v1")}
     assert all(r.status == "ok" for rs in runs.values() for r in rs)
     assert sum(r.done_s or 0 for r in runs["vllm-v1"]) < sum(r.done_s or 0 for r in runs["chunked"])
+
+
+def test_a_served_modeled_engine_runs_the_policys_profile() -> None:
+    from reference_engine.builder import build_engine
+
+    for policy, is_async in (("vllm-v1", True), ("chunked", False)):
+        engine, _ = build_engine(EngineSpec(profile="cpu-tiny", scheduler=policy))
+        assert engine.executor.profile.async_scheduling is is_async  # type: ignore[attr-defined]
+        assert engine.scheduler.config.scheduler == policy
