@@ -46,7 +46,8 @@ def build_engine(spec: EngineSpec) -> tuple[LLMEngine, TextTokenizer]:
     if s.executor == "modeled":
         num_blocks = 2048 if s.kv_blocks is None else s.kv_blocks
         ex, tokenizer = modeled_executor(
-            CostProfile.load(s.profile), block_size=s.block_size, num_blocks=num_blocks, seed=s.seed
+            CostProfile.load(s.profile).under_policy(s.scheduler), block_size=s.block_size, num_blocks=num_blocks,
+            seed=s.seed
         )
         model_len = min(4096 if s.max_model_len is None else s.max_model_len, 1 << 30)
     else:  # torch (EngineSpec knows no third)

@@ -18,8 +18,35 @@ def require_positive_ints(obj: Any, names: Iterable[str]) -> None:
 
 
 # chunked: mixed batches under one token budget, prompts cut into chunks (vLLM v1); vllm-v0: a step is whole
-# prompts or decodes, never both, prompts first (vLLM before chunked prefill)
-SCHEDULERS = ("chunked", "vllm-v0")
+# prompts or decodes, never both, prompts first (vLLM before chunked prefill); vllm-v1: today's vLLM, whose
+# steps are made exactly as chunked's (reference_engine.scheduler) and whose sizes left unset are vLLM's
+# (`vllm_v1_defaults`, and the KV blocks from the GPU's memory), with async scheduling
+SCHEDULERS = ("chunked", "vllm-v0", "vllm-v1")
+VLLM_V1 = "vllm-v1"
+
+# vLLM V1's sizes when its OpenAI server is given none (vllm/engine/arg_utils.py, EngineArgs's V1 defaults by
+# usage context, vLLM 0.9-0.11): on a GPU of at least 70 GiB that is not an A100 (H100, H200, MI300X),
+# max_num_batched_tokens 8192 and max_num_seqs 1024; on any other, 2048 and 256. (The offline `LLM` class
+# takes 16384 / 8192 tokens; a server is what slobench measures.) gpu_memory_utilization is 0.9 either way.
+VLLM_V1_LARGE_GPU_BYTES = 70 << 30
+VLLM_V1_SERVER_DEFAULTS = {"large": (8192, 1024), "other": (2048, 256)}
+VLLM_GPU_MEMORY_UTILIZATION = 0.9
+
+
+def vllm_v1_defaults(memory_bytes: int | None, device_name: str = "") -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) vLLM V1's server runs with on a GPU of `memory_bytes` (as the
+    driver reports it) called `device_name`; an unknown GPU (None) gets the smaller pair."""
+    large = memory_bytes is not None and memory_bytes >= VLLM_V1_LARGE_GPU_BYTES and "a100" not in device_name.lower()
+    return VLLM_V1_SERVER_DEFAULTS["large" if large else "other"]
+
+
+def vllm_v1_defaults_of(provenance: Mapping[str, Any] | None) -> tuple[int, int]:
+    """`vllm_v1_defaults` on the GPU a roofline cost profile was built for (its provenance's `gpu`: name and
+    the driver's memory in MiB); the smaller pair for a profile that names no GPU."""
+    gpu = (provenance or {}).get("gpu")
+    if not isinstance(gpu, Mapping) or not isinstance(gpu.get("memory_mib"), int | float):
+        return vllm_v1_defaults(None)
+    return vllm_v1_defaults(int(gpu["memory_mib"] * 2**20), str(gpu.get("name", "")))
 
 
 def check_scheduler(name: Any) -> None:

@@ -10,7 +10,8 @@ import argparse
 import json
 import re
 
-from reference_engine.config import EXECUTORS, SCHEDULERS, EngineSpec
+from reference_engine.config import EXECUTORS, SCHEDULERS, VLLM_V1, EngineSpec, vllm_v1_defaults_of
+from reference_engine.executor.modeled_executor import CostProfile
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_KEEP_ALIVE_S = 5  # uvicorn's and vLLM's default, said explicitly
@@ -19,6 +20,7 @@ DEFAULT_BODY_TIMEOUT_S = 30.0
 # a 1M-token one with room to spare, yet keeps 16 concurrent uploads' buffers near 128 MiB.
 DEFAULT_MAX_BODY_BYTES = 8 << 20
 DEFAULT_MAX_NUM_SEQS = 64
+DEFAULT_MAX_BATCHED_TOKENS = 2048
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,13 +77,17 @@ def add_engine_spec_arguments(parser: argparse.ArgumentParser | argparse._Argume
     a("--max-num-seqs", type=int, default=None,
       help=f"most requests in a batch (default: {DEFAULT_MAX_NUM_SEQS}; with {x} modeled, a calibrated profile's "
            "served_max_num_seqs when it has one: the most the calibrated server decoded at once)")
-    a("--max-batched-tokens", type=int, default=2048, help="token budget per step (default: 2048)")
+    a("--max-batched-tokens", type=int, default=None,
+      help=f"token budget per step (default: {DEFAULT_MAX_BATCHED_TOKENS}; with --scheduler vllm-v1, vLLM V1's: "
+           "8192 on a GPU of 70 GiB or more other than an A100, else 2048, the GPU read from a roofline profile)")
     a("--max-model-len", type=int, default=None, help="context length limit (default: 4096, capped by the model)")
     a("--no-prefix-caching", action="store_true", help="disable prefix caching")
     a("--scheduler", choices=SCHEDULERS, default="chunked",
       help="how a step's batch is made: chunked (prompts cut into chunks and mixed with decodes under one token "
-           "budget, vLLM v1) or vllm-v0 (a step is whole prompts or decodes, never both, prompts first) "
-           "(default: chunked)")
+           "budget, vLLM v1) or vllm-v0 (a step is whole prompts or decodes, never both, prompts first) or "
+           "vllm-v1 (today's vLLM: chunked's steps, with vLLM V1's defaults for the sizes not given: the token "
+           "budget and max-num-seqs by GPU, and with a roofline profile the KV blocks from the GPU's memory "
+           "x 0.9 less weights and activation peak) (default: chunked)")
     if in_process:
         a("--engine-device", default=None, help="torch device for --engine torch: cpu, cuda, cuda:N, auto (default: cpu)")
         return
@@ -104,13 +110,18 @@ def engine_spec_from_args(args: argparse.Namespace, *, in_process: bool = False)
     """The `EngineSpec` of flags written by `add_engine_spec_arguments` (with the same `in_process`). In
     process, `--model` may be unset (a URL's model is discovered) and means tiny; the engine's seed stays 0."""
     modeled = (args.engine or "modeled") == "modeled" if in_process else args.executor == "modeled"
+    scheduler = getattr(args, "scheduler", "chunked")
+    batched, seqs = DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
+    if scheduler == VLLM_V1 and (args.max_batched_tokens is None or args.max_num_seqs is None):
+        batched, seqs = vllm_v1_defaults_of(CostProfile.load(args.profile).provenance if modeled else None)
     max_num_seqs = args.max_num_seqs
     if max_num_seqs is None:
-        max_num_seqs = (served_max_num_seqs(args.profile) if modeled else None) or DEFAULT_MAX_NUM_SEQS
+        max_num_seqs = (served_max_num_seqs(args.profile) if modeled else None) or seqs
     shape = {"profile": args.profile, "kv_blocks": args.kv_blocks, "block_size": args.block_size,
-             "max_num_seqs": max_num_seqs, "max_batched_tokens": args.max_batched_tokens,
+             "max_num_seqs": max_num_seqs,
+             "max_batched_tokens": batched if args.max_batched_tokens is None else args.max_batched_tokens,
              "max_model_len": args.max_model_len, "enable_prefix_caching": not args.no_prefix_caching,
-             "scheduler": getattr(args, "scheduler", "chunked")}
+             "scheduler": scheduler}
     if in_process:
         return EngineSpec(model=args.model or "tiny", executor=args.engine or "modeled",
                           device=args.engine_device or "cpu", **shape)

@@ -80,7 +80,7 @@ def test_the_profile_flag_accepts_a_roofline_name() -> None:
     assert CostProfile.load("roofline:h100/llama-3.1-8b") == roofline("llama-3.1-8b", "h100")
     assert CostProfile.load("roofline:a100/llama-3.1-70b/tp8") == roofline("llama-3.1-70b", "a100", 8)
     with pytest.raises(EngineConfigError, match="known: h100"):
-        CostProfile.load("roofline:b200/llama-3.1-8b")
+        CostProfile.load("roofline:x900/llama-3.1-8b")  # b200 is built in now
     with pytest.raises(EngineConfigError, match="roofline:GPU/MODEL"):
         CostProfile.load("roofline:h100")
 

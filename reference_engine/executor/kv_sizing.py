@@ -9,6 +9,9 @@ peak, then gives the KV cache what is left of `gpu_memory_utilization × total`:
 "Used" is read from the driver (total − free), so it counts the weights, the CUDA context, cuBLAS and
 Triton workspaces, and any other process on the GPU. The arithmetic is a pure function, tested with given
 numbers; only `measure_cuda_memory` touches the device.
+
+With no device (a modeled engine standing for vLLM on a GPU), `estimated_activation_peak_bytes` stands for
+the warm-up's measured peak, from the model's shape and the step limits.
 """
 
 from __future__ import annotations
@@ -63,6 +66,25 @@ def num_kv_blocks(profile: MemoryProfile, gpu_memory_utilization: float, bytes_p
             "--gpu-memory-utilization, free GPU memory, lower --max-batched-tokens, or pass --kv-blocks",
         )
     return blocks
+
+
+def estimated_activation_peak_bytes(*, max_num_batched_tokens: int, max_num_seqs: int, hidden_size: int,
+                                    mlp_width: int, mlp_matrices: int, vocab_size: int, dtype_bytes: int) -> int:
+    """What vLLM's profiling pass (one forward of `max_num_batched_tokens` tokens, then the sampler on
+    `max_num_seqs` rows) adds to the memory in use at its peak, estimated as the larger of its two phases:
+
+    - the forward: per token, the residual and the hidden state (2 x hidden) and the MLP's live set, its
+      up-projection and the activation written from it (gated: gate_up 2 x width + width; plain: 2 x width,
+      so `mlp_matrices` x width), in the model's dtype: a layer's largest set of live tensors (attention's
+      q, k, v are narrower than the MLP's width in every model here);
+    - the sampler: `max_num_seqs` rows of logits in float32, twice (the logits and the probabilities or
+      log-probabilities computed from them).
+
+    `mlp_width` is one GPU's share of the MLP (intermediate_size / tp). Allocator fragmentation, the CUDA
+    context and library workspaces (vLLM's "non-torch memory", a few hundred MiB) are not counted."""
+    forward = max_num_batched_tokens * (2 * hidden_size + mlp_matrices * mlp_width) * dtype_bytes
+    sampler = min(max_num_seqs, max_num_batched_tokens) * vocab_size * 4 * 2
+    return max(forward, sampler)
 
 
 def warmup_chunks(max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,

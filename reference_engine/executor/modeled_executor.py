@@ -3,11 +3,13 @@
     step_s = a + b * prefill_tokens + c * decode_seqs + d * context_tokens
              + max(k * (prefill_tokens + decode_seqs), w)          # dense layers: compute or weights read
              + max(f * attention_pairs, v * context_tokens)        # attention: FLOPs or KV read
+             + h + g * (decode_seqs + first_tokens)                # host work of the serving loop
 
 The two max() terms are a roofline (slobench.profiles.roofline fills them from a GPU spec and a model
 config); they are zero in a fitted linear profile, which then reads as the first line alone. A profile with
 `phases` (reference_engine.executor.phase_fit: DistServe's per-phase fits) takes its step times from those
-instead.
+instead. The host terms h and g (`host_step_s`, `host_per_seq_s`) are added to every form; 0 unless calibrated
+from measured requests.
 
 It lets the real scheduler and block manager run at GPU-like speed on any machine (the engine waits until
 step start + step_s on its clock). Sampled tokens are deterministic pseudo-random ids from (seq_id, position),
@@ -26,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from reference_engine.config import VLLM_V1
 from reference_engine.errors import ConfigError
 from reference_engine.executor.base import StepBatch, StepResult
 from reference_engine.executor.phase_fit import PhaseFit, read_distserve
@@ -57,16 +60,27 @@ class CostProfile:
     # r: a request's own work inside the server (tokenizing, setting up its sampling), charged to the step
     # that samples its first token; 0 unless a refinement fits it (slobench.profiles.refine, fit_inside)
     per_request_s: float = 0.0
+    # host work of the serving loop around the forward pass (scheduling, sampling, detokenising, RPC to the
+    # workers), added to every step whatever form the rest takes (phases included): a fixed cost a step and a
+    # cost per sequence that samples a token in it (decodes and first tokens); 0 unless calibrated from
+    # measured requests (slobench.profiles.from_runs)
+    host_step_s: float = 0.0
+    host_per_seq_s: float = 0.0
     # where the numbers come from (written to JSON, not used in the model)
     provenance: dict[str, Any] | None = field(default=None, compare=False, hash=False)
     # per-phase fits (prefill and decode formulas) that replace the terms above when given
     phases: PhaseFit | None = None
+    # the engine overlaps the host work of one step with the next step's forward pass (vLLM's async
+    # scheduling, the vllm-v1 policy): a step costs max(forward, host terms), not their sum (`overlapped_step_s`)
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
-        for name in _COEFFICIENTS:
+        for name in (*_COEFFICIENTS, "host_step_s", "host_per_seq_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
                 raise ConfigError(name, value, "must be a number >= 0 (seconds)")
+        if not isinstance(self.async_scheduling, bool):
+            raise ConfigError("async_scheduling", self.async_scheduling, "must be true or false")
 
     @property
     def is_roofline(self) -> bool:
@@ -86,6 +100,17 @@ class CostProfile:
         n*start + n*(n+1)/2; a decode token has its context. None: the context tokens (exact for a step of
         decodes only).
         `num_first_tokens`: requests sampling their first token in the step (each costs `per_request_s`)."""
+        if self.host_step_s or self.host_per_seq_s:
+            return overlapped_step_s(
+                self._device_step_s(num_prefill_tokens, num_decode_seqs, num_context_tokens, num_attention_pairs,
+                                    num_first_tokens),
+                self.host_step_s + self.host_per_seq_s * (num_decode_seqs + num_first_tokens),
+                async_scheduling=self.async_scheduling)
+        return self._device_step_s(num_prefill_tokens, num_decode_seqs, num_context_tokens, num_attention_pairs,
+                                   num_first_tokens)
+
+    def _device_step_s(self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int,
+                       num_attention_pairs: int | None, num_first_tokens: int) -> float:
         if self.phases is not None:
             return (self.phases.step_s(num_prefill_tokens, num_decode_seqs, num_context_tokens, num_attention_pairs)
                     + self.per_request_s * num_first_tokens)
@@ -111,12 +136,22 @@ class CostProfile:
         return replace(self, **{k: getattr(self, k) * factor for k in _COEFFICIENTS},
                        phases=None if self.phases is None else self.phases.scaled(factor))
 
+    def with_host_costs(self, step_s: float, per_seq_s: float) -> CostProfile:
+        """The serving loop's host work set to `step_s` a step plus `per_seq_s` per sequence sampling a token."""
+        return replace(self, host_step_s=step_s, host_per_seq_s=per_seq_s)
+
     def with_step_overhead(self, extra_s: float) -> CostProfile:
         """Every step `extra_s` longer: a fixed host cost (scheduling, sampling, streaming) the profile lacks."""
         if not extra_s:
             return self
         return replace(self, step_overhead_s=self.step_overhead_s + extra_s,
                        phases=None if self.phases is None else self.phases.with_step_overhead(extra_s))
+
+    def under_policy(self, scheduler: str) -> CostProfile:
+        """The profile as an engine with scheduling policy `scheduler` runs it: vllm-v1 schedules
+        asynchronously (its host work hidden behind the forward pass), the others do not."""
+        is_async = scheduler == VLLM_V1
+        return self if is_async == self.async_scheduling else replace(self, async_scheduling=is_async)
 
     @classmethod
     def load(cls, name_or_path: str | Path) -> CostProfile:
@@ -172,7 +207,7 @@ class CostProfile:
     def to_json(self) -> str:
         doc = asdict(self)
         for k in ("compute_per_token_s", "weights_read_s", "attention_per_pair_s", "kv_read_per_context_token_s",
-                  "per_request_s"):
+                  "per_request_s", "host_step_s", "host_per_seq_s"):
             if not doc[k]:
                 del doc[k]  # a linear profile's JSON stays as it was
         if doc["provenance"] is None:
@@ -181,6 +216,8 @@ class CostProfile:
             del doc["phases"]
         else:
             doc["phases"] = self.phases.to_dict()
+        if not self.async_scheduling:
+            del doc["async_scheduling"]
         return json.dumps(doc, indent=2)
 
     @classmethod
@@ -285,3 +322,14 @@ class ModeledExecutor:
         self.num_steps += 1
         self.total_modeled_s += step_s
         return StepResult(tokens, modeled_s=step_s)
+
+
+def overlapped_step_s(forward_s: float, host_s: float, *, async_scheduling: bool) -> float:
+    """A step's wall time from its forward pass (`forward_s`, the GPU's) and the serving loop's host work
+    (`host_s`: scheduling, sampling, detokenising, RPC to the workers). Synchronous, the GPU waits for the
+    host and the host for the GPU: the sum. With async scheduling (vLLM's --async-scheduling, the vllm-v1
+    policy) the host work of step n runs while the GPU runs step n+1's forward pass: a step costs the
+    longer of the two, the host's cost hidden until it exceeds the forward pass."""
+    if forward_s < 0 or host_s < 0:
+        raise ConfigError("step_s", (forward_s, host_s), "forward and host times must be >= 0 (seconds)")
+    return max(forward_s, host_s) if async_scheduling else forward_s + host_s

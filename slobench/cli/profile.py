@@ -36,7 +36,11 @@ def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
     p.description = ("A cost profile from a GPU's datasheet peaks and a model's shapes, with efficiencies fitted "
                      "to measured operator times (see docs/guide/simulator.md). The same profile is "
                      "available without a file as --profile roofline:GPU/MODEL[/tpN].")
-    p.add_argument("--gpu", required=True, help=f"one of {', '.join(GPUS)}")
+    p.add_argument("--gpu", required=True,
+                   help=f"one of {', '.join(GPUS)}; or any GPU by its datasheet numbers, "
+                        "bf16_tflops=362,mem_gbs=864,mem_gib=44.5,link_gbs=32 (dense BF16 TFLOP/s, memory GB/s, "
+                        "driver-visible memory GiB, GPU-to-GPU GB/s one way); or a .toml/.json file of those keys "
+                        "plus name and source")
     p.add_argument("--model", default=None, help=f"one of {', '.join(MODEL_NAMES)}, or a Hugging Face config.json path")
     p.add_argument("--model-config", default=None, metavar="PATH",
                    help="any model's shapes from its Hugging Face config.json (OPT, Llama, Mistral, Qwen), instead "

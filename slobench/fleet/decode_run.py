@@ -255,7 +255,7 @@ def decode_run(engine: LLMEngine, until_s: float, past_finishes: bool = True) ->
         context += n
         if n == s.num_prompt_tokens:
             firsts0 += 1
-    if (cfg.scheduler != "chunked" and sched.waiting and len(sched.running) < cfg.max_num_seqs
+    if (cfg.scheduler == "vllm-v0" and sched.waiting and len(sched.running) < cfg.max_num_seqs
             and not _head_stays_out(sched.waiting[0], decodes, bm)):
         return None  # vllm-v0: the next step is the queue's prompts (or may be): stepped
     admitted = None

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from reference_engine.builder import modeled_executor
-from reference_engine.config import EngineConfig, EngineSpec, check_scheduler, require_positive_ints
+from reference_engine.config import VLLM_V1, EngineConfig, EngineSpec, check_scheduler, require_positive_ints
 from reference_engine.engine import LLMEngine, VirtualClock
 from reference_engine.executor.modeled_executor import CostProfile
 from reference_engine.scheduler import RequestRejected
@@ -43,6 +43,7 @@ from slobench.fleet.replica import (
 )
 from slobench.fleet.routing import ROUTERS, Router
 from slobench.fleet.sim_blocks import SimBlockManager, shared_prefix_blocks
+from slobench.profiles.roofline import vllm_kv_blocks_of
 from slobench.run.columnar import RecordBuffer, StepTimes
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.engine import refusal_error
@@ -93,6 +94,11 @@ class ModeledEngine:
                                  "enable_prefix_caching": spec.enable_prefix_caching, "scheduler": spec.scheduler}
         if spec.kv_blocks is not None:
             given["kv_blocks"] = spec.kv_blocks
+        elif spec.scheduler == VLLM_V1:  # as vLLM sizes its cache: the GPU's memory, when the profile names one
+            derived = vllm_kv_blocks_of(CostProfile.load(spec.profile), block_size=spec.block_size,
+                                        max_num_batched_tokens=spec.max_batched_tokens, max_num_seqs=spec.max_num_seqs)
+            if derived is not None:
+                given["kv_blocks"] = derived
         if spec.max_model_len is not None:
             given["max_model_len"] = spec.max_model_len
         if "model" in knobs:
@@ -100,7 +106,8 @@ class ModeledEngine:
         return cls(**given)
 
     def cost_profile(self) -> CostProfile:
-        base = self.profile if isinstance(self.profile, CostProfile) else CostProfile.load(self.profile)
+        base = (self.profile if isinstance(self.profile, CostProfile) else CostProfile.load(self.profile)
+                ).under_policy(self.scheduler)
         s = self.step_scale
         if s == 1.0:
             return base

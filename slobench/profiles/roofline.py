@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from reference_engine.config import VLLM_GPU_MEMORY_UTILIZATION
+from reference_engine.executor.kv_sizing import MemoryProfile, estimated_activation_peak_bytes, num_kv_blocks
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.errors import SpecError
-from slobench.profiles.specs import GpuSpec, ModelConfig, get_gpu, get_model
+from slobench.profiles.specs import GPU_ALIASES, GPUS, GpuSpec, ModelConfig, get_gpu, get_model
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,16 +147,52 @@ def kv_capacity_tokens(model: str | ModelConfig, gpu: str | GpuSpec, tp: int = 1
     return max(0, int(free // (m.kv_bytes_per_token * replicas)))
 
 
+def vllm_kv_blocks(model: str | ModelConfig, gpu: str | GpuSpec, tp: int = 1, *, block_size: int = 16,
+                   max_num_batched_tokens: int, max_num_seqs: int,
+                   gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> int:
+    """KV blocks vLLM gives an instance of `tp` GPUs when --num-gpu-blocks-override is not given: on each
+    GPU, its memory as the driver reports it x `gpu_memory_utilization`, less its share of the weights and
+    the profiling pass's activation peak (`estimated_activation_peak_bytes`), over one block's K and V on
+    that GPU. A ConfigError naming every term when not one block fits."""
+    m = get_model(model) if isinstance(model, str) else model
+    g = get_gpu(gpu) if isinstance(gpu, str) else gpu
+    peak = estimated_activation_peak_bytes(
+        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, hidden_size=m.hidden_size,
+        mlp_width=-(-m.intermediate_size // tp), mlp_matrices=m.mlp_matrices, vocab_size=m.vocab_size,
+        dtype_bytes=m.bytes_per_param)
+    kv_heads_per_gpu = max(1, m.num_kv_heads // tp)
+    bytes_per_block = block_size * 2 * m.num_layers * kv_heads_per_gpu * m.head_dim * m.bytes_per_param
+    memory = MemoryProfile(total_bytes=g.memory_bytes, used_bytes=-(-m.params * m.bytes_per_param // tp),
+                           activation_peak_bytes=peak)
+    return num_kv_blocks(memory, gpu_memory_utilization, bytes_per_block)
+
+
+def vllm_kv_blocks_of(profile: CostProfile, *, block_size: int, max_num_batched_tokens: int, max_num_seqs: int,
+                      gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> int | None:
+    """`vllm_kv_blocks` for the model, GPU and TP degree a roofline profile was built from (its provenance);
+    None for a profile that names no GPU (fitted, bundled)."""
+    prov = profile.provenance or {}
+    if prov.get("kind") != "roofline":
+        return None
+    return vllm_kv_blocks(ModelConfig(**prov["model"]), GpuSpec(**prov["gpu"]), int(prov.get("tp", 1)),
+                          block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
+                          max_num_seqs=max_num_seqs, gpu_memory_utilization=gpu_memory_utilization)
+
+
 def roofline_from_name(spec: str) -> CostProfile:
-    """`roofline:GPU/MODEL[/tpN]`, e.g. `roofline:h100/llama-3.1-70b/tp4` (the `--profile` form)."""
+    """`roofline:GPU/MODEL[/tpN]`, e.g. `roofline:h100/llama-3.1-70b/tp4` (the `--profile` form). GPU is a
+    name, a GPU by its numbers (`roofline:bf16_tflops=362,mem_gbs=864,mem_gib=44.5,link_gbs=32/llama-3.1-8b`)
+    or a `.toml`/`.json` spec file path; MODEL a name or a config.json path."""
     body = spec.removeprefix("roofline:")
     parts = body.split("/")
     tp = 1
     if len(parts) >= 3 and parts[-1].startswith("tp") and parts[-1][2:].isdigit():
         tp = int(parts[-1][2:])
         parts = parts[:-1]
-    if len(parts) > 2 and parts[-1].endswith(".json"):  # MODEL is a config.json path
-        parts = [parts[0], "/".join(parts[1:])]
-    if len(parts) != 2:
+    # the GPU ends at its first part unless that is no name nor numbers: then at the spec file's name
+    ends = [i for i, part in enumerate(parts[:-1]) if part.endswith((".toml", ".json"))]
+    cut = 1 if "=" in parts[0] or parts[0].lower() in GPUS or parts[0].lower() in GPU_ALIASES or not ends else ends[0] + 1
+    gpu, model = "/".join(parts[:cut]), "/".join(parts[cut:])
+    if not gpu or not model or len(parts[cut:]) > 1 and not model.endswith(".json"):
         raise SpecError("profile", spec, "a roofline profile is roofline:GPU/MODEL[/tpN], e.g. roofline:h100/llama-3.1-8b")
-    return roofline(parts[1], parts[0], tp)
+    return roofline(model, gpu, tp)

@@ -1,14 +1,17 @@
 """GPU specs and model configs that the roofline profiles are built from, each with its source.
 
 GPU figures are the vendors' datasheet numbers for dense bf16 tensor math (not the 2x "with sparsity"
-figure) and peak memory bandwidth. Memory is the datasheet's decimal GB; what a driver reports as usable
-is a little less (an H100 80GB shows 81,559 MiB in nvidia-smi). Model shapes are the `config.json` values
+figure) and peak memory bandwidth, read from slobench/data/gpus.toml (each entry names its source and says
+which figures are derived); memory is what the driver reports (an H100 80GB shows 81,559 MiB in nvidia-smi),
+not the datasheet's "80GB". Any other GPU is given by the same numbers (`get_gpu`). Model shapes are the `config.json` values
 published with each model on the Hugging Face hub.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,100 @@ class GpuSpec:
     @property
     def memory_bytes(self) -> int:
         return int(self.memory_mib * 2**20)
+
+
+# A GPU by its datasheet numbers: the names a spec is written with (`--gpu bf16_tflops=..,mem_gbs=..,..`, a spec
+# file, the bundled slobench/data/gpus.toml), and the range each must lie in: past it a figure is a typo or a
+# unit slip (TB/s written for GB/s, MiB for GiB), not a GPU.
+GPU_KEYS = ("bf16_tflops", "mem_gbs", "mem_gib", "link_gbs")
+GPU_RANGES = {"bf16_tflops": (1.0, 50_000.0), "mem_gbs": (50.0, 100_000.0), "mem_gib": (1.0, 4_096.0),
+              "link_gbs": (0.1, 50_000.0)}
+GPU_UNITS = {"bf16_tflops": "dense BF16 TFLOP/s", "mem_gbs": "memory bandwidth, GB/s", "mem_gib": "driver-visible "
+             "memory, GiB", "link_gbs": "GPU-to-GPU bandwidth one way, GB/s"}
+GPUS_FILE = Path(__file__).resolve().parent.parent / "data" / "gpus.toml"
+
+
+def gpu_from_mapping(raw: dict[str, Any], where: str, *, named: bool = True) -> GpuSpec:
+    """A GpuSpec from the datasheet keys (`GPU_KEYS`, plus `name` and `source` when `named`); a SpecError
+    naming the key for one missing, unknown, not a number, not positive or out of its range."""
+    allowed = (*GPU_KEYS, "name", "source") if named else GPU_KEYS
+    unknown = [k for k in raw if k not in allowed]
+    if unknown:
+        raise SpecError(f"gpu {unknown[0]}", raw[unknown[0]], f"unknown key in {where}; a GPU spec has "
+                                                              f"{', '.join(allowed)}")
+    missing = [k for k in allowed if k not in raw]
+    if missing:
+        raise SpecError(f"gpu {missing[0]}", where, f"missing ({GPU_UNITS.get(missing[0], 'a string')})")
+    values = {}
+    for k in GPU_KEYS:
+        v = raw[k]
+        if isinstance(v, str):
+            try:
+                v = float(v)
+            except ValueError:
+                raise SpecError(f"gpu {k}", raw[k], f"not a number ({GPU_UNITS[k]})") from None
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+            raise SpecError(f"gpu {k}", raw[k], f"must be a number > 0 ({GPU_UNITS[k]})")
+        lo, hi = GPU_RANGES[k]
+        if not lo <= v <= hi:
+            raise SpecError(f"gpu {k}", raw[k], f"absurd for {GPU_UNITS[k]}: expected {lo:g} to {hi:g}")
+        values[k] = float(v)
+    name, source = (raw["name"], raw["source"]) if named else ("custom", f"given by its numbers: {where}")
+    for k, v in (("name", name), ("source", source)):
+        if not isinstance(v, str) or not v.strip():
+            raise SpecError(f"gpu {k}", v, f"must be a non-empty string in {where}")
+    mib = values["mem_gib"] * 1024
+    return GpuSpec(name.lower(), values["bf16_tflops"], values["mem_gbs"] / 1000, values["link_gbs"], source,
+                   int(mib) if mib.is_integer() else mib)
+
+
+def gpu_from_numbers(text: str) -> GpuSpec:
+    """`bf16_tflops=362,mem_gbs=864,mem_gib=44.5,link_gbs=32`: every key once, in any order."""
+    raw: dict[str, Any] = {}
+    for item in text.split(","):
+        key, eq, value = (part.strip() for part in item.partition("="))
+        if not eq or not key:
+            raise SpecError("gpu", text, f"{item!r} is not KEY=NUMBER; a GPU by its numbers is "
+                                         f"{'=..,'.join(GPU_KEYS)}=..")
+        if key in raw:
+            raise SpecError(f"gpu {key}", text, "given twice")
+        raw[key] = value
+    return gpu_from_mapping(raw, text, named=False)
+
+
+def gpu_from_file(path: str | Path) -> GpuSpec:
+    """One GPU from a TOML or JSON file holding `name`, `source` and the datasheet keys at its top level."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+        raw = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise SpecError("gpu", str(p), f"cannot read it as a {p.suffix.lstrip('.').upper() or 'TOML'} GPU spec: {e}") from None
+    if not isinstance(raw, dict):
+        raise SpecError("gpu", str(p), "must hold one object of name, source and the datasheet keys")
+    return gpu_from_mapping(raw, str(p))
+
+
+def gpu_from_text(text: str) -> GpuSpec:
+    """A GPU not among the built-in names: by its numbers, or from a `.toml`/`.json` spec file."""
+    if "=" in text:
+        return gpu_from_numbers(text)
+    if text.endswith((".toml", ".json")):
+        return gpu_from_file(text)
+    raise SpecError("gpu", text, f"unknown; known: {', '.join(GPUS)}, a GPU by its numbers "
+                                 f"({'=..,'.join(GPU_KEYS)}=..), or a .toml/.json spec file")
+
+
+def gpus_from_file(path: Path) -> dict[str, GpuSpec]:
+    """The bundled GPUs: a TOML file of `[[gpu]]` entries, each a spec file's keys."""
+    entries = tomllib.loads(path.read_text(encoding="utf-8")).get("gpu", [])
+    out: dict[str, GpuSpec] = {}
+    for i, raw in enumerate(entries):
+        g = gpu_from_mapping(raw, f"{path.name} entry {i + 1}")
+        if g.name in out:
+            raise SpecError("gpu name", g.name, f"given twice in {path.name}")
+        out[g.name] = g
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,23 +184,9 @@ class ModelConfig:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.bytes_per_param
 
 
-_DATASHEETS = "NVIDIA {} datasheet"
-GPUS: dict[str, GpuSpec] = {
-    g.name: g
-    for g in (  # the last field: the driver's total memory, MiB, as nvidia-smi reports it
-        # H100 SXM5: 989 TFLOP/s bf16 dense (1,979 with sparsity), 3.35 TB/s HBM3, 80 GB, NVLink 900 GB/s
-        # total (450 GB/s each way).
-        GpuSpec("h100", 989.0, 3.35, 450.0, _DATASHEETS.format("H100 Tensor Core GPU (SXM)"), 81_559),
-        # H200 SXM: the H100's compute with 4.8 TB/s HBM3e and 141 GB.
-        GpuSpec("h200", 989.0, 4.8, 450.0, _DATASHEETS.format("H200 Tensor Core GPU (SXM)"), 143_771),
-        # A100 80GB SXM: 312 TFLOP/s bf16 dense (624 sparse), 2,039 GB/s HBM2e, NVLink 600 GB/s total.
-        GpuSpec("a100", 312.0, 2.039, 300.0, _DATASHEETS.format("A100 Tensor Core GPU (80GB SXM)"), 81_920),
-        # L40S: 362.05 TFLOP/s bf16 dense (733 sparse), 864 GB/s GDDR6, 48 GB; no NVLink: PCIe Gen4 x16,
-        # 64 GB/s total (32 each way).
-        GpuSpec("l40s", 362.05, 0.864, 32.0, _DATASHEETS.format("L40S GPU"), 46_068),
-    )
-}
-GPU_ALIASES = {"h100-sxm": "h100", "h200-sxm": "h200", "a100-80gb": "a100", "a100-80gb-sxm": "a100"}
+GPUS: dict[str, GpuSpec] = gpus_from_file(GPUS_FILE)
+GPU_ALIASES = {"h100-sxm": "h100", "h200-sxm": "h200", "a100-80gb": "a100", "a100-80gb-sxm": "a100",
+               "rtx-6000-ada": "rtx6000-ada", "h100-sxm5": "h100"}
 
 _HF = "config.json of {} on the Hugging Face hub"
 MODELS: dict[str, ModelConfig] = {
@@ -137,7 +220,7 @@ MODEL_NAMES: tuple[str, ...] = tuple(MODELS)
 def get_gpu(name: str) -> GpuSpec:
     key = GPU_ALIASES.get(name.lower(), name.lower())
     if key not in GPUS:
-        raise SpecError("gpu", name, f"unknown; known: {', '.join(GPUS)}")
+        return gpu_from_text(name)
     return GPUS[key]
 
 

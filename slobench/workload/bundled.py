@@ -1,6 +1,7 @@
 """The files slobench reads at run time from inside its own package, under `slobench/data/`: the bundled
-workload specs (`--workload chat`) and the sample traces (`--trace azure-code-sample`), with the traces'
-license and attribution.
+workload specs (`--workload chat`), the sample traces (`--trace azure-code-sample`), with the traces'
+license and attribution, and the datasheet figures of the GPUs known by name (`gpus.toml`, read by
+`slobench.profiles.specs`).
 
 They live in the package so that an installed wheel finds them wherever it runs; the repository's top-level
 `workloads/` is a link to `slobench/data/workloads/`, one copy of each file. `package_files` lists every such
@@ -59,5 +60,5 @@ def trace_path(source: str | Path) -> Path:
 def package_files() -> list[Path]:
     """Every file of slobench's own that a verb may read at run time, or that must travel with one
     (absolute paths, in this installation)."""
-    return sorted([*WORKLOADS_DIR.glob("*.toml"), *TRACES_DIR.glob("*.csv"),
+    return sorted([*DATA_DIR.glob("*.toml"), *WORKLOADS_DIR.glob("*.toml"), *TRACES_DIR.glob("*.csv"),
                    *(TRACES_DIR / name for name in TRACE_NOTICES)])
