@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -14,11 +13,10 @@ from urllib.parse import urlsplit
 
 from reference_engine.serve_args import add_engine_spec_arguments, engine_spec_from_args
 from slobench.errors import UsageError
-from slobench.experiments.sweep import run_sweep
-from slobench.load_setup import MIN_PROBE_S, LoadOptions, LoadSetup
+from slobench.load_setup import LoadOptions
 from slobench.report import build_report
-from slobench.report.terminal import make_console, print_headline, print_sweep_errors, run_title, sweep_table
-from slobench.run.outdir import check_out_file, claim_out_dir, new_out_dir
+from slobench.report.terminal import print_headline, print_sweep_errors, sweep_table
+from slobench.run.outdir import check_out_file, new_out_dir
 from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_METRICS_BODY_BYTES, parse_size
 
 
@@ -127,7 +125,8 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     w = p.add_argument_group("workload")
     w.add_argument("--workload", default=None, help="a bundled workload name or a TOML path (default chat)")
     if sweep:
-        w.add_argument("--rates", required=False, default=None, help="1,2,4 or geometric START:STOP:COUNT")
+        w.add_argument("--rates", required=False, default=None,
+                       help="1,2,4, geometric START:STOP:COUNT, or auto (chosen around the SLO's crossing; needs --slo)")
         w.add_argument("--refine-knee", type=int, default=0, metavar="N",
                        help="after the rates, N more, each halving the gap (geometrically) between the two "
                             "measured rates that bracket the SLO's crossing (default 0)")
@@ -287,35 +286,6 @@ def check_refine_knee(n: int, *, has_slo: bool) -> int:
     if n and not has_slo:
         raise UsageError("--refine-knee narrows the SLO's crossing: give --slo too")
     return n
-
-
-async def sweep_rates(setup: LoadSetup, rates: Sequence[float], out: Path, *, seed: int) -> int:
-    """One run per rate through `setup`'s probe, a line per point and the table at the end; the exit code
-    (130 interrupted, 1 over --max-error-rate). `out` is claimed here, before any request (exit 2)."""
-    refine = check_refine_knee(setup.options.refine_knee, has_slo=setup.slo is not None)
-    setup.min_duration_s = MIN_PROBE_S  # high-rate points as long as low-rate ones (probe_duration)
-    out = claim_out_dir(out, overwrite=setup.options.overwrite)  # exit 2, one line
-    console = make_console()
-
-    def on_run(row: dict[str, Any]) -> None:
-        s = row["summary"]
-        console.print(f"rate {row['rate_rps']:g} req/s done: {s.num_ok}/{s.num_requests} ok")
-
-    async with setup.probe(first=(rates[0], seed)) as (probe, manifest, served):
-        doc = await run_sweep(list(rates), probe, out_dir=out, slo=setup.slo, manifest=manifest, seed=seed,
-                              on_run=on_run, refine_knee=refine)
-    print_sweep(doc, console, title=run_title(served, f"workload {setup.workload.name}", f"{setup.api} API", str(out)))
-    maybe_report(setup.options.report, [out])
-    if doc.get("interrupted"):
-        print("slobench: interrupted: the last point is partial and left out of the headline; exit 130",
-              file=sys.stderr)
-        return 130
-    n = sum(r["summary"].num_requests for r in doc["runs"])
-    ok = sum(r["summary"].num_ok for r in doc["runs"])
-    if (verdict := error_rate_verdict(n, ok, setup.max_error_rate)) is not None:
-        print(verdict, file=sys.stderr)
-        return 1
-    return 0
 
 
 def print_sweep(doc: dict[str, Any], console: Any, title: str) -> None:
