@@ -71,9 +71,9 @@ class SweepProgress:
         if self.current is not None:
             self.finished_s += self.current[1]
             self.current = None
-        self._update()
+        self.refresh()
 
-    def _update(self) -> None:
+    def refresh(self) -> None:
         if self.task is None:
             return
         running = 0.0
@@ -85,7 +85,7 @@ class SweepProgress:
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(TICK_S)
-            self._update()
+            self.refresh()
 
 
 def point_label(rate_rps: float, index: int, total: int, stage: str = "rate") -> str:
