@@ -12,9 +12,9 @@ from typing import Any
 from rich.console import Console
 
 from slobench.analysis.summary import RunSummary
-from slobench.cli.sweep_progress import SweepProgress, planned_s, point_label
 from slobench.experiments.probe import ProbeResult
 from slobench.experiments.sweep import run_sweep
+from slobench.report.sweep_progress import SweepProgress, planned_s, point_label
 
 
 class Clock:

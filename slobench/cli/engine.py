@@ -17,8 +17,7 @@ from pathlib import Path
 import slobench.profiles  # noqa: F401  (registers `--profile roofline:GPU/MODEL` with the engine)
 from reference_engine import step_log
 from reference_engine.serve_args import add_serve_arguments
-from slobench.cli.common import check_refine_knee, default_out, load_options
-from slobench.cli.sweeping import parse_sweep_rates, sweep_rates
+from slobench.cli.common import check_refine_knee, default_out, load_options, parse_sweep_rates, sweep_rates
 from slobench.errors import UsageError
 from slobench.load_setup import LoadSetup
 from slobench.report import build_report

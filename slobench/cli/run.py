@@ -12,8 +12,9 @@ from slobench.cli.common import (
     error_rate_verdict,
     maybe_report,
     options_from_args,
+    parse_sweep_rates,
+    sweep_rates,
 )
-from slobench.cli.sweeping import parse_sweep_rates, sweep_rates
 from slobench.errors import UsageError
 from slobench.load_setup import LoadSetup
 from slobench.printable import printable

@@ -20,11 +20,15 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from slobench.analysis.headline import crossing_rate
 from slobench.analysis.summary import RunSummary
 from slobench.errors import SpecError
+
+if TYPE_CHECKING:
+    from slobench.experiments.probe import Probe, ProbeResult
 
 SERVICE_REQUESTS = 8  # the service probe: this many requests ...
 SERVICE_RATE_RPS = 4.0  # ... at this rate (two seconds: a slow server's queue barely forms)
@@ -138,3 +142,52 @@ async def plan_rates(measure: Measure, target: float, *,
     middle = crossing if crossing is not None else (lo if lo is not None else min(r for r, _ in points))
     point_s = POINT_SERVICE_TIMES * service_s
     return AutoPlan(service_s, (lo, hi), float(middle), straddling_rates(float(middle), hi), point_s, tuple(probes))
+
+
+class Interrupted(Exception):
+    """Ctrl-C during the bracket: nothing of the sweep itself was measured."""
+
+
+async def plan_with_probe(probe: Probe, *, target: float, seed: int, out: Path, manifest: dict[str, Any],
+                          resize: Callable[[RunSize], None],
+                          on_probe: Callable[[float, RunSize], None] | None = None,
+                          on_measured: Callable[[float, RunSummary, bool], None] | None = None) -> AutoPlan:
+    """`plan_rates` through a sweep's probe: each probe in `out`/bracket/, sized by `resize` (which sets
+    how many requests the probe makes next) first. `on_measured(rate, summary, is_service_probe)` hears of
+    each probe after it ran; Ctrl-C in one raises `Interrupted`."""
+
+    async def measure(rate: float, size: RunSize, name: str) -> RunSummary:
+        resize(size)
+        res = await probe(rate, seed, out / name, {**manifest, "rate_rps": rate})
+        if res.interrupted:
+            raise Interrupted
+        if on_measured is not None:
+            on_measured(rate, res.summary, name.startswith("bracket/probe-00"))
+        return res.summary
+
+    return await plan_rates(measure, target, on_probe=on_probe)
+
+
+def sized_probe(probe: Probe, resize: Callable[[RunSize], None], size_of: Callable[[float], RunSize]) -> Probe:
+    """`probe`, each run sized by `resize(size_of(rate))` first."""
+
+    async def sized(rate_rps: float | None, seed: int, run_dir: Path | None, manifest: dict[str, Any]) -> ProbeResult:
+        resize(size_of(float(rate_rps or 0.0)))
+        return await probe(rate_rps, seed, run_dir, manifest)
+
+    return sized
+
+
+def probe_text(rate: float, s: RunSummary, is_service: bool) -> str:
+    """One line per bracket probe: `bracket 23.2 req/s: attainment 100%`."""
+    att = "-" if s.attainment_value is None else f"{s.attainment_value:.0%}"
+    return (f"{'service probe' if is_service else 'bracket'} {rate:g} req/s: attainment {att}"
+            + (" (past capacity)" if s.overloaded else ""))
+
+
+def plan_text(plan: AutoPlan) -> str:
+    """What the bracket found and what the sweep will run, in one line."""
+    lo, hi = plan.bracket_rps
+    return (f"service time {plan.service_s * 1e3:.0f} ms; the quick probes cross between "
+            f"{'-' if lo is None else f'{lo:g}'} and {'-' if hi is None else f'{hi:g}'} req/s; sweeping "
+            f"{', '.join(f'{r:g}' for r in plan.rates_rps)} req/s, {plan.point_duration_s:.1f} s of arrivals each")
