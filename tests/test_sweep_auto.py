@@ -17,7 +17,7 @@ import pytest
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.cli import main
 from slobench.cli.engine import DEMO_SLO, demo_engine_args
-from slobench.experiments.auto_rates import POINT_FACTORS, AutoPlan, RunSize, straddling_rates
+from slobench.experiments.auto_rates import POINT_FACTORS, POINT_SERVICE_TIMES, AutoPlan, RunSize, straddling_rates
 
 TARGET = 0.9
 
@@ -49,7 +49,7 @@ def test_auto_rates_straddle_the_cliff_at_any_step_cost(tmp_path: Path, scale: f
     h = doc["headline"]
     assert not h["is_lower_bound"] and min(rates) <= h["max_rate_meeting_rps"] < max(rates)
     # every point as long as the same number of service times: a slower engine, longer points
-    assert plan["point_duration_s"] == pytest.approx(80 * plan["service_s"])
+    assert plan["point_duration_s"] == pytest.approx(POINT_SERVICE_TIMES * plan["service_s"])
     for r in rates:
         a = summaries[r]
         assert a["num_requests"] >= 40
