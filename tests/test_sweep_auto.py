@@ -9,15 +9,26 @@ Only structure is asserted (virtual clock: no wall time involved).
 
 from __future__ import annotations
 
+import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from reference_engine.executor.modeled_executor import CostProfile
+from slobench.analysis.summary import RunSummary
 from slobench.cli import main
 from slobench.cli.engine import DEMO_SLO, demo_engine_args
-from slobench.experiments.auto_rates import POINT_FACTORS, POINT_SERVICE_TIMES, AutoPlan, RunSize, straddling_rates
+from slobench.experiments.auto_rates import (
+    POINT_FACTORS,
+    POINT_SERVICE_TIMES,
+    AutoPlan,
+    RunSize,
+    plan_rates,
+    straddling_rates,
+)
 
 TARGET = 0.9
 
@@ -70,3 +81,32 @@ def test_auto_needs_an_slo_and_its_own_sizes(tmp_path: Path, capsys: pytest.Capt
     assert main([*base, "--slo", DEMO_SLO, "--num-requests", "50"]) == 2
     assert "drop --num-requests" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
+
+
+def fake_measure(capacity_rps: float, service_s: float, seen: list[tuple[float, RunSize]]) -> Any:
+    """A server meeting the SLO below `capacity_rps` and missing it above."""
+
+    async def measure(rate: float, size: RunSize, name: str) -> RunSummary:
+        seen.append((rate, size))
+        value = 1.0 if rate <= capacity_rps else 0.3
+        s = RunSummary.from_dict({"num_requests": 50, "num_ok": 50, "e2e_s": {"p50": service_s},
+                                  "attainment": {"value": value, "num_requests": 50}})
+        return replace(s, rate_rps=rate)
+
+    return measure
+
+
+def test_the_bracket_doubles_from_one_request_per_service_time() -> None:
+    seen: list[tuple[float, RunSize]] = []
+    plan = asyncio.run(plan_rates(fake_measure(37.0, 0.1, seen), TARGET))
+    assert [r for r, _ in seen] == [4.0, 10.0, 20.0, 40.0]  # the service probe, then 1/0.1 s doubled
+    assert plan.bracket_rps == (20.0, 40.0) and 20 <= plan.crossing_rps < 40
+    assert plan.rates_rps[-1] == 40.0 and min(plan.rates_rps) < 20.0
+    assert seen[0][1] == RunSize(num_requests=8) and seen[1][1].duration_s == pytest.approx(2.0)  # 20 service times
+
+
+def test_a_first_rate_that_misses_is_halved_a_few_times_at_most() -> None:
+    seen: list[tuple[float, RunSize]] = []
+    plan = asyncio.run(plan_rates(fake_measure(0.0, 0.5, seen), TARGET))
+    assert [r for r, _ in seen] == [4.0, 2.0, 1.0, 0.5, 0.25]
+    assert plan.bracket_rps == (None, 0.25)

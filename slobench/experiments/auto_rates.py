@@ -35,6 +35,7 @@ SERVICE_RATE_RPS = 4.0  # ... at this rate (two seconds: a slow server's queue b
 BRACKET_SERVICE_TIMES = 20.0  # a bracket probe's arrivals last this many service times ...
 BRACKET_MIN_REQUESTS = 20  # ... and hold at least this many requests
 MAX_BRACKET_PROBES = 10
+MAX_HALVINGS = 3  # a first rate that misses is halved at most this often: an SLO no low rate meets is the news
 POINT_SERVICE_TIMES = 60.0  # a sweep point's arrivals last this many service times ...
 POINT_MIN_REQUESTS = 40  # ... and hold at least this many requests
 # the sweep's rates, as multiples of the bracket's crossing: three below, the crossing, two past it
@@ -135,6 +136,8 @@ async def plan_rates(measure: Measure, target: float, *,
         else:
             lo = rate if lo is None else max(lo, rate)
         if lo is not None and hi is not None:
+            break
+        if lo is None and rate < start / 2**MAX_HALVINGS * 1.01:
             break
         step = 2.0 if lo is not None else 0.5
         rate = float(f"{rate * step:.3g}")
