@@ -39,7 +39,7 @@ MAX_HALVINGS = 3  # a first rate that misses is halved at most this often: an SL
 POINT_SERVICE_TIMES = 60.0  # a sweep point's arrivals last this many service times ...
 POINT_MIN_REQUESTS = 40  # ... and hold at least this many requests
 # the sweep's rates, as multiples of the bracket's crossing: three below, the crossing, two past it
-POINT_FACTORS = (0.35, 0.6, 0.8, 1.0, 1.25, 1.6)
+POINT_FACTORS = (0.35, 0.6, 0.8, 1.0, 1.3, 2.0)
 
 
 @dataclass(frozen=True, slots=True)
