@@ -103,7 +103,7 @@ def test_the_bracket_doubles_from_one_request_per_service_time() -> None:
     assert [r for r, _ in seen] == [4.0, 10.0, 20.0, 40.0]  # the service probe, then 1/0.1 s doubled
     assert plan.bracket_rps == (20.0, 40.0) and 20 <= plan.crossing_rps < 40
     assert plan.rates_rps[-1] >= 40.0 and min(plan.rates_rps) < 20.0
-    assert seen[0][1] == RunSize(num_requests=8) and seen[1][1].duration_s == pytest.approx(2.0)  # 20 service times
+    assert seen[0][1] == RunSize(num_requests=8) and seen[1][1].duration_s == pytest.approx(2.0)  # 20 requests at 10 req/s
 
 
 def test_a_first_rate_that_misses_is_halved_a_few_times_at_most() -> None:

@@ -283,8 +283,8 @@ def past_capacity_text(h: dict[str, Any], rate: float | None) -> str:
     past = h["past_capacity_meeting_rps"]
     one = len(past) == 1
     at = " and ".join(f"{r:.3g}" for r in past[:3])
-    why = (f"{at} req/s{OVERLOAD_MARK} {'is' if one else 'are'} past capacity (completions fell behind arrivals) and "
-           f"met the target only because {'its run' if one else 'their runs'} ended before the queue grew into misses")
+    why = (f"{at} req/s{OVERLOAD_MARK} {'is' if one else 'are'} past capacity and met the target only because "
+           f"{'its run' if one else 'their runs'} ended before the queue grew into misses")
     if rate is None:
         return f"no rate tried meets {h['target']:.0%} attainment and keeps up: {why}"
     return (f"attainment stays >= {h['target']:.0%} up to {rate:.3g} req/s; {why}, so the crossing lies between "
