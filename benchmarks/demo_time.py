@@ -70,11 +70,11 @@ def main() -> None:
         for case in args.cases.split(","):
             rows.append(run_case(case.strip(), Path(d)))
             r = rows[-1]
+            crossing = "-" if r["crossing_rps"] is None else f"{r['crossing_rps']:.3g}"
+            rates = ", ".join(f"{x:g}" for x in r["rates_rps"])
+            past = ", ".join(f"{x:g}" for x in r["past_capacity_rps"]) or "-"
             print(f"{r['case']:<12} {r['wall_s']:>6.1f} s  service {r['service_ms']:>6.1f} ms  points {r['point_s']:>5.1f} s  "
-                  f"rates {', '.join(f'{x:g}' for x in r['rates_rps'])}  crossing "
-                  f"{'-' if r['crossing_rps'] is None else f'{r['crossing_rps']:.3g}'}  ▲ "
-                  f"{', '.join(f'{x:g}' for x in r['past_capacity_rps']) or '-'}  inside {r['crossing_inside']}",
-                  flush=True)
+                  f"rates {rates}  crossing {crossing}  ▲ {past}  inside {r['crossing_inside']}", flush=True)
     if args.json:
         meta = {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), "python": platform.python_version(),
                 "load_avg_1m_at_end": os.getloadavg()[0]}

@@ -84,13 +84,16 @@ def test_auto_needs_an_slo_and_its_own_sizes(tmp_path: Path, capsys: pytest.Capt
     assert not (tmp_path / "s").exists()
 
 
-def fake_measure(capacity_rps: float, service_s: float, seen: list[tuple[float, RunSize]]) -> Any:
-    """A server meeting the SLO below `capacity_rps` and missing it above."""
+def fake_measure(capacity_rps: float, service_s: float, seen: list[tuple[float, RunSize]],
+                 cold_s: float | None = None) -> Any:
+    """A server meeting the SLO below `capacity_rps` and missing it above; its first probe's requests take
+    `cold_s` (a cold engine) when given."""
 
     async def measure(rate: float, size: RunSize, name: str) -> RunSummary:
+        e2e = cold_s if cold_s is not None and not seen else service_s
         seen.append((rate, size))
         value = 1.0 if rate <= capacity_rps else 0.3
-        s = RunSummary.from_dict({"num_requests": 50, "num_ok": 50, "e2e_s": {"p50": service_s},
+        s = RunSummary.from_dict({"num_requests": 50, "num_ok": 50, "e2e_s": {"p50": e2e},
                                   "attainment": {"value": value, "num_requests": 50}})
         return replace(s, rate_rps=rate)
 
@@ -111,3 +114,10 @@ def test_a_first_rate_that_misses_is_halved_a_few_times_at_most() -> None:
     plan = asyncio.run(plan_rates(fake_measure(0.0, 0.5, seen), TARGET))
     assert [r for r, _ in seen] == [4.0, 2.0, 1.0, 0.5, 0.25]
     assert plan.bracket_rps == (None, 0.25)
+
+
+def test_a_cold_first_probe_does_not_stretch_the_points() -> None:
+    seen: list[tuple[float, RunSize]] = []
+    plan = asyncio.run(plan_rates(fake_measure(37.0, 0.1, seen, cold_s=0.5), TARGET))
+    assert [r for r, _ in seen][:2] == [4.0, 2.0]  # the bracket starts from the cold service time ...
+    assert plan.service_s == 0.1 and plan.point_duration_s == pytest.approx(POINT_SERVICE_TIMES * 0.1)  # ... the points not

@@ -3,7 +3,9 @@
 A fixed grid shows a cliff only on the machine it was chosen for: on a faster one every rate meets the
 SLO, on a slower one every rate misses. So the sweep first measures the server:
 
-1. a service probe, a few requests at a low rate: the median end-to-end time of one request (`service_s`);
+1. a service probe, a few requests at a low rate: the median end-to-end time of one request (`service_s`,
+   lowered afterwards to the least median of any bracket probe that met the SLO: a cold engine's first
+   requests run slow);
 2. a quick bracket, as `capacity`'s: from one request per service time, doubling the rate until a probe
    misses the SLO or falls past capacity (slobench.analysis.past_capacity), each probe a few service
    times long;
@@ -127,9 +129,12 @@ async def plan_rates(measure: Measure, target: float, *,
     rate, step = start, 2.0
     lo: float | None = None
     hi: float | None = None
+    met_service_s: list[float] = []
     for _ in range(MAX_BRACKET_PROBES):
         s = await probe(rate, size(rate))
         missed = misses(s, target)
+        if not missed and s.e2e.p50 is not None and math.isfinite(s.e2e.p50):
+            met_service_s.append(float(s.e2e.p50))
         points.append((rate, 0.0 if missed else float(s.attainment_value or 0.0)))
         if missed:
             hi = rate if hi is None else min(hi, rate)
@@ -143,6 +148,9 @@ async def plan_rates(measure: Measure, target: float, *,
         rate = float(f"{rate * step:.3g}")
     crossing = crossing_rate([r for r, _ in points], [v for _, v in points], target) if lo is not None else None
     middle = crossing if crossing is not None else (lo if lo is not None else min(r for r, _ in points))
+    # a cold engine's first requests run slow (a torch model's first steps): the service time the points are
+    # sized by is the least that any probe meeting the SLO measured
+    service_s = min([service_s, *(t for t in met_service_s if t > 0)])
     point_s = POINT_SERVICE_TIMES * service_s
     return AutoPlan(service_s, (lo, hi), float(middle), straddling_rates(float(middle), hi), point_s, tuple(probes))
 
