@@ -121,15 +121,21 @@ async def plan_rates(measure: Measure, target: float, *,
 
     service_s = service_time_s(await probe(SERVICE_RATE_RPS, RunSize(num_requests=SERVICE_REQUESTS)))
 
+    met_service_s: list[float] = []  # the median end-to-end time of each probe that met the SLO
+
+    def least_service_s() -> float:
+        # a cold engine's first requests run slow (a torch model's first steps): probes are sized by the
+        # least service time any probe meeting the SLO measured
+        return min([service_s, *(t for t in met_service_s if t > 0)])
+
     def size(rate: float) -> RunSize:
-        return RunSize(duration_s=max(BRACKET_SERVICE_TIMES * service_s, BRACKET_MIN_REQUESTS / rate))
+        return RunSize(duration_s=max(BRACKET_SERVICE_TIMES * least_service_s(), BRACKET_MIN_REQUESTS / rate))
 
     start = float(f"{1.0 / service_s:.3g}")
     points: list[tuple[float, float]] = []  # (rate, attainment as the crossing reads it)
     rate, step = start, 2.0
     lo: float | None = None
     hi: float | None = None
-    met_service_s: list[float] = []
     for _ in range(MAX_BRACKET_PROBES):
         s = await probe(rate, size(rate))
         missed = misses(s, target)
@@ -148,9 +154,7 @@ async def plan_rates(measure: Measure, target: float, *,
         rate = float(f"{rate * step:.3g}")
     crossing = crossing_rate([r for r, _ in points], [v for _, v in points], target) if lo is not None else None
     middle = crossing if crossing is not None else (lo if lo is not None else min(r for r, _ in points))
-    # a cold engine's first requests run slow (a torch model's first steps): the service time the points are
-    # sized by is the least that any probe meeting the SLO measured
-    service_s = min([service_s, *(t for t in met_service_s if t > 0)])
+    service_s = least_service_s()
     point_s = POINT_SERVICE_TIMES * service_s
     return AutoPlan(service_s, (lo, hi), float(middle), straddling_rates(float(middle), hi), point_s, tuple(probes))
 
