@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -303,6 +303,21 @@ class LoadOptions:
                 by_group[_OWNER[name]][name] = value
         return cls(verb, TargetGroup(**by_group[TargetGroup]), WorkloadGroup(**by_group[WorkloadGroup]),
                    RunGroup(**by_group[RunGroup]), SimGroup(**by_group[SimGroup]))
+
+    def with_values(self, **values: Any) -> LoadOptions:
+        """A copy with these flag values (by dest name) put in the groups that hold them, every group checked
+        again; None sets a value back to its group's default."""
+        groups: dict[type, Any] = {TargetGroup: self.target_group, WorkloadGroup: self.workload_group,
+                                   RunGroup: self.run_group, SimGroup: self.sim_group}
+        changed: dict[type, dict[str, Any]] = {}
+        for name, value in values.items():
+            if name not in _OWNER:
+                raise TypeError(f"LoadOptions.with_values: no load flag {name!r}")
+            changed.setdefault(_OWNER[name], {})[name] = value
+        for owner, new in changed.items():
+            defaults = {f.name: f.default for f in fields(owner)}
+            groups[owner] = replace(groups[owner], **{k: defaults[k] if v is None else v for k, v in new.items()})
+        return LoadOptions(self.verb, groups[TargetGroup], groups[WorkloadGroup], groups[RunGroup], groups[SimGroup])
 
     @staticmethod
     def as_argv(verb: str, **values: Any) -> list[str]:

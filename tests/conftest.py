@@ -127,6 +127,7 @@ SLOW = frozenset({
     "test_trace_stream.py::test_streamed_replay_matches_replay_in_times_counts_and_shared_blocks",
     "test_trace_stream.py::test_taking_the_first_request_reads_only_a_prefix",
     "test_traces.py::test_the_azure_samples_load_whole",
+    "test_sweep_auto.py::test_auto_rates_straddle_the_cliff_at_any_step_cost",
     "test_warmup.py::test_runner_auto_warmup_marks_rewrites_and_summarises",
     "test_workload_spec.py::test_bundled_specs_generate_their_target_quantiles",
 })

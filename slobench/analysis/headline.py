@@ -30,10 +30,21 @@ def headline(points: Sequence[RunSummary], slo: SLO | None) -> dict[str, Any] | 
     if slo is None or not points:
         return None
     rates = [p.offered_rate_rps for p in points]
-    att = [p.attainment.value for p in points]  # type: ignore[union-attr]
-    lows = [_edge(p.attainment.ci_low, p.attainment.value) for p in points]  # type: ignore[union-attr]
-    highs = [_edge(p.attainment.ci_high, p.attainment.value) for p in points]  # type: ignore[union-attr]
+    past = sorted(p.offered_rate_rps for p in points if p.overloaded)
+    # A rate past capacity that still met the target met it only because its run ended first: its queue
+    # grows for as long as the traffic lasts. For the crossing it counts as a miss, its interval with it.
+    overstated = [p.overloaded and p.attainment.value >= slo.target for p in points]  # type: ignore[union-attr]
+    att = [_missed(p.attainment.value, o) for p, o in zip(points, overstated, strict=True)]  # type: ignore[union-attr]
+    lows = [_missed(_edge(p.attainment.ci_low, p.attainment.value), o)  # type: ignore[union-attr]
+            for p, o in zip(points, overstated, strict=True)]
+    highs = [_missed(_edge(p.attainment.ci_high, p.attainment.value), o)  # type: ignore[union-attr]
+             for p, o in zip(points, overstated, strict=True)]
     est = crossing_rate(rates, att, slo.target)
+    above = [o for r, o in sorted(zip(rates, overstated, strict=True)) if est is not None and r > est]
+    if above and above[0]:
+        # no straight line joins a measured level to a run-length artefact: the crossing is known only to
+        # lie between the highest rate kept up with and the first one past capacity
+        est = max(r for r, a in zip(rates, att, strict=True) if a >= slo.target and r <= est)  # type: ignore[operator]
     # The band's edges give a range for the crossing: where the lower / upper CI bound crosses. That range
     # trusts the straight line drawn between two rates; across a cliff the curve is no line, so the
     # interval is widened to the rates that bracket the crossing whatever the curve's shape between them.
@@ -54,6 +65,10 @@ def headline(points: Sequence[RunSummary], slo: SLO | None) -> dict[str, Any] | 
                           if (b_lo is None or r > b_lo) and (b_hi is None or r < b_hi) and low < slo.target <= high],
         "highest_measured_meeting_rps": max(meeting) if meeting else None,
         "is_lower_bound": bool(est is not None and est == max(rates)),
+        # marked past capacity (completions fell behind arrivals, or the queue grew all run): the rates
+        # among them that met the target would miss it in a longer run
+        "past_capacity_rps": past,
+        "past_capacity_meeting_rps": [r for r, o in zip(rates, overstated, strict=True) if o],
     }
 
 
@@ -67,6 +82,11 @@ def knee_bracket(rates: Sequence[float], lows: Sequence[float], highs: Sequence[
     lo = max(passing) if passing else None
     failing = [r for r, _, high in pts if high < target and (lo is None or r > lo)]
     return lo, (min(failing) if failing else None)
+
+
+def _missed(value: float, overstated: bool) -> float:
+    """An attainment as the crossing reads it: a level that met the target past capacity reads as none."""
+    return 0.0 if overstated else value
 
 
 def _edge(v: float | None, value: float) -> float:

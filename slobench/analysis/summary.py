@@ -23,6 +23,7 @@ from slobench.analysis.metrics import (
     quantiles,
     throughput,
 )
+from slobench.analysis.past_capacity import completion_counts, shortfall
 from slobench.analysis.slo import SLO, Attainment, attainment, quantile_cis, samples_beyond
 from slobench.errors import SpecError, UsageError
 from slobench.redact import redact_message
@@ -559,7 +560,8 @@ def queue_drift(a: RecordArrays) -> dict[str, Any] | None:
     lasts, so attainment here depends on the run's length as much as on the server (on the simulated chat
     engine: 0.97x at 20 req/s, 2.9x at 36, 6.6x at 40). Skipped for runs whose records carry several tags
     (phases change the load on purpose; classes could be either, so they are left alone too) and for
-    fewer than 40 requests."""
+    fewer than 40 requests. A run whose completions fell clearly short of its arrivals is past capacity
+    too, however short it was (slobench.analysis.past_capacity)."""
     t = a.ttft_from_scheduled_s
     if len(t) < 40 or several_tags(a):
         return None
@@ -569,8 +571,10 @@ def queue_drift(a: RecordArrays) -> dict[str, Any] | None:
         return None
     f, l_ = float(np.median(first)), float(np.median(last))
     ratio = l_ / f if f > 0 else float("inf")
-    return {"ttft_p50_first_quarter_s": f, "ttft_p50_last_quarter_s": l_, "ratio": ratio,
-            "overloaded": bool(ratio > DRIFT_RATIO and l_ - f > DRIFT_MIN_S)}
+    counts = shortfall(completion_counts(a))
+    drift = ratio > DRIFT_RATIO and l_ - f > DRIFT_MIN_S
+    return {"ttft_p50_first_quarter_s": f, "ttft_p50_last_quarter_s": l_, "ratio": ratio, **counts,
+            "overloaded": bool(drift or counts.get("completions_short"))}
 
 
 # Served prompt lengths (usage.prompt_tokens) further than this from the asked ones at the median flag a run:

@@ -10,11 +10,23 @@ from pathlib import Path
 from typing import Any
 
 from reference_engine.serve_args import add_engine_spec_arguments, engine_spec_from_args
+from slobench.analysis.summary import RunSummary
 from slobench.errors import UsageError
-from slobench.experiments.sweep import run_sweep
+from slobench.experiments.auto_rates import (
+    SERVICE_RATE_RPS,
+    SERVICE_REQUESTS,
+    Interrupted,
+    RunSize,
+    plan_text,
+    plan_with_probe,
+    probe_text,
+    sized_probe,
+)
+from slobench.experiments.sweep import parse_rates, run_sweep
 from slobench.load_options import FLAG_NAMES, LoadOptions
-from slobench.load_setup import MIN_PROBE_S, LoadSetup
+from slobench.load_setup import MIN_PROBE_S, LoadSetup, probe_duration
 from slobench.report import build_report
+from slobench.report.sweep_progress import SweepProgress, planned_s
 from slobench.report.terminal import make_console, print_headline, print_sweep_errors, run_title, sweep_table
 from slobench.run.outdir import claim_out_dir, new_out_dir
 from slobench.targets.bounds import parse_size
@@ -126,7 +138,8 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     w = p.add_argument_group("workload")
     w.add_argument("--workload", default=None, help="a bundled workload name or a TOML path (default chat)")
     if sweep:
-        w.add_argument("--rates", required=False, default=None, help="1,2,4 or geometric START:STOP:COUNT")
+        w.add_argument("--rates", required=False, default=None,
+                       help="1,2,4, geometric START:STOP:COUNT, or auto (chosen around the SLO's crossing; needs --slo)")
         w.add_argument("--refine-knee", type=int, default=None, metavar="N",
                        help="after the rates, N more, each halving the gap (geometrically) between the two "
                             "measured rates that bracket the SLO's crossing (default 0)")
@@ -221,21 +234,82 @@ def check_refine_knee(n: int, *, has_slo: bool) -> int:
     return n
 
 
-async def sweep_rates(setup: LoadSetup, rates: Sequence[float], out: Path, *, seed: int) -> int:
-    """One run per rate through `setup`'s probe, a line per point and the table at the end; the exit code
-    (130 interrupted, 1 over --max-error-rate). `out` is claimed here, before any request (exit 2)."""
+def parse_sweep_rates(text: str) -> list[float] | None:
+    """`--rates`: a list or geometric range (`parse_rates`), or `auto` (None: chosen from the server)."""
+    return None if text.strip().lower() == "auto" else parse_rates(text)
+
+
+def check_auto(setup: LoadSetup) -> None:
+    """`--rates auto` sizes and places every point itself, from an SLO: exit 2 for what it cannot honour."""
+    o = setup.options
+    if setup.slo is None:
+        raise UsageError("--rates auto looks for the SLO's crossing: give --slo too")
+    for flag, value in (("--num-requests", o.num_requests), ("--duration", o.duration), ("--trace", o.trace),
+                        ("--concurrency", o.concurrency)):
+        if value is not None:
+            raise UsageError(f"--rates auto sizes each point from the server's service time (open loop, a "
+                             f"workload): drop {flag}, or give the rates")
+
+
+def set_size(setup: LoadSetup, size: RunSize) -> None:
+    """The next runs' size: the probe makes its requests from `setup.options` when it runs."""
+    setup.options = setup.options.with_values(num_requests=size.num_requests, duration=size.duration_s)
+
+
+async def sweep_rates(setup: LoadSetup, rates: Sequence[float] | None, out: Path, *, seed: int) -> int:
+    """One run per rate through `setup`'s probe (rates None: `--rates auto`, slobench.experiments.auto_rates),
+    a progress line while it goes, a line per point and the table at the end; the exit code (130
+    interrupted, 1 over --max-error-rate). `out` is claimed here, before any request (exit 2)."""
     refine = check_refine_knee(setup.options.refine_knee, has_slo=setup.slo is not None)
-    setup.min_duration_s = MIN_PROBE_S  # high-rate points as long as low-rate ones (probe_duration)
+    if rates is None:
+        check_auto(setup)
+        set_size(setup, RunSize(num_requests=SERVICE_REQUESTS))
+    else:
+        setup.min_duration_s = MIN_PROBE_S  # high-rate points as long as low-rate ones (probe_duration)
     out = claim_out_dir(out, overwrite=setup.options.overwrite)  # exit 2, one line
     console = make_console()
+    show = SweepProgress(not setup.options.no_progress)
+    if show.enabled:  # one live display at a time: the sweep's line stands for each run's own
+        setup.options = setup.options.with_values(no_progress=True)
 
     def on_run(row: dict[str, Any]) -> None:
+        show.done()
         s = row["summary"]
         console.print(f"rate {row['rate_rps']:g} req/s done: {s.num_ok}/{s.num_requests} ok")
 
-    async with setup.probe(first=(rates[0], seed)) as (probe, manifest, served):
-        doc = await run_sweep(list(rates), probe, out_dir=out, slo=setup.slo, manifest=manifest, seed=seed,
-                              on_run=on_run, refine_knee=refine)
+    def on_probe(rate: float, size: RunSize) -> None:
+        show.add(planned := planned_s(rate, size.num_requests, size.duration_s))
+        show.start(f"bracket {rate:g} req/s", planned)
+
+    def on_measured(rate: float, s: RunSummary, is_service: bool) -> None:
+        show.done()
+        console.print(probe_text(rate, s, is_service), highlight=False)
+
+    def resize(size: RunSize) -> None:
+        set_size(setup, size)
+
+    try:
+        async with show, setup.probe(first=(rates[0] if rates else SERVICE_RATE_RPS, seed)) as (probe, manifest, served):
+            extra: dict[str, Any] | None = None
+            if rates is None:
+                plan = await plan_with_probe(probe, target=setup.slo.target, seed=seed, out=out,  # type: ignore[union-attr]
+                                             manifest=manifest, resize=resize, on_probe=on_probe,
+                                             on_measured=on_measured)
+                console.print(plan_text(plan), highlight=False)
+                rates, extra = plan.rates_rps, {"auto_rates": plan.to_dict()}
+                probe = sized_probe(probe, resize, plan.size)
+            for r in rates:
+                show.add(_planned_s(setup, r))
+
+            def on_start(rate: float, index: int, most: int) -> None:
+                show.start(f"rate {rate:g} req/s ({index}/{most})", _planned_s(setup, rate))
+
+            doc = await run_sweep(list(rates), probe, out_dir=out, slo=setup.slo, manifest=manifest, seed=seed,
+                                  on_run=on_run, refine_knee=refine, on_start=on_start, doc_extra=extra)
+    except Interrupted:
+        print("slobench: interrupted while bracketing the crossing, before any rate of the sweep; exit 130",
+              file=sys.stderr)
+        return 130
     print_sweep(doc, console, title=run_title(served, f"workload {setup.workload.name}", f"{setup.api} API", str(out)))
     maybe_report(setup.options.report, [out])
     if doc.get("interrupted"):
@@ -248,6 +322,14 @@ async def sweep_rates(setup: LoadSetup, rates: Sequence[float], out: Path, *, se
         print(verdict, file=sys.stderr)
         return 1
     return 0
+
+
+def _planned_s(setup: LoadSetup, rate: float) -> float:
+    """A point's planned seconds of arrivals (the progress line's estimate): as `LoadSetup.specs` sizes it."""
+    o = setup.options
+    duration = probe_duration(setup.workload, o.num_requests, o.duration, rate, setup.min_duration_s)
+    return planned_s(rate, o.num_requests if o.num_requests is not None else getattr(setup.workload, "num_requests", None),
+                     duration)
 
 
 def print_sweep(doc: dict[str, Any], console: Any, title: str) -> None:

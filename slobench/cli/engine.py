@@ -17,9 +17,8 @@ from pathlib import Path
 import slobench.profiles  # noqa: F401  (registers `--profile roofline:GPU/MODEL` with the engine)
 from reference_engine import step_log
 from reference_engine.serve_args import add_serve_arguments
-from slobench.cli.common import check_refine_knee, default_out, load_options, sweep_rates
+from slobench.cli.common import check_refine_knee, default_out, load_options, parse_sweep_rates, sweep_rates
 from slobench.errors import UsageError
-from slobench.experiments.sweep import parse_rates
 from slobench.load_setup import LoadSetup
 from slobench.report import build_report
 from slobench.report.terminal import make_console
@@ -27,12 +26,13 @@ from slobench.run.outdir import removed_if_unused
 from slobench.run.rundir import load_run
 from slobench.testing.process import EngineServerProcess
 
-# The demo: a sweep of the `tiny` workload across the CPU engine's cliff. Its SLO suits a 2-core CPU
-# running the tiny model (a 4-layer, d=256 Llama): TTFT 250 ms, TPOT 30 ms.
-DEMO_RATES = "4,8,16,32"
-DEMO_REFINE = 2  # two more rates between the two that bracket the knee: the grid alone leaves it 2x wide
+# The demo: a sweep of the `tiny` workload across the engine's cliff, its rates chosen from the engine in
+# front of it (`--rates auto`: a service probe, a doubling bracket, then rates straddling the crossing,
+# each as long as a number of service times), so the cliff shows on a fast machine and a slow one alike.
+# Its SLO suits a 2-core CPU running the tiny model (a 4-layer, d=256 Llama): TTFT 250 ms, TPOT 30 ms.
+DEMO_RATES = "auto"
+DEMO_REFINE = 0  # the auto rates straddle the crossing already; N more narrow it, a point each
 DEMO_SLO = "ttft=250ms,tpot=30ms,target=0.9"
-DEMO_REQUESTS = 80
 
 
 def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
@@ -44,7 +44,11 @@ def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--rates", default=DEMO_RATES, help=f"offered rates, req/s (default {DEMO_RATES})")
         p.add_argument("--refine-knee", type=int, default=DEMO_REFINE, metavar="N",
                        help=f"then N rates between the two that bracket the knee (default {DEMO_REFINE})")
-        p.add_argument("--num-requests", type=int, default=DEMO_REQUESTS, help="requests per rate")
+        p.add_argument("--num-requests", type=int, default=None,
+                       help="requests per rate, with --rates given (default: a minute of arrivals; auto sizes each rate)")
+        p.add_argument("--profile", default=None,
+                       help="with --executor modeled: the engine's cost profile, a name or JSON path (default cpu-tiny)")
+        p.add_argument("--no-progress", action="store_true")
         p.add_argument("--slo", default=DEMO_SLO)
         p.add_argument("--workload", default="tiny")
         p.add_argument("--seed", type=int, default=0)
@@ -80,19 +84,24 @@ def demo(args: argparse.Namespace) -> int:
     return asyncio.run(_demo(args))
 
 
-def demo_engine_args(executor: str) -> list[str]:
+def demo_engine_args(executor: str, profile: str | None = None) -> list[str]:
     if executor == "auto":
-        executor = "torch" if importlib.util.find_spec("torch") is not None else "modeled"
+        executor = "torch" if importlib.util.find_spec("torch") is not None and profile is None else "modeled"
     if executor == "torch":
+        if profile is not None:
+            raise UsageError("--profile is the modeled executor's cost profile: give --executor modeled with it")
         return ["--executor", "torch", "--model", "tiny", "--kv-blocks", "512", "--max-num-seqs", "32"]
-    return ["--executor", "modeled", "--profile", "cpu-tiny", "--model", "tiny", "--kv-blocks", "512",
+    return ["--executor", "modeled", "--profile", profile or "cpu-tiny", "--model", "tiny", "--kv-blocks", "512",
             "--max-num-seqs", "32"]
 
 
 async def _demo(args: argparse.Namespace) -> int:
     console = make_console()
-    engine_args = demo_engine_args(args.executor)
-    rates = parse_rates(args.rates)  # a bad --rates is exit 2 before the engine starts
+    engine_args = demo_engine_args(args.executor, args.profile)
+    rates = parse_sweep_rates(args.rates)  # a bad --rates is exit 2 before the engine starts
+    if rates is None and args.num_requests is not None:
+        raise UsageError("--num-requests sizes fixed rates; --rates auto sizes each rate from the engine's service "
+                         "time: drop one of them")
     check_refine_knee(args.refine_knee, has_slo=True)  # the demo always has its SLO; exit 2 before the engine starts
     out = Path(args.out) if args.out else default_out("demo")
     console.print(f"[bold]slobench demo[/bold]: starting the bundled engine ({' '.join(engine_args)}) on 127.0.0.1")
@@ -105,11 +114,12 @@ async def _demo(args: argparse.Namespace) -> int:
     try:
         with (removed_if_unused(None if args.out else out),
               EngineServerProcess(*engine_args, "--step-log", steps_tmp, torch_threads=threads) as srv):
-            console.print(f"engine ready at {srv.base_url} in {time.monotonic() - t0:.1f} s; sweeping {args.rates} req/s")
+            what = "choosing rates around its cliff" if rates is None else f"sweeping {args.rates} req/s"
+            console.print(f"engine ready at {srv.base_url} in {time.monotonic() - t0:.1f} s; {what}")
             options = load_options(url=srv.base_url, workload=args.workload, rates=args.rates,
                                    num_requests=args.num_requests, slo=args.slo, seed=args.seed, out=str(out),
                                    refine_knee=args.refine_knee,
-                                   scrape_interval=0.5, no_progress=not sys.stderr.isatty())
+                                   scrape_interval=0.5, no_progress=args.no_progress or not sys.stderr.isatty())
             code = await sweep_rates(LoadSetup(options), rates, out, seed=args.seed)
         line = _keep_step_log(Path(steps_tmp), out)
     finally:

@@ -12,10 +12,10 @@ from slobench.cli.common import (
     error_rate_verdict,
     maybe_report,
     options_from_args,
+    parse_sweep_rates,
     sweep_rates,
 )
 from slobench.errors import UsageError
-from slobench.experiments.sweep import parse_rates
 from slobench.load_setup import LoadSetup, run_once
 from slobench.printable import printable
 from slobench.report.terminal import print_run, run_title
@@ -34,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
 
 def sweep(args: argparse.Namespace) -> int:
     if not args.rates:
-        raise UsageError("--rates is required for sweep (e.g. --rates 1,2,4 or --rates 1:16:5)")
-    rates = parse_rates(args.rates)
+        raise UsageError("--rates is required for sweep (e.g. --rates 1,2,4, --rates 1:16:5 or --rates auto)")
+    rates = parse_sweep_rates(args.rates)
     setup = LoadSetup(options_from_args(args))
     o = setup.options
     out = Path(o.out) if o.out else default_out("sweep")

@@ -67,18 +67,25 @@ async def run_sweep(
     seed: int = 0,
     on_run: Callable[[dict[str, Any]], None] | None = None,
     refine_knee: int = 0,
+    on_start: Callable[[float, int, int], None] | None = None,
+    doc_extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run `probe` at each rate into `out_dir/rate-R`, keeping sweep.json and its headline current. One
     seed for every rate: common random numbers, the same requests scaled in time. Then, `refine_knee`
     times, one more rate between the two that bracket the SLO's crossing (`next_knee_rate`); the rows are
-    kept in rate order."""
+    kept in rate order. `on_start(rate, index, most)` hears of each rate before it runs (index from 1;
+    `most`: the rates planned, refinements included, fewer if a refinement finds nothing to narrow);
+    `doc_extra`: more keys for sweep.json (how `--rates auto` chose the rates)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
-    doc: dict[str, Any] = {"kind": "sweep", "manifest": manifest, "runs": rows}
+    doc: dict[str, Any] = {"kind": "sweep", "manifest": manifest, "runs": rows, **(doc_extra or {})}
     if refine_knee < 0:
         raise SpecError("refine_knee", str(refine_knee), "expected 0 or more extra rates")
-    for rate in _sweep_rates(rates, rows, slo, refine_knee):
+    most = len(rates) + (refine_knee if slo is not None else 0)
+    for index, rate in enumerate(_sweep_rates(rates, rows, slo, refine_knee), start=1):
+        if on_start is not None:
+            on_start(rate, index, most)
         run_dir = out / rate_dir_name(rate)
         res = await probe(rate, seed, run_dir, {**manifest, "rate_rps": rate})
         summary, interrupted = replace(res.summary, rate_rps=rate), res.interrupted

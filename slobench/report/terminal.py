@@ -25,8 +25,9 @@ def _ms(v: float | None) -> str:
 
 
 OVERLOAD_MARK = " ▲"
-OVERLOAD_NOTE = (f"{OVERLOAD_MARK.strip()} past capacity: the queue grew all run (TTFT p50 of the last quarter of arrivals over "
-                 "twice the first's), so this attainment falls further the longer the run")
+OVERLOAD_NOTE = (f"{OVERLOAD_MARK.strip()} past capacity: completions fell clearly short of arrivals (second half of the "
+                 "arrivals, by more than 2.6 sd of the counts) or the queue grew all run (TTFT p50 of the last "
+                 "quarter of arrivals over twice the first's), so this attainment falls further the longer the run")
 MIN_BEYOND = 100  # NOTES-statistics: a quantile wants >= 100 samples beyond it
 THIN_MARK = "†"
 THIN_NOTE = (f"{THIN_MARK} fewer than {MIN_BEYOND} requests beyond this quantile: indicative only "
@@ -252,6 +253,8 @@ def headline_text(h: dict[str, Any] | None) -> str:
     if not h:
         return "no SLO given: no attainment headline"
     rate = h["max_rate_meeting_rps"]
+    if h.get("past_capacity_meeting_rps"):
+        return past_capacity_text(h, rate)
     if rate is None:
         return f"attainment is below {h['target']:.0%} at every rate tried"
     lo, hi = h["interval_rps"]
@@ -274,6 +277,20 @@ def headline_text(h: dict[str, Any] | None) -> str:
         else:
             text += " (the measured rates around the crossing; sweep between them, e.g. --refine-knee 2, to narrow it)"
     return text
+
+
+def past_capacity_text(h: dict[str, Any], rate: float | None) -> str:
+    """The headline when a rate past capacity met the target: its run ended before the misses showed, so
+    the crossing lies between the highest rate kept up with and that one."""
+    past = h["past_capacity_meeting_rps"]
+    one = len(past) == 1
+    at = " and ".join(f"{r:.3g}" for r in past[:3])
+    why = (f"{at} req/s{OVERLOAD_MARK} {'is' if one else 'are'} past capacity and met the target only because "
+           f"{'its run' if one else 'their runs'} ended before the queue grew into misses")
+    if rate is None:
+        return f"no rate tried meets {h['target']:.0%} attainment and keeps up: {why}"
+    return (f"attainment stays >= {h['target']:.0%} up to {rate:.3g} req/s; {why}, so the crossing lies between "
+            f"{rate:.3g} and {past[0]:.3g} req/s")
 
 
 def capacity_text(c: Mapping[str, Any]) -> str:
