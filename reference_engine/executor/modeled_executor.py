@@ -57,13 +57,19 @@ class CostProfile:
     # r: a request's own work inside the server (tokenizing, setting up its sampling), charged to the step
     # that samples its first token; 0 unless a refinement fits it (slobench.profiles.refine, fit_inside)
     per_request_s: float = 0.0
+    # host work of the serving loop around the forward pass (scheduling, sampling, detokenising, RPC to the
+    # workers), added to every step whatever form the rest takes (phases included): a fixed cost a step and a
+    # cost per sequence that samples a token in it (decodes and first tokens); 0 unless calibrated from
+    # measured requests (slobench.profiles.from_runs)
+    host_step_s: float = 0.0
+    host_per_seq_s: float = 0.0
     # where the numbers come from (written to JSON, not used in the model)
     provenance: dict[str, Any] | None = field(default=None, compare=False, hash=False)
     # per-phase fits (prefill and decode formulas) that replace the terms above when given
     phases: PhaseFit | None = None
 
     def __post_init__(self) -> None:
-        for name in _COEFFICIENTS:
+        for name in (*_COEFFICIENTS, "host_step_s", "host_per_seq_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
                 raise ConfigError(name, value, "must be a number >= 0 (seconds)")
@@ -86,6 +92,15 @@ class CostProfile:
         n*start + n*(n+1)/2; a decode token has its context. None: the context tokens (exact for a step of
         decodes only).
         `num_first_tokens`: requests sampling their first token in the step (each costs `per_request_s`)."""
+        if self.host_step_s or self.host_per_seq_s:
+            return (self._device_step_s(num_prefill_tokens, num_decode_seqs, num_context_tokens, num_attention_pairs,
+                                        num_first_tokens)
+                    + self.host_step_s + self.host_per_seq_s * (num_decode_seqs + num_first_tokens))
+        return self._device_step_s(num_prefill_tokens, num_decode_seqs, num_context_tokens, num_attention_pairs,
+                                   num_first_tokens)
+
+    def _device_step_s(self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int,
+                       num_attention_pairs: int | None, num_first_tokens: int) -> float:
         if self.phases is not None:
             return (self.phases.step_s(num_prefill_tokens, num_decode_seqs, num_context_tokens, num_attention_pairs)
                     + self.per_request_s * num_first_tokens)
@@ -110,6 +125,10 @@ class CostProfile:
         """Every coefficient times `factor` (a slower or faster device of the same shape)."""
         return replace(self, **{k: getattr(self, k) * factor for k in _COEFFICIENTS},
                        phases=None if self.phases is None else self.phases.scaled(factor))
+
+    def with_host_costs(self, step_s: float, per_seq_s: float) -> CostProfile:
+        """The serving loop's host work set to `step_s` a step plus `per_seq_s` per sequence sampling a token."""
+        return replace(self, host_step_s=step_s, host_per_seq_s=per_seq_s)
 
     def with_step_overhead(self, extra_s: float) -> CostProfile:
         """Every step `extra_s` longer: a fixed host cost (scheduling, sampling, streaming) the profile lacks."""
@@ -172,7 +191,7 @@ class CostProfile:
     def to_json(self) -> str:
         doc = asdict(self)
         for k in ("compute_per_token_s", "weights_read_s", "attention_per_pair_s", "kv_read_per_context_token_s",
-                  "per_request_s"):
+                  "per_request_s", "host_step_s", "host_per_seq_s"):
             if not doc[k]:
                 del doc[k]  # a linear profile's JSON stays as it was
         if doc["provenance"] is None:
