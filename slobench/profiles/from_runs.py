@@ -6,9 +6,11 @@ Two terms stand for it (`CostProfile.host_step_s`, `host_per_seq_s`: a fixed cos
 sequence sampling a token in it). They are fitted by replaying each measured run (its arrivals and lengths)
 on the simulated server and comparing every request's simulated TTFT and TPOT with its measured ones:
 
-- loss of a request: the squared log ratio simulated / measured of its TTFT and of its TPOT (answers of more
-  than one token), each clipped at |log| <= 1 so that a request past a cliff counts once, not without bound;
-- search: a coarse grid, then a pattern search (3 x 3 around the best point, the spacing halved each round);
+- the loss: per request, the squared log ratio simulated / measured of its TPOT (answers of more than one
+  token), and per run, of its TTFT deciles (a request's own TTFT moves with where its arrival falls in a
+  step: matched in distribution); each clipped at |log| <= 1 so that a request past a cliff counts once;
+- search: a coarse grid, then a pattern search (3 x 3 around the best point; it moves to the best of them,
+  and the spacing halves when the centre stays best);
 - the estimate: the minimum of a quadratic surface fitted to the losses at the last rounds' points;
 - uncertainty: the same minimum over bootstrap resamples of the requests (within each run), with the last
   spacing's resolution added (its uniform error, spacing / sqrt(12)).
@@ -42,7 +44,7 @@ class FitPlan:
 
     scale_s: float
     step_grid: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 2.0)
-    per_seq_grid: tuple[float, ...] = (0.0, 0.005, 0.01, 0.02, 0.04)
+    per_seq_grid: tuple[float, ...] = (0.0, 0.01, 0.02, 0.04, 0.08)
     rounds: int = 3
     bootstrap: int = 200
     seed: int = 0
@@ -73,31 +75,63 @@ class HostFit:
     bootstrap: tuple[tuple[float, float], ...] = field(default=(), repr=False)
 
 
-def request_loss(run: Run, ttft_sim_ms: np.ndarray, tpot_sim_ms: np.ndarray) -> np.ndarray:
-    """Per request: clipped squared log ratios of TTFT and (answers of more than one token) TPOT."""
-    def term(meas: np.ndarray, sim: np.ndarray, use: np.ndarray) -> np.ndarray:
-        ok = use & (meas > 0) & np.isfinite(meas)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            r = np.where(ok, np.log(np.where(ok, sim, 1.0) / np.where(ok, meas, 1.0)), 0.0)
-        r = np.where(ok & ~np.isfinite(r), CLIP, r)  # never served: as far off as counted
-        return np.clip(r, -CLIP, CLIP) ** 2
-    every = np.ones(len(run.ttft_ms), bool)
-    return term(run.ttft_ms, ttft_sim_ms, every) + term(run.tpot_ms, tpot_sim_ms, run.output_len > 1)
+def _clipped_sq_log(sim: np.ndarray, meas: np.ndarray) -> np.ndarray:
+    """(log(sim / meas))^2 with |log| clipped at CLIP; a time never reached (inf) counts as CLIP."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.log(sim / meas)
+    r = np.where(np.isnan(r), 0.0, r)
+    return np.clip(r, -CLIP, CLIP) ** 2
+
+
+def tpot_loss(run: Run, tpot_sim_ms: np.ndarray) -> np.ndarray:
+    """Per request: the clipped squared log ratio of its TPOT (0 for one-token answers and unusable times)."""
+    ok = (run.output_len > 1) & (run.tpot_ms > 0) & np.isfinite(run.tpot_ms)
+    return np.where(ok, _clipped_sq_log(np.where(ok, tpot_sim_ms, 1.0), np.where(ok, run.tpot_ms, 1.0)), 0.0)
+
+
+DECILES = np.arange(10, 100, 10)
+
+
+def ttft_loss(meas_ms: np.ndarray, sim_ms: np.ndarray) -> float:
+    """The clipped squared log ratios of a run's TTFT deciles, their mean. A request's own TTFT is a few steps
+    and moves with where its arrival falls in a step, so it is matched in distribution, not request by request."""
+    ok = np.isfinite(meas_ms) & (meas_ms > 0)
+    if not ok.any():
+        return 0.0
+    sim = np.where(np.isfinite(sim_ms[ok]), sim_ms[ok], np.inf)
+    return float(_clipped_sq_log(np.percentile(sim, DECILES), np.percentile(meas_ms[ok], DECILES)).mean())
 
 
 class _Losses:
-    """Per-request losses of the fitting runs at each point evaluated (cached: a point is replayed once)."""
+    """Per point evaluated: each fitting request's TPOT loss and its simulated TTFT (a point is replayed once).
+    The loss: the mean TPOT loss a request plus the mean TTFT-decile loss a run, over any resample of the
+    requests (`total`)."""
 
     def __init__(self, runs: Sequence[Run], replay: Replayer) -> None:
         self.runs, self.replay = runs, replay
-        self.at: dict[tuple[float, float], np.ndarray] = {}
-        self.strata = np.concatenate([np.full(len(r.start_s), i) for i, r in enumerate(runs)])
+        self.at: dict[tuple[float, float], tuple[np.ndarray, list[np.ndarray]]] = {}
+        self.every = [np.arange(len(r.start_s)) for r in runs]
+
+    def key(self, x: float, y: float) -> tuple[float, float]:
+        k = (round(max(x, 0.0), 12), round(max(y, 0.0), 12))
+        if k not in self.at:
+            tp, tt = [], []
+            for r in self.runs:
+                ttft, tpot = self.replay(r, *k)
+                tp.append(tpot_loss(r, tpot))
+                tt.append(ttft)
+            self.at[k] = (np.concatenate(tp), tt)
+        return k
+
+    def total(self, k: tuple[float, float], pick: Sequence[np.ndarray]) -> float:
+        tp, tt = self.at[k]
+        offsets = np.cumsum([0, *(len(r.start_s) for r in self.runs[:-1])])
+        tpot = np.concatenate([tp[o + i] for o, i in zip(offsets, pick, strict=True)]).mean()
+        ttft = np.mean([ttft_loss(r.ttft_ms[i], s[i]) for r, s, i in zip(self.runs, tt, pick, strict=True)])
+        return float(tpot + ttft)
 
     def __call__(self, x: float, y: float) -> float:
-        key = (round(max(x, 0.0), 12), round(max(y, 0.0), 12))
-        if key not in self.at:
-            self.at[key] = np.concatenate([request_loss(r, *self.replay(r, *key)) for r in self.runs])
-        return float(self.at[key].mean())
+        return self.total(self.key(x, y), self.every)
 
 
 def _quadratic_min(points: list[tuple[float, float]], values: np.ndarray, sx: float, sy: float
@@ -127,26 +161,28 @@ def fit_host_costs(runs: Sequence[Run], replay: Replayer, plan: FitPlan) -> Host
     xs = [g * plan.scale_s for g in plan.step_grid]
     ys = [g * plan.scale_s for g in plan.per_seq_grid]
     best = min(((x, y) for x in xs for y in ys), key=lambda p: loss(*p))
-    dx, dy = xs[1] - xs[0], ys[1] - ys[0]
     i, j = xs.index(best[0]), ys.index(best[1])
     dx = (xs[min(i + 1, len(xs) - 1)] - xs[max(i - 1, 0)]) / 4
     dy = (ys[min(j + 1, len(ys) - 1)] - ys[max(j - 1, 0)]) / 4
     near: list[tuple[float, float]] = []
-    for _ in range(plan.rounds):
+    halvings = moves = 0
+    while halvings < plan.rounds and moves < 4 * plan.rounds:  # the spacing halves when the centre stays best
         ring = [(max(best[0] + a * dx, 0.0), max(best[1] + b * dy, 0.0)) for a in (-1, 0, 1) for b in (-1, 0, 1)]
+        centre = loss.key(*best)
         best = min(ring, key=lambda p: loss(*p))
         near = ring + near[:9]  # this round's points and the round before's
-        dx, dy = dx / 2, dy / 2
-    pts = list(dict.fromkeys((round(max(x, 0.0), 12), round(max(y, 0.0), 12)) for x, y in near))
-    mat = np.stack([loss.at[p] for p in pts])  # points x requests
+        if loss.key(*best) == centre:
+            dx, dy, halvings = dx / 2, dy / 2, halvings + 1
+        else:
+            moves += 1
+    pts = list(dict.fromkeys(loss.key(x, y) for x, y in near))
     sx, sy = dx * 2, dy * 2
-    step_s, per_seq_s = _quadratic_min(pts, mat.mean(axis=1), sx, sy)
+    step_s, per_seq_s = _quadratic_min(pts, np.array([loss.total(k, loss.every) for k in pts]), sx, sy)
     rng = np.random.default_rng(plan.seed)
     draws = []
     for _ in range(plan.bootstrap):
-        pick = np.concatenate([rng.choice(np.flatnonzero(loss.strata == s), int((loss.strata == s).sum()))
-                               for s in range(len(runs))])
-        draws.append(_quadratic_min(pts, mat[:, pick].mean(axis=1), sx, sy))
+        pick = [rng.choice(e, len(e)) for e in loss.every]
+        draws.append(_quadratic_min(pts, np.array([loss.total(k, pick) for k in pts]), sx, sy))
     boot = np.asarray(draws)
     res = np.array([sx, sy]) * 2 / math.sqrt(12)  # the last spacing's resolution
     sd = np.sqrt(boot.std(axis=0) ** 2 + res ** 2)

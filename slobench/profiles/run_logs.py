@@ -132,11 +132,12 @@ def read_run_dir(path: Path) -> Run:
     if not recs:
         raise SpecError("request log", str(path), "holds no completed requests")
     start = np.array([r.sent_s for r in recs], float)
+    first = np.array([r.first_token_s for r in recs], float)
+    done = np.array([r.done_s for r in recs], float)
     prompt = np.array([r.prompt_tokens or r.input_tokens for r in recs], int)
     output = np.array([r.output_tokens for r in recs], int)
-    ttft = np.array([(r.first_token_s - r.sent_s) * 1e3 for r in recs])  # type: ignore[operator]
-    tpot = np.array([(r.done_s - r.first_token_s) * 1e3 / (r.output_tokens - 1) if r.output_tokens > 1 else 0.0
-                     for r in recs])  # type: ignore[operator]
+    ttft = (first - start) * 1e3
+    tpot = np.where(output > 1, (done - first) * 1e3 / np.maximum(output - 1, 1), 0.0)
     if (prompt < 1).any():
         raise SpecError("request log", str(path), "has a request without its prompt length")
     return _ordered(path.name, start, prompt, output, ttft, tpot)
