@@ -172,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --plan is for the published setups (it reads --data's runs of both)", file=sys.stderr)
         return 2
     try:
+        runs = [read_run(f) for f in args.runs]  # a bad run file is named before any profile is built
+        calibration_runs = [read_run(f) for f in args.calibrate_on or ()]
         if args.setup == "custom":
             base, build = custom_builder(args)
         else:
@@ -182,15 +184,15 @@ def main(argv: list[str] | None = None) -> int:
             base = cost_profile(args.profile, system, 1, data)
             build = _published_builder(args.setup, args.profile, data, args.host_overhead_ms / 1e3)
         host = NO_HOST
-        if args.calibrate_on:
-            cal = calibrate_runs([read_run(f) for f in args.calibrate_on], base, build, fit_all=True)
+        if calibration_runs:
+            cal = calibrate_runs(calibration_runs, base, build, fit_all=True)
             host = (cal.fit.step_s, cal.fit.per_seq_s)
             print(f"calibration of the {args.profile} profile's host costs on {len(args.calibrate_on)} runs")
             print_calibration(cal)
             print()
         label = args.profile if host == NO_HOST else f"{args.profile}+calibrated"
         rows = []
-        for run in (read_run(f) for f in args.runs):
+        for run in runs:
             row = compare(run, args.setup, label, data, args.host_overhead_ms / 1e3, host, build)
             row["host_costs_ms"] = [host[0] * 1e3, host[1] * 1e3]
             row["targets_met"] = targets_met(row)

@@ -3,11 +3,13 @@
     step_s = a + b * prefill_tokens + c * decode_seqs + d * context_tokens
              + max(k * (prefill_tokens + decode_seqs), w)          # dense layers: compute or weights read
              + max(f * attention_pairs, v * context_tokens)        # attention: FLOPs or KV read
+             + h + g * (decode_seqs + first_tokens)                # host work of the serving loop
 
 The two max() terms are a roofline (slobench.profiles.roofline fills them from a GPU spec and a model
 config); they are zero in a fitted linear profile, which then reads as the first line alone. A profile with
 `phases` (reference_engine.executor.phase_fit: DistServe's per-phase fits) takes its step times from those
-instead.
+instead. The host terms h and g (`host_step_s`, `host_per_seq_s`) are added to every form; 0 unless calibrated
+from measured requests.
 
 It lets the real scheduler and block manager run at GPU-like speed on any machine (the engine waits until
 step start + step_s on its clock). Sampled tokens are deterministic pseudo-random ids from (seq_id, position),

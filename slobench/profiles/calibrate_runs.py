@@ -90,7 +90,8 @@ def print_calibration(cal: RunsCalibration, write: Callable[[str], None] = print
     write(f"  host per seq    {f.per_seq_s * 1e3:8.4f} ms  +- {f.per_seq_sd_s * 1e3:.4f} (sd; each sequence sampling "
           "a token in the step)")
     write(f"  loss a request  {f.base_loss:.4f} with the base profile, {f.loss:.4f} calibrated "
-          f"(squared log ratio of TTFT and TPOT; sd over {len(f.bootstrap)} bootstrap resamples of the requests)")
+          f"(squared log ratios: each request's TPOT, each run's TTFT deciles; sd over {len(f.bootstrap)} bootstrap "
+          "resamples of the requests)")
     head = f"{'run':28s} {'rate':>6s} {'':5s} " + " ".join(f"{n:>9s}" for _, n in _COLS)
     write("error of the simulation, % of measured (base -> calibrated)" + ("" if cal.held_out else
           "; no runs held out: every run was fitted on"))
