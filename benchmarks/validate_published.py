@@ -162,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.host_overhead_ms < float("inf"):
         print(f"error: --host-overhead-ms must be a number >= 0 (got {args.host_overhead_ms})", file=sys.stderr)
         return 2
+    if args.setup != "custom" and custom_flags_given(args):
+        print(f"error: {custom_flags_given(args)[0]} is for --setup custom (--setup {args.setup} runs the engine "
+              "its measured server ran)", file=sys.stderr)
+        return 2
     data = Path(args.data)
     needed = ["opt-13b-config.json", "profiler-a100-80g.vllm.json", "profiler-a100-80g.distserve.json"]
     missing = [n for n in needed if not (data / n).is_file()]
@@ -177,9 +181,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.setup == "custom":
             base, build = custom_builder(args)
         else:
-            if custom_flags_given(args):
-                print(f"error: {custom_flags_given(args)[0]} is for --setup custom", file=sys.stderr)
-                return 2
             system = "vllm" if args.setup == "vllm" else "distserve"
             base = cost_profile(args.profile, system, 1, data)
             build = _published_builder(args.setup, args.profile, data, args.host_overhead_ms / 1e3)

@@ -7,6 +7,9 @@ bad input is exit 2 naming the problem; the written profile loads wherever a pro
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -171,3 +174,31 @@ def test_the_shared_runs_read_and_split_by_rate() -> None:
     fit, held = split_by_rate(runs)
     assert [r.name for r in fit] == ["vllm-100-1", "vllm-100-2", "vllm-200-2"]
     assert [r.name for r in held] == ["vllm-300-3", "vllm-400-4"]
+
+
+def _benchmark(*argv: str) -> subprocess.CompletedProcess[str]:
+    root = Path(__file__).resolve().parent.parent
+    return subprocess.run([sys.executable, str(root / "benchmarks" / "validate_published.py"), *argv],
+                          capture_output=True, text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+
+
+def test_validate_published_calibrates_a_custom_setup_then_replays(logs: tuple[Path, list[Path]], tmp_path: Path) -> None:
+    base, runs = logs
+    out = tmp_path / "o.json"
+    done = _benchmark("--setup", "custom", "--profile", str(base), "--max-num-seqs", "32", "--kv-blocks", "1024",
+                      "--max-batched-tokens", "1024", "--calibrate-on", str(runs[0]), str(runs[1]), "--json", str(out),
+                      str(runs[2]))
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(out.read_text())
+    assert row["run"] == "syn-90" and row["profile"].endswith("+calibrated")
+    step_ms, per_seq_ms = row["host_costs_ms"]
+    assert step_ms > 0 and per_seq_ms > 0
+    for side in ("measured", "simulated"):
+        assert row[side]["ttft_mean_ms"] > 0 and row[side]["tpot_mean_ms"] > 0
+    # the held-out run's mean TPOT within 10% once calibrated (the base alone is far off: no host costs)
+    assert abs(row["simulated"]["tpot_mean_ms"] / row["measured"]["tpot_mean_ms"] - 1) < 0.10
+    bad = _benchmark("--setup", "custom", "--profile", "fitted", "--json", str(out), str(runs[2]))
+    assert bad.returncode == 2 and "--setup custom give roofline or a profile" in bad.stderr
+    bad = _benchmark("--setup", "vllm", "--profile", "fitted", "--kv-blocks", "5", "--json", str(out), str(runs[2]),
+                     "--data", str(tmp_path))
+    assert bad.returncode == 2 and "--kv-blocks is for --setup custom" in bad.stderr
