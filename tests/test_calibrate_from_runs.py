@@ -6,6 +6,7 @@ bad input is exit 2 naming the problem; the written profile loads wherever a pro
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -76,7 +77,7 @@ def test_the_fit_recovers_known_host_costs_within_its_uncertainty(logs: tuple[Pa
         assert 0 < sd < true  # an uncertainty that says something
         assert abs(doc[key] - true) <= 3 * sd, (key, doc[key], true, sd)
     assert fit["loss_per_request"]["calibrated"] < fit["loss_per_request"]["base"]
-    assert [i["sha256"] for i in fit["inputs"]] == [__import__("hashlib").sha256(p.read_bytes()).hexdigest()
+    assert [i["sha256"] for i in fit["inputs"]] == [hashlib.sha256(p.read_bytes()).hexdigest()
                                                      for p in runs]
     assert fit["engine"]["max_num_seqs"] == 32 and fit["engine"]["scheduler"] == "chunked"
 
