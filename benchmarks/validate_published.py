@@ -5,9 +5,17 @@ its exact arrivals and lengths on the engine the setup ran (slobench.fleet.publi
 vllm-v0 scheduler; distserve-c21d11, a TP-2 prefill and a TP-1 decode instance), with DistServe's fitted step
 times or a roofline of the A100 and OPT-13B. Prints measured against simulated attainment (TTFT < 200 ms and
 TPOT < 100 ms) and TTFT/TPOT p50/p90, with the targets each run meets; writes them to --json.
-`--plan` adds the planner's answer from simulation alone. Figures: docs/measurements/validate_published.md.
+`--plan` adds the planner's answer from simulation alone. `--calibrate-on RUN.jsonl...` first fits the profile's
+host costs on those runs (slobench.profiles.from_runs, as `slobench calibrate --from-runs` does) and replays the
+positional runs with them. `--setup custom` replays on an engine built from the simulator's own flags
+(`--scheduler`, `--kv-blocks`, ..., `--gpu`, `--model-config`, `--tp`, `--profile roofline|FILE`).
+Figures: docs/measurements/validate_published.md.
 
-    python benchmarks/validate_published.py --setup vllm --profile fitted RUN.jsonl [...] --json OUT.json"""
+    python benchmarks/validate_published.py --setup vllm --profile fitted RUN.jsonl [...] --json OUT.json
+    python benchmarks/validate_published.py --setup distserve-c21d11 --profile fitted --calibrate-on LOW.jsonl \
+        ... --json OUT.json RUN.jsonl ...
+    python benchmarks/validate_published.py --setup custom --gpu a100 --model-config CONFIG.json --profile roofline \
+        --scheduler chunked --max-num-seqs 256 --calibrate-on A.jsonl --json OUT.json B.jsonl"""
 
 from __future__ import annotations
 
@@ -18,6 +26,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from custom_setup import (  # this folder is on sys.path
+    add_custom_arguments,
+    custom_builder,
+    custom_flags_given,
+)
 from result_json import write_result  # this folder is on sys.path
 
 from reference_engine.errors import ConfigError
@@ -25,16 +38,21 @@ from slobench.analysis.headline import crossing_rate
 from slobench.errors import SpecError
 from slobench.fleet.published import (
     GPUS_PER_SETUP,
+    NO_HOST,
     PLAN_TARGET,
-    PROFILES,
     SETUPS,
+    FleetBuilder,
+    HostCosts,
     compare,
+    cost_profile,
     measured_curve,
     pooled_lengths,
     read_run,
+    setup_fleet,
     simulated_curve,
     targets_met,
 )
+from slobench.profiles.calibrate_runs import calibrate_runs, print_calibration
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "validation" / "distserve-opt13b-a100"
@@ -66,7 +84,7 @@ def _rate_cells(rate: float | None, lowest: float, gpus: int) -> tuple[str, str,
     return f"{rate:.2f}", f"{rate / gpus:.2f}", rate / gpus
 
 
-def plan_section(data: Path, profile: str) -> str:
+def plan_section(data: Path, profile: str, hosts: dict[str, HostCosts] | None = None) -> str:
     """The planner's answer from simulation alone beside the measured one: the highest rate each setup serves
     with >= 90% of requests attaining both SLOs, and that rate per GPU."""
     files = sorted((data / "runs").glob("*.jsonl"))
@@ -82,17 +100,39 @@ def plan_section(data: Path, profile: str) -> str:
         rates, att = measured_curve(runs)
         meas = crossing_rate(rates, att, PLAN_TARGET)
         sim_rates = SWEEP_RATES[setup]
-        sim = crossing_rate(list(sim_rates), simulated_curve(setup, profile, data, pooled_lengths(runs), sim_rates),
-                            PLAN_TARGET)
+        host = (hosts or {}).get(setup, NO_HOST)
+        sim = crossing_rate(list(sim_rates), simulated_curve(setup, profile, data, pooled_lengths(runs), sim_rates,
+                                                             host=host), PLAN_TARGET)
         m_rate, m_gpu, m_key = _rate_cells(meas, rates[0], gpus)
         s_rate, s_gpu, s_key = _rate_cells(sim, sim_rates[0], gpus)
         per_gpu[setup] = (m_key, s_key)
-        lines.append(f"{setup:18s} {gpus:4d} | {m_rate:>12s} {m_gpu:>8s} | {s_rate:>13s} {s_gpu:>8s}")
+        tag = f" (host {host[0] * 1e3:.2f} ms + {host[1] * 1e3:.3f} ms/seq)" if host != NO_HOST else ""
+        lines.append(f"{setup:18s} {gpus:4d} | {m_rate:>12s} {m_gpu:>8s} | {s_rate:>13s} {s_gpu:>8s}{tag}")
     if len(per_gpu) == 2:
         order = [sorted(per_gpu, key=lambda k: -per_gpu[k][i]) for i in (0, 1)]
         lines.append(f"per-GPU ordering, measured: {' > '.join(order[0])}; simulated: {' > '.join(order[1])} "
                      f"({'the same' if order[0] == order[1] else 'DIFFERENT'})")
     return "\n".join(lines)
+
+
+def replayed_plan(rows: list[dict[str, Any]]) -> str:
+    """The planner's answer read off the replays of the runs given, as the measured one is read off the runs:
+    attainment pooled by rate (weighted by requests), the crossing of 90% interpolated."""
+    by: dict[float, list[tuple[int, float, float]]] = {}
+    for r in rows:
+        by.setdefault(round(r["rate_rps"], 1), []).append((r["num_requests"], r["measured"]["attainment"],
+                                                           r["simulated"]["attainment"]))
+    rates = sorted(by)
+
+    def pooled(i: int) -> list[float]:
+        return [sum(x[0] * x[i] for x in by[k]) / sum(x[0] for x in by[k]) for k in rates]
+    meas, sim = (crossing_rate(rates, pooled(i), PLAN_TARGET) for i in (1, 2))
+
+    def cell(x: float | None) -> str:
+        return f"{x:.2f}" if x is not None else f"< {rates[0]:g}"
+    err = f" ({(sim - meas) / meas * 100:+.0f}%)" if sim is not None and meas is not None else ""
+    return (f"read off the replays of these runs instead (their own arrivals and lengths, pooled by rate): "
+            f"highest rate at >= {PLAN_TARGET:g}%: measured {cell(meas)}, simulated {cell(sim)}{err}")
 
 
 def gap_table(rows: list[dict[str, Any]]) -> str:
@@ -110,10 +150,17 @@ def gap_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _published_builder(setup: str, profile: str, data: Path, overhead_s: float) -> FleetBuilder:
+    return lambda host: setup_fleet(setup, profile, data, overhead_s, host)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--setup", required=True, choices=SETUPS)
-    p.add_argument("--profile", required=True, choices=PROFILES)
+    p.add_argument("--setup", required=True, choices=(*SETUPS, "custom"),
+                   help="a published setup, or custom: the engine from the flags below")
+    p.add_argument("--profile", required=True, metavar="roofline|fitted|FILE",
+                   help="fitted (DistServe's step-time fits; published setups), roofline (from the specs), or a "
+                        "profile file or name as --simulate --profile takes")
     p.add_argument("runs", nargs="+", metavar="RUN.jsonl")
     p.add_argument("--json", required=True, metavar="OUT.json", help="where the per-run figures go")
     p.add_argument("--data", default=str(DATA), metavar="DIR",
@@ -121,27 +168,54 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host-overhead-ms", type=float, default=0.0, metavar="MS",
                    help="a diagnosis: every simulated step MS longer (host work outside the profile's forward "
                         "pass); 0, the default, is the profile as it is, and the only setting the targets are for")
+    p.add_argument("--calibrate-on", nargs="+", default=None, metavar="RUN.jsonl",
+                   help="first fit the profile's host costs (a fixed cost a step, a cost per sequence) on these "
+                        "runs, then replay the positional runs with them")
     p.add_argument("--gaps", action="store_true",
                    help="also each run's TPOT gap (measured - simulated) by answer length: whether what the "
                         "simulator misses is paid every step or once a request")
     p.add_argument("--plan", action="store_true",
                    help="also the planner's answer (highest rate at >= 90%% attainment, per GPU) for both setups, "
                         "from simulation alone, beside the measured one (reads --data's runs/)")
+    add_custom_arguments(p)
     args = p.parse_args(argv)
     if not 0 <= args.host_overhead_ms < float("inf"):
         print(f"error: --host-overhead-ms must be a number >= 0 (got {args.host_overhead_ms})", file=sys.stderr)
         return 2
+    if args.setup != "custom" and custom_flags_given(args):
+        print(f"error: {custom_flags_given(args)[0]} is for --setup custom (--setup {args.setup} runs the engine "
+              "its measured server ran)", file=sys.stderr)
+        return 2
     data = Path(args.data)
     needed = ["opt-13b-config.json", "profiler-a100-80g.vllm.json", "profiler-a100-80g.distserve.json"]
     missing = [n for n in needed if not (data / n).is_file()]
-    if missing:
+    if missing and args.setup != "custom":
         print(f"error: --data {data}: lacks {', '.join(missing)}", file=sys.stderr)
         return 2
+    if args.plan and args.setup == "custom":
+        print("error: --plan is for the published setups (it reads --data's runs of both)", file=sys.stderr)
+        return 2
     try:
-        runs = [read_run(f) for f in args.runs]
+        runs = [read_run(f) for f in args.runs]  # a bad run file is named before any profile is built
+        calibration_runs = [read_run(f) for f in args.calibrate_on or ()]
+        if args.setup == "custom":
+            base, build = custom_builder(args)
+        else:
+            system = "vllm" if args.setup == "vllm" else "distserve"
+            base = cost_profile(args.profile, system, 1, data)
+            build = _published_builder(args.setup, args.profile, data, args.host_overhead_ms / 1e3)
+        host = NO_HOST
+        if calibration_runs:
+            cal = calibrate_runs(calibration_runs, base, build, fit_all=True)
+            host = (cal.fit.step_s, cal.fit.per_seq_s)
+            print(f"calibration of the {args.profile} profile's host costs on {len(args.calibrate_on)} runs")
+            print_calibration(cal)
+            print()
+        label = args.profile if host == NO_HOST else f"{args.profile}+calibrated"
         rows = []
         for run in runs:
-            row = compare(run, args.setup, args.profile, data, args.host_overhead_ms / 1e3)
+            row = compare(run, args.setup, label, data, args.host_overhead_ms / 1e3, host, build)
+            row["host_costs_ms"] = [host[0] * 1e3, host[1] * 1e3]
             row["targets_met"] = targets_met(row)
             rows.append(row)
     except (SpecError, ConfigError) as e:
@@ -149,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
     extra = f", every step {args.host_overhead_ms:g} ms longer (diagnosis)" if args.host_overhead_ms else ""
-    print(f"{args.setup}, {args.profile} profile{extra} ({dt.date.today().isoformat()}): measured vs simulated")
+    print(f"{args.setup}, {label} profile{extra} ({dt.date.today().isoformat()}): measured vs simulated")
     print(table(rows))
     for r in rows:
         if r["num_failed_simulated"]:
@@ -157,17 +231,22 @@ def main(argv: list[str] | None = None) -> int:
                   "the model's context or a step's budget); counted as not attained")
     met = sum(all(r["targets_met"].values()) for r in rows)
     print(f"{met} of {len(rows)} runs meet every target")
-    if args.profile == "fitted" and not args.host_overhead_ms:  # the headline: fitted profiles, as they are
+    if args.setup != "custom" and not args.host_overhead_ms:  # the headline: fitted profiles, as they are
         key = "vllm" if args.setup == "vllm" else "distserve"
-        write_result("validate_published", {f"{key}_within_3": sum(r["targets_met"]["attainment"] for r in rows),
-                                            f"{key}_runs": len(rows)}, part=True)
+        if args.profile == "fitted" and host == NO_HOST:
+            write_result("validate_published", {f"{key}_within_3": sum(r["targets_met"]["attainment"] for r in rows),
+                                                f"{key}_runs": len(rows)}, part=True)
+        elif args.profile == "fitted":
+            write_result("validate_published", {f"{key}_calibrated_within_3":
+                                                sum(r["targets_met"]["attainment"] for r in rows)}, part=True)
     if args.gaps:
         print()
         print(gap_table(rows))
     if args.plan:
         try:
             print()
-            print(plan_section(data, args.profile))
+            print(plan_section(data, args.profile, {args.setup: host} if host != NO_HOST else None))
+            print(replayed_plan(rows))
         except (SpecError, ConfigError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -13,6 +13,7 @@ from typing import Any
 
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.cli.common import load_options
+from slobench.cli.profile_runs import from_runs_main, runs_arguments
 from slobench.errors import SpecError, UsageError
 from slobench.load_setup import LoadSetup
 from slobench.profiles import GPUS, roofline
@@ -64,7 +65,10 @@ def _add_calibrate_arguments(c: argparse.ArgumentParser) -> None:
                      "--max-num-seqs and --max-batched-tokens (default: --simulate's). The probe-fitted profile is "
                      "written first, and stays if the refinement fails. About 1-2 more minutes against the CPU "
                      "reference engine.")
-    c.add_argument("--url", required=True, help="base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1")
+    c.description += ("\n\nOr, with --from-runs instead of --url: fit the host costs of a base profile (--profile) on "
+                      "measured request logs, replayed through the simulator with the server's engine flags (see "
+                      "docs/guide/simulator.md, \"Calibrating from your own logs\").")
+    c.add_argument("--url", default=None, help="base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1")
     c.add_argument("--model", default=None, help="model name (default: the first the server lists)")
     c.add_argument("-o", "--output", required=True, help="write the fitted profile JSON here")
     c.add_argument("--prompt-lens", default=None, metavar="N,N,...",
@@ -93,6 +97,9 @@ def _add_calibrate_arguments(c: argparse.ArgumentParser) -> None:
     r.add_argument("--max-num-seqs", type=int, default=None, help="the served engine's most sequences a step (default 64)")
     r.add_argument("--max-batched-tokens", "--max-num-batched-tokens", dest="max_batched_tokens", type=int,
                    default=None, help="the served engine's token budget a step (default 2048)")
+
+
+    runs_arguments(c)
 
 
 def live_setup(url: str, model: str, plan: RefinePlan, *, timeout_s: float = 600.0,
@@ -172,6 +179,12 @@ def _write(out: Any, profile: CostProfile, flag: str) -> None:
 
 
 async def calibrate_main(args: argparse.Namespace) -> int:
+    if args.url is None:
+        raise UsageError("give --url URL (probe a live endpoint) or --from-runs FILE... (fit on request logs)")
+    given_runs = [f for f in ("--columns", "--profile", "--scheduler", "--max-model-len", "--fit-all", "--bootstrap")
+                  if getattr(args, f[2:].replace("-", "_")) not in (None, False)]
+    if given_runs:
+        raise UsageError(f"{given_runs[0]} applies only with --from-runs")
     given = {k: v for k, v in {
         "prompt_lens": _ints(args.prompt_lens, "--prompt-lens"), "batches": _ints(args.batches, "--batches"),
         "contexts": _ints(args.contexts, "--contexts"), "output_len": args.output_len, "repeats": args.repeats,
@@ -222,6 +235,10 @@ async def calibrate_main(args: argparse.Namespace) -> int:
 
 
 def calibrate(args: argparse.Namespace) -> int:
+    if args.from_runs:
+        if args.url is not None:
+            raise UsageError("give one of --url and --from-runs")
+        return from_runs_main(args)
     return asyncio.run(calibrate_main(args))
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,34 +121,44 @@ def kv_blocks(model: ModelConfig, tp: int, system: str) -> int:
     return kv_capacity_tokens(model, GPU, tp, MEMORY_UTILIZATION, RESERVE_FRACTION[system]) // BLOCK_SIZE
 
 
-def cost_profile(kind: str, system: str, tp: int, data_dir: Path, host_overhead_s: float = 0.0) -> CostProfile:
+HostCosts = tuple[float, float]  # the serving loop's host work: (s a step, s per sequence sampling a token)
+NO_HOST: HostCosts = (0.0, 0.0)
+# host costs -> the engine (and fleet) to replay on, its profiles carrying those costs
+FleetBuilder = Callable[[HostCosts], tuple[ModeledEngine, SimOptions]]
+
+
+def cost_profile(kind: str, system: str, tp: int, data_dir: Path, host_overhead_s: float = 0.0,
+                 host: HostCosts = NO_HOST) -> CostProfile:
     """`fitted`: DistServe's fit for the system's engine at `tp` (the `vllm` file for vLLM, the `distserve`
-    file for DistServe's instances); `roofline`: the A100's and OPT-13B's specifications alone. Every step
-    `host_overhead_s` longer (0: the profile as it is; a diagnosis, not part of either profile)."""
+    file for DistServe's instances); `roofline`: the A100's and OPT-13B's specifications alone; anything else,
+    a profile file (`CostProfile.load`). Every step `host_overhead_s` longer (0: the profile as it is; a
+    diagnosis, not part of either profile); `host`: the serving loop's host costs (calibrated, or the file's)."""
     if kind == "fitted":
         prof = CostProfile.load(f"distserve:{data_dir / f'profiler-a100-80g.{system}.json'}@{HF_MODEL}/tp{tp}")
     elif kind == "roofline":
         prof = roofline(opt13b(data_dir), GPU, tp)
     else:
-        raise SpecError("profile", kind, f"must be one of {list(PROFILES)}")
-    return prof.with_step_overhead(host_overhead_s)
+        prof = CostProfile.load(kind)
+    prof = prof.with_step_overhead(host_overhead_s)
+    return prof.with_host_costs(*host) if host != NO_HOST else prof
 
 
-def setup_fleet(setup: str, profile: str, data_dir: Path, host_overhead_s: float = 0.0
-                ) -> tuple[ModeledEngine, SimOptions]:
-    """The engine (and fleet) each system ran, from its server flags (the data's README)."""
+def setup_fleet(setup: str, profile: str, data_dir: Path, host_overhead_s: float = 0.0,
+                host: HostCosts = NO_HOST) -> tuple[ModeledEngine, SimOptions]:
+    """The engine (and fleet) each system ran, from its server flags (the data's README); `host` costs on
+    every instance."""
     model = opt13b(data_dir)
     extra = host_overhead_s
     limits: dict[str, Any] = {"block_size": BLOCK_SIZE, "max_model_len": model.max_positions or 2048,
                               "enable_prefix_caching": False, "scheduler": "vllm-v0"}
     if setup == "vllm":
-        engine = ModeledEngine(cost_profile(profile, "vllm", 1, data_dir, extra), kv_blocks=kv_blocks(model, 1, "vllm"),
+        engine = ModeledEngine(cost_profile(profile, "vllm", 1, data_dir, extra, host), kv_blocks=kv_blocks(model, 1, "vllm"),
                                max_num_seqs=1024, max_batched_tokens=16384, name="vllm", **limits)
         return engine, SimOptions()
     if setup == "distserve-c21d11":
-        prefill = ModeledEngine(cost_profile(profile, "distserve", 2, data_dir, extra), kv_blocks=kv_blocks(model, 2, "distserve"),
+        prefill = ModeledEngine(cost_profile(profile, "distserve", 2, data_dir, extra, host), kv_blocks=kv_blocks(model, 2, "distserve"),
                                 max_num_seqs=128, max_batched_tokens=8192, name="distserve-prefill", **limits)
-        decode = ModeledEngine(cost_profile(profile, "distserve", 1, data_dir, extra), kv_blocks=kv_blocks(model, 1, "distserve"),
+        decode = ModeledEngine(cost_profile(profile, "distserve", 1, data_dir, extra, host), kv_blocks=kv_blocks(model, 1, "distserve"),
                                max_num_seqs=1024, max_batched_tokens=65536, name="distserve-decode", **limits)
         link = KVLink(get_gpu(GPU).link_gb_s * 1e9, 0.0)  # NVLink between the instances' GPUs, one way
         fleet = DisaggFleet(prefill=1, decode=1, link=link, bytes_per_token=model.kv_bytes_per_token,
@@ -157,9 +167,11 @@ def setup_fleet(setup: str, profile: str, data_dir: Path, host_overhead_s: float
     raise SpecError("setup", setup, f"must be one of {list(SETUPS)}")
 
 
-def simulate(run: Run, setup: str, profile: str, data_dir: Path, host_overhead_s: float = 0.0
-             ) -> list[RequestRecord]:
-    engine, opts = setup_fleet(setup, profile, data_dir, host_overhead_s)
+def simulate(run: Run, setup: str, profile: str, data_dir: Path, host_overhead_s: float = 0.0,
+             host: HostCosts = NO_HOST, build: FleetBuilder | None = None) -> list[RequestRecord]:
+    """`run` replayed on the setup's fleet, or on the one `build` makes (then setup and profile are labels)."""
+    engine, opts = (build(host) if build is not None
+                    else setup_fleet(setup, profile, data_dir, host_overhead_s, host))
     return simulate_records(specs_of(run), engine, opts)
 
 
@@ -179,15 +191,20 @@ def simulated_times_ms(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np
 
 def figures(ttft_ms: np.ndarray, tpot_ms: np.ndarray, output_len: np.ndarray) -> dict[str, float]:
     """Attainment (%, TTFT < 200 ms and TPOT < 100 ms both met; a request without times is not attained) and
-    TTFT/TPOT p50/p90 (ms, over the requests that have the time; TPOT over answers of more than one token)."""
+    TTFT/TPOT p50/p90 and mean (ms, over the requests that have the time; TPOT over answers of more than one
+    token)."""
     met = (ttft_ms < TTFT_SLO_MS) & (tpot_ms < TPOT_SLO_MS)
     multi = tpot_ms[output_len > 1]
 
     def q(x: np.ndarray, p: float) -> float:
         x = x[np.isfinite(x)]
         return float(np.percentile(x, p)) if len(x) else math.nan
+    def mean(x: np.ndarray) -> float:
+        x = x[np.isfinite(x)]
+        return float(x.mean()) if len(x) else math.nan
     return {"attainment": 100.0 * float(met.mean()), "ttft_p50_ms": q(ttft_ms, 50), "ttft_p90_ms": q(ttft_ms, 90),
-            "tpot_p50_ms": q(multi, 50), "tpot_p90_ms": q(multi, 90)}
+            "tpot_p50_ms": q(multi, 50), "tpot_p90_ms": q(multi, 90), "ttft_mean_ms": mean(ttft_ms),
+            "tpot_mean_ms": mean(multi)}
 
 
 # answer lengths (tokens after the first) that split a run's requests for `tpot_gap_by_length`
@@ -212,9 +229,10 @@ def tpot_gap_by_length(run: Run, tpot_sim_ms: np.ndarray) -> list[dict[str, Any]
     return out
 
 
-def compare(run: Run, setup: str, profile: str, data_dir: Path, host_overhead_s: float = 0.0) -> dict[str, Any]:
+def compare(run: Run, setup: str, profile: str, data_dir: Path, host_overhead_s: float = 0.0,
+            host: HostCosts = NO_HOST, build: FleetBuilder | None = None) -> dict[str, Any]:
     """One run's figures, measured and simulated, and the TPOT gap by answer length (`tpot_gap_by_length`)."""
-    records = simulate(run, setup, profile, data_dir, host_overhead_s)
+    records = simulate(run, setup, profile, data_dir, host_overhead_s, host, build)
     ttft, tpot = simulated_times_ms(records)
     return {"run": run.name, "setup": setup, "profile": profile, "num_requests": len(run.start_s),
             "num_failed_simulated": sum(r.status != "ok" for r in records),  # refused (too long), never attained
@@ -267,14 +285,14 @@ def measured_curve(runs: Sequence[Run]) -> tuple[list[float], list[float]]:
 
 
 def simulated_curve(setup: str, profile: str, data_dir: Path, lengths: Run, rates: Sequence[float],
-                    num_requests: int = 400, seeds: Sequence[int] = (0, 1)) -> list[float]:
+                    num_requests: int = 400, seeds: Sequence[int] = (0, 1), host: HostCosts = NO_HOST) -> list[float]:
     """Simulated attainment (%) at each rate: Poisson arrivals, lengths drawn from `lengths`, mean of `seeds`."""
     out = []
     for rate in rates:
         vals = []
         for seed in seeds:
             run = poisson_run(lengths, rate, num_requests, seed)
-            ttft, tpot = simulated_times_ms(simulate(run, setup, profile, data_dir))
+            ttft, tpot = simulated_times_ms(simulate(run, setup, profile, data_dir, host=host))
             vals.append(figures(ttft, tpot, run.output_len)["attainment"])
         out.append(float(np.mean(vals)))
     return out

@@ -1,0 +1,233 @@
+"""The serving loop's host costs fitted from measured requests, by replaying them through the simulator.
+
+A profile of the forward pass alone (a roofline, or step-time fits of an idle engine) leaves out the host
+work of the loop around it: scheduling, sampling and detokenising each running request, RPC to the workers.
+Two terms stand for it (`CostProfile.host_step_s`, `host_per_seq_s`: a fixed cost a step and a cost per
+sequence sampling a token in it). They are fitted by replaying each measured run (its arrivals and lengths)
+on the simulated server and comparing every request's simulated TTFT and TPOT with its measured ones:
+
+- the loss: per request, the squared log ratio simulated / measured of its TPOT (answers of more than one
+  token), and per run, of its TTFT deciles (a request's own TTFT moves with where its arrival falls in a
+  step: matched in distribution); each clipped at |log| <= 1 so that a request past a cliff counts once;
+- search: a coarse grid, then a pattern search (3 x 3 around the best point; it moves to the best of them,
+  and the spacing halves when the centre stays best);
+- the estimate: the minimum of a quadratic surface fitted to the losses at the last rounds' points;
+- uncertainty: the same minimum over bootstrap resamples of the requests (within each run), with the last
+  spacing's resolution added (its uniform error, spacing / sqrt(12)).
+
+Replays are exact and deterministic: the fit's cost is (points evaluated) x (replay of the fitting runs).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from reference_engine.executor.modeled_executor import CostProfile
+from slobench.errors import SpecError
+from slobench.fleet.published import FleetBuilder, Run, simulated_times_ms, specs_of
+from slobench.fleet.simulate import ModeledEngine, SimOptions, simulate_records
+from slobench.run.records import RequestSpec
+
+# (run, host step s, host per-seq s) -> the run's simulated TTFT and TPOT (ms) in request order
+Replayer = Callable[[Run, float, float], tuple[np.ndarray, np.ndarray]]
+CLIP = 1.0  # |log(simulated / measured)| beyond this counts as this
+
+
+@dataclass(frozen=True, slots=True)
+class FitPlan:
+    """The search: coarse grids in units of `scale_s` (a decode step of the base profile), then `rounds` of
+    3 x 3 pattern search; `bootstrap` resamples of the requests for the uncertainty."""
+
+    scale_s: float
+    step_grid: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 2.0)
+    per_seq_grid: tuple[float, ...] = (0.0, 0.01, 0.02, 0.04, 0.08)
+    rounds: int = 3
+    bootstrap: int = 200
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.scale_s < math.inf:
+            raise SpecError("fit scale", self.scale_s, "must be a step time > 0 s")
+        for name in ("step_grid", "per_seq_grid"):
+            g = getattr(self, name)
+            if len(g) < 3 or any(x < 0 for x in g) or list(g) != sorted(set(g)):
+                raise SpecError(name, g, "must be >= 3 increasing values >= 0")
+        if self.rounds < 1 or self.bootstrap < 10:
+            raise SpecError("fit plan", (self.rounds, self.bootstrap), "needs rounds >= 1 and bootstrap >= 10")
+
+
+@dataclass(frozen=True, slots=True)
+class HostFit:
+    """The fitted host costs (s), their bootstrap standard deviations (s) and what the fit cost."""
+
+    step_s: float
+    per_seq_s: float
+    step_sd_s: float
+    per_seq_sd_s: float
+    loss: float  # mean loss a request at the estimate
+    base_loss: float  # the same with no host costs
+    num_replays: int
+    fit_runs: tuple[str, ...]
+    bootstrap: tuple[tuple[float, float], ...] = field(default=(), repr=False)
+
+
+def _clipped_sq_log(sim: np.ndarray, meas: np.ndarray) -> np.ndarray:
+    """(log(sim / meas))^2 with |log| clipped at CLIP; a time never reached (inf) counts as CLIP."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.log(sim / meas)
+    r = np.where(np.isnan(r), 0.0, r)
+    return np.clip(r, -CLIP, CLIP) ** 2
+
+
+def tpot_loss(run: Run, tpot_sim_ms: np.ndarray) -> np.ndarray:
+    """Per request: the clipped squared log ratio of its TPOT (0 for one-token answers and unusable times)."""
+    ok = (run.output_len > 1) & (run.tpot_ms > 0) & np.isfinite(run.tpot_ms)
+    return np.where(ok, _clipped_sq_log(np.where(ok, tpot_sim_ms, 1.0), np.where(ok, run.tpot_ms, 1.0)), 0.0)
+
+
+DECILES = np.arange(10, 100, 10)
+
+
+def ttft_loss(meas_ms: np.ndarray, sim_ms: np.ndarray) -> float:
+    """The clipped squared log ratios of a run's TTFT deciles, their mean. A request's own TTFT is a few steps
+    and moves with where its arrival falls in a step, so it is matched in distribution, not request by request."""
+    ok = np.isfinite(meas_ms) & (meas_ms > 0)
+    if not ok.any():
+        return 0.0
+    sim = np.where(np.isfinite(sim_ms[ok]), sim_ms[ok], np.inf)
+    return float(_clipped_sq_log(np.percentile(sim, DECILES), np.percentile(meas_ms[ok], DECILES)).mean())
+
+
+class _Losses:
+    """Per point evaluated: each fitting request's TPOT loss and its simulated TTFT (a point is replayed once).
+    The loss: the mean TPOT loss a request plus the mean TTFT-decile loss a run, over any resample of the
+    requests (`total`)."""
+
+    def __init__(self, runs: Sequence[Run], replay: Replayer) -> None:
+        self.runs, self.replay = runs, replay
+        self.at: dict[tuple[float, float], tuple[np.ndarray, list[np.ndarray]]] = {}
+        self.every = [np.arange(len(r.start_s)) for r in runs]
+
+    def key(self, x: float, y: float) -> tuple[float, float]:
+        k = (round(max(x, 0.0), 12), round(max(y, 0.0), 12))
+        if k not in self.at:
+            tp, tt = [], []
+            for r in self.runs:
+                ttft, tpot = self.replay(r, *k)
+                tp.append(tpot_loss(r, tpot))
+                tt.append(ttft)
+            self.at[k] = (np.concatenate(tp), tt)
+        return k
+
+    def total(self, k: tuple[float, float], pick: Sequence[np.ndarray]) -> float:
+        tp, tt = self.at[k]
+        offsets = np.cumsum([0, *(len(r.start_s) for r in self.runs[:-1])])
+        tpot = np.concatenate([tp[o + i] for o, i in zip(offsets, pick, strict=True)]).mean()
+        ttft = np.mean([ttft_loss(r.ttft_ms[i], s[i]) for r, s, i in zip(self.runs, tt, pick, strict=True)])
+        return float(tpot + ttft)
+
+    def __call__(self, x: float, y: float) -> float:
+        return self.total(self.key(x, y), self.every)
+
+
+def _quadratic_min(points: list[tuple[float, float]], values: np.ndarray, sx: float, sy: float
+                   ) -> tuple[float, float]:
+    """The minimum of loss ~ quadratic(x, y) over `points` (scaled by sx, sy), kept within their box; the
+    best point where the surface has no minimum."""
+    p = np.asarray(points)
+    u, v = p[:, 0] / sx, p[:, 1] / sy
+    design = np.column_stack([np.ones_like(u), u, v, u * u, u * v, v * v])
+    best = p[int(np.argmin(values))]
+    coef, *_ = np.linalg.lstsq(design, values, rcond=None)
+    _, b1, b2, a11, a12, a22 = coef
+    hess = np.array([[2 * a11, a12], [a12, 2 * a22]])
+    if np.linalg.det(hess) <= 0 or hess[0, 0] <= 0:
+        return float(best[0]), float(best[1])
+    uu, vv = np.linalg.solve(hess, [-b1, -b2])
+    x = float(np.clip(uu * sx, p[:, 0].min(), p[:, 0].max()))
+    y = float(np.clip(vv * sy, p[:, 1].min(), p[:, 1].max()))
+    return x, y
+
+
+def fit_host_costs(runs: Sequence[Run], replay: Replayer, plan: FitPlan) -> HostFit:
+    """Host step and per-sequence costs that best replay `runs` (see the module's docstring)."""
+    if not runs:
+        raise SpecError("calibration", "no runs", "needs at least one run to fit on")
+    loss = _Losses(runs, replay)
+    xs = [g * plan.scale_s for g in plan.step_grid]
+    ys = [g * plan.scale_s for g in plan.per_seq_grid]
+    best = min(((x, y) for x in xs for y in ys), key=lambda p: loss(*p))
+    i, j = xs.index(best[0]), ys.index(best[1])
+    dx = (xs[min(i + 1, len(xs) - 1)] - xs[max(i - 1, 0)]) / 4
+    dy = (ys[min(j + 1, len(ys) - 1)] - ys[max(j - 1, 0)]) / 4
+    near: list[tuple[float, float]] = []
+    halvings = moves = 0
+    while halvings < plan.rounds and moves < 4 * plan.rounds:  # the spacing halves when the centre stays best
+        ring = [(max(best[0] + a * dx, 0.0), max(best[1] + b * dy, 0.0)) for a in (-1, 0, 1) for b in (-1, 0, 1)]
+        centre = loss.key(*best)
+        best = min(ring, key=lambda p: loss(*p))
+        near = ring + near[:9]  # this round's points and the round before's
+        if loss.key(*best) == centre:
+            dx, dy, halvings = dx / 2, dy / 2, halvings + 1
+        else:
+            moves += 1
+    pts = list(dict.fromkeys(loss.key(x, y) for x, y in near))
+    sx, sy = dx * 2, dy * 2
+    step_s, per_seq_s = _quadratic_min(pts, np.array([loss.total(k, loss.every) for k in pts]), sx, sy)
+    rng = np.random.default_rng(plan.seed)
+    draws = []
+    for _ in range(plan.bootstrap):
+        pick = [rng.choice(e, len(e)) for e in loss.every]
+        draws.append(_quadratic_min(pts, np.array([loss.total(k, pick) for k in pts]), sx, sy))
+    boot = np.asarray(draws)
+    res = np.array([sx, sy]) * 2 / math.sqrt(12)  # the last spacing's resolution
+    sd = np.sqrt(boot.std(axis=0) ** 2 + res ** 2)
+    return HostFit(step_s, per_seq_s, float(sd[0]), float(sd[1]), loss(step_s, per_seq_s), loss(0.0, 0.0),
+                   len(loss.at), tuple(r.name for r in runs), tuple(map(tuple, boot.tolist())))
+
+
+def split_by_rate(runs: Sequence[Run]) -> tuple[list[Run], list[Run]]:
+    """The lower-rate half of the runs (the median's side included) to fit on, and the rest to check."""
+    order = sorted(runs, key=lambda r: (r.rate_rps if math.isfinite(r.rate_rps) else 0.0, r.name))
+    k = math.ceil(len(order) / 2) if len(order) > 1 else 1
+    return order[:k], order[k:]
+
+
+def run_errors(run: Run, ttft_sim_ms: np.ndarray, tpot_sim_ms: np.ndarray) -> dict[str, float]:
+    """Simulated against measured, % difference, of TTFT and TPOT mean, p50 and p90."""
+    out = {}
+    multi = run.output_len > 1
+    for name, meas, sim in (("ttft", run.ttft_ms, ttft_sim_ms), ("tpot", run.tpot_ms[multi], tpot_sim_ms[multi])):
+        ok = np.isfinite(sim) & np.isfinite(meas)
+        for stat, f in (("mean", np.mean), ("p50", np.median), ("p90", lambda a: np.percentile(a, 90))):
+            m, s = float(f(meas[ok])) if ok.any() else math.nan, float(f(sim[ok])) if ok.any() else math.nan
+            out[f"{name}_{stat}_err_pct"] = (s - m) / m * 100 if m else math.nan
+    return out
+
+
+def fleet_replayer(build: FleetBuilder, seed: int = 0) -> Replayer:
+    """Replays on the engine (and fleet) `build` makes for the host costs asked for; each run's requests are
+    made once."""
+    specs: dict[int, list[RequestSpec]] = {}
+
+    def replay(run: Run, step_s: float, per_seq_s: float) -> tuple[np.ndarray, np.ndarray]:
+        if id(run) not in specs:
+            specs[id(run)] = specs_of(run, seed)
+        engine, opts = build((step_s, per_seq_s))
+        return simulated_times_ms(simulate_records(specs[id(run)], engine, opts))
+    return replay
+
+
+def colocated_builder(base: CostProfile, engine: ModeledEngine) -> FleetBuilder:
+    """One simulated engine (`engine`'s limits) priced by `base` with the host costs asked for."""
+    return lambda host: (replace(engine, profile=base.with_host_costs(*host)), SimOptions())
+
+
+def decode_step_scale_s(base: CostProfile, runs: Sequence[Run]) -> float:
+    """A decode step of one request at the runs' median context: the unit of the search grids."""
+    ctx = int(np.median(np.concatenate([r.prompt_len + r.output_len // 2 for r in runs])))
+    return max(base.step_s(0, 1, ctx, ctx), 1e-6)
