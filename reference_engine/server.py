@@ -186,7 +186,7 @@ def build_app(
         too_big = BadRequest(f"the request body exceeds {_size(max_body_bytes)} (slobench serve --max-body-size)",
                              None, "body_too_large", status=413)
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > max_body_bytes:
+        if declared.isascii() and declared.isdigit() and int(declared) > max_body_bytes:
             raise too_big  # before a byte of it is read (what follows is discarded within bounds: http_protocol)
         body = bytearray()
         async for chunk in request.stream():

@@ -78,7 +78,7 @@ def parse_rate_limit(text: str | None) -> tuple[int, float] | None:
         return None
     n, slash, period = str(text).strip().partition("/")
     seconds = _PERIODS.get(period.strip().lower()) if slash else None
-    if seconds is None or not n.strip().isdigit() or int(n) < 1:
+    if seconds is None or not (n.strip().isascii() and n.strip().isdigit()) or int(n) < 1:
         raise UsageError(f"--rate-limit: expected N/PERIOD such as 600/min, 10/s or 36000/h (got {text!r})")
     return int(n), seconds
 

@@ -171,7 +171,7 @@ class RunGroup:
         if self.slo is not None and not isinstance(self.slo, SLO):
             _set(self, "slo", load_slo(self.slo))  # a bare number, a bad key, a missing file: exit 2 now
         _set(self, "warmup", str(self.warmup))
-        if self.warmup != "auto" and not self.warmup.isdigit():
+        if self.warmup != "auto" and not (self.warmup.isascii() and self.warmup.isdigit()):
             raise UsageError(f"--warmup: expected a number of requests or 'auto' (got {self.warmup!r})")
         for name in ("concurrency", "max_in_flight"):
             v = getattr(self, name)
@@ -270,7 +270,7 @@ class LoadOptions:
         off_url = "--simulate" if s.simulate else "--engine" if s.engine else None
         if off_url and t.url is not None:
             raise UsageError(f"{off_url} runs the bundled engine here, so --url would be ignored; drop one of them")
-        if r.warmup.isdigit() and w.num_requests is not None and int(r.warmup) >= w.num_requests:
+        if r.warmup.isascii() and r.warmup.isdigit() and w.num_requests is not None and int(r.warmup) >= w.num_requests:
             raise UsageError(f"--warmup {r.warmup} leaves nothing to measure of --num-requests "
                              f"{w.num_requests}; use fewer warm-up requests or more requests")
         if t.tokenizer and (s.engine or s.simulate):

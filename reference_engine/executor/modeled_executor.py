@@ -195,7 +195,7 @@ class CostProfile:
         body = spec.removeprefix("distserve:")
         path, _, rest = body.rpartition("@")
         model, _, tp_text = rest.rpartition("/")
-        if not path or not model or not tp_text.startswith("tp") or not tp_text[2:].isdigit():
+        if not path or not model or not tp_text.startswith("tp") or not (tp_text[2:].isascii() and tp_text[2:].isdigit()):
             raise ConfigError("profile", spec, "a DistServe fit is distserve:PATH@MODEL/tpN, e.g. "
                                                "distserve:profiler-a100-80g.vllm.json@facebook/opt-13b/tp1")
         tp = int(tp_text[2:])

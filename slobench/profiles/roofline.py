@@ -186,7 +186,7 @@ def roofline_from_name(spec: str) -> CostProfile:
     body = spec.removeprefix("roofline:")
     parts = body.split("/")
     tp = 1
-    if len(parts) >= 3 and parts[-1].startswith("tp") and parts[-1][2:].isdigit():
+    if len(parts) >= 3 and parts[-1].startswith("tp") and parts[-1][2:].isascii() and parts[-1][2:].isdigit():
         tp = int(parts[-1][2:])
         parts = parts[:-1]
     # the GPU ends at its first part unless that is no name nor numbers: then at the spec file's name

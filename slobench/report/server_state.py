@@ -110,7 +110,7 @@ _SGLANG_SHARED_RANKS = ("tp_rank", "pp_rank", "moe_ep_rank")
 
 
 def _rank(v: str) -> int:
-    return int(v) if v.isdigit() else 0
+    return int(v) if v.isascii() and v.isdigit() else 0
 
 
 def _duplicate_ranks(keys: set[str]) -> set[str]:

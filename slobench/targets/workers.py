@@ -364,7 +364,7 @@ async def _serve(fd: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not args[0].isdigit():
+    if len(args) != 1 or not (args[0].isascii() and args[0].isdigit()):
         print("usage: python -m slobench.targets.workers FD (started by WorkerPool, not by hand)", file=sys.stderr)
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's runner owns Ctrl-C
