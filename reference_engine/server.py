@@ -419,7 +419,12 @@ def _bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ConfigError("--port", port, f"cannot listen on {host}:{port} ({e.strerror or e}); "
+                                          "another process holds it: choose another port, or 0 for a free one") from None
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock

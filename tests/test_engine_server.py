@@ -530,3 +530,20 @@ def test_zero_engine_sizes_are_refused_not_defaulted():
     for knobs in ({"kv_blocks": 0}, {"max_model_len": 0}):
         with pytest.raises(EngineConfigError, match=f"{next(iter(knobs))}: must be an integer >= 1"):
             EngineSpec(executor="modeled", **knobs)
+
+
+def test_a_port_another_process_holds_is_exit_2_naming_it(capsys):
+    import socket
+
+    from slobench.cli import main as cli_main
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        assert cli_main(["serve", "--executor", "modeled", "--port", str(port)]) == 2
+    finally:
+        holder.close()
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{port}" in err and "--port" in err and "internal error" not in err
