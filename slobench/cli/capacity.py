@@ -142,7 +142,7 @@ def _print_capacity(doc: dict[str, Any], out: Path) -> None:
         print(f"capacity: attainment is below {doc['attainment_target']:.0%} at every rate tried")
     else:
         iv = doc.get("interval_rps")
-        rng = f" [{iv[0]:.3g}, {iv[1]:.3g}] ({doc['level']:.0%}, {len(doc['replicates'])} replicates)" if iv else ""
+        rng = f" [{iv[0]:.3g}, {iv[1]:.3g}] ({doc['level']:.0%}, {len(doc['replicates'])} seeds)" if iv else ""
         lb = " (a lower bound)" if doc["is_lower_bound"] else ""
         print(f"capacity: {doc['capacity_rps']:.3g} req/s at >= {doc['attainment_target']:.0%} attainment{rng}{lb}")
         if "goodput_per_gpu_rps" in doc:
