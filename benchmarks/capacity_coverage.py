@@ -1,7 +1,7 @@
 """How often does a capacity search's 95% interval cover the true capacity? Measured on the simulator.
 
-For each engine variant (profiles, KV sizes, max-num-seqs, workloads: uniform, heavy-tailed, bursty,
-shared prefixes) on the virtual clock:
+For each engine variant (profiles, KV sizes, max-num-seqs, step time; workloads: uniform and heavy-tailed
+lengths, Poisson and bursty arrivals) on the virtual clock:
 - the *true* capacity from a dense many-seed sweep: every truth seed run on a grid of rates 2% apart
   around the capacity, its crossing of the target interpolated at the first grid rate it misses; the truth
   is the mean over seeds (what a search's seeds estimate: the crossing rate of one run of this length),
@@ -12,7 +12,7 @@ shared prefixes) on the virtual clock:
   start rate to 1.3x capacity, each with the same 6 seeds a search uses.
 Writes a JSON of every figure with --json. Figures: docs/measurements/capacity_coverage.md.
 
-    python benchmarks/capacity_coverage.py [--searches 25] [--truth-seeds 24] [--duration 20] [--jobs 2]
+    python benchmarks/capacity_coverage.py [--searches 23] [--truth-seeds 16] [--duration 10] [--jobs 3]
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ import asyncio
 import json
 import math
 import statistics
+import sys
 import time
+import tomllib
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +36,7 @@ from slobench.analysis.slo import SLO
 from slobench.experiments.capacity import SearchOptions, search_capacity
 from slobench.experiments.probe import SimulatedMeasure
 from slobench.fleet.simulate import ModeledEngine
+from slobench.workload import WorkloadSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,24 +48,42 @@ class Variant:
     tpot_s: float
 
 
-TINY = dict(profile="cpu-tiny")
-H100 = dict(profile="h100-llama-1b")
+TINY = {"profile": "cpu-tiny"}
+H100 = {"profile": "h100-llama-1b"}
+LENGTHS = {  # the tiny workload's uniform lengths, and heavy-tailed lognormal ones of a similar size
+    "uniform": "[input]\ndist = \"uniform\"\nmin = 32\nmax = 256\n[output]\ndist = \"uniform\"\nmin = 8\nmax = 64\n",
+    "heavy": ("[input]\ndist = \"lognormal\"\nmedian = 80\np99 = 1000\nmin = 8\nmax = 2048\n"
+              "[output]\ndist = \"lognormal\"\nmedian = 16\np99 = 200\nmin = 1\nmax = 512\n"),
+}
+ARRIVALS = {"poisson": "process = \"poisson\"\nrate_rps = 2.0\n",
+            "bursty": "process = \"gamma\"\nrate_rps = 2.0\ncv = 2.0\n"}
+
+
+def workload(arrival: str, lengths: str) -> str:
+    """A workload spec's TOML: the tiny workload's token prompts with the arrival process and lengths named."""
+    return (f"name = \"{arrival}-{lengths}\"\napi = \"completions\"\nprompt = \"tokens\"\nnum_requests = 64\n"
+            f"token_ids = [32, 256]\n[arrival]\n{ARRIVALS[arrival]}{LENGTHS[lengths]}")
+
+
 VARIANTS = (
     Variant("tiny seqs8", "tiny", {**TINY, "max_num_seqs": 8}, 0.5, 0.05),
     Variant("tiny seqs8 kv64", "tiny", {**TINY, "max_num_seqs": 8, "kv_blocks": 64}, 0.5, 0.05),
     Variant("tiny seqs16", "tiny", {**TINY, "max_num_seqs": 16}, 0.5, 0.05),
+    Variant("tiny seqs4", "tiny", {**TINY, "max_num_seqs": 4}, 0.5, 0.05),
     Variant("tiny seqs8 step+15%", "tiny", {**TINY, "max_num_seqs": 8, "step_scale": 1.15}, 0.5, 0.05),
-    Variant("chat h100", "chat", H100, 0.3, 0.04),
-    Variant("chat h100 kv1024", "chat", {**H100, "kv_blocks": 1024}, 0.3, 0.04),
-    Variant("code h100 (bursty, heavy tail)", "code", {**H100, "max_model_len": 10240}, 1.0, 0.05),
-    Variant("system-prompts h100", "system-prompts", {**H100, "max_num_seqs": 16}, 0.3, 0.04),
+    Variant("bursty seqs8", workload("bursty", "uniform"), {**TINY, "max_num_seqs": 8}, 0.5, 0.05),
+    Variant("heavy-tailed seqs8", workload("poisson", "heavy"), {**TINY, "max_num_seqs": 8}, 0.5, 0.05),
+    Variant("bursty heavy-tailed seqs16 kv128", workload("bursty", "heavy"),
+            {**TINY, "max_num_seqs": 16, "kv_blocks": 128}, 0.5, 0.05),
+    Variant("h100 profile seqs4 heavy-tailed", workload("poisson", "heavy"), {**H100, "max_num_seqs": 4}, 0.3, 0.04),
 )
 JITTER_SD = 0.02
 GRID = np.round(np.arange(0.70, 1.3001, 0.02), 2)
 
 
 def measure(v: Variant, duration_s: float) -> SimulatedMeasure:
-    return SimulatedMeasure(v.workload, ModeledEngine(name=v.name, **v.engine), SLO(ttft_s=v.ttft_s, tpot_s=v.tpot_s),
+    spec = v.workload if v.workload.isidentifier() else WorkloadSpec.from_dict(tomllib.loads(v.workload))
+    return SimulatedMeasure(spec, ModeledEngine(name=v.name, **v.engine), SLO(ttft_s=v.ttft_s, tpot_s=v.tpot_s),
                             duration_s=duration_s, jitter_sd=JITTER_SD)
 
 
@@ -111,9 +132,9 @@ def one_search(v: Variant, duration_s: float, seed: int) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--searches", type=int, default=25, help="capacity searches per variant")
+    ap.add_argument("--searches", type=int, default=23, help="capacity searches per variant")
     ap.add_argument("--truth-seeds", type=int, default=16)
-    ap.add_argument("--duration", type=float, default=20.0, help="virtual seconds of traffic per probe")
+    ap.add_argument("--duration", type=float, default=10.0, help="virtual seconds of traffic per probe")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
     ap.add_argument("--json", default=None, help="also write every figure here")
     args = ap.parse_args()
@@ -122,8 +143,16 @@ def main() -> None:
         truths_f = [pool.submit(truth, v, args.duration, args.truth_seeds) for v in VARIANTS]
         searches_f = [pool.submit(one_search, v, args.duration, 1000 * (i + 1) + 7 * k)
                       for i, v in enumerate(VARIANTS) for k in range(args.searches)]
-        truths = {t["variant"]: t for t in (f.result() for f in truths_f)}
-        searches = [f.result() for f in searches_f]
+        truths = {}
+        for f in truths_f:
+            t = f.result()
+            truths[t["variant"]] = t
+            print(f"truth {t['variant']}: {t['truth_rps']:.2f} ± {t['truth_se_rps']:.2f}", file=sys.stderr, flush=True)
+        searches = []
+        for f in searches_f:
+            searches.append(f.result())
+            if len(searches) % 20 == 0:
+                print(f"{len(searches)} searches done", file=sys.stderr, flush=True)
     rows = []
     for v in VARIANTS:
         t = truths[v.name]

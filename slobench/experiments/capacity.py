@@ -29,6 +29,7 @@ from slobench.experiments.probe import LiveProbe, ProbeMeasure
 from slobench.gate import workload_identity
 from slobench.run.rundir import load_run
 
+SEED_PROBES = 8  # new probes each seed may run to locate its crossing: widening covers ~30x the bracket
 SHORT_PROBE_S = 30.0  # probes near capacity shorter than this get a note (see short_probe_note)
 
 Measure = Callable[[float, int], Awaitable[RunSummary]]
@@ -45,7 +46,7 @@ class SearchOptions:
     max_rate_rps: float | None = None  # never offer more than this; reaching it meeting the SLO = lower bound
     min_rate_rps: float | None = None  # going down: give up below this (default start / factor**4)
     replicates: int = 5
-    seed_probes: int = 8  # new probes each seed may run to bracket and narrow its own crossing
+    seed_probes: int = SEED_PROBES  # new probes each seed may run to bracket and narrow its own crossing
     level: float = 0.95  # two-sided confidence level of the replicate interval
     seed: int = 0  # seed of the search probes; replicates use seed+1 .. seed+replicates
 
