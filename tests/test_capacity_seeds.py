@@ -102,12 +102,14 @@ async def test_no_estimate_past_a_rate_measured_to_miss():
 
 def test_the_readme_tour_example_concludes(tmp_path, capsys):
     """`capacity --simulate --profile h100-llama-1b --workload chat --slo ttft=300ms,tpot=40ms` with its
-    defaults: seed 0 brackets 30-31 req/s and the other seeds cross higher; it used to exit 4."""
+    defaults but 10 s probes (the full example: docs/measurements/capacity_coverage.md): seed 0's bracket
+    is not where the other seeds cross; it used to exit 4 (seed 0 bracketed 30-31 req/s, seeds 1-5 put it
+    at 36.3, outside the rates the replicates ran)."""
     out = tmp_path / "c"
     assert main(["capacity", "--simulate", "--profile", "h100-llama-1b", "--workload", "chat",
-                 "--slo", "ttft=300ms,tpot=40ms", "--duration", "30", "--out", str(out)]) == 0
+                 "--slo", "ttft=300ms,tpot=40ms", "--duration", "10", "--out", str(out)]) == 0
     doc = json.loads((out / "capacity.json").read_text())
-    assert doc["inconclusive"] is None and doc["bracket_rps"] == [30.0, 31.0]
-    assert any(r["capacity_rps"] > 31.0 for r in doc["replicates"])
+    lo, hi = doc["bracket_rps"]
+    assert doc["inconclusive"] is None and any(not lo <= r["capacity_rps"] <= hi for r in doc["replicates"])
     assert doc["interval_rps"][0] < doc["capacity_rps"] < doc["interval_rps"][1]
     assert "(95%, 6 seeds)" in capsys.readouterr().out
