@@ -103,13 +103,13 @@ def seed_crossing(m: SimulatedMeasure, rates: list[float], seed: int, target: fl
     return None, att  # met at the grid's top
 
 
-def truth(v: Variant, duration_s: float, seeds: int) -> dict[str, Any]:
+def truth(v: Variant, duration_s: float, seeds: int, first_seed: int = 100_000) -> dict[str, Any]:
     m = measure(v, duration_s)
     pilot = asyncio.run(search_capacity(m, SearchOptions(seed=50_000, replicates=0))).capacity_rps
     assert pilot is not None, v.name
     rates = [round(float(pilot * g), 4) for g in GRID]
     crossings, curves = [], []
-    for s in range(100_000, 100_000 + seeds):
+    for s in range(first_seed, first_seed + seeds):
         c, att = seed_crossing(m, rates, s, 0.9)
         crossings.append(c)
         curves.append(att + [0.0] * (len(rates) - len(att)))  # past two misses: counted as missing
@@ -118,7 +118,7 @@ def truth(v: Variant, duration_s: float, seeds: int) -> dict[str, Any]:
     return {"variant": v.name, "grid_rps": [rates[0], rates[-1]], "truth_rps": float(np.mean(ok)),
             "truth_se_rps": float(np.std(ok, ddof=1) / math.sqrt(len(ok))), "seeds": len(ok),
             "off_grid": len(crossings) - len(ok), "mean_curve_crossing_rps": crossing_rate(rates, list(mean_curve), 0.9),
-            "probes": m.count}
+            "probes": m.count, "crossings": crossings, "curves": curves}
 
 
 def one_search(v: Variant, duration_s: float, seed: int) -> dict[str, Any]:
