@@ -12,7 +12,7 @@ lengths, Poisson and bursty arrivals) on the virtual clock:
   start rate to 1.3x capacity, each with the same 6 seeds a search uses.
 Writes a JSON of every figure with --json. Figures: docs/measurements/capacity_coverage.md.
 
-    python benchmarks/capacity_coverage.py [--searches 23] [--truth-seeds 16] [--duration 10] [--jobs 3]
+    python benchmarks/capacity_coverage.py [--searches 23] [--truth-seeds 48] [--duration 10] [--jobs 3] [--json FILE]
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def one_search(v: Variant, duration_s: float, seed: int) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--searches", type=int, default=23, help="capacity searches per variant")
-    ap.add_argument("--truth-seeds", type=int, default=16)
+    ap.add_argument("--truth-seeds", type=int, default=48)
     ap.add_argument("--duration", type=float, default=10.0, help="virtual seconds of traffic per probe")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
     ap.add_argument("--json", default=None, help="also write every figure here")
