@@ -39,8 +39,11 @@ async def measure_side(v: ModeledEngine, trial: int, replicates: int) -> Samples
                          trial=trial)
     s = Samples(f"{v.name}#{trial}", {"name": "tiny", "hash": "virtual"}, CI_SLO.to_dict(), "bench")
     res = await search_capacity(m, SearchOptions(start_rps=4.0, replicates=replicates, seed=0))
-    for rep in res.replicates:
-        s.add("capacity", rep["seed"], rep["capacity_rps"], s.source)
+    if res.inconclusive:  # as `slobench.gate.load_samples` reads an inconclusive capacity.json
+        s.inconclusive["capacity"] = res.inconclusive
+    else:
+        for rep in res.replicates:  # every seed's own crossing: what the capacity's interval is taken over
+            s.add("capacity", rep["seed"], rep["capacity_rps"], s.source)
     for seed in range(1, replicates + 1):
         for name, val in (await m(FIXED_RATE_RPS, seed)).flat_metrics().items():
             s.add(rate_key(name, FIXED_RATE_RPS), seed, val, s.source)

@@ -76,12 +76,17 @@ HEADLINES: tuple[Headline, ...] = (
     ), "100,000 chat requests simulated end to end through the CLI (records, Parquet, summary) in "
        "{wall_s_100k_min}–{wall_s_100k_max} s at {rss_mib_100k_min}–{rss_mib_100k_max} MiB; 1,000,000 in "
        "{wall_s_1m} s at {rss_mib_1m} MiB"),
-    Headline("capacity_vs_sweep", "Capacity search", (
-        F("variants_covered", "engine variants whose dense-sweep crossing the search's 95% interval covers"),
-        F("variants", "engine variants"),
-        F("sweep_seeds", "seeds of the dense sweep"),
-    ), "its 95% interval covers a {sweep_seeds}-seed dense sweep's crossing for {variants_covered} of {variants} "
-       "engine variants"),
+    Headline("capacity_coverage", "Capacity search", (
+        F("covered", "default searches whose 95% interval covered the variant's true capacity"),
+        F("searches", "default searches"),
+        F("coverage_pct", "coverage, %", "{:.1f}"),
+        F("inconclusive", "searches inconclusive"),
+        F("variants", "simulated engine variants"),
+        F("truth_seeds", "seeds of each variant's dense sweep (the truth)"),
+        F("median_width_pct", "median interval width, % of capacity", "{:.1f}"),
+    ), "its 95% interval covered a {truth_seeds}-seed dense sweep's capacity in {covered} of {searches} default "
+       "searches ({coverage_pct}%; the target is 93%) over {variants} simulated engine variants, {inconclusive} "
+       "inconclusive"),
     Headline("gate_false_alarm", "Gate", (
         F("trials", "trials a candidate"),
         F("identical_passed", "identical candidate: trials passed"),

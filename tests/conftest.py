@@ -80,6 +80,7 @@ UNTIMED = frozenset({
 SLOW = frozenset({
     "test_calibrate_from_runs.py::test_the_fit_recovers_known_host_costs_within_its_uncertainty",
     "test_calibrate_from_runs.py::test_validate_published_calibrates_a_custom_setup_then_replays",
+    "test_capacity_seeds.py::test_the_readme_tour_example_concludes",
     "test_disagg.py::test_free_link_pd_does_not_lose_tpot_to_a_colocated_pair_on_decode_heavy_work",
     "test_fit.py::test_a_lognormal_trace_gets_a_lognormal_spec",
     "test_fit.py::test_fit_cli_writes_a_spec_whose_lengths_match_the_trace",

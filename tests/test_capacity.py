@@ -16,8 +16,6 @@ from slobench.errors import SpecError
 from slobench.experiments.capacity import (
     RunMeasure,
     SearchOptions,
-    inconclusive_reason,
-    replicate_crossings,
     search_capacity,
     tightest_slo_scale,
 )
@@ -58,13 +56,15 @@ async def test_brackets_bisects_and_converges():
     lo_i, hi_i = res.interval_rps
     assert lo_i < res.capacity_rps < hi_i
     assert not res.is_lower_bound
-    # 5 replicates, each run at both edges, with fresh seeds 1..5 paired across the edges
+    # 5 replicates, each run at both edges first, with fresh seeds 1..5; the search's seed 0 counts too
     reps = [p for p in res.probes if p.phase == "replicate"]
-    assert len(reps) == 10 and len(res.replicates) == 5
+    assert len(reps) == 10 and [r["seed"] for r in res.replicates] == [0, 1, 2, 3, 4, 5]
     assert sorted({p.seed for p in reps}) == [1, 2, 3, 4, 5]
     assert res.replicate_edges_rps == (lo, hi)
     assert {p.rate_rps for p in reps} == {lo, hi}
-    assert all(r["lo"]["rate_rps"] == lo and r["hi"]["rate_rps"] == hi for r in res.replicates)
+    for r in res.replicates:  # each seed's crossing lies inside its own bracket, narrowed to the tolerance
+        met, missed = r["bracket_rps"]
+        assert met <= r["capacity_rps"] <= missed and (missed - met) / met <= 0.05
     assert len(calls) == len(res.probes)
 
 
@@ -115,7 +115,7 @@ async def test_never_meets_gives_none():
 
 async def test_max_probes_stops_the_search_and_says_so():
     res = await search_capacity(logistic_curve(), SearchOptions(start_rps=1.0, max_probes=7, replicates=2))
-    assert sum(p.phase != "replicate" for p in res.probes) == 7
+    assert sum(p.phase in ("up", "down", "bisect") for p in res.probes) == 7
     assert any("still wider" in n for n in res.notes)
 
 
@@ -124,31 +124,10 @@ async def test_no_replicates_no_interval():
     assert res.interval_rps is None and res.capacity_rps == pytest.approx(20.0, rel=0.05)
 
 
-def test_replicate_edges_never_narrow_a_wide_bracket():
-    from slobench.experiments.capacity import replicate_edges
-
-    assert replicate_edges((10.0, 20.0), 0.2) == (10.0, 20.0)
-    assert replicate_edges((10.0, 10.5), 0.0) == (10.0, 10.5)
-    lo, hi = replicate_edges((10.0, 10.5), 0.2)
-    assert lo < 10.0 and hi > 10.5 and (hi - lo) / 10.25 == pytest.approx(0.2)
-
-
-def test_pooled_slope_falls_back_when_replicates_are_flat():
-    crossings, slope = replicate_crossings((10.0, 10.5), [(0.9, 0.95), (0.92, 0.93)], 0.9, fallback_slope=0.2)
-    assert slope == 0.2
-    assert crossings[0] == pytest.approx(10.25 + (0.925 - 0.9) / 0.2)
-
-
-def test_crossings_are_linear_interpolation_with_a_pooled_slope():
-    crossings, slope = replicate_crossings((10.0, 11.0), [(0.95, 0.85), (0.93, 0.83)], 0.9, fallback_slope=1.0)
-    assert slope == pytest.approx(0.1)
-    assert crossings == pytest.approx([10.5, 10.3])
-
-
 @pytest.mark.parametrize(
     "kw",
     [dict(target=0), dict(start_rps=0), dict(factor=1.0), dict(rel_tol=0), dict(replicates=1),
-     dict(max_probes=1), dict(max_rate_rps=0.5), dict(level=1.0)],
+     dict(max_probes=1), dict(max_rate_rps=0.5), dict(level=1.0), dict(seed_probes=1)],
 )
 def test_search_options_validated(kw):
     with pytest.raises(SpecError):
@@ -242,23 +221,12 @@ async def test_short_probes_near_capacity_get_a_note() -> None:
         return measure
 
     short = await search_capacity(lasting(lambda r: 400 / r), SearchOptions(start_rps=5.0, replicates=3))
-    assert any("lasted only 20 s" in n and "--duration" in n for n in short.notes), short.notes
+    assert any("lasted only 17 s" in n and "--duration" in n for n in short.notes), short.notes
     assert all(p.duration_s is not None for p in short.probes)
     long = await search_capacity(lasting(lambda r: 60.0), SearchOptions(start_rps=5.0, replicates=3))
     assert not any("lasted only" in n for n in long.notes)
     unknown = await search_capacity(curve, SearchOptions(start_rps=5.0, replicates=3))
     assert not any("lasted only" in n for n in unknown.notes)
-
-
-def test_replicates_that_scatter_past_the_probes_are_inconclusive():
-    """Seeds whose crossings scatter far wider than the rates probed (-12 and +13 req/s where every probe
-    from 2 to 8 req/s met the target) give no capacity: the result says why instead of printing a number."""
-    assert inconclusive_reason(0.5, (-68.4, 69.4), (2.0, 16.0), [-12.0, 13.0]).startswith(
-        "the replicates put the capacity outside the rates probed (2-16 req/s)")
-    assert "reaches 0 req/s or below" in inconclusive_reason(9.0, (-3.0, 21.0), (2.0, 16.0), [5.0, 13.0])
-    assert "is wider than the rates probed" in inconclusive_reason(9.0, (1.0, 17.0), (2.0, 16.0), [8.0, 10.0])
-    assert inconclusive_reason(9.0, (8.5, 9.5), (2.0, 16.0), [8.9, 9.1]) is None
-    assert inconclusive_reason(15.5, (14.0, 17.0), (2.0, 16.0), [15.4, 15.6]) is None  # past the top: t's reach
 
 
 async def test_a_search_whose_seeds_disagree_reports_inconclusive():
@@ -268,28 +236,34 @@ async def test_a_search_whose_seeds_disagree_reports_inconclusive():
     assert res.to_dict()["inconclusive"] == res.inconclusive
 
 
-SIM_CAPACITY = ["capacity", "--simulate", "--profile", "h100-llama-1b", "--workload", "chat",
-                "--slo", "ttft=300ms,tpot=30ms"]
+SIM_CAPACITY = ["capacity", "--simulate", "--max-num-seqs", "8", "--workload", "tiny", "--slo", "ttft=500ms,tpot=50ms",
+                "--duration", "10", "--replicates", "2"]
 
 
 def test_capacity_cli_exits_4_when_inconclusive_and_0_when_found(tmp_path, capsys):
-    # (seed 11: the five replicates disagree so widely that the interval reaches 0)
-    assert main([*SIM_CAPACITY, "--num-requests", "150", "--seed", "11", "--out", str(tmp_path / "a")]) == 4
+    """Two probes a seed reach only the bracket's edges: seeds 1 and 2 meet both (44 and 46 req/s), so their
+    crossings are censored, never imputed, and the search says which and what to change."""
+    assert main([*SIM_CAPACITY, "--seed-probes", "2", "--out", str(tmp_path / "a")]) == 4
     out = capsys.readouterr().out
-    assert "capacity: inconclusive: the capacity's interval [-9.11, 62.1] reaches 0 req/s or below" in out
+    why = ("2 of 3 seeds not bracketed within 2 probes each: seed 1 met the target at every rate up to 46 req/s; "
+           "seed 2 met the target at every rate up to 46 req/s; the other seeds cross at 44.4 req/s: raise "
+           "--seed-probes (now 2) or run longer probes (--duration)")
+    assert f"capacity: inconclusive: {why}" in out
     doc = json.loads((tmp_path / "a" / "capacity.json").read_text())
-    assert doc["capacity_rps"] is None and doc["interval_rps"] is None and "reaches 0" in doc["inconclusive"]
+    assert doc["capacity_rps"] is None and doc["interval_rps"] is None and doc["inconclusive"] == why
+    assert [r["censored"] for r in doc["replicates"]][1:] == ["met the target at every rate up to 46 req/s"] * 2
     # the report says so plainly, with the reason, and reads no capacity off the probes (no headline, no knee)
     html = build_report([tmp_path / "a"], tmp_path / "a.html").read_text()
-    assert ('<p class="headline bad">capacity: inconclusive (no capacity located): the capacity&#x27;s interval '
-            "[-9.11, 62.1] reaches 0 req/s or below") in html
+    assert '<p class="headline bad">capacity: inconclusive (no capacity located): 2 of 3 seeds not bracketed' in html
     assert "gives no capacity figure" in html and "attainment stays" not in html
     assert not re.search(r"knee [0-9.]+ req", html)  # the cliff figure's knee label (in plotly JSON)
-    assert main([*SIM_CAPACITY, "--duration", "30", "--replicates", "3", "--start-rate", "16", "--seed", "4",
-                 "--out", str(tmp_path / "b")]) == 0
-    assert "capacity: 34.1 req/s at >= 90% attainment [31.7, 36.6]" in capsys.readouterr().out
-    assert json.loads((tmp_path / "b" / "capacity.json").read_text())["inconclusive"] is None
+    assert main([*SIM_CAPACITY, "--out", str(tmp_path / "b")]) == 0
+    found = json.loads((tmp_path / "b" / "capacity.json").read_text())
+    assert found["inconclusive"] is None
+    line = (f"capacity: {found['capacity_rps']:.3g} req/s at >= 90% attainment [{found['interval_rps'][0]:.3g}, "
+            f"{found['interval_rps'][1]:.3g}] (95%, 3 seeds)")
+    assert line in capsys.readouterr().out
     html = build_report([tmp_path / "b"], tmp_path / "b.html").read_text()
-    assert '<p class="headline">capacity: 34.1 req/s at &gt;= 90% attainment [31.7, 36.6] (95%, 3 replicates)' in html
+    assert f'<p class="headline">capacity: {found["capacity_rps"]:.3g} req/s at &gt;= 90% attainment' in html
     both = build_report([tmp_path / "a", tmp_path / "b"], tmp_path / "ab.html").read_text()
-    assert "<p>Headline capacity: - → 34.1 req/s" in both  # each search's own result, none for the inconclusive
+    assert f"<p>Headline capacity: - → {found['capacity_rps']:.3g} req/s" in both  # none for the inconclusive one

@@ -10,9 +10,11 @@ from typing import Any
 from rich.console import Console
 
 from slobench.analysis.slo import parse_fraction
+from slobench.cli.capacity_progress import SearchProgress
 from slobench.cli.common import add_load_flags, default_out, maybe_report, options_from_args
 from slobench.errors import UsageError
 from slobench.experiments.capacity import (
+    SEED_PROBES,
     CapacityResult,
     FixedRates,
     SearchOptions,
@@ -27,19 +29,21 @@ from slobench.load_setup import MIN_PROBE_S, LoadSetup
 from slobench.run.event_loop import run_async
 from slobench.run.outdir import claim_out_dir, removed_if_unused
 from slobench.run.rundir import CAPACITY, write_capacity, write_json_atomic
+from slobench.workload import WorkloadSpec
 
 CAPACITY_HELP = """\
 Finds the largest offered rate whose SLO attainment (share of all requests meeting every SLO) is at or
 above the SLO's target (default 90%). Probes upward geometrically from --start-rate until attainment
-breaks, bisects until the bracket is narrower than --tolerance, then runs --replicates seeds at both
-bracket edges: the capacity's interval comes from those replicates. With --rates it skips the search and
-runs --replicates seeds at each fixed rate (for gating at the same offered load). When the replicates put
-the capacity outside the rates probed, or its interval at 0 or below or wider than the rates probed span,
-the result is "inconclusive":
-exit 4, the reason printed and in capacity.json, no number. Writes OUT/capacity.json and one run directory
-per probe (probe-XX-rate-R-seed-S). A probe lasts max(60 s, the workload's request count at that rate)
-unless --num-requests or --duration fix it: past capacity the queue grows with run length, so probes that
-shrink as the rate rises would overstate capacity.
+breaks and bisects until the bracket is narrower than --tolerance. Then every seed (the search's and
+--replicates more) locates its own crossing: run at the bracket's edges, widened until that seed crosses,
+narrowed to --tolerance, at most --seed-probes probes each. The capacity is the mean of the seeds'
+crossings, its interval a t-interval over them, never narrower than their brackets. A seed not bracketed
+within its probes is censored and the result "inconclusive": exit 4, the reason and the numbers printed
+and in capacity.json, no capacity. With --rates it skips the search and runs --replicates seeds at each
+fixed rate (for gating at the same offered load). Writes OUT/capacity.json and one run directory per probe
+(probe-XX-rate-R-seed-S). A probe lasts 60 s of traffic unless --num-requests or --duration fix it: past
+capacity the queue grows with run length, so probes that shrink as the rate rises would overstate
+capacity.
 """
 
 
@@ -52,12 +56,25 @@ def add_arguments(verb: str, cap: argparse.ArgumentParser) -> None:
     s.add_argument("--tolerance", default="5%", help="stop when (hi-lo)/lo is below this (default 5%%)")
     s.add_argument("--max-probes", type=int, default=12, help="search probes, replicates not counted")
     s.add_argument("--max-rate", type=float, default=None, help="never offer more than this, req/s")
-    s.add_argument("--replicates", type=int, default=5, help="seeds run at each bracket edge (default 5)")
+    s.add_argument("--replicates", type=int, default=5,
+                   help="seeds besides the search's that locate their own crossing (default 5)")
+    s.add_argument("--seed-probes", type=int, default=SEED_PROBES,
+                   help=f"probes each seed may run to bracket and narrow its crossing (default {SEED_PROBES})")
     s.add_argument("--level", type=float, default=0.95, help="confidence level of the interval")
     s.add_argument("--gpus", type=int, default=None, help="also report goodput per GPU (capacity / N)")
     s.add_argument("--slo-scale", action="store_true",
                    help="also the tightest SLO scale still meeting the target, per replicate at the lower edge")
     s.add_argument("--baseline-out", default=None, metavar="FILE", help="also write a committable baseline file")
+
+
+def fixed_probe_length(setup: LoadSetup, args: argparse.Namespace) -> bool:
+    """Whether probes get a fixed minute of traffic: a workload spec without phases, no size given. Sized by
+    the workload's request count instead, `chat`'s first probe (1,031 requests at 1 req/s) lasted 17
+    minutes; a minute at 1 req/s is 60 requests, far below capacity where attainment is ~100%, and near
+    capacity a minute holds as many requests as before wherever the capacity is above count / 60 s."""
+    wl = setup.workload
+    return (args.num_requests is None and args.duration is None and isinstance(wl, WorkloadSpec)
+            and not wl.phases)
 
 
 def capacity(args: argparse.Namespace) -> int:
@@ -80,7 +97,7 @@ async def _capacity(args: argparse.Namespace) -> int:
     opts = SearchOptions(
         target=setup.slo.target, start_rps=args.start_rate, factor=args.factor, rel_tol=_tolerance(args.tolerance),
         max_probes=args.max_probes, max_rate_rps=args.max_rate, replicates=args.replicates, level=args.level,
-        seed=setup.options.seed,
+        seed=setup.options.seed, seed_probes=args.seed_probes,
     )
     if fixed and opts.replicates < 2:
         raise UsageError("--rates needs --replicates >= 2: fixed-rate replicates are what the gate compares")
@@ -89,6 +106,8 @@ async def _capacity(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
 
     setup.min_duration_s = MIN_PROBE_S
+    if fixed_probe_length(setup, args):  # every probe one minute of traffic, the first (at 1 req/s) too
+        setup.options = setup.options.with_values(duration=MIN_PROBE_S)
 
     def on_probe(rate: float, seed: int, summary: Any) -> None:  # a RunSummary
         att = summary.attainment_value
@@ -102,9 +121,12 @@ async def _capacity(args: argparse.Namespace) -> int:
     with removed_if_unused(None if args.out else out):
         # the one path every verb takes (setup.specs), so a trace replay is searched like a workload spec
         async with setup.probe(intervals=False, scrape=False) as (probe, manifest, _served):
-            measure = ProbeMeasure(probe, out_dir=out, manifest=manifest, on_probe=on_probe)
+            seeds = [opts.seed + 1 + i for i in range(opts.replicates)]
+            measure = SearchProgress(ProbeMeasure(probe, out_dir=out, manifest=manifest, on_probe=on_probe),
+                                     search_seed=opts.seed, replicates=opts.replicates, console=console,
+                                     show=console.is_terminal and not args.no_progress,
+                                     fixed_total=len(seeds) * len(fixed) if fixed else None)
             if fixed:
-                seeds = [opts.seed + 1 + i for i in range(opts.replicates)]
                 probes = await replicate_at_rates(measure, fixed, seeds, target=opts.target)
                 result: CapacityResult | FixedRates = FixedRates(fixed, opts.target, tuple(probes))
             else:
@@ -142,7 +164,7 @@ def _print_capacity(doc: dict[str, Any], out: Path) -> None:
         print(f"capacity: attainment is below {doc['attainment_target']:.0%} at every rate tried")
     else:
         iv = doc.get("interval_rps")
-        rng = f" [{iv[0]:.3g}, {iv[1]:.3g}] ({doc['level']:.0%}, {len(doc['replicates'])} replicates)" if iv else ""
+        rng = f" [{iv[0]:.3g}, {iv[1]:.3g}] ({doc['level']:.0%}, {len(doc['replicates'])} seeds)" if iv else ""
         lb = " (a lower bound)" if doc["is_lower_bound"] else ""
         print(f"capacity: {doc['capacity_rps']:.3g} req/s at >= {doc['attainment_target']:.0%} attainment{rng}{lb}")
         if "goodput_per_gpu_rps" in doc:

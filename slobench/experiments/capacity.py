@@ -2,10 +2,12 @@
 
 Each probe is one full open-loop run (`measure(rate_rps, seed)` returns its summary). The search probes
 upward geometrically from a start rate until attainment breaks (downward if the start rate already
-misses), then bisects the bracket until it is narrower than a relative tolerance. The answer's error bar
-comes from *replicate runs at the bracket edges*, never from intervals over the requests of one run: near
-saturation those requests share a queue and are strongly correlated (NOTES-statistics: variance
-inflated 3-50x), so replicates with different seeds are the honest unit (`replicate_crossings`).
+misses), then bisects the bracket until it is narrower than a relative tolerance. Then every seed, the
+search's and each replicate's, locates its own crossing starting from that bracket (`crossing.locate_seed`:
+widened until that seed crosses, narrowed to the tolerance, within --seed-probes), and the answer's
+interval is taken over the seeds (`crossing.seeds_interval`), never over the requests of one run: near
+saturation those requests share a queue and are strongly correlated (NOTES-statistics: variance inflated
+3-50x), so seeds are the honest unit.
 """
 
 from __future__ import annotations
@@ -22,14 +24,16 @@ from slobench.analysis.metrics import RecordArrays
 from slobench.analysis.slo import t_interval
 from slobench.analysis.summary import RunSummary
 from slobench.errors import SpecError
+from slobench.experiments.crossing import SeedCrossing, locate_seed, seeds_interval
 from slobench.experiments.probe import LiveProbe, ProbeMeasure
 from slobench.gate import workload_identity
 from slobench.run.rundir import load_run
 
+SEED_PROBES = 8  # new probes each seed may run to locate its crossing: widening covers ~30x the bracket
 SHORT_PROBE_S = 30.0  # probes near capacity shorter than this get a note (see short_probe_note)
 
 Measure = Callable[[float, int], Awaitable[RunSummary]]
-Phase = Literal["up", "down", "bisect", "replicate"]
+Phase = Literal["up", "down", "bisect", "replicate", "locate"]  # replicate: a seed at the bracket's edges
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +46,7 @@ class SearchOptions:
     max_rate_rps: float | None = None  # never offer more than this; reaching it meeting the SLO = lower bound
     min_rate_rps: float | None = None  # going down: give up below this (default start / factor**4)
     replicates: int = 5
-    replicate_span: float = 0.0  # widen the replicate edges to span at least this relative width
+    seed_probes: int = SEED_PROBES  # new probes each seed may run to bracket and narrow its own crossing
     level: float = 0.95  # two-sided confidence level of the replicate interval
     seed: int = 0  # seed of the search probes; replicates use seed+1 .. seed+replicates
 
@@ -61,8 +65,8 @@ class SearchOptions:
             raise SpecError("max_rate", self.max_rate_rps, f"must be >= the start rate {self.start_rps}")
         if self.replicates < 0 or self.replicates == 1:
             raise SpecError("replicates", self.replicates, "must be 0 (none) or >= 2 (an interval needs two)")
-        if not 0 <= self.replicate_span < 1:
-            raise SpecError("replicate_span", self.replicate_span, "must be in [0, 1)")
+        if self.seed_probes < 2:
+            raise SpecError("seed_probes", self.seed_probes, "must be >= 2 (the bracket's two edges)")
         if not 0 < self.level < 1:
             raise SpecError("level", self.level, "must be in (0, 1)")
         if self.seed < 0:
@@ -248,58 +252,53 @@ async def search_capacity(measure: Measure, opts: SearchOptions) -> CapacityResu
     bracket = (lo.rate_rps, hi.rate_rps)
     search_slope = (lo.attainment - hi.attainment) / (hi.rate_rps - lo.rate_rps)
 
-    # 3. replicates at the bracket edges, paired by seed
+    # 3. every seed (the search's and each replicate's) locates its own crossing from the bracket
     if opts.replicates == 0:
         est = interpolate(bracket, lo.attainment, hi.attainment, target)
         notes.append("no replicates: the capacity has no interval")
         return CapacityResult(target, est, None, bracket, None, False, probes, [], search_slope, opts.level, notes)
-    edges = replicate_edges(bracket, opts.replicate_span)
-    pairs: list[tuple[Probe, Probe]] = []
-    for i in range(opts.replicates):
-        seed = opts.seed + 1 + i
-        pairs.append((await probe(edges[0], seed, "replicate"), await probe(edges[1], seed, "replicate")))
-    values = [(a.attainment, b.attainment) for a, b in pairs]
-    crossings, slope = replicate_crossings(edges, values, target, search_slope)
-    if slope == search_slope:
-        notes.append("replicates' pooled slope was not positive; used the search bracket's slope")
-    est = float(np.mean(crossings))
-    interval = jackknife_interval(edges, values, target, search_slope, opts.level)
-    if not edges[0] <= est <= edges[1]:
-        notes.append(f"replicate capacity {est:.3g} lies outside the replicate edges {edges}: extrapolated")
-    short = short_probe_note([p for pair in pairs for p in pair])
+    located = []
+    for seed in range(opts.seed, opts.seed + 1 + opts.replicates):
+        known = [(p.rate_rps, p.attainment) for p in probes if p.seed == seed]
+
+        async def attain(rate: float, seed: int = seed) -> float:
+            return (await probe(rate, seed, "replicate" if rate in bracket else "locate")).attainment
+
+        located.append(await locate_seed(seed, attain, target, known=known, edges=bracket, rel_tol=opts.rel_tol,
+                                         budget=opts.seed_probes, max_rate_rps=opts.max_rate_rps))
+    reps = [s.to_dict() for s in located]
+    found = [s for s in located if s.capacity_rps is not None]
+    slope = float(np.mean([s.slope_per_rps for s in found])) if found else None
+    short = short_probe_note([p for p in probes if p.phase not in ("up", "down")])
     if short:
         notes.append(short)
-    reps = [
-        {"seed": a.seed, "capacity_rps": c, "lo": a.to_dict(), "hi": b.to_dict()}
-        for (a, b), c in zip(pairs, crossings, strict=True)
-    ]
-    probed = (min(p.rate_rps for p in probes), max(p.rate_rps for p in probes))
-    why = inconclusive_reason(est, interval, probed, crossings)
+    why = inconclusive_reason(located, opts)
+    if why is None:
+        est, interval = seeds_interval(found, opts.level)
+        if not interval[0] > 0:
+            why = (f"the capacity's interval [{interval[0]:.3g}, {interval[1]:.3g}] reaches 0 req/s or below "
+                   f"(seeds crossing at {listed(found)} req/s): run more --replicates or longer probes (--duration)")
     if why is not None:
-        return CapacityResult(target, None, None, bracket, edges, False, probes, reps, slope, opts.level, notes,
+        return CapacityResult(target, None, None, bracket, bracket, False, probes, reps, slope, opts.level, notes,
                               inconclusive=why)
-    return CapacityResult(target, est, interval, bracket, edges, False, probes, reps, slope, opts.level, notes)
+    return CapacityResult(target, est, interval, bracket, bracket, False, probes, reps, slope, opts.level, notes)
 
 
-def inconclusive_reason(est: float, interval: tuple[float, float], probed: tuple[float, float],
-                        crossings: Sequence[float]) -> str | None:
-    """Why the replicates locate no capacity, or None when they do: the capacity must lie within the rates
-    probed (a straight line drawn past every rate run is no measurement), and its interval above 0 and no
-    wider than the rates probed span (else the seeds scatter too much to place a crossing at all). The
-    interval may reach a little past the lowest or highest rate probed: a search whose first probe met or
-    missed brackets the capacity with that very rate, so the interval's 95% reach can pass it."""
-    lo, hi = interval
-    per_seed = ", ".join(f"{c:.3g}" for c in crossings)
-    tail = (f"; estimate {est:.3g} req/s, {len(crossings)} replicates crossing at {per_seed} req/s: the seeds "
-            "disagree more than the probes can resolve; run longer probes (--duration) or more --replicates")
-    span = f"the rates probed ({probed[0]:g}-{probed[1]:g} req/s)"
-    if not (math.isfinite(est) and probed[0] <= est <= probed[1]):
-        return f"the replicates put the capacity outside {span}" + tail
-    if not (math.isfinite(lo) and lo > 0):
-        return f"the capacity's interval [{lo:.3g}, {hi:.3g}] reaches 0 req/s or below" + tail
-    if hi - lo > probed[1] - probed[0]:
-        return f"the capacity's interval [{lo:.3g}, {hi:.3g}] is wider than {span}" + tail
-    return None
+def listed(found: Sequence[SeedCrossing]) -> str:
+    return ", ".join(f"{s.capacity_rps:.3g}" for s in found)
+
+
+def inconclusive_reason(located: Sequence[SeedCrossing], opts: SearchOptions) -> str | None:
+    """Why the seeds locate no capacity, or None when they do: a seed whose crossing its probe budget did
+    not bracket is censored (its bound said, never imputed), and one censored seed leaves the mean unknown."""
+    censored = [s for s in located if s.capacity_rps is None]
+    if not censored:
+        return None
+    found = [s for s in located if s.capacity_rps is not None]
+    said = "; ".join(f"seed {s.seed} {s.censored}" for s in censored)
+    rest = f"; the other seeds cross at {listed(found)} req/s" if found else ""
+    return (f"{len(censored)} of {len(located)} seeds not bracketed within {opts.seed_probes} probes each: {said}"
+            f"{rest}: raise --seed-probes (now {opts.seed_probes}) or run longer probes (--duration)")
 
 
 def short_probe_note(near: Sequence[Probe]) -> str | None:
@@ -316,80 +315,11 @@ def short_probe_note(near: Sequence[Probe]) -> str | None:
             f"(>= {SHORT_PROBE_S:g} s) instead of --num-requests")
 
 
-def replicate_edges(bracket: tuple[float, float], span: float) -> tuple[float, float]:
-    """The rates replicates run at: the bracket, widened symmetrically to at least `span` of its middle.
-
-    Wider edges determine the pooled slope better when seeds differ more than the attainment drops across
-    the bracket, but linear interpolation over a curved stretch is biased: on a logistic curve a 20% span
-    took the interval's coverage from 95% to under 50%, so the default is the bracket itself (span 0).
-    """
-    lo, hi = bracket
-    mid = (lo + hi) / 2
-    half = max((hi - lo) / 2, mid * span / 2)
-    return (round(mid - half, 6), round(mid + half, 6))
-
-
 def interpolate(bracket: tuple[float, float], a_lo: float, a_hi: float, target: float) -> float:
     lo, hi = bracket
     if a_lo == a_hi:
         return (lo + hi) / 2
     return lo + (a_lo - target) / (a_lo - a_hi) * (hi - lo)
-
-
-def replicate_crossings(
-    bracket: tuple[float, float], edges: Sequence[tuple[float, float]], target: float, fallback_slope: float
-) -> tuple[list[float], float]:
-    """Per-seed crossing rates from (attainment at lo, attainment at hi) pairs, and the pooled slope: how one
-    replicate becomes one capacity number (the choice, and why).
-
-      Each replicate seed s is run at both bracket edges lo and hi (optionally widened: `replicate_edges`)
-      with the same seed (common random numbers:
-      the same requests, the arrival times scaled by the rate), giving a_lo[s] and a_hi[s]. Its crossing is
-      found by linear interpolation (DistServe's goodput definition) through its own level at the bracket
-      mid-point, ā_s = (a_lo[s] + a_hi[s]) / 2, with the slope β pooled over all replicates:
-          c_s = (lo + hi) / 2 + (ā_s - target) / β,     β = (mean a_lo - mean a_hi) / (hi - lo)
-      A per-seed slope would divide by the difference of two noisy numbers over a bracket only ~5% wide and
-      explode whenever one seed's curve is flat or non-monotone there; pooling keeps each c_s linear in that
-      seed's data. The capacity is the mean of c_s; its interval is a Student-t interval with a jackknife
-      (leave one seed out) standard error: it carries the between-seed variance (queueing correlation
-      included) and, because each leave-one-out sample re-pools the slope, the slope's uncertainty too
-      (synthetic logistic curves: 94-96% coverage at 95% nominal with 5 replicates; a t-interval over the
-      c_s alone gave 82-91%). If the replicates' pooled slope is not positive (noise swamped a flat curve),
-      the search bracket's own slope is used instead.
-    """
-    lo, hi = bracket
-    a = np.asarray(edges, dtype=float)
-    slope = float((np.nanmean(a[:, 0]) - np.nanmean(a[:, 1])) / (hi - lo))
-    if not (math.isfinite(slope) and slope > 0):
-        slope = fallback_slope
-    mid = (lo + hi) / 2
-    level = np.nan_to_num(a.mean(axis=1), nan=0.0)  # a seed whose runs produced nothing counts as missing
-    return [float(mid + (v - target) / slope) for v in level], slope
-
-
-def jackknife_interval(
-    bracket: tuple[float, float], edges: Sequence[tuple[float, float]], target: float, fallback_slope: float,
-    level: float,
-) -> tuple[float, float]:
-    """Student-t interval for the replicate capacity with a leave-one-seed-out (jackknife) standard error.
-
-    With the slope held fixed this equals the plain t-interval over the per-seed crossings; re-estimating
-    the pooled slope in each leave-one-out sample adds the slope's own uncertainty, which matters when the
-    crossing sits off the bracket's middle or the attainment noise is large against the bracket's drop.
-    """
-    from scipy import stats
-
-    k = len(edges)
-    est = float(np.mean(replicate_crossings(bracket, edges, target, fallback_slope)[0]))
-    if k < 2:
-        return (est, est)
-    loo = np.array([
-        np.mean(replicate_crossings(bracket, [e for j, e in enumerate(edges) if j != i], target, fallback_slope)[0])
-        for i in range(k)
-    ])
-    se = math.sqrt((k - 1) / k * float(((loo - loo.mean()) ** 2).sum()))
-    half = float(stats.t.ppf((1 + level) / 2, k - 1)) * se
-    return (est - half, est + half)
 
 
 async def replicate_at_rates(
