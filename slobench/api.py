@@ -149,7 +149,10 @@ def simulate_load(
     manifest = build_manifest(
         spec, seed=seed, made_by="slobench.api.simulate", rate_rps=rate,
         target={"simulated": True, "engine": engine_.name, "replicas": replicas},
-        slo=slo_.to_dict() if slo_ else None, options={"num_requests": num_requests, "duration_s": duration_s},
+        slo=slo_.to_dict() if slo_ else None,
+        # the options `slobench run` records, so a gate compares a simulated run with a measured one
+        options={"num_requests": num_requests, "duration_s": duration_s, "input_len": None, "output_len": None,
+                 "warmup": 0, "max_in_flight": None, "concurrency": None},
         clock={"kind": "virtual"})
     # the probe the CLI's `--simulate` takes, with the API's seed as the step-time noise seed
     probe = VirtualProbe(lambda _rate, _seed: specs, engine_, slo=slo_, replicas=replicas,

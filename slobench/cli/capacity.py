@@ -10,7 +10,6 @@ from typing import Any
 from rich.console import Console
 
 from slobench.analysis.slo import parse_fraction
-from slobench.cli.capacity_progress import SearchProgress
 from slobench.cli.common import add_load_flags, default_out, maybe_report, options_from_args
 from slobench.errors import UsageError
 from slobench.experiments.capacity import (
@@ -26,6 +25,7 @@ from slobench.experiments.probe import ProbeMeasure
 from slobench.experiments.sweep import parse_rates
 from slobench.gate import EXIT_INCONCLUSIVE, load_samples
 from slobench.load_setup import MIN_PROBE_S, LoadSetup
+from slobench.report.capacity_progress import SearchProgress
 from slobench.run.event_loop import run_async
 from slobench.run.outdir import claim_out_dir, removed_if_unused
 from slobench.run.rundir import CAPACITY, write_capacity, write_json_atomic
