@@ -14,7 +14,7 @@ from slobench.analysis.metrics import quantiles
 from slobench.analysis.slo import wilson_ci
 from slobench.run.columnar import Columns
 
-__all__ = ["SessionColumns", "session_results"]
+__all__ = ["SessionColumns", "session_results", "sessions_text"]
 
 LATE_QUANTILES = (0.5, 0.9, 0.99)
 
@@ -73,3 +73,23 @@ def session_results(s: SessionColumns, met: np.ndarray | None) -> dict[str, Any]
         out["late_vs_estimate_s"] = {"num": int(waited.sum()), **quantiles(late, LATE_QUANTILES),
                                      "max": float(late.max())}
     return out
+
+
+def sessions_text(d: Any) -> list[str]:
+    """The terminal's lines for a `sessions` section (none where the run had no sessions)."""
+    if not d:
+        return []
+    dur = d.get("duration_s") or {}
+    lines = [f"sessions {d['num_sessions']} (failed {d['num_failed']})  turns mean {d['turns']['mean']:.1f} "
+             f"max {d['turns']['max']}  session time p50 {_s(dur.get('p50'))} s  p90 {_s(dur.get('p90'))} s"]
+    if att := d.get("attainment"):
+        lines.append(f"session SLO ({att['rule']}) attainment {att['value']:.1%} "
+                     f"[{att['ci_low']:.1%}, {att['ci_high']:.1%}] of {d['num_sessions']} sessions")
+    if late := d.get("late_vs_estimate_s"):
+        lines.append(f"turns sent when the previous answer ended: {_s(late.get('p50'))} s later than the "
+                     f"precomputed estimate at p50, {_s(late.get('p90'))} s at p90 ({late['num']} turns)")
+    return lines
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
