@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,8 @@ from slobench.workload.lengths import LengthDist, length_from_dict
 from slobench.workload.phases import RequestClass, Schedule
 from slobench.workload.prompts import WORDS, _id_objects
 
-__all__ = ["SESSION_MODES", "SessionSpec", "SystemPrompts", "ThinkTime", "build_requests", "ids_to_prompt"]
+__all__ = ["SESSION_MODES", "SessionSpec", "SystemPrompts", "ThinkTime", "build_requests", "ids_to_prompt",
+           "with_session_mode"]
 
 SESSION_MODES = ("wait", "scheduled")
 _THINK_KEYS = {"exponential": ("mean_s",), "fixed": ("value_s",), "lognormal": ("median_s", "p99_s")}
@@ -128,6 +129,13 @@ class SessionSpec:
         if self.mode != "wait":
             d["mode"] = self.mode
         return d
+
+
+def with_session_mode(spec: Any, mode: str | None) -> Any:
+    """A workload spec with its sessions' mode set (--session-mode); unchanged without sessions or a mode."""
+    if mode is None or getattr(spec, "sessions", None) is None:
+        return spec
+    return replace(spec, sessions=replace(spec.sessions, mode=mode))
 
 
 @dataclass(frozen=True, slots=True)
