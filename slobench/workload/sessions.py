@@ -20,7 +20,8 @@ __all__ = ["SESSION_MODES", "SessionSpec", "SystemPrompts", "ThinkTime", "build_
            "with_session_mode"]
 
 SESSION_MODES = ("wait", "scheduled")
-_THINK_KEYS = {"exponential": ("mean_s",), "fixed": ("value_s",), "lognormal": ("median_s", "p99_s")}
+_THINK_KEYS = {"exponential": ("mean_s",), "fixed": ("value_s",), "lognormal": ("median_s", "p99_s"),
+               "pareto": ("alpha", "scale_s")}
 _Z99 = 2.3263478740408408
 
 
@@ -32,8 +33,9 @@ def _positive(field: str, x: object) -> float:
 
 @dataclass(frozen=True, slots=True)
 class ThinkTime:
-    """Seconds a user takes between an answer and their next turn: exponential (mean_s), fixed (value_s)
-    or lognormal (median_s, p99_s)."""
+    """Seconds a user (or an agent's tool) takes between an answer and the next turn: exponential (mean_s),
+    fixed (value_s), lognormal (median_s, p99_s) or Pareto (alpha, scale_s: P(T > t) = (scale_s / t)^alpha
+    from scale_s on; heavy-tailed, the mean is infinite for alpha <= 1)."""
 
     dist: str
     params: tuple[tuple[str, float], ...]
@@ -47,6 +49,8 @@ class ThinkTime:
         for k, v in self.params:
             _positive(k, v)
         p = dict(self.params)
+        if self.dist == "pareto" and not (p["alpha"] > 0 and p["scale_s"] > 0):
+            raise SpecError("alpha", p["alpha"], "pareto needs alpha > 0 and scale_s > 0")
         if self.dist == "lognormal" and not 0 < p["median_s"] <= p["p99_s"]:
             raise SpecError("p99_s", p["p99_s"], f"must be >= median_s ({p['median_s']}) > 0")
 
@@ -61,6 +65,8 @@ class ThinkTime:
             return rng.standard_exponential(n) * p["mean_s"]
         if self.dist == "fixed":
             return np.full(n, p["value_s"])
+        if self.dist == "pareto":  # numpy's pareto is Lomax: shifted by one, it is Pareto from 1
+            return (rng.pareto(p["alpha"], n) + 1.0) * p["scale_s"]
         sigma = (math.log(p["p99_s"]) - math.log(p["median_s"])) / _Z99
         return np.exp(math.log(p["median_s"]) + sigma * rng.standard_normal(n))
 
