@@ -32,7 +32,7 @@ WORKLOAD = {
 
 
 def write_workload(tmp_path: Path, mode: str) -> Path:
-    lines = [f'name = "conv"\napi = "completions"\nprompt = "tokens"\nduration_s = 30\n',
+    lines = ['name = "conv"\napi = "completions"\nprompt = "tokens"\nduration_s = 30\n',
              "[arrival]\nprocess = \"poisson\"\nrate_rps = 20\n", "[input]\ndist = \"fixed\"\nvalue = 10\n",
              "[output]\ndist = \"fixed\"\nvalue = 20\n",
              f'[sessions]\nturns = {{dist = "fixed", value = 3}}\nthink = {{dist = "fixed", value_s = {THINK_S}}}\n'

@@ -472,7 +472,9 @@ def simulate_records(
         rep = busy[0] if lone is not None else min(busy, key=lambda r: (r.clock.now_s(), r.index))
         eng = rep.engine
         # (a finish may send a session's next turn: a run of steps then stops there)
-        ran = decode_run(eng, t_arrival, past_finishes=sessions is None) if opts.decode_runs else None
+        ran = None
+        if opts.decode_runs:
+            ran = decode_run(eng, t_arrival) if sessions is None else decode_run(eng, t_arrival, past_finishes=False)
         if ran is not None:  # a stretch of plain decode steps, taken at once (slobench.fleet.decode_run)
             times = ran.times_s
             if step_times is not None:
