@@ -181,6 +181,8 @@ class Dispatcher:
                 await self._sleep_until(at_s - lead, spin=lead == 0)
             finally:
                 self.waiting.discard(task)
+            if self.closing:
+                return
             self.num_taken += 1
             await self._send_one(follower, self._new_record(self.num_taken - 1, follower, at_s))
 
