@@ -104,3 +104,17 @@ def test_a_failed_turn_drops_the_rest_of_its_session() -> None:
     failed = RequestRecord(0, 0.0, sent_s=0.0, done_s=1.0, status="timeout", error="request timed out")
     assert plan.next_turn(first, failed) is None
     assert (plan.num_failed, plan.num_unsent, plan.later) == (1, 2, {})
+
+
+def test_text_sessions_carry_the_conversation_as_planned() -> None:
+    """Chat text is sized to the engine's count as it arrives; the next turn extends the planned conversation
+    (not the sized text), so with every answer of its asked length the prompts are the scheduled mode's."""
+    text = {**BASE, "api": "chat", "prompt": "text", "duration_s": 10.0,
+            "arrival": {"process": "poisson", "rate_rps": 5.0}, "input": {"dist": "fixed", "value": 30},
+            "output": {"dist": "fixed", "value": 20}}
+    sizes = []
+    for mode in ("wait", "scheduled"):
+        specs = generate(WorkloadSpec.from_dict({**text, "sessions": {**SESSIONS, "mode": mode}}), seed=0, api="chat")
+        records, _ = simulate_run(specs, ENGINE, seed=0, intervals=False, api="chat")
+        sizes.append(sorted((r.session_id, r.turn, r.prompt_tokens) for r in records))
+    assert sizes[0] == sizes[1] and max(t for _, t, _ in sizes[0]) == 3

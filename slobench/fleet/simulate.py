@@ -430,16 +430,16 @@ def simulate_records(
             break
         if t_arrival <= t_step:
             if sessions is not None and sessions.next_s() < (upcoming.arrival_s if upcoming is not None else inf):
-                sp = within.bound(sessions.pop())
+                raw = sessions.pop()
             else:
                 assert upcoming is not None
-                sp = within.bound(upcoming)
-                upcoming = next(stream, None)
+                raw, upcoming = upcoming, next(stream, None)
+            sp = within.bound(raw)
             num_arrived += 1
             t = sp.arrival_s
             rec, req = arrive(sp, arrived, parse)
             if sessions is not None:
-                sessions.arrived(sp, rec)
+                sessions.arrived(raw, rec)  # (as planned: its next turn extends the conversation, not the sized text)
             else:
                 mark_session(sp, rec)
             if req is None:
