@@ -35,6 +35,7 @@ from slobench.workload import WorkloadSpec, load_workload, phase_boundaries
 from slobench.workload.base import RunShape, Workload
 from slobench.workload.limits import BoundedSpecs, ServerLimits, shortened_note
 from slobench.workload.replay import TraceReplay
+from slobench.workload.sessions import with_session_mode
 from slobench.workload.text import load_tokenizer
 from slobench.workload.trace_stream import StreamingReplay
 from slobench.workload.word_fit import WordFit
@@ -92,6 +93,11 @@ class LoadSetup:
         else:
             wl = o.workload or "chat"
             self.workload = wl if isinstance(wl, WorkloadSpec) else load_workload(wl)
+            if o.session_mode is not None:
+                if self.workload.sessions is None:
+                    raise UsageError(f"--session-mode applies to a workload with sessions; {self.workload.name!r} "
+                                     "has no [sessions] table")
+                self.workload = with_session_mode(self.workload, o.session_mode)
         self.slo: SLO | None = o.slo
         if o.no_stream and self.slo is not None and self.slo.tpot_s is not None:  # before any request is sent
             raise UsageError("--slo tpot=... needs streaming: with --no-stream each answer arrives whole, so TPOT "

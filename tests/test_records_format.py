@@ -37,13 +37,17 @@ _records = st.builds(
     finish_reason=st.one_of(st.none(), st.sampled_from(["length", "stop"])),
     output_tokens_source=st.one_of(st.none(), st.sampled_from(["usage", "max_tokens", "tokenizer", "events"])),
     retried=st.one_of(st.none(), st.text(max_size=40)),
+    session_id=st.one_of(st.none(), st.integers(min_value=0, max_value=10**6)),
+    turn=st.one_of(st.none(), st.integers(min_value=0, max_value=64)),
+    estimated_s=st.one_of(st.none(), _time),
 )
 
 
 def reference_line(r: RequestRecord) -> str:
     d = asdict(r)
     d["chunk_times_s"] = [round(t, 9) for t in r.chunk_times_s]
-    for name in ("finish_reason", "output_tokens_source", "retried"):  # written only when a target set them
+    # written only when set (by a target, or for a session's turns)
+    for name in ("finish_reason", "output_tokens_source", "retried", "session_id", "turn", "estimated_s"):
         if d[name] is None:
             del d[name]
     return json.dumps(d, separators=(",", ":"))

@@ -56,10 +56,14 @@ def test_each_turn_resends_the_conversation_and_grows():
 
 
 def test_the_rate_counts_conversations():
-    reqs = generate(spec(sessions=SESSIONS, duration_s=200.0), seed=2)
+    reqs = generate(spec(sessions={**SESSIONS, "mode": "scheduled"}, duration_s=200.0), seed=2)
     starts = [turns[0].arrival_s for turns in by_session(reqs).values()]
     assert len(starts) == pytest.approx(400, rel=0.12)  # 2 conversations/s x 200 s
     assert max(r.arrival_s for r in reqs) < 200.0  # turns past the duration are cut
+    # waiting for the server, a session started within the run is planned whole (the runner cuts at the end)
+    waiting = by_session(generate(spec(sessions=SESSIONS, duration_s=200.0), seed=2))
+    assert len(waiting) == len(starts) and all(len(t) == 4 for t in waiting.values())
+    assert all(t[0].think_s is None and [x.think_s for x in t[1:]] == [2.0] * 3 for t in waiting.values())
 
 
 def test_max_context_ends_a_session():

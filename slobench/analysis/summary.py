@@ -24,6 +24,7 @@ from slobench.analysis.metrics import (
     throughput,
 )
 from slobench.analysis.past_capacity import completion_counts, shortfall
+from slobench.analysis.sessions import SessionColumns, session_results
 from slobench.analysis.slo import SLO, Attainment, attainment, quantile_cis, samples_beyond
 from slobench.errors import SpecError, UsageError
 from slobench.redact import redact_message
@@ -220,6 +221,7 @@ class RunSummary:
     prefix_cache: Mapping[str, Any] | None = None
     queue_drift: Mapping[str, Any] | None = None
     lengths: Mapping[str, Any] | None = None
+    sessions: Mapping[str, Any] | None = None  # per-session results (`slobench.analysis.sessions`)
     per_replica: tuple[Breakdown, ...] = ()
     per_tag: tuple[Breakdown, ...] = ()
     slo: SLO | None = None
@@ -370,6 +372,7 @@ class RunColumns:
     error_examples: dict[str, str]
     lengths: dict[str, Any] | None = None  # asked vs delivered lengths (`length_fidelity`)
     num_warmup: int = 0
+    sessions: SessionColumns | None = None  # the session columns, where records are a session's turns
 
 
 def columns_of(records: Sequence[RequestRecord]) -> RunColumns:
@@ -394,9 +397,10 @@ def run_columns(c: Columns, *, consume: bool = False) -> RunColumns:
     m = c if whole else c.take(np.flatnonzero(measured))
     error = m.values["error"]
     errors = [str(e) for e in error[error.astype(bool)]]
+    sessions = SessionColumns.of(m)  # (before the arrays, which may take m's columns over)
     return RunColumns(RecordArrays.from_columns(m, consume=consume or not whole), error_kinds(errors),
                       error_examples(errors), length_fidelity(m),
-                      num_warmup=len(c) - len(m))
+                      num_warmup=len(c) - len(m), sessions=sessions)
 
 
 def summarize(source: RunColumns | Sequence[RequestRecord] | Path, slo: SLO | None, *, seed: int = 0,
@@ -439,6 +443,8 @@ def summarize(source: RunColumns | Sequence[RequestRecord] | Path, slo: SLO | No
         else:
             att = attainment(a, slo, duration_s=tp.duration_s, seed=seed)
         out = replace(out, attainment=att)
+    if cols.sessions is not None:
+        out = replace(out, sessions=session_results(cols.sessions, slo.meets(a) if slo is not None else None))
     return out
 
 

@@ -43,9 +43,11 @@ from slobench.fleet.replica import (
 )
 from slobench.fleet.routing import ROUTERS, Router
 from slobench.fleet.sim_blocks import SimBlockManager, shared_prefix_blocks
+from slobench.fleet.sim_sessions import SimSessions, mark_session
 from slobench.profiles.roofline import vllm_kv_blocks_of
 from slobench.run.columnar import RecordBuffer, StepTimes
 from slobench.run.records import RequestRecord, RequestSpec
+from slobench.run.session_plan import SessionPlan
 from slobench.targets.engine import refusal_error
 from slobench.targets.options import Api
 from slobench.workload.limits import shortened_note
@@ -355,6 +357,10 @@ def simulate_records(
         if named is not None and opts.disagg is None:
             opts = replace(opts, disagg=named)
     seed, jitter_sd, api, replicas = opts.seed, opts.jitter_sd, opts.api, opts.replicas
+    sessions = None  # sessions that wait for the server: their later turns arrive as earlier ones end
+    if isinstance(specs, Sequence) and SessionPlan.waits(specs):
+        sessions = SimSessions(specs, opts.request_overhead_s, disaggregated=opts.disagg is not None)
+        specs = sessions.first
     if opts.disagg is not None:
         pools = opts.disagg
         if pools.decode_knobs and pools.decode_engine is None:
@@ -388,7 +394,8 @@ def simulate_records(
     stand_in_of: Callable[[int, int], StandInPrompt] | None = None  # (arrival index, length): a stand-in prompt's
     if isinstance(specs, Sequence):
         ordered = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
-        unshared = _unshared_from(ordered, api, block_size) if opts.private_blocks else None
+        # (a waiting session's prompts are rebuilt as it goes: not known before the run)
+        unshared = _unshared_from(ordered, api, block_size) if opts.private_blocks and sessions is None else None
         if unshared is not None:
             unshared_of = lambda i, _sp: unshared[i]  # noqa: E731
         stream: Iterator[RequestSpec] = iter(ordered)
@@ -415,18 +422,29 @@ def simulate_records(
             busy = [r for r in reps if r.engine.has_work() and not r.stuck]
             t_step = min((r.clock.now_s() for r in busy), default=inf)
         t_arrival = upcoming.arrival_s if upcoming is not None else inf
+        if sessions is not None:
+            t_arrival = min(t_arrival, sessions.next_s())
         if t_arrival == inf and t_step == inf:
             if any(r.engine.has_work() for r in reps):
                 raise RuntimeError("the engine has work but schedules nothing, and no request is left to arrive")
             break
         if t_arrival <= t_step:
-            assert upcoming is not None
-            sp = within.bound(upcoming)
-            upcoming = next(stream, None)
+            if sessions is not None and sessions.next_s() < (upcoming.arrival_s if upcoming is not None else inf):
+                raw = sessions.pop()
+            else:
+                assert upcoming is not None
+                raw, upcoming = upcoming, next(stream, None)
+            sp = within.bound(raw)
             num_arrived += 1
             t = sp.arrival_s
             rec, req = arrive(sp, arrived, parse)
+            if sessions is not None:
+                sessions.arrived(raw, rec)  # (as planned: its next turn extends the conversation, not the sized text)
+            else:
+                mark_session(sp, rec)
             if req is None:
+                if sessions is not None:
+                    sessions.ended(rec)
                 continue
             rep = reps[route.pick(req.prompt_token_ids)]
             wake(rep, t)
@@ -440,6 +458,8 @@ def simulate_records(
                                                  stand_in_of is not None and private == 0) else None)
             except RequestRejected as e:
                 rec.fail("error", refusal_error(str(e)), t)
+                if sessions is not None:
+                    sessions.ended(rec)
                 continue
             rec.prompt_tokens = len(req.prompt_token_ids)
             if replicas > 1:
@@ -451,7 +471,10 @@ def simulate_records(
             continue
         rep = busy[0] if lone is not None else min(busy, key=lambda r: (r.clock.now_s(), r.index))
         eng = rep.engine
-        ran = decode_run(eng, t_arrival) if opts.decode_runs else None
+        # (a finish may send a session's next turn: a run of steps then stops there)
+        ran = None
+        if opts.decode_runs:
+            ran = decode_run(eng, t_arrival) if sessions is None else decode_run(eng, t_arrival, past_finishes=False)
         if ran is not None:  # a stretch of plain decode steps, taken at once (slobench.fleet.decode_run)
             times = ran.times_s
             if step_times is not None:
@@ -460,8 +483,11 @@ def simulate_records(
             rep.num_output_tokens += record_run(ran, mine.__getitem__)
             ends = ran.ends
             for seq in ran.finished:
-                mine.pop(seq.seq_id).done_s = times[ends.get(seq.seq_id, 0) - 1]
+                ended = mine.pop(seq.seq_id)
+                ended.done_s = times[ends.get(seq.seq_id, 0) - 1]
                 route.finished(rep.index, weights.pop((rep.index, seq.seq_id)))
+                if sessions is not None:
+                    sessions.ended(ended)
             continue
         steps, waits = eng.num_steps, rep.wait.num_waits
         events = eng.step()
@@ -488,6 +514,8 @@ def simulate_records(
                 rec.done_s = ev.time_s
                 del by_rid[rep.index][ev.request_id]
                 route.finished(rep.index, weights.pop((rep.index, ev.request_id)))
+                if sessions is not None:
+                    sessions.ended(rec)
     if fleet is not None:
         if within.num_shortened:
             fleet[SHORTENED] = shortened_note(within.num_shortened, first.config.max_model_len)

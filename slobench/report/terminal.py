@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from slobench.analysis.sessions import sessions_text
 from slobench.analysis.summary import Breakdown, Dist, RunSummary, as_run_summary
 from slobench.printable import printable
 
@@ -174,6 +175,8 @@ def print_run(summary: RunSummary, console: Console | None = None, title: str = 
             f"SLO {summary.slo or ''} attainment {attainment_text(summary)}  "
             f"good throughput {summary.attainment.good_throughput_rps:.2f} req/s"
         )
+    for line in sessions_text(summary.sessions):
+        console.print(line, highlight=False, markup=False)
     if f := summary.fleet:
         console.print(f"fleet: {f['replicas']} replicas behind {f['router']}; requests per replica "
                       f"{' / '.join(map(str, f['requests_per_replica']))}", highlight=False, markup=False)

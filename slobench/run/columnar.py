@@ -44,9 +44,11 @@ BYTE_STREAM_SPLIT = ("scheduled_s", "sent_s", "first_token_s", "done_s", CHUNK_T
 JSONL_BYTES_KEY = b"slobench.requests_jsonl_bytes"  # the size of the requests.jsonl it was written beside
 STATUS_COUNTS_KEY = b"slobench.status_counts"  # {status: records} as written: a file altered since disagrees
 
-FLOATS = ("scheduled_s", "sent_s", "first_token_s", "done_s", "queued_s")
+FLOATS = ("scheduled_s", "sent_s", "first_token_s", "done_s", "queued_s", "estimated_s")
 INTS = ("request_id", "input_tokens", "prompt_tokens", "cached_tokens", "output_tokens", "usage_output_tokens",
-        "max_tokens", "http_status", "replica")
+        "max_tokens", "http_status", "replica", "session_id", "turn")
+# columns a requests.parquet written before sessions were recorded lacks: read as absent (all null)
+SESSION_COLUMNS = ("session_id", "turn", "estimated_s")
 STRINGS = ("tag", "status", "error", "finish_reason", "output_tokens_source", "retried")
 _NOT_NULL = frozenset({"request_id", "scheduled_s", "chunk_times_s", "chunk_tokens", "is_warmup"})
 
@@ -456,9 +458,19 @@ def parquet_problem(run_dir: Path) -> str | None:
     jsonl = Path(run_dir) / REQUESTS
     if jsonl.exists() and (written is None or written != jsonl.stat().st_size):
         return f"written beside a {REQUESTS} of {written or -1:,} bytes, which now has {jsonl.stat().st_size:,}"
-    if not meta.schema.to_arrow_schema().equals(schema()):
+    if not meta.schema.to_arrow_schema().equals(schema()) and not meta.schema.to_arrow_schema().equals(
+            _without_sessions()):
         return "not the columns this slobench writes"
     return None
+
+
+@cache
+def _without_sessions() -> pa.Schema:
+    """The columns of a requests.parquet written before the session columns were (accepted, read as null)."""
+    s = schema()
+    for name in SESSION_COLUMNS:
+        s = s.remove(s.get_field_index(name))
+    return s
 
 
 def _written_int(meta: Any, key: bytes) -> int | None:
@@ -525,7 +537,8 @@ def read_parquet_columns(run_dir: Path) -> Columns:
         leaf = next(j for j in range(meta.num_columns) if meta.schema.column(j).path == CHUNK_TIMES_LEAF)
         # the leaf's count of values is one per chunk time plus one per empty list: a bound on the times
         bound = sum(meta.row_group(i).column(leaf).num_values for i in range(meta.num_row_groups))
-        groups = (f.read_row_group(i, columns=list(COLUMNS_READ), use_threads=False)
+        present = set(f.schema_arrow.names)
+        groups = (f.read_row_group(i, columns=[c for c in COLUMNS_READ if c in present], use_threads=False)
                   for i in range(meta.num_row_groups))
         return _columns_of_tables(groups, meta.num_rows, bound)
     except (OSError, pa.ArrowException, StopIteration) as e:
@@ -544,6 +557,9 @@ def _columns_of_tables(tables: Iterable[pa.Table], num_rows: int, num_times: int
     row = at = 0
     for table in tables:
         for k in (*FLOATS, *INTS, "is_warmup"):
+            if k in SESSION_COLUMNS and k not in table.column_names:  # an older file: absent
+                values[k][row:row + table.num_rows] = np.nan
+                continue
             at_row = row
             for chunk in table.column(k).chunks:  # nulls become NaN
                 values[k][at_row:at_row + len(chunk)] = chunk.to_numpy(zero_copy_only=False)

@@ -41,6 +41,11 @@ class RequestSpec:
     ignore_eos: bool = True
     tag: str = ""  # request class / phase label, carried to the record
     session_id: int | None = None
+    # A session's turn (0-based) and, in the waiting mode, the think or tool time after the previous turn's
+    # answer ends: a turn with `think_s` set is sent that long after its predecessor ended, not at `arrival_s`
+    # (then the precomputed estimate, kept on its record as `estimated_s`). None: sent at `arrival_s`.
+    turn: int | None = None
+    think_s: float | None = None
     extra_body: tuple[tuple[str, Any], ...] = ()
     # Set only by slobench.workload's generators (`with_drawn_ids`): every id of this token-id prompt is an
     # exact int drawn from [0, ids_below). Not an argument, so `replace(spec, prompt=...)` drops it.
@@ -51,6 +56,8 @@ class RequestSpec:
             raise ValueError(f"arrival_s must be >= 0 (got {self.arrival_s!r})")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1 (got {self.max_tokens!r})")
+        if self.think_s is not None and not (self.think_s >= 0 and self.turn and self.session_id is not None):
+            raise ValueError(f"think_s needs a session's later turn and must be >= 0 (got {self.think_s!r})")
 
 
 def with_drawn_ids(spec: RequestSpec, id_range: tuple[int, int]) -> RequestSpec:
@@ -97,6 +104,11 @@ class RequestRecord:
     # Written only when set: why the request was sent a second time, on a new connection (the server had
     # closed the kept-alive one as it left); `sent_s` is still the first send's.
     retried: str | None = None
+    # Written only when set: the session and turn (0-based) a request belongs to, and for a turn sent when its
+    # predecessor's answer ended (the waiting session mode), the send time the precomputed schedule estimated.
+    session_id: int | None = None
+    turn: int | None = None
+    estimated_s: float | None = None
 
     def fail(self, status: Status, error: str, now_s: float | None = None) -> None:
         self.status = status
@@ -182,7 +194,7 @@ def _orjson_safe(r: RequestRecord, times: list[float]) -> bool:
     # (a numpy float among them: orjson raises; a NaN, which orjson writes as null, makes the sum NaN)
     if times and not (1e-4 <= min(times) and max(times) < 1e16 and math.isfinite(sum(times))):
         return False
-    for v in (r.scheduled_s, r.sent_s, r.first_token_s, r.done_s, r.queued_s):
+    for v in (r.scheduled_s, r.sent_s, r.first_token_s, r.done_s, r.queued_s, r.estimated_s):
         if v is not None and (type(v) is not float or not (v == 0.0 or 1e-4 <= abs(v) < 1e16)):
             return False
     for t in (r.tag, r.status, r.error, r.finish_reason, r.output_tokens_source, r.retried):
@@ -195,7 +207,7 @@ _RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))
 _FIELD_VALUES = attrgetter(*_RECORD_FIELDS)  # a record's values in field order, in one call
 _NINES = repeat(9)  # chunk times are written rounded to the nanosecond
 _FLOATS = {float}
-_WRITTEN_WHEN_SET = ("finish_reason", "output_tokens_source", "retried")  # absent, the line is as it always was
+_WRITTEN_WHEN_SET = ("finish_reason", "output_tokens_source", "retried", "session_id", "turn", "estimated_s")  # absent, the line is as it always was
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 

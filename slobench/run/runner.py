@@ -28,7 +28,12 @@ from slobench.run.event_loop import loop_name
 from slobench.run.precise_sleep import sleep_until
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.run.rundir import SUMMARY, RunWriter
+from slobench.run.session_plan import SessionPlan
 from slobench.targets.base import Target
+
+# A request that waits for another (a session's next turn): given the one that ended and its record, the
+# request to send and the run time to send it at, or None.
+FollowUp = Callable[[RequestSpec, RequestRecord], "tuple[RequestSpec, float] | None"]
 
 # Start the schedule a little in the future so the first requests are not late by the set-up time.
 START_LEAD_S = 0.05
@@ -97,8 +102,12 @@ class Dispatcher:
         clock: Clock,
         opts: RunOptions,
         on_record: Callable[[RequestRecord], None] | None = None,
+        follow_up: FollowUp | None = None,
     ) -> None:
         self.target = target
+        self.follow_up = follow_up
+        self.closing = False  # set once the run stops: no follow-up is sent after
+        self.waiting: set[asyncio.Task[None]] = set()  # follow-ups waiting for their send time
         self.clock = clock
         self.opts = opts
         self.on_record = on_record
@@ -122,6 +131,9 @@ class Dispatcher:
             input_tokens=spec.input_tokens,
             max_tokens=spec.max_tokens,
             is_warmup=i < self.opts.warmup_requests,
+            session_id=spec.session_id,
+            turn=spec.turn,
+            estimated_s=spec.arrival_s if spec.think_s is not None else None,
         )
 
     async def _send_one(self, spec: RequestSpec, rec: RequestRecord) -> None:
@@ -148,6 +160,39 @@ class Dispatcher:
             rec.fail("error", f"internal: {type(e).__name__}: {e}", clock.now_s())
         finally:
             self._finish(rec)
+            if self.follow_up is not None and not self.closing:
+                self._follow(spec, rec)
+
+    def _follow(self, spec: RequestSpec, rec: RequestRecord) -> None:
+        """The request that waits for `rec` (a session's next turn), sent at the time `follow_up` gives: past
+        the run's duration, or once the run is stopping, it is not sent."""
+        assert self.follow_up is not None
+        nxt = self.follow_up(spec, rec)
+        if nxt is None:
+            return
+        follower, at_s = nxt
+        limit = self.opts.duration_s
+        if limit is not None and at_s > limit:
+            return
+
+        async def send_later() -> None:
+            lead = float(self.target.send_lead_s)
+            try:
+                await self._sleep_until(at_s - lead, spin=lead == 0)
+            finally:
+                self.waiting.discard(task)
+            if self.closing:
+                return
+            self.num_taken += 1
+            await self._send_one(follower, self._new_record(self.num_taken - 1, follower, at_s))
+
+        task = self._spawn(send_later())
+        self.waiting.add(task)
+
+    async def wait_all(self) -> None:
+        """Until no request is in flight or waiting to follow one (follow-ups are spawned as others end)."""
+        while self.tasks:
+            await asyncio.wait(set(self.tasks))
 
     def _finish(self, rec: RequestRecord) -> None:
         p = self.progress
@@ -162,10 +207,11 @@ class Dispatcher:
         if self.on_record is not None:
             self.on_record(rec)
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
+    def _spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        return task
 
     async def open_loop(self, specs: Iterable[RequestSpec], fill: Callable[[float], bool] | None = None) -> None:
         """Send each spec at its arrival time. Returns once all are sent (not finished).
@@ -221,7 +267,10 @@ class Dispatcher:
         await asyncio.gather(*(user() for _ in range(users)))
 
     async def drain(self, grace_s: float | None) -> None:
-        """Wait for in-flight requests; after `grace_s` (if given) cancel the rest."""
+        """Wait for in-flight requests; after `grace_s` (if given) cancel the rest. No follow-up leaves after."""
+        self.closing = True
+        for t in list(self.waiting):  # a follow-up still waiting for its time is not sent
+            t.cancel()
         if not self.tasks:
             return
         pending = set(self.tasks)
@@ -262,11 +311,20 @@ async def run(
         raise ValueError("run(): `clock` must be the target's own clock (target.clock); timestamps would mix clocks")
     row_report = getattr(specs, "row_report", None)
     count_hint = getattr(specs, "count_hint", None)
+    plan = None
+    if isinstance(specs, Sequence) and SessionPlan.waits(specs):  # sessions that wait for the server
+        if opts.closed_loop_users:
+            raise SpecError("session mode", "wait", "a closed loop paces by its users; use the scheduled session mode")
+        plan = SessionPlan(specs)
+        specs = plan.first_turns(specs)
     schedule, first, total = _schedule(specs, opts.duration_s)
+    if plan is not None and total is not None:
+        total += len(plan.later)  # the held-back turns, each sent unless its session fails first
     if first is not None:
         target.check_compatible(first)  # e.g. token-id prompts on the chat API: refuse before sending
     writer = RunWriter(Path(run_dir), {**(manifest or {})}) if run_dir is not None else None
-    disp = Dispatcher(target, clock, opts, on_record=writer.write if writer else None)
+    disp = Dispatcher(target, clock, opts, on_record=writer.write if writer else None,
+                      follow_up=plan.next_turn if plan is not None else None)
     disp.progress.total = total
     interrupted = False
 
@@ -322,7 +380,7 @@ async def run(
             try:
                 await asyncio.wait({sender, stop_task}, return_when=asyncio.FIRST_COMPLETED)
                 if not stop.is_set() and disp.tasks:
-                    all_done = asyncio.ensure_future(asyncio.wait(set(disp.tasks)))
+                    all_done = asyncio.ensure_future(disp.wait_all())
                     await asyncio.wait({all_done, stop_task}, return_when=asyncio.FIRST_COMPLETED)
                     all_done.cancel()
             finally:

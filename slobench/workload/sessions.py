@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -16,9 +16,12 @@ from slobench.workload.lengths import LengthDist, length_from_dict
 from slobench.workload.phases import RequestClass, Schedule
 from slobench.workload.prompts import WORDS, _id_objects
 
-__all__ = ["SessionSpec", "SystemPrompts", "ThinkTime", "build_requests", "ids_to_prompt"]
+__all__ = ["SESSION_MODES", "SessionSpec", "SystemPrompts", "ThinkTime", "build_requests", "ids_to_prompt",
+           "with_session_mode"]
 
-_THINK_KEYS = {"exponential": ("mean_s",), "fixed": ("value_s",), "lognormal": ("median_s", "p99_s")}
+SESSION_MODES = ("wait", "scheduled")
+_THINK_KEYS = {"exponential": ("mean_s",), "fixed": ("value_s",), "lognormal": ("median_s", "p99_s"),
+               "pareto": ("alpha", "scale_s")}
 _Z99 = 2.3263478740408408
 
 
@@ -30,8 +33,9 @@ def _positive(field: str, x: object) -> float:
 
 @dataclass(frozen=True, slots=True)
 class ThinkTime:
-    """Seconds a user takes between an answer and their next turn: exponential (mean_s), fixed (value_s)
-    or lognormal (median_s, p99_s)."""
+    """Seconds a user (or an agent's tool) takes between an answer and the next turn: exponential (mean_s),
+    fixed (value_s), lognormal (median_s, p99_s) or Pareto (alpha, scale_s: P(T > t) = (scale_s / t)^alpha
+    from scale_s on; heavy-tailed, the mean is infinite for alpha <= 1)."""
 
     dist: str
     params: tuple[tuple[str, float], ...]
@@ -45,6 +49,8 @@ class ThinkTime:
         for k, v in self.params:
             _positive(k, v)
         p = dict(self.params)
+        if self.dist == "pareto" and not (p["alpha"] > 0 and p["scale_s"] > 0):
+            raise SpecError("alpha", p["alpha"], "pareto needs alpha > 0 and scale_s > 0")
         if self.dist == "lognormal" and not 0 < p["median_s"] <= p["p99_s"]:
             raise SpecError("p99_s", p["p99_s"], f"must be >= median_s ({p['median_s']}) > 0")
 
@@ -59,6 +65,8 @@ class ThinkTime:
             return rng.standard_exponential(n) * p["mean_s"]
         if self.dist == "fixed":
             return np.full(n, p["value_s"])
+        if self.dist == "pareto":  # numpy's pareto is Lomax: shifted by one, it is Pareto from 1
+            return (rng.pareto(p["alpha"], n) + 1.0) * p["scale_s"]
         sigma = (math.log(p["p99_s"]) - math.log(p["median_s"])) / _Z99
         return np.exp(math.log(p["median_s"]) + sigma * rng.standard_normal(n))
 
@@ -78,14 +86,22 @@ class SessionSpec:
     i.e. after an *estimate* of turn k's response, not its real completion: the whole schedule is computed
     before the run, so the load stays open-loop across and within sessions (a slow server does not slow the
     offered load down, which is what a capacity measurement needs). A turn whose prompt would pass
-    `max_context_tokens` ends its session. With sessions, the arrival rate counts *conversations* per second."""
+    `max_context_tokens` ends its session. With sessions, the arrival rate counts *conversations* per second.
+
+    That is `mode = "scheduled"`. The default, `mode = "wait"`, keeps the sessions' open-loop arrivals but sends
+    turn k+1 when turn k's answer has actually ended plus the think time (`slobench.run.session_plan`), with the
+    answer the server gave (its token count) in its prompt: what a person or an agent does. The estimate above
+    is then only the turn's `arrival_s`, which its record keeps to say how much later the turn left."""
 
     turns: LengthDist
     think: ThinkTime = ThinkTime("exponential", (("mean_s", 5.0),))
     response_s_per_token: float = 0.02
     max_context_tokens: int | None = None
+    mode: str = "wait"  # "wait": a turn leaves when its predecessor's answer ended; "scheduled": at the estimate
 
     def __post_init__(self) -> None:
+        if self.mode not in SESSION_MODES:
+            raise SpecError("mode", self.mode, f"session mode must be one of {list(SESSION_MODES)}")
         if not hasattr(self.turns, "sample"):
             raise SpecError("turns", self.turns, "must be a length distribution (of turns per session)")
         _positive("response_s_per_token", self.response_s_per_token)
@@ -95,7 +111,7 @@ class SessionSpec:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SessionSpec:
-        allowed = {"turns", "think", "response_s_per_token", "max_context_tokens"}
+        allowed = {"turns", "think", "response_s_per_token", "max_context_tokens", "mode"}
         for key in d:
             if key not in allowed:
                 raise SpecError(str(key), d[key], f"unknown key; allowed: {sorted(allowed)}")
@@ -106,7 +122,7 @@ class SessionSpec:
             if not isinstance(d["think"], Mapping):
                 raise SpecError("think", d["think"], 'needs a table, e.g. {dist = "exponential", mean_s = 5}')
             kwargs["think"] = ThinkTime.from_dict(d["think"])
-        for key in ("response_s_per_token", "max_context_tokens"):
+        for key in ("response_s_per_token", "max_context_tokens", "mode"):
             if key in d:
                 kwargs[key] = d[key]
         return cls(**kwargs)
@@ -116,7 +132,16 @@ class SessionSpec:
                              "response_s_per_token": self.response_s_per_token}
         if self.max_context_tokens is not None:
             d["max_context_tokens"] = self.max_context_tokens
+        if self.mode != "wait":
+            d["mode"] = self.mode
         return d
+
+
+def with_session_mode(spec: Any, mode: str | None) -> Any:
+    """A workload spec with its sessions' mode set (--session-mode); unchanged without sessions or a mode."""
+    if mode is None or getattr(spec, "sessions", None) is None:
+        return spec
+    return replace(spec, sessions=replace(spec.sessions, mode=mode))
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,13 +228,15 @@ class _Turns:
     times_s: np.ndarray
     user: np.ndarray  # new user tokens
     output: np.ndarray
+    think_s: np.ndarray  # think time before the turn (0 for a first turn)
 
 
 def _expand(sched: Schedule, classes: Sequence[RequestClass], sessions: SessionSpec | None,
             prefix_len: np.ndarray, rng: np.random.Generator) -> _Turns:
     n = len(sched.times_s)
     if sessions is None:
-        return _Turns(np.arange(n), np.zeros(n, np.int64), sched.times_s, sched.input_tokens, sched.output_tokens)
+        return _Turns(np.arange(n), np.zeros(n, np.int64), sched.times_s, sched.input_tokens, sched.output_tokens,
+                      np.zeros(n))
     k = sessions.turns.sample(n, rng)
     later = k - 1
     # Later turns' lengths, drawn per class in session order, so a class's k-th draw is stable.
@@ -226,7 +253,7 @@ def _expand(sched: Schedule, classes: Sequence[RequestClass], sessions: SessionS
             user_later[s] = u_all[bounds[j] : bounds[j + 1]]
             out_later[s] = o_all[bounds[j] : bounds[j + 1]]
     think = sessions.think.sample(int(later.sum()), rng)
-    cols: list[list[Any]] = [[], [], [], [], []]
+    cols: list[list[Any]] = [[], [], [], [], [], []]
     cap = sessions.max_context_tokens
     pos = 0
     for s in range(n):
@@ -235,17 +262,18 @@ def _expand(sched: Schedule, classes: Sequence[RequestClass], sessions: SessionS
         t = float(sched.times_s[s])
         context = int(prefix_len[s])
         for j in range(int(k[s])):
+            wait_s = float(think[pos + j - 1]) if j else 0.0
             if j:
-                t += out[j - 1] * sessions.response_s_per_token + float(think[pos + j - 1])
+                t += out[j - 1] * sessions.response_s_per_token + wait_s
             context += user[j]
             if cap is not None and context > cap:
                 break
-            for col, v in zip(cols, (s, j, t, user[j], out[j]), strict=True):
+            for col, v in zip(cols, (s, j, t, user[j], out[j], wait_s), strict=True):
                 col.append(v)
             context += out[j]
         pos += int(later[s])
     return _Turns(np.array(cols[0], np.int64), np.array(cols[1], np.int64), np.array(cols[2], np.float64),
-                  np.array(cols[3], np.int64), np.array(cols[4], np.int64))
+                  np.array(cols[3], np.int64), np.array(cols[4], np.int64), np.array(cols[5], np.float64))
 
 
 def build_requests(
@@ -277,7 +305,10 @@ def build_requests(
             alone = rng.random(n) >= system_prompts.share
             group[alone], prefix_len[alone] = -1, 0
     turns = _expand(sched, classes, sessions, prefix_len, np.random.default_rng(s_sess))
-    keep = np.ones(len(turns.times_s), dtype=bool) if duration_s is None else turns.times_s < duration_s
+    waits = sessions is not None and sessions.mode == "wait"
+    # waiting, a session started within the run is planned whole: when its later turns leave is the server's
+    started_s = turns.times_s[np.searchsorted(turns.start, turns.start)] if waits else turns.times_s
+    keep = np.ones(len(turns.times_s), dtype=bool) if duration_s is None else started_s < duration_s
     order = np.flatnonzero(keep)[np.argsort(turns.times_s[keep], kind="stable")]
     if num_requests is not None:
         order = order[:num_requests]
@@ -312,7 +343,8 @@ def build_requests(
             request_id=rid, arrival_s=float(turns.times_s[i]), prompt=p,
             input_tokens=len(p) if isinstance(p, tuple) else len(p.split()), max_tokens=n_out,
             min_tokens=n_out if pin_min_tokens else None, ignore_eos=ignore_eos, tag=sched.tags[s],
-            session_id=s if sessions is not None else None,
+            session_id=s if sessions is not None else None, turn=int(turns.turn[i]) if sessions is not None else None,
+            think_s=float(turns.think_s[i]) if waits and turns.turn[i] > 0 else None,
         ))
     if not is_text:  # every id drawn from [lo, hi) above (prefixes, bodies): say so once, here
         drawn = (int(lo), int(hi))
