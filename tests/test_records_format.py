@@ -37,13 +37,18 @@ _records = st.builds(
     finish_reason=st.one_of(st.none(), st.sampled_from(["length", "stop"])),
     output_tokens_source=st.one_of(st.none(), st.sampled_from(["usage", "max_tokens", "tokenizer", "events"])),
     retried=st.one_of(st.none(), st.text(max_size=40)),
+    first_reasoning_s=_time,
+    first_answer_s=_time,
+    reasoning_tokens=st.one_of(st.none(), st.integers(min_value=0, max_value=10**6)),
+    reasoning_tokens_source=st.one_of(st.none(), st.sampled_from(["usage", "events"])),
 )
 
 
 def reference_line(r: RequestRecord) -> str:
     d = asdict(r)
     d["chunk_times_s"] = [round(t, 9) for t in r.chunk_times_s]
-    for name in ("finish_reason", "output_tokens_source", "retried"):  # written only when a target set them
+    for name in ("finish_reason", "output_tokens_source", "retried", "first_reasoning_s", "first_answer_s",
+                 "reasoning_tokens", "reasoning_tokens_source"):  # written only when a target set them
         if d[name] is None:
             del d[name]
     return json.dumps(d, separators=(",", ":"))
