@@ -348,6 +348,14 @@ class OpenAITarget(TargetBase):
             record.fail("error", "no output: the response holds no generated text")
             return None
         record.first_token_s = record.done_s  # the whole answer arrives at once
+        if not record.reasoning_tokens:  # (a usage of 0: no reasoning)
+            record.reasoning_tokens = record.reasoning_tokens_source = None
+        message = output if self._is_chat and isinstance(output, dict) else None
+        if record.reasoning_tokens or (message is not None and (message.get("reasoning_content") or
+                                                                message.get("reasoning"))):
+            record.first_reasoning_s = record.done_s
+            answered = message is None or bool(message.get("content")) or _has_call_arguments(message)
+            record.first_answer_s = record.done_s if answered else None
         if self.exact_text is None or not has_text:
             return None
         return [_chat_text(output) if self._is_chat else str(output)]
@@ -588,6 +596,10 @@ class _StreamReader:
             times = record.chunk_times_s
             if not times:
                 record.first_token_s = t
+            if stream.num_reasoning and record.first_reasoning_s is None:
+                record.first_reasoning_s = t
+            if stream.has_answer and stream.first_answer_s is None:
+                stream.first_answer_s = t
             times.append(t)
             record.chunk_tokens.append(num)
             self.num_streamed += num
@@ -605,6 +617,7 @@ class _StreamReader:
         and LiteLLM may close without it); a stream that stops without any `finish_reason` was cut off,
         `[DONE]` or not, and is an error (llama.cpp ends an interrupted stream with `[DONE]` and no finish)."""
         stream = self.stream
+        _settle_reasoning(self.record, stream.num_reasoning, stream.first_answer_s)
         if self.failed:
             return stream.texts
         record = self.record
@@ -635,7 +648,7 @@ class _Stream:
     """What one SSE stream has said so far: `take` applies each event to it and to the record."""
 
     __slots__ = ("record", "is_chat", "finish", "num_finished", "num_choices", "wants_usage", "error",
-                 "is_done", "ended", "texts")
+                 "is_done", "ended", "texts", "num_reasoning", "has_answer", "first_answer_s")
 
     def __init__(self, record: RequestRecord, is_chat: bool, num_choices: int = 1, wants_usage: bool = False) -> None:
         self.record = record
@@ -648,6 +661,9 @@ class _Stream:
         self.is_done = False  # [DONE] came
         self.ended = False  # [DONE] came, or every choice finished and the usage asked for came
         self.texts: list[str] | None = None  # the generated text, gathered only when a tokenizer will count it
+        self.num_reasoning = 0  # tokens counted in reasoning deltas
+        self.has_answer = False  # an answer token (text or tool-call arguments) has come
+        self.first_answer_s: float | None = None  # the read that brought the first (`_StreamReader.feed`)
 
     def _check_ended(self) -> None:
         if self.num_finished >= self.num_choices and (not self.wants_usage or
@@ -705,11 +721,16 @@ class _Stream:
                     if token:
                         ids = c.get("token_ids")
                         if ids:
-                            num += len(ids)
+                            k = len(ids)
                         else:
                             logprobs = c.get("logprobs")
                             toks = logprobs.get("content" if is_chat else "tokens") if logprobs else None
-                            num += len(toks) if toks else 1
+                            k = len(toks) if toks else 1
+                        num += k
+                        if is_chat and _is_reasoning(out):
+                            self.num_reasoning += k
+                        else:
+                            self.has_answer = True
                         if texts is not None:
                             texts.append(_chat_text(out) if is_chat else str(out))
             elif "error" in obj or obj.get("object") == "error":
@@ -738,13 +759,7 @@ def _chat_output(delta: Any) -> bool:
         return False
     if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
         return True
-    calls = delta.get("tool_calls")
-    if isinstance(calls, list):
-        for call in calls:
-            fn = call.get("function") if isinstance(call, dict) else None
-            if isinstance(fn, dict) and fn.get("arguments"):
-                return True
-    return False
+    return _has_call_arguments(delta)
 
 
 def _is_token(out: Any, finish: str | None, is_chat: bool) -> bool:
@@ -761,6 +776,45 @@ def _is_token(out: Any, finish: str | None, is_chat: bool) -> bool:
             return False
         return any(type(out.get(k)) is str for k in ("content", "reasoning_content", "reasoning"))
     return type(out) is str and (out != "" or finish is None)
+
+
+def _is_reasoning(delta: Any) -> bool:
+    """Whether a chat delta's token is reasoning, not answer: it has reasoning text (vLLM's and SGLang's
+    `reasoning_content`, vLLM's newer `reasoning`), empty or not, and neither answer text nor tool-call
+    arguments."""
+    if type(delta) is not dict:
+        return False
+    r = delta.get("reasoning_content")
+    if r is None:
+        r = delta.get("reasoning")
+    if type(r) is not str or delta.get("content"):
+        return False
+    return not _has_call_arguments(delta)
+
+
+def _has_call_arguments(delta: dict[str, Any]) -> bool:
+    calls = delta.get("tool_calls")
+    if isinstance(calls, list):
+        for call in calls:
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict) and fn.get("arguments"):
+                return True
+    return False
+
+
+def _settle_reasoning(record: RequestRecord, num_reasoning: int, first_answer_s: float | None) -> None:
+    """The record's reasoning fields, where the stream carried reasoning (`num_reasoning` tokens counted)
+    or the server's usage counted some: the first answer token's time (None: reasoning only, no answer)
+    and the reasoning count, the server's where it is no less than the events counted, else the events'."""
+    if not num_reasoning and not record.reasoning_tokens:
+        record.reasoning_tokens = record.reasoning_tokens_source = None  # (a usage of 0: no reasoning)
+        return
+    record.first_answer_s = first_answer_s if num_reasoning else record.first_token_s
+    if record.first_reasoning_s is None:  # reasoning the server counted but did not stream
+        record.first_reasoning_s = record.first_token_s
+    usage = record.reasoning_tokens if record.reasoning_tokens_source == "usage" else None
+    if usage is None or usage < num_reasoning:
+        record.reasoning_tokens, record.reasoning_tokens_source = num_reasoning, "events"
 
 
 def _chat_text(delta: Any) -> str:
@@ -799,6 +853,11 @@ def _take_usage(record: RequestRecord, usage: dict[str, Any]) -> None:
         record.usage_output_tokens = completion
     if prompt is not None:
         record.prompt_tokens = prompt
+    out_details = usage.get("completion_tokens_details")  # OpenAI, vLLM: reasoning_tokens of the completion
+    if isinstance(out_details, dict):
+        reasoning = usage_count(out_details.get("reasoning_tokens"))
+        if reasoning is not None and (completion is None or reasoning <= completion):
+            record.reasoning_tokens, record.reasoning_tokens_source = reasoning, "usage"
     details = usage.get("prompt_tokens_details")  # OpenAI, vLLM (--enable-prompt-tokens-details), SGLang
     if isinstance(details, dict):
         cached = usage_count(details.get("cached_tokens"))

@@ -91,12 +91,21 @@ class ServerConfig:
     log_path: Path | None = None
     quirks: frozenset[str] = frozenset()
     vocab_size: int = SMALL_VOCAB  # the vocabulary's size with the small-vocab quirk
+    # Reasoning mode: a chat answer's first `reasoning_tokens` tokens (or a request's `x_reasoning_tokens`)
+    # are reasoning, streamed in `reasoning_field` deltas and counted in usage's completion_tokens_details;
+    # the answer's first token is token `reasoning_tokens` of the schedule (all reasoning: no answer).
+    reasoning_tokens: int = 0
+    reasoning_field: str = "reasoning_content"  # vLLM's and SGLang's; vLLM's newer name is "reasoning"
 
     def __post_init__(self) -> None:
         if self.ttft_ms < 0:
             raise ValueError(f"ttft_ms must be >= 0 (got {self.ttft_ms!r})")
         if self.itl_ms < 0:
             raise ValueError(f"itl_ms must be >= 0 (got {self.itl_ms!r})")
+        if self.reasoning_tokens < 0:
+            raise ValueError(f"reasoning_tokens must be >= 0 (got {self.reasoning_tokens!r})")
+        if self.reasoning_field not in ("reasoning_content", "reasoning"):
+            raise ValueError(f"reasoning_field must be reasoning_content or reasoning (got {self.reasoning_field!r})")
         if unknown := set(self.quirks) - QUIRKS:
             raise ValueError(f"unknown quirks {sorted(unknown)}; known: {sorted(QUIRKS)}")
 
@@ -303,33 +312,44 @@ class TokenServer:
                 max_tokens = min(max_tokens, max(floor, max_tokens // 2))
             elif "drop-extensions" in quirks:
                 max_tokens = max(1, max_tokens // 2)
-            usage = {
+            usage: dict[str, Any] = {
                 "prompt_tokens": num_prompt,
                 "completion_tokens": max_tokens,
                 "total_tokens": num_prompt + max_tokens,
             }
+            asked_reasoning = body.get("x_reasoning_tokens", self.config.reasoning_tokens)
+            if not isinstance(asked_reasoning, int) or asked_reasoning < 0:
+                return _error(400, f"x_reasoning_tokens must be an integer >= 0 (got {asked_reasoning!r})",
+                              "BadRequestError")
+            num_reasoning = min(asked_reasoning, max_tokens) if is_chat else 0
+            if num_reasoning:
+                usage["completion_tokens_details"] = {"reasoning_tokens": num_reasoning}
             if body.get("stream"):
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
                 include_usage = include_usage and "no-usage" not in quirks and "drop-extensions" not in quirks
                 return await self._stream(
                     request, is_chat, fault, recv_s, ttft_s, itl_s, max_tokens, usage, include_usage, chunk_s,
-                    write_log,
+                    write_log, num_reasoning,
                 )
             await _sleep_until(recv_s + ttft_s + (max_tokens - 1) * itl_s)
             chunk_s.append(time.perf_counter())  # the one write carries every token
             stats.generation_tokens += max_tokens - 1
             if fault == "malformed_json":
                 return web.Response(body=b'{"choices": [', content_type="application/json")
-            return web.json_response(self._full_response(is_chat, max_tokens, usage))
+            return web.json_response(self._full_response(is_chat, max_tokens, usage, num_reasoning))
         finally:
             stats.num_running -= 1
             stats.generation_tokens += len(chunk_s)
             write_log()
 
-    def _full_response(self, is_chat: bool, max_tokens: int, usage: dict[str, int]) -> dict[str, Any]:
+    def _full_response(self, is_chat: bool, max_tokens: int, usage: dict[str, Any],
+                       num_reasoning: int = 0) -> dict[str, Any]:
         text = " tok" * max_tokens
         if is_chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
+            message: dict[str, Any] = {"role": "assistant", "content": " tok" * (max_tokens - num_reasoning) or None}
+            if num_reasoning:
+                message[self.config.reasoning_field] = " tok" * num_reasoning
+            choice: dict[str, Any] = {"index": 0, "message": message}
             obj = "chat.completion"
         else:
             choice = {"index": 0, "text": text, "logprobs": None}
@@ -353,10 +373,11 @@ class TokenServer:
         ttft_s: float,
         itl_s: float,
         max_tokens: int,
-        usage: dict[str, int],
+        usage: dict[str, Any],
         include_usage: bool,
         chunk_s: list[float],
         write_log: Callable[[], None],
+        num_reasoning: int = 0,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
@@ -364,15 +385,16 @@ class TokenServer:
         if is_chat:
             await resp.write(head + b'"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n')
         quirks = self.config.quirks
-        piece = b'"delta":{"content":"%s"}' if is_chat else b'"text":"%s","logprobs":null'
+        answer = b'"delta":{"content":"%s"}' if is_chat else b'"text":"%s","logprobs":null'
+        thought = b'"delta":{"' + self.config.reasoning_field.encode() + b'":"%s"}'
         end = b'"stop"' if "eos-early" in quirks or "drop-extensions" in quirks else b'"length"'
-        frames: dict[tuple[bytes, bool], bytes] = {}
+        frames: dict[tuple[bytes, bool, bool], bytes] = {}
 
-        def frame(text: bytes, is_last: bool) -> bytes:
-            got = frames.get((text, is_last))
+        def frame(text: bytes, is_last: bool, is_reasoning: bool = False) -> bytes:
+            got = frames.get((text, is_last, is_reasoning))
             if got is None:
-                got = frames[text, is_last] = head + piece % text + b',"finish_reason":' + (
-                    end if is_last else b"null") + tail
+                got = frames[text, is_last, is_reasoning] = head + (thought if is_reasoning else answer) % text + (
+                    b',"finish_reason":' + (end if is_last else b"null") + tail)
             return got
 
         write = resp.write
@@ -387,7 +409,8 @@ class TokenServer:
                 await resp.write_eof()
                 return resp
             is_empty = "all-empty-text" in quirks or ("empty-text" in quirks and i % 3 == 0)
-            await write(frame(b"" if is_empty else b" tok" * min(step, max_tokens - i), i + step >= max_tokens))
+            await write(frame(b"" if is_empty else b" tok" * min(step, max_tokens - i), i + step >= max_tokens,
+                              i < num_reasoning))
             chunk_s.append(perf())
         write_log()
         if include_usage:
@@ -491,6 +514,7 @@ async def _main_async(args: argparse.Namespace) -> None:
         log_path=Path(args.log) if args.log else None,
         quirks=frozenset(args.quirk),
         vocab_size=args.vocab,
+        reasoning_tokens=args.reasoning_tokens,
     )
     runner, port = await serve(config, args.host, args.port)
     await listen_until_stopped(port, runner.cleanup)
@@ -506,6 +530,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="behave like a real third-party server in this way (repeatable)")
     p.add_argument("--vocab", type=int, default=SMALL_VOCAB,
                    help=f"with --quirk small-vocab, ids from this one up are out of vocabulary (default {SMALL_VOCAB})")
+    p.add_argument("--reasoning-tokens", type=int, default=0,
+                   help="a chat answer's first N tokens are reasoning (reasoning_content deltas); default 0")
     p.add_argument("--log", default=None, help="append per-request JSON lines (perf_counter times) here")
     run_server(_main_async, p.parse_args(argv))
 
