@@ -49,13 +49,13 @@ SERVER_MODULES = frozenset({
     "test_openai_target", "test_ray_pool", "test_report_browser", "test_run_durability", "test_run_streamed",
     "test_server_quirks", "test_text_prompts", "test_trace_replay", "test_workers", "test_redact", "test_golden", "test_docs",
     "test_packaging",  # builds a wheel in a child process
-    "test_transport_differential", "test_transport_resend",
+    "test_transport_differential", "test_transport_resend", "test_reasoning_server", "test_reasoning_timing",
 })
 # modules that assert on milliseconds of wall time: the `timing` marker, run alone after the parallel tier
 TIMING_MODULES = frozenset({
     "test_openai_target", "test_workers", "test_fleet_target", "test_clocksync", "test_precise_sleep",
     "test_nodelay", "test_runner", "test_text_prompts", "test_ray_pool", "test_rawhttp", "test_quiet_gc",
-    "test_engine_body_limits",
+    "test_engine_body_limits", "test_reasoning_timing",
 })
 # single tests elsewhere whose assertions rest on how much slack the runner had before a send, which a
 # neighbouring worker's CPU takes away (both failed in the parallel tier on a loaded machine)

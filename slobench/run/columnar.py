@@ -512,12 +512,12 @@ def read_parquet_columns(run_dir: Path) -> Columns:
 
     path = Path(run_dir) / PARQUET
     try:
-        f = pq.ParquetFile(path, read_dictionary=list(STRINGS))  # a run's few distinct strings, as indices
+        have = set(pq.read_schema(path).names)  # (an older file lacks the OPTIONAL columns)
+        f = pq.ParquetFile(path, read_dictionary=[k for k in STRINGS if k in have])  # a run's few distinct strings
         meta = f.metadata
         leaf = next(j for j in range(meta.num_columns) if meta.schema.column(j).path == CHUNK_TIMES_LEAF)
         # the leaf's count of values is one per chunk time plus one per empty list: a bound on the times
         bound = sum(meta.row_group(i).column(leaf).num_values for i in range(meta.num_row_groups))
-        have = set(f.schema_arrow.names)
         groups = (f.read_row_group(i, columns=[c for c in COLUMNS_READ if c in have], use_threads=False)
                   for i in range(meta.num_row_groups))
         return _columns_of_tables(groups, meta.num_rows, bound)

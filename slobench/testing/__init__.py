@@ -35,6 +35,8 @@ class TokenServerProcess(ServerProcess):
         log: bool | str | Path = False,
         quirks: Sequence[str] = (),
         vocab: int | None = None,
+        reasoning_tokens: int = 0,
+        reasoning_field: str = "reasoning_content",
         host: str = "127.0.0.1",
         startup_timeout_s: float = 15.0,
     ) -> None:
@@ -50,6 +52,8 @@ class TokenServerProcess(ServerProcess):
             self._args += ["--quirk", q]
         if vocab is not None:  # the small-vocab quirk's vocabulary size
             self._args += ["--vocab", str(vocab)]
+        if reasoning_tokens:  # the reasoning mode: a chat answer's first tokens are reasoning
+            self._args += ["--reasoning-tokens", str(reasoning_tokens), "--reasoning-field", reasoning_field]
         self.log_path: Path | None = (self.tmp_path / "server.jsonl") if log is True else (Path(log) if log else None)
         if self.log_path is not None:
             self._args += ["--log", str(self.log_path)]

@@ -515,6 +515,7 @@ async def _main_async(args: argparse.Namespace) -> None:
         quirks=frozenset(args.quirk),
         vocab_size=args.vocab,
         reasoning_tokens=args.reasoning_tokens,
+        reasoning_field=args.reasoning_field,
     )
     runner, port = await serve(config, args.host, args.port)
     await listen_until_stopped(port, runner.cleanup)
@@ -531,7 +532,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--vocab", type=int, default=SMALL_VOCAB,
                    help=f"with --quirk small-vocab, ids from this one up are out of vocabulary (default {SMALL_VOCAB})")
     p.add_argument("--reasoning-tokens", type=int, default=0,
-                   help="a chat answer's first N tokens are reasoning (reasoning_content deltas); default 0")
+                   help="a chat answer's first N tokens are reasoning (reasoning deltas); default 0")
+    p.add_argument("--reasoning-field", default="reasoning_content", choices=("reasoning_content", "reasoning"),
+                   help="the delta field reasoning streams in (vLLM's and SGLang's, or vLLM's newer name)")
     p.add_argument("--log", default=None, help="append per-request JSON lines (perf_counter times) here")
     run_server(_main_async, p.parse_args(argv))
 
