@@ -1,7 +1,7 @@
 """The OpenAI-compatible target: /v1/completions and /v1/chat/completions, streamed (SSE) or not.
 
 Timestamps (injected clock): `sent_s` immediately before the request's bytes go; a chunk per network read
-that carried a generated token (`_is_token`, text or not), with its tokens (`token_ids` or logprobs where
+that carried a generated token (`is_token`, text or not), with its tokens (`token_ids` or logprobs where
 sent, else 1), stamped as the read reaches the client: with the raw transport in the connection's own
 callback (`_StreamReader.feed`), not when the request's task next runs (that wait is the client's own);
 with httpx as its iterator hands the read over. Events in one read share its stamp. `done_s`: the read
@@ -18,7 +18,7 @@ import base64
 import binascii
 import json
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, cast
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
@@ -31,10 +31,13 @@ from slobench.redact import is_secret_name
 from slobench.run.clock import Clock
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.base import TargetBase
-from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES, brief, json_of
+from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES, json_of
 from slobench.targets.capabilities import Capabilities, name_too_long, profile_capabilities
+from slobench.targets.codecs.chat import chat_output, chat_text, has_call_arguments
+from slobench.targets.codecs.choices import ChoiceStream, is_token, tokens_in
+from slobench.targets.codecs.common import error_message, settle_reasoning, take_usage
 from slobench.targets.options import TargetOptions, Timeouts, TransportName
-from slobench.targets.preflight import find_model, negotiate, usage_count
+from slobench.targets.preflight import find_model, negotiate
 from slobench.targets.rawhttp import RawHttpTransport
 from slobench.targets.sse import DONE, SSEDecodeError, SSEParser
 from slobench.targets.transport import (
@@ -52,6 +55,8 @@ from slobench.targets.transport import (
 from slobench.workload.text import ExactText, ids_to_text, thin_words, words_for_tokens
 
 MAX_ERROR_CHARS = 300
+# the names the stream's parts had when they lived here (tests reach them so)
+_Stream, _is_token, _tokens_in = ChoiceStream, is_token, tokens_in
 _MEMO_CHARS = 64 * 1024 * 1024  # text built from token ids, kept for reuse up to this many characters
 _SECRET_HEADER_HINTS = ("auth", "key", "token", "secret", "cookie")
 _SECRET_BODY_HINTS = ("auth", "key", "secret", "password")  # not "token": max_tokens is no secret
@@ -333,15 +338,15 @@ class OpenAITarget(TargetBase):
             record.fail("error", self.scrub(f"malformed JSON response{why}: {text!r}"))
             return None
         if "error" in obj or obj.get("object") == "error":
-            record.fail("error", self.scrub(_truncate("server error: " + _error_message(obj, ""))))
+            record.fail("error", self.scrub(_truncate("server error: " + error_message(obj, ""))))
             return None
         usage = obj.get("usage")
         if usage and type(usage) is dict:
-            _take_usage(record, usage)
+            take_usage(record, usage)
         choices = obj.get("choices")
         c = choices[0] if choices and type(choices) is list else None
         output = (c.get("message") if self._is_chat else c.get("text")) if type(c) is dict else None
-        has_text = bool(_chat_output(output) if self._is_chat else output)
+        has_text = bool(chat_output(output) if self._is_chat else output)
         reason = c.get("finish_reason") if type(c) is dict else None
         record.finish_reason = reason if type(reason) is str and reason else None
         if not has_text and not record.usage_output_tokens:
@@ -354,11 +359,11 @@ class OpenAITarget(TargetBase):
         if record.reasoning_tokens or (message is not None and (message.get("reasoning_content") or
                                                                 message.get("reasoning"))):
             record.first_reasoning_s = record.done_s
-            answered = message is None or bool(message.get("content")) or _has_call_arguments(message)
+            answered = message is None or bool(message.get("content")) or has_call_arguments(message)
             record.first_answer_s = record.done_s if answered else None
         if self.exact_text is None or not has_text:
             return None
-        return [_chat_text(output) if self._is_chat else str(output)]
+        return [chat_text(output) if self._is_chat else str(output)]
 
     # ---- errors ----------------------------------------------------------------------------------------
 
@@ -375,7 +380,7 @@ class OpenAITarget(TargetBase):
         """What a record says of an HTTP error answer: the status, and the server's message, scrubbed and cut."""
         text = raw.decode("utf-8", "replace")
         try:
-            message = _error_message(json_of(raw), text)
+            message = error_message(json_of(raw), text)
         except ValueError as e:
             message = f"an error body with {e}" if "nested deeper" in str(e) else text
         # a 429 is recorded as one, with the server's Retry-After; it is never retried (the schedule is the test)
@@ -544,8 +549,8 @@ class _StreamReader:
     """One SSE stream read into its record, a network read at a time. `feed(raw)` is the whole per-read
     step: stamp the read, parse it, take its events, check the limits; True once nothing more is wanted
     (the stream ended, or failed: the record then says why). A read of whole `data: {...}` events (the
-    common one) is parsed and taken in one step (`_objects_of`, `_Stream.take_all`); any other goes
-    through the SSE parser, event by event (`_Stream.take`). A stream of more tokens than
+    common one) is parsed and taken in one step (`_objects_of`, `ChoiceStream.take_all`); any other goes
+    through the SSE parser, event by event (`ChoiceStream.take`). A stream of more tokens than
     `max_streamed_tokens` allows (a server ignoring `max_tokens` without end) is refused. `settle()`
     finishes the record once reading stopped. It holds no more than the record's chunk lists, the SSE
     parser's unfinished line (up to --max-body) and, until an event comes, the body's first 4 KiB."""
@@ -556,7 +561,7 @@ class _StreamReader:
     def __init__(self, target: OpenAITarget, record: RequestRecord, num_choices: int, max_tokens: int) -> None:
         caps = target.caps
         self.record = record
-        self.stream = _Stream(record, target._is_chat, num_choices,
+        self.stream = ChoiceStream(record, target._is_chat, num_choices,
                               caps.include_usage and caps.usage_in_stream is not False)
         if target.exact_text is not None:
             self.stream.texts = []
@@ -617,7 +622,7 @@ class _StreamReader:
         and LiteLLM may close without it); a stream that stops without any `finish_reason` was cut off,
         `[DONE]` or not, and is an error (llama.cpp ends an interrupted stream with `[DONE]` and no finish)."""
         stream = self.stream
-        _settle_reasoning(self.record, stream.num_reasoning, stream.first_answer_s)
+        settle_reasoning(self.record, stream.num_reasoning, stream.first_answer_s)
         if self.failed:
             return stream.texts
         record = self.record
@@ -642,227 +647,6 @@ class _StreamReader:
             else:
                 record.fail("error", f"no output: the stream finished (finish_reason={finish!r}) without a token")
         return stream.texts
-
-
-class _Stream:
-    """What one SSE stream has said so far: `take` applies each event to it and to the record."""
-
-    __slots__ = ("record", "is_chat", "finish", "num_finished", "num_choices", "wants_usage", "error",
-                 "is_done", "ended", "texts", "num_reasoning", "has_answer", "first_answer_s")
-
-    def __init__(self, record: RequestRecord, is_chat: bool, num_choices: int = 1, wants_usage: bool = False) -> None:
-        self.record = record
-        self.is_chat = is_chat
-        self.finish: str | None = None
-        self.num_finished = 0  # events that carried a finish_reason (one a choice)
-        self.num_choices = num_choices
-        self.wants_usage = wants_usage  # usage was asked for and the server sends it: wait for it
-        self.error: str | None = None
-        self.is_done = False  # [DONE] came
-        self.ended = False  # [DONE] came, or every choice finished and the usage asked for came
-        self.texts: list[str] | None = None  # the generated text, gathered only when a tokenizer will count it
-        self.num_reasoning = 0  # tokens counted in reasoning deltas
-        self.has_answer = False  # an answer token (text or tool-call arguments) has come
-        self.first_answer_s: float | None = None  # the read that brought the first (`_StreamReader.feed`)
-
-    def _check_ended(self) -> None:
-        if self.num_finished >= self.num_choices and (not self.wants_usage or
-                                                      self.record.usage_output_tokens is not None):
-            self.ended = True
-
-    def take(self, kind: str, data: str) -> int:
-        """Apply one event; the tokens it carried. After `[DONE]` (`is_done`) or an event that failed the
-        stream (`error`) the rest of the read is ignored. A usage object is taken onto the record as it
-        comes."""
-        if data == DONE:
-            self.is_done = self.ended = True
-            return 0
-        if kind == "error":
-            self.error = "server error mid-stream: " + _event_error_text(data)
-            return 0
-        try:
-            obj = json_of(data)
-        except ValueError as e:
-            if "nested deeper" in str(e):
-                self.error = f"SSE event JSON {e}"
-                return 0
-            obj = None
-        if type(obj) is not dict:
-            self.error = f"malformed JSON in SSE event: {data[:120]!r}"
-            return 0
-        return self.take_all((obj,), (data,))
-
-    def take_all(self, objs: Sequence[dict[str, Any]], datas: Sequence[str | bytes], done: bool = False) -> int:
-        """Apply events already parsed (`objs`, from `datas`; `done`: `[DONE]` followed them) as `take` applies
-        each, up to one that fails the stream; the tokens they carried. A read's events go through here in
-        one call, the common event (a choice with its text or delta content) taken inline: `_is_token` and
-        `_tokens_in` for it."""
-        is_chat = self.is_chat
-        texts = self.texts
-        num = 0
-        for obj, data in zip(objs, datas, strict=False):  # datas: and [DONE]
-            choices = obj.get("choices")
-            if choices and type(choices) is list:
-                c = choices[0]
-                if type(c) is dict:
-                    reason = c.get("finish_reason")
-                    if reason and type(reason) is str:
-                        self.finish = reason
-                        self.num_finished += 1
-                        self._check_ended()
-                    else:
-                        reason = None
-                    if is_chat:
-                        out = c.get("delta")
-                        token = (type(out) is dict and out.get("content")) or _is_token(out, reason, True)
-                    else:
-                        out = c.get("text")
-                        token = type(out) is str and (out != "" or reason is None)
-                    if token:
-                        ids = c.get("token_ids")
-                        if ids:
-                            k = len(ids)
-                        else:
-                            logprobs = c.get("logprobs")
-                            toks = logprobs.get("content" if is_chat else "tokens") if logprobs else None
-                            k = len(toks) if toks else 1
-                        num += k
-                        if is_chat and _is_reasoning(out):
-                            self.num_reasoning += k
-                        else:
-                            self.has_answer = True
-                        if texts is not None:
-                            texts.append(_chat_text(out) if is_chat else str(out))
-            elif "error" in obj or obj.get("object") == "error":
-                self.error = "server error mid-stream: " + _error_message(obj, _text(data))
-                return num
-            usage = obj.get("usage")
-            if usage and type(usage) is dict:
-                _take_usage(self.record, usage)
-                if self.finish is not None:
-                    self._check_ended()
-        if done:
-            self.is_done = self.ended = True
-        return num
-
-
-def _text(data: str | bytes) -> str:
-    return data if type(data) is str else data.decode("utf-8", "replace")  # type: ignore[union-attr]
-
-
-def _chat_output(delta: Any) -> bool:
-    """Whether a chat delta carries generated tokens: answer text, reasoning (vLLM's `reasoning_content`,
-    newer `reasoning`; SGLang's `reasoning_content`) or tool-call arguments. A reasoning model's first
-    tokens are its reasoning, so TTFT counts them, as vLLM's `bench serve` does; a role-only or empty
-    delta is not output."""
-    if not isinstance(delta, dict):
-        return False
-    if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
-        return True
-    return _has_call_arguments(delta)
-
-
-def _is_token(out: Any, finish: str | None, is_chat: bool) -> bool:
-    """Whether a choice's `text` (completions) or `delta` (chat) carries a generated token, its text empty
-    or not: vLLM streams a token with empty text where it splits a UTF-8 character or is a skipped special
-    token, and that token's time is the one measured. Not tokens: a chat preamble (a delta with a `role`
-    and no text: vLLM's and SGLang's first chunk, llama.cpp's `content: null`), a choice with no text
-    field (LiteLLM's usage chunk, `delta: {}`), and a finish chunk with empty text (llama.cpp, Ollama,
-    OpenAI and SGLang send the finish in a chunk of its own)."""
-    if is_chat:
-        if _chat_output(out):
-            return True
-        if finish is not None or not isinstance(out, dict) or out.get("role"):
-            return False
-        return any(type(out.get(k)) is str for k in ("content", "reasoning_content", "reasoning"))
-    return type(out) is str and (out != "" or finish is None)
-
-
-def _is_reasoning(delta: Any) -> bool:
-    """Whether a chat delta's token is reasoning, not answer: it has reasoning text (vLLM's and SGLang's
-    `reasoning_content`, vLLM's newer `reasoning`), empty or not, and neither answer text nor tool-call
-    arguments."""
-    if type(delta) is not dict:
-        return False
-    r = delta.get("reasoning_content")
-    if r is None:
-        r = delta.get("reasoning")
-    if type(r) is not str or delta.get("content"):
-        return False
-    return not _has_call_arguments(delta)
-
-
-def _has_call_arguments(delta: dict[str, Any]) -> bool:
-    calls = delta.get("tool_calls")
-    if isinstance(calls, list):
-        for call in calls:
-            fn = call.get("function") if isinstance(call, dict) else None
-            if isinstance(fn, dict) and fn.get("arguments"):
-                return True
-    return False
-
-
-def _settle_reasoning(record: RequestRecord, num_reasoning: int, first_answer_s: float | None) -> None:
-    """The record's reasoning fields, where the stream carried reasoning (`num_reasoning` tokens counted)
-    or the server's usage counted some: the first answer token's time (None: reasoning only, no answer)
-    and the reasoning count, the server's where it is no less than the events counted, else the events'."""
-    if not num_reasoning and not record.reasoning_tokens:
-        record.reasoning_tokens = record.reasoning_tokens_source = None  # (a usage of 0: no reasoning)
-        return
-    record.first_answer_s = first_answer_s if num_reasoning else record.first_token_s
-    if record.first_reasoning_s is None:  # reasoning the server counted but did not stream
-        record.first_reasoning_s = record.first_token_s
-    usage = record.reasoning_tokens if record.reasoning_tokens_source == "usage" else None
-    if usage is None or usage < num_reasoning:
-        record.reasoning_tokens, record.reasoning_tokens_source = num_reasoning, "events"
-
-
-def _chat_text(delta: Any) -> str:
-    """The generated text of a chat delta or message: answer, reasoning and tool-call arguments."""
-    if not isinstance(delta, dict):
-        return ""
-    parts = [delta.get(k) for k in ("reasoning_content", "reasoning", "content")]
-    calls = delta.get("tool_calls")
-    if isinstance(calls, list):
-        for call in calls:
-            fn = call.get("function") if isinstance(call, dict) else None
-            parts.append(fn.get("arguments") if isinstance(fn, dict) else None)
-    return "".join(p for p in parts if type(p) is str)
-
-
-def _tokens_in(choice: dict[str, Any], is_chat: bool) -> int:
-    ids = choice.get("token_ids")
-    if ids:
-        return len(ids)
-    logprobs = choice.get("logprobs")
-    if logprobs:
-        toks = logprobs.get("content") if is_chat else logprobs.get("tokens")
-        if toks:
-            return len(toks)
-    return 1
-
-
-def _take_usage(record: RequestRecord, usage: dict[str, Any]) -> None:
-    """Read a usage object; implausible values (negative, huge, wrong type) are not taken. An all-zero usage
-    (LiteLLM puts one on every chunk) says nothing and leaves earlier values alone."""
-    completion = usage_count(usage.get("completion_tokens"))
-    prompt = usage_count(usage.get("prompt_tokens"))
-    if not completion and not prompt:
-        return
-    if completion is not None:
-        record.usage_output_tokens = completion
-    if prompt is not None:
-        record.prompt_tokens = prompt
-    out_details = usage.get("completion_tokens_details")  # OpenAI, vLLM: reasoning_tokens of the completion
-    if isinstance(out_details, dict):
-        reasoning = usage_count(out_details.get("reasoning_tokens"))
-        if reasoning is not None and (completion is None or reasoning <= completion):
-            record.reasoning_tokens, record.reasoning_tokens_source = reasoning, "usage"
-    details = usage.get("prompt_tokens_details")  # OpenAI, vLLM (--enable-prompt-tokens-details), SGLang
-    if isinstance(details, dict):
-        cached = usage_count(details.get("cached_tokens"))
-        if cached is not None and (prompt is None or cached <= prompt):
-            record.cached_tokens = cached
 
 
 def _settle_output_tokens(record: RequestRecord, max_tokens: int, texts: list[str] | None,
@@ -896,29 +680,8 @@ def _not_a_stream(head: bytes) -> str:
     except ValueError:
         return f"no SSE events in the stream: {text[:120]!r}"
     if isinstance(obj, dict) and ("error" in obj or obj.get("object") == "error"):
-        return "server error: " + _error_message(obj, text)
+        return "server error: " + error_message(obj, text)
     return f"no SSE events in the stream (a JSON body instead): {text[:120]!r}"
-
-
-def _error_message(obj: Any, fallback: str) -> str:
-    """The human message in the error shapes servers use: OpenAI, vLLM (old and new), FastAPI."""
-    if isinstance(obj, dict):
-        err = obj.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return brief(err["message"])
-        if isinstance(err, str) and err:
-            return err
-        for key in ("message", "detail"):
-            if obj.get(key):
-                return brief(obj[key])
-    return fallback
-
-
-def _event_error_text(data: str) -> str:
-    try:
-        return _error_message(json_of(data), data)
-    except ValueError:
-        return data
 
 
 def _truncate(text: str) -> str:
