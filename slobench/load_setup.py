@@ -228,7 +228,7 @@ class LoadSetup:
         if o.trace is not None:  # a trace stands where a WorkloadSpec stands
             if o.input_len is not None or o.output_len is not None:
                 raise UsageError("--input-len / --output-len do not apply to --trace (it has the lengths)")
-            self.workload = open_replay(o, o.api or "completions",
+            self.workload = open_replay(o, "chat" if o.api == "responses" else o.api or "completions",
                                         warn=lambda msg: print(f"slobench: {printable(msg)}", file=sys.stderr))
         else:
             self.workload = load_workload(o.workload or "chat")
@@ -280,7 +280,8 @@ class LoadSetup:
             seed=o.seed if seed is None else seed,
             input_len=o.input_len,
             output_len=o.output_len,
-            api=self.api,  # type: ignore[arg-type]  # TargetOptions checks it
+            # (a Responses request's prompt is text, as a chat request's: the workload is generated so)
+            api="chat" if self.api == "responses" else self.api,  # type: ignore[arg-type]  # TargetOptions checks it
         )
         if o.simulate and isinstance(self.workload, WorkloadSpec):  # the simulator takes them as they are made
             return self.workload.stream_specs(shape)
@@ -525,7 +526,7 @@ def server_limits(caps: Capabilities | None, api: str) -> ServerLimits:
     """What preflight learnt of the server that bounds the workload (none for the bundled engine in process)."""
     if caps is None:
         return ServerLimits()
-    as_text = api == "chat" or not caps.token_prompts
+    as_text = api != "completions" or not caps.token_prompts
     return ServerLimits(id_range=None if as_text else caps.token_id_range, max_model_len=caps.max_model_len,
                         as_text=as_text, template_overhead=caps.template_overhead)
 

@@ -50,6 +50,7 @@ SERVER_MODULES = frozenset({
     "test_server_quirks", "test_text_prompts", "test_trace_replay", "test_workers", "test_redact", "test_golden", "test_docs",
     "test_packaging",  # builds a wheel in a child process
     "test_transport_differential", "test_transport_resend", "test_reasoning_server", "test_reasoning_timing",
+    "test_responses_api",
 })
 # modules that assert on milliseconds of wall time: the `timing` marker, run alone after the parallel tier
 TIMING_MODULES = frozenset({

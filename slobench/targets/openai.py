@@ -32,7 +32,8 @@ from slobench.run.clock import Clock
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.base import TargetBase
 from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES, json_of
-from slobench.targets.capabilities import Capabilities, name_too_long, profile_capabilities
+from slobench.targets.capabilities import SERVES_RESPONSES, Capabilities, name_too_long, profile_capabilities
+from slobench.targets.codecs import chat, completions, responses
 from slobench.targets.codecs.chat import chat_output, chat_text, has_call_arguments
 from slobench.targets.codecs.choices import ChoiceStream, is_token, tokens_in
 from slobench.targets.codecs.common import error_message, settle_reasoning, take_usage
@@ -55,6 +56,7 @@ from slobench.targets.transport import (
 from slobench.workload.text import ExactText, ids_to_text, thin_words, words_for_tokens
 
 MAX_ERROR_CHARS = 300
+_CODECS: dict[str, Any] = {"completions": completions, "chat": chat, "responses": responses}  # by --api
 # the names the stream's parts had when they lived here (tests reach them so)
 _Stream, _is_token, _tokens_in = ChoiceStream, is_token, tokens_in
 _MEMO_CHARS = 64 * 1024 * 1024  # text built from token ids, kept for reuse up to this many characters
@@ -98,11 +100,17 @@ class OpenAITarget(TargetBase):
         self.api = o.api
         self.clock = clock if clock is not None else Clock()
         self.stream = o.stream
-        self.url = endpoint_url(self.base_url, "/chat/completions" if o.api == "chat" else "/completions")
+        self.codec = _CODECS[o.api]
+        self.url = endpoint_url(self.base_url, self.codec.PATH)
         self.timeouts: Timeouts = o.timeouts
         self._given_transport = transport
         self.transport_name = o.transport if transport is None else type(transport).__name__
         self._is_chat = o.api == "chat"
+        self._is_responses = o.api == "responses"
+        self._text_only = o.api != "completions"  # prompts go as text: token ids become words
+        if self._is_responses and o.server_profile not in SERVES_RESPONSES:
+            raise SpecError("api", "responses", f"server profile {o.server_profile} does not serve /v1/responses "
+                            f"(known to: {', '.join(sorted(SERVES_RESPONSES - {'auto'}))}); use --api chat")
 
         key = api_key if api_key else (os.environ.get(o.api_key_env) if o.api_key_env else None)
         self._headers: dict[str, str] = {"Content-Type": "application/json"}
@@ -135,7 +143,7 @@ class OpenAITarget(TargetBase):
         self._texts.clear()
         self._texts_chars = 0
         self._base_body: dict[str, Any] = {"model": self.model, "temperature": 0, "stream": self.stream}
-        if self.stream and caps.include_usage:
+        if self.stream and caps.include_usage and not self._is_responses:  # (a Responses stream ends with its usage)
             self._base_body["stream_options"] = {"include_usage": True}
 
     def __repr__(self) -> str:
@@ -193,15 +201,12 @@ class OpenAITarget(TargetBase):
                 body.pop("stream_options", None)
         prompt = spec.prompt
         caps = self.caps
-        if type(prompt) is tuple and (self._is_chat or not caps.token_prompts):
+        if type(prompt) is tuple and (self._text_only or not caps.token_prompts):
             prompt = self._text_of(prompt, spec.input_tokens)
         elif type(prompt) is str and (self.exact_text is not None or caps.tokens_per_word != 1.0):
             prompt = self._text_of(prompt, spec.input_tokens)
-        if self._is_chat:
-            body["messages"] = [{"role": "user", "content": prompt}]
-        else:
-            body["prompt"] = list(prompt) if type(prompt) is tuple else prompt
-        body["max_tokens"] = spec.max_tokens
+        self.codec.put_prompt(body, prompt)  # type: ignore[arg-type]  # (text where `_text_only`)
+        body[self.codec.MAX_TOKENS_FIELD] = spec.max_tokens
         min_tokens = spec.min_tokens
         if spec.ignore_eos:
             if caps.ignore_eos:
@@ -337,9 +342,12 @@ class OpenAITarget(TargetBase):
             why = f" ({e})" if "nested deeper" in str(e) else ""
             record.fail("error", self.scrub(f"malformed JSON response{why}: {text!r}"))
             return None
-        if "error" in obj or obj.get("object") == "error":
+        # (a Responses object holds `"error": null` when all went well)
+        if (obj.get("error") if self._is_responses else "error" in obj) or obj.get("object") == "error":
             record.fail("error", self.scrub(_truncate("server error: " + error_message(obj, ""))))
             return None
+        if self._is_responses:
+            return self._read_whole_response(obj, record)
         usage = obj.get("usage")
         if usage and type(usage) is dict:
             take_usage(record, usage)
@@ -364,6 +372,29 @@ class OpenAITarget(TargetBase):
         if self.exact_text is None or not has_text:
             return None
         return [chat_text(output) if self._is_chat else str(output)]
+
+    def _read_whole_response(self, obj: dict[str, Any], record: RequestRecord) -> list[str] | None:
+        """A whole Responses answer (`responses.whole_answer`) into `record`, as `_read_whole` reads the others."""
+        usage = obj.get("usage")
+        if usage and type(usage) is dict:
+            responses.take_usage(record, usage)
+        answer, reasoning, finish, failed = responses.whole_answer(obj)
+        if failed:
+            record.fail("error", "server error: the response failed (status \"failed\")")
+            return None
+        record.finish_reason = finish
+        if not answer and not reasoning and not record.usage_output_tokens:
+            record.fail("error", "no output: the response holds no generated text")
+            return None
+        record.first_token_s = record.done_s
+        if not record.reasoning_tokens:  # (a usage of 0: no reasoning)
+            record.reasoning_tokens = record.reasoning_tokens_source = None
+        if record.reasoning_tokens or reasoning:
+            record.first_reasoning_s = record.done_s
+            record.first_answer_s = record.done_s if answer else None
+        if self.exact_text is None or not (answer or reasoning):
+            return None
+        return [(reasoning or "") + answer]
 
     # ---- errors ----------------------------------------------------------------------------------------
 
@@ -441,7 +472,7 @@ def _split_userinfo(url: str) -> tuple[str, str | None]:
 
 def _max_tokens_sent(body: dict[str, Any], max_tokens: int) -> int:
     """The output length asked of the server: the spec's, or a larger one an --extra-body field set."""
-    for name in ("max_tokens", "max_completion_tokens"):
+    for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         v = body.get(name)
         if type(v) is int and v > max_tokens:
             max_tokens = v
@@ -561,8 +592,9 @@ class _StreamReader:
     def __init__(self, target: OpenAITarget, record: RequestRecord, num_choices: int, max_tokens: int) -> None:
         caps = target.caps
         self.record = record
-        self.stream = ChoiceStream(record, target._is_chat, num_choices,
-                              caps.include_usage and caps.usage_in_stream is not False)
+        self.stream: ChoiceStream | responses.ResponseStream = (
+            responses.ResponseStream(record) if target._is_responses else
+            ChoiceStream(record, target._is_chat, num_choices, caps.include_usage and caps.usage_in_stream is not False))
         if target.exact_text is not None:
             self.stream.texts = []
         self.parser = SSEParser(target.max_body_bytes)
@@ -637,7 +669,7 @@ class _StreamReader:
             elif t_last == 0.0 and self.head.strip():
                 record.fail("error", self.scrub(_truncate(_not_a_stream(self.head))), self.t or self.now())
             else:
-                record.fail("error", f"stream ended after {got} tokens without a finish_reason or [DONE]",
+                record.fail("error", f"stream ended after {got} tokens without {stream.missing_end}",
                             self.t or self.now())
             return stream.texts
         record.done_s = t_last

@@ -156,6 +156,7 @@ class TokenServer:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/responses", self._responses)
         app.on_startup.append(self._open_log)
         app.on_cleanup.append(self._close_log)
         return app
@@ -341,6 +342,62 @@ class TokenServer:
             stats.num_running -= 1
             stats.generation_tokens += len(chunk_s)
             write_log()
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        """The Responses API on the same schedule (token i at received + TTFT + i * ITL; the first
+        `x_reasoning_tokens` reasoning): `response.*` events, or one response object. Faults: "error_event"
+        (a `response.failed` event after 2 tokens), "no_done" (no `response.completed`)."""
+        recv_s = time.perf_counter()
+        try:
+            body = json.loads(await request.read())
+            if not isinstance(body, dict):
+                raise ValueError("body is not a JSON object")
+        except ValueError as e:
+            return _error(400, f"bad JSON body: {e}", "BadRequestError")
+        if body.get("model") != self.config.model:
+            return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        n = body.get("max_output_tokens", 16)
+        k = body.get("x_reasoning_tokens", self.config.reasoning_tokens)
+        if not isinstance(n, int) or n < 1 or not isinstance(k, int) or k < 0:
+            return _error(400, f"max_output_tokens must be >= 1 and x_reasoning_tokens >= 0 (got {n!r}, {k!r})",
+                          "BadRequestError")
+        k = min(k, n)
+        fault = body.get("x_fault")
+        ttft_s = float(body.get("x_ttft_ms", self.config.ttft_ms)) * 1e-3
+        itl_s = float(body.get("x_itl_ms", self.config.itl_ms)) * 1e-3
+        num_prompt = len(str(body.get("input", "")).split())
+        usage = {"input_tokens": num_prompt, "output_tokens": n, "total_tokens": num_prompt + n,
+                 "output_tokens_details": {"reasoning_tokens": k}}
+        done = {"id": "resp-0", "object": "response", "model": self.config.model, "status": "completed",
+                "error": None, "usage": usage,
+                "output": [*([{"type": "reasoning", "content": [{"type": "reasoning_text", "text": " tok" * k}]}]
+                             if k else []),
+                           {"type": "message", "role": "assistant",
+                            "content": [{"type": "output_text", "text": " tok" * (n - k)}]}]}
+        self._stats.num_requests += 1
+        if not body.get("stream"):
+            await _sleep_until(recv_s + ttft_s + (n - 1) * itl_s)
+            return web.json_response(done)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+
+        def event(kind: str, **fields: Any) -> bytes:
+            return f"event: {kind}\ndata: ".encode() + json.dumps({"type": kind, **fields}).encode() + b"\n\n"
+
+        await resp.write(event("response.created", response={**done, "status": "in_progress", "output": []}))
+        for i in range(n):
+            await _sleep_until(recv_s + ttft_s + i * itl_s)
+            if fault == "error_event" and i == _FAULT_AT:
+                failed = {**done, "status": "failed", "error": {"code": "server_error", "message": "injected failure"}}
+                await resp.write(event("response.failed", response=failed))
+                await resp.write_eof()
+                return resp
+            kind = "response.reasoning_text.delta" if i < k else "response.output_text.delta"
+            await resp.write(event(kind, delta=" tok", output_index=0 if i < k else int(k > 0)))
+        if fault != "no_done":
+            await resp.write(event("response.completed", response=done))
+        await resp.write_eof()
+        return resp
 
     def _full_response(self, is_chat: bool, max_tokens: int, usage: dict[str, Any],
                        num_reasoning: int = 0) -> dict[str, Any]:

@@ -19,6 +19,7 @@ class ChoiceStream:
 
     __slots__ = ("record", "is_chat", "finish", "num_finished", "num_choices", "wants_usage", "error",
                  "is_done", "ended", "texts", "num_reasoning", "has_answer", "first_answer_s")
+    missing_end = "a finish_reason or [DONE]"  # what a cut-off stream lacked, for its error
 
     def __init__(self, record: RequestRecord, is_chat: bool, num_choices: int = 1, wants_usage: bool = False) -> None:
         self.record = record

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 PATH = "/completions"
+MAX_TOKENS_FIELD = "max_tokens"
 
 
 def put_prompt(body: dict[str, Any], prompt: str | tuple[int, ...]) -> None:
