@@ -142,8 +142,13 @@ class RecordArrays:
     def tpot_s(self) -> np.ndarray:
         """NaN also for a response of several tokens that came whole (no stream): their times were never
         seen, and a TPOT of 0 would meet any TPOT target."""
-        n = self.output_tokens.astype(float)
-        decode = self.done_s - self.first_token_s
+        return self.per_token_s(self.first_token_s, self.output_tokens)
+
+    def per_token_s(self, first_s: np.ndarray, num_tokens: np.ndarray) -> np.ndarray:
+        """(done - first) / (tokens - 1) of each completed request: 0 for one token, NaN where a time is
+        missing or several tokens came whole."""
+        n = num_tokens.astype(float)
+        decode = self.done_s - first_s
         with np.errstate(divide="ignore", invalid="ignore"):
             t = np.where(n > 1, decode / (n - 1), 0.0)
         return np.where(np.isnan(decode) | (self.is_whole & (n > 1)) | ~self.is_ok, np.nan, t)
@@ -174,11 +179,7 @@ class RecordArrays:
     @property
     def answer_tpot_s(self) -> np.ndarray:
         """TPOT of the answer alone: (done - first answer token) / (answer tokens - 1), as `tpot_s`."""
-        n = self.answer_tokens.astype(float)
-        decode = self.done_s - self.first_answer_or_token_s
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t = np.where(n > 1, decode / (n - 1), 0.0)
-        return np.where(np.isnan(decode) | (self.is_whole & (n > 1)) | ~self.is_ok, np.nan, t)
+        return self.per_token_s(self.first_answer_or_token_s, self.answer_tokens)
 
     @property
     def no_answer(self) -> np.ndarray:

@@ -132,6 +132,19 @@ def _error(status: int, message: str, kind: str, headers: dict[str, str] | None 
     )
 
 
+async def _json_body(request: web.Request, model: str) -> dict[str, Any] | web.Response:
+    """A generation request's JSON object, or the error answer to it (bad JSON, another model)."""
+    try:
+        body = json.loads(await request.read())
+        if not isinstance(body, dict):
+            raise ValueError("body is not a JSON object")
+    except ValueError as e:
+        return _error(400, f"bad JSON body: {e}", "BadRequestError")
+    if body.get("model") != model:
+        return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+    return body
+
+
 def _prompt_tokens(body: dict[str, Any], is_chat: bool) -> int:
     if is_chat:
         msgs = body.get("messages") or []
@@ -212,14 +225,9 @@ class TokenServer:
 
     async def _generate(self, request: web.Request, is_chat: bool) -> web.StreamResponse:
         recv_s = time.perf_counter()
-        try:
-            body = json.loads(await request.read())
-            if not isinstance(body, dict):
-                raise ValueError("body is not a JSON object")
-        except ValueError as e:
-            return _error(400, f"bad JSON body: {e}", "BadRequestError")
-        if body.get("model") != self.config.model:
-            return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        body = await _json_body(request, self.config.model)
+        if isinstance(body, web.Response):
+            return body
         quirks = self.config.quirks
         if "flaky-start" in quirks and self._stats.num_requests < 2:
             self._stats.num_requests += 1
@@ -348,14 +356,9 @@ class TokenServer:
         `x_reasoning_tokens` reasoning): `response.*` events, or one response object. Faults: "error_event"
         (a `response.failed` event after 2 tokens), "no_done" (no `response.completed`)."""
         recv_s = time.perf_counter()
-        try:
-            body = json.loads(await request.read())
-            if not isinstance(body, dict):
-                raise ValueError("body is not a JSON object")
-        except ValueError as e:
-            return _error(400, f"bad JSON body: {e}", "BadRequestError")
-        if body.get("model") != self.config.model:
-            return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        body = await _json_body(request, self.config.model)
+        if isinstance(body, web.Response):
+            return body
         n = body.get("max_output_tokens", 16)
         k = body.get("x_reasoning_tokens", self.config.reasoning_tokens)
         if not isinstance(n, int) or n < 1 or not isinstance(k, int) or k < 0:

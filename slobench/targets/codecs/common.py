@@ -14,23 +14,26 @@ def event_text(data: str | bytes) -> str:
     return data if type(data) is str else data.decode("utf-8", "replace")  # type: ignore[union-attr]
 
 
-def take_usage(record: RequestRecord, usage: dict[str, Any]) -> None:
+def take_usage(record: RequestRecord, usage: dict[str, Any], output: str = "completion_tokens",
+               prompt_key: str = "prompt_tokens") -> None:
     """Read a usage object; implausible values (negative, huge, wrong type) are not taken. An all-zero usage
-    (LiteLLM puts one on every chunk) says nothing and leaves earlier values alone."""
-    completion = usage_count(usage.get("completion_tokens"))
-    prompt = usage_count(usage.get("prompt_tokens"))
+    (LiteLLM puts one on every chunk) says nothing and leaves earlier values alone. `output`, `prompt_key`:
+    the counts' names (the Responses API's are "output_tokens" and "input_tokens"); their details are
+    `<name>_details`."""
+    completion = usage_count(usage.get(output))
+    prompt = usage_count(usage.get(prompt_key))
     if not completion and not prompt:
         return
     if completion is not None:
         record.usage_output_tokens = completion
     if prompt is not None:
         record.prompt_tokens = prompt
-    out_details = usage.get("completion_tokens_details")  # OpenAI, vLLM: reasoning_tokens of the completion
+    out_details = usage.get(output + "_details")  # OpenAI, vLLM: reasoning_tokens of the completion
     if isinstance(out_details, dict):
         reasoning = usage_count(out_details.get("reasoning_tokens"))
         if reasoning is not None and (completion is None or reasoning <= completion):
             record.reasoning_tokens, record.reasoning_tokens_source = reasoning, "usage"
-    details = usage.get("prompt_tokens_details")  # OpenAI, vLLM (--enable-prompt-tokens-details), SGLang
+    details = usage.get(prompt_key + "_details")  # OpenAI, vLLM (--enable-prompt-tokens-details), SGLang
     if isinstance(details, dict):
         cached = usage_count(details.get("cached_tokens"))
         if cached is not None and (prompt is None or cached <= prompt):

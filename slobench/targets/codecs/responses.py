@@ -18,7 +18,7 @@ from typing import Any
 from slobench.run.records import RequestRecord
 from slobench.targets.bounds import json_of
 from slobench.targets.codecs.common import error_message, event_text
-from slobench.targets.preflight import usage_count
+from slobench.targets.codecs.common import take_usage as take_any_usage
 from slobench.targets.sse import DONE
 
 PATH = "/responses"
@@ -34,26 +34,8 @@ def put_prompt(body: dict[str, Any], prompt: str) -> None:
 
 
 def take_usage(record: RequestRecord, usage: dict[str, Any]) -> None:
-    """The Responses usage object: `input_tokens`, `output_tokens` and their details (cached prompt tokens,
-    reasoning tokens); implausible values are not taken."""
-    out = usage_count(usage.get("output_tokens"))
-    prompt = usage_count(usage.get("input_tokens"))
-    if not out and not prompt:
-        return
-    if out is not None:
-        record.usage_output_tokens = out
-    if prompt is not None:
-        record.prompt_tokens = prompt
-    details = usage.get("input_tokens_details")
-    if isinstance(details, dict):
-        cached = usage_count(details.get("cached_tokens"))
-        if cached is not None and (prompt is None or cached <= prompt):
-            record.cached_tokens = cached
-    out_details = usage.get("output_tokens_details")
-    if isinstance(out_details, dict):
-        reasoning = usage_count(out_details.get("reasoning_tokens"))
-        if reasoning is not None and (out is None or reasoning <= out):
-            record.reasoning_tokens, record.reasoning_tokens_source = reasoning, "usage"
+    """The Responses usage object: `input_tokens`, `output_tokens` and their details."""
+    take_any_usage(record, usage, "output_tokens", "input_tokens")
 
 
 def finish_of(response: dict[str, Any], end: str) -> str:
