@@ -5,6 +5,7 @@ without `response.completed` as a cut-off), whole answers, and a run against the
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from slobench.targets import OpenAITarget
 from slobench.targets.options import TargetOptions
 from slobench.testing import TokenServerProcess
 from tests.test_openai_target import run_scripted
+from tests.test_server_quirks import run_cli
 
 
 def ev(kind: str, **fields: Any) -> bytes:
@@ -120,3 +122,24 @@ async def test_against_the_token_servers_route(start_token_server: Any) -> None:
             cut = RequestRecord(10, 0.0)
             await target.send(RequestSpec(10, 0.0, "x", 1, 8, extra_body=(("x_fault", "no_done"),)), cut)
             assert cut.status == ("error" if stream else "ok"), cut.error
+
+
+@pytest.mark.integration
+def test_a_run_with_api_responses_and_a_ttfa_slo(start_token_server: Any, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    server = start_token_server(ttft_ms=2, itl_ms=1, reasoning_tokens=2)
+    code, records, manifest = run_cli(server, tmp_path / "r", "--api", "responses", "--slo", "ttft=1s,ttfa=1s")
+    assert code == 0, capsys.readouterr().err
+    assert manifest["target"]["api"] == "responses"
+    assert len(records) == 12 and all(r["status"] == "ok" for r in records)
+    # the workload's token-id prompts went as text, and the server's usage counted their words
+    assert all(r["reasoning_tokens"] == 2 and r["reasoning_tokens_source"] == "usage" for r in records)
+    assert all(r["first_reasoning_s"] < r["first_answer_s"] <= r["done_s"] for r in records)
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["slo"]["ttfa_s"] == 1.0 and summary["ttfa_s"]["count"] == 12
+    assert summary["reasoning"]["reasoning_share"] == pytest.approx(2 / 6)
+    out = capsys.readouterr().out
+    assert "TTFA ms, first answer token" in out and "reasoning: 12 answers reasoned" in out
+    code, _, _ = run_cli(server, tmp_path / "tgi", "--api", "responses", "--server-profile", "tgi")
+    assert code == 2
+    assert "does not serve /v1/responses" in capsys.readouterr().err
