@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from slobench.errors import SpecError
+from slobench.report import build_report
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets import OpenAITarget
 from slobench.targets.options import TargetOptions
@@ -140,6 +141,8 @@ def test_a_run_with_api_responses_and_a_ttfa_slo(start_token_server: Any, tmp_pa
     assert summary["reasoning"]["reasoning_share"] == pytest.approx(2 / 6)
     out = capsys.readouterr().out
     assert "TTFA ms, first answer token" in out and "reasoning: 12 answers reasoned" in out
+    html = build_report([tmp_path / "r"], tmp_path / "r.html").read_text()
+    assert "TTFA p50 / p90 / p99 ms (first answer token)" in html and "33.3% · 0" in html
     code, _, _ = run_cli(server, tmp_path / "tgi", "--api", "responses", "--server-profile", "tgi")
     assert code == 2
     assert "does not serve /v1/responses" in capsys.readouterr().err
