@@ -223,7 +223,7 @@ def refuse_mismatch(base: Samples, cand: Samples) -> None:
 def _slo_key(slo: dict[str, Any] | None) -> dict[str, Any] | None:
     if slo is None:
         return None
-    return {k: slo.get(k) for k in ("ttft_s", "tpot_s", "e2e_s", "target", "clock")}
+    return {k: slo.get(k) for k in ("ttft_s", "ttfa_s", "tpot_s", "e2e_s", "target", "clock")}
 
 
 def _dict_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
@@ -273,12 +273,14 @@ class Threshold:
 
 
 def default_thresholds(base: Samples, cand: Samples) -> list[Threshold]:
-    """What to check when no threshold is named: capacity -5%, attainment -2pt, TTFT/TPOT p99 +10%."""
+    """What to check when no threshold is named: capacity -5%, attainment -2pt, TTFT/TPOT p99 +10%, and the
+    time to the first answer's p99 +10% where both sides measured reasoning answers."""
     common = (set(base.metrics) | set(base.inconclusive)) & (set(cand.metrics) | set(cand.inconclusive))
     out = []
     if "capacity" in common:
         out.append(Threshold.parse("capacity=5%", "drop"))
-    for name, t, d in (("attainment", "2pt", "drop"), ("ttft.p99", "10%", "rise"), ("tpot.p99", "10%", "rise")):
+    for name, t, d in (("attainment", "2pt", "drop"), ("ttft.p99", "10%", "rise"), ("tpot.p99", "10%", "rise"),
+                       ("ttfa.p99", "10%", "rise")):
         if any(k.startswith(name + "@") for k in common):
             out.append(Threshold.parse(f"{name}={t}", d))  # type: ignore[arg-type]
     return out

@@ -88,7 +88,7 @@ class LoadSetup:
         self.check_fleet()
         self.workload: Workload
         if o.trace is not None:  # a trace stands where a WorkloadSpec stands
-            self.workload = open_replay(o, o.api or "completions",
+            self.workload = open_replay(o, "chat" if o.api == "responses" else o.api or "completions",
                                         warn=lambda msg: print(f"slobench: {printable(msg)}", file=sys.stderr))
         else:
             wl = o.workload or "chat"
@@ -125,7 +125,8 @@ class LoadSetup:
             seed=o.seed if seed is None else seed,
             input_len=o.input_len,
             output_len=o.output_len,
-            api=self.api,  # type: ignore[arg-type]  # TargetOptions checks it
+            # (a Responses request's prompt is text, as a chat request's: the workload is generated so)
+            api="chat" if self.api == "responses" else self.api,  # type: ignore[arg-type]  # TargetOptions checks it
         )
         if o.simulate and isinstance(self.workload, WorkloadSpec):  # the simulator takes them as they are made
             return self.workload.stream_specs(shape)
@@ -353,7 +354,7 @@ def server_limits(caps: Capabilities | None, api: str) -> ServerLimits:
     """What preflight learnt of the server that bounds the workload (none for the bundled engine in process)."""
     if caps is None:
         return ServerLimits()
-    as_text = api == "chat" or not caps.token_prompts
+    as_text = api != "completions" or not caps.token_prompts
     fit = WordFit(caps.tokens_per_word, caps.template_overhead, caps.tokens_per_word_sd, caps.probe_words) \
         if caps.probe_words else None  # measured at preflight (`preflight._measure_words`)
     return ServerLimits(id_range=None if as_text else caps.token_id_range, max_model_len=caps.max_model_len,

@@ -54,12 +54,13 @@ SERVER_MODULES = frozenset({
     "test_extra_body", "test_api_cli_parity",
     "test_prompt_lengths",
     "test_sessions_wait",
+    "test_reasoning_server", "test_reasoning_timing", "test_responses_api",
 })
 # modules that assert on milliseconds of wall time: the `timing` marker, run alone after the parallel tier
 TIMING_MODULES = frozenset({
     "test_openai_target", "test_workers", "test_fleet_target", "test_clocksync", "test_precise_sleep",
     "test_nodelay", "test_runner", "test_text_prompts", "test_ray_pool", "test_rawhttp", "test_quiet_gc",
-    "test_engine_body_limits",
+    "test_engine_body_limits", "test_reasoning_timing",
 })
 # single tests elsewhere whose assertions rest on how much slack the runner had before a send, which a
 # neighbouring worker's CPU takes away (both failed in the parallel tier on a loaded machine)

@@ -40,6 +40,10 @@ _records = st.builds(
     session_id=st.one_of(st.none(), st.integers(min_value=0, max_value=10**6)),
     turn=st.one_of(st.none(), st.integers(min_value=0, max_value=64)),
     estimated_s=st.one_of(st.none(), _time),
+    first_reasoning_s=_time,
+    first_answer_s=_time,
+    reasoning_tokens=st.one_of(st.none(), st.integers(min_value=0, max_value=10**6)),
+    reasoning_tokens_source=st.one_of(st.none(), st.sampled_from(["usage", "events"])),
 )
 
 
@@ -47,7 +51,8 @@ def reference_line(r: RequestRecord) -> str:
     d = asdict(r)
     d["chunk_times_s"] = [round(t, 9) for t in r.chunk_times_s]
     # written only when set (by a target, or for a session's turns)
-    for name in ("finish_reason", "output_tokens_source", "retried", "session_id", "turn", "estimated_s"):
+    for name in ("finish_reason", "output_tokens_source", "retried", "session_id", "turn", "estimated_s",
+                 "first_reasoning_s", "first_answer_s", "reasoning_tokens", "reasoning_tokens_source"):
         if d[name] is None:
             del d[name]
     return json.dumps(d, separators=(",", ":"))

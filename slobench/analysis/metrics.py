@@ -3,6 +3,8 @@
 Definitions follow vLLM's benchmark and DistServe's evaluation code (see NOTES-statistics):
   TTFT = first content token - request sent          (and, coordinated-omission-free, - scheduled)
   TPOT = (done - first token) / (output tokens - 1)  (0 when there is one output token)
+  TTFA = first answer token - request sent           (a reasoning model's first token after its reasoning;
+                                                      TTFT where the stream carried no reasoning)
   ITL  = every gap between consecutive content chunks (a distribution, not a per-request mean)
   E2E  = done - request sent                         (and - scheduled)
 Latencies describe completed requests only (failures are counted apart); TPOT and ITL need a stream.
@@ -42,6 +44,11 @@ class RecordArrays:
     status: np.ndarray  # str
     gaps: np.ndarray | GapCounts  # all chunk gaps of successful requests, request by request (`itl_s`)
     is_whole: np.ndarray  # bool: the answer came in one piece, not streamed (no chunks, first token = done)
+    # the reasoning channel, where a stream carried one: NaN in rows without (`has_reasoning`)
+    first_reasoning_s: np.ndarray
+    first_answer_s: np.ndarray  # NaN also where the request reasoned and never answered
+    reasoning_tokens: np.ndarray
+    reasoning_source: np.ndarray  # object: "usage" or "events" (`reasoning_tokens_source`), None where none
 
     @classmethod
     def from_records(cls, records: Sequence[RequestRecord], *, include_warmup: bool = False) -> RecordArrays:
@@ -96,6 +103,10 @@ class RecordArrays:
             gaps=chunk_gaps(c.chunk_times_s, lengths, is_ok, in_place=consume) if c.steps is None else
             step_gaps(c.steps, lengths, is_ok),
             is_whole=(lengths == 0) & (first == done),
+            first_reasoning_s=v["first_reasoning_s"],
+            first_answer_s=v["first_answer_s"],
+            reasoning_tokens=v["reasoning_tokens"],
+            reasoning_source=v["reasoning_tokens_source"],
         )
 
     def __len__(self) -> int:
@@ -131,11 +142,49 @@ class RecordArrays:
     def tpot_s(self) -> np.ndarray:
         """NaN also for a response of several tokens that came whole (no stream): their times were never
         seen, and a TPOT of 0 would meet any TPOT target."""
-        n = self.output_tokens.astype(float)
-        decode = self.done_s - self.first_token_s
+        return self.per_token_s(self.first_token_s, self.output_tokens)
+
+    def per_token_s(self, first_s: np.ndarray, num_tokens: np.ndarray) -> np.ndarray:
+        """(done - first) / (tokens - 1) of each completed request: 0 for one token, NaN where a time is
+        missing or several tokens came whole."""
+        n = num_tokens.astype(float)
+        decode = self.done_s - first_s
         with np.errstate(divide="ignore", invalid="ignore"):
             t = np.where(n > 1, decode / (n - 1), 0.0)
         return np.where(np.isnan(decode) | (self.is_whole & (n > 1)) | ~self.is_ok, np.nan, t)
+
+    # --- the answer apart from the reasoning: in a row without reasoning the answer is the whole output ---
+    @property
+    def has_reasoning(self) -> np.ndarray:
+        return ~np.isnan(self.reasoning_tokens) | ~np.isnan(self.first_reasoning_s)
+
+    @property
+    def first_answer_or_token_s(self) -> np.ndarray:
+        return np.where(self.has_reasoning, self.first_answer_s, self.first_token_s)
+
+    @property
+    def ttfa_s(self) -> np.ndarray:
+        """Time to the first answer token, from the send: TTFT where there was no reasoning; NaN where the
+        request reasoned and never answered (`no_answer`)."""
+        return self.completed(self.first_answer_or_token_s - self.sent_s)
+
+    @property
+    def ttfa_from_scheduled_s(self) -> np.ndarray:
+        return self.completed(self.first_answer_or_token_s - self.scheduled_s)
+
+    @property
+    def answer_tokens(self) -> np.ndarray:
+        return self.output_tokens - np.nan_to_num(self.reasoning_tokens).astype(np.int64)
+
+    @property
+    def answer_tpot_s(self) -> np.ndarray:
+        """TPOT of the answer alone: (done - first answer token) / (answer tokens - 1), as `tpot_s`."""
+        return self.per_token_s(self.first_answer_or_token_s, self.answer_tokens)
+
+    @property
+    def no_answer(self) -> np.ndarray:
+        """Completed requests that reasoned and ended without an answer token."""
+        return self.is_ok & self.has_reasoning & np.isnan(self.first_answer_s)
 
     @property
     def lateness_s(self) -> np.ndarray:

@@ -214,6 +214,12 @@ class RunSummary:
     itl: Dist = _json_key("itl_s")
     e2e: Dist = _json_key("e2e_s")
     e2e_from_scheduled: Dist = _json_key("e2e_from_scheduled_s")
+    # where some answer carried a reasoning channel (`reasoning_summary`): time to the first answer token,
+    # on both clocks, and TPOT of the answer alone; None (and absent from summary.json) otherwise
+    ttfa: Dist | None = field(default=None, metadata={"json": "ttfa_s"})
+    ttfa_from_scheduled: Dist | None = field(default=None, metadata={"json": "ttfa_from_scheduled_s"})
+    answer_tpot: Dist | None = field(default=None, metadata={"json": "answer_tpot_s"})
+    reasoning: Mapping[str, Any] | None = None
     output_tokens: Dist
     prompt_tokens: Dist
     client: ClientHealth
@@ -258,6 +264,9 @@ class RunSummary:
         """TTFT on the clock the SLO judges by; from the scheduled arrival when there is none (no hiding)."""
         return self.ttft if from_send(slo if slo is not None else self.slo) else self.ttft_from_scheduled
 
+    def ttfa_on_clock(self, slo: SLO | None = None) -> Dist | None:
+        return self.ttfa if from_send(slo if slo is not None else self.slo) else self.ttfa_from_scheduled
+
     def e2e_on_clock(self, slo: SLO | None = None) -> Dist:
         return self.e2e if from_send(slo if slo is not None else self.slo) else self.e2e_from_scheduled
 
@@ -271,7 +280,10 @@ class RunSummary:
         if math.isfinite(self.request_throughput_rps):
             out["throughput"] = float(self.request_throughput_rps)
         for name, d in (("ttft", self.ttft), ("ttft_sched", self.ttft_from_scheduled), ("tpot", self.tpot),
-                        ("itl", self.itl), ("e2e", self.e2e)):
+                        ("itl", self.itl), ("e2e", self.e2e), ("ttfa", self.ttfa),
+                        ("ttfa_sched", self.ttfa_from_scheduled), ("answer_tpot", self.answer_tpot)):
+            if d is None:
+                continue
             for stat in ("mean", "p50", "p90", "p99"):
                 v = getattr(d, stat)
                 if v is not None and math.isfinite(v):
@@ -326,6 +338,7 @@ _DECODERS: dict[Any, Callable[[Any], Any]] = {
     float | None: _num,
     Mapping[str, int]: lambda v: dict(v or {}),
     Dist: Dist.from_dict,
+    Dist | None: lambda v: Dist.from_dict(v) if v is not None else None,
     ClientHealth: ClientHealth.from_dict,
     SLO | None: lambda v: SLO.from_dict(v) if v else None,
     Attainment | None: _attainment_from,
@@ -432,7 +445,7 @@ def summarize(source: RunColumns | Sequence[RequestRecord] | Path, slo: SLO | No
         error_examples=cols.error_examples or None,
         deliberate_waits=deliberate_waits(a), prefix_cache=prefix_cache(a),
         per_replica=tuple(per_replica(a, slo)), per_tag=tuple(per_tag(a, slo)), queue_drift=queue_drift(a),
-        lengths=cols.lengths, slo=slo,
+        lengths=cols.lengths, slo=slo, **answer_metrics(a, ci, seed),
     )
     if slo is not None:
         if level == "none":
@@ -446,6 +459,32 @@ def summarize(source: RunColumns | Sequence[RequestRecord] | Path, slo: SLO | No
     if cols.sessions is not None:
         out = replace(out, sessions=session_results(cols.sessions, slo.meets(a) if slo is not None else None))
     return out
+
+
+def answer_metrics(a: RecordArrays, intervals: bool, seed: int) -> dict[str, Any]:
+    """The answer apart from the reasoning, where some request carried reasoning: `RunSummary`'s ttfa,
+    ttfa_from_scheduled, answer_tpot and reasoning fields; none where no request did (the summary reads as
+    it always did)."""
+    has = a.has_reasoning
+    if not has.any():
+        return {}
+    ok = a.is_ok
+    out = a.output_tokens[ok].sum()
+    reasoning = np.nan_to_num(a.reasoning_tokens[ok]).sum()
+    sources = Counter(str(s) for s in a.reasoning_source[ok & has].tolist() if s)
+    return {
+        "ttfa": Dist.of(a.ttfa_s, intervals=intervals, seed=seed),
+        "ttfa_from_scheduled": Dist.of(a.ttfa_from_scheduled_s, intervals=intervals, seed=seed),
+        "answer_tpot": Dist.of(a.answer_tpot_s, intervals=intervals, seed=seed),
+        "reasoning": {
+            "num_reasoning": int((ok & has).sum()),
+            "num_no_answer": int(a.no_answer.sum()),
+            "reasoning_tokens": int(reasoning),
+            "output_tokens": int(out),
+            "reasoning_share": float(reasoning / out) if out else None,
+            "counted_by": dict(sorted(sources.items())),  # "usage" (the server's count), "events" (counted)
+        },
+    }
 
 
 def deliberate_waits(a: RecordArrays) -> dict[str, Any] | None:

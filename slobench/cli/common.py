@@ -71,7 +71,7 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
                    help="base URL of an OpenAI-compatible API (default http://127.0.0.1:8000/v1); several, "
                         "comma-separated, are routed by this client (--router)")
     g.add_argument("--model", default=None, help="model name (default: the first one the server lists)")
-    g.add_argument("--api", choices=("completions", "chat"), default=None, help="default: the workload's")
+    g.add_argument("--api", choices=("completions", "chat", "responses"), default=None, help="default: the workload's")
     g.add_argument("--api-key-env", default=None, help="environment variable holding the API key")
     g.add_argument("--header", action="append", default=None, metavar="K:V", help="extra HTTP header (repeatable)")
     g.add_argument("--extra-body", default=None, metavar="JSON", help="extra JSON fields added to every body; one that slobench sets (model, stream, "

@@ -260,6 +260,10 @@ def _rate_table(v: Analyzed) -> str:
     classes = any(p.per_tag for p in v.points)
     if classes:
         head = (*head, "per class: requests · TTFT p99 ms · attainment")
+    answers = any(p.ttfa is not None for p in v.points)  # some answer carried reasoning
+    if answers:
+        head = (*head, "TTFA p50 / p90 / p99 ms (first answer token)", "answer TPOT p50 / p90 / p99 ms",
+                "reasoning share of output · no answer")
     rows = []
     for p in v.points:
         att = p.attainment
@@ -280,12 +284,18 @@ def _rate_table(v: Analyzed) -> str:
             cells = (*cells, _group_cell(p.per_replica, "replica", "#"))
         if classes:
             cells = (*cells, _group_cell(p.per_tag, "tag", ""))
+        if answers:
+            ttfa, r = p.ttfa_on_clock(), p.reasoning or {}
+            cells = (*cells, "-" if ttfa is None else _ms3(ttfa), "-" if p.answer_tpot is None else _ms3(p.answer_tpot),
+                     f"{_pct(r.get('reasoning_share'))} · {r.get('num_no_answer', 0)}")
         cls = ' class="miss"' if att is not None and v.series.slo and att.value < v.series.slo.target else ""
         rows.append(f"<tr{cls}>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
     thin = any(THIN_MARK in r for r in rows)
     note = f'<p class="note">{esc(THIN_NOTE)}</p>' if thin else ""
     if any(p.overloaded for p in v.points):
         note += f'<p class="note">{esc(OVERLOAD_NOTE)}</p>'
+    if answers:
+        note += f'<p class="note">{esc(ANSWER_NOTE)}</p>'
     if v.series.kind == "sweep":
         note += _sweep_errors(v)
 
@@ -503,6 +513,10 @@ _PAGE = """<!DOCTYPE html>
 </body>
 </html>
 """
+
+ANSWER_NOTE = ("TTFA = first answer token − request, on TTFT's clock: the first token after a reasoning model's "
+               "reasoning (TTFT counts the reasoning's first token); answer TPOT = (last − first answer token) / "
+               "(answer tokens − 1); no answer: completed requests that reasoned and never answered (no TTFA).")
 
 _FOOTER = ("TTFT = first content token − request (from the scheduled arrival unless the SLO says otherwise, so a "
            "lagging client cannot hide queueing); TPOT = (last − first token) / (output tokens − 1); ITL = every "

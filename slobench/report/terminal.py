@@ -149,13 +149,19 @@ def print_run(summary: RunSummary, console: Console | None = None, title: str = 
     for c in ("mean", "p50", "p90", "p99", "max"):
         t.add_column(c, justify="right")
     thin = False
-    for d, label in (
+    rows: list[tuple[Dist | None, str]] = [
         (summary.ttft, "TTFT ms (from sent)"),
         (summary.ttft_from_scheduled, "TTFT ms (from scheduled)"),
+        (summary.ttfa, "TTFA ms, first answer token (from sent)"),
+        (summary.ttfa_from_scheduled, "TTFA ms, first answer token (from scheduled)"),
         (summary.tpot, "TPOT ms"),
+        (summary.answer_tpot, "TPOT ms, answer alone"),
         (summary.itl, "ITL ms"),
         (summary.e2e, "E2E ms"),
-    ):
+    ]
+    for d, label in rows:
+        if d is None:  # (the answer's rows: only where some answer carried reasoning)
+            continue
         cells = [_ms(d.mean), *(_q(d, c) for c in ("p50", "p90", "p99")), _ms(d.max)]
         thin = thin or any(THIN_MARK in c for c in cells)
         t.add_row(label, *cells)
@@ -170,6 +176,8 @@ def print_run(summary: RunSummary, console: Console | None = None, title: str = 
         f"output {summary.output_token_throughput_tps:.0f} tok/s"
     )
     console.print(f"client lateness p50 {_ms(lat.get('p50'))} ms  p99 {_ms(lat.get('p99'))} ms")
+    if line := reasoning_text(summary.reasoning):
+        console.print(line, highlight=False, markup=False)
     if summary.attainment is not None:
         console.print(
             f"SLO {summary.slo or ''} attainment {attainment_text(summary)}  "
@@ -211,6 +219,21 @@ def print_run(summary: RunSummary, console: Console | None = None, title: str = 
         console.print(Text(note, style="yellow"))
     if summary.interrupted:
         console.print("[yellow]interrupted: in-flight requests after the grace period were marked cancelled[/yellow]")
+
+
+def reasoning_text(r: Mapping[str, Any] | None) -> str | None:
+    """One line on the reasoning channel: its share of the output, how it was counted, and the requests that
+    reasoned and never answered (completed, with no answer token: no TTFA)."""
+    if not r:
+        return None
+    share = r.get("reasoning_share")
+    counted = ", ".join(f"{n} by {'the server' if k == 'usage' else 'counting the stream'}"
+                        for k, n in (r.get("counted_by") or {}).items())
+    text = (f"reasoning: {r.get('num_reasoning', 0)} answers reasoned; reasoning "
+            f"{'-' if share is None else format(share, '.0%')} of output tokens ({counted or 'uncounted'})")
+    if r.get("num_no_answer"):
+        text += f"; {r['num_no_answer']} completed with reasoning only, no answer token (no TTFA)"
+    return text
 
 
 def run_title(*parts: str) -> str:

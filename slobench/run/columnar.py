@@ -44,12 +44,15 @@ BYTE_STREAM_SPLIT = ("scheduled_s", "sent_s", "first_token_s", "done_s", CHUNK_T
 JSONL_BYTES_KEY = b"slobench.requests_jsonl_bytes"  # the size of the requests.jsonl it was written beside
 STATUS_COUNTS_KEY = b"slobench.status_counts"  # {status: records} as written: a file altered since disagrees
 
-FLOATS = ("scheduled_s", "sent_s", "first_token_s", "done_s", "queued_s", "estimated_s")
+FLOATS = ("scheduled_s", "sent_s", "first_token_s", "done_s", "queued_s", "estimated_s", "first_reasoning_s",
+          "first_answer_s")
 INTS = ("request_id", "input_tokens", "prompt_tokens", "cached_tokens", "output_tokens", "usage_output_tokens",
-        "max_tokens", "http_status", "replica", "session_id", "turn")
-# columns a requests.parquet written before sessions were recorded lacks: read as absent (all null)
-SESSION_COLUMNS = ("session_id", "turn", "estimated_s")
-STRINGS = ("tag", "status", "error", "finish_reason", "output_tokens_source", "retried")
+        "max_tokens", "http_status", "replica", "session_id", "turn", "reasoning_tokens")
+STRINGS = ("tag", "status", "error", "finish_reason", "output_tokens_source", "retried", "reasoning_tokens_source")
+# columns added since requests.parquet was first written: a file without them (an older slobench's) is read
+# from the Parquet all the same, each missing one as absent in every row
+OPTIONAL = ("session_id", "turn", "estimated_s", "first_reasoning_s", "first_answer_s", "reasoning_tokens",
+            "reasoning_tokens_source")
 _NOT_NULL = frozenset({"request_id", "scheduled_s", "chunk_times_s", "chunk_tokens", "is_warmup"})
 
 
@@ -458,19 +461,10 @@ def parquet_problem(run_dir: Path) -> str | None:
     jsonl = Path(run_dir) / REQUESTS
     if jsonl.exists() and (written is None or written != jsonl.stat().st_size):
         return f"written beside a {REQUESTS} of {written or -1:,} bytes, which now has {jsonl.stat().st_size:,}"
-    if not meta.schema.to_arrow_schema().equals(schema()) and not meta.schema.to_arrow_schema().equals(
-            _without_sessions()):
+    arrow_schema = meta.schema.to_arrow_schema()
+    if not arrow_schema.equals(file_schema(arrow_schema.names)):
         return "not the columns this slobench writes"
     return None
-
-
-@cache
-def _without_sessions() -> pa.Schema:
-    """The columns of a requests.parquet written before the session columns were (accepted, read as null)."""
-    s = schema()
-    for name in SESSION_COLUMNS:
-        s = s.remove(s.get_field_index(name))
-    return s
 
 
 def _written_int(meta: Any, key: bytes) -> int | None:
@@ -492,6 +486,17 @@ def written_status_counts(run_dir: Path) -> dict[str, int] | None:
     return d if ok else None
 
 
+def file_schema(names: Sequence[str]) -> pa.Schema:
+    """The schema a file holding the columns `names` must have: this slobench's, less the `OPTIONAL` columns
+    it lacks (an older writer's file)."""
+    full = schema()
+    present = set(names)
+    missing = [i for i, f in enumerate(full) if f.name in OPTIONAL and f.name not in present]
+    for i in reversed(missing):
+        full = full.remove(i)
+    return full
+
+
 def use_parquet(run_dir: Path) -> bool:
     """Whether readers take requests.parquet: present and sound; a file that is not says so in a note."""
     if not (Path(run_dir) / PARQUET).exists():
@@ -506,10 +511,18 @@ def read_table(run_dir: Path, columns: Sequence[str] | None = None) -> pa.Table:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    path = Path(run_dir) / PARQUET
     try:
-        return pq.read_table(Path(run_dir) / PARQUET, schema=schema(), columns=None if columns is None else list(columns))
+        present = file_schema(pq.read_schema(path).names)
+        wanted = list(schema().names if columns is None else columns)
+        table = pq.read_table(path, schema=present, columns=[c for c in wanted if c in present.names])
     except (OSError, pa.ArrowException) as e:
-        raise OSError(f"{Path(run_dir) / PARQUET}: unreadable ({type(e).__name__}: {e})") from e
+        raise OSError(f"{path}: unreadable ({type(e).__name__}: {e})") from e
+    for name in wanted:  # an older file's missing optional columns, all absent
+        if name not in present.names:
+            field = schema().field(name)
+            table = table.append_column(field, pa.nulls(table.num_rows, field.type))
+    return table.select(wanted)
 
 
 COLUMNS_READ = (*FLOATS, *INTS, *STRINGS, "is_warmup", "chunk_times_s")  # `Columns` has no chunk token counts
@@ -532,13 +545,13 @@ def read_parquet_columns(run_dir: Path) -> Columns:
 
     path = Path(run_dir) / PARQUET
     try:
-        f = pq.ParquetFile(path, read_dictionary=list(STRINGS))  # a run's few distinct strings, as indices
+        have = set(pq.read_schema(path).names)  # (an older file lacks the OPTIONAL columns)
+        f = pq.ParquetFile(path, read_dictionary=[k for k in STRINGS if k in have])  # a run's few distinct strings
         meta = f.metadata
         leaf = next(j for j in range(meta.num_columns) if meta.schema.column(j).path == CHUNK_TIMES_LEAF)
         # the leaf's count of values is one per chunk time plus one per empty list: a bound on the times
         bound = sum(meta.row_group(i).column(leaf).num_values for i in range(meta.num_row_groups))
-        present = set(f.schema_arrow.names)
-        groups = (f.read_row_group(i, columns=[c for c in COLUMNS_READ if c in present], use_threads=False)
+        groups = (f.read_row_group(i, columns=[c for c in COLUMNS_READ if c in have], use_threads=False)
                   for i in range(meta.num_row_groups))
         return _columns_of_tables(groups, meta.num_rows, bound)
     except (OSError, pa.ArrowException, StopIteration) as e:
@@ -550,22 +563,22 @@ def _columns_of_tables(tables: Iterable[pa.Table], num_rows: int, num_times: int
     (chunk by chunk, straight from Arrow's buffers: no array of a row group's column in between):
     `num_rows` rows in all, and at least `num_times` chunk times. Strings go through their few distinct
     values (`strings_into`)."""
-    values = {**{k: np.empty(num_rows) for k in (*FLOATS, *INTS)},
+    values = {**{k: np.full(num_rows, np.nan) if k in OPTIONAL else np.empty(num_rows) for k in (*FLOATS, *INTS)},
               **{k: np.empty(num_rows, dtype=object) for k in STRINGS}, "is_warmup": np.empty(num_rows, dtype=bool)}
     flat = np.empty(num_times)
     ends = [np.zeros(1, dtype=np.int64)]
     row = at = 0
     for table in tables:
         for k in (*FLOATS, *INTS, "is_warmup"):
-            if k in SESSION_COLUMNS and k not in table.column_names:  # an older file: absent
-                values[k][row:row + table.num_rows] = np.nan
+            if k not in table.column_names:  # an OPTIONAL column an older file lacks: left NaN
                 continue
             at_row = row
             for chunk in table.column(k).chunks:  # nulls become NaN
                 values[k][at_row:at_row + len(chunk)] = chunk.to_numpy(zero_copy_only=False)
                 at_row += len(chunk)
         for k in STRINGS:
-            strings_into(table.column(k), values[k][row:row + table.num_rows])
+            if k in table.column_names:  # (an OPTIONAL one an older file lacks stays None)
+                strings_into(table.column(k), values[k][row:row + table.num_rows])
         row += table.num_rows
         for chunk in table.column("chunk_times_s").chunks:
             # the list's values through its offsets (flatten() would import pyarrow.compute: 0.1 s)

@@ -109,6 +109,15 @@ class RequestRecord:
     session_id: int | None = None
     turn: int | None = None
     estimated_s: float | None = None
+    # Written only when the stream carried a reasoning channel (chat `reasoning_content`/`reasoning` deltas,
+    # the Responses API's reasoning events): when its first reasoning and first answer token arrived
+    # (`first_answer_s` None: the request ended with reasoning only, no answer), how many of `output_tokens`
+    # were reasoning, and where that count came from: "usage" (completion_tokens_details.reasoning_tokens)
+    # or "events" (counted from the stream, an estimate). `first_token_s` stays the first of either.
+    first_reasoning_s: float | None = None
+    first_answer_s: float | None = None
+    reasoning_tokens: int | None = None
+    reasoning_tokens_source: str | None = None
 
     def fail(self, status: Status, error: str, now_s: float | None = None) -> None:
         self.status = status
@@ -194,10 +203,12 @@ def _orjson_safe(r: RequestRecord, times: list[float]) -> bool:
     # (a numpy float among them: orjson raises; a NaN, which orjson writes as null, makes the sum NaN)
     if times and not (1e-4 <= min(times) and max(times) < 1e16 and math.isfinite(sum(times))):
         return False
-    for v in (r.scheduled_s, r.sent_s, r.first_token_s, r.done_s, r.queued_s, r.estimated_s):
+    for v in (r.scheduled_s, r.sent_s, r.first_token_s, r.done_s, r.queued_s, r.estimated_s, r.first_reasoning_s,
+              r.first_answer_s):
         if v is not None and (type(v) is not float or not (v == 0.0 or 1e-4 <= abs(v) < 1e16)):
             return False
-    for t in (r.tag, r.status, r.error, r.finish_reason, r.output_tokens_source, r.retried):
+    for t in (r.tag, r.status, r.error, r.finish_reason, r.output_tokens_source, r.retried,
+              r.reasoning_tokens_source):
         if t is not None and (type(t) is not str or not (t.isascii() and t.isprintable())):
             return False
     return True
@@ -207,7 +218,9 @@ _RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))
 _FIELD_VALUES = attrgetter(*_RECORD_FIELDS)  # a record's values in field order, in one call
 _NINES = repeat(9)  # chunk times are written rounded to the nanosecond
 _FLOATS = {float}
-_WRITTEN_WHEN_SET = ("finish_reason", "output_tokens_source", "retried", "session_id", "turn", "estimated_s")  # absent, the line is as it always was
+# absent, the line is as it always was
+_WRITTEN_WHEN_SET = ("finish_reason", "output_tokens_source", "retried", "session_id", "turn", "estimated_s",
+                     "first_reasoning_s", "first_answer_s", "reasoning_tokens", "reasoning_tokens_source")
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
@@ -297,11 +310,12 @@ def read_records(path: Path) -> list[RequestRecord]:
     return records
 
 
-_NUMBER_FIELDS = ("scheduled_s", "sent_s", "first_token_s", "done_s", "queued_s")
+_NUMBER_FIELDS = ("scheduled_s", "sent_s", "first_token_s", "done_s", "queued_s", "first_reasoning_s",
+                  "first_answer_s")
 _INT_FIELDS = ("request_id", "input_tokens", "prompt_tokens", "cached_tokens", "output_tokens",
-               "usage_output_tokens", "max_tokens", "http_status", "replica")
+               "usage_output_tokens", "max_tokens", "http_status", "replica", "reasoning_tokens")
 _REQUIRED = ("request_id", "scheduled_s")
-_TEXT_FIELDS = ("tag", "error", "finish_reason", "output_tokens_source", "retried")
+_TEXT_FIELDS = ("tag", "error", "finish_reason", "output_tokens_source", "retried", "reasoning_tokens_source")
 
 
 def record_problem(d: Any) -> str | None:

@@ -24,6 +24,9 @@ from typing import Any
 from slobench.errors import SpecError
 
 PROFILES = ("auto", "vllm", "sglang", "tgi", "llamacpp", "ollama", "openai", "generic")
+# the profiles whose servers serve the Responses API (`--api responses`); "auto" and "generic" leave it to
+# the server's answer (preflight's first request)
+SERVES_RESPONSES = frozenset({"auto", "generic", "vllm", "sglang", "openai"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """The OpenAI-compatible target: /v1/completions and /v1/chat/completions, streamed (SSE) or not.
 
 Timestamps (injected clock): `sent_s` immediately before the request's bytes go; a chunk per network read
-that carried a generated token (`_is_token`, text or not), with its tokens (`token_ids` or logprobs where
+that carried a generated token (`is_token`, text or not), with its tokens (`token_ids` or logprobs where
 sent, else 1), stamped as the read reaches the client: with the raw transport in the connection's own
 callback (`_StreamReader.feed`), not when the request's task next runs (that wait is the client's own);
 with httpx as its iterator hands the read over. Events in one read share its stamp. `done_s`: the read
@@ -18,7 +18,7 @@ import base64
 import binascii
 import json
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, cast
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
@@ -31,10 +31,14 @@ from slobench.redact import is_secret_name
 from slobench.run.clock import Clock
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.base import TargetBase
-from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES, brief, json_of
-from slobench.targets.capabilities import Capabilities, name_too_long, profile_capabilities
+from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES, json_of
+from slobench.targets.capabilities import SERVES_RESPONSES, Capabilities, name_too_long, profile_capabilities
+from slobench.targets.codecs import chat, completions, responses
+from slobench.targets.codecs.chat import chat_output, chat_text, has_call_arguments
+from slobench.targets.codecs.choices import ChoiceStream, is_token, tokens_in
+from slobench.targets.codecs.common import error_message, settle_reasoning, take_usage
 from slobench.targets.options import TargetOptions, Timeouts, TransportName
-from slobench.targets.preflight import find_model, negotiate, usage_count
+from slobench.targets.preflight import find_model, negotiate
 from slobench.targets.rawhttp import RawHttpTransport
 from slobench.targets.sse import DONE, SSEDecodeError, SSEParser
 from slobench.targets.transport import (
@@ -52,6 +56,9 @@ from slobench.targets.transport import (
 from slobench.workload.text import ExactText, ids_to_text, sized_text
 
 MAX_ERROR_CHARS = 300
+_CODECS: dict[str, Any] = {"completions": completions, "chat": chat, "responses": responses}  # by --api
+# the names the stream's parts had when they lived here (tests reach them so)
+_Stream, _is_token, _tokens_in = ChoiceStream, is_token, tokens_in
 _MEMO_CHARS = 64 * 1024 * 1024  # text built from token ids, kept for reuse up to this many characters
 _SECRET_HEADER_HINTS = ("auth", "key", "token", "secret", "cookie")
 _SECRET_BODY_HINTS = ("auth", "key", "secret", "password")  # not "token": max_tokens is no secret
@@ -93,11 +100,17 @@ class OpenAITarget(TargetBase):
         self.api = o.api
         self.clock = clock if clock is not None else Clock()
         self.stream = o.stream
-        self.url = endpoint_url(self.base_url, "/chat/completions" if o.api == "chat" else "/completions")
+        self.codec = _CODECS[o.api]
+        self.url = endpoint_url(self.base_url, self.codec.PATH)
         self.timeouts: Timeouts = o.timeouts
         self._given_transport = transport
         self.transport_name = o.transport if transport is None else type(transport).__name__
         self._is_chat = o.api == "chat"
+        self._is_responses = o.api == "responses"
+        self._text_only = o.api != "completions"  # prompts go as text: token ids become words
+        if self._is_responses and o.server_profile not in SERVES_RESPONSES:
+            raise SpecError("api", "responses", f"server profile {o.server_profile} does not serve /v1/responses "
+                            f"(known to: {', '.join(sorted(SERVES_RESPONSES - {'auto'}))}); use --api chat")
 
         key = api_key if api_key else (os.environ.get(o.api_key_env) if o.api_key_env else None)
         self._headers: dict[str, str] = {"Content-Type": "application/json"}
@@ -130,7 +143,7 @@ class OpenAITarget(TargetBase):
         self._texts.clear()
         self._texts_chars = 0
         self._base_body: dict[str, Any] = {"model": self.model, "temperature": 0, "stream": self.stream}
-        if self.stream and caps.include_usage:
+        if self.stream and caps.include_usage and not self._is_responses:  # (a Responses stream ends with its usage)
             self._base_body["stream_options"] = {"include_usage": True}
 
     def __repr__(self) -> str:
@@ -189,16 +202,13 @@ class OpenAITarget(TargetBase):
                 body.pop("stream_options", None)
         prompt = spec.prompt
         caps = self.caps
-        if type(prompt) is tuple and (self._is_chat or not caps.token_prompts):
+        if type(prompt) is tuple and (self._text_only or not caps.token_prompts):
             prompt = self._text_of(prompt, spec.input_tokens)
         elif type(prompt) is str and (self.exact_text is not None or caps.tokens_per_word != 1.0
                                       or caps.template_overhead):
             prompt = self._text_of(prompt, spec.input_tokens)
-        if self._is_chat:
-            body["messages"] = [{"role": "user", "content": prompt}]
-        else:
-            body["prompt"] = list(prompt) if type(prompt) is tuple else prompt
-        body["max_tokens"] = spec.max_tokens
+        self.codec.put_prompt(body, prompt)  # type: ignore[arg-type]  # (text where `_text_only`)
+        body[self.codec.MAX_TOKENS_FIELD] = spec.max_tokens
         min_tokens = spec.min_tokens
         if spec.ignore_eos:
             if caps.ignore_eos:
@@ -330,25 +340,59 @@ class OpenAITarget(TargetBase):
             why = f" ({e})" if "nested deeper" in str(e) else ""
             record.fail("error", self.scrub(f"malformed JSON response{why}: {text!r}"))
             return None
-        if "error" in obj or obj.get("object") == "error":
-            record.fail("error", self.scrub(_truncate("server error: " + _error_message(obj, ""))))
+        # (a Responses object holds `"error": null` when all went well)
+        if (obj.get("error") if self._is_responses else "error" in obj) or obj.get("object") == "error":
+            record.fail("error", self.scrub(_truncate("server error: " + error_message(obj, ""))))
             return None
+        if self._is_responses:
+            return self._read_whole_response(obj, record)
         usage = obj.get("usage")
         if usage and type(usage) is dict:
-            _take_usage(record, usage)
+            take_usage(record, usage)
         choices = obj.get("choices")
         c = choices[0] if choices and type(choices) is list else None
         output = (c.get("message") if self._is_chat else c.get("text")) if type(c) is dict else None
-        has_text = bool(_chat_output(output) if self._is_chat else output)
+        has_text = bool(chat_output(output) if self._is_chat else output)
         reason = c.get("finish_reason") if type(c) is dict else None
         record.finish_reason = reason if type(reason) is str and reason else None
         if not has_text and not record.usage_output_tokens:
             record.fail("error", "no output: the response holds no generated text")
             return None
         record.first_token_s = record.done_s  # the whole answer arrives at once
+        if not record.reasoning_tokens:  # (a usage of 0: no reasoning)
+            record.reasoning_tokens = record.reasoning_tokens_source = None
+        message = output if self._is_chat and isinstance(output, dict) else None
+        if record.reasoning_tokens or (message is not None and (message.get("reasoning_content") or
+                                                                message.get("reasoning"))):
+            record.first_reasoning_s = record.done_s
+            answered = message is None or bool(message.get("content")) or has_call_arguments(message)
+            record.first_answer_s = record.done_s if answered else None
         if self.exact_text is None or not has_text:
             return None
-        return [_chat_text(output) if self._is_chat else str(output)]
+        return [chat_text(output) if self._is_chat else str(output)]
+
+    def _read_whole_response(self, obj: dict[str, Any], record: RequestRecord) -> list[str] | None:
+        """A whole Responses answer (`responses.whole_answer`) into `record`, as `_read_whole` reads the others."""
+        usage = obj.get("usage")
+        if usage and type(usage) is dict:
+            responses.take_usage(record, usage)
+        answer, reasoning, finish, failed = responses.whole_answer(obj)
+        if failed:
+            record.fail("error", "server error: the response failed (status \"failed\")")
+            return None
+        record.finish_reason = finish
+        if not answer and not reasoning and not record.usage_output_tokens:
+            record.fail("error", "no output: the response holds no generated text")
+            return None
+        record.first_token_s = record.done_s
+        if not record.reasoning_tokens:  # (a usage of 0: no reasoning)
+            record.reasoning_tokens = record.reasoning_tokens_source = None
+        if record.reasoning_tokens or reasoning:
+            record.first_reasoning_s = record.done_s
+            record.first_answer_s = record.done_s if answer else None
+        if self.exact_text is None or not (answer or reasoning):
+            return None
+        return [(reasoning or "") + answer]
 
     # ---- errors ----------------------------------------------------------------------------------------
 
@@ -365,7 +409,7 @@ class OpenAITarget(TargetBase):
         """What a record says of an HTTP error answer: the status, and the server's message, scrubbed and cut."""
         text = raw.decode("utf-8", "replace")
         try:
-            message = _error_message(json_of(raw), text)
+            message = error_message(json_of(raw), text)
         except ValueError as e:
             message = f"an error body with {e}" if "nested deeper" in str(e) else text
         # a 429 is recorded as one, with the server's Retry-After; it is never retried (the schedule is the test)
@@ -426,7 +470,7 @@ def _split_userinfo(url: str) -> tuple[str, str | None]:
 
 def _max_tokens_sent(body: dict[str, Any], max_tokens: int) -> int:
     """The output length asked of the server: the spec's, or a larger one an --extra-body field set."""
-    for name in ("max_tokens", "max_completion_tokens"):
+    for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         v = body.get(name)
         if type(v) is int and v > max_tokens:
             max_tokens = v
@@ -534,8 +578,8 @@ class _StreamReader:
     """One SSE stream read into its record, a network read at a time. `feed(raw)` is the whole per-read
     step: stamp the read, parse it, take its events, check the limits; True once nothing more is wanted
     (the stream ended, or failed: the record then says why). A read of whole `data: {...}` events (the
-    common one) is parsed and taken in one step (`_objects_of`, `_Stream.take_all`); any other goes
-    through the SSE parser, event by event (`_Stream.take`). A stream of more tokens than
+    common one) is parsed and taken in one step (`_objects_of`, `ChoiceStream.take_all`); any other goes
+    through the SSE parser, event by event (`ChoiceStream.take`). A stream of more tokens than
     `max_streamed_tokens` allows (a server ignoring `max_tokens` without end) is refused. `settle()`
     finishes the record once reading stopped. It holds no more than the record's chunk lists, the SSE
     parser's unfinished line (up to --max-body) and, until an event comes, the body's first 4 KiB."""
@@ -546,8 +590,9 @@ class _StreamReader:
     def __init__(self, target: OpenAITarget, record: RequestRecord, num_choices: int, max_tokens: int) -> None:
         caps = target.caps
         self.record = record
-        self.stream = _Stream(record, target._is_chat, num_choices,
-                              caps.include_usage and caps.usage_in_stream is not False)
+        self.stream: ChoiceStream | responses.ResponseStream = (
+            responses.ResponseStream(record) if target._is_responses else
+            ChoiceStream(record, target._is_chat, num_choices, caps.include_usage and caps.usage_in_stream is not False))
         if target.exact_text is not None:
             self.stream.texts = []
         self.parser = SSEParser(target.max_body_bytes)
@@ -586,6 +631,10 @@ class _StreamReader:
             times = record.chunk_times_s
             if not times:
                 record.first_token_s = t
+            if stream.num_reasoning and record.first_reasoning_s is None:
+                record.first_reasoning_s = t
+            if stream.has_answer and stream.first_answer_s is None:
+                stream.first_answer_s = t
             times.append(t)
             record.chunk_tokens.append(num)
             self.num_streamed += num
@@ -603,6 +652,7 @@ class _StreamReader:
         and LiteLLM may close without it); a stream that stops without any `finish_reason` was cut off,
         `[DONE]` or not, and is an error (llama.cpp ends an interrupted stream with `[DONE]` and no finish)."""
         stream = self.stream
+        settle_reasoning(self.record, stream.num_reasoning, stream.first_answer_s)
         if self.failed:
             return stream.texts
         record = self.record
@@ -617,7 +667,7 @@ class _StreamReader:
             elif t_last == 0.0 and self.head.strip():
                 record.fail("error", self.scrub(_truncate(_not_a_stream(self.head))), self.t or self.now())
             else:
-                record.fail("error", f"stream ended after {got} tokens without a finish_reason or [DONE]",
+                record.fail("error", f"stream ended after {got} tokens without {stream.missing_end}",
                             self.t or self.now())
             return stream.texts
         record.done_s = t_last
@@ -627,181 +677,6 @@ class _StreamReader:
             else:
                 record.fail("error", f"no output: the stream finished (finish_reason={finish!r}) without a token")
         return stream.texts
-
-
-class _Stream:
-    """What one SSE stream has said so far: `take` applies each event to it and to the record."""
-
-    __slots__ = ("record", "is_chat", "finish", "num_finished", "num_choices", "wants_usage", "error",
-                 "is_done", "ended", "texts")
-
-    def __init__(self, record: RequestRecord, is_chat: bool, num_choices: int = 1, wants_usage: bool = False) -> None:
-        self.record = record
-        self.is_chat = is_chat
-        self.finish: str | None = None
-        self.num_finished = 0  # events that carried a finish_reason (one a choice)
-        self.num_choices = num_choices
-        self.wants_usage = wants_usage  # usage was asked for and the server sends it: wait for it
-        self.error: str | None = None
-        self.is_done = False  # [DONE] came
-        self.ended = False  # [DONE] came, or every choice finished and the usage asked for came
-        self.texts: list[str] | None = None  # the generated text, gathered only when a tokenizer will count it
-
-    def _check_ended(self) -> None:
-        if self.num_finished >= self.num_choices and (not self.wants_usage or
-                                                      self.record.usage_output_tokens is not None):
-            self.ended = True
-
-    def take(self, kind: str, data: str) -> int:
-        """Apply one event; the tokens it carried. After `[DONE]` (`is_done`) or an event that failed the
-        stream (`error`) the rest of the read is ignored. A usage object is taken onto the record as it
-        comes."""
-        if data == DONE:
-            self.is_done = self.ended = True
-            return 0
-        if kind == "error":
-            self.error = "server error mid-stream: " + _event_error_text(data)
-            return 0
-        try:
-            obj = json_of(data)
-        except ValueError as e:
-            if "nested deeper" in str(e):
-                self.error = f"SSE event JSON {e}"
-                return 0
-            obj = None
-        if type(obj) is not dict:
-            self.error = f"malformed JSON in SSE event: {data[:120]!r}"
-            return 0
-        return self.take_all((obj,), (data,))
-
-    def take_all(self, objs: Sequence[dict[str, Any]], datas: Sequence[str | bytes], done: bool = False) -> int:
-        """Apply events already parsed (`objs`, from `datas`; `done`: `[DONE]` followed them) as `take` applies
-        each, up to one that fails the stream; the tokens they carried. A read's events go through here in
-        one call, the common event (a choice with its text or delta content) taken inline: `_is_token` and
-        `_tokens_in` for it."""
-        is_chat = self.is_chat
-        texts = self.texts
-        num = 0
-        for obj, data in zip(objs, datas, strict=False):  # datas: and [DONE]
-            choices = obj.get("choices")
-            if choices and type(choices) is list:
-                c = choices[0]
-                if type(c) is dict:
-                    reason = c.get("finish_reason")
-                    if reason and type(reason) is str:
-                        self.finish = reason
-                        self.num_finished += 1
-                        self._check_ended()
-                    else:
-                        reason = None
-                    if is_chat:
-                        out = c.get("delta")
-                        token = (type(out) is dict and out.get("content")) or _is_token(out, reason, True)
-                    else:
-                        out = c.get("text")
-                        token = type(out) is str and (out != "" or reason is None)
-                    if token:
-                        ids = c.get("token_ids")
-                        if ids:
-                            num += len(ids)
-                        else:
-                            logprobs = c.get("logprobs")
-                            toks = logprobs.get("content" if is_chat else "tokens") if logprobs else None
-                            num += len(toks) if toks else 1
-                        if texts is not None:
-                            texts.append(_chat_text(out) if is_chat else str(out))
-            elif "error" in obj or obj.get("object") == "error":
-                self.error = "server error mid-stream: " + _error_message(obj, _text(data))
-                return num
-            usage = obj.get("usage")
-            if usage and type(usage) is dict:
-                _take_usage(self.record, usage)
-                if self.finish is not None:
-                    self._check_ended()
-        if done:
-            self.is_done = self.ended = True
-        return num
-
-
-def _text(data: str | bytes) -> str:
-    return data if type(data) is str else data.decode("utf-8", "replace")  # type: ignore[union-attr]
-
-
-def _chat_output(delta: Any) -> bool:
-    """Whether a chat delta carries generated tokens: answer text, reasoning (vLLM's `reasoning_content`,
-    newer `reasoning`; SGLang's `reasoning_content`) or tool-call arguments. A reasoning model's first
-    tokens are its reasoning, so TTFT counts them, as vLLM's `bench serve` does; a role-only or empty
-    delta is not output."""
-    if not isinstance(delta, dict):
-        return False
-    if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
-        return True
-    calls = delta.get("tool_calls")
-    if isinstance(calls, list):
-        for call in calls:
-            fn = call.get("function") if isinstance(call, dict) else None
-            if isinstance(fn, dict) and fn.get("arguments"):
-                return True
-    return False
-
-
-def _is_token(out: Any, finish: str | None, is_chat: bool) -> bool:
-    """Whether a choice's `text` (completions) or `delta` (chat) carries a generated token, its text empty
-    or not: vLLM streams a token with empty text where it splits a UTF-8 character or is a skipped special
-    token, and that token's time is the one measured. Not tokens: a chat preamble (a delta with a `role`
-    and no text: vLLM's and SGLang's first chunk, llama.cpp's `content: null`), a choice with no text
-    field (LiteLLM's usage chunk, `delta: {}`), and a finish chunk with empty text (llama.cpp, Ollama,
-    OpenAI and SGLang send the finish in a chunk of its own)."""
-    if is_chat:
-        if _chat_output(out):
-            return True
-        if finish is not None or not isinstance(out, dict) or out.get("role"):
-            return False
-        return any(type(out.get(k)) is str for k in ("content", "reasoning_content", "reasoning"))
-    return type(out) is str and (out != "" or finish is None)
-
-
-def _chat_text(delta: Any) -> str:
-    """The generated text of a chat delta or message: answer, reasoning and tool-call arguments."""
-    if not isinstance(delta, dict):
-        return ""
-    parts = [delta.get(k) for k in ("reasoning_content", "reasoning", "content")]
-    calls = delta.get("tool_calls")
-    if isinstance(calls, list):
-        for call in calls:
-            fn = call.get("function") if isinstance(call, dict) else None
-            parts.append(fn.get("arguments") if isinstance(fn, dict) else None)
-    return "".join(p for p in parts if type(p) is str)
-
-
-def _tokens_in(choice: dict[str, Any], is_chat: bool) -> int:
-    ids = choice.get("token_ids")
-    if ids:
-        return len(ids)
-    logprobs = choice.get("logprobs")
-    if logprobs:
-        toks = logprobs.get("content") if is_chat else logprobs.get("tokens")
-        if toks:
-            return len(toks)
-    return 1
-
-
-def _take_usage(record: RequestRecord, usage: dict[str, Any]) -> None:
-    """Read a usage object; implausible values (negative, huge, wrong type) are not taken. An all-zero usage
-    (LiteLLM puts one on every chunk) says nothing and leaves earlier values alone."""
-    completion = usage_count(usage.get("completion_tokens"))
-    prompt = usage_count(usage.get("prompt_tokens"))
-    if not completion and not prompt:
-        return
-    if completion is not None:
-        record.usage_output_tokens = completion
-    if prompt is not None:
-        record.prompt_tokens = prompt
-    details = usage.get("prompt_tokens_details")  # OpenAI, vLLM (--enable-prompt-tokens-details), SGLang
-    if isinstance(details, dict):
-        cached = usage_count(details.get("cached_tokens"))
-        if cached is not None and (prompt is None or cached <= prompt):
-            record.cached_tokens = cached
 
 
 def _settle_output_tokens(record: RequestRecord, max_tokens: int, texts: list[str] | None,
@@ -835,29 +710,8 @@ def _not_a_stream(head: bytes) -> str:
     except ValueError:
         return f"no SSE events in the stream: {text[:120]!r}"
     if isinstance(obj, dict) and ("error" in obj or obj.get("object") == "error"):
-        return "server error: " + _error_message(obj, text)
+        return "server error: " + error_message(obj, text)
     return f"no SSE events in the stream (a JSON body instead): {text[:120]!r}"
-
-
-def _error_message(obj: Any, fallback: str) -> str:
-    """The human message in the error shapes servers use: OpenAI, vLLM (old and new), FastAPI."""
-    if isinstance(obj, dict):
-        err = obj.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return brief(err["message"])
-        if isinstance(err, str) and err:
-            return err
-        for key in ("message", "detail"):
-            if obj.get(key):
-                return brief(obj[key])
-    return fallback
-
-
-def _event_error_text(data: str) -> str:
-    try:
-        return _error_message(json_of(data), data)
-    except ValueError:
-        return data
 
 
 def _truncate(text: str) -> str:

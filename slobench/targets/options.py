@@ -15,7 +15,7 @@ from slobench.errors import SpecError, UsageError
 from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_METRICS_BODY_BYTES
 
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
-Api = Literal["completions", "chat"]
+Api = Literal["completions", "chat", "responses"]
 TransportName = Literal["raw", "httpx"]  # raw: slobench.targets.rawhttp; httpx: HTTP/2 where asked
 TRANSPORTS: tuple[TransportName, ...] = ("raw", "httpx")
 # Body fields slobench sets from its own flags and the workload: an --extra-body that replaced one would send
@@ -87,8 +87,8 @@ class TargetOptions:
             raise UsageError("--url: no URL given")
         if self.client_workers < 1:
             raise UsageError(f"--client-workers must be >= 1 (got {self.client_workers})")
-        if self.api not in ("completions", "chat"):
-            raise SpecError("api", self.api, "must be 'completions' or 'chat'")
+        if self.api not in ("completions", "chat", "responses"):
+            raise SpecError("api", self.api, "must be 'completions', 'chat' or 'responses'")
         if self.transport not in TRANSPORTS:
             raise SpecError("transport", self.transport, "must be 'raw' or 'httpx'")
         if self.http2 and self.transport != "httpx":

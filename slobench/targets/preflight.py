@@ -92,7 +92,7 @@ async def negotiate(target: OpenAITarget) -> tuple[Capabilities, str]:
         max_len = usage_count(entry.get("max_model_len"))  # vLLM and SGLang list it
         if max_len:
             caps = replace(caps, max_model_len=max_len)
-        if caps.probed and target.exact_text is None and (target.api == "chat" or not caps.token_prompts):
+        if caps.probed and target.exact_text is None and (target.api != "completions" or not caps.token_prompts):
             caps = await _measure_words(target, client, caps)
     if served:
         return caps, f"{model} served at {target.base_url}"
@@ -103,7 +103,7 @@ async def _probe_extensions(target: OpenAITarget, client: ControlClient, notes: 
                             honours_ignore_eos: bool) -> Capabilities:
     """The plainest request first (it must succeed), then, with the "auto" profile, one probe per extension."""
     caps = target.caps
-    is_chat = target.api == "chat"
+    is_chat = target.api != "completions"  # (chat, responses: text prompts, a template)
     r = await _first_answer(target)
     for attempt in range(PROBE_TRIES - 1):  # a transient 5xx is tried again; a 4xx is an answer
         if r.status < 500:
@@ -163,7 +163,7 @@ async def _probe_extensions(target: OpenAITarget, client: ControlClient, notes: 
     elif why_min:
         caps = caps.with_note(f"min_tokens refused ({why_min}); ignore_eos alone enforces output lengths",
                               min_tokens=False)
-    if target.stream:
+    if target.stream and target.api != "responses":  # (a Responses stream ends with its usage unasked)
         body = _probe_body(target, stream=True, stream_options={"include_usage": True}, max_tokens=2)
         resp = await _control(target, client, "POST", target.url, body)
         message = target.http_error(resp.status, resp.body) if resp.status >= 400 else ""
@@ -273,7 +273,8 @@ async def _measure_words(target: OpenAITarget, client: ControlClient, caps: Capa
     they are."""
     async def count(num_words: int) -> int | None:
         text = probe_text(num_words)
-        fields = {"messages": [{"role": "user", "content": text}]} if target.api == "chat" else {"prompt": text}
+        fields: dict[str, Any] = {}
+        target.codec.put_prompt(fields, text)
         resp = await _control(target, client, "POST", target.url, _probe_body(target, **fields))
         usage = _usage_of(resp.body) if resp.status < 400 else None
         return None if usage is None else usage_count(usage.get("prompt_tokens"))
@@ -310,11 +311,8 @@ async def _measure_words(target: OpenAITarget, client: ControlClient, caps: Capa
 
 
 def _probe_body(target: OpenAITarget, **fields: Any) -> bytes:
-    body: dict[str, Any] = {"model": target.model, "temperature": 0, "max_tokens": 1, "stream": False}
-    if target.api == "chat":
-        body["messages"] = [{"role": "user", "content": "Hello"}]
-    else:
-        body["prompt"] = "Hello"
+    body: dict[str, Any] = {"model": target.model, "temperature": 0, target.codec.MAX_TOKENS_FIELD: 1, "stream": False}
+    target.codec.put_prompt(body, "Hello")
     body.update(target.extra_body)
     body.update(fields)
     return json.dumps(body).encode()
@@ -333,6 +331,8 @@ def _usage_of(raw: bytes) -> dict[str, Any] | None:
         usage = json_of(raw).get("usage")
     except (ValueError, AttributeError):
         return None
+    if isinstance(usage, dict) and "input_tokens" in usage and "prompt_tokens" not in usage:  # a Responses usage
+        usage = {**usage, "prompt_tokens": usage["input_tokens"], "completion_tokens": usage.get("output_tokens")}
     return usage if isinstance(usage, dict) else None
 
 

@@ -36,6 +36,8 @@ class TokenServerProcess(ServerProcess):
         quirks: Sequence[str] = (),
         vocab: int | None = None,
         max_model_len: int | None = None,
+        reasoning_tokens: int = 0,
+        reasoning_field: str = "reasoning_content",
         host: str = "127.0.0.1",
         startup_timeout_s: float = 15.0,
     ) -> None:
@@ -53,6 +55,8 @@ class TokenServerProcess(ServerProcess):
             self._args += ["--vocab", str(vocab)]
         if max_model_len is not None:  # the max-model-len quirk's context
             self._args += ["--max-model-len", str(max_model_len)]
+        if reasoning_tokens:  # the reasoning mode: a chat answer's first tokens are reasoning
+            self._args += ["--reasoning-tokens", str(reasoning_tokens), "--reasoning-field", reasoning_field]
         self.log_path: Path | None = (self.tmp_path / "server.jsonl") if log is True else (Path(log) if log else None)
         if self.log_path is not None:
             self._args += ["--log", str(self.log_path)]

@@ -96,6 +96,11 @@ class ServerConfig:
     quirks: frozenset[str] = frozenset()
     vocab_size: int = SMALL_VOCAB  # the vocabulary's size with the small-vocab quirk
     max_model_len: int = MAX_MODEL_LEN  # the context with the max-model-len quirk
+    # Reasoning mode: a chat answer's first `reasoning_tokens` tokens (or a request's `x_reasoning_tokens`)
+    # are reasoning, streamed in `reasoning_field` deltas and counted in usage's completion_tokens_details;
+    # the answer's first token is token `reasoning_tokens` of the schedule (all reasoning: no answer).
+    reasoning_tokens: int = 0
+    reasoning_field: str = "reasoning_content"  # vLLM's and SGLang's; vLLM's newer name is "reasoning"
 
     def __post_init__(self) -> None:
         if self.ttft_ms < 0:
@@ -104,6 +109,10 @@ class ServerConfig:
             raise ValueError(f"itl_ms must be >= 0 (got {self.itl_ms!r})")
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2 (got {self.max_model_len!r})")
+        if self.reasoning_tokens < 0:
+            raise ValueError(f"reasoning_tokens must be >= 0 (got {self.reasoning_tokens!r})")
+        if self.reasoning_field not in ("reasoning_content", "reasoning"):
+            raise ValueError(f"reasoning_field must be reasoning_content or reasoning (got {self.reasoning_field!r})")
         if unknown := set(self.quirks) - QUIRKS:
             raise ValueError(f"unknown quirks {sorted(unknown)}; known: {sorted(QUIRKS)}")
 
@@ -130,6 +139,19 @@ def _error(status: int, message: str, kind: str, headers: dict[str, str] | None 
     )
 
 
+async def _json_body(request: web.Request, model: str) -> dict[str, Any] | web.Response:
+    """A generation request's JSON object, or the error answer to it (bad JSON, another model)."""
+    try:
+        body = json.loads(await request.read())
+        if not isinstance(body, dict):
+            raise ValueError("body is not a JSON object")
+    except ValueError as e:
+        return _error(400, f"bad JSON body: {e}", "BadRequestError")
+    if body.get("model") != model:
+        return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+    return body
+
+
 class TokenServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -144,6 +166,7 @@ class TokenServer:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/responses", self._responses)
         app.on_startup.append(self._open_log)
         app.on_cleanup.append(self._close_log)
         return app
@@ -199,14 +222,9 @@ class TokenServer:
 
     async def _generate(self, request: web.Request, is_chat: bool) -> web.StreamResponse:
         recv_s = time.perf_counter()
-        try:
-            body = json.loads(await request.read())
-            if not isinstance(body, dict):
-                raise ValueError("body is not a JSON object")
-        except ValueError as e:
-            return _error(400, f"bad JSON body: {e}", "BadRequestError")
-        if body.get("model") != self.config.model:
-            return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        body = await _json_body(request, self.config.model)
+        if isinstance(body, web.Response):
+            return body
         quirks = self.config.quirks
         if "flaky-start" in quirks and self._stats.num_requests < 2:
             self._stats.num_requests += 1
@@ -300,33 +318,95 @@ class TokenServer:
                 max_tokens = min(max_tokens, max(floor, max_tokens // 2))
             elif "drop-extensions" in quirks:
                 max_tokens = max(1, max_tokens // 2)
-            usage = {
+            usage: dict[str, Any] = {
                 "prompt_tokens": num_prompt,
                 "completion_tokens": max_tokens,
                 "total_tokens": num_prompt + max_tokens,
             }
+            asked_reasoning = body.get("x_reasoning_tokens", self.config.reasoning_tokens)
+            if not isinstance(asked_reasoning, int) or asked_reasoning < 0:
+                return _error(400, f"x_reasoning_tokens must be an integer >= 0 (got {asked_reasoning!r})",
+                              "BadRequestError")
+            num_reasoning = min(asked_reasoning, max_tokens) if is_chat else 0
+            if num_reasoning:
+                usage["completion_tokens_details"] = {"reasoning_tokens": num_reasoning}
             if body.get("stream"):
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
                 include_usage = include_usage and "no-usage" not in quirks and "drop-extensions" not in quirks
                 return await self._stream(
                     request, is_chat, fault, recv_s, ttft_s, itl_s, max_tokens, usage, include_usage, chunk_s,
-                    write_log,
+                    write_log, num_reasoning,
                 )
             await _sleep_until(recv_s + ttft_s + (max_tokens - 1) * itl_s)
             chunk_s.append(time.perf_counter())  # the one write carries every token
             stats.generation_tokens += max_tokens - 1
             if fault == "malformed_json":
                 return web.Response(body=b'{"choices": [', content_type="application/json")
-            return web.json_response(self._full_response(is_chat, max_tokens, usage))
+            return web.json_response(self._full_response(is_chat, max_tokens, usage, num_reasoning))
         finally:
             stats.num_running -= 1
             stats.generation_tokens += len(chunk_s)
             write_log()
 
-    def _full_response(self, is_chat: bool, max_tokens: int, usage: dict[str, int]) -> dict[str, Any]:
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        """The Responses API on the same schedule (token i at received + TTFT + i * ITL; the first
+        `x_reasoning_tokens` reasoning): `response.*` events, or one response object. Faults: "error_event"
+        (a `response.failed` event after 2 tokens), "no_done" (no `response.completed`)."""
+        recv_s = time.perf_counter()
+        body = await _json_body(request, self.config.model)
+        if isinstance(body, web.Response):
+            return body
+        n = body.get("max_output_tokens", 16)
+        k = body.get("x_reasoning_tokens", self.config.reasoning_tokens)
+        if not isinstance(n, int) or n < 1 or not isinstance(k, int) or k < 0:
+            return _error(400, f"max_output_tokens must be >= 1 and x_reasoning_tokens >= 0 (got {n!r}, {k!r})",
+                          "BadRequestError")
+        k = min(k, n)
+        fault = body.get("x_fault")
+        ttft_s = float(body.get("x_ttft_ms", self.config.ttft_ms)) * 1e-3
+        itl_s = float(body.get("x_itl_ms", self.config.itl_ms)) * 1e-3
+        num_prompt = len(str(body.get("input", "")).split())
+        usage = {"input_tokens": num_prompt, "output_tokens": n, "total_tokens": num_prompt + n,
+                 "output_tokens_details": {"reasoning_tokens": k}}
+        done = {"id": "resp-0", "object": "response", "model": self.config.model, "status": "completed",
+                "error": None, "usage": usage,
+                "output": [*([{"type": "reasoning", "content": [{"type": "reasoning_text", "text": " tok" * k}]}]
+                             if k else []),
+                           {"type": "message", "role": "assistant",
+                            "content": [{"type": "output_text", "text": " tok" * (n - k)}]}]}
+        self._stats.num_requests += 1
+        if not body.get("stream"):
+            await _sleep_until(recv_s + ttft_s + (n - 1) * itl_s)
+            return web.json_response(done)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+
+        def event(kind: str, **fields: Any) -> bytes:
+            return f"event: {kind}\ndata: ".encode() + json.dumps({"type": kind, **fields}).encode() + b"\n\n"
+
+        await resp.write(event("response.created", response={**done, "status": "in_progress", "output": []}))
+        for i in range(n):
+            await _sleep_until(recv_s + ttft_s + i * itl_s)
+            if fault == "error_event" and i == _FAULT_AT:
+                failed = {**done, "status": "failed", "error": {"code": "server_error", "message": "injected failure"}}
+                await resp.write(event("response.failed", response=failed))
+                await resp.write_eof()
+                return resp
+            kind = "response.reasoning_text.delta" if i < k else "response.output_text.delta"
+            await resp.write(event(kind, delta=" tok", output_index=0 if i < k else int(k > 0)))
+        if fault != "no_done":
+            await resp.write(event("response.completed", response=done))
+        await resp.write_eof()
+        return resp
+
+    def _full_response(self, is_chat: bool, max_tokens: int, usage: dict[str, Any],
+                       num_reasoning: int = 0) -> dict[str, Any]:
         text = " tok" * max_tokens
         if is_chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
+            message: dict[str, Any] = {"role": "assistant", "content": " tok" * (max_tokens - num_reasoning) or None}
+            if num_reasoning:
+                message[self.config.reasoning_field] = " tok" * num_reasoning
+            choice: dict[str, Any] = {"index": 0, "message": message}
             obj = "chat.completion"
         else:
             choice = {"index": 0, "text": text, "logprobs": None}
@@ -350,10 +430,11 @@ class TokenServer:
         ttft_s: float,
         itl_s: float,
         max_tokens: int,
-        usage: dict[str, int],
+        usage: dict[str, Any],
         include_usage: bool,
         chunk_s: list[float],
         write_log: Callable[[], None],
+        num_reasoning: int = 0,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
@@ -361,15 +442,16 @@ class TokenServer:
         if is_chat:
             await resp.write(head + b'"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n')
         quirks = self.config.quirks
-        piece = b'"delta":{"content":"%s"}' if is_chat else b'"text":"%s","logprobs":null'
+        answer = b'"delta":{"content":"%s"}' if is_chat else b'"text":"%s","logprobs":null'
+        thought = b'"delta":{"' + self.config.reasoning_field.encode() + b'":"%s"}'
         end = b'"stop"' if "eos-early" in quirks or "drop-extensions" in quirks else b'"length"'
-        frames: dict[tuple[bytes, bool], bytes] = {}
+        frames: dict[tuple[bytes, bool, bool], bytes] = {}
 
-        def frame(text: bytes, is_last: bool) -> bytes:
-            got = frames.get((text, is_last))
+        def frame(text: bytes, is_last: bool, is_reasoning: bool = False) -> bytes:
+            got = frames.get((text, is_last, is_reasoning))
             if got is None:
-                got = frames[text, is_last] = head + piece % text + b',"finish_reason":' + (
-                    end if is_last else b"null") + tail
+                got = frames[text, is_last, is_reasoning] = head + (thought if is_reasoning else answer) % text + (
+                    b',"finish_reason":' + (end if is_last else b"null") + tail)
             return got
 
         write = resp.write
@@ -384,7 +466,8 @@ class TokenServer:
                 await resp.write_eof()
                 return resp
             is_empty = "all-empty-text" in quirks or ("empty-text" in quirks and i % 3 == 0)
-            await write(frame(b"" if is_empty else b" tok" * min(step, max_tokens - i), i + step >= max_tokens))
+            await write(frame(b"" if is_empty else b" tok" * min(step, max_tokens - i), i + step >= max_tokens,
+                              i < num_reasoning))
             chunk_s.append(perf())
         write_log()
         if include_usage:
@@ -489,6 +572,8 @@ async def _main_async(args: argparse.Namespace) -> None:
         quirks=frozenset(args.quirk),
         vocab_size=args.vocab,
         max_model_len=args.max_model_len,
+        reasoning_tokens=args.reasoning_tokens,
+        reasoning_field=args.reasoning_field,
     )
     runner, port = await serve(config, args.host, args.port)
     await listen_until_stopped(port, runner.cleanup)
@@ -506,6 +591,10 @@ def main(argv: list[str] | None = None) -> None:
                    help=f"with --quirk small-vocab, ids from this one up are out of vocabulary (default {SMALL_VOCAB})")
     p.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN,
                    help=f"with --quirk max-model-len, the context /v1/models lists and requests are held to (default {MAX_MODEL_LEN})")
+    p.add_argument("--reasoning-tokens", type=int, default=0,
+                   help="a chat answer's first N tokens are reasoning (reasoning deltas); default 0")
+    p.add_argument("--reasoning-field", default="reasoning_content", choices=("reasoning_content", "reasoning"),
+                   help="the delta field reasoning streams in (vLLM's and SGLang's, or vLLM's newer name)")
     p.add_argument("--log", default=None, help="append per-request JSON lines (perf_counter times) here")
     run_server(_main_async, p.parse_args(argv))
 
