@@ -90,8 +90,8 @@ class TargetGroup:
         _set(self, "extra_body", body)
         if self.url is not None:
             check_urls(self.url)
-        if self.api not in (None, "completions", "chat"):
-            raise UsageError(f"--api {self.api}: expected completions or chat")
+        if self.api not in (None, "completions", "chat", "responses"):
+            raise UsageError(f"--api {self.api}: expected completions, chat or responses")
         if self.transport not in TRANSPORTS:
             raise UsageError(f"--transport {self.transport}: expected raw or httpx")
         if math.isnan(self.timeout) or self.timeout < 0:

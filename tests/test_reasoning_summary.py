@@ -19,11 +19,11 @@ from slobench.run.columnar import (
     PARQUET,
     parquet_problem,
     read_parquet_records,
-    read_run_columns,
     use_parquet,
     write_parquet,
 )
 from slobench.run.records import REQUESTS, RequestRecord, write_records
+from slobench.run.run_reader import read_run_columns
 
 
 def rec(i: int, *, first_answer: float | None, reasoning: int | None, out: int = 11) -> RequestRecord:
