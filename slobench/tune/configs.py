@@ -8,7 +8,9 @@ be used by the template, checked before anything starts.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import re
 import shlex
 import string
 import sys
@@ -45,6 +47,15 @@ class TuneConfig:
     def command(self, port: int | None = None) -> list[str]:
         """The server's argv, `{port}` filled in where a port is given."""
         return [a.replace("{port}", str(port)) if port is not None else a for a in self.argv]
+
+
+def config_name(params: dict[str, Value]) -> str:
+    """A configuration's directory name, from its parameters (stable when the grid around it changes)."""
+    text = "_".join(f"{k}-{v}" for k, v in params.items()) or "default"
+    name = re.sub(r"[^A-Za-z0-9_.+-]", "-", text)
+    if len(name) > 80:
+        name = name[:64] + "-" + hashlib.sha256(text.encode()).hexdigest()[:12]
+    return name
 
 
 def parse_value(text: str) -> Value:
@@ -147,9 +158,9 @@ def from_template(template: str, param_sets: list[dict[str, Value]], gpus: str |
     used = placeholders(template)
     if "port" not in used:
         raise UsageError(f"--serve-cmd has no {{port}}: each server must listen on the port tune gives it")
-    configs = []
-    for i, params in enumerate(param_sets):
-        name = f"config-{i + 1:02d}"
+    configs: list[TuneConfig] = []
+    for params in param_sets:
+        name = config_name(params)
         unknown = used - set(params) - {"port"}
         if unknown:
             raise UsageError(f"--serve-cmd: placeholder(s) {sorted(unknown)} name no parameter of {name} "
@@ -162,8 +173,16 @@ def from_template(template: str, param_sets: list[dict[str, Value]], gpus: str |
             argv = tuple(shlex.split(text))
         except ValueError as e:
             raise UsageError(f"--serve-cmd: {e}") from None
-        configs.append(TuneConfig(name, params, gpus_of(params, gpus, name), argv))
+        add(configs, TuneConfig(name, params, gpus_of(params, gpus, name), argv))
     return configs
+
+
+def add(configs: list[TuneConfig], config: TuneConfig) -> None:
+    if any(c.params == config.params for c in configs):
+        raise UsageError(f"configuration {config.params} listed twice")
+    if any(c.name == config.name for c in configs):
+        raise UsageError(f"configurations {config.params} and another share the directory name {config.name}")
+    configs.append(config)
 
 
 def knob_flags(params: dict[str, Value], allowed: tuple[str, ...]) -> list[str]:
@@ -183,9 +202,9 @@ def bundled_engine(param_sets: list[dict[str, Value]], gpus: str | int | None, *
     """Configurations of the bundled engine: a `slobench serve --executor modeled` server each, or for
     `--simulate` the knobs alone (argv: the capacity flags), the GPUs a simulated fleet's replicas."""
     allowed = ENGINE_KNOBS + (SIMULATE_ONLY_KNOBS if simulate else ())
-    configs = []
-    for i, params in enumerate(param_sets):
-        name = f"config-{i + 1:02d}"
+    configs: list[TuneConfig] = []
+    for params in param_sets:
+        name = config_name(params)
         flags = knob_flags(params, allowed)
         if simulate:
             argv = tuple(flags)
@@ -194,5 +213,5 @@ def bundled_engine(param_sets: list[dict[str, Value]], gpus: str | int | None, *
             argv = (sys.executable, "-m", "slobench", "serve", "--executor", "modeled", "--port", "{port}",
                     *serve_args, *flags)
             n = gpus_of(params, gpus, name)
-        configs.append(TuneConfig(name, params, n, argv))
+        add(configs, TuneConfig(name, params, n, argv))
     return configs
