@@ -68,7 +68,7 @@ def run_search(argv: list[str], out_dir: Path, log_dir: Path, *, server: ServerR
     except (SlobenchError, OSError) as e:
         return SearchResult(None, f"capacity.json unreadable: {e}", tail)
     reason = doc.get("inconclusive")
-    return SearchResult(capacity_of(doc), f"inconclusive: {reason}" if reason else None, tail)
+    return SearchResult(capacity_of(doc), str(reason) if reason else None, tail)
 
 
 def wait_ready(server: ServerRun, timeout_s: float, name: str) -> float:
