@@ -53,6 +53,7 @@ SERVER_MODULES = frozenset({
     "test_signal_at_the_end",
     "test_extra_body", "test_api_cli_parity",
     "test_prompt_lengths",
+    "test_tune_live",  # starts servers and capacity searches as child processes
 })
 # modules that assert on milliseconds of wall time: the `timing` marker, run alone after the parallel tier
 TIMING_MODULES = frozenset({

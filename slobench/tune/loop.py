@@ -17,7 +17,7 @@ from slobench.errors import UsageError
 from slobench.tune.configs import TuneConfig
 from slobench.tune.result import FINISHED, TuneRow, best_row, read_tune, write_tune
 from slobench.tune.search import SearchResult, capacity_argv, run_search, wait_ready
-from slobench.tune.server_proc import ServerFailed, ServerRun, free_port
+from slobench.tune.server_proc import ServerFailed, ServerRun, free_port, interrupts_held
 from slobench.tune.table import print_table
 
 SERVER_LOG = "server.log"
@@ -119,10 +119,12 @@ def one_config(cfg: TuneConfig, plan: TunePlan) -> TuneRow:
         result = run_search(argv, cap_dir, cfg_dir, server=None, grace_s=plan.grace_s)
         return row_of(cfg, result, rel, simulated=True, command=argv)
     port = free_port()
-    server = ServerRun(cfg.command(port), port, cfg_dir / SERVER_LOG, grace_s=plan.grace_s)
     log = str((cfg_dir / SERVER_LOG).relative_to(plan.out_dir))
     ready_s = None
+    server: ServerRun | None = None
     try:
+        with interrupts_held():
+            server = ServerRun(cfg.command(port), port, cfg_dir / SERVER_LOG, grace_s=plan.grace_s)
         ready_s = wait_ready(server, plan.ready_timeout_s, cfg.name)
         print(f"  {cfg.name}: ready after {ready_s:.1f} s on port {port}; searching", file=sys.stderr)
         argv = capacity_argv(cap_dir, url=f"{server.root_url}/v1", knob_flags=[], passed=plan.capacity_args)
@@ -131,7 +133,8 @@ def one_config(cfg: TuneConfig, plan: TunePlan) -> TuneRow:
         return TuneRow(cfg.name, cfg.params, "failed", cfg.gpus, cfg.command(), reason=e.reason,
                        log_tail=e.log_tail, server_log=log, ready_s=ready_s)
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
     row = row_of(cfg, result, rel, simulated=False, command=cfg.command())
     d = {k: getattr(row, k) for k in TuneRow.__dataclass_fields__}
     return TuneRow(**{**d, "server_log": log, "ready_s": ready_s})

@@ -14,10 +14,11 @@ from typing import Any
 
 from slobench.errors import SlobenchError
 from slobench.run.rundir import read_capacity
-from slobench.tune.server_proc import ServerFailed, ServerRun, log_tail, spawn, stop_group
+from slobench.tune.server_proc import ServerFailed, ServerRun, interrupts_held, log_tail, spawn, stop_group
 
 SEARCH_LOG = "capacity.log"
-EXIT_INCONCLUSIVE = 4
+# capacity's exits that leave a capacity.json to read: found (0), SLO missed at every rate (1), inconclusive (4)
+READ_EXITS = (0, 1, 4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +46,10 @@ def run_search(argv: list[str], out_dir: Path, log_dir: Path, *, server: ServerR
     """The search to its end. ServerFailed when the server exits meanwhile; on KeyboardInterrupt the search's
     process group is stopped before the interrupt goes on."""
     log_path = log_dir / SEARCH_LOG
-    proc = spawn(argv, log_path)
+    proc: subprocess.Popen[bytes] | None = None
     try:
+        with interrupts_held():
+            proc = spawn(argv, log_path)
         while proc.poll() is None:
             if server is not None and server.proc.poll() is not None:
                 stop_group(proc, grace_s)
@@ -56,18 +59,20 @@ def run_search(argv: list[str], out_dir: Path, log_dir: Path, *, server: ServerR
             except subprocess.TimeoutExpired:
                 pass
     except BaseException:
-        stop_group(proc, grace_s)
+        if proc is not None:
+            stop_group(proc, grace_s)
         raise
     if server is not None and server.proc.poll() is not None:
         raise server.failed(f"the server exited (code {server.proc.returncode}) mid-measurement")
     tail = log_tail(log_path)
-    if proc.returncode not in (0, EXIT_INCONCLUSIVE):
+    if proc.returncode not in READ_EXITS:
         return SearchResult(None, f"slobench capacity exited {proc.returncode} (log: {log_path})", tail)
     try:
         doc = read_capacity(out_dir)
     except (SlobenchError, OSError) as e:
         return SearchResult(None, f"capacity.json unreadable: {e}", tail)
-    reason = doc.get("inconclusive")
+    reason = doc.get("inconclusive") or (None if doc.get("capacity_rps") is not None else
+                                         "; ".join(doc.get("notes") or []) or "no capacity found")
     return SearchResult(capacity_of(doc), str(reason) if reason else None, tail)
 
 

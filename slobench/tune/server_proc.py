@@ -14,8 +14,10 @@ import subprocess
 import sys
 import time
 import urllib.error
+import threading
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 READY_PATHS = ("/health", "/v1/models")  # the bundled engine, vLLM, SGLang and llama.cpp answer one of these
@@ -112,9 +114,29 @@ def stop_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
         print(f"slobench: warning: process {proc.pid} still running after SIGKILL", file=sys.stderr)
 
 
+@contextmanager
+def interrupts_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back until the block ends, then raised as KeyboardInterrupt: an interrupt
+    landing between the fork and the caller holding the child's handle would orphan the child."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if caught:
+        raise KeyboardInterrupt
+
+
 def spawn(argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """`argv` in a new session (its own process group, out of reach of the terminal's Ctrl-C: the tune stops
-    it), stdout and stderr appended to `log_path`."""
+    it), stdout and stderr appended to `log_path`. Call it inside `interrupts_held`, and hold the handle
+    before the block ends."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
