@@ -157,7 +157,7 @@ def from_template(template: str, param_sets: list[dict[str, Value]], gpus: str |
     template never uses, or a template without `{port}`."""
     used = placeholders(template)
     if "port" not in used:
-        raise UsageError(f"--serve-cmd has no {{port}}: each server must listen on the port tune gives it")
+        raise UsageError("--serve-cmd has no {port}: each server must listen on the port tune gives it")
     configs: list[TuneConfig] = []
     for params in param_sets:
         name = config_name(params)

@@ -12,9 +12,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
-import threading
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
