@@ -114,20 +114,29 @@ def test_ctrl_c_stops_the_server_keeps_the_rows_exit_130(tmp_path: Path) -> None
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find leftover processes")
-def test_bundled_engine_live_each_search_is_capacitys_own(tmp_path: Path) -> None:
+def test_bundled_engine_live_four_configurations_the_larger_batch_wins(tmp_path: Path) -> None:
     out = tmp_path / "tune"
     mark = uuid.uuid4().hex
-    proc = start_tune(["--param", "max_num_seqs=16", "--out", str(out), *SEARCH], mark)
+    short = ["--workload", "tiny", "--slo", "ttft=200ms,tpot=50ms", "--replicates", "2", "--num-requests", "8",
+             "--capacity-args", "--tolerance 0.5 --start-rate 8 --max-probes 3"]
+    proc = start_tune(["--param", "max_num_seqs=1,16", "--param", "block_size=16,32", "--out", str(out), *short],
+                      mark)
     code, stdout, stderr = finish(proc, mark)
+    assert code == 0, stderr
     doc = json.loads((out / "tune.json").read_text())
-    (row,) = doc["configs"]
-    assert row["status"] in ("measured", "inconclusive"), (row, stderr)
-    assert code == (0 if row["status"] == "measured" else 4)
-    cap = read_capacity(out / row["capacity_dir"])  # what `slobench capacity` wrote, read by its reader
-    assert cap["capacity_rps"] == row["capacity"]["capacity_rps"]
-    assert cap["target"]["url"].startswith("http://127.0.0.1:") if "url" in cap["target"] else True
-    assert row["ready_s"] is not None and (out / row["server_log"]).stat().st_size > 0
-    assert "--max-num-seqs 16" in row["command_line"]
+    assert len(doc["configs"]) == 4
+    assert doc["best"]["max_num_seqs"] == 16  # one request at a time carries far less within the SLO
+    for row in doc["configs"]:
+        if row["params"]["max_num_seqs"] == 1 and row["status"] == "measured":
+            assert row["capacity"]["capacity_rps"] < min(
+                r["capacity"]["capacity_rps"] for r in doc["configs"] if r["params"]["max_num_seqs"] == 16)
+    best = next(r for r in doc["configs"] if r["params"] == doc["best"])
+    assert best["status"] == "measured"
+    cap = read_capacity(out / best["capacity_dir"])  # what `slobench capacity` wrote, read by its reader
+    assert cap["capacity_rps"] == best["capacity"]["capacity_rps"]
+    assert best["ready_s"] is not None and (out / best["server_log"]).stat().st_size > 0
+    assert "--max-num-seqs 16" in best["command_line"]
+    assert "--max-num-seqs 16" in stdout.split("command:")[1]  # the winner's command under the table
 
 
 def test_simulate_ranks_four_configurations_and_resume_keeps_them(tmp_path: Path) -> None:

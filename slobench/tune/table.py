@@ -33,8 +33,9 @@ def print_table(rows: list[TuneRow], out: TextIO | None = None) -> None:
     lines = [header]
     for i, r in enumerate(order):
         cap = r.ranked_capacity or {}
-        lines.append((str(i + 1), params_text(r), r.status, fmt_rps(cap.get("capacity_rps")), interval_text(r),
-                      str(r.gpus), fmt_rps(r.per_gpu_rps)))
+        bound = ">=" if cap.get("is_lower_bound") else ""  # the search stopped before the SLO broke
+        lines.append((str(i + 1), params_text(r), r.status, bound + fmt_rps(cap.get("capacity_rps")),
+                      interval_text(r), str(r.gpus), bound + fmt_rps(r.per_gpu_rps)))
     widths = [max(len(line[c]) for line in lines) for c in range(len(header))]
     for line in lines:
         print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip(), file=out)
