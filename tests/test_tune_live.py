@@ -94,7 +94,8 @@ def test_servers_that_fail_are_rows_and_the_tune_goes_on(tmp_path: Path) -> None
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find leftover processes")
-def test_ctrl_c_stops_the_server_keeps_the_rows_exit_130(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_stops_the_server_keeps_the_rows_exit_130(tmp_path: Path, sig: signal.Signals) -> None:
     out = tmp_path / "tune"
     mark = uuid.uuid4().hex
     proc = start_tune(["--param", "max_num_seqs=16,32", "--out", str(out), "--stop-grace", "5", *SEARCH], mark)
@@ -104,7 +105,7 @@ def test_ctrl_c_stops_the_server_keeps_the_rows_exit_130(tmp_path: Path) -> None
             break
     else:
         pytest.fail("the tune ended before its first server was ready")
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     code, _, stderr = finish(proc, mark)
     assert code == 130, stderr
     doc = json.loads((out / "tune.json").read_text())

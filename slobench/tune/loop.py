@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +84,7 @@ def run_tune(configs: list[TuneConfig], plan: TunePlan) -> int:
                                      wall_s=time.monotonic() - start)
             code = EXIT_INTERRUPTED
         else:
-            rows[cfg.name] = row_timed(rows[cfg.name], time.monotonic() - start)
+            rows[cfg.name] = replace(rows[cfg.name], wall_s=time.monotonic() - start)
             print_row_line(rows[cfg.name])
         write_tune(plan.out_dir, list(rows.values()), plan.settings)
         if code:
@@ -96,11 +96,6 @@ def run_tune(configs: list[TuneConfig], plan: TunePlan) -> int:
         print("slobench: no configuration could be measured", file=sys.stderr)
         code = EXIT_NONE_MEASURED
     return code
-
-
-def row_timed(row: TuneRow, wall_s: float) -> TuneRow:
-    d = {k: getattr(row, k) for k in TuneRow.__dataclass_fields__}
-    return TuneRow(**{**d, "wall_s": wall_s})
 
 
 def print_row_line(row: TuneRow) -> None:
@@ -134,10 +129,10 @@ def one_config(cfg: TuneConfig, plan: TunePlan) -> TuneRow:
                        log_tail=e.log_tail, server_log=log, ready_s=ready_s)
     finally:
         if server is not None:
-            server.stop()
+            with interrupts_held():  # a second Ctrl-C waits for the group to be gone: nothing left running
+                server.stop()
     row = row_of(cfg, result, rel, simulated=False, command=cfg.command())
-    d = {k: getattr(row, k) for k in TuneRow.__dataclass_fields__}
-    return TuneRow(**{**d, "server_log": log, "ready_s": ready_s})
+    return replace(row, server_log=log, ready_s=ready_s)
 
 
 def row_of(cfg: TuneConfig, result: SearchResult, cap_dir: str, *, simulated: bool, command: list[str]) -> TuneRow:

@@ -52,7 +52,8 @@ def run_search(argv: list[str], out_dir: Path, log_dir: Path, *, server: ServerR
             proc = spawn(argv, log_path)
         while proc.poll() is None:
             if server is not None and server.proc.poll() is not None:
-                stop_group(proc, grace_s)
+                with interrupts_held():
+                    stop_group(proc, grace_s)
                 raise server.failed(f"the server exited (code {server.proc.returncode}) mid-measurement")
             try:
                 proc.wait(timeout=0.2)  # wakes at the search's end, or to look at the server again
@@ -60,7 +61,8 @@ def run_search(argv: list[str], out_dir: Path, log_dir: Path, *, server: ServerR
                 pass
     except BaseException:
         if proc is not None:
-            stop_group(proc, grace_s)
+            with interrupts_held():  # a second Ctrl-C waits for the search's group to be gone
+                stop_group(proc, grace_s)
         raise
     if server is not None and server.proc.poll() is not None:
         raise server.failed(f"the server exited (code {server.proc.returncode}) mid-measurement")
