@@ -19,8 +19,11 @@ SEARCH = ["--workload", "tiny", "--slo", "ttft=200ms,tpot=50ms", "--replicates",
           "--capacity-args", "--tolerance 0.3"]
 
 FAKE_SERVER = '''
-import http.server, os, sys, time
+import http.server, os, subprocess, sys, time
 mode, port = sys.argv[1], int(sys.argv[2])
+if mode == "midrun":  # a helper process that shrugs off SIGTERM: only SIGKILL to the group ends it
+    subprocess.Popen([sys.executable, "-c",
+                      "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
 if mode == "never":
     time.sleep(3600)
 if mode == "exit":
@@ -158,6 +161,9 @@ def test_simulate_ranks_four_configurations_and_resume_keeps_them(tmp_path: Path
     again = subprocess.run([sys.executable, "-m", "slobench", "tune", *args], capture_output=True, text=True,
                            timeout=60)
     assert again.returncode == 2 and "--resume" in again.stderr  # a finished tune is never overwritten
+    other = subprocess.run([sys.executable, "-m", "slobench", "tune", *args, "--resume", "--seed", "7"],
+                           capture_output=True, text=True, timeout=60)
+    assert other.returncode == 2 and "other settings" in other.stderr  # rows of another search never mixed
     stamp = (out / best["capacity_dir"] / "capacity.json").stat().st_mtime_ns
     resumed = subprocess.run([sys.executable, "-m", "slobench", "tune", *args, "--resume"], capture_output=True,
                              text=True, timeout=300)
