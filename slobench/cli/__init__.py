@@ -57,6 +57,7 @@ VERBS: dict[str, tuple[str, str, str]] = {
     "demo": ("engine", "demo", "start the bundled engine, sweep a workload across its cliff, print the table"),
     "report": ("results", "report", "build the self-contained HTML report from run or sweep directories"),
     "capacity": ("capacity", "capacity", "largest rate meeting the SLO, with an interval from replicates"),
+    "tune": ("tune", "tune", "one capacity search per server configuration, ranked by capacity per GPU"),
     "gate": ("gate", "gate", "CI verdict: candidate vs baseline (exit 0/1/4)"),
     "history": ("history", "history", "headline metrics over commits: add a result, report change points"),
     "workload": ("workload", "workload", "convert, fit or show workloads and traces"),

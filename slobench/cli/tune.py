@@ -1,0 +1,135 @@
+"""`slobench tune`: the capacity search at the SLO for every server configuration, ranked per GPU."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from slobench.cli.common import default_out
+from slobench.errors import UsageError
+from slobench.tune.configs import (
+    ENGINE_KNOBS,
+    SIMULATE_ONLY_KNOBS,
+    TuneConfig,
+    Value,
+    bundled_engine,
+    cross,
+    from_template,
+    parse_params,
+    read_config_file,
+)
+from slobench.tune.loop import TunePlan, run_tune
+from slobench.tune.search import capacity_argv
+
+DESCRIPTION = """\
+Starts a server per configuration (--serve-cmd with {port} and one {placeholder} per --param, or the
+bundled engine's knobs), waits until it answers /health or /v1/models, runs `slobench capacity` against it
+with the flags below, stops its process group, and ranks the configurations by capacity per GPU.
+Writes OUT/tune.json after each configuration, and OUT/<configuration>/ with server.log, capacity.log
+and the capacity directory. A configuration that does not start or exits is a failed row; the tune goes
+on. --simulate: no server, each configuration a `capacity --simulate` with its knobs. Exit 4 when no
+configuration could be measured, 130 on Ctrl-C (finished rows kept; --resume finishes the tune)."""
+
+# `slobench capacity` flags a tune passes through to every search, as given.
+PASSED_FLAGS = ("--workload", "--slo", "--replicates", "--duration", "--num-requests", "--start-rate", "--factor",
+                "--tolerance", "--max-probes", "--max-rate", "--level", "--seed", "--model", "--api", "--warmup",
+                "--timeout", "--input-len", "--output-len", "--scrape-interval", "--trace", "--server-profile",
+                "--tokenizer")
+
+
+def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
+    p.description = DESCRIPTION
+    c = p.add_argument_group("configurations")
+    c.add_argument("--serve-cmd", metavar="TEMPLATE",
+                   help="the server's command, e.g. 'vllm serve M --port {port} --max-num-seqs {max_num_seqs}' "
+                        "(default: the bundled engine, `slobench serve --executor modeled`)")
+    c.add_argument("--param", action="append", default=[], metavar="NAME=V1,V2",
+                   help="a parameter's values, crossed with the others' (repeatable); without --serve-cmd, a "
+                        f"knob of the bundled engine: {', '.join(ENGINE_KNOBS)} "
+                        f"({', '.join(SIMULATE_ONLY_KNOBS)} with --simulate)")
+    c.add_argument("--config", type=Path, metavar="FILE.toml",
+                   help="serve_cmd, gpus, [grid], [[link]] (zipped lists) and [[config]] tables")
+    c.add_argument("--gpus", default=None,
+                   help="GPUs per configuration: a number or a template such as '{tp}' (default 1; a 'gpus' "
+                        "parameter wins)")
+    c.add_argument("--serve-args", default="",
+                   help="without --serve-cmd: more `slobench serve` flags for every configuration")
+    c.add_argument("--simulate", action="store_true",
+                   help="no server: each configuration a `slobench capacity --simulate` with its knobs")
+    r = p.add_argument_group("tune")
+    r.add_argument("--out", type=Path, help="tune directory (default: a new runs/tune-<time>)")
+    r.add_argument("--resume", action="store_true",
+                   help="keep the configurations finished in --out, run the rest (failed ones again)")
+    r.add_argument("--dry-run", action="store_true", help="print each configuration's commands, start nothing")
+    r.add_argument("--ready-timeout", type=float, default=600.0, metavar="S",
+                   help="seconds a server may take to answer (default 600)")
+    r.add_argument("--stop-grace", type=float, default=30.0, metavar="S",
+                   help="seconds between SIGTERM and SIGKILL to a server's process group (default 30)")
+    s = p.add_argument_group("capacity search (passed to each `slobench capacity`)")
+    for flag in PASSED_FLAGS:
+        s.add_argument(flag, dest="cap_" + flag[2:].replace("-", "_"), metavar=flag[2:].upper().replace("-", "_"),
+                       help=argparse.SUPPRESS if flag not in ("--workload", "--slo", "--replicates", "--duration")
+                       else f"as `slobench capacity {flag}`")
+    s.add_argument("--capacity-args", default="", metavar="'FLAGS'",
+                   help="any other `slobench capacity` flags, one string (also passed through: "
+                        + " ".join(PASSED_FLAGS[4:]) + ")")
+
+
+def capacity_args(args: argparse.Namespace) -> list[str]:
+    passed: list[str] = []
+    for flag in PASSED_FLAGS:
+        value = getattr(args, "cap_" + flag[2:].replace("-", "_"))
+        if value is not None:
+            passed += [flag, value]
+    try:
+        extra = shlex.split(args.capacity_args)
+    except ValueError as e:
+        raise UsageError(f"--capacity-args: {e}") from None
+    clash = {"--out", "--url", "--simulate", "--overwrite"} & set(extra)
+    if clash:
+        raise UsageError(f"--capacity-args: {sorted(clash)} are the tune's to set")
+    return passed + extra
+
+
+def configurations(args: argparse.Namespace) -> list[TuneConfig]:
+    serve_cmd: str | None = args.serve_cmd
+    gpus: str | int | None = args.gpus
+    if args.config is not None:
+        if args.param:
+            raise UsageError("--config and --param: give the parameters in one place")
+        file = read_config_file(args.config)
+        serve_cmd = serve_cmd or file.serve_cmd
+        gpus = gpus if gpus is not None else file.gpus
+        sets: list[dict[str, Value]] = file.param_sets
+    else:
+        sets = cross(parse_params(args.param))
+    if args.simulate and serve_cmd:
+        raise UsageError("--simulate tunes the bundled engine's knobs: it takes no --serve-cmd")
+    if serve_cmd is not None:
+        return from_template(serve_cmd, sets, gpus)
+    try:
+        serve_args = shlex.split(args.serve_args)
+    except ValueError as e:
+        raise UsageError(f"--serve-args: {e}") from None
+    return bundled_engine(sets, gpus, simulate=args.simulate, serve_args=serve_args)
+
+
+def tune(args: argparse.Namespace) -> int:
+    configs = configurations(args)
+    passed = capacity_args(args)
+    if args.dry_run:
+        for cfg in configs:
+            out = Path(args.out or "OUT") / cfg.name / "capacity"
+            if args.simulate:
+                print(f"{cfg.name}: {shlex.join(capacity_argv(out, url=None, knob_flags=list(cfg.argv), passed=passed))}")
+            else:
+                print(f"{cfg.name} ({cfg.gpus} GPU{'s' if cfg.gpus > 1 else ''}): {shlex.join(cfg.command())}")
+                print(f"  then: {shlex.join(capacity_argv(out, url='http://127.0.0.1:{port}/v1', knob_flags=[], passed=passed))}")
+        return 0
+    out_dir = args.out if args.out is not None else default_out("tune")
+    plan = TunePlan(out_dir, args.simulate, passed, args.ready_timeout, args.stop_grace, args.resume)
+    code = run_tune(configs, plan)
+    print(f"result: {out_dir / 'tune.json'}", file=sys.stderr)
+    return code

@@ -1,0 +1,145 @@
+"""The tune: each configuration in turn, a server started, searched, stopped; tune.json after each.
+
+A configuration that fails is a row with its reason, and the tune goes on. Ctrl-C (or SIGTERM, which the
+CLI turns into KeyboardInterrupt) stops the current server and search, keeps the finished rows, exit 130.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from slobench.errors import UsageError
+from slobench.tune.configs import TuneConfig
+from slobench.tune.result import FINISHED, TuneRow, best_row, read_tune, write_tune
+from slobench.tune.search import SearchResult, capacity_argv, run_search, wait_ready
+from slobench.tune.server_proc import ServerFailed, ServerRun, free_port, interrupts_held
+from slobench.tune.table import print_table
+
+SERVER_LOG = "server.log"
+CAPACITY_DIR = "capacity"
+EXIT_NONE_MEASURED = 4
+EXIT_INTERRUPTED = 130
+
+
+@dataclass(frozen=True, slots=True)
+class TunePlan:
+    out_dir: Path
+    simulate: bool
+    capacity_args: list[str] = field(default_factory=list)
+    ready_timeout_s: float = 600.0
+    grace_s: float = 30.0
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ready_timeout_s <= 0:
+            raise UsageError(f"--ready-timeout must be above 0 s (got {self.ready_timeout_s:g})")
+        if self.grace_s < 0:
+            raise UsageError(f"--stop-grace must be 0 s or more (got {self.grace_s:g})")
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return {"simulate": self.simulate, "capacity_args": self.capacity_args,
+                "ready_timeout_s": self.ready_timeout_s, "stop_grace_s": self.grace_s}
+
+
+def prior_rows(plan: TunePlan) -> dict[str, TuneRow]:
+    """The finished rows --resume keeps; without --resume, an existing tune is refused (exit 2)."""
+    tune_json = plan.out_dir / "tune.json"
+    if not tune_json.exists():
+        return {}
+    if not plan.resume:
+        raise UsageError(f"{plan.out_dir} holds a tune already: --resume to finish it, or another --out")
+    rows = read_tune(plan.out_dir)
+    old = json.loads(tune_json.read_text()).get("settings", {})
+    if old.get("simulate") != plan.simulate or old.get("capacity_args") != plan.capacity_args:
+        raise UsageError(f"--resume: {tune_json} was run with other settings ({old.get('capacity_args')}, "
+                         f"simulate {old.get('simulate')}); give the same flags or another --out")
+    return {r.name: r for r in rows if r.status in FINISHED}
+
+
+def run_tune(configs: list[TuneConfig], plan: TunePlan) -> int:
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    done = prior_rows(plan)
+    rows: dict[str, TuneRow] = {}
+    code = 0
+    for i, cfg in enumerate(configs):
+        kept = done.get(cfg.name)
+        if kept is not None and kept.params == cfg.params:
+            print(f"[{i + 1}/{len(configs)}] {cfg.name}: {kept.status} in an earlier run, kept (--resume)",
+                  file=sys.stderr)
+            rows[cfg.name] = kept
+            continue
+        print(f"[{i + 1}/{len(configs)}] {cfg.name}", file=sys.stderr)
+        start = time.monotonic()
+        try:
+            rows[cfg.name] = one_config(cfg, plan)
+        except KeyboardInterrupt:
+            rows[cfg.name] = TuneRow(cfg.name, cfg.params, "interrupted", cfg.gpus, cfg.command(),
+                                     reason="interrupted (Ctrl-C or SIGTERM)",
+                                     wall_s=time.monotonic() - start)
+            code = EXIT_INTERRUPTED
+        else:
+            rows[cfg.name] = replace(rows[cfg.name], wall_s=time.monotonic() - start)
+            print_row_line(rows[cfg.name])
+        write_tune(plan.out_dir, list(rows.values()), plan.settings)
+        if code:
+            print("slobench: interrupted; the finished configurations are kept in "
+                  f"{plan.out_dir / 'tune.json'} (--resume finishes the tune)", file=sys.stderr)
+            break
+    print_table(list(rows.values()))
+    if code == 0 and best_row(list(rows.values())) is None:
+        print("slobench: no configuration could be measured", file=sys.stderr)
+        code = EXIT_NONE_MEASURED
+    return code
+
+
+def print_row_line(row: TuneRow) -> None:
+    cap = row.ranked_capacity or {}
+    what = (f"{cap['capacity_rps']:.3g} req/s" if cap.get("capacity_rps") is not None else row.reason or "")
+    print(f"  {row.name}: {row.status}: {what}", file=sys.stderr)
+
+
+def one_config(cfg: TuneConfig, plan: TunePlan) -> TuneRow:
+    cfg_dir = plan.out_dir / cfg.name
+    cap_dir = cfg_dir / CAPACITY_DIR
+    cfg_dir.mkdir(parents=True, exist_ok=True)
+    rel = str(cap_dir.relative_to(plan.out_dir))
+    if plan.simulate:
+        argv = capacity_argv(cap_dir, url=None, knob_flags=list(cfg.argv), passed=plan.capacity_args)
+        result = run_search(argv, cap_dir, cfg_dir, server=None, grace_s=plan.grace_s)
+        return row_of(cfg, result, rel, simulated=True, command=argv)
+    port = free_port()
+    log = str((cfg_dir / SERVER_LOG).relative_to(plan.out_dir))
+    ready_s = None
+    server: ServerRun | None = None
+    try:
+        with interrupts_held():
+            server = ServerRun(cfg.command(port), port, cfg_dir / SERVER_LOG, grace_s=plan.grace_s)
+        ready_s = wait_ready(server, plan.ready_timeout_s, cfg.name)
+        print(f"  {cfg.name}: ready after {ready_s:.1f} s on port {port}; searching", file=sys.stderr)
+        argv = capacity_argv(cap_dir, url=f"{server.root_url}/v1", knob_flags=[], passed=plan.capacity_args)
+        result = run_search(argv, cap_dir, cfg_dir, server=server, grace_s=plan.grace_s)
+    except ServerFailed as e:
+        return TuneRow(cfg.name, cfg.params, "failed", cfg.gpus, cfg.command(), reason=e.reason,
+                       log_tail=e.log_tail, server_log=log, ready_s=ready_s)
+    finally:
+        if server is not None:
+            with interrupts_held():  # a second Ctrl-C waits for the group to be gone: nothing left running
+                server.stop()
+    row = row_of(cfg, result, rel, simulated=False, command=cfg.command())
+    return replace(row, server_log=log, ready_s=ready_s)
+
+
+def row_of(cfg: TuneConfig, result: SearchResult, cap_dir: str, *, simulated: bool, command: list[str]) -> TuneRow:
+    found = result.capacity is not None and result.capacity.get("capacity_rps") is not None
+    status = ("simulated" if simulated else "measured") if found else (
+        "inconclusive" if result.capacity is not None else "failed")
+    cap = result.capacity if result.capacity is not None else None
+    return TuneRow(cfg.name, cfg.params, status, cfg.gpus, command,
+                   capacity=None if simulated else cap, simulated_capacity=cap if simulated else None,
+                   reason=result.reason, log_tail=[] if found else result.log_tail, capacity_dir=cap_dir)

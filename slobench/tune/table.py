@@ -1,0 +1,63 @@
+"""The tune's terminal table: configurations by capacity per GPU, with intervals, and the winner's command."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import TextIO
+
+from slobench.printable import printable
+from slobench.tune.result import TuneRow, ranked
+
+
+def fmt_rps(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def interval_text(row: TuneRow) -> str:
+    cap = row.ranked_capacity or {}
+    interval = cap.get("interval_rps")
+    if not interval or interval[0] is None or interval[1] is None:
+        return "-"
+    return f"[{fmt_rps(interval[0])}, {fmt_rps(interval[1])}]"
+
+
+def params_text(row: TuneRow) -> str:
+    return " ".join(f"{k}={v}" for k, v in row.params.items()) or "(defaults)"
+
+
+def print_table(rows: list[TuneRow], out: TextIO | None = None) -> None:
+    out = out or sys.stdout
+    order = ranked(rows)
+    header = ("#", "configuration", "status", "capacity req/s", "interval", "gpus", "req/s per gpu")
+    lines = [header]
+    for i, r in enumerate(order):
+        cap = r.ranked_capacity or {}
+        bound = ">=" if cap.get("is_lower_bound") else ""  # the search stopped before the SLO broke
+        lines.append((str(i + 1), params_text(r), r.status, bound + fmt_rps(cap.get("capacity_rps")),
+                      interval_text(r), str(r.gpus), bound + fmt_rps(r.per_gpu_rps)))
+    widths = [max(len(line[c]) for line in lines) for c in range(len(header))]
+    for line in lines:
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip(), file=out)
+    for r in order:
+        if r.reason:
+            print(f"{r.name}: {printable(r.reason)}", file=out)
+            for tail in r.log_tail[-5:]:
+                print(f"    | {printable(tail)}", file=out)
+    leaders = [r for r in order if r.per_gpu_rps is not None]
+    if not leaders:
+        return
+    best = leaders[0]
+    print(f"best: {params_text(best)} ({fmt_rps(best.per_gpu_rps)} req/s per GPU)", file=out)
+    if len(leaders) > 1 and overlaps(best, leaders[1]):
+        print(f"note: its interval overlaps that of {params_text(leaders[1])}: the two are not separated at "
+              f"this confidence level (more --replicates or longer --duration would)", file=out)
+    print(f"command: {shlex.join(best.command)}", file=out)
+
+
+def overlaps(a: TuneRow, b: TuneRow) -> bool:
+    ia = (a.ranked_capacity or {}).get("interval_rps")
+    ib = (b.ranked_capacity or {}).get("interval_rps")
+    if not ia or not ib or None in ia or None in ib:
+        return False
+    return bool(ia[0] / a.gpus <= ib[1] / b.gpus and ib[0] / b.gpus <= ia[1] / a.gpus)
