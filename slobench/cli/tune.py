@@ -147,6 +147,9 @@ def tune(args: argparse.Namespace) -> int:
     passed = capacity_args(args)
     guide = guide_of(args, configs)
     if args.dry_run:
+        skipped = ignored_params(configs) if guide is not None else []
+        if skipped:
+            print(f"the simulation passes over: {', '.join(skipped)} (no knob of the bundled engine)")
         for cfg in configs:
             out = Path(args.out or "OUT") / cfg.name / "capacity"
             if guide is not None:
