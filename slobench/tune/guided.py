@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from slobench.errors import UsageError
-from slobench.tune.configs import ENGINE_KNOBS, GPUS, TuneConfig
+from slobench.tune.configs import ENGINE_KNOBS, GPUS, TuneConfig, knob_flags
 from slobench.tune.result import TuneRow, ranked
 from slobench.tune.search import SearchResult, capacity_argv, run_search
 
@@ -40,16 +40,9 @@ class Guide:
 
 def simulated_knobs(params: dict[str, Any]) -> tuple[list[str], list[str]]:
     """A configuration's engine-knob flags for the simulator, and the parameters with no knob equivalent."""
-    flags: list[str] = []
-    ignored: list[str] = []
-    for name, value in params.items():
-        if name == GPUS:
-            continue
-        if name in ENGINE_KNOBS:
-            flags += [f"--{name.replace('_', '-')}", str(value)]
-        else:
-            ignored.append(name)
-    return flags, ignored
+    knobs = {name: value for name, value in params.items() if name in ENGINE_KNOBS}
+    ignored = [name for name in params if name not in knobs and name != GPUS]
+    return knob_flags(knobs, ENGINE_KNOBS), ignored
 
 
 def ignored_params(configs: list[TuneConfig]) -> list[str]:
