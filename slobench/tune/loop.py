@@ -62,7 +62,7 @@ def prior_rows(plan: TunePlan) -> dict[str, TuneRow]:
     if (old.get("simulate") != plan.simulate or old.get("capacity_args") != plan.capacity_args
             or old.get("guided") != plan.settings["guided"]):
         raise UsageError(f"--resume: {tune_json} was run with other settings ({old.get('capacity_args')}, "
-                         f"simulate {old.get('simulate')}); give the same flags or another --out")
+                         f"simulate {old.get('simulate')}, guided {old.get('guided')}); give the same flags or another --out")
     return {r.name: r for r in rows if r.status in FINISHED}
 
 
