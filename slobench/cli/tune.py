@@ -20,6 +20,7 @@ from slobench.tune.configs import (
     parse_params,
     read_config_file,
 )
+from slobench.tune.guided import SIMULATED_DIR, Guide, ignored_params, simulation_argv
 from slobench.tune.loop import TunePlan, run_tune
 from slobench.tune.search import capacity_argv
 
@@ -30,7 +31,8 @@ with the flags below, stops its process group, and ranks the configurations by c
 Writes OUT/tune.json after each configuration, and OUT/<configuration>/ with server.log, capacity.log
 and the capacity directory. A configuration that does not start or exits is a failed row; the tune goes
 on. --simulate: no server, each configuration a `capacity --simulate` with its knobs. Exit 4 when no
-configuration could be measured, 130 on Ctrl-C (finished rows kept; --resume finishes the tune)."""
+configuration could be measured, 130 on Ctrl-C (finished rows kept; --resume finishes the tune).
+--simulate-first K --profile P: every configuration simulated first, only the top K started and measured."""
 
 # `slobench capacity` flags a tune passes through to every search, as given.
 PASSED_FLAGS = ("--workload", "--slo", "--replicates", "--duration", "--num-requests", "--start-rate", "--factor",
@@ -58,6 +60,14 @@ def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
                    help="without --serve-cmd: more `slobench serve` flags for every configuration")
     c.add_argument("--simulate", action="store_true",
                    help="no server: each configuration a `slobench capacity --simulate` with its knobs")
+    g = p.add_argument_group("guided by the simulator")
+    g.add_argument("--simulate-first", type=int, default=None, metavar="K",
+                   help="rank every configuration by simulated capacity per GPU first (`capacity --simulate "
+                        "--profile PROFILE` with the parameters that are knobs of the bundled engine), measure "
+                        "only the top K live; the rest are 'simulated only' rows")
+    g.add_argument("--profile", default=None, metavar="PROFILE",
+                   help="the cost profile --simulate-first simulates with (name or JSON path, as `slobench "
+                        "capacity --simulate --profile`)")
     r = p.add_argument_group("tune")
     r.add_argument("--out", type=Path, help="tune directory (default: a new runs/tune-<time>)")
     r.add_argument("--resume", action="store_true",
@@ -116,12 +126,35 @@ def configurations(args: argparse.Namespace) -> list[TuneConfig]:
     return bundled_engine(sets, gpus, simulate=args.simulate, serve_args=serve_args)
 
 
+def guide_of(args: argparse.Namespace, configs: list[TuneConfig]) -> Guide | None:
+    """`--simulate-first K --profile PROFILE`, checked before anything starts (exit 2)."""
+    if args.simulate_first is None:
+        if args.profile is not None:
+            raise UsageError("--profile is the profile of --simulate-first: give --simulate-first K with it")
+        return None
+    if args.simulate:
+        raise UsageError("--simulate-first measures the top K live: it takes no --simulate (which measures none)")
+    if args.profile is None:
+        raise UsageError("--simulate-first needs --profile PROFILE: calibrating the simulator from the first "
+                         "measured configuration is not built yet")
+    guide = Guide(args.simulate_first, args.profile)
+    ignored_params(configs)  # exit 2 when no parameter is a knob of the bundled engine
+    return guide
+
+
 def tune(args: argparse.Namespace) -> int:
     configs = configurations(args)
     passed = capacity_args(args)
+    guide = guide_of(args, configs)
     if args.dry_run:
+        skipped = ignored_params(configs) if guide is not None else []
+        if skipped:
+            print(f"the simulation passes over: {', '.join(skipped)} (no knob of the bundled engine)")
         for cfg in configs:
             out = Path(args.out or "OUT") / cfg.name / "capacity"
+            if guide is not None:
+                sim = simulation_argv(cfg, guide, out.parent / SIMULATED_DIR, passed)
+                print(f"{cfg.name} simulated: {shlex.join(sim)}")
             if args.simulate:
                 print(f"{cfg.name}: {shlex.join(capacity_argv(out, url=None, knob_flags=list(cfg.argv), passed=passed))}")
             else:
@@ -129,7 +162,7 @@ def tune(args: argparse.Namespace) -> int:
                 print(f"  then: {shlex.join(capacity_argv(out, url='http://127.0.0.1:{port}/v1', knob_flags=[], passed=passed))}")
         return 0
     out_dir = args.out if args.out is not None else default_out("tune")
-    plan = TunePlan(out_dir, args.simulate, passed, args.ready_timeout, args.stop_grace, args.resume)
+    plan = TunePlan(out_dir, args.simulate, passed, args.ready_timeout, args.stop_grace, args.resume, guide)
     code = run_tune(configs, plan)
     print(f"result: {out_dir / 'tune.json'}", file=sys.stderr)
     return code

@@ -15,6 +15,7 @@ from typing import Any
 
 from slobench.errors import UsageError
 from slobench.tune.configs import TuneConfig
+from slobench.tune.guided import Guide, guided_block, ignored_params, simulate_all, simulated_rows
 from slobench.tune.result import FINISHED, TuneRow, best_row, read_tune, write_tune
 from slobench.tune.search import SearchResult, capacity_argv, run_search, wait_ready
 from slobench.tune.server_proc import ServerFailed, ServerRun, free_port, interrupts_held
@@ -34,6 +35,7 @@ class TunePlan:
     ready_timeout_s: float = 600.0
     grace_s: float = 30.0
     resume: bool = False
+    guide: Guide | None = None
 
     def __post_init__(self) -> None:
         if self.ready_timeout_s <= 0:
@@ -44,7 +46,8 @@ class TunePlan:
     @property
     def settings(self) -> dict[str, Any]:
         return {"simulate": self.simulate, "capacity_args": self.capacity_args,
-                "ready_timeout_s": self.ready_timeout_s, "stop_grace_s": self.grace_s}
+                "ready_timeout_s": self.ready_timeout_s, "stop_grace_s": self.grace_s,
+                "guided": None if self.guide is None else {"k": self.guide.k, "profile": self.guide.profile}}
 
 
 def prior_rows(plan: TunePlan) -> dict[str, TuneRow]:
@@ -56,28 +59,49 @@ def prior_rows(plan: TunePlan) -> dict[str, TuneRow]:
         raise UsageError(f"{plan.out_dir} holds a tune already: --resume to finish it, or another --out")
     rows = read_tune(plan.out_dir)
     old = json.loads(tune_json.read_text()).get("settings", {})
-    if old.get("simulate") != plan.simulate or old.get("capacity_args") != plan.capacity_args:
+    if (old.get("simulate") != plan.simulate or old.get("capacity_args") != plan.capacity_args
+            or old.get("guided") != plan.settings["guided"]):
         raise UsageError(f"--resume: {tune_json} was run with other settings ({old.get('capacity_args')}, "
-                         f"simulate {old.get('simulate')}); give the same flags or another --out")
+                         f"simulate {old.get('simulate')}, guided {old.get('guided')}); give the same flags or another --out")
     return {r.name: r for r in rows if r.status in FINISHED}
 
 
 def run_tune(configs: list[TuneConfig], plan: TunePlan) -> int:
+    ignored = ignored_params(configs) if plan.guide is not None else []  # exit 2 before anything starts
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     done = prior_rows(plan)
     rows: dict[str, TuneRow] = {}
+    sims: dict[str, SearchResult] = {}
+    live = configs
+    if plan.guide is not None:  # every configuration simulated; the top K by simulated capacity per GPU live
+        try:
+            sims = simulate_all(configs, plan.guide, plan.out_dir, plan.capacity_args, plan.grace_s)
+        except KeyboardInterrupt:
+            print("slobench: interrupted while simulating; nothing was measured", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        order = simulated_rows(configs, sims)
+        rows = {r.name: r for r in order}
+        by_name = {c.name: c for c in configs}
+        live = [by_name[r.name] for r in order[:plan.guide.k]]
+
+    def guided() -> dict[str, Any] | None:
+        return None if plan.guide is None else guided_block(list(rows.values()), plan.guide, ignored)
+
     code = 0
-    for i, cfg in enumerate(configs):
+    for i, cfg in enumerate(live):
+        sim = sims[cfg.name].capacity if cfg.name in sims else None
         kept = done.get(cfg.name)
         if kept is not None and kept.params == cfg.params:
-            print(f"[{i + 1}/{len(configs)}] {cfg.name}: {kept.status} in an earlier run, kept (--resume)",
+            print(f"[{i + 1}/{len(live)}] {cfg.name}: {kept.status} in an earlier run, kept (--resume)",
                   file=sys.stderr)
-            rows[cfg.name] = kept
+            rows[cfg.name] = kept if plan.guide is None else replace(kept, simulated_capacity=sim)
             continue
-        print(f"[{i + 1}/{len(configs)}] {cfg.name}", file=sys.stderr)
+        print(f"[{i + 1}/{len(live)}] {cfg.name}", file=sys.stderr)
         start = time.monotonic()
         try:
             rows[cfg.name] = one_config(cfg, plan)
+            if plan.guide is not None:
+                rows[cfg.name] = replace(rows[cfg.name], simulated_capacity=sim)
         except KeyboardInterrupt:
             rows[cfg.name] = TuneRow(cfg.name, cfg.params, "interrupted", cfg.gpus, cfg.command(),
                                      reason="interrupted (Ctrl-C or SIGTERM)",
@@ -86,12 +110,13 @@ def run_tune(configs: list[TuneConfig], plan: TunePlan) -> int:
         else:
             rows[cfg.name] = replace(rows[cfg.name], wall_s=time.monotonic() - start)
             print_row_line(rows[cfg.name])
-        write_tune(plan.out_dir, list(rows.values()), plan.settings)
+        write_tune(plan.out_dir, list(rows.values()), plan.settings, guided())
         if code:
             print("slobench: interrupted; the finished configurations are kept in "
                   f"{plan.out_dir / 'tune.json'} (--resume finishes the tune)", file=sys.stderr)
             break
-    print_table(list(rows.values()))
+    write_tune(plan.out_dir, list(rows.values()), plan.settings, guided())  # rows kept by --resume included
+    print_table(list(rows.values()), guided=guided())
     if code == 0 and best_row(list(rows.values())) is None:
         print("slobench: no configuration could be measured", file=sys.stderr)
         code = EXIT_NONE_MEASURED

@@ -13,8 +13,9 @@ from slobench.run.rundir import write_json_atomic
 
 TUNE = "tune.json"
 TUNE_SCHEMA_VERSION = 1
-STATUSES = ("measured", "simulated", "inconclusive", "failed", "interrupted")
-FINISHED = ("measured", "simulated", "inconclusive")  # what --resume keeps; failed and interrupted run again
+STATUSES = ("measured", "simulated", "simulated only", "inconclusive", "failed", "interrupted")
+# what --resume keeps; failed and interrupted run again, and a guided tune simulates every configuration again
+FINISHED = ("measured", "simulated", "inconclusive")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +40,11 @@ class TuneRow:
 
     @property
     def ranked_capacity(self) -> dict[str, Any] | None:
-        return self.capacity if self.capacity is not None else self.simulated_capacity
+        """What the row is ranked by: its measured capacity, or for a `--simulate` tune the simulated one. A
+        guided tune's simulated capacity is beside the measured one, never in its place."""
+        if self.capacity is not None:
+            return self.capacity
+        return self.simulated_capacity if self.status == "simulated" else None
 
     @property
     def per_gpu_rps(self) -> float | None:
@@ -76,16 +81,18 @@ def best_row(rows: list[TuneRow]) -> TuneRow | None:
     return leaders[0] if leaders and leaders[0].per_gpu_rps is not None else None
 
 
-def tune_doc(rows: list[TuneRow], settings: dict[str, Any]) -> dict[str, Any]:
+def tune_doc(rows: list[TuneRow], settings: dict[str, Any], guided: dict[str, Any] | None = None) -> dict[str, Any]:
     best = best_row(rows)
+    extra = {"guided": guided} if guided is not None else {}
     return {"schema_version": TUNE_SCHEMA_VERSION, "kind": "tune", "settings": settings,
             "configs": [r.to_dict() for r in rows],
             "best": dict(best.params) if best else None, "best_config": best.name if best else None,
-            "best_command": shlex.join(best.command) if best else None}
+            "best_command": shlex.join(best.command) if best else None, **extra}
 
 
-def write_tune(out_dir: Path, rows: list[TuneRow], settings: dict[str, Any]) -> None:
-    write_json_atomic(out_dir / TUNE, tune_doc(rows, settings))
+def write_tune(out_dir: Path, rows: list[TuneRow], settings: dict[str, Any],
+               guided: dict[str, Any] | None = None) -> None:
+    write_json_atomic(out_dir / TUNE, tune_doc(rows, settings, guided))
 
 
 def read_tune(out_dir: Path) -> list[TuneRow]:

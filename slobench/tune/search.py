@@ -42,10 +42,10 @@ def capacity_of(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_search(argv: list[str], out_dir: Path, log_dir: Path, *, server: ServerRun | None,
-               grace_s: float) -> SearchResult:
+               grace_s: float, log_name: str = SEARCH_LOG) -> SearchResult:
     """The search to its end. ServerFailed when the server exits meanwhile; on KeyboardInterrupt the search's
     process group is stopped before the interrupt goes on."""
-    log_path = log_dir / SEARCH_LOG
+    log_path = log_dir / log_name
     proc: subprocess.Popen[bytes] | None = None
     try:
         with interrupts_held():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 from slobench.printable import printable
 from slobench.tune.result import TuneRow, ranked
@@ -26,17 +26,21 @@ def params_text(row: TuneRow) -> str:
     return " ".join(f"{k}={v}" for k, v in row.params.items()) or "(defaults)"
 
 
-def print_table(rows: list[TuneRow], out: TextIO | None = None) -> None:
+def print_table(rows: list[TuneRow], out: TextIO | None = None, guided: dict[str, Any] | None = None) -> None:
+    """The table; with `guided` (a guided tune's block) a simulated column beside the measured one, and
+    whether the simulator's ranking of the measured configurations held."""
     out = out or sys.stdout
     order = ranked(rows)
-    header = ("#", "configuration", "status", "capacity req/s", "interval", "gpus", "req/s per gpu")
-    lines = [header]
+    header: tuple[str, ...] = ("#", "configuration", "status", "capacity req/s", "interval", "gpus", "req/s per gpu")
+    sim_header = ("simulated req/s",) if guided is not None else ()
+    lines = [header + sim_header]
     for i, r in enumerate(order):
         cap = r.ranked_capacity or {}
         bound = ">=" if cap.get("is_lower_bound") else ""  # the search stopped before the SLO broke
+        sim = ((fmt_rps((r.simulated_capacity or {}).get("capacity_rps")),) if guided is not None else ())
         lines.append((str(i + 1), params_text(r), r.status, bound + fmt_rps(cap.get("capacity_rps")),
-                      interval_text(r), str(r.gpus), bound + fmt_rps(r.per_gpu_rps)))
-    widths = [max(len(line[c]) for line in lines) for c in range(len(header))]
+                      interval_text(r), str(r.gpus), bound + fmt_rps(r.per_gpu_rps), *sim))
+    widths = [max(len(line[c]) for line in lines) for c in range(len(lines[0]))]
     for line in lines:
         print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip(), file=out)
     for r in order:
@@ -44,6 +48,8 @@ def print_table(rows: list[TuneRow], out: TextIO | None = None) -> None:
             print(f"{r.name}: {printable(r.reason)}", file=out)
             for tail in r.log_tail[-5:]:
                 print(f"    | {printable(tail)}", file=out)
+    if guided is not None:
+        print(ranking_line(guided), file=out)
     leaders = [r for r in order if r.per_gpu_rps is not None]
     if not leaders:
         return
@@ -61,3 +67,18 @@ def overlaps(a: TuneRow, b: TuneRow) -> bool:
     if not ia or not ib or None in ia or None in ib:
         return False
     return bool(ia[0] / a.gpus <= ib[1] / b.gpus and ib[0] / b.gpus <= ia[1] / a.gpus)
+
+
+def ranking_line(guided: dict[str, Any]) -> str:
+    """Whether the simulator's order of the measured configurations was their measured order."""
+    measured = guided["measured_order"]
+    ignored = (f"; parameters the simulation passed over: {', '.join(guided['ignored_params'])}"
+               if guided.get("ignored_params") else "")
+    head = f"guided (--simulate-first {guided['k']}, profile {guided['profile']})"
+    if len(measured) < 2:
+        return (f"{head}: ranking held trivially: {len(measured)} configuration measured with a simulated "
+                f"capacity, nothing to compare{ignored}")
+    if guided["ranking_held"]:
+        return f"{head}: the simulator's ranking held over the {len(measured)} measured configurations{ignored}"
+    return (f"{head}: the simulator's ranking did not hold: simulated {' > '.join(guided['simulated_order'])}, "
+            f"measured {' > '.join(measured)}{ignored}")
