@@ -135,7 +135,9 @@ def test_a_run_with_api_responses_and_a_ttfa_slo(start_token_server: Any, tmp_pa
     assert len(records) == 12 and all(r["status"] == "ok" for r in records)
     # the workload's token-id prompts went as text, and the server's usage counted their words
     assert all(r["reasoning_tokens"] == 2 and r["reasoning_tokens_source"] == "usage" for r in records)
-    assert all(r["first_reasoning_s"] < r["first_answer_s"] <= r["done_s"] for r in records)
+    # a read stamps every token it brings: on a busy machine the reasoning and the first answer token can
+    # arrive in one read, 1 ms apart on the server, and share a stamp
+    assert all(r["first_reasoning_s"] <= r["first_answer_s"] <= r["done_s"] for r in records)
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["slo"]["ttfa_s"] == 1.0 and summary["ttfa_s"]["count"] == 12
     assert summary["reasoning"]["reasoning_share"] == pytest.approx(2 / 6)
