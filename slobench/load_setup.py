@@ -43,6 +43,12 @@ from slobench.workload.word_fit import WordFit
 MIN_PROBE_S = 60.0  # a sweep point or capacity probe lasts at least this long unless the user fixes its size
 
 
+def prompt_api(api: str) -> str:
+    """The API whose prompts a workload is made for: a Responses request's prompt is text, as a chat
+    request's, so its workload is generated as chat's."""
+    return "chat" if api == "responses" else api
+
+
 def probe_duration(workload: Any, num_requests: int | None, duration_s: float | None, rate_rps: float | None,
                    min_s: float | None) -> float | None:
     """The duration to generate for one rate of a sweep or capacity search. When neither --num-requests nor
@@ -88,7 +94,7 @@ class LoadSetup:
         self.check_fleet()
         self.workload: Workload
         if o.trace is not None:  # a trace stands where a WorkloadSpec stands
-            self.workload = open_replay(o, "chat" if o.api == "responses" else o.api or "completions",
+            self.workload = open_replay(o, prompt_api(o.api or "completions"),
                                         warn=lambda msg: print(f"slobench: {printable(msg)}", file=sys.stderr))
         else:
             wl = o.workload or "chat"
@@ -125,8 +131,7 @@ class LoadSetup:
             seed=o.seed if seed is None else seed,
             input_len=o.input_len,
             output_len=o.output_len,
-            # (a Responses request's prompt is text, as a chat request's: the workload is generated so)
-            api="chat" if self.api == "responses" else self.api,  # type: ignore[arg-type]  # TargetOptions checks it
+            api=prompt_api(self.api),  # type: ignore[arg-type]  # TargetOptions checks it
         )
         if o.simulate and isinstance(self.workload, WorkloadSpec):  # the simulator takes them as they are made
             return self.workload.stream_specs(shape)

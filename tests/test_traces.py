@@ -206,3 +206,23 @@ def test_the_azure_samples_load_whole(which, rows):
     tr = load_trace(TRACES / f"AzureLLMInferenceTrace_{which}.csv")
     assert len(tr.entries) == rows and not tr.problems
     assert 3400 < tr.span_s < 3600
+
+
+@pytest.mark.parametrize("kind", ["gzip", "bz2", "xz", None])
+def test_a_trace_read_closes_the_file_under_its_decompressor(tmp_path, kind):
+    import bz2
+    import gc
+    import gzip
+    import lzma
+    import warnings
+
+    text = "".join(json.dumps({"arrival_s": i * 0.5, "input_tokens": 10, "max_tokens": 5}) + "\n" for i in range(4))
+    opener = {"gzip": gzip.open, "bz2": bz2.open, "xz": lzma.open, None: open}[kind]
+    path = tmp_path / f"t.jsonl{'.' + kind if kind else ''}"
+    with opener(path, "wt") as fh:
+        fh.write(text)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert len(load_trace(path).entries) == 4
+        gc.collect()
+    assert not [w for w in said if issubclass(w.category, ResourceWarning)], [str(w.message) for w in said]

@@ -289,19 +289,28 @@ def compression(path: str | Path) -> str | None:
     return next((name for magic, name in _MAGIC if head.startswith(magic)), None)
 
 
+class _OwningText(io.TextIOWrapper):
+    """Text over a decompressor that also closes the checked file under it: gzip, bz2 and lzma leave the
+    file object they are handed open when they close."""
+
+    def __init__(self, raw: Any, source: Any, newline: str | None) -> None:
+        super().__init__(raw, encoding="utf-8", errors="replace", newline=newline)
+        self._source = source
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._source.close()
+
+
 def _open_text(path: Path, newline: str | None = None) -> io.TextIOBase:
     """The file as text, decompressed on the fly when it is compressed."""
     kind = compression(path)
-    raw: Any
-    if kind is None:
-        return io.TextIOWrapper(open_input(path, TRACE), encoding="utf-8", errors="replace", newline=newline)
-    if kind == "gzip":
-        raw = gzip.GzipFile(fileobj=open_input(path, TRACE), mode="rb")
-    elif kind == "bz2":
-        raw = bz2.BZ2File(open_input(path, TRACE), "rb")
-    elif kind == "xz":
-        raw = lzma.LZMAFile(open_input(path, TRACE), "rb")
-    elif kind == "zstd":
+    if kind not in (None, "gzip", "bz2", "xz", "zstd"):
+        raise UsageError(f"{path}: the file is a {kind} archive, not a trace; extract the trace file from it")
+    zstandard: Any = None
+    if kind == "zstd":
         try:
             zstandard = importlib.import_module("zstandard")
         except ImportError:
@@ -309,10 +318,19 @@ def _open_text(path: Path, newline: str | None = None) -> io.TextIOBase:
                 f"{path}: the file is zstd-compressed; reading it needs the `zstandard` package "
                 f"(pip install zstandard), or decompress it first (zstd -d {path})"
             ) from None
-        raw = zstandard.ZstdDecompressor().stream_reader(open_input(path, TRACE), closefd=True)
+    source = open_input(path, TRACE)
+    raw: Any
+    if kind is None:
+        raw = source
+    elif kind == "gzip":
+        raw = gzip.GzipFile(fileobj=source, mode="rb")
+    elif kind == "bz2":
+        raw = bz2.BZ2File(source, "rb")
+    elif kind == "xz":
+        raw = lzma.LZMAFile(source, "rb")
     else:
-        raise UsageError(f"{path}: the file is a {kind} archive, not a trace; extract the trace file from it")
-    return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline=newline)
+        raw = zstandard.ZstdDecompressor().stream_reader(source, closefd=True)
+    return _OwningText(raw, source, newline)
 
 
 # ---- loading ------------------------------------------------------------------------------------------
