@@ -111,4 +111,6 @@ def test_wheel_metadata_is_what_a_registry_page_needs(wheel: zipfile.ZipFile) ->
 def test_the_dev_extra_has_what_the_wheel_check_runs() -> None:
     dev = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
     names = {re.split(r"[<>=\[;]", r)[0].strip() for r in dev}
-    assert {"build", "twine"} <= names
+    assert "build" in names
+    # twine is installed by the check into its fresh venv, not into the checkout's (LiteLLM pins an older rich)
+    assert "twine" not in names
