@@ -231,6 +231,8 @@ class LoadSetup:
                                  "request measured); drop one of them")
         overhead_s, jitter_sd, source = self.simulated_extras()
         target: dict[str, Any] = {"kind": "simulated", "knobs": self.engine_knobs, "jitter_sd": jitter_sd}
+        if o.api is not None:  # what --api named (a Responses request is simulated as the chat one it carries)
+            target["api"] = o.api
         if overhead_s or source:  # left out uncalibrated: the manifest and the gate's workload identity stay put
             target["request_overhead_s"] = overhead_s
             target["calibrated_extras"] = source
