@@ -46,7 +46,7 @@ EXIT_PASS, EXIT_REGRESSION, EXIT_INCONCLUSIVE = 0, 1, 4
 POWER = 0.8
 
 # Metrics where more is better; every other metric (latencies) is better lower.
-HIGHER_IS_BETTER = ("capacity", "attainment", "good_throughput", "throughput")
+HIGHER_IS_BETTER = ("capacity", "attainment", "good_throughput", "throughput", "session_attainment")
 # Options that change which requests a run sends: part of the workload's identity.
 WORKLOAD_OPTIONS = ("num_requests", "duration_s", "input_len", "output_len", "warmup")
 
@@ -273,14 +273,15 @@ class Threshold:
 
 
 def default_thresholds(base: Samples, cand: Samples) -> list[Threshold]:
-    """What to check when no threshold is named: capacity -5%, attainment -2pt, TTFT/TPOT p99 +10%, and the
-    time to the first answer's p99 +10% where both sides measured reasoning answers."""
+    """What to check when no threshold is named: capacity -5%, attainment -2pt, TTFT/TPOT p99 +10%, the time
+    to the first answer's p99 +10% where both sides measured reasoning answers, and the session SLO's
+    attainment -2pt where both sides ran sessions under an SLO."""
     common = (set(base.metrics) | set(base.inconclusive)) & (set(cand.metrics) | set(cand.inconclusive))
     out = []
     if "capacity" in common:
         out.append(Threshold.parse("capacity=5%", "drop"))
     for name, t, d in (("attainment", "2pt", "drop"), ("ttft.p99", "10%", "rise"), ("tpot.p99", "10%", "rise"),
-                       ("ttfa.p99", "10%", "rise")):
+                       ("ttfa.p99", "10%", "rise"), ("session_attainment", "2pt", "drop")):
         if any(k.startswith(name + "@") for k in common):
             out.append(Threshold.parse(f"{name}={t}", d))  # type: ignore[arg-type]
     return out
@@ -413,7 +414,7 @@ def compare_metric(
 def _fmt_change(x: float, th: Threshold) -> str:
     if th.is_relative:
         return f"{abs(x) * 100:.1f}%"
-    if th.metric.startswith("attainment"):
+    if th.metric.startswith(("attainment", "session_attainment")):
         return f"{abs(x) * 100:.1f}pt"
     return f"{abs(x):.4g}"
 

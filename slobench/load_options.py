@@ -120,7 +120,7 @@ class WorkloadGroup:
     min_tokens: str | None = None
     rates: str | None = None  # sweep and capacity
     refine_knee: int = 0  # sweep
-    session_mode: str | None = None  # "wait" or "scheduled": overrides a session workload's [sessions] mode
+    session_mode: str | None = None  # "wait" or "scheduled": overrides a session workload's [sessions] mode, or a trace's
 
     def __post_init__(self) -> None:
         # the workload's own range checks (slobench.workload.ranges), with the flag named
@@ -148,8 +148,6 @@ class WorkloadGroup:
                 raise UsageError("--trace and --workload conflict: a trace replay sends the trace's requests; give one")
             if self.input_len is not None or self.output_len is not None:
                 raise UsageError("--input-len / --output-len do not apply to --trace (it has the lengths)")
-            if self.session_mode is not None:
-                raise UsageError("--session-mode applies to a workload's sessions; a trace is replayed at its times")
         if self.session_mode is not None and self.session_mode not in ("wait", "scheduled"):
             raise UsageError(f"--session-mode {self.session_mode!r}: expected wait or scheduled")
         if self.refine_knee < 0:

@@ -38,6 +38,7 @@ from slobench.workload.replay import TraceReplay
 from slobench.workload.sessions import with_session_mode
 from slobench.workload.text import load_tokenizer
 from slobench.workload.trace_stream import StreamingReplay
+from slobench.workload.traces import may_hold_sessions
 from slobench.workload.word_fit import WordFit
 
 MIN_PROBE_S = 60.0  # a sweep point or capacity probe lasts at least this long unless the user fixes its size
@@ -67,16 +68,19 @@ def open_replay(o: LoadOptions, api: str, warn: Any) -> Any:
     simulated, streams the trace (a StreamingReplay: rows read and prompts built as the run goes, so a long
     trace starts at once in flat memory and `--num-requests 200` reads little more than 200 rows; what the
     rows became is reported after the run, in summary.json `trace_rows`); `sweep` and `capacity` replay one
-    trace at several rates and load it once (a TraceReplay, whose warnings come now)."""
+    trace at several rates and load it once (a TraceReplay, whose warnings come now), and so does a `run` of
+    a trace whose sessions wait for the server (`--session-mode wait`, the default where the trace's first
+    rows show session fields: `slobench.workload.trace_sessions`), as the runner must hold back later turns."""
     assert o.trace is not None
-    if o.verb == "run":
+    mode = o.session_mode or "wait"
+    if o.verb == "run" and not (mode == "wait" and may_hold_sessions(o.trace, o.trace_format)):
         return StreamingReplay.open(
             o.trace, o.trace_format, time_scale=o.time_scale, start_s=o.start, api=api, spread=not o.no_spread,
             keep_zero=o.keep_zero_rows, min_tokens=o.min_tokens or "max",
         )
     return TraceReplay.open(
         o.trace, o.trace_format, seed=o.seed, time_scale=o.time_scale, start_s=o.start, api=api, warn=warn,
-        spread=not o.no_spread, keep_zero=o.keep_zero_rows, min_tokens=o.min_tokens or "max",
+        spread=not o.no_spread, keep_zero=o.keep_zero_rows, min_tokens=o.min_tokens or "max", session_mode=mode,
     )
 
 
@@ -227,6 +231,8 @@ class LoadSetup:
                                  "request measured); drop one of them")
         overhead_s, jitter_sd, source = self.simulated_extras()
         target: dict[str, Any] = {"kind": "simulated", "knobs": self.engine_knobs, "jitter_sd": jitter_sd}
+        if o.api is not None:  # what --api named (a Responses request is simulated as the chat one it carries)
+            target["api"] = o.api
         if overhead_s or source:  # left out uncalibrated: the manifest and the gate's workload identity stay put
             target["request_overhead_s"] = overhead_s
             target["calibrated_extras"] = source

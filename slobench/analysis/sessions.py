@@ -5,6 +5,7 @@ much later than the precomputed estimate the waiting mode's turns left (`sent_s 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,7 @@ from slobench.analysis.metrics import quantiles
 from slobench.analysis.slo import wilson_ci
 from slobench.run.columnar import Columns
 
-__all__ = ["SessionColumns", "session_results", "sessions_text"]
+__all__ = ["SessionColumns", "session_metrics", "session_results", "sessions_text"]
 
 LATE_QUANTILES = (0.5, 0.9, 0.99)
 
@@ -72,6 +73,22 @@ def session_results(s: SessionColumns, met: np.ndarray | None) -> dict[str, Any]
         late = s.sent_s[waited] - s.estimated_s[waited]
         out["late_vs_estimate_s"] = {"num": int(waited.sum()), **quantiles(late, LATE_QUANTILES),
                                      "max": float(late.max())}
+    return out
+
+
+def session_metrics(d: Any) -> dict[str, float]:
+    """The gate's numbers of a `sessions` section, flat: `session_attainment` (the session SLO's), the end-to-end
+    session time's `session_time.p50/p90/p99` and the share of sessions a failed turn ended
+    (`session_failed`); none where the run had no sessions."""
+    if not d or not d.get("num_sessions"):
+        return {}
+    out: dict[str, float] = {"session_failed": d["num_failed"] / d["num_sessions"]}
+    if (att := d.get("attainment")) and math.isfinite(att["value"]):
+        out["session_attainment"] = float(att["value"])
+    for stat in ("p50", "p90", "p99"):
+        v = (d.get("duration_s") or {}).get(stat)
+        if v is not None and math.isfinite(v):
+            out[f"session_time.{stat}"] = float(v)
     return out
 
 

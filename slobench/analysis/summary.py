@@ -24,7 +24,7 @@ from slobench.analysis.metrics import (
     throughput,
 )
 from slobench.analysis.past_capacity import completion_counts, shortfall
-from slobench.analysis.sessions import SessionColumns, session_results
+from slobench.analysis.sessions import SessionColumns, session_metrics, session_results
 from slobench.analysis.slo import SLO, Attainment, attainment, quantile_cis, samples_beyond
 from slobench.errors import SpecError, UsageError
 from slobench.redact import redact_message
@@ -272,7 +272,8 @@ class RunSummary:
 
     def flat_metrics(self) -> dict[str, float]:
         """The numbers a gate can compare, flat: `attainment`, `ttft.p99`, `tpot.mean`, ... (`ttft` from the
-        send, the classic definition; `ttft_sched` from the scheduled arrival)."""
+        send, the classic definition; `ttft_sched` from the scheduled arrival), and a session run's
+        `session_attainment`, `session_time.p99`, ... (`slobench.analysis.sessions.session_metrics`)."""
         out: dict[str, float] = {}
         if self.attainment is not None and not math.isnan(self.attainment.value):
             out["attainment"] = float(self.attainment.value)
@@ -288,7 +289,7 @@ class RunSummary:
                 v = getattr(d, stat)
                 if v is not None and math.isfinite(v):
                     out[f"{name}.{stat}"] = float(v)
-        return out
+        return out | session_metrics(self.sessions)
 
     # --- summary.json ---
     def to_dict(self) -> dict[str, Any]:

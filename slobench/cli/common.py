@@ -150,8 +150,9 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
     w.add_argument("--output-len", type=int, default=None, help="fixed output length, overriding the workload")
     w.add_argument("--seed", type=int, default=None)
     w.add_argument("--session-mode", choices=("wait", "scheduled"), default=None,
-                   help="a session workload's turns: sent when the previous answer ended plus the think time "
-                        "(wait, the default), or at the precomputed estimate (scheduled)")
+                   help="a session workload's (or a trace's sessions') turns: sent when the previous answer "
+                        "ended plus the think time, a trace's gap between the turns (wait, the default), or at the "
+                        "precomputed estimate, a trace's times (scheduled)")
     t = p.add_argument_group("trace replay (instead of --workload)")
     t.add_argument("--trace", default=None, metavar="FILE",
                    help="replay a trace: one request per row at its time, with its token counts")

@@ -43,6 +43,7 @@ from slobench.fleet.replica import (
 )
 from slobench.fleet.routing import ROUTERS, Router
 from slobench.fleet.sim_blocks import SimBlockManager, shared_prefix_blocks
+from slobench.fleet.sim_reasoning import plan_reasoning, split_reasoning
 from slobench.fleet.sim_sessions import SimSessions, mark_session
 from slobench.profiles.roofline import vllm_kv_blocks_of
 from slobench.run.columnar import RecordBuffer, StepTimes
@@ -147,9 +148,10 @@ def calibrated_extras(profile: CostProfile) -> tuple[float, float]:
 def _shift_after_send(records: list[RequestRecord], overhead_s: float) -> list[RequestRecord]:
     """Every time after the send moved by the request's fixed cost (first token, each chunk, the end); a
     request the protocol refused at its arrival keeps its times."""
-    if overhead_s:
-        for r in records:
+    for r in records:
+        if overhead_s:
             _shift_one(r, overhead_s)
+        split_reasoning(r)
     return records
 
 
@@ -180,6 +182,7 @@ class _InOrder:
             rec = waiting.popleft()
             if self.overhead_s:
                 _shift_one(rec, self.overhead_s)
+            split_reasoning(rec)
             self.emit(rec)
 
 
@@ -303,8 +306,8 @@ class SimOptions:
             raise SpecError("replicas", self.replicas, "must be an integer from 1 to 4096")
         if self.router not in ROUTERS:
             raise SpecError("router", self.router, f"must be one of {list(ROUTERS)}")
-        if self.api not in ("completions", "chat"):
-            raise SpecError("api", self.api, "must be completions or chat")
+        if self.api not in ("completions", "chat", "responses"):
+            raise SpecError("api", self.api, "must be completions, chat or responses")
 
     @classmethod
     def of(cls, opts: SimOptions | None, knobs: Mapping[str, Any]) -> SimOptions:
@@ -356,7 +359,8 @@ def simulate_records(
         engine, named = split_fleet_knobs(dict(engine), opts.router)
         if named is not None and opts.disagg is None:
             opts = replace(opts, disagg=named)
-    seed, jitter_sd, api, replicas = opts.seed, opts.jitter_sd, opts.api, opts.replicas
+    seed, jitter_sd, replicas = opts.seed, opts.jitter_sd, opts.replicas
+    api: Api = "chat" if opts.api == "responses" else opts.api  # a Responses request is parsed as chat's
     sessions = None  # sessions that wait for the server: their later turns arrive as earlier ones end
     if isinstance(specs, Sequence) and SessionPlan.waits(specs):
         sessions = SimSessions(specs, opts.request_overhead_s, disaggregated=opts.disagg is not None)
@@ -438,6 +442,7 @@ def simulate_records(
             num_arrived += 1
             t = sp.arrival_s
             rec, req = arrive(sp, arrived, parse)
+            plan_reasoning(sp, rec, api)  # the reasoning/answer split, as live (slobench.fleet.sim_reasoning)
             if sessions is not None:
                 sessions.arrived(raw, rec)  # (as planned: its next turn extends the conversation, not the sized text)
             else:

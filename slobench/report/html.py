@@ -24,6 +24,7 @@ from slobench.report.client_actors import ray_section
 from slobench.report.compare import Comparison, compare
 from slobench.report.figures import cdf_figure, client_figure, cliff_figure, percentile_figure
 from slobench.report.load import RunData, load_series, unique_labels
+from slobench.report.sessions import sessions_section
 from slobench.report.stats import MAX_CDF_POINTS, Analyzed, analyze
 from slobench.report.style import PLOTLY_CONFIG, series_color
 from slobench.report.style import esc as plot_esc
@@ -108,6 +109,7 @@ def render(views: Sequence[Analyzed], *, title: str | None = None) -> str:
     body = [
         _header(views, page_title),
         _one_rate(views) if is_one_rate else _cliff(views, figs),
+        *filter(None, [sessions_section(views)]),  # only where some run had sessions
         "" if is_one_rate else _latency(views, figs),
         _cdfs(views, figs),
         _timelines(views, figs),

@@ -4,9 +4,10 @@ A session's later turn with `think_s` set (`RequestSpec`; the waiting session mo
 is held back from the open-loop schedule. When turn k's request finishes, `next_turn` gives turn k+1 and the
 time to send it: turn k's end plus the think time. Its prompt is rebuilt from what was actually sent and
 answered: the conversation as sent for turn k, then a stand-in for the answer of the length the server
-actually gave, then the turn's new user part. The stand-in is the planned answer's ids (or words), cut to
-the actual count or repeated past it: deterministic, and the very prompt of the precomputed schedule
-whenever the server answered the planned length. A turn that failed (any status but "ok") ends its session:
+actually gave (its answer tokens: a reasoning model's reasoning is not resent), then the turn's new user
+part. The stand-in is the planned answer's ids (or words), cut to the actual count or repeated past it:
+deterministic, and the very prompt of the precomputed schedule whenever the server answered the planned
+length. A turn that failed (any status but "ok") ends its session:
 the later turns are not sent, and the failed record says why. Both the live runner and the simulator use it.
 """
 
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from slobench.run.records import RequestRecord, RequestSpec, with_drawn_ids
+from slobench.workload.reasoning import answer_tokens
 
 __all__ = ["SessionPlan"]
 
@@ -60,7 +62,8 @@ class SessionPlan:
                 turn += 1
                 nxt = self.later.pop((key[0], turn), None)
             return None
-        prompt = self._rebuilt(sent, nxt, int(rec.output_tokens))
+        reasoned = min(rec.reasoning_tokens or 0, int(rec.output_tokens))  # not resent: the answer is
+        prompt = self._rebuilt(sent, nxt, int(rec.output_tokens) - reasoned)
         spec = nxt if prompt is None else replace(
             nxt, prompt=prompt, input_tokens=len(prompt) if isinstance(prompt, tuple) else len(prompt.split()))
         if spec is not nxt and nxt.ids_below is not None:  # the same drawn ids, rearranged
@@ -72,11 +75,12 @@ class SessionPlan:
         where the planned prompts do not nest as the generator builds them (sent unchanged)."""
         was = self.planned.pop(sent.request_id, sent)  # the planned spec `sent` stood for
         planned_prev, planned_next = _units(was.prompt), _units(nxt.prompt)
-        head = len(planned_prev) + was.max_tokens  # the previous prompt and its planned answer
+        planned_answer = answer_tokens(was)  # (its reasoning is not in the conversation)
+        head = len(planned_prev) + planned_answer  # the previous prompt and its planned answer
         if len(planned_next) < head or planned_next[:len(planned_prev)] != planned_prev:
             return None
         answer = planned_next[len(planned_prev):head]
-        if answered == was.max_tokens:
+        if answered == planned_answer:
             stand_in = answer
         elif answered < len(answer) or not answer:
             stand_in = answer[:answered]

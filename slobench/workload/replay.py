@@ -18,7 +18,8 @@ from slobench.run.records import RequestSpec, with_drawn_ids
 from slobench.workload.base import AS_IT_IS, RunShape, refuse_fixed_lengths
 from slobench.workload.prompts import DEFAULT_TOKEN_ID_RANGE, WORDS, text_prompts, token_prompts
 from slobench.workload.sessions import ids_to_prompt
-from slobench.workload.traces import Trace, TraceColumns, TraceEntry, load_trace
+from slobench.workload.trace_sessions import check_session_mode, session_turns
+from slobench.workload.traces import SHAREGPT_THINK_S, Trace, TraceColumns, TraceEntry, load_trace
 
 __all__ = ["ReplaySpecs", "TraceReplay", "block_token_ids", "replay", "replay_scale"]
 
@@ -228,6 +229,7 @@ def replay(
     token_ids: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE,
     ignore_eos: bool = True,
     min_tokens: str = "max",
+    session_mode: str = "wait",
 ) -> list[RequestSpec]:
     """The requests of one replay of `trace`, in arrival order.
 
@@ -245,6 +247,10 @@ def replay(
     grown by fresh tokens (the shared prefix a multi-turn chat has); else fresh random tokens of the
     trace's length. Prompt content is salted by the trace name and scale so that the runs of a sweep do not
     share prefixes across rates (see `slobench.workload.spec._salted`).
+
+    Sessions: a session's requests are its turns, numbered; with `session_mode` "wait" (the default) each
+    later turn waits for its predecessor's answer plus the trace's gap between them
+    (`slobench.workload.trace_sessions`); "scheduled" sends every turn at its trace time.
     """
     scale = replay_scale(trace, start_s=start_s, time_scale=time_scale, rate_rps=rate_rps, duration_s=duration_s,
                          num_requests=num_requests)
@@ -267,6 +273,9 @@ def replay(
         drawn = (int(token_ids[0]), int(token_ids[1]))
         for i in plain:
             with_drawn_ids(specs[i], drawn)
+    if any(e.session_id is not None for e in kept):
+        return list(session_turns(specs, session_mode, SHAREGPT_THINK_S * scale if trace.format == "sharegpt" else None))
+    check_session_mode(session_mode)
     return specs
 
 
@@ -304,11 +313,13 @@ class TraceReplay:
     token_ids: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE
     ignore_eos: bool = True
     min_tokens: str = "max"  # min_tokens = max_tokens: the output is the trace's length even without ignore_eos
+    session_mode: str = "wait"  # a session's later turn waits for the previous answer (`trace_sessions`)
 
     def __post_init__(self) -> None:
         if self.time_scale is not None:
             replay_scale(self.trace, time_scale=self.time_scale)  # validates it
         check_replay_fields(self.start_s, self.api, self.min_tokens)
+        check_session_mode(self.session_mode)
 
     @classmethod
     def open(
@@ -324,6 +335,7 @@ class TraceReplay:
         spread: bool = True,
         keep_zero: bool = False,
         min_tokens: str = "max",
+        session_mode: str = "wait",
     ) -> TraceReplay:
         """Load a trace for replay; `warn` hears about skipped rows and what the loader did."""
         trace = load_trace(path, fmt, seed=seed, spread=spread, keep_zero=keep_zero)
@@ -332,7 +344,8 @@ class TraceReplay:
                 warn(f"warning: {trace.problem_summary()}")
             for note in trace.notes:
                 warn(f"note: {note}")
-        return cls(trace, time_scale=time_scale, start_s=start_s, api=api, min_tokens=min_tokens)
+        return cls(trace, time_scale=time_scale, start_s=start_s, api=api, min_tokens=min_tokens,
+                   session_mode=session_mode)
 
     @property
     def name(self) -> str:
@@ -344,7 +357,7 @@ class TraceReplay:
             self.trace, time_scale=self.time_scale, rate_rps=shape.rate_rps, start_s=self.start_s,
             duration_s=shape.duration_s, num_requests=shape.num_requests, seed=shape.seed, api=shape.api or self.api,
             prompt=self.prompt, token_ids=self.token_ids, ignore_eos=self.ignore_eos,
-            min_tokens=self.min_tokens,
+            min_tokens=self.min_tokens, session_mode=self.session_mode,
         ), self.trace.rows)
 
     def to_dict(self) -> dict[str, Any]:
@@ -355,4 +368,4 @@ class TraceReplay:
             "api": self.api,
             "prompt": self.prompt,
             "min_tokens": self.min_tokens,
-        }
+        } | ({"session_mode": self.session_mode} if self.session_mode != "wait" else {})

@@ -15,6 +15,7 @@ from slobench.run.records import RequestSpec, with_drawn_ids
 from slobench.workload.lengths import LengthDist, length_from_dict
 from slobench.workload.phases import RequestClass, Schedule
 from slobench.workload.prompts import WORDS, _id_objects
+from slobench.workload.reasoning import ReasoningSpec
 
 __all__ = ["SESSION_MODES", "SessionSpec", "SystemPrompts", "ThinkTime", "build_requests", "ids_to_prompt",
            "with_session_mode"]
@@ -232,7 +233,7 @@ class _Turns:
 
 
 def _expand(sched: Schedule, classes: Sequence[RequestClass], sessions: SessionSpec | None,
-            prefix_len: np.ndarray, rng: np.random.Generator) -> _Turns:
+            prefix_len: np.ndarray, rng: np.random.Generator, reasoning: ReasoningSpec | None) -> _Turns:
     n = len(sched.times_s)
     if sessions is None:
         return _Turns(np.arange(n), np.zeros(n, np.int64), sched.times_s, sched.input_tokens, sched.output_tokens,
@@ -270,7 +271,7 @@ def _expand(sched: Schedule, classes: Sequence[RequestClass], sessions: SessionS
                 break
             for col, v in zip(cols, (s, j, t, user[j], out[j], wait_s), strict=True):
                 col.append(v)
-            context += out[j]
+            context += out[j] - (reasoning.tokens(out[j]) if reasoning else 0)  # the answer, not its reasoning
         pos += int(later[s])
     return _Turns(np.array(cols[0], np.int64), np.array(cols[1], np.int64), np.array(cols[2], np.float64),
                   np.array(cols[3], np.int64), np.array(cols[4], np.int64), np.array(cols[5], np.float64))
@@ -290,9 +291,12 @@ def build_requests(
     duration_s: float | None,
     ignore_eos: bool,
     pin_min_tokens: bool,
+    reasoning: ReasoningSpec | None = None,
 ) -> list[RequestSpec]:
     """RequestSpecs in arrival order, with session turns expanded and prompts built (see `SessionSpec`
-    and `SystemPrompts`). `ss` drives session shapes and group choice; `ss_prompt` the prompt content."""
+    and `SystemPrompts`). `ss` drives session shapes and group choice; `ss_prompt` the prompt content.
+    `reasoning`: each request asks for that share of its answer as reasoning, and a session's next turn
+    carries the previous answer without it (`slobench.workload.reasoning`)."""
     s_group, s_sess = ss.spawn(2)
     n = len(sched.times_s)
     group = np.full(n, -1, dtype=np.int64)
@@ -304,7 +308,7 @@ def build_requests(
         if system_prompts.share < 1.0:  # drawn after the groups: a spec without `share` keeps its draws
             alone = rng.random(n) >= system_prompts.share
             group[alone], prefix_len[alone] = -1, 0
-    turns = _expand(sched, classes, sessions, prefix_len, np.random.default_rng(s_sess))
+    turns = _expand(sched, classes, sessions, prefix_len, np.random.default_rng(s_sess), reasoning)
     waits = sessions is not None and sessions.mode == "wait"
     # waiting, a session started within the run is planned whole: when its later turns leave is the server's
     started_s = turns.times_s[np.searchsorted(turns.start, turns.start)] if waits else turns.times_s
@@ -329,7 +333,8 @@ def build_requests(
             head = prefixes[group[s]] if group[s] >= 0 else np.empty(0, np.int64)
             ids = np.concatenate([head, body.integers(lo, hi, size=int(turns.user[i]), dtype=np.int64)])
         else:
-            answer_and_user = int(turns.output[i - 1]) + int(turns.user[i])  # i-1: the previous turn
+            answered = int(turns.output[i - 1])  # i-1: the previous turn
+            answer_and_user = answered - (reasoning.tokens(answered) if reasoning else 0) + int(turns.user[i])
             ids = np.concatenate([prev, body.integers(lo, hi, size=answer_and_user, dtype=np.int64)])
         if sessions is not None:
             context[s] = ids
@@ -345,6 +350,7 @@ def build_requests(
             min_tokens=n_out if pin_min_tokens else None, ignore_eos=ignore_eos, tag=sched.tags[s],
             session_id=s if sessions is not None else None, turn=int(turns.turn[i]) if sessions is not None else None,
             think_s=float(turns.think_s[i]) if waits and turns.turn[i] > 0 else None,
+            extra_body=reasoning.body(n_out) if reasoning else (),
         ))
     if not is_text:  # every id drawn from [lo, hi) above (prefixes, bodies): say so once, here
         drawn = (int(lo), int(hi))

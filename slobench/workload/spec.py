@@ -37,6 +37,7 @@ from slobench.workload.prompts import (
     token_prompt_heads,
 )
 from slobench.workload.ranges import MAX_NUM_REQUESTS, MAX_TOKEN_ID, check_count, check_duration_s
+from slobench.workload.reasoning import ReasoningSpec
 from slobench.workload.sessions import SessionSpec, SystemPrompts, build_requests
 
 __all__ = ["WorkloadSpec", "generate", "load_workload", "phase_boundaries"]
@@ -63,6 +64,7 @@ _TOP_KEYS = frozenset(
         "phase",
         "sessions",
         "system_prompts",
+        "reasoning",
     }
 )
 _ARRIVAL_KEYS = frozenset({"process", "rate_rps", "cv"})
@@ -138,6 +140,9 @@ class WorkloadSpec:
         num_groups = 8
         tokens = 1024                  # or one length per group
         zipf_s = 1.1
+
+        [reasoning]                    # a reasoning model's answers: this share of each is reasoning
+        share = 0.6                    # (slobench.workload.reasoning)
     """
 
     name: str
@@ -157,6 +162,7 @@ class WorkloadSpec:
     phases: tuple[Phase, ...] = ()
     sessions: SessionSpec | None = None
     system_prompts: SystemPrompts | None = None
+    reasoning: ReasoningSpec | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -204,8 +210,8 @@ class WorkloadSpec:
 
     @property
     def is_structured(self) -> bool:
-        """True when the spec uses classes, phases, sessions or system prompts (the newer generator)."""
-        return bool(self.classes or self.mix or self.phases or self.sessions or self.system_prompts)
+        """True when the spec uses classes, phases, sessions, system prompts or reasoning (the newer generator)."""
+        return bool(self.classes or self.mix or self.phases or self.sessions or self.system_prompts or self.reasoning)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> WorkloadSpec:
@@ -214,7 +220,7 @@ class WorkloadSpec:
                 raise SpecError(str(key), d[key], f"unknown key; allowed: {sorted(_TOP_KEYS)}")
         if "name" not in d:
             raise SpecError("name", None, "missing")
-        tables = {"arrival", "input", "output", "class", "mix", "phase", "sessions", "system_prompts"}
+        tables = {"arrival", "input", "output", "class", "mix", "phase", "sessions", "system_prompts", "reasoning"}
         kwargs: dict[str, Any] = {k: d[k] for k in _TOP_KEYS - tables if k in d}
         if "token_ids" in kwargs:
             ids = kwargs["token_ids"]
@@ -247,6 +253,8 @@ class WorkloadSpec:
             kwargs["system_prompts"] = _nested(
                 "system_prompts", lambda: SystemPrompts.from_dict(_table(d["system_prompts"]))
             )
+        if "reasoning" in d:
+            kwargs["reasoning"] = _nested("reasoning", lambda: ReasoningSpec.from_dict(_table(d["reasoning"])))
         return cls(**kwargs)
 
     @classmethod
@@ -302,6 +310,8 @@ class WorkloadSpec:
             d["sessions"] = self.sessions.to_dict()
         if self.system_prompts is not None:
             d["system_prompts"] = self.system_prompts.to_dict()
+        if self.reasoning is not None:
+            d["reasoning"] = self.reasoning.to_dict()
         return {k: v for k, v in d.items() if v is not None}
 
     def specs(self, shape: RunShape = AS_IT_IS) -> list[RequestSpec]:
@@ -563,5 +573,5 @@ def _generate_structured(spec: WorkloadSpec, shape: RunShape) -> list[RequestSpe
         sched, classes, sessions=spec.sessions, system_prompts=spec.system_prompts, ss=s_build,
         ss_prompt=s_prompt, is_text=api == "chat" or spec.prompt == "text", id_range=spec.token_ids,
         num_requests=num_requests, duration_s=duration_s, ignore_eos=spec.ignore_eos,
-        pin_min_tokens=spec.min_tokens == "max",
+        pin_min_tokens=spec.min_tokens == "max", reasoning=spec.reasoning,
     )

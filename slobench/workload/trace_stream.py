@@ -32,6 +32,7 @@ from slobench.workload.replay import (
     request_spec,
     time_scale_factor,
 )
+from slobench.workload.trace_sessions import session_turns
 from slobench.workload.traces import (
     _STAMPED,
     FORMATS,
@@ -328,7 +329,8 @@ class StreamingReplay:
             if not window:  # rate_scale saw the span as two times: it holds n - 1 gaps, not 1
                 scale *= n - 1
             after = chain(window, after)
-        stream = ReplayStream(self._requests(after, scale, duration_s, num_requests, seed, shape.api or self.api),
+        made = self._requests(after, scale, duration_s, num_requests, seed, shape.api or self.api)
+        stream = ReplayStream(session_turns(made, "scheduled"),  # each session's turns numbered, sent at their times
                               self.path, self.log, lambda: self._count_hint(rate_rps, duration_s, num_requests))
         if stream.is_empty:
             raise UsageError(f"{self.path}: the window (--start {start:g} s, --duration {duration_s} s at scale "

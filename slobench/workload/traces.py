@@ -27,7 +27,8 @@ from slobench.errors import SpecError, UsageError
 from slobench.input_file import TRACE, open_input
 from slobench.workload.bundled import list_traces, trace_path
 
-__all__ = ["FORMATS", "RowProblem", "Trace", "TraceColumns", "TraceEntry", "compression", "detect_format", "load_trace", "stamp_grid"]
+__all__ = ["FORMATS", "MooncakeSessions", "RowProblem", "Trace", "TraceColumns", "TraceEntry", "compression", "detect_format",
+           "load_trace", "may_hold_sessions", "stamp_grid"]
 
 FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "slobench")
 MOONCAKE_BLOCK_TOKENS = 512
@@ -265,6 +266,20 @@ def detect_format(path: str | Path) -> str:
     )
 
 
+def may_hold_sessions(path: str | Path, fmt: str | None = None) -> bool:
+    """Whether a trace's first rows show a conversation's fields (ShareGPT's conversations, BurstGPT's
+    `Session ID` column, a JSONL row's `session_id`, `chat_id` or `parent_chat_id`): a replay whose sessions
+    wait for the server then loads it whole. A UsageError where the file cannot be read."""
+    file = trace_path(path)
+    head = _read_head(file)
+    fmt = detect_format(file) if fmt is None else fmt
+    if fmt == "sharegpt":
+        return True
+    if fmt in ("azure", "burstgpt"):
+        return "session id" in head.lstrip("\ufeff").split("\n", 1)[0].lower()
+    return any(f'"{key}"' in head for key in ("session_id", "chat_id", "parent_chat_id"))
+
+
 def _read_head(path: Path) -> str:
     try:
         with _open_text(path) as fh:
@@ -347,7 +362,9 @@ def load_trace(path: str | Path, fmt: str | None = None, *, seed: int = 0, sprea
       burstgpt  BurstGPT CSV: `Timestamp` (seconds), `Model`, `Request tokens`, `Response tokens`, ..., and in
                 BurstGPT_3 a `Session ID`: the rows of one session are the turns of one conversation
       mooncake  Mooncake JSONL: `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (one per 512-token
-                block; requests sharing an id share those prompt tokens)
+                block; requests sharing an id share those prompt tokens), and where a row is a conversation's
+                turn, `session_id`, or `chat_id` / `parent_chat_id` as Alibaba's Mooncake-style traces link
+                turns (`MooncakeSessions`)
       sharegpt  ShareGPT-style JSON: a list of `{"conversations": [{"from": "human"|"gpt", "value": text}]}`;
                 one request per human turn, its prompt the conversation so far; lengths counted in words
       slobench  slobench's own JSONL (`slobench workload convert` writes it): one object per line with
@@ -596,6 +613,7 @@ def _csv_rows(path: Path, fmt: str) -> Iterator[TraceEntry | RowProblem]:
 
 
 def _jsonl_rows(path: Path, fmt: str) -> Iterator[TraceEntry | RowProblem]:
+    sessions = MooncakeSessions()
     with _open_text(path) as fh:
         for line, text in enumerate(fh, 1):
             if not text.strip():
@@ -604,7 +622,7 @@ def _jsonl_rows(path: Path, fmt: str) -> Iterator[TraceEntry | RowProblem]:
                 obj = json.loads(text)
                 if not isinstance(obj, dict):
                     raise ValueError("not a JSON object")
-                yield _mooncake_entry(obj, line) if fmt == "mooncake" else _slobench_entry(obj, line)
+                yield sessions.of(obj, _mooncake_entry(obj, line)) if fmt == "mooncake" else _slobench_entry(obj, line)
             except json.JSONDecodeError as e:
                 yield RowProblem(line, f"not JSON ({e.msg} at column {e.colno})")
             except ValueError as e:
@@ -628,6 +646,38 @@ def _mooncake_entry(obj: dict[str, Any], line: int) -> TraceEntry:
     n_in = _count(obj["input_length"], "input_length", minimum=0)
     n_out = _count(obj["output_length"], "output_length", minimum=0)
     return TraceEntry(t_ms / 1000.0, n_in, n_out, line, _hash_ids(obj))
+
+
+class MooncakeSessions:
+    """The conversation a Mooncake-style row belongs to: its `session_id` (an integer or a string), or, as
+    Alibaba's Mooncake-style traces link turns, the conversation of its `parent_chat_id` (a row whose parent is
+    -1 or absent, and which others name as parent by its `chat_id`, starts one). Sessions are numbered in order
+    of first appearance; the turns of one are its rows in arrival order. A row with neither field is no
+    session's (Mooncake's own traces)."""
+
+    def __init__(self) -> None:
+        self.ids: dict[Any, int] = {}  # session id text or number -> session
+        self.of_chat: dict[Any, int] = {}  # chat_id -> its conversation's session
+
+    def of(self, obj: dict[str, Any], e: TraceEntry) -> TraceEntry:
+        sid = obj.get("session_id")
+        chat, parent = obj.get("chat_id"), obj.get("parent_chat_id")
+        for name, v in (("session_id", sid), ("chat_id", chat), ("parent_chat_id", parent)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | str)):
+                raise ValueError(f"{name} must be an integer or a string (got {v!r})")
+        if sid is not None:
+            session = self.ids.setdefault(sid, len(self.ids))
+        elif parent is not None and parent != -1 and str(parent) != "-1":
+            if parent not in self.of_chat:  # its first turn left out (unreadable, or before the file)
+                self.of_chat[parent] = self.ids.setdefault(("chat", parent), len(self.ids))
+            session = self.of_chat[parent]
+        elif chat is not None:
+            session = self.ids.setdefault(("chat", chat), len(self.ids))
+        else:
+            return e
+        if chat is not None:
+            self.of_chat[chat] = session
+        return replace(e, session_id=session)
 
 
 def _slobench_entry(obj: dict[str, Any], line: int) -> TraceEntry:
