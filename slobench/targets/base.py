@@ -78,6 +78,9 @@ class TargetBase:
 
     clock: Clock
     send_lead_s: float = 0.0
+    # each time is written on the record the moment it is stamped, so a record read mid-request is true
+    # up to now (what the early stop's in-flight rules need); False: stamps queued or made elsewhere
+    records_live: bool = False
     model: str = ""
     caps: Capabilities | None = None
 
