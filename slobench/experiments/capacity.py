@@ -275,7 +275,8 @@ async def search_capacity(measure: Measure, opts: SearchOptions) -> CapacityResu
     reps = [s.to_dict() for s in located]
     found = [s for s in located if s.capacity_rps is not None]
     slope = float(np.mean([s.slope_per_rps for s in found])) if found else None
-    short = short_probe_note([p for p in probes if p.phase not in ("up", "down")])
+    # a probe stopped early is short because its fail was decided, not for its size
+    short = short_probe_note([p for p in probes if p.phase not in ("up", "down") and p.stopped_early is None])
     if short:
         notes.append(short)
     why = inconclusive_reason(located, opts)
