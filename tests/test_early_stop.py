@@ -9,7 +9,14 @@ from slobench.analysis.slo import SLO
 from slobench.errors import SpecError, UsageError
 from slobench.experiments.capacity import Probe
 from slobench.load_options import LoadOptions
-from slobench.run.early_stop import MissCounter, StoppedEarly, allowed_misses, stopped_attainment
+from slobench.run.early_stop import (
+    MissCounter,
+    StoppedEarly,
+    allowed_misses,
+    bound_text,
+    partial_attainment,
+    stopped_attainment,
+)
 from slobench.run.records import RequestRecord
 from slobench.run.server_idle import busy_requests
 
@@ -105,7 +112,7 @@ def test_in_flight_requests_decide_only_with_live_records() -> None:
 def test_stopped_early_round_trips_and_reads_as_a_bound() -> None:
     s = StoppedEarly("finished and missed: 3", 4.25, 3, 2, 20, 1, 0.85, 0.05, {"idle_after_s": 0.1})
     assert StoppedEarly.from_dict(s.to_dict()) == s
-    assert s.short() == "at most 85.0% (stopped early at 4.2 s)"
+    assert bound_text(s.attainment_at_most, s.at_s) == "at most 85.0% (stopped early at 4.2 s)"
     close = StoppedEarly("x", 1.0, 62, 61, 617, 33, 555 / 617, 33 / 617)
     assert "at most 89.9%" in close.text()  # 89.95%: rounded down, never shown as the 90% it missed
     att = stopped_attainment(s, 2.0)
@@ -135,3 +142,9 @@ def test_busy_requests_sums_the_gauges_of_every_replica() -> None:
                'sglang:num_queue_reqs{replica="1"}': 1.0, "vllm:prompt_tokens_total": 99.0}
     assert busy_requests(samples) == 6.0
     assert busy_requests({"process_cpu_seconds_total": 1.0}) is None
+
+
+def test_partial_attainment_bounds_what_the_undecided_requests_could_make_of_it() -> None:
+    att = partial_attainment(20, 5, 3, 2.0)  # 12 requests undecided (cancelled, or never sent)
+    assert (att.value, att.ci_low, att.ci_high, att.num_requests, att.good_throughput_rps) == (5 / 8, 5 / 20, 17 / 20, 20,
+                                                                                              2.5)

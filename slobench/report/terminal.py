@@ -13,7 +13,7 @@ from rich.text import Text
 from slobench.analysis.sessions import sessions_text
 from slobench.analysis.summary import Breakdown, Dist, RunSummary, as_run_summary
 from slobench.printable import printable
-from slobench.run.early_stop import StoppedEarly
+from slobench.run.early_stop import bound_text
 
 
 def make_console() -> Console:
@@ -59,7 +59,7 @@ def attainment_text(s: RunSummary) -> str:
     if att is None:
         return "-"
     if s.stopped_early is not None:
-        return StoppedEarly.from_dict(s.stopped_early).short()
+        return bound_text(att.ci_high, float(s.stopped_early["at_s"]))
     return f"{_pct(att.value)} [{_pct(att.ci_low)}, {_pct(att.ci_high)}]"
 
 

@@ -114,17 +114,20 @@ class StoppedEarly:
                    int(d["num_scheduled"]), int(d["num_met"]), float(d["attainment_at_most"]),
                    float(d["attainment_at_least"]), d.get("server_idle"))
 
-    def at_most_text(self) -> str:
-        return f"{math.floor(self.attainment_at_most * 1000) / 10:.1f}%"  # rounded down: 89.96% is no 90.0%
-
-    def short(self) -> str:
-        """What a table's attainment cell says."""
-        return f"at most {self.at_most_text()} (stopped early at {self.at_s:.1f} s)"
-
     def text(self) -> str:
         """One line for a probe's progress."""
         return (f"stopped early at {self.at_s:.1f} s: {self.known_misses} of {self.num_scheduled} requests known to "
-                f"miss ({self.allowed_misses} allowed), attainment at most {self.at_most_text()}")
+                f"miss ({self.allowed_misses} allowed), attainment at most {percent_down(self.attainment_at_most)}")
+
+
+def percent_down(share: float) -> str:
+    """A share as a percentage rounded down: an upper bound of 89.96% is no 90.0%."""
+    return f"{math.floor(share * 1000) / 10:.1f}%"
+
+
+def bound_text(at_most: float | None, at_s: float) -> str:
+    """What a table's attainment cell says of a run that stopped early."""
+    return f"at most {'-' if at_most is None else percent_down(at_most)} (stopped early at {at_s:.1f} s)"
 
 
 class MissCounter:
@@ -188,9 +191,16 @@ class MissCounter:
 
 def stopped_attainment(stopped: StoppedEarly, duration_s: float) -> Attainment:
     """A stopped run's attainment: the share met among the decided requests, its bounds as the interval."""
-    good = stopped.num_met / duration_s if duration_s > 0 and math.isfinite(duration_s) else 0.0
-    return Attainment(stopped.decided_share, stopped.attainment_at_least, stopped.attainment_at_most,
-                      stopped.num_scheduled, stopped.num_met, good)
+    return partial_attainment(stopped.num_scheduled, stopped.num_met, stopped.known_misses, duration_s)
+
+
+def partial_attainment(num_scheduled: int, num_met: int, num_missed: int, duration_s: float) -> Attainment:
+    """What part of a run's requests say of its attainment: `num_met` and `num_missed` decided of
+    `num_scheduled`; the value the share met among them, the interval what the rest could make of it."""
+    good = num_met / duration_s if duration_s > 0 and math.isfinite(duration_s) else 0.0
+    decided = num_met + num_missed
+    return Attainment(num_met / decided if decided else math.nan, num_met / num_scheduled,
+                      (num_scheduled - num_missed) / num_scheduled, num_scheduled, num_met, good)
 
 
 async def watch(counter: MissCounter, finished: Sequence[RequestRecord], in_flight: Mapping[int, RequestRecord],
