@@ -106,9 +106,16 @@ def main() -> int:
     ap.add_argument("--replicates", type=int, default=2)
     ap.add_argument("--tolerance", type=float, default=0.1, help="the search's relative bracket width")
     ap.add_argument("--json", default=None, help="also write every figure here")
+    ap.add_argument("--from-json", default=None, help="summarise the searches a --json file holds; measure nothing")
     args = ap.parse_args()
+    if args.from_json:
+        rows = json.loads(Path(args.from_json).read_text())["seeds"]
+        for r in rows:
+            print_seed(r)
+        summarise(rows, args)
+        return 0
     proc, port = start_server()
-    rows: list[dict[str, Any]] = []
+    rows = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for seed in range(args.seeds):
@@ -163,6 +170,15 @@ def summarise(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
     print(f"verdicts at a rate and seed both searches probed: {agree} of {len(same_rate)} agree")
     print(f"capacity found both ways: {len(both)} seeds; early-stop capacity inside the whole search's interval: "
           f"{inside}; mean relative difference {statistics.mean(rel) * 100 if rel else float('nan'):+.1f}%")
+    # a stopped probe's attainment by each rule against the whole probe's at the same rate and seed
+    pairs = [(p, w) for r in rows for p in r["early"]["probes"] if p.get("stopped_early")
+             for w in r["whole"]["probes"] if (w["rate_rps"], w["seed"]) == (p["rate_rps"], p["seed"])]
+    for rule in RULES:
+        errs = [value_under(p, rule) - w["attainment"] for p, w in pairs]
+        if errs:
+            print(f"a stopped probe's attainment as {rule:8s} minus the whole probe's at the same rate and seed: "
+                  f"{statistics.mean(errs) * 100:+.1f} points mean, {statistics.mean(map(abs, errs)) * 100:.1f} "
+                  f"mean absolute, over {len(errs)} probes")
     by_rule = {}
     for rule in RULES:
         diffs = [(c - r["whole"]["capacity_rps"]) / r["whole"]["capacity_rps"] for r in both

@@ -54,6 +54,7 @@ def test_a_probe_past_the_cliff_stops_early_and_one_below_does_not(port: int, tm
     assert below.get("stopped_early") is None and below["num_requests"] == below["num_scheduled"]
     stopped = past["stopped_early"]
     assert stopped["known_misses"] > stopped["allowed_misses"]
+    assert "no first token after the TTFT bound" in stopped["reason"]  # the queue, seen while it grows
     assert stopped["num_scheduled"] == past["num_scheduled"] > past["num_requests"]  # not measured to the end
     assert stopped["at_s"] < 4.0
     assert stopped["server_idle"].get("idle_after_s") is not None  # the server let go before the next rate

@@ -502,7 +502,7 @@ def _miss_counter(opts: RunOptions, slo: SLO | None, total: int | None, target: 
     measured = total - min(opts.warmup_requests, total)
     if measured < 1:
         return None
-    return early_stop.MissCounter(slo, measured, in_flight_rules=bool(getattr(target, "records_live", False)))
+    return early_stop.MissCounter(slo, measured, in_flight_rules=target.records_live)
 
 
 def _schedule(specs: Iterable[RequestSpec], duration_s: float | None
