@@ -147,6 +147,18 @@ HEADLINES: tuple[Headline, ...] = (
     ), "a sweep of {records} records built into a {html_mb} MB HTML report in {report_s_min}–{report_s_max} s "
        "at {report_peak_gb} GB peak, one run of {records} summarised in {summarize_s_min}–{summarize_s_max} s, "
        "read from `requests.parquet`"),
+    Headline("probe_early_stop", "Early stop", (
+        F("seeds", "seeds (one live capacity search each way per seed)"),
+        F("wall_ratio", "wall time with early stop / without", "{:.2f}"),
+        F("stopped", "probes stopped early"),
+        F("probes", "probes of the early-stop searches"),
+        F("verdicts_agree", "verdicts that agree where both searches probed the same rate and seed"),
+        F("verdicts_compared", "verdicts compared"),
+        F("inside_whole_interval", "early-stop capacities inside the whole-probe search's 95% interval"),
+        F("both_found", "seeds with a capacity both ways"),
+    ), "probes stop once their fail is decided: a live capacity search on the bundled engine took {wall_ratio}x "
+       "the wall time over {seeds} seeds, {verdicts_agree} of {verdicts_compared} probe verdicts agreed, and "
+       "{inside_whole_interval} of {both_found} capacities fell inside the whole-probe search's interval"),
     Headline("validate_published", "Published GPU runs", (
         F("distserve_within_3", "DistServe disaggregated runs, attainment within 3 points (fitted)"),
         F("distserve_runs", "DistServe disaggregated runs"),

@@ -167,6 +167,9 @@ class RunGroup:
     rate_limit: str | None = None
     max_error_rate: str | None = None
     no_progress: bool = False
+    # sweep and capacity probes stop once their verdict against the SLO is decided (slobench.run.early_stop)
+    # unless this is set; a single run is always measured to its end
+    no_early_stop: bool = False
     scrape_interval: float = 1.0  # seconds between /metrics scrapes; 0: off
     report: str | None = None
 
@@ -283,6 +286,8 @@ class LoadOptions:
                 raise UsageError("--ray needs --url: the in-process engine and --simulate send nothing over HTTP")
             if "," in str(t.url or ""):
                 raise UsageError("--ray with several --url: not supported; point --url at the fleet's load balancer")
+        if r.no_early_stop and self.verb == "run":
+            raise UsageError("--no-early-stop applies to sweep and capacity probes; a run is always measured to its end")
         if w.trace is not None:
             rescaled = [f for f, on in (("--rate", w.rate is not None), ("--rates", w.rates is not None),
                                         ("capacity", self.verb == "capacity")) if on]
@@ -346,6 +351,11 @@ class LoadOptions:
                 argv += [flag, value if isinstance(value, str) else f"{value:g}" if isinstance(value, float)
                          else str(value)]
         return argv
+
+    @property
+    def early_stop(self) -> bool:
+        """Whether each probe stops once its verdict is decided: a sweep's and a capacity search's, live."""
+        return self.verb in ("sweep", "capacity") and not self.run_group.no_early_stop
 
     def __getattr__(self, name: str) -> Any:
         owner = _OWNER.get(name) or (TargetGroup if name == "headers" else None)

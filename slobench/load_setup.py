@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from slobench.run.manifest import build_manifest
 from slobench.run.records import REQUESTS
 from slobench.run.runner import RunOptions
 from slobench.run.scrape import MetricsScraper, metrics_url_for
+from slobench.run.server_idle import http_samples, local_samples, wait_idle
 from slobench.targets.build import build
 from slobench.targets.capabilities import TOO_LONG, Capabilities
 from slobench.targets.options import DEFAULT_URL, OVERRIDABLE, TargetOptions, Timeouts
@@ -220,6 +221,14 @@ class LoadSetup:
         return [MetricsScraper(source, run_dir, interval, headers=self.headers,
                                max_body_bytes=self.options.max_metrics_body)]
 
+    def idle_wait(self) -> Callable[[], Awaitable[dict[str, Any]]]:
+        """After a probe stopped early: the wait for the server's gauges to show it idle (`server_idle`)."""
+        if self.options.engine:
+            fetch = local_samples(self.engine_target.metrics_text)
+        else:
+            fetch = http_samples([metrics_url_for(u) for u in self.urls], self.headers, self.options.max_metrics_body)
+        return lambda: wait_idle(fetch)
+
     def simulated_manifest(self) -> dict[str, Any]:
         """The manifest of a --simulate run: the engine's knobs stand where a target's URL would."""
         o = self.options
@@ -322,7 +331,8 @@ class LoadSetup:
                 return await note_client_clocks(target, run_dir, summary, self.slo)  # Ray actors: clocks, health
 
             probe = LiveProbe(bounded_specs, target, slo=self.slo, opts=self.run_options(), clock=clock,
-                              monitors_for=self.monitors if scrape else None, after_run=after_run)
+                              monitors_for=self.monitors if scrape else None, after_run=after_run,
+                              settle=self.idle_wait())
             yield probe, self.manifest(target, served), served
         finally:
             await target.close()
@@ -358,6 +368,7 @@ class LoadSetup:
             closed_loop_rate_rps=o.rate if o.concurrency else None,
             rate_limit=parse_rate_limit(o.rate_limit),
             progress=not o.no_progress,
+            early_stop=o.early_stop,
         )
 
 

@@ -57,6 +57,7 @@ SERVER_MODULES = frozenset({
     "test_reasoning_server", "test_reasoning_timing", "test_responses_api",
     "test_tune_live",  # starts servers and capacity searches as child processes
     "test_tune_guided",  # starts a server and simulated capacity searches as child processes
+    "test_early_stop_live",  # sweeps against the bundled engine's server
 })
 # modules that assert on milliseconds of wall time: the `timing` marker, run alone after the parallel tier
 TIMING_MODULES = frozenset({

@@ -65,7 +65,7 @@ def instances(clock: Clock) -> dict[type, Any]:
 
 def test_the_protocol_lists_the_optional_parts() -> None:
     assert protocol_members() == {
-        "clock", "send_lead_s", "model", "caps", "start", "preflight", "send", "close", "check_compatible",
+        "clock", "send_lead_s", "records_live", "model", "caps", "start", "preflight", "send", "close", "check_compatible",
         "describe", "fleet_summary", "negotiation_notes",
     }
 
@@ -117,7 +117,7 @@ def test_fleet_joins_its_replicas_members() -> None:
     a = Fake(clock, lead_s=0.005, notes=("no ignore_eos", "usage counted"))
     b = Fake(clock, lead_s=0.25, notes=("usage counted", "text prompts"))
     fleet = FleetTarget([a, b], "round-robin")
-    assert fleet.send_lead_s == 0.005 and fleet.model == "fake"
+    assert fleet.send_lead_s == 0.005 and fleet.model == "fake" and not fleet.records_live
     assert fleet.negotiation_notes() == ["no ignore_eos", "usage counted", "text prompts"]
     assert fleet.describe() == {"kind": "Fake", "fleet": {"replicas": 2, "router": "round-robin",
                                                           "targets": [{"kind": "Fake"}, {"kind": "Fake"}]}}

@@ -237,6 +237,9 @@ class RunSummary:
     warmup: Mapping[str, Any] | None = None
     interrupted: bool | None = None
     stopped_by: str | None = None
+    # the run stopped once its verdict against the SLO was decided (slobench.run.early_stop.StoppedEarly):
+    # `attainment` then holds what is known (value: met among the decided; interval: its bounds)
+    stopped_early: Mapping[str, Any] | None = None
     num_scheduled: int | None = None
     trace_rows: Mapping[str, Any] | None = None
     fleet: Mapping[str, Any] | None = None

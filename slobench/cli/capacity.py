@@ -26,6 +26,7 @@ from slobench.experiments.sweep import parse_rates
 from slobench.gate import EXIT_INCONCLUSIVE, load_samples
 from slobench.load_setup import MIN_PROBE_S, LoadSetup
 from slobench.report.capacity_progress import SearchProgress
+from slobench.run.early_stop import StoppedEarly
 from slobench.run.event_loop import run_async
 from slobench.run.outdir import claim_out_dir, removed_if_unused
 from slobench.run.rundir import CAPACITY, write_capacity, write_json_atomic
@@ -101,6 +102,8 @@ async def _capacity(args: argparse.Namespace) -> int:
     )
     if fixed and opts.replicates < 2:
         raise UsageError("--rates needs --replicates >= 2: fixed-rate replicates are what the gate compares")
+    if fixed:  # the gate compares whole runs at the same rates: none stops early
+        setup.options = setup.options.with_values(no_early_stop=True)
     out = claim_out_dir(Path(args.out) if args.out else default_out("capacity"),
                         overwrite=setup.options.overwrite)  # before any request: exit 2, one line
     console = Console(stderr=True)
@@ -113,6 +116,8 @@ async def _capacity(args: argparse.Namespace) -> int:
         att = summary.attainment_value
         console.print(f"rate {rate:8.3f} req/s  seed {seed:3d}  attainment "
                       f"{'-' if att is None else f'{att:6.1%}'}  ({summary.run_dir})")
+        if summary.stopped_early is not None:
+            console.print(f"  {StoppedEarly.from_dict(summary.stopped_early).text()}", markup=False)
         ray = summary.client.ray or {}  # sent from Ray load actors (--ray)
         for note in (ray.get("warning"), f"{ray['num_died']} Ray load actor(s) died" if ray.get("num_died") else None):
             if note:

@@ -183,6 +183,10 @@ def add_load_flags(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:
                    help="exit 1 when more than this share of requests failed (e.g. 0.05 or 5%%); by default only "
                         "a run in which no request succeeded does")
     r.add_argument("--no-progress", action="store_true", default=None)
+    r.add_argument("--no-early-stop", action="store_true", default=None,
+                   help="sweep and capacity: measure every probe to its end; by default a probe stops as soon as "
+                        "more requests are known to miss the SLO than its target allows (its verdict is then "
+                        "decided: a fail)")
     r.add_argument("--scrape-interval", type=float, default=None,
                    help="seconds between scrapes of the server's /metrics (0: off)")
     r.add_argument("--report", default=None, metavar="HTML", help="also write the HTML report here")
@@ -208,8 +212,9 @@ def options_from_args(args: argparse.Namespace) -> LoadOptions:
 
 def load_options(**values: Any) -> LoadOptions:
     """The options of a verb that sends load without taking the load flags itself (`demo`, `profile`'s
-    refinement): the groups' defaults, with `values` in place of some, as a sweep's."""
-    return LoadOptions.make("sweep", **values)
+    refinement): the groups' defaults, with `values` in place of some, as a sweep's, each run measured to its
+    end (a profile is fitted from every request)."""
+    return LoadOptions.make("sweep", **{"no_early_stop": True, **values})
 
 
 def error_rate_verdict(n: int, ok: int, max_error_rate: float | None) -> str | None:

@@ -88,6 +88,9 @@ class Probe:
     metrics: dict[str, float] = field(default_factory=dict)
     client_bottleneck: bool = False
     duration_s: float | None = None  # first arrival to last completion: how long the probe's traffic lasted
+    # the probe stopped once its fail was decided (summary.json's `stopped_early`): `attainment` is the share
+    # met among the requests decided, `ci` its bounds (slobench.run.early_stop)
+    stopped_early: dict[str, Any] | None = None
 
     def meets(self, target: float) -> bool:
         return self.attainment >= target  # NaN (no requests) never meets
@@ -95,6 +98,8 @@ class Probe:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["ci"] = list(self.ci) if self.ci is not None else None
+        if self.stopped_early is None:  # written only when set: a whole probe's record reads as before
+            del d["stopped_early"]
         return d
 
 
@@ -197,6 +202,7 @@ def _probe(rate: float, seed: int, phase: Phase, summary: RunSummary) -> Probe:
         metrics=summary.flat_metrics(),
         client_bottleneck=summary.client.is_bottleneck,
         duration_s=summary.duration_s if math.isfinite(summary.duration_s) else None,
+        stopped_early=dict(summary.stopped_early) if summary.stopped_early is not None else None,
     )
 
 
@@ -269,7 +275,8 @@ async def search_capacity(measure: Measure, opts: SearchOptions) -> CapacityResu
     reps = [s.to_dict() for s in located]
     found = [s for s in located if s.capacity_rps is not None]
     slope = float(np.mean([s.slope_per_rps for s in found])) if found else None
-    short = short_probe_note([p for p in probes if p.phase not in ("up", "down")])
+    # a probe stopped early is short because its fail was decided, not for its size
+    short = short_probe_note([p for p in probes if p.phase not in ("up", "down") and p.stopped_early is None])
     if short:
         notes.append(short)
     why = inconclusive_reason(located, opts)

@@ -48,11 +48,14 @@ class LiveProbe:
     """One open-loop run through `slobench.run.runner.run` against an already started target.
 
     `monitors_for(run_dir)`: coroutines beside the run (the /metrics scraper); `after_run(run_dir,
-    summary)`: what to add once the run is written (Ray load actors' clocks and health)."""
+    summary)`: what to add once the run is written (Ray load actors' clocks and health); `settle`: after
+    a run that stopped early (`opts.early_stop`), the wait for the server to go idle before the next probe
+    (`slobench.run.server_idle`)."""
 
     def __init__(self, make_specs: SpecMaker, target: Any, *, slo: Any, opts: Any, clock: Any = None,
                  monitors_for: Callable[[Path], Sequence[Any]] | None = None,
-                 after_run: Callable[[Path, RunSummary], Awaitable[RunSummary]] | None = None) -> None:
+                 after_run: Callable[[Path, RunSummary], Awaitable[RunSummary]] | None = None,
+                 settle: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> None:
         self.make_specs = make_specs
         self.target = target
         self.slo = slo
@@ -60,6 +63,7 @@ class LiveProbe:
         self.clock = clock
         self.monitors_for = monitors_for
         self.after_run = after_run
+        self.settle = settle
         self.last_monitors: Sequence[Any] = ()  # the last run's, for their notes (a server without /metrics)
 
     async def __call__(self, rate_rps: float | None, seed: int, run_dir: Path | None,
@@ -69,7 +73,7 @@ class LiveProbe:
         with interrupts.hold() as held:  # what is added after the run (after_run) is under the run's signal policy
             res = await run(
                 specs, self.target, clock=self.clock, opts=self.opts, slo=self.slo,
-                run_dir=run_dir, manifest=manifest, seed=seed, monitors=self.last_monitors,
+                run_dir=run_dir, manifest=manifest, seed=seed, monitors=self.last_monitors, settle=self.settle,
             )
             summary = res.summary
             if self.after_run is not None and run_dir is not None:

@@ -32,6 +32,7 @@ class FleetTarget(TargetBase):
         self.clock: Clock = targets[0].clock
         self.router = Router(router, len(targets))
         self.send_lead_s = min(float(t.send_lead_s) for t in targets)
+        self.records_live = all(t.records_live for t in targets)
 
     @property  # the first replica's, read through (as a pool's is)
     def model(self) -> str:  # type: ignore[override]

@@ -32,8 +32,10 @@ from slobench.report.terminal import (
     MIN_BEYOND,
     OVERLOAD_MARK,
     OVERLOAD_NOTE,
+    STOPPED_EARLY_NOTE,
     THIN_MARK,
     THIN_NOTE,
+    attainment_text,
     capacity_text,
     gc_text,
     headline_text,
@@ -269,7 +271,7 @@ def _rate_table(v: Analyzed) -> str:
     rows = []
     for p in v.points:
         att = p.attainment
-        att_s = "-" if att is None else f"{_pct(att.value)} [{_pct(att.ci_low)}, {_pct(att.ci_high)}]"
+        att_s = attainment_text(p)
         if p.overloaded:
             att_s += OVERLOAD_MARK
         late = p.client.lateness_s.get("p99")
@@ -296,6 +298,8 @@ def _rate_table(v: Analyzed) -> str:
     note = f'<p class="note">{esc(THIN_NOTE)}</p>' if thin else ""
     if any(p.overloaded for p in v.points):
         note += f'<p class="note">{esc(OVERLOAD_NOTE)}</p>'
+    if any(p.stopped_early is not None for p in v.points):
+        note += f'<p class="note">{esc(STOPPED_EARLY_NOTE)}</p>'
     if answers:
         note += f'<p class="note">{esc(ANSWER_NOTE)}</p>'
     if v.series.kind == "sweep":

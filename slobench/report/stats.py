@@ -14,6 +14,7 @@ from slobench.analysis.headline import headline
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import Dist, RunSummary, summarize
 from slobench.report.load import RunData, Series
+from slobench.run.early_stop import partial_attainment
 
 MAX_CDF_POINTS = 500
 
@@ -27,7 +28,25 @@ def run_point(run: RunData, slo: SLO | None) -> RunSummary:
     # what the records cannot tell (the client's GC pauses during the load) comes from the saved summary
     if run.saved is not None and run.saved.client.gc is not None:
         point = replace(point, client=replace(point.client, gc=run.saved.client.gc))
+    if run.saved is not None and run.saved.stopped_early is not None:
+        point = stopped_point(point, run.saved)
     return replace(point, rate_rps=run.rate_rps)
+
+
+def stopped_point(point: RunSummary, saved: RunSummary) -> RunSummary:
+    """A run that stopped early (slobench.run.early_stop): its records are part of the requests it scheduled.
+    Against the SLO it stopped on, the attainment it saved (what was known when it stopped); against
+    another, what its records say: those met and those finished missing, of all it scheduled (a request
+    cancelled by the stop is neither)."""
+    stopped = saved.stopped_early or {}
+    n = int(saved.num_scheduled or stopped.get("num_scheduled") or 0)
+    att = point.attainment
+    if saved.slo == point.slo or att is None or n < att.num_requests:
+        att = saved.attainment
+    else:
+        missed = att.num_requests - att.num_met - int(point.status_counts.get("cancelled", 0))
+        att = partial_attainment(n, att.num_met, missed, point.duration_s)
+    return replace(point, attainment=att, stopped_early=stopped, num_scheduled=n)
 
 
 def pcts_ms(d: Dist) -> dict[str, float | None]:

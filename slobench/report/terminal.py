@@ -13,6 +13,7 @@ from rich.text import Text
 from slobench.analysis.sessions import sessions_text
 from slobench.analysis.summary import Breakdown, Dist, RunSummary, as_run_summary
 from slobench.printable import printable
+from slobench.run.early_stop import bound_text
 
 
 def make_console() -> Console:
@@ -46,10 +47,19 @@ def _pct(v: float | None) -> str:
     return "-" if v is None or v != v else f"{v:.1%}"
 
 
+STOPPED_EARLY_NOTE = ("stopped early: more requests were known to miss the SLO than its target allows, so the "
+                      "probe's fail was decided and it stopped (sending ended, requests in flight were cancelled); "
+                      "its attainment is a bound, and its latencies describe the part that ran (--no-early-stop "
+                      "measures every probe to its end)")
+
+
 def attainment_text(s: RunSummary) -> str:
+    """The attainment and its interval; for a run stopped early, what is known of it."""
     att = s.attainment
     if att is None:
         return "-"
+    if s.stopped_early is not None:
+        return bound_text(att.ci_high, float(s.stopped_early["at_s"]))
     return f"{_pct(att.value)} [{_pct(att.ci_low)}, {_pct(att.ci_high)}]"
 
 
@@ -183,6 +193,8 @@ def print_run(summary: RunSummary, console: Console | None = None, title: str = 
             f"SLO {summary.slo or ''} attainment {attainment_text(summary)}  "
             f"good throughput {summary.attainment.good_throughput_rps:.2f} req/s"
         )
+    if summary.stopped_early is not None:
+        console.print(STOPPED_EARLY_NOTE, highlight=False, markup=False)
     for line in sessions_text(summary.sessions):
         console.print(line, highlight=False, markup=False)
     if f := summary.fleet:
@@ -270,6 +282,7 @@ def sweep_table(rows: Sequence[dict[str, Any]], title: str = "sweep") -> Table:
     legend = ["¹ from the scheduled arrival (immune to coordinated omission) unless the SLO says clock=sent"]
     legend += [THIN_NOTE] if any(THIN_MARK in c for c in cells) else []
     legend += [OVERLOAD_NOTE] if any(c.endswith(OVERLOAD_MARK) for c in cells) else []
+    legend += [STOPPED_EARLY_NOTE] if any("(stopped early" in c for c in cells) else []
     t.caption = "\n".join(legend)
     return t
 

@@ -5,7 +5,9 @@ iterator already in schedule order (a trace streamed from disk): an iterator is 
 just before its send, so the run never holds the schedule whole; its length is known once it is exhausted
 (before that, from the stream's own `count_hint` when it has one). Records are written to the run directory as each
 request finishes, so a crash or Ctrl-C loses at most the requests in flight; Ctrl-C stops sending, gives
-in-flight requests a short grace, marks the rest cancelled and still writes summary.json.
+in-flight requests a short grace, marks the rest cancelled and still writes summary.json. With
+`early_stop`, a run whose verdict against the SLO is decided stops at once (`slobench.run.early_stop`):
+sending stops, in-flight requests are cancelled (their connections closed), and summary.json says so.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary, summarize
 from slobench.analysis.warmup import latency_series, mser5_cut
 from slobench.errors import ResultsNotWritten, SlobenchError, SpecError
-from slobench.run import interrupts, quiet_gc
+from slobench.run import early_stop, interrupts, quiet_gc
 from slobench.run.clock import Clock
 from slobench.run.event_loop import loop_name
 from slobench.run.precise_sleep import sleep_until
@@ -55,6 +57,8 @@ class RunOptions:
     rate_limit: tuple[int, float] | None = None
     # the cyclic GC held off while the load runs (slobench/run/quiet_gc.py): its pauses would be measured
     hold_gc: bool = True
+    # stop once more requests are known to miss the SLO than its target allows (slobench.run.early_stop)
+    early_stop: bool = False
 
     def __post_init__(self) -> None:
         if self.max_in_flight is not None and self.max_in_flight < 1:
@@ -112,6 +116,8 @@ class Dispatcher:
         self.opts = opts
         self.on_record = on_record
         self.records: list[RequestRecord] = []
+        self.in_flight: dict[int, RequestRecord] = {}  # by id(): records of requests sent or waiting for a slot
+        self.stop_reason = "the run stopped"  # said on the records of requests cancelled by the stop
         self.tasks: set[asyncio.Task[None]] = set()
         self.progress = Progress(0)
         self.num_taken = 0  # requests taken from the schedule (each sent or cancelled before its send)
@@ -138,6 +144,7 @@ class Dispatcher:
 
     async def _send_one(self, spec: RequestSpec, rec: RequestRecord) -> None:
         clock = self.clock
+        self.in_flight[id(rec)] = rec
         try:
             if self._sem is not None:
                 t0 = clock.now_s()
@@ -154,7 +161,7 @@ class Dispatcher:
                 if self._sem is not None:
                     self._sem.release()
         except asyncio.CancelledError:
-            rec.fail("cancelled", "cancelled: the run stopped before this request finished", clock.now_s())
+            rec.fail("cancelled", f"cancelled: {self.stop_reason} before this request finished", clock.now_s())
             raise
         except Exception as e:  # a target bug must not lose the record or stop the run
             rec.fail("error", f"internal: {type(e).__name__}: {e}", clock.now_s())
@@ -195,6 +202,7 @@ class Dispatcher:
             await asyncio.wait(set(self.tasks))
 
     def _finish(self, rec: RequestRecord) -> None:
+        self.in_flight.pop(id(rec), None)
         p = self.progress
         p.finished += 1
         if rec.status != "ok":
@@ -294,6 +302,7 @@ async def run(
     monitors: Sequence[Callable[[Clock], Awaitable[None]]] = (),
     handle_sigint: bool = True,
     seed: int = 0,
+    settle: Callable[[], Awaitable[dict[str, Any]]] | None = None,
 ) -> RunResult:
     """Run one load test against an already started target and return its records and summary.
 
@@ -301,7 +310,9 @@ async def run(
     An iterator may offer `count_hint()` (its expected length, run in a thread once the run starts) and
     either may offer `row_report()` (what a trace reader dropped or altered, as summary.json's
     `trace_rows`; called after the last request is taken). `monitors` are coroutines started beside the
-    run (e.g. a /metrics scraper) and cancelled at its end.
+    run (e.g. a /metrics scraper) and cancelled at its end. `settle`: after an early stop, waits for the
+    server to let go of the cancelled requests (`slobench.run.server_idle.wait_idle`); what it says is kept
+    in summary.json's `stopped_early`.
     """
     opts = opts or RunOptions()
     # One clock per run: the target stamps with its own, so the dispatcher must use that very object.
@@ -351,8 +362,12 @@ async def run(
     with interrupts.hold(install=handle_sigint) as held:
         stop = asyncio.Event()
 
+        settling: list[asyncio.Future[dict[str, Any]]] = []
+
         def on_sigint() -> None:
             nonlocal interrupted
+            for waiting in settling:
+                waiting.cancel()
             if interrupted:  # second Ctrl-C: stop waiting at once
                 for t in list(disp.tasks):
                     t.cancel()
@@ -366,6 +381,18 @@ async def run(
 
         if writer is not None:
             writer.on_error = on_write_error
+
+        stopped: list[early_stop.StoppedEarly] = []
+        counter = _miss_counter(opts, slo, total, target)
+        if counter is not None:
+            def on_decided(decided: early_stop.StoppedEarly) -> None:
+                stopped.append(decided)
+                disp.stop_reason = "stopped early (the verdict was decided)"
+                sender.cancel()
+                stop.set()
+
+            monitor_tasks.append(asyncio.ensure_future(
+                early_stop.watch(counter, disp.records, disp.in_flight, clock.now_s, on_decided)))
 
         held.stop_with(on_sigint)
         live = _start_live(disp.progress) if opts.progress else None
@@ -386,7 +413,12 @@ async def run(
             finally:
                 stop_task.cancel()
             if stop.is_set():
-                await disp.drain(0 if writer is not None and writer.error is not None else opts.grace_s)
+                await disp.drain(0 if stopped or (writer is not None and writer.error is not None) else opts.grace_s)
+            if stopped and settle is not None and not interrupted:
+                settling.append(asyncio.ensure_future(settle()))
+                await asyncio.wait(settling)  # Ctrl-C cancels it: no more waiting
+                if not settling[0].cancelled():
+                    stopped[0] = replace(stopped[0], server_idle=settling[0].result())
             elif not sender.cancelled() and (send_error := sender.exception()) is not None:
                 # A stream that fails part-way (a trace damaged at row 900,000) stops the run: what was sent is
                 # kept and summarised, then the error is raised. Anything else, or nothing sent, is raised now.
@@ -440,6 +472,9 @@ async def run(
             # several replicas routed by the client: how many each got
             fleet=target.fleet_summary(),
         )
+        if stopped:
+            summary = replace(summary, stopped_early=stopped[0].to_dict(),
+                              attainment=early_stop.stopped_attainment(stopped[0], summary.duration_s))
         if writer is not None:
             try:
                 writer.finish(summary)
@@ -456,6 +491,18 @@ async def run(
     if send_error is not None:
         raise send_error
     return RunResult(disp.records, summary, interrupted, disp.progress)
+
+
+def _miss_counter(opts: RunOptions, slo: SLO | None, total: int | None, target: Target
+                  ) -> early_stop.MissCounter | None:
+    """The early-stop decider of this run, or None where it has none: not asked for, no SLO, or the measured
+    requests unknown (a stream's count, a warm-up cut chosen after the run)."""
+    if not opts.early_stop or slo is None or total is None or opts.warmup_auto:
+        return None
+    measured = total - min(opts.warmup_requests, total)
+    if measured < 1:
+        return None
+    return early_stop.MissCounter(slo, measured, in_flight_rules=target.records_live)
 
 
 def _schedule(specs: Iterable[RequestSpec], duration_s: float | None

@@ -32,6 +32,10 @@ class Target(Protocol):
     """How long before its scheduled time the runner hands a request over; the target then holds it until
     that time itself (client worker processes, Ray actors). 0: the runner sends on time."""
 
+    records_live: bool
+    """Each time is written on the record the moment it is stamped, so a record read while its request runs
+    is true up to now (the early stop's in-flight rules need it); False: stamps queued or made elsewhere."""
+
     @property
     def model(self) -> str:
         """The model name requests carry ("" where none applies)."""
@@ -78,6 +82,7 @@ class TargetBase:
 
     clock: Clock
     send_lead_s: float = 0.0
+    records_live: bool = False
     model: str = ""
     caps: Capabilities | None = None
 

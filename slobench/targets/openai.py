@@ -80,6 +80,8 @@ class OpenAITarget(TargetBase):
     settled already (client worker processes); `api_key` is used instead of `options.api_key_env`'s.
     """
 
+    records_live = True  # a read's stamp goes on the record in the same step (`_StreamReader.feed`)
+
     def __init__(
         self,
         url: str,
