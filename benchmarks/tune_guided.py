@@ -17,7 +17,8 @@ without --serve-cmd, on a cost profile three times cpu-tiny's (slower steps: the
 
 A guided winner passes when it is the exhaustive winner or its capacity (as the exhaustive tune measured
 it) lies inside the exhaustive winner's 95% interval. The searches are short to fit a shared 2-core
-machine: --duration 2 s probes, 2 replicates, --tolerance 0.3. Wall times are of one shared machine.
+machine: 32 requests a probe (--num-requests: a probe at 4 req/s lasts 8 s; a count, not a duration,
+so a probe at a low rate still judges enough requests), 2 replicates, --tolerance 0.3. Wall times are of one shared machine.
 
     python benchmarks/tune_guided.py [--seeds 10] [--real-guided 2] [--out runs/tune_guided]
 """
@@ -45,9 +46,10 @@ PROFILE = {"name": "cpu-tiny-x3", "note": "cpu-tiny's step costs x3: slower step
 K = 3
 
 
-def search_flags(seed: int, duration_s: float, replicates: int) -> list[str]:
-    return ["--workload", "tiny", "--slo", "ttft=300ms,tpot=50ms", "--replicates", str(replicates), "--duration",
-            f"{duration_s:g}", "--seed", str(seed), "--capacity-args", "--tolerance 0.3 --start-rate 2"]
+def search_flags(seed: int, num_requests: int, replicates: int) -> list[str]:
+    return ["--workload", "tiny", "--slo", "ttft=300ms,tpot=50ms", "--replicates", str(replicates),
+            "--num-requests", str(num_requests), "--seed", str(seed), "--capacity-args",
+            "--tolerance 0.3 --start-rate 2"]
 
 
 def run_tune(args: list[str], out: Path) -> float:
@@ -82,7 +84,7 @@ def holds(guided: TuneRow | None, exhaustive: dict[str, TuneRow]) -> bool:
 
 
 def one_seed(seed: int, out: Path, profile: Path, opts: argparse.Namespace) -> dict[str, Any]:
-    flags = search_flags(seed, opts.duration, opts.replicates)
+    flags = search_flags(seed, opts.num_requests, opts.replicates)
     grid = [a for p in PARAMS for a in ("--param", p)] + ["--serve-args", f"--profile {profile}"]
     ex_wall_s = run_tune([*grid, *flags], out / "exhaustive")
     ex_rows = {r.name: r for r in read_tune(out / "exhaustive")}
@@ -120,7 +122,7 @@ def main() -> int:
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--real-guided", type=int, default=2, help="seeds whose guided tune runs for real (the first)")
-    p.add_argument("--duration", type=float, default=2.0, help="seconds of traffic a probe")
+    p.add_argument("--num-requests", type=int, default=32, help="requests a probe")
     p.add_argument("--replicates", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path("runs/tune_guided"))
     opts = p.parse_args()
@@ -166,7 +168,7 @@ def report(results: list[dict[str, Any]], opts: argparse.Namespace) -> int:
     figures = {"seeds": len(results), "held": held, "exact": exact,
                "wall_ratio_pct": round(100 * total_guided / total_ex, 1),
                "real_guided_seeds": len(real), "real_guided_held": sum(r["guided_holds"] for r in real)}
-    write_result("tune_guided", figures, note=f"{opts.duration:g} s probes, {opts.replicates} replicates; "
+    write_result("tune_guided", figures, note=f"{opts.num_requests} requests a probe, {opts.replicates} replicates; "
                  f"guided runs real on {len(real)} seeds, derived on the rest (see the page)")
     return 0
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from slobench.report.synthetic import write_synthetic_sweep
+from slobench.analysis.slo import SLO
+from slobench.report.synthetic import DEFAULT_SLO, write_synthetic_sweep
 from slobench.run.rundir import read_summary, write_capacity
 from slobench.tune.result import TuneRow, write_tune
 
 RATES = (2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0)
+SPREAD = (0.97, 1.0, 1.03, 0.99, 1.01)  # each seed's crossing, a fraction of the capacity
 # name: (capacity req/s, GPUs, simulated capacity req/s)
 CONFIGS: dict[str, tuple[float, int, float]] = {
     "seqs-8": (11.0, 1, 12.0),
@@ -20,9 +22,10 @@ CONFIGS: dict[str, tuple[float, int, float]] = {
 }
 
 
-def synthetic_search(search_dir: Path, capacity_rps: float, seed: int) -> dict[str, Any]:
+def synthetic_search(search_dir: Path, capacity_rps: float, seed: int, *, workload: str = "synthetic",
+                     slo: SLO = DEFAULT_SLO) -> dict[str, Any]:
     sweep = write_synthetic_sweep(search_dir, list(RATES), 120, capacity_rps=capacity_rps, seed=seed,
-                                  with_server_metrics=False)
+                                  with_server_metrics=False, slo=slo, workload_name=workload)
     probes = []
     for rate in RATES:
         run_dir = next(p for p in sweep.iterdir() if p.is_dir() and read_summary(p).rate_rps == rate)
@@ -31,18 +34,24 @@ def synthetic_search(search_dir: Path, capacity_rps: float, seed: int) -> dict[s
                        "ci": [max(0.0, att - 0.05), min(1.0, att + 0.05)], "run_dir": run_dir.name})
     cap = {"capacity_rps": capacity_rps, "interval_rps": [capacity_rps * 0.9, capacity_rps * 1.1], "level": 0.95,
            "is_lower_bound": False}
+    # the seeds' own crossings, as a search's replicates record them: what `gate` compares
+    replicates = [{"seed": k, "capacity_rps": capacity_rps * f} for k, f in enumerate(SPREAD)]
     write_capacity(search_dir, {"mode": "search", "kind": "capacity", "attainment_target": 0.9, **cap,
-                                "inconclusive": None, "probes": probes, "replicates": [],
-                                "slo": {"ttft_s": 0.5, "tpot_s": 0.05}, "workload": "synthetic", "manifest": {}})
+                                "inconclusive": None, "probes": probes, "replicates": replicates,
+                                "slo": slo.to_dict(), "workload": workload,
+                                "manifest": {"workload_name": workload, "workload": {"name": workload},
+                                             "slo": slo.to_dict()}})
     return cap
 
 
-def synthetic_tune(root: Path, *, failed: dict[str, str] | None = None) -> Path:
+def synthetic_tune(root: Path, *, failed: dict[str, str] | None = None, scale: float = 1.0,
+                   workload: str = "synthetic", slo: SLO = DEFAULT_SLO) -> Path:
     """A guided tune of CONFIGS measured (each with its simulated capacity beside), plus a failed row whose
-    parameter, reason and log are `failed`'s strings (hostile ones, for the escaping tests)."""
+    parameter, reason and log are `failed`'s strings (hostile ones, for the escaping tests). `scale`
+    multiplies every measured capacity (a slower or faster build)."""
     rows = []
     for i, (name, (cap_rps, gpus, sim_rps)) in enumerate(CONFIGS.items()):
-        cap = synthetic_search(root / name / "capacity", cap_rps, seed=i)
+        cap = synthetic_search(root / name / "capacity", cap_rps * scale, seed=i, workload=workload, slo=slo)
         sim = {**cap, "capacity_rps": sim_rps, "interval_rps": [sim_rps * 0.95, sim_rps * 1.05]}
         rows.append(TuneRow(name, {"config": name}, "measured", gpus, ["srv", "--port", "{port}", name],
                             capacity=cap, simulated_capacity=sim, capacity_dir=f"{name}/capacity"))
