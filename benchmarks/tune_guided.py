@@ -4,11 +4,10 @@ fraction of the wall time?
 Twelve configurations of the bundled engine (max_num_seqs 1, 2, 4, 8 crossed with kv_blocks 24, 48, 2048:
 a KV cache of 24 or 48 blocks holds one to four of the tiny workload's requests, so it caps the batch below
 max_num_seqs), each a `slobench serve --executor modeled` process over HTTP as `slobench tune` starts it
-without --serve-cmd, on a cost profile three times cpu-tiny's (slower steps: the live capacities sit at
-3-20 req/s, where the modeled time, not the shared CPU, decides them). Per seed:
+without --serve-cmd, on its default cost profile cpu-tiny, which the guide simulates with. Per seed:
 
 - exhaustive: `slobench tune` measures all twelve live (`--seed S`);
-- guided: `slobench tune --simulate-first 3 --profile THAT_PROFILE`, run for real on the first
+- guided: `slobench tune --simulate-first 3 --profile cpu-tiny`, run for real on the first
   `--real-guided` seeds. On the other seeds it is derived: the same simulations the guided tune runs
   (`slobench.tune.guided.simulate_all`, the same child processes), their top three, and those three
   configurations' live searches taken from the exhaustive tune of the same seed (the same search, with
@@ -17,8 +16,8 @@ without --serve-cmd, on a cost profile three times cpu-tiny's (slower steps: the
 
 A guided winner passes when it is the exhaustive winner or its capacity (as the exhaustive tune measured
 it) lies inside the exhaustive winner's 95% interval. The searches are short to fit a shared 2-core
-machine: 32 requests a probe (--num-requests: a probe at 4 req/s lasts 8 s; a count, not a duration,
-so a probe at a low rate still judges enough requests), 2 replicates, --tolerance 0.3. Wall times are of one shared machine.
+machine: 24 requests a probe (--num-requests: a count, not a duration, so a probe at a low rate still
+judges enough requests), 2 replicates, --tolerance 0.3, from 4 req/s. Wall times are of one shared machine.
 
     python benchmarks/tune_guided.py [--seeds 10] [--real-guided 2] [--out runs/tune_guided]
 """
@@ -40,16 +39,14 @@ from slobench.tune.guided import Guide, simulate_all, simulated_rows
 from slobench.tune.result import TuneRow, ranked, read_tune
 
 PARAMS = ["max_num_seqs=1,2,4,8", "kv_blocks=24,48,2048"]
-PROFILE = {"name": "cpu-tiny-x3", "note": "cpu-tiny's step costs x3: slower steps, lower capacities",
-           "step_overhead_s": 0.0045, "per_prefill_token_s": 1.8e-04, "per_decode_seq_s": 3.6e-04,
-           "per_context_token_s": 7.5e-07}
+PROFILE = "cpu-tiny"  # the profile `slobench serve --executor modeled` runs by default: the simulator's too
 K = 3
 
 
 def search_flags(seed: int, num_requests: int, replicates: int) -> list[str]:
-    return ["--workload", "tiny", "--slo", "ttft=300ms,tpot=50ms", "--replicates", str(replicates),
+    return ["--workload", "tiny", "--slo", "ttft=200ms,tpot=50ms", "--replicates", str(replicates),
             "--num-requests", str(num_requests), "--seed", str(seed), "--capacity-args",
-            "--tolerance 0.3 --start-rate 2"]
+            "--tolerance 0.3 --start-rate 4"]
 
 
 def run_tune(args: list[str], out: Path) -> float:
@@ -83,19 +80,19 @@ def holds(guided: TuneRow | None, exhaustive: dict[str, TuneRow]) -> bool:
     return low is not None and high is not None and theirs is not None and low <= theirs <= high
 
 
-def one_seed(seed: int, out: Path, profile: Path, opts: argparse.Namespace) -> dict[str, Any]:
+def one_seed(seed: int, out: Path, opts: argparse.Namespace) -> dict[str, Any]:
     flags = search_flags(seed, opts.num_requests, opts.replicates)
-    grid = [a for p in PARAMS for a in ("--param", p)] + ["--serve-args", f"--profile {profile}"]
+    grid = [a for p in PARAMS for a in ("--param", p)]
     ex_wall_s = run_tune([*grid, *flags], out / "exhaustive")
     ex_rows = {r.name: r for r in read_tune(out / "exhaustive")}
     ex_best = winner(list(ex_rows.values()))
 
     # derived guided: the guided tune's own simulations, then the exhaustive tune's rows of its top K
-    configs = bundled_engine(cross(parse_params(PARAMS)), None, simulate=False, serve_args=["--profile", str(profile)])
+    configs = bundled_engine(cross(parse_params(PARAMS)), None, simulate=False, serve_args=[])
     passed = [f for f in flags if f != "--capacity-args"]
     passed = passed[:-1] + passed[-1].split()  # the capacity flags as `tune` passes them
     start = time.monotonic()
-    sims = simulate_all(configs, Guide(K, str(profile)), out / "derived", passed, grace_s=5.0)
+    sims = simulate_all(configs, Guide(K, PROFILE), out / "derived", passed, grace_s=5.0)
     sim_wall_s = time.monotonic() - start
     top = [r.name for r in simulated_rows(configs, sims)[:K]]
     derived = winner([ex_rows[n] for n in top])
@@ -108,7 +105,7 @@ def one_seed(seed: int, out: Path, profile: Path, opts: argparse.Namespace) -> d
         "derived_best": derived.name if derived else None, "derived_wall_s": derived_wall_s,
         "derived_holds": holds(derived, ex_rows)}
     if seed - opts.first_seed < opts.real_guided:
-        wall_s = run_tune([*grid, *flags, "--simulate-first", str(K), "--profile", str(profile)], out / "guided")
+        wall_s = run_tune([*grid, *flags, "--simulate-first", str(K), "--profile", PROFILE], out / "guided")
         rows = read_tune(out / "guided")
         best = winner(rows)
         result |= {"guided_best": best.name if best else None, "guided_wall_s": wall_s,
@@ -122,20 +119,18 @@ def main() -> int:
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--real-guided", type=int, default=2, help="seeds whose guided tune runs for real (the first)")
-    p.add_argument("--num-requests", type=int, default=32, help="requests a probe")
+    p.add_argument("--num-requests", type=int, default=24, help="requests a probe")
     p.add_argument("--replicates", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path("runs/tune_guided"))
     opts = p.parse_args()
     opts.out.mkdir(parents=True, exist_ok=True)
-    profile = opts.out / "cpu-tiny-x3.json"
-    profile.write_text(json.dumps(PROFILE, indent=1) + "\n")
     results_path = opts.out / "results.jsonl"
     done = {json.loads(line)["seed"]: json.loads(line) for line in results_path.read_text().splitlines()} \
         if results_path.exists() else {}
     for seed in range(opts.first_seed, opts.first_seed + opts.seeds):
         if seed in done:
             continue  # a seed finished by an earlier run of the same command
-        done[seed] = one_seed(seed, opts.out / f"seed-{seed}", profile.resolve(), opts)
+        done[seed] = one_seed(seed, opts.out / f"seed-{seed}", opts)
         with open(results_path, "a") as f:
             f.write(json.dumps(done[seed]) + "\n")
         print_row(done[seed])
