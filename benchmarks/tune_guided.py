@@ -149,6 +149,15 @@ def print_row(r: dict[str, Any]) -> None:
           f"{'held' if r['derived_holds'] else 'MISSED'} ({r['derived_wall_s']:.0f} s){real}", flush=True)
 
 
+def live_statuses(results: list[dict[str, Any]], out: Path) -> dict[str, int]:
+    """How the exhaustive tunes' live searches ended (measured, inconclusive, failed), over every seed."""
+    counts: dict[str, int] = {}
+    for r in results:
+        for row in read_tune(out / f"seed-{r['seed']}" / "exhaustive"):
+            counts[row.status] = counts.get(row.status, 0) + 1
+    return counts
+
+
 def report(results: list[dict[str, Any]], opts: argparse.Namespace) -> int:
     if not results:
         return 1
@@ -164,9 +173,13 @@ def report(results: list[dict[str, Any]], opts: argparse.Namespace) -> int:
     if real:
         print(f"real guided runs ({len(real)} seeds): held in {sum(r['guided_holds'] for r in real)}, wall ratio "
               f"{real_ratios[0]:.2f}-{real_ratios[-1]:.2f}")
+    statuses = live_statuses(results, opts.out)
+    print(f"exhaustive live searches: {sum(statuses.values())}, by status: "
+          + ", ".join(f"{n} {k}" for k, n in sorted(statuses.items())))
     figures = {"seeds": len(results), "held": held, "exact": exact,
                "wall_ratio_pct": round(100 * total_guided / total_ex, 1),
-               "real_guided_seeds": len(real), "real_guided_held": sum(r["guided_holds"] for r in real)}
+               "real_guided_seeds": len(real), "real_guided_held": sum(r["guided_holds"] for r in real),
+               "live_searches": sum(statuses.values()), "live_inconclusive": statuses.get("inconclusive", 0)}
     write_result("tune_guided", figures, note=f"{opts.num_requests} requests a probe, {opts.replicates} replicates; "
                  f"guided runs real on {len(real)} seeds, derived on the rest (see the page)")
     return 0

@@ -27,7 +27,8 @@ def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--rewrite", action="store_true",
                        help="(re)write requests.parquet from requests.jsonl (runs from an older slobench, or cut short)")
     else:
-        p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+        p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                       help="run, sweep or capacity directories; or one tune directory (its own page)")
         p.add_argument("-o", "--output", default="report.html")
         p.add_argument("--title", default=None)
 
