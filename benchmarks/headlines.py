@@ -167,6 +167,15 @@ HEADLINES: tuple[Headline, ...] = (
     ), "DistServe's measured OPT-13B/A100 runs replayed: attainment within 3 points on {distserve_within_3} of "
        "{distserve_runs} disaggregated runs with DistServe's fitted step times, {vllm_within_3} of {vllm_runs} vLLM "
        "runs (why: on the page)"),
+    Headline("tune_guided", "Guided tuning", (
+        F("seeds", "seeds (each an exhaustive live tune of 12 configurations)"),
+        F("held", "seeds where the guided winner is the exhaustive one or inside its 95% interval"),
+        F("exact", "seeds where it is the exhaustive winner itself"),
+        F("wall_ratio_pct", "guided wall time, % of the exhaustive one (all seeds)", "{:.0f}"),
+        F("real_guided_seeds", "seeds whose guided tune ran for real (the rest derived, see the page)"),
+        F("real_guided_held", "of those, seeds where its winner held"),
+    ), "`tune --simulate-first 3` over 12 live configurations of the bundled engine found the exhaustive "
+       "winner, or one inside its 95% interval, in {held} of {seeds} seeds at {wall_ratio_pct}% of the wall time"),
 )
 
 

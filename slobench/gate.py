@@ -40,6 +40,7 @@ from slobench.run.rundir import (
     read_manifest,
     read_summary,
 )
+from slobench.tune.gate_source import best_capacity_dir
 
 BASELINE_KIND = "baseline"
 EXIT_PASS, EXIT_REGRESSION, EXIT_INCONCLUSIVE = 0, 1, 4
@@ -109,6 +110,7 @@ def load_samples(paths: Sequence[str | Path]) -> Samples:
         raise UsageError("no input files given")
     merged: Samples | None = None
     for raw in paths:
+        raw = best_capacity_dir(Path(raw)) or raw  # a tune directory: its best configuration's search
         run_doc = _single_run_doc(Path(raw))
         path = Path(raw) if run_doc is not None else result_file(Path(raw))
         s = _load_one(path, run_doc if run_doc is not None else _read_doc(path))

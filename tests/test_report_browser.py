@@ -19,6 +19,8 @@ import pytest
 
 from slobench.report import build_report
 from slobench.report.synthetic import write_synthetic_sweep
+from slobench.report.tune_page import build_tune_page
+from tests.tune_helpers import synthetic_tune
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 HOSTILE = "<script>alert(1)</script><b>b</b>\"'&"
@@ -229,6 +231,22 @@ def test_a_single_rate_run_gets_a_report_of_one_rate(tmp_path):
         clashes = [(a["text"], b["text"]) for i, a in enumerate(boxes) for b in boxes[i + 1:] if _overlaps(a, b)]
         assert clashes == []
     assert "6 req/s" in r["body"]
+
+
+def test_the_tune_page_renders_silently_with_hostile_strings_as_text(tmp_path):
+    """`slobench report TUNE_DIR`: the tune's three figures drawn, the console silent, a failed
+    configuration's hostile parameter, reason and log shown as text."""
+    tune = synthetic_tune(tmp_path / "tune", failed={"param": HOSTILE, "reason": HOSTILE, "log": HOSTILE_DIR})
+    path = build_tune_page(tune, tmp_path / "tune.html")
+    r = asyncio.run(open_report(path, tmp_path / "profile"))
+    assert r["rendered"] == r["expected"] == 3
+    noise = [e for e in r["events"] if e["method"] in ("Runtime.consoleAPICalled", "Runtime.exceptionThrown")
+             or (e["method"] == "Log.entryAdded" and e["params"]["entry"]["level"] in ("error", "warning"))]
+    assert noise == [], f"console not silent: {json.dumps(noise)[:2000]}"
+    assert r["alerts"] == [] and r["injected"] == 0
+    assert HOSTILE in r["body"]
+    assert "Pareto front" in r["legend"] and "output tokens/s per user" in r["svgText"]
+    assert r["body"].index("config=seqs-4") < r["body"].index("config=tp-2")  # 13 req/s on 2 GPUs: 6.5 a GPU
 
 
 @pytest.mark.skipif(not os.environ.get("SLOBENCH_SCREENSHOT"), reason="set SLOBENCH_SCREENSHOT=path.png to take one")

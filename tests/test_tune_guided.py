@@ -48,9 +48,36 @@ def test_simulate_first_one_of_three_measures_the_simulated_best_live(tmp_path: 
     assert "guided (--simulate-first 1, profile cpu-tiny)" in done.stdout
 
 
+def test_without_a_profile_the_first_configuration_calibrates_the_guide(tmp_path: Path) -> None:
+    out = tmp_path / "tune"
+    done = tune("--param", "max_num_seqs=1,4,16", "--simulate-first", "1", "--out", str(out), *SHORT, timeout_s=300)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((out / "tune.json").read_text())
+    rows = {r["name"]: r for r in doc["configs"]}
+    first = rows["max_num_seqs-1"]
+    assert first["status"] == "measured" and (out / first["server_log"]).exists()  # measured before any simulation
+    cal = doc["guided"]["calibrated"]
+    assert cal["base"] == "cpu-tiny" and cal["source"] == "max_num_seqs-1" and cal["reason"] is None
+    fitted = json.loads(Path(cal["profile"]).read_text())
+    assert fitted["provenance"]["calibrated_from_runs"]["base_profile"] == "cpu-tiny"
+    assert {Path(i["path"]).parent for i in fitted["provenance"]["calibrated_from_runs"]["inputs"]} == {
+        out / first["capacity_dir"]}  # fitted on the first configuration's own probes
+    assert doc["guided"]["profile"] == cal["profile"] and doc["settings"]["guided"]["calibrate"] is True
+    for row in rows.values():  # every configuration simulated with the fitted profile, the first included
+        assert row["simulated_capacity"]["capacity_rps"] is not None
+        sim = json.loads((out / row["name"] / "simulated" / "capacity.json").read_text())
+        assert sim["manifest"]["target"]["knobs"]["profile"] == cal["profile"]
+    best_simulated = max(rows.values(), key=lambda r: r["simulated_capacity"]["capacity_rps"])
+    measured = {n for n, r in rows.items() if r["status"] == "measured"}
+    assert measured == {"max_num_seqs-1", best_simulated["name"]}  # the first, and the top 1 by the fitted profile
+    assert "calibrated on max_num_seqs-1" in done.stdout
+
+
 @pytest.mark.parametrize(("args", "says"), [
-    (["--param", "max_num_seqs=1,16", "--simulate-first", "1"], "calibrating the simulator from the first"),
+    (["--serve-cmd", "srv --port {port} --max-num-seqs {max_num_seqs}", "--param", "max_num_seqs=1,16",
+      "--simulate-first", "1"], "with --serve-cmd needs --profile"),
     (["--param", "max_num_seqs=1,16", "--profile", "cpu-tiny"], "give --simulate-first K"),
+    (["--param", "max_num_seqs=1,16", "--calibrate"], "--calibrate belongs to --simulate-first"),
     (["--param", "max_num_seqs=1,16", "--simulate-first", "0", "--profile", "cpu-tiny"], "1 or more"),
     (["--simulate", "--param", "max_num_seqs=1,16", "--simulate-first", "1", "--profile", "cpu-tiny"],
      "takes no --simulate"),

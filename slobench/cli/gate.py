@@ -16,8 +16,8 @@ from slobench.run.outdir import check_out_file
 from slobench.run.rundir import read_json, write_json_atomic
 
 GATE_HELP = """\
-Compares a candidate with a baseline (capacity.json, sweep.json, or a committed baseline file; several
-files per side are merged as replicates). A metric fails only when its change is beyond the threshold AND
+Compares a candidate with a baseline (capacity.json, sweep.json, a committed baseline file, or a tune
+directory: its best configuration's capacity search; several files per side are merged as replicates). A metric fails only when its change is beyond the threshold AND
 significant across replicates (one-sided t-test, paired by seed when both sides share seeds).
 Thresholds: --max-drop capacity=5%  --max-drop attainment@4=2pt  --max-rise ttft.p99=10%  --max-rise
 tpot.p99@4=5ms. A metric without @RATE is checked at every rate both sides measured. Default: capacity

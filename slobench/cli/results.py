@@ -14,6 +14,7 @@ from slobench.analysis.summary import summarize as summarize_records
 from slobench.errors import UsageError
 from slobench.report import build_report
 from slobench.report.terminal import print_run
+from slobench.report.tune_page import build_tune_page, check_tune_inputs
 from slobench.run.columnar import PARQUET, write_parquet
 from slobench.run.records import REQUESTS, read_records
 from slobench.run.rundir import read_manifest, read_summary
@@ -26,7 +27,8 @@ def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--rewrite", action="store_true",
                        help="(re)write requests.parquet from requests.jsonl (runs from an older slobench, or cut short)")
     else:
-        p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+        p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                       help="run, sweep or capacity directories; or one tune directory (its own page)")
         p.add_argument("-o", "--output", default="report.html")
         p.add_argument("--title", default=None)
 
@@ -57,6 +59,8 @@ def summarize(args: argparse.Namespace) -> int:
 
 
 def report(args: argparse.Namespace) -> int:
-    path = build_report(args.run_dirs, args.output, title=args.title)
+    tune_dir = check_tune_inputs(args.run_dirs)  # a tune directory: its own page (tune_page's docstring)
+    path = (build_tune_page(tune_dir, args.output, title=args.title) if tune_dir is not None else
+            build_report(args.run_dirs, args.output, title=args.title))
     print(f"report: {path}")
     return 0

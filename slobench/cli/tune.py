@@ -24,6 +24,8 @@ from slobench.tune.guided import SIMULATED_DIR, Guide, ignored_params, simulatio
 from slobench.tune.loop import TunePlan, run_tune
 from slobench.tune.search import capacity_argv
 
+DEFAULT_PROFILE = "cpu-tiny"  # what `slobench serve --executor modeled` runs by default
+
 DESCRIPTION = """\
 Starts a server per configuration (--serve-cmd with {port} and one {placeholder} per --param, or the
 bundled engine's knobs), waits until it answers /health or /v1/models, runs `slobench capacity` against it
@@ -32,7 +34,9 @@ Writes OUT/tune.json after each configuration, and OUT/<configuration>/ with ser
 and the capacity directory. A configuration that does not start or exits is a failed row; the tune goes
 on. --simulate: no server, each configuration a `capacity --simulate` with its knobs. Exit 4 when no
 configuration could be measured, 130 on Ctrl-C (finished rows kept; --resume finishes the tune).
---simulate-first K --profile P: every configuration simulated first, only the top K started and measured."""
+--simulate-first K --profile P: every configuration simulated first, only the top K started and measured;
+without --profile (or with --calibrate), the first configuration is measured first and the profile's host
+costs fitted on it."""
 
 # `slobench capacity` flags a tune passes through to every search, as given.
 PASSED_FLAGS = ("--workload", "--slo", "--replicates", "--duration", "--num-requests", "--start-rate", "--factor",
@@ -67,7 +71,11 @@ def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
                         "only the top K live; the rest are 'simulated only' rows")
     g.add_argument("--profile", default=None, metavar="PROFILE",
                    help="the cost profile --simulate-first simulates with (name or JSON path, as `slobench "
-                        "capacity --simulate --profile`)")
+                        "capacity --simulate --profile`); without it, the bundled engine's cpu-tiny calibrated "
+                        "on the fly (--calibrate)")
+    g.add_argument("--calibrate", action="store_true",
+                   help="measure the first configuration live first, fit the profile's host costs on its probes "
+                        "(`slobench calibrate --from-runs`), then simulate every configuration with the fit")
     r = p.add_argument_group("tune")
     r.add_argument("--out", type=Path, help="tune directory (default: a new runs/tune-<time>)")
     r.add_argument("--resume", action="store_true",
@@ -129,15 +137,19 @@ def configurations(args: argparse.Namespace) -> list[TuneConfig]:
 def guide_of(args: argparse.Namespace, configs: list[TuneConfig]) -> Guide | None:
     """`--simulate-first K --profile PROFILE`, checked before anything starts (exit 2)."""
     if args.simulate_first is None:
-        if args.profile is not None:
-            raise UsageError("--profile is the profile of --simulate-first: give --simulate-first K with it")
+        if args.profile is not None or args.calibrate:
+            raise UsageError(f"{'--profile' if args.profile is not None else '--calibrate'} belongs to "
+                             "--simulate-first: give --simulate-first K with it")
         return None
     if args.simulate:
         raise UsageError("--simulate-first measures the top K live: it takes no --simulate (which measures none)")
-    if args.profile is None:
-        raise UsageError("--simulate-first needs --profile PROFILE: calibrating the simulator from the first "
-                         "measured configuration is not built yet")
-    guide = Guide(args.simulate_first, args.profile)
+    templated = args.serve_cmd is not None or (args.config is not None and read_config_file(args.config).serve_cmd)
+    if args.profile is None and templated:
+        raise UsageError("--simulate-first with --serve-cmd needs --profile PROFILE: the profile to simulate with, "
+                         "or with --calibrate the base whose host costs the first measured configuration fits "
+                         "(the bundled engine's cpu-tiny says nothing of another server)")
+    # without --profile, the bundled engine's own profile, calibrated on the first configuration measured
+    guide = Guide(args.simulate_first, args.profile or DEFAULT_PROFILE, calibrate=args.calibrate or args.profile is None)
     ignored_params(configs)  # exit 2 when no parameter is a knob of the bundled engine
     return guide
 
@@ -150,6 +162,9 @@ def tune(args: argparse.Namespace) -> int:
         skipped = ignored_params(configs) if guide is not None else []
         if skipped:
             print(f"the simulation passes over: {', '.join(skipped)} (no knob of the bundled engine)")
+        if guide is not None and guide.calibrate:
+            print(f"first {configs[0].name} measured live, then `slobench calibrate --from-runs` on its probes "
+                  f"fits {guide.profile}'s host costs; the simulations below use the fit")
         for cfg in configs:
             out = Path(args.out or "OUT") / cfg.name / "capacity"
             if guide is not None:

@@ -25,17 +25,18 @@ SIMULATED_ONLY = "simulated only"
 
 @dataclass(frozen=True, slots=True)
 class Guide:
-    """`--simulate-first K --profile PROFILE`."""
+    """`--simulate-first K --profile PROFILE`; with `calibrate`, PROFILE is the base whose host costs are
+    fitted on the first configuration measured live (calibrate_first.py) before anything is simulated."""
 
     k: int
     profile: str
+    calibrate: bool = False
 
     def __post_init__(self) -> None:
         if self.k < 1:
             raise UsageError(f"--simulate-first must be 1 or more (got {self.k})")
         if not self.profile:
-            raise UsageError("--simulate-first needs --profile: calibrating from the first measured "
-                             "configuration is not built yet")
+            raise UsageError("--simulate-first needs a profile to simulate with (--profile)")
 
 
 def simulated_knobs(params: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -99,7 +100,8 @@ def per_gpu(cap: dict[str, Any] | None, gpus: int) -> float | None:
     return None if value is None else float(value) / gpus
 
 
-def guided_block(rows: list[TuneRow], guide: Guide, ignored: list[str]) -> dict[str, Any]:
+def guided_block(rows: list[TuneRow], guide: Guide, ignored: list[str],
+                 calibration: dict[str, Any] | None = None) -> dict[str, Any]:
     """Whether the simulator's order of the measured configurations is their measured order."""
     both = [r for r in rows if per_gpu(r.capacity, r.gpus) is not None
             and per_gpu(r.simulated_capacity, r.gpus) is not None]
@@ -109,8 +111,10 @@ def guided_block(rows: list[TuneRow], guide: Guide, ignored: list[str]) -> dict[
     # on either side contradict nothing)
     pairs = [(per_gpu(r.simulated_capacity, r.gpus) or 0.0, per_gpu(r.capacity, r.gpus) or 0.0) for r in both]
     held = not any(sa > sb and ma < mb for sa, ma in pairs for sb, mb in pairs)
+    extra = {"calibrated": calibration} if calibration is not None else {}
     return {"k": guide.k, "profile": guide.profile, "ranking_held": held,
-            "simulated_order": simulated_order, "measured_order": measured_order, "ignored_params": ignored}
+            "simulated_order": simulated_order, "measured_order": measured_order, "ignored_params": ignored,
+            **extra}
 
 
 __all__ = ["SIMULATED_DIR", "SIMULATED_ONLY", "Guide", "guided_block", "ignored_params", "simulate_all",

@@ -14,8 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from slobench.errors import UsageError
+from slobench.tune.calibrate_first import Calibration, calibrate_first
 from slobench.tune.configs import TuneConfig
-from slobench.tune.guided import Guide, guided_block, ignored_params, simulate_all, simulated_rows
+from slobench.tune.guided import (
+    SIMULATED_ONLY,
+    Guide,
+    guided_block,
+    ignored_params,
+    simulate_all,
+    simulated_rows,
+)
 from slobench.tune.result import FINISHED, TuneRow, best_row, read_tune, write_tune
 from slobench.tune.search import SearchResult, capacity_argv, run_search, wait_ready
 from slobench.tune.server_proc import ServerFailed, ServerRun, free_port, interrupts_held
@@ -47,7 +55,8 @@ class TunePlan:
     def settings(self) -> dict[str, Any]:
         return {"simulate": self.simulate, "capacity_args": self.capacity_args,
                 "ready_timeout_s": self.ready_timeout_s, "stop_grace_s": self.grace_s,
-                "guided": None if self.guide is None else {"k": self.guide.k, "profile": self.guide.profile}}
+                "guided": None if self.guide is None else {"k": self.guide.k, "profile": self.guide.profile,
+                                                           **({"calibrate": True} if self.guide.calibrate else {})}}
 
 
 def prior_rows(plan: TunePlan) -> dict[str, TuneRow]:
@@ -73,45 +82,45 @@ def run_tune(configs: list[TuneConfig], plan: TunePlan) -> int:
     rows: dict[str, TuneRow] = {}
     sims: dict[str, SearchResult] = {}
     live = configs
-    if plan.guide is not None:  # every configuration simulated; the top K by simulated capacity per GPU live
+    guide = plan.guide
+    calibration: Calibration | None = None
+    if guide is not None and guide.calibrate:  # the first configuration live, the profile fitted on it
+        first = configs[0]
+        rows[first.name], interrupted = measure(first, "[first: calibrates the guide]", plan, done.get(first.name))
+        write_tune(plan.out_dir, list(rows.values()), plan.settings)
+        if interrupted:
+            print("slobench: interrupted before the guide was calibrated; --resume finishes the tune", file=sys.stderr)
+            return EXIT_INTERRUPTED
         try:
-            sims = simulate_all(configs, plan.guide, plan.out_dir, plan.capacity_args, plan.grace_s)
+            calibration = calibrate_first(rows[first.name], guide.profile, plan.out_dir, plan.grace_s)
         except KeyboardInterrupt:
-            print("slobench: interrupted while simulating; nothing was measured", file=sys.stderr)
+            print("slobench: interrupted while calibrating; --resume finishes the tune", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        print(calibration.line(), file=sys.stderr)
+        guide = replace(guide, profile=calibration.profile or guide.profile)
+    if guide is not None:  # every configuration simulated; the top K by simulated capacity per GPU live
+        try:
+            sims = simulate_all(configs, guide, plan.out_dir, plan.capacity_args, plan.grace_s)
+        except KeyboardInterrupt:
+            print("slobench: interrupted while simulating; nothing more was measured", file=sys.stderr)
             return EXIT_INTERRUPTED
         order = simulated_rows(configs, sims)
-        rows = {r.name: r for r in order}
+        rows = {r.name: r for r in order} | {n: replace(r, simulated_capacity=sims[n].capacity) for n, r in rows.items()}
         by_name = {c.name: c for c in configs}
-        live = [by_name[r.name] for r in order[:plan.guide.k]]
+        live = [by_name[r.name] for r in order[:guide.k] if rows[r.name].status == SIMULATED_ONLY]
 
     def guided() -> dict[str, Any] | None:
-        return None if plan.guide is None else guided_block(list(rows.values()), plan.guide, ignored)
+        return None if guide is None else guided_block(list(rows.values()), guide, ignored,
+                                                       calibration.to_dict() if calibration else None)
 
     code = 0
     for i, cfg in enumerate(live):
-        sim = sims[cfg.name].capacity if cfg.name in sims else None
-        kept = done.get(cfg.name)
-        if kept is not None and kept.params == cfg.params:
-            print(f"[{i + 1}/{len(live)}] {cfg.name}: {kept.status} in an earlier run, kept (--resume)",
-                  file=sys.stderr)
-            rows[cfg.name] = kept if plan.guide is None else replace(kept, simulated_capacity=sim)
-            continue
-        print(f"[{i + 1}/{len(live)}] {cfg.name}", file=sys.stderr)
-        start = time.monotonic()
-        try:
-            rows[cfg.name] = one_config(cfg, plan)
-            if plan.guide is not None:
-                rows[cfg.name] = replace(rows[cfg.name], simulated_capacity=sim)
-        except KeyboardInterrupt:
-            rows[cfg.name] = TuneRow(cfg.name, cfg.params, "interrupted", cfg.gpus, cfg.command(),
-                                     reason="interrupted (Ctrl-C or SIGTERM)",
-                                     wall_s=time.monotonic() - start)
-            code = EXIT_INTERRUPTED
-        else:
-            rows[cfg.name] = replace(rows[cfg.name], wall_s=time.monotonic() - start)
-            print_row_line(rows[cfg.name])
+        rows[cfg.name], interrupted = measure(cfg, f"[{i + 1}/{len(live)}]", plan, done.get(cfg.name))
+        if guide is not None:
+            rows[cfg.name] = replace(rows[cfg.name], simulated_capacity=sims[cfg.name].capacity)
         write_tune(plan.out_dir, list(rows.values()), plan.settings, guided())
-        if code:
+        if interrupted:
+            code = EXIT_INTERRUPTED
             print("slobench: interrupted; the finished configurations are kept in "
                   f"{plan.out_dir / 'tune.json'} (--resume finishes the tune)", file=sys.stderr)
             break
@@ -121,6 +130,23 @@ def run_tune(configs: list[TuneConfig], plan: TunePlan) -> int:
         print("slobench: no configuration could be measured", file=sys.stderr)
         code = EXIT_NONE_MEASURED
     return code
+
+
+def measure(cfg: TuneConfig, label: str, plan: TunePlan, kept: TuneRow | None) -> tuple[TuneRow, bool]:
+    """One configuration live, or its row kept by --resume; (the row, whether Ctrl-C or SIGTERM stopped it)."""
+    if kept is not None and kept.params == cfg.params:
+        print(f"{label} {cfg.name}: {kept.status} in an earlier run, kept (--resume)", file=sys.stderr)
+        return kept, False
+    print(f"{label} {cfg.name}", file=sys.stderr)
+    start = time.monotonic()
+    try:
+        row = one_config(cfg, plan)
+    except KeyboardInterrupt:
+        return TuneRow(cfg.name, cfg.params, "interrupted", cfg.gpus, cfg.command(),
+                       reason="interrupted (Ctrl-C or SIGTERM)", wall_s=time.monotonic() - start), True
+    row = replace(row, wall_s=time.monotonic() - start)
+    print_row_line(row)
+    return row, False
 
 
 def print_row_line(row: TuneRow) -> None:

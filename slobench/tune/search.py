@@ -46,6 +46,23 @@ def run_search(argv: list[str], out_dir: Path, log_dir: Path, *, server: ServerR
     """The search to its end. ServerFailed when the server exits meanwhile; on KeyboardInterrupt the search's
     process group is stopped before the interrupt goes on."""
     log_path = log_dir / log_name
+    returncode = run_child(argv, log_path, server=server, grace_s=grace_s)
+    tail = log_tail(log_path)
+    if returncode not in READ_EXITS:
+        return SearchResult(None, f"slobench capacity exited {returncode} (log: {log_path})", tail)
+    try:
+        doc = read_capacity(out_dir)
+    except (SlobenchError, OSError) as e:
+        return SearchResult(None, f"capacity.json unreadable: {e}", tail)
+    reason = doc.get("inconclusive") or (None if doc.get("capacity_rps") is not None else
+                                         "; ".join(doc.get("notes") or []) or "no capacity found")
+    return SearchResult(capacity_of(doc), str(reason) if reason else None, tail)
+
+
+def run_child(argv: list[str], log_path: Path, *, server: ServerRun | None, grace_s: float) -> int:
+    """A slobench child process to its end, its output in `log_path`; its exit status. ServerFailed when the
+    server exits meanwhile; on KeyboardInterrupt the child's process group is stopped before the interrupt
+    goes on."""
     proc: subprocess.Popen[bytes] | None = None
     try:
         with interrupts_held():
@@ -66,16 +83,7 @@ def run_search(argv: list[str], out_dir: Path, log_dir: Path, *, server: ServerR
         raise
     if server is not None and server.proc.poll() is not None:
         raise server.failed(f"the server exited (code {server.proc.returncode}) mid-measurement")
-    tail = log_tail(log_path)
-    if proc.returncode not in READ_EXITS:
-        return SearchResult(None, f"slobench capacity exited {proc.returncode} (log: {log_path})", tail)
-    try:
-        doc = read_capacity(out_dir)
-    except (SlobenchError, OSError) as e:
-        return SearchResult(None, f"capacity.json unreadable: {e}", tail)
-    reason = doc.get("inconclusive") or (None if doc.get("capacity_rps") is not None else
-                                         "; ".join(doc.get("notes") or []) or "no capacity found")
-    return SearchResult(capacity_of(doc), str(reason) if reason else None, tail)
+    return int(proc.returncode)
 
 
 def wait_ready(server: ServerRun, timeout_s: float, name: str) -> float:
@@ -91,4 +99,4 @@ def wait_ready(server: ServerRun, timeout_s: float, name: str) -> float:
     return server.wait_ready(timeout_s, progress)
 
 
-__all__ = ["SEARCH_LOG", "SearchResult", "ServerFailed", "capacity_argv", "run_search", "wait_ready"]
+__all__ = ["SEARCH_LOG", "SearchResult", "ServerFailed", "capacity_argv", "run_child", "run_search", "wait_ready"]

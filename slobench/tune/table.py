@@ -74,7 +74,10 @@ def ranking_line(guided: dict[str, Any]) -> str:
     measured = guided["measured_order"]
     ignored = (f"; parameters the simulation passed over: {', '.join(guided['ignored_params'])}"
                if guided.get("ignored_params") else "")
-    head = f"guided (--simulate-first {guided['k']}, profile {guided['profile']})"
+    cal = guided.get("calibrated")
+    profile = (f"profile {cal['base']} calibrated on {cal['source']}" if cal and cal.get("profile") else
+               f"profile {guided['profile']}" + (f", not calibrated: {cal['reason']}" if cal else ""))
+    head = f"guided (--simulate-first {guided['k']}, {profile})"
     if len(measured) < 2:
         return (f"{head}: ranking held trivially: {len(measured)} configuration measured with a simulated "
                 f"capacity, nothing to compare{ignored}")
