@@ -103,10 +103,15 @@ def sessions_text(d: Any) -> list[str]:
         lines.append(f"session SLO ({att['rule']}) attainment {att['value']:.1%} "
                      f"[{att['ci_low']:.1%}, {att['ci_high']:.1%}] of {d['num_sessions']} sessions")
     if late := d.get("late_vs_estimate_s"):
-        lines.append(f"turns sent when the previous answer ended: {_s(late.get('p50'))} s later than the "
-                     f"precomputed estimate at p50, {_s(late.get('p90'))} s at p90 ({late['num']} turns)")
+        lines.append(f"turns sent when the previous answer ended, against the precomputed estimate (+ later, "
+                     f"- earlier): p50 {_signed(late.get('p50'))} s, p90 {_signed(late.get('p90'))} s "
+                     f"({late['num']} turns)")
     return lines
 
 
 def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
+
+
+def _signed(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.3f}"
