@@ -225,7 +225,7 @@ def refuse_mismatch(base: Samples, cand: Samples) -> None:
 def _slo_key(slo: dict[str, Any] | None) -> dict[str, Any] | None:
     if slo is None:
         return None
-    return {k: slo.get(k) for k in ("ttft_s", "ttfa_s", "tpot_s", "e2e_s", "target", "clock")}
+    return {k: slo.get(k) for k in ("ttft_s", "ttfa_s", "tpot_s", "e2e_s", "session_s", "target", "clock")}
 
 
 def _dict_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from slobench.analysis.slo import SLO
+from slobench.analysis.summary import summarize
 from slobench.cli import main
 from slobench.fleet.simulate import simulate_run
 from slobench.gate import Samples, default_thresholds, gate, load_samples
@@ -119,3 +120,23 @@ def test_the_scheduled_mode_reports_no_lateness_against_the_estimate(tmp_path: P
     page = build_report([out], tmp_path / "report.html").read_text()
     section = page[page.index('<section id="sessions">'):]
     assert re.findall(r"<td>([^<]*)</td>", section)[7] == "-"
+
+
+def test_a_session_slo_can_bound_the_session_time() -> None:
+    specs = generate(WorkloadSpec.from_dict({**BASE, "sessions": SESSIONS}), seed=1, num_requests=200)
+    records, turns_only = simulate_run(specs, {"max_num_seqs": 2}, seed=1, intervals=False, slo=SLO.parse(SLO_TEXT))
+    s = turns_only.sessions
+    assert s is not None
+    bound_s = s["duration_s"]["p50"]
+    slo = SLO.parse(f"{SLO_TEXT},session={bound_s * 1e3:.6f}ms")
+    assert slo.session_s == pytest.approx(bound_s) and SLO.from_dict(slo.to_dict()) == slo
+    assert "session_s" not in SLO.parse(SLO_TEXT).to_dict()  # an SLO without it is written as before
+    bounded = summarize(records, slo, intervals="none").sessions
+    assert bounded is not None and "ended within" in bounded["attainment"]["rule"]
+    # a session meets it only when every turn met the turn SLO and it ended within the bound: about half of
+    # those that met the turns' limits, never more
+    assert 0 < bounded["attainment"]["num_met"] < s["attainment"]["num_met"]
+    assert summarize(records, slo, intervals="none").attainment == summarize(
+        records, SLO.parse(SLO_TEXT), intervals="none").attainment  # no request's own limit
+    only = SLO.parse("session=90s")  # a session bound alone is an SLO
+    assert only.session_s == 90.0 and str(only).startswith("session<=") and SLO.parse(only.as_flag()) == only

@@ -259,7 +259,7 @@ def test_bad_fleets_are_refused() -> None:
 
 
 def test_options_are_checked_once_and_given_one_way() -> None:
-    for bad in ({"jitter_sd": -0.1}, {"request_overhead_s": float("inf")}, {"api": "responses"},
+    for bad in ({"jitter_sd": -0.1}, {"request_overhead_s": float("inf")}, {"api": "messages"},
                 {"router": "random"}, {"replicas": 0}):
         with pytest.raises(EngineConfigError, match=next(iter(bad))):
             SimOptions(**bad)  # type: ignore[arg-type]

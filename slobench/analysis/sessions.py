@@ -44,8 +44,9 @@ class SessionColumns:
                                         v["estimated_s"], v["status"] == "ok")))
 
 
-def session_results(s: SessionColumns, met: np.ndarray | None) -> dict[str, Any]:
-    """summary.json's `sessions` section; `met`: each record met the turn SLO (None: no SLO)."""
+def session_results(s: SessionColumns, met: np.ndarray | None, max_session_s: float | None = None) -> dict[str, Any]:
+    """summary.json's `sessions` section; `met`: each record met the turn SLO (None: no SLO);
+    `max_session_s`: the session SLO's bound on session time (`--slo session=...`), if any."""
     inside = ~np.isnan(s.session_id)
     ids, where = np.unique(s.session_id[inside], return_inverse=True)
     n = len(ids)
@@ -63,11 +64,14 @@ def session_results(s: SessionColumns, met: np.ndarray | None) -> dict[str, Any]
         "duration_s": {**quantiles(end[whole] - start[whole]), "num": int(whole.sum())},
     }
     if met is not None:
-        all_met = np.bincount(where, weights=~met[inside], minlength=n) == 0
-        k = int((all_met & ~failed).sum())
+        meets = (np.bincount(where, weights=~met[inside], minlength=n) == 0) & ~failed
+        rule = "every turn met the turn SLO"
+        if max_session_s is not None:  # (a session with no end, or a failed one, has already missed)
+            meets &= np.isfinite(end) & (end - start <= max_session_s)
+            rule += f" and the session ended within {max_session_s:g} s"
+        k = int(meets.sum())
         lo, hi = wilson_ci(k, n)
-        out["attainment"] = {"value": k / n, "ci_low": lo, "ci_high": hi, "num_met": k,
-                             "rule": "every turn met the turn SLO"}
+        out["attainment"] = {"value": k / n, "ci_low": lo, "ci_high": hi, "num_met": k, "rule": rule}
     waited = ~np.isnan(s.estimated_s) & ~np.isnan(s.sent_s)
     if waited.any():
         late = s.sent_s[waited] - s.estimated_s[waited]
@@ -103,10 +107,15 @@ def sessions_text(d: Any) -> list[str]:
         lines.append(f"session SLO ({att['rule']}) attainment {att['value']:.1%} "
                      f"[{att['ci_low']:.1%}, {att['ci_high']:.1%}] of {d['num_sessions']} sessions")
     if late := d.get("late_vs_estimate_s"):
-        lines.append(f"turns sent when the previous answer ended: {_s(late.get('p50'))} s later than the "
-                     f"precomputed estimate at p50, {_s(late.get('p90'))} s at p90 ({late['num']} turns)")
+        lines.append(f"turns sent when the previous answer ended, against the precomputed estimate (+ later, "
+                     f"- earlier): p50 {_signed(late.get('p50'))} s, p90 {_signed(late.get('p90'))} s "
+                     f"({late['num']} turns)")
     return lines
 
 
 def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
+
+
+def _signed(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.3f}"

@@ -461,7 +461,8 @@ def summarize(source: RunColumns | Sequence[RequestRecord] | Path, slo: SLO | No
             att = attainment(a, slo, duration_s=tp.duration_s, seed=seed)
         out = replace(out, attainment=att)
     if cols.sessions is not None:
-        out = replace(out, sessions=session_results(cols.sessions, slo.meets(a) if slo is not None else None))
+        out = replace(out, sessions=session_results(cols.sessions, None if slo is None else slo.meets(a),
+                                                    None if slo is None else slo.session_s))
     return out
 
 

@@ -22,11 +22,11 @@ SESSIONS_LEAD = (
     "attainment is never above the per-request one; both come with a 95% interval (Wilson's over sessions, the "
     "moving-block bootstrap over requests). Session time runs from the first turn's scheduled send to the last "
     "turn's end, over the sessions no failed turn ended. In the waiting mode a turn leaves when its previous "
-    "answer has ended plus the think or tool time: 'later than the estimate' is how much later than the "
-    "precomputed schedule would have sent it.")
+    "answer has ended plus the think or tool time: 'against the estimate' is how much later (+) or earlier (-) "
+    "than the precomputed schedule (a trace's own time, for a trace) it left.")
 _HEAD = ("offered req/s", "sessions", "failed", "turns mean / max", "session time p50 / p90 / p99 s",
          "session SLO attainment [95% CI]", "per-request attainment [95% CI]",
-         "turns later than the estimate p50 / p90 s")
+         "turns sent against the estimate p50 / p90 s (+ later)")
 
 
 def sessions_section(views: Sequence[Analyzed]) -> str:
@@ -57,7 +57,7 @@ def _cells(p: RunSummary) -> tuple[str, ...]:
         " / ".join(_num(dur.get(k), ".3f") for k in ("p50", "p90", "p99")),
         "-" if not att else _interval(att.get("value"), att.get("ci_low"), att.get("ci_high")),
         "-" if per_request is None else _interval(per_request.value, per_request.ci_low, per_request.ci_high),
-        " / ".join(_num(late.get(k), ".3f") for k in ("p50", "p90")) if late else "-",
+        " / ".join(_num(late.get(k), "+.3f") for k in ("p50", "p90")) if late else "-",
     )
 
 

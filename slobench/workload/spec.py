@@ -344,6 +344,7 @@ class WorkloadSpec:
         extra = "".join([
             f", sessions of {self.sessions.turns} turns" if self.sessions else "",
             f", {self.system_prompts.num_groups} system prompts" if self.system_prompts else "",
+            f", {self.reasoning.share:.0%} of each answer reasoning" if self.reasoning else "",
         ])
         return f"{head}{extra}, {self.api}/{self.prompt}"
 
