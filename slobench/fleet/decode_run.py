@@ -540,35 +540,3 @@ def decode_run(engine: LLMEngine, until_s: float, past_finishes: bool = True) ->
     engine.num_generation_tokens += batch * k + max(emitted, 0) - (sum(k - m for m in early.values()) if early else 0)
     return DecodeRun(seqs, times, [seqs[i] for i in finished], first, first_step, ends)
 
-
-def record_run(ran: DecodeRun, record_of: Callable[[int], Any]) -> int:
-    """Each request's record (`record_of(seq_id)`, a RequestRecord) takes the tokens `ran` gave it: its first
-    token's time where it came in the run, one chunk a step. Returns the tokens emitted."""
-    times = ran.times_s
-    k = len(times)
-    ones = [1] * k
-    late = ran.first_step
-    for sid, cached in ran.first_token_cached.items():  # a prompt filled in this run, or whose last chunk was one token
-        rec = record_of(sid)
-        if rec.first_token_s is None:
-            rec.first_token_s = times[late.get(sid, 0)]
-            if cached is not None:
-                rec.cached_tokens = cached
-    ends = ran.ends
-    if not late and not ends:  # (most runs: every request's tokens from the first step to the last)
-        for seq in ran.seqs:
-            rec = record_of(seq.seq_id)
-            rec.chunk_times_s += times
-            rec.chunk_tokens += ones
-            rec.output_tokens += k
-        return k * len(ran.seqs)
-    emitted = 0
-    for seq in ran.seqs:
-        rec = record_of(seq.seq_id)
-        at = late.get(seq.seq_id, 0)
-        end = ends.get(seq.seq_id, k)
-        rec.chunk_times_s += times[at:end]
-        rec.chunk_tokens += ones[at:end]
-        rec.output_tokens += end - at
-        emitted += end - at
-    return emitted

@@ -21,7 +21,8 @@ from reference_engine.engine import LLMEngine, VirtualClock
 from reference_engine.scheduler import RequestRejected
 from reference_engine.sequence import Sequence as Seq
 from slobench.errors import SpecError
-from slobench.fleet.decode_run import decode_run, record_run
+from slobench.fleet.decode_run import decode_run
+from slobench.fleet.fold import add_token, fold_event, fold_run
 from slobench.fleet.replica import EngineFactory, JitteredWait, arrive, request_parser, virtual_engine, wake
 from slobench.fleet.routing import Router
 from slobench.fleet.sim_blocks import SimBlockManager
@@ -303,10 +304,7 @@ def simulate_disagg(
         d.num_reserved -= 1
         rec = h.rec
         if rec.first_token_s is None:  # (else the prefill instance sent it)
-            rec.first_token_s = t
-            rec.chunk_times_s.append(t)
-            rec.chunk_tokens.append(1)
-            rec.output_tokens += 1
+            add_token(rec, t)
         d.num_output_tokens += 1
         owned[(d.index, seq.seq_id)] = (rec, None, h.weight)
 
@@ -314,34 +312,23 @@ def simulate_disagg(
         nonlocal num_handoffs
         for ev in evs:
             rec, h, weight = owned[(inst.index, ev.request_id)]
-            if ev.num_cached_tokens is not None:
-                rec.cached_tokens = ev.num_cached_tokens
             if inst.role == "prefill" and h is not None:
                 front_router.finished(front.index(inst), weight)
                 del owned[(inst.index, ev.request_id)]
                 if ev.finish_reason == "stop" or h.max_tokens == 1:  # its only token: no decode needed
-                    rec.first_token_s = rec.done_s = ev.time_s
-                    rec.chunk_times_s.append(ev.time_s)
-                    rec.chunk_tokens.append(1)
-                    rec.output_tokens += 1
+                    fold_event(rec, ev)
                     continue
+                if ev.num_cached_tokens is not None:
+                    rec.cached_tokens = ev.num_cached_tokens
                 h.first_token = ev.token_id
                 h.cached_tokens = ev.num_cached_tokens
                 if fleet.first_token_from == "prefill":
-                    rec.first_token_s = ev.time_s
-                    rec.chunk_times_s.append(ev.time_s)
-                    rec.chunk_tokens.append(1)
-                    rec.output_tokens += 1
+                    add_token(rec, ev.time_s)
                 hold_prompt(inst, h)
                 num_handoffs += 1
                 push(ev.time_s, "ready", h)
                 continue
-            if ev.token_id is not None:
-                if rec.first_token_s is None:
-                    rec.first_token_s = ev.time_s
-                rec.chunk_times_s.append(ev.time_s)
-                rec.chunk_tokens.append(1)
-                rec.output_tokens += 1
+            if fold_event(rec, ev):
                 inst.num_output_tokens += 1
             if ev.finish_reason is not None:
                 finish(inst, ev.request_id, ev.time_s)
@@ -428,7 +415,7 @@ def simulate_disagg(
         if ran is not None:  # a stretch of plain decode steps, taken at once (slobench.fleet.decode_run)
             times = ran.times_s
             index = inst.index
-            inst.num_output_tokens += record_run(ran, lambda sid: owned[(index, sid)][0])  # noqa: B023 (called at once)
+            inst.num_output_tokens += fold_run(ran, lambda sid: owned[(index, sid)][0])  # noqa: B023 (called at once)
             for seq in ran.finished:
                 finish(inst, seq.seq_id, times[-1])
         else:

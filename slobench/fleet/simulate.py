@@ -29,9 +29,10 @@ from slobench.analysis.headline import crossing_rate
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary, run_columns, summarize
 from slobench.errors import SpecError
-from slobench.fleet.decode_run import StandInPrompt, decode_run, record_run
+from slobench.fleet.decode_run import StandInPrompt, decode_run
 from slobench.fleet.disagg import DisaggFleet, simulate_disagg, split_fleet_knobs
 from slobench.fleet.engine_limits import EngineLimits
+from slobench.fleet.fold import fold_event, fold_run
 from slobench.fleet.replica import (
     EngineFactory,
     JitteredWait,
@@ -480,11 +481,9 @@ def simulate_records(
             if step_times is not None:
                 step_times.table(rep.index).extend(times)
             mine = by_rid[rep.index]
-            rep.num_output_tokens += record_run(ran, mine.__getitem__)
-            ends = ran.ends
+            rep.num_output_tokens += fold_run(ran, mine.__getitem__)
             for seq in ran.finished:
                 ended = mine.pop(seq.seq_id)
-                ended.done_s = times[ends.get(seq.seq_id, 0) - 1]
                 route.finished(rep.index, weights.pop((rep.index, seq.seq_id)))
                 if sessions is not None:
                     sessions.ended(ended)
@@ -499,19 +498,11 @@ def simulate_records(
         table = step_times.table(rep.index) if step_times is not None else None
         for ev in events:
             rec = by_rid[rep.index][ev.request_id]
-            if ev.num_cached_tokens is not None:
-                rec.cached_tokens = ev.num_cached_tokens
-            if ev.token_id is not None:
-                if rec.first_token_s is None:
-                    rec.first_token_s = ev.time_s
-                rec.chunk_times_s.append(ev.time_s)
+            if fold_event(rec, ev):
                 if table is not None and (not table or table[-1] != ev.time_s):
                     table.append(ev.time_s)
-                rec.chunk_tokens.append(1)
-                rec.output_tokens += 1
                 rep.num_output_tokens += 1
             if ev.finish_reason is not None:
-                rec.done_s = ev.time_s
                 del by_rid[rep.index][ev.request_id]
                 route.finished(rep.index, weights.pop((rep.index, ev.request_id)))
                 if sessions is not None:
