@@ -85,6 +85,7 @@ class FleetLoop:
 
     def run(self) -> None:
         insts, sessions, handoff, release = self.instances, self.sessions, self.handoff, self.release
+        run_decodes, took_run, step, arrive_one = self.run_decodes, self._took_run, self._step, self._arrive
         front = [x for x in insts if x.router is self.router]
         stream = self.stream
         # (a finish may send a session's next turn, or free blocks a handoff waits for: a run then stops there)
@@ -123,18 +124,18 @@ class FleetLoop:
                     assert upcoming is not None
                     raw, upcoming = upcoming, next(stream, None)
                 num_arrived += 1
-                self._arrive(raw, front, num_arrived - 1)
+                arrive_one(raw, front, num_arrived - 1)
                 continue
             inst = busy[0] if lone is not None else min(busy, key=lambda x: (x.clock.now_s(), x.index))
             ran = None
-            if self.run_decodes is not None and inst.role != PREFILL:
+            if run_decodes is not None and inst.role != PREFILL:
                 until = min(t_arrival, t_event)
-                ran = (self.run_decodes(inst.engine, until) if past_finishes
-                       else self.run_decodes(inst.engine, until, past_finishes=False))
+                ran = (run_decodes(inst.engine, until) if past_finishes
+                       else run_decodes(inst.engine, until, past_finishes=False))
             if ran is not None:
-                self._took_run(inst, ran)
+                took_run(inst, ran)
             else:
-                self._step(inst)
+                step(inst)
             if handoff is not None:
                 handoff.stepped(inst)
 
