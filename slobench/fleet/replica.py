@@ -1,7 +1,7 @@
 """One engine of a simulated fleet: a fresh modeled `LLMEngine` on its own virtual clock, the wait that jumps
 that clock over each step (jittered, scaled by the machine's speed), and a request's arrival as the server
-would parse it. `slobench.fleet.simulate` (co-located replicas) and `slobench.fleet.disagg` (prefill and
-decode pools) both build their engines and take their arrivals here.
+would parse it; an `Instance` is such an engine in its role in the fleet loop (`slobench.fleet.loop`), which
+`slobench.fleet.simulate` (co-located replicas) and `slobench.fleet.disagg` (prefill and decode pools) run.
 """
 
 from __future__ import annotations
@@ -76,14 +76,6 @@ class JitteredWait:
         if self.rng is not None:
             dt *= max(0.5, 1.0 + self.rng.normal(0.0, self.jitter_sd))
         self.clock.advance_to(now + dt)
-
-
-class Unit(Protocol):
-    """A replica or an instance: its engine, its clock, and whether its last step scheduled nothing."""
-
-    engine: LLMEngine
-    clock: VirtualClock
-    stuck: bool
 
 
 COLOCATED, PREFILL, DECODE = "colocated", "prefill", "decode"  # an instance's role in its fleet
@@ -202,7 +194,7 @@ def arrive(sp: RequestSpec, records: RecordSink, parse: RequestParser) -> tuple[
         return rec, None
 
 
-def wake(unit: Unit, t_s: float) -> None:
+def wake(unit: Instance, t_s: float) -> None:
     """An idle (or stuck) engine's clock waits for work that comes at `t_s`."""
     if not unit.engine.has_work() or unit.stuck:
         unit.clock.advance_to(max(unit.clock.now_s(), t_s))
