@@ -62,7 +62,7 @@ def cdiv(a: int, b: int) -> int:
 class Block:
     block_id: int
     ref_count: int = 0
-    hash: bytes | int | None = None  # int: a simulator's unkeyed hash (slobench.fleet.sim_blocks)
+    hash: bytes | int | None = None  # int: a simulator's unkeyed hash (reference_engine.private_blocks)
     token_ids: tuple[int, ...] | None = None
     # Identity of the prefix content this block holds (0 = none). Equal ids mean equal whole prefixes; new
     # ids are never reused, so a child cannot be matched under a parent whose content was replaced.

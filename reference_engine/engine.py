@@ -394,6 +394,38 @@ class LLMEngine:
         self.scheduler.finish(seq, FinishReason.LENGTH)
         self._finished(self._requests[seq.seq_id], FinishReason.LENGTH, now_s)
 
+    def admit_head(self, seq: Sequence, hits: list[int], now_s: float) -> None:
+        """The queue's head `seq` admitted in a step taken outside `step()` that starts at `now_s`
+        (`Scheduler.admit_head`), its first scheduling recorded as `step()` records it."""
+        self.scheduler.admit_head(seq, hits)
+        req = self._requests[seq.seq_id]
+        if req.first_scheduled_s is None:
+            req.first_scheduled_s = now_s
+            req.cached_tokens = seq.num_cached_tokens
+
+    def tokens_sampled(self, seqs: SequenceABC[Sequence], first_s: float, last_s: float) -> dict[int, int | None]:
+        """Steps taken outside `step()` from `first_s` to `last_s` sampled a token for each of `seqs` at every
+        step: each request's first token (where it had none) at `first_s`, its last at `last_s`, as `step()`
+        records them, observers left out (such steps are taken only with the NullObserver). Returns seq id ->
+        prefix-cache hit, for the requests whose first token came here."""
+        first: dict[int, int | None] = {}
+        requests = self._requests
+        for seq in seqs:
+            req = requests[seq.seq_id]
+            if req.first_token_s is None:
+                req.first_token_s = first_s
+                self.num_prompt_tokens += seq.num_prompt_tokens
+                first[seq.seq_id] = req.cached_tokens
+            req.last_token_s = last_s
+        return first
+
+    def steps_taken(self, num_steps: int, last_step_num_tokens: int, num_generation_tokens: int) -> None:
+        """`num_steps` steps were taken outside `step()`, emitting `num_generation_tokens` tokens in all, the last
+        of them scheduling `last_step_num_tokens`: the engine's counters as `step()` would leave them."""
+        self.num_steps += num_steps
+        self.last_step_num_tokens = last_step_num_tokens
+        self.num_generation_tokens += num_generation_tokens
+
     def prefilled_sequence(self, prompt: SequenceABC[int], first_token: int, max_tokens: int, *, min_tokens: int = 0,
                            ignore_eos: bool = False, sampling: SamplingParams | None = None,
                            stop_check: Callable[[int], bool] | None = None) -> Sequence:

@@ -115,6 +115,16 @@ class Scheduler:
         self.running.append(seq)
         self._by_id[seq.seq_id] = seq
 
+    def admit_head(self, seq: Sequence, hits: list[int]) -> None:
+        """`seq`, the queue's head, joins the running batch with blocks for its known tokens reusing `hits`, as
+        `schedule` admits it (for a caller that builds a step itself: a simulator's decode run)."""
+        if not self.waiting or self.waiting[0] is not seq:
+            raise ValueError(f"seq {seq.seq_id} is not the head of the queue")
+        self.waiting.popleft()
+        self.block_manager.admit(seq, hits)
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+
     def abort(self, seq_id: int) -> Sequence | None:
         """Drop a request now and free its blocks. Returns it, or None if it was not here (already done)."""
         seq = self._by_id.pop(seq_id, None)

@@ -53,7 +53,7 @@ class Sequence:
     block_hashes: list[bytes | int] = field(default_factory=list)
     block_hashes_key: bytes | None = None
     # The first block index no other request's prompt shares (a simulator, which knows every prompt, says so):
-    # its blocks from there on are private (the simulator's block manager, slobench.fleet.sim_blocks). Until its first preemption.
+    # its blocks from there on are private (the simulator's block manager, reference_engine.private_blocks). Until its first preemption.
     unshared_from: int = NEVER_PRIVATE
     # Set by a simulator that holds stand-in ids for prompt or output tokens nothing reads (a private request's:
     # no lookup can reach its blocks); rewrites them with the real ones before anything does (the block

@@ -121,3 +121,17 @@ def test_text_sessions_carry_the_conversation_as_planned() -> None:
         records, _ = simulate_run(specs, ENGINE, seed=0, intervals=False, api="chat")
         sizes.append(sorted((r.session_id, r.turn, r.prompt_tokens) for r in records))
     assert sizes[0] == sizes[1] and max(t for _, t, _ in sizes[0]) == 3
+
+
+def test_a_prefill_decode_fleet_keeps_each_turns_session() -> None:
+    """A scheduled session's turns say their session and turn on a prefill/decode fleet as on co-located
+    replicas (and as live), so the summary's sessions section covers the fleet's runs too."""
+    specs = generate(WorkloadSpec.from_dict({**BASE, "sessions": {**SESSIONS, "mode": "scheduled"}}), seed=1,
+                     num_requests=40)
+    fleet, summary = simulate_run(specs, {**ENGINE, "prefill_replicas": 1, "decode_replicas": 1}, seed=1,
+                                  intervals=False)
+    colocated, _ = simulate_run(specs, ENGINE, seed=1, intervals=False)
+    turns = [(r.session_id, r.turn) for r in fleet]
+    assert turns == [(r.session_id, r.turn) for r in colocated]
+    assert all(s is not None for s, _ in turns) and {t for _, t in turns} == {0, 1, 2, 3}
+    assert summary.sessions is not None

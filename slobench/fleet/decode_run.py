@@ -21,7 +21,7 @@ from weakref import WeakKeyDictionary
 
 from reference_engine.engine import LLMEngine, NullObserver
 from reference_engine.executor.modeled_executor import ModeledExecutor
-from reference_engine.sequence import NEVER_PRIVATE, SeqStatus, Sequence
+from reference_engine.sequence import NEVER_PRIVATE, Sequence
 from slobench.fleet.sim_blocks import SimBlockManager
 
 
@@ -306,14 +306,7 @@ def decode_run(engine: LLMEngine, until_s: float, past_finishes: bool = True) ->
         chunked: list[tuple[Sequence, list[int] | None]] = [(filled, None)] if filled is not None else []
         for head, hits in chunked + admitted:
             if hits is not None:
-                sched.waiting.popleft()
-                bm.admit(head, hits)
-                head.status = SeqStatus.RUNNING
-                sched.running.append(head)
-                req = engine.requests[head.seq_id]
-                if req.first_scheduled_s is None:  # as step() records it
-                    req.first_scheduled_s = t0
-                    req.cached_tokens = head.num_cached_tokens
+                engine.admit_head(head, hits, t0)
             start, length = head.num_computed_tokens, len(head.token_ids)
             n = min(length - start, left)
             left -= n
@@ -475,33 +468,20 @@ def decode_run(engine: LLMEngine, until_s: float, past_finishes: bool = True) ->
     else:
         events += [(k - 1, 3, i, 0) for i in finished]
     events.sort()
-    t_end = times[-1]
-    first: dict[int, int | None] = {}
     first_step: dict[int, int] = {}
-    requests = engine.requests
-    t_first = times[0]
-    for s in decodes:  # before any finishes: a finished request's state is gone
-        req = requests[s.seq_id]
-        if req.first_token_s is None:  # a prompt whose last chunk was one token, or came with the first step
-            req.first_token_s = t_first
-            engine.num_prompt_tokens += s.num_prompt_tokens
-            first[s.seq_id] = req.cached_tokens
-        req.last_token_s = t_end
+    # before any finishes: a finished request's state is gone (a prompt whose last chunk was one token, or came
+    # with the first step, samples its first token there)
+    first = engine.tokens_sampled(decodes, times[0], times[-1])
     if seqs is not decodes:  # the filled prompt decoded after its last chunk: its tokens from that step on
         assert fill is not None
-        req = requests[fill.seq_id]
-        if req.first_token_s is None:
-            req.first_token_s = times[last_chunk]
-            engine.num_prompt_tokens += fill.num_prompt_tokens
-            first[fill.seq_id] = req.cached_tokens
+        first.update(engine.tokens_sampled([fill], times[last_chunk], times[-1]))
         if last_chunk:
             first_step[fill.seq_id] = last_chunk
-        req.last_token_s = t_end
     ends: dict[int, int] = {}  # seq_id -> its tokens in the run, where fewer than the steps
     if early:
         for i, m in early.items():
             ends[decodes[i].seq_id] = m
-            requests[decodes[i].seq_id].last_token_s = times[m - 1]
+            engine.tokens_sampled([decodes[i]], times[0], times[m - 1])
     grow: list[Sequence] = []  # consecutive allocations, taken together in the same order
     for _j, phase, i, computed_then in events:
         s = every[i]
@@ -530,45 +510,13 @@ def decode_run(engine: LLMEngine, until_s: float, past_finishes: bool = True) ->
             decodes[i].num_computed_tokens = starts[i] + m - 1
     if fill is not None:
         fill.num_computed_tokens = computed
-    engine.num_steps += k
     if k == 1 and admitted:
-        engine.last_step_num_tokens = last_tokens
+        last_step_tokens = last_tokens
     elif fill is not None and k - 1 <= last_chunk:
-        engine.last_step_num_tokens = batch + chunks[k - 1]
+        last_step_tokens = batch + chunks[k - 1]
     else:
-        engine.last_step_num_tokens = live + (fill is not None)
-    engine.num_generation_tokens += batch * k + max(emitted, 0) - (sum(k - m for m in early.values()) if early else 0)
+        last_step_tokens = live + (fill is not None)
+    engine.steps_taken(k, last_step_tokens,
+                       batch * k + max(emitted, 0) - (sum(k - m for m in early.values()) if early else 0))
     return DecodeRun(seqs, times, [seqs[i] for i in finished], first, first_step, ends)
 
-
-def record_run(ran: DecodeRun, record_of: Callable[[int], Any]) -> int:
-    """Each request's record (`record_of(seq_id)`, a RequestRecord) takes the tokens `ran` gave it: its first
-    token's time where it came in the run, one chunk a step. Returns the tokens emitted."""
-    times = ran.times_s
-    k = len(times)
-    ones = [1] * k
-    late = ran.first_step
-    for sid, cached in ran.first_token_cached.items():  # a prompt filled in this run, or whose last chunk was one token
-        rec = record_of(sid)
-        if rec.first_token_s is None:
-            rec.first_token_s = times[late.get(sid, 0)]
-            if cached is not None:
-                rec.cached_tokens = cached
-    ends = ran.ends
-    if not late and not ends:  # (most runs: every request's tokens from the first step to the last)
-        for seq in ran.seqs:
-            rec = record_of(seq.seq_id)
-            rec.chunk_times_s += times
-            rec.chunk_tokens += ones
-            rec.output_tokens += k
-        return k * len(ran.seqs)
-    emitted = 0
-    for seq in ran.seqs:
-        rec = record_of(seq.seq_id)
-        at = late.get(seq.seq_id, 0)
-        end = ends.get(seq.seq_id, k)
-        rec.chunk_times_s += times[at:end]
-        rec.chunk_tokens += ones[at:end]
-        rec.output_tokens += end - at
-        emitted += end - at
-    return emitted

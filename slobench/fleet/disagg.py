@@ -12,22 +12,30 @@ from __future__ import annotations
 import heapq
 import math
 import re
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from reference_engine.engine import LLMEngine, VirtualClock
-from reference_engine.scheduler import RequestRejected
+from reference_engine.engine import TokenEvent
 from reference_engine.sequence import Sequence as Seq
 from slobench.errors import SpecError
-from slobench.fleet.decode_run import decode_run, record_run
-from slobench.fleet.replica import EngineFactory, JitteredWait, arrive, request_parser, virtual_engine, wake
+from slobench.fleet.decode_run import decode_run
+from slobench.fleet.engine_limits import EngineLimits
+from slobench.fleet.fold import add_token, fold_event
+from slobench.fleet.loop import FleetLoop
+from slobench.fleet.replica import (
+    COLOCATED,
+    DECODE,
+    PREFILL,
+    EngineFactory,
+    Instance,
+    RecordSink,
+    request_parser,
+    wake,
+)
 from slobench.fleet.routing import Router
-from slobench.fleet.sim_blocks import SimBlockManager
 from slobench.profiles.specs import get_model
 from slobench.run.records import RequestRecord, RequestSpec
-from slobench.targets.engine import refusal_error
 
 MAX_INSTANCES = 4096
 KV_DTYPE_BYTES = 2  # bf16/fp16 KV, as GPU serving stores it
@@ -167,21 +175,6 @@ def split_fleet_knobs(knobs: dict[str, Any], router: str = "least-outstanding") 
     return rest, fleet
 
 
-@dataclass(eq=False)
-class _Instance:
-    index: int
-    role: str  # colocated | prefill | decode
-    engine: LLMEngine
-    clock: VirtualClock
-    wait: JitteredWait
-    blocks: SimBlockManager  # its engine's
-    stuck: bool = False
-    num_output_tokens: int = 0
-    link_free_s: float = 0.0  # prefill: when its link has sent everything queued
-    incoming: deque[_Handoff] = field(default_factory=deque)  # decode: KV waiting for room here
-    num_reserved: int = 0  # decode: requests whose KV is in flight to it
-
-
 @dataclass(eq=False, slots=True)
 class _Handoff:
     """A request between its prefill and its decode."""
@@ -196,10 +189,130 @@ class _Handoff:
     stop_check: Any
     weight: int
     cached_tokens: int | None
-    source: _Instance
+    source: Instance
     hold: Seq | None = None  # the prompt's blocks the prefill instance keeps until the bytes have left
     seq: Seq | None = None  # its sequence on the decode instance, once room is reserved
-    decode: _Instance | None = None
+    decode: Instance | None = None
+
+
+class KVHandoff:
+    """The fleet loop's handoff policy for prefill/decode fleets (`slobench.fleet.loop.Handoff`): a request's
+    KV goes from its prefill instance to a decode instance, in the three events `simulate_disagg` describes."""
+
+    def __init__(self, fleet: DisaggFleet, decoders: list[Instance], router: Router | None) -> None:
+        self.fleet = fleet
+        self.link = fleet.link
+        self.decoders = decoders
+        self.router = router  # picks among the decoders (None: the fleet has none)
+        self.events: list[tuple[float, int, str, _Handoff]] = []  # (time, order, kind, handoff): ready, sent, landed
+        self.order = 0
+        self.moved_bytes = 0
+        self.num_handoffs = 0
+
+    def next_s(self) -> float:
+        return self.events[0][0] if self.events else math.inf
+
+    def is_pending(self) -> bool:
+        return any(d.incoming for d in self.decoders)
+
+    def check(self, num_prompt_tokens: int, max_tokens: int, min_tokens: int) -> None:
+        self.decoders[0].engine.scheduler.validate(num_prompt_tokens, max_tokens, min_tokens)
+
+    def ticket(self, rec: RequestRecord, req: Any, stop_check: Any, weight: int, source: Instance) -> _Handoff:
+        return _Handoff(rec, list(req.prompt_token_ids), -1, req.max_tokens, req.min_tokens, req.ignore_eos,
+                        req.sampling, stop_check, weight, None, source)
+
+    def _push(self, t: float, kind: str, h: _Handoff) -> None:
+        heapq.heappush(self.events, (t, self.order, kind, h))
+        self.order += 1
+
+    def prefilled(self, inst: Instance, rec: RequestRecord, h: _Handoff, ev: TokenEvent) -> None:
+        if ev.finish_reason == "stop" or h.max_tokens == 1:  # its only token: no decode needed
+            fold_event(rec, ev)
+            return
+        if ev.num_cached_tokens is not None:
+            rec.cached_tokens = ev.num_cached_tokens
+        assert ev.token_id is not None
+        h.first_token = ev.token_id
+        h.cached_tokens = ev.num_cached_tokens
+        if self.fleet.first_token_from == "prefill":
+            add_token(rec, ev.time_s)
+        self._hold_prompt(inst, h)
+        self.num_handoffs += 1
+        self._push(ev.time_s, "ready", h)
+
+    def take_event(self) -> None:
+        t, _, kind, h = heapq.heappop(self.events)
+        if kind == "ready":
+            assert self.router is not None
+            k = self.router.pick(h.prompt)
+            self.router.started(k, h.weight)
+            d = self.decoders[k]
+            d.incoming.append(h)
+            self._try_start(d, t)
+        elif kind == "sent":
+            if h.hold is not None:
+                src = h.source
+                src.blocks.free(h.hold)
+                h.hold = None
+                if src.stuck:  # it may admit now, from this moment on
+                    src.clock.advance_to(t)
+                    src.stuck = False
+        else:
+            self._land(h, t)
+
+    def stepped(self, inst: Instance) -> None:
+        if inst.role == DECODE and inst.incoming:
+            self._try_start(inst, inst.clock.now_s())
+
+    def _try_start(self, d: Instance, now_s: float) -> None:
+        """Start the transfers queued for `d` that it has room for, in FIFO order."""
+        sched = d.engine.scheduler
+        bm = d.blocks
+        link = self.link
+        while d.incoming:
+            h = d.incoming[0]
+            if sched.num_running + d.num_reserved >= sched.config.max_num_seqs:
+                return
+            seq = d.engine.prefilled_sequence(h.prompt, h.first_token, h.max_tokens, min_tokens=h.min_tokens,
+                                              ignore_eos=h.ignore_eos, sampling=h.sampling, stop_check=h.stop_check)
+            hits = bm.match_prefix(seq)
+            if not bm.can_admit(seq.num_tokens, hits):
+                return
+            d.incoming.popleft()
+            bm.admit(seq, hits)  # blocks for the prompt and the first token, as its scheduler admits
+            h.seq, h.decode = seq, d
+            d.num_reserved += 1
+            num_bytes = (len(h.prompt) - seq.num_computed_tokens) * self.fleet.bytes_per_token
+            self.moved_bytes += num_bytes
+            src = h.source
+            start = max(now_s, src.link_free_s)
+            src.link_free_s = start + link.send_s(num_bytes)
+            self._push(src.link_free_s, "sent", h)
+            self._push(src.link_free_s + link.latency_s, "landed", h)
+
+    def _hold_prompt(self, inst: Instance, h: _Handoff) -> None:
+        """Keep the prompt's KV on the prefill instance (its blocks were just freed with the request)."""
+        bm = inst.blocks
+        hold = Seq(-1, h.prompt, 1)
+        hits = bm.match_prefix(hold)
+        if not bm.can_admit(hold.num_tokens, hits):
+            return  # a block it shared is held past its cap elsewhere: nothing to keep
+        bm.admit_uncounted(hold, hits)
+        h.hold = hold
+
+    def _land(self, h: _Handoff, t: float) -> None:
+        d, seq = h.decode, h.seq
+        assert d is not None and seq is not None
+        wake(d, t)
+        d.engine.adopt_prefilled(seq, t, h.cached_tokens)  # the prompt's KV is here; its first token came with it
+        d.num_reserved -= 1
+        rec = h.rec
+        if rec.first_token_s is None:  # (else the prefill instance sent it)
+            add_token(rec, t)
+        d.num_output_tokens += 1
+        d.records[seq.seq_id] = rec
+        d.weights[seq.seq_id] = h.weight
 
 
 def simulate_disagg(
@@ -212,9 +325,14 @@ def simulate_disagg(
     api: Any = "completions",
     model_name: str = "tiny",
     info: dict[str, Any] | None = None,
+    within: EngineLimits | None = None,
+    sink: RecordSink | None = None,
+    release: Callable[[], None] | None = None,
+    decode_runs: bool = True,
 ) -> list[RequestRecord]:
-    """The records of one virtual-clock run of a disaggregated (or mixed) fleet, in arrival order. A request
-    prefilled on a prefill instance (max_tokens=1) then goes through:
+    """The records of one virtual-clock run of a disaggregated (or mixed) fleet, in arrival order (or, given
+    a `sink`, each record appended there as its request arrives, none returned; `release` is called before
+    each event of the loop). A request prefilled on a prefill instance (max_tokens=1) then goes through:
 
       1. KV ready (prefill end): a second router picks a decode instance; the request queues there for room.
       2. Transfer start: once the decode instance can hold the request (blocks for its prompt and first
@@ -229,221 +347,30 @@ def simulate_disagg(
     transfer), or with `first_token_from` "prefill" as the prefill ends; then a token at the end of every
     decode step that produced one. The decode pool runs `fleet.decode_engine` when one is given. `replica` on a record is the
     instance that took its prompt (co-located or prefill). Instances are numbered co-located first, then
-    prefill, then decode.
+    prefill, then decode. `within`: each request bounded by the engine's limits as it arrives.
 
     Not modeled: transfers overlapping the prefill layer by layer (the transfer starts when the prefill
     ends), link contention beyond one FIFO per prefill instance, and a decode instance preempting a request
     whose KV is in flight (its blocks are reserved, so it cannot be)."""
-    roles = ["colocated"] * fleet.colocated + ["prefill"] * fleet.prefill + ["decode"] * fleet.decode
-    insts = [_Instance(k, role, *virtual_engine(fleet.decode_engine if role == "decode" and fleet.decode_engine
-                                                else factory, k, seed, jitter_sd))
+    roles = [COLOCATED] * fleet.colocated + [PREFILL] * fleet.prefill + [DECODE] * fleet.decode
+    num_front = fleet.colocated + fleet.prefill
+    front_router = Router(fleet.router, num_front)
+    decode_router = Router(fleet.router, fleet.decode) if fleet.decode else None
+    insts = [Instance.build(fleet.decode_engine if role == DECODE and fleet.decode_engine else factory, k, role,
+                            decode_router if role == DECODE else front_router,  # type: ignore[arg-type]
+                            k - num_front if role == DECODE else k, seed=seed, jitter_sd=jitter_sd)
              for k, role in enumerate(roles)]
-    front = [x for x in insts if x.role != "decode"]
-    decoders = [x for x in insts if x.role == "decode"]
-    front_router = Router(fleet.router, len(front))
-    decode_router = Router(fleet.router, len(decoders)) if decoders else None
+    handoff = KVHandoff(fleet, insts[num_front:], decode_router)
     parse, ids_checked = request_parser(insts[0].engine, model_name=model_name, api=api)
-    link = fleet.link
-
-    specs = sorted(specs, key=lambda s: (s.arrival_s, s.request_id))
     records: list[RequestRecord] = []
-    # (instance, engine request id) -> (record, its handoff when it is a prefill, token weight)
-    owned: dict[tuple[int, int], tuple[RequestRecord, _Handoff | None, int]] = {}
-    events: list[tuple[float, int, str, _Handoff]] = []  # (time, order, kind, handoff): ready, sent, landed
-    order = 0
-    moved_bytes = 0
-    num_handoffs = 0
-
-    def push(t: float, kind: str, h: _Handoff) -> None:
-        nonlocal order
-        heapq.heappush(events, (t, order, kind, h))
-        order += 1
-
-    def try_start(d: _Instance, now_s: float) -> None:
-        """Start the transfers queued for `d` that it has room for, in FIFO order."""
-        nonlocal moved_bytes
-        sched = d.engine.scheduler
-        bm = sched.block_manager
-        while d.incoming:
-            h = d.incoming[0]
-            if len(sched.running) + d.num_reserved >= sched.config.max_num_seqs:
-                return
-            seq = d.engine.prefilled_sequence(h.prompt, h.first_token, h.max_tokens, min_tokens=h.min_tokens,
-                                              ignore_eos=h.ignore_eos, sampling=h.sampling, stop_check=h.stop_check)
-            hits = bm.match_prefix(seq)
-            if not bm.can_admit(seq.num_tokens, hits):
-                return
-            d.incoming.popleft()
-            bm.admit(seq, hits)  # blocks for the prompt and the first token, as its scheduler admits
-            h.seq, h.decode = seq, d
-            d.num_reserved += 1
-            num_bytes = (len(h.prompt) - seq.num_computed_tokens) * fleet.bytes_per_token
-            moved_bytes += num_bytes
-            src = h.source
-            start = max(now_s, src.link_free_s)
-            src.link_free_s = start + link.send_s(num_bytes)
-            push(src.link_free_s, "sent", h)
-            push(src.link_free_s + link.latency_s, "landed", h)
-
-    def hold_prompt(inst: _Instance, h: _Handoff) -> None:
-        """Keep the prompt's KV on the prefill instance (its blocks were just freed with the request)."""
-        bm = inst.blocks
-        hold = Seq(-1, h.prompt, 1)
-        hits = bm.match_prefix(hold)
-        if not bm.can_admit(hold.num_tokens, hits):
-            return  # a block it shared is held past its cap elsewhere: nothing to keep
-        bm.admit_uncounted(hold, hits)
-        h.hold = hold
-
-    def land(h: _Handoff, t: float) -> None:
-        d, seq = h.decode, h.seq
-        assert d is not None and seq is not None
-        wake(d, t)
-        d.engine.adopt_prefilled(seq, t, h.cached_tokens)  # the prompt's KV is here; its first token came with it
-        d.num_reserved -= 1
-        rec = h.rec
-        if rec.first_token_s is None:  # (else the prefill instance sent it)
-            rec.first_token_s = t
-            rec.chunk_times_s.append(t)
-            rec.chunk_tokens.append(1)
-            rec.output_tokens += 1
-        d.num_output_tokens += 1
-        owned[(d.index, seq.seq_id)] = (rec, None, h.weight)
-
-    def on_events(inst: _Instance, evs: list[Any]) -> None:
-        nonlocal num_handoffs
-        for ev in evs:
-            rec, h, weight = owned[(inst.index, ev.request_id)]
-            if ev.num_cached_tokens is not None:
-                rec.cached_tokens = ev.num_cached_tokens
-            if inst.role == "prefill" and h is not None:
-                front_router.finished(front.index(inst), weight)
-                del owned[(inst.index, ev.request_id)]
-                if ev.finish_reason == "stop" or h.max_tokens == 1:  # its only token: no decode needed
-                    rec.first_token_s = rec.done_s = ev.time_s
-                    rec.chunk_times_s.append(ev.time_s)
-                    rec.chunk_tokens.append(1)
-                    rec.output_tokens += 1
-                    continue
-                h.first_token = ev.token_id
-                h.cached_tokens = ev.num_cached_tokens
-                if fleet.first_token_from == "prefill":
-                    rec.first_token_s = ev.time_s
-                    rec.chunk_times_s.append(ev.time_s)
-                    rec.chunk_tokens.append(1)
-                    rec.output_tokens += 1
-                hold_prompt(inst, h)
-                num_handoffs += 1
-                push(ev.time_s, "ready", h)
-                continue
-            if ev.token_id is not None:
-                if rec.first_token_s is None:
-                    rec.first_token_s = ev.time_s
-                rec.chunk_times_s.append(ev.time_s)
-                rec.chunk_tokens.append(1)
-                rec.output_tokens += 1
-                inst.num_output_tokens += 1
-            if ev.finish_reason is not None:
-                finish(inst, ev.request_id, ev.time_s)
-
-    def finish(inst: _Instance, rid: int, t: float) -> None:
-        rec, _, weight = owned.pop((inst.index, rid))
-        rec.done_s = t
-        if inst.role == "decode":
-            assert decode_router is not None
-            decode_router.finished(decoders.index(inst), weight)
-        else:
-            front_router.finished(front.index(inst), weight)
-
-    inf = math.inf
-    i, n = 0, len(specs)
-    while True:
-        busy = [x for x in insts if x.engine.has_work() and not x.stuck]
-        t_step = min((x.clock.now_s() for x in busy), default=inf)
-        t_arrival = specs[i].arrival_s if i < n else inf
-        t_event = events[0][0] if events else inf
-        if t_arrival == inf and t_event == inf and t_step == inf:
-            if any(x.engine.has_work() or x.incoming for x in insts):
-                raise RuntimeError("an instance has work but schedules nothing, and nothing is left to arrive")
-            break
-        if t_event <= t_step and t_event <= t_arrival:
-            t, _, kind, h = heapq.heappop(events)
-            if kind == "ready":
-                assert decode_router is not None
-                k = decode_router.pick(h.prompt)
-                decode_router.started(k, h.weight)
-                d = decoders[k]
-                d.incoming.append(h)
-                try_start(d, t)
-            elif kind == "sent":
-                if h.hold is not None:
-                    src = h.source
-                    src.engine.scheduler.block_manager.free(h.hold)
-                    h.hold = None
-                    if src.stuck:  # it may admit now, from this moment on
-                        src.clock.advance_to(t)
-                        src.stuck = False
-            else:
-                land(h, t)
-            continue
-        if t_arrival <= t_step:
-            sp = specs[i]
-            i += 1
-            t = sp.arrival_s
-            rec, req = arrive(sp, records, parse)
-            if req is None:
-                continue
-            k = front_router.pick(req.prompt_token_ids)
-            inst = front[k]
-            wake(inst, t)
-            prompt = req.prompt_token_ids
-            weight = len(prompt) + req.max_tokens
-            stop_check = req.stop_check()
-            try:
-                if inst.role == "prefill":
-                    decoders[0].engine.scheduler.validate(len(prompt), req.max_tokens, req.min_tokens)
-                    rid = inst.engine.add_request(prompt, 1, min_tokens=min(req.min_tokens, 1),
-                                                  ignore_eos=req.ignore_eos, sampling=req.sampling,
-                                                  stop_check=stop_check, ids_checked=ids_checked)
-                else:
-                    rid = inst.engine.add_request(prompt, req.max_tokens, min_tokens=req.min_tokens,
-                                                  ignore_eos=req.ignore_eos, sampling=req.sampling,
-                                                  stop_check=stop_check, ids_checked=ids_checked)
-            except RequestRejected as e:
-                rec.fail("error", refusal_error(str(e)), t)
-                continue
-            rec.prompt_tokens = len(prompt)
-            rec.replica = inst.index
-            handoff = None
-            if inst.role == "prefill":
-                handoff = _Handoff(rec, list(prompt), -1, req.max_tokens, req.min_tokens, req.ignore_eos,
-                                   req.sampling, stop_check, weight, None, inst)
-            owned[(inst.index, rid)] = (rec, handoff, weight)
-            front_router.started(k, weight)
-            continue
-        inst = min(busy, key=lambda x: (x.clock.now_s(), x.index))
-        eng = inst.engine
-        # (a finish ends a run: KV handed over from a prefill instance may be waiting for the blocks it frees)
-        ran = decode_run(eng, min(t_arrival, t_event), past_finishes=False) if inst.role != "prefill" else None
-        if ran is not None:  # a stretch of plain decode steps, taken at once (slobench.fleet.decode_run)
-            times = ran.times_s
-            index = inst.index
-            inst.num_output_tokens += record_run(ran, lambda sid: owned[(index, sid)][0])  # noqa: B023 (called at once)
-            for seq in ran.finished:
-                finish(inst, seq.seq_id, times[-1])
-        else:
-            steps = eng.num_steps
-            evs = eng.step()
-            if eng.num_steps == steps and not evs:
-                inst.stuck = True
-            on_events(inst, evs)
-        if inst.role == "decode" and inst.incoming:
-            try_start(inst, inst.clock.now_s())
+    FleetLoop(insts, front_router, iter(sorted(specs, key=lambda s: (s.arrival_s, s.request_id))), parse,
+              ids_checked, sink if sink is not None else records, within=within, handoff=handoff,
+              run_decodes=decode_run if decode_runs else None, label_replicas=True, release=release, api=api).run()
     if info is not None:
         info.update({
             **fleet.to_dict(), "replicas": len(insts),
             "requests_per_replica": [*front_router.sent, *(decode_router.sent if decode_router else [])],
             "output_tokens_per_replica": [x.num_output_tokens for x in insts],
-            "kv_handoffs": num_handoffs, "kv_bytes_moved": moved_bytes,
+            "kv_handoffs": handoff.num_handoffs, "kv_bytes_moved": handoff.moved_bytes,
         })
     return records

@@ -1,7 +1,7 @@
 """One engine of a simulated fleet: a fresh modeled `LLMEngine` on its own virtual clock, the wait that jumps
 that clock over each step (jittered, scaled by the machine's speed), and a request's arrival as the server
-would parse it. `slobench.fleet.simulate` (co-located replicas) and `slobench.fleet.disagg` (prefill and
-decode pools) both build their engines and take their arrivals here.
+would parse it; an `Instance` is such an engine in its role in the fleet loop (`slobench.fleet.loop`), which
+`slobench.fleet.simulate` (co-located replicas) and `slobench.fleet.disagg` (prefill and decode pools) run.
 """
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import zlib
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from operator import attrgetter
 from typing import Any, Protocol
@@ -21,6 +22,7 @@ from reference_engine.engine import LLMEngine, VirtualClock
 from reference_engine.protocol import BadRequest, GenerationRequest
 from reference_engine.tokenizer import ByteTokenizer
 from slobench.errors import SpecError
+from slobench.fleet.routing import Router
 from slobench.fleet.sim_blocks import SimBlockManager
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.targets.engine import Api, refusal_error, to_engine_request
@@ -76,12 +78,38 @@ class JitteredWait:
         self.clock.advance_to(now + dt)
 
 
-class Unit(Protocol):
-    """A replica or an instance: its engine, its clock, and whether its last step scheduled nothing."""
+COLOCATED, PREFILL, DECODE = "colocated", "prefill", "decode"  # an instance's role in its fleet
 
+
+@dataclass(eq=False, slots=True)
+class Instance:
+    """One engine of a simulated fleet and what the fleet loop (`slobench.fleet.loop`) keeps about it: its
+    role (co-located: whole requests; prefill: prompts, handed off; decode: handed-off requests), the router
+    that sends it requests and its place there, and its open requests' records and token weights by engine
+    request id."""
+
+    index: int
+    role: str
     engine: LLMEngine
     clock: VirtualClock
-    stuck: bool
+    wait: JitteredWait
+    blocks: SimBlockManager  # its engine's
+    router: Router
+    slot: int  # its index among the instances `router` picks from
+    stuck: bool = False  # its last step scheduled nothing: only a new arrival (or freed blocks) can help it
+    num_output_tokens: int = 0
+    records: dict[int, RequestRecord] = field(default_factory=dict)
+    weights: dict[int, int] = field(default_factory=dict)
+    handoffs: dict[int, Any] = field(default_factory=dict)  # prefill: each request's handoff (the fleet's policy)
+    link_free_s: float = 0.0  # prefill: when its link has sent everything queued
+    incoming: deque[Any] = field(default_factory=deque)  # decode: handoffs waiting for room here
+    num_reserved: int = 0  # decode: requests whose KV is in flight to it
+
+    @classmethod
+    def build(cls, factory: EngineFactory, index: int, role: str, router: Router, slot: int, *, seed: int,
+              jitter_sd: float, speed: SpeedTrace | None = None) -> Instance:
+        """A fresh engine from `factory` on its own clock (`virtual_engine`) in `role`, routed to by `router`."""
+        return cls(index, role, *virtual_engine(factory, index, seed, jitter_sd, speed), router, slot)
 
 
 def virtual_engine(factory: EngineFactory, index: int, seed: int, jitter_sd: float,
@@ -146,7 +174,13 @@ def _copy_request(req: GenerationRequest) -> GenerationRequest:
     return GenerationRequest(*_REQUEST_FIELDS(req))
 
 
-def arrive(sp: RequestSpec, records: list[RequestRecord], parse: RequestParser) -> tuple[RequestRecord, Any]:
+class RecordSink(Protocol):
+    """Where a run puts each record as its request arrives: a list, or what hands finished ones on."""
+
+    def append(self, rec: RequestRecord, /) -> None: ...
+
+
+def arrive(sp: RequestSpec, records: RecordSink, parse: RequestParser) -> tuple[RequestRecord, Any]:
     """A request arriving at its scheduled time: its record (appended to `records`; sent = scheduled) and
     its engine request, parsed by `parse` as the server would; None when the protocol refuses it, which the
     record then says."""
@@ -160,7 +194,7 @@ def arrive(sp: RequestSpec, records: list[RequestRecord], parse: RequestParser) 
         return rec, None
 
 
-def wake(unit: Unit, t_s: float) -> None:
+def wake(unit: Instance, t_s: float) -> None:
     """An idle (or stuck) engine's clock waits for work that comes at `t_s`."""
     if not unit.engine.has_work() or unit.stuck:
         unit.clock.advance_to(max(unit.clock.now_s(), t_s))

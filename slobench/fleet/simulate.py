@@ -22,34 +22,25 @@ import numpy as np
 
 from reference_engine.builder import modeled_executor
 from reference_engine.config import VLLM_V1, EngineConfig, EngineSpec, check_scheduler, require_positive_ints
-from reference_engine.engine import LLMEngine, VirtualClock
+from reference_engine.engine import LLMEngine
 from reference_engine.executor.modeled_executor import CostProfile
-from reference_engine.scheduler import RequestRejected
 from slobench.analysis.headline import crossing_rate
 from slobench.analysis.slo import SLO
 from slobench.analysis.summary import RunSummary, run_columns, summarize
 from slobench.errors import SpecError
-from slobench.fleet.decode_run import StandInPrompt, decode_run, record_run
+from slobench.fleet.decode_run import StandInPrompt, decode_run
 from slobench.fleet.disagg import DisaggFleet, simulate_disagg, split_fleet_knobs
 from slobench.fleet.engine_limits import EngineLimits
-from slobench.fleet.replica import (
-    EngineFactory,
-    JitteredWait,
-    SpeedTrace,
-    arrive,
-    request_parser,
-    virtual_engine,
-    wake,
-)
+from slobench.fleet.loop import FleetLoop
+from slobench.fleet.replica import COLOCATED, EngineFactory, Instance, RecordSink, SpeedTrace, request_parser
 from slobench.fleet.routing import ROUTERS, Router
-from slobench.fleet.sim_blocks import SimBlockManager, shared_prefix_blocks
-from slobench.fleet.sim_reasoning import plan_reasoning, split_reasoning
-from slobench.fleet.sim_sessions import SimSessions, mark_session
+from slobench.fleet.sim_blocks import shared_prefix_blocks
+from slobench.fleet.sim_reasoning import split_reasoning
+from slobench.fleet.sim_sessions import SimSessions
 from slobench.profiles.roofline import vllm_kv_blocks_of
 from slobench.run.columnar import RecordBuffer, StepTimes
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.run.session_plan import SessionPlan
-from slobench.targets.engine import refusal_error
 from slobench.targets.options import Api
 from slobench.workload.limits import shortened_note
 
@@ -252,17 +243,6 @@ def _unshared_from(specs: Sequence[RequestSpec], api: Api, block_size: int) -> l
     return shared_prefix_blocks([sp.prompt for sp in specs], block_size)  # type: ignore[misc]
 
 
-@dataclass(slots=True)
-class _Replica:
-    index: int
-    engine: LLMEngine
-    clock: VirtualClock
-    wait: JitteredWait
-    blocks: SimBlockManager  # its engine's
-    num_output_tokens: int = 0
-    stuck: bool = False  # its last step scheduled nothing: only a new arrival can help it
-
-
 @dataclass(frozen=True, slots=True)
 class SimOptions:
     """How a virtual-clock run is simulated, checked once. `api` and `model_name` shape each request's body as
@@ -308,6 +288,11 @@ class SimOptions:
             raise SpecError("router", self.router, f"must be one of {list(ROUTERS)}")
         if self.api not in ("completions", "chat", "responses"):
             raise SpecError("api", self.api, "must be completions, chat or responses")
+
+    @property
+    def parsed_api(self) -> Api:
+        """The API the engine parses a request as: a Responses request as chat's."""
+        return "chat" if self.api == "responses" else self.api
 
     @classmethod
     def of(cls, opts: SimOptions | None, knobs: Mapping[str, Any]) -> SimOptions:
@@ -359,12 +344,15 @@ def simulate_records(
         engine, named = split_fleet_knobs(dict(engine), opts.router)
         if named is not None and opts.disagg is None:
             opts = replace(opts, disagg=named)
-    seed, jitter_sd, replicas = opts.seed, opts.jitter_sd, opts.replicas
-    api: Api = "chat" if opts.api == "responses" else opts.api  # a Responses request is parsed as chat's
+    seed, jitter_sd, api = opts.seed, opts.jitter_sd, opts.parsed_api
     sessions = None  # sessions that wait for the server: their later turns arrive as earlier ones end
     if isinstance(specs, Sequence) and SessionPlan.waits(specs):
         sessions = SimSessions(specs, opts.request_overhead_s, disaggregated=opts.disagg is not None)
         specs = sessions.first
+    records: list[RequestRecord] = []
+    out = _InOrder(on_record, opts.request_overhead_s) if on_record is not None else None
+    sink: RecordSink = out if out is not None else records  # where each record goes when its request arrives
+    release = out.release if out is not None else None
     if opts.disagg is not None:
         pools = opts.disagg
         if pools.decode_knobs and pools.decode_engine is None:
@@ -375,24 +363,31 @@ def simulate_records(
         prefill = as_factory(engine)()  # (the prefill pool's engine parses and bounds every request)
         within = EngineLimits(prefill.config.max_model_len,
                               request_parser(prefill, model_name=opts.model_name, api=api)[0], api)
-        bounded = [within.bound(sp) for sp in specs]
+        simulate_disagg(list(specs), as_factory(engine), pools, seed=seed, jitter_sd=jitter_sd, api=api,
+                        model_name=opts.model_name, info=fleet, within=within, sink=sink, release=release,
+                        decode_runs=opts.decode_runs)
         if fleet is not None and within.num_shortened:
             fleet[SHORTENED] = shortened_note(within.num_shortened, prefill.config.max_model_len)
-        done = _shift_after_send(simulate_disagg(bounded, as_factory(engine), pools, seed=seed,
-                                                 jitter_sd=jitter_sd, api=api, model_name=opts.model_name, info=fleet),
-                                 opts.request_overhead_s)
-        if on_record is None:
-            return done
-        for rec in done:
-            on_record(rec)
-        return []
-    factory = as_factory(engine)
-    reps = [_Replica(k, *virtual_engine(factory, k, seed, jitter_sd, opts.speed)) for k in range(replicas)]
+    else:
+        _colocated(specs, as_factory(engine), opts, sessions, sink, release, fleet, step_times)
+    if out is not None:
+        out.release()
+        return records
+    return _shift_after_send(records, opts.request_overhead_s)
+
+
+def _colocated(specs: Iterable[RequestSpec], factory: EngineFactory, opts: SimOptions, sessions: SimSessions | None,
+               sink: RecordSink, release: Callable[[], None] | None, fleet: dict[str, Any] | None,
+               step_times: StepTimes | None) -> None:
+    """`simulate_records` of co-located replicas: the fleet loop (`slobench.fleet.loop`) with every replica in
+    the co-located role, and the private blocks and stand-in prompts that knowing the prompts allows."""
+    api, replicas = opts.parsed_api, opts.replicas
     route = Router(opts.router, replicas)
+    reps = [Instance.build(factory, k, COLOCATED, route, k, seed=opts.seed, jitter_sd=opts.jitter_sd, speed=opts.speed)
+            for k in range(replicas)]
     first = reps[0].engine
     parse, ids_checked = request_parser(first, model_name=opts.model_name, api=api)
     within = EngineLimits(first.config.max_model_len, parse, api)  # as a live run bounds and sizes its requests
-
     block_size = first.config.block_size
     unshared_of: Callable[[int, RequestSpec], int | None] | None = None  # (arrival index, request)
     stand_in_of: Callable[[int, int], StandInPrompt] | None = None  # (arrival index, length): a stand-in prompt's
@@ -407,120 +402,9 @@ def simulate_records(
         if opts.private_blocks:  # (stand-ins where a router does not read the prompts' heads)
             specs, unshared_of, stand_in_of = _streamed(specs, api, block_size, not route.reads_prompts)
         stream = _in_order(specs)
-    records: list[RequestRecord] = []
-    out = _InOrder(on_record, opts.request_overhead_s) if on_record is not None else None
-    arrived: Any = out if out is not None else records  # where each record goes when its request arrives
-    by_rid: list[dict[int, RequestRecord]] = [{} for _ in reps]  # per replica: engine request id -> record
-    weights: dict[tuple[int, int], int] = {}  # the token weight each routed request holds on its replica
-    inf = float("inf")
-    upcoming = next(stream, None)
-    num_arrived = 0
-    lone = reps[0] if replicas == 1 else None
-    while True:
-        if out is not None:
-            out.release()
-        if lone is not None:  # (the same, without the lists)
-            busy = [lone] if not lone.stuck and lone.engine.has_work() else []
-            t_step = lone.clock.now_s() if busy else inf
-        else:
-            busy = [r for r in reps if r.engine.has_work() and not r.stuck]
-            t_step = min((r.clock.now_s() for r in busy), default=inf)
-        t_arrival = upcoming.arrival_s if upcoming is not None else inf
-        if sessions is not None:
-            t_arrival = min(t_arrival, sessions.next_s())
-        if t_arrival == inf and t_step == inf:
-            if any(r.engine.has_work() for r in reps):
-                raise RuntimeError("the engine has work but schedules nothing, and no request is left to arrive")
-            break
-        if t_arrival <= t_step:
-            if sessions is not None and sessions.next_s() < (upcoming.arrival_s if upcoming is not None else inf):
-                raw = sessions.pop()
-            else:
-                assert upcoming is not None
-                raw, upcoming = upcoming, next(stream, None)
-            sp = within.bound(raw)
-            num_arrived += 1
-            t = sp.arrival_s
-            rec, req = arrive(sp, arrived, parse)
-            plan_reasoning(sp, rec, api)  # the reasoning/answer split, as live (slobench.fleet.sim_reasoning)
-            if sessions is not None:
-                sessions.arrived(raw, rec)  # (as planned: its next turn extends the conversation, not the sized text)
-            else:
-                mark_session(sp, rec)
-            if req is None:
-                if sessions is not None:
-                    sessions.ended(rec)
-                continue
-            rep = reps[route.pick(req.prompt_token_ids)]
-            wake(rep, t)
-            private = None if unshared_of is None else unshared_of(num_arrived - 1, sp)
-            try:
-                rid = rep.engine.add_request(req.prompt_token_ids, req.max_tokens, min_tokens=req.min_tokens,
-                                             ignore_eos=req.ignore_eos, sampling=req.sampling,
-                                             stop_check=req.stop_check(), ids_checked=ids_checked,
-                                             unshared_from=private,
-                                             draw_tokens=stand_in_of(num_arrived - 1, sp.input_tokens) if (
-                                                 stand_in_of is not None and private == 0) else None)
-            except RequestRejected as e:
-                rec.fail("error", refusal_error(str(e)), t)
-                if sessions is not None:
-                    sessions.ended(rec)
-                continue
-            rec.prompt_tokens = len(req.prompt_token_ids)
-            if replicas > 1:
-                rec.replica = rep.index
-            weight = len(req.prompt_token_ids) + req.max_tokens
-            by_rid[rep.index][rid] = rec
-            weights[(rep.index, rid)] = weight
-            route.started(rep.index, weight)
-            continue
-        rep = busy[0] if lone is not None else min(busy, key=lambda r: (r.clock.now_s(), r.index))
-        eng = rep.engine
-        # (a finish may send a session's next turn: a run of steps then stops there)
-        ran = None
-        if opts.decode_runs:
-            ran = decode_run(eng, t_arrival) if sessions is None else decode_run(eng, t_arrival, past_finishes=False)
-        if ran is not None:  # a stretch of plain decode steps, taken at once (slobench.fleet.decode_run)
-            times = ran.times_s
-            if step_times is not None:
-                step_times.table(rep.index).extend(times)
-            mine = by_rid[rep.index]
-            rep.num_output_tokens += record_run(ran, mine.__getitem__)
-            ends = ran.ends
-            for seq in ran.finished:
-                ended = mine.pop(seq.seq_id)
-                ended.done_s = times[ends.get(seq.seq_id, 0) - 1]
-                route.finished(rep.index, weights.pop((rep.index, seq.seq_id)))
-                if sessions is not None:
-                    sessions.ended(ended)
-            continue
-        steps, waits = eng.num_steps, rep.wait.num_waits
-        events = eng.step()
-        if eng.num_steps > steps and rep.wait.num_waits == waits:
-            raise SpecError("executor", type(eng.executor).__name__,
-                            "reports no modeled step time: a virtual-clock run needs a modeled executor")
-        if eng.num_steps == steps and not events:
-            rep.stuck = True  # nothing could be scheduled: only an arrival can help
-        table = step_times.table(rep.index) if step_times is not None else None
-        for ev in events:
-            rec = by_rid[rep.index][ev.request_id]
-            if ev.num_cached_tokens is not None:
-                rec.cached_tokens = ev.num_cached_tokens
-            if ev.token_id is not None:
-                if rec.first_token_s is None:
-                    rec.first_token_s = ev.time_s
-                rec.chunk_times_s.append(ev.time_s)
-                if table is not None and (not table or table[-1] != ev.time_s):
-                    table.append(ev.time_s)
-                rec.chunk_tokens.append(1)
-                rec.output_tokens += 1
-                rep.num_output_tokens += 1
-            if ev.finish_reason is not None:
-                rec.done_s = ev.time_s
-                del by_rid[rep.index][ev.request_id]
-                route.finished(rep.index, weights.pop((rep.index, ev.request_id)))
-                if sessions is not None:
-                    sessions.ended(rec)
+    FleetLoop(reps, route, stream, parse, ids_checked, sink, within=within, sessions=sessions,
+              run_decodes=decode_run if opts.decode_runs else None, unshared_of=unshared_of, stand_in_of=stand_in_of,
+              step_times=step_times, label_replicas=replicas > 1, release=release, api=api).run()
     if fleet is not None:
         if within.num_shortened:
             fleet[SHORTENED] = shortened_note(within.num_shortened, first.config.max_model_len)
@@ -529,11 +413,6 @@ def simulate_records(
             "requests_per_replica": list(route.sent),
             "output_tokens_per_replica": [r.num_output_tokens for r in reps],
         })
-    if out is not None:
-        out.release()
-        return records
-    return _shift_after_send(records, opts.request_overhead_s)
-
 
 def simulate_run(
     specs: Iterable[RequestSpec],
