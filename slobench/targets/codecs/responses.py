@@ -4,10 +4,12 @@
 A stream is `event: response.<kind>` / `data: {"type": ..., ...}` pairs. A token is a delta event:
 `response.output_text.delta` (answer), `response.reasoning_text.delta` or
 `response.reasoning_summary_text.delta` (reasoning), `response.function_call_arguments.delta` (answer: a
-tool call); each carries one token unless it sends its logprobs. `response.completed` (status "completed")
-or `response.incomplete` (its reason "max_output_tokens" reads as finish_reason "length") ends it and
-carries the usage (`input_tokens`, `output_tokens`, their details); `response.failed` and `error` events are
-recorded errors. A stream that ends without `response.completed` or `response.incomplete` was cut off.
+tool call); each carries one token unless it sends its logprobs (a delta may carry several: vLLM sends the
+tokens queued since its last delta in one). `response.completed` or `response.incomplete` ends it and
+carries the usage (`input_tokens`, `output_tokens`, their details); a response of status "incomplete" with
+reason "max_output_tokens" reads as finish_reason "length", whichever of the two events carries it.
+`response.failed` and `error` events are recorded errors. A stream that ends without `response.completed`
+or `response.incomplete` was cut off.
 """
 
 from __future__ import annotations
@@ -39,8 +41,11 @@ def take_usage(record: RequestRecord, usage: dict[str, Any]) -> None:
 
 
 def finish_of(response: dict[str, Any], end: str) -> str:
-    """The finish_reason a response's end reads as: "length" where it stopped at max_output_tokens."""
-    if end == "stop":
+    """The finish_reason a response's end reads as: "length" where it stopped at max_output_tokens. The
+    response's own `status` wins over the event's name: vLLM ends a stream cut at max_output_tokens with
+    `response.completed` holding a response of status "incomplete"."""
+    status = response.get("status")
+    if status == "completed" or (end == "stop" and status != "incomplete"):
         return "stop"
     details = response.get("incomplete_details")
     reason = details.get("reason") if isinstance(details, dict) else None
