@@ -26,8 +26,8 @@ t0=$SECONDS
 # SIGINT after the limit: tune stops the server in progress and keeps what finished (exit 130)
 timeout --signal INT --kill-after 120 "$TUNE_LIMIT_S" "${SLOBENCH[@]}" tune --serve-cmd "$SERVE" \
   --param "seqs=$SEQS" --ready-timeout 600 --stop-grace 30 \
-  --slo ttft=500ms,target=0.9 --replicates 1 --duration 10 \
-  --capacity-args "--api completions --server-profile vllm --input-len 128 --output-len 32 --start-rate 2 \
---tolerance 0.25 --max-probes 6 --seed-probes 4" \
+  --slo ttft=500ms,target=0.9 --replicates 2 --duration 30 \
+  --capacity-args "--api completions --server-profile vllm --tokenizer $MODEL_DIR --input-len 128 --output-len 64 \
+--start-rate 2 --tolerance 0.25 --max-probes 8 --seed-probes 6" \
   --out "$OUT" "${RESUME[@]}" "$@"
 echo "vllm-tune: $((SECONDS - t0)) s; result: $OUT/tune.json"
