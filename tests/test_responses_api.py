@@ -77,6 +77,21 @@ async def test_failures_and_cut_offs_are_recorded_errors(pieces: list[bytes], er
     assert rec.first_token_s == 3.0  # the tokens before the failure keep their times
 
 
+@pytest.mark.parametrize(("delta", "item"), [
+    ("response.custom_tool_call_input.delta", {"type": "custom_tool_call", "input": "ls -l"}),
+    ("response.mcp_call_arguments.delta", {"type": "mcp_call", "arguments": "{}"}),
+    ("response.code_interpreter_call_code.delta", {"type": "code_interpreter_call", "code": "print(1)"}),
+])
+async def test_a_tool_calls_input_is_answer_tokens(delta: str, item: dict[str, Any]) -> None:
+    # vLLM streams a custom tool's input, and gpt-oss's built-in tools' calls, under these names
+    rec, _ = await run_scripted([ev(delta, delta="ls"), ev(delta, delta=" -l"), completed(2)], api="responses")
+    assert (rec.status, rec.chunk_tokens, rec.output_tokens) == ("ok", [1, 1], 2), rec.error
+    assert rec.first_token_s == 3.0
+    whole = json.dumps({"status": "completed", "error": None, "output": [item], "usage": None}).encode()
+    rec, _ = await run_scripted([whole], api="responses", stream=False)
+    assert rec.status == "ok", rec.error  # the call's input is generated text: an answer, not "no output"
+
+
 async def test_whole_answers() -> None:
     def body(**kw: Any) -> bytes:
         out = [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "think"}]},

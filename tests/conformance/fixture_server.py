@@ -1,5 +1,6 @@
-"""Replay a recorded SSE response byte for byte: POST /v1/completions and /v1/chat/completions answer
-with the fixture's bytes, whatever the request said.
+"""Replay a recorded SSE response byte for byte: POST /v1/completions, /v1/chat/completions and
+/v1/responses answer with the fixture's bytes, whatever the request said (with `status` and
+`content_type` as recorded: a whole JSON answer, or an HTTP error, replays as it came).
 
 The body is written one SSE event at a time (split after each blank line, `\\n\\n` or `\\r\\n\\r\\n`, the
 separator kept), each flushed on its own, so a client sees events arrive separately as from a real
@@ -36,12 +37,13 @@ def split_events(raw: bytes) -> list[bytes]:
     return pieces
 
 
-def make_app(raw: bytes, *, model: str = "fixture-model", abort: bool = False) -> web.Application:
+def make_app(raw: bytes, *, model: str = "fixture-model", abort: bool = False, status: int = 200,
+             content_type: str = "text/event-stream") -> web.Application:
     events = split_events(raw)
 
     async def replay(request: web.Request) -> web.StreamResponse:
         await request.read()
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        resp = web.StreamResponse(status=status, headers={"Content-Type": content_type})
         await resp.prepare(request)
         for piece in events:
             await resp.write(piece)
@@ -59,6 +61,7 @@ def make_app(raw: bytes, *, model: str = "fixture-model", abort: bool = False) -
     app = web.Application()
     app.router.add_post("/v1/completions", replay)
     app.router.add_post("/v1/chat/completions", replay)
+    app.router.add_post("/v1/responses", replay)
     app.router.add_get("/v1/models", models)
     return app
 
@@ -66,10 +69,13 @@ def make_app(raw: bytes, *, model: str = "fixture-model", abort: bool = False) -
 class FixtureServer:
     """An in-process aiohttp server on 127.0.0.1 and a free port, replaying one fixture."""
 
-    def __init__(self, fixture: str | Path | bytes, *, model: str = "fixture-model", abort: bool = False) -> None:
+    def __init__(self, fixture: str | Path | bytes, *, model: str = "fixture-model", abort: bool = False,
+                 status: int = 200, content_type: str = "text/event-stream") -> None:
         self.raw = fixture if isinstance(fixture, bytes) else Path(fixture).read_bytes()
         self.model = model
         self.abort = abort
+        self.status = status
+        self.content_type = content_type
         self.port = 0
         self._runner: web.AppRunner | None = None
 
@@ -78,7 +84,8 @@ class FixtureServer:
         return f"http://127.0.0.1:{self.port}/v1"
 
     async def __aenter__(self) -> Self:
-        self._runner = web.AppRunner(make_app(self.raw, model=self.model, abort=self.abort), access_log=None)
+        self._runner = web.AppRunner(make_app(self.raw, model=self.model, abort=self.abort, status=self.status,
+                                               content_type=self.content_type), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()

@@ -1,12 +1,15 @@
 """Byte-exact streams of real servers, replayed through OpenAITarget: each `streams/<server>-<case>.sse`
-has a sidecar `<name>.json` saying what the client must make of it (and where the shape comes from).
+has a sidecar `<name>.json` saying what the client must make of it (and where the shape comes from). A
+`.sse` whose sidecar says `"stream": false` holds a whole (non-streamed) JSON answer's body instead.
 
 Sidecar keys: status ("ok"/"error"), content_tokens (tokens counted from content events), output_tokens,
 prompt_tokens (null: the server sent no usage), cached_tokens (optional), finish (whether a chunk
 carried a finish_reason; checked when the record has a `finish_reason`), error_contains (a substring of
-the recorded error, or a list of which any one must appear), api (completions/chat), source, and
-optionally abort (true: the server closed the connection after the last event, without ending the body)
-and max_tokens (what the stream was made under, where it ends in finish_reason "length"; else 16).
+the recorded error, or a list of which any one must appear), api (completions/chat/responses), source, and
+optionally abort (true: the server closed the connection after the last event, without ending the body),
+max_tokens (what the stream was made under, where it ends in finish_reason "length"; else 16),
+finish_reason (the one the record must hold), stream (false: a whole answer, asked with stream false) and
+http_status (the status the server answered with; else 200).
 """
 
 from __future__ import annotations
@@ -36,11 +39,13 @@ def test_every_fixture_has_a_sidecar_and_every_server_is_covered() -> None:
     for name in FIXTURES:
         exp = expected(name)
         assert exp["status"] in ("ok", "error"), name
-        assert exp["api"] in ("completions", "chat"), name
+        assert exp["api"] in ("completions", "chat", "responses"), name
         assert exp["source"], name
     assert {p.stem for p in STREAMS.glob("*.json")} == set(FIXTURES)
     for server in SERVERS:
         assert any(n.startswith(server + "-") for n in FIXTURES), f"no fixture for {server}"
+    responses = [expected(n) for n in FIXTURES if n.startswith("vllm032-responses-")]
+    assert {e.get("stream", True) for e in responses} == {True, False}, "vLLM's Responses API: streamed and whole"
 
 
 @pytest.mark.parametrize("name", FIXTURES)
@@ -56,8 +61,12 @@ async def test_stream_fixture(name: str) -> None:
     spec = RequestSpec(request_id=0, arrival_s=0.0, prompt="Hello there", input_tokens=2,
                        max_tokens=exp.get("max_tokens", 16))
     record = RequestRecord(0, 0.0)
-    async with FixtureServer(STREAMS / f"{name}.sse", abort=exp.get("abort", False)) as srv:
-        options = TargetOptions(model=srv.model, api=exp["api"], api_key_env=None, timeouts=Timeouts(request_s=10.0))
+    status, stream = exp.get("http_status", 200), exp.get("stream", True)
+    ctype = "text/event-stream" if stream and status == 200 else "application/json"
+    async with FixtureServer(STREAMS / f"{name}.sse", abort=exp.get("abort", False), status=status,
+                             content_type=ctype) as srv:
+        options = TargetOptions(model=srv.model, api=exp["api"], stream=stream, api_key_env=None,
+                                timeouts=Timeouts(request_s=10.0))
         async with OpenAITarget(srv.base_url, options) as target:
             await target.send(spec, record)
 
@@ -72,6 +81,8 @@ async def test_stream_fixture(name: str) -> None:
         got["cached_tokens"], want["cached_tokens"] = record.cached_tokens, exp["cached_tokens"]
     if hasattr(record, "finish_reason"):
         got["finish"], want["finish"] = record.finish_reason is not None, exp["finish"]
+    if "finish_reason" in exp:
+        got["finish_reason"], want["finish_reason"] = record.finish_reason, exp["finish_reason"]
     assert got == want, f"{name}: error={record.error!r}\nsource: {exp['source']}"
 
     if exp["status"] == "ok":

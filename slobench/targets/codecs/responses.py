@@ -3,11 +3,13 @@
 
 A stream is `event: response.<kind>` / `data: {"type": ..., ...}` pairs. A token is a delta event:
 `response.output_text.delta` (answer), `response.reasoning_text.delta` or
-`response.reasoning_summary_text.delta` (reasoning), `response.function_call_arguments.delta` (answer: a
-tool call); each carries one token unless it sends its logprobs. `response.completed` (status "completed")
-or `response.incomplete` (its reason "max_output_tokens" reads as finish_reason "length") ends it and
-carries the usage (`input_tokens`, `output_tokens`, their details); `response.failed` and `error` events are
-recorded errors. A stream that ends without `response.completed` or `response.incomplete` was cut off.
+`response.reasoning_summary_text.delta` (reasoning), `response.function_call_arguments.delta` and the
+other tool calls' input deltas (answer: `ANSWER_DELTAS`); each carries one token unless it sends its logprobs (a delta may carry several: vLLM sends the
+tokens queued since its last delta in one). `response.completed` or `response.incomplete` ends it and
+carries the usage (`input_tokens`, `output_tokens`, their details); a response of status "incomplete" with
+reason "max_output_tokens" reads as finish_reason "length", whichever of the two events carries it.
+`response.failed` and `error` events are recorded errors. A stream that ends without `response.completed`
+or `response.incomplete` was cut off.
 """
 
 from __future__ import annotations
@@ -23,8 +25,14 @@ from slobench.targets.sse import DONE
 
 PATH = "/responses"
 MAX_TOKENS_FIELD = "max_output_tokens"
+# answer tokens: text, a refusal, and a tool call's input (a function's arguments; vLLM's custom tools, and
+# gpt-oss's built-in MCP and code-interpreter calls, stream theirs under their own names)
 ANSWER_DELTAS = frozenset({"response.output_text.delta", "response.function_call_arguments.delta",
-                           "response.refusal.delta"})
+                           "response.refusal.delta", "response.custom_tool_call_input.delta",
+                           "response.mcp_call_arguments.delta", "response.code_interpreter_call_code.delta"})
+# a whole answer's tool-call items: the field holding what the model generated
+TOOL_INPUTS = {"function_call": "arguments", "custom_tool_call": "input", "mcp_call": "arguments",
+               "code_interpreter_call": "code"}
 REASONING_DELTAS = frozenset({"response.reasoning_text.delta", "response.reasoning_summary_text.delta"})
 ENDS = {"response.completed": "stop", "response.incomplete": "incomplete"}
 
@@ -39,8 +47,11 @@ def take_usage(record: RequestRecord, usage: dict[str, Any]) -> None:
 
 
 def finish_of(response: dict[str, Any], end: str) -> str:
-    """The finish_reason a response's end reads as: "length" where it stopped at max_output_tokens."""
-    if end == "stop":
+    """The finish_reason a response's end reads as: "length" where it stopped at max_output_tokens. The
+    response's own `status` wins over the event's name: vLLM ends a stream cut at max_output_tokens with
+    `response.completed` holding a response of status "incomplete"."""
+    status = response.get("status")
+    if status == "completed" or (end == "stop" and status != "incomplete"):
         return "stop"
     details = response.get("incomplete_details")
     reason = details.get("reason") if isinstance(details, dict) else None
@@ -127,8 +138,9 @@ def whole_answer(obj: dict[str, Any]) -> tuple[str, str | None, str | None, bool
         texts = [p["text"] for p in parts if type(p.get("text")) is str]
         if item.get("type") == "reasoning":
             reasoning = (reasoning or []) + texts
-        elif item.get("type") == "function_call" and type(item.get("arguments")) is str:
-            answer.append(item["arguments"])
+        elif item.get("type") in TOOL_INPUTS:
+            generated = item.get(TOOL_INPUTS[item["type"]])
+            answer += [generated] if type(generated) is str else []
         else:
             answer += texts
     status = obj.get("status")
