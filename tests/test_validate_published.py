@@ -121,3 +121,25 @@ def test_the_tpot_gap_leaves_out_one_token_answers_and_unfinished_requests() -> 
     gap = tpot_gap_by_length(run, np.array([0.0, 30.0, np.inf]))
     assert gap == [{"tokens_after_first": [10, 50], "num_requests": 1, "gap_ms": 10.0, "measured_ms": 40.0,
                     "simulated_ms": 30.0}]
+
+
+def test_the_planner_mirrors_the_measured_runs_lengths_and_pools_them_by_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past saturation a longer run attains less (its queue grows the whole run): the simulated answer is read
+    off runs of the measured runs' rates and lengths, pooled by rate weighted by requests, as the measured one
+    is. A stand-in simulation attains a run's first 150 requests only."""
+    import slobench.fleet.published as published
+    from slobench.fleet.published import mirrored_curve
+
+    def fake_times(run: Run) -> tuple[np.ndarray, np.ndarray]:
+        n = len(run.start_s)
+        return np.where(np.arange(n) < 150, 100.0, 300.0), np.full(n, 50.0)
+    monkeypatch.setattr(published, "simulate", lambda run, *a, **k: run)
+    monkeypatch.setattr(published, "simulated_times_ms", fake_times)
+
+    def measured(n: int, rate: float) -> Run:
+        z = np.zeros(n)
+        return Run(f"m-{n}-{rate:g}", np.arange(n) / rate, np.full(n, 100), np.full(n, 10), z, z)
+    runs = [measured(100, 3.0), measured(300, 6.0), measured(600, 6.0), measured(300, 9.0)]
+    rates, curve = mirrored_curve("distserve-c21d11", "fitted", DATA, runs, seeds=(0,))
+    assert rates == [3.0, 6.0, 9.0]
+    assert curve == pytest.approx([100.0, 100.0 * 300 / 900, 50.0])
