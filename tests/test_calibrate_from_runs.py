@@ -21,6 +21,8 @@ from slobench.cli import main
 from slobench.errors import SpecError
 from slobench.fleet.published import Run, simulated_times_ms, specs_of
 from slobench.fleet.simulate import ModeledEngine, SimOptions, simulate_records
+from slobench.profiles.calibrate_runs import calibrate_runs
+from slobench.profiles.from_runs import colocated_builder
 from slobench.profiles.run_logs import ColumnMap, read_log
 
 BASE = CostProfile("base", 0.004, 2e-5, 3e-4, 1e-6)  # a linear profile: ~4.5 ms a decode step at batch 1
@@ -86,9 +88,6 @@ def test_a_tail_the_simulator_lacks_does_not_bend_the_host_costs() -> None:
     """15% of the requests wait before their second token (TPOT x 1.8), a cost the replay does not model (as
     DistServe's decode admission past 6 req/s): the fit still finds the true host costs within 3 of its sd,
     and the same as on the logs without the tail (each such request counts as one clipped miss)."""
-    from slobench.profiles.calibrate_runs import calibrate_runs
-    from slobench.profiles.from_runs import colocated_builder
-
     clean, tailed = [], []
     for rate, seed in ((25.0, 1), (60.0, 2), (90.0, 3)):
         run = _synthetic(rate, 50, seed)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import slobench.fleet.published as published
 from slobench.analysis.headline import crossing_rate
 from slobench.errors import SpecError
 from slobench.fleet.published import (
@@ -21,6 +22,7 @@ from slobench.fleet.published import (
     Run,
     compare,
     measured_curve,
+    mirrored_curve,
     pooled_lengths,
     read_run,
     simulated_curve,
@@ -127,9 +129,6 @@ def test_the_planner_mirrors_the_measured_runs_lengths_and_pools_them_by_rate(mo
     """Past saturation a longer run attains less (its queue grows the whole run): the simulated answer is read
     off runs of the measured runs' rates and lengths, pooled by rate weighted by requests, as the measured one
     is. A stand-in simulation attains a run's first 150 requests only."""
-    import slobench.fleet.published as published
-    from slobench.fleet.published import mirrored_curve
-
     def fake_times(run: Run) -> tuple[np.ndarray, np.ndarray]:
         n = len(run.start_s)
         return np.where(np.arange(n) < 150, 100.0, 300.0), np.full(n, 50.0)
