@@ -118,18 +118,23 @@ def main() -> int:
     ap.add_argument("--replicates", type=int, default=2)
     ap.add_argument("--tolerance", type=float, default=0.1, help="the search's relative bracket width")
     ap.add_argument("--json", default=None, help="also write every figure here")
-    ap.add_argument("--from-json", default=None, help="summarise the searches a --json file holds; measure nothing")
+    ap.add_argument("--from-json", default=None,
+                    help="summarise the searches a --json file holds (with --replay, their kept directories) and "
+                         "write the result; measure nothing")
     ap.add_argument("--keep", default=None, help="keep every search's directory here")
+    ap.add_argument("--note", default="", help="with --from-json: said beside the figures (how they were measured)")
     ap.add_argument("--replay", default=None, help="replay the whole probes kept under this directory; measure nothing")
     args = ap.parse_args()
-    if args.replay:
-        replay_all(Path(args.replay))
-        return 0
     if args.from_json:
         rows = json.loads(Path(args.from_json).read_text())["seeds"]
         for r in rows:
             print_seed(r)
-        summarise(rows, args)
+        figures = summarise(rows, args) | (replay_all(Path(args.replay)) if args.replay else {})
+        if len(rows) >= 10:
+            write_result("probe_early_stop", figures, note=args.note)
+        return 0
+    if args.replay:
+        replay_all(Path(args.replay))
         return 0
     proc, port = start_server()
     rows = []
@@ -142,10 +147,11 @@ def main() -> int:
                 (e_doc, e_s), (w_doc, w_s) = got[True], got[False]
                 rows.append({"seed": seed, "early": e_doc, "whole": w_doc, "early_s": e_s, "whole_s": w_s})
                 print_seed(rows[-1])
+            proc.terminate()
+            figures = summarise(rows, args) | replay_all(Path(tmp))
     finally:
         proc.terminate()
         proc.wait(10)
-    figures = summarise(rows, args)
     if args.json:
         Path(args.json).write_text(json.dumps({"figures": figures, "seeds": [
             {k: v for k, v in r.items()} for r in rows]}, indent=1))
@@ -259,7 +265,7 @@ def as_seen(r: RequestRecord, t: float) -> RequestRecord:
                    status="ok", error=None)
 
 
-def replay_all(root: Path) -> None:
+def replay_all(root: Path) -> dict[str, Any]:
     rows = []
     edges = []  # each seed's missed edge: the probe whose value the crossing is interpolated from
     shifts: dict[str, list[tuple[float, float, float]]] = {rule: [] for rule in (*RULES, "midpoint")}
@@ -283,10 +289,13 @@ def replay_all(root: Path) -> None:
             out.append(((est - cap_rps) / cap_rps, (lo - w_lo) / cap_rps, (hi - w_hi) / cap_rps))
     missed = [r for r in rows if not r[0]]
     wrong = sum(1 for r in rows if r[0] == (r[1] is not None))
+    figures: dict[str, Any] = {"replay_probes": len(rows), "replay_missed": len(missed),
+                               "replay_met": len(rows) - len(missed), "replay_wrong": wrong}
     print(f"{len(rows)} whole probes replayed: {len(missed)} missed, {wrong} where the replay disagrees "
           "(a met probe stopped, or a missed one not)")
     if missed:
         saved = [1 - r[1] / r[2] for r in missed if r[1] is not None]
+        figures["replay_saved_pct"] = round(100 * sum(r[2] - r[1] for r in missed if r[1]) / sum(r[2] for r in rows))
         print(f"a missed probe would have stopped after {statistics.median(r[1] / r[2] for r in missed if r[1]):.0%} "
               f"of its traffic and drain (median), saving {sum(r[2] - r[1] for r in missed if r[1]):.0f} s of "
               f"{sum(r[2] for r in rows):.0f} s of probe time; per missed probe saved {statistics.mean(saved):.0%}")
@@ -296,6 +305,8 @@ def replay_all(root: Path) -> None:
                       f"({len(out)} searches): estimate {statistics.mean(abs(o[0]) for o in out) * 100:.1f}% mean "
                       f"absolute ({statistics.mean(o[0] for o in out) * 100:+.1f}% mean), interval ends "
                       f"{statistics.mean(abs(o[1]) + abs(o[2]) for o in out) / 2 * 100:.1f}% mean absolute")
+                figures[f"replay_{rule}_shift_pct"] = round(statistics.mean(abs(o[0]) for o in out) * 100, 1)
+                figures["replay_searches"] = len(out)
         for rule in RULES:
             for what, group in (("every missed probe", [(r[3], r[4]) for r in missed if r[1] is not None]),
                                 ("the seeds' missed edges", [(v, a) for v, a, _ in edges])):
@@ -303,6 +314,7 @@ def replay_all(root: Path) -> None:
                 print(f"{rule:8s} minus the whole probe's attainment, {what} ({len(errs)}): "
                       f"{statistics.mean(errs) * 100:+.1f} points mean, {statistics.mean(map(abs, errs)) * 100:.1f} "
                       "mean absolute")
+    return figures
 
 
 if __name__ == "__main__":
