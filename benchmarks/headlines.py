@@ -149,16 +149,18 @@ HEADLINES: tuple[Headline, ...] = (
        "read from `requests.parquet`"),
     Headline("probe_early_stop", "Early stop", (
         F("seeds", "seeds (one live capacity search each way per seed)"),
-        F("wall_ratio", "wall time with early stop / without", "{:.2f}"),
-        F("stopped", "probes stopped early"),
-        F("probes", "probes of the early-stop searches"),
-        F("verdicts_agree", "verdicts that agree where both searches probed the same rate and seed"),
-        F("verdicts_compared", "verdicts compared"),
-        F("inside_whole_interval", "early-stop capacities inside the whole-probe search's 95% interval"),
-        F("both_found", "seeds with a capacity both ways"),
-    ), "probes stop once their fail is decided: a live capacity search on the bundled engine took {wall_ratio}x "
-       "the wall time over {seeds} seeds, {verdicts_agree} of {verdicts_compared} probe verdicts agreed, and "
-       "{inside_whole_interval} of {both_found} capacities fell inside the whole-probe search's interval"),
+        F("wall_ratio", "live: wall time with early stop / without", "{:.2f}"),
+        F("stopped", "live: probes stopped early"),
+        F("probes", "live: probes of the early-stop searches"),
+        F("replay_missed", "replayed: whole probes that missed"),
+        F("replay_met", "replayed: whole probes that met"),
+        F("replay_wrong", "replayed: a met probe stopped, or a missed one not"),
+        F("replay_saved_pct", "replayed: probe time saved, %"),
+        F("replay_decided_shift_pct", "replayed: capacity moved, % (mean absolute)", "{:.1f}"),
+    ), "probes stop once their fail is certain: replayed over their own records, all {replay_missed} whole probes "
+       "that missed stop and none of {replay_met} that met ({replay_wrong} exceptions), saving {replay_saved_pct}% "
+       "of probe time with the capacity moved {replay_decided_shift_pct}%; live, a capacity search on the bundled "
+       "engine took {wall_ratio}x the wall time over {seeds} seeds"),
     Headline("validate_published", "Published GPU runs", (
         F("distserve_within_3", "DistServe disaggregated runs, attainment within 3 points (fitted)"),
         F("distserve_runs", "DistServe disaggregated runs"),

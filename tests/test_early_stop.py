@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from slobench.analysis.slo import SLO
+from slobench.analysis.summary import RunSummary
 from slobench.errors import SpecError, UsageError
-from slobench.experiments.capacity import Probe
+from slobench.experiments.capacity import Probe, SearchOptions, search_capacity
 from slobench.load_options import LoadOptions
 from slobench.run.early_stop import (
     MissCounter,
@@ -18,7 +19,8 @@ from slobench.run.early_stop import (
     stopped_attainment,
 )
 from slobench.run.records import RequestRecord
-from slobench.run.server_idle import busy_requests
+from slobench.run.server_idle import busy_requests, wait_idle
+from slobench.targets.transport import TransportError
 
 
 def test_allowed_misses_is_the_most_with_which_the_float_attainment_still_meets() -> None:
@@ -148,3 +150,53 @@ def test_partial_attainment_bounds_what_the_undecided_requests_could_make_of_it(
     att = partial_attainment(20, 5, 3, 2.0)  # 12 requests undecided (cancelled, or never sent)
     assert (att.value, att.ci_low, att.ci_high, att.num_requests, att.good_throughput_rps) == (5 / 8, 5 / 20, 17 / 20, 20,
                                                                                               2.5)
+
+
+async def test_a_capacity_search_takes_a_stopped_probe_as_the_fail_it_is() -> None:
+    """Past 20 req/s every probe stops early, its attainment the share met among the decided requests: the
+    search brackets and interpolates on them, keeps their record, and notes no short probe for them."""
+
+    async def measure(rate: float, seed: int) -> RunSummary:
+        if rate <= 20:
+            return RunSummary.from_dict({"attainment": {"value": 0.95 - rate / 1000, "num_requests": 100},
+                                         "duration_s": 40.0, "run_dir": f"r{rate:g}-s{seed}"})
+        stop = StoppedEarly("no first token after the TTFT bound: 11", 1.0, 11, 10, 100, 40, 0.89, 0.4)
+        att = stopped_attainment(stop, 1.0)
+        return RunSummary.from_dict({"attainment": {"value": att.value, "ci_low": att.ci_low,
+                                                    "ci_high": att.ci_high, "num_requests": 100},
+                                     "duration_s": 1.0, "stopped_early": stop.to_dict(),
+                                     "run_dir": f"r{rate:g}-s{seed}"})
+
+    res = await search_capacity(measure, SearchOptions(start_rps=5.0, replicates=2))
+    assert res.bracket_rps is not None and res.bracket_rps[0] <= 20 < res.bracket_rps[1]
+    assert res.capacity_rps is not None and 20 <= res.capacity_rps < res.bracket_rps[1]
+    stopped = [p for p in res.probes if p.stopped_early is not None]
+    assert stopped and all(not p.meets(0.9) and p.ci == (0.4, 0.89) for p in stopped)
+    assert not any("lasted only" in n for n in res.notes)  # a stopped probe is short for its verdict, not its size
+
+
+async def test_wait_idle_polls_until_nothing_runs_or_waits() -> None:
+    busy = [{"vllm:num_requests_running": 3.0, "vllm:num_requests_waiting": 1.0},
+            {"vllm:num_requests_running": 1.0, "vllm:num_requests_waiting": 0.0},
+            {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0}]
+
+    async def fetch() -> dict[str, float]:
+        return busy.pop(0)
+
+    got = await wait_idle(fetch, poll_s=0.0)
+    assert "idle_after_s" in got and not busy
+
+    async def stuck() -> dict[str, float]:
+        return {"sglang:num_running_reqs": 2.0}
+
+    assert (await wait_idle(stuck, timeout_s=0.0, poll_s=0.0))["busy"] == 2.0
+
+    async def no_gauges() -> dict[str, float]:
+        return {"process_cpu_seconds_total": 1.0}
+
+    assert "no running or waiting gauge" in (await wait_idle(no_gauges))["unknown"]
+
+    async def refused() -> dict[str, float]:
+        raise TransportError("error", "cannot connect to 127.0.0.1:9")
+
+    assert "cannot connect" in (await wait_idle(refused))["unknown"]

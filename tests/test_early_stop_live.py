@@ -41,16 +41,16 @@ def port() -> Iterator[int]:
 
 def sweep(port: int, out: Path, *extra: str) -> dict[str, dict[str, Any]]:
     code = main(["sweep", "--url", f"http://127.0.0.1:{port}/v1", "--model", "tiny", "--workload", "tiny",
-                 "--input-len", "32", "--output-len", "16", "--duration", "4", "--rates", "10,48",
+                 "--input-len", "32", "--output-len", "16", "--duration", "4", "--rates", "4,48",
                  "--slo", "ttft=300ms,tpot=70ms", "--out", str(out), "--no-progress", *extra])
     assert code in (0, 1)
-    return {r: json.loads((out / f"rate-{r}" / "summary.json").read_text()) for r in ("10", "48")}
+    return {r: json.loads((out / f"rate-{r}" / "summary.json").read_text()) for r in ("4", "48")}
 
 
 def test_a_probe_past_the_cliff_stops_early_and_one_below_does_not(port: int, tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     summaries = sweep(port, tmp_path / "early")
-    below, past = summaries["10"], summaries["48"]
+    below, past = summaries["4"], summaries["48"]
     assert below.get("stopped_early") is None and below["num_requests"] == below["num_scheduled"]
     stopped = past["stopped_early"]
     assert stopped["known_misses"] > stopped["allowed_misses"]

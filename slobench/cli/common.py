@@ -28,6 +28,7 @@ from slobench.load_setup import MIN_PROBE_S, LoadSetup, probe_duration
 from slobench.report import build_report
 from slobench.report.sweep_progress import SweepProgress, planned_s
 from slobench.report.terminal import make_console, print_headline, print_sweep_errors, run_title, sweep_table
+from slobench.run.early_stop import StoppedEarly
 from slobench.run.outdir import claim_out_dir, new_out_dir
 from slobench.targets.bounds import parse_size
 
@@ -285,6 +286,8 @@ async def sweep_rates(setup: LoadSetup, rates: Sequence[float] | None, out: Path
         show.done()
         s = row["summary"]
         console.print(f"rate {row['rate_rps']:g} req/s done: {s.num_ok}/{s.num_requests} ok")
+        if s.stopped_early is not None:
+            console.print(f"  {StoppedEarly.from_dict(s.stopped_early).text()}", markup=False, highlight=False)
 
     def on_probe(rate: float, size: RunSize) -> None:
         show.add(planned := planned_s(rate, size.num_requests, size.duration_s))
