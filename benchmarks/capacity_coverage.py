@@ -10,9 +10,13 @@ lengths, Poisson and bursty arrivals) on the virtual clock:
   interval covers the truth, whether the search was inconclusive, its width, probes and virtual time;
 - what a dense sweep of the same precision costs: rates spaced at the median interval half-width from the
   start rate to 1.3x capacity, each with the same 6 seeds a search uses.
-Writes a JSON of every figure with --json. Figures: docs/measurements/capacity_coverage.md.
+Writes a JSON of every figure with --json, each search's seeds (bracket, crossing) among them, so that an
+interval rule can be judged against the same searches. The simulation is deterministic: `--truths FILE`
+reuses the truths of an earlier run's --json instead of running the truth seeds again. Figures:
+docs/measurements/capacity_coverage.md (every search: capacity_coverage_runs.json beside it).
 
-    python benchmarks/capacity_coverage.py [--searches 23] [--truth-seeds 48] [--duration 10] [--jobs 3] [--json FILE]
+    python benchmarks/capacity_coverage.py [--searches 23] [--truth-seeds 48] [--duration 10] [--jobs 3]
+        [--json FILE] [--truths FILE]
 """
 
 from __future__ import annotations

@@ -23,11 +23,11 @@ narrower than the mean of the seeds' brackets (what the probes resolved).
 Why this rule and not the others (docs/measurements/capacity_coverage.md, 207 default searches on 9
 simulated variants, each seed's bracket ~3.7% of the capacity): the t-interval over seeds alone covered
 the true capacity in 91.3% of searches. Its misses were not one-sided (8 with the estimate above the
-truth, 9 below) and most lay within one standard error of the truth's own noise, so it is too narrow
+truth, 9 below; 10 of 17 within one standard error of the truth's own noise), so it was too narrow
 rather than shifted: the within-bracket error is in every seed's crossing but not in their spread when
 it is common to them. With it added the coverage is 95.7%, the median width 13.1% (was 11.9%). The
 outer bound (a t bound over the seeds' met rates below, over their missed rates above: true whatever
-the curve's shape) covered 96.6% at a median width of ~17%, wider than the 95% the interval claims. A
+the curve's shape) covered 96.6% at a median width of 16.8%, wider than a 95% interval needs. A
 tighter tolerance for each seed's bracket shrinks the interpolation error but costs a probe a seed for
 each halving, and the interval would still leave it out.
 
