@@ -10,9 +10,13 @@ lengths, Poisson and bursty arrivals) on the virtual clock:
   interval covers the truth, whether the search was inconclusive, its width, probes and virtual time;
 - what a dense sweep of the same precision costs: rates spaced at the median interval half-width from the
   start rate to 1.3x capacity, each with the same 6 seeds a search uses.
-Writes a JSON of every figure with --json. Figures: docs/measurements/capacity_coverage.md.
+Writes a JSON of every figure with --json, each search's seeds (bracket, crossing) among them, so that an
+interval rule can be judged against the same searches. The simulation is deterministic: `--truths FILE`
+reuses the truths of an earlier run's --json instead of running the truth seeds again. Figures:
+docs/measurements/capacity_coverage.md (every search: capacity_coverage_runs.json beside it).
 
-    python benchmarks/capacity_coverage.py [--searches 23] [--truth-seeds 48] [--duration 10] [--jobs 3] [--json FILE]
+    python benchmarks/capacity_coverage.py [--searches 23] [--truth-seeds 48] [--duration 10] [--jobs 3]
+        [--json FILE] [--truths FILE]
 """
 
 from __future__ import annotations
@@ -128,7 +132,8 @@ def one_search(v: Variant, duration_s: float, seed: int) -> dict[str, Any]:
     virtual_s = sum(p.duration_s or duration_s for p in res.probes)
     return {"variant": v.name, "seed": seed, "capacity_rps": res.capacity_rps,
             "interval_rps": list(res.interval_rps) if res.interval_rps else None,
-            "inconclusive": res.inconclusive, "probes": len(res.probes), "virtual_s": virtual_s}
+            "inconclusive": res.inconclusive, "probes": len(res.probes), "virtual_s": virtual_s,
+            "bracket_rps": list(res.bracket_rps) if res.bracket_rps else None, "seeds": res.replicates}
 
 
 def main() -> None:
@@ -138,13 +143,14 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=10.0, help="virtual seconds of traffic per probe")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
     ap.add_argument("--json", default=None, help="also write every figure here")
+    ap.add_argument("--truths", default=None, help="reuse the truths of an earlier run's --json (deterministic)")
     args = ap.parse_args()
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
-        truths_f = [pool.submit(truth, v, args.duration, args.truth_seeds) for v in VARIANTS]
+        truths_f = ([] if args.truths else [pool.submit(truth, v, args.duration, args.truth_seeds) for v in VARIANTS])
         searches_f = [pool.submit(one_search, v, args.duration, 1000 * (i + 1) + 7 * k)
                       for i, v in enumerate(VARIANTS) for k in range(args.searches)]
-        truths = {}
+        truths = {} if not args.truths else {t["variant"]: t for t in json.load(open(args.truths))["rows"]}
         for f in truths_f:
             t = f.result()
             truths[t["variant"]] = t
@@ -166,7 +172,7 @@ def main() -> None:
         w = statistics.median(widths) if widths else math.nan
         sweep_probes = 6 * math.ceil((1.3 * t["truth_rps"] - 1.0) / (w / 2)) if widths else None
         rows.append({**t, "searches": len(mine), "covered": sum(s["covers"] for s in mine),
-                     "covered_mean_curve": sum(1 for s in done if s["interval_rps"][0] <= (t["mean_curve_crossing_rps"]
+                     "covered_mean_curve": sum(1 for s in done if s["interval_rps"][0] <= (t.get("mean_curve_crossing_rps")
                                                                                           or math.nan) <= s["interval_rps"][1]),
                      "inconclusive": sum(1 for s in mine if s["inconclusive"]),
                      "median_width_rps": w, "median_rel_width": w / t["truth_rps"],
@@ -186,7 +192,7 @@ def main() -> None:
     print(f"{'variant':32} {'truth':>7} {'±se':>5} {'curve x':>7} {'covered':>8} {'inconcl':>7} {'width':>6} "
           f"{'probes':>6} {'virt s':>6} {'sweep probes':>12}")
     for r in rows:
-        print(f"{r['variant']:32} {r['truth_rps']:7.2f} {r['truth_se_rps']:5.2f} {r['mean_curve_crossing_rps'] or math.nan:7.2f} "
+        print(f"{r['variant']:32} {r['truth_rps']:7.2f} {r['truth_se_rps']:5.2f} {r.get('mean_curve_crossing_rps') or math.nan:7.2f} "
               f"{r['covered']:3d}/{r['searches']:<4d} {r['inconclusive']:7d} {r['median_rel_width']:6.1%} "
               f"{r['median_probes']:6.0f} {r['median_virtual_s']:6.0f} {r['sweep_probes'] or 0:12d}")
     print(f"\nall: covered {total['covered']}/{n} ({total['covered'] / n:.1%}), inconclusive {total['inconclusive']}/{n} "

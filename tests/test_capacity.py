@@ -247,7 +247,7 @@ def test_capacity_cli_exits_4_when_inconclusive_and_0_when_found(tmp_path, capsy
     out = capsys.readouterr().out
     why = ("2 of 3 seeds not bracketed within 2 probes each: seed 1 met the target at every rate up to 46 req/s; "
            "seed 2 met the target at every rate up to 46 req/s; the other seeds cross at 44.4 req/s: raise "
-           "--seed-probes (now 2) or run longer probes (--duration)")
+           "--seed-probes (now 2) or run longer probes (--duration: these lasted 10 s of traffic)")
     assert f"capacity: inconclusive: {why}" in out
     doc = json.loads((tmp_path / "a" / "capacity.json").read_text())
     assert doc["capacity_rps"] is None and doc["interval_rps"] is None and doc["inconclusive"] == why

@@ -3,8 +3,11 @@ where the replicates used to be placed by the first seed's bracket (a zero-width
 a rate measured to miss, the README tour's example inconclusive)."""
 
 import json
+import math
 
+import numpy as np
 import pytest
+from scipy import stats
 
 from slobench.analysis.slo import SLO
 from slobench.cli import main
@@ -63,9 +66,43 @@ def test_the_crossing_never_leaves_its_bracket():
 
 
 def test_the_interval_is_never_narrower_than_the_seeds_brackets():
+    """Identical crossings: no spread between seeds, but each is only known to lie in its 2 req/s bracket
+    (uniform there: standard uncertainty 2 / sqrt(12)), which the interval carries; it still covers the
+    brackets."""
     same = [SeedCrossing(i, (44.0, 1.0), (46.0, 0.5), 45.0, 3) for i in range(6)]
     est, (lo, hi) = seeds_interval(same, 0.95)
-    assert est == 45.0 and (lo, hi) == (44.0, 46.0)  # identical crossings: the probes' resolution remains
+    half = stats.t.ppf(0.975, 5) * 2.0 / math.sqrt(12)
+    assert est == 45.0 and (lo, hi) == pytest.approx((45.0 - half, 45.0 + half))
+    flat_then_cliff = [SeedCrossing(i, (44.0, 1.0), (46.0, 0.0), 44.2, 3) for i in range(6)]
+    assert seeds_interval(flat_then_cliff, 0.95)[1][1] == 46.0  # the brackets' upper edge at least
+
+
+def cliff_seed(crossing_rps, width_rps, offset_rps):
+    """A seed whose attainment is nearly flat above the target below its crossing and falls steeply past
+    it, bracketed on a grid of `width_rps` (offset at random): the straight line between the bracket's
+    edges puts the crossing low, in the same direction for every seed."""
+
+    def attain(rate):
+        if rate <= crossing_rps:
+            return min(1.0, 0.9 + 0.02 * (crossing_rps - rate))
+        return max(0.0, 0.9 - 0.4 * (rate - crossing_rps))
+
+    met = offset_rps + math.floor((crossing_rps - offset_rps) / width_rps) * width_rps
+    lo, hi = (met, attain(met)), (met + width_rps, attain(met + width_rps))
+    return SeedCrossing(0, lo, hi, cross_at(lo, hi, 0.9), 3)
+
+
+def test_the_interval_carries_the_interpolation_error_inside_each_bracket():
+    """Seeds crossing at 45 +- 2 req/s, each bracketed 2 req/s wide, on a cliff-shaped curve: 400 searches
+    of 6 seeds. A t-interval over the interpolated crossings (floored at the brackets) covered the mean
+    crossing in 92% of them; with the within-bracket error carried, 96.5%."""
+    rng = np.random.default_rng(0)
+    covered = 0
+    for _ in range(400):
+        seeds = [cliff_seed(45.0 + 2.0 * rng.standard_normal(), 2.0, rng.uniform(0.0, 2.0)) for _ in range(6)]
+        _, (lo, hi) = seeds_interval(seeds, 0.95)
+        covered += lo <= 45.0 <= hi
+    assert covered / 400 >= 0.95
 
 
 # --- the simulator's cases (deterministic) ----------------------------------------------------------------

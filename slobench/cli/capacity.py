@@ -38,7 +38,8 @@ above the SLO's target (default 90%). Probes upward geometrically from --start-r
 breaks and bisects until the bracket is narrower than --tolerance. Then every seed (the search's and
 --replicates more) locates its own crossing: run at the bracket's edges, widened until that seed crosses,
 narrowed to --tolerance, at most --seed-probes probes each. The capacity is the mean of the seeds'
-crossings, its interval a t-interval over them, never narrower than their brackets. A seed not bracketed
+crossings; its interval a t-interval on their standard error combined with where each crossing lies in its
+bracket (the mean bracket width over sqrt(12)), never narrower than their brackets. A seed not bracketed
 within its probes is censored and the result "inconclusive": exit 4, the reason and the numbers printed
 and in capacity.json, no capacity. With --rates it skips the search and runs --replicates seeds at each
 fixed rate (for gating at the same offered load). Writes OUT/capacity.json and one run directory per probe

@@ -279,12 +279,14 @@ async def search_capacity(measure: Measure, opts: SearchOptions) -> CapacityResu
     short = short_probe_note([p for p in probes if p.phase not in ("up", "down") and p.stopped_early is None])
     if short:
         notes.append(short)
-    why = inconclusive_reason(located, opts)
+    longer = longer_probes([p for p in probes if p.phase in ("replicate", "locate")])
+    why = inconclusive_reason(located, opts, longer)
     if why is None:
         est, interval = seeds_interval(found, opts.level)
         if not interval[0] > 0:
             why = (f"the capacity's interval [{interval[0]:.3g}, {interval[1]:.3g}] reaches 0 req/s or below "
-                   f"(seeds crossing at {listed(found)} req/s): run more --replicates or longer probes (--duration)")
+                   f"(seeds crossing at {listed(found)} req/s): run more --replicates (now {opts.replicates}) "
+                   f"or {longer}")
     if why is not None:
         return CapacityResult(target, None, None, bracket, bracket, False, probes, reps, slope, opts.level, notes,
                               inconclusive=why)
@@ -295,9 +297,17 @@ def listed(found: Sequence[SeedCrossing]) -> str:
     return ", ".join(f"{s.capacity_rps:.3g}" for s in found)
 
 
-def inconclusive_reason(located: Sequence[SeedCrossing], opts: SearchOptions) -> str | None:
+def longer_probes(seeds_probes: Sequence[Probe]) -> str:
+    """What to ask for when the seeds' probes were too short to decide, with how long they lasted."""
+    durations = [p.duration_s for p in seeds_probes if p.duration_s is not None]
+    seen = f": these lasted {float(np.median(durations)):.0f} s of traffic" if durations else ""
+    return f"longer probes (--duration{seen})"
+
+
+def inconclusive_reason(located: Sequence[SeedCrossing], opts: SearchOptions, longer: str) -> str | None:
     """Why the seeds locate no capacity, or None when they do: a seed whose crossing its probe budget did
-    not bracket is censored (its bound said, never imputed), and one censored seed leaves the mean unknown."""
+    not bracket is censored (its bound said, never imputed), and one censored seed leaves the mean unknown.
+    `longer`: what `longer_probes` says about the seeds' probes."""
     censored = [s for s in located if s.capacity_rps is None]
     if not censored:
         return None
@@ -305,7 +315,7 @@ def inconclusive_reason(located: Sequence[SeedCrossing], opts: SearchOptions) ->
     said = "; ".join(f"seed {s.seed} {s.censored}" for s in censored)
     rest = f"; the other seeds cross at {listed(found)} req/s" if found else ""
     return (f"{len(censored)} of {len(located)} seeds not bracketed within {opts.seed_probes} probes each: {said}"
-            f"{rest}: raise --seed-probes (now {opts.seed_probes}) or run longer probes (--duration)")
+            f"{rest}: raise --seed-probes (now {opts.seed_probes}) or run {longer}")
 
 
 def short_probe_note(near: Sequence[Probe]) -> str | None:
