@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from slobench.cli import main
-from slobench.errors import SpecError
+from slobench.fleet.disagg import DisaggFleet
 from slobench.fleet.simulate import simulate_run
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.run.session_plan import SessionPlan
@@ -74,10 +74,18 @@ def test_the_agent_workload_runs_simulated(tmp_path: Path) -> None:
     assert all(r.first_reasoning_s == r.first_token_s < r.first_answer_s for r in records)  # type: ignore[operator]
 
 
-def test_a_prefill_decode_fleet_refuses_the_waiting_mode() -> None:
-    specs = generate(WorkloadSpec.from_dict({**BASE, "sessions": SESSIONS}), seed=1, num_requests=20)
-    with pytest.raises(SpecError, match='mode = "scheduled"'):
-        simulate_run(specs, {**ENGINE, "prefill_replicas": 1, "decode_replicas": 1}, seed=1, intervals=False)
+@pytest.mark.parametrize("first_token_from", ["decode", "prefill"])
+def test_a_prefill_decode_fleet_past_capacity_waits_for_every_answer(first_token_from: str) -> None:
+    """The one fleet loop ends a turn wherever its request ends (a decode instance, or the prefill one for a
+    one-token answer), so waiting sessions run on a prefill/decode fleet as on co-located replicas."""
+    base = {**BASE, "output": {"dist": "uniform", "min": 1, "max": 100}}  # some answers end at their prefill
+    specs = generate(WorkloadSpec.from_dict({**base, "sessions": SESSIONS}), seed=1, num_requests=300)
+    fleet = DisaggFleet(prefill=1, decode=1, first_token_from=first_token_from)
+    records, summary = simulate_run(specs, ENGINE, seed=1, intervals=False, disagg=fleet)
+    assert len(records) == 300 and all(r.status == "ok" for r in records)
+    assert any(r.output_tokens == 1 for r in records)
+    assert violations(records, THINK_S) == []  # every record
+    assert summary.sessions is not None and summary.sessions["late_vs_estimate_s"]["p50"] > 1.0  # past capacity
 
 
 def plan_of_two_turns() -> tuple[SessionPlan, RequestSpec, RequestSpec]:

@@ -34,6 +34,7 @@ from slobench.fleet.replica import (
     wake,
 )
 from slobench.fleet.routing import Router
+from slobench.fleet.sim_sessions import SimSessions
 from slobench.profiles.specs import get_model
 from slobench.run.records import RequestRecord, RequestSpec
 
@@ -226,10 +227,11 @@ class KVHandoff:
         heapq.heappush(self.events, (t, self.order, kind, h))
         self.order += 1
 
-    def prefilled(self, inst: Instance, rec: RequestRecord, h: _Handoff, ev: TokenEvent) -> None:
+    def prefilled(self, inst: Instance, rec: RequestRecord, h: _Handoff, ev: TokenEvent) -> bool:
+        """`rec`'s prompt is in: its handoff queued; True when its only token ended it here."""
         if ev.finish_reason == "stop" or h.max_tokens == 1:  # its only token: no decode needed
             fold_event(rec, ev)
-            return
+            return True
         if ev.num_cached_tokens is not None:
             rec.cached_tokens = ev.num_cached_tokens
         assert ev.token_id is not None
@@ -240,6 +242,7 @@ class KVHandoff:
         self._hold_prompt(inst, h)
         self.num_handoffs += 1
         self._push(ev.time_s, "ready", h)
+        return False
 
     def take_event(self) -> None:
         t, _, kind, h = heapq.heappop(self.events)
@@ -329,6 +332,7 @@ def simulate_disagg(
     sink: RecordSink | None = None,
     release: Callable[[], None] | None = None,
     decode_runs: bool = True,
+    sessions: SimSessions | None = None,
 ) -> list[RequestRecord]:
     """The records of one virtual-clock run of a disaggregated (or mixed) fleet, in arrival order (or, given
     a `sink`, each record appended there as its request arrives, none returned; `release` is called before
@@ -347,7 +351,8 @@ def simulate_disagg(
     transfer), or with `first_token_from` "prefill" as the prefill ends; then a token at the end of every
     decode step that produced one. The decode pool runs `fleet.decode_engine` when one is given. `replica` on a record is the
     instance that took its prompt (co-located or prefill). Instances are numbered co-located first, then
-    prefill, then decode. `within`: each request bounded by the engine's limits as it arrives.
+    prefill, then decode. `within`: each request bounded by the engine's limits as it arrives. `sessions`:
+    sessions that wait for the server, a later turn arriving once the instance that ends its predecessor does.
 
     Not modeled: transfers overlapping the prefill layer by layer (the transfer starts when the prefill
     ends), link contention beyond one FIFO per prefill instance, and a decode instance preempting a request
@@ -364,7 +369,7 @@ def simulate_disagg(
     parse, ids_checked = request_parser(insts[0].engine, model_name=model_name, api=api)
     records: list[RequestRecord] = []
     FleetLoop(insts, front_router, iter(sorted(specs, key=lambda s: (s.arrival_s, s.request_id))), parse,
-              ids_checked, sink if sink is not None else records, within=within, handoff=handoff,
+              ids_checked, sink if sink is not None else records, within=within, handoff=handoff, sessions=sessions,
               run_decodes=decode_run if decode_runs else None, label_replicas=True, release=release, api=api).run()
     if info is not None:
         info.update({

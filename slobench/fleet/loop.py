@@ -52,8 +52,8 @@ class Handoff(Protocol):
     def ticket(self, rec: RequestRecord, req: Any, stop_check: Any, weight: int, source: Instance) -> Any:
         """What it keeps of a request a prefill instance took."""
 
-    def prefilled(self, inst: Instance, rec: RequestRecord, ticket: Any, ev: TokenEvent) -> None:
-        """The prefill instance `inst` sampled the request's first token (`ev`)."""
+    def prefilled(self, inst: Instance, rec: RequestRecord, ticket: Any, ev: TokenEvent) -> bool:
+        """The prefill instance `inst` sampled the request's first token (`ev`): True when that ended it."""
 
     def stepped(self, inst: Instance) -> None:
         """`inst` has taken a step (or a run of them)."""
@@ -217,7 +217,9 @@ class FleetLoop:
             for ev in events:
                 rid = ev.request_id
                 inst.router.finished(inst.slot, weights.pop(rid))
-                self.handoff.prefilled(inst, records.pop(rid), inst.handoffs.pop(rid), ev)
+                rec = records.pop(rid)
+                if self.handoff.prefilled(inst, rec, inst.handoffs.pop(rid), ev) and sessions is not None:
+                    sessions.ended(rec)
             return
         table = self.step_times.table(inst.index) if self.step_times is not None else None
         for ev in events:

@@ -9,7 +9,6 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import replace
 
-from slobench.errors import SpecError
 from slobench.run.records import RequestRecord, RequestSpec, with_drawn_ids
 from slobench.run.session_plan import SessionPlan
 
@@ -26,10 +25,7 @@ class SimSessions:
     """The follow-up turns waiting for their time, earliest first. `overhead_s`: the simulated request's fixed
     cost after its send, added to every time after it once the run ends (so a turn's end is that much later)."""
 
-    def __init__(self, specs: Sequence[RequestSpec], overhead_s: float, *, disaggregated: bool) -> None:
-        if disaggregated:
-            raise SpecError("session mode", "wait", "a prefill/decode fleet is simulated with the precomputed "
-                            'schedule only: set mode = "scheduled" in the workload\'s [sessions] table')
+    def __init__(self, specs: Sequence[RequestSpec], overhead_s: float) -> None:
         self.plan = SessionPlan(specs)
         self.first = self.plan.first_turns(specs)
         self.overhead_s = overhead_s

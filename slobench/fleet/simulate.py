@@ -347,7 +347,7 @@ def simulate_records(
     seed, jitter_sd, api = opts.seed, opts.jitter_sd, opts.parsed_api
     sessions = None  # sessions that wait for the server: their later turns arrive as earlier ones end
     if isinstance(specs, Sequence) and SessionPlan.waits(specs):
-        sessions = SimSessions(specs, opts.request_overhead_s, disaggregated=opts.disagg is not None)
+        sessions = SimSessions(specs, opts.request_overhead_s)
         specs = sessions.first
     records: list[RequestRecord] = []
     out = _InOrder(on_record, opts.request_overhead_s) if on_record is not None else None
@@ -365,7 +365,7 @@ def simulate_records(
                               request_parser(prefill, model_name=opts.model_name, api=api)[0], api)
         simulate_disagg(list(specs), as_factory(engine), pools, seed=seed, jitter_sd=jitter_sd, api=api,
                         model_name=opts.model_name, info=fleet, within=within, sink=sink, release=release,
-                        decode_runs=opts.decode_runs)
+                        decode_runs=opts.decode_runs, sessions=sessions)
         if fleet is not None and within.num_shortened:
             fleet[SHORTENED] = shortened_note(within.num_shortened, prefill.config.max_model_len)
     else:
