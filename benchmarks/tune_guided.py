@@ -124,6 +124,7 @@ def main() -> int:
     p.add_argument("--num-requests", type=int, default=32, help="requests a probe")
     p.add_argument("--report-only", action="store_true",
                    help="report the seeds in OUT/results.jsonl (merged from several runs), run nothing")
+    p.add_argument("--note", default="", help="said in the result's note (e.g. the runs a --report-only merged)")
     p.add_argument("--replicates", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path("runs/tune_guided"))
     opts = p.parse_args()
@@ -181,7 +182,7 @@ def report(results: list[dict[str, Any]], opts: argparse.Namespace) -> int:
                "real_guided_seeds": len(real), "real_guided_held": sum(r["guided_holds"] for r in real),
                "live_searches": sum(statuses.values()), "live_inconclusive": statuses.get("inconclusive", 0)}
     write_result("tune_guided", figures, note=f"{opts.num_requests} requests a probe, {opts.replicates} replicates; "
-                 f"guided runs real on {len(real)} seeds, derived on the rest (see the page)")
+                 f"guided runs real on {len(real)} seeds, derived on the rest (see the page). {opts.note}".strip())
     return 0
 
 
