@@ -145,6 +145,7 @@ def main() -> int:
                            "derived-again")
             done[seed] = {**r, **before, **again}
             print_row(done[seed])
+        results_path.write_text("".join(json.dumps(done[s]) + "\n" for s in sorted(done)))
     for seed in [] if opts.report_only else range(opts.first_seed, opts.first_seed + opts.seeds):
         if seed in done:
             continue  # a seed finished by an earlier run of the same command
