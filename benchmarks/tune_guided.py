@@ -82,30 +82,32 @@ def holds(guided: TuneRow | None, exhaustive: dict[str, TuneRow]) -> bool:
     return low is not None and high is not None and theirs is not None and low <= theirs <= high
 
 
+def derive(flags: list[str], out: Path, ex_rows: dict[str, TuneRow], subdir: str = "derived") -> dict[str, Any]:
+    """The guided tune derived: its own simulations (OUT/SUBDIR), then the exhaustive tune's rows of its top K."""
+    configs = bundled_engine(cross(parse_params(PARAMS)), None, simulate=False, serve_args=[])
+    passed = [f for f in flags if f != "--capacity-args"]
+    passed = passed[:-1] + passed[-1].split()  # the capacity flags as `tune` passes them
+    start = time.monotonic()
+    sims = simulate_all(configs, Guide(K, PROFILE), out / subdir, passed, grace_s=5.0)
+    sim_wall_s = time.monotonic() - start
+    top = [r.name for r in simulated_rows(configs, sims)[:K]]
+    derived = winner([ex_rows[n] for n in top])
+    return {"simulated_top": top, "simulate_wall_s": sim_wall_s, "derived_best": derived.name if derived else None,
+            "derived_wall_s": sim_wall_s + sum(ex_rows[n].wall_s or 0.0 for n in top),
+            "derived_holds": holds(derived, ex_rows)}
+
+
 def one_seed(seed: int, out: Path, opts: argparse.Namespace) -> dict[str, Any]:
     flags = search_flags(seed, opts.num_requests, opts.replicates)
     grid = [a for p in PARAMS for a in ("--param", p)]
     ex_wall_s = run_tune([*grid, *flags], out / "exhaustive")
     ex_rows = {r.name: r for r in read_tune(out / "exhaustive")}
     ex_best = winner(list(ex_rows.values()))
-
-    # derived guided: the guided tune's own simulations, then the exhaustive tune's rows of its top K
-    configs = bundled_engine(cross(parse_params(PARAMS)), None, simulate=False, serve_args=[])
-    passed = [f for f in flags if f != "--capacity-args"]
-    passed = passed[:-1] + passed[-1].split()  # the capacity flags as `tune` passes them
-    start = time.monotonic()
-    sims = simulate_all(configs, Guide(K, PROFILE), out / "derived", passed, grace_s=5.0)
-    sim_wall_s = time.monotonic() - start
-    top = [r.name for r in simulated_rows(configs, sims)[:K]]
-    derived = winner([ex_rows[n] for n in top])
-    derived_wall_s = sim_wall_s + sum(ex_rows[n].wall_s or 0.0 for n in top)
     result: dict[str, Any] = {
         "seed": seed, "exhaustive_best": ex_best.name if ex_best else None,
         "exhaustive_best_rps": ex_best.per_gpu_rps if ex_best else None,
         "exhaustive_interval_rps": (ex_best.capacity or {}).get("interval_rps") if ex_best else None,
-        "exhaustive_wall_s": ex_wall_s, "simulated_top": top, "simulate_wall_s": sim_wall_s,
-        "derived_best": derived.name if derived else None, "derived_wall_s": derived_wall_s,
-        "derived_holds": holds(derived, ex_rows)}
+        "exhaustive_wall_s": ex_wall_s, **derive(flags, out, ex_rows)}
     if seed - opts.first_seed < opts.real_guided:
         wall_s = run_tune([*grid, *flags, "--simulate-first", str(K), "--profile", PROFILE], out / "guided")
         rows = read_tune(out / "guided")
@@ -124,6 +126,10 @@ def main() -> int:
     p.add_argument("--num-requests", type=int, default=32, help="requests a probe")
     p.add_argument("--report-only", action="store_true",
                    help="report the seeds in OUT/results.jsonl (merged from several runs), run nothing")
+    p.add_argument("--rederive", action="store_true",
+                   help="with --report-only: derive each seed's guided tune again with this checkout's guide "
+                        "(its simulations in OUT/seed-N/derived-again), the earlier outcome kept beside")
+    p.add_argument("--note", default="", help="said in the result's note (e.g. the runs a --report-only merged)")
     p.add_argument("--replicates", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path("runs/tune_guided"))
     opts = p.parse_args()
@@ -131,6 +137,15 @@ def main() -> int:
     results_path = opts.out / "results.jsonl"
     done = {json.loads(line)["seed"]: json.loads(line) for line in results_path.read_text().splitlines()} \
         if results_path.exists() else {}
+    if opts.rederive:  # the derived guided tunes again, with this checkout's guide, from the exhaustive rows
+        for seed, r in sorted(done.items()):
+            ex_rows = {row.name: row for row in read_tune(opts.out / f"seed-{seed}" / "exhaustive")}
+            before = {f"{k}_before": r[k] for k in ("simulated_top", "derived_best", "derived_holds", "derived_wall_s")}
+            again = derive(search_flags(seed, opts.num_requests, opts.replicates), opts.out / f"seed-{seed}", ex_rows,
+                           "derived-again")
+            done[seed] = {**r, **before, **again}
+            print_row(done[seed])
+        results_path.write_text("".join(json.dumps(done[s]) + "\n" for s in sorted(done)))
     for seed in [] if opts.report_only else range(opts.first_seed, opts.first_seed + opts.seeds):
         if seed in done:
             continue  # a seed finished by an earlier run of the same command
@@ -181,7 +196,7 @@ def report(results: list[dict[str, Any]], opts: argparse.Namespace) -> int:
                "real_guided_seeds": len(real), "real_guided_held": sum(r["guided_holds"] for r in real),
                "live_searches": sum(statuses.values()), "live_inconclusive": statuses.get("inconclusive", 0)}
     write_result("tune_guided", figures, note=f"{opts.num_requests} requests a probe, {opts.replicates} replicates; "
-                 f"guided runs real on {len(real)} seeds, derived on the rest (see the page)")
+                 f"guided runs real on {len(real)} seeds, derived on the rest (see the page). {opts.note}".strip())
     return 0
 
 

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from slobench.tune.guided import Guide, guided_block
+from slobench.tune.configs import TuneConfig
+from slobench.tune.guided import Guide, guided_block, simulated_rows
 from slobench.tune.result import TuneRow
+from slobench.tune.search import SearchResult
 from slobench.tune.table import print_table
 
 SHORT = ["--workload", "tiny", "--slo", "ttft=200ms,tpot=50ms", "--replicates", "2", "--num-requests", "8",
@@ -128,3 +130,19 @@ def test_ranking_held_or_not_and_the_table_says_which() -> None:
     assert lines[3].split()[1:4] == ["n=c", "simulated", "only"]
     assert "did not hold: simulated a > b, measured b > a" in text.getvalue()
     assert "passed over: tokens" in text.getvalue()
+
+
+def test_a_simulation_too_spread_for_a_capacity_ranks_by_its_seeds_crossings() -> None:
+    """Short probes leave a simulated search inconclusive; ranked last, a configuration whose seeds all crossed
+    high would never be measured."""
+    configs = [TuneConfig(n, {"n": n}, gpus, ("srv",)) for n, gpus in (("low", 1), ("spread", 1), ("none", 1),
+                                                                         ("two-gpus", 2))]
+    sims = {
+        "low": SearchResult({"capacity_rps": 20.0, "interval_rps": [15.0, 25.0], "seed_crossings_rps": [18, 22]},
+                            None, []),
+        "spread": SearchResult({"capacity_rps": None, "interval_rps": None, "seed_crossings_rps": [40.0, 65.0, 150.0]},
+                               "the capacity's interval reaches 0 req/s", []),
+        "none": SearchResult(None, "slobench capacity exited 2", []),
+        "two-gpus": SearchResult({"capacity_rps": 60.0, "interval_rps": [50.0, 70.0]}, None, []),
+    }
+    assert [r.name for r in simulated_rows(configs, sims)] == ["spread", "two-gpus", "low", "none"]

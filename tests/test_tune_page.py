@@ -64,6 +64,8 @@ def test_report_of_a_tune_dir_is_the_tune_page(tune_dir: Path, tmp_path: Path, c
     assert "the simulator&#x27;s ranking did not hold" in page
     assert "r&lt;script&gt;alert(1)&lt;/script&gt;&amp;" in page and "<script>alert(1)" not in page
     assert "Without a point" in page and "config=seqs-1" in page.split("Without a point")[1][:300]
+    without = page.split('<section id="failed">')[1]
+    assert "config=p&lt;script&gt;" in without and "config=seqs" not in without
 
 
 def test_a_tune_dir_mixed_with_other_inputs_is_refused(tune_dir: Path, tmp_path: Path,

@@ -232,7 +232,7 @@ def leaders_figure(tune_dir: Path, leaders: list[TuneRow]) -> dict[str, Any]:
 
 
 def failures(rows: list[TuneRow]) -> str:
-    failed = [r for r in rows if r.reason and r.ranked_capacity is None]
+    failed = [r for r in rows if r.reason and r.per_gpu_rps is None]  # failed, inconclusive, interrupted
     if not failed:
         return ""
     items = "".join(f"<details class=\"errors\"><summary>{esc(params_text(r))}: {esc(r.status)}: {esc(r.reason)}"

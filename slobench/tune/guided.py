@@ -9,13 +9,13 @@ configuration's parameters that name a knob of the bundled engine; a parameter w
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from slobench.errors import UsageError
 from slobench.tune.configs import ENGINE_KNOBS, GPUS, TuneConfig, knob_flags
-from slobench.tune.result import TuneRow, ranked
+from slobench.tune.result import TuneRow
 from slobench.tune.search import SearchResult, capacity_argv, run_search
 
 SIMULATED_DIR = "simulated"
@@ -85,14 +85,30 @@ def simulate_all(configs: list[TuneConfig], guide: Guide, out_dir: Path, passed:
     return results
 
 
+def guide_rps(cap: dict[str, Any] | None) -> float | None:
+    """What the guide ranks a simulation by: its capacity, or where its seeds' crossings were too spread for
+    one (an inconclusive search: short probes), their mean. The guide needs an order, not an interval; ranked
+    last instead, such a configuration was never measured however high its seeds crossed."""
+    cap = cap or {}
+    if cap.get("capacity_rps") is not None:
+        return float(cap["capacity_rps"])
+    crossings = cap.get("seed_crossings_rps") or []
+    return sum(crossings) / len(crossings) if crossings else None
+
+
 def simulated_rows(configs: list[TuneConfig], sims: dict[str, SearchResult]) -> list[TuneRow]:
-    """Every configuration as a "simulated only" row, best simulated capacity per GPU first."""
+    """Every configuration as a "simulated only" row, best simulated capacity per GPU first (`guide_rps`),
+    then the lower edge of its interval; those with neither a capacity nor a crossing last."""
     rows = [TuneRow(c.name, c.params, SIMULATED_ONLY, c.gpus, c.command(), simulated_capacity=sims[c.name].capacity,
                     reason=sims[c.name].reason, capacity_dir=f"{c.name}/{SIMULATED_DIR}") for c in configs]
-    # ranked as `tune --simulate` ranks: the same rows with the simulated capacity as their own
-    order = ranked([replace(r, status="simulated") for r in rows])
-    by_name = {r.name: r for r in rows}
-    return [by_name[r.name] for r in order]
+
+    def key(r: TuneRow) -> tuple[int, float, float]:
+        value = guide_rps(r.simulated_capacity)
+        low = ((r.simulated_capacity or {}).get("interval_rps") or [None])[0]
+        return ((0, -value / r.gpus, -(low if low is not None else float("-inf")) / r.gpus) if value is not None
+                else (1, 0.0, 0.0))
+
+    return sorted(rows, key=key)
 
 
 def per_gpu(cap: dict[str, Any] | None, gpus: int) -> float | None:

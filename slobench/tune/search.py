@@ -37,8 +37,12 @@ def capacity_argv(out_dir: Path, *, url: str | None, knob_flags: list[str], pass
 
 
 def capacity_of(doc: dict[str, Any]) -> dict[str, Any]:
+    """The search's capacity and interval, and each seed's own crossing (there even when the interval was too
+    wide for a capacity: what a guided tune ranks such a simulation by)."""
+    crossings = [float(r["capacity_rps"]) for r in doc.get("replicates") or [] if r.get("capacity_rps") is not None]
     return {"capacity_rps": doc.get("capacity_rps"), "interval_rps": doc.get("interval_rps"),
-            "level": doc.get("level"), "is_lower_bound": doc.get("is_lower_bound", False)}
+            "level": doc.get("level"), "is_lower_bound": doc.get("is_lower_bound", False),
+            "seed_crossings_rps": crossings}
 
 
 def run_search(argv: list[str], out_dir: Path, log_dir: Path, *, server: ServerRun | None,
