@@ -74,7 +74,7 @@ def test_bundled_engine_knobs_only() -> None:
 def test_dry_run_prints_every_command(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out = tmp_path / "t"
     code = main(["tune", "--serve-cmd", "srv --port {port} --seqs {seqs}", "--param", "seqs=1,16",
-                 "--workload", "tiny", "--out", str(out), "--dry-run"])
+                 "--workload", "tiny", "--slo", "ttft=500ms", "--out", str(out), "--dry-run"])
     text = capsys.readouterr().out
     assert code == 0
     assert "srv --port '{port}' --seqs 1" in text and "srv --port '{port}' --seqs 16" in text
@@ -94,3 +94,22 @@ def test_ranked_by_capacity_per_gpu() -> None:
     best = best_row(rows)
     assert best is not None and best.name == "b"
     assert best_row([row("c", None)]) is None
+
+
+@pytest.mark.parametrize(("flags", "word"), [
+    (["--replicates", "1"], "replicates"),
+    (["--capacity-args=--tolerance 7"], "tolerance"),
+    (["--capacity-args=--bogus"], "--bogus"),
+    (["--slo", "ttft=500ms,tpot=9q"], "slo.tpot"),
+    (["--dry-run"], "--slo is required"),
+])
+def test_a_flag_capacity_refuses_exits_2_before_any_server_starts(tmp_path: Path, flags: list[str], word: str,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Checked once as `slobench capacity` checks it, not after each configuration's ready wait."""
+    started = tmp_path / "started"
+    code = main(["tune", "--serve-cmd", f"touch {started} --port {{port}} --x {{x}}", "--param", "x=1,2",
+                 "--workload", "tiny", *(["--slo", "ttft=500ms"] if word != "--slo is required" else []), *flags,
+                 "--out", str(tmp_path / "t")])
+    assert code == 2
+    assert word in capsys.readouterr().err
+    assert not started.exists() and not (tmp_path / "t").exists()

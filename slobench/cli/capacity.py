@@ -67,6 +67,9 @@ def add_arguments(verb: str, cap: argparse.ArgumentParser) -> None:
     s.add_argument("--slo-scale", action="store_true",
                    help="also the tightest SLO scale still meeting the target, per replicate at the lower edge")
     s.add_argument("--baseline-out", default=None, metavar="FILE", help="also write a committable baseline file")
+    s.add_argument("--check-only", action="store_true",
+                   help="check every flag as the search would, then exit 0, or 2 naming the one refused "
+                        "(`slobench tune` runs it before it starts a server)")
 
 
 def fixed_probe_length(setup: LoadSetup, args: argparse.Namespace) -> bool:
@@ -87,7 +90,9 @@ def _tolerance(text: str) -> float:
     return parse_fraction(text, "tolerance", "0.05 or 5%")
 
 
-async def _capacity(args: argparse.Namespace) -> int:
+def checked(args: argparse.Namespace) -> tuple[LoadSetup, SearchOptions, list[float] | None]:
+    """The search's setup, options and fixed rates from its flags, every one checked (exit 2 on a bad one),
+    before anything is sent or written (`--check-only` stops there)."""
     if args.concurrency:
         raise UsageError("--concurrency: capacity searches offered (open-loop) rates; drop --concurrency")
     if args.gpus is not None and args.gpus < 1:
@@ -103,6 +108,13 @@ async def _capacity(args: argparse.Namespace) -> int:
     )
     if fixed and opts.replicates < 2:
         raise UsageError("--rates needs --replicates >= 2: fixed-rate replicates are what the gate compares")
+    return setup, opts, fixed
+
+
+async def _capacity(args: argparse.Namespace) -> int:
+    setup, opts, fixed = checked(args)
+    if args.check_only:
+        return 0
     if fixed:  # the gate compares whole runs at the same rates: none stops early
         setup.options = setup.options.with_values(no_early_stop=True)
     out = claim_out_dir(Path(args.out) if args.out else default_out("capacity"),

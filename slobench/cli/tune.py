@@ -22,7 +22,7 @@ from slobench.tune.configs import (
 )
 from slobench.tune.guided import SIMULATED_DIR, Guide, ignored_params, simulation_argv
 from slobench.tune.loop import TunePlan, run_tune
-from slobench.tune.search import capacity_argv
+from slobench.tune.search import capacity_argv, check_capacity_flags
 
 DEFAULT_PROFILE = "cpu-tiny"  # what `slobench serve --executor modeled` runs by default
 
@@ -111,6 +111,7 @@ def capacity_args(args: argparse.Namespace) -> list[str]:
     return passed + extra
 
 
+
 def configurations(args: argparse.Namespace) -> list[TuneConfig]:
     serve_cmd: str | None = args.serve_cmd
     gpus: str | int | None = args.gpus
@@ -157,6 +158,7 @@ def guide_of(args: argparse.Namespace, configs: list[TuneConfig]) -> Guide | Non
 def tune(args: argparse.Namespace) -> int:
     configs = configurations(args)
     passed = capacity_args(args)
+    check_capacity_flags(passed, simulate=args.simulate)  # exit 2 before any server starts
     guide = guide_of(args, configs)
     if args.dry_run:
         skipped = ignored_params(configs) if guide is not None else []

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slobench.errors import SlobenchError
+from slobench.errors import SlobenchError, UsageError
 from slobench.run.rundir import read_capacity
 from slobench.tune.server_proc import ServerFailed, ServerRun, interrupts_held, log_tail, spawn, stop_group
 
@@ -34,6 +34,17 @@ def capacity_argv(out_dir: Path, *, url: str | None, knob_flags: list[str], pass
     target = ["--url", url] if url is not None else ["--simulate", *knob_flags]
     return [sys.executable, "-m", "slobench", "capacity", *target, *passed, "--out", str(out_dir),
             "--overwrite", "--no-progress"]
+
+
+def check_capacity_flags(passed: list[str], *, simulate: bool) -> None:
+    """The flags every configuration's search gets, checked by `slobench capacity --check-only` once, before
+    any server starts: one capacity refuses would otherwise show only after each server's ready wait."""
+    target = ["--simulate"] if simulate else ["--url", "http://127.0.0.1:9/v1"]  # (never contacted)
+    argv = [sys.executable, "-m", "slobench", "capacity", *target, *passed, "--check-only"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    if done.returncode != 0:
+        said = [line for line in done.stderr.splitlines() if line.strip()]
+        raise UsageError(f"the capacity search's flags: {said[-1] if said else f'exit {done.returncode}'}")
 
 
 def capacity_of(doc: dict[str, Any]) -> dict[str, Any]:
