@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from slobench.cli import main
 from slobench.errors import UsageError
 from slobench.tune.configs import bundled_engine, cross, from_template, parse_params, read_config_file
 from slobench.tune.result import TuneRow, best_row, ranked
+from slobench.tune.table import print_table
 
 
 def test_grid_is_the_cross_product_and_fills_the_template() -> None:
@@ -113,3 +115,15 @@ def test_a_flag_capacity_refuses_exits_2_before_any_server_starts(tmp_path: Path
     assert code == 2
     assert word in capsys.readouterr().err
     assert not started.exists() and not (tmp_path / "t").exists()
+
+
+def test_the_table_repeats_the_searchs_notes_and_counts_the_client_bottleneck() -> None:
+    busy = [f"rate {r:g} seed 1: the client was the bottleneck; that probe measured it" for r in (8, 16, 12)]
+    measured = row("a", 14.3, interval=[6.6, 22.0])
+    measured.capacity["notes"] = [*busy, "probes near capacity are short"]  # type: ignore[index]
+    out = io.StringIO()
+    print_table([measured, row("b", None)], out)
+    text = out.getvalue()
+    assert "a: probes near capacity are short" in text
+    assert "a: the client was the bottleneck in 3 probe(s): the capacity is a floor" in text
+    assert "seed 1" not in text  # counted, not listed

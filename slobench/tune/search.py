@@ -48,12 +48,13 @@ def check_capacity_flags(passed: list[str], *, simulate: bool) -> None:
 
 
 def capacity_of(doc: dict[str, Any]) -> dict[str, Any]:
-    """The search's capacity and interval, and each seed's own crossing (there even when the interval was too
-    wide for a capacity: what a guided tune ranks such a simulation by)."""
+    """The search's capacity and interval, each seed's own crossing (there even when the interval was too
+    wide for a capacity: what a guided tune ranks such a simulation by), and the search's notes (a client
+    that was the bottleneck, probes too short), which the tune's table repeats."""
     crossings = [float(r["capacity_rps"]) for r in doc.get("replicates") or [] if r.get("capacity_rps") is not None]
     return {"capacity_rps": doc.get("capacity_rps"), "interval_rps": doc.get("interval_rps"),
             "level": doc.get("level"), "is_lower_bound": doc.get("is_lower_bound", False),
-            "seed_crossings_rps": crossings}
+            "seed_crossings_rps": crossings, "notes": [str(n) for n in doc.get("notes") or []]}
 
 
 def run_search(argv: list[str], out_dir: Path, log_dir: Path, *, server: ServerRun | None,

@@ -48,6 +48,8 @@ def print_table(rows: list[TuneRow], out: TextIO | None = None, guided: dict[str
             print(f"{r.name}: {printable(r.reason)}", file=out)
             for tail in r.log_tail[-5:]:
                 print(f"    | {printable(tail)}", file=out)
+        for note in search_notes(r):
+            print(f"{r.name}: {printable(note)}", file=out)
     if guided is not None:
         print(ranking_line(guided), file=out)
     leaders = [r for r in order if r.per_gpu_rps is not None]
@@ -59,6 +61,23 @@ def print_table(rows: list[TuneRow], out: TextIO | None = None, guided: dict[str
         print(f"note: its interval overlaps that of {params_text(leaders[1])}: the two are not separated at "
               f"this confidence level (more --replicates or longer --duration would)", file=out)
     print(f"command: {shlex.join(best.command)}", file=out)
+
+
+BOTTLENECK = "the client was the bottleneck"
+MAX_NOTES = 3  # a row's notes shown at most (all are in its capacity.json)
+
+
+def search_notes(row: TuneRow) -> list[str]:
+    """What the row's capacity search noted, the client-bottleneck probes counted in one line (their capacity
+    is then a floor of the server's, not a measure of it)."""
+    notes = (row.capacity or {}).get("notes") or []
+    if (row.capacity or {}).get("capacity_rps") is None and row.reason:  # (the reason said it already)
+        return []
+    busy = [n for n in notes if BOTTLENECK in n]
+    rest = [n for n in notes if BOTTLENECK not in n][:MAX_NOTES]
+    if busy:
+        rest.append(f"{BOTTLENECK} in {len(busy)} probe(s): the capacity is a floor of the server's")
+    return rest
 
 
 def overlaps(a: TuneRow, b: TuneRow) -> bool:
