@@ -30,7 +30,7 @@ from slobench.run.scrape import MetricsScraper, metrics_url_for
 from slobench.run.server_idle import http_samples, local_samples, wait_idle
 from slobench.targets.build import build
 from slobench.targets.capabilities import TOO_LONG, Capabilities
-from slobench.targets.options import DEFAULT_URL, OVERRIDABLE, TargetOptions, Timeouts
+from slobench.targets.options import DEFAULT_URL, OVERRIDABLE, TargetOptions, Timeouts, prompt_api
 from slobench.targets.ray_pool import note_client_clocks, require_ray
 from slobench.workload import WorkloadSpec, load_workload, phase_boundaries
 from slobench.workload.base import RunShape, Workload
@@ -43,12 +43,6 @@ from slobench.workload.traces import may_hold_sessions
 from slobench.workload.word_fit import WordFit
 
 MIN_PROBE_S = 60.0  # a sweep point or capacity probe lasts at least this long unless the user fixes its size
-
-
-def prompt_api(api: str) -> str:
-    """The API whose prompts a workload is made for: a Responses request's prompt is text, as a chat
-    request's, so its workload is generated as chat's."""
-    return "chat" if api == "responses" else api
 
 
 def probe_duration(workload: Any, num_requests: int | None, duration_s: float | None, rate_rps: float | None,

@@ -41,7 +41,7 @@ from slobench.profiles.roofline import vllm_kv_blocks_of
 from slobench.run.columnar import RecordBuffer, StepTimes
 from slobench.run.records import RequestRecord, RequestSpec
 from slobench.run.session_plan import SessionPlan
-from slobench.targets.options import Api
+from slobench.targets.options import Api, prompt_api
 from slobench.workload.limits import shortened_note
 
 SHORTENED = "shortened"  # the note of requests cut to the engine's context, handed from the run to its summary
@@ -291,8 +291,8 @@ class SimOptions:
 
     @property
     def parsed_api(self) -> Api:
-        """The API the engine parses a request as: a Responses request as chat's."""
-        return "chat" if self.api == "responses" else self.api
+        """The API the engine parses a request as (a Responses request as chat's)."""
+        return prompt_api(self.api)
 
     @classmethod
     def of(cls, opts: SimOptions | None, knobs: Mapping[str, Any]) -> SimOptions:

@@ -16,6 +16,13 @@ from slobench.targets.bounds import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_METRICS_
 
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
 Api = Literal["completions", "chat", "responses"]
+
+
+def prompt_api(api: Api) -> Api:
+    """The API whose prompts a request is made and parsed for: a Responses request's prompt is text, as a
+    chat request's, so its workload is generated, and the simulated engine parses it, as chat's."""
+    return "chat" if api == "responses" else api
+
 TransportName = Literal["raw", "httpx"]  # raw: slobench.targets.rawhttp; httpx: HTTP/2 where asked
 TRANSPORTS: tuple[TransportName, ...] = ("raw", "httpx")
 # Body fields slobench sets from its own flags and the workload: an --extra-body that replaced one would send
