@@ -10,7 +10,6 @@ parameters, reasons, log lines) is escaped.
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -22,21 +21,17 @@ from slobench.report.style import OK, PLOTLY_CONFIG, TARGET, base_layout, rgba, 
 from slobench.report.style import esc as plot_esc
 from slobench.run.rundir import read_capacity
 from slobench.tune.pareto import OperatingPoint, operating_point, pareto_front
-from slobench.tune.result import TUNE, TuneRow, ranked, read_tune
+from slobench.tune.result import TuneRow, is_tune_dir, ranked, read_tune_doc, tune_rows
 from slobench.tune.table import fmt_rps, interval_text, params_text, ranking_line
 
 NUM_LEADERS = 3
 SIMULATED = "#ff7f0e"
 
 
-def is_tune_dir(path: str | Path) -> bool:
-    return (Path(path) / TUNE).is_file()
-
-
 def build_tune_page(tune_dir: str | Path, out: str | Path, *, title: str | None = None) -> Path:
     tune_dir = Path(tune_dir)
-    rows = ranked(read_tune(tune_dir))
-    doc = json.loads((tune_dir / TUNE).read_text())  # read_tune checked it
+    doc = read_tune_doc(tune_dir)
+    rows = ranked(tune_rows(doc, tune_dir))
     return write_page(Path(out), render_tune(tune_dir, rows, doc, title=title), "report -o")
 
 

@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 
 from slobench.errors import UsageError
-from slobench.tune.result import TUNE, best_row, read_tune
+from slobench.tune.result import best_row, is_tune_dir, read_tune
 from slobench.tune.table import params_text
 
 
 def best_capacity_dir(path: Path) -> Path | None:
     """The capacity directory of the tune at `path`'s best configuration; None when `path` holds no tune."""
-    if not (path.is_dir() and (path / TUNE).is_file()):
+    if not (path.is_dir() and is_tune_dir(path)):
         return None
     best = best_row(read_tune(path))
     if best is None or best.capacity_dir is None:

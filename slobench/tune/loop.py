@@ -6,7 +6,6 @@ CLI turns into KeyboardInterrupt) stops the current server and search, keeps the
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -24,7 +23,7 @@ from slobench.tune.guided import (
     simulate_all,
     simulated_rows,
 )
-from slobench.tune.result import FINISHED, TuneRow, best_row, read_tune, write_tune
+from slobench.tune.result import FINISHED, TUNE, TuneRow, best_row, read_tune_doc, tune_rows, write_tune
 from slobench.tune.search import SearchResult, capacity_argv, run_search, wait_ready
 from slobench.tune.server_proc import ServerFailed, ServerRun, free_port, interrupts_held
 from slobench.tune.table import print_table
@@ -61,13 +60,14 @@ class TunePlan:
 
 def prior_rows(plan: TunePlan) -> dict[str, TuneRow]:
     """The finished rows --resume keeps; without --resume, an existing tune is refused (exit 2)."""
-    tune_json = plan.out_dir / "tune.json"
+    tune_json = plan.out_dir / TUNE
     if not tune_json.exists():
         return {}
     if not plan.resume:
         raise UsageError(f"{plan.out_dir} holds a tune already: --resume to finish it, or another --out")
-    rows = read_tune(plan.out_dir)
-    old = json.loads(tune_json.read_text()).get("settings", {})
+    doc = read_tune_doc(plan.out_dir)
+    rows = tune_rows(doc, plan.out_dir)
+    old = doc.get("settings", {})
     if (old.get("simulate") != plan.simulate or old.get("capacity_args") != plan.capacity_args
             or old.get("guided") != plan.settings["guided"]):
         raise UsageError(f"--resume: {tune_json} was run with other settings ({old.get('capacity_args')}, "
@@ -122,7 +122,7 @@ def run_tune(configs: list[TuneConfig], plan: TunePlan) -> int:
         if interrupted:
             code = EXIT_INTERRUPTED
             print("slobench: interrupted; the finished configurations are kept in "
-                  f"{plan.out_dir / 'tune.json'} (--resume finishes the tune)", file=sys.stderr)
+                  f"{plan.out_dir / TUNE} (--resume finishes the tune)", file=sys.stderr)
             break
     write_tune(plan.out_dir, list(rows.values()), plan.settings, guided())  # rows kept by --resume included
     print_table(list(rows.values()), guided=guided())

@@ -95,7 +95,12 @@ def write_tune(out_dir: Path, rows: list[TuneRow], settings: dict[str, Any],
     write_json_atomic(out_dir / TUNE, tune_doc(rows, settings, guided))
 
 
-def read_tune(out_dir: Path) -> list[TuneRow]:
+def is_tune_dir(path: str | Path) -> bool:
+    return (Path(path) / TUNE).is_file()
+
+
+def read_tune_doc(out_dir: Path) -> dict[str, Any]:
+    """The tune directory's tune.json, its schema version checked (exit 2 on a bad one)."""
     path = out_dir / TUNE
     try:
         doc = json.loads(path.read_text())
@@ -103,4 +108,13 @@ def read_tune(out_dir: Path) -> list[TuneRow]:
         raise UsageError(f"{path}: cannot read ({e})") from None
     if not isinstance(doc, dict) or doc.get("schema_version") != TUNE_SCHEMA_VERSION:
         raise UsageError(f"{path}: not a tune.json of schema version {TUNE_SCHEMA_VERSION}")
-    return [row_from_dict(d, path) for d in doc.get("configs", [])]
+    return doc
+
+
+def tune_rows(doc: dict[str, Any], out_dir: Path) -> list[TuneRow]:
+    """The rows of a tune.json read by `read_tune_doc` from `out_dir`."""
+    return [row_from_dict(d, out_dir / TUNE) for d in doc.get("configs", [])]
+
+
+def read_tune(out_dir: Path) -> list[TuneRow]:
+    return tune_rows(read_tune_doc(out_dir), out_dir)
