@@ -113,7 +113,8 @@ def plan_section(data: Path, profile: str, hosts: dict[str, HostCosts] | None = 
         s_rate, s_gpu, s_key = _rate_cells(sim, sim_rates[0], gpus)
         r_rate, r_gpu, r_key = _rate_cells(mirrored, mirror_rates[0], gpus)
         per_gpu[setup] = (m_key, s_key, r_key)
-        tag = f" (host {host[0] * 1e3:.2f} ms + {host[1] * 1e3:.3f} ms/seq)" if host != NO_HOST else ""
+        tag = (f" (host {host[0] * 1e3:.2f} ms + {host[1] * 1e3:.3f} ms/seq, request {host[2] * 1e3:.1f} ms)"
+               if host != NO_HOST else "")
         lines.append(f"{setup:18s} {gpus:4d} | {m_rate:>12s} {m_gpu:>8s} | {s_rate:>13s} {s_gpu:>8s} | "
                      f"{r_rate:>13s} {r_gpu:>8s}{_error(mirrored, meas)}{tag}")
     if len(per_gpu) == 2:
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         host = NO_HOST
         if calibration_runs:
             cal = calibrate_runs(calibration_runs, base, build, fit_all=True)
-            host = (cal.fit.step_s, cal.fit.per_seq_s)
+            host = (cal.fit.step_s, cal.fit.per_seq_s, cal.fit.request_overhead_s)
             print(f"calibration of the {args.profile} profile's host costs on {len(args.calibrate_on)} runs")
             print_calibration(cal)
             print()
@@ -229,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         for run in runs:
             row = compare(run, args.setup, label, data, args.host_overhead_ms / 1e3, host, build)
             row["host_costs_ms"] = [host[0] * 1e3, host[1] * 1e3]
+            row["request_overhead_ms"] = host[2] * 1e3
             row["targets_met"] = targets_met(row)
             rows.append(row)
     except (SpecError, ConfigError) as e:

@@ -27,6 +27,7 @@ from slobench.profiles.run_logs import ColumnMap, read_log
 
 BASE = CostProfile("base", 0.004, 2e-5, 3e-4, 1e-6)  # a linear profile: ~4.5 ms a decode step at batch 1
 TRUE_STEP_S, TRUE_PER_SEQ_S = 0.003, 0.00025
+TRUE_OVERHEAD_S = 0.004  # each request's cost outside the steps (HTTP, parsing): every time after the send
 ENGINE = ["--max-num-seqs", "32", "--kv-blocks", "1024", "--max-batched-tokens", "1024", "--scheduler", "chunked"]
 
 
@@ -35,11 +36,13 @@ def _engine(profile: CostProfile) -> ModeledEngine:
 
 
 def _synthetic(rate_rps: float, n: int, seed: int) -> Run:
-    """A run the simulator makes with the true host costs; every measured time then off by ~5% (lognormal)."""
+    """A run the simulator makes with the true host costs and request overhead; every measured time then off by
+    ~5% (lognormal)."""
     rng = np.random.default_rng(seed)
     starts = np.concatenate([[0.0], np.cumsum(rng.exponential(1 / rate_rps, n - 1))])
     run = Run(f"syn-{rate_rps:g}", starts, rng.integers(16, 160, n), rng.integers(8, 80, n), np.zeros(n), np.zeros(n))
-    recs = simulate_records(specs_of(run), _engine(BASE.with_host_costs(TRUE_STEP_S, TRUE_PER_SEQ_S)), SimOptions())
+    recs = simulate_records(specs_of(run), _engine(BASE.with_host_costs(TRUE_STEP_S, TRUE_PER_SEQ_S)),
+                            SimOptions(request_overhead_s=TRUE_OVERHEAD_S))
     ttft, tpot = simulated_times_ms(recs)
     noise = rng.lognormal(0.0, 0.05, (2, n))
     return Run(run.name, starts, run.prompt_len, run.output_len, ttft * noise[0], tpot * noise[1])
@@ -74,10 +77,14 @@ def test_the_fit_recovers_known_host_costs_within_its_uncertainty(logs: tuple[Pa
     doc = json.loads(out.read_text())
     fit = doc["provenance"]["calibrated_from_runs"]
     assert fit["fit_runs"] == ["syn-25", "syn-60"] and fit["held_out_runs"] == ["syn-90"]
-    for key, true in (("host_step_s", TRUE_STEP_S), ("host_per_seq_s", TRUE_PER_SEQ_S)):
+    for key, true in (("host_step_s", TRUE_STEP_S), ("host_per_seq_s", TRUE_PER_SEQ_S),
+                      ("request_overhead_s", TRUE_OVERHEAD_S)):
         sd = fit[key.removesuffix("_s") + "_sd_s"]
         assert 0 < sd < true  # an uncertainty that says something
-        assert abs(doc[key] - true) <= 3 * sd, (key, doc[key], true, sd)
+        assert abs(fit[key] - true) <= 3 * sd, (key, fit[key], true, sd)
+    # the request overhead where --simulate and plan read a calibrated profile's
+    assert doc["provenance"]["request_overhead_s"] == fit["request_overhead_s"]
+    assert (doc["host_step_s"], doc["host_per_seq_s"]) == (fit["host_step_s"], fit["host_per_seq_s"])
     assert fit["loss_per_request"]["calibrated"] < fit["loss_per_request"]["base"]
     assert [i["sha256"] for i in fit["inputs"]] == [hashlib.sha256(p.read_bytes()).hexdigest()
                                                      for p in runs]

@@ -194,3 +194,62 @@ def test_decode_pool_knobs_replace_the_fleets_profile_and_blocks(tmp_path) -> No
         assert b.done_s - b.first_token_s == pytest.approx(2 * (a.done_s - a.first_token_s), rel=1e-9)
     with pytest.raises(Exception, match="decode_kv_blocks"):
         simulate_records(specs, {**knobs, "decode_kv_blocks": 0})
+
+
+def ds(link: str, engine: ModeledEngine | None = None, frac: float = 0.05) -> DisaggFleet:
+    """DistServe's fleet: the first token from the prefill instance, the decode instance admitting as its
+    decoding-stage scheduler does."""
+    return DisaggFleet(1, 1, 0, KVLink.parse(link), BPT, decode_engine=engine, first_token_from="prefill",
+                       decode_admission="distserve", admit_block_frac=frac)
+
+
+def test_distserve_admission_pulls_between_steps_while_the_decode_loop_waits() -> None:
+    # A decodes alone; B's prefill ends while A's decode step is under way. B is accepted when that step
+    # ends (not when its KV is ready), its KV pulled while the loop waits: the step after it (A's and B's
+    # first together) starts T later than on an instant link, so A's gap and B's second token move by T.
+    specs = [spec(0, 0.0, n_out=200), spec(1, 0.5, n_out=20)]
+    t_pull = 100 * BPT / 1e9
+    slow = simulate_records(specs, ENGINE, disagg=ds("1GB/s,0"))
+    fast = simulate_records(specs, ENGINE, disagg=ds("inf,0"))
+    for recs in (slow, fast):
+        a, b = recs
+        k = next(i for i, t in enumerate(a.chunk_times_s) if t >= b.first_token_s)  # the step under way ends
+        assert a.chunk_times_s[k] > b.first_token_s  # (B's KV was ready mid-step)
+        assert b.chunk_times_s[1] == a.chunk_times_s[k + 1]  # B decodes from the next step on, beside A
+    k = next(i for i, t in enumerate(slow[0].chunk_times_s) if t >= slow[1].first_token_s)
+    gap = lambda recs: recs[0].chunk_times_s[k + 1] - recs[0].chunk_times_s[k]  # noqa: E731
+    assert gap(slow) - gap(fast) == pytest.approx(t_pull, abs=1e-12)
+    assert slow[1].first_token_s == fast[1].first_token_s  # the prefill side is untouched
+
+
+def test_distserve_admission_accepts_while_the_waiting_blocks_stay_under_their_share() -> None:
+    # Three 100-token prompts (7 blocks each) prefilled in one step reach a decode instance of 200 blocks.
+    # With 5% (10 blocks) for requests accepted and not yet decoding, it accepts two (7 < 10, then 14 >= 10
+    # stops it) and the third a step later; with the whole cache, all three join at once.
+    specs = [spec(i, 0.0, n_out=20) for i in range(3)]
+    decode = ModeledEngine(PROFILE, kv_blocks=200)
+    capped = simulate_records(specs, ENGINE, disagg=ds("inf,0", decode))
+    whole = simulate_records(specs, ENGINE, disagg=ds("inf,0", decode, frac=1.0))
+    assert len({r.first_token_s for r in capped}) == 1  # (one prefill step)
+    second = [r.chunk_times_s[1] for r in capped]
+    assert second[0] == second[1] < second[2]
+    assert len({r.chunk_times_s[1] for r in whole}) == 1
+    with pytest.raises(Exception, match="admit_block_frac"):
+        ds("inf,0", frac=0.0)
+    with pytest.raises(Exception, match="decode_admission"):
+        DisaggFleet(1, 1, decode_admission="eager")
+
+
+def test_distserve_admission_starts_a_request_only_with_its_blocks_free_once_more() -> None:
+    # 20 decode blocks. A (100-token prompt, 20-token answer) holds 8 once decoding. B's 100-token prompt
+    # (7 blocks) fits the 12 free and is accepted; to join the batch DistServe's scheduler counts B's blocks
+    # twice (its waiting blocks and its whole length), so B needs 7 more free: it waits until A has finished.
+    # On-room admission starts it at once.
+    specs = [spec(0, 0.0, n_out=20), spec(1, 0.2, n_out=20)]
+    decode = ModeledEngine(PROFILE, kv_blocks=20)
+    a, b = simulate_records(specs, ENGINE, disagg=ds("inf,0", decode))
+    assert b.first_token_s < a.done_s <= b.chunk_times_s[1]
+    a2, b2 = simulate_records(specs, ENGINE, disagg=DisaggFleet(1, 1, 0, KVLink.parse("inf,0"), BPT,
+                                                                decode_engine=decode, first_token_from="prefill"))
+    assert b2.chunk_times_s[1] < a2.done_s
+    assert (a.output_tokens, b.output_tokens) == (20, 20)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import math
 import re
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,6 +126,10 @@ class DisaggFleet:
     # the decode pool's engine as the rest of the fleet's with these knobs replaced (`--decode-profile`,
     # `--decode-kv-blocks`: profile, kv_blocks), when no `decode_engine` is given
     decode_knobs: tuple[tuple[str, Any], ...] = ()
+    # how a decode instance takes handed-off requests (`DECODE_ADMISSIONS`)
+    decode_admission: str = "on-room"
+    # "distserve": the accepted requests not yet decoding may hold at most this share of the decode KV blocks
+    admit_block_frac: float = 0.05
 
     def __post_init__(self) -> None:
         for name in ("prefill", "decode", "colocated"):
@@ -141,6 +146,10 @@ class DisaggFleet:
         Router(self.router, 1)  # the policy name, checked now
         if self.first_token_from not in ("decode", "prefill"):
             raise SpecError("first_token_from", self.first_token_from, "must be decode or prefill")
+        if self.decode_admission not in DECODE_ADMISSIONS:
+            raise SpecError("decode_admission", self.decode_admission, f"must be one of {list(DECODE_ADMISSIONS)}")
+        if not 0 < self.admit_block_frac <= 1:
+            raise SpecError("admit_block_frac", self.admit_block_frac, "must be a share in (0, 1]")
         for k, v in self.decode_knobs:
             if k not in DECODE_KNOBS.values():
                 raise SpecError("decode_knobs", k, f"must be among {sorted(DECODE_KNOBS.values())}")
@@ -154,6 +163,19 @@ class DisaggFleet:
             doc["decode_engine"] = {k: str(v) for k, v in self.decode_knobs}
         return doc
 
+
+# How a decode instance admits handed-off requests:
+# - on-room: a transfer starts as soon as the instance has blocks for the prompt and a batch slot, at any
+#   moment, without stalling its steps; the request joins at the first step boundary after its KV lands (vLLM's
+#   disaggregated connectors, which pull KV beside the forward pass).
+# - distserve: DistServe's decoding-stage FCFS scheduler. Requests are accepted only between steps (and
+#   while the instance is idle), first come first served, while the accepted requests not yet decoding hold
+#   less than `admit_block_frac` of its blocks and the head's prompt fits in the free ones; each accepted
+#   request's KV is pulled in turn while the decode loop waits; an accepted request joins the batch at a step
+#   start only when the free blocks could hold its prompt and first token once more (its scheduler counts the
+#   waiting requests' blocks beside the batch's and the candidate's whole length again), so under KV pressure
+#   it waits there, holding its blocks, and the requests behind it wait too.
+DECODE_ADMISSIONS = ("on-room", "distserve")
 
 # knob -> the field of the decode pool's engine it replaces
 DECODE_KNOBS = {"decode_profile": "profile", "decode_kv_blocks": "kv_blocks"}
@@ -194,6 +216,7 @@ class _Handoff:
     hold: Seq | None = None  # the prompt's blocks the prefill instance keeps until the bytes have left
     seq: Seq | None = None  # its sequence on the decode instance, once room is reserved
     decode: Instance | None = None
+    landed: bool = False  # "distserve": its KV is on the decode instance (it may join the batch)
 
 
 class KVHandoff:
@@ -205,16 +228,22 @@ class KVHandoff:
         self.link = fleet.link
         self.decoders = decoders
         self.router = router  # picks among the decoders (None: the fleet has none)
-        self.events: list[tuple[float, int, str, _Handoff]] = []  # (time, order, kind, handoff): ready, sent, landed
+        self.events: list[tuple[float, int, str, Any]] = []  # (time, order, kind, handoff or decode instance)
         self.order = 0
         self.moved_bytes = 0
         self.num_handoffs = 0
+        self.between_steps = fleet.decode_admission == "distserve"
+        # "distserve", by decode instance index: accepted requests not yet in its batch (FIFO), whether a
+        # "post" event (its scheduler's pass between steps) is queued, when its last pull lands
+        self.accepted: dict[int, deque[_Handoff]] = {d.index: deque() for d in decoders}
+        self.post_queued: dict[int, bool] = {d.index: False for d in decoders}
+        self.pull_free_s: dict[int, float] = {d.index: 0.0 for d in decoders}
 
     def next_s(self) -> float:
         return self.events[0][0] if self.events else math.inf
 
     def is_pending(self) -> bool:
-        return any(d.incoming for d in self.decoders)
+        return any(d.incoming for d in self.decoders) or any(self.accepted.values())
 
     def check(self, num_prompt_tokens: int, max_tokens: int, min_tokens: int) -> None:
         self.decoders[0].engine.scheduler.validate(num_prompt_tokens, max_tokens, min_tokens)
@@ -223,7 +252,7 @@ class KVHandoff:
         return _Handoff(rec, list(req.prompt_token_ids), -1, req.max_tokens, req.min_tokens, req.ignore_eos,
                         req.sampling, stop_check, weight, None, source)
 
-    def _push(self, t: float, kind: str, h: _Handoff) -> None:
+    def _push(self, t: float, kind: str, h: Any) -> None:
         heapq.heappush(self.events, (t, self.order, kind, h))
         self.order += 1
 
@@ -252,7 +281,13 @@ class KVHandoff:
             self.router.started(k, h.weight)
             d = self.decoders[k]
             d.incoming.append(h)
-            self._try_start(d, t)
+            if self.between_steps:
+                self._post_soon(d, t)
+            else:
+                self._try_start(d, t)
+        elif kind == "post":
+            self.post_queued[h.index] = False
+            self._post(h, t)
         elif kind == "sent":
             if h.hold is not None:
                 src = h.source
@@ -265,8 +300,63 @@ class KVHandoff:
             self._land(h, t)
 
     def stepped(self, inst: Instance) -> None:
-        if inst.role == DECODE and inst.incoming:
+        if inst.role != DECODE:
+            return
+        if self.between_steps:
+            if inst.incoming or self.accepted[inst.index]:
+                self._post_soon(inst, inst.clock.now_s())
+        elif inst.incoming:
             self._try_start(inst, inst.clock.now_s())
+
+    def _post_soon(self, d: Instance, t: float) -> None:
+        """Queue `d`'s pass between steps: at the end of its step under way, or at `t` when it is idle."""
+        if self.post_queued[d.index] or d.num_reserved:
+            return  # (a pass is due, or the one under way takes what comes while it pulls)
+        self.post_queued[d.index] = True
+        self._push(max(t, d.clock.now_s()) if d.engine.has_work() else t, "post", d)
+
+    def _post(self, d: Instance, t: float) -> None:
+        """DistServe's pass between two decode steps: accept what the rules let in and pull each accepted
+        request's KV in turn, the loop waiting (`d` stuck until the last lands: then this pass goes on); once
+        nothing more is pulled, the landed requests join the batch while they fit."""
+        wake(d, t)
+        sched, bm, accepted = d.engine.scheduler, d.blocks, self.accepted[d.index]
+        cap = self.fleet.admit_block_frac * bm.num_blocks
+        bs = bm.block_size
+        waiting_blocks = sum(-(-len(h.prompt) // bs) for h in accepted)
+        while d.incoming and waiting_blocks < cap:
+            h = d.incoming[0]
+            seq = d.engine.prefilled_sequence(h.prompt, h.first_token, h.max_tokens, min_tokens=h.min_tokens,
+                                              ignore_eos=h.ignore_eos, sampling=h.sampling, stop_check=h.stop_check)
+            hits = bm.match_prefix(seq)
+            if not bm.can_admit(seq.num_tokens, hits):
+                break
+            d.incoming.popleft()
+            bm.admit(seq, hits)
+            h.seq, h.decode = seq, d
+            d.num_reserved += 1
+            accepted.append(h)
+            waiting_blocks += -(-len(h.prompt) // bs)
+            num_bytes = (len(h.prompt) - seq.num_computed_tokens) * self.fleet.bytes_per_token
+            self.moved_bytes += num_bytes
+            src = h.source
+            start = max(t, src.link_free_s, self.pull_free_s[d.index])  # one pull at a time, awaited in turn
+            src.link_free_s = start + self.link.send_s(num_bytes)
+            self.pull_free_s[d.index] = src.link_free_s + self.link.latency_s
+            self._push(src.link_free_s, "sent", h)
+            self._push(self.pull_free_s[d.index], "landed", h)
+        if d.num_reserved:
+            d.stuck = True  # its loop awaits the pulls
+            return
+        running = sched.running
+        while accepted and accepted[0].landed and not sched.waiting:  # (a preempted request goes back first)
+            h = accepted[0]
+            assert h.seq is not None
+            if running and (len(running) >= sched.config.max_num_seqs
+                            or bm.num_blocks_to_admit(h.seq.num_tokens, []) > bm.num_allocatable):
+                break
+            accepted.popleft()
+            self._join(d, h, t)
 
     def _try_start(self, d: Instance, now_s: float) -> None:
         """Start the transfers queued for `d` that it has room for, in FIFO order."""
@@ -305,11 +395,24 @@ class KVHandoff:
         h.hold = hold
 
     def _land(self, h: _Handoff, t: float) -> None:
-        d, seq = h.decode, h.seq
-        assert d is not None and seq is not None
-        wake(d, t)
-        d.engine.adopt_prefilled(seq, t, h.cached_tokens)  # the prompt's KV is here; its first token came with it
+        d = h.decode
+        assert d is not None
         d.num_reserved -= 1
+        if self.between_steps:
+            h.landed = True
+            if not d.num_reserved:  # the pass that pulled it goes on
+                d.stuck = False
+                d.clock.advance_to(max(d.clock.now_s(), t))
+                self._post(d, t)
+            return
+        wake(d, t)
+        self._join(d, h, t)
+
+    def _join(self, d: Instance, h: _Handoff, t: float) -> None:
+        """`h`'s request joins `d`'s running batch at `t`, its KV there."""
+        seq = h.seq
+        assert seq is not None
+        d.engine.adopt_prefilled(seq, t, h.cached_tokens)  # the prompt's KV is here; its first token came with it
         rec = h.rec
         if rec.first_token_s is None:  # (else the prefill instance sent it)
             add_token(rec, t)

@@ -47,8 +47,9 @@ def calibrate_runs(runs: Sequence[Run], base: CostProfile, build: FleetBuilder, 
     fit_s = time.perf_counter() - t0
     rows = []
     for r in sorted(runs, key=lambda r: r.rate_rps):
-        rows.append((r.name, r.rate_rps, run_errors(r, *replay(r, *NO_HOST)),
-                     run_errors(r, *replay(r, fit.step_s, fit.per_seq_s))))
+        ttft, tpot = replay(r, fit.step_s, fit.per_seq_s)
+        rows.append((r.name, r.rate_rps, run_errors(r, *replay(r, *NO_HOST[:2])),
+                     run_errors(r, ttft + fit.request_overhead_s * 1e3, tpot)))
     return RunsCalibration(fit, tuple(r.name for r in held), tuple(rows), fit_s)
 
 
@@ -68,12 +69,14 @@ def calibrated_profile(base: CostProfile, cal: RunsCalibration, inputs: Sequence
         "base_profile": base.name, "inputs": [{"path": str(p), "sha256": sha256_of(p)} for p in inputs],
         "columns": columns, "engine": engine_flags,
         "host_step_s": f.step_s, "host_step_sd_s": f.step_sd_s, "host_per_seq_s": f.per_seq_s,
-        "host_per_seq_sd_s": f.per_seq_sd_s, "uncertainty": f"bootstrap over requests, {len(f.bootstrap)} resamples",
+        "host_per_seq_sd_s": f.per_seq_sd_s, "request_overhead_s": f.request_overhead_s,
+        "request_overhead_sd_s": f.request_overhead_sd_s, "uncertainty": f"bootstrap over requests, {len(f.bootstrap)} resamples",
         "fit_runs": list(f.fit_runs), "held_out_runs": list(cal.held_out), "replays": f.num_replays,
         "loss_per_request": {"base": f.base_loss, "calibrated": f.loss},
         "held_out_errors_pct": {name: calibrated for name, _, _, calibrated in cal.errors if name in cal.held_out},
     }
-    prov = {**(base.provenance or {}), "calibrated_from_runs": section}
+    # the request overhead where `--simulate` and plan read a calibrated profile's (`calibrated_extras`)
+    prov = {**(base.provenance or {}), "calibrated_from_runs": section, "request_overhead_s": f.request_overhead_s}
     note = (f"{base.note + '; ' if base.note else ''}host costs fitted on {len(f.fit_runs)} measured runs "
             f"(slobench calibrate --from-runs)")
     return replace(base.with_host_costs(f.step_s, f.per_seq_s), name=f"{base.name}+host", note=note, provenance=prov)
@@ -89,6 +92,8 @@ def print_calibration(cal: RunsCalibration, write: Callable[[str], None] = print
     write(f"  host step       {f.step_s * 1e3:8.3f} ms  +- {f.step_sd_s * 1e3:.3f} (sd)")
     write(f"  host per seq    {f.per_seq_s * 1e3:8.4f} ms  +- {f.per_seq_sd_s * 1e3:.4f} (sd; each sequence sampling "
           "a token in the step)")
+    write(f"  request         {f.request_overhead_s * 1e3:8.2f} ms  +- {f.request_overhead_sd_s * 1e3:.2f} (sd; each "
+          "request, outside the steps: every time after the send)")
     write(f"  loss a request  {f.base_loss:.4f} with the base profile, {f.loss:.4f} calibrated "
           f"(squared log ratios: each request's TPOT, each run's TTFT deciles; sd over {len(f.bootstrap)} bootstrap "
           "resamples of the requests)")

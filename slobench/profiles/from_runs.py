@@ -3,7 +3,9 @@
 A profile of the forward pass alone (a roofline, or step-time fits of an idle engine) leaves out the host
 work of the loop around it: scheduling, sampling and detokenising each running request, RPC to the workers.
 Two terms stand for it (`CostProfile.host_step_s`, `host_per_seq_s`: a fixed cost a step and a cost per
-sequence sampling a token in it). They are fitted by replaying each measured run (its arrivals and lengths)
+sequence sampling a token in it), and a third for what a request pays outside the steps (the request
+overhead: its HTTP, parsing and tokenising, the first token's way out), which moves every time after the
+send alike and so TTFT, not TPOT. They are fitted by replaying each measured run (its arrivals and lengths)
 on the simulated server and comparing every request's simulated TTFT and TPOT with its measured ones:
 
 - the loss: per request, the squared log ratio simulated / measured of its TPOT (answers of more than one
@@ -11,6 +13,8 @@ on the simulated server and comparing every request's simulated TTFT and TPOT wi
   step: matched in distribution); each clipped at |log| <= CLIP (0.3: off by more than 35%), so that a
   request the simulator misses for a reason of its own (a wait before its second token that it does not
   model, a cliff) counts as one miss and does not bend the host costs;
+- the request overhead: for each pair of host costs replayed, the one (>= 0, on a 0.25 ms grid up to the
+  measured runs' fastest TTFT decile) that minimises the TTFT loss; it queues nothing, so it costs no replay;
 - search: a coarse grid, then a pattern search (3 x 3 around the best point; it moves to the best of them,
   and the spacing halves when the centre stays best);
 - the estimate: the minimum of a quadratic surface fitted to the losses at the last rounds' points;
@@ -72,8 +76,10 @@ class HostFit:
     per_seq_s: float
     step_sd_s: float
     per_seq_sd_s: float
+    request_overhead_s: float
+    request_overhead_sd_s: float
     loss: float  # mean loss a request at the estimate
-    base_loss: float  # the same with no host costs
+    base_loss: float  # the same with no host costs and no request overhead
     num_replays: int
     fit_runs: tuple[str, ...]
     bootstrap: tuple[tuple[float, float], ...] = field(default=(), repr=False)
@@ -96,14 +102,26 @@ def tpot_loss(run: Run, tpot_sim_ms: np.ndarray) -> np.ndarray:
 DECILES = np.arange(10, 100, 10)
 
 
-def ttft_loss(meas_ms: np.ndarray, sim_ms: np.ndarray) -> float:
-    """The clipped squared log ratios of a run's TTFT deciles, their mean. A request's own TTFT is a few steps
-    and moves with where its arrival falls in a step, so it is matched in distribution, not request by request."""
+def ttft_losses(meas_ms: np.ndarray, sim_ms: np.ndarray, overheads_ms: np.ndarray) -> np.ndarray:
+    """For each request overhead (ms), the clipped squared log ratios of a run's TTFT deciles (simulated plus
+    the overhead, against measured), their mean. A request's own TTFT is a few steps and moves with where its
+    arrival falls in a step, so it is matched in distribution, not request by request."""
     ok = np.isfinite(meas_ms) & (meas_ms > 0)
     if not ok.any():
-        return 0.0
-    sim = np.where(np.isfinite(sim_ms[ok]), sim_ms[ok], np.inf)
-    return float(_clipped_sq_log(np.percentile(sim, DECILES), np.percentile(meas_ms[ok], DECILES)).mean())
+        return np.zeros(len(overheads_ms))
+    sim = np.percentile(np.where(np.isfinite(sim_ms[ok]), sim_ms[ok], np.inf), DECILES)
+    meas = np.percentile(meas_ms[ok], DECILES)
+    return _clipped_sq_log(sim[None, :] + overheads_ms[:, None], meas[None, :]).mean(axis=1)
+
+
+OVERHEAD_STEP_MS = 0.25
+
+
+def overhead_grid_ms(runs: Sequence[Run]) -> np.ndarray:
+    """The request overheads tried (ms): 0 up to the measured runs' fastest TTFT decile, 0.25 ms apart."""
+    tops = [float(np.percentile(r.ttft_ms[ok], 10)) for r in runs
+            if (ok := np.isfinite(r.ttft_ms) & (r.ttft_ms > 0)).any()]
+    return np.arange(0.0, min(tops, default=0.0) + OVERHEAD_STEP_MS / 2, OVERHEAD_STEP_MS)
 
 
 class _Losses:
@@ -115,6 +133,7 @@ class _Losses:
         self.runs, self.replay = runs, replay
         self.at: dict[tuple[float, float], tuple[np.ndarray, list[np.ndarray]]] = {}
         self.every = [np.arange(len(r.start_s)) for r in runs]
+        self.overheads_ms = overhead_grid_ms(runs)
 
     def key(self, x: float, y: float) -> tuple[float, float]:
         k = (round(max(x, 0.0), 12), round(max(y, 0.0), 12))
@@ -128,11 +147,19 @@ class _Losses:
         return k
 
     def total(self, k: tuple[float, float], pick: Sequence[np.ndarray]) -> float:
+        return self.with_overhead(k, pick)[0]
+
+    def with_overhead(self, k: tuple[float, float], pick: Sequence[np.ndarray], free: bool = True
+                      ) -> tuple[float, float]:
+        """The loss at `k` over the requests `pick`ed, with the request overhead that minimises it (`free`; else
+        none), and that overhead (s)."""
         tp, tt = self.at[k]
         offsets = np.cumsum([0, *(len(r.start_s) for r in self.runs[:-1])])
         tpot = np.concatenate([tp[o + i] for o, i in zip(offsets, pick, strict=True)]).mean()
-        ttft = np.mean([ttft_loss(r.ttft_ms[i], s[i]) for r, s, i in zip(self.runs, tt, pick, strict=True)])
-        return float(tpot + ttft)
+        ttft = np.mean([ttft_losses(r.ttft_ms[i], s[i], self.overheads_ms)
+                        for r, s, i in zip(self.runs, tt, pick, strict=True)], axis=0)
+        best = int(np.argmin(ttft)) if free else 0
+        return float(tpot + ttft[best]), float(self.overheads_ms[best]) / 1e3
 
     def __call__(self, x: float, y: float) -> float:
         return self.total(self.key(x, y), self.every)
@@ -182,16 +209,20 @@ def fit_host_costs(runs: Sequence[Run], replay: Replayer, plan: FitPlan) -> Host
     pts = list(dict.fromkeys(loss.key(x, y) for x, y in near))
     sx, sy = dx * 2, dy * 2
     step_s, per_seq_s = _quadratic_min(pts, np.array([loss.total(k, loss.every) for k in pts]), sx, sy)
+    at = loss.key(step_s, per_seq_s)
+    overhead_s = loss.with_overhead(at, loss.every)[1]
     rng = np.random.default_rng(plan.seed)
-    draws = []
+    draws, overheads = [], []
     for _ in range(plan.bootstrap):
         pick = [rng.choice(e, len(e)) for e in loss.every]
         draws.append(_quadratic_min(pts, np.array([loss.total(k, pick) for k in pts]), sx, sy))
+        overheads.append(loss.with_overhead(at, pick)[1])  # (at the estimate's host costs)
     boot = np.asarray(draws)
     res = np.array([sx, sy]) * 2 / math.sqrt(12)  # the last spacing's resolution
     sd = np.sqrt(boot.std(axis=0) ** 2 + res ** 2)
-    return HostFit(step_s, per_seq_s, float(sd[0]), float(sd[1]), loss(step_s, per_seq_s), loss(0.0, 0.0),
-                   len(loss.at), tuple(r.name for r in runs), tuple(map(tuple, boot.tolist())))
+    overhead_sd_s = math.hypot(float(np.std(overheads)), OVERHEAD_STEP_MS / 1e3 / math.sqrt(12))
+    return HostFit(step_s, per_seq_s, float(sd[0]), float(sd[1]), overhead_s, overhead_sd_s, loss(step_s, per_seq_s),
+                   loss.with_overhead(loss.key(0.0, 0.0), loss.every, free=False)[0], len(loss.at), tuple(r.name for r in runs), tuple(map(tuple, boot.tolist())))
 
 
 def split_by_rate(runs: Sequence[Run]) -> tuple[list[Run], list[Run]]:
@@ -221,14 +252,15 @@ def fleet_replayer(build: FleetBuilder, seed: int = 0) -> Replayer:
     def replay(run: Run, step_s: float, per_seq_s: float) -> tuple[np.ndarray, np.ndarray]:
         if id(run) not in specs:
             specs[id(run)] = specs_of(run, seed)
-        engine, opts = build((step_s, per_seq_s))
+        engine, opts = build((step_s, per_seq_s, 0.0))  # (the request overhead is added after: it queues nothing)
         return simulated_times_ms(simulate_records(specs[id(run)], engine, opts))
     return replay
 
 
 def colocated_builder(base: CostProfile, engine: ModeledEngine) -> FleetBuilder:
     """One simulated engine (`engine`'s limits) priced by `base` with the host costs asked for."""
-    return lambda host: (replace(engine, profile=base.with_host_costs(*host)), SimOptions())
+    return lambda host: (replace(engine, profile=base.with_host_costs(host[0], host[1])),
+                         SimOptions(request_overhead_s=host[2]))
 
 
 def decode_step_scale_s(base: CostProfile, runs: Sequence[Run]) -> float:
