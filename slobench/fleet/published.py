@@ -25,7 +25,7 @@ from slobench.errors import SpecError
 from slobench.fleet.disagg import DisaggFleet, KVLink
 from slobench.fleet.simulate import ModeledEngine, SimOptions, simulate_records
 from slobench.input_file import RECORDS, read_input_bytes
-from slobench.profiles.roofline import kv_capacity_tokens, roofline
+from slobench.profiles.roofline import kv_capacity_tokens, roofline, vllm_kv_blocks
 from slobench.profiles.specs import ModelConfig, get_gpu, model_from_hf_config
 from slobench.run.records import RequestRecord, RequestSpec, with_drawn_ids
 
@@ -111,8 +111,15 @@ def opt13b(data_dir: Path) -> ModelConfig:
 
 
 # DistServe's workers keep 1% of each GPU's memory for their own work before sizing the KV cache
-# (`_profile_num_available_blocks`); vLLM 0.2 keeps the peak of a profiling forward pass, not modeled here
+# (`_profile_num_available_blocks`); vLLM sizes its own with `vllm_blocks`
 RESERVE_FRACTION = {"vllm": 0.0, "distserve": 0.01}
+
+
+def vllm_blocks(model: ModelConfig) -> int:
+    """KV blocks of the vLLM server: as vLLM sizes them (`vllm_kv_blocks`: memory x 0.95 less the weights and
+    its profiling pass's activation peak at 16,384 tokens and 1,024 sequences)."""
+    return vllm_kv_blocks(model, GPU, 1, block_size=BLOCK_SIZE, max_num_batched_tokens=16384, max_num_seqs=1024,
+                          gpu_memory_utilization=MEMORY_UTILIZATION)
 
 
 def kv_blocks(model: ModelConfig, tp: int, system: str) -> int:
@@ -146,22 +153,24 @@ def cost_profile(kind: str, system: str, tp: int, data_dir: Path, host_overhead_
 
 
 def setup_fleet(setup: str, profile: str, data_dir: Path, host_overhead_s: float = 0.0,
-                host: HostCosts = NO_HOST) -> tuple[ModeledEngine, SimOptions]:
+                host: HostCosts = NO_HOST, prefill_host: bool = False) -> tuple[ModeledEngine, SimOptions]:
     """The engine (and fleet) each system ran, from its server flags (the data's README), with the `host`
-    costs. DistServe's go on its decode instance only: its prefill steps are few and long, and the measured
-    TTFT carries no cost that grows with the prefill queue (the same step cost there put TTFT p50 from 4% low
-    at 3 req/s to 12% high at 12); what a request pays outside the steps is the request overhead. DistServe's
-    decode instance admits as its decoding-stage scheduler does (`decode_admission="distserve"`)."""
+    costs. DistServe's go on its decode instance, and on its prefill instance too with `prefill_host`: which
+    of the two a profile needs is the calibration's to find (`benchmarks/validate_published.py` fits both and
+    keeps the better). With DistServe's own fit the prefill instance needs none: its measured TTFT carries no
+    cost that grows with the prefill queue (the same step cost there put TTFT p50 from 4% low at 3 req/s to
+    12% high at 12), and a request's fixed cost is the request overhead. DistServe's decode instance admits as
+    its decoding-stage scheduler does (`decode_admission="distserve"`)."""
     model = opt13b(data_dir)
     extra = host_overhead_s
     limits: dict[str, Any] = {"block_size": BLOCK_SIZE, "max_model_len": model.max_positions or 2048,
                               "enable_prefix_caching": False, "scheduler": "vllm-v0"}
     if setup == "vllm":
-        engine = ModeledEngine(cost_profile(profile, "vllm", 1, data_dir, extra, host), kv_blocks=kv_blocks(model, 1, "vllm"),
+        engine = ModeledEngine(cost_profile(profile, "vllm", 1, data_dir, extra, host), kv_blocks=vllm_blocks(model),
                                max_num_seqs=1024, max_batched_tokens=16384, name="vllm", **limits)
         return engine, SimOptions(request_overhead_s=host[2])
     if setup == "distserve-c21d11":
-        prefill = ModeledEngine(cost_profile(profile, "distserve", 2, data_dir, extra), kv_blocks=kv_blocks(model, 2, "distserve"),
+        prefill = ModeledEngine(cost_profile(profile, "distserve", 2, data_dir, extra, host if prefill_host else NO_HOST), kv_blocks=kv_blocks(model, 2, "distserve"),
                                 max_num_seqs=128, max_batched_tokens=8192, name="distserve-prefill", **limits)
         decode = ModeledEngine(cost_profile(profile, "distserve", 1, data_dir, extra, host), kv_blocks=kv_blocks(model, 1, "distserve"),
                                max_num_seqs=1024, max_batched_tokens=65536, name="distserve-decode", **limits)
@@ -291,21 +300,22 @@ def measured_curve(runs: Sequence[Run]) -> tuple[list[float], list[float]]:
 
 
 def simulated_curve(setup: str, profile: str, data_dir: Path, lengths: Run, rates: Sequence[float],
-                    num_requests: int = 400, seeds: Sequence[int] = (0, 1), host: HostCosts = NO_HOST) -> list[float]:
+                    num_requests: int = 400, seeds: Sequence[int] = (0, 1), host: HostCosts = NO_HOST,
+                    build: FleetBuilder | None = None) -> list[float]:
     """Simulated attainment (%) at each rate: Poisson arrivals, lengths drawn from `lengths`, mean of `seeds`."""
     out = []
     for rate in rates:
         vals = []
         for seed in seeds:
             run = poisson_run(lengths, rate, num_requests, seed)
-            ttft, tpot = simulated_times_ms(simulate(run, setup, profile, data_dir, host=host))
+            ttft, tpot = simulated_times_ms(simulate(run, setup, profile, data_dir, host=host, build=build))
             vals.append(figures(ttft, tpot, run.output_len)["attainment"])
         out.append(float(np.mean(vals)))
     return out
 
 
 def mirrored_curve(setup: str, profile: str, data_dir: Path, runs: Sequence[Run], seeds: Sequence[int] = (0, 1),
-                   host: HostCosts = NO_HOST) -> tuple[list[float], list[float]]:
+                   host: HostCosts = NO_HOST, build: FleetBuilder | None = None) -> tuple[list[float], list[float]]:
     """Simulated attainment (%) at each measured rate, read as `measured_curve` reads it off `runs`: per
     measured run, a run of Poisson arrivals at its rate with as many requests (lengths drawn from every run's
     requests), the requests of each rate pooled, the mean of `seeds`. A run's length matters past saturation:
@@ -323,7 +333,7 @@ def mirrored_curve(setup: str, profile: str, data_dir: Path, runs: Sequence[Run]
             met = []
             for i, n in enumerate(by_rate[rate]):
                 run = poisson_run(lengths, rate, n, seed * 1000 + i)
-                ttft, tpot = simulated_times_ms(simulate(run, setup, profile, data_dir, host=host))
+                ttft, tpot = simulated_times_ms(simulate(run, setup, profile, data_dir, host=host, build=build))
                 met.append((ttft < TTFT_SLO_MS) & (tpot < TPOT_SLO_MS))
             vals.append(100.0 * float(np.concatenate(met).mean()))
         out.append(float(np.mean(vals)))
