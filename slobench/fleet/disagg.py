@@ -326,25 +326,12 @@ class KVHandoff:
         waiting_blocks = sum(-(-len(h.prompt) // bs) for h in accepted)
         while d.incoming and waiting_blocks < cap:
             h = d.incoming[0]
-            seq = d.engine.prefilled_sequence(h.prompt, h.first_token, h.max_tokens, min_tokens=h.min_tokens,
-                                              ignore_eos=h.ignore_eos, sampling=h.sampling, stop_check=h.stop_check)
-            hits = bm.match_prefix(seq)
-            if not bm.can_admit(seq.num_tokens, hits):
+            if not self._reserve(d, h):
                 break
-            d.incoming.popleft()
-            bm.admit(seq, hits)
-            h.seq, h.decode = seq, d
-            d.num_reserved += 1
             accepted.append(h)
             waiting_blocks += -(-len(h.prompt) // bs)
-            num_bytes = (len(h.prompt) - seq.num_computed_tokens) * self.fleet.bytes_per_token
-            self.moved_bytes += num_bytes
-            src = h.source
-            start = max(t, src.link_free_s, self.pull_free_s[d.index])  # one pull at a time, awaited in turn
-            src.link_free_s = start + self.link.send_s(num_bytes)
-            self.pull_free_s[d.index] = src.link_free_s + self.link.latency_s
-            self._push(src.link_free_s, "sent", h)
-            self._push(self.pull_free_s[d.index], "landed", h)
+            # one pull at a time, awaited in turn
+            self.pull_free_s[d.index] = self._send(h, max(t, self.pull_free_s[d.index]))
         if d.num_reserved:
             d.stuck = True  # its loop awaits the pulls
             return
@@ -361,28 +348,38 @@ class KVHandoff:
     def _try_start(self, d: Instance, now_s: float) -> None:
         """Start the transfers queued for `d` that it has room for, in FIFO order."""
         sched = d.engine.scheduler
-        bm = d.blocks
-        link = self.link
         while d.incoming:
             h = d.incoming[0]
-            if sched.num_running + d.num_reserved >= sched.config.max_num_seqs:
+            if sched.num_running + d.num_reserved >= sched.config.max_num_seqs or not self._reserve(d, h):
                 return
-            seq = d.engine.prefilled_sequence(h.prompt, h.first_token, h.max_tokens, min_tokens=h.min_tokens,
-                                              ignore_eos=h.ignore_eos, sampling=h.sampling, stop_check=h.stop_check)
-            hits = bm.match_prefix(seq)
-            if not bm.can_admit(seq.num_tokens, hits):
-                return
-            d.incoming.popleft()
-            bm.admit(seq, hits)  # blocks for the prompt and the first token, as its scheduler admits
-            h.seq, h.decode = seq, d
-            d.num_reserved += 1
-            num_bytes = (len(h.prompt) - seq.num_computed_tokens) * self.fleet.bytes_per_token
-            self.moved_bytes += num_bytes
-            src = h.source
-            start = max(now_s, src.link_free_s)
-            src.link_free_s = start + link.send_s(num_bytes)
-            self._push(src.link_free_s, "sent", h)
-            self._push(src.link_free_s + link.latency_s, "landed", h)
+            self._send(h, now_s)
+
+    def _reserve(self, d: Instance, h: _Handoff) -> bool:
+        """Blocks on `d` for `h`, the head of its queue (its prompt and first token, prefix hits there counted,
+        as its scheduler admits), taken off the queue; False, and nothing taken, when they do not fit."""
+        seq = d.engine.prefilled_sequence(h.prompt, h.first_token, h.max_tokens, min_tokens=h.min_tokens,
+                                          ignore_eos=h.ignore_eos, sampling=h.sampling, stop_check=h.stop_check)
+        hits = d.blocks.match_prefix(seq)
+        if not d.blocks.can_admit(seq.num_tokens, hits):
+            return False
+        d.incoming.popleft()
+        d.blocks.admit(seq, hits)
+        h.seq, h.decode = seq, d
+        d.num_reserved += 1
+        return True
+
+    def _send(self, h: _Handoff, not_before_s: float) -> float:
+        """`h`'s KV (the bytes not already cached on its decode instance) over its prefill instance's link, in
+        FIFO order from `not_before_s`, its "sent" and "landed" events queued; when it lands."""
+        assert h.seq is not None
+        num_bytes = (len(h.prompt) - h.seq.num_computed_tokens) * self.fleet.bytes_per_token
+        self.moved_bytes += num_bytes
+        src = h.source
+        src.link_free_s = max(not_before_s, src.link_free_s) + self.link.send_s(num_bytes)
+        landed = src.link_free_s + self.link.latency_s
+        self._push(src.link_free_s, "sent", h)
+        self._push(landed, "landed", h)
+        return landed
 
     def _hold_prompt(self, inst: Instance, h: _Handoff) -> None:
         """Keep the prompt's KV on the prefill instance (its blocks were just freed with the request)."""
