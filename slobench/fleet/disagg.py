@@ -216,7 +216,6 @@ class _Handoff:
     hold: Seq | None = None  # the prompt's blocks the prefill instance keeps until the bytes have left
     seq: Seq | None = None  # its sequence on the decode instance, once room is reserved
     decode: Instance | None = None
-    landed: bool = False  # "distserve": its KV is on the decode instance (it may join the batch)
 
 
 class KVHandoff:
@@ -335,8 +334,8 @@ class KVHandoff:
         if d.num_reserved:
             d.stuck = True  # its loop awaits the pulls
             return
-        running = sched.running
-        while accepted and accepted[0].landed and not sched.waiting:  # (a preempted request goes back first)
+        running = sched.running  # (every accepted request's KV has landed: none is reserved in flight)
+        while accepted and not sched.waiting:  # (a preempted request goes back first)
             h = accepted[0]
             assert h.seq is not None
             if running and (len(running) >= sched.config.max_num_seqs
@@ -396,7 +395,6 @@ class KVHandoff:
         assert d is not None
         d.num_reserved -= 1
         if self.between_steps:
-            h.landed = True
             if not d.num_reserved:  # the pass that pulled it goes on
                 d.stuck = False
                 d.clock.advance_to(max(d.clock.now_s(), t))
