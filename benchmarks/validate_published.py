@@ -34,6 +34,7 @@ from custom_setup import (  # this folder is on sys.path
 from result_json import write_result  # this folder is on sys.path
 
 from reference_engine.errors import ConfigError
+from reference_engine.executor.modeled_executor import CostProfile
 from slobench.analysis.headline import crossing_rate
 from slobench.errors import SpecError
 from slobench.fleet.published import (
@@ -43,6 +44,7 @@ from slobench.fleet.published import (
     SETUPS,
     FleetBuilder,
     HostCosts,
+    Run,
     compare,
     cost_profile,
     measured_curve,
@@ -54,6 +56,7 @@ from slobench.fleet.published import (
     targets_met,
 )
 from slobench.profiles.calibrate_runs import calibrate_runs, print_calibration
+from slobench.profiles.run_consistency import describe, run_speeds
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "validation" / "distserve-opt13b-a100"
@@ -172,6 +175,23 @@ def _published_builder(setup: str, profile: str, data: Path, overhead_s: float, 
     return lambda host: setup_fleet(setup, profile, data, overhead_s, host, prefill_host)
 
 
+def _consistency(args: argparse.Namespace, runs: list[Run], calibration_runs: list[Run], base: CostProfile
+                 ) -> dict[str, dict[str, Any]]:
+    """Whether the runs agree with each other (co-located setups: `run_consistency`), printed; per run, its
+    decode step against the median run's at the same batch."""
+    if args.setup == "distserve-c21d11":
+        return {}
+    every = list({r.name: r for r in (*calibration_runs, *runs)}.values())
+    if len(every) < 2:
+        return {}
+    speeds = run_speeds(every, base.with_host_costs(0.0, 0.0), "vllm-v0" if args.setup == "vllm" else args.scheduler or "chunked")
+    print("\n".join(describe(speeds)))
+    print()
+    return {s.name: {"offset_pct": None if s.offset is None else s.offset * 100,
+                     "offset_sd_pct": None if s.offset_sd is None else s.offset_sd * 100, "differs": s.flagged}
+            for s in speeds}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--setup", required=True, choices=(*SETUPS, "custom"),
@@ -222,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             system = "vllm" if args.setup == "vllm" else "distserve"
             base = cost_profile(args.profile, system, 1, data)
             build = _published_builder(args.setup, args.profile, data, args.host_overhead_ms / 1e3)
+        consistency = _consistency(args, runs, calibration_runs, base)
         host = NO_HOST
         if calibration_runs:
             cal = calibrate_runs(calibration_runs, base, build, fit_all=True)
@@ -244,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             row["host_costs_ms"] = [host[0] * 1e3, host[1] * 1e3]
             row["request_overhead_ms"] = host[2] * 1e3
             row["targets_met"] = targets_met(row)
+            if run.name in consistency:
+                row["decode_speed_vs_other_runs"] = consistency[run.name]
             rows.append(row)
     except (SpecError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -23,6 +23,7 @@ from slobench.profiles.calibrate import calibrate as calibrate_endpoint
 from slobench.profiles.calibrate_runs import calibrate_runs, calibrated_profile, print_calibration
 from slobench.profiles.from_runs import colocated_builder
 from slobench.profiles.refine import EngineLimits, RefinePlan, print_refinement, refine_live, with_refinement
+from slobench.profiles.run_consistency import describe, run_speeds
 from slobench.profiles.run_logs import ColumnMap, read_log
 from slobench.profiles.specs import MODEL_NAMES
 from slobench.targets.openai import OpenAITarget
@@ -324,6 +325,8 @@ def from_runs_main(args: argparse.Namespace) -> int:
     engine, used = _engine(args, base)
     if len(runs) < 2 and not args.fit_all:
         print("note: one run: fitted on it, nothing held out (give runs at several rates for a held-out check)")
+    if len(runs) > 1:  # runs that disagree with each other cannot all be fitted: say so before the fit
+        print("\n".join(describe(run_speeds(runs, base.with_host_costs(0.0, 0.0), engine.scheduler))), flush=True)
     print(f"calibrating the host costs of {base.name} on {len(runs)} run(s), {sum(len(r.start_s) for r in runs)} "
           f"requests, replayed on the simulated engine ({', '.join(f'{k}={v}' for k, v in used.items())})", flush=True)
     cal = calibrate_runs(runs, base, colocated_builder(base, engine), fit_all=bool(args.fit_all) or len(runs) < 2,
