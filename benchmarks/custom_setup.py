@@ -5,6 +5,7 @@ or by any profile file; the fleet builder that the replay and the calibration sh
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from reference_engine.config import SCHEDULERS
@@ -41,8 +42,9 @@ def custom_flags_given(args: argparse.Namespace) -> list[str]:
     return [flag for flag, name in _FLAGS.items() if getattr(args, name) is not None]
 
 
-def custom_builder(args: argparse.Namespace) -> tuple[CostProfile, FleetBuilder]:
-    """The base profile and the fleet builder of `--setup custom` (bad values: SpecError naming the flag)."""
+def custom_builder(args: argparse.Namespace) -> tuple[CostProfile, Callable[[float], FleetBuilder]]:
+    """The base profile and the fleet builder of `--setup custom` at a prefill scale (1: the profile as it is;
+    bad values: SpecError naming the flag)."""
     tp = 1 if args.tp is None else args.tp
     if tp < 1:
         raise SpecError("--tp", tp, "must be an integer >= 1")
@@ -65,4 +67,4 @@ def custom_builder(args: argparse.Namespace) -> tuple[CostProfile, FleetBuilder]
     if knobs["max_model_len"] is None and model is not None and model.max_positions:
         knobs["max_model_len"] = model.max_positions
     engine = ModeledEngine(base, name="custom", **{k: v for k, v in knobs.items() if v is not None})
-    return base, colocated_builder(base, engine)
+    return base, lambda scale: colocated_builder(base.with_prefill_scale(scale), engine)

@@ -23,6 +23,7 @@ import argparse
 import datetime as dt
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,7 @@ def plan_section(data: Path, profile: str, hosts: dict[str, HostCosts] | None = 
              "pooled by rate as the measured answer is (mean of 2 seeds)",
              f"{'setup':18s} {'GPUs':>4s} | {'measured rps':>12s} {'per GPU':>8s} | {'simulated rps':>13s} {'per GPU':>8s}"
              f" | {'as the runs':>13s} {'per GPU':>8s}"]
-    per_gpu: dict[str, tuple[float, float]] = {}
+    per_gpu: dict[str, tuple[float, float, float]] = {}
     for setup in SETUPS:
         runs = [read_run(f) for f in files if f.name.startswith(setup.split("-")[0] + "-")]
         if not runs:
@@ -171,8 +172,9 @@ def gap_table(rows: list[dict[str, Any]]) -> str:
 
 
 def _published_builder(setup: str, profile: str, data: Path, overhead_s: float, prefill_host: bool = False
-                       ) -> FleetBuilder:
-    return lambda host: setup_fleet(setup, profile, data, overhead_s, host, prefill_host)
+                       ) -> Callable[[float], FleetBuilder]:
+    """The setup's fleet at a prefill scale, with the host costs asked for."""
+    return lambda scale: lambda host: setup_fleet(setup, profile, data, overhead_s, host, prefill_host, scale)
 
 
 def _consistency(args: argparse.Namespace, runs: list[Run], calibration_runs: list[Run], base: CostProfile
@@ -209,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calibrate-on", nargs="+", default=None, metavar="RUN.jsonl",
                    help="first fit the profile's host costs (a fixed cost a step, a cost per sequence) on these "
                         "runs, then replay the positional runs with them")
+    p.add_argument("--fit-prefill", action="store_true",
+                   help="with --calibrate-on: fit the profile's prefill price (a scale on its per-token terms) "
+                        "beside the host costs")
     p.add_argument("--gaps", action="store_true",
                    help="also each run's TPOT gap (measured - simulated) by answer length: whether what the "
                         "simulator misses is paid every step or once a request")
@@ -237,23 +242,28 @@ def main(argv: list[str] | None = None) -> int:
         runs = [read_run(f) for f in args.runs]  # a bad run file is named before any profile is built
         calibration_runs = [read_run(f) for f in args.calibrate_on or ()]
         if args.setup == "custom":
-            base, build = custom_builder(args)
+            base, scaled = custom_builder(args)
         else:
             system = "vllm" if args.setup == "vllm" else "distserve"
             base = cost_profile(args.profile, system, 1, data)
-            build = _published_builder(args.setup, args.profile, data, args.host_overhead_ms / 1e3)
+            scaled = _published_builder(args.setup, args.profile, data, args.host_overhead_ms / 1e3)
+        build = scaled(1.0)
         consistency = _consistency(args, runs, calibration_runs, base)
-        host = NO_HOST
+        host, prefill_scale = NO_HOST, 1.0
         if calibration_runs:
-            cal = calibrate_runs(calibration_runs, base, build, fit_all=True)
+            cal = calibrate_runs(calibration_runs, base, build, fit_all=True,
+                                 scaled=scaled if args.fit_prefill else None)
             if args.setup == "distserve-c21d11" and not args.host_overhead_ms:
                 # the host costs on the prefill instance too, fitted the same way: the lower loss is kept
                 both = _published_builder(args.setup, args.profile, data, 0.0, prefill_host=True)
-                cal_both = calibrate_runs(calibration_runs, base, both, fit_all=True)
+                cal_both = calibrate_runs(calibration_runs, base, both(1.0), fit_all=True,
+                                          scaled=both if args.fit_prefill else None)
                 print(f"host costs on the decode instance: loss a request {cal.fit.loss:.4f}; on both instances: "
                       f"{cal_both.fit.loss:.4f}; kept: {'both' if cal_both.fit.loss < cal.fit.loss else 'decode'}")
                 if cal_both.fit.loss < cal.fit.loss:
-                    cal, build = cal_both, both
+                    cal, scaled = cal_both, both
+            prefill_scale = cal.fit.prefill_scale
+            build = scaled(prefill_scale)
             host = (cal.fit.step_s, cal.fit.per_seq_s, cal.fit.request_overhead_s)
             print(f"calibration of the {args.profile} profile's host costs on {len(args.calibrate_on)} runs")
             print_calibration(cal)
@@ -264,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             row = compare(run, args.setup, label, data, args.host_overhead_ms / 1e3, host, build)
             row["host_costs_ms"] = [host[0] * 1e3, host[1] * 1e3]
             row["request_overhead_ms"] = host[2] * 1e3
+            row["prefill_scale"] = prefill_scale
             row["targets_met"] = targets_met(row)
             if run.name in consistency:
                 row["decode_speed_vs_other_runs"] = consistency[run.name]

@@ -231,3 +231,56 @@ def test_validate_published_calibrates_a_custom_setup_then_replays(logs: tuple[P
     bad = _benchmark("--setup", "vllm", "--profile", "fitted", "--kv-blocks", "5", "--json", str(out), str(runs[2]),
                      "--data", str(tmp_path))
     assert bad.returncode == 2 and "--kv-blocks is for --setup custom" in bad.stderr
+
+
+# a server whose prompts cost 0.7 of what the base profile says, a token: the prefill price a roofline's
+# efficiency or an idle engine's fit gets wrong by a share, which no host cost or request overhead repairs
+LONG = CostProfile("long-prompts", 0.004, 6e-5, 3e-4, 1e-6)  # a 1,000-token prompt: 64 ms
+TRUE_PREFILL_SCALE = 0.7
+
+
+def _prefill_run(rate_rps: float, n: int, seed: int) -> Run:
+    rng = np.random.default_rng(seed)
+    starts = np.concatenate([[0.0], np.cumsum(rng.exponential(1 / rate_rps, n - 1))])
+    run = Run(f"pf-{rate_rps:g}", starts, rng.integers(16, 1200, n), rng.integers(8, 60, n), np.zeros(n), np.zeros(n))
+    served = LONG.with_prefill_scale(TRUE_PREFILL_SCALE).with_host_costs(TRUE_STEP_S, TRUE_PER_SEQ_S)
+    engine = ModeledEngine(served, kv_blocks=4096, max_num_seqs=32, max_batched_tokens=2048, scheduler="chunked")
+    ttft, tpot = simulated_times_ms(simulate_records(specs_of(run), engine, SimOptions(request_overhead_s=TRUE_OVERHEAD_S)))
+    noise = rng.lognormal(0.0, 0.05, (2, n))
+    return Run(run.name, starts, run.prompt_len, run.output_len, ttft * noise[0], tpot * noise[1])
+
+
+def test_the_prefill_price_is_fitted_beside_the_host_costs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Fitted with `--fit-prefill`, the scale comes back within 3 of its sd (the TTFT deciles are matched within
+    each third of the prompts by length, so a constant and a share of the prompt are told apart), and the
+    written profile prices a prompt at that scale."""
+    base = tmp_path / "long.json"
+    base.write_text(LONG.to_json())
+    paths = [_write_shared(_prefill_run(rate, 100, seed), tmp_path / f"pf-{rate:g}.jsonl")
+             for rate, seed in ((6.0, 1), (12.0, 2))]
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "--from-runs", *map(str, paths), "--profile", str(base), "-o", str(out), "--fit-all",
+                 "--fit-prefill", "--bootstrap", "30", "--kv-blocks", "4096", "--max-num-seqs", "32",
+                 "--max-batched-tokens", "2048", "--scheduler", "chunked"]) == 0
+    assert "prefill price" in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    fit = doc["provenance"]["calibrated_from_runs"]
+    assert 0 < fit["prefill_scale_sd"] < 0.1
+    assert abs(fit["prefill_scale"] - TRUE_PREFILL_SCALE) <= max(3 * fit["prefill_scale_sd"], 0.05), fit
+    assert doc["per_prefill_token_s"] == pytest.approx(LONG.per_prefill_token_s * fit["prefill_scale"])
+    assert abs(fit["request_overhead_s"] - TRUE_OVERHEAD_S) < 0.004
+
+
+def test_a_prefill_scale_moves_prompts_only() -> None:
+    fit = CostProfile.load("distserve:" + str(SHARED.parent / "profiler-a100-80g.vllm.json") + "@facebook/opt-13b/tp1") \
+        if SHARED.is_dir() else None
+    for prof in (LONG, *(() if fit is None else (fit,))):
+        half = prof.with_prefill_scale(0.5)
+        assert half.step_s(0, 8, 8000) == prof.step_s(0, 8, 8000)  # a decode step is as it was
+        fixed = prof.step_s(1, 0, 1, 1)
+        # a prompt's cost over the fixed one halves (bar the KV reads of its context a linear profile adds)
+        ratio = (half.step_s(1000, 0, 1000, 500500) - fixed) / (prof.step_s(1000, 0, 1000, 500500) - fixed)
+        assert 0.49 < ratio < 0.53
+        assert prof.with_prefill_scale(1.0) is prof
+    with pytest.raises(Exception, match="prefill scale"):
+        LONG.with_prefill_scale(0.0)

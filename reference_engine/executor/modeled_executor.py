@@ -19,6 +19,7 @@ so runs repeat exactly; EOS is never produced unless `eos_probability` > 0, nor 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable
 from collections.abc import Sequence as SequenceABC
 from dataclasses import asdict, dataclass, field, replace
@@ -135,6 +136,22 @@ class CostProfile:
         """Every coefficient times `factor` (a slower or faster device of the same shape)."""
         return replace(self, **{k: getattr(self, k) * factor for k in _COEFFICIENTS},
                        phases=None if self.phases is None else self.phases.scaled(factor))
+
+    def with_prefill_scale(self, factor: float) -> CostProfile:
+        """A prompt's price per token times `factor`, its step's fixed cost as it was: a phase fit's prefill
+        token and squared-token terms, a linear profile's per prompt token, a roofline's compute terms (dense
+        FLOPs a token and attention a pair: what bounds a prefill; a decode step is bound by its reads)."""
+        if not 0 < factor < math.inf:
+            raise ConfigError("prefill scale", factor, "must be a number > 0")
+        if factor == 1:
+            return self
+        phases = self.phases
+        if phases is not None:
+            a, b, c = phases.prefill
+            phases = replace(phases, prefill=(a, b * factor, c * factor))
+        return replace(self, per_prefill_token_s=self.per_prefill_token_s * factor,
+                       compute_per_token_s=self.compute_per_token_s * factor,
+                       attention_per_pair_s=self.attention_per_pair_s * factor, phases=phases)
 
     def with_host_costs(self, step_s: float, per_seq_s: float) -> CostProfile:
         """The serving loop's host work set to `step_s` a step plus `per_seq_s` per sequence sampling a token."""

@@ -186,7 +186,8 @@ def _write(out: Any, profile: CostProfile, flag: str) -> None:
 async def calibrate_main(args: argparse.Namespace) -> int:
     if args.url is None:
         raise UsageError("give --url URL (probe a live endpoint) or --from-runs FILE... (fit on request logs)")
-    given_runs = [f for f in ("--columns", "--profile", "--scheduler", "--max-model-len", "--fit-all", "--bootstrap")
+    given_runs = [f for f in ("--columns", "--profile", "--scheduler", "--max-model-len", "--fit-all", "--fit-prefill",
+                              "--bootstrap")
                   if getattr(args, f[2:].replace("-", "_")) not in (None, False)]
     if given_runs:
         raise UsageError(f"{given_runs[0]} applies only with --from-runs")
@@ -294,6 +295,9 @@ def runs_arguments(c: argparse.ArgumentParser) -> None:
     g.add_argument("--no-prefix-caching", action="store_true", default=None, help="the served engine had it off")
     g.add_argument("--fit-all", action="store_true", default=None,
                    help="fit on every run (default: on the lower-rate half, the error printed on the rest)")
+    g.add_argument("--fit-prefill", action="store_true", default=None,
+                   help="also fit the base profile's prefill price: a scale on its per-token terms (each scale "
+                        "tried costs a host fit; about 5 are tried)")
     g.add_argument("--bootstrap", type=int, default=None, metavar="N",
                    help="bootstrap resamples of the requests for the uncertainty (default 200)")
 
@@ -330,7 +334,9 @@ def from_runs_main(args: argparse.Namespace) -> int:
     print(f"calibrating the host costs of {base.name} on {len(runs)} run(s), {sum(len(r.start_s) for r in runs)} "
           f"requests, replayed on the simulated engine ({', '.join(f'{k}={v}' for k, v in used.items())})", flush=True)
     cal = calibrate_runs(runs, base, colocated_builder(base, engine), fit_all=bool(args.fit_all) or len(runs) < 2,
-                         bootstrap=args.bootstrap or 200)
+                         bootstrap=args.bootstrap or 200,
+                         scaled=(lambda s: colocated_builder(base.with_prefill_scale(s), engine)) if args.fit_prefill
+                         else None)
     print_calibration(cal)
     prof = calibrated_profile(base, cal, args.from_runs, used, columns.text if columns else None)
     try:

@@ -137,42 +137,45 @@ FleetBuilder = Callable[[HostCosts], tuple[ModeledEngine, SimOptions]]
 
 
 def cost_profile(kind: str, system: str, tp: int, data_dir: Path, host_overhead_s: float = 0.0,
-                 host: HostCosts = NO_HOST) -> CostProfile:
+                 host: HostCosts = NO_HOST, prefill_scale: float = 1.0) -> CostProfile:
     """`fitted`: DistServe's fit for the system's engine at `tp` (the `vllm` file for vLLM, the `distserve`
     file for DistServe's instances); `roofline`: the A100's and OPT-13B's specifications alone; anything else,
     a profile file (`CostProfile.load`). Every step `host_overhead_s` longer (0: the profile as it is; a
-    diagnosis, not part of either profile); `host`: the serving loop's host costs (calibrated, or the file's)."""
+    diagnosis, not part of either profile); `host`: the serving loop's host costs (calibrated, or the file's);
+    `prefill_scale`: the prompts' price per token times it (`CostProfile.with_prefill_scale`, calibrated)."""
     if kind == "fitted":
         prof = CostProfile.load(f"distserve:{data_dir / f'profiler-a100-80g.{system}.json'}@{HF_MODEL}/tp{tp}")
     elif kind == "roofline":
         prof = roofline(opt13b(data_dir), GPU, tp)
     else:
         prof = CostProfile.load(kind)
-    prof = prof.with_step_overhead(host_overhead_s)
+    prof = prof.with_step_overhead(host_overhead_s).with_prefill_scale(prefill_scale)
     return prof.with_host_costs(host[0], host[1]) if host[:2] != NO_HOST[:2] else prof
 
 
 def setup_fleet(setup: str, profile: str, data_dir: Path, host_overhead_s: float = 0.0,
-                host: HostCosts = NO_HOST, prefill_host: bool = False) -> tuple[ModeledEngine, SimOptions]:
+                host: HostCosts = NO_HOST, prefill_host: bool = False, prefill_scale: float = 1.0
+                ) -> tuple[ModeledEngine, SimOptions]:
     """The engine (and fleet) each system ran, from its server flags (the data's README), with the `host`
     costs. DistServe's go on its decode instance, and on its prefill instance too with `prefill_host`: which
     of the two a profile needs is the calibration's to find (`benchmarks/validate_published.py` fits both and
     keeps the better). With DistServe's own fit the prefill instance needs none: its measured TTFT carries no
     cost that grows with the prefill queue (the same step cost there put TTFT p50 from 4% low at 3 req/s to
     12% high at 12), and a request's fixed cost is the request overhead. DistServe's decode instance admits as
-    its decoding-stage scheduler does (`decode_admission="distserve"`)."""
+    its decoding-stage scheduler does (`decode_admission="distserve"`). `prefill_scale`: every instance's
+    prompts priced that many times the profile's, per token."""
     model = opt13b(data_dir)
     extra = host_overhead_s
     limits: dict[str, Any] = {"block_size": BLOCK_SIZE, "max_model_len": model.max_positions or 2048,
                               "enable_prefix_caching": False, "scheduler": "vllm-v0"}
     if setup == "vllm":
-        engine = ModeledEngine(cost_profile(profile, "vllm", 1, data_dir, extra, host), kv_blocks=vllm_blocks(model),
+        engine = ModeledEngine(cost_profile(profile, "vllm", 1, data_dir, extra, host, prefill_scale), kv_blocks=vllm_blocks(model),
                                max_num_seqs=1024, max_batched_tokens=16384, name="vllm", **limits)
         return engine, SimOptions(request_overhead_s=host[2])
     if setup == "distserve-c21d11":
-        prefill = ModeledEngine(cost_profile(profile, "distserve", 2, data_dir, extra, host if prefill_host else NO_HOST), kv_blocks=kv_blocks(model, 2, "distserve"),
+        prefill = ModeledEngine(cost_profile(profile, "distserve", 2, data_dir, extra, host if prefill_host else NO_HOST, prefill_scale), kv_blocks=kv_blocks(model, 2, "distserve"),
                                 max_num_seqs=128, max_batched_tokens=8192, name="distserve-prefill", **limits)
-        decode = ModeledEngine(cost_profile(profile, "distserve", 1, data_dir, extra, host), kv_blocks=kv_blocks(model, 1, "distserve"),
+        decode = ModeledEngine(cost_profile(profile, "distserve", 1, data_dir, extra, host, prefill_scale), kv_blocks=kv_blocks(model, 1, "distserve"),
                                max_num_seqs=1024, max_batched_tokens=65536, name="distserve-decode", **limits)
         link = KVLink(get_gpu(GPU).link_gb_s * 1e9, 0.0)  # NVLink between the instances' GPUs, one way
         fleet = DisaggFleet(prefill=1, decode=1, link=link, bytes_per_token=model.kv_bytes_per_token,

@@ -21,6 +21,7 @@ from slobench.profiles.from_runs import (
     HostFit,
     decode_step_scale_s,
     fit_host_costs,
+    fit_with_prefill_scale,
     fleet_replayer,
     run_errors,
     split_by_rate,
@@ -38,12 +39,19 @@ class RunsCalibration:
 
 
 def calibrate_runs(runs: Sequence[Run], base: CostProfile, build: FleetBuilder, *, fit_all: bool = False,
-                   bootstrap: int = 200, seed: int = 0) -> RunsCalibration:
-    """Fit `base`'s host costs on `runs` (or their lower-rate half) replayed on `build`'s fleet."""
+                   bootstrap: int = 200, seed: int = 0, scaled: Callable[[float], FleetBuilder] | None = None
+                   ) -> RunsCalibration:
+    """Fit `base`'s host costs on `runs` (or their lower-rate half) replayed on `build`'s fleet; with `scaled`
+    (a prefill scale -> the fleet with the base's prefill price times it), the prefill scale too."""
     fit_runs, held = (list(runs), []) if fit_all else split_by_rate(runs)
     replay = fleet_replayer(build, seed)
+    plan = FitPlan(decode_step_scale_s(base, fit_runs), bootstrap=bootstrap, seed=seed)
     t0 = time.perf_counter()
-    fit = fit_host_costs(fit_runs, replay, FitPlan(decode_step_scale_s(base, fit_runs), bootstrap=bootstrap, seed=seed))
+    if scaled is None:
+        fit = fit_host_costs(fit_runs, replay, plan)
+    else:
+        fit = fit_with_prefill_scale(fit_runs, lambda s: fleet_replayer(scaled(s), seed), plan)
+        replay = fleet_replayer(scaled(fit.prefill_scale), seed)
     fit_s = time.perf_counter() - t0
     rows = []
     for r in sorted(runs, key=lambda r: r.rate_rps):
@@ -70,6 +78,7 @@ def calibrated_profile(base: CostProfile, cal: RunsCalibration, inputs: Sequence
         "columns": columns, "engine": engine_flags,
         "host_step_s": f.step_s, "host_step_sd_s": f.step_sd_s, "host_per_seq_s": f.per_seq_s,
         "host_per_seq_sd_s": f.per_seq_sd_s, "request_overhead_s": f.request_overhead_s,
+        "prefill_scale": f.prefill_scale, "prefill_scale_sd": f.prefill_scale_sd,
         "request_overhead_sd_s": f.request_overhead_sd_s, "uncertainty": f"bootstrap over requests, {len(f.bootstrap)} resamples",
         "fit_runs": list(f.fit_runs), "held_out_runs": list(cal.held_out), "replays": f.num_replays,
         "loss_per_request": {"base": f.base_loss, "calibrated": f.loss},
@@ -79,7 +88,8 @@ def calibrated_profile(base: CostProfile, cal: RunsCalibration, inputs: Sequence
     prov = {**(base.provenance or {}), "calibrated_from_runs": section, "request_overhead_s": f.request_overhead_s}
     note = (f"{base.note + '; ' if base.note else ''}host costs fitted on {len(f.fit_runs)} measured runs "
             f"(slobench calibrate --from-runs)")
-    return replace(base.with_host_costs(f.step_s, f.per_seq_s), name=f"{base.name}+host", note=note, provenance=prov)
+    fitted = base.with_prefill_scale(f.prefill_scale).with_host_costs(f.step_s, f.per_seq_s)
+    return replace(fitted, name=f"{base.name}+host", note=note, provenance=prov)
 
 
 _COLS = (("ttft_mean", "TTFT mean"), ("ttft_p50", "p50"), ("ttft_p90", "p90"), ("tpot_mean", "TPOT mean"),
@@ -94,6 +104,9 @@ def print_calibration(cal: RunsCalibration, write: Callable[[str], None] = print
           "a token in the step)")
     write(f"  request         {f.request_overhead_s * 1e3:8.2f} ms  +- {f.request_overhead_sd_s * 1e3:.2f} (sd; each "
           "request, outside the steps: every time after the send)")
+    if f.prefill_losses:
+        write(f"  prefill price   {f.prefill_scale:8.3f} x the base's  +- {f.prefill_scale_sd:.3f} (sd; its per-token "
+              "terms; loss at each scale tried: " + ", ".join(f"{a:g}: {b:.4f}" for a, b in f.prefill_losses) + ")")
     write(f"  loss a request  {f.base_loss:.4f} with the base profile, {f.loss:.4f} calibrated "
           f"(squared log ratios: each request's TPOT, each run's TTFT deciles; sd over {len(f.bootstrap)} bootstrap "
           "resamples of the requests)")

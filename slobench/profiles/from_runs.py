@@ -83,6 +83,11 @@ class HostFit:
     num_replays: int
     fit_runs: tuple[str, ...]
     bootstrap: tuple[tuple[float, float], ...] = field(default=(), repr=False)
+    # the base profile's prefill price times this (fitted with `fit_with_prefill_scale`; else 1), its sd, and
+    # the loss at each scale tried
+    prefill_scale: float = 1.0
+    prefill_scale_sd: float = 0.0
+    prefill_losses: tuple[tuple[float, float], ...] = field(default=(), repr=False)
 
 
 def _clipped_sq_log(sim: np.ndarray, meas: np.ndarray) -> np.ndarray:
@@ -102,16 +107,32 @@ def tpot_loss(run: Run, tpot_sim_ms: np.ndarray) -> np.ndarray:
 DECILES = np.arange(10, 100, 10)
 
 
-def ttft_losses(meas_ms: np.ndarray, sim_ms: np.ndarray, overheads_ms: np.ndarray) -> np.ndarray:
+def ttft_losses(meas_ms: np.ndarray, sim_ms: np.ndarray, overheads_ms: np.ndarray,
+                prompt_len: np.ndarray | None = None) -> np.ndarray:
     """For each request overhead (ms), the clipped squared log ratios of a run's TTFT deciles (simulated plus
     the overhead, against measured), their mean. A request's own TTFT is a few steps and moves with where its
-    arrival falls in a step, so it is matched in distribution, not request by request."""
+    arrival falls in a step, so it is matched in distribution, not request by request. With `prompt_len`, the
+    deciles are taken within each third of the prompts by length and the thirds' losses averaged: a constant
+    (the overhead) and a share of the prompt (the prefill's price) then move the thirds differently."""
     ok = np.isfinite(meas_ms) & (meas_ms > 0)
     if not ok.any():
         return np.zeros(len(overheads_ms))
-    sim = np.percentile(np.where(np.isfinite(sim_ms[ok]), sim_ms[ok], np.inf), DECILES)
-    meas = np.percentile(meas_ms[ok], DECILES)
-    return _clipped_sq_log(sim[None, :] + overheads_ms[:, None], meas[None, :]).mean(axis=1)
+    groups = [ok]
+    if prompt_len is not None and ok.sum() >= PROMPT_THIRDS * MIN_PER_THIRD:
+        edges = np.percentile(prompt_len[ok], [100 / 3, 200 / 3])
+        third = np.searchsorted(edges, prompt_len, side="right")
+        groups = [ok & (third == k) for k in range(PROMPT_THIRDS)]
+        groups = [g for g in groups if g.sum() >= MIN_PER_THIRD] or [ok]
+    out = np.zeros(len(overheads_ms))
+    for g in groups:
+        sim = np.percentile(np.where(np.isfinite(sim_ms[g]), sim_ms[g], np.inf), DECILES)
+        meas = np.percentile(meas_ms[g], DECILES)
+        out += _clipped_sq_log(sim[None, :] + overheads_ms[:, None], meas[None, :]).mean(axis=1)
+    return out / len(groups)
+
+
+PROMPT_THIRDS = 3
+MIN_PER_THIRD = 30  # requests a third needs for its deciles; fewer, and the run's TTFT is matched whole
 
 
 OVERHEAD_STEP_MS = 0.25
@@ -156,7 +177,7 @@ class _Losses:
         tp, tt = self.at[k]
         offsets = np.cumsum([0, *(len(r.start_s) for r in self.runs[:-1])])
         tpot = np.concatenate([tp[o + i] for o, i in zip(offsets, pick, strict=True)]).mean()
-        ttft = np.mean([ttft_losses(r.ttft_ms[i], s[i], self.overheads_ms)
+        ttft = np.mean([ttft_losses(r.ttft_ms[i], s[i], self.overheads_ms, r.prompt_len[i])
                         for r, s, i in zip(self.runs, tt, pick, strict=True)], axis=0)
         best = int(np.argmin(ttft)) if free else 0
         return float(tpot + ttft[best]), float(self.overheads_ms[best]) / 1e3
@@ -184,10 +205,20 @@ def _quadratic_min(points: list[tuple[float, float]], values: np.ndarray, sx: fl
     return x, y
 
 
-def fit_host_costs(runs: Sequence[Run], replay: Replayer, plan: FitPlan) -> HostFit:
-    """Host step and per-sequence costs that best replay `runs` (see the module's docstring)."""
-    if not runs:
-        raise SpecError("calibration", "no runs", "needs at least one run to fit on")
+@dataclass(slots=True)
+class _Search:
+    """One pattern search's result: the estimate, the points near it (and their spacing), the losses."""
+
+    loss: _Losses
+    pts: list[tuple[float, float]]
+    sx: float
+    sy: float
+    step_s: float
+    per_seq_s: float
+
+
+def _search(runs: Sequence[Run], replay: Replayer, plan: FitPlan) -> _Search:
+    """The coarse grid, then the pattern search and the quadratic surface's minimum."""
     loss = _Losses(runs, replay)
     xs = [g * plan.scale_s for g in plan.step_grid]
     ys = [g * plan.scale_s for g in plan.per_seq_grid]
@@ -209,7 +240,14 @@ def fit_host_costs(runs: Sequence[Run], replay: Replayer, plan: FitPlan) -> Host
     pts = list(dict.fromkeys(loss.key(x, y) for x, y in near))
     sx, sy = dx * 2, dy * 2
     step_s, per_seq_s = _quadratic_min(pts, np.array([loss.total(k, loss.every) for k in pts]), sx, sy)
-    at = loss.key(step_s, per_seq_s)
+    return _Search(loss, pts, sx, sy, step_s, per_seq_s)
+
+
+def _host_fit(runs: Sequence[Run], found: _Search, plan: FitPlan, prefill: tuple[float, float, tuple[tuple[float, float], ...]]
+              = (1.0, 0.0, ())) -> HostFit:
+    """The estimate with its bootstrap uncertainty (see the module's docstring)."""
+    loss, pts, sx, sy = found.loss, found.pts, found.sx, found.sy
+    at = loss.key(found.step_s, found.per_seq_s)
     overhead_s = loss.with_overhead(at, loss.every)[1]
     rng = np.random.default_rng(plan.seed)
     draws, overheads = [], []
@@ -221,8 +259,75 @@ def fit_host_costs(runs: Sequence[Run], replay: Replayer, plan: FitPlan) -> Host
     res = np.array([sx, sy]) * 2 / math.sqrt(12)  # the last spacing's resolution
     sd = np.sqrt(boot.std(axis=0) ** 2 + res ** 2)
     overhead_sd_s = math.hypot(float(np.std(overheads)), OVERHEAD_STEP_MS / 1e3 / math.sqrt(12))
-    return HostFit(step_s, per_seq_s, float(sd[0]), float(sd[1]), overhead_s, overhead_sd_s, loss(step_s, per_seq_s),
-                   loss.with_overhead(loss.key(0.0, 0.0), loss.every, free=False)[0], len(loss.at), tuple(r.name for r in runs), tuple(map(tuple, boot.tolist())))
+    return HostFit(found.step_s, found.per_seq_s, float(sd[0]), float(sd[1]), overhead_s, overhead_sd_s,
+                   loss(found.step_s, found.per_seq_s),
+                   loss.with_overhead(loss.key(0.0, 0.0), loss.every, free=False)[0], len(loss.at),
+                   tuple(r.name for r in runs), tuple(map(tuple, boot.tolist())), *prefill)
+
+
+def fit_host_costs(runs: Sequence[Run], replay: Replayer, plan: FitPlan) -> HostFit:
+    """Host step and per-sequence costs that best replay `runs` (see the module's docstring)."""
+    if not runs:
+        raise SpecError("calibration", "no runs", "needs at least one run to fit on")
+    return _host_fit(runs, _search(runs, replay, plan), plan)
+
+
+# the prefill scales tried first, the step they move by, and the bounds of the search
+PREFILL_START, PREFILL_STEP, PREFILL_BOUNDS = 1.0, 0.1, (0.4, 2.0)
+
+
+def fit_with_prefill_scale(runs: Sequence[Run], replay_at: Callable[[float], Replayer], plan: FitPlan) -> HostFit:
+    """The host costs and the scale of the base profile's prefill price (its per-token terms) that best
+    replay `runs`: each scale tried gets its own host fit, from the grid (a search started at a nearby scale's
+    estimate stops in the trade the host costs and the overhead make with the prefill price); the scale moves by PREFILL_STEP downhill, then by half that around the best; the vertex
+    of a parabola through the best three (to 0.01) is tried too, and the estimate is the scale of lowest loss.
+    Its uncertainty: the vertex's spread over bootstrap resamples of the requests (each scale's loss at its own
+    estimate), with the 0.01 resolution added."""
+    if not runs:
+        raise SpecError("calibration", "no runs", "needs at least one run to fit on")
+    tried: dict[float, _Search] = {}
+
+    def at(scale: float) -> float:
+        scale = round(min(max(scale, PREFILL_BOUNDS[0]), PREFILL_BOUNDS[1]), 6)
+        if scale not in tried:
+            tried[scale] = _search(runs, replay_at(scale), plan)
+        f = tried[scale]
+        return f.loss(f.step_s, f.per_seq_s)
+
+    best = PREFILL_START
+    for direction in (-1, 1):  # downhill in whichever direction is
+        while at(best + direction * PREFILL_STEP) < at(best) and PREFILL_BOUNDS[0] < best + direction * PREFILL_STEP < PREFILL_BOUNDS[1]:
+            best = round(best + direction * PREFILL_STEP, 6)
+    for d in (-PREFILL_STEP / 2, PREFILL_STEP / 2):
+        at(best + d)
+    order = sorted(tried, key=lambda s: at(s))[:3]
+    at(round(_parabola_min(order, [at(s) for s in order]), 2))  # the parabola's vertex, tried itself
+    chosen = min(tried, key=at)
+    found = tried[chosen]
+    rng = np.random.default_rng(plan.seed)
+    draws = []
+    for _ in range(plan.bootstrap):
+        picks = [rng.choice(e, len(e)) for e in found.loss.every]
+        losses = [tried[s].loss.total(tried[s].loss.key(tried[s].step_s, tried[s].per_seq_s), picks) for s in order]
+        draws.append(_parabola_min(order, losses))
+    sd = math.hypot(float(np.std(draws)), 0.01 / math.sqrt(12))  # (the vertex is tried to 0.01)
+    curve = tuple(sorted((s, at(s)) for s in tried))
+    unscaled = tried[PREFILL_START].loss  # the base as it is: no host costs, its own prefill price
+    base_loss = unscaled.with_overhead(unscaled.key(0.0, 0.0), unscaled.every, free=False)[0]
+    return replace(_host_fit(runs, found, plan, (chosen, sd, curve)), base_loss=base_loss,
+                   num_replays=sum(len(t.loss.at) for t in tried.values()))
+
+
+def _parabola_min(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """The vertex of the parabola through three points, kept within them; the lowest point when it opens down."""
+    x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    lowest = float(x[int(np.argmin(y))])
+    if len(x) < 3:
+        return lowest
+    a, b, _ = np.polyfit(x, y, 2)
+    if a <= 0:
+        return lowest
+    return float(np.clip(-b / (2 * a), x.min(), x.max()))
 
 
 def split_by_rate(runs: Sequence[Run]) -> tuple[list[Run], list[Run]]:
