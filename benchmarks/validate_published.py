@@ -294,9 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{met} of {len(rows)} runs meet every target")
     if args.setup != "custom" and not args.host_overhead_ms:  # the headline: fitted profiles, as they are
         key = "vllm" if args.setup == "vllm" else "distserve"
+        differ = {"vllm_runs_differ": sum(c["differs"] for c in consistency.values())} if consistency else {}
         if args.profile == "fitted" and host == NO_HOST:
             write_result("validate_published", {f"{key}_within_3": sum(r["targets_met"]["attainment"] for r in rows),
-                                                f"{key}_runs": len(rows)}, part=True)
+                                                f"{key}_runs": len(rows), **differ}, part=True)
         elif args.profile == "fitted":
             write_result("validate_published", {
                 f"{key}_calibrated_within_3": sum(r["targets_met"]["attainment"] for r in rows),

@@ -284,3 +284,21 @@ def test_a_prefill_scale_moves_prompts_only() -> None:
         assert prof.with_prefill_scale(1.0) is prof
     with pytest.raises(Exception, match="prefill scale"):
         LONG.with_prefill_scale(0.0)
+
+
+def test_validate_published_fits_the_prefill_price_and_checks_the_runs_first(tmp_path: Path) -> None:
+    base = tmp_path / "long.json"
+    base.write_text(LONG.to_json())
+    fit = [str(_write_shared(_prefill_run(rate, 100, seed), tmp_path / f"pf-{rate:g}.jsonl"))
+           for rate, seed in ((6.0, 1), (12.0, 2))]
+    held = str(_write_shared(_prefill_run(9.0, 100, 3), tmp_path / "pf-9.jsonl"))
+    out = tmp_path / "o.json"
+    done = _benchmark("--setup", "custom", "--profile", str(base), "--max-num-seqs", "32", "--kv-blocks", "4096",
+                      "--max-batched-tokens", "2048", "--fit-prefill", "--calibrate-on", *fit, "--json", str(out), held)
+    assert done.returncode == 0, done.stderr
+    assert "runs against each other" in done.stdout and "<- differs" not in done.stdout  # one server: they agree
+    (row,) = json.loads(out.read_text())
+    assert abs(row["prefill_scale"] - TRUE_PREFILL_SCALE) <= 0.05
+    assert abs(row["decode_speed_vs_other_runs"]["offset_pct"]) < 5
+    for stat in ("ttft_mean_ms", "tpot_mean_ms"):  # the held-out run, replayed at the fitted price
+        assert abs(row["simulated"][stat] / row["measured"][stat] - 1) < 0.10, stat
