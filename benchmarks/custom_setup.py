@@ -13,7 +13,7 @@ from reference_engine.executor.modeled_executor import CostProfile
 from slobench.errors import SpecError
 from slobench.fleet.published import FleetBuilder
 from slobench.fleet.simulate import ModeledEngine
-from slobench.profiles.from_runs import colocated_builder
+from slobench.profiles.from_runs import scaled_colocated
 from slobench.profiles.roofline import kv_capacity_tokens, roofline
 from slobench.profiles.specs import model_from_hf_config
 
@@ -42,9 +42,9 @@ def custom_flags_given(args: argparse.Namespace) -> list[str]:
     return [flag for flag, name in _FLAGS.items() if getattr(args, name) is not None]
 
 
-def custom_builder(args: argparse.Namespace) -> tuple[CostProfile, Callable[[float], FleetBuilder]]:
-    """The base profile and the fleet builder of `--setup custom` at a prefill scale (1: the profile as it is;
-    bad values: SpecError naming the flag)."""
+def custom_builder(args: argparse.Namespace) -> tuple[CostProfile, Callable[[float, float], FleetBuilder]]:
+    """The base profile and the fleet builder of `--setup custom` at a prefill scale and a KV blocks scale
+    (1, 1: the profile and the flags as they are; bad values: SpecError naming the flag)."""
     tp = 1 if args.tp is None else args.tp
     if tp < 1:
         raise SpecError("--tp", tp, "must be an integer >= 1")
@@ -67,4 +67,4 @@ def custom_builder(args: argparse.Namespace) -> tuple[CostProfile, Callable[[flo
     if knobs["max_model_len"] is None and model is not None and model.max_positions:
         knobs["max_model_len"] = model.max_positions
     engine = ModeledEngine(base, name="custom", **{k: v for k, v in knobs.items() if v is not None})
-    return base, lambda scale: colocated_builder(base.with_prefill_scale(scale), engine)
+    return base, scaled_colocated(base, engine)

@@ -172,9 +172,10 @@ def gap_table(rows: list[dict[str, Any]]) -> str:
 
 
 def _published_builder(setup: str, profile: str, data: Path, overhead_s: float, prefill_host: bool = False
-                       ) -> Callable[[float], FleetBuilder]:
-    """The setup's fleet at a prefill scale, with the host costs asked for."""
-    return lambda scale: lambda host: setup_fleet(setup, profile, data, overhead_s, host, prefill_host, scale)
+                       ) -> Callable[[float, float], FleetBuilder]:
+    """The setup's fleet at a prefill scale and a KV blocks scale, with the host costs asked for."""
+    return lambda prefill, kv: lambda host: setup_fleet(setup, profile, data, overhead_s, host, prefill_host, prefill,
+                                                        kv)
 
 
 def _consistency(args: argparse.Namespace, runs: list[Run], calibration_runs: list[Run], base: CostProfile
@@ -214,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fit-prefill", action="store_true",
                    help="with --calibrate-on: fit the profile's prefill price (a scale on its per-token terms) "
                         "beside the host costs")
+    p.add_argument("--fit-kv", action="store_true",
+                   help="with --calibrate-on: fit the served engine's KV blocks too (a scale on the setup's)")
     p.add_argument("--gaps", action="store_true",
                    help="also each run's TPOT gap (measured - simulated) by answer length: whether what the "
                         "simulator misses is paid every step or once a request")
@@ -247,23 +250,23 @@ def main(argv: list[str] | None = None) -> int:
             system = "vllm" if args.setup == "vllm" else "distserve"
             base = cost_profile(args.profile, system, 1, data)
             scaled = _published_builder(args.setup, args.profile, data, args.host_overhead_ms / 1e3)
-        build = scaled(1.0)
+        build = scaled(1.0, 1.0)
         consistency = _consistency(args, runs, calibration_runs, base)
-        host, prefill_scale = NO_HOST, 1.0
+        host, prefill_scale, kv_scale = NO_HOST, 1.0, 1.0
         if calibration_runs:
-            cal = calibrate_runs(calibration_runs, base, build, fit_all=True,
-                                 scaled=scaled if args.fit_prefill else None)
+            cal = calibrate_runs(calibration_runs, base, build, fit_all=True, scaled=scaled,
+                                 fit_prefill=args.fit_prefill, fit_kv=args.fit_kv)
             if args.setup == "distserve-c21d11" and not args.host_overhead_ms:
                 # the host costs on the prefill instance too, fitted the same way: the lower loss is kept
                 both = _published_builder(args.setup, args.profile, data, 0.0, prefill_host=True)
-                cal_both = calibrate_runs(calibration_runs, base, both(1.0), fit_all=True,
-                                          scaled=both if args.fit_prefill else None)
+                cal_both = calibrate_runs(calibration_runs, base, both(1.0, 1.0), fit_all=True, scaled=both,
+                                          fit_prefill=args.fit_prefill, fit_kv=args.fit_kv)
                 print(f"host costs on the decode instance: loss a request {cal.fit.loss:.4f}; on both instances: "
                       f"{cal_both.fit.loss:.4f}; kept: {'both' if cal_both.fit.loss < cal.fit.loss else 'decode'}")
                 if cal_both.fit.loss < cal.fit.loss:
                     cal, scaled = cal_both, both
-            prefill_scale = cal.fit.prefill_scale
-            build = scaled(prefill_scale)
+            prefill_scale, kv_scale = cal.fit.prefill_scale, cal.fit.kv_scale
+            build = scaled(prefill_scale, kv_scale)
             host = (cal.fit.step_s, cal.fit.per_seq_s, cal.fit.request_overhead_s)
             print(f"calibration of the {args.profile} profile's host costs on {len(args.calibrate_on)} runs")
             print_calibration(cal)
@@ -275,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             row["host_costs_ms"] = [host[0] * 1e3, host[1] * 1e3]
             row["request_overhead_ms"] = host[2] * 1e3
             row["prefill_scale"] = prefill_scale
+            row["kv_blocks_scale"] = kv_scale
             row["targets_met"] = targets_met(row)
             if run.name in consistency:
                 row["decode_speed_vs_other_runs"] = consistency[run.name]

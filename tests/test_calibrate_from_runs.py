@@ -302,3 +302,36 @@ def test_validate_published_fits_the_prefill_price_and_checks_the_runs_first(tmp
     assert abs(row["decode_speed_vs_other_runs"]["offset_pct"]) < 5
     for stat in ("ttft_mean_ms", "tpot_mean_ms"):  # the held-out run, replayed at the fitted price
         assert abs(row["simulated"][stat] / row["measured"][stat] - 1) < 0.10, stat
+
+
+TRUE_KV_BLOCKS, FLAG_KV_BLOCKS = 280, 400  # the cache the server had, and what its flags say
+
+
+def _kv_run(rate_rps: float, n: int, seed: int) -> Run:
+    rng = np.random.default_rng(seed)
+    starts = np.concatenate([[0.0], np.cumsum(rng.exponential(1 / rate_rps, n - 1))])
+    run = Run(f"kv-{rate_rps:g}", starts, rng.integers(16, 400, n), rng.integers(20, 160, n), np.zeros(n), np.zeros(n))
+    engine = ModeledEngine(BASE.with_host_costs(TRUE_STEP_S, TRUE_PER_SEQ_S), kv_blocks=TRUE_KV_BLOCKS, max_num_seqs=32,
+                           max_batched_tokens=1024, scheduler="chunked")
+    ttft, tpot = simulated_times_ms(simulate_records(specs_of(run), engine, SimOptions()))
+    noise = rng.lognormal(0.0, 0.05, (2, n))
+    return Run(run.name, starts, run.prompt_len, run.output_len, ttft * noise[0], tpot * noise[1])
+
+
+def test_the_kv_cache_the_runs_show_is_fitted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Runs that reach the cache's limit show its size: fitted with `--fit-kv` on an engine whose flags say
+    400 blocks, the scale comes back near 280 / 400 and the served blocks are printed and recorded."""
+    base = tmp_path / "base.json"
+    base.write_text(BASE.to_json())
+    paths = [str(_write_shared(_kv_run(rate, 100, seed), tmp_path / f"kv-{rate:g}.jsonl"))
+             for rate, seed in ((15.0, 1), (30.0, 2))]
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "--from-runs", *paths, "--profile", str(base), "-o", str(out), "--fit-all", "--fit-kv",
+                 "--bootstrap", "20", "--kv-blocks", str(FLAG_KV_BLOCKS), "--max-num-seqs", "32",
+                 "--max-batched-tokens", "1024", "--scheduler", "chunked"]) == 0
+    text = capsys.readouterr().out
+    fit = json.loads(out.read_text())["provenance"]["calibrated_from_runs"]
+    true = TRUE_KV_BLOCKS / FLAG_KV_BLOCKS
+    assert abs(fit["kv_blocks_scale"] - true) <= max(3 * fit["kv_blocks_scale_sd"], 0.06), fit
+    assert fit["served_kv_blocks"] == round(FLAG_KV_BLOCKS * fit["kv_blocks_scale"])
+    assert f"--kv-blocks {fit['served_kv_blocks']}" in text and "KV blocks" in text

@@ -20,8 +20,13 @@ from slobench.load_setup import LoadSetup
 from slobench.profiles import GPUS, roofline
 from slobench.profiles.calibrate import ProbePlan, print_table, with_provenance
 from slobench.profiles.calibrate import calibrate as calibrate_endpoint
-from slobench.profiles.calibrate_runs import calibrate_runs, calibrated_profile, print_calibration
-from slobench.profiles.from_runs import colocated_builder
+from slobench.profiles.calibrate_runs import (
+    calibrate_runs,
+    calibrated_profile,
+    print_calibration,
+    scaled_kv_blocks,
+)
+from slobench.profiles.from_runs import colocated_builder, scaled_colocated
 from slobench.profiles.refine import EngineLimits, RefinePlan, print_refinement, refine_live, with_refinement
 from slobench.profiles.run_consistency import describe, run_speeds
 from slobench.profiles.run_logs import ColumnMap, read_log
@@ -187,7 +192,7 @@ async def calibrate_main(args: argparse.Namespace) -> int:
     if args.url is None:
         raise UsageError("give --url URL (probe a live endpoint) or --from-runs FILE... (fit on request logs)")
     given_runs = [f for f in ("--columns", "--profile", "--scheduler", "--max-model-len", "--fit-all", "--fit-prefill",
-                              "--bootstrap")
+                              "--fit-kv", "--bootstrap")
                   if getattr(args, f[2:].replace("-", "_")) not in (None, False)]
     if given_runs:
         raise UsageError(f"{given_runs[0]} applies only with --from-runs")
@@ -298,6 +303,9 @@ def runs_arguments(c: argparse.ArgumentParser) -> None:
     g.add_argument("--fit-prefill", action="store_true", default=None,
                    help="also fit the base profile's prefill price: a scale on its per-token terms (each scale "
                         "tried costs a host fit; about 5 are tried)")
+    g.add_argument("--fit-kv", action="store_true", default=None,
+                   help="also fit the served engine's KV blocks, as a scale on --kv-blocks (what its memory "
+                        "profiling left it; the runs past saturation show it); about 5 prefill searches")
     g.add_argument("--bootstrap", type=int, default=None, metavar="N",
                    help="bootstrap resamples of the requests for the uncertainty (default 200)")
 
@@ -334,9 +342,8 @@ def from_runs_main(args: argparse.Namespace) -> int:
     print(f"calibrating the host costs of {base.name} on {len(runs)} run(s), {sum(len(r.start_s) for r in runs)} "
           f"requests, replayed on the simulated engine ({', '.join(f'{k}={v}' for k, v in used.items())})", flush=True)
     cal = calibrate_runs(runs, base, colocated_builder(base, engine), fit_all=bool(args.fit_all) or len(runs) < 2,
-                         bootstrap=args.bootstrap or 200,
-                         scaled=(lambda s: colocated_builder(base.with_prefill_scale(s), engine)) if args.fit_prefill
-                         else None)
+                         bootstrap=args.bootstrap or 200, scaled=scaled_colocated(base, engine),
+                         fit_prefill=bool(args.fit_prefill), fit_kv=bool(args.fit_kv))
     print_calibration(cal)
     prof = calibrated_profile(base, cal, args.from_runs, used, columns.text if columns else None)
     try:
@@ -344,4 +351,8 @@ def from_runs_main(args: argparse.Namespace) -> int:
     except OSError as e:
         raise UsageError(f"-o {args.output}: cannot write: {e.strerror}") from e
     print(f"written: {out} (use it wherever a profile goes: --simulate --profile {out}, plan --profile {out})")
+    if cal.fit.kv_losses:
+        blocks = scaled_kv_blocks(engine.kv_blocks, cal.fit.kv_scale)
+        print(f"the served engine's KV cache, as the runs show it: {blocks} blocks of {engine.block_size} tokens "
+              f"(simulate that server with --kv-blocks {blocks})")
     return 0

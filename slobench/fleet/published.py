@@ -153,9 +153,13 @@ def cost_profile(kind: str, system: str, tp: int, data_dir: Path, host_overhead_
     return prof.with_host_costs(host[0], host[1]) if host[:2] != NO_HOST[:2] else prof
 
 
+def _scaled(blocks: int, scale: float) -> int:
+    return max(1, round(blocks * scale))
+
+
 def setup_fleet(setup: str, profile: str, data_dir: Path, host_overhead_s: float = 0.0,
-                host: HostCosts = NO_HOST, prefill_host: bool = False, prefill_scale: float = 1.0
-                ) -> tuple[ModeledEngine, SimOptions]:
+                host: HostCosts = NO_HOST, prefill_host: bool = False, prefill_scale: float = 1.0,
+                kv_scale: float = 1.0) -> tuple[ModeledEngine, SimOptions]:
     """The engine (and fleet) each system ran, from its server flags (the data's README), with the `host`
     costs. DistServe's go on its decode instance, and on its prefill instance too with `prefill_host`: which
     of the two a profile needs is the calibration's to find (`benchmarks/validate_published.py` fits both and
@@ -163,19 +167,20 @@ def setup_fleet(setup: str, profile: str, data_dir: Path, host_overhead_s: float
     cost that grows with the prefill queue (the same step cost there put TTFT p50 from 4% low at 3 req/s to
     12% high at 12), and a request's fixed cost is the request overhead. DistServe's decode instance admits as
     its decoding-stage scheduler does (`decode_admission="distserve"`). `prefill_scale`: every instance's
-    prompts priced that many times the profile's, per token."""
+    prompts priced that many times the profile's, per token; `kv_scale`: every instance's KV blocks that many
+    times (a calibration's)."""
     model = opt13b(data_dir)
     extra = host_overhead_s
     limits: dict[str, Any] = {"block_size": BLOCK_SIZE, "max_model_len": model.max_positions or 2048,
                               "enable_prefix_caching": False, "scheduler": "vllm-v0"}
     if setup == "vllm":
-        engine = ModeledEngine(cost_profile(profile, "vllm", 1, data_dir, extra, host, prefill_scale), kv_blocks=vllm_blocks(model),
+        engine = ModeledEngine(cost_profile(profile, "vllm", 1, data_dir, extra, host, prefill_scale), kv_blocks=_scaled(vllm_blocks(model), kv_scale),
                                max_num_seqs=1024, max_batched_tokens=16384, name="vllm", **limits)
         return engine, SimOptions(request_overhead_s=host[2])
     if setup == "distserve-c21d11":
-        prefill = ModeledEngine(cost_profile(profile, "distserve", 2, data_dir, extra, host if prefill_host else NO_HOST, prefill_scale), kv_blocks=kv_blocks(model, 2, "distserve"),
+        prefill = ModeledEngine(cost_profile(profile, "distserve", 2, data_dir, extra, host if prefill_host else NO_HOST, prefill_scale), kv_blocks=_scaled(kv_blocks(model, 2, "distserve"), kv_scale),
                                 max_num_seqs=128, max_batched_tokens=8192, name="distserve-prefill", **limits)
-        decode = ModeledEngine(cost_profile(profile, "distserve", 1, data_dir, extra, host, prefill_scale), kv_blocks=kv_blocks(model, 1, "distserve"),
+        decode = ModeledEngine(cost_profile(profile, "distserve", 1, data_dir, extra, host, prefill_scale), kv_blocks=_scaled(kv_blocks(model, 1, "distserve"), kv_scale),
                                max_num_seqs=1024, max_batched_tokens=65536, name="distserve-decode", **limits)
         link = KVLink(get_gpu(GPU).link_gb_s * 1e9, 0.0)  # NVLink between the instances' GPUs, one way
         fleet = DisaggFleet(prefill=1, decode=1, link=link, bytes_per_token=model.kv_bytes_per_token,

@@ -21,7 +21,7 @@ from slobench.profiles.from_runs import (
     HostFit,
     decode_step_scale_s,
     fit_host_costs,
-    fit_with_prefill_scale,
+    fit_with_scales,
     fleet_replayer,
     run_errors,
     split_by_rate,
@@ -38,20 +38,32 @@ class RunsCalibration:
     fit_s: float
 
 
+def scaled_kv_blocks(kv_blocks: int, scale: float) -> int:
+    """An engine's KV blocks times a fitted scale, at least one."""
+    return max(1, round(kv_blocks * scale))
+
+
+# (prefill scale, KV blocks scale) -> the fleet with the base's prefill price and the engine's KV blocks times them
+ScaledBuilder = Callable[[float, float], FleetBuilder]
+
+
 def calibrate_runs(runs: Sequence[Run], base: CostProfile, build: FleetBuilder, *, fit_all: bool = False,
-                   bootstrap: int = 200, seed: int = 0, scaled: Callable[[float], FleetBuilder] | None = None
-                   ) -> RunsCalibration:
-    """Fit `base`'s host costs on `runs` (or their lower-rate half) replayed on `build`'s fleet; with `scaled`
-    (a prefill scale -> the fleet with the base's prefill price times it), the prefill scale too."""
+                   bootstrap: int = 200, seed: int = 0, scaled: ScaledBuilder | None = None,
+                   fit_prefill: bool = False, fit_kv: bool = False) -> RunsCalibration:
+    """Fit `base`'s host costs on `runs` (or their lower-rate half) replayed on `build`'s fleet; with
+    `fit_prefill` and `fit_kv`, the scale of the prefill price and of the KV blocks too (on `scaled`'s fleets)."""
+    if (fit_prefill or fit_kv) and scaled is None:
+        raise ValueError("fitting a scale needs the scaled fleet builder")
     fit_runs, held = (list(runs), []) if fit_all else split_by_rate(runs)
     replay = fleet_replayer(build, seed)
     plan = FitPlan(decode_step_scale_s(base, fit_runs), bootstrap=bootstrap, seed=seed)
     t0 = time.perf_counter()
-    if scaled is None:
+    if scaled is None or not (fit_prefill or fit_kv):
         fit = fit_host_costs(fit_runs, replay, plan)
     else:
-        fit = fit_with_prefill_scale(fit_runs, lambda s: fleet_replayer(scaled(s), seed), plan)
-        replay = fleet_replayer(scaled(fit.prefill_scale), seed)
+        fit = fit_with_scales(fit_runs, lambda p, k: fleet_replayer(scaled(p, k), seed), plan, prefill=fit_prefill,
+                              kv=fit_kv)
+        replay = fleet_replayer(scaled(fit.prefill_scale, fit.kv_scale), seed)
     fit_s = time.perf_counter() - t0
     rows = []
     for r in sorted(runs, key=lambda r: r.rate_rps):
@@ -76,9 +88,11 @@ def calibrated_profile(base: CostProfile, cal: RunsCalibration, inputs: Sequence
     section = {
         "base_profile": base.name, "inputs": [{"path": str(p), "sha256": sha256_of(p)} for p in inputs],
         "columns": columns, "engine": engine_flags,
+        "served_kv_blocks": scaled_kv_blocks(engine_flags["kv_blocks"], f.kv_scale) if f.kv_losses else None,
         "host_step_s": f.step_s, "host_step_sd_s": f.step_sd_s, "host_per_seq_s": f.per_seq_s,
         "host_per_seq_sd_s": f.per_seq_sd_s, "request_overhead_s": f.request_overhead_s,
         "prefill_scale": f.prefill_scale, "prefill_scale_sd": f.prefill_scale_sd,
+        "kv_blocks_scale": f.kv_scale, "kv_blocks_scale_sd": f.kv_scale_sd,
         "request_overhead_sd_s": f.request_overhead_sd_s, "uncertainty": f"bootstrap over requests, {len(f.bootstrap)} resamples",
         "fit_runs": list(f.fit_runs), "held_out_runs": list(cal.held_out), "replays": f.num_replays,
         "loss_per_request": {"base": f.base_loss, "calibrated": f.loss},
@@ -104,6 +118,10 @@ def print_calibration(cal: RunsCalibration, write: Callable[[str], None] = print
           "a token in the step)")
     write(f"  request         {f.request_overhead_s * 1e3:8.2f} ms  +- {f.request_overhead_sd_s * 1e3:.2f} (sd; each "
           "request, outside the steps: every time after the send)")
+    if f.kv_losses:
+        write(f"  KV blocks       {f.kv_scale:8.3f} x the engine's  +- {f.kv_scale_sd:.3f} (sd; the served engine's "
+              "cache as the runs show it; loss at each scale tried: "
+              + ", ".join(f"{a:g}: {b:.4f}" for a, b in f.kv_losses) + ")")
     if f.prefill_losses:
         write(f"  prefill price   {f.prefill_scale:8.3f} x the base's  +- {f.prefill_scale_sd:.3f} (sd; its per-token "
               "terms; loss at each scale tried: " + ", ".join(f"{a:g}: {b:.4f}" for a, b in f.prefill_losses) + ")")

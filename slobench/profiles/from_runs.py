@@ -83,11 +83,16 @@ class HostFit:
     num_replays: int
     fit_runs: tuple[str, ...]
     bootstrap: tuple[tuple[float, float], ...] = field(default=(), repr=False)
-    # the base profile's prefill price times this (fitted with `fit_with_prefill_scale`; else 1), its sd, and
+    # the base profile's prefill price times this (fitted with `fit_with_scales`; else 1), its sd, and
     # the loss at each scale tried
     prefill_scale: float = 1.0
     prefill_scale_sd: float = 0.0
     prefill_losses: tuple[tuple[float, float], ...] = field(default=(), repr=False)
+    # the served engine's KV blocks times this (fitted with `fit_with_scales(kv=True)`; else 1), its sd, and
+    # the loss at each scale tried (each the best over the prefill scales)
+    kv_scale: float = 1.0
+    kv_scale_sd: float = 0.0
+    kv_losses: tuple[tuple[float, float], ...] = field(default=(), repr=False)
 
 
 def _clipped_sq_log(sim: np.ndarray, meas: np.ndarray) -> np.ndarray:
@@ -272,50 +277,96 @@ def fit_host_costs(runs: Sequence[Run], replay: Replayer, plan: FitPlan) -> Host
     return _host_fit(runs, _search(runs, replay, plan), plan)
 
 
-# the prefill scales tried first, the step they move by, and the bounds of the search
-PREFILL_START, PREFILL_STEP, PREFILL_BOUNDS = 1.0, 0.1, (0.4, 2.0)
+# a scale's search: where it starts, the step it moves by, and its bounds
+SCALE_START, SCALE_STEP, SCALE_BOUNDS = 1.0, 0.1, (0.4, 2.0)
+# the replay of a run at (prefill scale, KV blocks scale)
+ScaledReplayer = Callable[[float, float], Replayer]
 
 
-def fit_with_prefill_scale(runs: Sequence[Run], replay_at: Callable[[float], Replayer], plan: FitPlan) -> HostFit:
-    """The host costs and the scale of the base profile's prefill price (its per-token terms) that best
-    replay `runs`: each scale tried gets its own host fit, from the grid (a search started at a nearby scale's
-    estimate stops in the trade the host costs and the overhead make with the prefill price); the scale moves by PREFILL_STEP downhill, then by half that around the best; the vertex
-    of a parabola through the best three (to 0.01) is tried too, and the estimate is the scale of lowest loss.
-    Its uncertainty: the vertex's spread over bootstrap resamples of the requests (each scale's loss at its own
-    estimate), with the 0.01 resolution added."""
-    if not runs:
-        raise SpecError("calibration", "no runs", "needs at least one run to fit on")
-    tried: dict[float, _Search] = {}
+@dataclass(frozen=True, slots=True)
+class _Scaled:
+    """One scale's best fit within it: the host fit's search, and the inner scale chosen (the prefill's, inside a
+    KV scale)."""
+
+    search: _Search
+    inner: float = 1.0
+    inner_sd: float = 0.0
+    inner_curve: tuple[tuple[float, float], ...] = ()
+
+    @property
+    def loss(self) -> float:
+        return self.search.loss(self.search.step_s, self.search.per_seq_s)
+
+    def resampled(self, picks: Sequence[np.ndarray]) -> float:
+        f = self.search
+        return f.loss.total(f.loss.key(f.step_s, f.per_seq_s), picks)
+
+
+def _scale_search(fit_at: Callable[[float], _Scaled], plan: FitPlan) -> tuple[float, float, dict[float, _Scaled]]:
+    """The scale of lowest loss, each scale tried fitted by `fit_at`: it moves by SCALE_STEP downhill from
+    SCALE_START, then by half that around the best; the vertex of a parabola through the best three (to 0.01)
+    is tried too. Its sd: the vertex's spread over bootstrap resamples of the requests (each scale's loss at
+    its own estimate), with the 0.01 resolution added."""
+    tried: dict[float, _Scaled] = {}
 
     def at(scale: float) -> float:
-        scale = round(min(max(scale, PREFILL_BOUNDS[0]), PREFILL_BOUNDS[1]), 6)
+        scale = round(min(max(scale, SCALE_BOUNDS[0]), SCALE_BOUNDS[1]), 6)
         if scale not in tried:
-            tried[scale] = _search(runs, replay_at(scale), plan)
-        f = tried[scale]
-        return f.loss(f.step_s, f.per_seq_s)
+            tried[scale] = fit_at(scale)
+        return tried[scale].loss
 
-    best = PREFILL_START
+    best = SCALE_START
     for direction in (-1, 1):  # downhill in whichever direction is
-        while at(best + direction * PREFILL_STEP) < at(best) and PREFILL_BOUNDS[0] < best + direction * PREFILL_STEP < PREFILL_BOUNDS[1]:
-            best = round(best + direction * PREFILL_STEP, 6)
-    for d in (-PREFILL_STEP / 2, PREFILL_STEP / 2):
+        while (SCALE_BOUNDS[0] < best + direction * SCALE_STEP < SCALE_BOUNDS[1]
+               and at(best + direction * SCALE_STEP) < at(best)):
+            best = round(best + direction * SCALE_STEP, 6)
+    for d in (-SCALE_STEP / 2, SCALE_STEP / 2):
         at(best + d)
-    order = sorted(tried, key=lambda s: at(s))[:3]
-    at(round(_parabola_min(order, [at(s) for s in order]), 2))  # the parabola's vertex, tried itself
+    order = sorted(tried, key=at)[:3]
+    at(round(_parabola_min(order, [at(x) for x in order]), 2))  # the parabola's vertex, tried itself
     chosen = min(tried, key=at)
-    found = tried[chosen]
+    every = tried[chosen].search.loss.every
     rng = np.random.default_rng(plan.seed)
     draws = []
     for _ in range(plan.bootstrap):
-        picks = [rng.choice(e, len(e)) for e in found.loss.every]
-        losses = [tried[s].loss.total(tried[s].loss.key(tried[s].step_s, tried[s].per_seq_s), picks) for s in order]
-        draws.append(_parabola_min(order, losses))
-    sd = math.hypot(float(np.std(draws)), 0.01 / math.sqrt(12))  # (the vertex is tried to 0.01)
-    curve = tuple(sorted((s, at(s)) for s in tried))
-    unscaled = tried[PREFILL_START].loss  # the base as it is: no host costs, its own prefill price
+        picks = [rng.choice(e, len(e)) for e in every]
+        draws.append(_parabola_min(order, [tried[x].resampled(picks) for x in order]))
+    return chosen, math.hypot(float(np.std(draws)), 0.01 / math.sqrt(12)), tried
+
+
+def fit_with_scales(runs: Sequence[Run], replay_at: ScaledReplayer, plan: FitPlan, *, prefill: bool = True,
+                    kv: bool = False) -> HostFit:
+    """The host costs with the scale of the base profile's prefill price (its per-token terms; `prefill`) and
+    of the served engine's KV blocks (`kv`) that best replay `runs`. Each scale tried gets fits of its own:
+    a host fit from the grid at each prefill scale (a search started at a nearby scale's estimate stops in the
+    trade the host costs and the overhead make with the prefill price), and a prefill search at each KV scale.
+    The search of each scale and its sd: `_scale_search`."""
+    if not runs:
+        raise SpecError("calibration", "no runs", "needs at least one run to fit on")
+    searches: list[_Search] = []
+
+    def host_at(prefill_scale: float, kv_scale: float) -> _Scaled:
+        searches.append(_search(runs, replay_at(prefill_scale, kv_scale), plan))
+        return _Scaled(searches[-1])
+
+    def prefill_at(kv_scale: float) -> _Scaled:
+        if not prefill:
+            return host_at(1.0, kv_scale)
+        chosen, sd, tried = _scale_search(lambda x: host_at(x, kv_scale), plan)
+        curve = tuple(sorted((x, t.loss) for x, t in tried.items()))
+        return _Scaled(tried[chosen].search, chosen, sd, curve)
+
+    if kv:
+        kv_scale, kv_sd, kv_tried = _scale_search(prefill_at, plan)
+        best = kv_tried[kv_scale]
+        kv_fit = (kv_scale, kv_sd, tuple(sorted((x, t.loss) for x, t in kv_tried.items())))
+    else:
+        best, kv_fit = prefill_at(1.0), (1.0, 0.0, ())
+    unscaled = searches[0].loss  # the base as it is (the first fit: both scales 1): no host costs
     base_loss = unscaled.with_overhead(unscaled.key(0.0, 0.0), unscaled.every, free=False)[0]
-    return replace(_host_fit(runs, found, plan, (chosen, sd, curve)), base_loss=base_loss,
-                   num_replays=sum(len(t.loss.at) for t in tried.values()))
+    fit = _host_fit(runs, best.search, plan, (best.inner, best.inner_sd, best.inner_curve))
+    return replace(fit, base_loss=base_loss, num_replays=sum(len(f.loss.at) for f in searches),
+                   kv_scale=kv_fit[0], kv_scale_sd=kv_fit[1], kv_losses=kv_fit[2])
 
 
 def _parabola_min(xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -366,6 +417,13 @@ def colocated_builder(base: CostProfile, engine: ModeledEngine) -> FleetBuilder:
     """One simulated engine (`engine`'s limits) priced by `base` with the host costs asked for."""
     return lambda host: (replace(engine, profile=base.with_host_costs(host[0], host[1])),
                          SimOptions(request_overhead_s=host[2]))
+
+
+def scaled_colocated(base: CostProfile, engine: ModeledEngine) -> Callable[[float, float], FleetBuilder]:
+    """`colocated_builder` at a prefill scale (the base's prompts priced that many times) and a KV blocks
+    scale (the engine's cache that many times, at least a block)."""
+    return lambda prefill, kv: colocated_builder(
+        base.with_prefill_scale(prefill), replace(engine, kv_blocks=max(1, round(engine.kv_blocks * kv))))
 
 
 def decode_step_scale_s(base: CostProfile, runs: Sequence[Run]) -> float:
