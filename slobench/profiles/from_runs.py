@@ -279,6 +279,9 @@ def fit_host_costs(runs: Sequence[Run], replay: Replayer, plan: FitPlan) -> Host
 
 # a scale's search: where it starts, the step it moves by, and its bounds
 SCALE_START, SCALE_STEP, SCALE_BOUNDS = 1.0, 0.1, (0.4, 2.0)
+# the KV blocks scales tried first: a grid, for the loss is not smooth in them (past saturation a block more or
+# less moves which requests wait and which are preempted); the prefill scale's is, and is searched downhill
+KV_GRID = (0.6, 0.7, 0.8, 0.9, 1.0, 1.1)
 # the replay of a run at (prefill scale, KV blocks scale)
 ScaledReplayer = Callable[[float, float], Replayer]
 
@@ -302,11 +305,12 @@ class _Scaled:
         return f.loss.total(f.loss.key(f.step_s, f.per_seq_s), picks)
 
 
-def _scale_search(fit_at: Callable[[float], _Scaled], plan: FitPlan) -> tuple[float, float, dict[float, _Scaled]]:
-    """The scale of lowest loss, each scale tried fitted by `fit_at`: it moves by SCALE_STEP downhill from
-    SCALE_START, then by half that around the best; the vertex of a parabola through the best three (to 0.01)
-    is tried too. Its sd: the vertex's spread over bootstrap resamples of the requests (each scale's loss at
-    its own estimate), with the 0.01 resolution added."""
+def _scale_search(fit_at: Callable[[float], _Scaled], plan: FitPlan, grid: Sequence[float] = ()
+                  ) -> tuple[float, float, dict[float, _Scaled]]:
+    """The scale of lowest loss, each scale tried fitted by `fit_at`: every scale of `grid`, or, without one,
+    SCALE_STEP at a time downhill from SCALE_START; then half a step either side of the best, and the vertex
+    of a parabola through the best three (to 0.01). Its sd: the vertex's spread over bootstrap resamples of the
+    requests (each scale's loss at its own estimate), with the 0.01 resolution added."""
     tried: dict[float, _Scaled] = {}
 
     def at(scale: float) -> float:
@@ -315,8 +319,10 @@ def _scale_search(fit_at: Callable[[float], _Scaled], plan: FitPlan) -> tuple[fl
             tried[scale] = fit_at(scale)
         return tried[scale].loss
 
-    best = SCALE_START
-    for direction in (-1, 1):  # downhill in whichever direction is
+    for x in grid:
+        at(x)
+    best = min(tried, key=at) if grid else SCALE_START
+    for direction in () if grid else (-1, 1):  # downhill in whichever direction is
         while (SCALE_BOUNDS[0] < best + direction * SCALE_STEP < SCALE_BOUNDS[1]
                and at(best + direction * SCALE_STEP) < at(best)):
             best = round(best + direction * SCALE_STEP, 6)
@@ -340,7 +346,7 @@ def fit_with_scales(runs: Sequence[Run], replay_at: ScaledReplayer, plan: FitPla
     of the served engine's KV blocks (`kv`) that best replay `runs`. Each scale tried gets fits of its own:
     a host fit from the grid at each prefill scale (a search started at a nearby scale's estimate stops in the
     trade the host costs and the overhead make with the prefill price), and a prefill search at each KV scale.
-    The search of each scale and its sd: `_scale_search`."""
+    The search of each scale and its sd: `_scale_search` (the KV scale's from KV_GRID)."""
     if not runs:
         raise SpecError("calibration", "no runs", "needs at least one run to fit on")
     searches: list[_Search] = []
@@ -357,7 +363,7 @@ def fit_with_scales(runs: Sequence[Run], replay_at: ScaledReplayer, plan: FitPla
         return _Scaled(tried[chosen].search, chosen, sd, curve)
 
     if kv:
-        kv_scale, kv_sd, kv_tried = _scale_search(prefill_at, plan)
+        kv_scale, kv_sd, kv_tried = _scale_search(prefill_at, plan, KV_GRID)
         best = kv_tried[kv_scale]
         kv_fit = (kv_scale, kv_sd, tuple(sorted((x, t.loss) for x, t in kv_tried.items())))
     else:
