@@ -117,7 +117,10 @@ def engine_spec_from_args(args: argparse.Namespace, *, in_process: bool = False)
     max_num_seqs = args.max_num_seqs
     if max_num_seqs is None:
         max_num_seqs = (served_max_num_seqs(args.profile) if modeled else None) or seqs
-    shape = {"profile": args.profile, "kv_blocks": args.kv_blocks, "block_size": args.block_size,
+    kv_blocks = args.kv_blocks
+    if kv_blocks is None and modeled:  # a calibrated profile's server: the cache its runs showed
+        kv_blocks = served_kv_blocks(args.profile, args.block_size)
+    shape = {"profile": args.profile, "kv_blocks": kv_blocks, "block_size": args.block_size,
              "max_num_seqs": max_num_seqs,
              "max_batched_tokens": batched if args.max_batched_tokens is None else args.max_batched_tokens,
              "max_model_len": args.max_model_len, "enable_prefix_caching": not args.no_prefix_caching,
@@ -143,6 +146,27 @@ def served_max_num_seqs(profile: str | None) -> int | None:
     except (OSError, ValueError, AttributeError):
         return None
     return served if isinstance(served, int) and not isinstance(served, bool) and served >= 1 else None
+
+
+def served_kv_blocks(profile: str | None, block_size: int | None) -> int | None:
+    """The KV blocks of the server a calibrated profile (a JSON file) was fitted on, as its runs showed them
+    (`slobench calibrate --from-runs --fit-kv` writes `served_kv_blocks` with the engine's block size), in
+    blocks of `block_size` tokens (None: the calibration's); None for anything else. A file that cannot be read
+    is left to the profile's own loading to report."""
+    if not profile or not profile.endswith(".json"):
+        return None
+    try:
+        with open(profile, encoding="utf-8") as f:
+            fit = (json.load(f).get("provenance") or {}).get("calibrated_from_runs") or {}
+        served, fitted_bs = fit.get("served_kv_blocks"), (fit.get("engine") or {}).get("block_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    def count(v: object) -> int | None:
+        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else None
+    blocks, size = count(served), count(fitted_bs)
+    if blocks is None or size is None:
+        return None
+    return max(1, blocks * size // (block_size or size))
 
 
 _BYTE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 1000, "mb": 1000**2,

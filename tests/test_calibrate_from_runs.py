@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from reference_engine.executor.modeled_executor import CostProfile
+from reference_engine.serve_args import served_kv_blocks
 from slobench.cli import main
 from slobench.errors import SpecError
 from slobench.fleet.published import Run, simulated_times_ms, specs_of
@@ -335,3 +336,10 @@ def test_the_kv_cache_the_runs_show_is_fitted(tmp_path: Path, capsys: pytest.Cap
     assert abs(fit["kv_blocks_scale"] - true) <= max(3 * fit["kv_blocks_scale_sd"], 0.06), fit
     assert fit["served_kv_blocks"] == round(FLAG_KV_BLOCKS * fit["kv_blocks_scale"])
     assert f"--kv-blocks {fit['served_kv_blocks']}" in text and "KV blocks" in text
+    # a simulation of that server takes the cache its runs showed, unless told otherwise
+    assert main(["run", "--simulate", "--profile", str(out), "--workload", "tiny", "--num-requests", "4", "--rate", "10",
+                 "--out", str(tmp_path / "r"), "--no-progress"]) == 0
+    knobs = json.loads((tmp_path / "r" / "manifest.json").read_text())["target"]["knobs"]
+    assert knobs["kv_blocks"] == fit["served_kv_blocks"]
+    assert served_kv_blocks(str(out), 32) == fit["served_kv_blocks"] // 2  # counted in blocks of the size asked
+    assert served_kv_blocks(str(base), None) is None  # a profile not fitted on runs carries none

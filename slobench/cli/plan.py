@@ -13,7 +13,7 @@ from typing import Any
 
 from reference_engine.config import SCHEDULERS
 from reference_engine.executor.modeled_executor import CostProfile
-from reference_engine.serve_args import served_max_num_seqs
+from reference_engine.serve_args import served_kv_blocks, served_max_num_seqs
 from slobench.analysis.slo import SLO
 from slobench.errors import SpecError, UsageError
 from slobench.fleet.disagg import KVLink, kv_bytes_per_token
@@ -187,7 +187,9 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         raise UsageError(f"--baselines: unknown {bad[0]!r}; choose from {', '.join(BASELINES)} or none")
     profile = CostProfile.load(args.profile)
     prov = getattr(profile, "provenance", None) or {}
-    kv_blocks = args.kv_blocks if args.kv_blocks is not None else _kv_blocks(prov, args.block_size)
+    kv_blocks = args.kv_blocks
+    if kv_blocks is None:  # a calibrated profile's server (the cache its runs showed), else the profile's room
+        kv_blocks = served_kv_blocks(args.profile, args.block_size) or _kv_blocks(prov, args.block_size)
     max_num_seqs = args.max_num_seqs
     if max_num_seqs is None:  # a calibrated profile's server, else the planner's default
         max_num_seqs = served_max_num_seqs(args.profile) or PLAN_MAX_NUM_SEQS

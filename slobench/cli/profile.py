@@ -354,5 +354,5 @@ def from_runs_main(args: argparse.Namespace) -> int:
     if cal.fit.kv_losses:
         blocks = scaled_kv_blocks(engine.kv_blocks, cal.fit.kv_scale)
         print(f"the served engine's KV cache, as the runs show it: {blocks} blocks of {engine.block_size} tokens "
-              f"(simulate that server with --kv-blocks {blocks})")
+              f"(--simulate and plan with {out} take it unless --kv-blocks is given: --kv-blocks {blocks})")
     return 0
