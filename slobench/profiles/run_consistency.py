@@ -2,10 +2,10 @@
 
 Host costs fitted on several runs assume one server measured several times. Runs taken on a different day, GPU
 clock, driver or build can differ by more than any host cost explains, and then no fit matches all of them.
-This check needs no replay, and holds for a co-located engine, where a request between its first and last tokens
-is in the running batch (a disaggregated one's wait for the decode instance there would count as batch). For
-each request (of at least `MIN_TOKENS` tokens) it takes its decode life, from
-its first token to its last:
+This check needs no replay, and holds for a co-located engine, where a request between its first and last
+tokens is in the running batch (a disaggregated one's wait for the decode instance there would count as
+batch). For each request of at least `MIN_TOKENS` tokens it takes its decode life, from its first token to its
+last:
 
 - the time outside the prompts that got their first token meanwhile (each priced by the profile: a co-located
   engine stops or slows its decodes for them);
@@ -35,12 +35,13 @@ from slobench.fleet.published import Run
 
 MIN_TOKENS = 20  # shorter answers' decode lives are a handful of steps: too few to time one
 BATCH_BIN = 4  # requests a batch bin spans
-GRID_S = 0.005
-TOGETHER_S = 0.002
-CTX_Q = 16  # tokens the context is rounded to when the profile prices a step  # the time grid the batch and context are integrated on
-FLAG_FRACTION = 0.10
+GRID_S = 0.005  # the time grid the batch and context are integrated on (coarser for long logs: MAX_GRID points)
+MAX_GRID = 1_000_000
+TOGETHER_S = 0.002  # first tokens this close together came from one step
+CTX_Q = 16  # tokens the context is rounded to when the profile prices a step
+FLAG_FRACTION = 0.10  # an offset that marks a run: a tenth of a step, and FLAG_SDS of its sd
 FLAG_SDS = 3.0
-BOOTSTRAP = 200
+BOOTSTRAP = 200  # resamples of each run's requests for the offsets' sd
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +76,7 @@ class DecodeLives:
     stall_share: np.ndarray  # what a prefill price off by a share moves the measured step by, as a share
 
 
-def _integrals(run: Run, profile: CostProfile) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+def _integrals(run: Run, profile: CostProfile) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, float]:
     """Each request's first and last token times, and on a grid (from its start), the running integrals of the
     profile's steps a second (1/d), and of the batch and the context weighted by them: a mean over an interval
     is then one over the steps taken in it, not over its time (which would weigh slow, large batches more)."""
@@ -83,9 +84,10 @@ def _integrals(run: Run, profile: CostProfile) -> tuple[np.ndarray, np.ndarray, 
     first = run.start_s + run.ttft_ms / 1e3
     last = first + run.tpot_ms / 1e3 * n_after
     t0 = float(first.min())
-    size = int(math.ceil((float(last.max()) - t0) / GRID_S)) + 2
-    a = np.clip(((first - t0) / GRID_S).astype(np.int64), 0, size - 1)
-    b = np.clip(((last - t0) / GRID_S).astype(np.int64), 0, size - 1)
+    dt = max(GRID_S, (float(last.max()) - t0) / MAX_GRID)
+    size = int(math.ceil((float(last.max()) - t0) / dt)) + 2
+    a = np.clip(((first - t0) / dt).astype(np.int64), 0, size - 1)
+    b = np.clip(((last - t0) / dt).astype(np.int64), 0, size - 1)
     live = np.zeros(size)
     np.add.at(live, a, 1.0)
     np.add.at(live, b, -1.0)
@@ -97,7 +99,7 @@ def _integrals(run: Run, profile: CostProfile) -> tuple[np.ndarray, np.ndarray, 
     np.add.at(const, b, -(run.prompt_len - first * rate))
     np.add.at(slope, a, rate)
     np.add.at(slope, b, -rate)
-    t = t0 + np.arange(size) * GRID_S
+    t = t0 + np.arange(size) * dt
     batch = np.rint(np.cumsum(live))
     context = np.maximum(np.cumsum(const) + t * np.cumsum(slope), 0.0)
     # the profile's decode step at each grid point (priced once for each batch and context, rounded to CTX_Q)
@@ -106,14 +108,14 @@ def _integrals(run: Run, profile: CostProfile) -> tuple[np.ndarray, np.ndarray, 
     price = np.array([profile.step_s(0, int(k), int(c) * CTX_Q) if k > 0 else math.inf for k, c in uniq])
     steps_a_s = 1.0 / price[inv.ravel()]
     cols = np.stack([steps_a_s, batch * steps_a_s, context * steps_a_s])
-    return first, last, np.concatenate([np.zeros((3, 1)), np.cumsum(cols, axis=1) * GRID_S], axis=1), t0
+    return first, last, np.concatenate([np.zeros((3, 1)), np.cumsum(cols, axis=1) * dt], axis=1), t0, dt
 
 
-def _over(integrals: np.ndarray, t0: float, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The integrals' increase over each interval [a, b]."""
+def _over(integrals: np.ndarray, t0: float, dt: float, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The integrals' increase over each interval [a, b] (a grid from t0, dt apart)."""
     grid = np.arange(integrals.shape[1])
-    ia = np.clip((a - t0) / GRID_S, 0, len(grid) - 1)
-    ib = np.clip((b - t0) / GRID_S, 0, len(grid) - 1)
+    ia = np.clip((a - t0) / dt, 0, len(grid) - 1)
+    ib = np.clip((b - t0) / dt, 0, len(grid) - 1)
     return np.stack([np.interp(ib, grid, row) - np.interp(ia, grid, row) for row in integrals])
 
 
@@ -129,7 +131,7 @@ def prompt_price_s(profile: CostProfile, prompt_lens: np.ndarray, scheduler: str
 
 def decode_lives(run: Run, profile: CostProfile, scheduler: str = "vllm-v0") -> DecodeLives:
     """The run's timed requests (see the module's docstring). `profile` is the base, without host costs."""
-    first, last, integrals, t0 = _integrals(run, profile)
+    first, last, integrals, t0, dt = _integrals(run, profile)
     # the prompts that got their first token during each life, priced a step (first tokens within `TOGETHER_S`
     # of each other came from one step), summed through a prefix sum
     order = np.argsort(first, kind="stable")
@@ -141,7 +143,7 @@ def decode_lives(run: Run, profile: CostProfile, scheduler: str = "vllm-v0") -> 
     timed = np.flatnonzero((run.output_len >= MIN_TOKENS) & (run.tpot_ms > 0) & (last > first))
     a, b = first[timed], last[timed]
     stalls = cum[np.searchsorted(firsts, b, side="left")] - cum[np.searchsorted(firsts, a, side="right")]
-    n_steps, batch_steps, context_steps = _over(integrals, t0, a, b)
+    n_steps, batch_steps, context_steps = _over(integrals, t0, dt, a, b)
     n_steps = np.maximum(n_steps, 1e-12)
     batch, context = batch_steps / n_steps, context_steps / n_steps
     model = (b - a) / n_steps * 1e3  # the profile's mean step over the steps of the life
@@ -158,12 +160,13 @@ def run_speeds(runs: Sequence[Run], profile: CostProfile, scheduler: str = "vllm
     y = np.concatenate([np.log(np.maximum(lv.measured_ms, 1e-9) / lv.step_ms) for lv in lives])
     stall = np.concatenate([lv.stall_share for lv in lives])
     # only bins that two runs or more share say anything about one run against another
-    shared = np.array([len(np.unique(run_idx[bins == k])) >= 2 for k in bins], dtype=bool)
+    pairs = np.unique(np.stack([bins, run_idx], axis=1), axis=0)
+    ub, runs_in = np.unique(pairs[:, 0], return_counts=True)
+    shared = runs_in[np.searchsorted(ub, bins)] >= 2
     informed = sorted(set(run_idx[shared].tolist()))
     offsets: dict[int, tuple[float, float]] = {}
     if len(informed) >= 2:
-        keep = shared
-        ri, bi, yy, st = run_idx[keep], bins[keep], y[keep], stall[keep]
+        ri, bi, yy, st = run_idx[shared], bins[shared], y[shared], stall[shared]
         est = _offsets(ri, bi, yy, st, informed)
         rng = np.random.default_rng(seed)
         draws = []
