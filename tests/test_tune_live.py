@@ -31,14 +31,16 @@ if mode == "exit":
     sys.exit(3)
 
 class Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        if self.path != "/health":
-            print("dying mid-run", flush=True)
-            os._exit(7)
-        self.send_response(200)
+    def do_GET(self):  # /health and /v1/models answer (either may be the readiness probe, in either order)
+        body = b'{"object": "list", "data": [{"id": "fake", "object": "model"}]}' if self.path == "/v1/models" else b""
+        self.send_response(200 if self.path in ("/health", "/v1/models") else 404)
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        self.wfile.write(body)
 
-    do_POST = do_GET
+    def do_POST(self):  # the measurement's first request
+        print("dying mid-run", flush=True)
+        os._exit(7)
 
 http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 '''
