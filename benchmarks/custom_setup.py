@@ -5,13 +5,12 @@ or by any profile file; the fleet builder that the replay and the calibration sh
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from typing import Any
 
 from reference_engine.config import SCHEDULERS
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.errors import SpecError
-from slobench.fleet.published import FleetBuilder
+from slobench.fleet.published import ScaledBuilder
 from slobench.fleet.simulate import ModeledEngine
 from slobench.profiles.from_runs import scaled_colocated
 from slobench.profiles.roofline import kv_capacity_tokens, roofline
@@ -42,7 +41,7 @@ def custom_flags_given(args: argparse.Namespace) -> list[str]:
     return [flag for flag, name in _FLAGS.items() if getattr(args, name) is not None]
 
 
-def custom_builder(args: argparse.Namespace) -> tuple[CostProfile, Callable[[float, float], FleetBuilder]]:
+def custom_builder(args: argparse.Namespace) -> tuple[CostProfile, ScaledBuilder]:
     """The base profile and the fleet builder of `--setup custom` at a prefill scale and a KV blocks scale
     (1, 1: the profile and the flags as they are; bad values: SpecError naming the flag)."""
     tp = 1 if args.tp is None else args.tp

@@ -23,7 +23,6 @@ import argparse
 import datetime as dt
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +45,7 @@ from slobench.fleet.published import (
     FleetBuilder,
     HostCosts,
     Run,
+    ScaledBuilder,
     compare,
     cost_profile,
     measured_curve,
@@ -172,7 +172,7 @@ def gap_table(rows: list[dict[str, Any]]) -> str:
 
 
 def _published_builder(setup: str, profile: str, data: Path, overhead_s: float, prefill_host: bool = False
-                       ) -> Callable[[float, float], FleetBuilder]:
+                       ) -> ScaledBuilder:
     """The setup's fleet at a prefill scale and a KV blocks scale, with the host costs asked for."""
     return lambda prefill, kv: lambda host: setup_fleet(setup, profile, data, overhead_s, host, prefill_host, prefill,
                                                         kv)
@@ -187,7 +187,7 @@ def _consistency(args: argparse.Namespace, runs: list[Run], calibration_runs: li
     every = list({r.name: r for r in (*calibration_runs, *runs)}.values())
     if len(every) < 2:
         return {}
-    speeds = run_speeds(every, base.with_host_costs(0.0, 0.0), "vllm-v0" if args.setup == "vllm" else args.scheduler or "chunked")
+    speeds = run_speeds(every, base, "vllm-v0" if args.setup == "vllm" else args.scheduler or "chunked")
     print("\n".join(describe(speeds)))
     print()
     return {s.name: {"offset_pct": None if s.offset is None else s.offset * 100,

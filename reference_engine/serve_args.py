@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from typing import Any
 
 from reference_engine.config import EXECUTORS, SCHEDULERS, VLLM_V1, EngineSpec, vllm_v1_defaults_of
 from reference_engine.executor.modeled_executor import CostProfile
@@ -134,36 +135,40 @@ def engine_spec_from_args(args: argparse.Namespace, *, in_process: bool = False)
                       **shape)
 
 
+def _provenance(profile: str | None) -> dict[str, Any]:
+    """A profile file's provenance; empty for a bundled name, a spec, or a file that cannot be read (its own
+    loading reports that)."""
+    if not profile or not profile.endswith(".json"):
+        return {}
+    try:
+        with open(profile, encoding="utf-8") as f:
+            prov = json.load(f).get("provenance")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return prov if isinstance(prov, dict) else {}
+
+
+def _count(value: object) -> int | None:
+    """`value` if it is an integer >= 1 (a bool is not), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
 def served_max_num_seqs(profile: str | None) -> int | None:
     """The most requests the server a calibrated profile (a JSON file) was fitted on decoded at once, from its
     provenance (`slobench calibrate` writes it when that server batched fewer than it was sent); None for
-    anything else. A file that cannot be read is left to the profile's own loading to report."""
-    if not profile or not profile.endswith(".json"):
-        return None
-    try:
-        with open(profile, encoding="utf-8") as f:
-            served = (json.load(f).get("provenance") or {}).get("served_max_num_seqs")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return served if isinstance(served, int) and not isinstance(served, bool) and served >= 1 else None
+    anything else."""
+    return _count(_provenance(profile).get("served_max_num_seqs"))
 
 
 def served_kv_blocks(profile: str | None, block_size: int | None) -> int | None:
     """The KV blocks of the server a calibrated profile (a JSON file) was fitted on, as its runs showed them
     (`slobench calibrate --from-runs --fit-kv` writes `served_kv_blocks` with the engine's block size), in
-    blocks of `block_size` tokens (None: the calibration's); None for anything else. A file that cannot be read
-    is left to the profile's own loading to report."""
-    if not profile or not profile.endswith(".json"):
+    blocks of `block_size` tokens (None: the calibration's); None for anything else."""
+    fit = _provenance(profile).get("calibrated_from_runs")
+    if not isinstance(fit, dict):
         return None
-    try:
-        with open(profile, encoding="utf-8") as f:
-            fit = (json.load(f).get("provenance") or {}).get("calibrated_from_runs") or {}
-        served, fitted_bs = fit.get("served_kv_blocks"), (fit.get("engine") or {}).get("block_size")
-    except (OSError, ValueError, AttributeError):
-        return None
-    def count(v: object) -> int | None:
-        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else None
-    blocks, size = count(served), count(fitted_bs)
+    engine = fit.get("engine")
+    blocks, size = _count(fit.get("served_kv_blocks")), _count(engine.get("block_size") if isinstance(engine, dict) else None)
     if blocks is None or size is None:
         return None
     return max(1, blocks * size // (block_size or size))

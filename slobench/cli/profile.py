@@ -15,17 +15,13 @@ from reference_engine.config import SCHEDULERS
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.cli.common import load_options
 from slobench.errors import SpecError, UsageError
+from slobench.fleet.published import scaled_kv_blocks
 from slobench.fleet.simulate import ModeledEngine
 from slobench.load_setup import LoadSetup
 from slobench.profiles import GPUS, roofline
 from slobench.profiles.calibrate import ProbePlan, print_table, with_provenance
 from slobench.profiles.calibrate import calibrate as calibrate_endpoint
-from slobench.profiles.calibrate_runs import (
-    calibrate_runs,
-    calibrated_profile,
-    print_calibration,
-    scaled_kv_blocks,
-)
+from slobench.profiles.calibrate_runs import calibrate_runs, calibrated_profile, print_calibration
 from slobench.profiles.from_runs import colocated_builder, scaled_colocated
 from slobench.profiles.refine import EngineLimits, RefinePlan, print_refinement, refine_live, with_refinement
 from slobench.profiles.run_consistency import describe, run_speeds
@@ -302,10 +298,11 @@ def runs_arguments(c: argparse.ArgumentParser) -> None:
                    help="fit on every run (default: on the lower-rate half, the error printed on the rest)")
     g.add_argument("--fit-prefill", action="store_true", default=None,
                    help="also fit the base profile's prefill price: a scale on its per-token terms (each scale "
-                        "tried costs a host fit; about 5 are tried)")
+                        "tried costs a host fit; about 6 are tried)")
     g.add_argument("--fit-kv", action="store_true", default=None,
                    help="also fit the served engine's KV blocks, as a scale on --kv-blocks (what its memory "
-                        "profiling left it; the runs past saturation show it); about 5 prefill searches")
+                        "profiling left it; the runs past saturation show it); about 9 scales, each a prefill search with "
+                        "--fit-prefill, else a host fit")
     g.add_argument("--bootstrap", type=int, default=None, metavar="N",
                    help="bootstrap resamples of the requests for the uncertainty (default 200)")
 
@@ -338,7 +335,7 @@ def from_runs_main(args: argparse.Namespace) -> int:
     if len(runs) < 2 and not args.fit_all:
         print("note: one run: fitted on it, nothing held out (give runs at several rates for a held-out check)")
     if len(runs) > 1:  # runs that disagree with each other cannot all be fitted: say so before the fit
-        print("\n".join(describe(run_speeds(runs, base.with_host_costs(0.0, 0.0), engine.scheduler))), flush=True)
+        print("\n".join(describe(run_speeds(runs, base, engine.scheduler))), flush=True)
     print(f"calibrating the host costs of {base.name} on {len(runs)} run(s), {sum(len(r.start_s) for r in runs)} "
           f"requests, replayed on the simulated engine ({', '.join(f'{k}={v}' for k, v in used.items())})", flush=True)
     cal = calibrate_runs(runs, base, colocated_builder(base, engine), fit_all=bool(args.fit_all) or len(runs) < 2,

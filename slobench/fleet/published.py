@@ -134,6 +134,13 @@ HostCosts = tuple[float, float, float]
 NO_HOST: HostCosts = (0.0, 0.0, 0.0)
 # host costs -> the engine (and fleet) to replay on, its profiles carrying those costs
 FleetBuilder = Callable[[HostCosts], tuple[ModeledEngine, SimOptions]]
+# (prefill scale, KV blocks scale) -> the fleet with the base's prefill price and the engines' KV blocks times them
+ScaledBuilder = Callable[[float, float], FleetBuilder]
+
+
+def scaled_kv_blocks(kv_blocks: int, scale: float) -> int:
+    """An engine's KV blocks times a fitted scale, at least one."""
+    return max(1, round(kv_blocks * scale))
 
 
 def cost_profile(kind: str, system: str, tp: int, data_dir: Path, host_overhead_s: float = 0.0,
@@ -153,10 +160,6 @@ def cost_profile(kind: str, system: str, tp: int, data_dir: Path, host_overhead_
     return prof.with_host_costs(host[0], host[1]) if host[:2] != NO_HOST[:2] else prof
 
 
-def _scaled(blocks: int, scale: float) -> int:
-    return max(1, round(blocks * scale))
-
-
 def setup_fleet(setup: str, profile: str, data_dir: Path, host_overhead_s: float = 0.0,
                 host: HostCosts = NO_HOST, prefill_host: bool = False, prefill_scale: float = 1.0,
                 kv_scale: float = 1.0) -> tuple[ModeledEngine, SimOptions]:
@@ -174,13 +177,13 @@ def setup_fleet(setup: str, profile: str, data_dir: Path, host_overhead_s: float
     limits: dict[str, Any] = {"block_size": BLOCK_SIZE, "max_model_len": model.max_positions or 2048,
                               "enable_prefix_caching": False, "scheduler": "vllm-v0"}
     if setup == "vllm":
-        engine = ModeledEngine(cost_profile(profile, "vllm", 1, data_dir, extra, host, prefill_scale), kv_blocks=_scaled(vllm_blocks(model), kv_scale),
+        engine = ModeledEngine(cost_profile(profile, "vllm", 1, data_dir, extra, host, prefill_scale), kv_blocks=scaled_kv_blocks(vllm_blocks(model), kv_scale),
                                max_num_seqs=1024, max_batched_tokens=16384, name="vllm", **limits)
         return engine, SimOptions(request_overhead_s=host[2])
     if setup == "distserve-c21d11":
-        prefill = ModeledEngine(cost_profile(profile, "distserve", 2, data_dir, extra, host if prefill_host else NO_HOST, prefill_scale), kv_blocks=_scaled(kv_blocks(model, 2, "distserve"), kv_scale),
+        prefill = ModeledEngine(cost_profile(profile, "distserve", 2, data_dir, extra, host if prefill_host else NO_HOST, prefill_scale), kv_blocks=scaled_kv_blocks(kv_blocks(model, 2, "distserve"), kv_scale),
                                 max_num_seqs=128, max_batched_tokens=8192, name="distserve-prefill", **limits)
-        decode = ModeledEngine(cost_profile(profile, "distserve", 1, data_dir, extra, host, prefill_scale), kv_blocks=_scaled(kv_blocks(model, 1, "distserve"), kv_scale),
+        decode = ModeledEngine(cost_profile(profile, "distserve", 1, data_dir, extra, host, prefill_scale), kv_blocks=scaled_kv_blocks(kv_blocks(model, 1, "distserve"), kv_scale),
                                max_num_seqs=1024, max_batched_tokens=65536, name="distserve-decode", **limits)
         link = KVLink(get_gpu(GPU).link_gb_s * 1e9, 0.0)  # NVLink between the instances' GPUs, one way
         fleet = DisaggFleet(prefill=1, decode=1, link=link, bytes_per_token=model.kv_bytes_per_token,

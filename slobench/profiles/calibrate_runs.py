@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from reference_engine.executor.modeled_executor import CostProfile
-from slobench.fleet.published import NO_HOST, FleetBuilder, Run
+from slobench.fleet.published import NO_HOST, FleetBuilder, Run, ScaledBuilder, scaled_kv_blocks
 from slobench.profiles.from_runs import (
     FitPlan,
     HostFit,
@@ -36,15 +36,6 @@ class RunsCalibration:
     held_out: tuple[str, ...]
     errors: tuple[tuple[str, float, dict[str, float], dict[str, float]], ...]  # (run, rate, base, calibrated)
     fit_s: float
-
-
-def scaled_kv_blocks(kv_blocks: int, scale: float) -> int:
-    """An engine's KV blocks times a fitted scale, at least one."""
-    return max(1, round(kv_blocks * scale))
-
-
-# (prefill scale, KV blocks scale) -> the fleet with the base's prefill price and the engine's KV blocks times them
-ScaledBuilder = Callable[[float, float], FleetBuilder]
 
 
 def calibrate_runs(runs: Sequence[Run], base: CostProfile, build: FleetBuilder, *, fit_all: bool = False,

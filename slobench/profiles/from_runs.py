@@ -34,7 +34,14 @@ import numpy as np
 
 from reference_engine.executor.modeled_executor import CostProfile
 from slobench.errors import SpecError
-from slobench.fleet.published import FleetBuilder, Run, simulated_times_ms, specs_of
+from slobench.fleet.published import (
+    FleetBuilder,
+    Run,
+    ScaledBuilder,
+    scaled_kv_blocks,
+    simulated_times_ms,
+    specs_of,
+)
 from slobench.fleet.simulate import ModeledEngine, SimOptions, simulate_records
 from slobench.run.records import RequestSpec
 
@@ -425,11 +432,11 @@ def colocated_builder(base: CostProfile, engine: ModeledEngine) -> FleetBuilder:
                          SimOptions(request_overhead_s=host[2]))
 
 
-def scaled_colocated(base: CostProfile, engine: ModeledEngine) -> Callable[[float, float], FleetBuilder]:
+def scaled_colocated(base: CostProfile, engine: ModeledEngine) -> ScaledBuilder:
     """`colocated_builder` at a prefill scale (the base's prompts priced that many times) and a KV blocks
     scale (the engine's cache that many times, at least a block)."""
     return lambda prefill, kv: colocated_builder(
-        base.with_prefill_scale(prefill), replace(engine, kv_blocks=max(1, round(engine.kv_blocks * kv))))
+        base.with_prefill_scale(prefill), replace(engine, kv_blocks=scaled_kv_blocks(engine.kv_blocks, kv)))
 
 
 def decode_step_scale_s(base: CostProfile, runs: Sequence[Run]) -> float:

@@ -130,7 +130,9 @@ def prompt_price_s(profile: CostProfile, prompt_lens: np.ndarray, scheduler: str
 
 
 def decode_lives(run: Run, profile: CostProfile, scheduler: str = "vllm-v0") -> DecodeLives:
-    """The run's timed requests (see the module's docstring). `profile` is the base, without host costs."""
+    """The run's timed requests (see the module's docstring), priced by `profile` without its host costs (what
+    the check's batch share stands for)."""
+    profile = profile.with_host_costs(0.0, 0.0)
     first, last, integrals, t0, dt = _integrals(run, profile)
     # the prompts that got their first token during each life, priced a step (first tokens within `TOGETHER_S`
     # of each other came from one step), summed through a prefix sum
